@@ -1,0 +1,182 @@
+#include "runtime/cuda_memory.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <unistd.h>
+
+namespace hydra {
+namespace {
+
+std::atomic<size_t> g_in_use{0};
+std::atomic<size_t> g_peak{0};
+thread_local cudaStream_t t_current_stream = nullptr;
+thread_local bool t_stream_set = false;
+
+cudaStream_t default_stream_for_device() {
+  // One non-blocking stream per process (a process drives one device; see cuda_set_device).
+  static cudaStream_t stream = [] {
+    cudaStream_t s;
+    HYDRA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+  }();
+  return stream;
+}
+
+void configure_pool(int device) {
+  cudaMemPool_t pool;
+  HYDRA_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  uint64_t threshold = UINT64_MAX;  // keep freed memory in the pool: no driver calls after warm-up
+  HYDRA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+}
+
+__global__ void fill_f32(float* p, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, float v) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(v);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = b;
+}
+__global__ void f32_to_bf16(__nv_bfloat16* d, const float* s, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) d[i] = __float2bfloat16_rn(s[i]);
+}
+__global__ void bf16_to_f32(float* d, const __nv_bfloat16* s, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) d[i] = __bfloat162float(s[i]);
+}
+
+int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 132 * 16)); }
+
+}  // namespace
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return count;
+}
+
+void cuda_set_device(int device) {
+  HYDRA_CUDA_CHECK(cudaSetDevice(device));
+  configure_pool(device);
+  ErrorContext context = error_context();
+  context.device = device;
+  set_error_context(context);
+}
+
+int cuda_current_device() {
+  int device = 0;
+  HYDRA_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+std::shared_ptr<void> cuda_allocate(size_t bytes) {
+  void* p = nullptr;
+  const size_t rounded = ((bytes + 255) / 256) * 256;
+  cudaStream_t stream = current_stream();
+  const cudaError_t status = cudaMallocAsync(&p, rounded == 0 ? 256 : rounded, stream);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    throw Error(fmt::format("CUDA allocation of {:.2f} GiB failed ({}); {:.2f} GiB in use by this "
+                            "process, {:.2f} GiB free on the device [{}]",
+                            bytes / 1073741824.0, cudaGetErrorString(status),
+                            g_in_use.load() / 1073741824.0, free_bytes / 1073741824.0,
+                            describe_location()));
+  }
+  const size_t now = g_in_use.fetch_add(rounded) + rounded;
+  size_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
+  // The block is returned to the pool in the order of the stream that frees it: every use of a
+  // tensor is on the current stream or joined back to it with an event before the tensor dies.
+  return std::shared_ptr<void>(p, [rounded](void* q) {
+    cudaFreeAsync(q, current_stream());
+    g_in_use.fetch_sub(rounded);
+  });
+}
+
+void cuda_memset_zero(void* ptr, size_t bytes) {
+  HYDRA_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, current_stream()));
+}
+
+void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  HYDRA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, current_stream()));
+  if (dst_device == Device::host || src_device == Device::host) {
+    // Pageable host memory: the host side must see the data (or may reuse its buffer) on return.
+    HYDRA_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+  }
+}
+
+void cuda_convert(const TensorView& dst, const TensorView& src) {
+  HYDRA_ASSERT(dst.is_contiguous() && src.is_contiguous(), "device conversion needs contiguous views");
+  const int64_t n = dst.numel();
+  if (dst.dtype() == DType::bf16 && src.dtype() == DType::f32) {
+    f32_to_bf16<<<grid_for(n), 256, 0, current_stream()>>>(static_cast<__nv_bfloat16*>(dst.data()),
+                                                          static_cast<const float*>(src.data()), n);
+  } else if (dst.dtype() == DType::f32 && src.dtype() == DType::bf16) {
+    bf16_to_f32<<<grid_for(n), 256, 0, current_stream()>>>(static_cast<float*>(dst.data()),
+                                                          static_cast<const __nv_bfloat16*>(src.data()), n);
+  } else {
+    HYDRA_ASSERT(false, "device conversion {} -> {}", dtype_name(src.dtype()), dtype_name(dst.dtype()));
+  }
+  HYDRA_CUDA_CHECK(cudaGetLastError());
+}
+
+void cuda_fill(const TensorView& dst, float value) {
+  const int64_t n = dst.numel();
+  if (dst.dtype() == DType::f32) {
+    fill_f32<<<grid_for(n), 256, 0, current_stream()>>>(static_cast<float*>(dst.data()), n, value);
+  } else if (dst.dtype() == DType::bf16) {
+    fill_bf16<<<grid_for(n), 256, 0, current_stream()>>>(static_cast<__nv_bfloat16*>(dst.data()), n, value);
+  } else {
+    HYDRA_ASSERT(false, "device fill of {}", dtype_name(dst.dtype()));
+  }
+  HYDRA_CUDA_CHECK(cudaGetLastError());
+}
+
+CudaMemoryStats cuda_memory_stats() {
+  CudaMemoryStats s;
+  s.in_use = g_in_use.load();
+  s.peak = g_peak.load();
+  HYDRA_CUDA_CHECK(cudaMemGetInfo(&s.free_device, &s.total_device));
+  return s;
+}
+
+void cuda_reset_peak() { g_peak.store(g_in_use.load()); }
+
+cudaStream_t current_stream() { return t_stream_set ? t_current_stream : default_stream_for_device(); }
+
+StreamGuard::StreamGuard(cudaStream_t stream) : previous_(current_stream()) {
+  t_current_stream = stream;
+  t_stream_set = true;
+}
+StreamGuard::~StreamGuard() { t_current_stream = previous_; }
+
+CudaStream::CudaStream() { HYDRA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+CudaStream::~CudaStream() {
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+CudaEvent::CudaEvent(bool timing) {
+  HYDRA_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+}
+CudaEvent::~CudaEvent() {
+  if (event_) cudaEventDestroy(event_);
+}
+void CudaEvent::record(cudaStream_t stream) { HYDRA_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+void CudaEvent::wait_on(cudaStream_t stream) const { HYDRA_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0)); }
+void CudaEvent::synchronize() const { HYDRA_CUDA_CHECK(cudaEventSynchronize(event_)); }
+float CudaEvent::elapsed_ms_since(const CudaEvent& start) const {
+  float ms = 0;
+  HYDRA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
+  return ms;
+}
+
+void cuda_synchronize() { HYDRA_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+}  // namespace hydra

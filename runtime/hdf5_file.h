@@ -1,0 +1,65 @@
+// A small RAII layer over the HDF5 C API: files, datasets as tensors, scalar attributes.
+//
+// Conventions (SPEC 4): one dataset per tensor at the file root, named by its parameter path
+// ("model.layers.0.self_attn.q_proj.weight"). float32, int32 and int64 are native HDF5 types. HDF5
+// has no bfloat16, so bf16 tensors are stored as uint16 datasets carrying the attribute
+// dtype = "bfloat16" (h5py reads them as uint16; `view` them as bfloat16 after a left shift).
+// Errors name the file and the dataset; the HDF5 library's own error printing is switched off.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace hydra {
+
+struct DatasetInfo {
+  std::vector<int64_t> shape;
+  DType dtype = DType::f32;
+};
+
+class H5File {
+ public:
+  // Opens an existing file for reading. UserError if missing, unreadable or not HDF5.
+  static H5File open_read(const std::string& path);
+  // Creates (truncates) `path` for writing. Callers write through AtomicFile's temp path.
+  static H5File create(const std::string& path);
+
+  H5File(H5File&& other) noexcept;
+  H5File& operator=(H5File&& other) noexcept;
+  H5File(const H5File&) = delete;
+  H5File& operator=(const H5File&) = delete;
+  ~H5File();
+
+  const std::string& path() const { return path_; }
+  // Flushes and closes; errors surface here rather than in the destructor.
+  void close();
+
+  bool has_dataset(const std::string& name) const;
+  std::vector<std::string> dataset_names() const;  // root datasets, sorted
+  DatasetInfo dataset_info(const std::string& name) const;
+  // Reads a whole dataset into a host tensor of its stored type.
+  Tensor read(const std::string& name) const;
+  // Reads into an existing host view (shape and dtype must match what is stored, except that a
+  // float32 dataset may be read into a bf16 view and vice versa).
+  void read_into(const std::string& name, const TensorView& out) const;
+  void write(const std::string& name, const TensorView& tensor);
+
+  bool has_attribute(const std::string& name) const;
+  void set_attribute(const std::string& name, const std::string& value);
+  void set_attribute(const std::string& name, int64_t value);
+  void set_attribute(const std::string& name, double value);
+  std::string string_attribute(const std::string& name) const;
+  int64_t int_attribute(const std::string& name) const;
+  double double_attribute(const std::string& name) const;
+
+ private:
+  H5File(int64_t id, std::string path) : id_(id), path_(std::move(path)) {}
+  int64_t id_ = -1;  // hid_t
+  std::string path_;
+};
+
+}  // namespace hydra

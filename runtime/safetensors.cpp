@@ -1,0 +1,133 @@
+#include "runtime/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/atomic_file.h"
+
+namespace hydra {
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1f;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {  // subnormal half: renormalise
+      int e = -1;
+      do {
+        ++e;
+        mantissa <<= 1;
+      } while ((mantissa & 0x400u) == 0);
+      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (mantissa & 0x3ffu) << 13;
+    }
+  } else if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | mantissa << 13;
+  } else {
+    bits = sign | (exponent + 127 - 15) << 23 | mantissa << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  require_readable_file(path, "safetensors");
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  HYDRA_USER_CHECK(fd >= 0, "{}: cannot open ({})", path, std::strerror(errno));
+  struct stat st {};
+  fstat(fd, &st);
+  map_size_ = static_cast<size_t>(st.st_size);
+  if (map_size_ < 8) {
+    ::close(fd);
+    HYDRA_USER_FAIL("{}: truncated safetensors file ({} bytes, no header)", path, map_size_);
+  }
+  void* p = mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  HYDRA_USER_CHECK(p != MAP_FAILED, "{}: cannot map file ({})", path, std::strerror(errno));
+  map_ = static_cast<const unsigned char*>(p);
+
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = header_len << 8 | map_[i];
+  HYDRA_USER_CHECK(header_len <= map_size_ - 8, "{}: truncated safetensors file (header of {} bytes, file of {})",
+                   path, header_len, map_size_);
+  data_offset_ = 8 + header_len;
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(map_ + 8, map_ + 8 + header_len);
+  } catch (const nlohmann::json::exception& e) {
+    HYDRA_USER_FAIL("{}: not a safetensors file (header is not JSON: {})", path, e.what());
+  }
+  HYDRA_USER_CHECK(header.is_object(), "{}: not a safetensors file (header is not a JSON object)", path);
+  const uint64_t data_size = map_size_ - data_offset_;
+  for (const auto& [name, value] : header.items()) {
+    if (name == "__metadata__") continue;
+    SafetensorsEntry e;
+    try {
+      e.dtype = value.at("dtype").get<std::string>();
+      e.shape = value.at("shape").get<std::vector<int64_t>>();
+      const auto offsets = value.at("data_offsets").get<std::vector<uint64_t>>();
+      HYDRA_USER_CHECK(offsets.size() == 2 && offsets[0] <= offsets[1], "{}: tensor '{}' has bad data_offsets",
+                       path, name);
+      e.begin = offsets[0];
+      e.end = offsets[1];
+    } catch (const nlohmann::json::exception& ex) {
+      HYDRA_USER_FAIL("{}: malformed header entry for '{}' ({})", path, name, ex.what());
+    }
+    HYDRA_USER_CHECK(e.end <= data_size,
+                     "{}: truncated safetensors file: tensor '{}' ends at byte {} of a {}-byte data section", path,
+                     name, e.end, data_size);
+    entries_.emplace(name, std::move(e));
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) munmap(const_cast<unsigned char*>(map_), map_size_);
+}
+
+Tensor SafetensorsFile::read(const std::string& name, DType dtype) const {
+  const auto it = entries_.find(name);
+  HYDRA_USER_CHECK(it != entries_.end(), "{}: tensor '{}' is missing", path_, name);
+  const SafetensorsEntry& e = it->second;
+  HYDRA_ASSERT(dtype == DType::f32 || dtype == DType::bf16, "safetensors read as {}", dtype_name(dtype));
+  int64_t n = 1;
+  for (int64_t s : e.shape) n *= s;
+  const size_t element = e.dtype == "F32" ? 4 : (e.dtype == "BF16" || e.dtype == "F16") ? 2 : 0;
+  HYDRA_USER_CHECK(element != 0, "{}: tensor '{}' has dtype {}; supported are BF16, F16 and F32", path_, name,
+                   e.dtype);
+  HYDRA_USER_CHECK(static_cast<uint64_t>(n) * element == e.end - e.begin,
+                   "{}: tensor '{}' has {} bytes for shape of {} {} elements", path_, name, e.end - e.begin, n,
+                   e.dtype);
+  Tensor out = Tensor::empty(e.shape, dtype, Device::host);
+  const unsigned char* src = map_ + data_offset_ + e.begin;
+  if ((e.dtype == "F32" && dtype == DType::f32) || (e.dtype == "BF16" && dtype == DType::bf16)) {
+    std::memcpy(out.data(), src, out.nbytes());
+    return out;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    float v;
+    if (e.dtype == "F32") {
+      std::memcpy(&v, src + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      v = e.dtype == "BF16" ? bf16_to_float(bf16{h}) : half_to_float(h);
+    }
+    if (dtype == DType::f32) {
+      out.data_as<float>()[i] = v;
+    } else {
+      out.data_as<bf16>()[i] = float_to_bf16(v);
+    }
+  }
+  return out;
+}
+
+}  // namespace hydra

@@ -1,0 +1,328 @@
+#include "runtime/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#if HYDRA_CUDA
+#include "runtime/cuda_memory.h"
+#endif
+
+namespace hydra {
+
+TensorView::TensorView(void* data, DType dtype, Device device, std::span<const int64_t> shape)
+    : data_(data), dtype_(dtype), device_(device), rank_(static_cast<int>(shape.size())) {
+  HYDRA_ASSERT(rank_ <= kMaxRank, "rank {} > {}", rank_, kMaxRank);
+  int64_t stride = 1;
+  for (int d = rank_ - 1; d >= 0; --d) {
+    HYDRA_ASSERT(shape[d] >= 0, "negative size {} in dimension {}", shape[d], d);
+    shape_[d] = shape[d];
+    stride_[d] = stride;
+    stride *= shape[d];
+  }
+}
+
+TensorView::TensorView(void* data, DType dtype, Device device, std::span<const int64_t> shape,
+                       std::span<const int64_t> strides)
+    : data_(data), dtype_(dtype), device_(device), rank_(static_cast<int>(shape.size())) {
+  HYDRA_ASSERT(rank_ <= kMaxRank && strides.size() == shape.size(), "bad rank/strides");
+  for (int d = 0; d < rank_; ++d) {
+    shape_[d] = shape[d];
+    stride_[d] = strides[d];
+  }
+}
+
+int64_t TensorView::size(int dim) const {
+  HYDRA_ASSERT(dim >= 0 && dim < rank_, "dimension {} of a rank-{} view", dim, rank_);
+  return shape_[dim];
+}
+
+int64_t TensorView::stride(int dim) const {
+  HYDRA_ASSERT(dim >= 0 && dim < rank_, "dimension {} of a rank-{} view", dim, rank_);
+  return stride_[dim];
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int d = 0; d < rank_; ++d) n *= shape_[d];
+  return n;
+}
+
+bool TensorView::is_contiguous() const {
+  int64_t stride = 1;
+  for (int d = rank_ - 1; d >= 0; --d) {
+    if (shape_[d] != 1 && stride_[d] != stride) return false;
+    stride *= shape_[d];
+  }
+  return true;
+}
+
+TensorView TensorView::narrow(int dim, int64_t begin, int64_t length) const {
+  HYDRA_ASSERT(dim >= 0 && dim < rank_ && begin >= 0 && length >= 0 && begin + length <= shape_[dim],
+               "narrow({}, {}, {}) of {}", dim, begin, length, shape_string());
+  TensorView v = *this;
+  v.data_ = static_cast<char*>(data_) + begin * stride_[dim] * static_cast<int64_t>(element_size());
+  v.shape_[dim] = length;
+  return v;
+}
+
+TensorView TensorView::select(int dim, int64_t index) const {
+  HYDRA_ASSERT(dim >= 0 && dim < rank_ && index >= 0 && index < shape_[dim], "select({}, {}) of {}",
+               dim, index, shape_string());
+  TensorView v = narrow(dim, index, 1);
+  for (int d = dim; d + 1 < rank_; ++d) {
+    v.shape_[d] = v.shape_[d + 1];
+    v.stride_[d] = v.stride_[d + 1];
+  }
+  v.rank_ = rank_ - 1;
+  return v;
+}
+
+TensorView TensorView::reshape(std::initializer_list<int64_t> shape) const {
+  HYDRA_ASSERT(is_contiguous(), "reshape of a non-contiguous view {}", shape_string());
+  std::array<int64_t, kMaxRank> dims{};
+  int n = 0, infer = -1;
+  int64_t known = 1;
+  for (int64_t s : shape) {
+    HYDRA_ASSERT(n < kMaxRank, "reshape to rank > {}", kMaxRank);
+    if (s == -1) {
+      HYDRA_ASSERT(infer < 0, "reshape with two -1 entries");
+      infer = n;
+    } else {
+      known *= s;
+    }
+    dims[n++] = s;
+  }
+  if (infer >= 0) dims[infer] = known == 0 ? 0 : numel() / known;
+  int64_t total = 1;
+  for (int d = 0; d < n; ++d) total *= dims[d];
+  HYDRA_ASSERT(total == numel(), "reshape of {} elements {} to {} elements", numel(), shape_string(),
+               total);
+  return TensorView(data_, dtype_, device_, std::span<const int64_t>(dims.data(), n));
+}
+
+TensorView TensorView::split_dim(int dim, int64_t outer, int64_t inner) const {
+  HYDRA_ASSERT(dim >= 0 && dim < rank_ && rank_ < kMaxRank && outer * inner == shape_[dim],
+               "split_dim({}, {}, {}) of {}", dim, outer, inner, shape_string());
+  TensorView v = *this;
+  for (int d = rank_; d > dim + 1; --d) {
+    v.shape_[d] = shape_[d - 1];
+    v.stride_[d] = stride_[d - 1];
+  }
+  v.shape_[dim] = outer;
+  v.stride_[dim] = stride_[dim] * inner;
+  v.shape_[dim + 1] = inner;
+  v.stride_[dim + 1] = stride_[dim];
+  v.rank_ = rank_ + 1;
+  return v;
+}
+
+void* TensorView::element_ptr(std::initializer_list<int64_t> index) const {
+  HYDRA_ASSERT(static_cast<int>(index.size()) <= rank_, "too many indices for {}", shape_string());
+  int64_t offset = 0;
+  int d = 0;
+  for (int64_t i : index) {
+    HYDRA_ASSERT(i >= 0 && i < shape_[d], "index {} out of range in dimension {} of {}", i, d,
+                 shape_string());
+    offset += i * stride_[d++];
+  }
+  return static_cast<char*>(data_) + offset * static_cast<int64_t>(element_size());
+}
+
+std::string TensorView::shape_string() const {
+  std::string s = "[";
+  for (int d = 0; d < rank_; ++d) s += (d ? ", " : "") + std::to_string(shape_[d]);
+  return s + "]";
+}
+
+void expect_shape(const TensorView& view, const char* what,
+                  std::initializer_list<std::pair<const char*, int64_t>> dims) {
+  bool ok = view.defined() && view.rank() == static_cast<int>(dims.size());
+  int d = 0;
+  for (const auto& [name, size] : dims) {
+    if (!ok) break;
+    if (size >= 0 && view.size(d) != size) ok = false;
+    ++d;
+  }
+  if (ok) return;
+  std::string expected = "[";
+  d = 0;
+  for (const auto& [name, size] : dims) {
+    expected += fmt::format("{}{}={}", d++ ? ", " : "", name, size < 0 ? std::string("*") : std::to_string(size));
+  }
+  expected += "]";
+  detail::fail_statement("expect_shape", __FILE__, __LINE__,
+                         fmt::format("{} has shape {}, expected {}", what,
+                                     view.defined() ? view.shape_string() : "(undefined)", expected));
+}
+
+void expect_dtype(const TensorView& view, const char* what, DType dtype) {
+  HYDRA_ASSERT(view.dtype() == dtype, "{} is {}, expected {}", what, dtype_name(view.dtype()),
+               dtype_name(dtype));
+}
+
+void expect_same_device(std::initializer_list<TensorView> views) {
+  const TensorView* first = nullptr;
+  for (const TensorView& v : views) {
+    if (!v.defined()) continue;
+    if (!first) first = &v;
+    HYDRA_ASSERT(v.device() == first->device(), "tensors on {} and {} in one op",
+                 device_name(first->device()), device_name(v.device()));
+  }
+}
+
+std::shared_ptr<void> allocate_storage(size_t bytes, Device device) {
+  if (device == Device::host) {
+    size_t rounded = ((bytes + 63) / 64) * 64;
+    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (!p) throw Error(fmt::format("host allocation of {} bytes failed", bytes));
+    return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  }
+#if HYDRA_CUDA
+  return cuda_allocate(bytes);
+#else
+  HYDRA_USER_FAIL("a CUDA tensor was requested but this build has no CUDA path (HYDRA_CUDA=OFF)");
+#endif
+}
+
+Tensor Tensor::empty(std::span<const int64_t> shape, DType dtype, Device device) {
+  Tensor t;
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  t.storage_ = allocate_storage(static_cast<size_t>(n) * dtype_size(dtype), device);
+  t.view_ = TensorView(t.storage_.get(), dtype, device, shape);
+  return t;
+}
+
+Tensor Tensor::zeros(std::span<const int64_t> shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  if (device == Device::host) {
+    std::memset(t.data(), 0, t.nbytes());
+  } else {
+#if HYDRA_CUDA
+    cuda_memset_zero(t.data(), t.nbytes());
+#endif
+  }
+  return t;
+}
+
+namespace {
+float load_as_float(const void* p, DType t) {
+  switch (t) {
+    case DType::f32: return *static_cast<const float*>(p);
+    case DType::bf16: return bf16_to_float(*static_cast<const bf16*>(p));
+    case DType::i32: return static_cast<float>(*static_cast<const int32_t*>(p));
+    case DType::i64: return static_cast<float>(*static_cast<const int64_t*>(p));
+  }
+  return 0;
+}
+
+void store_from_float(void* p, DType t, float v) {
+  switch (t) {
+    case DType::f32: *static_cast<float*>(p) = v; break;
+    case DType::bf16: *static_cast<bf16*>(p) = float_to_bf16(v); break;
+    case DType::i32: *static_cast<int32_t*>(p) = static_cast<int32_t>(v); break;
+    case DType::i64: *static_cast<int64_t*>(p) = static_cast<int64_t>(v); break;
+  }
+}
+
+bool is_integer(DType t) { return t == DType::i32 || t == DType::i64; }
+
+// Host copy of arbitrary strided views, converting element type when they differ.
+void host_copy(const TensorView& dst, const TensorView& src) {
+  const int rank = dst.rank();
+  std::array<int64_t, kMaxRank> idx{};
+  const int64_t n = dst.numel();
+  if (dst.is_contiguous() && src.is_contiguous() && dst.dtype() == src.dtype()) {
+    std::memcpy(dst.data(), src.data(), dst.nbytes());
+    return;
+  }
+  HYDRA_ASSERT(is_integer(dst.dtype()) == is_integer(src.dtype()), "copy between {} and {}",
+               dtype_name(src.dtype()), dtype_name(dst.dtype()));
+  const size_t es_d = dst.element_size(), es_s = src.element_size();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t od = 0, os = 0;
+    for (int d = 0; d < rank; ++d) {
+      od += idx[d] * dst.stride(d);
+      os += idx[d] * src.stride(d);
+    }
+    char* pd = static_cast<char*>(dst.data()) + od * static_cast<int64_t>(es_d);
+    const char* ps = static_cast<const char*>(src.data()) + os * static_cast<int64_t>(es_s);
+    if (dst.dtype() == src.dtype()) {
+      std::memcpy(pd, ps, es_d);
+    } else if (dst.dtype() == DType::i64 && src.dtype() == DType::i32) {
+      *reinterpret_cast<int64_t*>(pd) = *reinterpret_cast<const int32_t*>(ps);
+    } else if (dst.dtype() == DType::i32 && src.dtype() == DType::i64) {
+      *reinterpret_cast<int32_t*>(pd) = static_cast<int32_t>(*reinterpret_cast<const int64_t*>(ps));
+    } else {
+      store_from_float(pd, dst.dtype(), load_as_float(ps, src.dtype()));
+    }
+    for (int d = rank - 1; d >= 0; --d) {
+      if (++idx[d] < dst.size(d)) break;
+      idx[d] = 0;
+    }
+  }
+}
+}  // namespace
+
+void copy_into(const TensorView& dst, const TensorView& src) {
+  HYDRA_ASSERT(dst.rank() == src.rank(), "copy {} -> {}", src.shape_string(), dst.shape_string());
+  for (int d = 0; d < dst.rank(); ++d) {
+    HYDRA_ASSERT(dst.size(d) == src.size(d), "copy {} -> {}", src.shape_string(), dst.shape_string());
+  }
+  if (dst.numel() == 0) return;
+  if (dst.on_host() && src.on_host()) {
+    host_copy(dst, src);
+    return;
+  }
+#if HYDRA_CUDA
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    cuda_copy_bytes(dst.data(), dst.device(), src.data(), src.device(), dst.nbytes());
+    return;
+  }
+  if (dst.on_host()) {  // device -> host with conversion: bring it over, then convert on the host
+    Tensor staged = Tensor::empty(src.shape(), src.dtype(), Device::host);
+    copy_into(staged, src);
+    host_copy(dst, staged);
+    return;
+  }
+  if (src.on_host()) {  // host -> device with conversion: convert on the host, then send
+    Tensor staged = Tensor::empty(dst.shape(), dst.dtype(), Device::host);
+    host_copy(staged, src);
+    copy_into(dst, staged);
+    return;
+  }
+  cuda_convert(dst, src);  // device -> device with conversion, contiguous
+#else
+  HYDRA_USER_FAIL("a CUDA tensor was used but this build has no CUDA path (HYDRA_CUDA=OFF)");
+#endif
+}
+
+Tensor to(const TensorView& src, Device device, DType dtype) {
+  Tensor t = Tensor::empty(src.shape(), dtype, device);
+  copy_into(t, src);
+  return t;
+}
+
+void fill(const TensorView& dst, float value) {
+  if (dst.on_host()) {
+    const int rank = dst.rank();
+    std::array<int64_t, kMaxRank> idx{};
+    char* base = static_cast<char*>(dst.data());
+    for (int64_t i = 0; i < dst.numel(); ++i) {
+      int64_t offset = 0;
+      for (int d = 0; d < rank; ++d) offset += idx[d] * dst.stride(d);
+      store_from_float(base + offset * static_cast<int64_t>(dst.element_size()), dst.dtype(), value);
+      for (int d = rank - 1; d >= 0; --d) {
+        if (++idx[d] < dst.size(d)) break;
+        idx[d] = 0;
+      }
+    }
+    return;
+  }
+#if HYDRA_CUDA
+  HYDRA_ASSERT(dst.is_contiguous(), "device fill of a strided view {}", dst.shape_string());
+  cuda_fill(dst, value);
+#endif
+}
+
+}  // namespace hydra

@@ -1,0 +1,46 @@
+#include "runtime/token_file.h"
+
+#include "runtime/atomic_file.h"
+#include "runtime/hdf5_file.h"
+
+namespace hydra {
+
+void validate_token_ids(const std::vector<int32_t>& ids, int64_t vocab_size, const std::string& source) {
+  HYDRA_USER_CHECK(!ids.empty(), "{}: input is empty (no tokens)", source);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    HYDRA_USER_CHECK(ids[i] >= 0 && ids[i] < vocab_size, "{}: token id {} at position {} is outside the vocabulary [0, {})",
+                     source, ids[i], i, vocab_size);
+  }
+}
+
+std::vector<int32_t> read_token_file(const std::string& path, int64_t vocab_size) {
+  H5File file = H5File::open_read(path);
+  HYDRA_USER_CHECK(file.has_dataset("input_ids"), "{}: no 'input_ids' dataset", path);
+  const DatasetInfo info = file.dataset_info("input_ids");
+  HYDRA_USER_CHECK(info.dtype == DType::i32 || info.dtype == DType::i64,
+                   "{}: 'input_ids' is {}, expected int32 or int64", path, dtype_name(info.dtype));
+  HYDRA_USER_CHECK(info.shape.size() == 1, "{}: 'input_ids' has {} dimensions, expected 1 ([T])", path,
+                   info.shape.size());
+  HYDRA_USER_CHECK(info.shape[0] > 0, "{}: input is empty (input_ids has 0 tokens)", path);
+  Tensor raw = file.read("input_ids");
+  std::vector<int32_t> ids(static_cast<size_t>(info.shape[0]));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t v = info.dtype == DType::i32 ? raw.data_as<int32_t>()[i] : raw.data_as<int64_t>()[i];
+    HYDRA_USER_CHECK(v >= 0 && v < vocab_size, "{}: token id {} at position {} is outside the vocabulary [0, {})", path,
+                     v, i, vocab_size);
+    ids[i] = static_cast<int32_t>(v);
+  }
+  return ids;
+}
+
+void write_token_file(const std::string& path, const std::vector<int32_t>& ids) {
+  require_writable_destination(path, "token file");
+  AtomicFile out(path);
+  H5File file = H5File::create(out.temp_path());
+  file.write("input_ids", TensorView(const_cast<int32_t*>(ids.data()), DType::i32, Device::host,
+                                     {static_cast<int64_t>(ids.size())}));
+  file.close();
+  out.commit();
+}
+
+}  // namespace hydra

@@ -1,0 +1,17 @@
+// Token files (SPEC 4): HDF5 with a dataset `input_ids`, int32 or int64, shape [T].
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hydra {
+
+// Reads and checks `input_ids`: present, 1-D, integer, non-empty, every id in [0, vocab_size).
+// UserError naming the file and the first offending position otherwise.
+std::vector<int32_t> read_token_file(const std::string& path, int64_t vocab_size);
+// Checks ids against the vocabulary (`source` names where they came from).
+void validate_token_ids(const std::vector<int32_t>& ids, int64_t vocab_size, const std::string& source);
+void write_token_file(const std::string& path, const std::vector<int32_t>& ids);
+
+}  // namespace hydra
