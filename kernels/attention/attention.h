@@ -1,0 +1,46 @@
+// Softmax attention of a block of queries against a block of keys, returning the normalised output
+// and the per-query log-sum-exp, so partial results over different key blocks (ring attention,
+// SPEC 3) merge exactly: o = Σ_b e^{lse_b − lse} o_b with lse = log Σ_b e^{lse_b}.
+//
+// Masking is positional, never materialised: row i of q sits at global position q_position0 + i,
+// row j of k at k_position0 + j; with Causality::causal key j is visible to query i iff its
+// position is ≤ the query's. This one rule covers the causal diagonal block, full blocks, empty
+// blocks and the half blocks of the zigzag layout. GQA maps query head h to KV head
+// kv_head_of_query[h] (default h / (Hq / Hk)).
+//
+// HydraHead FA heads (SPEC 1.2) scale each query by τ(i) = ln(i + a) / ln(a) at its global position;
+// tau_log_base = a > 0 switches that on (fused into the query load, q itself is unchanged).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "runtime/tensor.h"
+
+namespace hydra::ops {
+
+enum class Causality { causal, none };
+
+struct AttentionParams {
+  float scale = 0.0f;  // softmax scale; 0 means 1/sqrt(d)
+  Causality causality = Causality::causal;
+  int64_t q_position0 = 0;
+  int64_t k_position0 = 0;
+  double tau_log_base = 0.0;
+  std::span<const int> kv_head_of_query;  // size Hq, or empty for h / (Hq / Hk)
+};
+
+// out [Tq, Hq, dv], lse [Hq, Tq] (fp32; −inf and out = 0 where no key is visible),
+// q [Tq, Hq, d], k [Tk, Hk, d], v [Tk, Hk, dv].
+void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+                       const TensorView& v, const AttentionParams& params);
+
+// Merges a partial result into the running one, in place: (out, lse) ← merge((out, lse), (part_out, part_lse)).
+// out/part_out [Tq, Hq, dv], lse/part_lse [Hq, Tq].
+void attention_merge(const TensorView& out, const TensorView& lse, const TensorView& part_out,
+                     const TensorView& part_lse);
+
+// τ(position) for log base a.
+double log_position_scale(int64_t position, double log_base);
+
+}  // namespace hydra::ops

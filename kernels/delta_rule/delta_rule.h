@@ -1,0 +1,47 @@
+// The gated delta rule of the GDN heads (SPEC 1.2) in the three forms the runtime needs.
+//
+// State S ∈ R^{dk×dv} per head (key × value), fp32. Per token, in order:
+//   S ← e^{g_i} S;  δ = β_i (v_i − Sᵀk_i);  S ← S + k_i δᵀ;  o_i = Sᵀ (q_i · scale).
+// Equivalently S_i = A_i S_{i−1} + β_i k_i v_iᵀ with A_i = e^{g_i}(I − β_i k_i k_iᵀ), so a segment of
+// tokens maps any initial state affinely: S_out = M S_in + S_ext (M = A_n ⋯ A_1).
+//
+//  - recurrent: token by token, fp64 state internally: the oracle.
+//  - chunked: chunks of `chunk` tokens (WY/UT form): within a chunk, with γ the cumulative log-decay,
+//      L_ij = β_i (k_i·k_j) e^{γ_i−γ_j} (j < i),  T = (I + L)⁻¹,
+//      U = T (β ⊙ V),  W = T (β ⊙ e^{γ} ⊙ K),  V' = U − W S,
+//      O = (e^{γ} ⊙ Q) S + ((Q Kᵀ) ⊙ D) V'  (D_ij = e^{γ_i−γ_j}, j ≤ i),
+//      S ← e^{γ_C} S + (e^{γ_C−γ} ⊙ K)ᵀ V'.
+//    Any length: the last chunk may be shorter. Initial state in, final state out.
+//  - segment_map: (M, S_ext) of a segment, composed chunk by chunk:
+//      M ← e^{γ_C} M − K̃ᵀ (W M),  S_ext ← e^{γ_C} S_ext + K̃ᵀ (U − W S_ext),  K̃ = e^{γ_C−γ} ⊙ K.
+//    Sequence parallelism exchanges these maps instead of waiting for other ranks' scans.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/tensor.h"
+
+namespace hydra::ops {
+
+struct DeltaRuleParams {
+  float scale = 0.0f;  // query scale; 0 means 1/sqrt(dk)
+  int64_t chunk = 64;
+};
+
+// out [T, H, dv]; state [H, dk, dv] (in: initial state, out: final state);
+// q, k [T, H, dk]; v [T, H, dv]; g, beta [T, H].
+void delta_rule_recurrent(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
+                          const TensorView& v, const TensorView& g, const TensorView& beta,
+                          const DeltaRuleParams& params);
+void delta_rule_chunked(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& g, const TensorView& beta,
+                        const DeltaRuleParams& params);
+
+// m [H, dk, dk], s_ext [H, dk, dv]: the segment (k, v, g, beta over T tokens) maps S_in to m·S_in + s_ext.
+void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
+                            const TensorView& g, const TensorView& beta, const DeltaRuleParams& params);
+
+// state [H, dk, dv] ← m · state + s_ext.
+void delta_rule_apply_map(const TensorView& state, const TensorView& m, const TensorView& s_ext);
+
+}  // namespace hydra::ops

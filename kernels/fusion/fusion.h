@@ -1,0 +1,17 @@
+// Scale-normalised fusion of the head outputs (SPEC 1.2): y_h = γ_h · RMSNorm(o_h; w_fuse[h]),
+// the same for FA and GDN heads, statistics in fp32.
+#pragma once
+
+#include "runtime/tensor.h"
+
+namespace hydra::ops {
+
+struct HeadFusionParams {
+  float eps = 1e-6f;
+};
+
+// y, o: [T, H, d] (y may alias o); weight [H, d]; gamma [H].
+void head_fusion(const TensorView& y, const TensorView& o, const TensorView& weight, const TensorView& gamma,
+                 const HeadFusionParams& params);
+
+}  // namespace hydra::ops

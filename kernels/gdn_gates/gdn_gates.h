@@ -1,0 +1,19 @@
+// The GDN write strength and decay per token and head (SPEC 1.2):
+//   β_i = sigmoid(b_i),  g_i = −exp(A_log) · softplus(a_i + dt_bias)   (g ≤ 0 is a log-decay),
+// from the projections a_i = w_a·x̂_i and b_i = w_b·x̂_i.
+#pragma once
+
+#include <cmath>
+
+#include "runtime/tensor.h"
+
+namespace hydra::ops {
+
+// beta, g: [T, H] outputs; b_logits, a_logits: [T, H]; a_log, dt_bias: [H].
+void gdn_gates(const TensorView& beta, const TensorView& g, const TensorView& b_logits, const TensorView& a_logits,
+               const TensorView& a_log, const TensorView& dt_bias);
+
+// softplus(x) = log(1 + e^x), with PyTorch's linear branch above 20.
+inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+}  // namespace hydra::ops

@@ -1,0 +1,31 @@
+// Matrix products. The model's projections are `linear` (y = x Wᵀ with W stored [out, in] as in HF
+// checkpoints); `gemm` is the general form the GDN chunk math uses. CPU: OpenBLAS sgemm (fp32).
+// Views may have a row stride larger than their width (column blocks of a fused projection), the
+// last dimension must be contiguous.
+#pragma once
+
+#include "runtime/tensor.h"
+
+namespace hydra::ops {
+
+enum class Transpose { no, yes };
+
+struct GemmParams {
+  Transpose transpose_a = Transpose::no;
+  Transpose transpose_b = Transpose::no;
+  float alpha = 1.0f;
+  float beta = 0.0f;  // out = alpha · op(a) op(b) + beta · out
+};
+
+// out [M, N] = alpha · op(a) · op(b) + beta · out.
+void gemm(const TensorView& out, const TensorView& a, const TensorView& b, const GemmParams& params);
+
+enum class Accumulate { no, yes };
+
+// out [M, N] (+)= x [M, K] · wᵀ, w [N, K].
+void linear(const TensorView& out, const TensorView& x, const TensorView& w, Accumulate accumulate = Accumulate::no);
+
+// Sets the CPU path's BLAS thread count (e.g. cores / ranks per node).
+void set_cpu_threads(int threads);
+
+}  // namespace hydra::ops

@@ -1,0 +1,38 @@
+#include "kernels/rope/rope.h"
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/common.h"
+
+namespace hydra::ops {
+
+void rope(const TensorView& x, const TensorView& positions, const RopeParams& params) {
+  expect_shape(x, "rope x", {{"T", -1}, {"H", -1}, {"d", -1}});
+  expect_shape(positions, "rope positions", {{"T", x.size(0)}});
+  expect_dtype(positions, "rope positions", DType::i64);
+  expect_host_f32(x, "rope x");
+  const int64_t d = x.size(2), half = d / 2;
+  HYDRA_ASSERT(d % 2 == 0, "rope needs an even head dim, got {}", d);
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) inv_freq[i] = 1.0 / std::pow(params.theta, static_cast<double>(2 * i) / d);
+  const int64_t* pos = positions.data_as<const int64_t>();
+  std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+  for (int64_t t = 0; t < x.size(0); ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(pos[t]) * inv_freq[i];
+      c[i] = static_cast<float>(std::cos(angle));
+      s[i] = static_cast<float>(std::sin(angle));
+    }
+    for (int64_t h = 0; h < x.size(1); ++h) {
+      float* row = static_cast<float*>(x.element_ptr({t, h}));
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = row[i], b = row[i + half];
+        row[i] = a * c[i] - b * s[i];
+        row[i + half] = b * c[i] + a * s[i];
+      }
+    }
+  }
+}
+
+}  // namespace hydra::ops

@@ -1,0 +1,18 @@
+// Rotary position embedding, rotate-half convention (HF Qwen3): for pair (i, i + d/2) of a head,
+// angle = pos · theta^(−2i/d), x_i' = x_i cos − x_{i+d/2} sin, x_{i+d/2}' = x_{i+d/2} cos + x_i sin.
+// Positions are global token positions (sequence parallelism keeps them), angles in fp64 on the
+// CPU so positions in the millions keep their precision.
+#pragma once
+
+#include "runtime/tensor.h"
+
+namespace hydra::ops {
+
+struct RopeParams {
+  double theta = 1e6;
+};
+
+// x [T, H, d] in place; positions [T] int64.
+void rope(const TensorView& x, const TensorView& positions, const RopeParams& params);
+
+}  // namespace hydra::ops

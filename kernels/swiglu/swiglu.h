@@ -1,0 +1,11 @@
+// SwiGLU activation of the MLP: out = SiLU(gate) ⊙ up, SiLU(x) = x · sigmoid(x).
+#pragma once
+
+#include "runtime/tensor.h"
+
+namespace hydra::ops {
+
+// out, gate, up: [T, I] (gate/up may be column blocks of one fused projection).
+void swiglu(const TensorView& out, const TensorView& gate, const TensorView& up);
+
+}  // namespace hydra::ops
