@@ -1,0 +1,51 @@
+// The communicator interface: what sequence parallelism needs from MPI (CPU ranks) or NCCL (GPUs).
+//
+// Buffers are tensor views; element counts and types come from the views, never from byte
+// arithmetic. An MPI communicator takes host views, an NCCL one device views (device() says which).
+// Collectives are called by every rank in the same order. Non-blocking exchanges return a
+// Transfer; wait() completes it (MPI: the host blocks; NCCL: the calling thread's current CUDA
+// stream is made to wait, the host does not block).
+//
+// abort() ends every rank of the job with the message and never returns: a failure on one rank
+// must not leave the others waiting in a collective.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "runtime/tensor.h"
+
+namespace hydra {
+
+class Transfer {
+ public:
+  virtual ~Transfer() = default;
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Where buffers handed to this communicator must live.
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+
+  // Sends `send` to rank `dst` and receives `recv` from rank `src`, both posted now.
+  virtual std::unique_ptr<Transfer> start_send_recv(const TensorView& send, int dst, const TensorView& recv,
+                                                    int src) = 0;
+  // recv [P, ...] receives every rank's `send` [...] in rank order.
+  virtual void all_gather(const TensorView& send, const TensorView& recv) = 0;
+  // buffer ← Σ over ranks (f32 or integer types).
+  virtual void all_reduce_sum(const TensorView& buffer) = 0;
+  virtual void broadcast(const TensorView& buffer, int root) = 0;
+  virtual void barrier() = 0;
+  [[noreturn]] virtual void abort(int exit_code) = 0;
+
+  // Blocking point-to-point helpers built on start_send_recv where convenient.
+  virtual void send(const TensorView& buffer, int dst) = 0;
+  virtual void recv(const TensorView& buffer, int src) = 0;
+};
+
+}  // namespace hydra

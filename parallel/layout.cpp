@@ -1,0 +1,46 @@
+#include "parallel/layout.h"
+
+#include "runtime/error.h"
+
+namespace hydra {
+
+SequenceLayout SequenceLayout::zigzag(int64_t total_length, int world_size, int rank) {
+  HYDRA_USER_CHECK(total_length > 0, "sequence length must be positive (got {})", total_length);
+  HYDRA_ASSERT(world_size >= 1 && rank >= 0 && rank < world_size, "rank {} of {}", rank, world_size);
+  const int64_t g = granularity(world_size);
+  if (total_length % g != 0) {
+    const int64_t below = total_length / g * g, above = below + g;
+    HYDRA_USER_FAIL("sequence length {} is not divisible by 2P = {} (zigzag layout over P = {} ranks); "
+                    "use a multiple of {}, e.g. {}{}",
+                    total_length, g, world_size, g, below > 0 ? std::to_string(below) + " or " : "", above);
+  }
+  SequenceLayout layout;
+  layout.total_ = total_length;
+  layout.world_ = world_size;
+  layout.rank_ = rank;
+  layout.local_ = layout.segments_of(rank);
+  return layout;
+}
+
+std::vector<Segment> SequenceLayout::segments_of(int r) const {
+  const int64_t len = segment_length();
+  if (world_ == 1) return {Segment{0, 0, total_, 0}};
+  const int first = r, second = 2 * world_ - 1 - r;
+  return {Segment{first, first * len, len, 0}, Segment{second, second * len, len, len}};
+}
+
+int SequenceLayout::owner_of(int segment) const {
+  if (world_ == 1) return 0;
+  return segment < world_ ? segment : 2 * world_ - 1 - segment;
+}
+
+std::vector<int64_t> SequenceLayout::local_positions() const {
+  std::vector<int64_t> positions;
+  positions.reserve(static_cast<size_t>(local_length()));
+  for (const Segment& s : local_) {
+    for (int64_t i = 0; i < s.length; ++i) positions.push_back(s.start + i);
+  }
+  return positions;
+}
+
+}  // namespace hydra

@@ -1,0 +1,49 @@
+// The sequence-parallel layout (SPEC 3): which tokens each rank owns, at which global positions.
+//
+// P > 1 ranks: zigzag. The sequence is cut into 2P equal segments; rank r owns segments r and
+// 2P−1−r, stored one after the other in its local tensors ([T/P, ...] rows). Pairing an early and a
+// late segment gives every rank the same amount of causal attention work. Lengths not divisible by
+// 2P are refused with a message suggesting admissible ones (no silent padding).
+// P = 1: one segment covering the whole sequence, so a single process takes any length.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace hydra {
+
+struct Segment {
+  int index = 0;             // global segment index, 0 .. num_segments−1
+  int64_t start = 0;         // global position of the segment's first token
+  int64_t length = 0;
+  int64_t local_offset = 0;  // row of its first token in the owner's local tensors
+};
+
+class SequenceLayout {
+ public:
+  // UserError for lengths the layout does not admit.
+  static SequenceLayout zigzag(int64_t total_length, int world_size, int rank);
+  // Smallest multiple of the layout's granularity (2P, or 1 for P = 1).
+  static int64_t granularity(int world_size) { return world_size == 1 ? 1 : 2 * int64_t{world_size}; }
+
+  int64_t total_length() const { return total_; }
+  int world_size() const { return world_; }
+  int rank() const { return rank_; }
+  int num_segments() const { return world_ == 1 ? 1 : 2 * world_; }
+  int64_t segment_length() const { return total_ / num_segments(); }
+  int64_t local_length() const { return total_ / world_; }
+  const std::vector<Segment>& local_segments() const { return local_; }
+  // The segments rank `r` owns, in its local order.
+  std::vector<Segment> segments_of(int r) const;
+  int owner_of(int segment) const;
+  // Global position of every local row.
+  std::vector<int64_t> local_positions() const;
+
+ private:
+  int64_t total_ = 0;
+  int world_ = 1;
+  int rank_ = 0;
+  std::vector<Segment> local_;
+};
+
+}  // namespace hydra

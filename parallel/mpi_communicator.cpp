@@ -1,0 +1,125 @@
+#include "parallel/mpi_communicator.h"
+
+#include <climits>
+#include <cstdio>
+
+namespace hydra {
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::bf16: return MPI_UINT16_T;  // moved, never reduced
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+  }
+  return MPI_BYTE;
+}
+
+int count_of(const TensorView& v) {
+  HYDRA_ASSERT(v.is_contiguous(), "MPI buffers must be contiguous, got {}", v.shape_string());
+  HYDRA_ASSERT(v.on_host(), "MPI buffers must be host memory");
+  HYDRA_ASSERT(v.numel() <= INT_MAX, "MPI message of {} elements exceeds INT_MAX", v.numel());
+  return static_cast<int>(v.numel());
+}
+
+class MpiTransfer final : public Transfer {
+ public:
+  MpiTransfer() = default;
+  MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  void wait() override { HYDRA_MPI_CHECK(MPI_Waitall(2, requests, MPI_STATUSES_IGNORE)); }
+  ~MpiTransfer() override {
+    // A transfer dropped without wait() (an exception unwinding) must not leave MPI writing into
+    // freed memory: complete it here; errors are ignored on this path.
+    if (requests[0] != MPI_REQUEST_NULL || requests[1] != MPI_REQUEST_NULL) {
+      MPI_Waitall(2, requests, MPI_STATUSES_IGNORE);
+    }
+  }
+};
+
+constexpr int kRingTag = 17;
+
+}  // namespace
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int already = 0;
+  MPI_Initialized(&already);
+  if (!already) {
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    initialized_here_ = true;
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &local_rank_);
+  MPI_Comm_size(local, &local_size_);
+  MPI_Comm_free(&local);
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(host, &len);
+  ErrorContext context = error_context();
+  context.rank = rank_;
+  context.world_size = size_;
+  context.host = std::string(host, static_cast<size_t>(len));
+  set_error_context(context);
+}
+
+MpiRuntime::~MpiRuntime() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (initialized_here_ && !finalized) MPI_Finalize();
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  HYDRA_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  HYDRA_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+}
+
+std::unique_ptr<Transfer> MpiCommunicator::start_send_recv(const TensorView& send, int dst, const TensorView& recv,
+                                                           int src) {
+  HYDRA_ASSERT(send.dtype() == recv.dtype(), "send/recv dtypes differ");
+  auto t = std::make_unique<MpiTransfer>();
+  HYDRA_MPI_CHECK(MPI_Irecv(recv.data(), count_of(recv), mpi_type(recv.dtype()), src, kRingTag, comm_, &t->requests[0]));
+  HYDRA_MPI_CHECK(MPI_Isend(send.data(), count_of(send), mpi_type(send.dtype()), dst, kRingTag, comm_, &t->requests[1]));
+  return t;
+}
+
+void MpiCommunicator::all_gather(const TensorView& send, const TensorView& recv) {
+  HYDRA_ASSERT(recv.numel() == send.numel() * size_ && send.dtype() == recv.dtype(),
+               "all_gather: send {} / recv {} on {} ranks", send.shape_string(), recv.shape_string(), size_);
+  const int n = count_of(send);
+  count_of(recv);
+  HYDRA_MPI_CHECK(MPI_Allgather(send.data(), n, mpi_type(send.dtype()), recv.data(), n, mpi_type(recv.dtype()), comm_));
+}
+
+void MpiCommunicator::all_reduce_sum(const TensorView& buffer) {
+  HYDRA_ASSERT(buffer.dtype() != DType::bf16, "all_reduce_sum of bf16 on MPI is not supported");
+  HYDRA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buffer.data(), count_of(buffer), mpi_type(buffer.dtype()), MPI_SUM, comm_));
+}
+
+void MpiCommunicator::broadcast(const TensorView& buffer, int root) {
+  HYDRA_MPI_CHECK(MPI_Bcast(buffer.data(), count_of(buffer), mpi_type(buffer.dtype()), root, comm_));
+}
+
+void MpiCommunicator::barrier() { HYDRA_MPI_CHECK(MPI_Barrier(comm_)); }
+
+void MpiCommunicator::abort(int exit_code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort does not return; this satisfies [[noreturn]] if it ever did
+}
+
+void MpiCommunicator::send(const TensorView& buffer, int dst) {
+  HYDRA_MPI_CHECK(MPI_Send(buffer.data(), count_of(buffer), mpi_type(buffer.dtype()), dst, kRingTag + 1, comm_));
+}
+
+void MpiCommunicator::recv(const TensorView& buffer, int src) {
+  HYDRA_MPI_CHECK(MPI_Recv(buffer.data(), count_of(buffer), mpi_type(buffer.dtype()), src, kRingTag + 1, comm_,
+                           MPI_STATUS_IGNORE));
+}
+
+}  // namespace hydra
