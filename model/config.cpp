@@ -1,0 +1,198 @@
+#include "model/config.h"
+
+#include <algorithm>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/error.h"
+
+namespace hydra {
+
+std::vector<int> ModelConfig::gdn_heads_of(int64_t layer) const {
+  const std::vector<int>& fa = fa_heads.at(layer);
+  std::vector<int> gdn;
+  for (int h = 0; h < num_heads; ++h) {
+    if (!std::binary_search(fa.begin(), fa.end(), h)) gdn.push_back(h);
+  }
+  return gdn;
+}
+
+std::vector<int> ModelConfig::fa_kv_heads_of(int64_t layer) const {
+  std::set<int> groups;
+  for (int h : fa_heads.at(layer)) groups.insert(static_cast<int>(kv_head_of(h)));
+  return {groups.begin(), groups.end()};
+}
+
+void ModelConfig::validate() const {
+  HYDRA_USER_CHECK(vocab_size > 0, "config: vocab_size must be positive (got {})", vocab_size);
+  HYDRA_USER_CHECK(hidden_size > 0, "config: hidden_size must be positive (got {})", hidden_size);
+  HYDRA_USER_CHECK(num_layers > 0, "config: num_hidden_layers must be positive (got {})", num_layers);
+  HYDRA_USER_CHECK(num_heads > 0 && num_kv_heads > 0, "config: head counts must be positive (heads {}, kv heads {})",
+                   num_heads, num_kv_heads);
+  HYDRA_USER_CHECK(num_heads % num_kv_heads == 0,
+                   "config: num_attention_heads {} is not a multiple of num_key_value_heads {}", num_heads,
+                   num_kv_heads);
+  HYDRA_USER_CHECK(head_dim > 0 && head_dim % 2 == 0, "config: head_dim must be positive and even (got {})",
+                   head_dim);
+  HYDRA_USER_CHECK(intermediate_size > 0, "config: intermediate_size must be positive (got {})", intermediate_size);
+  HYDRA_USER_CHECK(rms_norm_eps > 0, "config: rms_norm_eps must be positive");
+  HYDRA_USER_CHECK(rope_theta > 0, "config: rope_theta must be positive");
+  if (arch == Arch::qwen3) {
+    HYDRA_USER_CHECK(fa_heads.empty(), "config: a qwen3 config has no fa_heads");
+    return;
+  }
+  HYDRA_USER_CHECK(static_cast<int64_t>(fa_heads.size()) == num_layers,
+                   "config: fa_heads lists {} layers, the model has {}", fa_heads.size(), num_layers);
+  for (size_t l = 0; l < fa_heads.size(); ++l) {
+    const std::vector<int>& heads = fa_heads[l];
+    for (size_t i = 0; i < heads.size(); ++i) {
+      HYDRA_USER_CHECK(heads[i] >= 0 && heads[i] < num_heads,
+                       "config: layer {} names FA head {}, but heads are 0..{}", l, heads[i], num_heads - 1);
+      HYDRA_USER_CHECK(i == 0 || heads[i] > heads[i - 1],
+                       "config: layer {} FA heads must be sorted and distinct", l);
+    }
+  }
+  HYDRA_USER_CHECK(fa_log_base > 1, "config: fa_log_base must be > 1 (got {})", fa_log_base);
+  HYDRA_USER_CHECK(conv_kernel >= 1 && conv_kernel <= 8, "config: conv_kernel must be in 1..8 (got {})",
+                   conv_kernel);
+  HYDRA_USER_CHECK(l2_norm_eps > 0, "config: l2_norm_eps must be positive");
+}
+
+std::string arch_name(Arch arch) { return arch == Arch::qwen3 ? "qwen3" : "hydrahead"; }
+
+std::string ModelConfig::summary() const {
+  std::string s = fmt::format("{}: {} layers, D={}, H={}, G={}, d={}, MLP {}, vocab {}, {}", arch_name(arch),
+                              num_layers, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size,
+                              vocab_size, tie_word_embeddings ? "tied embeddings" : "untied embeddings");
+  if (is_hydra()) {
+    int64_t fa = 0;
+    for (const auto& l : fa_heads) fa += static_cast<int64_t>(l.size());
+    s += fmt::format(", {} FA / {} GDN heads in total", fa, num_layers * num_heads - fa);
+  }
+  return s;
+}
+
+nlohmann::json config_to_json(const ModelConfig& c) {
+  nlohmann::json j = {
+      {"arch", arch_name(c.arch)},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"num_hidden_layers", c.num_layers},
+      {"num_attention_heads", c.num_heads},
+      {"num_key_value_heads", c.num_kv_heads},
+      {"head_dim", c.head_dim},
+      {"intermediate_size", c.intermediate_size},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"rope_theta", c.rope_theta},
+      {"tie_word_embeddings", c.tie_word_embeddings},
+  };
+  if (c.is_hydra()) {
+    j["fa_heads"] = c.fa_heads;
+    j["fa_log_base"] = c.fa_log_base;
+    j["conv_kernel"] = c.conv_kernel;
+    j["l2_norm_eps"] = c.l2_norm_eps;
+  }
+  return j;
+}
+
+ModelConfig config_from_json(const nlohmann::json& j, const std::string& source) {
+  ModelConfig c;
+  try {
+    HYDRA_USER_CHECK(j.is_object(), "{}: config is not a JSON object", source);
+    const std::string arch = j.at("arch").get<std::string>();
+    if (arch == "qwen3") {
+      c.arch = Arch::qwen3;
+    } else if (arch == "hydrahead") {
+      c.arch = Arch::hydrahead;
+    } else {
+      HYDRA_USER_FAIL("{}: unknown arch '{}' (expected qwen3 or hydrahead)", source, arch);
+    }
+    c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.hidden_size = j.at("hidden_size").get<int64_t>();
+    c.num_layers = j.at("num_hidden_layers").get<int64_t>();
+    c.num_heads = j.at("num_attention_heads").get<int64_t>();
+    c.num_kv_heads = j.at("num_key_value_heads").get<int64_t>();
+    c.head_dim = j.at("head_dim").get<int64_t>();
+    c.intermediate_size = j.at("intermediate_size").get<int64_t>();
+    c.rms_norm_eps = j.at("rms_norm_eps").get<double>();
+    c.rope_theta = j.at("rope_theta").get<double>();
+    c.tie_word_embeddings = j.at("tie_word_embeddings").get<bool>();
+    if (c.arch == Arch::hydrahead) {
+      c.fa_heads = j.at("fa_heads").get<std::vector<std::vector<int>>>();
+      c.fa_log_base = j.at("fa_log_base").get<double>();
+      c.conv_kernel = j.at("conv_kernel").get<int64_t>();
+      c.l2_norm_eps = j.at("l2_norm_eps").get<double>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    HYDRA_USER_FAIL("{}: malformed model config ({})", source, e.what());
+  }
+  try {
+    c.validate();
+  } catch (const UserError& e) {
+    HYDRA_USER_FAIL("{}: {}", source, e.what());
+  }
+  return c;
+}
+
+namespace {
+ModelConfig qwen3_1_7b() {
+  ModelConfig c;
+  c.arch = Arch::qwen3;
+  c.vocab_size = 151936;
+  c.hidden_size = 2048;
+  c.num_layers = 28;
+  c.num_heads = 16;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.intermediate_size = 6144;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 1e6;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+ModelConfig qwen3_tiny() {
+  ModelConfig c;
+  c.arch = Arch::qwen3;
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.intermediate_size = 128;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 10000.0;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
+ModelConfig as_hydra(ModelConfig c, std::vector<std::vector<int>> fa_heads) {
+  c.arch = Arch::hydrahead;
+  c.fa_heads = std::move(fa_heads);
+  return c;
+}
+}  // namespace
+
+std::vector<std::string> preset_names() { return {"qwen3-tiny", "hydrahead-tiny", "qwen3-1.7b", "hydrahead-1.7b"}; }
+
+ModelConfig preset_config(const std::string& name) {
+  if (name == "qwen3-tiny") return qwen3_tiny();
+  if (name == "qwen3-1.7b") return qwen3_1_7b();
+  if (name == "hydrahead-tiny") {
+    // Every layer mixes FA and GDN heads; FA heads sit in different KV groups across layers and
+    // layer 1 has two FA heads sharing one group, so GQA sharing is exercised.
+    return as_hydra(qwen3_tiny(), {{1}, {2, 3}});
+  }
+  if (name == "hydrahead-1.7b") {
+    // SPEC 5: 2 FA heads per layer (7:1), the lowest indices (uniform:2 without scores).
+    ModelConfig c = qwen3_1_7b();
+    return as_hydra(c, std::vector<std::vector<int>>(static_cast<size_t>(c.num_layers), {0, 1}));
+  }
+  std::string known;
+  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+  HYDRA_USER_FAIL("unknown preset '{}' (known presets: {})", name, known);
+}
+
+}  // namespace hydra

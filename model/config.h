@@ -1,0 +1,61 @@
+// Model configuration: the Qwen3 teacher and HydraHead students share one struct.
+//
+// A HydraHead config names, for every layer l, the set F_l of query heads that keep full softmax
+// attention (SPEC 1.2); the other heads of the layer are Gated DeltaNet heads. F_l may be empty or
+// all heads, so layer-wise hybrids are the same config. A Qwen3 teacher has arch == qwen3 and no
+// head sets. The config travels inside every checkpoint as JSON (root attribute "config").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace hydra {
+
+enum class Arch { qwen3, hydrahead };
+
+struct ModelConfig {
+  Arch arch = Arch::qwen3;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;        // D
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;          // H, query heads
+  int64_t num_kv_heads = 0;       // G
+  int64_t head_dim = 0;           // d
+  int64_t intermediate_size = 0;  // MLP width
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 1e6;
+  bool tie_word_embeddings = false;
+
+  // HydraHead only (SPEC 1.2).
+  std::vector<std::vector<int>> fa_heads;  // per layer, sorted query-head indices of F_l
+  double fa_log_base = 362.0;              // a in tau(i) = ln(i + a) / ln(a)
+  int64_t conv_kernel = 4;                 // K of the GDN short convolution
+  double l2_norm_eps = 1e-6;               // GDN q/k L2 norm epsilon
+
+  int64_t group_size() const { return num_heads / num_kv_heads; }  // H / G
+  int64_t kv_head_of(int64_t head) const { return head / group_size(); }
+  bool is_hydra() const { return arch == Arch::hydrahead; }
+  // HydraHead layer helpers (all sorted ascending).
+  const std::vector<int>& fa_heads_of(int64_t layer) const { return fa_heads.at(layer); }
+  std::vector<int> gdn_heads_of(int64_t layer) const;
+  // KV heads used by the layer's FA heads: the rows of its k_proj / v_proj.
+  std::vector<int> fa_kv_heads_of(int64_t layer) const;
+
+  // Throws UserError naming the first inconsistency ("num_heads 6 is not a multiple of ...").
+  void validate() const;
+  std::string summary() const;  // one line
+};
+
+nlohmann::json config_to_json(const ModelConfig& config);
+// `source` names where the JSON came from, for error messages.
+ModelConfig config_from_json(const nlohmann::json& json, const std::string& source);
+std::string arch_name(Arch arch);
+
+// Presets: qwen3-tiny, hydrahead-tiny, qwen3-1.7b, hydrahead-1.7b (SPEC 5).
+ModelConfig preset_config(const std::string& name);
+std::vector<std::string> preset_names();
+
+}  // namespace hydra

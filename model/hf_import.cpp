@@ -1,0 +1,132 @@
+#include "model/hf_import.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "model/params.h"
+#include "runtime/atomic_file.h"
+#include "runtime/safetensors.h"
+
+namespace hydra {
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json read_json(const std::string& path, const char* what) {
+  require_readable_file(path, what);
+  std::ifstream in(path);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    HYDRA_USER_FAIL("{}: not valid JSON ({})", path, e.what());
+  }
+}
+
+template <class T>
+T value_or(const nlohmann::json& j, const char* key, T fallback) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  return it->get<T>();
+}
+
+double rope_theta_of(const nlohmann::json& hf, const std::string& source) {
+  // transformers ≥ 5 moved rope_theta into rope_parameters; older configs have it at the top.
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    const auto it = hf.find(key);
+    if (it == hf.end() || it->is_null()) continue;
+    HYDRA_USER_CHECK(it->is_object(), "{}: '{}' is not an object", source, key);
+    const std::string type = value_or<std::string>(*it, "rope_type", value_or<std::string>(*it, "type", "default"));
+    HYDRA_USER_CHECK(type == "default", "{}: RoPE type '{}' is not supported (only the default rotary embedding)",
+                     source, type);
+    if (it->contains("rope_theta")) return it->at("rope_theta").get<double>();
+  }
+  return value_or<double>(hf, "rope_theta", 10000.0);
+}
+
+}  // namespace
+
+ModelConfig config_from_hf_json(const nlohmann::json& hf, const std::string& source) {
+  ModelConfig c;
+  try {
+    const std::string type = value_or<std::string>(hf, "model_type", "");
+    HYDRA_USER_CHECK(type == "qwen3", "{}: model_type '{}' is not supported (hydra imports Qwen3 checkpoints)", source,
+                     type);
+    HYDRA_USER_CHECK(!value_or<bool>(hf, "attention_bias", false), "{}: attention_bias = true is not supported",
+                     source);
+    HYDRA_USER_CHECK(!value_or<bool>(hf, "use_sliding_window", false), "{}: sliding-window attention is not supported",
+                     source);
+    const std::string act = value_or<std::string>(hf, "hidden_act", "silu");
+    HYDRA_USER_CHECK(act == "silu", "{}: hidden_act '{}' is not supported (silu only)", source, act);
+    c.arch = Arch::qwen3;
+    c.vocab_size = hf.at("vocab_size").get<int64_t>();
+    c.hidden_size = hf.at("hidden_size").get<int64_t>();
+    c.num_layers = hf.at("num_hidden_layers").get<int64_t>();
+    c.num_heads = hf.at("num_attention_heads").get<int64_t>();
+    c.num_kv_heads = value_or<int64_t>(hf, "num_key_value_heads", c.num_heads);
+    c.head_dim = value_or<int64_t>(hf, "head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
+    c.intermediate_size = hf.at("intermediate_size").get<int64_t>();
+    c.rms_norm_eps = value_or<double>(hf, "rms_norm_eps", 1e-6);
+    c.rope_theta = rope_theta_of(hf, source);
+    c.tie_word_embeddings = value_or<bool>(hf, "tie_word_embeddings", false);
+  } catch (const nlohmann::json::exception& e) {
+    HYDRA_USER_FAIL("{}: missing or malformed field ({})", source, e.what());
+  }
+  try {
+    c.validate();
+  } catch (const UserError& e) {
+    HYDRA_USER_FAIL("{}: {}", source, e.what());
+  }
+  return c;
+}
+
+LoadedCheckpoint import_hf_checkpoint(const std::string& directory) {
+  std::error_code ec;
+  HYDRA_USER_CHECK(fs::is_directory(directory, ec), "{}: not a directory (expected an HF checkpoint folder)",
+                   directory);
+  const fs::path dir(directory);
+  LoadedCheckpoint out;
+  out.config = config_from_hf_json(read_json((dir / "config.json").string(), "config.json"),
+                                   (dir / "config.json").string());
+
+  // Which file holds which tensor.
+  std::map<std::string, std::string> file_of;
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (fs::exists(index, ec)) {
+    const nlohmann::json idx = read_json(index.string(), "safetensors index");
+    HYDRA_USER_CHECK(idx.contains("weight_map") && idx["weight_map"].is_object(), "{}: no weight_map",
+                     index.string());
+    for (const auto& [name, file] : idx["weight_map"].items()) file_of[name] = (dir / file.get<std::string>()).string();
+  } else {
+    std::vector<std::string> files;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      if (entry.path().extension() == ".safetensors") files.push_back(entry.path().string());
+    }
+    HYDRA_USER_CHECK(!files.empty(), "{}: no *.safetensors file and no model.safetensors.index.json", directory);
+    for (const std::string& f : files) {
+      const SafetensorsFile file(f);
+      for (const auto& [name, entry] : file.entries()) file_of[name] = f;
+    }
+  }
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> open;
+  for (const ParamSpec& spec : parameter_specs(out.config)) {
+    const auto it = file_of.find(spec.name);
+    HYDRA_USER_CHECK(it != file_of.end(), "{}: tensor '{}' is not in the checkpoint", directory, spec.name);
+    auto& file = open[it->second];
+    if (!file) file = std::make_unique<SafetensorsFile>(it->second);
+    HYDRA_USER_CHECK(file->contains(spec.name), "{}: tensor '{}' is listed in the index but missing", it->second,
+                     spec.name);
+    const SafetensorsEntry& entry = file->entries().at(spec.name);
+    HYDRA_USER_CHECK(entry.shape == spec.shape, "{}: tensor '{}' has shape {}, the config needs {}", it->second,
+                     spec.name, TensorView(nullptr, DType::f32, Device::host, entry.shape).shape_string(),
+                     TensorView(nullptr, DType::f32, Device::host, spec.shape).shape_string());
+    out.params.emplace(spec.name, file->read(spec.name, DType::f32));
+  }
+  validate_parameters(out.config, out.params, directory);
+  return out;
+}
+
+}  // namespace hydra

@@ -1,0 +1,124 @@
+#include "model/params.h"
+
+#include <cmath>
+#include <set>
+
+#include "runtime/random.h"
+
+namespace hydra {
+
+std::string layer_prefix(int64_t layer) { return fmt::format("model.layers.{}.", layer); }
+
+std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
+  const int64_t D = c.hidden_size, d = c.head_dim, H = c.num_heads, G = c.num_kv_heads, I = c.intermediate_size;
+  std::vector<ParamSpec> specs;
+  specs.push_back({"model.embed_tokens.weight", {c.vocab_size, D}, Init::normal});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    specs.push_back({p + "input_layernorm.weight", {D}, Init::norm_weight});
+    specs.push_back({p + "self_attn.q_proj.weight", {H * d, D}, Init::normal});
+    if (!c.is_hydra()) {
+      specs.push_back({p + "self_attn.k_proj.weight", {G * d, D}, Init::normal});
+      specs.push_back({p + "self_attn.v_proj.weight", {G * d, D}, Init::normal});
+      specs.push_back({p + "self_attn.q_norm.weight", {d}, Init::norm_weight});
+      specs.push_back({p + "self_attn.k_norm.weight", {d}, Init::norm_weight});
+    } else {
+      const int64_t hfa = static_cast<int64_t>(c.fa_heads_of(l).size());
+      const int64_t gfa = static_cast<int64_t>(c.fa_kv_heads_of(l).size());
+      const int64_t hg = H - hfa;
+      if (hfa > 0) {
+        specs.push_back({p + "self_attn.k_proj.weight", {gfa * d, D}, Init::normal});
+        specs.push_back({p + "self_attn.v_proj.weight", {gfa * d, D}, Init::normal});
+        specs.push_back({p + "self_attn.q_norm.weight", {d}, Init::norm_weight});
+        specs.push_back({p + "self_attn.k_norm.weight", {d}, Init::norm_weight});
+        specs.push_back({p + "self_attn.fa_gate_proj.weight", {hfa * d, D}, Init::normal});
+      }
+      if (hg > 0) {
+        specs.push_back({p + "self_attn.gdn_k_proj.weight", {hg * d, D}, Init::normal});
+        specs.push_back({p + "self_attn.gdn_v_proj.weight", {hg * d, D}, Init::normal});
+        specs.push_back({p + "self_attn.gdn_q_conv.weight", {hg * d, c.conv_kernel}, Init::conv});
+        specs.push_back({p + "self_attn.gdn_k_conv.weight", {hg * d, c.conv_kernel}, Init::conv});
+        specs.push_back({p + "self_attn.gdn_v_conv.weight", {hg * d, c.conv_kernel}, Init::conv});
+        specs.push_back({p + "self_attn.gdn_a_proj.weight", {hg, D}, Init::small_normal});
+        specs.push_back({p + "self_attn.gdn_b_proj.weight", {hg, D}, Init::small_normal});
+        specs.push_back({p + "self_attn.gdn_A_log", {hg}, Init::a_log});
+        specs.push_back({p + "self_attn.gdn_dt_bias", {hg}, Init::dt_bias});
+      }
+      specs.push_back({p + "self_attn.fuse_norm.weight", {H, d}, Init::norm_weight});
+      specs.push_back({p + "self_attn.fuse_gamma", {H}, Init::ones});
+    }
+    specs.push_back({p + "self_attn.o_proj.weight", {D, H * d}, Init::normal});
+    specs.push_back({p + "post_attention_layernorm.weight", {D}, Init::norm_weight});
+    specs.push_back({p + "mlp.gate_proj.weight", {I, D}, Init::normal});
+    specs.push_back({p + "mlp.up_proj.weight", {I, D}, Init::normal});
+    specs.push_back({p + "mlp.down_proj.weight", {D, I}, Init::normal});
+  }
+  specs.push_back({"model.norm.weight", {D}, Init::norm_weight});
+  if (!c.tie_word_embeddings) specs.push_back({"lm_head.weight", {c.vocab_size, D}, Init::normal});
+  return specs;
+}
+
+void init_parameter(const ParamSpec& spec, uint64_t seed, const TensorView& out) {
+  HYDRA_ASSERT(out.on_host() && out.dtype() == DType::f32 && out.is_contiguous(), "init of {}", spec.name);
+  const RandomStream rng{seed, hash_name(spec.name)};
+  float* p = out.data_as<float>();
+  const int64_t n = out.numel();
+  const double kernel = spec.shape.size() == 2 ? static_cast<double>(spec.shape[1]) : 1.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto u = static_cast<uint64_t>(i);
+    double v = 0;
+    switch (spec.init) {
+      case Init::normal:
+      case Init::small_normal: v = 0.02 * rng.normal(u); break;
+      case Init::norm_weight: v = 1.0 + 0.1 * rng.normal(u); break;
+      case Init::conv: v = rng.normal(u) / std::sqrt(kernel); break;
+      case Init::a_log: v = std::log(1.0 + 15.0 * rng.uniform(u)); break;
+      case Init::dt_bias: {
+        const double dt = std::exp(std::log(1e-3) + (std::log(0.1) - std::log(1e-3)) * rng.uniform(u));
+        v = dt + std::log(-std::expm1(-dt));  // softplus⁻¹(dt) = log(e^dt − 1)
+        break;
+      }
+      case Init::ones: v = 1.0; break;
+    }
+    p[i] = static_cast<float>(v);
+  }
+}
+
+NamedTensors random_parameters(const ModelConfig& config, uint64_t seed) {
+  NamedTensors tensors;
+  for (const ParamSpec& spec : parameter_specs(config)) {
+    Tensor t = Tensor::empty(spec.shape, DType::f32);
+    init_parameter(spec, seed, t);
+    tensors.emplace(spec.name, std::move(t));
+  }
+  return tensors;
+}
+
+void validate_parameters(const ModelConfig& config, const NamedTensors& tensors, const std::string& source) {
+  std::set<std::string> expected;
+  for (const ParamSpec& spec : parameter_specs(config)) {
+    expected.insert(spec.name);
+    const auto it = tensors.find(spec.name);
+    HYDRA_USER_CHECK(it != tensors.end(), "{}: tensor '{}' is missing", source, spec.name);
+    const TensorView shape_of_spec(nullptr, DType::f32, Device::host, spec.shape);
+    HYDRA_USER_CHECK(std::equal(spec.shape.begin(), spec.shape.end(), it->second.shape().begin(),
+                                it->second.shape().end()),
+                     "{}: tensor '{}' has shape {}, the config needs {}", source, spec.name,
+                     it->second.shape_string(), shape_of_spec.shape_string());
+  }
+  for (const auto& [name, tensor] : tensors) {
+    HYDRA_USER_CHECK(expected.count(name), "{}: unexpected tensor '{}' for this config", source, name);
+  }
+}
+
+int64_t parameter_count(const ModelConfig& config) {
+  int64_t n = 0;
+  for (const ParamSpec& spec : parameter_specs(config)) {
+    int64_t m = 1;
+    for (int64_t s : spec.shape) m *= s;
+    n += m;
+  }
+  return n;
+}
+
+}  // namespace hydra

@@ -1,0 +1,55 @@
+// The parameters of a model: their names, shapes and initialisers (SPEC 1, 4).
+//
+// Names follow HF `Qwen3ForCausalLM` paths where a teacher counterpart exists. HydraHead layers
+// add (H_fa = |F_l|, H_gdn = H − H_fa, G_fa = KV heads used by F_l, all lists ascending):
+//   self_attn.q_proj.weight        [H·d, D]      every head, original order (FA and GDN heads)
+//   self_attn.k_proj/v_proj.weight [G_fa·d, D]   rows of the FA heads' KV heads only
+//   self_attn.q_norm/k_norm.weight [d]           FA heads
+//   self_attn.fa_gate_proj.weight  [H_fa·d, D]   W_fgate of the FA heads
+//   self_attn.gdn_k_proj/gdn_v_proj.weight [H_gdn·d, D]   per GDN head K/V
+//   self_attn.gdn_q_conv/gdn_k_conv/gdn_v_conv.weight [H_gdn·d, K]   depthwise conv taps
+//   self_attn.gdn_a_proj/gdn_b_proj.weight [H_gdn, D], self_attn.gdn_A_log/gdn_dt_bias [H_gdn]
+//   self_attn.fuse_norm.weight [H, d], self_attn.fuse_gamma [H]   fusion, original head order
+//   self_attn.o_proj.weight [D, H·d]
+// Tensors of a branch a layer does not have (no FA heads, or no GDN heads) are absent.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "runtime/checkpoint.h"
+
+namespace hydra {
+
+enum class Init {
+  normal,          // N(0, 0.02²): projections and embeddings
+  norm_weight,     // 1 + N(0, 0.1²): RMSNorm weights, non-trivial so tests see them
+  conv,            // N(0, 1/K): conv taps
+  small_normal,    // N(0, 0.02²): w_a, w_b
+  a_log,           // ln U(1, 16)
+  dt_bias,         // softplus⁻¹(dt), dt log-uniform in [1e-3, 0.1]
+  ones,            // fusion gamma
+};
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  Init init = Init::normal;
+};
+
+std::string layer_prefix(int64_t layer);  // "model.layers.{l}."
+std::vector<ParamSpec> parameter_specs(const ModelConfig& config);
+
+// Fills a host f32 tensor for `spec` from (seed, name): reproducible, order-independent.
+void init_parameter(const ParamSpec& spec, uint64_t seed, const TensorView& out);
+// All parameters of `config`, randomly initialised, as host f32 tensors.
+NamedTensors random_parameters(const ModelConfig& config, uint64_t seed);
+
+// Checks that `tensors` holds exactly the parameters of `config` with their shapes; `source` names
+// the file in the message ("tensor 'x' has shape [..], the config needs [..]").
+void validate_parameters(const ModelConfig& config, const NamedTensors& tensors, const std::string& source);
+
+int64_t parameter_count(const ModelConfig& config);
+
+}  // namespace hydra
