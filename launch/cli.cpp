@@ -1,0 +1,43 @@
+#include "launch/cli.h"
+
+#include <iostream>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace hydra {
+
+const std::vector<Subcommand>& subcommands() {
+  static const std::vector<Subcommand> commands = {
+      {"init", "write a randomly initialised model of a preset shape", run_init},
+      {"import", "convert a Hugging Face Qwen3 checkpoint folder to a hydra checkpoint", run_import},
+      {"info", "print a checkpoint's config and parameter summary", run_info},
+      {"forward", "run the forward pass and write logits (sequence parallel under mpirun)", run_forward},
+  };
+  return commands;
+}
+
+bool parse_command_line(App& app, const std::string& command, const std::string& usage,
+                        po::options_description& options, const std::vector<std::string>& args,
+                        const po::positional_options_description* positional) {
+  options.add_options()("help,h", "print this help");
+  po::variables_map vm;
+  try {
+    po::command_line_parser parser(args);
+    parser.options(options);
+    if (positional) parser.positional(*positional);
+    po::store(parser.run(), vm);
+    if (vm.count("help")) {
+      if (app.world.rank() == 0) {
+        std::cout << "usage: hydra " << command << " " << usage << "\n\n" << options << std::flush;
+      }
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    HYDRA_USER_FAIL("hydra {}: {} (see hydra {} --help)", command, e.what(), command);
+  }
+  return true;
+}
+
+}  // namespace hydra

@@ -1,0 +1,46 @@
+// hydra import: a Hugging Face Qwen3 checkpoint folder to a hydra checkpoint.
+#include "launch/cli.h"
+#include "model/hf_import.h"
+#include "model/params.h"
+#include "runtime/atomic_file.h"
+#include "runtime/log.h"
+
+namespace hydra {
+namespace {
+
+struct ImportOptions {
+  std::string hf_dir;
+  std::string out;
+  std::string dtype = "f32";
+
+  void bind(po::options_description& o) {
+    o.add_options()
+        ("hf", po::value(&hf_dir)->required(), "HF checkpoint folder (config.json + *.safetensors, sharded or not)")
+        ("out", po::value(&out)->required(), "checkpoint to write (.h5), written atomically")
+        ("dtype", po::value(&dtype)->default_value("f32"), "stored element type: f32 or bf16");
+  }
+  void validate() const {
+    HYDRA_USER_CHECK(dtype == "f32" || dtype == "bf16", "--dtype must be f32 or bf16 (got '{}')", dtype);
+    require_writable_destination(out, "checkpoint");
+  }
+};
+
+}  // namespace
+
+int run_import(App& app, const std::vector<std::string>& args) {
+  ImportOptions opt;
+  po::options_description desc("hydra import");
+  opt.bind(desc);
+  if (!parse_command_line(app, "import", "--hf DIR --out FILE.h5", desc, args)) return 0;
+  opt.validate();
+  if (app.world.rank() != 0) return 0;
+  LoadedCheckpoint ck = import_hf_checkpoint(opt.hf_dir);
+  if (opt.dtype == "bf16") {
+    for (auto& [name, t] : ck.params) t = to(t, Device::host, DType::bf16);
+  }
+  write_model_checkpoint(opt.out, ck.config, ck.params);
+  log::info("imported {} -> {}: {}", opt.hf_dir, opt.out, ck.config.summary());
+  return 0;
+}
+
+}  // namespace hydra

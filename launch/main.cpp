@@ -1,0 +1,56 @@
+// hydra: the HydraHead runtime's one executable.
+//
+// Every process initialises MPI (a process started without mpirun is a world of one), runs the
+// subcommand, and on any error prints one line and ends the whole job: with several ranks through
+// MPI_Abort, so no rank is left waiting in a collective for a rank that failed.
+// Exit codes: 0 success, 2 bad input (UserError), 1 internal failure.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "launch/cli.h"
+#include "runtime/log.h"
+
+namespace {
+
+void print_usage() {
+  std::cout << "usage: hydra <command> [options]   (hydra <command> --help for its options)\n\ncommands:\n";
+  for (const auto& c : hydra::subcommands()) std::printf("  %-14s %s\n", c.name.c_str(), c.summary.c_str());
+  std::cout << "\nUnder mpirun every command runs sequence-parallel over the ranks; rank 0 writes outputs.\n";
+}
+
+int dispatch(hydra::App& app, int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" || std::string(argv[1]) == "help") {
+    if (app.world.rank() == 0) print_usage();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string name = argv[1];
+  for (const auto& c : hydra::subcommands()) {
+    if (c.name == name) return c.run(app, std::vector<std::string>(argv + 2, argv + argc));
+  }
+  HYDRA_USER_FAIL("unknown command '{}' (run hydra --help for the list)", name);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  hydra::MpiRuntime mpi(&argc, &argv);
+  hydra::MpiCommunicator world;
+  hydra::log::set_rank(world.rank(), world.size());
+  hydra::App app{mpi, world};
+  int code = 0;
+  try {
+    code = dispatch(app, argc, argv);
+  } catch (const hydra::UserError& e) {
+    std::fprintf(stderr, "hydra: error%s: %s\n",
+                 world.size() > 1 ? (" (rank " + std::to_string(world.rank()) + ")").c_str() : "", e.what());
+    code = 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hydra: internal error%s: %s\n",
+                 world.size() > 1 ? (" (rank " + std::to_string(world.rank()) + ")").c_str() : "", e.what());
+    code = 1;
+  }
+  if (code != 0 && world.size() > 1) world.abort(code);  // never returns: ends every rank
+  return code;
+}

@@ -1,0 +1,55 @@
+#include "launch/model_source.h"
+
+#include <nlohmann/json.hpp>
+
+#include "model/params.h"
+#include "runtime/atomic_file.h"
+#include "runtime/fault.h"
+
+namespace hydra {
+
+void ModelSource::bind(po::options_description& options) {
+  options.add_options()
+      ("model", po::value(&model_path), "hydra checkpoint (.h5) to run")
+      ("preset", po::value(&preset), "instead of --model: a preset shape with random weights "
+                                     "(qwen3-tiny, hydrahead-tiny, qwen3-1.7b, hydrahead-1.7b)")
+      ("seed", po::value(&seed)->default_value(0), "weight seed for --preset");
+}
+
+void ModelSource::validate() const {
+  HYDRA_USER_CHECK(model_path.empty() != preset.empty(), "give exactly one of --model FILE.h5 or --preset NAME");
+  if (!preset.empty()) {
+    preset_config(preset);  // throws for an unknown preset, listing the known ones
+  } else {
+    require_readable_file(model_path, "model");
+  }
+}
+
+ModelConfig ModelSource::config() const {
+  if (!preset.empty()) return preset_config(preset);
+  maybe_inject_fault("load");
+  CheckpointReader reader(model_path);
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(reader.config_json());
+  } catch (const nlohmann::json::exception& e) {
+    HYDRA_USER_FAIL("{}: the 'config' attribute is not JSON ({})", model_path, e.what());
+  }
+  return config_from_json(json, model_path);
+}
+
+LoadedCheckpoint ModelSource::parameters() const {
+  if (!preset.empty()) {
+    LoadedCheckpoint out;
+    out.config = preset_config(preset);
+    out.params = random_parameters(out.config, seed);
+    return out;
+  }
+  return read_model_checkpoint(model_path);
+}
+
+std::string ModelSource::describe() const {
+  return preset.empty() ? model_path : fmt::format("preset {} (seed {})", preset, seed);
+}
+
+}  // namespace hydra

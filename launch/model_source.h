@@ -1,0 +1,29 @@
+// Where a subcommand's model comes from: a checkpoint (--model FILE.h5) or a preset with random
+// weights (--preset NAME --seed N, nothing read from disk: speed runs and demos). Shared by every
+// subcommand that runs a model, with one set of flags and one validation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "launch/cli.h"
+#include "model/model.h"
+
+namespace hydra {
+
+struct ModelSource {
+  std::string model_path;
+  std::string preset;
+  uint64_t seed = 0;
+
+  void bind(po::options_description& options);
+  // Exactly one of --model / --preset; a named preset must exist; the file must be readable.
+  void validate() const;
+  // The config alone (cheap: reads only the checkpoint's attributes), for input checks.
+  ModelConfig config() const;
+  // Config and host f32 parameters.
+  LoadedCheckpoint parameters() const;
+  std::string describe() const;
+};
+
+}  // namespace hydra
