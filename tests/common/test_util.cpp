@@ -1,0 +1,117 @@
+#include "tests/common/test_util.h"
+
+#include <sys/wait.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "runtime/random.h"
+
+namespace hydra::test {
+
+Tensor random_tensor(std::span<const int64_t> shape, uint64_t seed, float scale) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  const RandomStream rng{seed, 0x7e57};
+  float* p = t.data_as<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = scale * static_cast<float>(rng.normal(static_cast<uint64_t>(i)));
+  return t;
+}
+
+Tensor random_tensor(std::initializer_list<int64_t> shape, uint64_t seed, float scale) {
+  return random_tensor(std::span<const int64_t>(shape.begin(), shape.size()), seed, scale);
+}
+
+Tensor uniform_tensor(std::initializer_list<int64_t> shape, uint64_t seed, float lo, float hi) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  const RandomStream rng{seed, 0x0f0f};
+  float* p = t.data_as<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = lo + (hi - lo) * static_cast<float>(rng.uniform(static_cast<uint64_t>(i)));
+  return t;
+}
+
+namespace {
+// Visits every element of a host f32 view (any strides) in row-major order.
+template <class F>
+void for_each_element(const TensorView& v, F&& f) {
+  std::array<int64_t, kMaxRank> idx{};
+  const float* base = static_cast<const float*>(v.data());
+  for (int64_t i = 0; i < v.numel(); ++i) {
+    int64_t offset = 0;
+    for (int d = 0; d < v.rank(); ++d) offset += idx[d] * v.stride(d);
+    f(i, base[offset]);
+    for (int d = v.rank() - 1; d >= 0; --d) {
+      if (++idx[d] < v.size(d)) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+std::vector<float> flatten(const TensorView& v) {
+  std::vector<float> out(static_cast<size_t>(v.numel()));
+  for_each_element(v, [&](int64_t i, float x) { out[static_cast<size_t>(i)] = x; });
+  return out;
+}
+}  // namespace
+
+int64_t count_non_finite(const TensorView& v) {
+  int64_t n = 0;
+  for_each_element(v, [&](int64_t, float x) { n += std::isfinite(x) ? 0 : 1; });
+  return n;
+}
+
+double max_rel_error(const TensorView& a, const TensorView& b) {
+  const std::vector<float> x = flatten(a), y = flatten(b);
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(x[i]) - y[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(y[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+void expect_close(const TensorView& actual, const TensorView& expected, double tolerance, const std::string& what) {
+  ASSERT_EQ(actual.rank(), expected.rank()) << what;
+  for (int d = 0; d < actual.rank(); ++d) ASSERT_EQ(actual.size(d), expected.size(d)) << what << " dim " << d;
+  ASSERT_EQ(count_non_finite(actual), 0) << what << ": non-finite values";
+  ASSERT_EQ(count_non_finite(expected), 0) << what << ": non-finite reference values";
+  const double err = max_rel_error(actual, expected);
+  EXPECT_LE(err, tolerance) << what << ": max relative error " << err;
+}
+
+TempDir::TempDir() {
+  std::random_device rd;
+  path_ = std::filesystem::temp_directory_path() / ("hydra-test-" + std::to_string(rd()) + std::to_string(rd()));
+  std::filesystem::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+CommandResult run_command(const std::string& command) {
+  CommandResult r;
+  const auto start = std::chrono::steady_clock::now();
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+std::string hydra_binary() { return HYDRA_BINARY; }
+std::string fixture_dir() { return HYDRA_FIXTURE_DIR; }
+
+std::string mpirun(int ranks) {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " HYDRA_MPIEXEC
+         " --oversubscribe -np " + std::to_string(ranks) + " ";
+}
+
+}  // namespace hydra::test

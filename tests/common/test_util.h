@@ -1,0 +1,57 @@
+// Shared helpers for the GoogleTest suites: random inputs, error measures, temp dirs, and running
+// the hydra binary. Tolerances are stated at each use with their reason.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "runtime/tensor.h"
+
+namespace hydra::test {
+
+// Host f32 tensor with N(0, scale²) entries drawn from `seed` (counter-based: reproducible).
+Tensor random_tensor(std::initializer_list<int64_t> shape, uint64_t seed, float scale = 1.0f);
+Tensor random_tensor(std::span<const int64_t> shape, uint64_t seed, float scale = 1.0f);
+// Uniform in [lo, hi).
+Tensor uniform_tensor(std::initializer_list<int64_t> shape, uint64_t seed, float lo, float hi);
+
+// Number of NaN/Inf entries of a host f32 view (checked before any comparison).
+int64_t count_non_finite(const TensorView& v);
+// max |a − b| / max |b| over all entries (host f32 views of equal shape).
+double max_rel_error(const TensorView& a, const TensorView& b);
+
+// Fails the test (with `what`) if `actual` has non-finite values or differs from `expected` by more
+// than `tolerance` in max_rel_error.
+void expect_close(const TensorView& actual, const TensorView& expected, double tolerance, const std::string& what);
+
+// A fresh directory under the system temp dir, removed with everything in it at scope exit.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+  double seconds = 0;
+};
+// Runs a shell command, capturing its output.
+CommandResult run_command(const std::string& command);
+// Path of the built hydra binary and of the test fixtures (set by CMake).
+std::string hydra_binary();
+std::string fixture_dir();
+// `mpirun` prefix for P ranks with the flags a root-run container needs (oversubscribe etc.).
+std::string mpirun(int ranks);
+
+}  // namespace hydra::test

@@ -1,0 +1,151 @@
+// The hydra binary as a user meets it: --help everywhere, and bad input answered with one line
+// "hydra: error: ..." naming the problem and the file, exit code 2, no crash, and no output file
+// left behind.
+#include <filesystem>
+#include <fstream>
+
+#include <unistd.h>
+
+#include "model/model.h"
+#include "model/params.h"
+#include "runtime/checkpoint.h"
+#include "runtime/token_file.h"
+#include "tests/common/test_util.h"
+
+namespace hydra::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+CommandResult hydra(const std::string& args) { return run_command(hydra_binary() + " " + args); }
+
+// Exit 2, exactly one line of output that starts with "hydra: error" and contains `needle`.
+void expect_user_error(const CommandResult& r, const std::string& needle) {
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output.rfind("hydra: error", 0), 0u) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.output;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = dir_.file("tiny.h5");
+    const ModelConfig c = preset_config("hydrahead-tiny");
+    write_model_checkpoint(model_, c, random_parameters(c, 1));
+    tokens_ = dir_.file("tokens.h5");
+    write_token_file(tokens_, {1, 5, 9, 200, 3, 7, 0, 255});
+  }
+  TempDir dir_;
+  std::string model_, tokens_;
+};
+
+TEST_F(Cli, HelpForEveryCommand) {
+  const CommandResult top = hydra("--help");
+  EXPECT_EQ(top.exit_code, 0);
+  for (const char* cmd : {"init", "import", "info", "forward"}) {
+    EXPECT_NE(top.output.find(cmd), std::string::npos) << cmd;
+    const CommandResult r = hydra(std::string(cmd) + " --help");
+    EXPECT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
+    EXPECT_NE(r.output.find("usage: hydra " + std::string(cmd)), std::string::npos) << r.output;
+  }
+}
+
+TEST_F(Cli, InitInfoForwardWork) {
+  const std::string out = dir_.file("init.h5");
+  ASSERT_EQ(hydra("init --preset qwen3-tiny --seed 5 --out " + out).exit_code, 0);
+  const CommandResult info = hydra("info " + out + " --tensors");
+  EXPECT_EQ(info.exit_code, 0) << info.output;
+  EXPECT_NE(info.output.find("qwen3: 2 layers, D=64"), std::string::npos) << info.output;
+  EXPECT_NE(info.output.find("model.layers.1.mlp.down_proj.weight"), std::string::npos);
+  const CommandResult fwd = hydra("forward --model " + model_ + " --input " + tokens_ + " --output " + dir_.file("logits.h5"));
+  EXPECT_EQ(fwd.exit_code, 0) << fwd.output;
+  EXPECT_NE(fwd.output.find("\"tokens\":8"), std::string::npos) << fwd.output;
+  EXPECT_TRUE(fs::exists(dir_.file("logits.h5")));
+}
+
+TEST_F(Cli, UnknownCommandFlagAndPreset) {
+  expect_user_error(hydra("frobnicate"), "unknown command 'frobnicate'");
+  expect_user_error(hydra("forward --modle x.h5"), "unrecognised option '--modle'");
+  const std::string out = dir_.file("never.h5");
+  expect_user_error(hydra("init --preset qwen9 --out " + out), "unknown preset 'qwen9'");
+  EXPECT_FALSE(fs::exists(out));
+}
+
+TEST_F(Cli, MissingUnreadableAndNonHdf5Files) {
+  const std::string out = dir_.file("out.h5");
+  expect_user_error(hydra("forward --model " + dir_.file("nope.h5") + " --seq-len 8 --output " + out),
+                    dir_.file("nope.h5") + ": model file does not exist");
+  std::ofstream(dir_.file("junk.h5")) << "junk";
+  expect_user_error(hydra("forward --model " + dir_.file("junk.h5") + " --seq-len 8 --output " + out),
+                    dir_.file("junk.h5") + ": not an HDF5 file");
+  expect_user_error(hydra("info " + dir_.file("junk.h5")), "not an HDF5 file");
+  if (getuid() != 0) {  // root reads anything; the permission check only means something for users
+    fs::permissions(model_, fs::perms::none);
+    expect_user_error(hydra("forward --model " + model_ + " --seq-len 8"), "not readable");
+  }
+  EXPECT_FALSE(fs::exists(out));
+}
+
+TEST_F(Cli, WrongFormatAndNewerVersion) {
+  {
+    H5File f = H5File::create(dir_.file("newer.h5"));
+    f.set_attribute("format", std::string(kCheckpointFormat));
+    f.set_attribute("format_version", int64_t{99});
+    f.set_attribute("config", std::string("{}"));
+    f.close();
+  }
+  expect_user_error(hydra("forward --model " + dir_.file("newer.h5") + " --seq-len 8"), "format version 99 is newer");
+  expect_user_error(hydra("forward --model " + tokens_ + " --seq-len 8"), "not a hydrahead checkpoint");
+}
+
+TEST_F(Cli, BadTokensLeaveNoOutput) {
+  const std::string out = dir_.file("logits.h5");
+  write_token_file(dir_.file("big.h5"), {1, 2, 256});
+  expect_user_error(hydra("forward --model " + model_ + " --input " + dir_.file("big.h5") + " --output " + out),
+                    "big.h5: token id 256 at position 2 is outside the vocabulary [0, 256)");
+  {
+    H5File f = H5File::create(dir_.file("empty.h5"));
+    f.write("input_ids", Tensor::empty({0}, DType::i64));
+    f.close();
+  }
+  expect_user_error(hydra("forward --model " + model_ + " --input " + dir_.file("empty.h5") + " --output " + out),
+                    "empty.h5: input is empty");
+  EXPECT_FALSE(fs::exists(out));
+  for (const auto& e : fs::directory_iterator(dir_.path())) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  }
+}
+
+TEST_F(Cli, ImportErrorsNameTheFile) {
+  const std::string out = dir_.file("imported.h5");
+  const std::string src = fixture_dir() + "/hf/gqa_untied";
+  // A truncated copy of the safetensors file.
+  const std::string bad = dir_.file("truncated");
+  fs::create_directories(bad);
+  fs::copy_file(src + "/config.json", bad + "/config.json");
+  {
+    std::ifstream in(src + "/model.safetensors", std::ios::binary);
+    std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(bad + "/model.safetensors", std::ios::binary) << data.substr(0, data.size() - 1000);
+  }
+  expect_user_error(hydra("import --hf " + bad + " --out " + out), "model.safetensors: truncated safetensors file");
+  // A config whose shape disagrees with the tensors.
+  const std::string wrong = dir_.file("wrong");
+  fs::create_directories(wrong);
+  fs::copy_file(src + "/model.safetensors", wrong + "/model.safetensors");
+  {
+    std::ifstream in(src + "/config.json");
+    std::string cfg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    cfg.replace(cfg.find("\"intermediate_size\": 80"), 23, "\"intermediate_size\": 96");
+    std::ofstream(wrong + "/config.json") << cfg;
+  }
+  expect_user_error(hydra("import --hf " + wrong + " --out " + out), "has shape [80, 48], the config needs [96, 48]");
+  expect_user_error(hydra("import --hf " + dir_.file("none") + " --out " + out), "not a directory");
+  EXPECT_FALSE(fs::exists(out));
+  ASSERT_EQ(hydra("import --hf " + src + " --out " + out).exit_code, 0);
+  EXPECT_TRUE(fs::exists(out));
+}
+
+}  // namespace
+}  // namespace hydra::test

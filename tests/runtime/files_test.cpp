@@ -1,0 +1,154 @@
+// HDF5 checkpoints and safetensors: round trips, atomic writes, and the errors a user sees for
+// bad files (missing, not HDF5, wrong format, newer version, truncated safetensors).
+#include <fstream>
+
+#include "runtime/atomic_file.h"
+#include "runtime/checkpoint.h"
+#include "runtime/safetensors.h"
+#include "runtime/token_file.h"
+#include "tests/common/test_util.h"
+
+namespace hydra::test {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Checkpoint, RoundTripKeepsValuesTypesAndAttributes) {
+  TempDir dir;
+  NamedTensors tensors;
+  tensors.emplace("a.weight", random_tensor({3, 5}, 1));
+  tensors.emplace("b", to(random_tensor({7}, 2), Device::host, DType::bf16));
+  Tensor ids = Tensor::empty({4}, DType::i64);
+  for (int i = 0; i < 4; ++i) ids.data_as<int64_t>()[i] = int64_t{1} << (30 + i);
+  tensors.emplace("ids", ids);
+  write_checkpoint(dir.file("c.h5"), R"({"x": 1})", tensors);
+  const CheckpointReader reader(dir.file("c.h5"));
+  EXPECT_EQ(reader.config_json(), R"({"x": 1})");
+  EXPECT_EQ(reader.names(), (std::vector<std::string>{"a.weight", "b", "ids"}));
+  EXPECT_EQ(reader.info("b").dtype, DType::bf16);
+  expect_close(reader.read("a.weight", DType::f32), tensors.at("a.weight"), 0.0, "f32 round trip");
+  const Tensor b = reader.read("b", DType::bf16);
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(b.data_as<bf16>()[i].bits, tensors.at("b").data_as<bf16>()[i].bits);
+  const H5File raw = H5File::open_read(dir.file("c.h5"));
+  const Tensor ids_back = raw.read("ids");
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(ids_back.data_as<int64_t>()[i], ids.data_as<int64_t>()[i]);
+}
+
+TEST(Checkpoint, FailedWriteLeavesExistingFileAndNoTemporary) {
+  TempDir dir;
+  const std::string path = dir.file("model.h5");
+  NamedTensors good;
+  good.emplace("w", random_tensor({2, 2}, 3));
+  write_checkpoint(path, "{}", good);
+  const auto size_before = std::filesystem::file_size(path);
+  NamedTensors bad;
+  bad.emplace("w", random_tensor({2, 2}, 4));
+  bad.emplace("w/x", random_tensor({2}, 5));  // needs "w" to be a group: fails after "w" is written
+  EXPECT_THROW(write_checkpoint(path, "{}", bad), Error);
+  EXPECT_EQ(std::filesystem::file_size(path), size_before);
+  expect_close(CheckpointReader(path).read("w", DType::f32), good.at("w"), 0.0, "old contents intact");
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    ++files;
+    EXPECT_EQ(e.path().filename(), "model.h5");
+  }
+  EXPECT_EQ(files, 1);
+}
+
+TEST(Checkpoint, BadFilesGiveOneLineErrorsNamingTheFile) {
+  TempDir dir;
+  EXPECT_NE(error_of([&] { CheckpointReader r(dir.file("missing.h5")); }).find("missing.h5: HDF5 file does not exist"),
+            std::string::npos);
+  std::ofstream(dir.file("text.h5")) << "not hdf5 at all";
+  EXPECT_NE(error_of([&] { CheckpointReader r(dir.file("text.h5")); }).find("text.h5: not an HDF5 file"), std::string::npos);
+  {
+    H5File f = H5File::create(dir.file("other.h5"));
+    f.set_attribute("format", std::string("something-else"));
+    f.close();
+  }
+  EXPECT_NE(error_of([&] { CheckpointReader r(dir.file("other.h5")); }).find("wrong format 'something-else'"),
+            std::string::npos);
+  {
+    H5File f = H5File::create(dir.file("newer.h5"));
+    f.set_attribute("format", std::string(kCheckpointFormat));
+    f.set_attribute("format_version", int64_t{kCheckpointVersion + 1});
+    f.set_attribute("config", std::string("{}"));
+    f.close();
+  }
+  EXPECT_NE(error_of([&] { CheckpointReader r(dir.file("newer.h5")); }).find("is newer than this hydra understands"),
+            std::string::npos);
+  {
+    H5File f = H5File::create(dir.file("plain.h5"));
+    f.close();
+  }
+  EXPECT_NE(error_of([&] { CheckpointReader r(dir.file("plain.h5")); }).find("not a hydrahead checkpoint"),
+            std::string::npos);
+}
+
+void write_safetensors(const std::string& path, const std::string& header, size_t data_bytes) {
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
+  out << header;
+  for (size_t i = 0; i < data_bytes; ++i) out.put(static_cast<char>(i & 0x7f));
+}
+
+TEST(Safetensors, ReadsConvertsAndRejectsTruncation) {
+  TempDir dir;
+  // Two F16 values 1.0 (0x3c00) and -2.5 (0xc100), then one BF16 1.5 (0x3fc0).
+  {
+    std::ofstream out(dir.file("ok.safetensors"), std::ios::binary);
+    const std::string header =
+        R"({"h":{"dtype":"F16","shape":[2],"data_offsets":[0,4]},"b":{"dtype":"BF16","shape":[1,1],"data_offsets":[4,6]},"__metadata__":{"format":"pt"}})";
+    const uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
+    out << header;
+    const unsigned char data[6] = {0x00, 0x3c, 0x00, 0xc1, 0xc0, 0x3f};
+    out.write(reinterpret_cast<const char*>(data), 6);
+  }
+  const SafetensorsFile f(dir.file("ok.safetensors"));
+  const Tensor h = f.read("h", DType::f32);
+  EXPECT_EQ(h.data_as<float>()[0], 1.0f);
+  EXPECT_EQ(h.data_as<float>()[1], -2.5f);
+  EXPECT_EQ(f.read("b", DType::f32).data_as<float>()[0], 1.5f);
+  EXPECT_EQ(half_to_float(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+
+  write_safetensors(dir.file("short.safetensors"), R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 10);
+  EXPECT_NE(error_of([&] { SafetensorsFile s(dir.file("short.safetensors")); }).find("truncated safetensors file: tensor 'w'"),
+            std::string::npos);
+  write_safetensors(dir.file("header.safetensors"), R"({"w":{"dtype":"F32",)", 0);
+  EXPECT_NE(error_of([&] { SafetensorsFile s(dir.file("header.safetensors")); }).find("header is not JSON"),
+            std::string::npos);
+  std::ofstream(dir.file("tiny.safetensors")) << "abc";
+  EXPECT_NE(error_of([&] { SafetensorsFile s(dir.file("tiny.safetensors")); }).find("truncated"), std::string::npos);
+}
+
+TEST(TokenFile, ValidatesIdsAndShape) {
+  TempDir dir;
+  write_token_file(dir.file("t.h5"), {1, 2, 3});
+  EXPECT_EQ(read_token_file(dir.file("t.h5"), 10), (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_NE(error_of([&] { read_token_file(dir.file("t.h5"), 3); }).find("token id 3 at position 2 is outside the vocabulary [0, 3)"),
+            std::string::npos);
+  {
+    H5File f = H5File::create(dir.file("empty.h5"));
+    f.write("input_ids", Tensor::empty({0}, DType::i32));
+    f.close();
+  }
+  EXPECT_NE(error_of([&] { read_token_file(dir.file("empty.h5"), 10); }).find("input is empty"), std::string::npos);
+  {
+    H5File f = H5File::create(dir.file("float.h5"));
+    f.write("input_ids", random_tensor({4}, 1));
+    f.close();
+  }
+  EXPECT_NE(error_of([&] { read_token_file(dir.file("float.h5"), 10); }).find("expected int32 or int64"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hydra::test
