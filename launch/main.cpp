@@ -5,10 +5,13 @@
 // MPI_Abort, so no rank is left waiting in a collective for a rank that failed.
 // Exit codes: 0 success, 2 bad input (UserError), 1 internal failure.
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <thread>
 #include <string>
 #include <vector>
 
+#include "kernels/matmul/matmul.h"
 #include "launch/cli.h"
 #include "runtime/log.h"
 
@@ -38,6 +41,11 @@ int main(int argc, char** argv) {
   hydra::MpiRuntime mpi(&argc, &argv);
   hydra::MpiCommunicator world;
   hydra::log::set_rank(world.rank(), world.size());
+  // CPU path: share the node's cores among its ranks unless the user chose (OPENBLAS_NUM_THREADS).
+  if (!std::getenv("OPENBLAS_NUM_THREADS")) {
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    hydra::ops::set_cpu_threads(std::max(1, cores / std::max(1, mpi.local_size())));
+  }
   hydra::App app{mpi, world};
   int code = 0;
   try {

@@ -110,7 +110,7 @@ std::string hydra_binary() { return HYDRA_BINARY; }
 std::string fixture_dir() { return HYDRA_FIXTURE_DIR; }
 
 std::string mpirun(int ranks) {
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " HYDRA_MPIEXEC
+  return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " HYDRA_MPIEXEC
          " --oversubscribe -np " + std::to_string(ranks) + " ";
 }
 
