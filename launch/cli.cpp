@@ -13,6 +13,7 @@ const std::vector<Subcommand>& subcommands() {
       {"import", "convert a Hugging Face Qwen3 checkpoint folder to a hydra checkpoint", run_import},
       {"info", "print a checkpoint's config and parameter summary", run_info},
       {"forward", "run the forward pass and write logits (sequence parallel under mpirun)", run_forward},
+      {"convert", "convert a Qwen3 teacher into a HydraHead model (SPEC 1.3)", run_convert},
   };
   return commands;
 }

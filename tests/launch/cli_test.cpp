@@ -43,7 +43,7 @@ class Cli : public ::testing::Test {
 TEST_F(Cli, HelpForEveryCommand) {
   const CommandResult top = hydra("--help");
   EXPECT_EQ(top.exit_code, 0);
-  for (const char* cmd : {"init", "import", "info", "forward"}) {
+  for (const char* cmd : {"init", "import", "info", "forward", "convert"}) {
     EXPECT_NE(top.output.find(cmd), std::string::npos) << cmd;
     const CommandResult r = hydra(std::string(cmd) + " --help");
     EXPECT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
@@ -145,6 +145,35 @@ TEST_F(Cli, ImportErrorsNameTheFile) {
   EXPECT_FALSE(fs::exists(out));
   ASSERT_EQ(hydra("import --hf " + src + " --out " + out).exit_code, 0);
   EXPECT_TRUE(fs::exists(out));
+}
+
+TEST_F(Cli, ConvertChecksTeacherSpecAndCalibration) {
+  const std::string teacher = dir_.file("teacher.h5"), out = dir_.file("student.h5");
+  ASSERT_EQ(hydra("init --preset qwen3-tiny --seed 2 --out " + teacher).exit_code, 0);
+  expect_user_error(hydra("convert --teacher " + model_ + " --fa-heads uniform:1 --out " + out),
+                    "is a hydrahead model; convert needs a Qwen3-shaped teacher");
+  expect_user_error(hydra("convert --teacher " + teacher + " --fa-heads uniform:5 --out " + out),
+                    "a budget of 5 FA heads per layer is not in 0..4");
+  expect_user_error(hydra("convert --teacher " + teacher + " --fa-heads file:" + dir_.file("none.json") + " --out " + out),
+                    "none.json: FA head set file does not exist");
+  write_token_file(dir_.file("calib.h5"), {3, 1, 4, 1, 5, 9, 2, 6, 999});
+  expect_user_error(hydra("convert --teacher " + teacher + " --fa-heads uniform:1 --calib " + dir_.file("calib.h5") + " --out " + out),
+                    "calib.h5: token id 999 at position 8 is outside the vocabulary [0, 256)");
+  EXPECT_FALSE(fs::exists(out));
+  // Calibrated conversion gives the same gammas on 1 and 3 ranks.
+  std::vector<int32_t> calib(120);
+  for (size_t i = 0; i < calib.size(); ++i) calib[i] = static_cast<int32_t>((i * 13 + 5) % 256);
+  write_token_file(dir_.file("calib.h5"), calib);
+  const std::string args = " convert --teacher " + teacher + " --fa-heads layerwise:2 --calib " + dir_.file("calib.h5") + " --out ";
+  ASSERT_EQ(hydra(args + dir_.file("s1.h5")).exit_code, 0);
+  const CommandResult r3 = run_command(mpirun(3) + hydra_binary() + args + dir_.file("s3.h5"));
+  ASSERT_EQ(r3.exit_code, 0) << r3.output;
+  const CheckpointReader a(dir_.file("s1.h5")), b(dir_.file("s3.h5"));
+  for (const char* g : {"model.layers.0.self_attn.fuse_gamma", "model.layers.1.self_attn.fuse_gamma"}) {
+    expect_close(b.read(g, DType::f32), a.read(g, DType::f32), 1e-5, g);
+    EXPECT_GT(a.read(g, DType::f32).data_as<float>()[0], 0.0f);
+    EXPECT_NE(a.read(g, DType::f32).data_as<float>()[0], 1.0f);
+  }
 }
 
 }  // namespace

@@ -14,7 +14,8 @@ namespace {
 
 class HfParity : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfParity,
-                         ::testing::Values("gqa_untied", "mha_tied", "gqa_sharded", "gqa_bf16", "mha_fp16"));
+                         ::testing::Values("gqa_untied", "mha_tied", "gqa_sharded", "gqa_bf16", "mha_fp16"),
+                         [](const auto& info) { return info.param; });
 
 TEST_P(HfParity, LogitsMatchTransformers) {
   const std::string dir = fixture_dir() + "/hf/" + GetParam();

@@ -1,0 +1,92 @@
+// hydra convert: a Qwen3 teacher into a HydraHead student (SPEC 1.3).
+#include <algorithm>
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "launch/cli.h"
+#include "model/convert.h"
+#include "model/fa_heads_file.h"
+#include "runtime/atomic_file.h"
+#include "runtime/log.h"
+#include "runtime/token_file.h"
+
+namespace hydra {
+namespace {
+
+struct ConvertOptions {
+  std::string teacher;
+  std::string fa_heads;
+  std::string scores;
+  std::string out;
+  std::string calib;
+  uint64_t seed = 0;
+
+  void bind(po::options_description& o) {
+    o.add_options()
+        ("teacher", po::value(&teacher)->required(), "Qwen3 teacher checkpoint (.h5, from hydra import or init)")
+        ("fa-heads", po::value(&fa_heads)->required(),
+         "which heads keep full attention: uniform:K (K per layer), layerwise:EVERY (every EVERY-th layer "
+         "all-FA, layerwise:4 = 3:1 hybrid) or file:PATH (hydra select-heads output)")
+        ("scores", po::value(&scores), "with uniform:K: rank heads by scores.composite of this head-set file "
+                                       "instead of taking the lowest indices")
+        ("out", po::value(&out)->required(), "HydraHead checkpoint to write (.h5), written atomically")
+        ("calib", po::value(&calib), "calibration tokens (.h5 input_ids): set each head's gamma to the RMS of "
+                                     "the teacher's head output over them (else gamma = 1)")
+        ("seed", po::value(&seed)->default_value(0), "seed of the new GDN parameters (w_a, w_b, A_log, dt_bias)");
+  }
+  void validate() const {
+    require_readable_file(teacher, "teacher");
+    if (!calib.empty()) require_readable_file(calib, "calibration");
+    require_writable_destination(out, "student checkpoint");
+  }
+};
+
+}  // namespace
+
+int run_convert(App& app, const std::vector<std::string>& args) {
+  ConvertOptions opt;
+  po::options_description desc("hydra convert");
+  opt.bind(desc);
+  if (!parse_command_line(app, "convert", "--teacher FILE.h5 --fa-heads SPEC --out FILE.h5 [--calib TOKENS.h5] [--seed N]",
+                          desc, args)) {
+    return 0;
+  }
+  opt.validate();
+  // Cheap checks before any weight is read.
+  const CheckpointReader header(opt.teacher);
+  const ModelConfig teacher_config = config_from_json(nlohmann::json::parse(header.config_json()), opt.teacher);
+  HYDRA_USER_CHECK(teacher_config.arch == Arch::qwen3,
+                   "{}: is a {} model; convert needs a Qwen3-shaped teacher (hydra import / hydra init --preset qwen3-*)",
+                   opt.teacher, arch_name(teacher_config.arch));
+  const ModelConfig student = student_config(teacher_config, resolve_fa_heads(opt.fa_heads, teacher_config, opt.scores));
+  std::vector<int32_t> calib;
+  if (!opt.calib.empty()) {
+    calib = read_token_file(opt.calib, teacher_config.vocab_size);
+    SequenceLayout::zigzag(static_cast<int64_t>(calib.size()), app.world.size(), app.world.rank());
+  }
+  const bool needs_weights = app.world.rank() == 0 || !calib.empty();
+  if (!needs_weights) return 0;
+  const LoadedCheckpoint teacher = read_model_checkpoint(opt.teacher);
+  std::vector<std::vector<double>> gamma;
+  if (!calib.empty()) {
+    // Every rank takes part in the sequence-parallel teacher forward.
+    const Model model(teacher.config, teacher.params);
+    gamma = measure_head_rms(model, app.world, calib);
+  }
+  if (app.world.rank() != 0) return 0;
+  const NamedTensors params = convert_parameters(teacher.config, teacher.params, student, opt.seed, gamma);
+  write_model_checkpoint(opt.out, student, params);
+  int64_t fa = 0;
+  for (const auto& l : student.fa_heads) fa += static_cast<int64_t>(l.size());
+  log::info("converted {} -> {}: {} FA heads and {} GDN heads over {} layers ({}), gamma {}", opt.teacher, opt.out, fa,
+            student.num_layers * student.num_heads - fa, student.num_layers, opt.fa_heads,
+            gamma.empty() ? std::string("= 1") : fmt::format("from {} calibration tokens", calib.size()));
+  for (int64_t l = 0; l < student.num_layers; ++l) {
+    log::info("  layer {:>3}: FA heads [{}]{}", l, fmt::join(student.fa_heads_of(l), ", "),
+              gamma.empty() ? std::string() : fmt::format(", gamma [{:.4g}]", fmt::join(gamma[l], ", ")));
+  }
+  return 0;
+}
+
+}  // namespace hydra

@@ -1,0 +1,142 @@
+#include "model/fa_heads_file.h"
+
+#include <algorithm>
+#include <fstream>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/atomic_file.h"
+#include "runtime/error.h"
+
+namespace hydra {
+namespace {
+constexpr const char* kFormat = "hydrahead-fa-heads";
+
+std::vector<int> sorted_unique_checked(std::vector<int> heads, const ModelConfig& teacher, size_t layer,
+                                       const std::string& source) {
+  std::sort(heads.begin(), heads.end());
+  for (size_t i = 0; i < heads.size(); ++i) {
+    HYDRA_USER_CHECK(heads[i] >= 0 && heads[i] < teacher.num_heads,
+                     "{}: layer {} names head {}, but the model's heads are 0..{}", source, layer, heads[i],
+                     teacher.num_heads - 1);
+    HYDRA_USER_CHECK(i == 0 || heads[i] != heads[i - 1], "{}: layer {} names head {} twice", source, layer, heads[i]);
+  }
+  return heads;
+}
+}  // namespace
+
+FaHeadsFile read_fa_heads_file(const std::string& path, const ModelConfig& teacher) {
+  require_readable_file(path, "FA head set");
+  nlohmann::json j;
+  try {
+    std::ifstream in(path);
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    HYDRA_USER_FAIL("{}: not valid JSON ({})", path, e.what());
+  }
+  FaHeadsFile out;
+  try {
+    HYDRA_USER_CHECK(j.value("format", std::string()) == kFormat, "{}: not an FA head-set file (format must be '{}')",
+                     path, kFormat);
+    HYDRA_USER_CHECK(j.value("version", 0) == 1, "{}: unsupported version {}", path, j.value("version", 0));
+    const auto layers = j.at("fa_heads").get<std::vector<std::vector<int>>>();
+    HYDRA_USER_CHECK(static_cast<int64_t>(layers.size()) == teacher.num_layers,
+                     "{}: lists {} layers, the model has {}", path, layers.size(), teacher.num_layers);
+    for (size_t l = 0; l < layers.size(); ++l) out.fa_heads.push_back(sorted_unique_checked(layers[l], teacher, l, path));
+    if (j.contains("scores")) {
+      for (const auto& [name, value] : j.at("scores").items()) {
+        auto s = value.get<std::vector<std::vector<double>>>();
+        HYDRA_USER_CHECK(static_cast<int64_t>(s.size()) == teacher.num_layers, "{}: scores '{}' list {} layers, the model has {}",
+                         path, name, s.size(), teacher.num_layers);
+        for (size_t l = 0; l < s.size(); ++l) {
+          HYDRA_USER_CHECK(static_cast<int64_t>(s[l].size()) == teacher.num_heads,
+                           "{}: scores '{}' layer {} has {} heads, the model has {}", path, name, l, s[l].size(),
+                           teacher.num_heads);
+        }
+        out.scores.emplace(name, std::move(s));
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    HYDRA_USER_FAIL("{}: malformed FA head-set file ({})", path, e.what());
+  }
+  return out;
+}
+
+void write_fa_heads_file(const std::string& path, const ModelConfig& teacher, const FaHeadsFile& file) {
+  nlohmann::json j = {{"format", kFormat},
+                      {"version", 1},
+                      {"num_layers", teacher.num_layers},
+                      {"num_heads", teacher.num_heads},
+                      {"fa_heads", file.fa_heads}};
+  if (!file.scores.empty()) j["scores"] = file.scores;
+  require_writable_destination(path, "FA head-set file");
+  AtomicFile out(path);
+  {
+    std::ofstream f(out.temp_path());
+    f << j.dump(1) << "\n";
+    HYDRA_USER_CHECK(f.good(), "{}: write failed", path);
+  }
+  out.commit();
+}
+
+std::vector<std::vector<int>> resolve_fa_heads(const std::string& spec, const ModelConfig& teacher,
+                                               const std::string& scores_path) {
+  const size_t colon = spec.find(':');
+  HYDRA_USER_CHECK(colon != std::string::npos,
+                   "--fa-heads '{}': expected uniform:K, layerwise:EVERY or file:PATH", spec);
+  const std::string kind = spec.substr(0, colon), arg = spec.substr(colon + 1);
+  const auto number = [&](const char* what) {
+    size_t used = 0;
+    long v = -1;
+    try {
+      v = std::stol(arg, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    HYDRA_USER_CHECK(used == arg.size() && used > 0, "--fa-heads '{}': {} must be an integer", spec, what);
+    return v;
+  };
+  std::vector<std::vector<int>> layers(static_cast<size_t>(teacher.num_layers));
+  if (kind == "uniform") {
+    const long k = number("K");
+    HYDRA_USER_CHECK(k >= 0 && k <= teacher.num_heads,
+                     "--fa-heads '{}': a budget of {} FA heads per layer is not in 0..{} (the model has {} heads per layer)",
+                     spec, k, teacher.num_heads, teacher.num_heads);
+    std::vector<std::vector<double>> scores;
+    if (!scores_path.empty()) {
+      const FaHeadsFile file = read_fa_heads_file(scores_path, teacher);
+      const auto it = file.scores.find("composite");
+      HYDRA_USER_CHECK(it != file.scores.end(), "{}: no scores.composite to rank heads by", scores_path);
+      scores = it->second;
+    }
+    for (int64_t l = 0; l < teacher.num_layers; ++l) {
+      std::vector<int> order(static_cast<size_t>(teacher.num_heads));
+      std::iota(order.begin(), order.end(), 0);
+      if (!scores.empty()) {
+        // Highest score first; ties keep the lower index.
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return scores[l][a] > scores[l][b]; });
+      }
+      layers[l].assign(order.begin(), order.begin() + k);
+      std::sort(layers[l].begin(), layers[l].end());
+    }
+    return layers;
+  }
+  HYDRA_USER_CHECK(scores_path.empty(), "--scores only applies to --fa-heads uniform:K");
+  if (kind == "layerwise") {
+    const long every = number("EVERY");
+    HYDRA_USER_CHECK(every >= 1 && every <= teacher.num_layers,
+                     "--fa-heads '{}': EVERY must be in 1..{} (the number of layers)", spec, teacher.num_layers);
+    for (int64_t l = 0; l < teacher.num_layers; ++l) {
+      if (l % every == every - 1) {
+        layers[l].resize(static_cast<size_t>(teacher.num_heads));
+        std::iota(layers[l].begin(), layers[l].end(), 0);
+      }
+    }
+    return layers;
+  }
+  if (kind == "file") return read_fa_heads_file(arg, teacher).fa_heads;
+  HYDRA_USER_FAIL("--fa-heads '{}': unknown kind '{}' (expected uniform:K, layerwise:EVERY or file:PATH)", spec, kind);
+}
+
+}  // namespace hydra

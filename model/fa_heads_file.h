@@ -1,0 +1,35 @@
+// The FA head-set file: what head selection writes and `hydra convert --fa-heads file:PATH` reads.
+//
+// JSON:
+//   {"format": "hydrahead-fa-heads", "version": 1,
+//    "num_layers": L, "num_heads": H,
+//    "fa_heads": [[h, ...], ...],                     // per layer, the heads that keep full attention
+//    "scores": {"composite": [[s_0 .. s_{H-1}], ...], // optional, per layer and head; higher = keep
+//               "total": ..., "direct": ..., "lm": ...}}
+// Only fa_heads is required; `uniform:K` with `--scores FILE` ranks heads by scores.composite.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace hydra {
+
+struct FaHeadsFile {
+  std::vector<std::vector<int>> fa_heads;
+  std::map<std::string, std::vector<std::vector<double>>> scores;  // name -> [L][H]
+};
+
+// Reads and validates against the teacher shape (layer count, head indices, score dimensions).
+FaHeadsFile read_fa_heads_file(const std::string& path, const ModelConfig& teacher);
+void write_fa_heads_file(const std::string& path, const ModelConfig& teacher, const FaHeadsFile& file);
+
+// --fa-heads SPEC: "uniform:K" (K heads per layer: the K highest composite scores when `scores_path`
+// is given, else the lowest indices), "layerwise:EVERY" (layer l is all-FA when l % EVERY == EVERY−1,
+// the rest all-GDN: layerwise:4 is the 3:1 baseline), or "file:PATH". UserError naming the problem.
+std::vector<std::vector<int>> resolve_fa_heads(const std::string& spec, const ModelConfig& teacher,
+                                               const std::string& scores_path);
+
+}  // namespace hydra

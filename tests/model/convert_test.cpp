@@ -1,0 +1,191 @@
+// Conversion (SPEC 1.3): migrated tensors are bit-identical copies, GDN K/V rows are their KV
+// group's rows, new parameters follow their distributions and the seed, γ equals the measured RMS
+// of each teacher head's output, and head-set specs resolve as documented.
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "model/convert.h"
+#include "model/fa_heads_file.h"
+#include "model/params.h"
+#include "parallel/self_communicator.h"
+#include "tests/common/test_util.h"
+
+namespace hydra::test {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+ModelConfig teacher_config() {
+  ModelConfig c = preset_config("qwen3-tiny");
+  c.num_heads = 6;  // G = 2: groups {0,1,2} -> 0, {3,4,5} -> 1
+  c.num_layers = 3;
+  return c;
+}
+
+void expect_identical(const Tensor& a, const TensorView& b, const std::string& what) {
+  ASSERT_EQ(a.numel(), b.numel()) << what;
+  const Tensor bc = clone(b);
+  EXPECT_EQ(std::memcmp(a.data(), bc.data(), a.nbytes()), 0) << what << " is not a bit-identical copy";
+}
+
+TEST(Convert, MigratesParametersAsSpecified) {
+  const ModelConfig tc = teacher_config();
+  const NamedTensors teacher = random_parameters(tc, 3);
+  const ModelConfig sc = student_config(tc, {{4}, {0, 1, 2, 3, 4, 5}, {}});  // mixed, all-FA, all-GDN
+  const NamedTensors s = convert_parameters(tc, teacher, sc, 9, {});
+  const int64_t d = tc.head_dim;
+  double sum_sq = 0;  // w_a, w_b over all layers
+  int64_t draws = 0;
+  for (const char* name : {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}) {
+    expect_identical(s.at(name), teacher.at(name), name);
+  }
+  for (int64_t l = 0; l < tc.num_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    for (const char* name : {"input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+                             "mlp.up_proj.weight", "mlp.down_proj.weight", "self_attn.o_proj.weight",
+                             "self_attn.q_proj.weight"}) {
+      expect_identical(s.at(p + name), teacher.at(p + name), p + name);
+    }
+    const std::vector<int> fa = sc.fa_heads_of(l), gdn = sc.gdn_heads_of(l), fa_kv = sc.fa_kv_heads_of(l);
+    if (!fa.empty()) {
+      for (const char* name : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"}) {
+        expect_identical(s.at(p + name), teacher.at(p + name), p + name);
+      }
+      for (size_t i = 0; i < fa_kv.size(); ++i) {
+        for (const char* kv : {"self_attn.k_proj.weight", "self_attn.v_proj.weight"}) {
+          expect_identical(clone(s.at(p + kv).view().narrow(0, static_cast<int64_t>(i) * d, d)),
+                           teacher.at(p + kv).view().narrow(0, fa_kv[i] * d, d), p + kv + " FA group");
+        }
+      }
+      for (int64_t i = 0; i < s.at(p + "self_attn.fa_gate_proj.weight").numel(); ++i) {
+        EXPECT_EQ(s.at(p + "self_attn.fa_gate_proj.weight").data_as<float>()[i], 0.0f);
+      }
+    } else {
+      EXPECT_EQ(s.count(p + "self_attn.k_proj.weight"), 0u);
+    }
+    for (size_t i = 0; i < gdn.size(); ++i) {
+      const int64_t g = tc.kv_head_of(gdn[i]);
+      expect_identical(clone(s.at(p + "self_attn.gdn_k_proj.weight").view().narrow(0, static_cast<int64_t>(i) * d, d)),
+                       teacher.at(p + "self_attn.k_proj.weight").view().narrow(0, g * d, d), p + "gdn_k_proj head");
+      expect_identical(clone(s.at(p + "self_attn.gdn_v_proj.weight").view().narrow(0, static_cast<int64_t>(i) * d, d)),
+                       teacher.at(p + "self_attn.v_proj.weight").view().narrow(0, g * d, d), p + "gdn_v_proj head");
+    }
+    if (!gdn.empty()) {
+      const Tensor& conv = s.at(p + "self_attn.gdn_q_conv.weight");
+      for (int64_t ch = 0; ch < conv.size(0); ++ch)
+        for (int64_t m = 0; m < conv.size(1); ++m) EXPECT_EQ(conv.data_as<float>()[ch * 4 + m], m == 3 ? 1.0f : 0.0f);
+      const Tensor& alog = s.at(p + "self_attn.gdn_A_log");
+      const Tensor& dtb = s.at(p + "self_attn.gdn_dt_bias");
+      for (int64_t i = 0; i < alog.numel(); ++i) {
+        EXPECT_GE(std::exp(alog.data_as<float>()[i]), 1.0f - 1e-5f);
+        EXPECT_LE(std::exp(alog.data_as<float>()[i]), 16.0f + 1e-4f);
+        const float dt = std::log1p(std::exp(dtb.data_as<float>()[i]));
+        EXPECT_GE(dt, 0.999e-3f);
+        EXPECT_LE(dt, 0.1001f);
+      }
+      for (const char* w : {"self_attn.gdn_a_proj.weight", "self_attn.gdn_b_proj.weight"}) {
+        const Tensor& t = s.at(p + w);
+        for (int64_t i = 0; i < t.numel(); ++i) {
+          sum_sq += std::pow(t.data_as<float>()[i], 2);
+          ++draws;
+        }
+      }
+    }
+    for (int64_t i = 0; i < s.at(p + "self_attn.fuse_norm.weight").numel(); ++i) {
+      EXPECT_EQ(s.at(p + "self_attn.fuse_norm.weight").data_as<float>()[i], 1.0f);
+    }
+  }
+  // w_a, w_b ~ N(0, 0.02²): over ~1400 draws the sample std is within 10% of 0.02 (~5 sigma).
+  EXPECT_GT(draws, 1000);
+  EXPECT_NEAR(std::sqrt(sum_sq / static_cast<double>(draws)), 0.02, 0.002);
+  // Seeded: same seed, same student; another seed changes only the random GDN parameters.
+  const NamedTensors again = convert_parameters(tc, teacher, sc, 9, {}), other = convert_parameters(tc, teacher, sc, 10, {});
+  for (const auto& [name, t] : s) expect_identical(t, again.at(name), name + " (same seed)");
+  EXPECT_GT(max_rel_error(other.at("model.layers.0.self_attn.gdn_b_proj.weight"), s.at("model.layers.0.self_attn.gdn_b_proj.weight")), 0.1);
+}
+
+// Independent measurement of per-head output RMS: fp64 sums over a captured copy.
+class CaptureHeads final : public LayerObserver {
+ public:
+  void on_head_outputs(int64_t layer, const TensorView& o, std::span<const int> head_of) override {
+    Tensor host = clone(o);
+    for (size_t p = 0; p < head_of.size(); ++p) {
+      double ss = 0;
+      for (int64_t t = 0; t < host.size(0); ++t)
+        for (int64_t c = 0; c < host.size(2); ++c) ss += std::pow(*static_cast<float*>(host.view().element_ptr({t, static_cast<int64_t>(p), c})), 2);
+      rms[{layer, head_of[p]}] = std::sqrt(ss / static_cast<double>(host.size(0) * host.size(2)));
+    }
+  }
+  std::map<std::pair<int64_t, int>, double> rms;
+};
+
+TEST(Convert, GammaIsTheTeachersMeasuredHeadRms) {
+  const ModelConfig tc = teacher_config();
+  const NamedTensors teacher = random_parameters(tc, 4);
+  std::vector<int32_t> tokens(150);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 31 + 7) % tc.vocab_size);
+  const Model model(tc, teacher);
+  SelfCommunicator self;
+  const auto gamma = measure_head_rms(model, self, tokens);
+  CaptureHeads capture;
+  ForwardContext context{self, SequenceLayout::zigzag(150, 1, 0), &capture};
+  model.forward(context, TensorView(tokens.data(), DType::i32, Device::host, {150}));
+  const ModelConfig sc = student_config(tc, resolve_fa_heads("uniform:2", tc, ""));
+  const NamedTensors s = convert_parameters(tc, teacher, sc, 1, gamma);
+  for (int64_t l = 0; l < tc.num_layers; ++l)
+    for (int h = 0; h < tc.num_heads; ++h) {
+      const double expected = capture.rms.at({l, h});
+      EXPECT_GT(expected, 0.0);
+      EXPECT_NEAR(s.at(layer_prefix(l) + "self_attn.fuse_gamma").data_as<float>()[h], expected, 1e-5 * expected)
+          << "layer " << l << " head " << h;
+    }
+  // The converted model runs: finite and deterministic.
+  const Model student(sc, s);
+  ForwardContext sctx{self, SequenceLayout::zigzag(150, 1, 0)};
+  const TensorView ids(tokens.data(), DType::i32, Device::host, {150});
+  const Tensor a = student.forward(sctx, ids), b = student.forward(sctx, ids);
+  EXPECT_EQ(count_non_finite(a), 0);
+  EXPECT_EQ(max_rel_error(a, b), 0.0);
+}
+
+TEST(FaHeadSpecs, ResolveAsDocumented) {
+  ModelConfig tc = teacher_config();
+  tc.num_layers = 8;
+  EXPECT_EQ(resolve_fa_heads("uniform:2", tc, "")[5], (std::vector<int>{0, 1}));
+  const auto lw = resolve_fa_heads("layerwise:4", tc, "");
+  for (int64_t l = 0; l < 8; ++l) EXPECT_EQ(lw[l].size(), (l == 3 || l == 7) ? 6u : 0u) << l;
+  TempDir dir;
+  FaHeadsFile f;
+  f.fa_heads.assign(8, {5});
+  f.scores["composite"].assign(8, {0.1, 0.9, 0.3, 0.9, 0.0, 0.2});
+  write_fa_heads_file(dir.file("heads.json"), tc, f);
+  EXPECT_EQ(resolve_fa_heads("file:" + dir.file("heads.json"), tc, "")[2], (std::vector<int>{5}));
+  EXPECT_EQ(resolve_fa_heads("uniform:3", tc, dir.file("heads.json"))[0], (std::vector<int>{1, 2, 3}));
+  EXPECT_NE(error_of([&] { resolve_fa_heads("uniform:7", tc, ""); }).find("budget of 7 FA heads per layer is not in 0..6"),
+            std::string::npos);
+  f.fa_heads[6] = {6};
+  write_fa_heads_file(dir.file("bad.json"), tc, f);
+  EXPECT_NE(error_of([&] { resolve_fa_heads("file:" + dir.file("bad.json"), tc, ""); }).find("layer 6 names head 6, but the model's heads are 0..5"),
+            std::string::npos);
+  f.fa_heads.resize(5);
+  f.scores.clear();
+  write_fa_heads_file(dir.file("short.json"), tc, f);
+  EXPECT_NE(error_of([&] { resolve_fa_heads("file:" + dir.file("short.json"), tc, ""); }).find("lists 5 layers, the model has 8"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { resolve_fa_heads("uniform:x", tc, ""); }).find("K must be an integer"), std::string::npos);
+  EXPECT_NE(error_of([&] { resolve_fa_heads("random:3", tc, ""); }).find("unknown kind 'random'"), std::string::npos);
+  EXPECT_NE(error_of([&] { student_config(preset_config("hydrahead-tiny"), {{0}, {1}}); }).find("teacher must be a qwen3"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace hydra::test
