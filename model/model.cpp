@@ -189,9 +189,9 @@ void Model::attention_teacher(ForwardContext& context, int64_t layer, const Tens
   ops::rms_norm(k, k, w.k_norm, norm);
   ops::rope(q, positions, {config_.rope_theta});
   ops::rope(k, positions, {config_.rope_theta});
-  Tensor o = Tensor::empty({t, H, d}, dtype_, device_);
-  Tensor lse = Tensor::empty({H, t}, DType::f32, device_);
-  ring_attention(context.comm, context.layout, o, lse, q, k, v, ops::AttentionParams{.kv_head_of_query = w.fa_kv_of});
+  Tensor o_acc = Tensor::empty({t, H, d}, DType::f32, device_), lse = Tensor::empty({H, t}, DType::f32, device_);
+  ring_attention(context.comm, context.layout, o_acc, lse, q, k, v, ops::AttentionParams{.kv_head_of_query = w.fa_kv_of});
+  Tensor o = to(o_acc, device_, dtype_);
   if (context.observer) context.observer->on_head_outputs(layer, o, w.head_of);
   ops::linear(x, o.view().reshape({t, H * d}), w.o_proj, ops::Accumulate::yes);
 }
@@ -218,11 +218,11 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
     const TensorView gate = take(hfa * d);
     ops::rms_norm(q, q, w.q_norm, norm);
     ops::rms_norm(k, k, w.k_norm, norm);
-    const TensorView o = heads.view().narrow(1, 0, hfa);
-    Tensor lse = Tensor::empty({hfa, t}, DType::f32, device_);
-    ring_attention(context.comm, context.layout, o, lse, q, k, v,
+    // fp32 accumulator of the ring's partial results (SPEC 2); gated into the bf16 head buffer.
+    Tensor o_acc = Tensor::empty({t, hfa, d}, DType::f32, device_), lse = Tensor::empty({hfa, t}, DType::f32, device_);
+    ring_attention(context.comm, context.layout, o_acc, lse, q, k, v,
                    ops::AttentionParams{.tau_log_base = config_.fa_log_base, .kv_head_of_query = w.fa_kv_of});
-    ops::sigmoid_gate(heads.view().reshape({t, H * d}).narrow(1, 0, hfa * d), gate);
+    ops::sigmoid_gate(heads.view().reshape({t, H * d}).narrow(1, 0, hfa * d), o_acc.view().reshape({t, hfa * d}), gate);
   }
   if (hg > 0) {
     const TensorView qkv = take(3 * hg * d);

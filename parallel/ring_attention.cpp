@@ -15,22 +15,25 @@ void ring_attention(Communicator& comm, const SequenceLayout& layout, const Tens
   HYDRA_ASSERT(comm.size() == layout.world_size(), "communicator of {} ranks, layout of {}", comm.size(),
                layout.world_size());
   const int world = comm.size(), rank = comm.rank();
-  const int64_t hk = k.size(1), d = k.size(2), dv = v.size(2), hq = q.size(1);
+  const int64_t hk = k.size(1), d = k.size(2), dv = v.size(2);
   const Device device = q.device();
   const DType dtype = k.dtype();
+  if (world == 1) {  // the whole sequence is local: one causal pass, no copies
+    ops::AttentionParams p = params;
+    p.q_position0 = p.k_position0 = 0;
+    p.output = ops::AttentionOutput::overwrite;
+    ops::attention_forward(out, lse, q, k, v, p);
+    return;
+  }
 
   // K/V travel together: buffer [T_loc, Hk, d + dv], K in the first d columns of each head row.
   Tensor buffers[2] = {Tensor::empty({t_local, hk, d + dv}, dtype, device),
-                       world > 1 ? Tensor::empty({t_local, hk, d + dv}, dtype, device) : Tensor()};
+                       Tensor::empty({t_local, hk, d + dv}, dtype, device)};
   copy_into(buffers[0].view().narrow(2, 0, d), k);
   copy_into(buffers[0].view().narrow(2, d, dv), v);
 
   fill(out, 0.0f);
   fill(lse, -std::numeric_limits<float>::infinity());
-  const int64_t seg_len = layout.local_segments().front().length;
-  Tensor part_out = Tensor::empty({seg_len, hq, dv}, out.dtype(), device);
-  Tensor part_lse = Tensor::empty({hq, seg_len}, DType::f32, device);
-
   for (int step = 0; step < world; ++step) {
     const int src = (rank - step + world) % world;
     const TensorView held = buffers[step % 2];
@@ -45,11 +48,10 @@ void ring_attention(Communicator& comm, const SequenceLayout& layout, const Tens
         ops::AttentionParams p = params;
         p.q_position0 = qs.start;
         p.k_position0 = ks.start;
+        p.output = ops::AttentionOutput::merge;
         const TensorView kv = held.narrow(0, ks.local_offset, ks.length);
-        ops::attention_forward(part_out, part_lse, q.narrow(0, qs.local_offset, qs.length), kv.narrow(2, 0, d),
-                               kv.narrow(2, d, dv), p);
-        ops::attention_merge(out.narrow(0, qs.local_offset, qs.length), lse.narrow(1, qs.local_offset, qs.length),
-                             part_out, part_lse);
+        ops::attention_forward(out.narrow(0, qs.local_offset, qs.length), lse.narrow(1, qs.local_offset, qs.length),
+                               q.narrow(0, qs.local_offset, qs.length), kv.narrow(2, 0, d), kv.narrow(2, d, dv), p);
       }
     }
     if (transfer) transfer->wait();

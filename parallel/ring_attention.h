@@ -15,7 +15,7 @@
 
 namespace hydra {
 
-// out [T_loc, Hq, dv], lse [Hq, T_loc] (fp32); q [T_loc, Hq, d], k [T_loc, Hk, d], v [T_loc, Hk, dv], all in
+// out [T_loc, Hq, dv], lse [Hq, T_loc] (fp32: the merge accumulators); q [T_loc, Hq, d], k [T_loc, Hk, d], v [T_loc, Hk, dv], all in
 // local row order. `params` gives scale, causality, τ and the GQA map; positions come from `layout`.
 void ring_attention(Communicator& comm, const SequenceLayout& layout, const TensorView& out, const TensorView& lse,
                     const TensorView& q, const TensorView& k, const TensorView& v, const ops::AttentionParams& params);

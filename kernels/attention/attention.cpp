@@ -35,6 +35,15 @@ double log_position_scale(int64_t position, double log_base) {
 void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                        const TensorView& v, const AttentionParams& p) {
   check_shapes(out, lse, q, k, v, p);
+  if (p.output == AttentionOutput::merge) {
+    // CPU: compute this block on its own, then merge; the CUDA kernel merges in its epilogue.
+    Tensor part = Tensor::empty(out.shape(), DType::f32), part_lse = Tensor::empty(lse.shape(), DType::f32);
+    AttentionParams fresh = p;
+    fresh.output = AttentionOutput::overwrite;
+    attention_forward(part, part_lse, q, k, v, fresh);
+    attention_merge(out, lse, part, part_lse);
+    return;
+  }
   for (const auto& [view, name] : {std::pair{out, "out"}, {lse, "lse"}, {q, "q"}, {k, "k"}, {v, "v"}}) {
     expect_host_f32(view, name);
   }

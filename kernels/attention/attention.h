@@ -20,6 +20,9 @@
 namespace hydra::ops {
 
 enum class Causality { causal, none };
+// overwrite: (out, lse) ← this block's result. merge: (out, lse) hold an earlier partial result
+// (lse = −inf where none) which is merged with this block's, in fp32 (ring attention's steps).
+enum class AttentionOutput { overwrite, merge };
 
 struct AttentionParams {
   float scale = 0.0f;  // softmax scale; 0 means 1/sqrt(d)
@@ -28,10 +31,12 @@ struct AttentionParams {
   int64_t k_position0 = 0;
   double tau_log_base = 0.0;
   std::span<const int> kv_head_of_query;  // size Hq, or empty for h / (Hq / Hk)
+  AttentionOutput output = AttentionOutput::overwrite;
 };
 
 // out [Tq, Hq, dv], lse [Hq, Tq] (fp32; −inf and out = 0 where no key is visible),
-// q [Tq, Hq, d], k [Tk, Hk, d], v [Tk, Hk, dv].
+// q [Tq, Hq, d], k [Tk, Hk, d], v [Tk, Hk, dv]. CPU: all fp32. CUDA: q, k, v bf16, out fp32 (the
+// merge accumulator), d = dv ∈ {64, 128}, rows 16-byte aligned.
 void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                        const TensorView& v, const AttentionParams& params);
 

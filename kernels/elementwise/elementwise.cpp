@@ -17,15 +17,17 @@ void add_inplace(const TensorView& x, const TensorView& y) {
   }
 }
 
-void sigmoid_gate(const TensorView& x, const TensorView& gate) {
-  HYDRA_ASSERT(x.rank() == 2 && same_rows(x, gate), "sigmoid_gate: x {} vs gate {}", x.shape_string(),
-               gate.shape_string());
+void sigmoid_gate(const TensorView& out, const TensorView& x, const TensorView& gate) {
+  HYDRA_ASSERT(x.rank() == 2 && same_rows(x, gate) && same_rows(out, x), "sigmoid_gate: out {}, x {}, gate {}",
+               out.shape_string(), x.shape_string(), gate.shape_string());
+  expect_host_f32(out, "gate out");
   expect_host_f32(x, "gate x");
   expect_host_f32(gate, "gate logits");
   for (int64_t t = 0; t < x.size(0); ++t) {
-    float* a = static_cast<float*>(x.element_ptr({t}));
+    float* o = static_cast<float*>(out.element_ptr({t}));
+    const float* a = static_cast<const float*>(x.element_ptr({t}));
     const float* g = static_cast<const float*>(gate.element_ptr({t}));
-    for (int64_t i = 0; i < x.size(1); ++i) a[i] *= 1.0f / (1.0f + std::exp(-g[i]));
+    for (int64_t i = 0; i < x.size(1); ++i) o[i] = a[i] / (1.0f + std::exp(-g[i]));
   }
 }
 

@@ -8,7 +8,8 @@ namespace hydra::ops {
 // x += y; x, y: [N, n] (same shape).
 void add_inplace(const TensorView& x, const TensorView& y);
 
-// x ⊙= sigmoid(gate); x, gate: [T, n] (the FA heads' auxiliary output gate, SPEC 1.2).
-void sigmoid_gate(const TensorView& x, const TensorView& gate);
+// out = x ⊙ sigmoid(gate): the FA heads' auxiliary output gate (SPEC 1.2). out, x, gate: [T, n];
+// x may be the fp32 attention accumulator while out is the bf16 head buffer; out may alias x.
+void sigmoid_gate(const TensorView& out, const TensorView& x, const TensorView& gate);
 
 }  // namespace hydra::ops

@@ -85,8 +85,11 @@ TEST_P(RowOps, AddAndSigmoidGate) {
     ref.data_as<float>()[i] = static_cast<float>(a / (1 + std::exp(-static_cast<double>(g.data_as<float>()[i]))));
   }
   ops::add_inplace(x, y);
-  ops::sigmoid_gate(x, g);
-  expect_close(x, ref, kTol, "add + sigmoid gate");
+  Tensor gated = Tensor::empty({n, c}, DType::f32);
+  ops::sigmoid_gate(gated, x, g);
+  expect_close(gated, ref, kTol, "add + sigmoid gate");
+  ops::sigmoid_gate(x, x, g);  // in place
+  expect_close(x, ref, kTol, "sigmoid gate in place");
 }
 
 TEST(Embedding, GathersRows) {
