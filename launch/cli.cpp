@@ -14,6 +14,7 @@ const std::vector<Subcommand>& subcommands() {
       {"info", "print a checkpoint's config and parameter summary", run_info},
       {"forward", "run the forward pass and write logits (sequence parallel under mpirun)", run_forward},
       {"convert", "convert a Qwen3 teacher into a HydraHead model (SPEC 1.3)", run_convert},
+      {"eval-niah", "needle-in-a-haystack accuracy by depth x length (sequence parallel under mpirun)", run_eval_niah},
   };
   return commands;
 }

@@ -43,5 +43,6 @@ int run_import(App& app, const std::vector<std::string>& args);
 int run_info(App& app, const std::vector<std::string>& args);
 int run_forward(App& app, const std::vector<std::string>& args);
 int run_convert(App& app, const std::vector<std::string>& args);
+int run_eval_niah(App& app, const std::vector<std::string>& args);
 
 }  // namespace hydra

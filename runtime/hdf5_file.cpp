@@ -251,9 +251,13 @@ std::string H5File::string_attribute(const std::string& name) const {
   Handle attr(H5Aopen(id_, name.c_str(), H5P_DEFAULT), H5Aclose);
   Handle type(H5Aget_type(attr.get()), H5Tclose);
   HYDRA_USER_CHECK(H5Tget_class(type.get()) == H5T_STRING, "{}: attribute '{}' is not a string", path_, name);
+  // The memory type takes the stored character set: HDF5 does not convert ASCII <-> UTF-8, and
+  // h5py writes str attributes as variable-length UTF-8.
+  const H5T_cset_t cset = H5Tget_cset(type.get());
   if (H5Tis_variable_str(type.get()) > 0) {
     Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
     H5Tset_size(mem.get(), H5T_VARIABLE);
+    H5Tset_cset(mem.get(), cset);
     char* text = nullptr;
     HYDRA_USER_CHECK(H5Aread(attr.get(), mem.get(), &text) >= 0, "{}: cannot read attribute '{}'", path_, name);
     std::string value = text ? text : "";
@@ -265,6 +269,7 @@ std::string H5File::string_attribute(const std::string& name) const {
   Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(mem.get(), n);
   H5Tset_strpad(mem.get(), H5T_STR_NULLPAD);
+  H5Tset_cset(mem.get(), cset);
   HYDRA_USER_CHECK(H5Aread(attr.get(), mem.get(), value.data()) >= 0, "{}: cannot read attribute '{}'", path_, name);
   value.resize(strnlen(value.c_str(), n));
   return value;

@@ -1,0 +1,312 @@
+#!/usr/bin/env python3
+"""Builds a natural-language needle-in-a-haystack eval set for `hydra eval-niah --dataset`.
+
+Why this exists: the built-in NIAH generator (model/niah.h) works in token space, which is right
+for random-weight smoke runs and tests but says little about a real checkpoint (an imported Qwen3).
+This tool builds the same three tasks from text, with the checkpoint's Hugging Face
+`tokenizer.json` (the `tokenizers` library), and writes the HDF5 eval-set format that the C++ side
+reads (model/niah_set.h, format "hydrahead-niah-set" v1). The C++ side never tokenizes.
+
+A sample of exactly `length` tokens, in token space (pieces are tokenized separately and joined):
+
+    [instruction][haystack tokens with needle sentences inserted][query][answer]
+
+  needle     " The special magic number for <key> is <value>."   (multivalue: "One of the special
+             magic numbers for <key> is <value>.")
+  query      "\\nWhat is the special magic number for <key>? The special magic number for <key> is"
+             (multivalue: "... What are all the special magic numbers for <key>? The special magic
+             numbers for <key> are")
+  answer     " <value>."  (multivalue: " <v1>, <v2>, <v3>." in context order); query and answer are
+             tokenized together and split at the answer's first character, so the answer tokens
+             are the ones the model would produce after the query. The answer is scored token by
+             token by teacher forcing (exact match under greedy decoding), so it includes the
+             final period: a model that stops the number early fails.
+  keys       "<adjective>-<noun>" from built-in word lists (RULER style), distinct per sample;
+  values     7-digit numbers (--digits), distinct per sample.
+
+Tasks, depth and determinism follow the built-in generator: `single` has one needle; `multikey`
+adds --distractors needles with other keys and other values; `multivalue` has --values needles
+with one key. Let F be the number of haystack tokens in the sample. The primary needle (the one
+asked about; multivalue: the first value drawn) goes after round(depth * F / 100) haystack tokens;
+the other needles after a uniform random number of haystack tokens in [0, F]. An insertion point
+strictly inside the haystack is moved back to the start of the sentence it falls in (after a
+token ending in . ! ? or a newline), so needles do not split sentences; points 0 and F stay. At
+equal points the primary goes first when depth <= 50, else last. The haystack is the F-token
+window of --haystack (repeated when too short) that ends at the first sentence end at or after
+token F, so the sentence before the query (and a depth-100 needle) is whole; the window's first
+sentence may be cut. Keys, values and the other
+needles' points are drawn from a random.Random seeded by "seed/task/length/index", so the samples
+of one (task, length, index) at different depths share keys, values and haystack and differ in
+where the primary needle sits (and, for multivalue, in the order of the answer's values).
+
+Usage (the tokenizer.json of the checkpoint you evaluate):
+    python3 cluster/niah/build_niah_set.py --tokenizer Qwen3-1.7B/tokenizer.json \\
+        --haystack essays.txt --task single --lengths 4K,16K,64K --depths 0,25,50,75,100 \\
+        --samples 4 --seed 0 --out niah_single.h5
+    mpirun -np 8 build/bin/hydra eval-niah --model qwen3.h5 --dataset niah_single.h5 --out r.jsonl
+
+Needs: tokenizers, h5py, numpy.
+"""
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+from tokenizers import Tokenizer
+
+FORMAT = "hydrahead-niah-set"
+FORMAT_VERSION = 1
+TASKS = ("single", "multikey", "multivalue")
+
+ADJECTIVES = (
+    "amber ancient bitter brave calm clever crimson curious distant eager fierce gentle golden hidden "
+    "hollow humble icy jolly keen lively lucky misty modest narrow noble odd pale patient proud quiet "
+    "rapid rustic sandy silent silver sleepy smooth solemn steady sturdy swift tender tidy vivid wary "
+    "wild witty young zealous"
+).split()
+NOUNS = (
+    "anchor badger banjo beacon canyon castle cedar comet cricket dolphin falcon fiddle forest "
+    "garden glacier harbor hedgehog island kettle lantern lemon magnet meadow mirror needle orchard "
+    "otter pebble pepper pigeon quarry raven ribbon saddle spruce squirrel teapot thistle tunnel "
+    "violin walnut willow yacht zebra"
+).split()
+
+
+def parse_size(text):
+    """'4096', '4K', '1M' -> tokens (K = 1024), as hydra's --lengths."""
+    text = text.strip()
+    scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:].upper(), 1)
+    digits = text[:-1] if scale != 1 else text
+    if not digits.isdigit():
+        raise SystemExit(f"build_niah_set: '{text}' is not a length (examples: 4096, 4K, 1M)")
+    return int(digits) * scale
+
+
+def parse_list(text, parse, what):
+    try:
+        return [parse(part) for part in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"build_niah_set: {what}: '{text}' is not a comma-separated list")
+
+
+class TextPieces:
+    """The tokenized pieces of one task: instruction, needles, query + answer, and the haystack."""
+
+    def __init__(self, tokenizer, task):
+        self.tok = tokenizer
+        self.task = task
+
+    def encode(self, text):
+        return self.tok.encode(text, add_special_tokens=False)
+
+    def ids(self, text):
+        return self.encode(text).ids
+
+    def instruction(self):
+        if self.task == "multivalue":
+            text = ("Some special magic numbers are hidden within the following text. Make sure to memorize "
+                    "them. I will quiz you about the numbers afterwards.\n")
+        else:
+            text = ("A special magic number is hidden within the following text. Make sure to memorize it. "
+                    "I will quiz you about the number afterwards.\n")
+        return self.ids(text)
+
+    def needle(self, key, value):
+        if self.task == "multivalue":
+            return self.ids(f" One of the special magic numbers for {key} is {value}.")
+        return self.ids(f" The special magic number for {key} is {value}.")
+
+    def query_and_answer(self, key, values):
+        if self.task == "multivalue":
+            query = (f"\nWhat are all the special magic numbers for {key}? The special magic numbers for {key} "
+                     "are")
+            answer = " " + ", ".join(values) + "."
+        else:
+            query = f"\nWhat is the special magic number for {key}? The special magic number for {key} is"
+            answer = f" {values[0]}."
+        enc = self.encode(query + answer)
+        boundary = len(query)
+        split = next((i for i, (start, _) in enumerate(enc.offsets) if start >= boundary), len(enc.ids))
+        straddles = any(end > boundary for _, end in enc.offsets[:split])
+        if straddles or split == len(enc.ids):
+            # A token spans the query/answer boundary: tokenize the two apart instead.
+            return self.ids(query), self.ids(answer)
+        return enc.ids[:split], enc.ids[split:]
+
+
+def haystack_tokens(pieces, text, needed):
+    """At least `needed` token ids of the text (repeated if short) and the sentence starts among them."""
+    if not text.strip():
+        raise SystemExit("build_niah_set: the haystack text is empty")
+    repeated = text
+    while True:
+        enc = pieces.encode(repeated)
+        if len(enc.ids) >= needed:
+            break
+        repeated = repeated + "\n" + text
+    ids, offsets = enc.ids, enc.offsets
+    starts = [0]
+    for i in range(1, len(ids)):
+        end = offsets[i - 1][1]
+        if end > 0 and repeated[end - 1] in ".!?\n":
+            starts.append(i)
+    starts.append(len(ids))  # the text's end closes its last sentence
+    return ids, np.array(starts, dtype=np.int64)
+
+
+def window(hay, starts, fill):
+    """The `fill` haystack tokens ending at the first sentence start >= fill, and their sentence starts."""
+    k = int(np.searchsorted(starts, fill, side="left"))
+    end = int(starts[k]) if k < len(starts) else fill
+    begin = end - fill
+    local = starts[(starts >= begin) & (starts <= end)] - begin
+    return hay[begin:end], np.unique(np.concatenate([[0], local]))
+
+
+def snap(point, fill, starts):
+    """Moves an insertion point strictly inside the haystack back to its sentence's start."""
+    if point <= 0 or point >= fill:
+        return point
+    k = int(np.searchsorted(starts, point, side="right")) - 1
+    return int(starts[k]) if k >= 0 else point
+
+
+def build_sample(pieces, hay, starts, args, length, depth, index):
+    rng = random.Random(f"{args.seed}/{args.task}/{length}/{index}")
+    n_needles = {"single": 1, "multikey": 1 + args.distractors, "multivalue": args.values}[args.task]
+    n_keys = n_needles if args.task == "multikey" else 1
+    keys, values = [], []
+    while len(keys) < n_keys:
+        key = f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
+        if key not in keys:
+            keys.append(key)
+    while len(values) < n_needles:
+        value = str(rng.randint(10 ** (args.digits - 1), 10**args.digits - 1))
+        if value not in values:
+            values.append(value)
+    needles = [pieces.needle(keys[j if n_keys > 1 else 0], values[j]) for j in range(n_needles)]
+    fractions = [rng.random() for _ in range(n_needles - 1)]  # the other needles' points, as fractions of F
+    instruction = pieces.instruction()
+    fixed = len(instruction) + sum(len(n) for n in needles)
+    # Multivalue answers list the values in context order, which depends on F, which depends on the
+    # answer's token count: iterate to the fixed point (one or two rounds).
+    query, answer = pieces.query_and_answer(keys[0], values if args.task == "multivalue" else values[:1])
+    fill = length - fixed - len(query) - len(answer)
+    for _ in range(8):
+        if fill < 0:
+            raise SystemExit(f"build_niah_set: length {length} is too short for task {args.task}: the instruction, "
+                             f"needles, query and answer take {length - fill} tokens")
+        points = [round(depth * fill / 100)] + [min(fill, int(f * (fill + 1))) for f in fractions]
+        text_window, window_starts = window(hay, starts, fill)
+        points = [snap(p, fill, window_starts) for p in points]
+        tie = -1 if depth <= 50 else 1
+        order = sorted(range(n_needles), key=lambda j: (points[j], tie if j == 0 else 0, j))
+        ordered_values = [values[j] for j in order] if args.task == "multivalue" else values[:1]
+        query, answer = pieces.query_and_answer(keys[0], ordered_values)
+        new_fill = length - fixed - len(query) - len(answer)
+        if new_fill == fill:
+            break
+        fill = new_fill
+    else:
+        raise SystemExit(f"build_niah_set: could not fit sample {index} of length {length} exactly")
+    ids = list(instruction)
+    cursor = 0
+    primary_position = -1
+    for j in order:
+        ids += text_window[cursor:points[j]]
+        cursor = points[j]
+        if j == 0:
+            primary_position = len(ids)
+        ids += needles[j]
+    ids += text_window[cursor:fill]
+    ids += query
+    answer_start = len(ids)
+    ids += answer
+    assert len(ids) == length, (len(ids), length)
+    return ids, answer_start, len(answer), primary_position
+
+
+def write_set(path, task, source, vocab_size, samples):
+    """Writes the eval set atomically: a temporary file in the target directory, then a rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temp = tempfile.mkstemp(prefix=".niah-", suffix=".h5.tmp", dir=directory)
+    os.close(fd)
+    try:
+        with h5py.File(temp, "w") as f:
+            f.attrs["format"] = FORMAT
+            f.attrs["format_version"] = np.int64(FORMAT_VERSION)
+            f.attrs["task"] = task
+            f.attrs["source"] = source
+            f.attrs["tokenizer_vocab_size"] = np.int64(vocab_size)
+            f["input_ids"] = np.concatenate([np.asarray(s["ids"], dtype=np.int32) for s in samples])
+            f["sample_offset"] = np.concatenate([[0], np.cumsum([len(s["ids"]) for s in samples])]).astype(np.int64)
+            for name in ("answer_start", "answer_length", "length", "depth", "sample_index", "needle_position"):
+                f[name] = np.asarray([s[name] for s in samples], dtype=np.int64)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokenizer", required=True, help="Hugging Face tokenizer.json of the model to evaluate")
+    p.add_argument("--haystack", required=True, help="UTF-8 text file: the haystack (repeated if short)")
+    p.add_argument("--task", default="single", choices=TASKS)
+    p.add_argument("--lengths", required=True, help="sample lengths in tokens, e.g. 4K,16K,128K")
+    p.add_argument("--depths", default="0,10,20,30,40,50,60,70,80,90,100", help="needle depths in percent")
+    p.add_argument("--samples", type=int, default=4, help="samples per (length, depth) cell")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--distractors", type=int, default=3, help="multikey: needles with other keys")
+    p.add_argument("--values", type=int, default=3, help="multivalue: values of the queried key")
+    p.add_argument("--digits", type=int, default=7, help="digits of each value")
+    p.add_argument("--out", required=True, help="eval set to write (.h5)")
+    p.add_argument("--preview", action="store_true", help="print the decoded end of the first sample")
+    args = p.parse_args()
+
+    lengths = parse_list(args.lengths, parse_size, "--lengths")
+    depths = parse_list(args.depths, int, "--depths")
+    if any(d < 0 or d > 100 for d in depths):
+        raise SystemExit(f"build_niah_set: --depths must lie in 0..100 (got {args.depths})")
+    if args.samples < 1 or args.digits < 1 or args.distractors < 1 or args.values < 2:
+        raise SystemExit("build_niah_set: need --samples >= 1, --digits >= 1, --distractors >= 1, --values >= 2")
+    if args.distractors + 1 > len(ADJECTIVES) * len(NOUNS) // 2 or args.values > 9 * 10 ** (args.digits - 1) // 2:
+        raise SystemExit("build_niah_set: too many needles for the distinct keys/values available")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise SystemExit(f"build_niah_set: {args.out}: the output directory does not exist")
+    tokenizer = Tokenizer.from_file(args.tokenizer)
+    with open(args.haystack, encoding="utf-8") as f:
+        text = f.read()
+    pieces = TextPieces(tokenizer, args.task)
+    hay, starts = haystack_tokens(pieces, text, max(lengths) + 2048)  # room to end on a sentence
+
+    samples = []
+    for length in lengths:
+        for depth in depths:
+            for index in range(args.samples):
+                ids, answer_start, answer_length, needle = build_sample(pieces, hay, starts, args, length, depth, index)
+                samples.append(dict(ids=ids, answer_start=answer_start, answer_length=answer_length, length=length,
+                                    depth=depth, sample_index=index, needle_position=needle))
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    source = (f"build_niah_set.py tokenizer={os.path.basename(args.tokenizer)} "
+              f"haystack={os.path.basename(args.haystack)} seed={args.seed}")
+    write_set(args.out, args.task, source, vocab_size, samples)
+    if args.preview:
+        first = samples[0]
+        tail = first["ids"][max(0, first["answer_start"] - 40):]
+        print("preview (end of sample 0):", repr(tokenizer.decode(tail)), file=sys.stderr)
+        print("answer:", repr(tokenizer.decode(first["ids"][first["answer_start"]:])), file=sys.stderr)
+    print(json.dumps({"command": "build_niah_set", "task": args.task, "samples": len(samples),
+                      "tokens": sum(len(s["ids"]) for s in samples), "max_id": int(max(max(s["ids"]) for s in samples)),
+                      "tokenizer_vocab_size": vocab_size, "out": args.out}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+// What `hydra eval-niah` writes: JSON lines, an HDF5 copy, and the accuracy table. Kept apart from
+// the subcommand so the formats are in one place. Rank 0 calls these; files are written atomically
+// (AtomicFile) and rewritten after every cell, so a long run that dies keeps its finished cells.
+//
+// JSON lines (--out), one object per line, each cell's sample lines followed by its cell line:
+//   {"type":"sample","task","length","depth","sample","correct","logprob","answer_start",
+//    "answer_length","needle_position","answer":[ids],"predicted":[ids],"seconds"}
+//   {"type":"cell","task","length","depth","samples","correct","accuracy","mean_logprob","seconds"}
+// `logprob` is the answer's log-probability (natural log, summed over its tokens); a non-finite
+// value is written as null. `predicted` holds the arg-max at each answer position (−1: invalid row).
+// HDF5 copy (--out-h5), format "hydrahead-niah-results" version 1: root attributes format,
+// format_version, model, source, ranks, seed, tasks (JSON list of names), cells_done, cells_total;
+// per sample [N]: sample_task (int32 index into tasks), sample_length, sample_depth, sample_index,
+// sample_answer_start, sample_needle_position (int64), sample_correct (int32 0/1), sample_logprob,
+// sample_seconds (float32); answers ragged: answer_offset [N+1] int64, answer_tokens and
+// predicted_tokens [Σn] int32; per cell [C]: cell_task (int32), cell_length, cell_depth,
+// cell_samples, cell_correct (int64), cell_accuracy, cell_mean_logprob, cell_seconds (float32).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hydra::niah {
+
+struct SampleResult {
+  int task = 0;  // index into Report::tasks
+  int64_t length = 0, depth = 0, index = 0;
+  int64_t answer_start = 0, needle_position = -1;
+  bool correct = false;
+  double logprob = 0;
+  double seconds = 0;
+  std::vector<int32_t> answer, predicted;  // [n] each
+};
+
+struct CellResult {
+  int task = 0;
+  int64_t length = 0, depth = 0;
+  int64_t samples = 0, correct = 0;
+  double mean_logprob = 0;
+  double seconds = 0;
+  double accuracy() const { return samples > 0 ? static_cast<double>(correct) / static_cast<double>(samples) : 0.0; }
+};
+
+struct Report {
+  std::string model, source;
+  int ranks = 1;
+  uint64_t seed = 0;
+  int64_t cells_total = 0;
+  std::vector<std::string> tasks;
+  std::vector<SampleResult> samples;  // in run order; each cell's samples are contiguous
+  std::vector<CellResult> cells;
+
+  // Adds a finished cell: its samples (already scored) and the aggregate.
+  void add_cell(const CellResult& cell, std::vector<SampleResult> cell_samples);
+};
+
+void write_jsonl(const std::string& path, const Report& report);
+void write_results_h5(const std::string& path, const Report& report);
+// Accuracy per task: rows depth, columns length, with a mean row and column.
+std::string format_table(const Report& report);
+
+}  // namespace hydra::niah

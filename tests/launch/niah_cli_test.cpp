@@ -1,0 +1,177 @@
+// hydra eval-niah as a user runs it, at small lengths: one rank and `mpirun -np 2` give the same
+// per-sample verdicts and log-probabilities; the JSON lines, the HDF5 copy, the table and the
+// summary agree with each other; an HDF5 eval set of the generator's samples (--dataset) gives
+// the generator's results; bad input is refused before any work, leaving no output file.
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "model/niah.h"
+#include "model/niah_set.h"
+#include "model/params.h"
+#include "runtime/hdf5_file.h"
+#include "tests/common/test_util.h"
+
+namespace hydra::test {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct EvalRun {
+  CommandResult result;
+  std::vector<json> lines;  // the --out JSON lines
+  json summary;             // the last stdout line
+};
+
+class EvalNiah : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    model_ = dir_->file("tiny.h5");
+    const ModelConfig c = preset_config("hydrahead-tiny");
+    write_model_checkpoint(model_, c, random_parameters(c, 1));
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+
+  // Runs eval-niah on `ranks` ranks (0: no mpirun) writing `name`.jsonl / .h5.
+  static EvalRun eval(int ranks, const std::string& name, const std::string& args) {
+    EvalRun run;
+    const std::string out = dir_->file(name + ".jsonl");
+    run.result = run_command((ranks > 0 ? mpirun(ranks) : std::string()) + hydra_binary() + " eval-niah --model " + model_ +
+                             " --out " + out + " " + args);
+    if (run.result.exit_code != 0) return run;
+    std::ifstream in(out);
+    for (std::string line; std::getline(in, line);) run.lines.push_back(json::parse(line));
+    const std::string& text = run.result.output;
+    const size_t last = text.rfind("{\"command\"");
+    if (last != std::string::npos) run.summary = json::parse(text.substr(last, text.find('\n', last) - last));
+    return run;
+  }
+
+  static std::vector<json> of_type(const EvalRun& run, const std::string& type) {
+    std::vector<json> out;
+    for (const json& j : run.lines) {
+      if (j["type"] == type) out.push_back(j);
+    }
+    return out;
+  }
+
+  static void expect_same_samples(const EvalRun& a, const EvalRun& b) {
+    const std::vector<json> x = of_type(a, "sample"), y = of_type(b, "sample");
+    ASSERT_EQ(x.size(), y.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_EQ(x[i]["correct"], y[i]["correct"]) << i;
+      EXPECT_EQ(x[i]["predicted"], y[i]["predicted"]) << i;
+      EXPECT_EQ(x[i]["answer"], y[i]["answer"]) << i;
+      EXPECT_EQ(x[i]["length"], y[i]["length"]) << i;
+      EXPECT_EQ(x[i]["depth"], y[i]["depth"]) << i;
+      // fp32 forward; only the summation order differs between the layouts.
+      EXPECT_NEAR(x[i]["logprob"].get<double>(), y[i]["logprob"].get<double>(), 1e-4) << i;
+    }
+  }
+
+  static inline TempDir* dir_ = nullptr;
+  static inline std::string model_;
+};
+
+constexpr const char* kGrid = "--lengths 256,512 --depths 0,50,100 --samples 2 --seed 3";
+
+TEST_F(EvalNiah, OneAndTwoRanksAgreeAndTheOutputsAreConsistent) {
+  const std::string args = std::string(kGrid) + " --task single,multivalue";
+  const EvalRun one = eval(0, "p1", args), two = eval(2, "p2", args);
+  ASSERT_EQ(one.result.exit_code, 0) << one.result.output;
+  ASSERT_EQ(two.result.exit_code, 0) << two.result.output;
+  const int64_t cells = 2 * 2 * 3, samples = cells * 2;
+  for (const EvalRun* run : {&one, &two}) {
+    EXPECT_EQ(static_cast<int64_t>(run->lines.size()), cells + samples);
+    EXPECT_NE(run->result.output.find("NIAH multivalue: accuracy by depth (rows) and length (columns)"), std::string::npos);
+    EXPECT_NE(run->result.output.find("[cell 12/12]"), std::string::npos) << "progress per cell";
+    ASSERT_TRUE(run->summary.is_object()) << run->result.output;
+    EXPECT_EQ(run->summary["samples"], samples);
+    EXPECT_EQ(run->summary["cells"], cells);
+    // Cell lines follow their samples and agree with them.
+    int64_t pending = 0, correct = 0;
+    for (const json& j : run->lines) {
+      if (j["type"] == "sample") {
+        ++pending;
+        correct += j["correct"].get<bool>() ? 1 : 0;
+        EXPECT_EQ(j["answer"].size(), j["answer_length"].get<size_t>());
+        EXPECT_EQ(j["answer_start"].get<int64_t>() + j["answer_length"].get<int64_t>(), j["length"].get<int64_t>());
+        EXPECT_LE(j["logprob"].get<double>(), 0.0);
+        continue;
+      }
+      EXPECT_EQ(j["samples"], pending);
+      EXPECT_EQ(j["correct"], correct);
+      EXPECT_GE(j["accuracy"].get<double>(), 0.0);
+      EXPECT_LE(j["accuracy"].get<double>(), 1.0);
+      pending = correct = 0;
+    }
+  }
+  expect_same_samples(one, two);
+  EXPECT_EQ(two.summary["ranks"], 2);
+  // The HDF5 copy holds the same numbers.
+  const H5File h5 = H5File::open_read(dir_->file("p2.h5"));
+  EXPECT_EQ(h5.string_attribute("format"), "hydrahead-niah-results");
+  EXPECT_EQ(h5.int_attribute("cells_done"), cells);
+  const Tensor correct = h5.read("sample_correct"), logprob = h5.read("sample_logprob"), acc = h5.read("cell_accuracy");
+  ASSERT_EQ(correct.numel(), samples);
+  ASSERT_EQ(acc.numel(), cells);
+  const std::vector<json> rows = of_type(two, "sample"), cell_rows = of_type(two, "cell");
+  for (int64_t i = 0; i < samples; ++i) {
+    EXPECT_EQ(correct.data_as<int32_t>()[i], rows[i]["correct"].get<bool>() ? 1 : 0);
+    EXPECT_NEAR(logprob.data_as<float>()[i], rows[i]["logprob"].get<double>(), 1e-4);
+  }
+  for (int64_t i = 0; i < cells; ++i) EXPECT_NEAR(acc.data_as<float>()[i], cell_rows[i]["accuracy"].get<double>(), 1e-6);
+  EXPECT_EQ(h5.read("answer_tokens").numel(), h5.read("predicted_tokens").numel());
+}
+
+TEST_F(EvalNiah, DatasetOfTheGeneratorsSamplesGivesItsResults) {
+  niah::EvalSet set{.task = "single", .source = "test", .samples = {}};
+  niah::TaskParams p;
+  for (int64_t length : {256, 512}) {
+    for (int64_t depth : {0, 50, 100}) {
+      for (int64_t i = 0; i < 2; ++i) set.samples.push_back(niah::generate_sample(p, 256, 3, length, depth, i));
+    }
+  }
+  niah::write_eval_set(dir_->file("set.h5"), set);
+  const EvalRun builtin = eval(0, "builtin", kGrid), from_set = eval(2, "from_set", "--dataset " + dir_->file("set.h5"));
+  ASSERT_EQ(builtin.result.exit_code, 0) << builtin.result.output;
+  ASSERT_EQ(from_set.result.exit_code, 0) << from_set.result.output;
+  EXPECT_EQ(from_set.lines.size(), builtin.lines.size());
+  expect_same_samples(builtin, from_set);
+  EXPECT_EQ(from_set.summary["source"], dir_->file("set.h5"));
+}
+
+TEST_F(EvalNiah, BadInputIsRefusedBeforeWork) {
+  const auto refused = [&](int ranks, const std::string& args, const std::string& needle) {
+    const EvalRun r = eval(ranks, "bad", args);
+    EXPECT_NE(r.result.exit_code, 0) << args;
+    EXPECT_NE(r.result.output.find("hydra: error"), std::string::npos) << r.result.output;
+    EXPECT_NE(r.result.output.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.result.output;
+    EXPECT_FALSE(fs::exists(dir_->file("bad.jsonl"))) << args;
+    EXPECT_FALSE(fs::exists(dir_->file("bad.h5"))) << args;
+  };
+  refused(0, "--lengths 256 --task haystack", "unknown NIAH task 'haystack'");
+  refused(0, "--lengths 256 --depths 0,101", "--depths: 101 is outside 0..100");
+  refused(0, "--lengths 16", "--lengths: 16 is too short for NIAH task single");
+  refused(0, "--lengths 256 --samples 0", "--samples must be at least 1");
+  refused(0, "--lengths 256 --value-length 3..1", "value length 3..1");
+  refused(0, "--depths 50", "give --lengths");
+  refused(0, "--dataset " + model_ + " --lengths 256", "--lengths configures the built-in generator");
+  refused(0, "--dataset " + model_, "not a NIAH eval set");
+  refused(2, "--lengths 258", "sequence length 258 is not divisible by 2P = 4");
+  refused(3, "--dataset " + fixture_dir() + "/niah/greedy_set.h5",
+          "greedy_set.h5: sample 0: sequence length 64 is not divisible by 2P = 6");
+  const CommandResult help = run_command(hydra_binary() + " eval-niah --help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.output.find("usage: hydra eval-niah"), std::string::npos);
+  EXPECT_NE(run_command(hydra_binary() + " --help").output.find("eval-niah"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hydra::test
