@@ -3,7 +3,6 @@
 #include <cmath>
 #include <set>
 
-#include "runtime/random.h"
 
 namespace hydra {
 
@@ -59,35 +58,23 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
 }
 
 void init_parameter(const ParamSpec& spec, uint64_t seed, const TensorView& out) {
-  HYDRA_ASSERT(out.on_host() && out.dtype() == DType::f32 && out.is_contiguous(), "init of {}", spec.name);
   const RandomStream rng{seed, hash_name(spec.name)};
-  float* p = out.data_as<float>();
-  const int64_t n = out.numel();
   const double kernel = spec.shape.size() == 2 ? static_cast<double>(spec.shape[1]) : 1.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const auto u = static_cast<uint64_t>(i);
-    double v = 0;
-    switch (spec.init) {
-      case Init::normal:
-      case Init::small_normal: v = 0.02 * rng.normal(u); break;
-      case Init::norm_weight: v = 1.0 + 0.1 * rng.normal(u); break;
-      case Init::conv: v = rng.normal(u) / std::sqrt(kernel); break;
-      case Init::a_log: v = std::log(1.0 + 15.0 * rng.uniform(u)); break;
-      case Init::dt_bias: {
-        const double dt = std::exp(std::log(1e-3) + (std::log(0.1) - std::log(1e-3)) * rng.uniform(u));
-        v = dt + std::log(-std::expm1(-dt));  // softplus⁻¹(dt) = log(e^dt − 1)
-        break;
-      }
-      case Init::ones: v = 1.0; break;
-    }
-    p[i] = static_cast<float>(v);
+  if (out.device() == Device::cuda) {
+#if HYDRA_CUDA
+    init_parameter_cuda(spec.init, rng, kernel, out);
+    return;
+#endif
   }
+  HYDRA_ASSERT(out.on_host() && out.dtype() == DType::f32 && out.is_contiguous(), "init of {}", spec.name);
+  float* p = out.data_as<float>();
+  for (int64_t i = 0; i < out.numel(); ++i) p[i] = static_cast<float>(init_value(spec.init, rng, static_cast<uint64_t>(i), kernel));
 }
 
-NamedTensors random_parameters(const ModelConfig& config, uint64_t seed) {
+NamedTensors random_parameters(const ModelConfig& config, uint64_t seed, Device device, DType dtype) {
   NamedTensors tensors;
   for (const ParamSpec& spec : parameter_specs(config)) {
-    Tensor t = Tensor::empty(spec.shape, DType::f32);
+    Tensor t = Tensor::empty(spec.shape, device == Device::host ? DType::f32 : dtype, device);
     init_parameter(spec, seed, t);
     tensors.emplace(spec.name, std::move(t));
   }

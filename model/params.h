@@ -19,6 +19,7 @@
 
 #include "model/config.h"
 #include "runtime/checkpoint.h"
+#include "runtime/random.h"
 
 namespace hydra {
 
@@ -41,15 +42,40 @@ struct ParamSpec {
 std::string layer_prefix(int64_t layer);  // "model.layers.{l}."
 std::vector<ParamSpec> parameter_specs(const ModelConfig& config);
 
-// Fills a host f32 tensor for `spec` from (seed, name): reproducible, order-independent.
+// Element i of a parameter initialised with `init` (kernel = K for conv taps). The one formula both
+// the host and the GPU initialisers use, so a tensor drawn on either device is the same.
+HYDRA_HOST_DEVICE inline double init_value(Init init, const RandomStream& rng, uint64_t i, double kernel) {
+  switch (init) {
+    case Init::normal:
+    case Init::small_normal: return 0.02 * rng.normal(i);
+    case Init::norm_weight: return 1.0 + 0.1 * rng.normal(i);
+    case Init::conv: return rng.normal(i) / sqrt(kernel);
+    case Init::a_log: return log(1.0 + 15.0 * rng.uniform(i));
+    case Init::dt_bias: {
+      const double dt = exp(log(1e-3) + (log(0.1) - log(1e-3)) * rng.uniform(i));
+      return dt + log(-expm1(-dt));  // softplus⁻¹(dt) = log(e^dt − 1)
+    }
+    case Init::ones: return 1.0;
+  }
+  return 0.0;
+}
+
+// Fills a contiguous f32 (host) or f32/bf16 (CUDA) tensor for `spec` from (seed, name):
+// reproducible and order-independent.
 void init_parameter(const ParamSpec& spec, uint64_t seed, const TensorView& out);
-// All parameters of `config`, randomly initialised, as host f32 tensors.
-NamedTensors random_parameters(const ModelConfig& config, uint64_t seed);
+// All parameters of `config`, randomly initialised: host f32, or on the GPU in `dtype` (drawn there).
+NamedTensors random_parameters(const ModelConfig& config, uint64_t seed, Device device = Device::host,
+                               DType dtype = DType::f32);
 
 // Checks that `tensors` holds exactly the parameters of `config` with their shapes; `source` names
 // the file in the message ("tensor 'x' has shape [..], the config needs [..]").
 void validate_parameters(const ModelConfig& config, const NamedTensors& tensors, const std::string& source);
 
 int64_t parameter_count(const ModelConfig& config);
+
+#if HYDRA_CUDA
+// params_init.cu: the GPU initialiser behind init_parameter for CUDA tensors.
+void init_parameter_cuda(Init init, const RandomStream& rng, double kernel, const TensorView& out);
+#endif
 
 }  // namespace hydra

@@ -39,12 +39,6 @@ __global__ void fill_bf16(__nv_bfloat16* p, int64_t n, float v) {
   const __nv_bfloat16 b = __float2bfloat16_rn(v);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = b;
 }
-__global__ void f32_to_bf16(__nv_bfloat16* d, const float* s, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) d[i] = __float2bfloat16_rn(s[i]);
-}
-__global__ void bf16_to_f32(float* d, const __nv_bfloat16* s, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) d[i] = __bfloat162float(s[i]);
-}
 
 int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 132 * 16)); }
 
@@ -112,18 +106,66 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
   }
 }
 
-void cuda_convert(const TensorView& dst, const TensorView& src) {
-  HYDRA_ASSERT(dst.is_contiguous() && src.is_contiguous(), "device conversion needs contiguous views");
-  const int64_t n = dst.numel();
-  if (dst.dtype() == DType::bf16 && src.dtype() == DType::f32) {
-    f32_to_bf16<<<grid_for(n), 256, 0, current_stream()>>>(static_cast<__nv_bfloat16*>(dst.data()),
-                                                          static_cast<const float*>(src.data()), n);
-  } else if (dst.dtype() == DType::f32 && src.dtype() == DType::bf16) {
-    bf16_to_f32<<<grid_for(n), 256, 0, current_stream()>>>(static_cast<float*>(dst.data()),
-                                                          static_cast<const __nv_bfloat16*>(src.data()), n);
-  } else {
-    HYDRA_ASSERT(false, "device conversion {} -> {}", dtype_name(src.dtype()), dtype_name(dst.dtype()));
+namespace {
+struct StridedDesc {
+  int64_t size[kMaxRank];
+  int64_t dst_stride[kMaxRank];
+  int64_t src_stride[kMaxRank];
+  int rank;
+};
+
+__device__ __forceinline__ float load_f(const void* p, int64_t i, int t) {
+  return t == 0 ? static_cast<const float*>(p)[i] : __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+}
+
+// Element-wise strided copy with optional float32 <-> bfloat16 conversion (t: 0 f32, 1 bf16,
+// 2 raw 4-byte, 3 raw 8-byte).
+__global__ void strided_copy(void* dst, int dst_type, const void* src, int src_type, StridedDesc d, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t rest = i, od = 0, os = 0;
+    for (int k = d.rank - 1; k >= 0; --k) {
+      const int64_t idx = rest % d.size[k];
+      rest /= d.size[k];
+      od += idx * d.dst_stride[k];
+      os += idx * d.src_stride[k];
+    }
+    if (dst_type == 2) {
+      static_cast<uint32_t*>(dst)[od] = static_cast<const uint32_t*>(src)[os];
+    } else if (dst_type == 3) {
+      static_cast<uint64_t*>(dst)[od] = static_cast<const uint64_t*>(src)[os];
+    } else if (dst_type == 0) {
+      static_cast<float*>(dst)[od] = load_f(src, os, src_type);
+    } else {
+      static_cast<__nv_bfloat16*>(dst)[od] = __float2bfloat16_rn(load_f(src, os, src_type));
+    }
   }
+}
+
+int type_code(DType t, bool raw) {
+  if (t == DType::bf16) return 1;
+  if (t == DType::f32) return raw ? 2 : 0;
+  if (t == DType::i32) return 2;
+  return 3;
+}
+}  // namespace
+
+void cuda_convert(const TensorView& dst, const TensorView& src) {
+  const bool same = dst.dtype() == src.dtype();
+  HYDRA_ASSERT(same || ((dst.dtype() == DType::f32 || dst.dtype() == DType::bf16) &&
+                        (src.dtype() == DType::f32 || src.dtype() == DType::bf16)),
+               "device copy {} -> {}", dtype_name(src.dtype()), dtype_name(dst.dtype()));
+  StridedDesc d{};
+  d.rank = dst.rank();
+  for (int k = 0; k < d.rank; ++k) {
+    d.size[k] = dst.size(k);
+    d.dst_stride[k] = dst.stride(k);
+    d.src_stride[k] = src.stride(k);
+  }
+  const int64_t n = dst.numel();
+  // bf16 -> bf16 copies go through the converting path (exact), others move raw words.
+  const int dt = same && dst.dtype() != DType::bf16 ? type_code(dst.dtype(), true) : type_code(dst.dtype(), false);
+  const int st = type_code(src.dtype(), false);
+  strided_copy<<<grid_for(n), 256, 0, current_stream()>>>(dst.data(), dt, src.data(), st, d, n);
   HYDRA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -29,6 +29,7 @@ int cuda_current_device();
 std::shared_ptr<void> cuda_allocate(size_t bytes);
 void cuda_memset_zero(void* ptr, size_t bytes);
 void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// Device -> device copy of any strides, converting float32 <-> bfloat16 when the types differ.
 void cuda_convert(const TensorView& dst, const TensorView& src);
 void cuda_fill(const TensorView& dst, float value);
 

@@ -279,19 +279,25 @@ void copy_into(const TensorView& dst, const TensorView& src) {
     cuda_copy_bytes(dst.data(), dst.device(), src.data(), src.device(), dst.nbytes());
     return;
   }
-  if (dst.on_host()) {  // device -> host with conversion: bring it over, then convert on the host
-    Tensor staged = Tensor::empty(src.shape(), src.dtype(), Device::host);
-    copy_into(staged, src);
-    host_copy(dst, staged);
+  if (dst.on_host()) {  // device -> host, strided or converting: bring it over contiguous, then convert
+    Tensor staged = Tensor::empty(src.shape(), src.dtype(), Device::cuda);
+    cuda_convert(staged, src);
+    Tensor host = Tensor::empty(src.shape(), src.dtype(), Device::host);
+    cuda_copy_bytes(host.data(), Device::host, staged.data(), Device::cuda, host.nbytes());
+    host_copy(dst, host);
     return;
   }
-  if (src.on_host()) {  // host -> device with conversion: convert on the host, then send
+  if (src.on_host()) {  // host -> device: convert on the host into a contiguous buffer, then send
     Tensor staged = Tensor::empty(dst.shape(), dst.dtype(), Device::host);
     host_copy(staged, src);
-    copy_into(dst, staged);
+    if (dst.is_contiguous()) {
+      cuda_copy_bytes(dst.data(), Device::cuda, staged.data(), Device::host, dst.nbytes());
+    } else {
+      copy_into(dst, to_device(staged, Device::cuda));
+    }
     return;
   }
-  cuda_convert(dst, src);  // device -> device with conversion, contiguous
+  cuda_convert(dst, src);  // device -> device, strided and/or converting
 #else
   HYDRA_USER_FAIL("a CUDA tensor was used but this build has no CUDA path (HYDRA_CUDA=OFF)");
 #endif

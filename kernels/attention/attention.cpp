@@ -35,6 +35,12 @@ double log_position_scale(int64_t position, double log_base) {
 void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                        const TensorView& v, const AttentionParams& p) {
   check_shapes(out, lse, q, k, v, p);
+  if (on_cuda({out, lse, q, k, v})) {
+#if HYDRA_CUDA
+    cuda_impl::attention_forward(out, lse, q, k, v, p);
+    return;
+#endif
+  }
   if (p.output == AttentionOutput::merge) {
     // CPU: compute this block on its own, then merge; the CUDA kernel merges in its epilogue.
     Tensor part = Tensor::empty(out.shape(), DType::f32), part_lse = Tensor::empty(lse.shape(), DType::f32);

@@ -48,4 +48,11 @@ void attention_merge(const TensorView& out, const TensorView& lse, const TensorV
 // τ(position) for log base a.
 double log_position_scale(int64_t position, double log_base);
 
+#if HYDRA_CUDA
+namespace cuda_impl {  // attention.cu: flash attention forward with fused merge
+void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+                       const TensorView& v, const AttentionParams& params);
+}  // namespace cuda_impl
+#endif
+
 }  // namespace hydra::ops

@@ -12,6 +12,12 @@ void causal_conv_silu(const TensorView& out, const TensorView& x, const TensorVi
   expect_shape(w, "conv weight", {{"C", x.size(1)}, {"K", -1}});
   const int64_t t_len = x.size(0), channels = x.size(1), kernel = w.size(1);
   if (prefix.defined()) expect_shape(prefix, "conv prefix", {{"K-1", kernel - 1}, {"C", channels}});
+  if (on_cuda({out, x, w, prefix})) {
+#if HYDRA_CUDA
+    cuda_impl::causal_conv_silu(out, x, w, prefix);
+    return;
+#endif
+  }
   expect_host_f32(out, "conv out");
   expect_host_f32(x, "conv x");
   expect_host_f32(w, "conv weight");

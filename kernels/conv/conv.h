@@ -11,4 +11,10 @@ namespace hydra::ops {
 // out, x: [T, C] (out must not alias x); w [C, K]; prefix [K−1, C] or an undefined view (zeros).
 void causal_conv_silu(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& prefix);
 
+#if HYDRA_CUDA
+namespace cuda_impl {  // conv.cu; called by the dispatcher for CUDA views
+void causal_conv_silu(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& prefix);
+}  // namespace cuda_impl
+#endif
+
 }  // namespace hydra::ops

@@ -14,13 +14,23 @@ struct Dims {
   int64_t t, h, dk, dv;
 };
 
-Dims check(const TensorView* out, const TensorView* state, const TensorView* q, const TensorView& k,
-           const TensorView& v, const TensorView& g, const TensorView& beta) {
+// Shape checks shared by both devices.
+Dims check_shapes(const TensorView* out, const TensorView* state, const TensorView* q, const TensorView& k,
+                  const TensorView& v, const TensorView& g, const TensorView& beta) {
   expect_shape(k, "delta rule k", {{"T", -1}, {"H", -1}, {"dk", -1}});
   const Dims d{k.size(0), k.size(1), k.size(2), v.size(2)};
   expect_shape(v, "delta rule v", {{"T", d.t}, {"H", d.h}, {"dv", -1}});
   expect_shape(g, "delta rule g", {{"T", d.t}, {"H", d.h}});
   expect_shape(beta, "delta rule beta", {{"T", d.t}, {"H", d.h}});
+  if (q) expect_shape(*q, "delta rule q", {{"T", d.t}, {"H", d.h}, {"dk", d.dk}});
+  if (out) expect_shape(*out, "delta rule out", {{"T", d.t}, {"H", d.h}, {"dv", d.dv}});
+  if (state) expect_shape(*state, "delta rule state", {{"H", d.h}, {"dk", d.dk}, {"dv", d.dv}});
+  return d;
+}
+
+Dims check(const TensorView* out, const TensorView* state, const TensorView* q, const TensorView& k,
+           const TensorView& v, const TensorView& g, const TensorView& beta) {
+  const Dims d = check_shapes(out, state, q, k, v, g, beta);
   expect_host_f32(k, "k");
   expect_host_f32(v, "v");
   expect_host_f32(g, "g");
@@ -118,6 +128,7 @@ void advance_state(Chunk& c, const TensorView& s, Mat& vnew) {
 void delta_rule_recurrent(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
                           const TensorView& v, const TensorView& g, const TensorView& beta,
                           const DeltaRuleParams& params) {
+  HYDRA_ASSERT(!on_cuda({out, state, q, k, v, g, beta}), "the recurrent form is the CPU oracle; use the chunked form on CUDA");
   const Dims d = check(&out, &state, &q, k, v, g, beta);
   const double scale = params.scale > 0 ? params.scale : 1.0 / std::sqrt(static_cast<double>(d.dk));
   std::vector<double> s(static_cast<size_t>(d.dk * d.dv)), delta(static_cast<size_t>(d.dv));
@@ -152,6 +163,13 @@ void delta_rule_recurrent(const TensorView& out, const TensorView& state, const 
 void delta_rule_chunked(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
                         const TensorView& v, const TensorView& g, const TensorView& beta,
                         const DeltaRuleParams& params) {
+  if (on_cuda({out, state, q, k, v, g, beta})) {
+#if HYDRA_CUDA
+    check_shapes(&out, &state, &q, k, v, g, beta);
+    cuda_impl::delta_rule_chunked(out, state, q, k, v, g, beta, params);
+    return;
+#endif
+  }
   const Dims d = check(&out, &state, &q, k, v, g, beta);
   HYDRA_ASSERT(params.chunk >= 1, "chunk size {}", params.chunk);
   const float scale = params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(d.dk));
@@ -184,6 +202,14 @@ void delta_rule_chunked(const TensorView& out, const TensorView& state, const Te
 
 void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
                             const TensorView& g, const TensorView& beta, const DeltaRuleParams& params) {
+  if (on_cuda({m, s_ext, k, v, g, beta})) {
+#if HYDRA_CUDA
+    check_shapes(nullptr, &s_ext, nullptr, k, v, g, beta);
+    expect_shape(m, "segment map m", {{"H", k.size(1)}, {"dk", k.size(2)}, {"dk", k.size(2)}});
+    cuda_impl::delta_rule_segment_map(m, s_ext, k, v, g, beta, params);
+    return;
+#endif
+  }
   const Dims d = check(nullptr, &s_ext, nullptr, k, v, g, beta);
   expect_shape(m, "segment map m", {{"H", d.h}, {"dk", d.dk}, {"dk", d.dk}});
   expect_host_f32(m, "m");
@@ -213,6 +239,12 @@ void delta_rule_apply_map(const TensorView& state, const TensorView& m, const Te
   const int64_t h = state.size(0), dk = state.size(1), dv = state.size(2);
   expect_shape(m, "map m", {{"H", h}, {"dk", dk}, {"dk", dk}});
   expect_shape(s_ext, "map s_ext", {{"H", h}, {"dk", dk}, {"dv", dv}});
+  if (on_cuda({state, m, s_ext})) {
+#if HYDRA_CUDA
+    cuda_impl::delta_rule_apply_map(state, m, s_ext);
+    return;
+#endif
+  }
   std::vector<float> tmp(static_cast<size_t>(dk * dv));
   for (int64_t i = 0; i < h; ++i) {
     const TensorView t(tmp.data(), DType::f32, Device::host, {dk, dv});

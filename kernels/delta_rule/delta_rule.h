@@ -5,7 +5,7 @@
 // Equivalently S_i = A_i S_{i−1} + β_i k_i v_iᵀ with A_i = e^{g_i}(I − β_i k_i k_iᵀ), so a segment of
 // tokens maps any initial state affinely: S_out = M S_in + S_ext (M = A_n ⋯ A_1).
 //
-//  - recurrent: token by token, fp64 state internally: the oracle.
+//  - recurrent: token by token, fp64 state internally: the oracle (CPU only).
 //  - chunked: chunks of `chunk` tokens (WY/UT form): within a chunk, with γ the cumulative log-decay,
 //      L_ij = β_i (k_i·k_j) e^{γ_i−γ_j} (j < i),  T = (I + L)⁻¹,
 //      U = T (β ⊙ V),  W = T (β ⊙ e^{γ} ⊙ K),  V' = U − W S,
@@ -15,6 +15,8 @@
 //  - segment_map: (M, S_ext) of a segment, composed chunk by chunk:
 //      M ← e^{γ_C} M − K̃ᵀ (W M),  S_ext ← e^{γ_C} S_ext + K̃ᵀ (U − W S_ext),  K̃ = e^{γ_C−γ} ⊙ K.
 //    Sequence parallelism exchanges these maps instead of waiting for other ranks' scans.
+// On the GPU (delta_rule.cu) the chunked form and the maps take bf16 q/k/v rows, fp32 g/β and
+// fp32 state, with dk = dv ∈ {64, 128} and chunk 64.
 #pragma once
 
 #include <cstdint>
@@ -43,5 +45,15 @@ void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const 
 
 // state [H, dk, dv] ← m · state + s_ext.
 void delta_rule_apply_map(const TensorView& state, const TensorView& m, const TensorView& s_ext);
+
+#if HYDRA_CUDA
+namespace cuda_impl {  // delta_rule.cu: chunked form and segment maps (bf16 q/k/v, fp32 g/β/state)
+void delta_rule_chunked(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& g, const TensorView& beta, const DeltaRuleParams& params);
+void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
+                            const TensorView& g, const TensorView& beta, const DeltaRuleParams& params);
+void delta_rule_apply_map(const TensorView& state, const TensorView& m, const TensorView& s_ext);
+}  // namespace cuda_impl
+#endif
 
 }  // namespace hydra::ops

@@ -12,4 +12,11 @@ void add_inplace(const TensorView& x, const TensorView& y);
 // x may be the fp32 attention accumulator while out is the bf16 head buffer; out may alias x.
 void sigmoid_gate(const TensorView& out, const TensorView& x, const TensorView& gate);
 
+#if HYDRA_CUDA
+namespace cuda_impl {  // elementwise.cu; called by the dispatcher for CUDA views
+void add_inplace(const TensorView& x, const TensorView& y);
+void sigmoid_gate(const TensorView& out, const TensorView& x, const TensorView& gate);
+}  // namespace cuda_impl
+#endif
+
 }  // namespace hydra::ops

@@ -11,6 +11,12 @@ void embedding(const TensorView& out, const TensorView& table, const TensorView&
   expect_shape(ids, "token ids", {{"T", -1}});
   expect_shape(out, "embedding out", {{"T", ids.size(0)}, {"D", table.size(1)}});
   expect_dtype(ids, "token ids", DType::i32);
+  if (on_cuda({out, table, ids})) {
+#if HYDRA_CUDA
+    cuda_impl::embedding(out, table, ids);
+    return;
+#endif
+  }
   expect_host_f32(out, "embedding out");
   expect_host_f32(table, "embedding table");
   const int64_t vocab = table.size(0), dim = table.size(1);

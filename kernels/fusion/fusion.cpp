@@ -14,6 +14,12 @@ void head_fusion(const TensorView& y, const TensorView& o, const TensorView& wei
   expect_shape(weight, "fusion weight", {{"H", heads}, {"d", d}});
   expect_shape(gamma, "fusion gamma", {{"H", heads}});
   for (const auto& [view, name] : {std::pair{y, "y"}, {o, "o"}, {weight, "weight"}, {gamma, "gamma"}}) {
+    if (on_cuda({y, o, weight, gamma})) {
+#if HYDRA_CUDA
+      cuda_impl::head_fusion(y, o, weight, gamma, params);
+      return;
+#endif
+    }
     expect_host_f32(view, name);
   }
   const float* gm = gamma.data_as<const float>();

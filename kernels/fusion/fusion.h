@@ -14,4 +14,11 @@ struct HeadFusionParams {
 void head_fusion(const TensorView& y, const TensorView& o, const TensorView& weight, const TensorView& gamma,
                  const HeadFusionParams& params);
 
+#if HYDRA_CUDA
+namespace cuda_impl {  // fusion.cu; called by the dispatcher for CUDA views
+void head_fusion(const TensorView& y, const TensorView& o, const TensorView& weight, const TensorView& gamma,
+                 const HeadFusionParams& params);
+}  // namespace cuda_impl
+#endif
+
 }  // namespace hydra::ops

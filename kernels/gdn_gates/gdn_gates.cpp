@@ -17,6 +17,12 @@ void gdn_gates(const TensorView& beta, const TensorView& g, const TensorView& b_
   expect_shape(dt_bias, "gdn dt_bias", {{"H", heads}});
   for (const auto& [view, name] : {std::pair{beta, "beta"}, {g, "g"}, {b_logits, "b"}, {a_logits, "a"},
                                    {a_log, "A_log"}, {dt_bias, "dt_bias"}}) {
+    if (on_cuda({beta, g, b_logits, a_logits, a_log, dt_bias})) {
+#if HYDRA_CUDA
+      cuda_impl::gdn_gates(beta, g, b_logits, a_logits, a_log, dt_bias);
+      return;
+#endif
+    }
     expect_host_f32(view, name);
   }
   const float* alog = a_log.data_as<const float>();

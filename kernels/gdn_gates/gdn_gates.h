@@ -16,4 +16,11 @@ void gdn_gates(const TensorView& beta, const TensorView& g, const TensorView& b_
 // softplus(x) = log(1 + e^x), with PyTorch's linear branch above 20.
 inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
+#if HYDRA_CUDA
+namespace cuda_impl {  // gdn_gates.cu; called by the dispatcher for CUDA views
+void gdn_gates(const TensorView& beta, const TensorView& g, const TensorView& b_logits, const TensorView& a_logits,
+               const TensorView& a_log, const TensorView& dt_bias);
+}  // namespace cuda_impl
+#endif
+
 }  // namespace hydra::ops

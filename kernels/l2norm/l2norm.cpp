@@ -8,6 +8,12 @@ namespace hydra::ops {
 
 void l2_norm(const TensorView& x, float eps) {
   expect_shape(x, "l2_norm x", {{"T", -1}, {"H", -1}, {"d", -1}});
+  if (on_cuda({x})) {
+#if HYDRA_CUDA
+    cuda_impl::l2_norm(x, eps);
+    return;
+#endif
+  }
   expect_host_f32(x, "l2_norm x");
   const int64_t d = x.size(2);
   for_each_row(x, [&](int64_t, char* row) {

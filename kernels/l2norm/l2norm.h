@@ -8,4 +8,10 @@ namespace hydra::ops {
 // x [T, H, d] in place.
 void l2_norm(const TensorView& x, float eps);
 
+#if HYDRA_CUDA
+namespace cuda_impl {  // l2norm.cu; called by the dispatcher for CUDA views
+void l2_norm(const TensorView& x, float eps);
+}  // namespace cuda_impl
+#endif
+
 }  // namespace hydra::ops

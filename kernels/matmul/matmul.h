@@ -1,5 +1,6 @@
 // Matrix products. The model's projections are `linear` (y = x Wᵀ with W stored [out, in] as in HF
-// checkpoints); `gemm` is the general form the GDN chunk math uses. CPU: OpenBLAS sgemm (fp32).
+// checkpoints); `gemm` is the general form. CPU: OpenBLAS sgemm (fp32). CUDA: cuBLAS, bf16 or fp32
+// operands with fp32 accumulation; the output may be bf16 or fp32 (e.g. fp32 logits).
 // Views may have a row stride larger than their width (column blocks of a fused projection), the
 // last dimension must be contiguous.
 #pragma once
@@ -27,5 +28,11 @@ void linear(const TensorView& out, const TensorView& x, const TensorView& w, Acc
 
 // Sets the CPU path's BLAS thread count (e.g. cores / ranks per node).
 void set_cpu_threads(int threads);
+
+#if HYDRA_CUDA
+namespace cuda_impl {  // matmul.cu: cuBLAS
+void gemm(const TensorView& out, const TensorView& a, const TensorView& b, const GemmParams& params);
+}  // namespace cuda_impl
+#endif
 
 }  // namespace hydra::ops

@@ -11,6 +11,12 @@ void rms_norm(const TensorView& out, const TensorView& x, const TensorView& weig
   HYDRA_ASSERT(same_rows(out, x), "rms_norm: out {} vs x {}", out.shape_string(), x.shape_string());
   const int64_t n = row_length(x);
   expect_shape(weight, "rms_norm weight", {{"n", n}});
+  if (on_cuda({out, x, weight})) {
+#if HYDRA_CUDA
+    cuda_impl::rms_norm(out, x, weight, params);
+    return;
+#endif
+  }
   expect_host_f32(out, "rms_norm out");
   expect_host_f32(x, "rms_norm x");
   expect_host_f32(weight, "rms_norm weight");

@@ -15,4 +15,10 @@ struct RmsNormParams {
 // out, x: [N, n] or [N, H, n]; weight [n].
 void rms_norm(const TensorView& out, const TensorView& x, const TensorView& weight, const RmsNormParams& params);
 
+#if HYDRA_CUDA
+namespace cuda_impl {  // rmsnorm.cu; called by the dispatcher for CUDA views
+void rms_norm(const TensorView& out, const TensorView& x, const TensorView& weight, const RmsNormParams& params);
+}  // namespace cuda_impl
+#endif
+
 }  // namespace hydra::ops

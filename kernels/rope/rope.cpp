@@ -11,6 +11,12 @@ void rope(const TensorView& x, const TensorView& positions, const RopeParams& pa
   expect_shape(x, "rope x", {{"T", -1}, {"H", -1}, {"d", -1}});
   expect_shape(positions, "rope positions", {{"T", x.size(0)}});
   expect_dtype(positions, "rope positions", DType::i64);
+  if (on_cuda({x, positions})) {
+#if HYDRA_CUDA
+    cuda_impl::rope(x, positions, params);
+    return;
+#endif
+  }
   expect_host_f32(x, "rope x");
   const int64_t d = x.size(2), half = d / 2;
   HYDRA_ASSERT(d % 2 == 0, "rope needs an even head dim, got {}", d);

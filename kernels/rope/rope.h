@@ -15,4 +15,10 @@ struct RopeParams {
 // x [T, H, d] in place; positions [T] int64.
 void rope(const TensorView& x, const TensorView& positions, const RopeParams& params);
 
+#if HYDRA_CUDA
+namespace cuda_impl {  // rope.cu; called by the dispatcher for CUDA views
+void rope(const TensorView& x, const TensorView& positions, const RopeParams& params);
+}  // namespace cuda_impl
+#endif
+
 }  // namespace hydra::ops

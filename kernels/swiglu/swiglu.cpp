@@ -10,6 +10,12 @@ void swiglu(const TensorView& out, const TensorView& gate, const TensorView& up)
   expect_shape(out, "swiglu out", {{"T", -1}, {"I", -1}});
   expect_shape(gate, "swiglu gate", {{"T", out.size(0)}, {"I", out.size(1)}});
   expect_shape(up, "swiglu up", {{"T", out.size(0)}, {"I", out.size(1)}});
+  if (on_cuda({out, gate, up})) {
+#if HYDRA_CUDA
+    cuda_impl::swiglu(out, gate, up);
+    return;
+#endif
+  }
   expect_host_f32(out, "swiglu out");
   expect_host_f32(gate, "swiglu gate");
   expect_host_f32(up, "swiglu up");

@@ -8,4 +8,10 @@ namespace hydra::ops {
 // out, gate, up: [T, I] (gate/up may be column blocks of one fused projection).
 void swiglu(const TensorView& out, const TensorView& gate, const TensorView& up);
 
+#if HYDRA_CUDA
+namespace cuda_impl {  // swiglu.cu; called by the dispatcher for CUDA views
+void swiglu(const TensorView& out, const TensorView& gate, const TensorView& up);
+}  // namespace cuda_impl
+#endif
+
 }  // namespace hydra::ops

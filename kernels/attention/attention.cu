@@ -1,0 +1,310 @@
+// Flash attention forward (CUDA): causal by global positions, GQA with any head map, τ fused into
+// the query scale, fp32 output and log-sum-exp that can be merged in place (ring attention).
+//
+// Structure (FlashAttention-2 style, tensor cores through mma.sync m16n8k16 bf16 -> fp32):
+//   CTA = 4 warps = 64 query rows of one head; each warp owns 16 rows and keeps its Q fragments in
+//   registers for the whole key loop. K/V tiles of 64 keys stream through a 2-stage cp.async
+//   pipeline in XOR-swizzled shared memory (conflict-free ldmatrix). S = QKᵀ and O += PV run on
+//   tensor cores; P never leaves registers. Online softmax in base 2 with fp32 statistics.
+//   Query blocks are scheduled longest-first (causal work is triangular).
+// Masking: key j (position k_pos0 + j) is visible to query i (q_pos0 + i) iff k ≤ q when causal;
+// blocks wholly visible skip the per-element mask; blocks wholly invisible are never loaded.
+// merge: the epilogue reads the earlier (out, lse) of each row it owns and writes the fp32 merge,
+// so a ring step needs no partial buffers and no extra pass.
+#include <cmath>
+
+#include "kernels/attention/attention.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
+
+namespace hydra::ops::cuda_impl {
+namespace {
+
+using cuda::bf16_t;
+constexpr int kBlockM = 64, kBlockN = 64, kThreads = 128, kMaxHeads = 128;
+
+struct FlashParams {
+  const bf16_t* q;
+  const bf16_t* k;
+  const bf16_t* v;
+  float* out;
+  float* lse;
+  int64_t q_st, q_sh, k_st, k_sh, v_st, v_sh, o_st, o_sh, lse_sh, lse_st;
+  int tq, tk;
+  int64_t q_pos0, k_pos0;
+  float scale_log2;      // softmax scale · log2(e)
+  float tau_base;        // a of τ; 0 = off
+  float inv_log_tau_base;
+  int causal, merge;
+  int kv_of[kMaxHeads];
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid_constant__ FlashParams p) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* sq = smem;
+  unsigned char* sk = smem + kBlockM * D * 2;
+  unsigned char* sv = sk + 2 * kBlockN * D * 2;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int head = blockIdx.y;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;  // longest-first
+  const int kvh = p.kv_of[head];
+  const bf16_t* qg = p.q + head * p.q_sh;
+  const bf16_t* kg = p.k + kvh * p.k_sh;
+  const bf16_t* vg = p.v + kvh * p.v_sh;
+
+  // Keys any row of this block may see.
+  const int q_last = min(q0 + kBlockM, p.tq) - 1;
+  int k_end = p.tk;
+  if (p.causal) {
+    const int64_t visible = p.q_pos0 + q_last - p.k_pos0 + 1;
+    k_end = visible <= 0 ? 0 : (visible < p.tk ? static_cast<int>(visible) : p.tk);
+  }
+  const int n_blocks = (k_end + kBlockN - 1) / kBlockN;
+
+  auto load_tile = [&](unsigned char* dst, const bf16_t* src, int64_t row_stride, int row0, int rows_valid, int rows) {
+    for (int i = tid; i < rows * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const bool ok = row0 + r < rows_valid;
+      const bf16_t* g = src + (ok ? (row0 + r) * row_stride : 0) + c * 8;
+      cuda::cp_async_16(cuda::smem_addr(dst) + cuda::swizzled<kChunks>(r, c), g, ok ? 16 : 0);
+    }
+  };
+
+  load_tile(sq, qg, p.q_st, q0, p.tq, kBlockM);
+  if (n_blocks > 0) {
+    load_tile(sk, kg, p.k_st, 0, p.tk, kBlockN);
+    load_tile(sv, vg, p.v_st, 0, p.tk, kBlockN);
+  }
+  cuda::cp_async_commit();
+
+  // Per-lane rows: r0 = 16·warp + lane/4 and r1 = r0 + 8 (of the block).
+  const int g4 = lane / 4, c4 = lane % 4;
+  const int row0 = q0 + warp * 16 + g4, row1 = row0 + 8;
+  float row_scale[2];
+  for (int i = 0; i < 2; ++i) {
+    const int64_t pos = p.q_pos0 + (i == 0 ? row0 : row1);
+    const float tau = p.tau_base > 0.0f ? logf(float(pos) + p.tau_base) * p.inv_log_tau_base : 1.0f;
+    row_scale[i] = p.scale_log2 * tau;
+  }
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  uint32_t qf[D / 16][4];
+
+  for (int kb = 0; kb < n_blocks; ++kb) {
+    cuda::cp_async_wait<0>();
+    __syncthreads();
+    if (kb == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int r = warp * 16 + (lane % 16), c = kk * 2 + lane / 16;
+        cuda::ldmatrix_x4(qf[kk], cuda::smem_addr(sq) + cuda::swizzled<kChunks>(r, c));
+      }
+    }
+    if (kb + 1 < n_blocks) {  // prefetch the next K/V tile into the other stage
+      const int stage = (kb + 1) % 2;
+      load_tile(sk + stage * kBlockN * D * 2, kg, p.k_st, (kb + 1) * kBlockN, p.tk, kBlockN);
+      load_tile(sv + stage * kBlockN * D * 2, vg, p.v_st, (kb + 1) * kBlockN, p.tk, kBlockN);
+    }
+    cuda::cp_async_commit();
+    const unsigned char* ks = sk + (kb % 2) * kBlockN * D * 2;
+    const unsigned char* vs = sv + (kb % 2) * kBlockN * D * 2;
+
+    // S = Q Kᵀ: 16 rows × 64 keys per warp.
+    float s[kBlockN / 8][4];
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; j += 2) {
+        uint32_t b[4];
+        const int key = j * 8 + (lane % 8) + (lane / 16) * 8, c = kk * 2 + (lane / 8) % 2;
+        cuda::ldmatrix_x4(b, cuda::smem_addr(ks) + cuda::swizzled<kChunks>(key, c));
+        cuda::mma_bf16(s[j], qf[kk], b[0], b[1]);
+        cuda::mma_bf16(s[j + 1], qf[kk], b[2], b[3]);
+      }
+    }
+    // Scale, mask, online softmax (base 2).
+    const int key0 = kb * kBlockN;
+    const bool need_mask = key0 + kBlockN > p.tk ||
+                           (p.causal && p.k_pos0 + key0 + kBlockN - 1 > p.q_pos0 + q0);
+    float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        float x = s[j][e] * row_scale[r];
+        if (need_mask) {
+          const int key = key0 + j * 8 + c4 * 2 + (e % 2);
+          const int64_t qpos = p.q_pos0 + (r == 0 ? row0 : row1);
+          if (key >= p.tk || (p.causal && p.k_pos0 + key > qpos)) x = -INFINITY;
+        }
+        s[j][e] = x;
+        row_max[r] = fmaxf(row_max[r], x);
+      }
+    }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+      const float m_new = fmaxf(m[r], row_max[r]);
+      const float base = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: keep exp2 finite
+      corr[r] = exp2f(m[r] - base);
+      m[r] = m_new;
+      row_max[r] = base;
+    }
+    float row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = exp2f(s[j][e] - row_max[e / 2]);
+        s[j][e] = pe;
+        row_sum[e / 2] += pe;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + row_sum[r];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      o[j][0] *= corr[0];
+      o[j][1] *= corr[0];
+      o[j][2] *= corr[1];
+      o[j][3] *= corr[1];
+    }
+    // O += P V: P from the S accumulators, V through ldmatrix.trans.
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t a[4] = {cuda::pack_bf16(s[2 * kk][0], s[2 * kk][1]), cuda::pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                             cuda::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             cuda::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int j = 0; j < D / 8; j += 2) {
+        uint32_t b[4];
+        const int key = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = j + lane / 16;
+        cuda::ldmatrix_x4_trans(b, cuda::smem_addr(vs) + cuda::swizzled<kChunks>(key, c));
+        cuda::mma_bf16(o[j], a, b[0], b[1]);
+        cuda::mma_bf16(o[j + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  cuda::cp_async_wait<0>();  // no copy may be in flight when the block exits (n_blocks == 0)
+
+  // Epilogue: normalise, form the natural-log lse, merge with the earlier partial result if asked.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  // Every lane reads the earlier lse of its rows before any lane of the quad overwrites it.
+  float lse_old[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r == 0 ? row0 : row1;
+    if (p.merge && row < p.tq) lse_old[r] = p.lse[head * p.lse_sh + row * p.lse_st];
+  }
+  __syncwarp();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r == 0 ? row0 : row1;
+    if (row >= p.tq) continue;
+    const bool seen = l[r] > 0.0f;
+    if (p.merge && !seen) continue;  // nothing visible in this block: the earlier result stands
+    const float lse = seen ? (m[r] + log2f(l[r])) * 0.69314718055994531f : -INFINITY;
+    const float inv_l = seen ? 1.0f / l[r] : 0.0f;
+    float* orow = p.out + row * p.o_st + head * p.o_sh;
+    float w_new = 1.0f, w_old = 0.0f, lse_out = lse;
+    if (p.merge && lse_old[r] != -INFINITY) {
+      const float mx = fmaxf(lse_old[r], lse);
+      const float a = expf(lse_old[r] - mx), b = expf(lse - mx);
+      w_old = a / (a + b);
+      w_new = b / (a + b);
+      lse_out = mx + logf(a + b);
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      float2* dst = reinterpret_cast<float2*>(orow + j * 8 + c4 * 2);
+      float2 v = make_float2(o[j][2 * r] * inv_l * w_new, o[j][2 * r + 1] * inv_l * w_new);
+      if (w_old != 0.0f) {
+        const float2 old = *dst;
+        v.x += w_old * old.x;
+        v.y += w_old * old.y;
+      }
+      *dst = v;
+    }
+    if (c4 == 0) p.lse[head * p.lse_sh + row * p.lse_st] = lse_out;
+  }
+}
+
+}  // namespace
+
+void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+                       const TensorView& v, const AttentionParams& params) {
+  cuda::expect_cuda(q, "attention q", DType::bf16);
+  cuda::expect_cuda(k, "attention k", DType::bf16);
+  cuda::expect_cuda(v, "attention v", DType::bf16);
+  cuda::expect_cuda(out, "attention out", DType::f32);
+  cuda::expect_cuda(lse, "attention lse", DType::f32);
+  const int64_t d = q.size(2), hq = q.size(1), hk = k.size(1);
+  HYDRA_ASSERT((d == 64 || d == 128) && v.size(2) == d, "CUDA attention supports head dim 64 and 128 (d = dv), got {}/{}",
+               d, v.size(2));
+  HYDRA_ASSERT(hq <= kMaxHeads, "CUDA attention: {} query heads > {}", hq, kMaxHeads);
+  for (const TensorView* t : {&q, &k, &v}) {
+    HYDRA_ASSERT(t->stride(2) == 1 && t->stride(0) % 8 == 0 && t->stride(1) % 8 == 0 &&
+                     reinterpret_cast<uintptr_t>(t->data()) % 16 == 0,
+                 "CUDA attention needs 16-byte aligned rows (strides multiples of 8 elements)");
+  }
+  HYDRA_ASSERT(out.stride(2) == 1 && out.stride(0) % 2 == 0 && out.stride(1) % 2 == 0, "attention out layout");
+  if (q.size(0) == 0) return;
+  FlashParams p{};
+  p.q = q.data_as<const cuda::bf16_t>();
+  p.k = k.data_as<const cuda::bf16_t>();
+  p.v = v.data_as<const cuda::bf16_t>();
+  p.out = out.data_as<float>();
+  p.lse = lse.data_as<float>();
+  p.q_st = q.stride(0);
+  p.q_sh = q.stride(1);
+  p.k_st = k.stride(0);
+  p.k_sh = k.stride(1);
+  p.v_st = v.stride(0);
+  p.v_sh = v.stride(1);
+  p.o_st = out.stride(0);
+  p.o_sh = out.stride(1);
+  p.lse_sh = lse.stride(0);
+  p.lse_st = lse.stride(1);
+  p.tq = static_cast<int>(q.size(0));
+  p.tk = static_cast<int>(k.size(0));
+  p.q_pos0 = params.q_position0;
+  p.k_pos0 = params.k_position0;
+  const float scale = params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  p.scale_log2 = scale * 1.4426950408889634f;
+  p.tau_base = static_cast<float>(params.tau_log_base);
+  p.inv_log_tau_base = params.tau_log_base > 0 ? static_cast<float>(1.0 / std::log(params.tau_log_base)) : 0.0f;
+  p.causal = params.causality == Causality::causal;
+  p.merge = params.output == AttentionOutput::merge;
+  for (int64_t h = 0; h < hq; ++h) {
+    p.kv_of[h] = params.kv_head_of_query.empty() ? static_cast<int>(h / (hq / hk)) : params.kv_head_of_query[h];
+    HYDRA_ASSERT(p.kv_of[h] >= 0 && p.kv_of[h] < hk, "query head {} maps to KV head {} of {}", h, p.kv_of[h], hk);
+  }
+  const dim3 grid(static_cast<unsigned>((q.size(0) + kBlockM - 1) / kBlockM), static_cast<unsigned>(hq));
+  const size_t smem = static_cast<size_t>((kBlockM + 4 * kBlockN) * d * 2);
+  if (d == 128) {
+    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    flash_forward_kernel<128><<<grid, kThreads, smem, current_stream()>>>(p);
+  } else {
+    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    flash_forward_kernel<64><<<grid, kThreads, smem, current_stream()>>>(p);
+  }
+  HYDRA_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace hydra::ops::cuda_impl

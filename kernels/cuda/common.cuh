@@ -1,0 +1,77 @@
+// Device-side helpers shared by the ops' CUDA launchers: bf16 conversion, launch configuration,
+// and the post-launch check. Included only by .cu files.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "runtime/cuda_memory.h"
+#include "runtime/tensor.h"
+
+namespace hydra {
+// Device tensors of DType::bf16 hold __nv_bfloat16 (same bits as hydra::bf16).
+template <>
+constexpr DType dtype_of<__nv_bfloat16>() { return DType::bf16; }
+}  // namespace hydra
+
+namespace hydra::cuda {
+
+using bf16_t = __nv_bfloat16;
+
+// Every launch is followed by this: a bad configuration fails here, at its launcher.
+#define HYDRA_CUDA_LAUNCH_CHECK() HYDRA_CUDA_CHECK(cudaGetLastError())
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16_t x) { return __bfloat162float(x); }
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ bf16_t from_float<bf16_t>(float x) { return __float2bfloat16_rn(x); }
+
+// A grid of `blocks` capped to a few waves; kernels loop (grid-stride) over the rest.
+inline int capped_grid(int64_t blocks) { return static_cast<int>(std::clamp<int64_t>(blocks, 1, 132 * 32)); }
+
+// Rows of a [N, n] or [N, H, n] view as (pointer, row index -> offset) with unit last stride.
+struct RowLayout {
+  int64_t rows = 0;          // N or N·H
+  int64_t inner = 1;         // H (1 for rank 2)
+  int64_t stride_outer = 0;  // elements between consecutive N
+  int64_t stride_inner = 0;  // elements between consecutive H
+  int64_t length = 0;        // n
+  __host__ __device__ int64_t offset(int64_t row) const {
+    return (row / inner) * stride_outer + (row % inner) * stride_inner;
+  }
+};
+
+inline RowLayout row_layout(const TensorView& v) {
+  HYDRA_ASSERT((v.rank() == 2 || v.rank() == 3) && v.stride(v.rank() - 1) == 1,
+               "device rows need rank 2 or 3 and a unit last stride, got {}", v.shape_string());
+  RowLayout r;
+  r.length = v.size(v.rank() - 1);
+  if (v.rank() == 2) {
+    r.rows = v.size(0);
+    r.stride_outer = v.stride(0);
+  } else {
+    r.rows = v.size(0) * v.size(1);
+    r.inner = v.size(1);
+    r.stride_outer = v.stride(0);
+    r.stride_inner = v.stride(1);
+  }
+  return r;
+}
+
+inline void expect_cuda(const TensorView& v, const char* what, DType dtype) {
+  HYDRA_ASSERT(v.device() == Device::cuda && v.dtype() == dtype, "{} must be a CUDA {} tensor (is {} {})", what,
+               dtype_name(dtype), device_name(v.device()), dtype_name(v.dtype()));
+}
+
+}  // namespace hydra::cuda
+
+namespace hydra::ops::cuda_impl {
+using cuda::bf16_t;
+}  // namespace hydra::ops::cuda_impl

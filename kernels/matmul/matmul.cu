@@ -1,0 +1,48 @@
+// GEMMs on the GPU through cuBLAS: bf16 (or fp32) operands, fp32 accumulation, any output type
+// cuBLAS allows (bf16 activations, fp32 logits). Row-major views map onto cuBLAS's column-major
+// convention by computing outᵀ = op(b)ᵀ · op(a)ᵀ, so no operand is ever copied or transposed.
+#include <cublas_v2.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/matmul/matmul.h"
+
+namespace hydra::ops::cuda_impl {
+namespace {
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f32: return CUDA_R_32F;
+    default: HYDRA_ASSERT(false, "cuBLAS GEMM of {}", dtype_name(t));
+  }
+  return CUDA_R_32F;
+}
+
+// One handle per thread, bound to the thread's current stream at each call.
+cublasHandle_t handle() {
+  thread_local cublasHandle_t h = [] {
+    cublasHandle_t created;
+    HYDRA_CUBLAS_CHECK(cublasCreate(&created));
+    return created;
+  }();
+  HYDRA_CUBLAS_CHECK(cublasSetStream(h, current_stream()));
+  return h;
+}
+
+}  // namespace
+
+void gemm(const TensorView& out, const TensorView& a, const TensorView& b, const GemmParams& p) {
+  HYDRA_ASSERT(a.dtype() == b.dtype(), "GEMM operands {} and {}", dtype_name(a.dtype()), dtype_name(b.dtype()));
+  const bool ta = p.transpose_a == Transpose::yes, tb = p.transpose_b == Transpose::yes;
+  const int64_t m = out.size(0), n = out.size(1), k = ta ? a.size(0) : a.size(1);
+  if (m == 0 || n == 0) return;
+  // fp32 operands: plain fp32 (no TF32), the GDN state precision; bf16 operands: fp32 accumulate.
+  const cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  HYDRA_CUBLAS_CHECK(cublasGemmEx(handle(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &p.alpha, b.data(),
+                                  cuda_type(b.dtype()), static_cast<int>(b.stride(0)), a.data(), cuda_type(a.dtype()),
+                                  static_cast<int>(a.stride(0)), &p.beta, out.data(), cuda_type(out.dtype()),
+                                  static_cast<int>(out.stride(0)), compute, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace hydra::ops::cuda_impl
