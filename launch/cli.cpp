@@ -14,7 +14,11 @@ const std::vector<Subcommand>& subcommands() {
       {"info", "print a checkpoint's config and parameter summary", run_info},
       {"forward", "run the forward pass and write logits (sequence parallel under mpirun)", run_forward},
       {"convert", "convert a Qwen3 teacher into a HydraHead model (SPEC 1.3)", run_convert},
+      {"prefill", "timed long-context prefill on GPUs (sequence parallel under mpirun)", run_prefill},
+      {"bench", "benchmark one kernel (gemm, attention, gdn) against the measured GEMM ceiling", run_bench},
       {"eval-niah", "needle-in-a-haystack accuracy by depth x length (sequence parallel under mpirun)", run_eval_niah},
+      {"select-heads", "score a Qwen3 teacher's heads and choose the FA heads (SPEC 1.4; jobs spread over ranks)",
+       run_select_heads},
   };
   return commands;
 }

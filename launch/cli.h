@@ -43,6 +43,9 @@ int run_import(App& app, const std::vector<std::string>& args);
 int run_info(App& app, const std::vector<std::string>& args);
 int run_forward(App& app, const std::vector<std::string>& args);
 int run_convert(App& app, const std::vector<std::string>& args);
+int run_prefill(App& app, const std::vector<std::string>& args);
+int run_bench(App& app, const std::vector<std::string>& args);
 int run_eval_niah(App& app, const std::vector<std::string>& args);
+int run_select_heads(App& app, const std::vector<std::string>& args);
 
 }  // namespace hydra

@@ -156,12 +156,12 @@ ModelConfig qwen3_tiny() {
   ModelConfig c;
   c.arch = Arch::qwen3;
   c.vocab_size = 256;
-  c.hidden_size = 64;
+  c.hidden_size = 128;
   c.num_layers = 2;
   c.num_heads = 4;
   c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.intermediate_size = 128;
+  c.head_dim = 64;  // the smallest head dim the GPU kernels take, so tiny models run on both paths
+  c.intermediate_size = 256;
   c.rms_norm_eps = 1e-6;
   c.rope_theta = 10000.0;
   c.tie_word_embeddings = false;

@@ -22,37 +22,38 @@
 namespace hydra {
 namespace {
 
+constexpr int64_t kInProjAlign = 64;  // rows of the fused projection: 16-byte aligned column blocks
+
 const Tensor& param(const NamedTensors& params, const std::string& name) {
   const auto it = params.find(name);
   HYDRA_ASSERT(it != params.end(), "parameter '{}' missing", name);
   return it->second;
 }
 
-// Rows [begin, begin+count) of a host matrix.
-TensorView rows(const Tensor& t, int64_t begin, int64_t count) { return t.view().narrow(0, begin, count); }
-
-// Stacks host row blocks into one matrix and places it.
-Tensor stack_rows(const std::vector<TensorView>& parts, Device device, DType dtype) {
+// Stacks row blocks (on the parameters' device) into one matrix, zero-padded to a multiple of
+// `align` rows, and places it.
+Tensor stack_rows(const std::vector<TensorView>& parts, Device device, DType dtype, int64_t align = 1) {
   HYDRA_ASSERT(!parts.empty(), "stack of nothing");
   int64_t n = 0;
   const int64_t cols = parts.front().size(1);
   for (const TensorView& p : parts) n += p.size(0);
-  Tensor host = Tensor::empty({n, cols}, DType::f32);
+  const int64_t padded = (n + align - 1) / align * align;
+  Tensor staged = Tensor::zeros({padded, cols}, parts.front().dtype(), parts.front().device());
   int64_t at = 0;
   for (const TensorView& p : parts) {
     HYDRA_ASSERT(p.size(1) == cols, "stack of {} columns with {}", cols, p.size(1));
-    copy_into(host.view().narrow(0, at, p.size(0)), p);
+    copy_into(staged.view().narrow(0, at, p.size(0)), p);
     at += p.size(0);
   }
-  return to(host, device, dtype);
+  return to(staged, device, dtype);
 }
 
-Tensor place(const TensorView& host, Device device, DType dtype) { return to(host, device, dtype); }
+Tensor place(const TensorView& t, Device device, DType dtype) { return to(t, device, dtype); }
 
-// Per-head blocks of rows [d each] of `m` (heads given), stacked.
+// Per-head blocks of rows [d each] of `m` (heads given).
 std::vector<TensorView> head_rows(const Tensor& m, const std::vector<int>& heads, int64_t d) {
   std::vector<TensorView> out;
-  for (int h : heads) out.push_back(rows(m, h * d, d));
+  for (int h : heads) out.push_back(m.view().narrow(0, h * d, d));
   return out;
 }
 
@@ -87,7 +88,8 @@ Model::Model(ModelConfig config, const NamedTensors& params, Device device, DTyp
       w.h_fa = H;
       w.g_fa = c.num_kv_heads;
       for (int h = 0; h < H; ++h) w.fa_kv_of.push_back(static_cast<int>(c.kv_head_of(h)));
-      w.in_proj = stack_rows({q_proj, get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight")}, device, dtype);
+      w.in_proj = stack_rows({q_proj, get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight")}, device, dtype,
+                             kInProjAlign);
       w.q_norm = place(get("self_attn.q_norm.weight"), device, DType::f32);
       w.k_norm = place(get("self_attn.k_norm.weight"), device, DType::f32);
       w.o_proj = place(o_proj, device, dtype);
@@ -126,16 +128,17 @@ Model::Model(ModelConfig config, const NamedTensors& params, Device device, DTyp
       w.a_log = place(get("self_attn.gdn_A_log"), device, DType::f32);
       w.dt_bias = place(get("self_attn.gdn_dt_bias"), device, DType::f32);
     }
-    w.in_proj = stack_rows(in_rows, device, dtype);
+    w.in_proj = stack_rows(in_rows, device, dtype, kInProjAlign);
     // Fusion weights and W_o columns in physical head order.
     const Tensor& fuse = get("self_attn.fuse_norm.weight");
     const Tensor& gamma = get("self_attn.fuse_gamma");
-    Tensor fuse_p = Tensor::empty({H, d}, DType::f32), gamma_p = Tensor::empty({H}, DType::f32);
-    Tensor o_p = Tensor::empty({c.hidden_size, H * d}, DType::f32);
+    const Device staging = fuse.device();
+    Tensor fuse_p = Tensor::empty({H, d}, fuse.dtype(), staging), gamma_p = Tensor::empty({H}, gamma.dtype(), staging);
+    Tensor o_p = Tensor::empty({c.hidden_size, H * d}, o_proj.dtype(), staging);
     for (int64_t pos = 0; pos < H; ++pos) {
       const int h = w.head_of[static_cast<size_t>(pos)];
       copy_into(fuse_p.view().select(0, pos), fuse.view().select(0, h));
-      gamma_p.data_as<float>()[pos] = gamma.data_as<const float>()[h];
+      copy_into(gamma_p.view().narrow(0, pos, 1), gamma.view().narrow(0, h, 1));
       copy_into(o_p.view().narrow(1, pos * d, d), o_proj.view().narrow(1, h * d, d));
     }
     w.fuse_norm = place(fuse_p, device, DType::f32);
@@ -157,20 +160,28 @@ Tensor Model::forward(ForwardContext& context, const TensorView& ids) const {
                                device_);
   Tensor ids_here = to_device(ids, device_);
   Tensor x = Tensor::empty({t_local, D}, dtype_, device_);  // the residual stream
-  ops::embedding(x, embed_, ids_here);
   Tensor x_norm = Tensor::empty({t_local, D}, dtype_, device_);
   const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
+  {
+    ScopedPhase phase(context.timer, Phase::other);
+    ops::embedding(x, embed_, ids_here);
+  }
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     const LayerWeights& w = layers_[static_cast<size_t>(l)];
     maybe_inject_fault("layer");
-    ops::rms_norm(x_norm, x, w.input_norm, norm);
+    {
+      ScopedPhase phase(context.timer, Phase::other);
+      ops::rms_norm(x_norm, x, w.input_norm, norm);
+    }
     if (config_.is_hydra()) {
       attention_hydra(context, l, positions, x_norm, x);
     } else {
       attention_teacher(context, l, positions, x_norm, x);
     }
-    mlp(l, x);
+    mlp(context, l, x);
+    if (context.after_layer) context.after_layer(l);
   }
+  ScopedPhase phase(context.timer, Phase::other);
   ops::rms_norm(x_norm, x, final_norm_, norm);
   return x_norm;
 }
@@ -179,20 +190,33 @@ void Model::attention_teacher(ForwardContext& context, int64_t layer, const Tens
                               const TensorView& x_norm, const TensorView& x) const {
   const LayerWeights& w = layers_[static_cast<size_t>(layer)];
   const int64_t t = x.size(0), H = config_.num_heads, G = config_.num_kv_heads, d = config_.head_dim;
-  Tensor proj = Tensor::empty({t, (H + 2 * G) * d}, dtype_, device_);
-  ops::linear(proj, x_norm, w.in_proj);
+  PhaseTimer* timer = context.timer;
+  Tensor proj = Tensor::empty({t, w.in_proj.size(0)}, dtype_, device_);
+  {
+    ScopedPhase phase(timer, Phase::gemm);
+    ops::linear(proj, x_norm, w.in_proj);
+  }
   const TensorView q = proj.view().narrow(1, 0, H * d).split_dim(1, H, d);          // [T, H, d]
   const TensorView k = proj.view().narrow(1, H * d, G * d).split_dim(1, G, d);      // [T, G, d]
   const TensorView v = proj.view().narrow(1, (H + G) * d, G * d).split_dim(1, G, d);
   const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
-  ops::rms_norm(q, q, w.q_norm, norm);
-  ops::rms_norm(k, k, w.k_norm, norm);
-  ops::rope(q, positions, {config_.rope_theta});
-  ops::rope(k, positions, {config_.rope_theta});
+  {
+    ScopedPhase phase(timer, Phase::other);
+    ops::rms_norm(q, q, w.q_norm, norm);
+    ops::rms_norm(k, k, w.k_norm, norm);
+    ops::rope(q, positions, {config_.rope_theta});
+    ops::rope(k, positions, {config_.rope_theta});
+  }
   Tensor o_acc = Tensor::empty({t, H, d}, DType::f32, device_), lse = Tensor::empty({H, t}, DType::f32, device_);
-  ring_attention(context.comm, context.layout, o_acc, lse, q, k, v, ops::AttentionParams{.kv_head_of_query = w.fa_kv_of});
-  Tensor o = to(o_acc, device_, dtype_);
+  ring_attention(context.comm, context.layout, o_acc, lse, q, k, v, ops::AttentionParams{.kv_head_of_query = w.fa_kv_of},
+                 timer);
+  Tensor o;
+  {
+    ScopedPhase phase(timer, Phase::other);
+    o = to(o_acc, device_, dtype_);
+  }
   if (context.observer) context.observer->on_head_outputs(layer, o, w.head_of);
+  ScopedPhase phase(timer, Phase::gemm);
   ops::linear(x, o.view().reshape({t, H * d}), w.o_proj, ops::Accumulate::yes);
 }
 
@@ -201,8 +225,12 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
   const LayerWeights& w = layers_[static_cast<size_t>(layer)];
   const int64_t t = x.size(0), H = config_.num_heads, d = config_.head_dim;
   const int64_t hfa = w.h_fa, gfa = w.g_fa, hg = w.h_gdn;
+  PhaseTimer* timer = context.timer;
   Tensor proj = Tensor::empty({t, w.in_proj.size(0)}, dtype_, device_);
-  ops::linear(proj, x_norm, w.in_proj);
+  {
+    ScopedPhase phase(timer, Phase::gemm);
+    ops::linear(proj, x_norm, w.in_proj);
+  }
   Tensor heads = Tensor::empty({t, H, d}, dtype_, device_);  // physical order: FA heads, then GDN heads
   const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
   int64_t col = 0;
@@ -216,48 +244,74 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
     const TensorView k = take(gfa * d).split_dim(1, gfa, d);
     const TensorView v = take(gfa * d).split_dim(1, gfa, d);
     const TensorView gate = take(hfa * d);
-    ops::rms_norm(q, q, w.q_norm, norm);
-    ops::rms_norm(k, k, w.k_norm, norm);
+    {
+      ScopedPhase phase(timer, Phase::other);
+      ops::rms_norm(q, q, w.q_norm, norm);
+      ops::rms_norm(k, k, w.k_norm, norm);
+    }
     // fp32 accumulator of the ring's partial results (SPEC 2); gated into the bf16 head buffer.
     Tensor o_acc = Tensor::empty({t, hfa, d}, DType::f32, device_), lse = Tensor::empty({hfa, t}, DType::f32, device_);
     ring_attention(context.comm, context.layout, o_acc, lse, q, k, v,
-                   ops::AttentionParams{.tau_log_base = config_.fa_log_base, .kv_head_of_query = w.fa_kv_of});
+                   ops::AttentionParams{.tau_log_base = config_.fa_log_base, .kv_head_of_query = w.fa_kv_of}, timer);
+    ScopedPhase phase(timer, Phase::other);
     ops::sigmoid_gate(heads.view().reshape({t, H * d}).narrow(1, 0, hfa * d), o_acc.view().reshape({t, hfa * d}), gate);
   }
   if (hg > 0) {
     const TensorView qkv = take(3 * hg * d);
     const TensorView a = take(hg), b = take(hg);
     Tensor conv = Tensor::empty({t, 3 * hg * d}, dtype_, device_);
-    causal_conv_sequence_parallel(context.comm, context.layout, conv, qkv, w.conv);
+    causal_conv_sequence_parallel(context.comm, context.layout, conv, qkv, w.conv, timer);
     const TensorView q = conv.view().narrow(1, 0, hg * d).split_dim(1, hg, d);
     const TensorView k = conv.view().narrow(1, hg * d, hg * d).split_dim(1, hg, d);
     const TensorView v = conv.view().narrow(1, 2 * hg * d, hg * d).split_dim(1, hg, d);
-    ops::rope(q, positions, {config_.rope_theta});
-    ops::rope(k, positions, {config_.rope_theta});
-    const float l2_eps = static_cast<float>(config_.l2_norm_eps);
-    ops::l2_norm(q, l2_eps);
-    ops::l2_norm(k, l2_eps);
     Tensor beta = Tensor::empty({t, hg}, DType::f32, device_), g = Tensor::empty({t, hg}, DType::f32, device_);
-    ops::gdn_gates(beta, g, b, a, w.a_log, w.dt_bias);
+    {
+      ScopedPhase phase(timer, Phase::gdn);
+      ops::rope(q, positions, {config_.rope_theta});
+      ops::rope(k, positions, {config_.rope_theta});
+      const float l2_eps = static_cast<float>(config_.l2_norm_eps);
+      ops::l2_norm(q, l2_eps);
+      ops::l2_norm(k, l2_eps);
+      ops::gdn_gates(beta, g, b, a, w.a_log, w.dt_bias);
+    }
     gdn_sequence_parallel(context.comm, context.layout, heads.view().narrow(1, hfa, hg), q, k, v, g, beta,
-                          ops::DeltaRuleParams{});
+                          ops::DeltaRuleParams{}, timer);
   }
-  HYDRA_ASSERT(col == proj.size(1), "fused projection has {} columns, {} used", proj.size(1), col);
-  ops::head_fusion(heads, heads, w.fuse_norm, w.fuse_gamma, {static_cast<float>(config_.rms_norm_eps)});
+  HYDRA_ASSERT(col <= proj.size(1), "fused projection has {} columns, {} used", proj.size(1), col);
+  {
+    ScopedPhase phase(timer, Phase::other);
+    ops::head_fusion(heads, heads, w.fuse_norm, w.fuse_gamma, {static_cast<float>(config_.rms_norm_eps)});
+  }
   if (context.observer) context.observer->on_head_outputs(layer, heads, w.head_of);
+  ScopedPhase phase(timer, Phase::gemm);
   ops::linear(x, heads.view().reshape({t, H * d}), w.o_proj, ops::Accumulate::yes);
 }
 
-void Model::mlp(int64_t layer, const TensorView& x) const {
+void Model::mlp(ForwardContext& context, int64_t layer, const TensorView& x) const {
   const LayerWeights& w = layers_[static_cast<size_t>(layer)];
-  const int64_t t = x.size(0), I = config_.intermediate_size;
-  Tensor x_norm = Tensor::empty({t, config_.hidden_size}, dtype_, device_);
-  ops::rms_norm(x_norm, x, w.post_norm, {static_cast<float>(config_.rms_norm_eps)});
-  Tensor gate_up = Tensor::empty({t, 2 * I}, dtype_, device_);
-  ops::linear(gate_up, x_norm, w.mlp_in);
-  Tensor h = Tensor::empty({t, I}, dtype_, device_);
-  ops::swiglu(h, gate_up.view().narrow(1, 0, I), gate_up.view().narrow(1, I, I));
-  ops::linear(x, h, w.mlp_down, ops::Accumulate::yes);
+  const int64_t t = x.size(0), I = config_.intermediate_size, tile = std::min(t, kMlpTileTokens);
+  Tensor x_norm = Tensor::empty({tile, config_.hidden_size}, dtype_, device_);
+  Tensor gate_up = Tensor::empty({tile, 2 * I}, dtype_, device_);
+  Tensor h = Tensor::empty({tile, I}, dtype_, device_);
+  for (int64_t t0 = 0; t0 < t; t0 += tile) {  // token-local: tiles bound the intermediate's size
+    const int64_t n = std::min(tile, t - t0);
+    const TensorView xt = x.narrow(0, t0, n), xn = x_norm.view().narrow(0, 0, n);
+    const TensorView gu = gate_up.view().narrow(0, 0, n), ht = h.view().narrow(0, 0, n);
+    {
+      ScopedPhase phase(context.timer, Phase::other);
+      ops::rms_norm(xn, xt, w.post_norm, {static_cast<float>(config_.rms_norm_eps)});
+    }
+    {
+      ScopedPhase phase(context.timer, Phase::gemm);
+      ops::linear(gu, xn, w.mlp_in);
+    }
+    {
+      ScopedPhase phase(context.timer, Phase::other);
+      ops::swiglu(ht, gu.narrow(1, 0, I), gu.narrow(1, I, I));
+    }
+    ScopedPhase phase(context.timer, Phase::gemm);
+    ops::linear(xt, ht, w.mlp_down, ops::Accumulate::yes);
+  }
 }
 
 void Model::lm_head(const TensorView& logits, const TensorView& hidden) const {

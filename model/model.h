@@ -8,10 +8,14 @@
 //   qwen3:      [W_q (H·d) | W_k (G·d) | W_v (G·d)]
 //   hydrahead:  [W_q FA (H_fa·d) | W_k (G_fa·d) | W_v (G_fa·d) | W_fgate (H_fa·d) |
 //                W_q GDN (H_gdn·d) | W_kl (H_gdn·d) | W_vl (H_gdn·d) | w_a (H_gdn) | w_b (H_gdn)]
-// The forward pass runs on this rank's tokens of a SequenceLayout; with one rank that is the
-// whole sequence. Only attention, the GDN scan and the conv cross ranks (parallel/).
+// The fused matrix is zero-padded to a multiple of 64 rows so every column block starts 16-byte
+// aligned on the GPU. The forward pass runs on this rank's tokens of a SequenceLayout; with one
+// rank that is the whole sequence. Only attention, the GDN scan and the conv cross ranks
+// (parallel/). The MLP runs in token tiles (kMlpTileTokens) so its [T, 2I] intermediate never
+// exists whole at long context.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -20,6 +24,7 @@
 #include "parallel/communicator.h"
 #include "parallel/layout.h"
 #include "runtime/checkpoint.h"
+#include "runtime/phase_timer.h"
 
 namespace hydra {
 
@@ -37,6 +42,8 @@ struct ForwardContext {
   Communicator& comm;
   SequenceLayout layout;
   LayerObserver* observer = nullptr;
+  PhaseTimer* timer = nullptr;                      // per-phase timing (prefill), optional
+  std::function<void(int64_t layer)> after_layer;   // progress / watchdog hook, optional
 };
 
 struct LayerWeights {
@@ -55,10 +62,12 @@ struct LayerWeights {
   int64_t h_fa = 0, g_fa = 0, h_gdn = 0;
 };
 
+inline constexpr int64_t kMlpTileTokens = 32768;
+
 class Model {
  public:
-  // `params` are host f32 tensors named as in model/params.h; weights are placed on `device` in
-  // `dtype` (host: f32; cuda: bf16 storage).
+  // `params` are tensors named as in model/params.h (host f32, or already on the GPU); weights are
+  // placed on `device` in `dtype` (host: f32; cuda: bf16 storage, fp32 norm/fusion/GDN scalars).
   Model(ModelConfig config, const NamedTensors& params, Device device = Device::host, DType dtype = DType::f32);
   // Reads, validates and places a checkpoint.
   static Model load(const std::string& path, Device device = Device::host, DType dtype = DType::f32);
@@ -72,12 +81,25 @@ class Model {
   // logits [n, V] for hidden rows [n, D].
   void lm_head(const TensorView& logits, const TensorView& hidden) const;
 
+  // ---- Read access for interpretability (model/model_access.cpp) ----
+  // Head selection (model/head_selection.h) reads the placed weights to compute direct effects and
+  // to replay the residual stream at a few positions. Views of the runtime layout (fused, physical
+  // head order, on device() in dtype()); nothing here changes the model.
+  const LayerWeights& layer_weights(int64_t layer) const;
+  const Tensor& embedding_table() const;   // [V, D]
+  const Tensor& final_norm_weight() const;  // [D], f32
+  const Tensor& lm_head_weight() const;     // [V, D]; the embedding when tied
+  // Position of model head `head` in the layer's physical order (head_of⁻¹).
+  int64_t physical_head(int64_t layer, int64_t head) const;
+  // W_o columns that read model head `head`: [D, d], a strided view of the layer's o_proj.
+  TensorView head_output_projection(int64_t layer, int64_t head) const;
+
  private:
   void attention_teacher(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x_norm,
                          const TensorView& x) const;
   void attention_hydra(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x_norm,
                        const TensorView& x) const;
-  void mlp(int64_t layer, const TensorView& x) const;
+  void mlp(ForwardContext& context, int64_t layer, const TensorView& x) const;
 
   ModelConfig config_;
   Device device_;

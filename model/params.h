@@ -31,6 +31,7 @@ enum class Init {
   a_log,           // ln U(1, 16)
   dt_bias,         // softplus⁻¹(dt), dt log-uniform in [1e-3, 0.1]
   ones,            // fusion gamma
+  unit_normal,     // N(0, 1): benchmark and test inputs
 };
 
 struct ParamSpec {
@@ -56,6 +57,7 @@ HYDRA_HOST_DEVICE inline double init_value(Init init, const RandomStream& rng, u
       return dt + log(-expm1(-dt));  // softplus⁻¹(dt) = log(e^dt − 1)
     }
     case Init::ones: return 1.0;
+    case Init::unit_normal: return rng.normal(i);
   }
   return 0.0;
 }

@@ -15,16 +15,18 @@
 #include "kernels/delta_rule/delta_rule.h"
 #include "parallel/communicator.h"
 #include "parallel/layout.h"
+#include "runtime/phase_timer.h"
 
 namespace hydra {
 
+// `timer` (optional): GDN compute as Phase::gdn, the collectives as Phase::comm.
 // out [T_loc, H, dv]; q, k [T_loc, H, dk]; v [T_loc, H, dv]; g, beta [T_loc, H]; local row order.
 void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, const TensorView& out,
                            const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
-                           const TensorView& beta, const ops::DeltaRuleParams& params);
+                           const TensorView& beta, const ops::DeltaRuleParams& params, PhaseTimer* timer = nullptr);
 
 // out, x [T_loc, C] (local rows); w [C, K].
 void causal_conv_sequence_parallel(Communicator& comm, const SequenceLayout& layout, const TensorView& out,
-                                   const TensorView& x, const TensorView& w);
+                                   const TensorView& x, const TensorView& w, PhaseTimer* timer = nullptr);
 
 }  // namespace hydra

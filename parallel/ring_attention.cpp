@@ -5,7 +5,8 @@
 namespace hydra {
 
 void ring_attention(Communicator& comm, const SequenceLayout& layout, const TensorView& out, const TensorView& lse,
-                    const TensorView& q, const TensorView& k, const TensorView& v, const ops::AttentionParams& params) {
+                    const TensorView& q, const TensorView& k, const TensorView& v, const ops::AttentionParams& params,
+                    PhaseTimer* timer) {
   const int64_t t_local = layout.local_length();
   expect_shape(q, "ring q", {{"T_loc", t_local}, {"Hq", -1}, {"d", -1}});
   expect_shape(k, "ring k", {{"T_loc", t_local}, {"Hk", -1}, {"d", q.size(2)}});
@@ -22,6 +23,7 @@ void ring_attention(Communicator& comm, const SequenceLayout& layout, const Tens
     ops::AttentionParams p = params;
     p.q_position0 = p.k_position0 = 0;
     p.output = ops::AttentionOutput::overwrite;
+    ScopedPhase phase(timer, Phase::fa);
     ops::attention_forward(out, lse, q, k, v, p);
     return;
   }
@@ -29,8 +31,11 @@ void ring_attention(Communicator& comm, const SequenceLayout& layout, const Tens
   // K/V travel together: buffer [T_loc, Hk, d + dv], K in the first d columns of each head row.
   Tensor buffers[2] = {Tensor::empty({t_local, hk, d + dv}, dtype, device),
                        Tensor::empty({t_local, hk, d + dv}, dtype, device)};
-  copy_into(buffers[0].view().narrow(2, 0, d), k);
-  copy_into(buffers[0].view().narrow(2, d, dv), v);
+  {
+    ScopedPhase phase(timer, Phase::other);
+    copy_into(buffers[0].view().narrow(2, 0, d), k);
+    copy_into(buffers[0].view().narrow(2, d, dv), v);
+  }
 
   fill(out, 0.0f);
   fill(lse, -std::numeric_limits<float>::infinity());
@@ -50,11 +55,15 @@ void ring_attention(Communicator& comm, const SequenceLayout& layout, const Tens
         p.k_position0 = ks.start;
         p.output = ops::AttentionOutput::merge;
         const TensorView kv = held.narrow(0, ks.local_offset, ks.length);
+        ScopedPhase phase(timer, Phase::fa);
         ops::attention_forward(out.narrow(0, qs.local_offset, qs.length), lse.narrow(1, qs.local_offset, qs.length),
                                q.narrow(0, qs.local_offset, qs.length), kv.narrow(2, 0, d), kv.narrow(2, d, dv), p);
       }
     }
-    if (transfer) transfer->wait();
+    if (transfer) {
+      ScopedPhase phase(timer, Phase::comm);
+      transfer->wait();
+    }
   }
 }
 

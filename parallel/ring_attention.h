@@ -12,12 +12,15 @@
 #include "kernels/attention/attention.h"
 #include "parallel/communicator.h"
 #include "parallel/layout.h"
+#include "runtime/phase_timer.h"
 
 namespace hydra {
 
 // out [T_loc, Hq, dv], lse [Hq, T_loc] (fp32: the merge accumulators); q [T_loc, Hq, d], k [T_loc, Hk, d], v [T_loc, Hk, dv], all in
 // local row order. `params` gives scale, causality, τ and the GQA map; positions come from `layout`.
+// `timer` (optional) gets the attention compute as Phase::fa and the waits for K/V as Phase::comm.
 void ring_attention(Communicator& comm, const SequenceLayout& layout, const TensorView& out, const TensorView& lse,
-                    const TensorView& q, const TensorView& k, const TensorView& v, const ops::AttentionParams& params);
+                    const TensorView& q, const TensorView& k, const TensorView& v, const ops::AttentionParams& params,
+                    PhaseTimer* timer = nullptr);
 
 }  // namespace hydra

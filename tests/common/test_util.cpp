@@ -9,6 +9,9 @@
 #include <random>
 
 #include "runtime/random.h"
+#if HYDRA_CUDA
+#include "runtime/cuda_memory.h"
+#endif
 
 namespace hydra::test {
 
@@ -105,6 +108,17 @@ CommandResult run_command(const std::string& command) {
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
+
+int cuda_devices() {
+#if HYDRA_CUDA
+  static const int count = cuda_device_count();
+  return count;
+#else
+  return 0;
+#endif
+}
+
+Tensor rounded_to_bf16(const TensorView& t) { return to(to(t, Device::host, DType::bf16), Device::host, DType::f32); }
 
 std::string hydra_binary() { return HYDRA_BINARY; }
 std::string fixture_dir() { return HYDRA_FIXTURE_DIR; }

@@ -51,6 +51,17 @@ CommandResult run_command(const std::string& command);
 // Path of the built hydra binary and of the test fixtures (set by CMake).
 std::string hydra_binary();
 std::string fixture_dir();
+// Usable CUDA devices (0 in CPU-only builds or without a GPU).
+int cuda_devices();
+// GPU tests call this first: without a GPU they report SKIPPED (CTest: "Not Run"), never pass.
+#define HYDRA_REQUIRE_GPU()                                                                        \
+  do {                                                                                           \
+    if (::hydra::test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";  \
+  } while (0)
+
+// Host f32 copy of `t` rounded to bf16 (what a bf16 device tensor holds), and the device copy.
+Tensor rounded_to_bf16(const TensorView& t);
+
 // `mpirun` prefix for P ranks with the flags a root-run container needs (oversubscribe etc.).
 std::string mpirun(int ranks);
 

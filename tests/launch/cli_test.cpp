@@ -56,7 +56,7 @@ TEST_F(Cli, InitInfoForwardWork) {
   ASSERT_EQ(hydra("init --preset qwen3-tiny --seed 5 --out " + out).exit_code, 0);
   const CommandResult info = hydra("info " + out + " --tensors");
   EXPECT_EQ(info.exit_code, 0) << info.output;
-  EXPECT_NE(info.output.find("qwen3: 2 layers, D=64"), std::string::npos) << info.output;
+  EXPECT_NE(info.output.find("qwen3: 2 layers, D=128"), std::string::npos) << info.output;
   EXPECT_NE(info.output.find("model.layers.1.mlp.down_proj.weight"), std::string::npos);
   const CommandResult fwd = hydra("forward --model " + model_ + " --input " + tokens_ + " --output " + dir_.file("logits.h5"));
   EXPECT_EQ(fwd.exit_code, 0) << fwd.output;

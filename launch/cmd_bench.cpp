@@ -1,0 +1,216 @@
+// hydra bench: one kernel, timed on the GPU, next to the bf16 GEMM ceiling measured in the same
+// process (cuBLAS 8192³ unless --ceiling-size says otherwise).
+//
+// Order: check correctness against the CPU reference on a slice (the run is refused if the slice
+// disagrees), warm up, then time --repeat launches with CUDA events and report the median.
+// attention: causal FA forward (τ on, as the HydraHead FA heads run), TFLOP/s = 2·T²·d·H / time.
+// gdn: the chunked gated delta rule forward (prepare + state pass + outputs), time and the
+// effective TFLOP/s of model/cost.h's FLOP count. gemm: M×N×K bf16, 2·M·N·K / time.
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/attention/attention.h"
+#include "kernels/delta_rule/delta_rule.h"
+#include "kernels/l2norm/l2norm.h"
+#include "kernels/matmul/matmul.h"
+#include "launch/cli.h"
+#include "model/cost.h"
+#include "model/params.h"
+#include "runtime/atomic_file.h"
+#include "runtime/log.h"
+#include "runtime/random.h"
+#include "runtime/sizes.h"
+#if HYDRA_CUDA
+#include "runtime/cuda_memory.h"
+#endif
+
+namespace hydra {
+namespace {
+
+struct BenchOptions {
+  std::string op;
+  std::string seq_len = "32K";
+  int64_t heads = 16;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 128;
+  int64_t m = 8192, n = 8192, k = 8192;
+  int64_t ceiling_size = 8192;
+  int repeat = 10;
+  int warmup = 3;
+  std::string json_out;
+
+  void bind(po::options_description& o) {
+    o.add_options()
+        ("op", po::value(&op)->required(), "gemm, attention or gdn")
+        ("seq-len", po::value(&seq_len)->default_value("32K"), "tokens (attention, gdn)")
+        ("heads", po::value(&heads)->default_value(16), "query heads (attention) or GDN heads")
+        ("kv-heads", po::value(&kv_heads)->default_value(0), "attention KV heads (0: as many as query heads)")
+        ("head-dim", po::value(&head_dim)->default_value(128), "64 or 128")
+        ("m", po::value(&m)->default_value(8192), "gemm M")
+        ("n", po::value(&n)->default_value(8192), "gemm N")
+        ("k", po::value(&k)->default_value(8192), "gemm K")
+        ("ceiling-size", po::value(&ceiling_size)->default_value(8192), "square bf16 GEMM measured as the ceiling")
+        ("repeat", po::value(&repeat)->default_value(10), "timed launches (median reported)")
+        ("warmup", po::value(&warmup)->default_value(3), "untimed launches first")
+        ("json-out", po::value(&json_out), "append the JSON line to this file");
+  }
+  void validate() const {
+    HYDRA_USER_CHECK(op == "gemm" || op == "attention" || op == "gdn", "--op must be gemm, attention or gdn (got '{}')", op);
+    parse_size(seq_len, "--seq-len");
+    HYDRA_USER_CHECK(head_dim == 64 || head_dim == 128, "--head-dim must be 64 or 128");
+    HYDRA_USER_CHECK(heads >= 1 && kv_heads >= 0 && (kv_heads == 0 || heads % kv_heads == 0),
+                     "--heads must be a positive multiple of --kv-heads");
+    HYDRA_USER_CHECK(repeat >= 1 && warmup >= 0, "--repeat >= 1, --warmup >= 0");
+    if (!json_out.empty()) require_writable_destination(json_out, "JSON output");
+  }
+};
+
+#if HYDRA_CUDA
+Tensor random_device(std::initializer_list<int64_t> shape, const std::string& name, DType dtype = DType::bf16) {
+  const std::vector<int64_t> dims(shape);
+  Tensor t = Tensor::empty(shape, dtype, Device::cuda);
+  init_parameter(ParamSpec{name, dims, Init::unit_normal}, 7, t);
+  return t;
+}
+
+// Median milliseconds of `repeat` launches of f, after `warmup` untimed ones.
+template <class F>
+double time_ms(int warmup, int repeat, F&& f) {
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<double> ms;
+  for (int i = 0; i < repeat; ++i) {
+    CudaEvent start(true), stop(true);
+    start.record(current_stream());
+    f();
+    stop.record(current_stream());
+    stop.synchronize();
+    ms.push_back(stop.elapsed_ms_since(start));
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+double gemm_tflops(int64_t m, int64_t n, int64_t k, int warmup, int repeat) {
+  Tensor a = random_device({m, k}, "bench.a"), b = random_device({n, k}, "bench.b");
+  Tensor c = Tensor::empty({m, n}, DType::bf16, Device::cuda);
+  const double ms = time_ms(warmup, repeat, [&] { ops::linear(c, a, b); });
+  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / (ms * 1e-3) / 1e12;
+}
+
+// Correctness gates: a slice against the CPU reference; a mismatch ends the benchmark.
+void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const ops::AttentionParams& p) {
+  const int64_t t = q.size(0), rows = std::min<int64_t>(64, t), hq = q.size(1), hk = k.size(1);
+  for (const int64_t h : {int64_t{0}, hq - 1}) {
+    const int64_t kvh = h / (hq / hk);
+    Tensor qh = to(q.view().narrow(0, t - rows, rows).narrow(1, h, 1), Device::host, DType::f32);
+    Tensor kh = to(k.view().narrow(1, kvh, 1), Device::host, DType::f32), vh = to(v.view().narrow(1, kvh, 1), Device::host, DType::f32);
+    Tensor ref = Tensor::empty({rows, 1, q.size(2)}, DType::f32), lse = Tensor::empty({1, rows}, DType::f32);
+    ops::AttentionParams hp = p;
+    hp.q_position0 = t - rows;
+    hp.kv_head_of_query = {};
+    ops::attention_forward(ref, lse, qh, kh, vh, hp);
+    Tensor got = to(out.view().narrow(0, t - rows, rows).narrow(1, h, 1), Device::host, DType::f32);
+    double diff = 0, scale = 0;
+    for (int64_t i = 0; i < ref.numel(); ++i) {
+      diff = std::max(diff, static_cast<double>(std::abs(got.data_as<float>()[i] - ref.data_as<float>()[i])));
+      scale = std::max(scale, static_cast<double>(std::abs(ref.data_as<float>()[i])));
+    }
+    HYDRA_ASSERT(std::isfinite(diff) && diff <= 2e-2 * scale, "attention check failed on head {}: max error {} of {}", h,
+                 diff, scale);
+  }
+}
+#endif
+
+}  // namespace
+
+int run_bench(App& app, const std::vector<std::string>& args) {
+  BenchOptions opt;
+  po::options_description desc("hydra bench");
+  opt.bind(desc);
+  if (!parse_command_line(app, "bench", "--op gemm|attention|gdn [--seq-len 32K --heads 16 --head-dim 128]", desc, args)) {
+    return 0;
+  }
+  opt.validate();
+#if HYDRA_CUDA
+  HYDRA_USER_CHECK(cuda_device_count() > 0, "hydra bench needs a CUDA device; none is visible");
+  cuda_set_device(app.mpi.local_rank() % cuda_device_count());
+  const double ceiling = gemm_tflops(opt.ceiling_size, opt.ceiling_size, opt.ceiling_size, 3, 10);
+  log::info("ceiling: cuBLAS bf16 GEMM {}^3 = {:.1f} TFLOP/s", opt.ceiling_size, ceiling);
+  nlohmann::json j = {{"command", "bench"}, {"op", opt.op}, {"ceiling_tflops", ceiling}};
+  double tflops = 0, ms = 0;
+  std::string what;
+  if (opt.op == "gemm") {
+    tflops = gemm_tflops(opt.m, opt.n, opt.k, opt.warmup, opt.repeat);
+    ms = 2.0 * opt.m * opt.n * opt.k / (tflops * 1e12) * 1e3;
+    what = opt.m == opt.n && opt.n == opt.k ? fmt::format("gemm {}^3 bf16", opt.m)
+                                            : fmt::format("gemm {}x{}x{} bf16", opt.m, opt.n, opt.k);
+    j.update({{"m", opt.m}, {"n", opt.n}, {"k", opt.k}});
+  } else {
+    const int64_t t = parse_size(opt.seq_len, "--seq-len"), h = opt.heads, d = opt.head_dim;
+    if (opt.op == "attention") {
+      const int64_t hk = opt.kv_heads > 0 ? opt.kv_heads : h;
+      Tensor q = random_device({t, h, d}, "bench.q"), k = random_device({t, hk, d}, "bench.k"), v = random_device({t, hk, d}, "bench.v");
+      Tensor out = Tensor::empty({t, h, d}, DType::f32, Device::cuda), lse = Tensor::empty({h, t}, DType::f32, Device::cuda);
+      const ops::AttentionParams p{.tau_log_base = 362.0};
+      ops::attention_forward(out, lse, q, k, v, p);
+      check_attention(q, k, v, out, p);
+      ms = time_ms(opt.warmup, opt.repeat, [&] { ops::attention_forward(out, lse, q, k, v, p); });
+      tflops = causal_attention_flops(t, h, d) / (ms * 1e-3) / 1e12;
+      what = fmt::format("attention causal T={} H={} d={}", t, h, d);
+      j.update({{"seq_len", t}, {"heads", h}, {"kv_heads", hk}, {"head_dim", d}});
+    } else {
+      Tensor q = random_device({t, h, d}, "bench.q"), k = random_device({t, h, d}, "bench.k"), v = random_device({t, h, d}, "bench.v");
+      ops::l2_norm(q, 1e-6f);
+      ops::l2_norm(k, 1e-6f);
+      Tensor g_host = Tensor::empty({t, h}, DType::f32), b_host = Tensor::empty({t, h}, DType::f32);
+      const RandomStream rng{3, 1};
+      for (int64_t i = 0; i < t * h; ++i) {
+        g_host.data_as<float>()[i] = static_cast<float>(-0.5 * rng.uniform(2 * static_cast<uint64_t>(i)));
+        b_host.data_as<float>()[i] = static_cast<float>(rng.uniform(2 * static_cast<uint64_t>(i) + 1));
+      }
+      Tensor g = to_device(g_host, Device::cuda), beta = to_device(b_host, Device::cuda);
+      Tensor out = Tensor::empty({t, h, d}, DType::bf16, Device::cuda), state = Tensor::zeros({h, d, d}, DType::f32, Device::cuda);
+      // Correctness: the first 256 tokens of two heads against the CPU chunked form.
+      {
+        const int64_t n = std::min<int64_t>(256, t);
+        auto slice = [&](const Tensor& x) { return to(x.view().narrow(0, 0, n).narrow(1, 0, std::min<int64_t>(2, h)), Device::host, DType::f32); };
+        Tensor qs = slice(q), ks = slice(k), vs = slice(v), gs = to(g.view().narrow(0, 0, n).narrow(1, 0, std::min<int64_t>(2, h)), Device::host, DType::f32);
+        Tensor bs = to(beta.view().narrow(0, 0, n).narrow(1, 0, std::min<int64_t>(2, h)), Device::host, DType::f32);
+        Tensor ref = Tensor::empty(qs.shape(), DType::f32), s0 = Tensor::zeros({qs.size(1), d, d}, DType::f32);
+        ops::delta_rule_chunked(ref, s0, qs, ks, vs, gs, bs, {});
+        ops::delta_rule_chunked(out, state, q, k, v, g, beta, {});
+        Tensor got = to(out.view().narrow(0, 0, n).narrow(1, 0, std::min<int64_t>(2, h)), Device::host, DType::f32);
+        double diff = 0, scale = 0;
+        for (int64_t i = 0; i < ref.numel(); ++i) {
+          diff = std::max(diff, static_cast<double>(std::abs(got.data_as<float>()[i] - ref.data_as<float>()[i])));
+          scale = std::max(scale, static_cast<double>(std::abs(ref.data_as<float>()[i])));
+        }
+        HYDRA_ASSERT(std::isfinite(diff) && diff <= 3e-2 * scale, "GDN check failed: max error {} of {}", diff, scale);
+      }
+      ms = time_ms(opt.warmup, opt.repeat, [&] {
+        fill(state, 0.0f);
+        ops::delta_rule_chunked(out, state, q, k, v, g, beta, {});
+      });
+      tflops = delta_rule_flops(t, h, d) / (ms * 1e-3) / 1e12;
+      what = fmt::format("gdn chunked T={} H={} d={}", t, h, d);
+      j.update({{"seq_len", t}, {"heads", h}, {"head_dim", d}});
+    }
+  }
+  j.update({{"what", what}, {"ms", ms}, {"tflops", tflops}, {"fraction_of_ceiling", tflops / ceiling}});
+  log::info("{}: {:.3f} ms, {:.1f} TFLOP/s = {:.2f} of the {:.1f} TFLOP/s GEMM ceiling measured in this run", what, ms,
+            tflops, tflops / ceiling, ceiling);
+  if (app.world.rank() == 0) {
+    std::cout << j.dump() << std::endl;
+    if (!opt.json_out.empty()) std::ofstream(opt.json_out, std::ios::app) << j.dump() << "\n";
+  }
+  return 0;
+#else
+  (void)app;
+  HYDRA_USER_FAIL("hydra bench needs the CUDA path; this build has HYDRA_CUDA=OFF");
+#endif
+}
+
+}  // namespace hydra

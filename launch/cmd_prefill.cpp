@@ -1,0 +1,223 @@
+// hydra prefill: long-context prefill, sequence-parallel over the ranks (one GPU each), timed.
+//
+// Reports per-phase times (GEMM, FA, GDN, exposed communication, other; rank 0's), tokens/s,
+// achieved TFLOP/s against the configured ceiling, and peak memory per rank; a progress line per
+// layer on long runs; and one JSON line at the end for scripts (also appended to --json-out).
+// Memory is estimated before anything is allocated and the run refused when it cannot fit.
+// Only the last position's logits are formed (never [T, vocab]).
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "launch/cli.h"
+#include "launch/model_source.h"
+#include "model/cost.h"
+#include "model/params.h"
+#include "parallel/device_world.h"
+#include "runtime/atomic_file.h"
+#include "runtime/log.h"
+#include "runtime/random.h"
+#include "runtime/sizes.h"
+#include "runtime/token_file.h"
+#if HYDRA_CUDA
+#include "runtime/cuda_memory.h"
+#endif
+
+namespace hydra {
+namespace {
+
+struct PrefillOptions {
+  ModelSource model;
+  std::string seq_len;
+  std::string input;
+  uint64_t token_seed = 1;
+  int repeat = 1;
+  int warmup = 0;
+  std::string device = "auto";
+  double nccl_timeout = 600;
+  double peak_tflops = 790;
+  std::string progress = "auto";
+  std::string json_out;
+
+  void bind(po::options_description& o) {
+    model.bind(o);
+    o.add_options()
+        ("seq-len", po::value(&seq_len)->required(), "tokens to prefill (accepts 128K, 512K, 1M); a multiple of 2P on P ranks")
+        ("input", po::value(&input), "token file (.h5 input_ids) instead of random tokens; must hold --seq-len tokens")
+        ("token-seed", po::value(&token_seed)->default_value(1), "seed of the random tokens")
+        ("repeat", po::value(&repeat)->default_value(1), "timed prefills (the report gives the best and all times)")
+        ("warmup", po::value(&warmup)->default_value(0), "untimed prefills before the timed ones")
+        ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present)")
+        ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job")
+        ("peak-tflops", po::value(&peak_tflops)->default_value(790),
+         "the bf16 ceiling for 'fraction of peak' (790: cuBLAS 8192^3 on one H200; hydra bench --op gemm measures it)")
+        ("progress", po::value(&progress)->default_value("auto"), "per-layer progress lines: on, off, auto (on from 64K tokens)")
+        ("json-out", po::value(&json_out), "append the summary JSON line to this file (sweeps)");
+  }
+  void validate() const {
+    model.validate();
+    parse_size(seq_len, "--seq-len");
+    if (!input.empty()) require_readable_file(input, "input");
+    HYDRA_USER_CHECK(repeat >= 1 && warmup >= 0, "--repeat must be >= 1 and --warmup >= 0");
+    HYDRA_USER_CHECK(progress == "on" || progress == "off" || progress == "auto", "--progress must be on, off or auto");
+    HYDRA_USER_CHECK(peak_tflops > 0 && nccl_timeout > 0, "--peak-tflops and --nccl-timeout must be positive");
+    if (!json_out.empty()) require_writable_destination(json_out, "JSON output");
+  }
+};
+
+double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+
+}  // namespace
+
+int run_prefill(App& app, const std::vector<std::string>& args) {
+  PrefillOptions opt;
+  po::options_description desc("hydra prefill");
+  opt.bind(desc);
+  if (!parse_command_line(app, "prefill", "(--model FILE.h5 | --preset NAME) --seq-len N [--repeat R] [--device cuda]",
+                          desc, args)) {
+    return 0;
+  }
+  opt.validate();
+  const ModelConfig config = opt.model.config();
+  const int64_t total = parse_size(opt.seq_len, "--seq-len");
+  std::vector<int32_t> ids;
+  if (!opt.input.empty()) {
+    ids = read_token_file(opt.input, config.vocab_size);
+    HYDRA_USER_CHECK(static_cast<int64_t>(ids.size()) >= total, "{}: holds {} tokens, --seq-len asks for {}", opt.input,
+                     ids.size(), total);
+    ids.resize(static_cast<size_t>(total));
+  }
+  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+  Communicator& comm = *world.comm;
+  const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
+  const int64_t t_local = layout.local_length();
+  const Device device = world.device;
+  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+
+  // Memory plan, before any allocation.
+  const MemoryEstimate estimate = estimate_prefill_memory(config, t_local, comm.size());
+#if HYDRA_CUDA
+  if (device == Device::cuda) {
+    const CudaMemoryStats s = cuda_memory_stats();
+    HYDRA_USER_CHECK(estimate.total() < 0.95 * static_cast<double>(s.free_device),
+                     "prefill of {} tokens on {} rank(s) needs about {} per GPU, but {} has {:.1f} GiB free; use more "
+                     "GPUs or a shorter --seq-len", total, comm.size(), estimate.describe(), error_context().host,
+                     gib(static_cast<double>(s.free_device)));
+  }
+#endif
+  log::info("prefill: {} tokens, {} rank(s) on {}, {}; estimated {} per rank", total, comm.size(),
+            device == Device::cuda ? "GPUs" : "CPUs", config.summary(), estimate.describe());
+
+  // Weights: a preset draws them directly on the device; a checkpoint is read on the host.
+  const auto t_load = std::chrono::steady_clock::now();
+  std::unique_ptr<Model> model;
+  if (!opt.model.preset.empty()) {
+    model = std::make_unique<Model>(config, random_parameters(config, opt.model.seed, device, dtype), device, dtype);
+  } else {
+    model = std::make_unique<Model>(config, opt.model.parameters().params, device, dtype);
+  }
+  Tensor local_ids = Tensor::empty({t_local}, DType::i32);
+  const RandomStream rng{opt.token_seed, hash_name("tokens")};
+  for (const Segment& s : layout.local_segments()) {
+    for (int64_t i = 0; i < s.length; ++i) {
+      const int64_t pos = s.start + i;
+      local_ids.data_as<int32_t>()[s.local_offset + i] =
+          ids.empty() ? static_cast<int32_t>(rng.bits(static_cast<uint64_t>(pos)) % config.vocab_size) : ids[pos];
+    }
+  }
+  check_device_progress(world);
+  comm.barrier();
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+  log::info("model ready in {:.1f} s", load_s);
+
+  const bool progress = opt.progress == "on" || (opt.progress == "auto" && total >= 65536);
+  const FlopCount flops = prefill_flops(config, total);
+  std::vector<double> times;
+  std::array<double, static_cast<size_t>(Phase::count)> phases{};
+  int32_t last_token = -1;
+  float last_logit = 0;
+#if HYDRA_CUDA
+  if (device == Device::cuda) cuda_reset_peak();
+#endif
+  for (int run = 0; run < opt.warmup + opt.repeat; ++run) {
+    const bool timed = run >= opt.warmup;
+    PhaseTimer timer(device);
+    ForwardContext context{comm, layout, nullptr, timed ? &timer : nullptr};
+    comm.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    if (progress && timed) {
+      context.after_layer = [&](int64_t layer) {
+        check_device_progress(world);
+        log::info("  layer {:>3}/{}: {:.2f} s", layer + 1, config.num_layers,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      };
+    } else {
+      context.after_layer = [&](int64_t) { check_device_progress(world); };
+    }
+    const Tensor hidden = model->forward(context, local_ids);
+    // The last position (global T−1) lives in rank 0's second segment (its last local row).
+    if (comm.rank() == 0) {
+      Tensor logits = Tensor::empty({1, config.vocab_size}, DType::f32, device);
+      model->lm_head(logits, hidden.view().narrow(0, t_local - 1, 1));
+      Tensor h = to(logits, Device::host, DType::f32);
+      const float* row = h.data_as<float>();
+      last_token = static_cast<int32_t>(std::max_element(row, row + config.vocab_size) - row);
+      last_logit = row[last_token];
+      HYDRA_ASSERT(std::isfinite(last_logit), "non-finite logits at the last position");
+    }
+    check_device_progress(world);
+    comm.barrier();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (timed) {
+      times.push_back(seconds);
+      phases = timer.finish();
+      log::info("prefill {}/{}: {:.3f} s ({:.0f} tokens/s)", run - opt.warmup + 1, opt.repeat, seconds, total / seconds);
+    }
+  }
+  double peak_gib = 0;
+#if HYDRA_CUDA
+  if (device == Device::cuda) {
+    Tensor peak = Tensor::empty({1}, DType::f32, Device::cuda);
+    fill(peak, static_cast<float>(gib(static_cast<double>(cuda_memory_stats().peak))));
+    Tensor all = Tensor::empty({comm.size()}, DType::f32, Device::cuda);
+    comm.all_gather(peak, all);
+    Tensor h = to(all, Device::host, DType::f32);
+    peak_gib = *std::max_element(h.data_as<float>(), h.data_as<float>() + comm.size());
+  }
+#endif
+  const double best = *std::min_element(times.begin(), times.end());
+  const double tflops = flops.total() / best / 1e12;
+  if (comm.rank() == 0) {
+    std::string phase_text;
+    nlohmann::json phase_json;
+    for (size_t i = 0; i < phases.size(); ++i) {
+      phase_text += fmt::format("{}{} {:.3f} s", i ? ", " : "", phase_name(static_cast<Phase>(i)), phases[i]);
+      phase_json[phase_name(static_cast<Phase>(i))] = phases[i];
+    }
+    log::info("prefill {} tokens on {} rank(s): best {:.3f} s, {:.0f} tokens/s, {:.1f} TFLOP/s in all = {:.1f} per rank "
+              "({:.1f}% of {} TFLOP/s); phases (rank 0, last run): {}; peak memory {:.1f} GiB per rank (estimate {})",
+              total, comm.size(), best, total / best, tflops, tflops / comm.size(),
+              100.0 * tflops / comm.size() / opt.peak_tflops, opt.peak_tflops, phase_text, peak_gib, estimate.describe());
+    const nlohmann::json summary = {
+        {"command", "prefill"},       {"model", opt.model.describe()},     {"arch", arch_name(config.arch)},
+        {"ranks", comm.size()},       {"device", device == Device::cuda ? "cuda" : "cpu"},
+        {"seq_len", total},           {"seconds", best},                   {"seconds_all", times},
+        {"load_seconds", load_s},     {"tokens_per_s", total / best},      {"tflops", tflops},
+        {"tflops_per_rank", tflops / comm.size()}, {"fraction_of_peak", tflops / comm.size() / opt.peak_tflops},
+        {"peak_tflops", opt.peak_tflops}, {"flops", {{"gemm", flops.gemm}, {"attention", flops.attention}, {"gdn", flops.gdn}}},
+        {"phases_rank0", phase_json}, {"peak_memory_gib", peak_gib},      {"estimate_gib", gib(estimate.total())},
+        {"last_token", last_token},   {"last_logit", last_logit}};
+    std::cout << summary.dump() << std::endl;
+    if (!opt.json_out.empty()) {
+      std::ofstream out(opt.json_out, std::ios::app);
+      out << summary.dump() << "\n";
+      HYDRA_USER_CHECK(out.good(), "{}: cannot append the summary", opt.json_out);
+    }
+  }
+  return 0;
+}
+
+}  // namespace hydra

@@ -1,0 +1,38 @@
+// What a prefill costs: floating-point operations (for TFLOP/s and fraction of peak) and device
+// memory per rank (checked before anything is allocated, so a run that cannot fit fails in a
+// second with the estimate instead of after minutes with an allocator error).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/config.h"
+
+namespace hydra {
+
+struct FlopCount {
+  double gemm = 0;       // projections, W_o, MLP (2·M·N·K each)
+  double attention = 0;  // FA heads, causal: 2·T²·d per head (QKᵀ and PV over the visible half)
+  double gdn = 0;        // chunked delta rule, ~(6d² + 8Cd) per token and head (C = 64)
+  double total() const { return gemm + attention + gdn; }
+};
+
+// Whole-sequence prefill FLOPs (all ranks together) for T tokens.
+FlopCount prefill_flops(const ModelConfig& config, int64_t tokens);
+// Causal attention FLOPs for T tokens and `heads` heads of dim d.
+double causal_attention_flops(int64_t tokens, int64_t heads, int64_t head_dim);
+// Chunked gated delta rule FLOPs (forward), as above.
+double delta_rule_flops(int64_t tokens, int64_t heads, int64_t head_dim);
+
+struct MemoryEstimate {
+  double weights = 0;      // bytes, runtime copies
+  double init_extra = 0;   // transient: the parameter set the runtime copies are built from
+  double activations = 0;  // peak per-layer working set
+  double total() const { return weights + init_extra + activations; }
+  std::string describe() const;  // "41.2 GiB (weights 3.8, init 3.8, activations 33.6)"
+};
+
+// Per-rank estimate for a bf16 prefill of `local_tokens` rows on `world` ranks.
+MemoryEstimate estimate_prefill_memory(const ModelConfig& config, int64_t local_tokens, int world);
+
+}  // namespace hydra

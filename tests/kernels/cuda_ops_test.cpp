@@ -1,0 +1,226 @@
+// Every CUDA op against its fp32 CPU reference (the same op on the host). Inputs are rounded to
+// bf16 before the reference sees them, so the comparison measures the kernel, not the input
+// rounding. NaN/Inf are checked first (expect_close). Tolerances (max |err| / max |ref|):
+//  - element-wise ops: 1e-2 — the bf16 output rounding alone is up to 2⁻⁸ ≈ 4e-3;
+//  - GEMM: 1e-2 — bf16 inputs, fp32 accumulation, bf16 output;
+//  - attention: 2e-2 — P is rounded to bf16 for the PV product (as in FlashAttention);
+//  - gated delta rule: 3e-2 — W, U, K̃, V' and the chunk states are bf16 operands of fp32
+//    products; the fp32 state keeps the error from compounding across chunks.
+// Without a GPU every test here reports SKIPPED.
+#include <cmath>
+#include <limits>
+
+#include "kernels/attention/attention.h"
+#include "kernels/conv/conv.h"
+#include "kernels/delta_rule/delta_rule.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/fusion/fusion.h"
+#include "kernels/gdn_gates/gdn_gates.h"
+#include "kernels/l2norm/l2norm.h"
+#include "kernels/matmul/matmul.h"
+#include "kernels/rmsnorm/rmsnorm.h"
+#include "kernels/rope/rope.h"
+#include "kernels/swiglu/swiglu.h"
+#include "tests/common/test_util.h"
+
+namespace hydra::test {
+namespace {
+
+Tensor gpu(const TensorView& host_f32, DType dtype = DType::bf16) { return to(host_f32, Device::cuda, dtype); }
+Tensor host(const TensorView& t) { return to(t, Device::host, DType::f32); }
+
+TEST(CudaRuntime, StridedCopiesAndConversions) {
+  HYDRA_REQUIRE_GPU();
+  Tensor a = random_tensor({9, 13}, 1);
+  Tensor d = gpu(a, DType::f32);
+  expect_close(host(d), a, 0.0, "f32 round trip");
+  Tensor block = Tensor::empty({9, 5}, DType::bf16, Device::cuda);
+  copy_into(block, d.view().narrow(1, 3, 5));  // strided, converting, device to device
+  expect_close(host(block), rounded_to_bf16(a.view().narrow(1, 3, 5)), 0.0, "strided f32->bf16");
+  Tensor back = Tensor::zeros({9, 13}, DType::f32, Device::cuda);
+  copy_into(back.view().narrow(1, 3, 5), block);
+  Tensor h = host(back);
+  for (int64_t i = 0; i < 9; ++i)
+    for (int64_t j = 0; j < 13; ++j) {
+      const float v = h.data_as<float>()[i * 13 + j];
+      EXPECT_EQ(v, (j >= 3 && j < 8) ? round_to_bf16(a.data_as<float>()[i * 13 + j]) : 0.0f) << i << "," << j;
+    }
+}
+
+TEST(CudaOps, NormsRopeGatesFusionSwigluAdd) {
+  HYDRA_REQUIRE_GPU();
+  const int64_t t = 37, h = 3, d = 64;
+  // RMSNorm over [T, H, d] head rows taken from a wider matrix.
+  Tensor wide = rounded_to_bf16(random_tensor({t, (h + 1) * d}, 2, 2.0f)), w = random_tensor({d}, 3);
+  const TensorView x = wide.view().narrow(1, d, h * d).split_dim(1, h, d);
+  Tensor ref = Tensor::empty({t, h, d}, DType::f32);
+  ops::rms_norm(ref, x, w, {1e-6f});
+  Tensor gw = gpu(wide);
+  Tensor out = Tensor::empty({t, h, d}, DType::bf16, Device::cuda);
+  ops::rms_norm(out, gw.view().narrow(1, d, h * d).split_dim(1, h, d), gpu(w, DType::f32), {1e-6f});
+  expect_close(host(out), ref, 1e-2, "rms_norm");
+  // RoPE at large positions, L2 norm.
+  Tensor pos = Tensor::empty({t}, DType::i64);
+  for (int64_t i = 0; i < t; ++i) pos.data_as<int64_t>()[i] = 1000003 * (i % 3) + i;
+  Tensor r = clone(x), rg = gpu(x);
+  ops::rope(r, pos, {1e6});
+  ops::rope(rg, to_device(pos, Device::cuda), {1e6});
+  expect_close(host(rg), r, 1e-2, "rope");
+  ops::l2_norm(r, 1e-6f);
+  ops::l2_norm(rg, 1e-6f);
+  expect_close(host(rg), r, 1e-2, "l2_norm");
+  // Fusion.
+  Tensor fw = random_tensor({h, d}, 4), gamma = random_tensor({h}, 5);
+  Tensor fy = Tensor::empty({t, h, d}, DType::f32);
+  ops::head_fusion(fy, r, fw, gamma, {1e-6f});
+  Tensor fyg = Tensor::empty({t, h, d}, DType::bf16, Device::cuda);
+  ops::head_fusion(fyg, rg, gpu(fw, DType::f32), gpu(gamma, DType::f32), {1e-6f});
+  expect_close(host(fyg), fy, 1e-2, "head_fusion");
+  // Gates.
+  Tensor ab = rounded_to_bf16(random_tensor({t, 2 * h + 3}, 6, 3.0f)), alog = uniform_tensor({h}, 7, 0.0f, 2.7f),
+         dtb = random_tensor({h}, 8);
+  Tensor beta = Tensor::empty({t, h}, DType::f32), g = Tensor::empty({t, h}, DType::f32);
+  ops::gdn_gates(beta, g, ab.view().narrow(1, h, h), ab.view().narrow(1, 0, h), alog, dtb);
+  Tensor abg = gpu(ab), bg = Tensor::empty({t, h}, DType::f32, Device::cuda), gg = Tensor::empty({t, h}, DType::f32, Device::cuda);
+  ops::gdn_gates(bg, gg, abg.view().narrow(1, h, h), abg.view().narrow(1, 0, h), gpu(alog, DType::f32), gpu(dtb, DType::f32));
+  expect_close(host(bg), beta, 1e-5, "beta");
+  expect_close(host(gg), g, 1e-5, "g");
+  // SwiGLU, residual add, sigmoid gate from an fp32 accumulator.
+  Tensor gu = rounded_to_bf16(random_tensor({t, 2 * d}, 9, 2.0f)), sref = Tensor::empty({t, d}, DType::f32);
+  ops::swiglu(sref, gu.view().narrow(1, 0, d), gu.view().narrow(1, d, d));
+  Tensor gug = gpu(gu), sg = Tensor::empty({t, d}, DType::bf16, Device::cuda);
+  ops::swiglu(sg, gug.view().narrow(1, 0, d), gug.view().narrow(1, d, d));
+  expect_close(host(sg), sref, 1e-2, "swiglu");
+  Tensor y = rounded_to_bf16(random_tensor({t, d}, 10)), xs = rounded_to_bf16(sref);
+  Tensor xg = gpu(xs);
+  ops::add_inplace(xs, y);
+  ops::add_inplace(xg, gpu(y));
+  expect_close(host(xg), xs, 1e-2, "add");
+  Tensor acc = random_tensor({t, d}, 11), gate = rounded_to_bf16(random_tensor({t, d}, 12, 3.0f));
+  Tensor gref = Tensor::empty({t, d}, DType::f32), gout = Tensor::empty({t, d}, DType::bf16, Device::cuda);
+  ops::sigmoid_gate(gref, acc, gate);
+  ops::sigmoid_gate(gout, gpu(acc, DType::f32), gpu(gate));
+  expect_close(host(gout), gref, 1e-2, "sigmoid_gate");
+  // Embedding.
+  Tensor table = rounded_to_bf16(random_tensor({50, d}, 13)), ids = Tensor::empty({t}, DType::i32);
+  for (int64_t i = 0; i < t; ++i) ids.data_as<int32_t>()[i] = static_cast<int32_t>((i * 7) % 50);
+  Tensor eref = Tensor::empty({t, d}, DType::f32), eg = Tensor::empty({t, d}, DType::bf16, Device::cuda);
+  ops::embedding(eref, table, ids);
+  ops::embedding(eg, gpu(table), to_device(ids, Device::cuda));
+  expect_close(host(eg), eref, 0.0, "embedding");
+}
+
+TEST(CudaOps, ConvWithHalo) {
+  HYDRA_REQUIRE_GPU();
+  const int64_t t = 45, c = 96, k = 4;
+  Tensor x = rounded_to_bf16(random_tensor({t, c + 8}, 14)), w = random_tensor({c, k}, 15);
+  Tensor prefix = rounded_to_bf16(random_tensor({k - 1, c}, 16));
+  Tensor ref = Tensor::empty({t, c}, DType::f32), out = Tensor::empty({t, c}, DType::bf16, Device::cuda);
+  ops::causal_conv_silu(ref, x.view().narrow(1, 8, c), w, prefix);
+  Tensor xg = gpu(x);
+  ops::causal_conv_silu(out, xg.view().narrow(1, 8, c), gpu(w, DType::f32), gpu(prefix));
+  expect_close(host(out), ref, 1e-2, "conv with halo");
+}
+
+TEST(CudaOps, GemmBf16AndFp32) {
+  HYDRA_REQUIRE_GPU();
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 8, 16}, {37, 200, 72}, {513, 264, 1024}}) {
+    Tensor x = rounded_to_bf16(random_tensor({m, k}, 17)), w = rounded_to_bf16(random_tensor({n, k}, 18));
+    Tensor y0 = rounded_to_bf16(random_tensor({m, n}, 19));
+    Tensor ref = clone(y0);
+    ops::linear(ref, x, w, ops::Accumulate::yes);
+    Tensor yg = gpu(y0);
+    ops::linear(yg, gpu(x), gpu(w), ops::Accumulate::yes);
+    expect_close(host(yg), ref, 1e-2, "linear bf16 " + std::to_string(m));
+    Tensor logits = Tensor::empty({m, n}, DType::f32, Device::cuda), lref = Tensor::empty({m, n}, DType::f32);
+    ops::linear(logits, gpu(x), gpu(w));  // fp32 output from bf16 operands
+    ops::linear(lref, x, w);
+    expect_close(host(logits), lref, 1e-4, "linear bf16->fp32 " + std::to_string(m));
+  }
+  Tensor a = random_tensor({64, 64}, 20), b = random_tensor({64, 48}, 21), c = Tensor::empty({64, 48}, DType::f32);
+  ops::gemm(c, a, b, {});
+  Tensor cg = Tensor::empty({64, 48}, DType::f32, Device::cuda);
+  ops::gemm(cg, gpu(a, DType::f32), gpu(b, DType::f32), {});
+  expect_close(host(cg), c, 1e-5, "fp32 gemm (no TF32)");
+}
+
+struct AttnCase {
+  int64_t tq, tk, hq, hk, d, qpos, kpos;
+  bool tau, merge;
+};
+
+TEST(CudaOps, FlashAttentionMatchesReference) {
+  HYDRA_REQUIRE_GPU();
+  const AttnCase cases[] = {
+      {1, 1, 1, 1, 64, 0, 0, false, false},       {37, 37, 4, 2, 64, 0, 0, false, false},
+      {200, 200, 3, 3, 128, 100, 100, true, false}, {70, 130, 2, 1, 128, 192, 0, true, false},
+      {65, 65, 4, 1, 128, 0, 1000, false, false},   {150, 90, 2, 2, 64, 60, 10, true, false},
+      {129, 129, 2, 1, 128, 524288, 524288, true, false}, {96, 160, 4, 2, 128, 160, 0, true, true},
+      {100, 100, 2, 1, 64, 50, 0, false, true}};
+  for (const AttnCase& c : cases) {
+    const std::string what = "attention tq=" + std::to_string(c.tq) + " tk=" + std::to_string(c.tk) + " d=" +
+                             std::to_string(c.d) + (c.merge ? " merge" : "");
+    Tensor q = rounded_to_bf16(random_tensor({c.tq, c.hq, c.d}, 22, 2.0f));
+    Tensor k = rounded_to_bf16(random_tensor({c.tk, c.hk, c.d}, 23, 2.0f));
+    Tensor v = rounded_to_bf16(random_tensor({c.tk, c.hk, c.d}, 24));
+    ops::AttentionParams p{.q_position0 = c.qpos, .k_position0 = c.kpos, .tau_log_base = c.tau ? 362.0 : 0.0};
+    Tensor out = Tensor::empty({c.tq, c.hq, c.d}, DType::f32), lse = Tensor::empty({c.hq, c.tq}, DType::f32);
+    if (c.merge) {  // an earlier partial result to merge into
+      out = random_tensor({c.tq, c.hq, c.d}, 25);
+      lse = random_tensor({c.hq, c.tq}, 26, 3.0f);
+      p.output = ops::AttentionOutput::merge;
+    }
+    Tensor out_g = gpu(out, DType::f32), lse_g = gpu(lse, DType::f32);
+    ops::attention_forward(out, lse, q, k, v, p);
+    ops::attention_forward(out_g, lse_g, gpu(q), gpu(k), gpu(v), p);
+    expect_close(host(out_g), out, 2e-2, what + " out");
+    Tensor lh = host(lse_g);
+    for (int64_t i = 0; i < lse.numel(); ++i) {
+      const float a = lh.data_as<float>()[i], b = lse.data_as<float>()[i];
+      if (std::isinf(b)) {
+        EXPECT_TRUE(std::isinf(a) && a < 0) << what << " lse " << i;
+      } else {
+        EXPECT_NEAR(a, b, 2e-2 * std::max(1.0f, std::abs(b))) << what << " lse " << i;
+      }
+    }
+  }
+}
+
+struct GdnCase {
+  int64_t t, h, d;
+};
+
+TEST(CudaOps, ChunkedDeltaRuleAndSegmentMapMatchReference) {
+  HYDRA_REQUIRE_GPU();
+  for (const GdnCase c : {GdnCase{1, 1, 64}, GdnCase{63, 2, 64}, GdnCase{64, 1, 128}, GdnCase{65, 2, 128},
+                          GdnCase{200, 3, 64}, GdnCase{1000, 2, 128}}) {
+    const std::string what = "delta rule T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) + " d=" + std::to_string(c.d);
+    Tensor q = random_tensor({c.t, c.h, c.d}, 30), k = random_tensor({c.t, c.h, c.d}, 31);
+    ops::l2_norm(q, 1e-6f);
+    ops::l2_norm(k, 1e-6f);
+    q = rounded_to_bf16(q);
+    k = rounded_to_bf16(k);
+    Tensor v = rounded_to_bf16(random_tensor({c.t, c.h, c.d}, 32));
+    Tensor g = uniform_tensor({c.t, c.h}, 33, -0.5f, 0.0f), beta = uniform_tensor({c.t, c.h}, 34, 0.0f, 1.0f);
+    Tensor s0 = random_tensor({c.h, c.d, c.d}, 35, 0.3f);
+    Tensor out = Tensor::empty({c.t, c.h, c.d}, DType::f32), state = clone(s0);
+    ops::delta_rule_chunked(out, state, q, k, v, g, beta, {});
+    Tensor out_g = Tensor::empty({c.t, c.h, c.d}, DType::bf16, Device::cuda), state_g = gpu(s0, DType::f32);
+    ops::delta_rule_chunked(out_g, state_g, gpu(q), gpu(k), gpu(v), gpu(g, DType::f32), gpu(beta, DType::f32), {});
+    expect_close(host(out_g), out, 3e-2, what + " output");
+    expect_close(host(state_g), state, 3e-2, what + " final state");
+    Tensor m = Tensor::empty({c.h, c.d, c.d}, DType::f32), se = Tensor::empty({c.h, c.d, c.d}, DType::f32);
+    ops::delta_rule_segment_map(m, se, k, v, g, beta, {});
+    Tensor mg = Tensor::empty({c.h, c.d, c.d}, DType::f32, Device::cuda), seg = Tensor::empty({c.h, c.d, c.d}, DType::f32, Device::cuda);
+    ops::delta_rule_segment_map(mg, seg, gpu(k), gpu(v), gpu(g, DType::f32), gpu(beta, DType::f32), {});
+    expect_close(host(mg), m, 3e-2, what + " map M");
+    expect_close(host(seg), se, 3e-2, what + " map S_ext");
+    Tensor folded = gpu(s0, DType::f32);
+    ops::delta_rule_apply_map(folded, mg, seg);
+    expect_close(host(folded), state, 3e-2, what + " M·S0 + S_ext = final state");
+  }
+}
+
+}  // namespace
+}  // namespace hydra::test
