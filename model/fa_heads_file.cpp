@@ -57,6 +57,10 @@ FaHeadsFile read_fa_heads_file(const std::string& path, const ModelConfig& teach
         out.scores.emplace(name, std::move(s));
       }
     }
+    if (j.contains("selection")) {
+      HYDRA_USER_CHECK(j.at("selection").is_object(), "{}: 'selection' must be a JSON object", path);
+      out.selection_json = j.at("selection").dump();
+    }
   } catch (const nlohmann::json::exception& e) {
     HYDRA_USER_FAIL("{}: malformed FA head-set file ({})", path, e.what());
   }
@@ -70,6 +74,7 @@ void write_fa_heads_file(const std::string& path, const ModelConfig& teacher, co
                       {"num_heads", teacher.num_heads},
                       {"fa_heads", file.fa_heads}};
   if (!file.scores.empty()) j["scores"] = file.scores;
+  if (!file.selection_json.empty()) j["selection"] = nlohmann::json::parse(file.selection_json);
   require_writable_destination(path, "FA head-set file");
   AtomicFile out(path);
   {

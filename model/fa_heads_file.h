@@ -5,7 +5,8 @@
 //    "num_layers": L, "num_heads": H,
 //    "fa_heads": [[h, ...], ...],                     // per layer, the heads that keep full attention
 //    "scores": {"composite": [[s_0 .. s_{H-1}], ...], // optional, per layer and head; higher = keep
-//               "total": ..., "direct": ..., "lm": ...}}
+//               "total": ..., "direct": ..., "lm": ...},
+//    "selection": {...}}                              // optional: how the heads were chosen (select-heads)
 // Only fa_heads is required; `uniform:K` with `--scores FILE` ranks heads by scores.composite.
 #pragma once
 
@@ -20,6 +21,7 @@ namespace hydra {
 struct FaHeadsFile {
   std::vector<std::vector<int>> fa_heads;
   std::map<std::string, std::vector<std::vector<double>>> scores;  // name -> [L][H]
+  std::string selection_json;  // optional JSON object, kept verbatim (informational; "" when absent)
 };
 
 // Reads and validates against the teacher shape (layer count, head indices, score dimensions).

@@ -1,0 +1,497 @@
+// Head scoring, composite and budgets; the definitions and the division of work are in
+// head_selection.h. Observers (model/model.h LayerObserver) record, patch and ablate head outputs;
+// they go through host f32 copies where the model's tensors are elsewhere, so the same code runs
+// on a CUDA model.
+#include "model/head_selection.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "kernels/embedding/embedding.h"
+#include "kernels/matmul/matmul.h"
+#include "kernels/rmsnorm/rmsnorm.h"
+#include "kernels/swiglu/swiglu.h"
+#include "parallel/self_communicator.h"
+
+namespace hydra::heads {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Grid zeros(int64_t layers, int64_t heads) {
+  return Grid(static_cast<size_t>(layers), std::vector<double>(static_cast<size_t>(heads), 0.0));
+}
+
+// A host f32 contiguous view of `v`: `v` itself when it is one, else a copy kept in `holder`.
+TensorView host_f32(const TensorView& v, Tensor& holder) {
+  if (v.on_host() && v.dtype() == DType::f32 && v.is_contiguous()) return v;
+  holder = to(v, Device::host, DType::f32);
+  return holder.view();
+}
+
+// Runs `edit` on a host f32 contiguous form of `o` and writes the result back into `o`.
+template <class F>
+void edit_host_f32(const TensorView& o, F&& edit) {
+  Tensor holder;
+  const TensorView h = host_f32(o, holder);
+  edit(h);
+  if (holder.defined()) copy_into(o, holder);
+}
+
+// Records, for every layer, rows [start, start + count) of every head's output, host f32
+// [count, H, d] in model head order.
+class RowRecorder final : public LayerObserver {
+ public:
+  RowRecorder(int64_t layers, int64_t start, int64_t count) : start_(start), count_(count), rows_(static_cast<size_t>(layers)) {}
+  void on_head_outputs(int64_t layer, const TensorView& o, std::span<const int> head_of) override {
+    Tensor holder;
+    const TensorView src = host_f32(o.narrow(0, start_, count_), holder);
+    Tensor out = Tensor::empty(src.shape(), DType::f32);
+    for (size_t p = 0; p < head_of.size(); ++p) copy_into(out.view().select(1, head_of[p]), src.select(1, static_cast<int64_t>(p)));
+    rows_[static_cast<size_t>(layer)] = std::move(out);
+  }
+  std::vector<Tensor>& rows() { return rows_; }
+
+ private:
+  int64_t start_, count_;
+  std::vector<Tensor> rows_;
+};
+
+// Replaces one head's output at rows [start, start + count) of one layer with cached rows.
+class HeadPatcher final : public LayerObserver {
+ public:
+  HeadPatcher(int64_t layer, int64_t head, int64_t start, const Tensor& cached)  // cached [count, H, d], model order
+      : layer_(layer), head_(head), start_(start), cached_(cached) {}
+  void on_head_outputs(int64_t layer, const TensorView& o, std::span<const int> head_of) override {
+    if (layer != layer_) return;
+    const int64_t p = std::find(head_of.begin(), head_of.end(), static_cast<int>(head_)) - head_of.begin();
+    edit_host_f32(o, [&](const TensorView& h) {
+      copy_into(h.narrow(0, start_, cached_.size(0)).select(1, p), cached_.view().select(1, head_));
+    });
+  }
+
+ private:
+  int64_t layer_, head_, start_;
+  const Tensor& cached_;
+};
+
+// Sets one head's output of one layer to a constant vector at every row (mean ablation).
+class HeadMeanAblator final : public LayerObserver {
+ public:
+  HeadMeanAblator(int64_t layer, int64_t head, const std::vector<float>& mean) : layer_(layer), head_(head), mean_(mean) {}
+  void on_head_outputs(int64_t layer, const TensorView& o, std::span<const int> head_of) override {
+    if (layer != layer_) return;
+    const int64_t p = std::find(head_of.begin(), head_of.end(), static_cast<int>(head_)) - head_of.begin();
+    edit_host_f32(o, [&](const TensorView& h) {
+      const int64_t heads = h.size(1), d = h.size(2);
+      float* data = h.data_as<float>();
+      for (int64_t t = 0; t < h.size(0); ++t) std::copy(mean_.begin(), mean_.end(), data + (t * heads + p) * d);
+    });
+  }
+
+ private:
+  int64_t layer_, head_;
+  const std::vector<float>& mean_;
+};
+
+// Accumulates Σ_t o[t, h, :] per layer and model head, fp64 [L][H][d].
+class HeadOutputSums final : public LayerObserver {
+ public:
+  HeadOutputSums(int64_t layers, int64_t heads, int64_t d)
+      : d_(d), sums_(static_cast<size_t>(layers), std::vector<std::vector<double>>(static_cast<size_t>(heads), std::vector<double>(static_cast<size_t>(d)))) {}
+  void on_head_outputs(int64_t layer, const TensorView& o, std::span<const int> head_of) override {
+    Tensor holder;
+    const TensorView h = host_f32(o, holder);
+    const float* data = h.data_as<const float>();
+    const int64_t heads = h.size(1);
+    for (int64_t t = 0; t < h.size(0); ++t) {
+      for (int64_t p = 0; p < heads; ++p) {
+        std::vector<double>& s = sums_[static_cast<size_t>(layer)][static_cast<size_t>(head_of[static_cast<size_t>(p)])];
+        for (int64_t k = 0; k < d_; ++k) s[static_cast<size_t>(k)] += data[(t * heads + p) * d_ + k];
+      }
+    }
+  }
+  const std::vector<std::vector<std::vector<double>>>& sums() const { return sums_; }
+
+ private:
+  int64_t d_;
+  std::vector<std::vector<std::vector<double>>> sums_;
+};
+
+// One whole sequence in a world of one: final-normed hidden [T, D] on the model's device.
+Tensor run_forward(const Model& model, Communicator& local, const std::vector<int32_t>& ids, LayerObserver* observer) {
+  const int64_t total = static_cast<int64_t>(ids.size());
+  const SequenceLayout layout = SequenceLayout::zigzag(total, 1, 0);
+  const TensorView view(const_cast<int32_t*>(ids.data()), DType::i32, Device::host, {total});
+  ForwardContext context{.comm = local, .layout = layout, .observer = observer};
+  return model.forward(context, view);
+}
+
+// logits [n, V] of hidden rows [first, first + n), host f32.
+Tensor row_logits(const Model& model, const Tensor& hidden, int64_t first, int64_t n) {
+  Tensor logits = Tensor::empty({n, model.config().vocab_size}, DType::f32, model.device());
+  model.lm_head(logits, hidden.view().narrow(0, first, n));
+  return logits.device() == Device::host ? logits : to(logits, Device::host, DType::f32);
+}
+
+struct AnswerEval {
+  double logprob = 0;     // Σ_j log p(a_j)
+  double logit_diff = 0;  // Σ_j logit(a_j) − logit(a'_j)
+};
+
+AnswerEval evaluate_answer(const Model& model, const Tensor& hidden, const CalibrationPrompt& p, const std::string& what) {
+  const Tensor logits = row_logits(model, hidden, p.answer_start - 1, p.answer_length);
+  const std::span<const int32_t> answer = p.answer();
+  AnswerEval e;
+  e.logprob = niah::score_answer(logits, answer).logprob;
+  const int64_t vocab = model.config().vocab_size;
+  for (int64_t j = 0; j < p.answer_length; ++j) {
+    const float* row = logits.data_as<const float>() + j * vocab;
+    e.logit_diff += static_cast<double>(row[answer[static_cast<size_t>(j)]]) - row[p.corrupted_answer[static_cast<size_t>(j)]];
+  }
+  HYDRA_USER_CHECK(std::isfinite(e.logprob) && std::isfinite(e.logit_diff),
+                   "{}: the answer's log-probability is not finite ({}); the checkpoint's weights or activations are "
+                   "not finite",
+                   what, e.logprob);
+  return e;
+}
+
+// Σ over t < T−1 of −log p(ids[t+1] | ids[..t]) from hidden [T, D], lm_head in row chunks.
+double sequence_nll(const Model& model, const Tensor& hidden, const std::vector<int32_t>& ids, const std::string& what) {
+  const int64_t total = static_cast<int64_t>(ids.size()), vocab = model.config().vocab_size;
+  constexpr int64_t kChunk = 256;  // rows per lm_head call: bounds the [rows, V] logits buffer
+  double nll = 0;
+  for (int64_t t0 = 0; t0 < total - 1; t0 += kChunk) {
+    const int64_t n = std::min(kChunk, total - 1 - t0);
+    const Tensor logits = row_logits(model, hidden, t0, n);
+    for (int64_t r = 0; r < n; ++r) {
+      const niah::TokenScore s = niah::score_token({logits.data_as<const float>() + r * vocab, static_cast<size_t>(vocab)},
+                                                   ids[static_cast<size_t>(t0 + r + 1)]);
+      nll -= s.logprob;
+    }
+  }
+  HYDRA_USER_CHECK(std::isfinite(nll), "{}: the next-token log-likelihood is not finite", what);
+  return nll;
+}
+
+double max_relative_difference(const TensorView& a, const TensorView& b) {  // host f32, same shape
+  double diff = 0, scale = 0;
+  const float* x = a.data_as<const float>();
+  const float* y = b.data_as<const float>();
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(x[i]) - y[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(y[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+// What every rank computes once per prompt: the caches and the direct-effect readout vectors.
+struct PromptCache {
+  std::vector<Tensor> clean, corrupted;  // per layer: host f32 [R, H, d], rows [patch_start, T), model order
+  double logprob_clean = 0, logprob_corrupt = 0;
+  double logit_diff_clean = 0, logit_diff_corrupt = 0;
+  // For answer positions p_j with a_j ≠ a'_j: the row in the caches and
+  // r_j = w_final ⊙ (U[a_j] − U[a'_j]) / rms_clean(p_j), fp64 [D].
+  std::vector<int64_t> readout_rows;
+  std::vector<std::vector<double>> readout;
+};
+
+PromptCache build_prompt_cache(const Model& model, Communicator& local, const CalibrationPrompt& p, size_t index) {
+  const ModelConfig& c = model.config();
+  const int64_t rows = p.length() - p.patch_start, D = c.hidden_size;
+  HYDRA_ASSERT(p.patch_start >= 0 && p.patch_start <= p.answer_start - 1 && p.corrupted.size() == p.clean.size(),
+               "calibration prompt {}: patch start {} after answer {}", index, p.patch_start, p.answer_start);
+  PromptCache cache;
+  const std::string what = fmt::format("calibration prompt {}", index);
+  RowRecorder clean_rec(c.num_layers, p.patch_start, rows), corrupt_rec(c.num_layers, p.patch_start, rows);
+  const Tensor hidden = run_forward(model, local, p.clean, &clean_rec);
+  const AnswerEval clean = evaluate_answer(model, hidden, p, what);
+  const AnswerEval corrupt = evaluate_answer(model, run_forward(model, local, p.corrupted, &corrupt_rec), p, what + " (corrupted)");
+  cache.clean = std::move(clean_rec.rows());
+  cache.corrupted = std::move(corrupt_rec.rows());
+  cache.logprob_clean = clean.logprob;
+  cache.logprob_corrupt = corrupt.logprob;
+  cache.logit_diff_clean = clean.logit_diff;
+  cache.logit_diff_corrupt = corrupt.logit_diff;
+
+  // The final residual at the answer-predicting positions, replayed and checked against the forward.
+  const int64_t first = p.answer_start - 1 - p.patch_start, n = p.answer_length;
+  std::vector<Tensor> o_rows;
+  for (const Tensor& t : cache.clean) o_rows.push_back(clone(t.view().narrow(0, first, n)));
+  const std::span<const int32_t> row_ids(p.clean.data() + p.answer_start - 1, static_cast<size_t>(n));
+  const Tensor x = replay_final_residual(model, row_ids, o_rows);  // host f32 [n, D]
+  Tensor normed = Tensor::empty({n, D}, DType::f32);
+  const Tensor w_final = to(model.final_norm_weight(), Device::host, DType::f32);
+  ops::rms_norm(normed, x, w_final, {static_cast<float>(c.rms_norm_eps)});
+  const Tensor expected = to(hidden.view().narrow(0, p.answer_start - 1, n), Device::host, DType::f32);
+  const double mismatch = max_relative_difference(normed, expected);
+  // fp32: only summation order differs (GEMMs of other shapes); bf16 storage rounds every op.
+  const double tolerance = model.dtype() == DType::f32 ? 1e-3 : 5e-2;
+  HYDRA_ASSERT(mismatch <= tolerance,
+               "the replayed residual stream of {} disagrees with the forward pass (relative {:.3g} > {:.1g}); "
+               "replay_final_residual no longer matches Model::forward",
+               what, mismatch, tolerance);
+  const float* w = w_final.data_as<const float>();
+  for (int64_t j = 0; j < n; ++j) {
+    const int32_t a = p.answer()[static_cast<size_t>(j)], b = p.corrupted_answer[static_cast<size_t>(j)];
+    if (a == b) continue;  // the logit difference is identically zero
+    const float* xr = x.data_as<const float>() + j * D;
+    double mean_sq = 0;
+    for (int64_t k = 0; k < D; ++k) mean_sq += static_cast<double>(xr[k]) * xr[k];
+    const double rms = std::sqrt(mean_sq / static_cast<double>(D) + c.rms_norm_eps);
+    const Tensor ua = to(model.lm_head_weight().view().select(0, a), Device::host, DType::f32);
+    const Tensor ub = to(model.lm_head_weight().view().select(0, b), Device::host, DType::f32);
+    std::vector<double> r(static_cast<size_t>(D));
+    for (int64_t k = 0; k < D; ++k) {
+      r[static_cast<size_t>(k)] = w[k] * (static_cast<double>(ua.data_as<const float>()[k]) - ub.data_as<const float>()[k]) / rms;
+    }
+    cache.readout_rows.push_back(first + j);
+    cache.readout.push_back(std::move(r));
+  }
+  return cache;
+}
+
+// direct(l, h) of one prompt: Σ_j r_j · W_o,h (o_clean − o_corrupt)(p_j); w_o [D, d] host f32.
+double direct_effect(const PromptCache& cache, int64_t layer, int64_t head, const Tensor& w_o) {
+  const int64_t D = w_o.size(0), d = w_o.size(1);
+  const float* w = w_o.data_as<const float>();
+  double total = 0;
+  for (size_t j = 0; j < cache.readout_rows.size(); ++j) {
+    const TensorView oc = cache.clean[static_cast<size_t>(layer)].view().select(0, cache.readout_rows[j]).select(0, head);
+    const TensorView ox = cache.corrupted[static_cast<size_t>(layer)].view().select(0, cache.readout_rows[j]).select(0, head);
+    std::vector<double> delta(static_cast<size_t>(d));
+    for (int64_t k = 0; k < d; ++k) {
+      delta[static_cast<size_t>(k)] = static_cast<double>(oc.data_as<const float>()[k]) - ox.data_as<const float>()[k];
+    }
+    const std::vector<double>& r = cache.readout[j];
+    for (int64_t i = 0; i < D; ++i) {
+      double c = 0;
+      for (int64_t k = 0; k < d; ++k) c += w[i * d + k] * delta[static_cast<size_t>(k)];
+      total += r[static_cast<size_t>(i)] * c;
+    }
+  }
+  return total;
+}
+
+// Sums a small host buffer over the ranks, staging it on the communicator's device when needed.
+void all_reduce_host(Communicator& comm, const Tensor& buffer) {
+  if (comm.device() == Device::host) {
+    comm.all_reduce_sum(buffer);
+    return;
+  }
+  Tensor staged = to_device(buffer, comm.device());
+  comm.all_reduce_sum(staged);
+  copy_into(buffer, staged);
+}
+
+}  // namespace
+
+Tensor replay_final_residual(const Model& model, std::span<const int32_t> row_ids, const std::vector<Tensor>& o_rows) {
+  const ModelConfig& c = model.config();
+  const int64_t n = static_cast<int64_t>(row_ids.size()), D = c.hidden_size, H = c.num_heads, d = c.head_dim;
+  const int64_t I = c.intermediate_size;
+  HYDRA_ASSERT(static_cast<int64_t>(o_rows.size()) == c.num_layers, "{} layers of head outputs for {} layers", o_rows.size(),
+               c.num_layers);
+  const Device dev = model.device();
+  const DType dt = model.dtype();
+  Tensor ids = to_device(TensorView(const_cast<int32_t*>(row_ids.data()), DType::i32, Device::host, {n}), dev);
+  Tensor x = Tensor::empty({n, D}, dt, dev);
+  ops::embedding(x, model.embedding_table(), ids);
+  Tensor x_norm = Tensor::empty({n, D}, dt, dev), gate_up = Tensor::empty({n, 2 * I}, dt, dev), act = Tensor::empty({n, I}, dt, dev);
+  Tensor o_phys = Tensor::empty({n, H, d}, DType::f32);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = model.layer_weights(l);
+    const Tensor& o = o_rows[static_cast<size_t>(l)];
+    expect_shape(o, "recorded head outputs", {{"n", n}, {"H", H}, {"d", d}});
+    for (int64_t p = 0; p < H; ++p) copy_into(o_phys.view().select(1, p), o.view().select(1, w.head_of[static_cast<size_t>(p)]));
+    const Tensor o_here = to(o_phys.view().reshape({n, H * d}), dev, dt);
+    ops::linear(x, o_here, w.o_proj, ops::Accumulate::yes);
+    ops::rms_norm(x_norm, x, w.post_norm, {static_cast<float>(c.rms_norm_eps)});
+    ops::linear(gate_up, x_norm, w.mlp_in);
+    ops::swiglu(act, gate_up.view().narrow(1, 0, I), gate_up.view().narrow(1, I, I));
+    ops::linear(x, act, w.mlp_down, ops::Accumulate::yes);
+  }
+  return to(x, Device::host, DType::f32);
+}
+
+HeadScores score_heads(const Model& teacher, Communicator& world, std::span<const CalibrationPrompt> prompts,
+                       std::span<const std::vector<int32_t>> lm_text, const ScoringOptions& options) {
+  const ModelConfig& c = teacher.config();
+  HYDRA_USER_CHECK(c.arch == Arch::qwen3, "head selection scores a Qwen3 teacher's heads; this model is {}",
+                   arch_name(c.arch));
+  HYDRA_USER_CHECK(!prompts.empty(), "head selection needs at least one calibration prompt");
+  const int64_t L = c.num_layers, H = c.num_heads, d = c.head_dim;
+  const auto start = Clock::now();
+  SelfCommunicator local(teacher.device());
+
+  // 1. Caches: every rank, every prompt and every text sequence.
+  std::vector<PromptCache> caches;
+  for (size_t i = 0; i < prompts.size(); ++i) caches.push_back(build_prompt_cache(teacher, local, prompts[i], i));
+  HeadOutputSums sums(L, H, d);
+  std::vector<double> nll_clean;
+  int64_t text_positions = 0, predictions = 0;
+  for (size_t m = 0; m < lm_text.size(); ++m) {
+    HYDRA_ASSERT(lm_text[m].size() >= 2, "plain-text sequence {} of {} tokens", m, lm_text[m].size());
+    const Tensor hidden = run_forward(teacher, local, lm_text[m], &sums);
+    nll_clean.push_back(sequence_nll(teacher, hidden, lm_text[m], fmt::format("plain-text sequence {}", m)));
+    text_positions += static_cast<int64_t>(lm_text[m].size());
+    predictions += static_cast<int64_t>(lm_text[m].size()) - 1;
+  }
+  std::vector<std::vector<std::vector<float>>> means(static_cast<size_t>(L), std::vector<std::vector<float>>(static_cast<size_t>(H)));
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (double s : sums.sums()[static_cast<size_t>(l)][static_cast<size_t>(h)]) {
+        means[l][h].push_back(text_positions > 0 ? static_cast<float>(s / static_cast<double>(text_positions)) : 0.0f);
+      }
+    }
+  }
+
+  // 2. This rank's (layer, head) jobs.
+  const int rank = world.rank(), ranks = world.size();
+  int64_t my_jobs = 0;
+  for (int64_t j = 0; j < L * H; ++j) my_jobs += j % ranks == rank ? 1 : 0;
+  Grid drop = zeros(L, H), direct = zeros(L, H), lm_drop = zeros(L, H);
+  int64_t done = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    bool any = false;
+    for (int64_t h = 0; h < H; ++h) {
+      if ((l * H + h) % ranks != rank) continue;
+      any = true;
+      const Tensor w_o = to(teacher.head_output_projection(l, h), Device::host, DType::f32);  // [D, d]
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        const CalibrationPrompt& p = prompts[i];
+        HeadPatcher patch(l, h, p.patch_start, caches[i].corrupted[static_cast<size_t>(l)]);
+        const AnswerEval patched = evaluate_answer(teacher, run_forward(teacher, local, p.clean, &patch), p,
+                                                   fmt::format("calibration prompt {} with head ({}, {}) patched", i, l, h));
+        drop[l][h] += caches[i].logprob_clean - patched.logprob;
+        direct[l][h] += direct_effect(caches[i], l, h, w_o);
+      }
+      for (size_t m = 0; m < lm_text.size(); ++m) {
+        HeadMeanAblator ablate(l, h, means[l][h]);
+        const Tensor hidden = run_forward(teacher, local, lm_text[m], &ablate);
+        lm_drop[l][h] += sequence_nll(teacher, hidden, lm_text[m],
+                                      fmt::format("plain-text sequence {} with head ({}, {}) ablated", m, l, h)) -
+                         nll_clean[m];
+      }
+      ++done;
+    }
+    if (any && options.on_layer_done) {
+      options.on_layer_done(ScoringProgress{l, done, my_jobs, std::chrono::duration<double>(Clock::now() - start).count()});
+    }
+  }
+
+  // 3. Every rank gets every job's sums: [3, L, H] values as f32 (hi, lo) pairs; one rank per slot.
+  Tensor buffer = Tensor::zeros({3, L, H, 2}, DType::f32);
+  float* b = buffer.data_as<float>();
+  const Grid* grids[3] = {&drop, &direct, &lm_drop};
+  for (int64_t g = 0; g < 3; ++g) {
+    for (int64_t l = 0; l < L; ++l) {
+      for (int64_t h = 0; h < H; ++h) {
+        const double v = (*grids[g])[l][h];
+        const float hi = static_cast<float>(v);
+        b[((g * L + l) * H + h) * 2] = hi;
+        b[((g * L + l) * H + h) * 2 + 1] = static_cast<float>(v - hi);
+      }
+    }
+  }
+  all_reduce_host(world, buffer);
+
+  HeadScores out;
+  out.prompts = static_cast<int64_t>(prompts.size());
+  out.lm_sequences = static_cast<int64_t>(lm_text.size());
+  out.lm_predictions = predictions;
+  const double n = static_cast<double>(prompts.size());
+  for (const PromptCache& pc : caches) {
+    out.logprob_clean += pc.logprob_clean / n;
+    out.logprob_corrupt += pc.logprob_corrupt / n;
+    out.logit_diff_clean += pc.logit_diff_clean / n;
+    out.logit_diff_corrupt += pc.logit_diff_corrupt / n;
+  }
+  for (double v : nll_clean) out.lm_nll_clean += predictions > 0 ? v / static_cast<double>(predictions) : 0.0;
+  out.total_denominator = out.logprob_clean - out.logprob_corrupt;
+  out.total_normalized = out.total_denominator >= kMinLogprobGap;
+  const double total_scale = out.total_normalized ? out.total_denominator : 1.0;
+  out.total = zeros(L, H);
+  out.direct = zeros(L, H);
+  out.lm = zeros(L, H);
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t h = 0; h < H; ++h) {
+      const auto value = [&](int64_t g) {
+        return static_cast<double>(b[((g * L + l) * H + h) * 2]) + b[((g * L + l) * H + h) * 2 + 1];
+      };
+      out.total[l][h] = value(0) / n / total_scale;
+      out.direct[l][h] = value(1) / n;
+      out.lm[l][h] = predictions > 0 ? value(2) / static_cast<double>(predictions) : 0.0;
+    }
+  }
+  out.forwards = ranks * (2 * out.prompts + out.lm_sequences) + L * H * (out.prompts + out.lm_sequences);
+  return out;
+}
+
+CompositeScores composite_scores(const HeadScores& scores, const ScoreWeights& weights) {
+  const auto scale = [](const Grid& g) {
+    double m = 0;
+    for (const auto& row : g)
+      for (double v : row) m = std::max(m, std::abs(v));
+    return m;
+  };
+  CompositeScores out;
+  out.scale_total = scale(scores.total);
+  out.scale_direct = scale(scores.direct);
+  out.scale_lm = scale(scores.lm);
+  const auto part = [](double weight, double value, double s) { return s > 0 ? weight * value / s : 0.0; };
+  out.composite = scores.total;
+  for (size_t l = 0; l < out.composite.size(); ++l) {
+    for (size_t h = 0; h < out.composite[l].size(); ++h) {
+      out.composite[l][h] = part(weights.total, scores.total[l][h], out.scale_total) +
+                            part(weights.direct, scores.direct[l][h], out.scale_direct) +
+                            part(weights.lm, scores.lm[l][h], out.scale_lm);
+    }
+  }
+  return out;
+}
+
+void Budget::validate(int64_t num_layers, int64_t num_heads) const {
+  if (mode == BudgetMode::per_layer) {
+    HYDRA_USER_CHECK(heads >= 1 && heads <= num_heads,
+                     "--budget {} with --per-layer: a layer has {} heads, so the budget must be in 1..{}", heads, num_heads,
+                     num_heads);
+  } else {
+    HYDRA_USER_CHECK(heads >= 1 && heads <= num_layers * num_heads,
+                     "--budget {}: the model has {} heads ({} layers x {}), so the budget must be in 1..{}", heads,
+                     num_layers * num_heads, num_layers, num_heads, num_layers * num_heads);
+  }
+}
+
+std::vector<std::vector<int>> choose_fa_heads(const Grid& composite, const Budget& budget) {
+  const int64_t L = static_cast<int64_t>(composite.size());
+  HYDRA_ASSERT(L > 0, "no layers to choose from");
+  const int64_t H = static_cast<int64_t>(composite.front().size());
+  budget.validate(L, H);
+  for (const auto& row : composite) {
+    HYDRA_ASSERT(static_cast<int64_t>(row.size()) == H, "ragged score grid");
+    for (double v : row) HYDRA_ASSERT(std::isfinite(v), "non-finite composite score {}", v);
+  }
+  std::vector<std::vector<int>> fa(static_cast<size_t>(L));
+  // Candidates (layer, head) in (layer, head) order; a stable sort by descending score keeps that
+  // order among ties.
+  std::vector<std::pair<int64_t, int64_t>> all;
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t h = 0; h < H; ++h) all.emplace_back(l, h);
+  const auto by_score = [&](const auto& x, const auto& y) { return composite[x.first][x.second] > composite[y.first][y.second]; };
+  if (budget.mode == BudgetMode::global) {
+    std::stable_sort(all.begin(), all.end(), by_score);
+    for (int64_t k = 0; k < budget.heads; ++k) fa[all[k].first].push_back(static_cast<int>(all[k].second));
+  } else {
+    for (int64_t l = 0; l < L; ++l) {
+      std::vector<std::pair<int64_t, int64_t>> layer(all.begin() + l * H, all.begin() + (l + 1) * H);
+      std::stable_sort(layer.begin(), layer.end(), by_score);
+      for (int64_t k = 0; k < budget.heads; ++k) fa[l].push_back(static_cast<int>(layer[k].second));
+    }
+  }
+  for (auto& heads : fa) std::sort(heads.begin(), heads.end());
+  return fa;
+}
+
+}  // namespace hydra::heads

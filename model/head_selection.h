@@ -1,0 +1,130 @@
+// Interpretability-driven head selection (SPEC 1.4): which query heads of a Qwen3 teacher keep full
+// attention when it becomes a HydraHead student. `hydra select-heads` (launch/cmd_select_heads.cpp)
+// drives this; its output is the head-set file `hydra convert --fa-heads file:PATH` reads.
+//
+// Scores per (layer l, head h), on N retrieval prompts with corrupted twins and M plain-text
+// sequences (model/head_calibration.h). o_{l,h}(p) is the head's attention output at position p
+// (before W_o); "patched positions" are [patch_start, T) of a prompt; log p(answer) is the sum of
+// the answer tokens' log-probabilities, teacher forced (model/niah.h).
+//
+//  total (activation patching). Per prompt i: lp_clean, lp_corrupt (the clean answer scored on the
+//    corrupted prompt) and lp_patched(l,h): the clean run with o_{l,h} at the patched positions
+//    replaced by its value on the corrupted prompt. With D = mean_i(lp_clean − lp_corrupt),
+//      total(l,h) = mean_i(lp_clean − lp_patched(l,h)) / D        when D ≥ kMinLogprobGap,
+//    a ratio of means (robust where a single prompt barely reacts): 1 means patching this one head
+//    costs as much as corrupting the needle, 0 nothing, negative that the head worked against the
+//    answer. When corruption does not lower the answer's log-probability by kMinLogprobGap on
+//    average (a model that does not retrieve) the normalisation is meaningless: total is the raw
+//    mean drop in nats and HeadScores::total_normalized says so.
+//  direct (path patching of the direct path). The head's contribution to the final residual stream
+//    is c = W_o[:, h·d:(h+1)·d] · o_{l,h}; read out through the final RMSNorm with its scale frozen
+//    at the clean run's value and the unembedding U, on the logit difference between the answer
+//    token a_j and the corrupted prompt's answer token a'_j at the position predicting it:
+//      readout_j(c) = Σ_k w_final[k] · c[k] · (U[a_j, k] − U[a'_j, k]) / rms_clean(p_j)
+//    rms_clean(p) = sqrt(mean(x_final(p)²) + eps), x_final the residual before the final norm. Clean
+//    minus corrupted o_{l,h}, everything else clean (only this path changes, the frozen norm makes
+//    the readout linear):
+//      direct(l,h) = mean_i Σ_j [readout_j(c_clean) − readout_j(c_corrupt)]     (logits)
+//    over the answer positions p_j = a − 1 + j with a_j ≠ a'_j. Forward returns only the normed
+//    hidden state, so x_final at the p_j is replayed from the clean run's recorded head outputs:
+//    x = embed + Σ_l (o_l W_oᵀ + MLP_l), every term token-local (replay_final_residual); the replay
+//    is checked against the forward's normed output before it is used.
+//  lm (general ability, mean ablation). On the plain text, o_{l,h} at every position is replaced by
+//    its mean over all positions of all M clean sequences, and
+//      lm(l,h) = mean over the M·(T−1) next-token predictions of (NLL_ablated − NLL_clean)   (nats/token).
+//    Mean rather than zero ablation: it removes what the head says about the context while keeping
+//    its constant offset (attention-sink heads have large constant outputs; zeroing them moves the
+//    residual stream off its distribution and measures that shift instead of the head's function).
+//  composite = w_total · total/S_total + w_direct · direct/S_direct + w_lm · lm/S_lm, with S_s the
+//    max |s| over heads (a score that is 0 everywhere contributes nothing), so the weights compare
+//    like with like. Signed: a head whose effect is negative (it works against the answer) is not
+//    what the FA budget should buy. Defaults 1, 1, 0.5 (retrieval first, then general ability).
+//  FA sets: global top-K of composite over all (l, h) (ties: lower layer, then lower head), or
+//    per layer the top K of the layer (ties: lower head); a layer may end up with no FA head.
+// A head whose W_o slice is zero has total = direct = lm = 0 exactly: its output enters nothing.
+//
+// Work. Every rank builds the same inputs and runs, per prompt, one clean and one corrupted forward
+// that record every layer's head outputs at the patched positions (the caches), and one clean
+// forward per plain-text sequence (baseline NLL and the ablation means). The (layer, head) jobs
+// j = l·H + h are then spread round-robin over the ranks (j mod P); a job runs N patched and M
+// ablated forwards and the direct readouts. Each rank runs whole sequences in a world of one
+// (SelfCommunicator on the model's device): jobs need no communication, so the work scales with P
+// until P = L·H; calibration prompts are short (a few K tokens), where sequence parallelism would
+// mostly add latency. The duplicated cache forwards (2N + M per rank) are small next to the
+// L·H·(N + M)/P job forwards. One all-reduce at the end gives every rank every score (each slot
+// has one non-zero contribution, sent as an f32 hi/lo pair, so the sum reproduces the value).
+// Effects of different heads are not additive, so each patched head needs its own forward. What
+// would save the most: a forward that starts at layer l from a cached residual (patching layer l
+// cannot change layers < l), about half the job cost on average; Model has no such entry point.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "model/head_calibration.h"
+#include "model/model.h"
+
+namespace hydra::heads {
+
+using Grid = std::vector<std::vector<double>>;  // [L][H]
+
+// Mean drop of log p(answer) (nats) under corruption below which `total` is not normalised.
+inline constexpr double kMinLogprobGap = 1e-3;
+
+struct HeadScores {
+  Grid total, direct, lm;  // header comment
+  int64_t prompts = 0, lm_sequences = 0, lm_predictions = 0;
+  double logprob_clean = 0, logprob_corrupt = 0;        // means over prompts of log p(answer)
+  double total_denominator = 0;                          // D = mean(lp_clean − lp_corrupt)
+  bool total_normalized = false;                         // D ≥ kMinLogprobGap
+  double logit_diff_clean = 0, logit_diff_corrupt = 0;  // means over prompts of Σ_j logit(a_j) − logit(a'_j)
+  double lm_nll_clean = 0;                               // mean next-token NLL of the plain text, nats
+  int64_t forwards = 0;                                  // forward passes run, all ranks together
+};
+
+struct ScoringProgress {
+  int64_t layer = 0;      // this rank has finished its heads of this layer
+  int64_t jobs_done = 0;  // of this rank's jobs
+  int64_t jobs = 0;
+  double seconds = 0;     // since scoring started
+};
+
+struct ScoringOptions {
+  std::function<void(const ScoringProgress&)> on_layer_done;  // optional, called on every rank
+};
+
+// Scores every head of `teacher` (arch qwen3). Collective over `world`: every rank passes the same
+// prompts and text; every rank returns the same scores. `lm_text` may be empty (lm = 0).
+HeadScores score_heads(const Model& teacher, Communicator& world, std::span<const CalibrationPrompt> prompts,
+                       std::span<const std::vector<int32_t>> lm_text, const ScoringOptions& options = {});
+
+struct ScoreWeights {
+  double total = 1.0, direct = 1.0, lm = 0.5;
+};
+
+struct CompositeScores {
+  Grid composite;
+  double scale_total = 0, scale_direct = 0, scale_lm = 0;  // S_s = max |s| over heads
+};
+CompositeScores composite_scores(const HeadScores& scores, const ScoreWeights& weights);
+
+enum class BudgetMode { global, per_layer };
+
+struct Budget {
+  int64_t heads = 0;  // K
+  BudgetMode mode = BudgetMode::global;
+  // UserError unless 1 ≤ K ≤ L·H (global) or 1 ≤ K ≤ H (per layer).
+  void validate(int64_t num_layers, int64_t num_heads) const;
+};
+
+// The FA head set of every layer (sorted), chosen from composite scores [L][H] under `budget`.
+std::vector<std::vector<int>> choose_fa_heads(const Grid& composite, const Budget& budget);
+
+// The residual stream before the final norm at positions `rows` of a forward over `ids`, replayed
+// from that forward's head outputs o_rows[l] (host f32 [n, H, d], model head order, row r = position
+// rows[r]): x = embed(ids) + Σ_l (o_l W_oᵀ + MLP_l(x)). Host f32 [n, D].
+Tensor replay_final_residual(const Model& model, std::span<const int32_t> row_ids, const std::vector<Tensor>& o_rows);
+
+}  // namespace hydra::heads
