@@ -12,6 +12,8 @@
 // merge: the epilogue reads the earlier (out, lse) of each row it owns and writes the fp32 merge,
 // so a ring step needs no partial buffers and no extra pass.
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/attention/attention.h"
 #include "kernels/cuda/common.cuh"
@@ -246,6 +248,25 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
 }
 
 }  // namespace
+}  // namespace hydra::ops::cuda_impl
+
+#include "kernels/attention/attention_wgmma.cuh"
+
+namespace hydra::ops::cuda_impl {
+
+// The wgmma kernel runs on compute capability 9.0 unless HYDRA_ATTENTION_KERNEL=mma asks for the
+// portable mma.sync kernel (for comparisons and as a fallback).
+bool wgmma_enabled() {
+  static const bool enabled = [] {
+    const char* choice = std::getenv("HYDRA_ATTENTION_KERNEL");
+    if (choice && std::string(choice) == "mma") return false;
+    int device = 0, major = 0;
+    HYDRA_CUDA_CHECK(cudaGetDevice(&device));
+    HYDRA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    return major == 9;
+  }();
+  return enabled;
+}
 
 void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                        const TensorView& v, const AttentionParams& params) {
@@ -297,7 +318,13 @@ void attention_forward(const TensorView& out, const TensorView& lse, const Tenso
   }
   const dim3 grid(static_cast<unsigned>((q.size(0) + kBlockM - 1) / kBlockM), static_cast<unsigned>(hq));
   const size_t smem = static_cast<size_t>((kBlockM + 4 * kBlockN) * d * 2);
-  if (d == 128) {
+  if (d == 128 && wgmma_enabled()) {
+    // Hopper path: wgmma kernel, 128 query rows per CTA.
+    const dim3 wgrid(static_cast<unsigned>((q.size(0) + wg::kM - 1) / wg::kM), static_cast<unsigned>(hq));
+    auto kernel = wg::flash_forward_wgmma_kernel<FlashParams>;
+    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::kSmemBytes));
+    kernel<<<wgrid, wg::kThreads, wg::kSmemBytes, current_stream()>>>(p);
+  } else if (d == 128) {
     HYDRA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     flash_forward_kernel<128><<<grid, kThreads, smem, current_stream()>>>(p);
   } else {
