@@ -14,6 +14,10 @@
 // Rows past the end of the sequence are zero-filled with g = β = 0, which makes them identity
 // steps, so any length works.
 #include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -205,6 +209,8 @@ struct StateArgs {
   bf16_t* chunk_states;    // [chunks, H, D, D] starting state of each chunk, or null
   bf16_t* vnew;            // [chunks, H, C, D] V', or null
   int value_tiles;         // D / BV; tiles ≥ value_tiles (maps only) are M tiles
+  int chunks_per_segment;  // blockIdx.z runs chunks [z·cps, min((z+1)·cps, chunks))
+  int64_t segment_stride;  // elements between segments in state_in / state_out / map_out
 };
 
 template <int D, int BV>
@@ -221,6 +227,9 @@ __global__ void __launch_bounds__(128) gdn_state_kernel(const StateArgs a) {
   const int head = blockIdx.y;
   const bool is_map_tile = static_cast<int>(blockIdx.x) >= a.value_tiles;
   const int col0 = (is_map_tile ? blockIdx.x - a.value_tiles : blockIdx.x) * BV;
+  const int chunk_begin = blockIdx.z * a.chunks_per_segment;
+  const int chunk_end = min(a.chunks, chunk_begin + a.chunks_per_segment);
+  const int64_t seg = blockIdx.z * a.segment_stride;
 
   // State tile in registers: warp owns rows [warp·D/4, +D/4), all BV columns.
   float s[kMt][kNt][4];
@@ -236,7 +245,7 @@ __global__ void __launch_bounds__(128) gdn_state_kernel(const StateArgs a) {
         if (is_map_tile) {
           init = r == c ? 1.0f : 0.0f;
         } else if (a.state_in) {
-          init = a.state_in[(int64_t(head) * D + r) * D + c];
+          init = a.state_in[seg + (int64_t(head) * D + r) * D + c];
         }
         s[mt][nt][e] = init;
       }
@@ -259,10 +268,10 @@ __global__ void __launch_bounds__(128) gdn_state_kernel(const StateArgs a) {
     if (tid == 0) sdecay[stage] = expf(a.gamma[(int64_t(chunk) * a.heads + head) * kC + kC - 1]);
   };
 
-  load_chunk(0, 0);
+  load_chunk(chunk_begin, 0);
   cuda::cp_async_commit();
-  for (int chunk = 0; chunk < a.chunks; ++chunk) {
-    const int stage = chunk % 2;
+  for (int chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+    const int stage = (chunk - chunk_begin) % 2;
     // S (bf16) to shared memory; also the chunk's starting state for the output kernel.
 #pragma unroll
     for (int mt = 0; mt < kMt; ++mt)
@@ -279,7 +288,7 @@ __global__ void __launch_bounds__(128) gdn_state_kernel(const StateArgs a) {
         }
     cuda::cp_async_wait<0>();
     __syncthreads();
-    if (chunk + 1 < a.chunks) load_chunk(chunk + 1, stage ^ 1);
+    if (chunk + 1 < chunk_end) load_chunk(chunk + 1, stage ^ 1);
     cuda::cp_async_commit();
     const unsigned char* sw = stage_base + stage * S::stage;
     const unsigned char* skt = sw + S::wk_bytes;
@@ -346,6 +355,7 @@ __global__ void __launch_bounds__(128) gdn_state_kernel(const StateArgs a) {
   }
   float* dst = is_map_tile ? a.map_out : a.state_out;
   if (dst) {
+    dst += seg;
 #pragma unroll
     for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
@@ -471,6 +481,49 @@ __global__ void __launch_bounds__(128) gdn_output_kernel(Seq q, Seq k, int t_len
 }
 
 // ---------------------------------------------------------------------------------------------
+// Kernel 4: folds segment maps in order. For one head and a 32-column tile of the state,
+// acc ← M_s · acc + add_s for s = 0..S−1, storing acc before each step (the initial state of
+// segment s) and at the end. `add` may be null (zero) and `identity` starts from I instead of
+// `init`/zero (used to compose the M columns of a map).
+constexpr int kFoldCols = 32;
+
+template <int D>
+__global__ void __launch_bounds__(256) gdn_fold_kernel(const float* m, const float* add, const float* init,
+                                                       bool identity, int segments, int heads, float* before_each,
+                                                       float* final_out, int64_t out_ld, int out_col0) {
+  extern __shared__ __align__(16) float fold_smem[];
+  float* acc = fold_smem;               // [D][kFoldCols]
+  float* next = fold_smem + D * kFoldCols;
+  const int head = blockIdx.y, col0 = blockIdx.x * kFoldCols, tid = threadIdx.x;
+  const int64_t mat = int64_t(D) * D;
+  for (int i = tid; i < D * kFoldCols; i += 256) {
+    const int r = i / kFoldCols, c = col0 + i % kFoldCols;
+    acc[i] = identity ? (r == c ? 1.0f : 0.0f) : (init ? init[head * mat + int64_t(r) * D + c] : 0.0f);
+  }
+  __syncthreads();
+  for (int sgm = 0; sgm < segments; ++sgm) {
+    const float* ms = m + (int64_t(sgm) * heads + head) * mat;
+    const float* as = add ? add + (int64_t(sgm) * heads + head) * mat : nullptr;
+    if (before_each) {
+      for (int i = tid; i < D * kFoldCols; i += 256)
+        before_each[(int64_t(sgm) * heads + head) * mat + int64_t(i / kFoldCols) * D + col0 + i % kFoldCols] = acc[i];
+    }
+    for (int i = tid; i < D * kFoldCols; i += 256) {
+      const int r = i / kFoldCols, c = i % kFoldCols;
+      float v = as ? as[int64_t(r) * D + col0 + c] : 0.0f;
+      for (int k = 0; k < D; ++k) v += ms[int64_t(r) * D + k] * acc[k * kFoldCols + c];
+      next[i] = v;
+    }
+    __syncthreads();
+    for (int i = tid; i < D * kFoldCols; i += 256) acc[i] = next[i];
+    __syncthreads();
+  }
+  if (final_out) {
+    for (int i = tid; i < D * kFoldCols; i += 256)
+      final_out[head * int64_t(D) * out_ld + int64_t(i / kFoldCols) * out_ld + out_col0 + col0 + i % kFoldCols] = acc[i];
+  }
+}
+
 struct Workspace {
   Tensor w, u, kt, gamma;
 };
@@ -483,6 +536,25 @@ void check_rows(const TensorView& x, const char* what) {
                    reinterpret_cast<uintptr_t>(x.data()) % 16 == 0,
                "CUDA delta rule: {} rows must be 16-byte aligned", what);
 }
+
+// Optional stage timing (HYDRA_GDN_PROFILE=1): prints each kernel's time, for tuning.
+struct StageProfile {
+  bool on = std::getenv("HYDRA_GDN_PROFILE") != nullptr;
+  std::vector<std::pair<const char*, std::unique_ptr<CudaEvent>>> marks;
+  void mark(const char* name) {
+    if (!on) return;
+    marks.emplace_back(name, std::make_unique<CudaEvent>(true));
+    marks.back().second->record(current_stream());
+  }
+  ~StageProfile() {
+    if (!on || marks.size() < 2) return;
+    marks.back().second->synchronize();
+    std::string line = "gdn stages:";
+    for (size_t i = 1; i < marks.size(); ++i)
+      line += fmt::format(" {} {:.3f} ms", marks[i].first, marks[i].second->elapsed_ms_since(*marks[i - 1].second));
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+};
 
 template <int D>
 Workspace prepare(const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta) {
@@ -501,26 +573,52 @@ Workspace prepare(const TensorView& k, const TensorView& v, const TensorView& g,
   return ws;
 }
 
-// Value tiles per head: narrow enough to give the sequential pass ~one CTA per SM.
 template <int D, int BV>
-void launch_state(const StateArgs& args, int tiles) {
+void launch_state(const StateArgs& args, int tiles, int segments) {
   const size_t smem = StateSmem<D, BV>::total;
   HYDRA_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_kernel<D, BV>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  gdn_state_kernel<D, BV><<<dim3(tiles, args.heads), 128, smem, current_stream()>>>(args);
+  gdn_state_kernel<D, BV><<<dim3(tiles, args.heads, segments), 128, smem, current_stream()>>>(args);
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 
+// The sequential state pass over `segments` independent chunk ranges. Value tiles are 16 columns
+// wide when few CTAs would otherwise leave SMs idle, else 32.
 template <int D>
-void run_state(StateArgs args, bool with_maps) {
-  // 16-column tiles when few heads would leave SMs idle, else 32.
-  const bool narrow = args.heads * (D / 32) * (with_maps ? 2 : 1) < 100;
+void run_state(StateArgs args, bool with_maps, int segments) {
+  const bool narrow = args.heads * (D / 32) * (with_maps ? 2 : 1) * segments < 200;
   if (narrow) {
     args.value_tiles = D / 16;
-    launch_state<D, 16>(args, args.value_tiles * (with_maps ? 2 : 1));
+    launch_state<D, 16>(args, args.value_tiles * (with_maps ? 2 : 1), segments);
   } else {
     args.value_tiles = D / 32;
-    launch_state<D, 32>(args, args.value_tiles * (with_maps ? 2 : 1));
+    launch_state<D, 32>(args, args.value_tiles * (with_maps ? 2 : 1), segments);
   }
+}
+
+template <int D>
+void launch_fold(const Tensor& m, const float* add, const float* init, bool identity, int segments, int heads,
+                 float* before_each, float* final_out, int64_t out_ld, int out_col0) {
+  const size_t smem = 2 * D * kFoldCols * sizeof(float);
+  gdn_fold_kernel<D><<<dim3(D / kFoldCols, heads), 256, smem, current_stream()>>>(
+      m.data_as<float>(), add, init, identity, segments, heads, before_each, final_out, out_ld, out_col0);
+  HYDRA_CUDA_LAUNCH_CHECK();
+}
+
+// Chunks per segment of the in-GPU split scan: long sequences are cut into segments whose maps
+// are computed in parallel and folded, so the sequential pass runs over ≤ kSplitChunks chunks.
+constexpr int kSplitChunks = 256;
+int split_segments(int chunks) { return chunks <= kSplitChunks ? 1 : (chunks + kSplitChunks - 1) / kSplitChunks; }
+
+// Maps (S_ext, M) of every segment of `per_segment` chunks: [segments, H, D, D] each.
+template <int D>
+std::pair<Tensor, Tensor> segment_maps(const Workspace& ws, int chunks, int heads, int segments, int per_segment) {
+  Tensor s_ext = Tensor::empty({segments, heads, D, D}, DType::f32, Device::cuda);
+  Tensor m = Tensor::empty({segments, heads, D, D}, DType::f32, Device::cuda);
+  StateArgs args{ws.w.data_as<bf16_t>(), ws.u.data_as<bf16_t>(), ws.kt.data_as<bf16_t>(), ws.gamma.data_as<float>(),
+                 chunks, heads, nullptr, s_ext.data_as<float>(), m.data_as<float>(), nullptr, nullptr, 0,
+                 per_segment, int64_t(heads) * D * D};
+  run_state<D>(args, true, segments);
+  return {std::move(s_ext), std::move(m)};
 }
 
 template <int D>
@@ -528,19 +626,41 @@ void chunked(const TensorView& out, const TensorView& state, const TensorView& q
              const TensorView& v, const TensorView& g, const TensorView& beta, float scale) {
   const int t_len = static_cast<int>(k.size(0)), heads = static_cast<int>(k.size(1));
   const int chunks = (t_len + kC - 1) / kC;
+  StageProfile profile;
+  profile.mark("start");
   Workspace ws = prepare<D>(k, v, g, beta);
+  profile.mark("prepare");
   Tensor states = Tensor::empty({chunks, heads, D, D}, DType::bf16, Device::cuda);
   Tensor vnew = Tensor::empty({chunks, heads, kC, D}, DType::bf16, Device::cuda);
+  const int segments = split_segments(chunks), per_segment = (chunks + segments - 1) / segments;
   StateArgs args{ws.w.data_as<bf16_t>(), ws.u.data_as<bf16_t>(), ws.kt.data_as<bf16_t>(), ws.gamma.data_as<float>(),
                  chunks, heads, state.data_as<float>(), state.data_as<float>(), nullptr, states.data_as<bf16_t>(),
-                 vnew.data_as<bf16_t>(), 0};
-  run_state<D>(args, false);
+                 vnew.data_as<bf16_t>(), 0, per_segment, 0};
+  Tensor inits;
+  if (segments > 1) {
+    // Maps of all segments in parallel, then fold them for each segment's initial state.
+    const std::pair<Tensor, Tensor> maps = segment_maps<D>(ws, chunks, heads, segments, per_segment);
+    const Tensor& s_ext = maps.first;
+    const Tensor& m = maps.second;
+    profile.mark("maps");
+    inits = Tensor::empty({segments, heads, D, D}, DType::f32, Device::cuda);
+    launch_fold<D>(m, s_ext.data_as<float>(), state.data_as<float>(), false, segments, heads, inits.data_as<float>(),
+                   nullptr, D, 0);
+    profile.mark("fold");
+    args.state_in = inits.data_as<float>();
+    args.segment_stride = int64_t(heads) * D * D;
+    args.state_out = inits.data_as<float>();  // each segment's final state; the last one is the answer
+  }
+  run_state<D>(args, false, segments);
+  profile.mark("states");
+  if (segments > 1) copy_into(state, inits.view().select(0, segments - 1));
   const size_t smem = OutputSmem<D>::total;
   HYDRA_CUDA_CHECK(cudaFuncSetAttribute(gdn_output_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   gdn_output_kernel<D><<<dim3(chunks, heads), 128, smem, current_stream()>>>(
       seq_of(q), seq_of(k), t_len, heads, states.data_as<bf16_t>(), vnew.data_as<bf16_t>(), ws.gamma.data_as<float>(),
       scale, out.data_as<bf16_t>(), out.stride(0), out.stride(1));
   HYDRA_CUDA_LAUNCH_CHECK();
+  profile.mark("outputs");
 }
 
 template <int D>
@@ -549,9 +669,13 @@ void segment_map(const TensorView& m, const TensorView& s_ext, const TensorView&
   const int t_len = static_cast<int>(k.size(0)), heads = static_cast<int>(k.size(1));
   const int chunks = (t_len + kC - 1) / kC;
   Workspace ws = prepare<D>(k, v, g, beta);
-  StateArgs args{ws.w.data_as<bf16_t>(), ws.u.data_as<bf16_t>(), ws.kt.data_as<bf16_t>(), ws.gamma.data_as<float>(),
-                 chunks, heads, nullptr, s_ext.data_as<float>(), m.data_as<float>(), nullptr, nullptr, 0};
-  run_state<D>(args, true);
+  const int segments = split_segments(chunks), per_segment = (chunks + segments - 1) / segments;
+  const std::pair<Tensor, Tensor> parts = segment_maps<D>(ws, chunks, heads, segments, per_segment);
+  const Tensor& parts_ext = parts.first;
+  const Tensor& parts_m = parts.second;
+  // Compose: S_ext = fold of the parts from 0, M = product of the parts' M from I.
+  launch_fold<D>(parts_m, parts_ext.data_as<float>(), nullptr, false, segments, heads, nullptr, s_ext.data_as<float>(), D, 0);
+  launch_fold<D>(parts_m, nullptr, nullptr, true, segments, heads, nullptr, m.data_as<float>(), D, 0);
 }
 
 void check_common(const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta) {

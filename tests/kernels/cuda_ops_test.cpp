@@ -193,8 +193,9 @@ struct GdnCase {
 
 TEST(CudaOps, ChunkedDeltaRuleAndSegmentMapMatchReference) {
   HYDRA_REQUIRE_GPU();
+  // 20000 and 40000 tokens exceed 256 chunks: the in-GPU split scan (segment maps + fold) runs.
   for (const GdnCase c : {GdnCase{1, 1, 64}, GdnCase{63, 2, 64}, GdnCase{64, 1, 128}, GdnCase{65, 2, 128},
-                          GdnCase{200, 3, 64}, GdnCase{1000, 2, 128}}) {
+                          GdnCase{200, 3, 64}, GdnCase{1000, 2, 128}, GdnCase{20000, 2, 128}, GdnCase{40000, 1, 64}}) {
     const std::string what = "delta rule T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) + " d=" + std::to_string(c.d);
     Tensor q = random_tensor({c.t, c.h, c.d}, 30), k = random_tensor({c.t, c.h, c.d}, 31);
     ops::l2_norm(q, 1e-6f);
