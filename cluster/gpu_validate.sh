@@ -1,64 +1,85 @@
 #!/usr/bin/env bash
-# GPU validation on a machine with NVIDIA GPUs: the GPU test suites, kernel benchmarks next to
-# their anchors (same GPU, same job), and prefill figures. Writes logs and JSON lines to OUT_DIR.
+# GPU validation on a machine with NVIDIA GPUs, in one job: the GPU test suites, kernel benchmarks
+# next to their anchors (same GPU, same job), the prefill scaling sweep and a NIAH cell at 512K.
+# Writes logs, JSON lines and plots to OUT_DIR.
 #
-#   cluster/gpu_validate.sh BIN_DIR OUT_DIR [tests] [bench] [anchors] [prefill1] [prefill2]
+#   cluster/gpu_validate.sh BIN_DIR OUT_DIR [tests] [bench] [anchors] [sweep] [niah]
 #
 # BIN_DIR holds hydra, test_cuda and test_parallel_gpu. Stages (default: all):
-#   tests     GPU unit tests (1 GPU) and the multi-GPU suite (mpirun -np 2 when 2 GPUs are present)
-#   bench     hydra bench: GEMM ceiling, FA (8K×16, 32K×16, 128K×2, 512K×2), GDN (32K/128K/512K ×14)
-#   anchors   PyTorch SDPA (cuDNN, FA2) and flash-linear-attention on the same shapes
-#   prefill1  hydrahead-1.7b prefill at 128K and 512K on one GPU
-#   prefill2  hydrahead-1.7b prefill at 512K and 1M on two GPUs
+#   tests    GPU unit tests (incl. the mma.sync attention kernel via HYDRA_ATTENTION_KERNEL=mma),
+#            multi-GPU suite under mpirun -np 2 (when 2 GPUs are present)
+#   bench    hydra bench: GEMM ceiling; FA 8K×16, 32K×16, 128K×2, 512K×2 (+ mma.sync at 32K);
+#            GDN 32K/128K/512K × 14 heads with per-stage times (HYDRA_GDN_PROFILE)
+#   anchors  PyTorch SDPA (cuDNN, FA2) and flash-linear-attention on the same shapes; table
+#   sweep    hydrahead-1.7b prefill, 1 GPU × {128K,256K,512K}, 2 GPUs × {128K,256K,512K,1M}; plot
+#   niah     eval-niah, hydrahead-1.7b (random weights), one 512K cell on 1 and on 2 GPUs
+# If the wgmma attention kernel fails its test, later stages fall back to the mma.sync kernel and
+# say so.
 set -uo pipefail
 bin=$(cd "$1" && pwd); out=$2; shift 2
-stages=${*:-tests bench anchors prefill1 prefill2}
+stages=${*:-tests bench anchors sweep niah}
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 echo "== $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1) x $gpus"
 has() { [[ " $stages " == *" $1 "* ]]; }
+command -v cuobjdump > /dev/null && echo "HGMMA instructions in hydra: $(cuobjdump --dump-sass "$bin/hydra" 2>/dev/null | grep -c HGMMA)"
 
 if has tests; then
   echo "== GPU unit tests"
-  (cd "$root" && "$bin/test_cuda" 2>&1 | tee "$out/test_cuda.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==|rel error|Failure|Expected|Which|error" | head -60)
+  (cd "$root" && "$bin/test_cuda" 2>&1 | tee "$out/test_cuda.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |rel error|Failure|Expected|Which|max relative" | head -40)
+  if grep -q "FAILED.*FlashAttention" "$out/test_cuda.log"; then
+    echo "!! wgmma attention failed its test: the remaining stages use the mma.sync kernel"
+    export HYDRA_ATTENTION_KERNEL=mma
+  fi
+  echo "== GPU unit tests, mma.sync attention kernel"
+  (cd "$root" && HYDRA_ATTENTION_KERNEL=mma "$bin/test_cuda" --gtest_filter='*FlashAttention*' 2>&1 | tee "$out/test_cuda_mma.log" | grep -E "^\[  (PASSED|FAILED) |Failure" | head -10)
   if [ "$gpus" -ge 2 ]; then
     echo "== multi-GPU tests (2 ranks)"
-    (cd "$root" && timeout 240 mpirun --oversubscribe -np 2 "$bin/test_parallel_gpu" 2>&1 | tee "$out/test_parallel_gpu.log" |
-      grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==|GPUs vs|rank [0-9]\]|Failure|mpi \]" | head -40)
+    (cd "$root" && timeout 300 mpirun --oversubscribe -np 2 -x HYDRA_ATTENTION_KERNEL "$bin/test_parallel_gpu" 2>&1 | tee "$out/test_parallel_gpu.log" |
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |GPUs vs|rank [0-9]\]|Failure|mpi \]" | head -20)
   fi
 fi
 if has bench; then
   echo "== hydra bench"
   b="$out/bench.jsonl"; : > "$b"
-  "$bin/hydra" bench --op gemm --json-out "$b" > /dev/null
+  "$bin/hydra" bench --op gemm --json-out "$b" > /dev/null 2>> "$out/bench.log"
   for spec in 8192x16 32768x16 131072x2 524288x2; do
-    "$bin/hydra" bench --op attention --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null || echo "bench attention $spec failed"
+    "$bin/hydra" bench --op attention --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench attention $spec FAILED"
   done
+  HYDRA_ATTENTION_KERNEL=mma "$bin/hydra" bench --op attention --seq-len 32768 --heads 16 --repeat 5 --json-out "$out/bench_mma.jsonl" > /dev/null 2>> "$out/bench.log"
   for spec in 32768x14 131072x14 524288x14; do
-    "$bin/hydra" bench --op gdn --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null || echo "bench gdn $spec failed"
+    HYDRA_GDN_PROFILE=1 "$bin/hydra" bench --op gdn --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench gdn $spec FAILED"
   done
-  cat "$b"
+  grep -E "TFLOP/s =|gdn stages" "$out/bench.log" | awk '!seen[$0]++' | grep -v "ceiling:" | sed -E 's/^\[hydra +[0-9.]+s\] //' | tail -24
 fi
 if has anchors; then
   echo "== anchors (PyTorch SDPA, flash-linear-attention)"
-  python3 "$root/cluster/bench/anchors.py" --repeat 5 > "$out/anchors.jsonl" 2> "$out/anchors.err"; tail -3 "$out/anchors.err"
-  cat "$out/anchors.jsonl"
+  python3 "$root/cluster/bench/anchors.py" --repeat 5 > "$out/anchors.jsonl" 2> "$out/anchors.err"; tail -2 "$out/anchors.err"
   [ -s "$out/bench.jsonl" ] && python3 "$root/cluster/bench/compare.py" "$out/bench.jsonl" "$out/anchors.jsonl" | tee "$out/compare.md"
 fi
-if has prefill1; then
-  echo "== prefill, 1 GPU"
-  for n in 128K 512K; do
-    timeout 900 "$bin/hydra" prefill --preset hydrahead-1.7b --seq-len $n --device cuda --json-out "$out/prefill.jsonl" 2>&1 |
-      grep -vE "^\[hydra .*layer " | tail -4
-  done
+if has sweep; then
+  echo "== prefill sweep"
+  lens2="128K,256K,512K,1M"; [ "$gpus" -ge 2 ] || lens2=""
+  python3 "$root/cluster/sweep.py" --hydra "$bin/hydra" --gpus 1 --lengths 128K,256K,512K --out "$out/sweep.jsonl"
+  [ -n "$lens2" ] && python3 "$root/cluster/sweep.py" --hydra "$bin/hydra" --gpus 2 --lengths "$lens2" --out "$out/sweep.jsonl"
+  python3 "$root/cluster/plot_sweep.py" "$out/sweep.jsonl" --out "$out/sweep.png"
+  python3 - "$out/sweep.jsonl" <<'PY'
+import json, sys
+for r in map(json.loads, open(sys.argv[1])):
+    if "error" in r: print(r); continue
+    ph = r["phases_rank0"]
+    print(f"{r['ranks']} GPU(s) {r['seq_len']:>8}: {r['seconds']:7.3f} s  {r['tflops_per_rank']:5.0f} TFLOP/s/GPU  "
+          f"gemm {ph['gemm']:.2f} fa {ph['fa']:.2f} gdn {ph['gdn']:.2f} comm {ph['comm']:.2f} other {ph['other']:.2f}  "
+          f"mem {r['peak_memory_gib']:.1f} GiB")
+PY
 fi
-if has prefill2 && [ "$gpus" -ge 2 ]; then
-  echo "== prefill, 2 GPUs"
-  for n in 512K 1M; do
-    timeout 900 mpirun --oversubscribe -np 2 -x NCCL_NVLS_ENABLE "$bin/hydra" prefill --preset hydrahead-1.7b --seq-len $n \
-      --device cuda --json-out "$out/prefill.jsonl" 2>&1 | grep -vE "^\[hydra .*layer " | tail -4
-  done
+if has niah; then
+  echo "== eval-niah 512K cell"
+  "$bin/hydra" eval-niah --preset hydrahead-1.7b --lengths 512K --depths 50 --samples 1 --device cuda \
+    --out "$out/niah_1gpu.jsonl" 2>&1 | tail -3
+  [ "$gpus" -ge 2 ] && mpirun --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x HYDRA_ATTENTION_KERNEL -x LD_LIBRARY_PATH "$bin/hydra" eval-niah \
+    --preset hydrahead-1.7b --lengths 512K --depths 50 --samples 1 --device cuda --out "$out/niah_2gpu.jsonl" 2>&1 | tail -3
 fi
 echo "== done"

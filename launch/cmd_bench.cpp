@@ -7,6 +7,7 @@
 // gdn: the chunked gated delta rule forward (prepare + state pass + outputs), time and the
 // effective TFLOP/s of model/cost.h's FLOP count. gemm: M×N×K bf16, 2·M·N·K / time.
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 
@@ -159,7 +160,9 @@ int run_bench(App& app, const std::vector<std::string>& args) {
       check_attention(q, k, v, out, p);
       ms = time_ms(opt.warmup, opt.repeat, [&] { ops::attention_forward(out, lse, q, k, v, p); });
       tflops = causal_attention_flops(t, h, d) / (ms * 1e-3) / 1e12;
-      what = fmt::format("attention causal T={} H={} d={}", t, h, d);
+      const char* kernel = std::getenv("HYDRA_ATTENTION_KERNEL");
+      what = fmt::format("attention causal T={} H={} d={}{}", t, h, d,
+                         kernel && std::string(kernel) == "mma" ? " [mma.sync]" : "");
       j.update({{"seq_len", t}, {"heads", h}, {"kv_heads", hk}, {"head_dim", d}});
     } else {
       Tensor q = random_device({t, h, d}, "bench.q"), k = random_device({t, h, d}, "bench.k"), v = random_device({t, h, d}, "bench.v");

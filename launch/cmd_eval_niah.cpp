@@ -24,6 +24,8 @@
 #include "launch/niah_report.h"
 #include "model/niah.h"
 #include "model/niah_set.h"
+#include "model/params.h"
+#include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
 #include "runtime/sizes.h"
@@ -48,6 +50,8 @@ struct EvalNiahOptions {
   int64_t values = 3;
   std::string dataset;
   std::string out, out_h5;
+  std::string device = "auto";
+  double nccl_timeout = 600;
   std::set<std::string> given;  // generator flags given on the command line (they conflict with --dataset)
 
   void bind(po::options_description& o) {
@@ -71,7 +75,9 @@ struct EvalNiahOptions {
         ("values", po::value(&values)->notifier(mark("values")), "multivalue: values of the queried key (default 3)")
         ("dataset", po::value(&dataset), "instead of the generator: an HDF5 NIAH eval set (cluster/niah/build_niah_set.py)")
         ("out", po::value(&out)->required(), "results as JSON lines (per sample and per cell), written by rank 0")
-        ("out-h5", po::value(&out_h5), "HDF5 copy of the results (default: --out with .jsonl replaced by .h5)");
+        ("out-h5", po::value(&out_h5), "HDF5 copy of the results (default: --out with .jsonl replaced by .h5)")
+        ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present): one GPU per rank")
+        ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
   }
 
   // Flag-level checks (nothing is read); fills in the default --out-h5.
@@ -181,7 +187,8 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     return 0;
   }
   opt.validate();
-  Communicator& comm = app.world;
+  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+  Communicator& comm = *world.comm;
   const ModelConfig config = opt.model.config();
   const int64_t vocab = config.vocab_size;
 
@@ -243,7 +250,12 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   for (const CellPlan& c : plan) total_samples += c.samples;
 
   const auto t0 = Clock::now();
-  const Model model(config, opt.model.parameters().params);
+  // GPU: bf16 weights (a preset draws them on the device); CPU: the fp32 reference path.
+  const Device device = world.device;
+  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  const Model model = opt.model.preset.empty()
+                          ? Model(config, opt.model.parameters().params, device, dtype)
+                          : Model(config, random_parameters(config, opt.model.seed, device, dtype), device, dtype);
   const double load_s = seconds_since(t0);
   log::info("eval-niah: {} — {} cells, {} samples on {} rank(s), weights loaded in {:.2f} s", config.summary(),
             plan.size(), total_samples, comm.size(), load_s);

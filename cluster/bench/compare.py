@@ -14,7 +14,7 @@ def load(path):
 
 
 def key(rec):
-    return rec["what"].replace(" bf16", "")
+    return rec["what"].replace(" bf16", "").split(" [")[0]
 
 
 def main():

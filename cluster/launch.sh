@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Launches a hydra command on GPUs with mpirun, one rank per GPU, single node or several.
+#
+#   cluster/launch.sh -g GPUS_PER_NODE [-n NODES] [-H HOSTFILE] -- hydra prefill --preset hydrahead-1.7b --seq-len 1M
+#
+# Ranks are placed node by node (ppr:GPUS:node); each rank takes GPU = its local rank (hydra picks
+# it). The environment NCCL needs is exported to every rank. NVLink multicast (NVLS) stays off
+# unless NCCL_NVLS_ENABLE is set by the caller: some shared machines must never use it.
+set -euo pipefail
+gpus=1 nodes=1 hostfile=""
+while getopts "g:n:H:" opt; do
+  case $opt in
+    g) gpus=$OPTARG ;;
+    n) nodes=$OPTARG ;;
+    H) hostfile=$OPTARG ;;
+    *) echo "usage: $0 -g GPUS_PER_NODE [-n NODES] [-H HOSTFILE] -- command ..." >&2; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+[ "${1:-}" = "--" ] && shift
+[ $# -gt 0 ] || { echo "usage: $0 -g GPUS_PER_NODE [-n NODES] [-H HOSTFILE] -- command ..." >&2; exit 2; }
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+[ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+args=(-np $((gpus * nodes)) --map-by "ppr:${gpus}:node" --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x PATH)
+for v in NCCL_DEBUG NCCL_SOCKET_IFNAME NCCL_IB_HCA CUDA_VISIBLE_DEVICES HYDRA_ATTENTION_KERNEL; do
+  [ -n "${!v:-}" ] && args+=(-x "$v")
+done
+[ -n "$hostfile" ] && args+=(--hostfile "$hostfile")
+exec mpirun "${args[@]}" "$@"
