@@ -8,13 +8,13 @@
 # BIN_DIR holds hydra, test_cuda and test_parallel_gpu. Stages (default: all):
 #   tests    GPU unit tests (incl. the mma.sync attention kernel via HYDRA_ATTENTION_KERNEL=mma),
 #            multi-GPU suite under mpirun -np 2 (when 2 GPUs are present)
-#   bench    hydra bench: GEMM ceiling; FA 8K×16, 32K×16, 128K×2, 512K×2 (+ mma.sync at 32K);
+#   bench    hydra bench: GEMM ceiling; FA 8K×16, 32K×16, 128K×2, 512K×2 (+ the other kernels at 32K);
 #            GDN 32K/128K/512K × 14 heads with per-stage times (HYDRA_GDN_PROFILE)
 #   anchors  PyTorch SDPA (cuDNN, FA2) and flash-linear-attention on the same shapes; table
 #   sweep    hydrahead-1.7b prefill, 1 GPU × {128K,256K,512K}, 2 GPUs × {128K,256K,512K,1M}; plot
 #   niah     eval-niah, hydrahead-1.7b (random weights), one 512K cell on 1 and on 2 GPUs
-# If the wgmma attention kernel fails its test, later stages fall back to the mma.sync kernel and
-# say so.
+# If the default (wgmma) attention kernel fails its test, later stages fall back to the mma.sync
+# kernel and say so. HYDRA_ATTENTION_KERNEL=wgmma-simple|mma selects the other kernels.
 set -uo pipefail
 bin=$(cd "$1" && pwd); out=$2; shift 2
 stages=${*:-tests bench anchors sweep niah}
@@ -33,8 +33,10 @@ if has tests; then
     echo "!! wgmma attention failed its test: the remaining stages use the mma.sync kernel"
     export HYDRA_ATTENTION_KERNEL=mma
   fi
-  echo "== GPU unit tests, mma.sync attention kernel"
-  (cd "$root" && HYDRA_ATTENTION_KERNEL=mma "$bin/test_cuda" --gtest_filter='*FlashAttention*' 2>&1 | tee "$out/test_cuda_mma.log" | grep -E "^\[  (PASSED|FAILED) |Failure" | head -10)
+  for kernel in wgmma-simple mma; do
+    echo "== GPU attention test, $kernel kernel"
+    (cd "$root" && HYDRA_ATTENTION_KERNEL=$kernel "$bin/test_cuda" --gtest_filter='*FlashAttention*' 2>&1 | tee "$out/test_cuda_$kernel.log" | grep -E "^\[  (PASSED|FAILED) |Failure" | head -10)
+  done
   if [ "$gpus" -ge 2 ]; then
     echo "== multi-GPU tests (2 ranks)"
     (cd "$root" && timeout 300 mpirun --oversubscribe -np 2 -x HYDRA_ATTENTION_KERNEL "$bin/test_parallel_gpu" 2>&1 | tee "$out/test_parallel_gpu.log" |
@@ -48,11 +50,14 @@ if has bench; then
   for spec in 8192x16 32768x16 131072x2 524288x2; do
     "$bin/hydra" bench --op attention --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench attention $spec FAILED"
   done
-  HYDRA_ATTENTION_KERNEL=mma "$bin/hydra" bench --op attention --seq-len 32768 --heads 16 --repeat 5 --json-out "$out/bench_mma.jsonl" > /dev/null 2>> "$out/bench.log"
+  for kernel in wgmma-simple mma; do
+    HYDRA_ATTENTION_KERNEL=$kernel "$bin/hydra" bench --op attention --seq-len 32768 --heads 16 --repeat 5 \
+      --json-out "$out/bench_variants.jsonl" > /dev/null 2>> "$out/bench.log"
+  done
   for spec in 32768x14 131072x14 524288x14; do
     HYDRA_GDN_PROFILE=1 "$bin/hydra" bench --op gdn --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench gdn $spec FAILED"
   done
-  grep -E "TFLOP/s =|gdn stages" "$out/bench.log" | awk '!seen[$0]++' | grep -v "ceiling:" | sed -E 's/^\[hydra +[0-9.]+s\] //' | tail -24
+  grep -E "TFLOP/s =|gdn stages" "$out/bench.log" | grep -v "ceiling:" | sed -E 's/^\[hydra +[0-9.]+s\] //' | awk '!seen[$0]++' | tail -16
 fi
 if has anchors; then
   echo "== anchors (PyTorch SDPA, flash-linear-attention)"

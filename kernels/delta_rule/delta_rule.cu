@@ -3,7 +3,7 @@
 // Three kernels per call (the WY/UT form of delta_rule.h; bf16 tensor-core products with fp32
 // accumulation, fp32 state and statistics):
 //  1. prepare  (grid: chunks × heads, parallel): γ = cumsum(g) in the chunk; L = strictly-lower
-//     β_i (k_i·k_j) e^{γ_i−γ_j}; T = (I + L)⁻¹ by forward substitution; W = T(β e^γ K),
+//     β_i (k_i·k_j) e^{γ_i−γ_j}; T = (I + L)⁻¹ by blocked forward substitution; W = T(β e^γ K),
 //     U = T(β V), K̃ = e^{γ_C−γ} K. Written chunk-major to a workspace.
 //  2. state    (grid: value-column tiles × heads, sequential over chunks): the state tile
 //     S[:, tile] lives in registers; per chunk V' = U − W S and S ← e^{γ_C} S + K̃ᵀ V'. It stores
@@ -42,8 +42,9 @@ struct PrepareSmem {
   static constexpr size_t k_bytes = kC * D * 2;  // K, later β e^γ K (bf16, swizzled)
   static constexpr size_t v_bytes = kC * D * 2;  // β V (bf16, swizzled)
   static constexpr size_t t_bytes = kC * (kC + 8) * 2;  // T as bf16, padded rows
-  static constexpr size_t l_bytes = kC * kC * 4;  // L / T in fp32
-  static constexpr size_t total = k_bytes + v_bytes + t_bytes + l_bytes + 3 * kC * 4;
+  static constexpr size_t l_bytes = kC * kC * 4 + 4 * 256 * 4;  // L in fp32, then per-warp 16×16 scratch
+  static constexpr size_t inv_bytes = kC * kC * 4;               // T = (I + L)⁻¹ in fp32
+  static constexpr size_t total = k_bytes + v_bytes + t_bytes + l_bytes + inv_bytes + 3 * kC * 4;
 };
 
 template <int D>
@@ -57,7 +58,8 @@ __global__ void __launch_bounds__(256) gdn_prepare_kernel(Seq k, Seq v, Seq g, S
   unsigned char* sv = sk + S::k_bytes;
   bf16_t* st = reinterpret_cast<bf16_t*>(sv + S::v_bytes);
   float* sl = reinterpret_cast<float*>(sv + S::v_bytes + S::t_bytes);
-  float* sgamma = sl + kC * kC;
+  float* sinv = reinterpret_cast<float*>(sv + S::v_bytes + S::t_bytes + S::l_bytes);
+  float* sgamma = sinv + kC * kC;
   float* sbeta = sgamma + kC;
   float* sraw = sbeta + kC;
   const int chunk = blockIdx.x, head = blockIdx.y, t0 = chunk * kC;
@@ -121,24 +123,53 @@ __global__ void __launch_bounds__(256) gdn_prepare_kernel(Seq k, Seq v, Seq g, S
       }
   }
   __syncthreads();
-  // T = (I + L)⁻¹, unit lower triangular, in place over L (row i uses rows < i):
-  // T[i][c] = −L[i][c] − Σ_{c<j<i} L[i][j] T[j][c] for c < i. Thread c owns column c.
-  for (int i = 1; i < kC; ++i) {
-    float acc = 0.0f;
-    if (tid < i) {  // rows j < i already hold T; row i still holds L until everyone has read it
-      const int c = tid;
-      acc = sl[i * kC + c];
-      for (int j = c + 1; j < i; ++j) acc += sl[i * kC + j] * sl[j * kC + c];
+  // T = (I + L)⁻¹ (unit lower triangular) by 16×16 blocks, into `sinv`:
+  //  1. warp b inverts diagonal block b by forward substitution (warp-synchronous, no CTA barrier):
+  //     X[i][c] = −(L[i][c] + Σ_{c<j<i} L[i][j] X[j][c]) for c < i;
+  //  2. off-diagonal blocks by distance d = i − j: X_ij = −X_ii Σ_{k=j}^{i−1} L_ik X_kj, all blocks of
+  //     one distance in parallel (one warp each), a CTA barrier between distances.
+  {
+    for (int i = tid; i < kC * kC; i += 256) sinv[i] = (i / kC == i % kC) ? 1.0f : 0.0f;
+    __syncthreads();
+    if (warp < 4) {
+      const int r0 = warp * 16, c = lane;
+      for (int i = 1; i < 16; ++i) {
+        float acc = 0.0f;
+        if (c < i) {
+          acc = sl[(r0 + i) * kC + r0 + c];
+          for (int j = c + 1; j < i; ++j) acc += sl[(r0 + i) * kC + r0 + j] * sinv[(r0 + j) * kC + r0 + c];
+        }
+        __syncwarp();
+        if (c < i) sinv[(r0 + i) * kC + r0 + c] = -acc;
+        __syncwarp();
+      }
     }
     __syncthreads();
-    if (tid < i) sl[i * kC + tid] = -acc;
-    __syncthreads();
+    float* scratch = sl + kC * kC;  // 16×16 per warp
+    for (int dist = 1; dist < 4; ++dist) {
+      if (warp < 4 - dist) {
+        const int bj = warp, bi = warp + dist;
+        float* y = scratch + warp * 256;
+        for (int e = lane; e < 256; e += 32) {  // Y = Σ_k L_ik X_kj
+          const int r = e / 16, cc = e % 16;
+          float acc = 0.0f;
+          for (int bk = bj; bk < bi; ++bk)
+            for (int t = 0; t < 16; ++t) acc += sl[(bi * 16 + r) * kC + bk * 16 + t] * sinv[(bk * 16 + t) * kC + bj * 16 + cc];
+          y[e] = acc;
+        }
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32) {  // X_ij = −X_ii Y
+          const int r = e / 16, cc = e % 16;
+          float acc = 0.0f;
+          for (int t = 0; t <= r; ++t) acc += sinv[(bi * 16 + r) * kC + bi * 16 + t] * y[t * 16 + cc];
+          sinv[(bi * 16 + r) * kC + bj * 16 + cc] = -acc;
+        }
+      }
+      __syncthreads();
+    }
   }
   // T (bf16, diagonal 1) and the scaled right-hand sides β e^γ K (in place of K) and β V.
-  for (int i = tid; i < kC * kC; i += 256) {
-    const int r = i / kC, c = i % kC;
-    st[r * (kC + 8) + c] = __float2bfloat16_rn(c < r ? sl[i] : (c == r ? 1.0f : 0.0f));
-  }
+  for (int i = tid; i < kC * kC; i += 256) st[(i / kC) * (kC + 8) + i % kC] = __float2bfloat16_rn(sinv[i]);
   const float gamma_last = sgamma[kC - 1];
   for (int i = tid; i < kC * D; i += 256) {
     const int r = i / D, c = i % D;
@@ -480,50 +511,6 @@ __global__ void __launch_bounds__(128) gdn_output_kernel(Seq q, Seq k, int t_len
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Kernel 4: folds segment maps in order. For one head and a 32-column tile of the state,
-// acc ← M_s · acc + add_s for s = 0..S−1, storing acc before each step (the initial state of
-// segment s) and at the end. `add` may be null (zero) and `identity` starts from I instead of
-// `init`/zero (used to compose the M columns of a map).
-constexpr int kFoldCols = 32;
-
-template <int D>
-__global__ void __launch_bounds__(256) gdn_fold_kernel(const float* m, const float* add, const float* init,
-                                                       bool identity, int segments, int heads, float* before_each,
-                                                       float* final_out, int64_t out_ld, int out_col0) {
-  extern __shared__ __align__(16) float fold_smem[];
-  float* acc = fold_smem;               // [D][kFoldCols]
-  float* next = fold_smem + D * kFoldCols;
-  const int head = blockIdx.y, col0 = blockIdx.x * kFoldCols, tid = threadIdx.x;
-  const int64_t mat = int64_t(D) * D;
-  for (int i = tid; i < D * kFoldCols; i += 256) {
-    const int r = i / kFoldCols, c = col0 + i % kFoldCols;
-    acc[i] = identity ? (r == c ? 1.0f : 0.0f) : (init ? init[head * mat + int64_t(r) * D + c] : 0.0f);
-  }
-  __syncthreads();
-  for (int sgm = 0; sgm < segments; ++sgm) {
-    const float* ms = m + (int64_t(sgm) * heads + head) * mat;
-    const float* as = add ? add + (int64_t(sgm) * heads + head) * mat : nullptr;
-    if (before_each) {
-      for (int i = tid; i < D * kFoldCols; i += 256)
-        before_each[(int64_t(sgm) * heads + head) * mat + int64_t(i / kFoldCols) * D + col0 + i % kFoldCols] = acc[i];
-    }
-    for (int i = tid; i < D * kFoldCols; i += 256) {
-      const int r = i / kFoldCols, c = i % kFoldCols;
-      float v = as ? as[int64_t(r) * D + col0 + c] : 0.0f;
-      for (int k = 0; k < D; ++k) v += ms[int64_t(r) * D + k] * acc[k * kFoldCols + c];
-      next[i] = v;
-    }
-    __syncthreads();
-    for (int i = tid; i < D * kFoldCols; i += 256) acc[i] = next[i];
-    __syncthreads();
-  }
-  if (final_out) {
-    for (int i = tid; i < D * kFoldCols; i += 256)
-      final_out[head * int64_t(D) * out_ld + int64_t(i / kFoldCols) * out_ld + out_col0 + col0 + i % kFoldCols] = acc[i];
-  }
-}
-
 struct Workspace {
   Tensor w, u, kt, gamma;
 };
@@ -595,13 +582,15 @@ void run_state(StateArgs args, bool with_maps, int segments) {
   }
 }
 
-template <int D>
-void launch_fold(const Tensor& m, const float* add, const float* init, bool identity, int segments, int heads,
-                 float* before_each, float* final_out, int64_t out_ld, int out_col0) {
-  const size_t smem = 2 * D * kFoldCols * sizeof(float);
-  gdn_fold_kernel<D><<<dim3(D / kFoldCols, heads), 256, smem, current_stream()>>>(
-      m.data_as<float>(), add, init, identity, segments, heads, before_each, final_out, out_ld, out_col0);
-  HYDRA_CUDA_LAUNCH_CHECK();
+// Folds segment maps in order with one batched fp32 GEMM per segment (all heads at once):
+// states[s+1] = M_s · states[s] + add_s, from states[0] (set by the caller). `add` null: no addend
+// (composing the M parts). m, add: [≥ steps, H, D, D]; states: [steps + 1, H, D, D].
+void fold_maps(const TensorView& m, const TensorView* add, const TensorView& states, int steps) {
+  for (int s = 0; s < steps; ++s) {
+    const TensorView next = states.select(0, s + 1);
+    if (add) copy_into(next, add->select(0, s));
+    gemm_batched(next, m.select(0, s), states.select(0, s), GemmParams{.beta = add ? 1.0f : 0.0f});
+  }
 }
 
 // Chunks per segment of the in-GPU split scan: long sequences are cut into segments whose maps
@@ -640,12 +629,11 @@ void chunked(const TensorView& out, const TensorView& state, const TensorView& q
   if (segments > 1) {
     // Maps of all segments in parallel, then fold them for each segment's initial state.
     const std::pair<Tensor, Tensor> maps = segment_maps<D>(ws, chunks, heads, segments, per_segment);
-    const Tensor& s_ext = maps.first;
-    const Tensor& m = maps.second;
     profile.mark("maps");
-    inits = Tensor::empty({segments, heads, D, D}, DType::f32, Device::cuda);
-    launch_fold<D>(m, s_ext.data_as<float>(), state.data_as<float>(), false, segments, heads, inits.data_as<float>(),
-                   nullptr, D, 0);
+    inits = Tensor::empty({segments + 1, heads, D, D}, DType::f32, Device::cuda);
+    copy_into(inits.view().select(0, 0), state);
+    const TensorView s_ext = maps.first;
+    fold_maps(maps.second, &s_ext, inits, segments - 1);
     profile.mark("fold");
     args.state_in = inits.data_as<float>();
     args.segment_stride = int64_t(heads) * D * D;
@@ -653,7 +641,7 @@ void chunked(const TensorView& out, const TensorView& state, const TensorView& q
   }
   run_state<D>(args, false, segments);
   profile.mark("states");
-  if (segments > 1) copy_into(state, inits.view().select(0, segments - 1));
+  if (segments > 1) copy_into(state, inits.view().select(0, segments - 1));  // final state of the last segment
   const size_t smem = OutputSmem<D>::total;
   HYDRA_CUDA_CHECK(cudaFuncSetAttribute(gdn_output_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   gdn_output_kernel<D><<<dim3(chunks, heads), 128, smem, current_stream()>>>(
@@ -673,9 +661,15 @@ void segment_map(const TensorView& m, const TensorView& s_ext, const TensorView&
   const std::pair<Tensor, Tensor> parts = segment_maps<D>(ws, chunks, heads, segments, per_segment);
   const Tensor& parts_ext = parts.first;
   const Tensor& parts_m = parts.second;
-  // Compose: S_ext = fold of the parts from 0, M = product of the parts' M from I.
-  launch_fold<D>(parts_m, parts_ext.data_as<float>(), nullptr, false, segments, heads, nullptr, s_ext.data_as<float>(), D, 0);
-  launch_fold<D>(parts_m, nullptr, nullptr, true, segments, heads, nullptr, m.data_as<float>(), D, 0);
+  // Compose: S_ext = the parts' S_ext folded from 0; M = M_{S−1} ⋯ M_0.
+  Tensor acc = Tensor::empty({segments + 1, heads, D, D}, DType::f32, Device::cuda);
+  fill(acc.view().select(0, 0), 0.0f);
+  const TensorView ext = parts_ext;
+  fold_maps(parts_m, &ext, acc, segments);
+  copy_into(s_ext, acc.view().select(0, segments));
+  copy_into(acc.view().select(0, 0), parts_m.view().select(0, 0));
+  fold_maps(parts_m.view().narrow(0, 1, segments - 1), nullptr, acc, segments - 1);
+  copy_into(m, acc.view().select(0, segments - 1));
 }
 
 void check_common(const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta) {

@@ -45,4 +45,18 @@ void gemm(const TensorView& out, const TensorView& a, const TensorView& b, const
                                   static_cast<int>(out.stride(0)), compute, CUBLAS_GEMM_DEFAULT));
 }
 
+void gemm_batched(const TensorView& out, const TensorView& a, const TensorView& b, const GemmParams& p) {
+  HYDRA_ASSERT(out.rank() == 3 && a.rank() == 3 && b.rank() == 3 && a.size(0) == out.size(0) && b.size(0) == out.size(0),
+               "batched GEMM shapes {} {} {}", out.shape_string(), a.shape_string(), b.shape_string());
+  for (const TensorView* t : {&out, &a, &b}) HYDRA_ASSERT(t->stride(2) == 1, "batched GEMM needs unit column strides");
+  const bool ta = p.transpose_a == Transpose::yes, tb = p.transpose_b == Transpose::yes;
+  const int64_t m = out.size(1), n = out.size(2), k = ta ? a.size(1) : a.size(2);
+  HYDRA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+      static_cast<int>(k), &p.alpha, b.data(), cuda_type(b.dtype()), static_cast<int>(b.stride(1)), b.stride(0), a.data(),
+      cuda_type(a.dtype()), static_cast<int>(a.stride(1)), a.stride(0), &p.beta, out.data(), cuda_type(out.dtype()),
+      static_cast<int>(out.stride(1)), out.stride(0), static_cast<int>(out.size(0)), CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
+}
+
 }  // namespace hydra::ops::cuda_impl

@@ -32,6 +32,8 @@ void set_cpu_threads(int threads);
 #if HYDRA_CUDA
 namespace cuda_impl {  // matmul.cu: cuBLAS
 void gemm(const TensorView& out, const TensorView& a, const TensorView& b, const GemmParams& params);
+// out[i] = alpha · op(a[i]) · op(b[i]) + beta · out[i] over the leading dimension (one launch).
+void gemm_batched(const TensorView& out, const TensorView& a, const TensorView& b, const GemmParams& params);
 }  // namespace cuda_impl
 #endif
 
