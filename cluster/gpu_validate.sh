@@ -14,7 +14,7 @@
 #   sweep    hydrahead-1.7b prefill, 1 GPU × {128K,256K,512K}, 2 GPUs × {128K,256K,512K,1M}; plot
 #   niah     eval-niah, hydrahead-1.7b (random weights), one 512K cell on 1 and on 2 GPUs
 # If the default (wgmma) attention kernel fails its test, later stages fall back to the mma.sync
-# kernel and say so. HYDRA_ATTENTION_KERNEL=wgmma-simple|mma selects the other kernels.
+# kernel and say so. HYDRA_ATTENTION_KERNEL=mma selects the mma.sync kernel.
 set -uo pipefail
 bin=$(cd "$1" && pwd); out=$2; shift 2
 stages=${*:-tests bench anchors sweep niah}
@@ -33,7 +33,7 @@ if has tests; then
     echo "!! wgmma attention failed its test: the remaining stages use the mma.sync kernel"
     export HYDRA_ATTENTION_KERNEL=mma
   fi
-  for kernel in wgmma-simple mma; do
+  for kernel in mma; do
     echo "== GPU attention test, $kernel kernel"
     (cd "$root" && HYDRA_ATTENTION_KERNEL=$kernel "$bin/test_cuda" --gtest_filter='*FlashAttention*' 2>&1 | tee "$out/test_cuda_$kernel.log" | grep -E "^\[  (PASSED|FAILED) |Failure" | head -10)
   done
@@ -50,7 +50,7 @@ if has bench; then
   for spec in 8192x16 32768x16 131072x2 524288x2; do
     "$bin/hydra" bench --op attention --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench attention $spec FAILED"
   done
-  for kernel in wgmma-simple mma; do
+  for kernel in mma; do
     HYDRA_ATTENTION_KERNEL=$kernel "$bin/hydra" bench --op attention --seq-len 32768 --heads 16 --repeat 5 \
       --json-out "$out/bench_variants.jsonl" > /dev/null 2>> "$out/bench.log"
   done

@@ -254,31 +254,18 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
 
 namespace hydra::ops::cuda_impl {
 
-// Which kernel serves head dim 128: on compute capability 9.0 the wgmma kernel with MMA/softmax
-// overlap; HYDRA_ATTENTION_KERNEL=wgmma-simple (no overlap) or =mma (the portable mma.sync kernel)
-// choose another, for comparisons and as a fallback.
-enum class FlashKernel { mma, wgmma_simple, wgmma };
-FlashKernel flash_kernel_d128() {
-  static const FlashKernel chosen = [] {
-    const char* env = std::getenv("HYDRA_ATTENTION_KERNEL");
-    const std::string choice = env ? env : "";
-    if (choice == "mma") return FlashKernel::mma;
+// The wgmma kernel runs on compute capability 9.0 unless HYDRA_ATTENTION_KERNEL=mma asks for the
+// portable mma.sync kernel (for comparisons and as a fallback).
+bool wgmma_enabled() {
+  static const bool enabled = [] {
+    const char* choice = std::getenv("HYDRA_ATTENTION_KERNEL");
+    if (choice && std::string(choice) == "mma") return false;
     int device = 0, major = 0;
     HYDRA_CUDA_CHECK(cudaGetDevice(&device));
     HYDRA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    if (major != 9) return FlashKernel::mma;
-    return choice == "wgmma-simple" ? FlashKernel::wgmma_simple : FlashKernel::wgmma;
+    return major == 9;
   }();
-  return chosen;
-}
-
-template <bool Overlap>
-void launch_wgmma(const FlashParams& p, int64_t tq, int64_t hq) {
-  const dim3 grid(static_cast<unsigned>((tq + wg::kM - 1) / wg::kM), static_cast<unsigned>(hq));
-  auto kernel = wg::flash_forward_wgmma_kernel<FlashParams, Overlap>;
-  const size_t smem = wg::smem_bytes<Overlap>();
-  HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<grid, wg::kThreads, smem, current_stream()>>>(p);
+  return enabled;
 }
 
 void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
@@ -331,12 +318,12 @@ void attention_forward(const TensorView& out, const TensorView& lse, const Tenso
   }
   const dim3 grid(static_cast<unsigned>((q.size(0) + kBlockM - 1) / kBlockM), static_cast<unsigned>(hq));
   const size_t smem = static_cast<size_t>((kBlockM + 4 * kBlockN) * d * 2);
-  if (d == 128 && flash_kernel_d128() != FlashKernel::mma) {
-    if (flash_kernel_d128() == FlashKernel::wgmma) {
-      launch_wgmma<true>(p, q.size(0), hq);
-    } else {
-      launch_wgmma<false>(p, q.size(0), hq);
-    }
+  if (d == 128 && wgmma_enabled()) {
+    // Hopper path: wgmma kernel, 128 query rows per CTA.
+    const dim3 wgrid(static_cast<unsigned>((q.size(0) + wg::kM - 1) / wg::kM), static_cast<unsigned>(hq));
+    auto kernel = wg::flash_forward_wgmma_kernel<FlashParams>;
+    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::kSmemBytes));
+    kernel<<<wgrid, wg::kThreads, wg::kSmemBytes, current_stream()>>>(p);
   } else if (d == 128) {
     HYDRA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     flash_forward_kernel<128><<<grid, kThreads, smem, current_stream()>>>(p);

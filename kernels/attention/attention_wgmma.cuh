@@ -1,15 +1,14 @@
 // Hopper flash attention forward (head dim 128): warpgroup MMA (wgmma) for both products.
 //
-// CTA = one warpgroup (128 threads) = 64 query rows; two CTAs share an SM, so one CTA's softmax
-// runs while the other's MMAs are in flight. Key/value tiles of 64 rows stream through a cp.async
-// ring in 128-byte-swizzled shared memory laid out as wgmma reads it (kernels/cuda/wgmma.cuh):
-//   S = Q Kᵀ:  8 × wgmma m64n64k16, Q and K from shared memory (both K-major);
-//   softmax:   online, base 2, fp32 statistics, τ and masking exactly as the mma.sync kernel;
-//   O += P V:  4 × wgmma m64n128k16, P from registers (the accumulator layout of S converted to
-//              bf16 is wgmma's A-register layout), V from shared memory read transposed.
-// Overlap = true (the default): the product S_{j+1} = Q K_{j+1} is issued before the softmax of
-// tile j, so the tensor cores work while the CUDA cores exponentiate (3-stage ring, two S
-// accumulators). Overlap = false: the plain sequence, 2 stages (kept for comparison).
+// CTA = 2 warpgroups (256 threads) = 128 query rows, each warpgroup owning 64 rows. Key/value
+// tiles of 128 rows stream through a 2-stage cp.async pipeline into 128-byte-swizzled shared
+// memory laid out as wgmma expects (kernels/cuda/wgmma.cuh). Per tile:
+//   S = Q Kᵀ:  8 × wgmma m64n128k16, Q and K from shared memory (both K-major);
+//   softmax:   online, base 2, fp32 statistics, τ and masking as in the mma.sync kernel;
+//   O += P V:  8 × wgmma m64n128k16, P from registers (the accumulator layout of S, converted to
+//              bf16, is wgmma's A-register layout), V from shared memory read transposed.
+// The two warpgroups run their softmax while the other's MMAs are in flight (no explicit
+// ping-pong schedule). Same parameters, masking rules and merge epilogue as the mma.sync kernel.
 #pragma once
 
 #include "kernels/cuda/mma.cuh"
@@ -18,27 +17,23 @@
 namespace hydra::ops::cuda_impl {
 namespace wg {
 
-constexpr int kM = 64, kN = 64, kThreads = 128, kD = 128;
-constexpr uint32_t kBlockBytes = 64 * 128;        // one [64 rows][64] bf16 block
-constexpr uint32_t kTileBytes = 2 * kBlockBytes;  // a [64][128] tile as two column blocks
-template <bool Overlap>
-constexpr int kStages = Overlap ? 3 : 2;
-template <bool Overlap>
-constexpr size_t smem_bytes() { return (1 + 2 * kStages<Overlap>) * kTileBytes + 1024; }
+constexpr int kM = 128, kN = 128, kThreads = 256, kD = 128;
+constexpr uint32_t kBlockBytes = 128 * 128;       // one [128 rows][64] bf16 block
+constexpr uint32_t kTileBytes = 2 * kBlockBytes;  // a [128][128] tile as two column blocks
+constexpr size_t kSmemBytes = 5 * kTileBytes + 1024;  // Q, K×2, V×2 and alignment slack
 
-// Byte offset of 16-byte chunk `c` (0..15) of row `r` in a [64][128] tile.
+// Byte offset of 16-byte chunk `c` (0..15) of row `r` in a [128][128] tile.
 __device__ __forceinline__ uint32_t tile_offset(int r, int c) {
   return static_cast<uint32_t>((c / 8) * kBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16));
 }
 
-template <class Params, bool Overlap>
-__global__ void __launch_bounds__(kThreads, 2) flash_forward_wgmma_kernel(const __grid_constant__ Params p) {
-  constexpr int S = kStages<Overlap>;
+template <class Params>
+__global__ void __launch_bounds__(kThreads, 1) flash_forward_wgmma_kernel(const __grid_constant__ Params p) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (cuda::smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms: 1024-byte aligned
-  const uint32_t sq = base, sk = base + kTileBytes, sv = sk + S * kTileBytes;
+  const uint32_t sq = base, sk = base + kTileBytes, sv = base + 3 * kTileBytes;
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int tid = threadIdx.x, wgi = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
   const int head = blockIdx.y;
   const int q0 = (gridDim.x - 1 - blockIdx.x) * kM;  // longest-first
   const int kvh = p.kv_of[head];
@@ -55,20 +50,21 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_wgmma_kernel(const 
   const int n_blocks = (k_end + kN - 1) / kN;
 
   auto load_tile = [&](uint32_t dst, const bf16_t* src, int64_t row_stride, int row0, int rows_valid) {
-    for (int i = tid; i < 64 * 16; i += kThreads) {
+    for (int i = tid; i < 128 * 16; i += kThreads) {
       const int r = i / 16, c = i % 16;
       const bool ok = row0 + r < rows_valid;
       cuda::cp_async_16(dst + tile_offset(r, c), src + (ok ? (row0 + r) * row_stride : 0) + c * 8, ok ? 16 : 0);
     }
   };
-  auto load_kv = [&](int block) {
-    const uint32_t stage = static_cast<uint32_t>(block % S) * kTileBytes;
-    load_tile(sk + stage, kg, p.k_st, block * kN, p.tk);
-    load_tile(sv + stage, vg, p.v_st, block * kN, p.tk);
-  };
+  load_tile(sq, qg, p.q_st, q0, p.tq);
+  if (n_blocks > 0) {
+    load_tile(sk, kg, p.k_st, 0, p.tk);
+    load_tile(sv, vg, p.v_st, 0, p.tk);
+  }
+  cuda::cp_async_commit();
 
   const int g4 = lane / 4, c4 = lane % 4;
-  const int row0 = q0 + warp * 16 + g4, row1 = row0 + 8;
+  const int row0 = q0 + wgi * 64 + warp * 16 + g4, row1 = row0 + 8;
   float row_scale[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -80,43 +76,52 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_wgmma_kernel(const 
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float s0[32], s1[32];
 
-  // S = Q K_block^T into `acc` (issued and committed, not waited).
-  auto issue_scores = [&](float (&acc)[32], int block) {
-    const uint32_t ks = sk + static_cast<uint32_t>(block % S) * kTileBytes;
+  for (int kb = 0; kb < n_blocks; ++kb) {
+    cuda::cp_async_wait<0>();
+    cuda::fence_proxy_async();  // this thread's cp.async writes -> visible to wgmma (async proxy)
+    __syncthreads();
+    if (kb + 1 < n_blocks) {
+      const uint32_t stage = static_cast<uint32_t>((kb + 1) % 2) * kTileBytes;
+      load_tile(sk + stage, kg, p.k_st, (kb + 1) * kN, p.tk);
+      load_tile(sv + stage, vg, p.v_st, (kb + 1) * kN, p.tk);
+    }
+    cuda::cp_async_commit();
+    const uint32_t ks = sk + static_cast<uint32_t>(kb % 2) * kTileBytes;
+    const uint32_t vs = sv + static_cast<uint32_t>(kb % 2) * kTileBytes;
+
+    // S = Q Kᵀ for this warpgroup's 64 rows and the tile's 128 keys.
+    float s[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s[i] = 0.0f;
     cuda::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t koff = static_cast<uint32_t>((kk / 4) * kBlockBytes + (kk % 4) * 32);
-      cuda::wgmma_m64n64k16_ss(acc, cuda::wgmma_desc(sq + koff, 16, 1024), cuda::wgmma_desc(ks + koff, 16, 1024),
-                               kk > 0 ? 1 : 0);
+      const uint64_t da = cuda::wgmma_desc(sq + koff + static_cast<uint32_t>(wgi * 64 * 128), 16, 1024);
+      const uint64_t db = cuda::wgmma_desc(ks + koff, 16, 1024);
+      cuda::wgmma_m64n128k16_ss(s, da, db, kk > 0 ? 1 : 0);
     }
     cuda::wgmma_commit();
-  };
+    cuda::wgmma_wait<0>();
 
-  // Softmax of tile `block` (scores in `acc`, read only: while an S product is in flight no
-  // accumulator register may be written, or ptxas serialises the wgmma pipeline), then
-  // O += P V (issued, committed, waited). `in_flight`: an S product was issued before this call;
-  // it is waited for before O is rescaled.
-  auto softmax_and_pv = [&](const float (&acc)[32], int block, bool in_flight) {
-    const int key0 = block * kN;
+    const int key0 = kb * kN;
     const bool need_mask = key0 + kN > p.tk || (p.causal && p.k_pos0 + key0 + kN - 1 > p.q_pos0 + q0);
-    auto score = [&](int j, int e) {  // scaled, masked score of element e of column tile j
-      const int r = e / 2;
-      float x = acc[4 * j + e] * row_scale[r];
-      if (need_mask) {
-        const int key = key0 + j * 8 + c4 * 2 + (e % 2);
-        const int64_t qpos = p.q_pos0 + (r == 0 ? row0 : row1);
-        if (key >= p.tk || (p.causal && p.k_pos0 + key > qpos)) x = -INFINITY;
-      }
-      return x;
-    };
     float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < kN / 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) row_max[e / 2] = fmaxf(row_max[e / 2], score(j, e));
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        float x = s[4 * j + e] * row_scale[r];
+        if (need_mask) {
+          const int key = key0 + j * 8 + c4 * 2 + (e % 2);
+          const int64_t qpos = p.q_pos0 + (r == 0 ? row0 : row1);
+          if (key >= p.tk || (p.causal && p.k_pos0 + key > qpos)) x = -INFINITY;
+        }
+        s[4 * j + e] = x;
+        row_max[r] = fmaxf(row_max[r], x);
+      }
     }
     float corr[2];
 #pragma unroll
@@ -133,8 +138,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_wgmma_kernel(const 
     uint32_t pa[kN / 16][4];
 #pragma unroll
     for (int j = 0; j < kN / 8; ++j) {
-      const float p0 = exp2f(score(j, 0) - row_max[0]), p1 = exp2f(score(j, 1) - row_max[0]);
-      const float p2 = exp2f(score(j, 2) - row_max[1]), p3 = exp2f(score(j, 3) - row_max[1]);
+      const float p0 = exp2f(s[4 * j + 0] - row_max[0]), p1 = exp2f(s[4 * j + 1] - row_max[0]);
+      const float p2 = exp2f(s[4 * j + 2] - row_max[1]), p3 = exp2f(s[4 * j + 3] - row_max[1]);
       row_sum[0] += p0 + p1;
       row_sum[1] += p2 + p3;
       pa[j / 2][(j % 2) * 2 + 0] = cuda::pack_bf16(p0, p1);
@@ -142,7 +147,6 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_wgmma_kernel(const 
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + row_sum[r];
-    if (in_flight) cuda::wgmma_wait<0>();  // S_{j+1} done: no wgmma is in flight while O changes
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
       o[4 * j + 0] *= corr[0];
@@ -150,61 +154,15 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_wgmma_kernel(const 
       o[4 * j + 2] *= corr[1];
       o[4 * j + 3] *= corr[1];
     }
-    const uint32_t vs = sv + static_cast<uint32_t>(block % S) * kTileBytes;
+    // O += P V: V [keys][d] is read transposed (MN-major B); d spans two 64-column blocks.
     cuda::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
-      cuda::wgmma_m64n128k16_rs<1>(o, pa[kk], cuda::wgmma_desc(vs + static_cast<uint32_t>(kk * 16 * 128), kBlockBytes, 1024), 1);
+      const uint64_t db = cuda::wgmma_desc(vs + static_cast<uint32_t>(kk * 16 * 128), kBlockBytes, 1024);
+      cuda::wgmma_m64n128k16_rs<1>(o, pa[kk], db, 1);
     }
     cuda::wgmma_commit();
     cuda::wgmma_wait<0>();
-  };
-
-  // Landing of the copies of `block` (and of Q): wait, make them visible to wgmma, then barrier.
-  auto arrive = [&]() {
-    cuda::cp_async_wait<0>();
-    cuda::fence_proxy_async();
-    __syncthreads();
-  };
-
-  load_tile(sq, qg, p.q_st, q0, p.tq);
-  if (n_blocks > 0) load_kv(0);
-  cuda::cp_async_commit();
-  if constexpr (Overlap) {
-    if (n_blocks > 0) {
-      arrive();
-      if (n_blocks > 1) load_kv(1);
-      cuda::cp_async_commit();
-      issue_scores(s0, 0);
-      cuda::wgmma_wait<0>();
-    }
-    // Iteration j: S_j is complete in s[j % 2]; issue S_{j+1}, prefetch K/V_{j+2}, softmax and PV of j.
-    // The loop is unrolled by two so the accumulator arrays are named at compile time.
-    auto step = [&](float (&cur)[32], float (&next)[32], int j) {
-      const bool ahead = j + 1 < n_blocks;
-      if (ahead) {
-        arrive();  // K/V_{j+1} landed; every warp is past PV_{j−1}, so stage (j+2)%3 is free
-        issue_scores(next, j + 1);
-      } else {
-        __syncthreads();
-      }
-      if (j + 2 < n_blocks) load_kv(j + 2);
-      cuda::cp_async_commit();
-      softmax_and_pv(cur, j, ahead);
-    };
-    for (int j = 0; j < n_blocks; j += 2) {
-      step(s0, s1, j);
-      if (j + 1 < n_blocks) step(s1, s0, j + 1);
-    }
-  } else {
-    for (int j = 0; j < n_blocks; ++j) {
-      arrive();
-      if (j + 1 < n_blocks) load_kv(j + 1);
-      cuda::cp_async_commit();
-      issue_scores(s0, j);
-      cuda::wgmma_wait<0>();
-      softmax_and_pv(s0, j, false);
-    }
   }
   cuda::cp_async_wait<0>();
 

@@ -1,6 +1,6 @@
 // Hopper warpgroup MMA (wgmma, sm_90a) for the flash attention kernel: shared-memory matrix
-// descriptors, the fences, and m64n64k16 / m64n128k16 bf16 -> fp32 wrappers (SS: both operands in
-// shared memory; RS: A in registers). Generated operand lists: 32 / 64 fp32 accumulators per thread.
+// descriptors, the fences, and m64n128k16 bf16 -> fp32 wrappers (SS: both operands in shared
+// memory; RS: A in registers). Generated operand lists: 64 fp32 accumulators per thread.
 //
 // Shared-memory layout used with these descriptors (128-byte swizzle, CUTLASS's Swizzle<3,4,3>):
 // a tile is stored as blocks of [rows][64] bf16 (128-byte rows); 16-byte chunk c of row r sits at
@@ -33,22 +33,6 @@ __device__ __forceinline__ void wgmma_wait() {
 // Generic-proxy writes to shared memory (cp.async, st.shared) made visible to the async proxy
 // that wgmma reads through; each writing thread executes it before the barrier.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// D[64×64] (+)= A[64×16] · B[16×64], A and B from shared memory (descriptors).
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
 
 // D[64×128] (+)= A[64×16] · B[16×128], A and B from shared memory (descriptors).
 __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
