@@ -17,6 +17,7 @@
 #include "model/params.h"
 #include "parallel/gdn_scan.h"
 #include "parallel/ring_attention.h"
+#include "runtime/concurrency.h"
 #include "runtime/fault.h"
 
 namespace hydra {
@@ -233,17 +234,16 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
   }
   Tensor heads = Tensor::empty({t, H, d}, dtype_, device_);  // physical order: FA heads, then GDN heads
   const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
-  int64_t col = 0;
-  auto take = [&](int64_t width) {
-    const TensorView block = proj.view().narrow(1, col, width);
-    col += width;
-    return block;
-  };
-  if (hfa > 0) {
-    const TensorView q = take(hfa * d).split_dim(1, hfa, d);
-    const TensorView k = take(gfa * d).split_dim(1, gfa, d);
-    const TensorView v = take(gfa * d).split_dim(1, gfa, d);
-    const TensorView gate = take(hfa * d);
+  // Column blocks of the fused projection (model.h): FA q, k, v, gate, then GDN q|k|v, a, b.
+  const TensorView pv = proj.view();
+  const int64_t c_fa = 0, c_gdn = hfa > 0 ? 2 * hfa * d + 2 * gfa * d : 0;
+  const int64_t used = c_gdn + (hg > 0 ? 3 * hg * d + 2 * hg : 0);
+  HYDRA_ASSERT(used <= proj.size(1), "fused projection has {} columns, {} used", proj.size(1), used);
+  auto fa_branch = [&] {
+    const TensorView q = pv.narrow(1, c_fa, hfa * d).split_dim(1, hfa, d);
+    const TensorView k = pv.narrow(1, c_fa + hfa * d, gfa * d).split_dim(1, gfa, d);
+    const TensorView v = pv.narrow(1, c_fa + (hfa + gfa) * d, gfa * d).split_dim(1, gfa, d);
+    const TensorView gate = pv.narrow(1, c_fa + (hfa + 2 * gfa) * d, hfa * d);
     {
       ScopedPhase phase(timer, Phase::other);
       ops::rms_norm(q, q, w.q_norm, norm);
@@ -255,12 +255,13 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
                    ops::AttentionParams{.tau_log_base = config_.fa_log_base, .kv_head_of_query = w.fa_kv_of}, timer);
     ScopedPhase phase(timer, Phase::other);
     ops::sigmoid_gate(heads.view().reshape({t, H * d}).narrow(1, 0, hfa * d), o_acc.view().reshape({t, hfa * d}), gate);
-  }
-  if (hg > 0) {
-    const TensorView qkv = take(3 * hg * d);
-    const TensorView a = take(hg), b = take(hg);
+  };
+  auto gdn_branch = [&] {
+    Communicator& comm = context.comm;
+    const TensorView qkv = pv.narrow(1, c_gdn, 3 * hg * d);
+    const TensorView a = pv.narrow(1, c_gdn + 3 * hg * d, hg), b = pv.narrow(1, c_gdn + 3 * hg * d + hg, hg);
     Tensor conv = Tensor::empty({t, 3 * hg * d}, dtype_, device_);
-    causal_conv_sequence_parallel(context.comm, context.layout, conv, qkv, w.conv, timer);
+    causal_conv_sequence_parallel(comm, context.layout, conv, qkv, w.conv, timer);
     const TensorView q = conv.view().narrow(1, 0, hg * d).split_dim(1, hg, d);
     const TensorView k = conv.view().narrow(1, hg * d, hg * d).split_dim(1, hg, d);
     const TensorView v = conv.view().narrow(1, 2 * hg * d, hg * d).split_dim(1, hg, d);
@@ -274,10 +275,20 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
       ops::l2_norm(k, l2_eps);
       ops::gdn_gates(beta, g, b, a, w.a_log, w.dt_bias);
     }
-    gdn_sequence_parallel(context.comm, context.layout, heads.view().narrow(1, hfa, hg), q, k, v, g, beta,
+    gdn_sequence_parallel(comm, context.layout, heads.view().narrow(1, hfa, hg), q, k, v, g, beta,
                           ops::DeltaRuleParams{}, timer);
+  };
+  // The branches are independent (SPEC 3): on the GPU the GDN branch runs on a side stream while
+  // the FA ring's transfers and attention run on this one. Collectives of both branches go through
+  // the communicator's own stream in the host order (GDN first), the same on every rank, so the
+  // overlap cannot reorder them across ranks.
+  if (hfa > 0 && hg > 0) {
+    run_concurrently(device_, fa_branch, gdn_branch);
+  } else if (hfa > 0) {
+    fa_branch();
+  } else if (hg > 0) {
+    gdn_branch();
   }
-  HYDRA_ASSERT(col <= proj.size(1), "fused projection has {} columns, {} used", proj.size(1), col);
   {
     ScopedPhase phase(timer, Phase::other);
     ops::head_fusion(heads, heads, w.fuse_norm, w.fuse_gamma, {static_cast<float>(config_.rms_norm_eps)});

@@ -41,10 +41,12 @@ struct PrepareSmem {
   static constexpr int kChunks = D / 8;
   static constexpr size_t k_bytes = kC * D * 2;  // K, later β e^γ K (bf16, swizzled)
   static constexpr size_t v_bytes = kC * D * 2;  // β V (bf16, swizzled)
-  static constexpr size_t t_bytes = kC * (kC + 8) * 2;  // T as bf16, padded rows
-  static constexpr size_t l_bytes = kC * kC * 4 + 4 * 256 * 4;  // L in fp32, then per-warp 16×16 scratch
-  static constexpr size_t inv_bytes = kC * kC * 4;               // T = (I + L)⁻¹ in fp32
-  static constexpr size_t total = k_bytes + v_bytes + t_bytes + l_bytes + inv_bytes + 3 * kC * 4;
+  // L in fp32 and per-warp 16×16 scratch during the inverse; afterwards the same bytes hold T as
+  // bf16 with padded rows (kC·(kC+8)·2 bytes) for the W/U products.
+  static constexpr size_t l_bytes = kC * kC * 4 + 4 * 256 * 4;
+  static constexpr size_t inv_bytes = kC * kC * 4;  // T = (I + L)⁻¹ in fp32
+  static constexpr size_t total = k_bytes + v_bytes + l_bytes + inv_bytes + 5 * kC * 4;
+  static_assert(kC * (kC + 8) * 2 <= l_bytes, "bf16 T must fit in the L buffer");
 };
 
 template <int D>
@@ -56,12 +58,14 @@ __global__ void __launch_bounds__(256) gdn_prepare_kernel(Seq k, Seq v, Seq g, S
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* sk = smem;
   unsigned char* sv = sk + S::k_bytes;
-  bf16_t* st = reinterpret_cast<bf16_t*>(sv + S::v_bytes);
-  float* sl = reinterpret_cast<float*>(sv + S::v_bytes + S::t_bytes);
-  float* sinv = reinterpret_cast<float*>(sv + S::v_bytes + S::t_bytes + S::l_bytes);
+  float* sl = reinterpret_cast<float*>(sv + S::v_bytes);
+  bf16_t* st = reinterpret_cast<bf16_t*>(sl);  // T (bf16) reuses L's bytes once the inverse is done
+  float* sinv = reinterpret_cast<float*>(sv + S::v_bytes + S::l_bytes);
   float* sgamma = sinv + kC * kC;
   float* sbeta = sgamma + kC;
   float* sraw = sbeta + kC;
+  float* sexp = sraw + kC;    // e^{γ_i}
+  float* stail = sexp + kC;   // e^{γ_C − γ_i}
   const int chunk = blockIdx.x, head = blockIdx.y, t0 = chunk * kC;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int valid = min(kC, t_len - t0);
@@ -168,17 +172,22 @@ __global__ void __launch_bounds__(256) gdn_prepare_kernel(Seq k, Seq v, Seq g, S
       __syncthreads();
     }
   }
-  // T (bf16, diagonal 1) and the scaled right-hand sides β e^γ K (in place of K) and β V.
+  // T (bf16, diagonal 1; L's bytes are free now) and the scaled right-hand sides β e^γ K (in place
+  // of K) and β V.
   for (int i = tid; i < kC * kC; i += 256) st[(i / kC) * (kC + 8) + i % kC] = __float2bfloat16_rn(sinv[i]);
-  const float gamma_last = sgamma[kC - 1];
+  if (tid < kC) {
+    sexp[tid] = expf(sgamma[tid]);
+    stail[tid] = expf(sgamma[kC - 1] - sgamma[tid]);
+  }
+  __syncthreads();
   for (int i = tid; i < kC * D; i += 256) {
     const int r = i / D, c = i % D;
     bf16_t* kp = reinterpret_cast<bf16_t*>(sk + cuda::swizzled<kChunks>(r, c / 8)) + c % 8;
     bf16_t* vp = reinterpret_cast<bf16_t*>(sv + cuda::swizzled<kChunks>(r, c / 8)) + c % 8;
     const float kv = __bfloat162float(*kp);
     const int64_t o = ((int64_t(chunk) * heads + head) * kC + r) * D + c;
-    kt_out[o] = __float2bfloat16_rn(kv * expf(gamma_last - sgamma[r]));
-    *kp = __float2bfloat16_rn(kv * sbeta[r] * expf(sgamma[r]));
+    kt_out[o] = __float2bfloat16_rn(kv * stail[r]);
+    *kp = __float2bfloat16_rn(kv * sbeta[r] * sexp[r]);
     *vp = __float2bfloat16_rn(__bfloat162float(*vp) * sbeta[r]);
   }
   if (tid < kC) gamma_out[(int64_t(chunk) * heads + head) * kC + tid] = sgamma[tid];

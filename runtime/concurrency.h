@@ -1,0 +1,20 @@
+// Two independent pieces of work run concurrently on the GPU: `main_work` on the calling thread's
+// current stream and `side_work` on a second stream that first waits for everything already queued
+// on the current stream; the current stream then waits for the side stream before anything queued
+// later. On the host (and for host work) the two run one after the other, side_work first.
+//
+// Used for the FA and GDN branches of a HydraHead layer (SPEC 3: the branches are independent, so
+// the ring's transfers and attention overlap the GDN scan). Tensors created inside side_work are
+// allocated and freed in the side stream's order; inputs come from before the fork, outputs are
+// read after the join, so the stream-ordered allocator never hands out memory still in use.
+#pragma once
+
+#include <functional>
+
+#include "runtime/dtype.h"
+
+namespace hydra {
+
+void run_concurrently(Device device, const std::function<void()>& main_work, const std::function<void()>& side_work);
+
+}  // namespace hydra
