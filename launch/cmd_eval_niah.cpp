@@ -24,7 +24,6 @@
 #include "launch/niah_report.h"
 #include "model/niah.h"
 #include "model/niah_set.h"
-#include "model/params.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
@@ -250,12 +249,10 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   for (const CellPlan& c : plan) total_samples += c.samples;
 
   const auto t0 = Clock::now();
-  // GPU: bf16 weights (a preset draws them on the device); CPU: the fp32 reference path.
+  // GPU: bf16 weights; CPU: the fp32 reference path.
   const Device device = world.device;
   const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
-  const Model model = opt.model.preset.empty()
-                          ? Model(config, opt.model.parameters().params, device, dtype)
-                          : Model(config, random_parameters(config, opt.model.seed, device, dtype), device, dtype);
+  const Model model = opt.model.build(device, dtype);
   const double load_s = seconds_since(t0);
   log::info("eval-niah: {} — {} cells, {} samples on {} rank(s), weights loaded in {:.2f} s", config.summary(),
             plan.size(), total_samples, comm.size(), load_s);

@@ -71,7 +71,7 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   const int64_t t_local = layout.local_length(), vocab = config.vocab_size;
 
   const auto t0 = std::chrono::steady_clock::now();
-  const Model model(config, opt.model.parameters().params);
+  const Model model = opt.model.build(Device::host, DType::f32);
   const auto t1 = std::chrono::steady_clock::now();
   Tensor local_ids = Tensor::empty({t_local}, DType::i32);
   std::vector<int32_t> targets(static_cast<size_t>(t_local), -1);  // next token of each local row, −1 at the end

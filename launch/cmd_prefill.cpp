@@ -15,7 +15,6 @@
 #include "launch/cli.h"
 #include "launch/model_source.h"
 #include "model/cost.h"
-#include "model/params.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
@@ -113,12 +112,7 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
 
   // Weights: a preset draws them directly on the device; a checkpoint is read on the host.
   const auto t_load = std::chrono::steady_clock::now();
-  std::unique_ptr<Model> model;
-  if (!opt.model.preset.empty()) {
-    model = std::make_unique<Model>(config, random_parameters(config, opt.model.seed, device, dtype), device, dtype);
-  } else {
-    model = std::make_unique<Model>(config, opt.model.parameters().params, device, dtype);
-  }
+  const auto model = std::make_unique<Model>(opt.model.build(device, dtype));
   Tensor local_ids = Tensor::empty({t_local}, DType::i32);
   const RandomStream rng{opt.token_seed, hash_name("tokens")};
   for (const Segment& s : layout.local_segments()) {

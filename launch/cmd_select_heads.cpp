@@ -19,7 +19,6 @@
 #include "model/head_report.h"
 #include "model/head_selection.h"
 #include "model/niah_set.h"
-#include "model/params.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
@@ -182,12 +181,10 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   }
 
   const auto t0 = Clock::now();
-  // GPU: bf16 weights (a preset draws them on the device); CPU: the fp32 reference path.
+  // GPU: bf16 weights; CPU: the fp32 reference path.
   const Device device = world.device;
   const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
-  const Model model = opt.model.preset.empty()
-                          ? Model(config, opt.model.parameters().params, device, dtype)
-                          : Model(config, random_parameters(config, opt.model.seed, device, dtype), device, dtype);
+  const Model model = opt.model.build(device, dtype);
   const double load_s = seconds_since(t0);
   const int64_t jobs = config.num_layers * config.num_heads;
   log::info("select-heads: {} — {} heads, {} retrieval prompts, {} plain-text sequences of {} tokens, on {} rank(s); "

@@ -48,6 +48,15 @@ LoadedCheckpoint ModelSource::parameters() const {
   return read_model_checkpoint(model_path);
 }
 
+Model ModelSource::build(Device device, DType dtype) const {
+  if (!preset.empty()) {
+    const ModelConfig c = preset_config(preset);
+    return Model(c, random_parameters(c, seed, device, device == Device::host ? DType::f32 : dtype), device, dtype);
+  }
+  const LoadedCheckpoint ck = parameters();
+  return Model(ck.config, ck.params, device, dtype);
+}
+
 std::string ModelSource::describe() const {
   return preset.empty() ? model_path : fmt::format("preset {} (seed {})", preset, seed);
 }

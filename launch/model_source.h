@@ -23,6 +23,9 @@ struct ModelSource {
   ModelConfig config() const;
   // Config and host f32 parameters.
   LoadedCheckpoint parameters() const;
+  // The model placed on `device` in `dtype` (host: f32; cuda: bf16). A preset draws its weights
+  // directly on the device; a checkpoint is read on the host and placed.
+  Model build(Device device, DType dtype) const;
   std::string describe() const;
 };
 

@@ -274,17 +274,6 @@ double direct_effect(const PromptCache& cache, int64_t layer, int64_t head, cons
   return total;
 }
 
-// Sums a small host buffer over the ranks, staging it on the communicator's device when needed.
-void all_reduce_host(Communicator& comm, const Tensor& buffer) {
-  if (comm.device() == Device::host) {
-    comm.all_reduce_sum(buffer);
-    return;
-  }
-  Tensor staged = to_device(buffer, comm.device());
-  comm.all_reduce_sum(staged);
-  copy_into(buffer, staged);
-}
-
 }  // namespace
 
 Tensor replay_final_residual(const Model& model, std::span<const int32_t> row_ids, const std::vector<Tensor>& o_rows) {
@@ -395,7 +384,7 @@ HeadScores score_heads(const Model& teacher, Communicator& world, std::span<cons
       }
     }
   }
-  all_reduce_host(world, buffer);
+  all_reduce_sum_host(world, buffer);
 
   HeadScores out;
   out.prompts = static_cast<int64_t>(prompts.size());

@@ -232,16 +232,6 @@ AnswerScore combine(std::vector<int32_t> predicted, std::span<const double> logp
   return out;
 }
 
-// Sums a small host buffer over the ranks, staging it on the communicator's device when needed.
-void all_reduce_host(Communicator& comm, const Tensor& buffer) {
-  if (comm.device() == Device::host) {
-    comm.all_reduce_sum(buffer);
-    return;
-  }
-  Tensor staged = to_device(buffer, comm.device());
-  comm.all_reduce_sum(staged);
-  copy_into(buffer, staged);
-}
 }  // namespace
 
 AnswerScore score_answer(const TensorView& logits, std::span<const int32_t> answer) {
@@ -295,8 +285,8 @@ AnswerScore score_answer_rows(const Model& model, Communicator& comm, const Sequ
     }
   }
   // Every rank calls both reductions, owner of a row or not, in this order.
-  all_reduce_host(comm, ints);
-  all_reduce_host(comm, logprob);
+  all_reduce_sum_host(comm, ints);
+  all_reduce_sum_host(comm, logprob);
   std::vector<int32_t> predicted(static_cast<size_t>(n));
   std::vector<double> logprobs(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j) {

@@ -48,4 +48,8 @@ class Communicator {
   virtual void recv(const TensorView& buffer, int src) = 0;
 };
 
+// Sums a small host buffer over the ranks, staging it through the communicator's device (NCCL
+// works on device memory only); the result lands back in `buffer` on every rank.
+void all_reduce_sum_host(Communicator& comm, const Tensor& buffer);
+
 }  // namespace hydra

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "kernels/attention/attention.h"
+#include "kernels/attention/flash_common.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 
@@ -23,23 +24,9 @@ namespace hydra::ops::cuda_impl {
 namespace {
 
 using cuda::bf16_t;
-constexpr int kBlockM = 64, kBlockN = 64, kThreads = 128, kMaxHeads = 128;
+constexpr int kBlockM = 64, kBlockN = 64, kThreads = 128;
 
-struct FlashParams {
-  const bf16_t* q;
-  const bf16_t* k;
-  const bf16_t* v;
-  float* out;
-  float* lse;
-  int64_t q_st, q_sh, k_st, k_sh, v_st, v_sh, o_st, o_sh, lse_sh, lse_st;
-  int tq, tk;
-  int64_t q_pos0, k_pos0;
-  float scale_log2;      // softmax scale · log2(e)
-  float tau_base;        // a of τ; 0 = off
-  float inv_log_tau_base;
-  int causal, merge;
-  int kv_of[kMaxHeads];
-};
+
 
 template <int D>
 __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid_constant__ FlashParams p) {
@@ -201,50 +188,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
 
   cuda::cp_async_wait<0>();  // no copy may be in flight when the block exits (n_blocks == 0)
 
-  // Epilogue: normalise, form the natural-log lse, merge with the earlier partial result if asked.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-  // Every lane reads the earlier lse of its rows before any lane of the quad overwrites it.
-  float lse_old[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = r == 0 ? row0 : row1;
-    if (p.merge && row < p.tq) lse_old[r] = p.lse[head * p.lse_sh + row * p.lse_st];
-  }
-  __syncwarp();
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = r == 0 ? row0 : row1;
-    if (row >= p.tq) continue;
-    const bool seen = l[r] > 0.0f;
-    if (p.merge && !seen) continue;  // nothing visible in this block: the earlier result stands
-    const float lse = seen ? (m[r] + log2f(l[r])) * 0.69314718055994531f : -INFINITY;
-    const float inv_l = seen ? 1.0f / l[r] : 0.0f;
-    float* orow = p.out + row * p.o_st + head * p.o_sh;
-    float w_new = 1.0f, w_old = 0.0f, lse_out = lse;
-    if (p.merge && lse_old[r] != -INFINITY) {
-      const float mx = fmaxf(lse_old[r], lse);
-      const float a = expf(lse_old[r] - mx), b = expf(lse - mx);
-      w_old = a / (a + b);
-      w_new = b / (a + b);
-      lse_out = mx + logf(a + b);
-    }
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      float2* dst = reinterpret_cast<float2*>(orow + j * 8 + c4 * 2);
-      float2 v = make_float2(o[j][2 * r] * inv_l * w_new, o[j][2 * r + 1] * inv_l * w_new);
-      if (w_old != 0.0f) {
-        const float2 old = *dst;
-        v.x += w_old * old.x;
-        v.y += w_old * old.y;
-      }
-      *dst = v;
-    }
-    if (c4 == 0) p.lse[head * p.lse_sh + row * p.lse_st] = lse_out;
-  }
+  flash_epilogue<D>(p, head, row0, row1, c4, reinterpret_cast<float(&)[D / 2]>(o), m, l);
 }
 
 }  // namespace
@@ -321,7 +265,7 @@ void attention_forward(const TensorView& out, const TensorView& lse, const Tenso
   if (d == 128 && wgmma_enabled()) {
     // Hopper path: wgmma kernel, 128 query rows per CTA.
     const dim3 wgrid(static_cast<unsigned>((q.size(0) + wg::kM - 1) / wg::kM), static_cast<unsigned>(hq));
-    auto kernel = wg::flash_forward_wgmma_kernel<FlashParams>;
+    auto kernel = wg::flash_forward_wgmma_kernel;
     HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::kSmemBytes));
     kernel<<<wgrid, wg::kThreads, wg::kSmemBytes, current_stream()>>>(p);
   } else if (d == 128) {

@@ -11,6 +11,7 @@
 // ping-pong schedule). Same parameters, masking rules and merge epilogue as the mma.sync kernel.
 #pragma once
 
+#include "kernels/attention/flash_common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -27,8 +28,7 @@ __device__ __forceinline__ uint32_t tile_offset(int r, int c) {
   return static_cast<uint32_t>((c / 8) * kBlockBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16));
 }
 
-template <class Params>
-__global__ void __launch_bounds__(kThreads, 1) flash_forward_wgmma_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(kThreads, 1) flash_forward_wgmma_kernel(const __grid_constant__ FlashParams p) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (cuda::smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms: 1024-byte aligned
   const uint32_t sq = base, sk = base + kTileBytes, sv = base + 3 * kTileBytes;
@@ -166,48 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_wgmma_kernel(const 
   }
   cuda::cp_async_wait<0>();
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-  float lse_old[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = r == 0 ? row0 : row1;
-    if (p.merge && row < p.tq) lse_old[r] = p.lse[head * p.lse_sh + row * p.lse_st];
-  }
-  __syncwarp();
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = r == 0 ? row0 : row1;
-    if (row >= p.tq) continue;
-    const bool seen = l[r] > 0.0f;
-    if (p.merge && !seen) continue;
-    const float lse = seen ? (m[r] + log2f(l[r])) * 0.69314718055994531f : -INFINITY;
-    const float inv_l = seen ? 1.0f / l[r] : 0.0f;
-    float* orow = p.out + row * p.o_st + head * p.o_sh;
-    float w_new = 1.0f, w_old = 0.0f, lse_out = lse;
-    if (p.merge && lse_old[r] != -INFINITY) {
-      const float mx = fmaxf(lse_old[r], lse);
-      const float a = expf(lse_old[r] - mx), b = expf(lse - mx);
-      w_old = a / (a + b);
-      w_new = b / (a + b);
-      lse_out = mx + logf(a + b);
-    }
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      float2* dst = reinterpret_cast<float2*>(orow + j * 8 + c4 * 2);
-      float2 v = make_float2(o[4 * j + 2 * r] * inv_l * w_new, o[4 * j + 2 * r + 1] * inv_l * w_new);
-      if (w_old != 0.0f) {
-        const float2 old = *dst;
-        v.x += w_old * old.x;
-        v.y += w_old * old.y;
-      }
-      *dst = v;
-    }
-    if (c4 == 0) p.lse[head * p.lse_sh + row * p.lse_st] = lse_out;
-  }
+  flash_epilogue<kD>(p, head, row0, row1, c4, o, m, l);
 }
 
 }  // namespace wg

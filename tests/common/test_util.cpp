@@ -109,6 +109,15 @@ CommandResult run_command(const std::string& command) {
   return r;
 }
 
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 int cuda_devices() {
 #if HYDRA_CUDA
   static const int count = cuda_device_count();

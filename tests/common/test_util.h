@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -51,6 +52,9 @@ CommandResult run_command(const std::string& command);
 // Path of the built hydra binary and of the test fixtures (set by CMake).
 std::string hydra_binary();
 std::string fixture_dir();
+// The message of the UserError `f` throws, or "(no error)": for checks on user-facing errors.
+std::string error_of(const std::function<void()>& f);
+
 // Usable CUDA devices (0 in CPU-only builds or without a GPU).
 int cuda_devices();
 // GPU tests call this first: without a GPU they report SKIPPED (CTest: "Not Run"), never pass.

@@ -15,15 +15,6 @@
 namespace hydra::test {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 ModelConfig teacher_config() {
   ModelConfig c = preset_config("qwen3-tiny");
   c.num_heads = 6;  // G = 2: groups {0,1,2} -> 0, {3,4,5} -> 1

@@ -13,15 +13,6 @@ namespace {
 
 constexpr int64_t kVocab = 256;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 class GeneratedCorruption : public ::testing::TestWithParam<niah::Task> {};
 
 TEST_P(GeneratedCorruption, ChangesExactlyTheQueriedValues) {

@@ -22,15 +22,6 @@ namespace {
 using heads::CalibrationPrompt;
 using heads::Grid;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 // Prompts for the needle-head model: needles at different places, corrupted value = another value id.
 std::vector<CalibrationPrompt> needle_prompts() {
   std::vector<CalibrationPrompt> out;

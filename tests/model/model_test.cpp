@@ -10,15 +10,6 @@
 namespace hydra::test {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 Tensor run_logits(const Model& model, const std::vector<int32_t>& ids) {
   SelfCommunicator self;
   const int64_t t = static_cast<int64_t>(ids.size());

@@ -28,15 +28,6 @@ using niah::TaskParams;
 
 constexpr int64_t kVocab = 256;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 TaskParams params_for(Task task) {
   TaskParams p;
   p.task = task;

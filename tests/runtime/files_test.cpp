@@ -11,15 +11,6 @@
 namespace hydra::test {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 TEST(Checkpoint, RoundTripKeepsValuesTypesAndAttributes) {
   TempDir dir;
   NamedTensors tensors;

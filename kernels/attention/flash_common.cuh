@@ -1,0 +1,82 @@
+// What the flash attention kernels (mma.sync in attention.cu, wgmma in attention_wgmma.cuh) share:
+// their parameters and the epilogue that normalises the output, forms the natural-log
+// log-sum-exp and, in merge mode, folds the block's result into the earlier partial result of
+// each row in fp32 (the ring-attention merge, done in place).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+
+namespace hydra::ops::cuda_impl {
+
+constexpr int kMaxHeads = 128;
+
+struct FlashParams {
+  const bf16_t* q;
+  const bf16_t* k;
+  const bf16_t* v;
+  float* out;
+  float* lse;
+  int64_t q_st, q_sh, k_st, k_sh, v_st, v_sh, o_st, o_sh, lse_sh, lse_st;
+  int tq, tk;
+  int64_t q_pos0, k_pos0;
+  float scale_log2;      // softmax scale · log2(e)
+  float tau_base;        // a of τ; 0 = off
+  float inv_log_tau_base;
+  int causal, merge;
+  int kv_of[kMaxHeads];
+};
+
+// Epilogue for a thread holding rows row0 and row1 (= row0 + 8) of the block and, for each
+// 8-column tile j of the head dimension, o[4j .. 4j+3] = (row0: cols 2c, 2c+1; row1: cols 2c, 2c+1)
+// with c = c4 (the mma / wgmma accumulator layout). m: running max (base 2), l: per-lane partial sums.
+template <int D>
+__device__ __forceinline__ void flash_epilogue(const FlashParams& p, int head, int row0, int row1, int c4,
+                                               const float (&o)[D / 2], const float (&m)[2], float (&l)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  // Every lane reads the earlier lse of its rows before any lane of the quad overwrites it.
+  float lse_old[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r == 0 ? row0 : row1;
+    if (p.merge && row < p.tq) lse_old[r] = p.lse[head * p.lse_sh + row * p.lse_st];
+  }
+  __syncwarp();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r == 0 ? row0 : row1;
+    if (row >= p.tq) continue;
+    const bool seen = l[r] > 0.0f;
+    if (p.merge && !seen) continue;  // nothing visible in this block: the earlier result stands
+    const float lse = seen ? (m[r] + log2f(l[r])) * 0.69314718055994531f : -INFINITY;
+    const float inv_l = seen ? 1.0f / l[r] : 0.0f;
+    float* orow = p.out + row * p.o_st + head * p.o_sh;
+    float w_new = 1.0f, w_old = 0.0f, lse_out = lse;
+    if (p.merge && lse_old[r] != -INFINITY) {
+      const float mx = fmaxf(lse_old[r], lse);
+      const float a = expf(lse_old[r] - mx), b = expf(lse - mx);
+      w_old = a / (a + b);
+      w_new = b / (a + b);
+      lse_out = mx + logf(a + b);
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      float2* dst = reinterpret_cast<float2*>(orow + j * 8 + c4 * 2);
+      float2 v = make_float2(o[4 * j + 2 * r] * inv_l * w_new, o[4 * j + 2 * r + 1] * inv_l * w_new);
+      if (w_old != 0.0f) {
+        const float2 old = *dst;
+        v.x += w_old * old.x;
+        v.y += w_old * old.y;
+      }
+      *dst = v;
+    }
+    if (c4 == 0) p.lse[head * p.lse_sh + row * p.lse_st] = lse_out;
+  }
+}
+
+}  // namespace hydra::ops::cuda_impl
