@@ -41,12 +41,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_wgmma_kernel(const 
   const bf16_t* kg = p.k + kvh * p.k_sh;
   const bf16_t* vg = p.v + kvh * p.v_sh;
 
-  const int q_last = min(q0 + kM, p.tq) - 1;
-  int k_end = p.tk;
-  if (p.causal) {
-    const int64_t visible = p.q_pos0 + q_last - p.k_pos0 + 1;
-    k_end = visible <= 0 ? 0 : (visible < p.tk ? static_cast<int>(visible) : p.tk);
-  }
+  const int k_end = flash_key_end(p, q0, kM);  // keys any row of this block may see
   const int n_blocks = (k_end + kN - 1) / kN;
 
   auto load_tile = [&](uint32_t dst, const bf16_t* src, int64_t row_stride, int row0, int rows_valid) {
@@ -65,13 +60,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_wgmma_kernel(const 
 
   const int g4 = lane / 4, c4 = lane % 4;
   const int row0 = q0 + wgi * 64 + warp * 16 + g4, row1 = row0 + 8;
-  float row_scale[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int64_t pos = p.q_pos0 + (i == 0 ? row0 : row1);
-    const float tau = p.tau_base > 0.0f ? logf(float(pos) + p.tau_base) * p.inv_log_tau_base : 1.0f;
-    row_scale[i] = p.scale_log2 * tau;
-  }
+  const float row_scale[2] = {flash_row_scale(p, row0), flash_row_scale(p, row1)};
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;

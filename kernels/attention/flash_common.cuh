@@ -28,6 +28,21 @@ struct FlashParams {
   int kv_of[kMaxHeads];
 };
 
+// Keys [0, end) that some query row of a block of `rows` rows starting at q0 may see.
+__device__ __forceinline__ int flash_key_end(const FlashParams& p, int q0, int rows) {
+  if (!p.causal) return p.tk;
+  const int q_last = min(q0 + rows, p.tq) - 1;
+  const int64_t visible = p.q_pos0 + q_last - p.k_pos0 + 1;
+  return visible <= 0 ? 0 : (visible < p.tk ? static_cast<int>(visible) : p.tk);
+}
+
+// The base-2 score scale of query row `row`: softmax scale · log2(e) · τ(global position).
+__device__ __forceinline__ float flash_row_scale(const FlashParams& p, int row) {
+  const int64_t pos = p.q_pos0 + row;
+  const float tau = p.tau_base > 0.0f ? logf(float(pos) + p.tau_base) * p.inv_log_tau_base : 1.0f;
+  return p.scale_log2 * tau;
+}
+
 // Epilogue for a thread holding rows row0 and row1 (= row0 + 8) of the block and, for each
 // 8-column tile j of the head dimension, o[4j .. 4j+3] = (row0: cols 2c, 2c+1; row1: cols 2c, 2c+1)
 // with c = c4 (the mma / wgmma accumulator layout). m: running max (base 2), l: per-lane partial sums.
