@@ -148,6 +148,8 @@ AnswerScore score_answer_rows(const Model& model, Communicator& comm, const Sequ
                               const TensorView& hidden, int64_t answer_start, std::span<const int32_t> answer);
 
 // One sample end to end: this rank's ids, the forward pass, the distributed scorer. Collective.
-AnswerScore evaluate_sample(const Model& model, Communicator& comm, const Sample& sample);
+// `side_comm` (optional) carries the GDN branch's collectives (ForwardContext::side_comm).
+AnswerScore evaluate_sample(const Model& model, Communicator& comm, const Sample& sample,
+                            Communicator* side_comm = nullptr);
 
 }  // namespace hydra::niah
