@@ -268,7 +268,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     for (int64_t i = 0; i < cell.samples; ++i) {
       const niah::Sample sample = cell.sample(i);
       const auto sample_start = Clock::now();
-      const niah::AnswerScore score = niah::evaluate_sample(model, comm, sample, world.side_comm);
+      const niah::AnswerScore score = niah::evaluate_sample(model, comm, sample);
       const std::span<const int32_t> answer = sample.answer();
       rows.push_back(niah::SampleResult{.task = cell.task,
                                         .length = sample.length,

@@ -139,7 +139,7 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
   for (int run = 0; run < opt.warmup + opt.repeat; ++run) {
     const bool timed = run >= opt.warmup;
     PhaseTimer timer(device);
-    ForwardContext context{comm, layout, nullptr, timed ? &timer : nullptr, world.side_comm};
+    ForwardContext context{comm, layout, nullptr, timed ? &timer : nullptr};
     comm.barrier();
     const auto start = std::chrono::steady_clock::now();
     if (progress && timed) {

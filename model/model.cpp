@@ -257,7 +257,7 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
     ops::sigmoid_gate(heads.view().reshape({t, H * d}).narrow(1, 0, hfa * d), o_acc.view().reshape({t, hfa * d}), gate);
   };
   auto gdn_branch = [&] {
-    Communicator& comm = context.side_comm ? *context.side_comm : context.comm;
+    Communicator& comm = context.comm;
     const TensorView qkv = pv.narrow(1, c_gdn, 3 * hg * d);
     const TensorView a = pv.narrow(1, c_gdn + 3 * hg * d, hg), b = pv.narrow(1, c_gdn + 3 * hg * d + hg, hg);
     Tensor conv = Tensor::empty({t, 3 * hg * d}, dtype_, device_);
@@ -279,9 +279,9 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
                           ops::DeltaRuleParams{}, timer);
   };
   // The branches are independent (SPEC 3): on the GPU the GDN branch runs on a side stream while
-  // the FA ring's transfers and attention run on this one. With a side communicator (a second NCCL
-  // communicator, its own stream) the GDN collectives never queue behind ring transfers; without
-  // one they share the communicator's stream in host order, the same on every rank.
+  // the FA ring's transfers and attention run on this one. Collectives of both branches go through
+  // the communicator's own stream in the host order (GDN first), the same on every rank, so the
+  // overlap cannot reorder them across ranks.
   if (hfa > 0 && hg > 0) {
     run_concurrently(device_, fa_branch, gdn_branch);
   } else if (hfa > 0) {

@@ -43,7 +43,6 @@ struct ForwardContext {
   SequenceLayout layout;
   LayerObserver* observer = nullptr;
   PhaseTimer* timer = nullptr;                      // per-phase timing (prefill), optional
-  Communicator* side_comm = nullptr;                // the GDN branch's collectives; null: comm
   std::function<void(int64_t layer)> after_layer;   // progress / watchdog hook, optional
 };
 

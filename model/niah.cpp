@@ -297,7 +297,7 @@ AnswerScore score_answer_rows(const Model& model, Communicator& comm, const Sequ
   return combine(std::move(predicted), logprobs, answer);
 }
 
-AnswerScore evaluate_sample(const Model& model, Communicator& comm, const Sample& sample, Communicator* side_comm) {
+AnswerScore evaluate_sample(const Model& model, Communicator& comm, const Sample& sample) {
   const int64_t total = static_cast<int64_t>(sample.ids.size());
   const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
   Tensor ids = Tensor::empty({layout.local_length()}, DType::i32);  // [T_loc], local order
@@ -305,7 +305,6 @@ AnswerScore evaluate_sample(const Model& model, Communicator& comm, const Sample
     std::copy_n(sample.ids.begin() + s.start, s.length, ids.data_as<int32_t>() + s.local_offset);
   }
   ForwardContext context{comm, layout};
-  context.side_comm = side_comm;
   const Tensor hidden = model.forward(context, ids);
   return score_answer_rows(model, comm, layout, hidden, sample.answer_start, sample.answer());
 }

@@ -148,8 +148,6 @@ AnswerScore score_answer_rows(const Model& model, Communicator& comm, const Sequ
                               const TensorView& hidden, int64_t answer_start, std::span<const int32_t> answer);
 
 // One sample end to end: this rank's ids, the forward pass, the distributed scorer. Collective.
-// `side_comm` (optional) carries the GDN branch's collectives (ForwardContext::side_comm).
-AnswerScore evaluate_sample(const Model& model, Communicator& comm, const Sample& sample,
-                            Communicator* side_comm = nullptr);
+AnswerScore evaluate_sample(const Model& model, Communicator& comm, const Sample& sample);
 
 }  // namespace hydra::niah

@@ -26,10 +26,6 @@ DeviceWorld make_device_world(const std::string& device, const MpiRuntime& mpi, 
   cuda_set_device(w.gpu);
   w.owned = std::make_unique<NcclCommunicator>(mpi_world, nccl_timeout_s);
   w.comm = w.owned.get();
-  if (mpi_world.size() > 1) {
-    w.side_owned = std::make_unique<NcclCommunicator>(mpi_world, nccl_timeout_s);
-    w.side_comm = w.side_owned.get();
-  }
 #else
   (void)mpi;
   (void)nccl_timeout_s;
@@ -40,9 +36,7 @@ DeviceWorld make_device_world(const std::string& device, const MpiRuntime& mpi, 
 
 void check_device_progress(DeviceWorld& world) {
 #if HYDRA_CUDA
-  if (world.device != Device::cuda) return;
-  static_cast<NcclCommunicator*>(world.owned.get())->check_progress();
-  if (world.side_owned) static_cast<NcclCommunicator*>(world.side_owned.get())->check_progress();
+  if (world.device == Device::cuda) static_cast<NcclCommunicator*>(world.owned.get())->check_progress();
 #else
   (void)world;
 #endif

@@ -15,10 +15,6 @@ struct DeviceWorld {
   int gpu = -1;                                // CUDA ordinal of this rank, -1 on the CPU path
   std::unique_ptr<Communicator> owned;         // the NCCL communicator on GPUs
   Communicator* comm = nullptr;                // the communicator to use (owned or the MPI world)
-  // A second NCCL communicator for work that runs concurrently with `comm`'s (the GDN branch of a
-  // layer next to the FA ring), so neither queues behind the other; null on one rank or CPUs.
-  std::unique_ptr<Communicator> side_owned;
-  Communicator* side_comm = nullptr;
 };
 
 // `device`: "cuda", "cpu" or "auto" (cuda when this build has it and a GPU is present).

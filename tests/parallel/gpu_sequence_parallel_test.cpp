@@ -109,7 +109,6 @@ void expect_model_matches_one_gpu(const ModelConfig& config, int64_t t, const st
   const Tensor ref_hidden = model.forward(one, ids);
   const SequenceLayout layout = SequenceLayout::zigzag(t, comm.size(), comm.rank());
   ForwardContext many{comm, layout};
-  many.side_comm = gpus().device.side_comm;  // the GDN branch on its own communicator, as prefill runs it
   const Tensor hidden = model.forward(many, local_rows(layout, ids));
   // Compare logits of a sample of local rows (all 64K rows × vocab would be large).
   const int64_t rows = std::min<int64_t>(512, layout.local_length());
