@@ -61,12 +61,6 @@ void cuda_set_device(int device) {
   set_error_context(context);
 }
 
-int cuda_current_device() {
-  int device = 0;
-  HYDRA_CUDA_CHECK(cudaGetDevice(&device));
-  return device;
-}
-
 std::shared_ptr<void> cuda_allocate(size_t bytes) {
   void* p = nullptr;
   const size_t rounded = ((bytes + 255) / 256) * 256;
@@ -219,6 +213,5 @@ float CudaEvent::elapsed_ms_since(const CudaEvent& start) const {
   return ms;
 }
 
-void cuda_synchronize() { HYDRA_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 }  // namespace hydra

@@ -24,7 +24,6 @@ namespace hydra {
 int cuda_device_count();
 // Binds this process to `device` and records it in the error context.
 void cuda_set_device(int device);
-int cuda_current_device();
 
 std::shared_ptr<void> cuda_allocate(size_t bytes);
 void cuda_memset_zero(void* ptr, size_t bytes);
@@ -86,6 +85,5 @@ class CudaEvent {
   cudaEvent_t event_ = nullptr;
 };
 
-void cuda_synchronize();
 
 }  // namespace hydra

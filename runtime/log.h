@@ -10,7 +10,6 @@
 namespace hydra::log {
 
 void set_rank(int rank, int world_size);
-void set_quiet(bool quiet);
 void write_line(const char* level, bool all_ranks, const std::string& text);
 
 template <class... Args>
