@@ -45,6 +45,22 @@ void attention_forward(const TensorView& out, const TensorView& lse, const Tenso
 void attention_merge(const TensorView& out, const TensorView& lse, const TensorView& part_out,
                      const TensorView& part_lse);
 
+// Backward (FlashAttention-2's recomputation scheme). Once per query block, before any key block:
+//   delta [Hq, Tq] = rowsum(d_out ⊙ out) (fp32), from the FINAL output (merged over every key block).
+void attention_backward_prepare(const TensorView& delta, const TensorView& d_out, const TensorView& out);
+
+// Gradients of one (query block, key block) pair given the queries' final lse and delta; P is
+// recomputed, never stored. With s_ij = scale τ_i q_i·k_j (masked as the forward):
+//   P_ij = exp(s_ij − lse_i),  dV_j += Σ_i P_ij dO_i,  dP_ij = dO_i·V_j,  dS_ij = P_ij (dP_ij − D_i),
+//   dQ_i += scale τ_i Σ_j dS_ij K_j,  dK_j += scale Σ_i dS_ij τ_i Q_i.
+// Summing this over every key block (ring steps) gives the exact gradient of the merged forward.
+// dq [Tq, Hq, d], dk [Tk, Hk, d], dv [Tk, Hk, dv]: fp32 accumulators (+=); GQA sums the query heads
+// of a KV head into its dk/dv. d_out [Tq, Hq, dv], q, k, v as the forward (CUDA: bf16), lse, delta
+// [Hq, Tq] fp32. params: the forward's (scale, causality, positions, τ, GQA map); `output` is unused.
+void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& d_out,
+                        const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lse,
+                        const TensorView& delta, const AttentionParams& params);
+
 // τ(position) for log base a.
 double log_position_scale(int64_t position, double log_base);
 
@@ -52,6 +68,11 @@ double log_position_scale(int64_t position, double log_base);
 namespace cuda_impl {  // attention.cu: flash attention forward with fused merge
 void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                        const TensorView& v, const AttentionParams& params);
+// attention_backward.cu: D = rowsum(dO ⊙ O) and the flash-attention backward
+void attention_backward_prepare(const TensorView& delta, const TensorView& d_out, const TensorView& out);
+void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& d_out,
+                        const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lse,
+                        const TensorView& delta, const AttentionParams& params);
 }  // namespace cuda_impl
 #endif
 

@@ -46,6 +46,32 @@ void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const 
 // state [H, dk, dv] ← m · state + s_ext.
 void delta_rule_apply_map(const TensorView& state, const TensorView& m, const TensorView& s_ext);
 
+// ---- Backward (training, SPEC 1.5) ----
+// Backward of delta_rule_chunked over one segment that started from `state0` [H, dk, dv] (fp32):
+//   in:  d_out [T, H, dv]; d_state [H, dk, dv] fp32 = the gradient w.r.t. the segment's FINAL state
+//        (zeros when nothing after the segment reads it);
+//   out: dq, dk [T, H, dk], dv [T, H, dv] (overwritten); dg, dbeta [T, H] fp32 (overwritten);
+//        d_state ← the gradient w.r.t. the INITIAL state.
+// The chunk states are recomputed from state0 (the forward keeps nothing but its inputs), then the
+// state gradient runs backward over the chunks (flash-linear-attention's scheme).
+// CUDA: q, k, v, d_out bf16; dq, dk, dv bf16 or fp32; g, beta, dg, dbeta, state0, d_state fp32.
+void delta_rule_chunked_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                 const TensorView& dg, const TensorView& dbeta, const TensorView& d_state,
+                                 const TensorView& d_out, const TensorView& q, const TensorView& k,
+                                 const TensorView& v, const TensorView& g, const TensorView& beta,
+                                 const TensorView& state0, const DeltaRuleParams& params);
+
+// The state-gradient pass alone: d_state (in: gradient w.r.t. the final state, out: w.r.t. the
+// initial state) through the segment, from its outputs' gradient d_out. It does not depend on v.
+// Sequence parallelism runs it with zeros in to get each segment's own term dS_loc before the
+// reverse fold; it is the transpose of the segment map's linear part plus the outputs' term.
+void delta_rule_state_backward(const TensorView& d_state, const TensorView& d_out, const TensorView& q,
+                               const TensorView& k, const TensorView& g, const TensorView& beta,
+                               const DeltaRuleParams& params);
+
+// d_state [H, dk, dv] ← mᵀ · d_state + d_loc: one step of the reverse fold dS_in = Mᵀ dS_out + dS_loc.
+void delta_rule_apply_map_transposed(const TensorView& d_state, const TensorView& m, const TensorView& d_loc);
+
 #if HYDRA_CUDA
 namespace cuda_impl {  // delta_rule.cu: chunked form and segment maps (bf16 q/k/v, fp32 g/β/state)
 void delta_rule_chunked(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
@@ -53,6 +79,16 @@ void delta_rule_chunked(const TensorView& out, const TensorView& state, const Te
 void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
                             const TensorView& g, const TensorView& beta, const DeltaRuleParams& params);
 void delta_rule_apply_map(const TensorView& state, const TensorView& m, const TensorView& s_ext);
+// delta_rule_backward.cu
+void delta_rule_chunked_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                 const TensorView& dg, const TensorView& dbeta, const TensorView& d_state,
+                                 const TensorView& d_out, const TensorView& q, const TensorView& k,
+                                 const TensorView& v, const TensorView& g, const TensorView& beta,
+                                 const TensorView& state0, const DeltaRuleParams& params);
+void delta_rule_state_backward(const TensorView& d_state, const TensorView& d_out, const TensorView& q,
+                               const TensorView& k, const TensorView& g, const TensorView& beta,
+                               const DeltaRuleParams& params);
+void delta_rule_apply_map_transposed(const TensorView& d_state, const TensorView& m, const TensorView& d_loc);
 }  // namespace cuda_impl
 #endif
 

@@ -14,10 +14,20 @@ struct HeadFusionParams {
 void head_fusion(const TensorView& y, const TensorView& o, const TensorView& weight, const TensorView& gamma,
                  const HeadFusionParams& params);
 
+// Backward of y_h = γ_h · RMSNorm(o_h; w_h): with n = RMSNorm(o_h; w_h),
+//   d_o from rms_norm_backward of (γ_h d_y), d_weight[h] += Σ_t γ_h d_y ⊙ o r, d_gamma[h] += Σ_t d_y · n.
+// d_o [T, H, d] overwritten (may alias d_y); d_weight [H, d], d_gamma [H] fp32 accumulate.
+void head_fusion_backward(const TensorView& d_o, const TensorView& d_weight, const TensorView& d_gamma,
+                          const TensorView& d_y, const TensorView& o, const TensorView& weight,
+                          const TensorView& gamma, const HeadFusionParams& params);
+
 #if HYDRA_CUDA
 namespace cuda_impl {  // fusion.cu; called by the dispatcher for CUDA views
 void head_fusion(const TensorView& y, const TensorView& o, const TensorView& weight, const TensorView& gamma,
                  const HeadFusionParams& params);
+void head_fusion_backward(const TensorView& d_o, const TensorView& d_weight, const TensorView& d_gamma,
+                          const TensorView& d_y, const TensorView& o, const TensorView& weight,
+                          const TensorView& gamma, const HeadFusionParams& params);
 }  // namespace cuda_impl
 #endif
 

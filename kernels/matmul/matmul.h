@@ -5,6 +5,7 @@
 // last dimension must be contiguous.
 #pragma once
 
+#include "kernels/accumulate.h"
 #include "runtime/tensor.h"
 
 namespace hydra::ops {
@@ -21,10 +22,14 @@ struct GemmParams {
 // out [M, N] = alpha · op(a) · op(b) + beta · out.
 void gemm(const TensorView& out, const TensorView& a, const TensorView& b, const GemmParams& params);
 
-enum class Accumulate { no, yes };
-
 // out [M, N] (+)= x [M, K] · wᵀ, w [N, K].
 void linear(const TensorView& out, const TensorView& x, const TensorView& w, Accumulate accumulate = Accumulate::no);
+
+// Backward of `linear` (y = x Wᵀ): dx [M, K] (+)= dy [M, N] · w [N, K] (`dx_accumulate`) and
+// dw [N, K] += dyᵀ · x. Either output may be an undefined view (not needed). On the GPU, dy, x and w
+// are bf16; dw is fp32 (a weight gradient) and dx is bf16 or fp32.
+void linear_backward(const TensorView& dx, const TensorView& dw, const TensorView& dy, const TensorView& x,
+                     const TensorView& w, Accumulate dx_accumulate = Accumulate::no);
 
 // Sets the CPU path's BLAS thread count (e.g. cores / ranks per node).
 void set_cpu_threads(int threads);

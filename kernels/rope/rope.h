@@ -8,8 +8,13 @@
 
 namespace hydra::ops {
 
+// forward rotates by +angle; inverse by −angle, which is the transpose of the rotation and so the
+// backward: the gradient of rope(x) is rope(dy) with RopeDirection::inverse.
+enum class RopeDirection { forward, inverse };
+
 struct RopeParams {
   double theta = 1e6;
+  RopeDirection direction = RopeDirection::forward;
 };
 
 // x [T, H, d] in place; positions [T] int64.

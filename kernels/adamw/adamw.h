@@ -1,0 +1,39 @@
+// AdamW with decoupled weight decay on fp32 master weights (SPEC 1.5), and the sum of squares the
+// global gradient-norm clip needs. Both work on flat fp32 buffers so one launch covers a tensor.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/tensor.h"
+
+namespace hydra::ops {
+
+struct AdamWParams {
+  float lr = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // decoupled: master ← master − lr·wd·master, before the Adam step
+  int64_t step = 1;           // 1-based, for the bias corrections 1 − β^step
+  float grad_scale = 1.0f;    // multiplies the gradient first (the global-norm clip factor)
+};
+
+// One step on a block of N parameters: g = grad_scale·grad; m ← β1 m + (1−β1) g; v ← β2 v + (1−β2) g²;
+// master ← master (1 − lr·wd) − lr m̂ / (sqrt(v̂) + eps) with m̂ = m/(1−β1^step), v̂ = v/(1−β2^step);
+// then weight ← master (rounded to weight's dtype). master, m, v, grad: [N] fp32 contiguous;
+// weight [N] fp32 or bf16, may alias master, or undefined (no model copy).
+void adamw_update(const TensorView& master, const TensorView& m, const TensorView& v, const TensorView& grad,
+                  const TensorView& weight, const AdamWParams& params);
+
+// Σ x² of an fp32 tensor, accumulated in fp64 in a fixed order (the same result every run).
+double sum_of_squares(const TensorView& x);
+
+#if HYDRA_CUDA
+namespace cuda_impl {  // adamw.cu
+void adamw_update(const TensorView& master, const TensorView& m, const TensorView& v, const TensorView& grad,
+                  const TensorView& weight, const AdamWParams& params);
+double sum_of_squares(const TensorView& x);
+}  // namespace cuda_impl
+#endif
+
+}  // namespace hydra::ops
