@@ -19,6 +19,8 @@ const std::vector<Subcommand>& subcommands() {
       {"eval-niah", "needle-in-a-haystack accuracy by depth x length (sequence parallel under mpirun)", run_eval_niah},
       {"select-heads", "score a Qwen3 teacher's heads and choose the FA heads (SPEC 1.4; jobs spread over ranks)",
        run_select_heads},
+      {"gradients", "mean next-token loss and every parameter's gradient of a token sequence", run_gradients},
+      {"train", "train a model: pretrain, align, distill or finetune (sequence/data parallel under mpirun)", run_train},
   };
   return commands;
 }

@@ -6,6 +6,13 @@
 
 #include "model/model.h"
 #include "model/params.h"
+#include "model/weight_layout.h"
+#include "runtime/error.h"
+#if HYDRA_CUDA
+#include "runtime/cuda_memory.h"
+#endif
+
+#include <unistd.h>
 
 namespace hydra {
 
@@ -72,6 +79,56 @@ MemoryEstimate estimate_prefill_memory(const ModelConfig& c, int64_t local_token
   }
   m.activations = peak * 1.05;  // allocator rounding and small temporaries
   return m;
+}
+
+MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_tokens, int ranks_per_sequence,
+                                        const ModelConfig* teacher, Device device, bool align) {
+  MemoryEstimate m;
+  const double b = device == Device::cuda ? 2.0 : 4.0, a = 4.0;  // storage and accumulator bytes
+  const double t = static_cast<double>(local_tokens), D = static_cast<double>(c.hidden_size);
+  const double d = static_cast<double>(c.head_dim), H = static_cast<double>(c.num_heads);
+  const double I = static_cast<double>(c.intermediate_size), V = static_cast<double>(c.vocab_size);
+  const double params = static_cast<double>(parameter_count(c));
+  // Weights in the compute dtype; masters, moments and gradients in fp32 (the CPU path keeps the
+  // masters beside its fp32 weights too).
+  m.weights = params * b + (teacher ? static_cast<double>(parameter_count(*teacher)) * b : 0.0);
+  m.init_extra = params * 4.0 * a;
+  double saved = 0, layer_peak = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerLayout layout = layer_layout(c, l);
+    const double hfa = static_cast<double>(layout.h_fa), gfa = static_cast<double>(layout.g_fa);
+    const double hg = static_cast<double>(layout.h_gdn), rows = static_cast<double>(layout.columns.rows);
+    saved += t * D * b + t * hfa * d * b + hfa * t * a;
+    const double recompute = t * (3 * D * b + 2 * rows * b + 4 * H * d * b + 6 * hg * d * b + 2 * hfa * d * b + 2 * hg * a);
+    const double backward = t * (2 * D * b + 3 * H * d * b + 3 * hg * d * b + 3 * (hfa + 2 * gfa) * d * a + 2 * hg * a) +
+                            (ranks_per_sequence > 1 ? 3 * t * gfa * 2 * d * a : 0.0);
+    const double mlp_rows = std::min<double>(t, static_cast<double>(kMlpTileTokens));
+    const double mlp = mlp_rows * (3 * D + 6 * I) * b;
+    layer_peak = std::max(layer_peak, recompute + backward + mlp);
+  }
+  if (align) saved = (static_cast<double>(c.num_layers) + 1) * t * D * b + saved / static_cast<double>(c.num_layers);
+  const double chunk = std::min(t, static_cast<double>(std::max<int64_t>(1, (int64_t{1} << 28) / std::max<int64_t>(c.vocab_size, 1))));
+  const double loss = chunk * V * (a + b) * (teacher && !align ? 2 : 1) + t * D * a;
+  m.activations = (saved + std::max(layer_peak, loss) + t * D * a) * 1.05;
+  return m;
+}
+
+void check_memory_plan(const MemoryEstimate& estimate, Device device, const std::string& what) {
+  const double g = 1024.0 * 1024.0 * 1024.0;
+  double available = 0;
+  std::string where;
+#if HYDRA_CUDA
+  if (device == Device::cuda) {
+    available = static_cast<double>(cuda_memory_stats().free_device);
+    where = "the GPU";
+  }
+#endif
+  if (device == Device::host) {
+    available = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+    where = "this host";
+  }
+  HYDRA_USER_CHECK(estimate.total() < 0.95 * available, "{} needs about {} per rank, but {} has {:.1f} GiB available; "
+                   "use more ranks per sequence or a shorter --seq-len", what, estimate.describe(), where, available / g);
 }
 
 }  // namespace hydra

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "model/config.h"
+#include "runtime/dtype.h"
 
 namespace hydra {
 
@@ -34,5 +35,16 @@ struct MemoryEstimate {
 
 // Per-rank estimate for a bf16 prefill of `local_tokens` rows on `world` ranks.
 MemoryEstimate estimate_prefill_memory(const ModelConfig& config, int64_t local_tokens, int world);
+
+// Per-rank estimate for a training step on `local_tokens` rows (model/train): weights, fp32 masters,
+// moments and gradients, the teacher's weights (align/distill), every layer's saved input and FA
+// output, one layer's recomputation and backward, and the loss chunk. `align` adds the teacher's
+// residual stream at every layer boundary. Element sizes: bf16 + fp32 on cuda, fp32 on the host.
+MemoryEstimate estimate_training_memory(const ModelConfig& config, int64_t local_tokens, int ranks_per_sequence,
+                                        const ModelConfig* teacher, Device device, bool align);
+
+// Refuses (UserError naming `what` and the estimate) a run whose estimate exceeds the memory this
+// rank can use: the GPU's free memory, or the host's available memory for the CPU path.
+void check_memory_plan(const MemoryEstimate& estimate, Device device, const std::string& what);
 
 }  // namespace hydra

@@ -23,173 +23,242 @@
 namespace hydra {
 namespace {
 
-constexpr int64_t kInProjAlign = 64;  // rows of the fused projection: 16-byte aligned column blocks
-
 const Tensor& param(const NamedTensors& params, const std::string& name) {
   const auto it = params.find(name);
   HYDRA_ASSERT(it != params.end(), "parameter '{}' missing", name);
   return it->second;
 }
 
-// Stacks row blocks (on the parameters' device) into one matrix, zero-padded to a multiple of
-// `align` rows, and places it.
-Tensor stack_rows(const std::vector<TensorView>& parts, Device device, DType dtype, int64_t align = 1) {
-  HYDRA_ASSERT(!parts.empty(), "stack of nothing");
-  int64_t n = 0;
-  const int64_t cols = parts.front().size(1);
-  for (const TensorView& p : parts) n += p.size(0);
-  const int64_t padded = (n + align - 1) / align * align;
-  Tensor staged = Tensor::zeros({padded, cols}, parts.front().dtype(), parts.front().device());
-  int64_t at = 0;
-  for (const TensorView& p : parts) {
-    HYDRA_ASSERT(p.size(1) == cols, "stack of {} columns with {}", cols, p.size(1));
-    copy_into(staged.view().narrow(0, at, p.size(0)), p);
-    at += p.size(0);
+// The copy a piece describes, between a checkpoint tensor and a runtime tensor of the same dtype
+// and device (either direction).
+void copy_piece(const Piece& piece, const TensorView& runtime, const TensorView& checkpoint, bool to_runtime) {
+  const TensorView r = runtime.narrow(piece.dim, piece.dst_begin, piece.length);
+  const TensorView c = checkpoint.narrow(piece.dim, piece.src_begin, piece.length);
+  if (to_runtime) {
+    copy_into(r, c);
+  } else {
+    copy_into(c, r);
   }
-  return to(staged, device, dtype);
 }
-
-Tensor place(const TensorView& t, Device device, DType dtype) { return to(t, device, dtype); }
-
-// Per-head blocks of rows [d each] of `m` (heads given).
-std::vector<TensorView> head_rows(const Tensor& m, const std::vector<int>& heads, int64_t d) {
-  std::vector<TensorView> out;
-  for (int h : heads) out.push_back(m.view().narrow(0, h * d, d));
-  return out;
-}
-
-void append(std::vector<TensorView>& a, const std::vector<TensorView>& b) { a.insert(a.end(), b.begin(), b.end()); }
 
 }  // namespace
+
+Tensor& LayerWeights::slot(Slot s) {
+  switch (s) {
+    case Slot::input_norm: return input_norm;
+    case Slot::in_proj: return in_proj;
+    case Slot::q_norm: return q_norm;
+    case Slot::k_norm: return k_norm;
+    case Slot::conv: return conv;
+    case Slot::a_log: return a_log;
+    case Slot::dt_bias: return dt_bias;
+    case Slot::fuse_norm: return fuse_norm;
+    case Slot::fuse_gamma: return fuse_gamma;
+    case Slot::o_proj: return o_proj;
+    case Slot::post_norm: return post_norm;
+    case Slot::mlp_in: return mlp_in;
+    case Slot::mlp_down: return mlp_down;
+  }
+  HYDRA_ASSERT(false, "unknown slot {}", static_cast<int>(s));
+  return input_norm;
+}
+
+const Tensor& LayerWeights::slot(Slot s) const { return const_cast<LayerWeights*>(this)->slot(s); }
+
+void ModelTensors::for_each(const std::function<void(const std::string&, Tensor&)>& visit) {
+  if (embed.defined()) visit("embed", embed);
+  if (final_norm.defined()) visit("final_norm", final_norm);
+  if (!tied && lm_head.defined()) visit("lm_head", lm_head);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    for (int s = 0; s < kSlotCount; ++s) {
+      Tensor& t = layers[l].slot(static_cast<Slot>(s));
+      if (t.defined()) visit(runtime_name(static_cast<int64_t>(l), static_cast<Slot>(s)), t);
+    }
+  }
+}
+
+void ModelTensors::for_each(const std::function<void(const std::string&, const Tensor&)>& visit) const {
+  const_cast<ModelTensors*>(this)->for_each([&](const std::string& name, Tensor& t) { visit(name, t); });
+}
+
+DType Model::place_dtype(Slot slot) const {
+  const bool gemm = slot == Slot::in_proj || slot == Slot::o_proj || slot == Slot::mlp_in || slot == Slot::mlp_down;
+  return gemm ? dtype_ : acc_dtype();
+}
 
 Model::Model(ModelConfig config, const NamedTensors& params, Device device, DType dtype)
     : config_(std::move(config)), device_(device), dtype_(dtype) {
   config_.validate();
   validate_parameters(config_, params, "model parameters");
-  HYDRA_ASSERT(device == Device::cuda || dtype == DType::f32, "the CPU path runs in float32 (SPEC 2)");
-  const ModelConfig& c = config_;
-  const int64_t d = c.head_dim, H = c.num_heads;
-  embed_ = place(param(params, "model.embed_tokens.weight"), device, dtype);
-  final_norm_ = place(param(params, "model.norm.weight"), device, DType::f32);
-  lm_head_ = c.tie_word_embeddings ? embed_ : place(param(params, "lm_head.weight"), device, dtype);
-  layers_.resize(static_cast<size_t>(c.num_layers));
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = layer_prefix(l);
-    auto get = [&](const std::string& name) -> const Tensor& { return param(params, p + name); };
-    LayerWeights& w = layers_[static_cast<size_t>(l)];
-    w.input_norm = place(get("input_layernorm.weight"), device, DType::f32);
-    w.post_norm = place(get("post_attention_layernorm.weight"), device, DType::f32);
-    w.mlp_in = stack_rows({get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")}, device, dtype);
-    w.mlp_down = place(get("mlp.down_proj.weight"), device, dtype);
-    const Tensor& q_proj = get("self_attn.q_proj.weight");
-    const Tensor& o_proj = get("self_attn.o_proj.weight");
-    if (!c.is_hydra()) {
-      w.head_of.resize(static_cast<size_t>(H));
-      std::iota(w.head_of.begin(), w.head_of.end(), 0);
-      w.h_fa = H;
-      w.g_fa = c.num_kv_heads;
-      for (int h = 0; h < H; ++h) w.fa_kv_of.push_back(static_cast<int>(c.kv_head_of(h)));
-      w.in_proj = stack_rows({q_proj, get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight")}, device, dtype,
-                             kInProjAlign);
-      w.q_norm = place(get("self_attn.q_norm.weight"), device, DType::f32);
-      w.k_norm = place(get("self_attn.k_norm.weight"), device, DType::f32);
-      w.o_proj = place(o_proj, device, dtype);
-      continue;
+  HYDRA_ASSERT(device == Device::cuda || dtype == DType::f32 || dtype == DType::f64,
+               "the CPU path runs in float32 (float64 for gradient checks), not {}", dtype_name(dtype));
+  for (int64_t l = 0; l < config_.num_layers; ++l) layouts_.push_back(layer_layout(config_, l));
+  // Packed where the parameters are (host, or the GPU for weights drawn there), then placed.
+  const Tensor& embed = param(params, "model.embed_tokens.weight");
+  weights_.tied = config_.tie_word_embeddings;
+  weights_.embed = to(embed, device, dtype);
+  weights_.final_norm = to(param(params, "model.norm.weight"), device, acc_dtype());
+  weights_.lm_head = weights_.tied ? weights_.embed : to(param(params, "lm_head.weight"), device, dtype);
+  weights_.layers.resize(layouts_.size());
+  for (const LayerLayout& layout : layouts_) {
+    LayerWeights& w = weights_.layers[static_cast<size_t>(layout.layer)];
+    for (int s = 0; s < kSlotCount; ++s) {
+      const Slot slot = static_cast<Slot>(s);
+      const std::vector<int64_t> shape = layout.shape(slot, config_);
+      if (shape.empty()) continue;
+      Tensor staged = Tensor::zeros(shape, embed.dtype(), embed.device());  // zero: the projection's padding rows
+      for (const Piece& piece : layout.pieces) {
+        if (piece.slot == slot) copy_piece(piece, staged, param(params, piece.name), true);
+      }
+      w.slot(slot) = to(staged, device, place_dtype(slot));
     }
-    const std::vector<int>& fa = c.fa_heads_of(l);
-    const std::vector<int> gdn = c.gdn_heads_of(l);
-    const std::vector<int> fa_kv = c.fa_kv_heads_of(l);
-    w.h_fa = static_cast<int64_t>(fa.size());
-    w.g_fa = static_cast<int64_t>(fa_kv.size());
-    w.h_gdn = static_cast<int64_t>(gdn.size());
-    w.head_of = fa;
-    w.head_of.insert(w.head_of.end(), gdn.begin(), gdn.end());
-    for (int h : fa) {
-      const int kv = static_cast<int>(c.kv_head_of(h));
-      w.fa_kv_of.push_back(static_cast<int>(std::find(fa_kv.begin(), fa_kv.end(), kv) - fa_kv.begin()));
-    }
-    std::vector<TensorView> in_rows;
-    if (w.h_fa > 0) {
-      append(in_rows, head_rows(q_proj, fa, d));
-      in_rows.push_back(get("self_attn.k_proj.weight"));
-      in_rows.push_back(get("self_attn.v_proj.weight"));
-      in_rows.push_back(get("self_attn.fa_gate_proj.weight"));
-      w.q_norm = place(get("self_attn.q_norm.weight"), device, DType::f32);
-      w.k_norm = place(get("self_attn.k_norm.weight"), device, DType::f32);
-    }
-    if (w.h_gdn > 0) {
-      append(in_rows, head_rows(q_proj, gdn, d));
-      in_rows.push_back(get("self_attn.gdn_k_proj.weight"));
-      in_rows.push_back(get("self_attn.gdn_v_proj.weight"));
-      in_rows.push_back(get("self_attn.gdn_a_proj.weight"));
-      in_rows.push_back(get("self_attn.gdn_b_proj.weight"));
-      w.conv = stack_rows({get("self_attn.gdn_q_conv.weight"), get("self_attn.gdn_k_conv.weight"),
-                           get("self_attn.gdn_v_conv.weight")},
-                          device, DType::f32);
-      w.a_log = place(get("self_attn.gdn_A_log"), device, DType::f32);
-      w.dt_bias = place(get("self_attn.gdn_dt_bias"), device, DType::f32);
-    }
-    w.in_proj = stack_rows(in_rows, device, dtype, kInProjAlign);
-    // Fusion weights and W_o columns in physical head order.
-    const Tensor& fuse = get("self_attn.fuse_norm.weight");
-    const Tensor& gamma = get("self_attn.fuse_gamma");
-    const Device staging = fuse.device();
-    Tensor fuse_p = Tensor::empty({H, d}, fuse.dtype(), staging), gamma_p = Tensor::empty({H}, gamma.dtype(), staging);
-    Tensor o_p = Tensor::empty({c.hidden_size, H * d}, o_proj.dtype(), staging);
-    for (int64_t pos = 0; pos < H; ++pos) {
-      const int h = w.head_of[static_cast<size_t>(pos)];
-      copy_into(fuse_p.view().select(0, pos), fuse.view().select(0, h));
-      copy_into(gamma_p.view().narrow(0, pos, 1), gamma.view().narrow(0, h, 1));
-      copy_into(o_p.view().narrow(1, pos * d, d), o_proj.view().narrow(1, h * d, d));
-    }
-    w.fuse_norm = place(fuse_p, device, DType::f32);
-    w.fuse_gamma = place(gamma_p, device, DType::f32);
-    w.o_proj = place(o_p, device, dtype);
+    w.head_of = layout.head_of;
+    w.fa_kv_of = layout.fa_kv_of;
+    w.h_fa = layout.h_fa;
+    w.g_fa = layout.g_fa;
+    w.h_gdn = layout.h_gdn;
   }
+}
+
+ModelTensors Model::zeros_like_weights(DType dtype, const std::function<bool(const std::string&)>& keep) const {
+  auto kept = [&](const std::string& name) { return !keep || keep(name); };
+  ModelTensors out;
+  out.tied = weights_.tied;
+  if (kept("model.embed_tokens.weight") || (weights_.tied && kept("lm_head.weight"))) {
+    out.embed = Tensor::zeros(weights_.embed.shape(), dtype, device_);
+  }
+  if (kept("model.norm.weight")) out.final_norm = Tensor::zeros(weights_.final_norm.shape(), dtype, device_);
+  if (weights_.tied) {
+    out.lm_head = out.embed;
+  } else if (kept("lm_head.weight")) {
+    out.lm_head = Tensor::zeros(weights_.lm_head.shape(), dtype, device_);
+  }
+  out.layers.resize(weights_.layers.size());
+  for (const LayerLayout& layout : layouts_) {
+    const LayerWeights& w = weights_.layers[static_cast<size_t>(layout.layer)];
+    LayerWeights& g = out.layers[static_cast<size_t>(layout.layer)];
+    for (const Piece& piece : layout.pieces) {
+      Tensor& t = g.slot(piece.slot);
+      if (!t.defined() && kept(piece.name)) t = Tensor::zeros(w.slot(piece.slot).shape(), dtype, device_);
+    }
+    g.head_of = w.head_of;
+    g.fa_kv_of = w.fa_kv_of;
+    g.h_fa = w.h_fa;
+    g.g_fa = w.g_fa;
+    g.h_gdn = w.h_gdn;
+  }
+  return out;
+}
+
+NamedTensors Model::unpack(const ModelTensors& tensors) const {
+  NamedTensors out;
+  // Host f32, or f64 for the tensors of a host f64 model (gradient checks keep their precision).
+  auto host = [](const Tensor& t) { return to(t, Device::host, t.dtype() == DType::f64 ? DType::f64 : DType::f32); };
+  if (tensors.embed.defined()) out.emplace("model.embed_tokens.weight", host(tensors.embed));
+  if (tensors.final_norm.defined()) out.emplace("model.norm.weight", host(tensors.final_norm));
+  if (!tensors.tied && tensors.lm_head.defined()) out.emplace("lm_head.weight", host(tensors.lm_head));
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const ParamSpec& spec : parameter_specs(config_)) shapes[spec.name] = spec.shape;
+  for (const LayerLayout& layout : layouts_) {
+    const LayerWeights& w = tensors.layers.at(static_cast<size_t>(layout.layer));
+    std::map<Slot, Tensor> staged;
+    for (const Piece& piece : layout.pieces) {
+      const Tensor& t = w.slot(piece.slot);
+      if (!t.defined()) continue;
+      auto it = staged.find(piece.slot);
+      if (it == staged.end()) it = staged.emplace(piece.slot, host(t)).first;
+      auto [named, fresh] = out.try_emplace(piece.name);
+      if (fresh) named->second = Tensor::zeros(shapes.at(piece.name), it->second.dtype());
+      copy_piece(piece, it->second, named->second, false);
+    }
+  }
+  return out;
+}
+
+void Model::pack(const NamedTensors& params, ModelTensors& out) const {
+  auto place = [&](Tensor& dst, const char* name) {
+    if (dst.defined()) copy_into(dst, to(param(params, name), dst.device(), dst.dtype()));
+  };
+  place(out.embed, "model.embed_tokens.weight");
+  place(out.final_norm, "model.norm.weight");
+  if (!out.tied) place(out.lm_head, "lm_head.weight");
+  for (const LayerLayout& layout : layouts_) {
+    LayerWeights& w = out.layers.at(static_cast<size_t>(layout.layer));
+    for (int s = 0; s < kSlotCount; ++s) {
+      Tensor& dst = w.slot(static_cast<Slot>(s));
+      if (!dst.defined()) continue;
+      Tensor staged = Tensor::zeros(dst.shape(), DType::f32);
+      for (const Piece& piece : layout.pieces) {
+        if (piece.slot == static_cast<Slot>(s)) copy_piece(piece, staged, param(params, piece.name), true);
+      }
+      copy_into(dst, to(staged, dst.device(), dst.dtype()));
+    }
+  }
+}
+
+Tensor Model::positions(const SequenceLayout& layout) const {
+  const std::vector<int64_t> pos = layout.local_positions();
+  return to_device(TensorView(const_cast<int64_t*>(pos.data()), DType::i64, Device::host,
+                              {static_cast<int64_t>(pos.size())}),
+                   device_);
+}
+
+Tensor Model::embed(const TensorView& ids) const {
+  Tensor x = Tensor::empty({ids.size(0), config_.hidden_size}, dtype_, device_);
+  ops::embedding(x, weights_.embed, to_device(ids, device_));
+  return x;
+}
+
+Tensor Model::final_norm(const TensorView& x) const {
+  Tensor out = Tensor::empty(x.shape(), dtype_, device_);
+  ops::rms_norm(out, x, weights_.final_norm, {static_cast<float>(config_.rms_norm_eps)});
+  return out;
 }
 
 Tensor Model::forward(ForwardContext& context, const TensorView& ids) const {
   const SequenceLayout& layout = context.layout;
-  const int64_t t_local = layout.local_length(), D = config_.hidden_size;
-  expect_shape(ids, "token ids", {{"T_loc", t_local}});
+  expect_shape(ids, "token ids", {{"T_loc", layout.local_length()}});
   HYDRA_ASSERT(context.comm.size() == layout.world_size() && context.comm.rank() == layout.rank(),
                "layout for rank {}/{} used on rank {}/{}", layout.rank(), layout.world_size(), context.comm.rank(),
                context.comm.size());
-  const std::vector<int64_t> pos = layout.local_positions();
-  Tensor positions = to_device(TensorView(const_cast<int64_t*>(pos.data()), DType::i64, Device::host,
-                                          {static_cast<int64_t>(pos.size())}),
-                               device_);
-  Tensor ids_here = to_device(ids, device_);
-  Tensor x = Tensor::empty({t_local, D}, dtype_, device_);  // the residual stream
-  Tensor x_norm = Tensor::empty({t_local, D}, dtype_, device_);
-  const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
+  const Tensor pos = positions(layout);
+  Tensor x;  // the residual stream
   {
     ScopedPhase phase(context.timer, Phase::other);
-    ops::embedding(x, embed_, ids_here);
+    x = embed(ids);
   }
   for (int64_t l = 0; l < config_.num_layers; ++l) {
-    const LayerWeights& w = layers_[static_cast<size_t>(l)];
-    maybe_inject_fault("layer");
-    {
-      ScopedPhase phase(context.timer, Phase::other);
-      ops::rms_norm(x_norm, x, w.input_norm, norm);
-    }
-    if (config_.is_hydra()) {
-      attention_hydra(context, l, positions, x_norm, x);
-    } else {
-      attention_teacher(context, l, positions, x_norm, x);
-    }
-    mlp(context, l, x);
+    layer_forward(context, l, pos, x);
     if (context.after_layer) context.after_layer(l);
   }
   ScopedPhase phase(context.timer, Phase::other);
-  ops::rms_norm(x_norm, x, final_norm_, norm);
-  return x_norm;
+  return final_norm(x);
+}
+
+void Model::layer_forward(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x,
+                          LayerSaved* saved) const {
+  const LayerWeights& w = layers_at(layer);
+  expect_shape(x, "residual stream", {{"T_loc", context.layout.local_length()}, {"D", config_.hidden_size}});
+  HYDRA_ASSERT(!(saved && context.observer), "a forward that saves for the backward cannot be observed (patched)");
+  maybe_inject_fault("layer");
+  if (saved) saved->input = clone(x);
+  Tensor x_norm = Tensor::empty(x.shape(), dtype_, device_);
+  {
+    ScopedPhase phase(context.timer, Phase::other);
+    ops::rms_norm(x_norm, x, w.input_norm, {static_cast<float>(config_.rms_norm_eps)});
+  }
+  if (config_.is_hydra()) {
+    attention_hydra(context, layer, positions, x_norm, x, saved);
+  } else {
+    attention_teacher(context, layer, positions, x_norm, x, saved);
+  }
+  mlp(context, layer, x);
 }
 
 void Model::attention_teacher(ForwardContext& context, int64_t layer, const Tensor& positions,
-                              const TensorView& x_norm, const TensorView& x) const {
-  const LayerWeights& w = layers_[static_cast<size_t>(layer)];
+                              const TensorView& x_norm, const TensorView& x, LayerSaved* saved) const {
+  const LayerWeights& w = layers_at(layer);
+  const ProjectionColumns& col = layout(layer).columns;
   const int64_t t = x.size(0), H = config_.num_heads, G = config_.num_kv_heads, d = config_.head_dim;
   PhaseTimer* timer = context.timer;
   Tensor proj = Tensor::empty({t, w.in_proj.size(0)}, dtype_, device_);
@@ -197,9 +266,9 @@ void Model::attention_teacher(ForwardContext& context, int64_t layer, const Tens
     ScopedPhase phase(timer, Phase::gemm);
     ops::linear(proj, x_norm, w.in_proj);
   }
-  const TensorView q = proj.view().narrow(1, 0, H * d).split_dim(1, H, d);          // [T, H, d]
-  const TensorView k = proj.view().narrow(1, H * d, G * d).split_dim(1, G, d);      // [T, G, d]
-  const TensorView v = proj.view().narrow(1, (H + G) * d, G * d).split_dim(1, G, d);
+  const TensorView q = proj.view().narrow(1, col.fa_q, H * d).split_dim(1, H, d);  // [T, H, d]
+  const TensorView k = proj.view().narrow(1, col.fa_k, G * d).split_dim(1, G, d);  // [T, G, d]
+  const TensorView v = proj.view().narrow(1, col.fa_v, G * d).split_dim(1, G, d);
   const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
   {
     ScopedPhase phase(timer, Phase::other);
@@ -208,7 +277,7 @@ void Model::attention_teacher(ForwardContext& context, int64_t layer, const Tens
     ops::rope(q, positions, {config_.rope_theta});
     ops::rope(k, positions, {config_.rope_theta});
   }
-  Tensor o_acc = Tensor::empty({t, H, d}, DType::f32, device_), lse = Tensor::empty({H, t}, DType::f32, device_);
+  Tensor o_acc = Tensor::empty({t, H, d}, acc_dtype(), device_), lse = Tensor::empty({H, t}, acc_dtype(), device_);
   ring_attention(context.comm, context.layout, o_acc, lse, q, k, v, ops::AttentionParams{.kv_head_of_query = w.fa_kv_of},
                  timer);
   Tensor o;
@@ -216,14 +285,19 @@ void Model::attention_teacher(ForwardContext& context, int64_t layer, const Tens
     ScopedPhase phase(timer, Phase::other);
     o = to(o_acc, device_, dtype_);
   }
+  if (saved) {
+    saved->fa_out = o;
+    saved->fa_lse = lse;
+  }
   if (context.observer) context.observer->on_head_outputs(layer, o, w.head_of);
   ScopedPhase phase(timer, Phase::gemm);
   ops::linear(x, o.view().reshape({t, H * d}), w.o_proj, ops::Accumulate::yes);
 }
 
 void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor& positions,
-                            const TensorView& x_norm, const TensorView& x) const {
-  const LayerWeights& w = layers_[static_cast<size_t>(layer)];
+                            const TensorView& x_norm, const TensorView& x, LayerSaved* saved) const {
+  const LayerWeights& w = layers_at(layer);
+  const ProjectionColumns& col = layout(layer).columns;
   const int64_t t = x.size(0), H = config_.num_heads, d = config_.head_dim;
   const int64_t hfa = w.h_fa, gfa = w.g_fa, hg = w.h_gdn;
   PhaseTimer* timer = context.timer;
@@ -234,38 +308,38 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
   }
   Tensor heads = Tensor::empty({t, H, d}, dtype_, device_);  // physical order: FA heads, then GDN heads
   const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
-  // Column blocks of the fused projection (model.h): FA q, k, v, gate, then GDN q|k|v, a, b.
   const TensorView pv = proj.view();
-  const int64_t c_fa = 0, c_gdn = hfa > 0 ? 2 * hfa * d + 2 * gfa * d : 0;
-  const int64_t used = c_gdn + (hg > 0 ? 3 * hg * d + 2 * hg : 0);
-  HYDRA_ASSERT(used <= proj.size(1), "fused projection has {} columns, {} used", proj.size(1), used);
   auto fa_branch = [&] {
-    const TensorView q = pv.narrow(1, c_fa, hfa * d).split_dim(1, hfa, d);
-    const TensorView k = pv.narrow(1, c_fa + hfa * d, gfa * d).split_dim(1, gfa, d);
-    const TensorView v = pv.narrow(1, c_fa + (hfa + gfa) * d, gfa * d).split_dim(1, gfa, d);
-    const TensorView gate = pv.narrow(1, c_fa + (hfa + 2 * gfa) * d, hfa * d);
+    const TensorView q = pv.narrow(1, col.fa_q, hfa * d).split_dim(1, hfa, d);
+    const TensorView k = pv.narrow(1, col.fa_k, gfa * d).split_dim(1, gfa, d);
+    const TensorView v = pv.narrow(1, col.fa_v, gfa * d).split_dim(1, gfa, d);
+    const TensorView gate = pv.narrow(1, col.fa_gate, hfa * d);
     {
       ScopedPhase phase(timer, Phase::other);
       ops::rms_norm(q, q, w.q_norm, norm);
       ops::rms_norm(k, k, w.k_norm, norm);
     }
-    // fp32 accumulator of the ring's partial results (SPEC 2); gated into the bf16 head buffer.
-    Tensor o_acc = Tensor::empty({t, hfa, d}, DType::f32, device_), lse = Tensor::empty({hfa, t}, DType::f32, device_);
+    // fp32 accumulator of the ring's partial results (DESIGN.md §2); gated into the head buffer.
+    Tensor o_acc = Tensor::empty({t, hfa, d}, acc_dtype(), device_), lse = Tensor::empty({hfa, t}, acc_dtype(), device_);
     ring_attention(context.comm, context.layout, o_acc, lse, q, k, v,
                    ops::AttentionParams{.tau_log_base = config_.fa_log_base, .kv_head_of_query = w.fa_kv_of}, timer);
     ScopedPhase phase(timer, Phase::other);
+    if (saved) {
+      saved->fa_out = to(o_acc, device_, dtype_);
+      saved->fa_lse = lse;
+    }
     ops::sigmoid_gate(heads.view().reshape({t, H * d}).narrow(1, 0, hfa * d), o_acc.view().reshape({t, hfa * d}), gate);
   };
   auto gdn_branch = [&] {
     Communicator& comm = context.comm;
-    const TensorView qkv = pv.narrow(1, c_gdn, 3 * hg * d);
-    const TensorView a = pv.narrow(1, c_gdn + 3 * hg * d, hg), b = pv.narrow(1, c_gdn + 3 * hg * d + hg, hg);
+    const TensorView qkv = pv.narrow(1, col.gdn_qkv, 3 * hg * d);
+    const TensorView a = pv.narrow(1, col.gdn_a, hg), b = pv.narrow(1, col.gdn_b, hg);
     Tensor conv = Tensor::empty({t, 3 * hg * d}, dtype_, device_);
     causal_conv_sequence_parallel(comm, context.layout, conv, qkv, w.conv, timer);
     const TensorView q = conv.view().narrow(1, 0, hg * d).split_dim(1, hg, d);
     const TensorView k = conv.view().narrow(1, hg * d, hg * d).split_dim(1, hg, d);
     const TensorView v = conv.view().narrow(1, 2 * hg * d, hg * d).split_dim(1, hg, d);
-    Tensor beta = Tensor::empty({t, hg}, DType::f32, device_), g = Tensor::empty({t, hg}, DType::f32, device_);
+    Tensor beta = Tensor::empty({t, hg}, acc_dtype(), device_), g = Tensor::empty({t, hg}, acc_dtype(), device_);
     {
       ScopedPhase phase(timer, Phase::gdn);
       ops::rope(q, positions, {config_.rope_theta});
@@ -276,12 +350,12 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
       ops::gdn_gates(beta, g, b, a, w.a_log, w.dt_bias);
     }
     gdn_sequence_parallel(comm, context.layout, heads.view().narrow(1, hfa, hg), q, k, v, g, beta,
-                          ops::DeltaRuleParams{}, timer);
+                          ops::DeltaRuleParams{}, timer, saved ? &saved->gdn : nullptr);
   };
-  // The branches are independent (SPEC 3): on the GPU the GDN branch runs on a side stream while
-  // the FA ring's transfers and attention run on this one. Collectives of both branches go through
-  // the communicator's own stream in the host order (GDN first), the same on every rank, so the
-  // overlap cannot reorder them across ranks.
+  // The branches are independent (DESIGN.md §3): on the GPU the GDN branch runs on a side stream
+  // while the FA ring's transfers and attention run on this one. Collectives of both branches go
+  // through the communicator's own stream in the host order (GDN first), the same on every rank, so
+  // the overlap cannot reorder them across ranks.
   if (hfa > 0 && hg > 0) {
     run_concurrently(device_, fa_branch, gdn_branch);
   } else if (hfa > 0) {
@@ -299,7 +373,7 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
 }
 
 void Model::mlp(ForwardContext& context, int64_t layer, const TensorView& x) const {
-  const LayerWeights& w = layers_[static_cast<size_t>(layer)];
+  const LayerWeights& w = layers_at(layer);
   const int64_t t = x.size(0), I = config_.intermediate_size, tile = std::min(t, kMlpTileTokens);
   Tensor x_norm = Tensor::empty({tile, config_.hidden_size}, dtype_, device_);
   Tensor gate_up = Tensor::empty({tile, 2 * I}, dtype_, device_);
@@ -327,19 +401,27 @@ void Model::mlp(ForwardContext& context, int64_t layer, const TensorView& x) con
 
 void Model::lm_head(const TensorView& logits, const TensorView& hidden) const {
   expect_shape(logits, "logits", {{"n", hidden.size(0)}, {"V", config_.vocab_size}});
-  ops::linear(logits, hidden, lm_head_);
+  ops::linear(logits, hidden, weights_.lm_head);
 }
 
-LoadedCheckpoint read_model_checkpoint(const std::string& path) {
-  CheckpointReader reader(path);
-  LoadedCheckpoint out;
+namespace {
+ModelConfig config_of(const CheckpointReader& reader, const std::string& path) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(reader.config_json());
   } catch (const nlohmann::json::exception& e) {
     HYDRA_USER_FAIL("{}: the 'config' attribute is not JSON ({})", path, e.what());
   }
-  out.config = config_from_json(json, path);
+  return config_from_json(json, path);
+}
+}  // namespace
+
+ModelConfig read_model_config(const std::string& path) { return config_of(CheckpointReader(path), path); }
+
+LoadedCheckpoint read_model_checkpoint(const std::string& path) {
+  CheckpointReader reader(path);
+  LoadedCheckpoint out;
+  out.config = config_of(reader, path);
   for (const ParamSpec& spec : parameter_specs(out.config)) {
     HYDRA_USER_CHECK(reader.contains(spec.name), "{}: tensor '{}' is missing", path, spec.name);
     const DatasetInfo info = reader.info(spec.name);

@@ -1,18 +1,17 @@
-// A model ready to run: config plus runtime weights on one device, and the forward pass.
+// A model ready to run and to train: config plus runtime weights on one device, the forward pass
+// (model.cpp) and the backward pass (model_backward.cpp).
 //
-// The checkpoint keeps HF parameter paths; at load time each layer's input projections are fused
-// into one matrix so a layer needs one GEMM for all of q/k/v/gates, and the heads are put in
-// "physical" order — FA heads first, then GDN heads — so each branch reads one contiguous column
-// block. W_o's columns and the fusion weights are permuted to match, which leaves the math
-// (SPEC 1.2) unchanged. Fused row layout (per layer):
-//   qwen3:      [W_q (H·d) | W_k (G·d) | W_v (G·d)]
-//   hydrahead:  [W_q FA (H_fa·d) | W_k (G_fa·d) | W_v (G_fa·d) | W_fgate (H_fa·d) |
-//                W_q GDN (H_gdn·d) | W_kl (H_gdn·d) | W_vl (H_gdn·d) | w_a (H_gdn) | w_b (H_gdn)]
-// The fused matrix is zero-padded to a multiple of 64 rows so every column block starts 16-byte
-// aligned on the GPU. The forward pass runs on this rank's tokens of a SequenceLayout; with one
-// rank that is the whole sequence. Only attention, the GDN scan and the conv cross ranks
-// (parallel/). The MLP runs in token tiles (kMlpTileTokens) so its [T, 2I] intermediate never
-// exists whole at long context.
+// The checkpoint keeps HF parameter paths; at load time each layer's tensors are packed into the
+// runtime layout that model/weight_layout.h describes (one fused input projection, heads in physical
+// order: FA first, then GDN), which leaves the math (DESIGN.md §1.2) unchanged. Gradients live in
+// the same runtime layout and are unpacked to checkpoint names with the same description.
+// The forward pass runs on this rank's tokens of a SequenceLayout; with one rank that is the whole
+// sequence. Only attention, the GDN scan and the conv cross ranks (parallel/). The MLP runs in
+// token tiles (kMlpTileTokens) so its [T, 2I] intermediate never exists whole at long context.
+//
+// Element types: the CPU path computes in the model's dtype (f32, the reference; f64 for gradient
+// checks); the GPU path stores bf16 and accumulates in fp32 (DESIGN.md §2). acc_dtype() is the type
+// of norm weights, fusion/GDN scalars, attention accumulators and every gradient.
 #pragma once
 
 #include <functional>
@@ -21,7 +20,9 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/weight_layout.h"
 #include "parallel/communicator.h"
+#include "parallel/gdn_scan.h"
 #include "parallel/layout.h"
 #include "runtime/checkpoint.h"
 #include "runtime/phase_timer.h"
@@ -46,9 +47,11 @@ struct ForwardContext {
   std::function<void(int64_t layer)> after_layer;   // progress / watchdog hook, optional
 };
 
+// The runtime tensors of one layer (model/weight_layout.h), or their gradients (same shapes, in
+// acc_dtype()). Tensors a layer does not have are undefined.
 struct LayerWeights {
   Tensor input_norm, post_norm;  // [D]
-  Tensor in_proj;                // [N_in, D], layout in the header comment
+  Tensor in_proj;                // [rows, D], the fused projection
   Tensor q_norm, k_norm;         // [d] (teacher, or FA heads)
   Tensor conv;                   // [3·H_gdn·d, K]: q, k, v channels
   Tensor a_log, dt_bias;         // [H_gdn]
@@ -60,14 +63,47 @@ struct LayerWeights {
   std::vector<int> head_of;      // physical position -> model head
   std::vector<int> fa_kv_of;     // FA head (physical) -> row block of k/v (0..G_fa−1)
   int64_t h_fa = 0, g_fa = 0, h_gdn = 0;
+
+  Tensor& slot(Slot s);
+  const Tensor& slot(Slot s) const;
+};
+
+// Every runtime tensor of a model: its weights, or gradients / optimizer moments in the same layout.
+struct ModelTensors {
+  Tensor embed;       // [V, D]
+  Tensor final_norm;  // [D]
+  Tensor lm_head;     // [V, D]; the embedding itself (same storage) when tied
+  std::vector<LayerWeights> layers;
+  bool tied = false;
+
+  // Visits every distinct defined tensor with its runtime name ("embed", "final_norm", "lm_head",
+  // "layers.3.in_proj"); a tied lm_head is the embedding and is visited once, as "embed".
+  void for_each(const std::function<void(const std::string& name, Tensor& tensor)>& visit);
+  void for_each(const std::function<void(const std::string& name, const Tensor& tensor)>& visit) const;
 };
 
 inline constexpr int64_t kMlpTileTokens = 32768;
 
+// What a layer's forward keeps for its backward (training). Chosen for memory at 512K tokens:
+//  - input: the residual stream entering the layer [T_loc, D]; the whole layer is recomputed from it;
+//  - fa_out, fa_lse: the FA heads' attention output (before the gate) [T_loc, H_fa, d] and its
+//    log-sum-exp [H_fa, T_loc]; attention is the one part whose recomputation would cost as much as
+//    the rest of the layer, and its output is only H_fa·d values per token (2 of 16 heads at 7:1);
+//  - gdn: with several ranks, each local segment's initial state and the gathered segment maps
+//    (d×d per head and segment), so the backward's reverse fold needs no forward collective. The GDN
+//    chunk states themselves are recomputed in the backward.
+struct LayerSaved {
+  Tensor input;   // [T_loc, D], dtype()
+  Tensor fa_out;  // [T_loc, H_fa, d], dtype()
+  Tensor fa_lse;  // [H_fa, T_loc], acc_dtype()
+  GdnSaved gdn;
+};
+
 class Model {
  public:
   // `params` are tensors named as in model/params.h (host f32, or already on the GPU); weights are
-  // placed on `device` in `dtype` (host: f32; cuda: bf16 storage, fp32 norm/fusion/GDN scalars).
+  // placed on `device` in `dtype` (host: f32, or f64 for gradient checks; cuda: bf16 storage with
+  // fp32 norm/fusion/GDN scalars).
   Model(ModelConfig config, const NamedTensors& params, Device device = Device::host, DType dtype = DType::f32);
   // Reads, validates and places a checkpoint.
   static Model load(const std::string& path, Device device = Device::host, DType dtype = DType::f32);
@@ -75,11 +111,56 @@ class Model {
   const ModelConfig& config() const { return config_; }
   Device device() const { return device_; }
   DType dtype() const { return dtype_; }
+  // Accumulators, norm weights and gradients: f32 (the model's dtype on a host f64 model).
+  DType acc_dtype() const { return dtype_ == DType::f64 ? DType::f64 : DType::f32; }
+  const LayerLayout& layout(int64_t layer) const { return layouts_.at(static_cast<size_t>(layer)); }
 
+  // ---- Forward ----
   // Final-normed hidden states [T_loc, D] of this rank's tokens; ids [T_loc] int32 in local order.
   Tensor forward(ForwardContext& context, const TensorView& ids) const;
   // logits [n, V] for hidden rows [n, D].
   void lm_head(const TensorView& logits, const TensorView& hidden) const;
+
+  // The forward's parts, for training and for callers that start or stop at a layer boundary:
+  // forward = final_norm(layer_{L−1}(…layer_0(embed(ids)))).
+  Tensor embed(const TensorView& ids) const;                      // residual stream [T_loc, D]
+  Tensor positions(const SequenceLayout& layout) const;           // global positions [T_loc] int64
+  // x [T_loc, D] ← layer(x) in place; `saved` (optional) receives what the backward needs.
+  void layer_forward(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x,
+                     LayerSaved* saved = nullptr) const;
+  Tensor final_norm(const TensorView& x) const;                   // [T_loc, D]
+
+  // ---- Backward (model_backward.cpp) ----
+  // Gradients are accumulated (+=) into `grads` (zeros(), then any number of backward calls); a
+  // gradient tensor left undefined there is not computed (frozen parameters, e.g. the MLP in the
+  // align stage). Activation gradients: dx is acc_dtype().
+  //
+  // dx [T_loc, D]: in, the gradient w.r.t. the layer's output; out, w.r.t. its input. Collective
+  // (same order on every rank) like the forward.
+  // `input_gradient` skip: dx is left as the gradient w.r.t. the layer's attention+MLP output only
+  // (layer-wise alignment stops every layer's backward at its input, DESIGN.md §1.5).
+  enum class InputGradient { compute, skip };
+  void layer_backward(ForwardContext& context, int64_t layer, const Tensor& positions, const LayerSaved& saved,
+                      const TensorView& dx, LayerWeights& grads,
+                      InputGradient input_gradient = InputGradient::compute) const;
+  // dx [T_loc, D] ← gradient w.r.t. the last residual stream x, from d_hidden w.r.t. final_norm(x).
+  void final_norm_backward(const TensorView& dx, const TensorView& d_hidden, const TensorView& x,
+                           ModelTensors& grads) const;
+  // Embedding rows' gradient from dx w.r.t. embed(ids).
+  void embed_backward(const TensorView& dx, const TensorView& ids, ModelTensors& grads) const;
+
+  // ---- Weights ----
+  const ModelTensors& weights() const { return weights_; }
+  // For the optimizer, which writes updated weights in place (between steps, never during one).
+  ModelTensors& mutable_weights() { return weights_; }
+  // Zero tensors in the runtime layout, in acc_dtype() on `device` (gradients, moments, masters);
+  // `keep` decides per checkpoint name whether a tensor is allocated (undefined: frozen).
+  ModelTensors zeros_like_weights(DType dtype, const std::function<bool(const std::string& name)>& keep = {}) const;
+  // Runtime-layout tensors (weights, gradients, moments) unpacked to checkpoint names, host f32
+  // (f64 for the tensors of a host f64 model).
+  NamedTensors unpack(const ModelTensors& tensors) const;
+  // Checkpoint-named tensors packed into `out` (same layout; any device/dtype per its tensors).
+  void pack(const NamedTensors& params, ModelTensors& out) const;
 
   // ---- Read access for interpretability (model/model_access.cpp) ----
   // Head selection (model/head_selection.h) reads the placed weights to compute direct effects and
@@ -95,19 +176,20 @@ class Model {
   TensorView head_output_projection(int64_t layer, int64_t head) const;
 
  private:
+  struct LayerActivations;  // the recomputed forward of one layer (model_backward.cpp)
   void attention_teacher(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x_norm,
-                         const TensorView& x) const;
+                         const TensorView& x, LayerSaved* saved) const;
   void attention_hydra(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x_norm,
-                       const TensorView& x) const;
+                       const TensorView& x, LayerSaved* saved) const;
   void mlp(ForwardContext& context, int64_t layer, const TensorView& x) const;
+  DType place_dtype(Slot slot) const;  // dtype() for GEMM weights, acc_dtype() for the rest
+  const LayerWeights& layers_at(int64_t layer) const { return weights_.layers.at(static_cast<size_t>(layer)); }
 
   ModelConfig config_;
   Device device_;
   DType dtype_;
-  Tensor embed_;     // [V, D]
-  Tensor final_norm_;  // [D]
-  Tensor lm_head_;   // [V, D]; the embedding when tied
-  std::vector<LayerWeights> layers_;
+  std::vector<LayerLayout> layouts_;
+  ModelTensors weights_;
 };
 
 // Reads the checkpoint's config and all tensors as host f32 (validated against the config).
@@ -116,6 +198,8 @@ struct LoadedCheckpoint {
   NamedTensors params;
 };
 LoadedCheckpoint read_model_checkpoint(const std::string& path);
+// The config of a checkpoint alone (cheap: its attributes); malformed configs are UserErrors.
+ModelConfig read_model_config(const std::string& path);
 void write_model_checkpoint(const std::string& path, const ModelConfig& config, const NamedTensors& params);
 
 }  // namespace hydra

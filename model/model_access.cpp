@@ -13,14 +13,14 @@ namespace hydra {
 
 const LayerWeights& Model::layer_weights(int64_t layer) const {
   HYDRA_ASSERT(layer >= 0 && layer < config_.num_layers, "layer {} of a {}-layer model", layer, config_.num_layers);
-  return layers_[static_cast<size_t>(layer)];
+  return layers_at(layer);
 }
 
-const Tensor& Model::embedding_table() const { return embed_; }
+const Tensor& Model::embedding_table() const { return weights_.embed; }
 
-const Tensor& Model::final_norm_weight() const { return final_norm_; }
+const Tensor& Model::final_norm_weight() const { return weights_.final_norm; }
 
-const Tensor& Model::lm_head_weight() const { return lm_head_; }
+const Tensor& Model::lm_head_weight() const { return weights_.lm_head; }
 
 int64_t Model::physical_head(int64_t layer, int64_t head) const {
   const std::vector<int>& head_of = layer_weights(layer).head_of;

@@ -41,6 +41,9 @@ class Communicator {
   virtual void all_reduce_sum(const TensorView& buffer) = 0;
   virtual void broadcast(const TensorView& buffer, int root) = 0;
   virtual void barrier() = 0;
+  // The ranks that pass the same `color` form a new communicator on the same device, ranked by
+  // `key` (MPI_Comm_split; a new NCCL communicator over the split bootstrap). Collective.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   [[noreturn]] virtual void abort(int exit_code) = 0;
 
   // Blocking point-to-point helpers built on start_send_recv where convenient.

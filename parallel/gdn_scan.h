@@ -19,14 +19,53 @@
 
 namespace hydra {
 
+// What the sequence-parallel GDN forward keeps for its backward (model.h LayerSaved): each local
+// segment's true initial state and the gathered segment maps, fp32. Undefined with one rank (the
+// initial state is zero and there is nothing to fold).
+struct GdnSaved {
+  Tensor state0;  // [n_local, H, dk, dv]
+  Tensor maps;    // [P, n_local, H·(dk·dk + dk·dv)]: (M, S_ext) of every segment, as gathered
+};
+
 // `timer` (optional): GDN compute as Phase::gdn, the collectives as Phase::comm.
 // out [T_loc, H, dv]; q, k [T_loc, H, dk]; v [T_loc, H, dv]; g, beta [T_loc, H]; local row order.
 void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, const TensorView& out,
                            const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
-                           const TensorView& beta, const ops::DeltaRuleParams& params, PhaseTimer* timer = nullptr);
+                           const TensorView& beta, const ops::DeltaRuleParams& params, PhaseTimer* timer = nullptr,
+                           GdnSaved* saved = nullptr);
+
+// The forward's outputs again, from the initial states it kept (no collective): what the backward's
+// recomputation of a layer runs. With one rank `saved` is empty and the initial state is zero.
+void gdn_sequence_parallel_recompute(const SequenceLayout& layout, const GdnSaved& saved, const TensorView& out,
+                                     const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const TensorView& g, const TensorView& beta, const ops::DeltaRuleParams& params,
+                                     PhaseTimer* timer = nullptr);
+
+// Backward of gdn_sequence_parallel (DESIGN.md §1.5): the state gradient crosses segments in reverse.
+//   1. each rank computes, per owned segment, dS_loc = the gradient its outputs send into the
+//      segment's initial state with nothing arriving from later segments (delta_rule_state_backward);
+//   2. one all-gather of the dS_loc;
+//   3. each rank folds the suffix for its segments in fp32 with the transposed maps kept by the
+//      forward: dS_in(j) = M_jᵀ dS_in(j+1) + dS_loc(j), so segment i's final state receives
+//      dS_out(i) = dS_in(i+1); then runs the chunked backward of each owned segment from its kept
+//      initial state with that incoming state gradient.
+// dq, dk [T_loc, H, dk], dv [T_loc, H, dv], dg, dbeta [T_loc, H] are overwritten.
+void gdn_sequence_parallel_backward(Communicator& comm, const SequenceLayout& layout, const GdnSaved& saved,
+                                    const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                    const TensorView& dg, const TensorView& dbeta, const TensorView& d_out,
+                                    const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const TensorView& g, const TensorView& beta, const ops::DeltaRuleParams& params,
+                                    PhaseTimer* timer = nullptr);
 
 // out, x [T_loc, C] (local rows); w [C, K].
 void causal_conv_sequence_parallel(Communicator& comm, const SequenceLayout& layout, const TensorView& out,
                                    const TensorView& x, const TensorView& w, PhaseTimer* timer = nullptr);
+
+// Backward of causal_conv_sequence_parallel: dx [T_loc, C] overwritten, dw [C, K] accumulated (or
+// undefined: frozen). The halo rows' gradient goes back to the rank that owns the previous segment
+// (one all-gather) and is added to the last K−1 rows of that segment's dx.
+void causal_conv_sequence_parallel_backward(Communicator& comm, const SequenceLayout& layout, const TensorView& dx,
+                                            const TensorView& dw, const TensorView& d_out, const TensorView& x,
+                                            const TensorView& w, PhaseTimer* timer = nullptr);
 
 }  // namespace hydra

@@ -12,6 +12,7 @@ MPI_Datatype mpi_type(DType t) {
     case DType::bf16: return MPI_UINT16_T;  // moved, never reduced
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
+    case DType::f64: return MPI_DOUBLE;
   }
   return MPI_BYTE;
 }
@@ -105,6 +106,19 @@ void MpiCommunicator::broadcast(const TensorView& buffer, int root) {
 }
 
 void MpiCommunicator::barrier() { HYDRA_MPI_CHECK(MPI_Barrier(comm_)); }
+
+MpiCommunicator::~MpiCommunicator() {
+  if (owned_) MPI_Comm_free(&comm_);
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+  MPI_Comm sub = MPI_COMM_NULL;
+  HYDRA_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
+  MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+  auto out = std::make_unique<MpiCommunicator>(sub);
+  out->owned_ = true;
+  return out;
+}
 
 void MpiCommunicator::abort(int exit_code) {
   std::fflush(stdout);

@@ -32,6 +32,9 @@ class MpiRuntime {
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm comm = MPI_COMM_WORLD);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Device device() const override { return Device::host; }
@@ -42,12 +45,14 @@ class MpiCommunicator final : public Communicator {
   void all_reduce_sum(const TensorView& buffer) override;
   void broadcast(const TensorView& buffer, int root) override;
   void barrier() override;
+  std::unique_ptr<Communicator> split(int color, int key) override;
   [[noreturn]] void abort(int exit_code) override;
   void send(const TensorView& buffer, int dst) override;
   void recv(const TensorView& buffer, int src) override;
 
  private:
   MPI_Comm comm_;
+  bool owned_ = false;  // a communicator made by split(), freed with this object
   int rank_ = 0, size_ = 1;
 };
 

@@ -19,6 +19,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::bf16: return ncclBfloat16;
     case DType::i32: return ncclInt32;
     case DType::i64: return ncclInt64;
+    case DType::f64: return ncclFloat64;
   }
   return ncclFloat32;
 }
@@ -180,6 +181,13 @@ void NcclCommunicator::abort(int exit_code) {
     impl_->comm = nullptr;
   }
   bootstrap_.abort(exit_code);
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
+  std::unique_ptr<Communicator> sub = bootstrap_.split(color, key);
+  auto out = std::make_unique<NcclCommunicator>(*sub, impl_->timeout_s);
+  out->owned_bootstrap_ = std::move(sub);
+  return out;
 }
 
 }  // namespace hydra

@@ -38,6 +38,8 @@ class NcclCommunicator final : public Communicator {
   void all_reduce_sum(const TensorView& buffer) override;
   void broadcast(const TensorView& buffer, int root) override;
   void barrier() override;
+  // A new NCCL communicator bootstrapped over the split of this one's bootstrap (which it owns).
+  std::unique_ptr<Communicator> split(int color, int key) override;
   [[noreturn]] void abort(int exit_code) override;
   void send(const TensorView& buffer, int dst) override;
   void recv(const TensorView& buffer, int src) override;
@@ -50,6 +52,7 @@ class NcclCommunicator final : public Communicator {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Communicator> owned_bootstrap_;  // the split bootstrap of a split() communicator
   Communicator& bootstrap_;
   int rank_ = 0, size_ = 1;
 };

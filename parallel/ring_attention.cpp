@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include "kernels/elementwise/elementwise.h"
+
 namespace hydra {
 
 void ring_attention(Communicator& comm, const SequenceLayout& layout, const TensorView& out, const TensorView& lse,
@@ -65,6 +67,103 @@ void ring_attention(Communicator& comm, const SequenceLayout& layout, const Tens
       transfer->wait();
     }
   }
+}
+
+}  // namespace hydra
+
+namespace hydra {
+
+void ring_attention_backward(Communicator& comm, const SequenceLayout& layout, const TensorView& dq,
+                             const TensorView& dk, const TensorView& dv, const TensorView& d_out,
+                             const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                             const TensorView& lse, const ops::AttentionParams& params, PhaseTimer* timer) {
+  const int64_t t_local = layout.local_length();
+  expect_shape(q, "ring q", {{"T_loc", t_local}, {"Hq", -1}, {"d", -1}});
+  expect_shape(k, "ring k", {{"T_loc", t_local}, {"Hk", -1}, {"d", q.size(2)}});
+  expect_shape(v, "ring v", {{"T_loc", t_local}, {"Hk", k.size(1)}, {"dv", q.size(2)}});
+  expect_shape(dq, "ring dq", {{"T_loc", t_local}, {"Hq", q.size(1)}, {"d", q.size(2)}});
+  expect_shape(dk, "ring dk", {{"T_loc", t_local}, {"Hk", k.size(1)}, {"d", q.size(2)}});
+  expect_shape(dv, "ring dv", {{"T_loc", t_local}, {"Hk", k.size(1)}, {"dv", q.size(2)}});
+  HYDRA_ASSERT(dk.is_contiguous() && dv.is_contiguous(), "ring dk/dv must be contiguous");
+  const int world = comm.size(), rank = comm.rank();
+  const int64_t hq = q.size(1), hk = k.size(1), d = k.size(2);
+  const Device device = q.device();
+  const DType acc = dq.dtype();
+  Tensor delta = Tensor::empty({hq, t_local}, acc, device);
+  {
+    ScopedPhase phase(timer, Phase::fa);
+    ops::attention_backward_prepare(delta, d_out, out);
+    fill(dq, 0.0f);
+  }
+  if (world == 1) {
+    ops::AttentionParams p = params;
+    p.q_position0 = p.k_position0 = 0;
+    ScopedPhase phase(timer, Phase::fa);
+    fill(dk, 0.0f);
+    fill(dv, 0.0f);
+    ops::attention_backward(dq, dk, dv, d_out, q, k, v, lse, delta, p);
+    return;
+  }
+
+  // K/V travel as in the forward ([T_loc, Hk, 2d], K first). Their gradient accumulators travel one
+  // step behind in [2, T_loc, Hk, d] buffers (dK, dV): `fresh` takes this rank's contribution to the
+  // held keys, `carried[0]` the accumulator received for them, `carried[1]` the next one in flight.
+  Tensor kv[2] = {Tensor::empty({t_local, hk, 2 * d}, k.dtype(), device),
+                  Tensor::empty({t_local, hk, 2 * d}, k.dtype(), device)};
+  Tensor fresh = Tensor::empty({2, t_local, hk, d}, acc, device);
+  Tensor carried[2] = {Tensor::zeros({2, t_local, hk, d}, acc, device), Tensor::empty({2, t_local, hk, d}, acc, device)};
+  {
+    ScopedPhase phase(timer, Phase::other);
+    copy_into(kv[0].view().narrow(2, 0, d), k);
+    copy_into(kv[0].view().narrow(2, d, d), v);
+  }
+  const int next = (rank + 1) % world, prev = (rank - 1 + world) % world;
+  std::unique_ptr<Transfer> grad_transfer;
+  for (int step = 0; step < world; ++step) {
+    const int src = (rank - step + world) % world;
+    const TensorView held = kv[step % 2];
+    std::unique_ptr<Transfer> kv_transfer;
+    if (step + 1 < world) kv_transfer = comm.start_send_recv(held, next, kv[(step + 1) % 2], prev);
+    {
+      ScopedPhase phase(timer, Phase::fa);
+      fill(fresh, 0.0f);
+      for (const Segment& qs : layout.local_segments()) {
+        for (const Segment& ks : layout.segments_of(src)) {
+          if (params.causality == ops::Causality::causal && ks.start > qs.start + qs.length - 1) continue;  // future
+          ops::AttentionParams p = params;
+          p.q_position0 = qs.start;
+          p.k_position0 = ks.start;
+          const TensorView kvs = held.narrow(0, ks.local_offset, ks.length);
+          const auto rows = [&](const TensorView& t) { return t.narrow(0, qs.local_offset, qs.length); };
+          ops::attention_backward(rows(dq), fresh.view().select(0, 0).narrow(0, ks.local_offset, ks.length),
+                                  fresh.view().select(0, 1).narrow(0, ks.local_offset, ks.length), rows(d_out),
+                                  rows(q), kvs.narrow(2, 0, d), kvs.narrow(2, d, d), lse.narrow(1, qs.local_offset, qs.length),
+                                  delta.view().narrow(1, qs.local_offset, qs.length), p);
+        }
+      }
+    }
+    // The accumulator for src's keys (posted at the end of the previous step) must be here before
+    // this rank's contribution is added and it moves on.
+    if (grad_transfer) {
+      ScopedPhase phase(timer, Phase::comm);
+      grad_transfer->wait();
+      std::swap(carried[0], carried[1]);
+    }
+    {
+      ScopedPhase phase(timer, Phase::fa);
+      ops::add_inplace(carried[0].view().reshape({2 * t_local, hk * d}), fresh.view().reshape({2 * t_local, hk * d}));
+    }
+    // Pass it on: after P hops (the last one at step P−1) every accumulator is home.
+    grad_transfer = comm.start_send_recv(carried[0], next, carried[1], prev);
+    if (kv_transfer) {
+      ScopedPhase phase(timer, Phase::comm);
+      kv_transfer->wait();
+    }
+  }
+  ScopedPhase phase(timer, Phase::comm);
+  grad_transfer->wait();
+  copy_into(dk, carried[1].view().select(0, 0));
+  copy_into(dv, carried[1].view().select(0, 1));
 }
 
 }  // namespace hydra

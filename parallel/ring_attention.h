@@ -23,4 +23,17 @@ void ring_attention(Communicator& comm, const SequenceLayout& layout, const Tens
                     const TensorView& q, const TensorView& k, const TensorView& v, const ops::AttentionParams& params,
                     PhaseTimer* timer = nullptr);
 
+// Backward of ring_attention (DESIGN.md §1.5). D = rowsum(d_out ⊙ out) is computed once from the
+// final output; K/V travel the ring again and their fp32 gradient accumulators ride along one step
+// behind: at step s a rank computes the contribution of its queries to the held keys' dK/dV into a
+// fresh buffer while the accumulator for those keys arrives from the previous rank, adds it and
+// passes it on, so each accumulator collects every rank's contribution and arrives home after P
+// hops. dQ accumulates locally. Every step uses the final (merged) lse.
+// dq [T_loc, Hq, d], dk [T_loc, Hk, d], dv [T_loc, Hk, dv] (acc dtype, overwritten); d_out [T_loc, Hq, dv];
+// q, k, v, out, lse as in (and from) the forward.
+void ring_attention_backward(Communicator& comm, const SequenceLayout& layout, const TensorView& dq,
+                             const TensorView& dk, const TensorView& dv, const TensorView& d_out,
+                             const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                             const TensorView& lse, const ops::AttentionParams& params, PhaseTimer* timer = nullptr);
+
 }  // namespace hydra

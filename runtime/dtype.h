@@ -12,7 +12,7 @@
 
 namespace hydra {
 
-enum class DType : uint8_t { f32, bf16, i32, i64 };
+enum class DType : uint8_t { f32, bf16, i32, i64, f64 };
 enum class Device : uint8_t { host, cuda };
 
 constexpr size_t dtype_size(DType t) {
@@ -21,6 +21,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::bf16: return 2;
     case DType::i32: return 4;
     case DType::i64: return 8;
+    case DType::f64: return 8;
   }
   return 0;
 }
@@ -31,9 +32,14 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::bf16: return "bfloat16";
     case DType::i32: return "int32";
     case DType::i64: return "int64";
+    case DType::f64: return "float64";
   }
   return "?";
 }
+
+// The type partial results accumulate in: fp32 on the GPU (DESIGN.md §2), the storage type on the
+// host (f32, or f64 in gradient checks).
+constexpr DType accumulator_dtype(DType storage, Device device) { return device == Device::cuda ? DType::f32 : storage; }
 
 constexpr std::string_view device_name(Device d) { return d == Device::host ? "host" : "cuda"; }
 
@@ -61,5 +67,6 @@ template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<bf16>() { return DType::bf16; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
 
 }  // namespace hydra

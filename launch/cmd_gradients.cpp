@@ -1,0 +1,96 @@
+// hydra gradients: the mean next-token loss of a token sequence and the gradient of every
+// parameter, named as in the checkpoint — how a user (and a test) checks gradients from outside.
+// Sequence parallel under mpirun (each rank its zigzag share, gradients summed over the ranks);
+// rank 0 writes GRADS.h5: root attributes `loss` (mean next-token cross-entropy), `tokens` (the
+// predictions it averages: T − 1), `model`; one float32 dataset per parameter.
+#include <chrono>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "launch/cli.h"
+#include "launch/model_source.h"
+#include "model/train/objective.h"
+#include "parallel/device_world.h"
+#include "runtime/atomic_file.h"
+#include "runtime/hdf5_file.h"
+#include "runtime/log.h"
+#include "runtime/token_file.h"
+
+namespace hydra {
+namespace {
+
+struct GradientsOptions {
+  ModelSource model;
+  std::string input;
+  std::string loss = "ce";
+  std::string out;
+  std::string device = "cpu";
+  double nccl_timeout = 600;
+
+  void bind(po::options_description& o) {
+    model.bind(o);
+    o.add_options()
+        ("input", po::value(&input)->required(), "token file (.h5 with input_ids [T], int32/int64, T >= 2)")
+        ("loss", po::value(&loss)->default_value("ce"), "ce: mean next-token cross-entropy (the only loss with no teacher)")
+        ("out", po::value(&out)->required(), "gradient file to write (.h5; attribute loss, one float32 dataset per parameter)")
+        ("device", po::value(&device)->default_value("cpu"), "cpu (fp32, the reference), cuda (bf16 weights, fp32 gradients) or auto")
+        ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
+  }
+  void validate() const {
+    model.validate();
+    HYDRA_USER_CHECK(loss == "ce", "--loss {} is not known (ce: next-token cross-entropy; distillation and alignment "
+                     "need a teacher: use hydra train)", loss);
+    require_readable_file(input, "input");
+    require_writable_destination(out, "gradient output");
+  }
+};
+
+}  // namespace
+
+int run_gradients(App& app, const std::vector<std::string>& args) {
+  GradientsOptions opt;
+  po::options_description desc("hydra gradients");
+  opt.bind(desc);
+  if (!parse_command_line(app, "gradients",
+                          "(--model FILE.h5 | --preset NAME) --input TOKENS.h5 [--loss ce] --out GRADS.h5 [--device cpu|cuda]",
+                          desc, args)) {
+    return 0;
+  }
+  opt.validate();
+  const ModelConfig config = opt.model.config();
+  const std::vector<int32_t> ids = read_token_file(opt.input, config.vocab_size);
+  HYDRA_USER_CHECK(ids.size() >= 2, "{}: holds {} token(s); next-token gradients need at least 2", opt.input, ids.size());
+  SequenceLayout::zigzag(static_cast<int64_t>(ids.size()), app.world.size(), app.world.rank());  // length check first
+  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Model model = opt.model.build(world.device, world.device == Device::cuda ? DType::bf16 : DType::f32);
+  const auto t1 = std::chrono::steady_clock::now();
+  const train::NamedGradients g = train::next_token_gradients(*world.comm, model, ids);
+  check_device_progress(world);
+  const auto t2 = std::chrono::steady_clock::now();
+  const double loss = g.sums.loss / static_cast<double>(g.sums.tokens);
+  if (app.world.rank() == 0) {
+    AtomicFile file(opt.out);
+    H5File h5 = H5File::create(file.temp_path());
+    h5.set_attribute("loss", loss);
+    h5.set_attribute("tokens", g.sums.tokens);
+    h5.set_attribute("model", opt.model.describe());
+    for (const auto& [name, tensor] : g.grads) h5.write(name, tensor);
+    h5.close();
+    file.commit();
+    const double load_s = std::chrono::duration<double>(t1 - t0).count();
+    const double run_s = std::chrono::duration<double>(t2 - t1).count();
+    log::info("gradients: {} tokens on {} rank(s) ({}), {} — mean next-token loss {:.6f}, {} gradient tensors in {:.2f} s",
+              ids.size(), app.world.size(), device_name(world.device), config.summary(), loss, g.grads.size(), run_s);
+    const nlohmann::json summary = {{"command", "gradients"}, {"model", opt.model.describe()},
+                                    {"tokens", ids.size()},    {"ranks", app.world.size()},
+                                    {"device", device_name(world.device)}, {"loss", loss},
+                                    {"load_s", load_s},        {"gradients_s", run_s},
+                                    {"out", opt.out}};
+    std::cout << summary.dump() << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace hydra

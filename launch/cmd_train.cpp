@@ -1,0 +1,199 @@
+// hydra train: the four training stages (DESIGN.md §1.5) — pretrain, align, distill, finetune —
+// on one rank or sequence/data parallel under mpirun (model/train/trainer.h). Parses flags, builds
+// the student (and teacher), checks the memory plan, and hands over to train::run_training.
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "launch/cli.h"
+#include "launch/model_source.h"
+#include "model/cost.h"
+#include "model/train/trainer.h"
+#include "parallel/device_world.h"
+#include "runtime/atomic_file.h"
+#include "runtime/log.h"
+#include "runtime/sizes.h"
+#if HYDRA_CUDA
+#include "runtime/cuda_memory.h"
+#endif
+
+namespace hydra {
+namespace {
+
+// Per-stage defaults (chosen for the stage's job; each overridable by its flag):
+//   pretrain  lr 1e-3 → 1e-4, weight decay 0.1: a model from `hydra init`, trained from scratch;
+//   align     lr 1e-3 → 1e-4, weight decay 0.01, attention block only: new GDN/FA parameters learn
+//             their layer's function fast, nothing else moves;
+//   distill   lr 1e-4 → 1e-5, weight decay 0.01: the whole student, near its aligned start;
+//   finetune  lr 2e-5 → 2e-6, weight decay 0.01: long sequences, a converted model.
+// All: warmup 5% of --steps (at most 100), gradient clip 1.0, AdamW β 0.9/0.95, ε 1e-8.
+struct StageDefaults {
+  double lr, min_lr, weight_decay;
+};
+StageDefaults defaults_of(train::Stage stage) {
+  switch (stage) {
+    case train::Stage::pretrain: return {1e-3, 1e-4, 0.1};
+    case train::Stage::align: return {1e-3, 1e-4, 0.01};
+    case train::Stage::distill: return {1e-4, 1e-5, 0.01};
+    case train::Stage::finetune: return {2e-5, 2e-6, 0.01};
+  }
+  return {1e-4, 1e-5, 0.01};
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+struct TrainOptions {
+  std::string stage;
+  ModelSource model;
+  std::string teacher;
+  std::string data, eval_data, seq_len, out_dir, train = "auto", device = "auto";
+  int64_t steps = 0, stop_at = 0, warmup = -1, batch_seqs = 1, grad_accum = 1, save_every = 0, eval_every = 0, eval_windows = 8, keep = 2;
+  double lr = 0, min_lr = -1, weight_decay = -1, grad_clip = 1.0, peak_tflops = 989, nccl_timeout = 600;
+  uint64_t seed = 0;
+  bool resume = false;
+  int sp = 0;
+
+  void bind(po::options_description& o) {
+    model.bind(o);
+    o.add_options()
+        ("stage", po::value(&stage)->required(), "pretrain | align | distill | finetune (defaults per stage below)")
+        ("teacher", po::value(&teacher), "teacher checkpoint (align and distill: runs forward in the same process)")
+        ("data", po::value(&data)->required(), "training token files, comma-separated (.h5 with input_ids [N])")
+        ("seq-len", po::value(&seq_len)->required(), "tokens per sequence (window); accepts 4K, 128K; a multiple of 2·sp on sp ranks")
+        ("steps", po::value(&steps)->required(), "optimizer steps (the learning-rate schedule's length)")
+        ("stop-at", po::value(&stop_at)->default_value(0), "stop after this step with a checkpoint (0: --steps); continue later with --resume — for runs split over time-limited allocations")
+        ("out-dir", po::value(&out_dir)->required(), "checkpoints (step-N/model.h5, state.h5), the 'latest' pointer, train.jsonl")
+        ("lr", po::value(&lr)->default_value(0), "peak learning rate (0: the stage's default: pretrain 1e-3, align 1e-3, distill 1e-4, finetune 2e-5)")
+        ("min-lr", po::value(&min_lr)->default_value(-1), "learning rate at the last step, cosine decay (default: lr / 10)")
+        ("warmup", po::value(&warmup)->default_value(-1), "linear warmup steps (default: 5% of --steps, at most 100)")
+        ("weight-decay", po::value(&weight_decay)->default_value(-1), "AdamW decoupled weight decay, not on norms, gates, A_log, dt_bias, gamma (default: pretrain 0.1, others 0.01)")
+        ("grad-clip", po::value(&grad_clip)->default_value(1.0), "clip the global gradient norm to this (0: off)")
+        ("batch-seqs", po::value(&batch_seqs)->default_value(1), "windows per micro-batch per data-parallel replica")
+        ("grad-accum", po::value(&grad_accum)->default_value(1), "micro-batches accumulated per step (the loss is the mean over all their tokens)")
+        ("seed", po::value(&seed)->default_value(0), "seed of the data order")
+        ("save-every", po::value(&save_every)->default_value(0), "checkpoint every N steps (0: only at the end)")
+        ("eval-every", po::value(&eval_every)->default_value(0), "evaluation loss every N steps (0: only at the end; needs --eval-data)")
+        ("eval-data", po::value(&eval_data), "held-out token files, comma-separated, for the evaluation loss")
+        ("eval-windows", po::value(&eval_windows)->default_value(8), "windows of --eval-data per evaluation (the first N, always the same)")
+        ("keep", po::value(&keep)->default_value(2), "checkpoints kept in --out-dir (the newest)")
+        ("train", po::value(&train)->default_value("auto"), "attention (the attention block only) | all (default: attention for align, all otherwise)")
+        ("resume", po::bool_switch(&resume), "continue the run in --out-dir from its latest checkpoint (same model, data, world layout)")
+        ("device", po::value(&device)->default_value("auto"), "cuda (bf16 weights, fp32 masters), cpu (fp32) or auto")
+        ("sp", po::value(&sp)->default_value(0), "ranks per sequence (sequence parallel); world / sp data-parallel replicas (0: all ranks)")
+        ("peak-tflops", po::value(&peak_tflops)->default_value(989), "dense bf16 peak per GPU for MFU (989: H100/H200 datasheet)")
+        ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
+  }
+  void validate() const {
+    model.validate();
+    train::parse_stage(stage);
+    for (const std::string& f : split_list(data)) require_readable_file(f, "training data");
+    HYDRA_USER_CHECK(!split_list(data).empty(), "--data names no file");
+    for (const std::string& f : split_list(eval_data)) require_readable_file(f, "evaluation data");
+    if (!teacher.empty()) require_readable_file(teacher, "teacher");
+    parse_size(seq_len, "--seq-len");
+    HYDRA_USER_CHECK(steps >= 1, "--steps must be at least 1");
+    HYDRA_USER_CHECK(batch_seqs >= 1 && grad_accum >= 1 && keep >= 1 && eval_windows >= 1,
+                     "--batch-seqs, --grad-accum, --keep and --eval-windows must be at least 1");
+    HYDRA_USER_CHECK(stop_at >= 0, "--stop-at must not be negative");
+    HYDRA_USER_CHECK(save_every >= 0 && eval_every >= 0 && grad_clip >= 0 && lr >= 0,
+                     "--save-every, --eval-every, --grad-clip and --lr must not be negative");
+    HYDRA_USER_CHECK(train == "auto" || train == "all" || train == "attention", "--train must be attention, all or auto");
+    HYDRA_USER_CHECK(sp >= 0, "--sp must not be negative");
+  }
+};
+
+}  // namespace
+
+int run_train(App& app, const std::vector<std::string>& args) {
+  TrainOptions opt;
+  po::options_description desc("hydra train");
+  opt.bind(desc);
+  if (!parse_command_line(app, "train",
+                          "--stage pretrain|align|distill|finetune (--model STUDENT.h5 | --preset NAME) [--teacher TEACHER.h5] "
+                          "--data TOKENS.h5[,MORE.h5] --seq-len N --steps S --out-dir DIR [options]",
+                          desc, args)) {
+    return 0;
+  }
+  opt.validate();
+  train::TrainConfig c;
+  c.stage = train::parse_stage(opt.stage);
+  const StageDefaults d = defaults_of(c.stage);
+  c.data = split_list(opt.data);
+  c.eval_data = split_list(opt.eval_data);
+  c.seq_len = parse_size(opt.seq_len, "--seq-len");
+  c.steps = opt.steps;
+  c.stop_at = opt.stop_at;
+  c.batch_seqs = opt.batch_seqs;
+  c.grad_accum = opt.grad_accum;
+  c.seed = opt.seed;
+  c.save_every = opt.save_every;
+  c.eval_every = opt.eval_every;
+  c.eval_windows = opt.eval_windows;
+  c.keep = opt.keep;
+  c.train = opt.train == "all" || (opt.train == "auto" && c.stage != train::Stage::align) ? train::TrainSet::all
+                                                                                          : train::TrainSet::attention;
+  c.optim.lr = opt.lr > 0 ? opt.lr : d.lr;
+  c.optim.min_lr = opt.min_lr >= 0 ? opt.min_lr : c.optim.lr / 10;
+  c.optim.weight_decay = opt.weight_decay >= 0 ? opt.weight_decay : d.weight_decay;
+  c.optim.warmup = opt.warmup >= 0 ? opt.warmup : std::min<int64_t>(100, opt.steps / 20);
+  c.optim.grad_clip = opt.grad_clip;
+  c.out_dir = opt.out_dir;
+  c.resume = opt.resume;
+  c.sp = opt.sp;
+  c.peak_tflops = opt.peak_tflops;
+
+  // Cheap checks before any weight is read: configs, their compatibility, the layout.
+  const ModelConfig student_config = opt.model.config();
+  const bool needs_teacher = c.stage == train::Stage::align || c.stage == train::Stage::distill;
+  HYDRA_USER_CHECK(needs_teacher == !opt.teacher.empty(), needs_teacher ? "--stage {} needs --teacher TEACHER.h5"
+                                                                        : "--stage {} takes no --teacher", opt.stage);
+  if (needs_teacher) {
+    const ModelConfig t = read_model_config(opt.teacher);
+    HYDRA_USER_CHECK(t.vocab_size == student_config.vocab_size && t.hidden_size == student_config.hidden_size,
+                     "teacher {} ({}) and student ({}) differ in vocabulary or hidden size", opt.teacher, t.summary(),
+                     student_config.summary());
+    HYDRA_USER_CHECK(c.stage != train::Stage::align || t.num_layers == student_config.num_layers,
+                     "align needs as many teacher layers as student layers: teacher {} has {}, the student {}", opt.teacher,
+                     t.num_layers, student_config.num_layers);
+  }
+  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+  train::TrainTopology topology(*world.comm, c.sp);
+  SequenceLayout::zigzag(c.seq_len, topology.sp(), topology.sequence().rank());  // admissible length?
+  const DType dtype = world.device == Device::cuda ? DType::bf16 : DType::f32;
+  const MemoryEstimate estimate = estimate_training_memory(
+      student_config, c.seq_len / topology.sp(), topology.sp(), needs_teacher ? &student_config : nullptr,
+      world.device, c.stage == train::Stage::align);
+  check_memory_plan(estimate, world.device, fmt::format("training at --seq-len {} on {} rank(s) per sequence", c.seq_len,
+                                                        topology.sp()));
+  log::info("train: memory plan {} per rank", estimate.describe());
+  Model student = opt.model.build(world.device, dtype);
+  std::optional<Model> teacher;
+  if (needs_teacher) teacher.emplace(Model::load(opt.teacher, world.device, dtype));
+  const train::TrainSummary s = train::run_training(c, topology, student, teacher ? &*teacher : nullptr);
+  check_device_progress(world);
+  if (app.world.rank() == 0) {
+    log::info("train {}: steps {}..{} in {:.1f} s, final loss {:.4f}{}, {:.0f} tokens/s, MFU {:.1f}%, peak memory {:.2f} GiB",
+              opt.stage, s.first_step, s.last_step, s.seconds, s.last_loss,
+              s.last_eval_loss >= 0 ? fmt::format(", eval loss {:.4f}", s.last_eval_loss) : "", s.tokens_per_s,
+              100 * s.mfu, s.peak_memory_gib);
+    const nlohmann::json summary = {
+        {"command", "train"},  {"stage", opt.stage},           {"model", opt.model.describe()},
+        {"ranks", app.world.size()}, {"sp", topology.sp()},   {"device", device_name(world.device)},
+        {"seq_len", c.seq_len}, {"first_step", s.first_step},  {"last_step", s.last_step},
+        {"loss", s.last_loss},  {"eval_loss", s.last_eval_loss}, {"seconds", s.seconds},
+        {"tokens_per_s", s.tokens_per_s}, {"mfu", s.mfu},      {"peak_memory_gib", s.peak_memory_gib},
+        {"out_dir", c.out_dir}};
+    std::cout << summary.dump() << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace hydra

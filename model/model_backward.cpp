@@ -1,0 +1,260 @@
+// The backward pass of the model, one layer at a time (DESIGN.md §1.5).
+//
+// What is saved and what is recomputed is decided in model.h (LayerSaved): a layer's backward
+// first recomputes its forward from the saved input — norms, the fused projection, the FA heads'
+// q/k (attention itself is not rerun: its output and log-sum-exp were kept), the GDN conv, RoPE,
+// L2 norm, gates and the chunked delta rule from the kept segment initial states, the fusion and
+// the residual after attention — then runs the gradients back:
+//   MLP (token tiles) → post-norm → W_o → fusion → FA branch (output gate, ring-attention backward,
+//   q/k norms [teacher: RoPE⁻¹ first]) and GDN branch (delta-rule backward with the reverse state
+//   fold, L2 norm, RoPE⁻¹, conv with its halo, β/g gates) → the fused projection → input norm.
+// Every parameter gradient is accumulated (+=) in acc_dtype() (fp32 on the GPU); activation
+// gradients are held in the compute dtype where they feed a GEMM (bf16 on the GPU), and the
+// residual stream's gradient dx in acc_dtype().
+#include <algorithm>
+#include <optional>
+
+#include "kernels/attention/attention.h"
+#include "kernels/conv/conv.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/fusion/fusion.h"
+#include "kernels/gdn_gates/gdn_gates.h"
+#include "kernels/l2norm/l2norm.h"
+#include "kernels/matmul/matmul.h"
+#include "kernels/rmsnorm/rmsnorm.h"
+#include "kernels/rope/rope.h"
+#include "kernels/swiglu/swiglu.h"
+#include "model/model.h"
+#include "parallel/gdn_scan.h"
+#include "parallel/ring_attention.h"
+
+namespace hydra {
+namespace {
+
+// A view of columns [begin, begin + heads·d) of a [T, N] matrix as [T, heads, d].
+TensorView head_columns(const TensorView& m, int64_t begin, int64_t heads, int64_t d) {
+  return m.narrow(1, begin, heads * d).split_dim(1, heads, d);
+}
+
+const TensorView& grad_of(const Tensor& t) { return t.view(); }  // undefined: frozen, not computed
+
+}  // namespace
+
+void Model::final_norm_backward(const TensorView& dx, const TensorView& d_hidden, const TensorView& x,
+                                ModelTensors& grads) const {
+  ops::rms_norm_backward(dx, grad_of(grads.final_norm), d_hidden, x, weights_.final_norm,
+                         {static_cast<float>(config_.rms_norm_eps)});
+}
+
+void Model::embed_backward(const TensorView& dx, const TensorView& ids, ModelTensors& grads) const {
+  if (grads.embed.defined()) ops::embedding_backward(grads.embed, dx, to_device(ids, device_));
+}
+
+void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor& positions, const LayerSaved& saved,
+                           const TensorView& dx, LayerWeights& grads, InputGradient input_gradient) const {
+  const LayerWeights& w = layers_at(layer);
+  const ProjectionColumns& col = layout(layer).columns;
+  const SequenceLayout& seq = context.layout;
+  PhaseTimer* timer = context.timer;
+  const int64_t t = seq.local_length(), D = config_.hidden_size, H = config_.num_heads, d = config_.head_dim;
+  const int64_t I = config_.intermediate_size, hfa = w.h_fa, gfa = w.g_fa, hg = w.h_gdn;
+  const bool hydra = config_.is_hydra();
+  const DType acc = acc_dtype();
+  const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
+  expect_shape(dx, "layer dx", {{"T_loc", t}, {"D", D}});
+  expect_shape(saved.input, "saved layer input", {{"T_loc", t}, {"D", D}});
+  HYDRA_ASSERT(hfa == 0 || saved.fa_out.defined(), "layer {}: backward without the forward's attention output", layer);
+  auto empty = [&](std::initializer_list<int64_t> shape, DType dtype) { return Tensor::empty(shape, dtype, device_); };
+
+  // ---- Recompute the forward (all but attention itself) ----
+  const TensorView x_in = saved.input;
+  Tensor x_norm = empty({t, D}, dtype_), proj = empty({t, w.in_proj.size(0)}, dtype_);
+  Tensor heads = empty({t, H, d}, dtype_);  // the per-head outputs before fusion, physical order
+  Tensor fa_q, fa_k, gdn_q, gdn_k, gdn_qn, gdn_kn, conv, beta, g;
+  const ops::AttentionParams attention{.tau_log_base = hydra ? config_.fa_log_base : 0.0, .kv_head_of_query = w.fa_kv_of};
+  {
+    ScopedPhase phase(timer, Phase::other);
+    ops::rms_norm(x_norm, x_in, w.input_norm, norm);
+  }
+  {
+    ScopedPhase phase(timer, Phase::gemm);
+    ops::linear(proj, x_norm, w.in_proj);
+  }
+  const TensorView pv = proj.view();
+  if (hfa > 0) {
+    ScopedPhase phase(timer, Phase::other);
+    fa_q = empty({t, hfa, d}, dtype_);
+    fa_k = empty({t, gfa, d}, dtype_);
+    ops::rms_norm(fa_q, head_columns(pv, col.fa_q, hfa, d), w.q_norm, norm);
+    ops::rms_norm(fa_k, head_columns(pv, col.fa_k, gfa, d), w.k_norm, norm);
+    if (!hydra) {
+      ops::rope(fa_q, positions, {config_.rope_theta});
+      ops::rope(fa_k, positions, {config_.rope_theta});
+      copy_into(heads, saved.fa_out);
+    } else {
+      ops::sigmoid_gate(heads.view().reshape({t, H * d}).narrow(1, 0, hfa * d), saved.fa_out.view().reshape({t, hfa * d}),
+                        pv.narrow(1, col.fa_gate, hfa * d));
+    }
+  }
+  if (hg > 0) {
+    conv = empty({t, 3 * hg * d}, dtype_);
+    causal_conv_sequence_parallel(context.comm, seq, conv, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv, timer);
+    std::optional<ScopedPhase> phase(std::in_place, timer, Phase::gdn);
+    gdn_q = clone(head_columns(conv, 0, hg, d));  // after RoPE, before the L2 norm (its backward needs it)
+    gdn_k = clone(head_columns(conv, hg * d, hg, d));
+    ops::rope(gdn_q, positions, {config_.rope_theta});
+    ops::rope(gdn_k, positions, {config_.rope_theta});
+    gdn_qn = clone(gdn_q);
+    gdn_kn = clone(gdn_k);
+    const float l2_eps = static_cast<float>(config_.l2_norm_eps);
+    ops::l2_norm(gdn_qn, l2_eps);
+    ops::l2_norm(gdn_kn, l2_eps);
+    beta = empty({t, hg}, acc);
+    g = empty({t, hg}, acc);
+    ops::gdn_gates(beta, g, pv.narrow(1, col.gdn_b, hg), pv.narrow(1, col.gdn_a, hg), w.a_log, w.dt_bias);
+    phase.reset();
+    gdn_sequence_parallel_recompute(seq, saved.gdn, heads.view().narrow(1, hfa, hg), gdn_qn, gdn_kn,
+                                    head_columns(conv, 2 * hg * d, hg, d), g, beta, ops::DeltaRuleParams{}, timer);
+  }
+  Tensor fused;  // y: what W_o reads
+  if (hydra) {
+    ScopedPhase phase(timer, Phase::other);
+    fused = empty({t, H, d}, dtype_);
+    ops::head_fusion(fused, heads, w.fuse_norm, w.fuse_gamma, {norm.eps});
+  } else {
+    fused = heads;
+  }
+  Tensor x_mid = clone(x_in);  // the residual stream after attention, before the MLP
+  {
+    ScopedPhase phase(timer, Phase::gemm);
+    ops::linear(x_mid, fused.view().reshape({t, H * d}), w.o_proj, ops::Accumulate::yes);
+  }
+
+  // ---- MLP backward, in token tiles (recomputing each tile's intermediate) ----
+  {
+    const int64_t tile = std::min(t, kMlpTileTokens);
+    Tensor xn = empty({tile, D}, dtype_), gu = empty({tile, 2 * I}, dtype_), h = empty({tile, I}, dtype_);
+    Tensor dy = empty({tile, D}, dtype_), dh = empty({tile, I}, dtype_), dgu = empty({tile, 2 * I}, dtype_);
+    Tensor dxn = empty({tile, D}, dtype_);
+    for (int64_t t0 = 0; t0 < t; t0 += tile) {
+      const int64_t n = std::min(tile, t - t0);
+      const auto rows = [&](const Tensor& m) { return m.view().narrow(0, 0, n); };
+      const TensorView xm = x_mid.view().narrow(0, t0, n), dxt = dx.narrow(0, t0, n);
+      const TensorView gate = rows(gu).narrow(1, 0, I), up = rows(gu).narrow(1, I, I);
+      {
+        ScopedPhase phase(timer, Phase::other);
+        ops::rms_norm(rows(xn), xm, w.post_norm, norm);
+      }
+      {
+        ScopedPhase phase(timer, Phase::gemm);
+        ops::linear(rows(gu), rows(xn), w.mlp_in);
+      }
+      {
+        ScopedPhase phase(timer, Phase::other);
+        ops::swiglu(rows(h), gate, up);
+        copy_into(rows(dy), dxt);  // the residual gradient as a GEMM operand
+      }
+      {
+        ScopedPhase phase(timer, Phase::gemm);
+        ops::linear_backward(rows(dh), grad_of(grads.mlp_down), rows(dy), rows(h), w.mlp_down);
+      }
+      {
+        ScopedPhase phase(timer, Phase::other);
+        ops::swiglu_backward(rows(dgu).narrow(1, 0, I), rows(dgu).narrow(1, I, I), rows(dh), gate, up);
+      }
+      {
+        ScopedPhase phase(timer, Phase::gemm);
+        ops::linear_backward(rows(dxn), grad_of(grads.mlp_in), rows(dgu), rows(xn), w.mlp_in);
+      }
+      ScopedPhase phase(timer, Phase::other);
+      ops::rms_norm_backward(dxt, grad_of(grads.post_norm), rows(dxn), xm, w.post_norm, norm, ops::Accumulate::yes);
+    }
+  }
+  // dx is now the gradient w.r.t. x_mid.
+
+  // ---- W_o and the fusion ----
+  Tensor dxb = to(dx, device_, dtype_);
+  Tensor d_fused = empty({t, H, d}, dtype_);
+  {
+    ScopedPhase phase(timer, Phase::gemm);
+    ops::linear_backward(d_fused.view().reshape({t, H * d}), grad_of(grads.o_proj), dxb,
+                         fused.view().reshape({t, H * d}), w.o_proj);
+  }
+  Tensor d_heads = d_fused;
+  if (hydra) {
+    ScopedPhase phase(timer, Phase::other);
+    d_heads = empty({t, H, d}, dtype_);
+    ops::head_fusion_backward(d_heads, grad_of(grads.fuse_norm), grad_of(grads.fuse_gamma), d_fused, heads,
+                              w.fuse_norm, w.fuse_gamma, {norm.eps});
+  }
+  Tensor dproj = Tensor::zeros({t, w.in_proj.size(0)}, dtype_, device_);  // padding columns stay zero
+  const TensorView dpv = dproj.view();
+
+  // ---- FA branch ----
+  if (hfa > 0) {
+    Tensor d_attn;  // gradient w.r.t. the attention output, [T, H_fa, d]
+    if (hydra) {
+      ScopedPhase phase(timer, Phase::other);
+      d_attn = empty({t, hfa, d}, dtype_);
+      ops::sigmoid_gate_backward(d_attn.view().reshape({t, hfa * d}), dpv.narrow(1, col.fa_gate, hfa * d),
+                                 d_heads.view().reshape({t, H * d}).narrow(1, 0, hfa * d),
+                                 saved.fa_out.view().reshape({t, hfa * d}), pv.narrow(1, col.fa_gate, hfa * d));
+    } else {
+      d_attn = d_heads;
+    }
+    Tensor dq = empty({t, hfa, d}, acc), dk = empty({t, gfa, d}, acc), dv = empty({t, gfa, d}, acc);
+    ring_attention_backward(context.comm, seq, dq, dk, dv, d_attn, fa_q, fa_k, head_columns(pv, col.fa_v, gfa, d),
+                            saved.fa_out, saved.fa_lse, attention, timer);
+    ScopedPhase phase(timer, Phase::other);
+    if (!hydra) {
+      ops::rope(dq, positions, {config_.rope_theta, ops::RopeDirection::inverse});
+      ops::rope(dk, positions, {config_.rope_theta, ops::RopeDirection::inverse});
+    }
+    ops::rms_norm_backward(head_columns(dpv, col.fa_q, hfa, d), grad_of(grads.q_norm), dq,
+                           head_columns(pv, col.fa_q, hfa, d), w.q_norm, norm);
+    ops::rms_norm_backward(head_columns(dpv, col.fa_k, gfa, d), grad_of(grads.k_norm), dk,
+                           head_columns(pv, col.fa_k, gfa, d), w.k_norm, norm);
+    copy_into(head_columns(dpv, col.fa_v, gfa, d), dv);
+  }
+
+  // ---- GDN branch ----
+  if (hg > 0) {
+    Tensor dconv = empty({t, 3 * hg * d}, dtype_);  // gradient w.r.t. the conv's output: q | k | v
+    const TensorView dq = head_columns(dconv, 0, hg, d), dk = head_columns(dconv, hg * d, hg, d);
+    Tensor dqn = empty({t, hg, d}, dtype_), dkn = empty({t, hg, d}, dtype_);
+    Tensor dg = empty({t, hg}, acc), dbeta = empty({t, hg}, acc);
+    gdn_sequence_parallel_backward(context.comm, seq, saved.gdn, dqn, dkn, head_columns(dconv, 2 * hg * d, hg, d), dg,
+                                   dbeta, d_heads.view().narrow(1, hfa, hg), gdn_qn, gdn_kn,
+                                   head_columns(conv, 2 * hg * d, hg, d), g, beta, ops::DeltaRuleParams{}, timer);
+    {
+      ScopedPhase phase(timer, Phase::gdn);
+      const float l2_eps = static_cast<float>(config_.l2_norm_eps);
+      ops::l2_norm_backward(dq, dqn, gdn_q, l2_eps);
+      ops::l2_norm_backward(dk, dkn, gdn_k, l2_eps);
+      ops::rope(dq, positions, {config_.rope_theta, ops::RopeDirection::inverse});
+      ops::rope(dk, positions, {config_.rope_theta, ops::RopeDirection::inverse});
+      ops::gdn_gates_backward(dpv.narrow(1, col.gdn_b, hg), dpv.narrow(1, col.gdn_a, hg), grad_of(grads.a_log),
+                              grad_of(grads.dt_bias), dbeta, dg, pv.narrow(1, col.gdn_b, hg),
+                              pv.narrow(1, col.gdn_a, hg), w.a_log, w.dt_bias);
+    }
+    causal_conv_sequence_parallel_backward(context.comm, seq, dpv.narrow(1, col.gdn_qkv, 3 * hg * d),
+                                           grad_of(grads.conv), dconv, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv,
+                                           timer);
+  }
+
+  // ---- The fused projection and the input norm ----
+  const bool want_input = input_gradient == InputGradient::compute;
+  Tensor dxn;
+  if (want_input) dxn = empty({t, D}, dtype_);
+  {
+    ScopedPhase phase(timer, Phase::gemm);
+    ops::linear_backward(dxn, grad_of(grads.in_proj), dproj, x_norm, w.in_proj);
+  }
+  if (want_input) {
+    ScopedPhase phase(timer, Phase::other);
+    ops::rms_norm_backward(dx, grad_of(grads.input_norm), dxn, x_in, w.input_norm, norm, ops::Accumulate::yes);
+  }
+}
+
+}  // namespace hydra

@@ -1,0 +1,59 @@
+#include "model/train/data.h"
+
+#include <numeric>
+
+#include "runtime/error.h"
+#include "runtime/random.h"
+#include "runtime/token_file.h"
+
+namespace hydra::train {
+
+TokenWindows::TokenWindows(const std::vector<std::string>& files, int64_t seq_len, uint64_t seed, int64_t vocab)
+    : seq_len_(seq_len), seed_(seed) {
+  HYDRA_USER_CHECK(!files.empty(), "no training data files given");
+  HYDRA_USER_CHECK(seq_len >= 1, "--seq-len must be at least 1 (got {})", seq_len);
+  for (const std::string& path : files) {
+    streams_.push_back(read_token_file(path, vocab));
+    const std::vector<int32_t>& s = streams_.back();
+    const int64_t n = static_cast<int64_t>(s.size());
+    HYDRA_USER_CHECK(n >= seq_len + 1, "{}: holds {} tokens, shorter than one window of --seq-len {} + 1 (its targets)",
+                     path, n, seq_len);
+    for (int64_t off = 0; off + seq_len + 1 <= n; off += seq_len) {
+      starts_.push_back(Start{static_cast<int32_t>(streams_.size() - 1), off});
+    }
+  }
+}
+
+int64_t TokenWindows::tokens() const {
+  int64_t n = 0;
+  for (const auto& s : streams_) n += static_cast<int64_t>(s.size());
+  return n;
+}
+
+int64_t TokenWindows::index_in_epoch(int64_t epoch, int64_t i) const {
+  if (epoch != cached_epoch_) {  // Fisher-Yates from (seed, epoch): the same order on every rank and run
+    order_.resize(starts_.size());
+    std::iota(order_.begin(), order_.end(), int64_t{0});
+    const RandomStream rng{seed_, hash_name("data-order") + static_cast<uint64_t>(epoch)};
+    for (int64_t j = count() - 1; j > 0; --j) {
+      const int64_t k = static_cast<int64_t>(rng.bits(static_cast<uint64_t>(j)) % static_cast<uint64_t>(j + 1));
+      std::swap(order_[static_cast<size_t>(j)], order_[static_cast<size_t>(k)]);
+    }
+    cached_epoch_ = epoch;
+  }
+  return order_[static_cast<size_t>(i)];
+}
+
+std::vector<int32_t> TokenWindows::window_in_order(int64_t i) const {
+  HYDRA_ASSERT(i >= 0 && i < count(), "window {} of {}", i, count());
+  const Start& s = starts_[static_cast<size_t>(i)];
+  const std::vector<int32_t>& stream = streams_[static_cast<size_t>(s.file)];
+  return {stream.begin() + s.offset, stream.begin() + s.offset + seq_len_ + 1};
+}
+
+std::vector<int32_t> TokenWindows::window(int64_t n) const {
+  HYDRA_ASSERT(n >= 0, "window {}", n);
+  return window_in_order(index_in_epoch(n / count(), n % count()));
+}
+
+}  // namespace hydra::train

@@ -1,0 +1,46 @@
+// Training data (DESIGN.md §4): one or more HDF5 token files, each a 1-D `input_ids` stream. Each
+// file is cut into windows of seq_len + 1 tokens (a sequence and its next-token targets),
+// consecutive windows overlapping by one token (stride seq_len), never crossing a file boundary.
+// The windows of all files are visited in an order fixed by the seed: epoch e is a permutation of
+// every window drawn from (seed, e), so window n of the run is a pure function of (seed, n) and the
+// position in the data is one integer (part of the training state).
+//
+// The streams are read whole into host memory at start (4 bytes per token per rank): fine for the
+// fine-tuning and distillation sets this runtime trains on (a billion tokens is 4 GB); a larger
+// corpus would read each window through an HDF5 hyperslab instead.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hydra::train {
+
+class TokenWindows {
+ public:
+  // UserError when a file is unreadable, has ids outside [0, vocab) or holds no whole window.
+  TokenWindows(const std::vector<std::string>& files, int64_t seq_len, uint64_t seed, int64_t vocab);
+
+  int64_t seq_len() const { return seq_len_; }
+  int64_t count() const { return static_cast<int64_t>(starts_.size()); }  // windows per epoch
+  int64_t tokens() const;  // tokens in the files
+  // The n-th window of the run (n ≥ 0): seq_len + 1 tokens.
+  std::vector<int32_t> window(int64_t n) const;
+  // The i-th window in file order (evaluation: the same windows every time).
+  std::vector<int32_t> window_in_order(int64_t i) const;
+
+ private:
+  struct Start {
+    int32_t file = 0;
+    int64_t offset = 0;
+  };
+  int64_t index_in_epoch(int64_t epoch, int64_t i) const;
+  int64_t seq_len_ = 0;
+  uint64_t seed_ = 0;
+  std::vector<std::vector<int32_t>> streams_;
+  std::vector<Start> starts_;
+  mutable int64_t cached_epoch_ = -1;
+  mutable std::vector<int64_t> order_;  // the permutation of cached_epoch_
+};
+
+}  // namespace hydra::train

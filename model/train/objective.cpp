@@ -1,0 +1,205 @@
+#include "model/train/objective.h"
+
+#include <algorithm>
+
+#include "kernels/loss/loss.h"
+#include "kernels/matmul/matmul.h"
+
+namespace hydra::train {
+namespace {
+
+double sum_on_host(const TensorView& values) {
+  const Tensor host = to(values, Device::host, DType::f64);
+  double s = 0;
+  for (int64_t i = 0; i < host.numel(); ++i) s += host.data_as<double>()[i];
+  return s;
+}
+
+// The chunk walk shared by the logit heads: logits of rows [r0, r0 + n) into `logits`, `to_grad`
+// turns them into their gradient (returning the chunk's loss sum), then the gradient flows into
+// d_hidden and lm_head.
+template <class ToGrad>
+double walk_logit_chunks(const Model& model, const TensorView& hidden, const TensorView& d_hidden, ModelTensors& grads,
+                         ToGrad&& to_grad) {
+  const int64_t t = hidden.size(0), vocab = model.config().vocab_size;
+  const int64_t chunk = std::max<int64_t>(1, std::min(t, loss_chunk_rows(vocab)));
+  const DType acc = model.acc_dtype();
+  Tensor logits = Tensor::empty({chunk, vocab}, acc, model.device());
+  Tensor row_loss = Tensor::empty({chunk}, acc, model.device());
+  // The gradient as a GEMM operand in the weights' dtype (bf16 on the GPU); on the CPU it is the same buffer.
+  Tensor operand = model.dtype() == acc ? logits : Tensor::empty({chunk, vocab}, model.dtype(), model.device());
+  double loss = 0;
+  for (int64_t r0 = 0; r0 < t; r0 += chunk) {
+    const int64_t n = std::min(chunk, t - r0);
+    const TensorView lg = logits.view().narrow(0, 0, n), rl = row_loss.view().narrow(0, 0, n);
+    const TensorView h = hidden.narrow(0, r0, n);
+    model.lm_head(lg, h);
+    to_grad(lg, rl, r0, n);
+    loss += sum_on_host(rl);
+    const TensorView op = operand.view().narrow(0, 0, n);
+    if (op.data() != lg.data() && (d_hidden.defined() || grads.lm_head.defined())) copy_into(op, lg);
+    if (d_hidden.defined() || grads.lm_head.defined()) {
+      ops::linear_backward(d_hidden.defined() ? d_hidden.narrow(0, r0, n) : TensorView(), grads.lm_head.view(), op, h,
+                           model.lm_head_weight());
+    }
+  }
+  return loss;
+}
+
+}  // namespace
+
+int64_t loss_chunk_rows(int64_t vocab) { return std::max<int64_t>(1, (int64_t{1} << 28) / std::max<int64_t>(vocab, 1)); }
+
+LossSums cross_entropy_head(const Model& model, const TensorView& hidden, const TensorView& targets,
+                            double grad_scale, const TensorView& d_hidden, ModelTensors& grads) {
+  expect_shape(targets, "targets", {{"T_loc", hidden.size(0)}});
+  const Tensor host_targets = to(targets, Device::host, DType::i32);
+  LossSums sums;
+  for (int64_t i = 0; i < host_targets.numel(); ++i) sums.tokens += host_targets.data_as<int32_t>()[i] >= 0 ? 1 : 0;
+  const Tensor device_targets = to_device(host_targets, model.device());
+  sums.loss = walk_logit_chunks(model, hidden, d_hidden, grads, [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n) {
+    ops::cross_entropy_with_grad(lg, rl, device_targets.view().narrow(0, r0, n), static_cast<float>(grad_scale));
+  });
+  return sums;
+}
+
+LossSums distillation_head(const Model& student, const Model& teacher, const TensorView& hidden,
+                           const TensorView& teacher_hidden, double grad_scale, const TensorView& d_hidden,
+                           ModelTensors& grads) {
+  HYDRA_ASSERT(teacher.config().vocab_size == student.config().vocab_size, "teacher vocabulary {} vs student {}",
+               teacher.config().vocab_size, student.config().vocab_size);
+  const int64_t t = hidden.size(0), chunk = std::max<int64_t>(1, std::min(t, loss_chunk_rows(student.config().vocab_size)));
+  Tensor teacher_logits = Tensor::empty({chunk, student.config().vocab_size}, student.acc_dtype(), student.device());
+  LossSums sums;
+  sums.tokens = t;
+  sums.loss = walk_logit_chunks(student, hidden, d_hidden, grads, [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n) {
+    const TensorView tl = teacher_logits.view().narrow(0, 0, n);
+    teacher.lm_head(tl, teacher_hidden.narrow(0, r0, n));
+    ops::kl_divergence_with_grad(lg, rl, tl, static_cast<float>(grad_scale));
+  });
+  return sums;
+}
+
+LossSums sequence_gradients(ForwardContext& context, const Model& model, const TensorView& ids,
+                            const TensorView& targets, Objective objective, double grad_scale, ModelTensors* grads,
+                            const Model* teacher) {
+  HYDRA_ASSERT(objective != Objective::distillation || teacher, "distillation without a teacher");
+  const int64_t t = context.layout.local_length(), D = model.config().hidden_size;
+  const int64_t layers = model.config().num_layers;
+  Tensor teacher_hidden;
+  if (objective == Objective::distillation) teacher_hidden = teacher->forward(context, ids);
+  if (!grads) {  // evaluation: the loss of a plain forward
+    ModelTensors none;
+    const Tensor hidden = model.forward(context, ids);
+    return objective == Objective::cross_entropy
+               ? cross_entropy_head(model, hidden, targets, grad_scale, TensorView(), none)
+               : distillation_head(model, *teacher, hidden, teacher_hidden, grad_scale, TensorView(), none);
+  }
+  const Tensor positions = model.positions(context.layout);
+  Tensor x = model.embed(ids);
+  std::vector<LayerSaved> saved(static_cast<size_t>(layers));
+  for (int64_t l = 0; l < layers; ++l) {
+    model.layer_forward(context, l, positions, x, &saved[static_cast<size_t>(l)]);
+    if (context.after_layer) context.after_layer(l);
+  }
+  Tensor d_hidden = Tensor::zeros({t, D}, model.acc_dtype(), model.device());
+  LossSums sums;
+  {
+    const Tensor hidden = model.final_norm(x);
+    sums = objective == Objective::cross_entropy
+               ? cross_entropy_head(model, hidden, targets, grad_scale, d_hidden, *grads)
+               : distillation_head(model, *teacher, hidden, teacher_hidden, grad_scale, d_hidden, *grads);
+  }
+  teacher_hidden = Tensor();
+  Tensor dx = Tensor::empty({t, D}, model.acc_dtype(), model.device());
+  model.final_norm_backward(dx, d_hidden, x, *grads);
+  d_hidden = Tensor();
+  for (int64_t l = layers - 1; l >= 0; --l) {
+    model.layer_backward(context, l, positions, saved[static_cast<size_t>(l)], dx, grads->layers[static_cast<size_t>(l)]);
+    saved[static_cast<size_t>(l)] = LayerSaved{};  // free as we go: the backward's memory falls layer by layer
+  }
+  model.embed_backward(dx, ids, *grads);
+  return sums;
+}
+
+LossSums alignment_gradients(ForwardContext& context, const Model& student, const Model& teacher,
+                             const TensorView& ids, double grad_scale, ModelTensors* grads,
+                             std::vector<double>* layer_loss) {
+  const int64_t t = context.layout.local_length(), D = student.config().hidden_size;
+  const int64_t layers = student.config().num_layers;
+  HYDRA_ASSERT(teacher.config().num_layers == layers && teacher.config().hidden_size == D,
+               "alignment of a {}-layer student with a {}-layer teacher", layers, teacher.config().num_layers);
+  const Tensor positions = teacher.positions(context.layout);
+  // The teacher's residual stream at every layer boundary: boundary[l] enters layer l.
+  std::vector<Tensor> boundary;
+  Tensor x = teacher.embed(ids);
+  boundary.push_back(clone(x));
+  for (int64_t l = 0; l < layers; ++l) {
+    teacher.layer_forward(context, l, positions, x);
+    boundary.push_back(clone(x));
+  }
+  if (layer_loss) layer_loss->assign(static_cast<size_t>(layers), 0.0);
+  LossSums sums;
+  sums.tokens = t;
+  Tensor d = Tensor::empty({t, D}, student.acc_dtype(), student.device());
+  Tensor row_loss = Tensor::empty({t}, student.acc_dtype(), student.device());
+  for (int64_t l = 0; l < layers; ++l) {
+    Tensor y = to(boundary[static_cast<size_t>(l)], student.device(), student.dtype());
+    LayerSaved saved;
+    student.layer_forward(context, l, positions, y, grads ? &saved : nullptr);
+    ops::squared_error_with_grad(d, row_loss, y, to(boundary[static_cast<size_t>(l) + 1], student.device(), student.dtype()),
+                                 static_cast<float>(grad_scale / static_cast<double>(D)));
+    const double loss = sum_on_host(row_loss) / static_cast<double>(D);
+    sums.loss += loss;
+    if (layer_loss) (*layer_loss)[static_cast<size_t>(l)] = loss;
+    if (grads) {
+      student.layer_backward(context, l, positions, saved, d, grads->layers[static_cast<size_t>(l)],
+                             Model::InputGradient::skip);
+    }
+  }
+  return sums;
+}
+
+void all_reduce_gradients(Communicator& comm, ModelTensors& grads) {
+  if (comm.size() == 1) return;
+  grads.for_each([&](const std::string&, Tensor& t) {
+    if (t.device() == comm.device()) {
+      comm.all_reduce_sum(t);
+    } else {
+      Tensor staged = to_device(t, comm.device());
+      comm.all_reduce_sum(staged);
+      copy_into(t, staged);
+    }
+  });
+}
+
+NamedGradients next_token_gradients(Communicator& comm, const Model& model, std::span<const int32_t> ids) {
+  const int64_t total = static_cast<int64_t>(ids.size());
+  HYDRA_USER_CHECK(total >= 2, "next-token gradients need at least 2 tokens (got {})", total);
+  const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
+  const int64_t t = layout.local_length();
+  Tensor local_ids = Tensor::empty({t}, DType::i32), targets = Tensor::empty({t}, DType::i32);
+  for (const Segment& s : layout.local_segments()) {
+    for (int64_t i = 0; i < s.length; ++i) {
+      const int64_t g = s.start + i;
+      local_ids.data_as<int32_t>()[s.local_offset + i] = ids[static_cast<size_t>(g)];
+      targets.data_as<int32_t>()[s.local_offset + i] = g + 1 < total ? ids[static_cast<size_t>(g + 1)] : -1;
+    }
+  }
+  ModelTensors grads = model.zeros_like_weights(model.acc_dtype());
+  ForwardContext context{comm, layout};
+  NamedGradients out;
+  out.sums = sequence_gradients(context, model, local_ids, targets, Objective::cross_entropy,
+                                1.0 / static_cast<double>(total - 1), &grads);
+  all_reduce_gradients(comm, grads);
+  Tensor sums = Tensor::empty({2}, DType::f64);
+  sums.data_as<double>()[0] = out.sums.loss;
+  sums.data_as<double>()[1] = static_cast<double>(out.sums.tokens);
+  all_reduce_sum_host(comm, sums);
+  out.sums.loss = sums.data_as<double>()[0];
+  out.sums.tokens = static_cast<int64_t>(sums.data_as<double>()[1]);
+  out.grads = model.unpack(grads);
+  return out;
+}
+
+}  // namespace hydra::train

@@ -1,0 +1,79 @@
+// The training objectives (DESIGN.md §1.5) as one sequence's forward and backward on this rank's
+// tokens, accumulating parameter gradients. The loss heads walk the tokens in chunks, so no [T, V]
+// tensor ever exists: a chunk's logits are computed, turned into their gradient in place
+// (kernels/loss), and multiplied back into the hidden states' gradient and lm_head's.
+//
+// Means are token-weighted over every rank and micro-batch: each call returns the SUM of its
+// tokens' losses and their count, and scales its gradient by `grad_scale` — 1 / (the global token
+// count of the step) — so the gradients of all calls add up to the gradient of the global mean.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model/model.h"
+
+namespace hydra::train {
+
+struct LossSums {
+  double loss = 0;     // Σ over this call's tokens (unscaled)
+  int64_t tokens = 0;  // tokens that carry a loss
+  LossSums& operator+=(const LossSums& o) {
+    loss += o.loss;
+    tokens += o.tokens;
+    return *this;
+  }
+};
+
+// Rows of a loss chunk for a vocabulary of `vocab`: the [rows, V] fp32 logits stay near 1 GiB.
+int64_t loss_chunk_rows(int64_t vocab);
+
+// Next-token cross-entropy on final hidden states [T_loc, D]: rows with target ≥ 0 count.
+// d_hidden [T_loc, D] (acc dtype) ← grad_scale · ∂Σloss/∂hidden; lm_head's gradient accumulates into
+// `grads` (the embedding's when tied; skipped when undefined). d_hidden undefined: the loss only.
+LossSums cross_entropy_head(const Model& model, const TensorView& hidden, const TensorView& targets,
+                            double grad_scale, const TensorView& d_hidden, ModelTensors& grads);
+
+// KL(p_teacher ‖ p_student) at temperature 1 on every row, teacher logits computed chunk by chunk
+// from the teacher's final hidden states of the same tokens.
+LossSums distillation_head(const Model& student, const Model& teacher, const TensorView& hidden,
+                           const TensorView& teacher_hidden, double grad_scale, const TensorView& d_hidden,
+                           ModelTensors& grads);
+
+enum class Objective { cross_entropy, distillation };
+
+// One sequence: forward saving what the backward needs (model.h LayerSaved), the loss head, then
+// the backward layer by layer (freeing each layer's saved tensors as it goes) and the embedding.
+// ids, targets [T_loc] int32 in local order (targets −1: no loss). `teacher` is required for
+// distillation (it runs forward in the same process on the same tokens). With `grads` null only
+// the loss is computed (evaluation: a plain forward, nothing saved).
+LossSums sequence_gradients(ForwardContext& context, const Model& model, const TensorView& ids,
+                            const TensorView& targets, Objective objective, double grad_scale, ModelTensors* grads,
+                            const Model* teacher = nullptr);
+
+// Layer-wise alignment (stage 1): the teacher runs forward; student layer l receives the teacher's
+// input to layer l and is trained to match the teacher's output of layer l,
+//   L = Σ_l Σ_t ‖y_s,l(t) − y_t,l(t)‖² / D   (summed here; grad_scale = 1 / global token count),
+// each layer's backward stopping at its input. Returns the loss sum over layers and the tokens
+// (counted once). `layer_loss` (optional, size L) receives each layer's unscaled sum. With `grads`
+// null only the loss is computed.
+LossSums alignment_gradients(ForwardContext& context, const Model& student, const Model& teacher,
+                             const TensorView& ids, double grad_scale, ModelTensors* grads,
+                             std::vector<double>* layer_loss = nullptr);
+
+// Sums every gradient tensor over the ranks of `comm` (the data- and sequence-parallel reduction:
+// each rank's gradients hold only its own tokens' contributions). Collective.
+void all_reduce_gradients(Communicator& comm, ModelTensors& grads);
+
+// What `hydra gradients` computes: the gradient of the mean next-token cross-entropy of one
+// sequence `ids` (global order; the last token has no target), the ranks of `comm` each taking
+// their zigzag share. Collective; every rank returns the same sums and gradients (checkpoint names,
+// host f32).
+struct NamedGradients {
+  LossSums sums;
+  NamedTensors grads;
+};
+NamedGradients next_token_gradients(Communicator& comm, const Model& model, std::span<const int32_t> ids);
+
+}  // namespace hydra::train

@@ -1,0 +1,396 @@
+#include "model/train/trainer.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "model/cost.h"
+#include "model/params.h"
+#include "model/train/data.h"
+#include "model/train/objective.h"
+#include "model/weight_layout.h"
+#include "runtime/atomic_file.h"
+#include "runtime/hdf5_file.h"
+#include "runtime/log.h"
+#if HYDRA_CUDA
+#include "runtime/cuda_memory.h"
+#endif
+
+namespace hydra::train {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kStateFormat = "hydrahead-train-state";
+constexpr int64_t kStateVersion = 1;
+
+std::string step_dir_name(int64_t step) { return fmt::format("step-{:06d}", step); }
+
+// One window's tokens in this rank's local order: inputs and their next-token targets.
+struct LocalWindow {
+  Tensor ids, targets;  // [T_loc] int32
+};
+LocalWindow scatter_window(const SequenceLayout& layout, const std::vector<int32_t>& window) {
+  const int64_t t = layout.local_length();
+  LocalWindow w{Tensor::empty({t}, DType::i32), Tensor::empty({t}, DType::i32)};
+  for (const Segment& s : layout.local_segments()) {
+    for (int64_t i = 0; i < s.length; ++i) {
+      w.ids.data_as<int32_t>()[s.local_offset + i] = window[static_cast<size_t>(s.start + i)];
+      w.targets.data_as<int32_t>()[s.local_offset + i] = window[static_cast<size_t>(s.start + i + 1)];
+    }
+  }
+  return w;
+}
+
+// Σ loss and token count over the ranks (host doubles: exact for counts below 2^53).
+LossSums reduce_sums(Communicator& comm, const LossSums& local) {
+  Tensor buf = Tensor::empty({2}, DType::f64);
+  buf.data_as<double>()[0] = local.loss;
+  buf.data_as<double>()[1] = static_cast<double>(local.tokens);
+  all_reduce_sum_host(comm, buf);
+  return LossSums{buf.data_as<double>()[0], static_cast<int64_t>(buf.data_as<double>()[1])};
+}
+
+double peak_memory_gib(Device device) {
+#if HYDRA_CUDA
+  if (device == Device::cuda) return static_cast<double>(cuda_memory_stats().peak) / (1024.0 * 1024.0 * 1024.0);
+#endif
+  (void)device;
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / (1024.0 * 1024.0);  // ru_maxrss is KiB
+}
+
+std::string format_duration(double s) {
+  const int64_t t = static_cast<int64_t>(std::llround(std::max(0.0, s)));
+  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+struct Run {
+  const TrainConfig& config;
+  TrainTopology& topology;
+  Model& student;
+  const Model* teacher;
+  SequenceLayout layout;
+  AdamW& optimizer;
+
+  // The loss (and, with grads, the gradient) of one window.
+  LossSums window_loss(const std::vector<int32_t>& window, double grad_scale, ModelTensors* grads,
+                       std::vector<double>* layer_loss) {
+    const LocalWindow w = scatter_window(layout, window);
+    ForwardContext context{.comm = topology.sequence(), .layout = layout};
+    switch (config.stage) {
+      case Stage::pretrain:
+      case Stage::finetune:
+        return sequence_gradients(context, student, w.ids, w.targets, Objective::cross_entropy, grad_scale, grads);
+      case Stage::distill:
+        return sequence_gradients(context, student, w.ids, w.targets, Objective::distillation, grad_scale, grads, teacher);
+      case Stage::align: {
+        std::vector<double> per_layer;
+        const LossSums s = alignment_gradients(context, student, *teacher, w.ids, grad_scale, grads, &per_layer);
+        if (layer_loss) {
+          layer_loss->resize(per_layer.size(), 0.0);
+          for (size_t l = 0; l < per_layer.size(); ++l) (*layer_loss)[l] += per_layer[l];
+        }
+        return s;
+      }
+    }
+    return {};
+  }
+};
+
+void write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
+                          const AdamW& optimizer, int64_t step, int64_t position) {
+  const fs::path out(config.out_dir), final_dir = out / step_dir_name(step);
+  const fs::path temp = out / fmt::format(".{}.tmp-{}", step_dir_name(step), getpid());
+  fs::remove_all(temp);
+  fs::create_directories(temp);
+  write_model_checkpoint((temp / "model.h5").string(), student.config(), optimizer.master_parameters());
+  {
+    AtomicFile file((temp / "state.h5").string());
+    H5File h5 = H5File::create(file.temp_path());
+    h5.set_attribute("format", std::string(kStateFormat));
+    h5.set_attribute("format_version", kStateVersion);
+    h5.set_attribute("stage", std::string(stage_name(config.stage)));
+    h5.set_attribute("step", step);
+    h5.set_attribute("data_position", position);
+    h5.set_attribute("seed", static_cast<int64_t>(config.seed));
+    h5.set_attribute("seq_len", config.seq_len);
+    h5.set_attribute("world_size", static_cast<int64_t>(const_cast<TrainTopology&>(topology).world().size()));
+    h5.set_attribute("sp", static_cast<int64_t>(topology.sp()));
+    h5.set_attribute("config", config_to_json(student.config()).dump());
+    for (const auto& [name, t] : optimizer.state()) h5.write(name, t);
+    h5.close();
+    file.commit();
+  }
+  if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a re-save of the same step (after a resume)
+  fs::rename(temp, final_dir);
+  AtomicFile latest((out / "latest").string());
+  std::ofstream(latest.temp_path()) << step_dir_name(step) << "\n";
+  latest.commit();
+  // Keep the newest `keep` step directories.
+  std::vector<fs::path> steps;
+  for (const auto& e : fs::directory_iterator(out)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && name.rfind("step-", 0) == 0) steps.push_back(e.path());
+  }
+  std::sort(steps.begin(), steps.end());
+  for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(config.keep, 1)) < steps.size(); ++i) {
+    if (steps[i] != final_dir) fs::remove_all(steps[i]);
+  }
+}
+
+// A save interrupted by a crash, kill -9 or a time limit leaves its temporary step directory
+// (.step-NNNNNN.tmp-PID, as large as a checkpoint); the run that takes over the directory removes it.
+void remove_interrupted_saves(const fs::path& out) {
+  for (const auto& e : fs::directory_iterator(out)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".step-", 0) == 0 && name.find(".tmp-") != std::string::npos) {
+      log::info("removing {} (a checkpoint save that did not finish)", e.path().string());
+      fs::remove_all(e.path());
+    }
+  }
+}
+
+// On --resume, the log keeps the steps up to the checkpoint: steps that ran after it (before the
+// interruption) run again and are logged again, so each step appears once.
+void truncate_log(const fs::path& path, int64_t last_kept_step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > last_kept_step) {
+      continue;
+    }
+    kept += line + "\n";
+  }
+  in.close();
+  AtomicFile file(path.string());
+  std::ofstream(file.temp_path()) << kept;
+  file.commit();
+}
+
+struct ResumePoint {
+  int64_t step = 0, position = 0;
+};
+
+ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topology, const Model& student,
+                                AdamW& optimizer) {
+  const std::string dir = latest_checkpoint(config.out_dir);
+  HYDRA_USER_CHECK(!dir.empty(), "--resume: {} holds no checkpoint (no 'latest' pointer)", config.out_dir);
+  const std::string path = dir + "/state.h5";
+  const H5File h5 = H5File::open_read(path);
+  HYDRA_USER_CHECK(h5.has_attribute("format") && h5.string_attribute("format") == kStateFormat,
+                   "{}: not a hydra training state", path);
+  const std::string stage = h5.string_attribute("stage");
+  HYDRA_USER_CHECK(stage == stage_name(config.stage), "--resume: {} was saved by stage {}, this run is stage {}", path,
+                   stage, stage_name(config.stage));
+  const int64_t world = h5.int_attribute("world_size"), sp = h5.int_attribute("sp");
+  HYDRA_USER_CHECK(world == topology.world().size() && sp == topology.sp(),
+                   "--resume: {} was saved by {} ranks (sequence groups of {}), this run has {} ranks (groups of {}); "
+                   "resume on the same layout (resharding the optimizer state is not supported)", path, world, sp,
+                   topology.world().size(), topology.sp());
+  HYDRA_USER_CHECK(h5.string_attribute("config") == config_to_json(student.config()).dump(),
+                   "--resume: {} was saved for another model (its config differs from --model's: {} vs {})", path,
+                   config_from_json(nlohmann::json::parse(h5.string_attribute("config")), path).summary(),
+                   student.config().summary());
+  HYDRA_USER_CHECK(h5.int_attribute("seq_len") == config.seq_len && static_cast<uint64_t>(h5.int_attribute("seed")) == config.seed,
+                   "--resume: {} was saved with --seq-len {} --seed {}; this run has --seq-len {} --seed {}", path,
+                   h5.int_attribute("seq_len"), h5.int_attribute("seed"), config.seq_len, config.seed);
+  NamedTensors state;
+  for (const std::string& name : h5.dataset_names()) state.emplace(name, h5.read(name));
+  optimizer.load_state(state);
+  return ResumePoint{h5.int_attribute("step"), h5.int_attribute("data_position")};
+}
+
+}  // namespace
+
+Stage parse_stage(const std::string& name) {
+  for (Stage s : {Stage::pretrain, Stage::align, Stage::distill, Stage::finetune}) {
+    if (name == stage_name(s)) return s;
+  }
+  HYDRA_USER_FAIL("--stage {} is not a stage (pretrain, align, distill, finetune)", name);
+}
+
+const char* stage_name(Stage stage) {
+  switch (stage) {
+    case Stage::pretrain: return "pretrain";
+    case Stage::align: return "align";
+    case Stage::distill: return "distill";
+    case Stage::finetune: return "finetune";
+  }
+  return "?";
+}
+
+TrainTopology::TrainTopology(Communicator& world, int sp) : world_(world) {
+  const int p = world.size();
+  if (sp == 0) sp = p;
+  HYDRA_USER_CHECK(sp >= 1 && p % sp == 0, "--sp {} must divide the number of ranks ({})", sp, p);
+  replicas_ = p / sp;
+  replica_ = world.rank() / sp;
+  if (sp == p) {
+    sequence_ = &world;
+  } else {
+    owned_ = world.split(replica_, world.rank());
+    sequence_ = owned_.get();
+  }
+}
+
+std::string latest_checkpoint(const std::string& out_dir) {
+  std::ifstream in(fs::path(out_dir) / "latest");
+  std::string name;
+  if (!(in >> name)) return "";
+  const fs::path dir = fs::path(out_dir) / name;
+  HYDRA_USER_CHECK(fs::is_directory(dir), "{}/latest names {}, which does not exist", out_dir, name);
+  return dir.string();
+}
+
+TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Model& student, const Model* teacher) {
+  Communicator& world = topology.world();
+  const bool lead = world.rank() == 0;
+  const ModelConfig& mc = student.config();
+  const bool needs_teacher = config.stage == Stage::align || config.stage == Stage::distill;
+  HYDRA_USER_CHECK(!needs_teacher || teacher, "--stage {} needs --teacher", stage_name(config.stage));
+  HYDRA_USER_CHECK(config.stage != Stage::align || config.train == TrainSet::attention,
+                   "--stage align trains only the attention block (--train attention)");
+  HYDRA_USER_CHECK(config.steps >= 1 && config.batch_seqs >= 1 && config.grad_accum >= 1,
+                   "--steps, --batch-seqs and --grad-accum must be at least 1");
+  const TokenWindows data(config.data, config.seq_len, config.seed, mc.vocab_size);
+  std::optional<TokenWindows> eval;
+  if (!config.eval_data.empty()) eval.emplace(config.eval_data, config.seq_len, 0, mc.vocab_size);
+  const SequenceLayout layout = SequenceLayout::zigzag(config.seq_len, topology.sp(), topology.sequence().rank());
+
+  OptimizerConfig optim = config.optim;
+  optim.total_steps = config.steps;
+  const auto trainable = [&](const std::string& name) {
+    return config.train == TrainSet::all || param_traits(name).attention_block;
+  };
+  AdamW optimizer(student, optim, trainable);
+  Run run{config, topology, student, teacher, layout, optimizer};
+
+  int64_t first_step = 1, position = 0;
+  if (config.resume) {
+    const ResumePoint at = load_checkpoint_dir(config, topology, student, optimizer);
+    first_step = at.step + 1;
+    position = at.position;
+    HYDRA_USER_CHECK(first_step <= config.steps, "--resume: the checkpoint is at step {}, --steps is {}: nothing to do",
+                     at.step, config.steps);
+  } else {
+    HYDRA_USER_CHECK(latest_checkpoint(config.out_dir).empty(),
+                     "{} already holds a training run (latest: {}); pass --resume to continue it or choose another "
+                     "--out-dir", config.out_dir, latest_checkpoint(config.out_dir));
+  }
+  if (lead) {
+    fs::create_directories(config.out_dir);
+    remove_interrupted_saves(config.out_dir);
+    if (config.resume) truncate_log(fs::path(config.out_dir) / "train.jsonl", first_step - 1);
+  }
+  const int64_t last_step = config.stop_at > 0 ? std::min(config.stop_at, config.steps) : config.steps;
+  HYDRA_USER_CHECK(last_step >= first_step, "--stop-at {} is before the first step of this run ({})", config.stop_at,
+                   first_step);
+  std::ofstream jsonl;
+  if (lead) jsonl.open(fs::path(config.out_dir) / "train.jsonl", std::ios::app);
+
+  const int64_t per_replica = config.batch_seqs * config.grad_accum, replicas = topology.replicas();
+  const int64_t step_tokens = per_replica * replicas * config.seq_len;
+  const double grad_scale = 1.0 / static_cast<double>(step_tokens);
+  const double step_flops = 3.0 * prefill_flops(mc, config.seq_len).total() * static_cast<double>(per_replica * replicas);
+  if (lead) {
+    log::info("train {}: {} steps of {} tokens ({} window(s) of {} × {} replica(s) × {} accumulation), {} rank(s) "
+              "(sequence groups of {}), {} of {} parameters trained, data {} windows ({} tokens){}",
+              stage_name(config.stage), config.steps, step_tokens, config.batch_seqs, config.seq_len, replicas,
+              config.grad_accum, world.size(), topology.sp(), optimizer.trainable_parameters(), parameter_count(mc),
+              data.count(), data.tokens(), config.resume ? fmt::format(", resumed at step {}", first_step) : "");
+  }
+  TrainSummary summary;
+  summary.first_step = first_step;
+  const auto start = std::chrono::steady_clock::now();
+  double busy_s = 0;
+  auto evaluate = [&](int64_t step) {
+    if (!eval) return;
+    const int64_t n = std::min(config.eval_windows, eval->count());
+    LossSums local;
+    for (int64_t i = topology.replica(); i < n; i += replicas) local += run.window_loss(eval->window_in_order(i), 1.0, nullptr, nullptr);
+    const LossSums total = reduce_sums(world, local);
+    // Sequence-group ranks each counted their own tokens: the sums are already global.
+    summary.last_eval_loss = total.loss / static_cast<double>(std::max<int64_t>(total.tokens, 1));
+    if (lead) {
+      log::info("eval after step {}: loss {:.4f} over {} windows", step, summary.last_eval_loss, n);
+      jsonl << nlohmann::json{{"type", "eval"}, {"step", step}, {"eval_loss", summary.last_eval_loss}, {"windows", n}}.dump()
+            << std::endl;
+    }
+  };
+
+  for (int64_t step = first_step; step <= last_step; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    optimizer.zero_grads();
+    LossSums local;
+    std::vector<double> layer_loss;
+    for (int64_t j = 0; j < per_replica; ++j) {
+      const int64_t n = position + j * replicas + topology.replica();
+      local += run.window_loss(data.window(n), grad_scale, &optimizer.grads(), &layer_loss);
+    }
+    position += per_replica * replicas;
+    all_reduce_gradients(world, optimizer.grads());
+    const LossSums total = reduce_sums(world, local);
+    const double loss = total.loss / static_cast<double>(std::max<int64_t>(total.tokens, 1));
+    const double grad_norm = optimizer.grad_norm();
+    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+      const std::string last = latest_checkpoint(config.out_dir);
+      HYDRA_USER_FAIL("step {}: the loss is {} (gradient norm {}); stopped before applying the update. The last good "
+                      "checkpoint is {} (continue from it with --resume, e.g. with a lower --lr)", step, loss, grad_norm,
+                      last.empty() ? "none: no checkpoint was written yet" : last);
+    }
+    const StepStats stats = optimizer.step(step, grad_norm);
+    std::vector<double> layer_mean;  // align: each layer's mean loss over the step's tokens
+    if (config.stage == Stage::align) {
+      Tensor buf = Tensor::zeros({mc.num_layers}, DType::f64);
+      for (size_t l = 0; l < layer_loss.size(); ++l) buf.data_as<double>()[l] = layer_loss[l];
+      all_reduce_sum_host(world, buf);
+      for (int64_t l = 0; l < mc.num_layers; ++l) layer_mean.push_back(buf.data_as<double>()[l] / static_cast<double>(total.tokens));
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    const double step_s = std::chrono::duration<double>(t1 - t0).count();
+    busy_s += step_s;
+    const int64_t done = step - first_step + 1;
+    const double tokens_per_s = static_cast<double>(step_tokens) / step_s;
+    const double mfu = step_flops / step_s / (static_cast<double>(world.size()) * config.peak_tflops * 1e12);
+    summary.last_step = step;
+    summary.last_loss = loss;
+    if (lead) {
+      log::info("step {}/{}  loss {:.4f}  lr {:.2e}  grad-norm {:.3f}{}  {:.0f} tok/s  {:.2f} s/step  ETA {}", step,
+                config.steps, loss, stats.lr, grad_norm, stats.clip_scale < 1 ? " (clipped)" : "", tokens_per_s, step_s,
+                format_duration(busy_s / static_cast<double>(done) * static_cast<double>(last_step - step)));
+      nlohmann::json line{{"type", "step"}, {"step", step}, {"loss", loss}, {"lr", stats.lr}, {"grad_norm", grad_norm},
+                          {"clip_scale", stats.clip_scale}, {"tokens", step_tokens}, {"step_s", step_s},
+                          {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"data_position", position}};
+      if (!layer_mean.empty()) line["layer_loss"] = layer_mean;
+      jsonl << line.dump() << std::endl;
+    }
+    if ((config.eval_every > 0 && step % config.eval_every == 0) || step == last_step) evaluate(step);
+    if ((config.save_every > 0 && step % config.save_every == 0) || step == last_step) {
+      if (lead) write_checkpoint_dir(config, topology, student, optimizer, step, position);
+      world.barrier();
+    }
+  }
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t steps_done = summary.last_step - first_step + 1;
+  summary.tokens_per_s = static_cast<double>(step_tokens * steps_done) / busy_s;
+  summary.mfu = step_flops * static_cast<double>(steps_done) / busy_s /
+                (static_cast<double>(world.size()) * config.peak_tflops * 1e12);
+  summary.peak_memory_gib = peak_memory_gib(student.device());
+  return summary;
+}
+
+}  // namespace hydra::train

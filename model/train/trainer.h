@@ -1,0 +1,94 @@
+// The training driver behind `hydra train` (DESIGN.md §1.5): the four stages, AdamW, gradient
+// accumulation with a token-weighted mean, evaluation, progress, resumable checkpoints.
+//
+// One code path for every world: the ranks are split into sequence-parallel groups of `sp` ranks
+// (one sequence spread over a group, zigzag layout) and world/sp data-parallel replicas (each on
+// its own windows). Every cross-rank step goes through TrainTopology: the gradient and loss
+// reductions over the world (each rank's gradients hold only its tokens' contributions, so the sum
+// over all ranks is the gradient of the global token-weighted mean), and the sequence group's
+// communicator for the model's own collectives.
+//
+// Output directory (DESIGN.md §4):
+//   step-NNNNNN/model.h5   the model (fp32 master weights) as a normal hydra checkpoint
+//   step-NNNNNN/state.h5   optimizer moments and masters, step, data position, seed, world layout
+//   latest                 the name of the newest complete step-NNNNNN, written last (atomically)
+//   train.jsonl            one JSON line per step (and per evaluation)
+// A step directory is written under a temporary name and renamed when complete, then `latest` is
+// replaced; a crash at any point leaves the previous checkpoint and pointer intact. --resume
+// continues from `latest` and reproduces the losses of an uninterrupted run bit for bit on the CPU
+// path; on the GPU to the kernels' determinism (fixed reduction orders everywhere except the
+// embedding gradient's atomic adds, whose order can change the last bits).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/train/optimizer.h"
+#include "parallel/communicator.h"
+
+namespace hydra::train {
+
+enum class Stage { pretrain, align, distill, finetune };
+Stage parse_stage(const std::string& name);  // UserError for unknown names
+const char* stage_name(Stage stage);
+
+enum class TrainSet { all, attention };
+
+struct TrainConfig {
+  Stage stage = Stage::pretrain;
+  std::vector<std::string> data;       // token files
+  std::vector<std::string> eval_data;  // token files for the evaluation loss (optional)
+  int64_t seq_len = 0;
+  int64_t steps = 0;        // the schedule's length (warmup, cosine decay)
+  int64_t stop_at = 0;      // stop (and checkpoint) after this step; 0: --steps. For runs split over
+                            // time-limited allocations: the schedule still spans `steps`.
+  int64_t batch_seqs = 1;   // windows per micro-batch per replica (run one after the other)
+  int64_t grad_accum = 1;   // micro-batches per step
+  uint64_t seed = 0;        // data order
+  int64_t save_every = 0;   // 0: only at the end
+  int64_t eval_every = 0;   // 0: only at the end (when eval_data is given)
+  int64_t eval_windows = 8;
+  int64_t keep = 2;         // step directories kept
+  TrainSet train = TrainSet::all;
+  OptimizerConfig optim;
+  std::string out_dir;
+  bool resume = false;
+  int sp = 0;               // ranks per sequence (0: all ranks)
+  double peak_tflops = 989; // dense bf16 peak for MFU (H100/H200 datasheet)
+};
+
+// Who runs what. `world` is the communicator of the tensors' device (NCCL on GPUs).
+class TrainTopology {
+ public:
+  TrainTopology(Communicator& world, int sp);
+  Communicator& world() { return world_; }
+  Communicator& sequence() { return *sequence_; }
+  int replica() const { return replica_; }
+  int replicas() const { return replicas_; }
+  int sp() const { return sequence_->size(); }
+
+ private:
+  Communicator& world_;
+  std::unique_ptr<Communicator> owned_;
+  Communicator* sequence_ = nullptr;
+  int replica_ = 0, replicas_ = 1;
+};
+
+struct TrainSummary {
+  int64_t first_step = 1, last_step = 0;
+  double last_loss = 0, last_eval_loss = -1;
+  double seconds = 0, tokens_per_s = 0, mfu = 0;
+  double peak_memory_gib = 0;
+};
+
+// Runs the stage. `student` is the model trained (its weights are updated in place); `teacher`
+// (align, distill) runs forward only. Collective over topology.world(); rank 0 prints and writes.
+TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Model& student,
+                          const Model* teacher);
+
+// The step directory `latest` points to (empty when there is none).
+std::string latest_checkpoint(const std::string& out_dir);
+
+}  // namespace hydra::train

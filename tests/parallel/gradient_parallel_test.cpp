@@ -1,0 +1,157 @@
+// Sequence- and data-parallel gradients equal one process's (issue 17). Under mpirun with P ranks:
+//  - every parameter's gradient of the mean next-token loss of one sequence spread over the P
+//    ranks (zigzag layout: ring-attention backward for the FA heads, the GDN state-gradient fold
+//    across segments, conv halo gradients) equals the gradient the same rank computes alone;
+//  - data × sequence parallel: the world split into replicas of `sp` ranks, each replica on its own
+//    window, gradients summed over the world, equals one process summing both windows.
+// Models run on the host in float64, so the only difference between the layouts is the order of
+// sums: the bound is 1e-10 relative (‖g_P − g_1‖ / ‖g_1‖); a wrong halo row, a missing fold step or
+// a ring step off by one shows up as O(1e-2) or worse. A float32 run checks the production path
+// to 1e-5.
+#include <cmath>
+
+#include "model/model.h"
+#include "model/params.h"
+#include "model/train/objective.h"
+#include "model/train/trainer.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/self_communicator.h"
+#include "tests/common/test_util.h"
+
+namespace hydra::test {
+namespace {
+
+MpiCommunicator& world() {
+  static MpiCommunicator comm;
+  return comm;
+}
+
+double norm_rel_error(const Tensor& actual, const Tensor& expected) {
+  const Tensor a = to(actual, Device::host, DType::f64), e = to(expected, Device::host, DType::f64);
+  double diff = 0, ref = 0;
+  for (int64_t i = 0; i < e.numel(); ++i) {
+    const double x = a.data_as<double>()[i], y = e.data_as<double>()[i];
+    diff += (x - y) * (x - y);
+    ref += y * y;
+  }
+  return std::sqrt(diff / std::max(ref, 1e-300));
+}
+
+std::vector<int32_t> token_ids(int64_t t, int64_t vocab, uint64_t salt) {
+  std::vector<int32_t> ids(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13 + salt * 101) % vocab);
+  return ids;
+}
+
+void expect_same_gradients(const NamedTensors& parallel, const NamedTensors& single, double tol, const std::string& what) {
+  ASSERT_EQ(parallel.size(), single.size()) << what;
+  double worst = 0;
+  for (const auto& [name, g1] : single) {
+    ASSERT_TRUE(parallel.count(name)) << what << ": " << name;
+    const Tensor& gp = parallel.at(name);
+    ASSERT_EQ(count_non_finite(to(gp, Device::host, DType::f32)), 0) << what << ": " << name;
+    const double err = norm_rel_error(gp, g1);
+    EXPECT_LT(err, tol) << what << ": gradient of " << name;
+    worst = std::max(worst, err);
+  }
+  if (world().rank() == 0) std::printf("%s: P=%d, worst gradient relative error %.3g\n", what.c_str(), world().size(), worst);
+}
+
+// Lengths the zigzag layout admits for P ranks, one with segments that are not multiples of 64.
+std::vector<int64_t> lengths_for(int p) {
+  const int64_t g = SequenceLayout::granularity(p);
+  return {g * 5, g * 37};
+}
+
+void expect_sequence_parallel_equal_single(const ModelConfig& config, DType dtype, double tol, const std::string& what) {
+  MpiCommunicator& comm = world();
+  const Model model(config, random_parameters(config, 31), Device::host, dtype);
+  SelfCommunicator self;
+  for (int64_t t : lengths_for(comm.size())) {
+    const std::vector<int32_t> ids = token_ids(t, config.vocab_size, 0);
+    const train::NamedGradients single = train::next_token_gradients(self, model, ids);
+    const train::NamedGradients parallel = train::next_token_gradients(comm, model, ids);
+    EXPECT_EQ(parallel.sums.tokens, t - 1);
+    EXPECT_NEAR(parallel.sums.loss, single.sums.loss, tol * std::abs(single.sums.loss)) << what;
+    expect_same_gradients(parallel.grads, single.grads, tol, what + " T=" + std::to_string(t));
+  }
+}
+
+ModelConfig layerwise_hybrid() {
+  ModelConfig c = preset_config("qwen3-tiny");
+  c.arch = Arch::hydrahead;
+  c.num_layers = 4;
+  c.fa_heads = {{0, 1, 2, 3}, {}, {}, {}};  // one all-FA layer, three all-GDN layers
+  return c;
+}
+
+TEST(Gradients, HydraHeadEqualSingleProcessF64) {
+  expect_sequence_parallel_equal_single(preset_config("hydrahead-tiny"), DType::f64, 1e-10, "hydrahead-tiny f64");
+}
+
+TEST(Gradients, LayerwiseHybridEqualSingleProcessF64) {
+  expect_sequence_parallel_equal_single(layerwise_hybrid(), DType::f64, 1e-10, "layer-wise hybrid f64");
+}
+
+TEST(Gradients, TeacherEqualSingleProcessF64) {
+  expect_sequence_parallel_equal_single(preset_config("qwen3-tiny"), DType::f64, 1e-10, "qwen3-tiny f64");
+}
+
+TEST(Gradients, HydraHeadEqualSingleProcessF32) {
+  expect_sequence_parallel_equal_single(preset_config("hydrahead-tiny"), DType::f32, 1e-5, "hydrahead-tiny f32");
+}
+
+// Data × sequence parallel: P even → 2 replicas of P/2 ranks; P odd → P replicas of one rank.
+TEST(Gradients, DataTimesSequenceParallelEqualSingleProcess) {
+  MpiCommunicator& comm = world();
+  const int p = comm.size();
+  const int sp = p % 2 == 0 ? p / 2 : 1;
+  train::TrainTopology topology(comm, sp);
+  ASSERT_EQ(topology.replicas() * topology.sp(), p);
+  const ModelConfig config = preset_config("hydrahead-tiny");
+  const Model model(config, random_parameters(config, 32), Device::host, DType::f64);
+  const int64_t t = SequenceLayout::granularity(sp) * 9;
+  const int replicas = topology.replicas();
+  const double scale = 1.0 / static_cast<double>(replicas * (t - 1));
+
+  // Window w: tokens salted by w; targets shifted by one, the last token without a target.
+  auto local_window = [&](const SequenceLayout& layout, int w, Tensor& ids, Tensor& targets) {
+    const std::vector<int32_t> global = token_ids(t, config.vocab_size, static_cast<uint64_t>(w + 1));
+    ids = Tensor::empty({layout.local_length()}, DType::i32);
+    targets = Tensor::empty({layout.local_length()}, DType::i32);
+    for (const Segment& s : layout.local_segments()) {
+      for (int64_t i = 0; i < s.length; ++i) {
+        const int64_t g = s.start + i;
+        ids.data_as<int32_t>()[s.local_offset + i] = global[static_cast<size_t>(g)];
+        targets.data_as<int32_t>()[s.local_offset + i] = g + 1 < t ? global[static_cast<size_t>(g + 1)] : -1;
+      }
+    }
+  };
+
+  // One process, every window.
+  SelfCommunicator self;
+  ModelTensors single = model.zeros_like_weights(model.acc_dtype());
+  for (int w = 0; w < replicas; ++w) {
+    const SequenceLayout layout = SequenceLayout::zigzag(t, 1, 0);
+    Tensor ids, targets;
+    local_window(layout, w, ids, targets);
+    ForwardContext context{.comm = self, .layout = layout};
+    train::sequence_gradients(context, model, ids, targets, train::Objective::cross_entropy, scale, &single);
+  }
+  // The world: replica r on window r, its sequence spread over its sp ranks.
+  ModelTensors parallel = model.zeros_like_weights(model.acc_dtype());
+  {
+    Communicator& seq = topology.sequence();
+    const SequenceLayout layout = SequenceLayout::zigzag(t, seq.size(), seq.rank());
+    Tensor ids, targets;
+    local_window(layout, topology.replica(), ids, targets);
+    ForwardContext context{.comm = seq, .layout = layout};
+    train::sequence_gradients(context, model, ids, targets, train::Objective::cross_entropy, scale, &parallel);
+  }
+  train::all_reduce_gradients(comm, parallel);
+  expect_same_gradients(model.unpack(parallel), model.unpack(single), 1e-10,
+                        "data x sequence parallel (" + std::to_string(replicas) + " x " + std::to_string(sp) + ")");
+}
+
+}  // namespace
+}  // namespace hydra::test
