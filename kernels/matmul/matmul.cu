@@ -59,4 +59,29 @@ void gemm_batched(const TensorView& out, const TensorView& a, const TensorView& 
       CUBLAS_GEMM_DEFAULT));
 }
 
+void linear_backward(const TensorView& dx, const TensorView& dw, const TensorView& dy, const TensorView& x,
+                     const TensorView& w, Accumulate dx_accumulate) {
+  cuda::expect_cuda(dy, "linear_backward dy", DType::bf16);
+  cuda::expect_cuda(x, "linear_backward x", DType::bf16);
+  cuda::expect_cuda(w, "linear_backward w", DType::bf16);
+  HYDRA_ASSERT(dy.rank() == 2 && x.rank() == 2 && w.rank() == 2 && dy.size(0) == x.size(0) &&
+                   dy.size(1) == w.size(0) && x.size(1) == w.size(1) && dy.stride(1) == 1 && x.stride(1) == 1 &&
+                   w.stride(1) == 1,
+               "linear_backward: dy {}, x {}, w {} must be [M, N], [M, K], [N, K] with unit column strides", dy.shape_string(), x.shape_string(),
+               w.shape_string());
+  if (dx.defined()) {  // dx [M, K] (+)= dy [M, N] · w [N, K]
+    HYDRA_ASSERT(dx.device() == Device::cuda && (dx.dtype() == DType::bf16 || dx.dtype() == DType::f32) &&
+                     dx.rank() == 2 && dx.size(0) == x.size(0) && dx.size(1) == x.size(1) && dx.stride(1) == 1,
+                 "linear_backward dx must be a CUDA bf16/fp32 {}, got {} {}", x.shape_string(), dtype_name(dx.dtype()),
+                 dx.shape_string());
+    cuda_impl::gemm(dx, dy, w, GemmParams{.beta = dx_accumulate == Accumulate::yes ? 1.0f : 0.0f});
+  }
+  if (dw.defined() && dy.size(0) > 0) {  // dw [N, K] += dyᵀ [N, M] · x [M, K] (M = 0 adds nothing)
+    cuda::expect_cuda(dw, "linear_backward dw", DType::f32);
+    HYDRA_ASSERT(dw.rank() == 2 && dw.size(0) == w.size(0) && dw.size(1) == w.size(1) && dw.stride(1) == 1,
+                 "linear_backward dw must be {}, got {}", w.shape_string(), dw.shape_string());
+    cuda_impl::gemm(dw, dy, x, GemmParams{.transpose_a = Transpose::yes, .beta = 1.0f});
+  }
+}
+
 }  // namespace hydra::ops::cuda_impl
