@@ -147,7 +147,8 @@ __global__ void __launch_bounds__(kThreads)
     double loss = 0.0;
     rewrite<true>(x, t, vocab, vec, [&](int64_t, float xv, float tv) {
       const float pt = expf(tv - ts.m) * inv_ts;
-      if (pt > 0.0f) loss += double(pt) * ((double(tv) - double(xv)) + c);  // p_t = 0 contributes 0
+      // p_t = 0 contributes 0 (also where t = −∞, which would give 0 · ∞); a NaN p_t passes into the loss.
+      if (pt != 0.0f) loss += double(pt) * ((double(tv) - double(xv)) + c);
       return grad_scale * (expf(xv - ss.m) * inv_ss - pt);
     });
     loss = block_sum(loss, sum_scratch);
