@@ -4,9 +4,9 @@
 // model passes such views. NaN/Inf are checked first (expect_close). Tolerances, max |err| / max |ref|:
 //  - fp32 outputs of element-wise and row ops: 1e-4 — identical fp32 inputs; the kernels differ from
 //    the reference only in summation order, rsqrtf/expf (a few ulp) and FMA contraction;
-//    1e-5 where no sum over a row is involved (gates, embedding rows);
+//    1e-5 where nothing is summed (the gates' logit gradients, the sigmoid gate's dx);
 //  - bf16 outputs: 1e-2 — the output rounding alone is up to 2⁻⁹ of each element;
-//  - weight gradients: 1e-4 — fp32 sums over up to a few thousand rows, in another order;
+//  - weight and embedding gradients: 1e-4 — fp32 sums over up to a few thousand rows, in another order;
 //  - linear_backward: dx bf16 1e-2, dx/dw fp32 1e-4 (bf16 operands, fp32 accumulation in cuBLAS).
 // Weight gradients must also have the same bits in two runs (deterministic reductions, no atomics).
 // Without a GPU every test here reports SKIPPED.
@@ -284,7 +284,7 @@ TEST(CudaBackward, Embedding) {
   Tensor ref = clone(table0), g = gpu(table0, DType::f32);
   ops::embedding_backward(ref, dy, ids);
   ops::embedding_backward(g, gpu(dy), gids);
-  expect_close(host(g), ref, 1e-5, "embedding_backward bf16 d_out");
+  expect_close(host(g), ref, 1e-4, "embedding_backward bf16 d_out");
   // fp32 d_out, a column block of a wider matrix; twice, for the same bits.
   const Tensor dyw = random_tensor({t, dim + 6}, 92);
   Tensor ref2 = clone(table0), g1 = gpu(table0, DType::f32), g2 = gpu(table0, DType::f32);
@@ -292,7 +292,7 @@ TEST(CudaBackward, Embedding) {
   const Tensor gdyw = gpu(dyw, DType::f32);
   ops::embedding_backward(g1, gdyw.view().narrow(1, 3, dim), gids);
   ops::embedding_backward(g2, gdyw.view().narrow(1, 3, dim), gids);
-  expect_close(host(g1), ref2, 1e-5, "embedding_backward fp32 d_out");
+  expect_close(host(g1), ref2, 1e-4, "embedding_backward fp32 d_out");
   expect_same_bits(g1, g2, "embedding_backward");
 }
 
