@@ -70,7 +70,8 @@ void sigmoid_gate_backward(const TensorView& dx, const TensorView& d_gate, const
   const cuda::FloatRows fx = cuda::float_rows(x, "gate x"), fg = cuda::float_rows(gate, "gate logits");
   for (const TensorView* v : {&dx, &d_gate, &d_out, &x, &gate})
     HYDRA_ASSERT(v->rank() == 2 && v->size(0) == d_out.size(0) && v->size(1) == d_out.size(1),
-                 "sigmoid_gate_backward views must all be [T, n] = {}, got {}", d_out.shape_string(), v->shape_string());
+                 "sigmoid_gate_backward views must all be [T, n] = {}, got {}", d_out.shape_string(),
+                 v->shape_string());
   const int64_t rows = d_out.size(0), cols = d_out.size(1);
   gate_backward_kernel<<<cuda::elementwise_grid(rows, cols), cuda::kElementwiseThreads, 0, current_stream()>>>(
       fdx, fdg, fdo, fx, fg, rows, cols);

@@ -118,7 +118,8 @@ void head_fusion_backward(const TensorView& d_o, const TensorView& d_weight, con
     cuda::reduce_columns(t_len, heads * d, term, finish);
     if (d_gamma.defined()) {
       fusion_gamma_kernel<<<static_cast<unsigned>((heads + 7) / 8), 256, 0, current_stream()>>>(
-          d_gamma.data_as<float>(), weight.data_as<const float>(), weight.stride(0), p.data_as<const float>(), heads, d);
+          d_gamma.data_as<float>(), weight.data_as<const float>(), weight.stride(0), p.data_as<const float>(), heads,
+          d);
       HYDRA_CUDA_LAUNCH_CHECK();
     }
   }

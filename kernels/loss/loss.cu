@@ -199,8 +199,8 @@ void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_los
                targets.shape_string());
   if (rows == 0) return;
   cross_entropy_kernel<<<cuda::capped_grid(rows), kThreads, 0, current_stream()>>>(
-      x, vocab, rows, targets.data_as<const int32_t>(), targets.stride(0), row_loss.data_as<float>(), row_loss.stride(0),
-      grad_scale);
+      x, vocab, rows, targets.data_as<const int32_t>(), targets.stride(0), row_loss.data_as<float>(),
+      row_loss.stride(0), grad_scale);
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 

@@ -64,11 +64,10 @@ void linear_backward(const TensorView& dx, const TensorView& dw, const TensorVie
   cuda::expect_cuda(dy, "linear_backward dy", DType::bf16);
   cuda::expect_cuda(x, "linear_backward x", DType::bf16);
   cuda::expect_cuda(w, "linear_backward w", DType::bf16);
-  HYDRA_ASSERT(dy.rank() == 2 && x.rank() == 2 && w.rank() == 2 && dy.size(0) == x.size(0) &&
-                   dy.size(1) == w.size(0) && x.size(1) == w.size(1) && dy.stride(1) == 1 && x.stride(1) == 1 &&
-                   w.stride(1) == 1,
-               "linear_backward: dy {}, x {}, w {} must be [M, N], [M, K], [N, K] with unit column strides", dy.shape_string(), x.shape_string(),
-               w.shape_string());
+  HYDRA_ASSERT(dy.rank() == 2 && x.rank() == 2 && w.rank() == 2 && dy.size(0) == x.size(0) && dy.size(1) == w.size(0) &&
+                   x.size(1) == w.size(1) && dy.stride(1) == 1 && x.stride(1) == 1 && w.stride(1) == 1,
+               "linear_backward: dy {}, x {}, w {} must be [M, N], [M, K], [N, K] with unit column strides",
+               dy.shape_string(), x.shape_string(), w.shape_string());
   if (dx.defined()) {  // dx [M, K] (+)= dy [M, N] · w [N, K]
     HYDRA_ASSERT(dx.device() == Device::cuda && (dx.dtype() == DType::bf16 || dx.dtype() == DType::f32) &&
                      dx.rank() == 2 && dx.size(0) == x.size(0) && dx.size(1) == x.size(1) && dx.stride(1) == 1,

@@ -169,7 +169,8 @@ TEST(CudaBackward, RopeInverse) {
 TEST(CudaBackward, SwigluAndSigmoidGate) {
   HYDRA_REQUIRE_GPU();
   const int64_t t = 37, n = 200;
-  const Tensor gu = rounded_to_bf16(random_tensor({t, 2 * n}, 63, 2.0f)), dy = rounded_to_bf16(random_tensor({t, n}, 64));
+  const Tensor gu = rounded_to_bf16(random_tensor({t, 2 * n}, 63, 2.0f)),
+               dy = rounded_to_bf16(random_tensor({t, n}, 64));
   const auto gate_of = [&](const TensorView& v) { return v.narrow(1, 0, n); };
   const auto up_of = [&](const TensorView& v) { return v.narrow(1, n, n); };
   Tensor ref = Tensor::empty({t, 2 * n}, DType::f32);
@@ -224,7 +225,8 @@ TEST(CudaBackward, GdnGates) {
     expect_close(host(gdalog), dalog_ref, 1e-4, what + " d_A_log");
     expect_close(host(gddtb), ddtb_ref, 1e-4, what + " d_dt_bias");
     // fp32 logit gradients; the parameter sums again, for the same bits.
-    Tensor gdb32 = Tensor::empty({t, h}, DType::f32, Device::cuda), gda32 = Tensor::empty({t, h}, DType::f32, Device::cuda);
+    Tensor gdb32 = Tensor::empty({t, h}, DType::f32, Device::cuda),
+           gda32 = Tensor::empty({t, h}, DType::f32, Device::cuda);
     Tensor gdalog2 = gpu(dalog0, DType::f32), gddtb2 = gpu(ddtb0, DType::f32);
     ops::gdn_gates_backward(gdb32, gda32, gdalog2, gddtb2, gdbeta, gdg, b_of(gab), a_of(gab), galog, gdtb);
     expect_close(host(gdb32), b_of(ref), 1e-5, what + " d_b_logits fp32");
