@@ -3,6 +3,8 @@
 // convention by computing outᵀ = op(b)ᵀ · op(a)ᵀ, so no operand is ever copied or transposed.
 #include <cublas_v2.h>
 
+#include <string>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/matmul/matmul.h"
 
@@ -61,25 +63,30 @@ void gemm_batched(const TensorView& out, const TensorView& a, const TensorView& 
 
 void linear_backward(const TensorView& dx, const TensorView& dw, const TensorView& dy, const TensorView& x,
                      const TensorView& w, Accumulate dx_accumulate) {
-  cuda::expect_cuda(dy, "linear_backward dy", DType::bf16);
-  cuda::expect_cuda(x, "linear_backward x", DType::bf16);
-  cuda::expect_cuda(w, "linear_backward w", DType::bf16);
-  HYDRA_ASSERT(dy.rank() == 2 && x.rank() == 2 && w.rank() == 2 && dy.size(0) == x.size(0) && dy.size(1) == w.size(0) &&
-                   x.size(1) == w.size(1) && dy.stride(1) == 1 && x.stride(1) == 1 && w.stride(1) == 1,
-               "linear_backward: dy {}, x {}, w {} must be [M, N], [M, K], [N, K] with unit column strides",
-               dy.shape_string(), x.shape_string(), w.shape_string());
+  // x is read only for dw and w only for dx: either may be undefined when its product is not wanted.
+  const auto expect_operand = [](const TensorView& v, const char* what, int64_t rows, int64_t cols) {
+    cuda::expect_cuda(v, what, DType::bf16);
+    HYDRA_ASSERT(v.rank() == 2 && v.stride(1) == 1 && v.size(0) == rows && (cols < 0 || v.size(1) == cols),
+                 "linear_backward {} must be a [{}, {}] matrix with unit column stride, got {}", what, rows,
+                 cols < 0 ? std::string("any") : std::to_string(cols), v.shape_string());
+  };
+  HYDRA_ASSERT(dy.rank() == 2, "linear_backward dy must be [M, N], got {}", dy.shape_string());
+  const int64_t m = dy.size(0), n = dy.size(1);
+  expect_operand(dy, "dy", m, n);
   if (dx.defined()) {  // dx [M, K] (+)= dy [M, N] · w [N, K]
+    expect_operand(w, "w", n, -1);
     HYDRA_ASSERT(dx.device() == Device::cuda && (dx.dtype() == DType::bf16 || dx.dtype() == DType::f32) &&
-                     dx.rank() == 2 && dx.size(0) == x.size(0) && dx.size(1) == x.size(1) && dx.stride(1) == 1,
-                 "linear_backward dx must be a CUDA bf16/fp32 {}, got {} {}", x.shape_string(), dtype_name(dx.dtype()),
-                 dx.shape_string());
+                     dx.rank() == 2 && dx.size(0) == m && dx.size(1) == w.size(1) && dx.stride(1) == 1,
+                 "linear_backward dx must be a CUDA bf16/fp32 [{}, {}] matrix, got {} {}", m, w.size(1),
+                 dtype_name(dx.dtype()), dx.shape_string());
     cuda_impl::gemm(dx, dy, w, GemmParams{.beta = dx_accumulate == Accumulate::yes ? 1.0f : 0.0f});
   }
-  if (dw.defined() && dy.size(0) > 0) {  // dw [N, K] += dyᵀ [N, M] · x [M, K] (M = 0 adds nothing)
+  if (dw.defined()) {  // dw [N, K] += dyᵀ [N, M] · x [M, K]
+    expect_operand(x, "x", m, -1);
     cuda::expect_cuda(dw, "linear_backward dw", DType::f32);
-    HYDRA_ASSERT(dw.rank() == 2 && dw.size(0) == w.size(0) && dw.size(1) == w.size(1) && dw.stride(1) == 1,
-                 "linear_backward dw must be {}, got {}", w.shape_string(), dw.shape_string());
-    cuda_impl::gemm(dw, dy, x, GemmParams{.transpose_a = Transpose::yes, .beta = 1.0f});
+    HYDRA_ASSERT(dw.rank() == 2 && dw.size(0) == n && dw.size(1) == x.size(1) && dw.stride(1) == 1,
+                 "linear_backward dw must be [{}, {}], got {}", n, x.size(1), dw.shape_string());
+    if (m > 0) cuda_impl::gemm(dw, dy, x, GemmParams{.transpose_a = Transpose::yes, .beta = 1.0f});  // M = 0 adds 0
   }
 }
 
