@@ -3,6 +3,8 @@
 // convention by computing outᵀ = op(b)ᵀ · op(a)ᵀ, so no operand is ever copied or transposed.
 #include <cublas_v2.h>
 
+#include <string>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/matmul/matmul.h"
 
@@ -57,6 +59,35 @@ void gemm_batched(const TensorView& out, const TensorView& a, const TensorView& 
       cuda_type(a.dtype()), static_cast<int>(a.stride(1)), a.stride(0), &p.beta, out.data(), cuda_type(out.dtype()),
       static_cast<int>(out.stride(1)), out.stride(0), static_cast<int>(out.size(0)), CUBLAS_COMPUTE_32F,
       CUBLAS_GEMM_DEFAULT));
+}
+
+void linear_backward(const TensorView& dx, const TensorView& dw, const TensorView& dy, const TensorView& x,
+                     const TensorView& w, Accumulate dx_accumulate) {
+  // x is read only for dw and w only for dx: either may be undefined when its product is not wanted.
+  const auto expect_operand = [](const TensorView& v, const char* what, int64_t rows, int64_t cols) {
+    cuda::expect_cuda(v, what, DType::bf16);
+    HYDRA_ASSERT(v.rank() == 2 && v.stride(1) == 1 && v.size(0) == rows && (cols < 0 || v.size(1) == cols),
+                 "linear_backward {} must be a [{}, {}] matrix with unit column stride, got {}", what, rows,
+                 cols < 0 ? std::string("any") : std::to_string(cols), v.shape_string());
+  };
+  HYDRA_ASSERT(dy.rank() == 2, "linear_backward dy must be [M, N], got {}", dy.shape_string());
+  const int64_t m = dy.size(0), n = dy.size(1);
+  expect_operand(dy, "dy", m, n);
+  if (dx.defined()) {  // dx [M, K] (+)= dy [M, N] · w [N, K]
+    expect_operand(w, "w", n, -1);
+    HYDRA_ASSERT(dx.device() == Device::cuda && (dx.dtype() == DType::bf16 || dx.dtype() == DType::f32) &&
+                     dx.rank() == 2 && dx.size(0) == m && dx.size(1) == w.size(1) && dx.stride(1) == 1,
+                 "linear_backward dx must be a CUDA bf16/fp32 [{}, {}] matrix, got {} {}", m, w.size(1),
+                 dtype_name(dx.dtype()), dx.shape_string());
+    cuda_impl::gemm(dx, dy, w, GemmParams{.beta = dx_accumulate == Accumulate::yes ? 1.0f : 0.0f});
+  }
+  if (dw.defined()) {  // dw [N, K] += dyᵀ [N, M] · x [M, K]
+    expect_operand(x, "x", m, -1);
+    cuda::expect_cuda(dw, "linear_backward dw", DType::f32);
+    HYDRA_ASSERT(dw.rank() == 2 && dw.size(0) == n && dw.size(1) == x.size(1) && dw.stride(1) == 1,
+                 "linear_backward dw must be [{}, {}], got {}", n, x.size(1), dw.shape_string());
+    if (m > 0) cuda_impl::gemm(dw, dy, x, GemmParams{.transpose_a = Transpose::yes, .beta = 1.0f});  // M = 0 adds 0
+  }
 }
 
 }  // namespace hydra::ops::cuda_impl

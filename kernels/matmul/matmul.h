@@ -39,6 +39,10 @@ namespace cuda_impl {  // matmul.cu: cuBLAS
 void gemm(const TensorView& out, const TensorView& a, const TensorView& b, const GemmParams& params);
 // out[i] = alpha · op(a[i]) · op(b[i]) + beta · out[i] over the leading dimension (one launch).
 void gemm_batched(const TensorView& out, const TensorView& a, const TensorView& b, const GemmParams& params);
+// linear_backward for CUDA views: dx (+)= dy · w and dw += dyᵀ · x, two cuBLAS GEMMs (bf16 operands,
+// fp32 accumulation; dw fp32 with beta = 1).
+void linear_backward(const TensorView& dx, const TensorView& dw, const TensorView& dy, const TensorView& x,
+                     const TensorView& w, Accumulate dx_accumulate);
 }  // namespace cuda_impl
 #endif
 

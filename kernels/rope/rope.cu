@@ -1,13 +1,16 @@
 // CUDA RoPE (rotate-half). Angles are formed in fp64 and reduced modulo 2π before the fp32
 // sin/cos, so positions in the millions keep their precision (fp32 angles would be off by
-// ~0.1 rad at 512K).
+// ~0.1 rad at 512K). RopeDirection::inverse rotates by −angle (sin negated): the transpose of the
+// rotation, so the backward of rope is rope of the gradient in that direction.
+// x is bf16 (activations) or fp32 (e.g. the attention backward's fp32 dq/dk accumulators).
 #include "kernels/cuda/common.cuh"
 #include "kernels/rope/rope.h"
 
 namespace hydra::ops::cuda_impl {
 namespace {
-__global__ void rope_kernel(bf16_t* x, int64_t t_len, int64_t heads, int64_t half, int64_t stride_t, int64_t stride_h,
-                            const int64_t* pos, double log_theta_over_d) {
+template <class T>
+__global__ void rope_kernel(T* x, int64_t t_len, int64_t heads, int64_t half, int64_t stride_t, int64_t stride_h,
+                            const int64_t* pos, double log_theta_over_d, float sin_sign) {
   const int64_t n = t_len * half;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = idx / half, i = idx % half;
@@ -15,25 +18,39 @@ __global__ void rope_kernel(bf16_t* x, int64_t t_len, int64_t heads, int64_t hal
     double angle = fmod(double(pos[t]) * inv_freq, 6.283185307179586);
     float s, c;
     sincosf(float(angle), &s, &c);
+    s *= sin_sign;
     for (int64_t h = 0; h < heads; ++h) {
-      bf16_t* row = x + t * stride_t + h * stride_h;
-      const float a = __bfloat162float(row[i]), b = __bfloat162float(row[i + half]);
-      row[i] = __float2bfloat16_rn(a * c - b * s);
-      row[i + half] = __float2bfloat16_rn(b * c + a * s);
+      T* row = x + t * stride_t + h * stride_h;
+      const float a = cuda::to_float(row[i]), b = cuda::to_float(row[i + half]);
+      row[i] = cuda::from_float<T>(a * c - b * s);
+      row[i + half] = cuda::from_float<T>(b * c + a * s);
     }
   }
+}
+
+template <class T>
+void launch_rope(const TensorView& x, const TensorView& positions, const RopeParams& params) {
+  const int64_t half = x.size(2) / 2;
+  const float sin_sign = params.direction == RopeDirection::inverse ? -1.0f : 1.0f;
+  rope_kernel<T><<<cuda::capped_grid((x.size(0) * half + 255) / 256), 256, 0, current_stream()>>>(
+      x.data_as<T>(), x.size(0), x.size(1), half, x.stride(0), x.stride(1), positions.data_as<const int64_t>(),
+      std::log(params.theta) / double(x.size(2)), sin_sign);
+  HYDRA_CUDA_LAUNCH_CHECK();
 }
 }  // namespace
 
 void rope(const TensorView& x, const TensorView& positions, const RopeParams& params) {
-  cuda::expect_cuda(x, "rope x", DType::bf16);
+  HYDRA_ASSERT(x.device() == Device::cuda && (x.dtype() == DType::bf16 || x.dtype() == DType::f32),
+               "rope x must be a CUDA bfloat16 or float32 tensor (is {} {})", device_name(x.device()),
+               dtype_name(x.dtype()));
   cuda::expect_cuda(positions, "rope positions", DType::i64);
-  HYDRA_ASSERT(x.stride(2) == 1, "rope needs contiguous head rows");
-  const int64_t half = x.size(2) / 2;
-  rope_kernel<<<cuda::capped_grid((x.size(0) * half + 255) / 256), 256, 0, current_stream()>>>(
-      x.data_as<cuda::bf16_t>(), x.size(0), x.size(1), half, x.stride(0), x.stride(1), positions.data_as<const int64_t>(),
-      std::log(params.theta) / double(x.size(2)));
-  HYDRA_CUDA_LAUNCH_CHECK();
+  HYDRA_ASSERT(x.rank() == 3 && x.stride(2) == 1 && x.size(2) % 2 == 0,
+               "rope needs [T, H, d] with contiguous head rows and an even d, got {}", x.shape_string());
+  if (x.dtype() == DType::bf16) {
+    launch_rope<cuda::bf16_t>(x, positions, params);
+  } else {
+    launch_rope<float>(x, positions, params);
+  }
 }
 
 }  // namespace hydra::ops::cuda_impl

@@ -1,0 +1,118 @@
+// AdamW and the gradient's sum of squares on the GPU.
+//
+// adamw_update: one thread per parameter (grid-stride), fp32 arithmetic in the order of the formula
+// in adamw.h; the bias corrections 1 − β^step are formed once on the host in fp64.
+// sum_of_squares: a fixed grid of kSumBlocks blocks whatever the device; each thread sums x² in fp64
+// over a fixed set of elements, each block adds its threads in a fixed tree, and the host adds the
+// block sums in block order. The result is the same on every run and every GPU.
+#include <cmath>
+#include <vector>
+
+#include "kernels/adamw/adamw.h"
+#include "kernels/cuda/common.cuh"
+
+namespace hydra::ops::cuda_impl {
+namespace {
+
+struct AdamWScalars {
+  float lr, beta1, beta2, eps, decay, grad_scale;  // decay = 1 − lr·weight_decay
+  float bias1, bias2;                              // 1 − β1^step, 1 − β2^step
+};
+
+// weight: nullptr (no model copy) or [n] of W; it may alias master (W = float).
+template <class W>
+__global__ void adamw_kernel(float* master, float* m, float* v, const float* grad, W* weight, int64_t n,
+                             AdamWScalars s) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = s.grad_scale * grad[i];
+    const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * g;
+    const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * (g * g);
+    m[i] = mi;
+    v[i] = vi;
+    const float m_hat = mi / s.bias1, v_hat = vi / s.bias2;
+    const float p = master[i] * s.decay - s.lr * m_hat / (sqrtf(v_hat) + s.eps);
+    master[i] = p;
+    if (weight != nullptr) weight[i] = cuda::from_float<W>(p);
+  }
+}
+
+constexpr int kSumBlocks = 1024, kSumThreads = 256;
+
+__global__ void __launch_bounds__(kSumThreads) sum_of_squares_kernel(const float* x, int64_t n, double* block_sums) {
+  __shared__ double warp_sums[kSumThreads / 32];
+  double acc = 0.0;
+  for (int64_t i = blockIdx.x * int64_t(kSumThreads) + threadIdx.x; i < n; i += int64_t(kSumBlocks) * kSumThreads) {
+    const double v = x[i];
+    acc += v * v;
+  }
+  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kSumThreads / 32; ++w) total += warp_sums[w];
+    block_sums[blockIdx.x] = total;
+  }
+}
+
+void expect_flat_f32(const TensorView& t, const char* what, int64_t n) {
+  cuda::expect_cuda(t, what, DType::f32);
+  HYDRA_ASSERT(t.is_contiguous() && t.numel() == n, "{} must be a contiguous fp32 buffer of {} elements, got {}",
+               what, n, t.shape_string());
+}
+}  // namespace
+
+void adamw_update(const TensorView& master, const TensorView& m, const TensorView& v, const TensorView& grad,
+                  const TensorView& weight, const AdamWParams& params) {
+  const int64_t n = master.numel();
+  expect_flat_f32(master, "AdamW master", n);
+  expect_flat_f32(m, "AdamW m", n);
+  expect_flat_f32(v, "AdamW v", n);
+  expect_flat_f32(grad, "AdamW grad", n);
+  HYDRA_ASSERT(params.step >= 1, "AdamW step is 1-based, got {}", params.step);
+  const AdamWScalars s{params.lr,
+                       params.beta1,
+                       params.beta2,
+                       params.eps,
+                       1.0f - params.lr * params.weight_decay,
+                       params.grad_scale,
+                       static_cast<float>(1.0 - std::pow(double(params.beta1), double(params.step))),
+                       static_cast<float>(1.0 - std::pow(double(params.beta2), double(params.step)))};
+  const int grid = cuda::capped_grid((n + 255) / 256);
+  float* mp = master.data_as<float>();
+  float* mm = m.data_as<float>();
+  float* vp = v.data_as<float>();
+  const float* gp = grad.data_as<const float>();
+  if (!weight.defined()) {
+    adamw_kernel<float><<<grid, 256, 0, current_stream()>>>(mp, mm, vp, gp, nullptr, n, s);
+  } else {
+    HYDRA_ASSERT(weight.device() == Device::cuda && weight.is_contiguous() && weight.numel() == n &&
+                     (weight.dtype() == DType::f32 || weight.dtype() == DType::bf16),
+                 "AdamW weight must be a contiguous CUDA fp32/bf16 buffer of {} elements, got {} {}", n,
+                 dtype_name(weight.dtype()), weight.shape_string());
+    if (weight.dtype() == DType::f32) {
+      adamw_kernel<float><<<grid, 256, 0, current_stream()>>>(mp, mm, vp, gp, weight.data_as<float>(), n, s);
+    } else {
+      adamw_kernel<cuda::bf16_t><<<grid, 256, 0, current_stream()>>>(mp, mm, vp, gp, weight.data_as<cuda::bf16_t>(), n,
+                                                                     s);
+    }
+  }
+  HYDRA_CUDA_LAUNCH_CHECK();
+}
+
+double sum_of_squares(const TensorView& x) {
+  const int64_t n = x.numel();
+  expect_flat_f32(x, "sum_of_squares x", n);
+  if (n == 0) return 0.0;
+  const std::shared_ptr<void> block_sums = cuda_allocate(kSumBlocks * sizeof(double));
+  sum_of_squares_kernel<<<kSumBlocks, kSumThreads, 0, current_stream()>>>(x.data_as<const float>(), n,
+                                                                          static_cast<double*>(block_sums.get()));
+  HYDRA_CUDA_LAUNCH_CHECK();
+  std::vector<double> host(kSumBlocks);
+  cuda_copy_bytes(host.data(), Device::host, block_sums.get(), Device::cuda, kSumBlocks * sizeof(double));  // syncs
+  double total = 0.0;
+  for (const double b : host) total += b;
+  return total;
+}
+
+}  // namespace hydra::ops::cuda_impl

@@ -1,0 +1,234 @@
+// The training losses on the GPU, forward and gradient in one launch per chunk of rows.
+//
+// Cross-entropy and KL: one block of 512 threads per row of V logits (V up to 151936: ~300 per
+// thread), two passes over the row. Pass 1 keeps a running (max m, Σ exp(x − m)) per thread, the
+// online softmax statistics, merged over the block in a fixed order; pass 2 writes the gradient over
+// the logits. Everything is fp32 except the KL's loss sum (fp64). Rows are read as float4 when the
+// row is 16-byte aligned. The block merges are fixed trees, so results are deterministic.
+// Squared error: one warp per row.
+#include <cmath>
+
+#include "kernels/cuda/backward.cuh"
+#include "kernels/loss/loss.h"
+
+namespace hydra::ops::cuda_impl {
+namespace {
+
+constexpr int kThreads = 512, kWarps = kThreads / 32;
+
+struct MaxSum {
+  float m;  // running max
+  float s;  // Σ exp(x − m)
+};
+constexpr MaxSum kEmpty{-INFINITY, 0.0f};
+
+// A NaN logit fails `x > m` and makes s NaN, so a NaN anywhere in the row reaches the loss.
+__device__ __forceinline__ void add(MaxSum& a, float x) {
+  if (x > a.m) {
+    a.s = a.s * expf(a.m - x) + 1.0f;
+    a.m = x;
+  } else if (x != -INFINITY) {
+    a.s += expf(x - a.m);
+  }
+}
+
+// Symmetric in a and b (bit for bit), so the xor-shuffle tree gives every lane the same value.
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return kEmpty;
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+// Block-wide merge; every thread returns the same value. `scratch` is free again on return.
+__device__ MaxSum block_merge(MaxSum v, MaxSum* scratch) {
+  for (int o = 16; o > 0; o /= 2) {
+    const MaxSum other{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
+    v = merge(v, other);
+  }
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  MaxSum total = scratch[0];
+  for (int w = 1; w < kWarps; ++w) total = merge(total, scratch[w]);
+  __syncthreads();
+  return total;
+}
+
+__device__ double block_sum(double v, double* scratch) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < kWarps; ++w) total += scratch[w];
+  __syncthreads();
+  return total;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Calls f(i, x_i) for this thread's elements of a row: float4 loads over the first 4⌊V/4⌋ elements
+// when `vec`, scalar loads for the rest.
+template <class F>
+__device__ __forceinline__ void visit(const float* x, int64_t vocab, bool vec, F&& f) {
+  const int64_t n4 = vec ? vocab / 4 : 0;
+  for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
+    const float4 v = reinterpret_cast<const float4*>(x)[i];
+    f(4 * i, v.x);
+    f(4 * i + 1, v.y);
+    f(4 * i + 2, v.z);
+    f(4 * i + 3, v.w);
+  }
+  for (int64_t i = 4 * n4 + threadIdx.x; i < vocab; i += kThreads) f(i, x[i]);
+}
+
+// x_i ← f(i, x_i, t_i) over a row, t a second row read alongside (TWO = false: no second row, t_i = 0).
+template <bool TWO, class F>
+__device__ __forceinline__ void rewrite(float* x, const float* t, int64_t vocab, bool vec, F&& f) {
+  const int64_t n4 = vec ? vocab / 4 : 0;
+  for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
+    float4 v = reinterpret_cast<const float4*>(x)[i];
+    const float4 u = TWO ? reinterpret_cast<const float4*>(t)[i] : float4{0.0f, 0.0f, 0.0f, 0.0f};
+    v.x = f(4 * i, v.x, u.x);
+    v.y = f(4 * i + 1, v.y, u.y);
+    v.z = f(4 * i + 2, v.z, u.z);
+    v.w = f(4 * i + 3, v.w, u.w);
+    reinterpret_cast<float4*>(x)[i] = v;
+  }
+  for (int64_t i = 4 * n4 + threadIdx.x; i < vocab; i += kThreads) x[i] = f(i, x[i], TWO ? t[i] : 0.0f);
+}
+
+struct RowsF32 {  // [n, V] fp32, unit last stride
+  float* data;
+  int64_t stride;
+};
+
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_kernel(RowsF32 logits, int64_t vocab, int64_t rows, const int32_t* targets, int64_t target_stride,
+                         float* row_loss, int64_t loss_stride, float grad_scale) {
+  __shared__ MaxSum scratch[kWarps];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {  // every branch below is uniform per block
+    float* x = logits.data + r * logits.stride;
+    const int32_t target = targets[r * target_stride];
+    if (target < 0) {  // ignored row: loss 0, gradient 0
+      for (int64_t i = threadIdx.x; i < vocab; i += kThreads) x[i] = 0.0f;
+      if (threadIdx.x == 0) row_loss[r * loss_stride] = 0.0f;
+      continue;
+    }
+    const bool vec = aligned16(x);
+    // A target ≥ V is a caller bug (targets are validated on input): its loss is NaN, which stops training.
+    const float x_target = target < vocab ? x[target] : NAN;  // read before block_merge's barrier, so before pass 2
+    MaxSum st = kEmpty;
+    visit(x, vocab, vec, [&](int64_t, float v) { add(st, v); });
+    st = block_merge(st, scratch);
+    const float inv_s = 1.0f / st.s;
+    rewrite<false>(x, nullptr, vocab, vec, [&](int64_t i, float v, float) {
+      return grad_scale * (expf(v - st.m) * inv_s - (i == target ? 1.0f : 0.0f));
+    });
+    if (threadIdx.x == 0) row_loss[r * loss_stride] = logf(st.s) + st.m - x_target;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    kl_divergence_kernel(RowsF32 student, RowsF32 teacher, int64_t vocab, int64_t rows, float* row_loss,
+                         int64_t loss_stride, float grad_scale) {
+  __shared__ MaxSum scratch[kWarps];
+  __shared__ double sum_scratch[kWarps];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    float* x = student.data + r * student.stride;
+    const float* t = teacher.data + r * teacher.stride;
+    const bool vec = aligned16(x) && aligned16(t);
+    MaxSum ss = kEmpty, ts = kEmpty;
+    visit(x, vocab, vec, [&](int64_t, float v) { add(ss, v); });
+    visit(t, vocab, vec, [&](int64_t, float v) { add(ts, v); });
+    ss = block_merge(ss, scratch);
+    ts = block_merge(ts, scratch);
+    const float inv_ss = 1.0f / ss.s, inv_ts = 1.0f / ts.s;
+    // log p_t − log p_s = (t − x) + c, c = lse_s − lse_t.
+    const double c = (double(ss.m) + log(double(ss.s))) - (double(ts.m) + log(double(ts.s)));
+    double loss = 0.0;
+    rewrite<true>(x, t, vocab, vec, [&](int64_t, float xv, float tv) {
+      const float pt = expf(tv - ts.m) * inv_ts;
+      // p_t = 0 contributes 0 (also where t = −∞, which would give 0 · ∞); a NaN p_t passes into the loss.
+      if (pt != 0.0f) loss += double(pt) * ((double(tv) - double(xv)) + c);
+      return grad_scale * (expf(xv - ss.m) * inv_ss - pt);
+    });
+    loss = block_sum(loss, sum_scratch);
+    if (threadIdx.x == 0) row_loss[r * loss_stride] = static_cast<float>(loss);
+  }
+}
+
+// One warp per row; every element is read before it is written, so d_a may alias a.
+__global__ void __launch_bounds__(256) squared_error_kernel(cuda::FloatRows d_a, cuda::FloatRows a, cuda::FloatRows b,
+                                                            float* row_loss, int64_t loss_stride, float grad_scale) {
+  const int lane = threadIdx.x % 32;
+  const int64_t n = a.layout.length;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; row < a.layout.rows; row += warps) {
+    const int64_t oa = a.offset(row), ob = b.offset(row), od = d_a.offset(row);
+    float acc = 0.0f;
+    for (int64_t i = lane; i < n; i += 32) {
+      const float diff = a.load(oa + i) - b.load(ob + i);
+      acc += diff * diff;
+      d_a.store(od + i, grad_scale * 2.0f * diff);
+    }
+    acc = cuda::warp_sum(acc);
+    if (lane == 0) row_loss[row * loss_stride] = acc;
+  }
+}
+
+RowsF32 logit_rows(const TensorView& v, const char* what) {
+  cuda::expect_cuda(v, what, DType::f32);
+  HYDRA_ASSERT(v.rank() == 2 && v.stride(1) == 1, "{} must be [n, V] with unit column stride, got {}", what,
+               v.shape_string());
+  return {v.data_as<float>(), v.stride(0)};
+}
+
+void expect_row_loss(const TensorView& row_loss, int64_t rows) {
+  cuda::expect_cuda(row_loss, "row_loss", DType::f32);
+  HYDRA_ASSERT(row_loss.rank() == 1 && row_loss.size(0) == rows, "row_loss must be [{}], got {}", rows,
+               row_loss.shape_string());
+}
+}  // namespace
+
+void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_loss, const TensorView& targets,
+                             float grad_scale) {
+  const RowsF32 x = logit_rows(logits, "cross-entropy logits");
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  expect_row_loss(row_loss, rows);
+  cuda::expect_cuda(targets, "cross-entropy targets", DType::i32);
+  HYDRA_ASSERT(targets.rank() == 1 && targets.size(0) == rows, "targets must be [{}], got {}", rows,
+               targets.shape_string());
+  if (rows == 0) return;
+  cross_entropy_kernel<<<cuda::capped_grid(rows), kThreads, 0, current_stream()>>>(
+      x, vocab, rows, targets.data_as<const int32_t>(), targets.stride(0), row_loss.data_as<float>(),
+      row_loss.stride(0), grad_scale);
+  HYDRA_CUDA_LAUNCH_CHECK();
+}
+
+void kl_divergence_with_grad(const TensorView& student_logits, const TensorView& row_loss,
+                             const TensorView& teacher_logits, float grad_scale) {
+  const RowsF32 s = logit_rows(student_logits, "student logits"), t = logit_rows(teacher_logits, "teacher logits");
+  const int64_t rows = student_logits.size(0), vocab = student_logits.size(1);
+  HYDRA_ASSERT(teacher_logits.size(0) == rows && teacher_logits.size(1) == vocab,
+               "teacher logits {} must match the student's {}", teacher_logits.shape_string(),
+               student_logits.shape_string());
+  expect_row_loss(row_loss, rows);
+  if (rows == 0) return;
+  kl_divergence_kernel<<<cuda::capped_grid(rows), kThreads, 0, current_stream()>>>(
+      s, t, vocab, rows, row_loss.data_as<float>(), row_loss.stride(0), grad_scale);
+  HYDRA_CUDA_LAUNCH_CHECK();
+}
+
+void squared_error_with_grad(const TensorView& d_a, const TensorView& row_loss, const TensorView& a,
+                             const TensorView& b, float grad_scale) {
+  const cuda::FloatRows fd = cuda::float_rows(d_a, "squared error d_a");
+  const cuda::FloatRows fa = cuda::float_rows(a, "squared error a"), fb = cuda::float_rows(b, "squared error b");
+  HYDRA_ASSERT(a.rank() == 2 && cuda::same_rows(fa.layout, fb.layout) && cuda::same_rows(fa.layout, fd.layout),
+               "squared error: d_a {}, a {}, b {} must all be [n, D]", d_a.shape_string(), a.shape_string(),
+               b.shape_string());
+  expect_row_loss(row_loss, fa.layout.rows);
+  squared_error_kernel<<<cuda::capped_grid((fa.layout.rows + 7) / 8), 256, 0, current_stream()>>>(
+      fd, fa, fb, row_loss.data_as<float>(), row_loss.stride(0), grad_scale);
+  HYDRA_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace hydra::ops::cuda_impl

@@ -1,0 +1,333 @@
+// The GPU backward of every small op against its CPU reference (the same op on host fp32 views).
+// Inputs are rounded to bf16 wherever the device reads bf16, so the comparison measures the kernel,
+// not the input rounding; views are column blocks of wider matrices (row stride ≠ width) where the
+// model passes such views. NaN/Inf are checked first (expect_close). Tolerances, max |err| / max |ref|:
+//  - fp32 outputs of element-wise and row ops: 1e-4 — identical fp32 inputs; the kernels differ from
+//    the reference only in summation order, rsqrtf/expf (a few ulp) and FMA contraction;
+//    1e-5 where nothing is summed (the gates' logit gradients, the sigmoid gate's dx);
+//  - bf16 outputs: 1e-2 — the output rounding alone is up to 2⁻⁹ of each element;
+//  - weight and embedding gradients: 1e-4 — fp32 sums over up to a few thousand rows, in another order;
+//  - linear_backward: dx bf16 1e-2, dx/dw fp32 1e-4 (bf16 operands, fp32 accumulation in cuBLAS).
+// Weight gradients must also have the same bits in two runs (deterministic reductions, no atomics).
+// Without a GPU every test here reports SKIPPED.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/conv/conv.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/fusion/fusion.h"
+#include "kernels/gdn_gates/gdn_gates.h"
+#include "kernels/l2norm/l2norm.h"
+#include "kernels/matmul/matmul.h"
+#include "kernels/rmsnorm/rmsnorm.h"
+#include "kernels/rope/rope.h"
+#include "kernels/swiglu/swiglu.h"
+#include "tests/common/test_util.h"
+
+namespace hydra::test {
+namespace {
+
+Tensor gpu(const TensorView& host_f32, DType dtype = DType::bf16) { return to(host_f32, Device::cuda, dtype); }
+Tensor host(const TensorView& t) { return to(t, Device::host, DType::f32); }
+
+// Two results (device or host, bf16 or fp32) hold the same values bit for bit.
+void expect_same_bits(const TensorView& a, const TensorView& b, const std::string& what) {
+  const Tensor ha = host(a), hb = host(b);
+  ASSERT_EQ(ha.numel(), hb.numel()) << what;
+  EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.nbytes()), 0) << what << ": two runs differ";
+}
+
+struct NormCase {
+  int64_t rows, heads, n;  // heads == 0: [rows, n]; else per-head rows [rows, heads, n]
+};
+
+TEST(CudaBackward, RmsNorm) {
+  HYDRA_REQUIRE_GPU();
+  const ops::RmsNormParams eps{1e-6f};
+  for (const NormCase c : {NormCase{37, 0, 64}, NormCase{3000, 0, 200}, NormCase{517, 4, 128}, NormCase{1, 3, 32}}) {
+    const std::string what = "rms_norm_backward rows=" + std::to_string(c.rows) + " heads=" +
+                              std::to_string(c.heads) + " n=" + std::to_string(c.n);
+    const int64_t width = std::max<int64_t>(c.heads, 1) * c.n;
+    const std::vector<int64_t> shape = c.heads > 0 ? std::vector<int64_t>{c.rows, c.heads, c.n}
+                                                   : std::vector<int64_t>{c.rows, c.n};
+    // x and dy: column blocks of wider matrices, split into heads when per-head.
+    const auto rows_of = [&](const TensorView& wide) {
+      const TensorView v = wide.narrow(1, 8, width);
+      return c.heads > 0 ? v.split_dim(1, c.heads, c.n) : v;
+    };
+    const Tensor xw = rounded_to_bf16(random_tensor({c.rows, width + 8}, 40, 2.0f));
+    const Tensor dyw = rounded_to_bf16(random_tensor({c.rows, width + 8}, 41));
+    const Tensor w = random_tensor({c.n}, 42), dw0 = random_tensor({c.n}, 43);
+    const Tensor dx0 = rounded_to_bf16(random_tensor(shape, 44));
+    const Tensor gxw = gpu(xw), gdyw = gpu(dyw), gw = gpu(w, DType::f32);
+
+    // bf16 dy and dx, dx accumulated onto what it holds, with the weight gradient.
+    Tensor dx_ref = clone(dx0), dw_ref = clone(dw0);
+    ops::rms_norm_backward(dx_ref, dw_ref, rows_of(dyw), rows_of(xw), w, eps, ops::Accumulate::yes);
+    Tensor gdx = gpu(dx0), gdw = gpu(dw0, DType::f32);
+    ops::rms_norm_backward(gdx, gdw, rows_of(gdyw), rows_of(gxw), gw, eps, ops::Accumulate::yes);
+    expect_close(host(gdx), dx_ref, 1e-2, what + " dx bf16 accumulated");
+    expect_close(host(gdw), dw_ref, 1e-4, what + " d_weight");
+
+    // fp32 dy and dx (the attention path's accumulators), no weight gradient.
+    const Tensor dy32 = random_tensor(shape, 45);
+    Tensor dxf_ref = Tensor::empty(shape, DType::f32);
+    ops::rms_norm_backward(dxf_ref, TensorView(), dy32, rows_of(xw), w, eps);
+    Tensor gdxf = Tensor::empty(shape, DType::f32, Device::cuda);
+    ops::rms_norm_backward(gdxf, TensorView(), gpu(dy32, DType::f32), rows_of(gxw), gw, eps);
+    expect_close(host(gdxf), dxf_ref, 1e-4, what + " dx fp32");
+
+    // dx written over dy; twice, for the same bits.
+    const Tensor dyb = rounded_to_bf16(dy32);
+    Tensor dxa_ref = Tensor::empty(shape, DType::f32), dwa_ref = clone(dw0);
+    ops::rms_norm_backward(dxa_ref, dwa_ref, dyb, rows_of(xw), w, eps);
+    Tensor run1 = gpu(dyb), run2 = gpu(dyb), dw1 = gpu(dw0, DType::f32), dw2 = gpu(dw0, DType::f32);
+    ops::rms_norm_backward(run1, dw1, run1, rows_of(gxw), gw, eps);
+    ops::rms_norm_backward(run2, dw2, run2, rows_of(gxw), gw, eps);
+    expect_close(host(run1), dxa_ref, 1e-2, what + " dx over dy");
+    expect_close(host(dw1), dwa_ref, 1e-4, what + " d_weight (dx over dy)");
+    expect_same_bits(run1, run2, what + " dx");
+    expect_same_bits(dw1, dw2, what + " d_weight");
+  }
+}
+
+TEST(CudaBackward, HeadFusion) {
+  HYDRA_REQUIRE_GPU();
+  const int64_t t = 300, h = 3, d = 64;
+  const ops::HeadFusionParams eps{1e-6f};
+  const Tensor ow = rounded_to_bf16(random_tensor({t, (h + 1) * d}, 50, 2.0f));
+  const auto heads_of = [&](const TensorView& wide) { return wide.narrow(1, d, h * d).split_dim(1, h, d); };
+  const Tensor dy = rounded_to_bf16(random_tensor({t, h, d}, 51));
+  const Tensor w = random_tensor({h, d}, 52), gamma = random_tensor({h}, 53);
+  const Tensor dw0 = random_tensor({h, d}, 54), dg0 = random_tensor({h}, 55);
+  Tensor do_ref = Tensor::empty({t, h, d}, DType::f32), dw_ref = clone(dw0), dg_ref = clone(dg0);
+  ops::head_fusion_backward(do_ref, dw_ref, dg_ref, dy, heads_of(ow), w, gamma, eps);
+
+  const Tensor gow = gpu(ow), gw = gpu(w, DType::f32), gg = gpu(gamma, DType::f32);
+  // fp32 d_o.
+  Tensor gdo = Tensor::empty({t, h, d}, DType::f32, Device::cuda), gdw = gpu(dw0, DType::f32),
+         gdg = gpu(dg0, DType::f32);
+  ops::head_fusion_backward(gdo, gdw, gdg, gpu(dy), heads_of(gow), gw, gg, eps);
+  expect_close(host(gdo), do_ref, 1e-4, "fusion d_o fp32");
+  expect_close(host(gdw), dw_ref, 1e-4, "fusion d_weight");
+  expect_close(host(gdg), dg_ref, 1e-4, "fusion d_gamma");
+  // bf16 d_o written over d_y: the parameter gradients read d_y first, so they have the same bits.
+  Tensor gdy = gpu(dy), gdw2 = gpu(dw0, DType::f32), gdg2 = gpu(dg0, DType::f32);
+  ops::head_fusion_backward(gdy, gdw2, gdg2, gdy, heads_of(gow), gw, gg, eps);
+  expect_close(host(gdy), do_ref, 1e-2, "fusion d_o over d_y");
+  expect_same_bits(gdw, gdw2, "fusion d_weight");
+  expect_same_bits(gdg, gdg2, "fusion d_gamma");
+}
+
+TEST(CudaBackward, L2Norm) {
+  HYDRA_REQUIRE_GPU();
+  for (const NormCase c : {NormCase{70, 3, 128}, NormCase{5, 1, 64}}) {
+    const std::string what = "l2_norm_backward T=" + std::to_string(c.rows) + " d=" + std::to_string(c.n);
+    const Tensor x = rounded_to_bf16(random_tensor({c.rows, c.heads, c.n}, 60, 2.0f));
+    const Tensor dy = random_tensor({c.rows, c.heads, c.n}, 61);
+    const Tensor gx = gpu(x);
+    Tensor ref = Tensor::empty({c.rows, c.heads, c.n}, DType::f32);
+    ops::l2_norm_backward(ref, dy, x, 1e-6f);
+    Tensor gdx = Tensor::empty({c.rows, c.heads, c.n}, DType::f32, Device::cuda);
+    ops::l2_norm_backward(gdx, gpu(dy, DType::f32), gx, 1e-6f);
+    expect_close(host(gdx), ref, 1e-4, what + " fp32");
+    // bf16, dx written over dy.
+    const Tensor dyb = rounded_to_bf16(dy);
+    ops::l2_norm_backward(ref, dyb, x, 1e-6f);
+    Tensor gdy = gpu(dyb);
+    ops::l2_norm_backward(gdy, gdy, gx, 1e-6f);
+    expect_close(host(gdy), ref, 1e-2, what + " bf16 over dy");
+  }
+}
+
+TEST(CudaBackward, RopeInverse) {
+  HYDRA_REQUIRE_GPU();
+  const int64_t t = 37, h = 3, d = 64;
+  Tensor pos = Tensor::empty({t}, DType::i64);
+  for (int64_t i = 0; i < t; ++i) pos.data_as<int64_t>()[i] = 1000003 * (i % 3) + i;
+  const Tensor gpos = to_device(pos, Device::cuda);
+  const ops::RopeParams forward{.theta = 1e6}, inverse{.theta = 1e6, .direction = ops::RopeDirection::inverse};
+  const Tensor x = random_tensor({t, h, d}, 62);
+  // fp32 (the attention backward's dq/dk): the angle is reduced mod 2π in fp64 and then rounded to
+  // fp32 (≤ 4e-7 rad) before sincosf, hence 1e-5.
+  Tensor ref = clone(x), g = gpu(x, DType::f32);
+  ops::rope(ref, pos, inverse);
+  ops::rope(g, gpos, inverse);
+  expect_close(host(g), ref, 1e-5, "rope inverse fp32");
+  ops::rope(g, gpos, forward);
+  expect_close(host(g), x, 1e-5, "rope forward ∘ inverse = identity");
+  // bf16.
+  const Tensor xb = rounded_to_bf16(x);
+  Tensor refb = clone(xb), gb = gpu(xb);
+  ops::rope(refb, pos, inverse);
+  ops::rope(gb, gpos, inverse);
+  expect_close(host(gb), refb, 1e-2, "rope inverse bf16");
+}
+
+TEST(CudaBackward, SwigluAndSigmoidGate) {
+  HYDRA_REQUIRE_GPU();
+  const int64_t t = 37, n = 200;
+  const Tensor gu = rounded_to_bf16(random_tensor({t, 2 * n}, 63, 2.0f)),
+               dy = rounded_to_bf16(random_tensor({t, n}, 64));
+  const auto gate_of = [&](const TensorView& v) { return v.narrow(1, 0, n); };
+  const auto up_of = [&](const TensorView& v) { return v.narrow(1, n, n); };
+  Tensor ref = Tensor::empty({t, 2 * n}, DType::f32);
+  ops::swiglu_backward(gate_of(ref), up_of(ref), dy, gate_of(gu), up_of(gu));
+  // bf16 gradients into column blocks of one fused buffer.
+  const Tensor ggu = gpu(gu);
+  Tensor gd = Tensor::empty({t, 2 * n}, DType::bf16, Device::cuda);
+  ops::swiglu_backward(gate_of(gd), up_of(gd), gpu(dy), gate_of(ggu), up_of(ggu));
+  const Tensor hd = host(gd);
+  expect_close(gate_of(hd), gate_of(ref), 1e-2, "swiglu d_gate bf16");
+  expect_close(up_of(hd), up_of(ref), 1e-2, "swiglu d_up bf16");
+  // fp32 d_out, gradients written over gate and up.
+  Tensor over = gpu(gu);
+  ops::swiglu_backward(gate_of(over), up_of(over), gpu(dy, DType::f32), gate_of(over), up_of(over));
+  const Tensor ho = host(over);
+  expect_close(gate_of(ho), gate_of(ref), 1e-2, "swiglu d_gate over gate");
+  expect_close(up_of(ho), up_of(ref), 1e-2, "swiglu d_up over up");
+
+  // Sigmoid gate: x the fp32 attention accumulator, gate logits a column block, fp32 dx, bf16 d_gate.
+  const Tensor acc = random_tensor({t, n}, 65), glog = rounded_to_bf16(random_tensor({t, n + 5}, 66, 3.0f));
+  Tensor dx_ref = Tensor::empty({t, n}, DType::f32), dg_ref = Tensor::empty({t, n}, DType::f32);
+  ops::sigmoid_gate_backward(dx_ref, dg_ref, dy, acc, glog.view().narrow(1, 5, n));
+  const Tensor gglog = gpu(glog);
+  Tensor gdx = Tensor::empty({t, n}, DType::f32, Device::cuda), gdg = Tensor::empty({t, n}, DType::bf16, Device::cuda);
+  ops::sigmoid_gate_backward(gdx, gdg, gpu(dy), gpu(acc, DType::f32), gglog.view().narrow(1, 5, n));
+  expect_close(host(gdx), dx_ref, 1e-5, "sigmoid gate dx fp32");
+  expect_close(host(gdg), dg_ref, 1e-2, "sigmoid gate d_gate bf16");
+}
+
+TEST(CudaBackward, GdnGates) {
+  HYDRA_REQUIRE_GPU();
+  const int64_t h = 3, width = 2 * h + 3;
+  for (const int64_t t : {int64_t{37}, int64_t{5000}}) {
+    const std::string what = "gdn_gates_backward T=" + std::to_string(t);
+    // a and b logits: column blocks of the fused projection's output, as in the model.
+    const Tensor ab = rounded_to_bf16(random_tensor({t, width}, 70, 3.0f));
+    const auto a_of = [&](const TensorView& v) { return v.narrow(1, 0, h); };
+    const auto b_of = [&](const TensorView& v) { return v.narrow(1, h, h); };
+    const Tensor alog = uniform_tensor({h}, 71, 0.0f, 2.7f), dtb = random_tensor({h}, 72);
+    const Tensor dbeta = random_tensor({t, h}, 73), dg = random_tensor({t, h}, 74);
+    const Tensor dalog0 = random_tensor({h}, 75), ddtb0 = random_tensor({h}, 76);
+    Tensor ref = Tensor::zeros({t, width}, DType::f32), dalog_ref = clone(dalog0), ddtb_ref = clone(ddtb0);
+    ops::gdn_gates_backward(b_of(ref), a_of(ref), dalog_ref, ddtb_ref, dbeta, dg, b_of(ab), a_of(ab), alog, dtb);
+
+    const Tensor gab = gpu(ab), galog = gpu(alog, DType::f32), gdtb = gpu(dtb, DType::f32);
+    const Tensor gdbeta = gpu(dbeta, DType::f32), gdg = gpu(dg, DType::f32);
+    // bf16 logit gradients into column blocks of the fused projection's gradient, with the sums.
+    Tensor gd = Tensor::zeros({t, width}, DType::bf16, Device::cuda);
+    Tensor gdalog = gpu(dalog0, DType::f32), gddtb = gpu(ddtb0, DType::f32);
+    ops::gdn_gates_backward(b_of(gd), a_of(gd), gdalog, gddtb, gdbeta, gdg, b_of(gab), a_of(gab), galog, gdtb);
+    expect_close(host(gd), ref, 1e-2, what + " logit gradients bf16");
+    expect_close(host(gdalog), dalog_ref, 1e-4, what + " d_A_log");
+    expect_close(host(gddtb), ddtb_ref, 1e-4, what + " d_dt_bias");
+    // fp32 logit gradients; the parameter sums again, for the same bits.
+    Tensor gdb32 = Tensor::empty({t, h}, DType::f32, Device::cuda),
+           gda32 = Tensor::empty({t, h}, DType::f32, Device::cuda);
+    Tensor gdalog2 = gpu(dalog0, DType::f32), gddtb2 = gpu(ddtb0, DType::f32);
+    ops::gdn_gates_backward(gdb32, gda32, gdalog2, gddtb2, gdbeta, gdg, b_of(gab), a_of(gab), galog, gdtb);
+    expect_close(host(gdb32), b_of(ref), 1e-5, what + " d_b_logits fp32");
+    expect_close(host(gda32), a_of(ref), 1e-5, what + " d_a_logits fp32");
+    expect_same_bits(gdalog, gdalog2, what + " d_A_log");
+    expect_same_bits(gddtb, gddtb2, what + " d_dt_bias");
+  }
+}
+
+struct ConvCase {
+  int64_t t;
+  bool prefix;
+};
+
+TEST(CudaBackward, CausalConvSilu) {
+  HYDRA_REQUIRE_GPU();
+  const int64_t c = 96, k = 4;
+  // T < K−1, one split, several splits (64-row splits from T = 65 on), with and without a halo.
+  for (const ConvCase cc : {ConvCase{45, true}, ConvCase{2, true}, ConvCase{1, false}, ConvCase{130, true},
+                            ConvCase{1000, false}}) {
+    const std::string what = "conv backward T=" + std::to_string(cc.t) + (cc.prefix ? " with halo" : "");
+    const Tensor xw = rounded_to_bf16(random_tensor({cc.t, c + 8}, 80));
+    const auto x_of = [&](const TensorView& v) { return v.narrow(1, 8, c); };
+    const Tensor w = random_tensor({c, k}, 81), dw0 = random_tensor({c, k}, 82);
+    const Tensor prefix = cc.prefix ? rounded_to_bf16(random_tensor({k - 1, c}, 83)) : Tensor();
+    const Tensor dy = rounded_to_bf16(random_tensor({cc.t, c}, 84));
+    Tensor dx_ref = Tensor::empty({cc.t, c}, DType::f32), dw_ref = clone(dw0);
+    Tensor dp_ref = cc.prefix ? Tensor::empty({k - 1, c}, DType::f32) : Tensor();
+    ops::causal_conv_silu_backward(dx_ref, dw_ref, dp_ref, dy, x_of(xw), w, prefix);
+
+    const Tensor gxw = gpu(xw), gw = gpu(w, DType::f32);
+    const Tensor gprefix = cc.prefix ? gpu(prefix) : Tensor();
+    Tensor gdx = Tensor::empty({cc.t, c}, DType::f32, Device::cuda), gdw = gpu(dw0, DType::f32);
+    Tensor gdp = cc.prefix ? Tensor::empty({k - 1, c}, DType::f32, Device::cuda) : Tensor();
+    ops::causal_conv_silu_backward(gdx, gdw, gdp, gpu(dy), x_of(gxw), gw, gprefix);
+    expect_close(host(gdx), dx_ref, 1e-4, what + " dx fp32");
+    expect_close(host(gdw), dw_ref, 1e-4, what + " dw");
+    if (cc.prefix) expect_close(host(gdp), dp_ref, 1e-4, what + " d_prefix");
+    // bf16 dx from an fp32 d_out holding the same values: the same dw bits.
+    Tensor gdxb = Tensor::empty({cc.t, c}, DType::bf16, Device::cuda), gdw2 = gpu(dw0, DType::f32);
+    Tensor gdpb = cc.prefix ? Tensor::empty({k - 1, c}, DType::bf16, Device::cuda) : Tensor();
+    ops::causal_conv_silu_backward(gdxb, gdw2, gdpb, gpu(dy, DType::f32), x_of(gxw), gw, gprefix);
+    expect_close(host(gdxb), dx_ref, 1e-2, what + " dx bf16");
+    if (cc.prefix) expect_close(host(gdpb), dp_ref, 1e-2, what + " d_prefix bf16");
+    expect_same_bits(gdw, gdw2, what + " dw");
+  }
+}
+
+TEST(CudaBackward, Embedding) {
+  HYDRA_REQUIRE_GPU();
+  const int64_t vocab = 50, dim = 70, t = 300;
+  Tensor ids = Tensor::empty({t}, DType::i32);
+  for (int64_t i = 0; i < t; ++i) ids.data_as<int32_t>()[i] = static_cast<int32_t>(i % 3 == 0 ? 7 : (i * 13) % vocab);
+  const Tensor gids = to_device(ids, Device::cuda), table0 = random_tensor({vocab, dim}, 90);
+  // bf16 d_out.
+  const Tensor dy = rounded_to_bf16(random_tensor({t, dim}, 91));
+  Tensor ref = clone(table0), g = gpu(table0, DType::f32);
+  ops::embedding_backward(ref, dy, ids);
+  ops::embedding_backward(g, gpu(dy), gids);
+  expect_close(host(g), ref, 1e-4, "embedding_backward bf16 d_out");
+  // fp32 d_out, a column block of a wider matrix; twice, for the same bits.
+  const Tensor dyw = random_tensor({t, dim + 6}, 92);
+  Tensor ref2 = clone(table0), g1 = gpu(table0, DType::f32), g2 = gpu(table0, DType::f32);
+  ops::embedding_backward(ref2, dyw.view().narrow(1, 3, dim), ids);
+  const Tensor gdyw = gpu(dyw, DType::f32);
+  ops::embedding_backward(g1, gdyw.view().narrow(1, 3, dim), gids);
+  ops::embedding_backward(g2, gdyw.view().narrow(1, 3, dim), gids);
+  expect_close(host(g1), ref2, 1e-4, "embedding_backward fp32 d_out");
+  expect_same_bits(g1, g2, "embedding_backward");
+}
+
+struct LinearCase {
+  int64_t m, n, k;
+};
+
+TEST(CudaBackward, LinearBackward) {
+  HYDRA_REQUIRE_GPU();
+  for (const LinearCase c : {LinearCase{1, 8, 16}, LinearCase{37, 200, 72}, LinearCase{513, 264, 1024}}) {
+    const std::string what = "linear_backward M=" + std::to_string(c.m) + " N=" + std::to_string(c.n) + " K=" +
+                             std::to_string(c.k);
+    // x and dy are column blocks of wider matrices.
+    const Tensor xw = rounded_to_bf16(random_tensor({c.m, c.k + 16}, 93));
+    const Tensor dyw = rounded_to_bf16(random_tensor({c.m, c.n + 8}, 94));
+    const Tensor w = rounded_to_bf16(random_tensor({c.n, c.k}, 95));
+    const auto x_of = [&](const TensorView& v) { return v.narrow(1, 16, c.k); };
+    const auto dy_of = [&](const TensorView& v) { return v.narrow(1, 8, c.n); };
+    const Tensor dx0 = rounded_to_bf16(random_tensor({c.m, c.k}, 96)), dw0 = random_tensor({c.n, c.k}, 97);
+    Tensor dx_ref = clone(dx0), dw_ref = clone(dw0);
+    ops::linear_backward(dx_ref, dw_ref, dy_of(dyw), x_of(xw), w, ops::Accumulate::yes);
+    const Tensor gxw = gpu(xw), gdyw = gpu(dyw), gw = gpu(w);
+    Tensor gdx = gpu(dx0), gdw = gpu(dw0, DType::f32);
+    ops::linear_backward(gdx, gdw, dy_of(gdyw), x_of(gxw), gw, ops::Accumulate::yes);
+    expect_close(host(gdx), dx_ref, 1e-2, what + " dx bf16 accumulated");
+    expect_close(host(gdw), dw_ref, 1e-4, what + " dw fp32 accumulated");
+    // fp32 dx overwritten, no dw.
+    Tensor dxf_ref = Tensor::empty({c.m, c.k}, DType::f32), gdxf = Tensor::empty({c.m, c.k}, DType::f32, Device::cuda);
+    ops::linear_backward(dxf_ref, TensorView(), dy_of(dyw), x_of(xw), w);
+    ops::linear_backward(gdxf, TensorView(), dy_of(gdyw), x_of(gxw), gw);
+    expect_close(host(gdxf), dxf_ref, 1e-4, what + " dx fp32");
+  }
+}
+
+}  // namespace
+}  // namespace hydra::test

@@ -1,0 +1,192 @@
+// The GPU training kernels (chunked losses, AdamW, the gradient's sum of squares) against their CPU
+// references on the same fp32 inputs (bf16-rounded where the device reads bf16). NaN/Inf are
+// checked first (expect_close). Tolerances, max |err| / max |ref|:
+//  - cross-entropy and KL: row losses 1e-5 (CE; fp32 statistics, the reference's may be fp64) and
+//    1e-4 (KL, a sum of 151936 signed terms); gradients 1e-5 (p in fp32 via expf, a few ulp);
+//  - squared error: loss 1e-5 (fp32 sum over D), fp32 gradient 1e-6 (one product per element),
+//    bf16 gradient 1e-2 (output rounding);
+//  - AdamW: master, m, v 1e-6 (fp32 arithmetic in the same order; FMA contraction moves the last
+//    bit); the bf16 weight copy 1e-2 (a master value at a rounding boundary may round either way);
+//  - sum of squares: 1e-10 relative — fp64 sums of exact fp64 squares in another order (an fp32
+//    accumulation would be off by ~1e-7).
+// Losses, AdamW and the sum of squares must also give the same bits in two runs.
+// Without a GPU every test here reports SKIPPED.
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "kernels/adamw/adamw.h"
+#include "kernels/loss/loss.h"
+#include "tests/common/test_util.h"
+
+namespace hydra::test {
+namespace {
+
+Tensor gpu(const TensorView& host_f32, DType dtype = DType::bf16) { return to(host_f32, Device::cuda, dtype); }
+Tensor host(const TensorView& t) { return to(t, Device::host, DType::f32); }
+
+void expect_same_bits(const TensorView& a, const TensorView& b, const std::string& what) {
+  const Tensor ha = host(a), hb = host(b);
+  ASSERT_EQ(ha.numel(), hb.numel()) << what;
+  EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.nbytes()), 0) << what << ": two runs differ";
+}
+
+// Adds `offset` to every entry of row `row` of a host fp32 matrix.
+void shift_row(Tensor& m, int64_t row, float offset) {
+  float* r = m.data_as<float>() + row * m.size(1);
+  for (int64_t i = 0; i < m.size(1); ++i) r[i] += offset;
+}
+
+struct LossCase {
+  int64_t rows, vocab, pad;  // pad > 0: the logits are columns [1, 1 + V) of a [rows, V + pad] buffer
+};
+const LossCase kLossCases[] = {{5, 151936, 0}, {37, 1001, 0}, {6, 4099, 5}};
+
+std::string describe(const LossCase& c) {
+  return "rows=" + std::to_string(c.rows) + " V=" + std::to_string(c.vocab) + (c.pad > 0 ? " (unaligned view)" : "");
+}
+TensorView logits_of(const TensorView& buffer, const LossCase& c) {
+  return buffer.narrow(1, c.pad > 0 ? 1 : 0, c.vocab);
+}
+
+// The gradient in the logits' columns, and the buffer's other columns untouched (bit for bit).
+void expect_gradient(const TensorView& device_buffer, const TensorView& ref, const TensorView& original,
+                     const LossCase& c, const std::string& what) {
+  const Tensor h = host(device_buffer);
+  expect_close(logits_of(h, c), logits_of(ref, c), 1e-5, what + " gradient");
+  if (c.pad == 0) return;
+  expect_close(h.view().narrow(1, 0, 1), original.narrow(1, 0, 1), 0.0, what + " column before the view");
+  expect_close(h.view().narrow(1, c.vocab + 1, c.pad - 1), original.narrow(1, c.vocab + 1, c.pad - 1), 0.0,
+               what + " columns after the view");
+}
+
+TEST(CudaTraining, CrossEntropy) {
+  HYDRA_REQUIRE_GPU();
+  for (const LossCase& c : kLossCases) {
+    const std::string what = "cross-entropy " + describe(c);
+    Tensor buffer = random_tensor({c.rows, c.vocab + c.pad}, 100, 3.0f);
+    shift_row(buffer, 1, 1000.0f);  // large logits: the max must be subtracted
+    Tensor targets = Tensor::empty({c.rows}, DType::i32);
+    for (int64_t i = 0; i < c.rows; ++i) targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 7919) % c.vocab);
+    targets.data_as<int32_t>()[2] = -1;  // ignored: loss 0, gradient 0
+    const float scale = 0.25f;
+    Tensor ref = clone(buffer), loss_ref = Tensor::empty({c.rows}, DType::f32);
+    ops::cross_entropy_with_grad(logits_of(ref, c), loss_ref, targets, scale);
+    const Tensor gtargets = to_device(targets, Device::cuda);
+    Tensor g1 = gpu(buffer, DType::f32), g2 = gpu(buffer, DType::f32);
+    Tensor loss1 = Tensor::empty({c.rows}, DType::f32, Device::cuda),
+           loss2 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
+    ops::cross_entropy_with_grad(logits_of(g1, c), loss1, gtargets, scale);
+    ops::cross_entropy_with_grad(logits_of(g2, c), loss2, gtargets, scale);
+    expect_close(host(loss1), loss_ref, 1e-5, what + " row loss");
+    expect_gradient(g1, ref, buffer, c, what);
+    EXPECT_EQ(host(loss1).data_as<float>()[2], 0.0f) << what << ": ignored row";
+    expect_same_bits(loss1, loss2, what + " row loss");
+    expect_same_bits(g1, g2, what + " gradient");
+  }
+}
+
+TEST(CudaTraining, KlDivergence) {
+  HYDRA_REQUIRE_GPU();
+  for (const LossCase& c : kLossCases) {
+    const std::string what = "KL " + describe(c);
+    Tensor student = random_tensor({c.rows, c.vocab + c.pad}, 110, 3.0f);
+    Tensor teacher = clone(student);
+    const Tensor noise = random_tensor({c.rows, c.vocab + c.pad}, 111);
+    for (int64_t i = 0; i < teacher.numel(); ++i) teacher.data_as<float>()[i] += noise.data_as<float>()[i];
+    shift_row(student, 1, 500.0f);  // softmax is shift-invariant: only the max subtraction sees this
+    shift_row(teacher, 1, 1000.0f);
+    const float scale = 0.5f;
+    Tensor ref = clone(student), loss_ref = Tensor::empty({c.rows}, DType::f32);
+    ops::kl_divergence_with_grad(logits_of(ref, c), loss_ref, logits_of(teacher, c), scale);
+    const Tensor gteacher = gpu(teacher, DType::f32);
+    Tensor g1 = gpu(student, DType::f32), g2 = gpu(student, DType::f32);
+    Tensor loss1 = Tensor::empty({c.rows}, DType::f32, Device::cuda),
+           loss2 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
+    ops::kl_divergence_with_grad(logits_of(g1, c), loss1, logits_of(gteacher, c), scale);
+    ops::kl_divergence_with_grad(logits_of(g2, c), loss2, logits_of(gteacher, c), scale);
+    expect_close(host(loss1), loss_ref, 1e-4, what + " row loss");
+    expect_gradient(g1, ref, student, c, what);
+    expect_same_bits(loss1, loss2, what + " row loss");
+    expect_same_bits(g1, g2, what + " gradient");
+  }
+}
+
+TEST(CudaTraining, SquaredError) {
+  HYDRA_REQUIRE_GPU();
+  for (const int64_t dim : {int64_t{2048}, int64_t{130}}) {
+    const std::string what = "squared error D=" + std::to_string(dim);
+    const int64_t n = 37;
+    const float scale = 0.1f;
+    const Tensor a = rounded_to_bf16(random_tensor({n, dim}, 120)), b = rounded_to_bf16(random_tensor({n, dim}, 121));
+    Tensor da_ref = Tensor::empty({n, dim}, DType::f32), loss_ref = Tensor::empty({n}, DType::f32);
+    ops::squared_error_with_grad(da_ref, loss_ref, a, b, scale);
+    const Tensor gb = gpu(b);
+    // bf16 a and b, fp32 gradient.
+    Tensor gda = Tensor::empty({n, dim}, DType::f32, Device::cuda),
+           gloss = Tensor::empty({n}, DType::f32, Device::cuda);
+    ops::squared_error_with_grad(gda, gloss, gpu(a), gb, scale);
+    expect_close(host(gloss), loss_ref, 1e-5, what + " row loss");
+    expect_close(host(gda), da_ref, 1e-6, what + " gradient fp32");
+    // bf16 gradient written over a.
+    Tensor ga = gpu(a);
+    ops::squared_error_with_grad(ga, gloss, ga, gb, scale);
+    expect_close(host(gloss), loss_ref, 1e-5, what + " row loss (gradient over a)");
+    expect_close(host(ga), da_ref, 1e-2, what + " gradient bf16 over a");
+  }
+}
+
+TEST(CudaTraining, AdamW) {
+  HYDRA_REQUIRE_GPU();
+  const int64_t n = 100003;
+  const Tensor master0 = random_tensor({n}, 130);
+  Tensor master = clone(master0), m = Tensor::zeros({n}, DType::f32), v = Tensor::zeros({n}, DType::f32);
+  Tensor gmaster = gpu(master0, DType::f32), gm = Tensor::zeros({n}, DType::f32, Device::cuda),
+         gv = Tensor::zeros({n}, DType::f32, Device::cuda);
+  Tensor gweight = Tensor::empty({n}, DType::bf16, Device::cuda);
+  ops::AdamWParams p{.lr = 1e-3f, .weight_decay = 0.1f, .grad_scale = 0.5f};
+  // Steps 1–3 with a bf16 weight copy, step 4 with the fp32 weight aliasing master, step 5 with a
+  // separate fp32 weight copy, which must equal master bit for bit.
+  for (int64_t step = 1; step <= 5; ++step) {
+    const std::string what = "AdamW step " + std::to_string(step);
+    p.step = step;
+    const Tensor grad = random_tensor({n}, 130 + static_cast<uint64_t>(step), 0.1f);
+    ops::adamw_update(master, m, v, grad, TensorView(), p);
+    const Tensor ggrad = gpu(grad, DType::f32);
+    Tensor gweight32 = Tensor::empty({n}, DType::f32, Device::cuda);
+    const TensorView weight = step <= 3 ? gweight.view() : step == 4 ? gmaster.view() : gweight32.view();
+    ops::adamw_update(gmaster, gm, gv, ggrad, weight, p);
+    expect_close(host(gmaster), master, 1e-6, what + " master");
+    expect_close(host(gm), m, 1e-6, what + " m");
+    expect_close(host(gv), v, 1e-6, what + " v");
+    if (step <= 3) expect_close(host(gweight), rounded_to_bf16(master), 1e-2, what + " bf16 weight");
+    if (step == 5) expect_same_bits(gweight32, gmaster, what + " fp32 weight = master");
+  }
+  // No weight copy; the same inputs give the same bits.
+  Tensor a = gpu(master0, DType::f32), b = gpu(master0, DType::f32);
+  Tensor am = Tensor::zeros({n}, DType::f32, Device::cuda), av = Tensor::zeros({n}, DType::f32, Device::cuda);
+  Tensor bm = Tensor::zeros({n}, DType::f32, Device::cuda), bv = Tensor::zeros({n}, DType::f32, Device::cuda);
+  const Tensor ggrad = gpu(random_tensor({n}, 140), DType::f32);
+  p.step = 1;
+  ops::adamw_update(a, am, av, ggrad, TensorView(), p);
+  ops::adamw_update(b, bm, bv, ggrad, TensorView(), p);
+  expect_same_bits(a, b, "AdamW master");
+}
+
+TEST(CudaTraining, SumOfSquares) {
+  HYDRA_REQUIRE_GPU();
+  for (const int64_t n : {int64_t{1}, int64_t{1000003}}) {
+    const Tensor x = random_tensor({n}, 150);
+    const double ref = ops::sum_of_squares(x);
+    const Tensor gx = gpu(x, DType::f32);
+    const double a = ops::sum_of_squares(gx), b = ops::sum_of_squares(gx);
+    EXPECT_NEAR(a, ref, 1e-10 * ref) << "sum of squares n=" << n;
+    EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "sum of squares n=" << n << ": two runs differ";
+  }
+  // A matrix (contiguous, any rank): the same as its flat view.
+  const Tensor mat = random_tensor({37, 29}, 151);
+  EXPECT_NEAR(ops::sum_of_squares(gpu(mat, DType::f32)), ops::sum_of_squares(mat), 1e-10 * ops::sum_of_squares(mat));
+}
+
+}  // namespace
+}  // namespace hydra::test
