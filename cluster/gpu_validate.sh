@@ -103,7 +103,7 @@ if has bwd; then
   for spec in 131072x14 524288x14; do
     HYDRA_GDN_PROFILE=1 "$bin/hydra" bench --op gdn-bwd --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench_bwd.log" || echo "bench gdn-bwd $spec FAILED"
   done
-  grep -E "check |TFLOP/s =|backward alone|gdn stages|FAILED|rror" "$out/bench_bwd.log" | grep -v "ceiling:" | sed -E 's/^\[hydra +[0-9.]+s\] //' | tail -40
+  grep -E "check |TFLOP/s =|backward alone|stages:|FAILED|rror" "$out/bench_bwd.log" | grep -v "ceiling:" | sed -E 's/^\[hydra +[0-9.]+s\] //' | tail -40
   echo "== backward anchors (SDPA, flash-linear-attention: forward + backward)"
   python3 "$root/cluster/bench/anchors.py" --repeat 5 --attention "" --gdn "" --attention-bwd 32768x16,131072x2,524288x2 \
     --gdn-bwd 131072x14,524288x14 > "$out/anchors_bwd.jsonl" 2> "$out/anchors_bwd.err"; tail -2 "$out/anchors_bwd.err"

@@ -23,7 +23,11 @@
 // The sequential stages have heads × D/BV CTAs; splitting them into segments (the forward's
 // in-GPU split scan, with the transposed maps for stage 3) is the next step for long sequences.
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "kernels/delta_rule/delta_rule.h"
 #include "kernels/delta_rule/delta_rule_backward.cuh"
@@ -389,6 +393,25 @@ __global__ void __launch_bounds__(128) gdn_bwd_dstate_kernel(const PassArgs a) {
 
 // ---------------------------------------------------------------------------------------------
 // Host side.
+
+// HYDRA_GDN_PROFILE=1 prints each stage's time (events on the current stream), for tuning.
+struct StageTimes {
+  bool on = std::getenv("HYDRA_GDN_PROFILE") != nullptr;
+  std::vector<std::pair<const char*, std::unique_ptr<CudaEvent>>> marks;
+  void mark(const char* name) {
+    if (!on) return;
+    marks.emplace_back(name, std::make_unique<CudaEvent>(true));
+    marks.back().second->record(current_stream());
+  }
+  ~StageTimes() {
+    if (!on || marks.size() < 2) return;
+    marks.back().second->synchronize();
+    std::string line = "gdn backward stages:";
+    for (size_t i = 1; i < marks.size(); ++i)
+      line += fmt::format(" {} {:.3f} ms", marks[i].first, marks[i].second->elapsed_ms_since(*marks[i - 1].second));
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+};
 SeqRows rows_of(const TensorView& x) { return SeqRows{x.data(), x.stride(0), x.stride(1)}; }
 
 void check_rows(const TensorView& x, const char* what) {
@@ -450,7 +473,10 @@ void chunked_backward(const TensorView& dq, const TensorView& dk, const TensorVi
                       const TensorView& state0, float scale) {
   const int t_len = static_cast<int>(k.size(0)), heads = static_cast<int>(k.size(1));
   const int chunks = (t_len + kC - 1) / kC;
+  StageTimes times;
+  times.mark("start");
   const Prepared p = prepare<D>(q, k, &v, g, beta, scale);
+  times.mark("prepare");
   Tensor state = clone(state0);  // the pass reads it; a contiguous fp32 copy
   Tensor states = Tensor::empty({chunks, heads, D, D}, DType::bf16, Device::cuda);
   Tensor vnew = Tensor::empty({chunks, heads, kC, D}, DType::bf16, Device::cuda);
@@ -458,6 +484,7 @@ void chunked_backward(const TensorView& dq, const TensorView& dk, const TensorVi
                p.gamma.data_as<float>(), {}, t_len, chunks, heads, state.data_as<float>(), states.data_as<bf16_t>(),
                vnew.data_as<bf16_t>(), nullptr};
   run_pass<D, false>(fwd);
+  times.mark("states");
   Tensor dstate = clone(d_state);
   Tensor dstates = Tensor::empty({chunks, heads, D, D}, DType::bf16, Device::cuda);
   Tensor dvnew = Tensor::empty({chunks, heads, kC, D}, DType::f32, Device::cuda);
@@ -466,6 +493,7 @@ void chunked_backward(const TensorView& dq, const TensorView& dk, const TensorVi
                dstates.data_as<bf16_t>(), nullptr, dvnew.data_as<float>()};
   run_pass<D, true>(bwd);
   copy_into(d_state, dstate);
+  times.mark("state-gradient");
   GradArgs ga{rows_of(q), rows_of(k), rows_of(v), rows_of(d_out), SeqRows{beta.data(), beta.stride(0), beta.stride(1)},
               p.gamma.data_as<float>(), p.t.data_as<bf16_t>(), states.data_as<bf16_t>(), dstates.data_as<bf16_t>(),
               vnew.data_as<bf16_t>(), dvnew.data_as<float>(), dq.data(), dk.data(), dv.data(),
@@ -473,6 +501,7 @@ void chunked_backward(const TensorView& dq, const TensorView& dk, const TensorVi
               dg.data_as<float>(), dbeta.data_as<float>(), dg.stride(0), dg.stride(1), dbeta.stride(0), dbeta.stride(1),
               t_len, heads, scale};
   launch_chunk_grads(ga, D, dq.dtype() == DType::bf16, chunks);
+  times.mark("chunk-gradients");
 }
 
 template <int D>
