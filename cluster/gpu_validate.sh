@@ -14,7 +14,8 @@
 #   sweep    hydrahead-1.7b prefill, 1 GPU × {128K,256K,512K}, 2 GPUs × {128K,256K,512K,1M}; plot
 #   niah     eval-niah, hydrahead-1.7b (random weights), one 512K cell on 1 and on 2 GPUs
 #   bwd      the backward kernels: their GPU tests, hydra bench --op attention-bwd (32K×16, 128K×2,
-#            512K×2) and --op gdn-bwd (128K/512K × 14 heads), forward + backward, with the anchors
+#            512K×2; also the mma.sync backward at 32K×16) and --op gdn-bwd (128K/512K × 14 heads),
+#            forward + backward, with the anchors
 #            (SDPA-cuDNN/FA2 and flash-linear-attention forward + backward) and the joined table
 # If the default (wgmma) attention kernel fails its test, later stages fall back to the mma.sync
 # kernel and say so. HYDRA_ATTENTION_KERNEL=mma selects the mma.sync kernel.
@@ -94,12 +95,18 @@ if has bwd; then
   echo "== backward kernels: GPU tests"
   (cd "$root" && "$bin/test_cuda" --gtest_filter='*Backward*' 2>&1 | tee "$out/test_cuda_bwd.log" |
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |rms ratio|Failure|Expected|Which" | head -80)
+  if grep -q "FAILED.*CudaAttentionBackward.WgmmaKernel" "$out/test_cuda_bwd.log"; then
+    echo "!! wgmma attention backward failed its test: the backward benches use the mma.sync kernel"
+    export HYDRA_ATTENTION_BWD_KERNEL=mma
+  fi
   echo "== backward kernels: hydra bench (forward + backward)"
   b="$out/bench_bwd.jsonl"; : > "$b"
   "$bin/hydra" bench --op gemm --json-out "$b" > /dev/null 2>> "$out/bench_bwd.log"
   for spec in 32768x16 131072x2 524288x2; do
     "$bin/hydra" bench --op attention-bwd --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench_bwd.log" || echo "bench attention-bwd $spec FAILED"
   done
+  HYDRA_ATTENTION_BWD_KERNEL=mma "$bin/hydra" bench --op attention-bwd --seq-len 32768 --heads 16 --repeat 5 \
+    --json-out "$out/bench_bwd_variants.jsonl" > /dev/null 2>> "$out/bench_bwd.log" || echo "bench attention-bwd mma.sync FAILED"
   for spec in 131072x14 524288x14; do
     HYDRA_GDN_PROFILE=1 "$bin/hydra" bench --op gdn-bwd --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench_bwd.log" || echo "bench gdn-bwd $spec FAILED"
   done

@@ -16,6 +16,8 @@
 //   more of the five GEMMs, +40% FLOPs); the atomics cost 64·d fp32 reductions per 128-key block,
 //   which the L2 absorbs (FlashAttention-2 and -3 make the same choice). dq is not deterministic in
 //   its last bits because of the order of the atomics.
+// For d = 128 on Hopper the default is the wgmma kernel of attention_backward_wgmma.cuh (same
+// parameters and results); HYDRA_ATTENTION_BWD_KERNEL=mma selects this mma.sync kernel instead.
 // Masking: key j (position k_pos0 + j) contributes to query i (q_pos0 + i) iff k ≤ q when causal;
 // the per-element mask runs only on blocks that touch the diagonal or the ends. A query whose final
 // lse is −inf (no visible key anywhere) gets P = 0.
@@ -25,6 +27,7 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_backward.cuh"
+#include "kernels/attention/attention_backward_wgmma.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 
@@ -243,6 +246,28 @@ void launch_mma(const BwdParams& p, int hk) {
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 
+void launch_wgmma(const BwdParams& p, int hk) {
+  auto kernel = bwd_wg::attention_backward_wgmma_kernel;
+  HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bwd_wg::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>((p.tk + bwd_wg::kBc - 1) / bwd_wg::kBc), static_cast<unsigned>(hk));
+  kernel<<<grid, bwd_wg::kThreads, bwd_wg::kSmemBytes, current_stream()>>>(p);
+  HYDRA_CUDA_LAUNCH_CHECK();
+}
+
+// d = 128 runs the wgmma kernel on compute capability 9.0 unless HYDRA_ATTENTION_BWD_KERNEL=mma asks
+// for the mma.sync kernel (read at every call, so a test can compare both in one process).
+bool wgmma_backward_enabled() {
+  const char* choice = std::getenv("HYDRA_ATTENTION_BWD_KERNEL");
+  if (choice && std::string(choice) == "mma") return false;
+  static const bool hopper = [] {
+    int device = 0, major = 0;
+    HYDRA_CUDA_CHECK(cudaGetDevice(&device));
+    HYDRA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    return major == 9;
+  }();
+  return hopper;
+}
+
 void check_rows(const TensorView& t, const char* what, DType dtype, int align_elems) {
   cuda::expect_cuda(t, what, dtype);
   HYDRA_ASSERT(t.rank() == 3 && t.stride(2) == 1 && t.stride(0) % align_elems == 0 && t.stride(1) % align_elems == 0 &&
@@ -293,7 +318,9 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
   HYDRA_ASSERT(hq <= kBwdMaxHeads, "CUDA attention backward: {} query heads > {}", hq, kBwdMaxHeads);
   if (q.size(0) == 0 || k.size(0) == 0) return;
   BwdParams p = make_bwd_params(dq, dk, dv, d_out, q, k, v, lse, delta, params);
-  if (d == 128) {
+  if (d == 128 && wgmma_backward_enabled()) {
+    launch_wgmma(p, static_cast<int>(hk));
+  } else if (d == 128) {
     launch_mma<128>(p, static_cast<int>(hk));
   } else {
     launch_mma<64>(p, static_cast<int>(hk));

@@ -10,8 +10,11 @@
 // (as FlashAttention does), a relative error of 2⁻⁹ per entry; flash-linear-attention holds its
 // kernels to an RMS ratio of 8e-3, and FlashAttention-3 to twice a bf16 reference's error.
 // delta = rowsum(dO ⊙ O) is fp32 from bf16 dO: 1e-5 relative. Without a GPU: SKIPPED.
+// d = 128 runs both kernels: the wgmma one (the default on Hopper) and the mma.sync one
+// (HYDRA_ATTENTION_BWD_KERNEL=mma), each in its own test so a failure names its kernel.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "kernels/attention/attention.h"
@@ -53,8 +56,13 @@ std::string name_of(const BwdCase& c) {
          " kpos=" + std::to_string(c.kpos) + (c.causal ? "" : " full") + (c.tau ? " tau" : "");
 }
 
-TEST(CudaAttentionBackward, MatchesCpuReferenceOnEveryBlockKind) {
-  HYDRA_REQUIRE_GPU();
+// Sets HYDRA_ATTENTION_BWD_KERNEL for the scope of a test.
+struct KernelChoice {
+  explicit KernelChoice(const char* kernel) { setenv("HYDRA_ATTENTION_BWD_KERNEL", kernel, 1); }
+  ~KernelChoice() { unsetenv("HYDRA_ATTENTION_BWD_KERNEL"); }
+};
+
+void every_block_kind(const std::string& kernel) {
   const BwdCase cases[] = {
       {1, 1, 1, 1, 64, 0, 0, true, false, {}},            // one token
       {37, 37, 4, 2, 64, 0, 0, true, false, {}},          // T < 64, GQA
@@ -71,7 +79,7 @@ TEST(CudaAttentionBackward, MatchesCpuReferenceOnEveryBlockKind) {
       {513, 513, 2, 1, 128, 0, 0, true, true, {}},        // several key blocks and query blocks
   };
   for (const BwdCase& c : cases) {
-    const std::string what = name_of(c);
+    const std::string what = "[" + kernel + "] " + name_of(c);
     Tensor q = rounded_to_bf16(random_tensor({c.tq, c.hq, c.d}, 40, 2.0f));
     Tensor k = rounded_to_bf16(random_tensor({c.tk, c.hk, c.d}, 41, 2.0f));
     Tensor v = rounded_to_bf16(random_tensor({c.tk, c.hk, c.d}, 42));
@@ -113,7 +121,19 @@ TEST(CudaAttentionBackward, MatchesCpuReferenceOnEveryBlockKind) {
   }
 }
 
-// Strided views (column blocks of a fused projection), as the model passes them.
+TEST(CudaAttentionBackward, WgmmaKernelMatchesCpuReferenceOnEveryBlockKind) {
+  HYDRA_REQUIRE_GPU();
+  const KernelChoice choice("wgmma");  // the default; d = 64 cases run the mma.sync kernel
+  every_block_kind("wgmma");
+}
+
+TEST(CudaAttentionBackward, MmaKernelMatchesCpuReferenceOnEveryBlockKind) {
+  HYDRA_REQUIRE_GPU();
+  const KernelChoice choice("mma");
+  every_block_kind("mma");
+}
+
+// Strided views (column blocks of a fused projection), as the model passes them (default kernel).
 TEST(CudaAttentionBackward, StridedViews) {
   HYDRA_REQUIRE_GPU();
   const int64_t t = 100, h = 2, d = 128;
