@@ -7,7 +7,7 @@
 // (j < i), T = (I + L)⁻¹, W = T(β e^γ K), U = T(β V), V' = U − W S, K̃ = e^{γ_C−γ} K,
 // O = scale·(e^γ Q) S + Ã V' with Ã = scale·(Q Kᵀ) ⊙ D (D_ij = e^{γ_i−γ_j}, j ≤ i),
 // S_next = e^{γ_C} S + K̃ᵀ V'. Stages (one launch each):
-//  1. prepare (chunks × heads, parallel): γ, T (row-by-row forward substitution in fp32), Ã, W, U,
+//  1. prepare (chunks × heads, parallel): γ, T (blocked 16×16 forward substitution in fp32), Ã, W, U,
 //     K̃ and Q̂ = scale·e^γ Q, written chunk-major (bf16; γ fp32).
 //  2. states (value-column tiles × heads, sequential over chunks): S at the start of every chunk
 //     (bf16) and V' — the forward's state pass, the tile of S in registers (fp32).
@@ -53,7 +53,7 @@ template <int D>
 struct PrepSmem {
   static constexpr int kLd = D + 8, kLc = kC + 8, kLf = kC + 4;
   static constexpr size_t rows_bytes = size_t(kC) * kLd * 2;  // one [C][D] tile
-  static constexpr size_t total = 3 * rows_bytes + 2 * size_t(kC) * kLf * 4 + size_t(kC) * kLc * 2 + 6 * kC * 4;
+  static constexpr size_t total = 3 * rows_bytes + 2 * size_t(kC) * kLf * 4 + size_t(kC) * kLc * 2 + 6 * kC * 4 + 4 * 256 * 4;
 };
 
 template <int D>
@@ -73,6 +73,7 @@ __global__ void __launch_bounds__(256) gdn_bwd_prepare_kernel(SeqRows q, SeqRows
   float* sgam = sbeta + kC;
   float* sexp = sgam + kC;   // e^{γ_i}
   float* stail = sexp + kC;  // e^{γ_C − γ_i}
+  float* sscratch = stail + 2 * kC;  // 4 × [16][16] for the blocked inverse
   const int chunk = blockIdx.x, head = blockIdx.y, t0 = chunk * kC;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int valid = min(kC, t_len - t0);
@@ -123,17 +124,47 @@ __global__ void __launch_bounds__(256) gdn_bwd_prepare_kernel(SeqRows q, SeqRows
       }
   }
   __syncthreads();
-  // T = (I + L)⁻¹ row by row: T_ic = −(L_ic + Σ_{c<j<i} L_ij T_jc) for c < i; four threads per column.
+  // T = (I + L)⁻¹ (unit lower triangular) by 16×16 blocks, as the forward's prepare does it:
+  //  1. warp b inverts diagonal block b by forward substitution (warp-synchronous, no CTA barrier):
+  //     T_ic = −(L_ic + Σ_{c<j<i} L_ij T_jc) for c < i;
+  //  2. off-diagonal blocks by distance d = i − j: T_ij = −T_ii Σ_{k=j}^{i−1} L_ik T_kj, all blocks of
+  //     one distance in parallel (one warp each), a CTA barrier between distances.
   {
-    const int c = tid / 4, part = tid % 4;
-    for (int i = 0; i < kC; ++i) {
-      float acc = 0.0f;
-      if (c < i) {
-        for (int j = c + 1 + part; j < i; j += 4) acc += sl[i * kLf + j] * st[j * kLf + c];
+    for (int i = tid; i < kC * kC; i += 256) st[(i / kC) * kLf + i % kC] = (i / kC == i % kC) ? 1.0f : 0.0f;
+    __syncthreads();
+    if (warp < 4) {
+      const int r0 = warp * 16, c = lane;
+      for (int i = 1; i < 16; ++i) {
+        float acc = 0.0f;
+        if (c < i) {
+          acc = sl[(r0 + i) * kLf + r0 + c];
+          for (int j = c + 1; j < i; ++j) acc += sl[(r0 + i) * kLf + r0 + j] * st[(r0 + j) * kLf + r0 + c];
+        }
+        __syncwarp();
+        if (c < i) st[(r0 + i) * kLf + r0 + c] = -acc;
+        __syncwarp();
       }
-      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-      if (part == 0) st[i * kLf + c] = c < i ? -(sl[i * kLf + c] + acc) : (c == i ? 1.0f : 0.0f);
+    }
+    __syncthreads();
+    for (int dist = 1; dist < 4; ++dist) {
+      if (warp < 4 - dist) {
+        const int bj = warp, bi = warp + dist;
+        float* y = sscratch + warp * 256;
+        for (int e = lane; e < 256; e += 32) {  // Y = Σ_k L_ik T_kj
+          const int r = e / 16, cc = e % 16;
+          float acc = 0.0f;
+          for (int bk = bj; bk < bi; ++bk)
+            for (int t = 0; t < 16; ++t) acc += sl[(bi * 16 + r) * kLf + bk * 16 + t] * st[(bk * 16 + t) * kLf + bj * 16 + cc];
+          y[e] = acc;
+        }
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32) {  // T_ij = −T_ii Y
+          const int r = e / 16, cc = e % 16;
+          float acc = 0.0f;
+          for (int t = 0; t <= r; ++t) acc += st[(bi * 16 + r) * kLf + bi * 16 + t] * y[t * 16 + cc];
+          st[(bi * 16 + r) * kLf + bj * 16 + cc] = -acc;
+        }
+      }
       __syncthreads();
     }
   }
