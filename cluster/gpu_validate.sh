@@ -3,7 +3,7 @@
 # next to their anchors (same GPU, same job), the prefill scaling sweep and a NIAH cell at 512K.
 # Writes logs, JSON lines and plots to OUT_DIR.
 #
-#   cluster/gpu_validate.sh BIN_DIR OUT_DIR [tests] [bench] [anchors] [sweep] [niah]
+#   cluster/gpu_validate.sh BIN_DIR OUT_DIR [tests] [bench] [anchors] [sweep] [niah] [bwd]
 #
 # BIN_DIR holds hydra, test_cuda and test_parallel_gpu. Stages (default: all):
 #   tests    GPU unit tests (incl. the mma.sync attention kernel via HYDRA_ATTENTION_KERNEL=mma),
@@ -13,11 +13,15 @@
 #   anchors  PyTorch SDPA (cuDNN, FA2) and flash-linear-attention on the same shapes; table
 #   sweep    hydrahead-1.7b prefill, 1 GPU × {128K,256K,512K}, 2 GPUs × {128K,256K,512K,1M}; plot
 #   niah     eval-niah, hydrahead-1.7b (random weights), one 512K cell on 1 and on 2 GPUs
+#   bwd      the backward kernels: their GPU tests, hydra bench --op attention-bwd (32K×16, 128K×2,
+#            512K×2; also the mma.sync backward at 32K×16) and --op gdn-bwd (128K/512K × 14 heads),
+#            forward + backward, with the anchors
+#            (SDPA-cuDNN/FA2 and flash-linear-attention forward + backward) and the joined table
 # If the default (wgmma) attention kernel fails its test, later stages fall back to the mma.sync
 # kernel and say so. HYDRA_ATTENTION_KERNEL=mma selects the mma.sync kernel.
 set -uo pipefail
 bin=$(cd "$1" && pwd); out=$2; shift 2
-stages=${*:-tests bench anchors sweep niah}
+stages=${*:-tests bench anchors sweep niah bwd}
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
@@ -86,5 +90,30 @@ if has niah; then
     --out "$out/niah_1gpu.jsonl" 2>&1 | tail -3
   [ "$gpus" -ge 2 ] && mpirun --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x HYDRA_ATTENTION_KERNEL -x LD_LIBRARY_PATH "$bin/hydra" eval-niah \
     --preset hydrahead-1.7b --lengths 512K --depths 50 --samples 1 --device cuda --out "$out/niah_2gpu.jsonl" 2>&1 | tail -3
+fi
+if has bwd; then
+  echo "== backward kernels: GPU tests"
+  (cd "$root" && "$bin/test_cuda" --gtest_filter='*Backward*' 2>&1 | tee "$out/test_cuda_bwd.log" |
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |rms ratio|Failure|Expected|Which" | head -80)
+  if grep -q "FAILED.*CudaAttentionBackward.WgmmaKernel" "$out/test_cuda_bwd.log"; then
+    echo "!! wgmma attention backward failed its test: the backward benches use the mma.sync kernel"
+    export HYDRA_ATTENTION_BWD_KERNEL=mma
+  fi
+  echo "== backward kernels: hydra bench (forward + backward)"
+  b="$out/bench_bwd.jsonl"; : > "$b"
+  "$bin/hydra" bench --op gemm --json-out "$b" > /dev/null 2>> "$out/bench_bwd.log"
+  for spec in 32768x16 131072x2 524288x2; do
+    "$bin/hydra" bench --op attention-bwd --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench_bwd.log" || echo "bench attention-bwd $spec FAILED"
+  done
+  HYDRA_ATTENTION_BWD_KERNEL=mma "$bin/hydra" bench --op attention-bwd --seq-len 32768 --heads 16 --repeat 5 \
+    --json-out "$out/bench_bwd_variants.jsonl" > /dev/null 2>> "$out/bench_bwd.log" || echo "bench attention-bwd mma.sync FAILED"
+  for spec in 131072x14 524288x14; do
+    HYDRA_GDN_PROFILE=1 "$bin/hydra" bench --op gdn-bwd --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench_bwd.log" || echo "bench gdn-bwd $spec FAILED"
+  done
+  grep -E "check |TFLOP/s =|backward alone|stages:|FAILED|rror" "$out/bench_bwd.log" | grep -v "ceiling:" | sed -E 's/^\[hydra +[0-9.]+s\] //' | tail -40
+  echo "== backward anchors (SDPA, flash-linear-attention: forward + backward)"
+  python3 "$root/cluster/bench/anchors.py" --repeat 5 --attention "" --gdn "" --attention-bwd 32768x16,131072x2,524288x2 \
+    --gdn-bwd 131072x14,524288x14 > "$out/anchors_bwd.jsonl" 2> "$out/anchors_bwd.err"; tail -2 "$out/anchors_bwd.err"
+  [ -s "$b" ] && python3 "$root/cluster/bench/compare.py" "$b" "$out/anchors_bwd.jsonl" | tee "$out/compare_bwd.md"
 fi
 echo "== done"

@@ -6,6 +6,7 @@
 // attention: causal FA forward (τ on, as the HydraHead FA heads run), TFLOP/s = 2·T²·d·H / time.
 // gdn: the chunked gated delta rule forward (prepare + state pass + outputs), time and the
 // effective TFLOP/s of model/cost.h's FLOP count. gemm: M×N×K bf16, 2·M·N·K / time.
+// attention-bwd, gdn-bwd: forward + backward (bench_backward.cpp states their checks and FLOP counts).
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "kernels/delta_rule/delta_rule.h"
 #include "kernels/l2norm/l2norm.h"
 #include "kernels/matmul/matmul.h"
+#include "launch/bench_backward.h"
 #include "launch/cli.h"
 #include "model/cost.h"
 #include "model/params.h"
@@ -45,7 +47,7 @@ struct BenchOptions {
 
   void bind(po::options_description& o) {
     o.add_options()
-        ("op", po::value(&op)->required(), "gemm, attention or gdn")
+        ("op", po::value(&op)->required(), "gemm, attention, gdn, attention-bwd or gdn-bwd")
         ("seq-len", po::value(&seq_len)->default_value("32K"), "tokens (attention, gdn)")
         ("heads", po::value(&heads)->default_value(16), "query heads (attention) or GDN heads")
         ("kv-heads", po::value(&kv_heads)->default_value(0), "attention KV heads (0: as many as query heads)")
@@ -59,7 +61,8 @@ struct BenchOptions {
         ("json-out", po::value(&json_out), "append the JSON line to this file");
   }
   void validate() const {
-    HYDRA_USER_CHECK(op == "gemm" || op == "attention" || op == "gdn", "--op must be gemm, attention or gdn (got '{}')", op);
+    HYDRA_USER_CHECK(op == "gemm" || op == "attention" || op == "gdn" || is_backward_bench_op(op),
+                     "--op must be gemm, attention, gdn, attention-bwd or gdn-bwd (got '{}')", op);
     parse_size(seq_len, "--seq-len");
     HYDRA_USER_CHECK(head_dim == 64 || head_dim == 128, "--head-dim must be 64 or 128");
     HYDRA_USER_CHECK(heads >= 1 && kv_heads >= 0 && (kv_heads == 0 || heads % kv_heads == 0),
@@ -131,7 +134,7 @@ int run_bench(App& app, const std::vector<std::string>& args) {
   BenchOptions opt;
   po::options_description desc("hydra bench");
   opt.bind(desc);
-  if (!parse_command_line(app, "bench", "--op gemm|attention|gdn [--seq-len 32K --heads 16 --head-dim 128]", desc, args)) {
+  if (!parse_command_line(app, "bench", "--op gemm|attention|gdn|attention-bwd|gdn-bwd [--seq-len 32K --heads 16 --head-dim 128]", desc, args)) {
     return 0;
   }
   opt.validate();
@@ -149,6 +152,13 @@ int run_bench(App& app, const std::vector<std::string>& args) {
     what = opt.m == opt.n && opt.n == opt.k ? fmt::format("gemm {}^3 bf16", opt.m)
                                             : fmt::format("gemm {}x{}x{} bf16", opt.m, opt.n, opt.k);
     j.update({{"m", opt.m}, {"n", opt.n}, {"k", opt.k}});
+  } else if (is_backward_bench_op(opt.op)) {
+    const BackwardBenchResult r = bench_backward(opt.op, parse_size(opt.seq_len, "--seq-len"), opt.heads, opt.kv_heads,
+                                                 opt.head_dim, opt.warmup, opt.repeat);
+    tflops = r.tflops;
+    ms = r.ms;
+    what = r.what;
+    j.update(r.extra);
   } else {
     const int64_t t = parse_size(opt.seq_len, "--seq-len"), h = opt.heads, d = opt.head_dim;
     if (opt.op == "attention") {

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Joins `hydra bench` JSON lines and anchors.py JSON lines (same GPU, same job) into one table:
-each hydra measurement next to the anchors of the same shape, with the ratio.
+each hydra measurement next to the anchors of the same shape (the `what` field: forward ops and
+the forward + backward ops `attention fwd+bwd …`, `gdn fwd+bwd …` match by name), with the ratio.
 
     python3 cluster/bench/compare.py bench.jsonl anchors.jsonl > table.md
 """
@@ -27,6 +28,8 @@ def main():
     print("| --- | --- | --- | --- | --- |")
     for r in ours:
         mine = f"{r['ms']:.3f} ms, {r['tflops']:.1f} TFLOP/s ({r['fraction_of_ceiling']:.2f} of GEMM ceiling {r['ceiling_tflops']:.0f})"
+        if "backward_ms" in r:  # forward + backward ops also report the backward alone
+            mine += f"; backward alone {r['backward_ms']:.3f} ms"
         matches = by_what.get(key(r), [])
         if not matches:
             print(f"| {r['what']} | {mine} | - | - | - |")

@@ -1,0 +1,166 @@
+// GPU flash attention backward (kernels/attention/attention_backward.cu) against the fp32 CPU
+// reference (the same ops on host tensors), inputs rounded to bf16 before the reference sees them.
+// Every ring block kind is covered through positions: causal diagonal blocks, full blocks (all keys
+// before all queries), partial blocks (zigzag halves), empty blocks (all keys after all queries:
+// the accumulators must not move), non-causal, offsets near 1M, GQA with the default and a custom
+// head map, τ on and off, d = 64 and 128, T not a multiple of 64 and T < 64.
+//
+// Tolerances (NaN/Inf checked first): RMS of the error / RMS of the reference ≤ 1e-2 and max |err| /
+// max |ref| ≤ 4e-2 for dq, dk, dv. The kernel rounds P and dS to bf16 for its tensor-core products
+// (as FlashAttention does), a relative error of 2⁻⁹ per entry; flash-linear-attention holds its
+// kernels to an RMS ratio of 8e-3, and FlashAttention-3 to twice a bf16 reference's error.
+// delta = rowsum(dO ⊙ O) is fp32 from bf16 dO: 1e-5 relative. Without a GPU: SKIPPED.
+// d = 128 runs both kernels: the wgmma one (the default on Hopper) and the mma.sync one
+// (HYDRA_ATTENTION_BWD_KERNEL=mma), each in its own test so a failure names its kernel.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "kernels/attention/attention.h"
+#include "tests/common/test_util.h"
+
+namespace hydra::test {
+namespace {
+
+Tensor gpu(const TensorView& host_f32, DType dtype = DType::bf16) { return to(host_f32, Device::cuda, dtype); }
+Tensor host(const TensorView& t) { return to(t, Device::host, DType::f32); }
+
+double rms_ratio(const TensorView& actual, const TensorView& expected) {
+  const Tensor a = host(actual), e = host(expected);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double d = double(a.data_as<float>()[i]) - e.data_as<float>()[i];
+    num += d * d;
+    den += double(e.data_as<float>()[i]) * e.data_as<float>()[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+void expect_gradient(const TensorView& actual, const TensorView& expected, const std::string& what) {
+  expect_close(actual, expected, 4e-2, what);
+  const double rms = rms_ratio(actual, expected);
+  std::printf("  %-60s rms ratio %.2e  max rel %.2e\n", what.c_str(), rms, max_rel_error(host(actual), expected));
+  EXPECT_LE(rms, 1e-2) << what << ": RMS error ratio " << rms;
+}
+
+struct BwdCase {
+  int64_t tq, tk, hq, hk, d, qpos, kpos;
+  bool causal, tau;
+  std::vector<int> kv_map;  // empty: h / (Hq / Hk)
+};
+
+std::string name_of(const BwdCase& c) {
+  return "tq=" + std::to_string(c.tq) + " tk=" + std::to_string(c.tk) + " hq=" + std::to_string(c.hq) +
+         " hk=" + std::to_string(c.hk) + " d=" + std::to_string(c.d) + " qpos=" + std::to_string(c.qpos) +
+         " kpos=" + std::to_string(c.kpos) + (c.causal ? "" : " full") + (c.tau ? " tau" : "");
+}
+
+// Sets HYDRA_ATTENTION_BWD_KERNEL for the scope of a test.
+struct KernelChoice {
+  explicit KernelChoice(const char* kernel) { setenv("HYDRA_ATTENTION_BWD_KERNEL", kernel, 1); }
+  ~KernelChoice() { unsetenv("HYDRA_ATTENTION_BWD_KERNEL"); }
+};
+
+void every_block_kind(const std::string& kernel) {
+  const BwdCase cases[] = {
+      {1, 1, 1, 1, 64, 0, 0, true, false, {}},            // one token
+      {37, 37, 4, 2, 64, 0, 0, true, false, {}},          // T < 64, GQA
+      {200, 200, 3, 3, 128, 100, 100, true, true, {}},    // causal diagonal, T % 64 != 0
+      {70, 130, 2, 1, 128, 192, 0, true, true, {}},       // full block: every key before every query
+      {65, 65, 4, 1, 128, 0, 1000, true, false, {}},      // empty block: every key after every query
+      {150, 90, 2, 2, 64, 60, 10, true, true, {}},        // partial block
+      {129, 129, 2, 1, 128, 524288, 524288, true, true, {}},   // diagonal at 512K
+      {96, 160, 4, 2, 128, 160, 0, true, true, {}},       // zigzag: later half against an earlier block
+      {128, 128, 2, 2, 128, 256, 192, true, true, {}},    // zigzag: half-overlapping positions
+      {300, 200, 2, 1, 128, 1000000, 999950, true, true, {}},  // partial at 1M
+      {100, 100, 2, 1, 64, 50, 0, false, false, {}},      // non-causal
+      {80, 80, 3, 2, 128, 0, 0, true, true, {1, 0, 1}},   // custom GQA map
+      {513, 513, 2, 1, 128, 0, 0, true, true, {}},        // several key blocks and query blocks
+  };
+  for (const BwdCase& c : cases) {
+    const std::string what = "[" + kernel + "] " + name_of(c);
+    Tensor q = rounded_to_bf16(random_tensor({c.tq, c.hq, c.d}, 40, 2.0f));
+    Tensor k = rounded_to_bf16(random_tensor({c.tk, c.hk, c.d}, 41, 2.0f));
+    Tensor v = rounded_to_bf16(random_tensor({c.tk, c.hk, c.d}, 42));
+    Tensor dout = rounded_to_bf16(random_tensor({c.tq, c.hq, c.d}, 43));
+    ops::AttentionParams p{.causality = c.causal ? ops::Causality::causal : ops::Causality::none,
+                           .q_position0 = c.qpos,
+                           .k_position0 = c.kpos,
+                           .tau_log_base = c.tau ? 362.0 : 0.0,
+                           .kv_head_of_query = c.kv_map};
+    // The forward on the CPU gives the final output and lse (this key block is the whole key range).
+    Tensor out = Tensor::empty({c.tq, c.hq, c.d}, DType::f32), lse = Tensor::empty({c.hq, c.tq}, DType::f32);
+    ops::attention_forward(out, lse, q, k, v, p);
+    Tensor delta = Tensor::empty({c.hq, c.tq}, DType::f32);
+    ops::attention_backward_prepare(delta, dout, out);
+    Tensor dq = Tensor::zeros({c.tq, c.hq, c.d}, DType::f32), dk = Tensor::zeros({c.tk, c.hk, c.d}, DType::f32),
+           dv = Tensor::zeros({c.tk, c.hk, c.d}, DType::f32);
+    ops::attention_backward(dq, dk, dv, dout, q, k, v, lse, delta, p);
+
+    Tensor dout_g = gpu(dout), out_g = gpu(out, DType::f32), lse_g = gpu(lse, DType::f32);
+    Tensor delta_g = Tensor::empty({c.hq, c.tq}, DType::f32, Device::cuda);
+    ops::attention_backward_prepare(delta_g, dout_g, out_g);
+    expect_close(host(delta_g), delta, 1e-5, what + " delta");
+    Tensor dq_g = Tensor::zeros({c.tq, c.hq, c.d}, DType::f32, Device::cuda);
+    Tensor dk_g = Tensor::zeros({c.tk, c.hk, c.d}, DType::f32, Device::cuda);
+    Tensor dv_g = Tensor::zeros({c.tk, c.hk, c.d}, DType::f32, Device::cuda);
+    Tensor q_g = gpu(q), k_g = gpu(k), v_g = gpu(v);
+    ops::attention_backward(dq_g, dk_g, dv_g, dout_g, q_g, k_g, v_g, lse_g, delta_g, p);
+    expect_gradient(dq_g, dq, what + " dq");
+    expect_gradient(dk_g, dk, what + " dk");
+    expect_gradient(dv_g, dv, what + " dv");
+    // The outputs are accumulators: a second call adds the same again (dq up to the order of its atomics).
+    const Tensor dq1 = host(dq_g), dk1 = host(dk_g), dv1 = host(dv_g);
+    ops::attention_backward(dq_g, dk_g, dv_g, dout_g, q_g, k_g, v_g, lse_g, delta_g, p);
+    for (auto [now, once, name] : {std::tuple{&dq_g, &dq1, "dq"}, {&dk_g, &dk1, "dk"}, {&dv_g, &dv1, "dv"}}) {
+      Tensor twice = clone(*once);
+      for (int64_t i = 0; i < twice.numel(); ++i) twice.data_as<float>()[i] *= 2.0f;
+      expect_close(host(*now), twice, 1e-5, what + " second call accumulates " + name);
+    }
+  }
+}
+
+TEST(CudaAttentionBackward, WgmmaKernelMatchesCpuReferenceOnEveryBlockKind) {
+  HYDRA_REQUIRE_GPU();
+  const KernelChoice choice("wgmma");  // the default; d = 64 cases run the mma.sync kernel
+  every_block_kind("wgmma");
+}
+
+TEST(CudaAttentionBackward, MmaKernelMatchesCpuReferenceOnEveryBlockKind) {
+  HYDRA_REQUIRE_GPU();
+  const KernelChoice choice("mma");
+  every_block_kind("mma");
+}
+
+// Strided views (column blocks of a fused projection), as the model passes them (default kernel).
+TEST(CudaAttentionBackward, StridedViews) {
+  HYDRA_REQUIRE_GPU();
+  const int64_t t = 100, h = 2, d = 128;
+  Tensor qkv = rounded_to_bf16(random_tensor({t, 3 * h * d + 8 * d}, 44, 1.5f));  // q | k | v | other
+  const TensorView q = qkv.view().narrow(1, 0, h * d).split_dim(1, h, d);
+  const TensorView k = qkv.view().narrow(1, h * d, h * d).split_dim(1, h, d);
+  const TensorView v = qkv.view().narrow(1, 2 * h * d, h * d).split_dim(1, h, d);
+  Tensor dout = rounded_to_bf16(random_tensor({t, h, d}, 45));
+  ops::AttentionParams p;
+  p.tau_log_base = 362.0;
+  Tensor out = Tensor::empty({t, h, d}, DType::f32), lse = Tensor::empty({h, t}, DType::f32);
+  ops::attention_forward(out, lse, q, k, v, p);
+  Tensor delta = Tensor::empty({h, t}, DType::f32);
+  ops::attention_backward_prepare(delta, dout, out);
+  // Gradients land in a fused [T, 3·H·d] accumulator as well.
+  Tensor grads = Tensor::zeros({t, 3 * h * d}, DType::f32);
+  auto part = [&](const Tensor& g, int i) { return g.view().narrow(1, i * h * d, h * d).split_dim(1, h, d); };
+  ops::attention_backward(part(grads, 0), part(grads, 1), part(grads, 2), dout, q, k, v, lse, delta, p);
+
+  Tensor qkv_g = gpu(qkv), grads_g = Tensor::zeros({t, 3 * h * d}, DType::f32, Device::cuda);
+  auto gpart = [&](const Tensor& x, int i) { return x.view().narrow(1, i * h * d, h * d).split_dim(1, h, d); };
+  Tensor delta_g = Tensor::empty({h, t}, DType::f32, Device::cuda), dout_g = gpu(dout);
+  ops::attention_backward_prepare(delta_g, dout_g, gpu(out, DType::f32));
+  ops::attention_backward(gpart(grads_g, 0), gpart(grads_g, 1), gpart(grads_g, 2), dout_g, gpart(qkv_g, 0),
+                          gpart(qkv_g, 1), gpart(qkv_g, 2), gpu(lse, DType::f32), delta_g, p);
+  expect_gradient(grads_g, grads, "strided fused dq|dk|dv");
+}
+
+}  // namespace
+}  // namespace hydra::test
