@@ -4,8 +4,10 @@
 //  - element-wise ops: 1e-2 — the bf16 output rounding alone is up to 2⁻⁸ ≈ 4e-3;
 //  - GEMM: 1e-2 — bf16 inputs, fp32 accumulation, bf16 output;
 //  - attention: 2e-2 — P is rounded to bf16 for the PV product (as in FlashAttention);
-//  - gated delta rule: 3e-2 — W, U, K̃, V' and the chunk states are bf16 operands of fp32
-//    products; the fp32 state keeps the error from compounding across chunks.
+//  - gated delta rule: 3e-2 — T, P, R = β(V − e^γ K S), V' and the state's copy are bf16 operands
+//    of fp32 products (W, U, K̃ in the v1 kernels); the fp32 state keeps the error from compounding.
+// The attention and delta-rule tests run every implementation the device has (the selectors of
+// attention.h / delta_rule.h) and print each one's error, so one run tells which kernel fails where.
 // Without a GPU every test here reports SKIPPED.
 #include <cmath>
 #include <cstdio>
@@ -149,7 +151,7 @@ TEST(CudaOps, GemmBf16AndFp32) {
 }
 
 // Where two [T, H, d] (or [H, T]) tensors differ most: for a failure message a person can act on.
-std::string worst_element(const Tensor& got, const Tensor& want) {
+[[maybe_unused]] std::string worst_element(const Tensor& got, const Tensor& want) {
   int64_t at = 0;
   double worst = -1;
   for (int64_t i = 0; i < want.numel(); ++i) {
@@ -245,14 +247,18 @@ TEST(CudaOps, FlashAttentionMatchesReference) {
 
 struct GdnCase {
   int64_t t, h, d;
+  int segments = 0;  // the in-GPU split of the fused kernel (0: automatic)
 };
 
 TEST(CudaOps, ChunkedDeltaRuleAndSegmentMapMatchReference) {
   HYDRA_REQUIRE_GPU();
-  // 20000 and 40000 tokens exceed 256 chunks: the in-GPU split scan (segment maps + fold) runs.
+#if HYDRA_CUDA
+  using ops::cuda_impl::GdnKernel;
+  // 20000 and 40000 tokens split the sequential pass inside the GPU (segment maps + fold) by
+  // default; the forced segment counts split short sequences too (uneven last segment included).
   for (const GdnCase c : {GdnCase{1, 1, 64}, GdnCase{63, 2, 64}, GdnCase{64, 1, 128}, GdnCase{65, 2, 128},
-                          GdnCase{200, 3, 64}, GdnCase{1000, 2, 128}, GdnCase{20000, 2, 128}, GdnCase{40000, 1, 64}}) {
-    const std::string what = "delta rule T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) + " d=" + std::to_string(c.d);
+                          GdnCase{200, 3, 64}, GdnCase{200, 3, 64, 3}, GdnCase{1000, 2, 128}, GdnCase{1000, 2, 128, 3},
+                          GdnCase{3000, 14, 128, 5}, GdnCase{20000, 2, 128}, GdnCase{40000, 1, 64}}) {
     Tensor q = random_tensor({c.t, c.h, c.d}, 30), k = random_tensor({c.t, c.h, c.d}, 31);
     ops::l2_norm(q, 1e-6f);
     ops::l2_norm(k, 1e-6f);
@@ -263,20 +269,37 @@ TEST(CudaOps, ChunkedDeltaRuleAndSegmentMapMatchReference) {
     Tensor s0 = random_tensor({c.h, c.d, c.d}, 35, 0.3f);
     Tensor out = Tensor::empty({c.t, c.h, c.d}, DType::f32), state = clone(s0);
     ops::delta_rule_chunked(out, state, q, k, v, g, beta, {});
-    Tensor out_g = Tensor::empty({c.t, c.h, c.d}, DType::bf16, Device::cuda), state_g = gpu(s0, DType::f32);
-    ops::delta_rule_chunked(out_g, state_g, gpu(q), gpu(k), gpu(v), gpu(g, DType::f32), gpu(beta, DType::f32), {});
-    expect_close(host(out_g), out, 3e-2, what + " output");
-    expect_close(host(state_g), state, 3e-2, what + " final state");
     Tensor m = Tensor::empty({c.h, c.d, c.d}, DType::f32), se = Tensor::empty({c.h, c.d, c.d}, DType::f32);
     ops::delta_rule_segment_map(m, se, k, v, g, beta, {});
-    Tensor mg = Tensor::empty({c.h, c.d, c.d}, DType::f32, Device::cuda), seg = Tensor::empty({c.h, c.d, c.d}, DType::f32, Device::cuda);
-    ops::delta_rule_segment_map(mg, seg, gpu(k), gpu(v), gpu(g, DType::f32), gpu(beta, DType::f32), {});
-    expect_close(host(mg), m, 3e-2, what + " map M");
-    expect_close(host(seg), se, 3e-2, what + " map S_ext");
-    Tensor folded = gpu(s0, DType::f32);
-    ops::delta_rule_apply_map(folded, mg, seg);
-    expect_close(host(folded), state, 3e-2, what + " M·S0 + S_ext = final state");
+    for (GdnKernel kernel : {GdnKernel::fused, GdnKernel::v1}) {
+      if (kernel == GdnKernel::v1 && c.segments != 0) continue;  // v1 splits by its own rule
+      const ops::cuda_impl::GdnOptions options{kernel, c.segments};
+      const std::string what = std::string("delta rule [") + ops::cuda_impl::gdn_kernel_name(kernel) +
+                               "] T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) + " d=" + std::to_string(c.d) +
+                               " segments=" + (c.segments ? std::to_string(c.segments) : std::string("auto"));
+      Tensor out_g = Tensor::empty({c.t, c.h, c.d}, DType::bf16, Device::cuda), state_g = gpu(s0, DType::f32);
+      ops::cuda_impl::delta_rule_chunked(out_g, state_g, gpu(q), gpu(k), gpu(v), gpu(g, DType::f32),
+                                         gpu(beta, DType::f32), {}, options);
+      Tensor oh = host(out_g), sh = host(state_g);
+      std::printf("%s: output max rel error %.4g, final state %.4g\n", what.c_str(), max_rel_error(oh, out),
+                  max_rel_error(sh, state));
+      expect_close(oh, out, 3e-2, what + " output (" + worst_element(oh, out) + ")");
+      expect_close(sh, state, 3e-2, what + " final state (" + worst_element(sh, state) + ")");
+      Tensor mg = Tensor::empty({c.h, c.d, c.d}, DType::f32, Device::cuda);
+      Tensor seg = Tensor::empty({c.h, c.d, c.d}, DType::f32, Device::cuda);
+      ops::cuda_impl::delta_rule_segment_map(mg, seg, gpu(k), gpu(v), gpu(g, DType::f32), gpu(beta, DType::f32), {},
+                                             options);
+      Tensor mh = host(mg), seh = host(seg);
+      std::printf("%s: map M max rel error %.4g, S_ext %.4g\n", what.c_str(), max_rel_error(mh, m),
+                  max_rel_error(seh, se));
+      expect_close(mh, m, 3e-2, what + " map M (" + worst_element(mh, m) + ")");
+      expect_close(seh, se, 3e-2, what + " map S_ext (" + worst_element(seh, se) + ")");
+      Tensor folded = gpu(s0, DType::f32);
+      ops::delta_rule_apply_map(folded, mg, seg);
+      expect_close(host(folded), state, 3e-2, what + " M·S0 + S_ext = final state");
+    }
   }
+#endif
 }
 
 }  // namespace

@@ -1,4 +1,8 @@
-// Chunked gated delta rule on the GPU (chunk C = 64, head dim D = dk = dv ∈ {64, 128}), fp32 state.
+// The previous chunked gated delta rule on the GPU, kept (HYDRA_GDN_KERNEL=v1) only as the proven
+// fallback until the restructured forward (delta_rule_prepare.cu, delta_rule_state.cu,
+// delta_rule_forward.cu) has passed its tests on an H200; then this file is deleted.
+//
+// Chunk C = 64, head dim D = dk = dv ∈ {64, 128}, fp32 state.
 //
 // Three kernels per call (the WY/UT form of delta_rule.h; bf16 tensor-core products with fp32
 // accumulation, fp32 state and statistics):
@@ -526,13 +530,6 @@ struct Workspace {
 
 Seq seq_of(const TensorView& x) { return Seq{x.data(), x.stride(0), x.stride(1)}; }
 
-void check_rows(const TensorView& x, const char* what) {
-  cuda::expect_cuda(x, what, DType::bf16);
-  HYDRA_ASSERT(x.stride(2) == 1 && x.stride(0) % 8 == 0 && x.stride(1) % 8 == 0 &&
-                   reinterpret_cast<uintptr_t>(x.data()) % 16 == 0,
-               "CUDA delta rule: {} rows must be 16-byte aligned", what);
-}
-
 // Optional stage timing (HYDRA_GDN_PROFILE=1): prints each kernel's time, for tuning.
 struct StageProfile {
   bool on = std::getenv("HYDRA_GDN_PROFILE") != nullptr;
@@ -681,27 +678,12 @@ void segment_map(const TensorView& m, const TensorView& s_ext, const TensorView&
   copy_into(m, acc.view().select(0, segments - 1));
 }
 
-void check_common(const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta) {
-  check_rows(k, "k");
-  check_rows(v, "v");
-  cuda::expect_cuda(g, "g", DType::f32);
-  cuda::expect_cuda(beta, "beta", DType::f32);
-  HYDRA_ASSERT(k.size(2) == v.size(2) && (k.size(2) == 64 || k.size(2) == 128),
-               "CUDA delta rule supports dk = dv in {{64, 128}}, got {}/{}", k.size(2), v.size(2));
-}
-
 }  // namespace
 
-void delta_rule_chunked(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
-                        const TensorView& v, const TensorView& g, const TensorView& beta, const DeltaRuleParams& params) {
-  check_common(k, v, g, beta);
-  check_rows(q, "q");
-  check_rows(out, "out");
-  cuda::expect_cuda(state, "state", DType::f32);
-  HYDRA_ASSERT(params.chunk == kC, "CUDA delta rule uses chunks of {}", kC);
-  if (k.size(0) == 0) return;
+// Called by delta_rule_forward.cu after its argument checks.
+void delta_rule_chunked_v1(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
+                           const TensorView& v, const TensorView& g, const TensorView& beta, float scale) {
   const int64_t d = k.size(2);
-  const float scale = params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(d));
   if (d == 128) {
     chunked<128>(out, state, q, k, v, g, beta, scale);
   } else {
@@ -709,34 +691,13 @@ void delta_rule_chunked(const TensorView& out, const TensorView& state, const Te
   }
 }
 
-void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
-                            const TensorView& g, const TensorView& beta, const DeltaRuleParams& params) {
-  check_common(k, v, g, beta);
-  cuda::expect_cuda(m, "m", DType::f32);
-  cuda::expect_cuda(s_ext, "s_ext", DType::f32);
-  HYDRA_ASSERT(params.chunk == kC && m.is_contiguous() && s_ext.is_contiguous(), "CUDA segment map layout");
-  if (k.size(0) == 0) {  // an empty segment is the identity map
-    fill(s_ext, 0.0f);
-    Tensor eye = Tensor::zeros(m.shape(), DType::f32);
-    for (int64_t h = 0; h < m.size(0); ++h)
-      for (int64_t i = 0; i < m.size(1); ++i) eye.data_as<float>()[(h * m.size(1) + i) * m.size(1) + i] = 1.0f;
-    copy_into(m, eye);
-    return;
-  }
+void delta_rule_segment_map_v1(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
+                               const TensorView& g, const TensorView& beta) {
   if (k.size(2) == 128) {
     segment_map<128>(m, s_ext, k, v, g, beta);
   } else {
     segment_map<64>(m, s_ext, k, v, g, beta);
   }
-}
-
-void delta_rule_apply_map(const TensorView& state, const TensorView& m, const TensorView& s_ext) {
-  // state ← M state + S_ext per head, fp32 GEMMs.
-  Tensor next = clone(s_ext);
-  for (int64_t h = 0; h < state.size(0); ++h) {
-    ops::gemm(next.view().select(0, h), m.select(0, h), state.select(0, h), GemmParams{.beta = 1.0f});
-  }
-  copy_into(state, next);
 }
 
 }  // namespace hydra::ops::cuda_impl
