@@ -193,6 +193,11 @@ FlashKernel resolve_flash_kernel(FlashKernel kernel, int64_t head_dim) {
   return kernel;
 }
 
+bool flash_kernel_supported(FlashKernel kernel, int64_t head_dim) {
+  if (kernel == FlashKernel::mma) return head_dim == 64 || head_dim == 128;
+  return kernel != FlashKernel::automatic && head_dim == 128 && is_hopper();
+}
+
 void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                        const TensorView& v, const AttentionParams& params) {
   attention_forward(out, lse, q, k, v, params, FlashKernel::automatic);

@@ -78,6 +78,8 @@ void attention_forward(const TensorView& out, const TensorView& lse, const Tenso
 const char* flash_kernel_name(FlashKernel kernel);
 // The kernel `automatic` resolves to for this head dim on the current device.
 FlashKernel resolve_flash_kernel(FlashKernel kernel, int64_t head_dim);
+// Whether the current device can run `kernel` (not automatic) at this head dim.
+bool flash_kernel_supported(FlashKernel kernel, int64_t head_dim);
 // attention_backward.cu: D = rowsum(dO ⊙ O) and the flash-attention backward
 void attention_backward_prepare(const TensorView& delta, const TensorView& d_out, const TensorView& out);
 void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& d_out,

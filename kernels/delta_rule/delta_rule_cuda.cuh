@@ -25,6 +25,7 @@
 namespace hydra::ops::cuda_impl::gdn {
 
 constexpr int kChunk = 64;
+constexpr int kTileColumns = 32;  // columns of S (or M) per state-pass CTA: D / 32 tiles per head
 
 struct Rows {  // [T, H, D] bf16 rows or [T, H] f32 gates: element (t, h) at ptr + t·st + h·sh
   const void* ptr = nullptr;
@@ -40,7 +41,8 @@ struct ChunkPrep {
 // q may be an empty view (maps need no outputs). k: [T, H, D] bf16; g, beta: [T, H] f32.
 ChunkPrep prepare(const TensorView& q, const TensorView& k, const TensorView& g, const TensorView& beta, float scale);
 
-// Stage 2: one launch over `segments` chunk ranges [s·cps, min((s+1)·cps, chunks)) × heads × tiles.
+// Stage 2: one launch over `segments` chunk ranges [s·cps, min((s+1)·cps, chunks)) × heads × column
+// tiles (D / kTileColumns value tiles and as many map tiles per head).
 // Per segment s, [H, D, D] f32 blocks at s · segment_stride of state_in / state_out / map_out.
 struct StatePassArgs {
   const bf16_t* t;      // ChunkPrep::t

@@ -10,7 +10,10 @@
 // segment_map (sequence parallelism): prepare without queries, the maps of S segments in one
 // launch, composed by the same fold.
 // HYDRA_GDN_PROFILE=1 prints each stage's time (CUDA events) to stderr.
+#include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -81,12 +84,27 @@ GdnOptions resolve_gdn_options(GdnOptions options) {
 
 namespace {
 
-// Segments of the in-GPU split: about two state-pass CTAs per SM (two fit), each segment at least
-// 16 chunks long. `ctas_per_segment`: (column tiles × heads) of one segment.
-int auto_segments(int chunks, int ctas_per_segment) {
-  const int target = 2 * cuda::sm_count();
-  const int s = (target + ctas_per_segment / 2) / ctas_per_segment;
-  return std::max(1, std::min(s, chunks / 16));
+// Segments of the in-GPU split. Each launch's time is modelled as (waves of CTAs, two CTAs per SM)
+// × (chunks per segment), plus ≈ 25 chunk steps per fold step (a copy and a small batched GEMM):
+// chunked runs the maps of segments 0..S−2 (map_ctas each), then the state pass of all S
+// (state_ctas each); segment_map (state_ctas = 0) runs the maps of all S. The S with the smallest
+// modelled time wins (segments of at least 16 chunks, at most 16 segments). At 14 heads, d = 128
+// on 132 SMs this picks 8 segments for 32K..512K tokens.
+int auto_segments(int chunks, int state_ctas, int map_ctas) {
+  const int64_t slots = 2 * int64_t{cuda::sm_count()};
+  auto waves = [&](int64_t ctas) { return (ctas + slots - 1) / slots; };
+  int best = 1;
+  int64_t best_cost = INT64_MAX;
+  for (int s = 1; s <= std::min(16, std::max(1, chunks / 16)); ++s) {
+    const int64_t per_segment = (chunks + s - 1) / s;
+    const int64_t maps = state_ctas > 0 ? int64_t{s - 1} * map_ctas : int64_t{s} * map_ctas;
+    const int64_t cost = (waves(maps) + waves(int64_t{s} * state_ctas)) * per_segment + 25 * int64_t{s - 1};
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = s;
+    }
+  }
+  return best;
 }
 
 void check_rows(const TensorView& x, const char* what) {
@@ -158,7 +176,8 @@ void chunked_fused(const TensorView& out, const TensorView& state, const TensorV
   profile.mark("start");
   const gdn::ChunkPrep prep = gdn::prepare(q, k, g, beta, scale);
   profile.mark("prepare");
-  if (segments == 0) segments = auto_segments(prep.chunks, static_cast<int>(heads * (d / 32)));
+  const int tiles = static_cast<int>(heads * (d / gdn::kTileColumns));  // state-pass CTAs per segment
+  if (segments == 0) segments = auto_segments(prep.chunks, tiles, 2 * tiles);
   segments = std::max(1, std::min(segments, prep.chunks));
   gdn::StatePassArgs a = pass_args(prep, k, v, beta, segments);
   segments = (prep.chunks + a.chunks_per_segment - 1) / a.chunks_per_segment;  // no empty trailing segment
@@ -193,7 +212,7 @@ void segment_map_fused(const TensorView& m, const TensorView& s_ext, const Tenso
                        const TensorView& g, const TensorView& beta, int segments) {
   const int64_t heads = k.size(1), d = k.size(2);
   const gdn::ChunkPrep prep = gdn::prepare(TensorView(), k, g, beta, 1.0f);
-  if (segments == 0) segments = auto_segments(prep.chunks, static_cast<int>(2 * heads * (d / 32)));
+  if (segments == 0) segments = auto_segments(prep.chunks, 0, static_cast<int>(2 * heads * (d / gdn::kTileColumns)));
   segments = std::max(1, std::min(segments, prep.chunks));
   const int per_segment = (prep.chunks + segments - 1) / segments;
   segments = (prep.chunks + per_segment - 1) / per_segment;

@@ -20,7 +20,7 @@
 namespace hydra::ops::cuda_impl::gdn {
 namespace {
 
-constexpr int kC = kChunk, kBV = 32, kThreads = 128;
+constexpr int kC = kChunk, kBV = kTileColumns, kThreads = 128;
 constexpr int kPad = kBV + 8;  // padded rows of BV-wide bf16 tiles (conflict-free ldmatrix.trans)
 
 template <int D>

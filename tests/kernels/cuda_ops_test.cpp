@@ -219,10 +219,8 @@ TEST(CudaOps, FlashAttentionMatchesReference) {
     }
     Tensor out = clone(out0), lse = clone(lse0);
     ops::attention_forward(out, lse, q, k, v, p);
-    std::vector<FlashKernel> kernels = {FlashKernel::mma};
-    if (c.d == 128 && ops::cuda_impl::resolve_flash_kernel(FlashKernel::automatic, 128) == FlashKernel::hopper)
-      kernels = {FlashKernel::hopper, FlashKernel::wgmma, FlashKernel::mma};
-    for (FlashKernel kernel : kernels) {
+    for (FlashKernel kernel : {FlashKernel::hopper, FlashKernel::wgmma, FlashKernel::mma}) {
+      if (!ops::cuda_impl::flash_kernel_supported(kernel, c.d)) continue;
       const std::string what = std::string("attention [") + ops::cuda_impl::flash_kernel_name(kernel) + "] " + c.kind +
                                ": tq=" + std::to_string(c.tq) + " tk=" + std::to_string(c.tk) + " q@" +
                                std::to_string(c.qpos) + " k@" + std::to_string(c.kpos) + " d=" + std::to_string(c.d);
