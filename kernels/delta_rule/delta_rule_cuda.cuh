@@ -19,6 +19,12 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 
@@ -64,5 +70,29 @@ struct StatePassArgs {
   bf16_t* vnew = nullptr;           // optional [chunks, H, 64, D] bf16: each chunk's V' (backward)
 };
 void state_pass(const StatePassArgs& args, int head_dim);
+
+// The sequential fold of segment maps (delta_rule_forward.cu), one batched fp32 GEMM per step over
+// all heads: states[s+1] = M_s · states[s] (+ add_s), s = 0 .. steps−1, states[0] set by the caller.
+// m, add: [≥ steps, H, D, D]; states: [steps + 1, H, D, D]; add null: no addend.
+void fold_maps(const TensorView& m, const TensorView* add, const TensorView& states, int steps);
+
+// HYDRA_GDN_PROFILE=1: each marked stage's time (CUDA events), printed to stderr at scope exit.
+struct StageProfile {
+  bool on = std::getenv("HYDRA_GDN_PROFILE") != nullptr;
+  std::vector<std::pair<const char*, std::unique_ptr<CudaEvent>>> marks;
+  void mark(const char* name) {
+    if (!on) return;
+    marks.emplace_back(name, std::make_unique<CudaEvent>(true));
+    marks.back().second->record(current_stream());
+  }
+  ~StageProfile() {
+    if (!on || marks.size() < 2) return;
+    marks.back().second->synchronize();
+    std::string line = "gdn stages:";
+    for (size_t i = 1; i < marks.size(); ++i)
+      line += fmt::format(" {} {:.3f} ms", marks[i].first, marks[i].second->elapsed_ms_since(*marks[i - 1].second));
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+};
 
 }  // namespace hydra::ops::cuda_impl::gdn

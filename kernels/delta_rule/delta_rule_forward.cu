@@ -9,7 +9,7 @@
 //   3. the state pass of every segment in parallel, outputs fused in.
 // segment_map (sequence parallelism): prepare without queries, the maps of S segments in one
 // launch, composed by the same fold.
-// HYDRA_GDN_PROFILE=1 prints each stage's time (CUDA events) to stderr.
+// HYDRA_GDN_PROFILE=1 prints each stage's time (CUDA events) to stderr (gdn::StageProfile).
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -35,25 +35,9 @@ void delta_rule_segment_map_v1(const TensorView& m, const TensorView& s_ext, con
 
 namespace {
 
+using gdn::fold_maps;
 using gdn::kChunk;
-
-struct StageProfile {
-  bool on = std::getenv("HYDRA_GDN_PROFILE") != nullptr;
-  std::vector<std::pair<const char*, std::unique_ptr<CudaEvent>>> marks;
-  void mark(const char* name) {
-    if (!on) return;
-    marks.emplace_back(name, std::make_unique<CudaEvent>(true));
-    marks.back().second->record(current_stream());
-  }
-  ~StageProfile() {
-    if (!on || marks.size() < 2) return;
-    marks.back().second->synchronize();
-    std::string line = "gdn stages:";
-    for (size_t i = 1; i < marks.size(); ++i)
-      line += fmt::format(" {} {:.3f} ms", marks[i].first, marks[i].second->elapsed_ms_since(*marks[i - 1].second));
-    std::fprintf(stderr, "%s\n", line.c_str());
-  }
-};
+using gdn::StageProfile;
 
 }  // namespace
 
@@ -124,16 +108,6 @@ void check_common(const TensorView& k, const TensorView& v, const TensorView& g,
                "CUDA delta rule supports dk = dv in {{64, 128}}, got {}/{}", k.size(2), v.size(2));
   HYDRA_ASSERT(params.chunk == kChunk, "CUDA delta rule uses chunks of {}", kChunk);
   HYDRA_ASSERT(k.size(0) <= INT32_MAX, "CUDA delta rule: more than 2^31 tokens");
-}
-
-// states[s+1] = M_s · states[s] (+ add_s), s = 0 .. steps−1, one batched fp32 GEMM per step (all
-// heads). m, add: [≥ steps, H, D, D]; states: [steps + 1, H, D, D] with states[0] set by the caller.
-void fold_maps(const TensorView& m, const TensorView* add, const TensorView& states, int steps) {
-  for (int s = 0; s < steps; ++s) {
-    const TensorView next = states.select(0, s + 1);
-    if (add) copy_into(next, add->select(0, s));
-    gemm_batched(next, m.select(0, s), states.select(0, s), GemmParams{.beta = add ? 1.0f : 0.0f});
-  }
 }
 
 gdn::StatePassArgs pass_args(const gdn::ChunkPrep& prep, const TensorView& k, const TensorView& v,
@@ -234,6 +208,16 @@ void segment_map_fused(const TensorView& m, const TensorView& s_ext, const Tenso
 }
 
 }  // namespace
+
+namespace gdn {
+void fold_maps(const TensorView& m, const TensorView* add, const TensorView& states, int steps) {
+  for (int s = 0; s < steps; ++s) {
+    const TensorView next = states.select(0, s + 1);
+    if (add) copy_into(next, add->select(0, s));
+    gemm_batched(next, m.select(0, s), states.select(0, s), GemmParams{.beta = add ? 1.0f : 0.0f});
+  }
+}
+}  // namespace gdn
 
 const char* gdn_kernel_name(GdnKernel kernel) {
   switch (kernel) {

@@ -39,6 +39,26 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool o
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0));
 }
 
+// acc (16 chunk rows × kBV columns) += A[m0 .. m0+15][0 .. K) · B[0 .. K)[0 .. kBV): A a swizzled
+// bf16 tile of K columns (K, Q, T or P), B a padded bf16 tile of kBV columns (S, R or V').
+template <int K>
+__device__ __forceinline__ void rows_times_tile(float (&acc)[kBV / 8][4], uint32_t a_tile, int m0, uint32_t b_tile,
+                                                int lane) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t af[4];
+    cuda::ldmatrix_x4(af, a_tile + cuda::swizzled<K / 8>(m0 + lane % 16, kk * 2 + lane / 16));
+#pragma unroll
+    for (int nt = 0; nt < kBV / 8; nt += 2) {
+      uint32_t b[4];
+      const int row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = nt * 8 + (lane / 16) * 8;
+      cuda::ldmatrix_x4_trans(b, b_tile + (row * kPad + c) * 2);
+      cuda::mma_bf16(acc[nt], af, b[0], b[1]);
+      cuda::mma_bf16(acc[nt + 1], af, b[2], b[3]);
+    }
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassArgs a) {
   using S = StateSmem<D>;
@@ -162,19 +182,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassA
     // K S, then R = β (V − e^γ K S).
     {
       float acc[kNt][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t af[4];
-        cuda::ldmatrix_x4(af, cuda::smem_addr(st) + cuda::swizzled<kChunks>(m0 + lane % 16, kk * 2 + lane / 16));
-#pragma unroll
-        for (int nt = 0; nt < kNt; nt += 2) {
-          uint32_t b[4];
-          const int row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = nt * 8 + (lane / 16) * 8;
-          cuda::ldmatrix_x4_trans(b, cuda::smem_addr(ss) + (row * kPad + c) * 2);
-          cuda::mma_bf16(acc[nt], af, b[0], b[1]);
-          cuda::mma_bf16(acc[nt + 1], af, b[2], b[3]);
-        }
-      }
+      rows_times_tile<D>(acc, cuda::smem_addr(st), m0, cuda::smem_addr(ss), lane);
       const float ea = expf(sgamma[ra]), eb = expf(sgamma[rb]), ba = sbeta[ra], bb = sbeta[rb];
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
@@ -196,19 +204,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassA
     // V' = T R; V'' = e^{γ_C−γ} V' for the state, V' for the output (and the backward).
     {
       float acc[kNt][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < kC / 16; ++kk) {
-        uint32_t af[4];
-        cuda::ldmatrix_x4(af, cuda::smem_addr(st + S::k_bytes) + cuda::swizzled<8>(m0 + lane % 16, kk * 2 + lane / 16));
-#pragma unroll
-        for (int nt = 0; nt < kNt; nt += 2) {
-          uint32_t b[4];
-          const int row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = nt * 8 + (lane / 16) * 8;
-          cuda::ldmatrix_x4_trans(b, cuda::smem_addr(sr) + (row * kPad + c) * 2);
-          cuda::mma_bf16(acc[nt], af, b[0], b[1]);
-          cuda::mma_bf16(acc[nt + 1], af, b[2], b[3]);
-        }
-      }
+      rows_times_tile<kC>(acc, cuda::smem_addr(st + S::k_bytes), m0, cuda::smem_addr(sr), lane);
       const float da = expf(gamma_c - sgamma[ra]), db = expf(gamma_c - sgamma[rb]);
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
@@ -256,19 +252,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassA
     // O = scale e^γ (Q S_old) + P V' (S_old: the bf16 copy still in shared memory).
     if (with_out) {
       float o[kNt][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t af[4];
-        cuda::ldmatrix_x4(af, cuda::smem_addr(sq) + cuda::swizzled<kChunks>(m0 + lane % 16, kk * 2 + lane / 16));
-#pragma unroll
-        for (int nt = 0; nt < kNt; nt += 2) {
-          uint32_t b[4];
-          const int row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = nt * 8 + (lane / 16) * 8;
-          cuda::ldmatrix_x4_trans(b, cuda::smem_addr(ss) + (row * kPad + c) * 2);
-          cuda::mma_bf16(o[nt], af, b[0], b[1]);
-          cuda::mma_bf16(o[nt + 1], af, b[2], b[3]);
-        }
-      }
+      rows_times_tile<D>(o, cuda::smem_addr(sq), m0, cuda::smem_addr(ss), lane);
       const float ea = a.scale * expf(sgamma[ra]), eb = a.scale * expf(sgamma[rb]);
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
@@ -277,19 +261,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassA
         o[nt][2] *= eb;
         o[nt][3] *= eb;
       }
-#pragma unroll
-      for (int kk = 0; kk < kC / 16; ++kk) {
-        uint32_t af[4];
-        cuda::ldmatrix_x4(af, cuda::smem_addr(sp) + cuda::swizzled<8>(m0 + lane % 16, kk * 2 + lane / 16));
-#pragma unroll
-        for (int nt = 0; nt < kNt; nt += 2) {
-          uint32_t b[4];
-          const int row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = nt * 8 + (lane / 16) * 8;
-          cuda::ldmatrix_x4_trans(b, cuda::smem_addr(svo) + (row * kPad + c) * 2);
-          cuda::mma_bf16(o[nt], af, b[0], b[1]);
-          cuda::mma_bf16(o[nt + 1], af, b[2], b[3]);
-        }
-      }
+      rows_times_tile<kC>(o, cuda::smem_addr(sp), m0, cuda::smem_addr(svo), lane);
       const int t0 = chunk * kC, valid = min(kC, a.t_len - t0);
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2) {

@@ -26,10 +26,14 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/delta_rule/delta_rule.h"
+#include "kernels/delta_rule/delta_rule_cuda.cuh"
 #include "kernels/matmul/matmul.h"
 
 namespace hydra::ops::cuda_impl {
 namespace {
+
+using gdn::fold_maps;
+using gdn::StageProfile;
 
 constexpr int kC = 64;  // chunk
 
@@ -530,25 +534,6 @@ struct Workspace {
 
 Seq seq_of(const TensorView& x) { return Seq{x.data(), x.stride(0), x.stride(1)}; }
 
-// Optional stage timing (HYDRA_GDN_PROFILE=1): prints each kernel's time, for tuning.
-struct StageProfile {
-  bool on = std::getenv("HYDRA_GDN_PROFILE") != nullptr;
-  std::vector<std::pair<const char*, std::unique_ptr<CudaEvent>>> marks;
-  void mark(const char* name) {
-    if (!on) return;
-    marks.emplace_back(name, std::make_unique<CudaEvent>(true));
-    marks.back().second->record(current_stream());
-  }
-  ~StageProfile() {
-    if (!on || marks.size() < 2) return;
-    marks.back().second->synchronize();
-    std::string line = "gdn stages:";
-    for (size_t i = 1; i < marks.size(); ++i)
-      line += fmt::format(" {} {:.3f} ms", marks[i].first, marks[i].second->elapsed_ms_since(*marks[i - 1].second));
-    std::fprintf(stderr, "%s\n", line.c_str());
-  }
-};
-
 template <int D>
 Workspace prepare(const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta) {
   const int t_len = static_cast<int>(k.size(0)), heads = static_cast<int>(k.size(1));
@@ -585,17 +570,6 @@ void run_state(StateArgs args, bool with_maps, int segments) {
   } else {
     args.value_tiles = D / 32;
     launch_state<D, 32>(args, args.value_tiles * (with_maps ? 2 : 1), segments);
-  }
-}
-
-// Folds segment maps in order with one batched fp32 GEMM per segment (all heads at once):
-// states[s+1] = M_s · states[s] + add_s, from states[0] (set by the caller). `add` null: no addend
-// (composing the M parts). m, add: [≥ steps, H, D, D]; states: [steps + 1, H, D, D].
-void fold_maps(const TensorView& m, const TensorView* add, const TensorView& states, int steps) {
-  for (int s = 0; s < steps; ++s) {
-    const TensorView next = states.select(0, s + 1);
-    if (add) copy_into(next, add->select(0, s));
-    gemm_batched(next, m.select(0, s), states.select(0, s), GemmParams{.beta = add ? 1.0f : 0.0f});
   }
 }
 
