@@ -96,21 +96,27 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassA
       }
 
   auto stage_ptr = [&](int chunk) { return smem + ((chunk - chunk_begin) % 2) * S::stage; };
+  // A chunk's rows of a [T, H, D] sequence (zeros past the end) and its [64][64] prepare tile
+  // (T or P), into swizzled shared memory.
+  auto load_rows = [&](uint32_t dst, const Rows& x, int t0, int valid) {
+    for (int i = tid; i < kC * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const bool ok = r < valid;
+      const bf16_t* src = static_cast<const bf16_t*>(x.ptr) + (ok ? int64_t(t0 + r) * x.st : 0) + head * x.sh + c * 8;
+      cuda::cp_async_16(dst + cuda::swizzled<kChunks>(r, c), src, ok ? 16 : 0);
+    }
+  };
+  auto load_square = [&](uint32_t dst, const bf16_t* tiles, int chunk) {
+    const bf16_t* src = tiles + (int64_t(chunk) * a.heads + head) * kC * kC;
+    for (int i = tid; i < kC * 8; i += kThreads)
+      cuda::cp_async_16(dst + cuda::swizzled<8>(i / 8, i % 8), src + (i / 8) * kC + (i % 8) * 8, 16);
+  };
   // Group 1 of a chunk: K, T, V tile, γ, β.
   auto load_main = [&](int chunk) {
     unsigned char* st = stage_ptr(chunk);
     const int t0 = chunk * kC, valid = min(kC, a.t_len - t0);
-    const int64_t cbase = int64_t(chunk) * a.heads + head;
-    for (int i = tid; i < kC * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      const bool ok = r < valid;
-      const bf16_t* kp = static_cast<const bf16_t*>(a.k.ptr) + (ok ? int64_t(t0 + r) * a.k.st : 0) + head * a.k.sh + c * 8;
-      cuda::cp_async_16(cuda::smem_addr(st) + cuda::swizzled<kChunks>(r, c), kp, ok ? 16 : 0);
-    }
-    for (int i = tid; i < kC * 8; i += kThreads) {
-      const int r = i / 8, c = i % 8;
-      cuda::cp_async_16(cuda::smem_addr(st + S::k_bytes) + cuda::swizzled<8>(r, c), a.t + (cbase * kC + r) * kC + c * 8, 16);
-    }
+    load_rows(cuda::smem_addr(st), a.k, t0, valid);
+    load_square(cuda::smem_addr(st + S::k_bytes), a.t, chunk);
     if (!is_map) {
       for (int i = tid; i < kC * (kBV / 8); i += kThreads) {
         const int r = i / (kBV / 8), c = i % (kBV / 8);
@@ -121,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassA
       }
     }
     const uint32_t sg = cuda::smem_addr(st + S::k_bytes + S::t_bytes + S::v_bytes);
-    if (tid < kC / 4) cuda::cp_async_16(sg + tid * 16, a.gamma + cbase * kC + tid * 4, 16);
+    if (tid < kC / 4) cuda::cp_async_16(sg + tid * 16, a.gamma + (int64_t(chunk) * a.heads + head) * kC + tid * 4, 16);
     if (tid < kC) {
       const bool ok = tid < valid;
       const float* bp = static_cast<const float*>(a.beta.ptr) + (ok ? int64_t(t0 + tid) * a.beta.st : 0) + head * a.beta.sh;
@@ -131,18 +137,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassA
   // Group 2 of a chunk: Q and P (outputs only).
   auto load_out = [&](int chunk) {
     if (!with_out) return;
-    const int t0 = chunk * kC, valid = min(kC, a.t_len - t0);
-    const int64_t cbase = int64_t(chunk) * a.heads + head;
-    for (int i = tid; i < kC * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      const bool ok = r < valid;
-      const bf16_t* qp = static_cast<const bf16_t*>(a.q.ptr) + (ok ? int64_t(t0 + r) * a.q.st : 0) + head * a.q.sh + c * 8;
-      cuda::cp_async_16(cuda::smem_addr(sq) + cuda::swizzled<kChunks>(r, c), qp, ok ? 16 : 0);
-    }
-    for (int i = tid; i < kC * 8; i += kThreads) {
-      const int r = i / 8, c = i % 8;
-      cuda::cp_async_16(cuda::smem_addr(sp) + cuda::swizzled<8>(r, c), a.p + (cbase * kC + r) * kC + c * 8, 16);
-    }
+    const int t0 = chunk * kC;
+    load_rows(cuda::smem_addr(sq), a.q, t0, min(kC, a.t_len - t0));
+    load_square(cuda::smem_addr(sp), a.p, chunk);
   };
   auto store_state = [&](int chunk) {  // S (bf16) to shared memory, and for the backward to memory
 #pragma unroll
