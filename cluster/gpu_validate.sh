@@ -3,13 +3,18 @@
 # next to their anchors (same GPU, same job), the prefill scaling sweep and a NIAH cell at 512K.
 # Writes logs, JSON lines and plots to OUT_DIR.
 #
-#   cluster/gpu_validate.sh BIN_DIR OUT_DIR [tests] [bench] [anchors] [sweep] [niah] [bwd]
+#   cluster/gpu_validate.sh BIN_DIR OUT_DIR [kernels] [tests] [bench] [anchors] [sweep] [niah] [bwd]
 #
-# BIN_DIR holds hydra, test_cuda and test_parallel_gpu. Stages (default: all):
-#   tests    GPU unit tests (incl. the mma.sync attention kernel via HYDRA_ATTENTION_KERNEL=mma),
-#            multi-GPU suite under mpirun -np 2 (when 2 GPUs are present)
-#   bench    hydra bench: GEMM ceiling; FA 8K×16, 32K×16, 128K×2, 512K×2 (+ the other kernels at 32K);
-#            GDN 32K/128K/512K × 14 heads with per-stage times (HYDRA_GDN_PROFILE)
+# BIN_DIR holds hydra, test_cuda and test_parallel_gpu. Stages (default: tests bench anchors sweep niah bwd):
+#   kernels  issue 18 in one stage: the attention and GDN GPU tests (every kernel variant against
+#            the CPU reference), then bench, anchors, the PyTorch layer reference (cluster/bench/
+#            layer_reference.py, one hydrahead-1.7b layer × 28) and hydra prefill at 512K on one GPU;
+#            ends with the compact table of cluster/bench/summary.py
+#   tests    GPU unit tests (every attention kernel: hopper, wgmma, mma; every GDN implementation:
+#            fused, v1), multi-GPU suite under mpirun -np 2 (when 2 GPUs are present)
+#   bench    hydra bench: GEMM ceiling; FA 8K×16, 32K×16, 128K×2, 512K×2 with the default kernel and
+#            the wgmma fallback at 32K×16; GDN 32K/128K/512K × 14 heads (fused, per-stage times) and
+#            v1 at 512K
 #   anchors  PyTorch SDPA (cuDNN, FA2) and flash-linear-attention on the same shapes; table
 #   sweep    hydrahead-1.7b prefill, 1 GPU × {128K,256K,512K}, 2 GPUs × {128K,256K,512K,1M}; plot
 #   niah     eval-niah, hydrahead-1.7b (random weights), one 512K cell on 1 and on 2 GPUs
@@ -17,8 +22,8 @@
 #            512K×2; also the mma.sync backward at 32K×16) and --op gdn-bwd (128K/512K × 14 heads),
 #            forward + backward, with the anchors
 #            (SDPA-cuDNN/FA2 and flash-linear-attention forward + backward) and the joined table
-# If the default (wgmma) attention kernel fails its test, later stages fall back to the mma.sync
-# kernel and say so. HYDRA_ATTENTION_KERNEL=mma selects the mma.sync kernel.
+# If a new kernel fails its test, later stages fall back to the kernel it replaces and say so
+# (HYDRA_ATTENTION_KERNEL=wgmma, HYDRA_GDN_KERNEL=v1); the variables can also be set by hand.
 set -uo pipefail
 bin=$(cd "$1" && pwd); out=$2; shift 2
 stages=${*:-tests bench anchors sweep niah bwd}
@@ -30,44 +35,82 @@ echo "== $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,
 has() { [[ " $stages " == *" $1 "* ]]; }
 command -v cuobjdump > /dev/null && echo "HGMMA instructions in hydra: $(cuobjdump --dump-sass "$bin/hydra" 2>/dev/null | grep -c HGMMA)"
 
-if has tests; then
-  echo "== GPU unit tests"
-  (cd "$root" && "$bin/test_cuda" 2>&1 | tee "$out/test_cuda.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |rel error|Failure|Expected|Which|max relative" | head -40)
-  if grep -q "FAILED.*FlashAttention" "$out/test_cuda.log"; then
-    echo "!! wgmma attention failed its test: the remaining stages use the mma.sync kernel"
-    export HYDRA_ATTENTION_KERNEL=mma
+# GPU test runs with a time limit (a kernel that hangs must not stall the job). kernel_tests runs
+# the attention and GDN tests and, when one failed (or died) without its fallback kernel failing,
+# makes later stages use the fallback (HYDRA_ATTENTION_KERNEL=wgmma, HYDRA_GDN_KERNEL=v1).
+show_test_log() { grep -E "^\[  (PASSED|FAILED|SKIPPED) |max rel error|Failure|max relative error|non-finite|lse \[head|error" "$1" | head -${2:-60}; }
+kernel_tests() {
+  (cd "$root" && timeout 300 "$bin/test_cuda" --gtest_filter='*FlashAttention*' > "$out/test_attention.log" 2>&1)
+  local rc=$?; show_test_log "$out/test_attention.log" 50
+  if [ $rc -ne 0 ] && ! grep -qE "attention \[(wgmma|mma)\].*(max relative error|non-finite|lse \[head)" "$out/test_attention.log"; then
+    echo "!! the hopper attention kernel failed its test (exit $rc): later stages use HYDRA_ATTENTION_KERNEL=wgmma"
+    export HYDRA_ATTENTION_KERNEL=wgmma
   fi
-  for kernel in mma; do
-    echo "== GPU attention test, $kernel kernel"
-    (cd "$root" && HYDRA_ATTENTION_KERNEL=$kernel "$bin/test_cuda" --gtest_filter='*FlashAttention*' 2>&1 | tee "$out/test_cuda_$kernel.log" | grep -E "^\[  (PASSED|FAILED) |Failure" | head -10)
-  done
-  if [ "$gpus" -ge 2 ]; then
-    echo "== multi-GPU tests (2 ranks)"
-    (cd "$root" && timeout 300 mpirun --oversubscribe -np 2 -x HYDRA_ATTENTION_KERNEL "$bin/test_parallel_gpu" 2>&1 | tee "$out/test_parallel_gpu.log" |
-      grep -E "^\[  (PASSED|FAILED|SKIPPED) |GPUs vs|rank [0-9]\]|Failure|mpi \]" | head -20)
+  (cd "$root" && timeout 300 "$bin/test_cuda" --gtest_filter='*DeltaRule*' > "$out/test_gdn.log" 2>&1)
+  rc=$?; show_test_log "$out/test_gdn.log" 50
+  if [ $rc -ne 0 ] && ! grep -qE "delta rule \[v1\].*(max relative error|non-finite)" "$out/test_gdn.log"; then
+    echo "!! the fused GDN kernels failed their test (exit $rc): later stages use HYDRA_GDN_KERNEL=v1"
+    export HYDRA_GDN_KERNEL=v1
   fi
-fi
-if has bench; then
+}
+
+run_bench() {
   echo "== hydra bench"
   b="$out/bench.jsonl"; : > "$b"
-  "$bin/hydra" bench --op gemm --json-out "$b" > /dev/null 2>> "$out/bench.log"
+  timeout 180 "$bin/hydra" bench --op gemm --json-out "$b" > /dev/null 2>> "$out/bench.log"
   for spec in 8192x16 32768x16 131072x2 524288x2; do
-    "$bin/hydra" bench --op attention --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench attention $spec FAILED"
+    timeout 180 "$bin/hydra" bench --op attention --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench attention $spec FAILED"
   done
-  for kernel in mma; do
-    HYDRA_ATTENTION_KERNEL=$kernel "$bin/hydra" bench --op attention --seq-len 32768 --heads 16 --repeat 5 \
-      --json-out "$out/bench_variants.jsonl" > /dev/null 2>> "$out/bench.log"
-  done
+  [ "${HYDRA_ATTENTION_KERNEL:-}" = wgmma ] || HYDRA_ATTENTION_KERNEL=wgmma timeout 180 "$bin/hydra" bench --op attention --seq-len 32768 \
+    --heads 16 --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench attention wgmma FAILED"
   for spec in 32768x14 131072x14 524288x14; do
-    HYDRA_GDN_PROFILE=1 "$bin/hydra" bench --op gdn --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench gdn $spec FAILED"
+    HYDRA_GDN_PROFILE=1 timeout 180 "$bin/hydra" bench --op gdn --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench gdn $spec FAILED"
   done
-  grep -E "TFLOP/s =|gdn stages" "$out/bench.log" | grep -v "ceiling:" | sed -E 's/^\[hydra +[0-9.]+s\] //' | awk '!seen[$0]++' | tail -16
-fi
-if has anchors; then
+  if [ "${HYDRA_GDN_KERNEL:-}" != v1 ]; then
+    HYDRA_GDN_PROFILE=1 HYDRA_GDN_KERNEL=v1 timeout 180 "$bin/hydra" bench --op gdn --seq-len 524288 --heads 14 --repeat 5 \
+      --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench gdn v1 FAILED"
+    for segments in 2 4 8; do  # the split of the fused state pass, for tuning its default
+      HYDRA_GDN_PROFILE=1 HYDRA_GDN_SEGMENTS=$segments timeout 180 "$bin/hydra" bench --op gdn --seq-len 524288 --heads 14 --repeat 3 \
+        --json-out "$out/bench_variants.jsonl" > /dev/null 2>> "$out/bench.log" || echo "bench gdn segments=$segments FAILED"
+    done
+  fi
+  grep -E "TFLOP/s =|gdn stages|check" "$out/bench.log" | grep -v "ceiling:" | sed -E 's/^\[hydra +[0-9.]+s\] //' | awk '!seen[$0]++' | tail -30
+}
+
+run_anchors() {
   echo "== anchors (PyTorch SDPA, flash-linear-attention)"
   python3 "$root/cluster/bench/anchors.py" --repeat 5 > "$out/anchors.jsonl" 2> "$out/anchors.err"; tail -2 "$out/anchors.err"
   [ -s "$out/bench.jsonl" ] && python3 "$root/cluster/bench/compare.py" "$out/bench.jsonl" "$out/anchors.jsonl" | tee "$out/compare.md"
+}
+
+if has kernels; then
+  echo "== GPU tests: attention and GDN kernels"
+  kernel_tests
+  run_bench
+  run_anchors
+  echo "== PyTorch reference layer (512K) and hydra prefill (512K, 1 GPU)"
+  python3 "$root/cluster/bench/layer_reference.py" --seq-len 524288 --repeat 3 > "$out/layer.jsonl" 2> "$out/layer.err"
+  tail -2 "$out/layer.err"; cat "$out/layer.jsonl"
+  : > "$out/prefill.jsonl"
+  "$bin/hydra" prefill --preset hydrahead-1.7b --seq-len 512K --device cuda --progress off \
+    --json-out "$out/prefill.jsonl" > "$out/prefill.log" 2>&1 || echo "prefill 512K FAILED (see prefill.log)"
+  echo "== summary (issue 18 targets)"
+  python3 "$root/cluster/bench/summary.py" "$out/bench.jsonl" "$out/anchors.jsonl" "$out/layer.jsonl" \
+    "$out/prefill.jsonl" | tee "$out/summary.md"
 fi
+if has tests; then
+  echo "== GPU unit tests"
+  has kernels || kernel_tests
+  (cd "$root" && timeout 1200 "$bin/test_cuda" --gtest_filter='-*FlashAttention*:*DeltaRule*' > "$out/test_cuda.log" 2>&1)
+  show_test_log "$out/test_cuda.log" 40
+  if [ "$gpus" -ge 2 ]; then
+    echo "== multi-GPU tests (2 ranks)"
+    (cd "$root" && timeout 300 mpirun --oversubscribe -np 2 -x HYDRA_ATTENTION_KERNEL -x HYDRA_GDN_KERNEL "$bin/test_parallel_gpu" 2>&1 | tee "$out/test_parallel_gpu.log" |
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |GPUs vs|rank [0-9]\]|Failure|mpi \]" | head -20)
+  fi
+fi
+has bench && run_bench
+has anchors && run_anchors
 if has sweep; then
   echo "== prefill sweep"
   lens2="128K,256K,512K,1M"; [ "$gpus" -ge 2 ] || lens2=""
@@ -88,7 +131,7 @@ if has niah; then
   echo "== eval-niah 512K cell"
   "$bin/hydra" eval-niah --preset hydrahead-1.7b --lengths 512K --depths 50 --samples 1 --device cuda \
     --out "$out/niah_1gpu.jsonl" 2>&1 | tail -3
-  [ "$gpus" -ge 2 ] && mpirun --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x HYDRA_ATTENTION_KERNEL -x LD_LIBRARY_PATH "$bin/hydra" eval-niah \
+  [ "$gpus" -ge 2 ] && mpirun --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x HYDRA_ATTENTION_KERNEL -x HYDRA_GDN_KERNEL -x LD_LIBRARY_PATH "$bin/hydra" eval-niah \
     --preset hydrahead-1.7b --lengths 512K --depths 50 --samples 1 --device cuda --out "$out/niah_2gpu.jsonl" 2>&1 | tail -3
 fi
 if has bwd; then

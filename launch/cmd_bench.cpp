@@ -7,6 +7,8 @@
 // gdn: the chunked gated delta rule forward (prepare + state pass + outputs), time and the
 // effective TFLOP/s of model/cost.h's FLOP count. gemm: M×N×K bf16, 2·M·N·K / time.
 // attention-bwd, gdn-bwd: forward + backward (bench_backward.cpp states their checks and FLOP counts).
+// The kernel measured is the one a model run would use (HYDRA_ATTENTION_KERNEL, HYDRA_GDN_KERNEL,
+// HYDRA_GDN_SEGMENTS select others); its name is part of the printed label and the JSON line.
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -126,6 +128,40 @@ void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Te
                  diff, scale);
   }
 }
+
+// Largest |a − b| and |b| over two equally shaped host tensors.
+std::pair<double, double> max_error(const Tensor& a, const Tensor& b) {
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::abs(a.data_as<float>()[i] - b.data_as<float>()[i])));
+    scale = std::max(scale, static_cast<double>(std::abs(b.data_as<float>()[i])));
+  }
+  return {diff, scale};
+}
+
+// GDN correctness gates, run once before timing: the first 256 tokens of two heads against the CPU
+// chunked form, and (unless the timed kernel is v1) the last 256 tokens against the v1 kernels, so
+// the later segments of the in-GPU split are checked too. A mismatch ends the benchmark.
+void check_gdn(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta, const Tensor& out,
+               const Tensor& state, const ops::cuda_impl::GdnOptions& gdn) {
+  const int64_t t = q.size(0), d = q.size(2), n = std::min<int64_t>(256, t), heads = std::min<int64_t>(2, q.size(1));
+  auto slice = [&](const Tensor& x, int64_t t0) { return to(x.view().narrow(0, t0, n).narrow(1, 0, heads), Device::host, DType::f32); };
+  fill(state, 0.0f);
+  ops::cuda_impl::delta_rule_chunked(out, state, q, k, v, g, beta, {}, gdn);
+  Tensor ref = Tensor::empty({n, heads, d}, DType::f32), s0 = Tensor::zeros({heads, d, d}, DType::f32);
+  ops::delta_rule_chunked(ref, s0, slice(q, 0), slice(k, 0), slice(v, 0), slice(g, 0), slice(beta, 0), {});
+  const auto [diff, scale] = max_error(slice(out, 0), ref);
+  log::info("gdn check, first {} tokens vs the CPU reference: max error {:.3g} of {:.3g}", n, diff, scale);
+  HYDRA_ASSERT(std::isfinite(diff) && diff <= 3e-2 * scale, "GDN check failed: max error {} of {}", diff, scale);
+  if (gdn.kernel == ops::cuda_impl::GdnKernel::v1) return;
+  Tensor out_v1 = Tensor::empty(out.shape(), DType::bf16, Device::cuda);
+  fill(state, 0.0f);
+  ops::cuda_impl::delta_rule_chunked(out_v1, state, q, k, v, g, beta, {}, {ops::cuda_impl::GdnKernel::v1, 0});
+  const auto [diff_end, scale_end] = max_error(slice(out, t - n), slice(out_v1, t - n));
+  log::info("gdn check, last {} tokens vs the v1 kernels: max error {:.3g} of {:.3g}", n, diff_end, scale_end);
+  HYDRA_ASSERT(std::isfinite(diff_end) && diff_end <= 3e-2 * scale_end, "GDN check (end of the sequence) failed: max "
+               "error {} of {}", diff_end, scale_end);
+}
 #endif
 
 }  // namespace
@@ -170,10 +206,10 @@ int run_bench(App& app, const std::vector<std::string>& args) {
       check_attention(q, k, v, out, p);
       ms = time_ms(opt.warmup, opt.repeat, [&] { ops::attention_forward(out, lse, q, k, v, p); });
       tflops = causal_attention_flops(t, h, d) / (ms * 1e-3) / 1e12;
-      const char* kernel = std::getenv("HYDRA_ATTENTION_KERNEL");
-      what = fmt::format("attention causal T={} H={} d={}{}", t, h, d,
-                         kernel && std::string(kernel) == "mma" ? " [mma.sync]" : "");
-      j.update({{"seq_len", t}, {"heads", h}, {"kv_heads", hk}, {"head_dim", d}});
+      const char* kernel = ops::cuda_impl::flash_kernel_name(
+          ops::cuda_impl::resolve_flash_kernel(ops::cuda_impl::FlashKernel::automatic, d));
+      what = fmt::format("attention causal T={} H={} d={} [{}]", t, h, d, kernel);
+      j.update({{"seq_len", t}, {"heads", h}, {"kv_heads", hk}, {"head_dim", d}, {"kernel", kernel}});
     } else {
       Tensor q = random_device({t, h, d}, "bench.q"), k = random_device({t, h, d}, "bench.k"), v = random_device({t, h, d}, "bench.v");
       ops::l2_norm(q, 1e-6f);
@@ -186,30 +222,17 @@ int run_bench(App& app, const std::vector<std::string>& args) {
       }
       Tensor g = to_device(g_host, Device::cuda), beta = to_device(b_host, Device::cuda);
       Tensor out = Tensor::empty({t, h, d}, DType::bf16, Device::cuda), state = Tensor::zeros({h, d, d}, DType::f32, Device::cuda);
-      // Correctness: the first 256 tokens of two heads against the CPU chunked form.
-      {
-        const int64_t n = std::min<int64_t>(256, t);
-        auto slice = [&](const Tensor& x) { return to(x.view().narrow(0, 0, n).narrow(1, 0, std::min<int64_t>(2, h)), Device::host, DType::f32); };
-        Tensor qs = slice(q), ks = slice(k), vs = slice(v), gs = to(g.view().narrow(0, 0, n).narrow(1, 0, std::min<int64_t>(2, h)), Device::host, DType::f32);
-        Tensor bs = to(beta.view().narrow(0, 0, n).narrow(1, 0, std::min<int64_t>(2, h)), Device::host, DType::f32);
-        Tensor ref = Tensor::empty(qs.shape(), DType::f32), s0 = Tensor::zeros({qs.size(1), d, d}, DType::f32);
-        ops::delta_rule_chunked(ref, s0, qs, ks, vs, gs, bs, {});
-        ops::delta_rule_chunked(out, state, q, k, v, g, beta, {});
-        Tensor got = to(out.view().narrow(0, 0, n).narrow(1, 0, std::min<int64_t>(2, h)), Device::host, DType::f32);
-        double diff = 0, scale = 0;
-        for (int64_t i = 0; i < ref.numel(); ++i) {
-          diff = std::max(diff, static_cast<double>(std::abs(got.data_as<float>()[i] - ref.data_as<float>()[i])));
-          scale = std::max(scale, static_cast<double>(std::abs(ref.data_as<float>()[i])));
-        }
-        HYDRA_ASSERT(std::isfinite(diff) && diff <= 3e-2 * scale, "GDN check failed: max error {} of {}", diff, scale);
-      }
+      const ops::cuda_impl::GdnOptions gdn = ops::cuda_impl::resolve_gdn_options({});
+      check_gdn(q, k, v, g, beta, out, state, gdn);
       ms = time_ms(opt.warmup, opt.repeat, [&] {
         fill(state, 0.0f);
         ops::delta_rule_chunked(out, state, q, k, v, g, beta, {});
       });
       tflops = delta_rule_flops(t, h, d) / (ms * 1e-3) / 1e12;
-      what = fmt::format("gdn chunked T={} H={} d={}", t, h, d);
-      j.update({{"seq_len", t}, {"heads", h}, {"head_dim", d}});
+      const char* kernel = ops::cuda_impl::gdn_kernel_name(gdn.kernel);
+      const std::string segments = gdn.segments > 0 ? std::to_string(gdn.segments) : "auto";
+      what = fmt::format("gdn chunked T={} H={} d={} [{}, segments {}]", t, h, d, kernel, segments);
+      j.update({{"seq_len", t}, {"heads", h}, {"head_dim", d}, {"kernel", kernel}, {"segments", segments}});
     }
   }
   j.update({{"what", what}, {"ms", ms}, {"tflops", tflops}, {"fraction_of_ceiling", tflops / ceiling}});

@@ -11,12 +11,18 @@
 // blocks wholly visible skip the per-element mask; blocks wholly invisible are never loaded.
 // merge: the epilogue reads the earlier (out, lse) of each row it owns and writes the fp32 merge,
 // so a ring step needs no partial buffers and no extra pass.
+//
+// This file also chooses the kernel for a call (resolve_flash_kernel): the warp-specialised Hopper
+// kernel (attention_hopper.cu) for head dim 128 on sm_90, this mma.sync kernel for head dim 64 and
+// other GPUs, and, on request, the earlier two-warpgroup wgmma kernel (attention_wgmma.cuh).
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
 #include "kernels/attention/attention.h"
 #include "kernels/attention/flash_common.cuh"
+#include "kernels/attention/flash_softmax.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 
@@ -25,8 +31,6 @@ namespace {
 
 using cuda::bf16_t;
 constexpr int kBlockM = 64, kBlockN = 64, kThreads = 128;
-
-
 
 template <int D>
 __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid_constant__ FlashParams p) {
@@ -63,14 +67,16 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
   }
   cuda::cp_async_commit();
 
-  // Per-lane rows: r0 = 16·warp + lane/4 and r1 = r0 + 8 (of the block).
+  // Per-lane rows: r0 = 16·warp + lane/4 and r1 = r0 + 8 (of the block); accumulator layout as in
+  // flash_softmax.cuh, 8-column group j at [4j, 4j + 4).
   const int g4 = lane / 4, c4 = lane % 4;
   const int row0 = q0 + warp * 16 + g4, row1 = row0 + 8;
-  const float row_scale[2] = {flash_row_scale(p, row0), flash_row_scale(p, row1)};
+  const float rs[2] = {flash_row_scale(p, row0), flash_row_scale(p, row1)};
+  auto group = [](float* a, int j) -> float(&)[4] { return *reinterpret_cast<float(*)[4]>(a + 4 * j); };
 
-  float o[D / 8][4];
+  float o[D / 2];
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   uint32_t qf[D / 16][4];
 
@@ -94,9 +100,9 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
     const unsigned char* vs = sv + (kb % 2) * kBlockN * D * 2;
 
     // S = Q Kᵀ: 16 rows × 64 keys per warp.
-    float s[kBlockN / 8][4];
+    float s[kBlockN / 2];
 #pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
@@ -104,80 +110,38 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
         uint32_t b[4];
         const int key = j * 8 + (lane % 8) + (lane / 16) * 8, c = kk * 2 + (lane / 8) % 2;
         cuda::ldmatrix_x4(b, cuda::smem_addr(ks) + cuda::swizzled<kChunks>(key, c));
-        cuda::mma_bf16(s[j], qf[kk], b[0], b[1]);
-        cuda::mma_bf16(s[j + 1], qf[kk], b[2], b[3]);
+        cuda::mma_bf16(group(s, j), qf[kk], b[0], b[1]);
+        cuda::mma_bf16(group(s, j + 1), qf[kk], b[2], b[3]);
       }
     }
-    // Scale, mask, online softmax (base 2).
+    // Mask (diagonal and partial tiles only), online softmax, rescale.
     const int key0 = kb * kBlockN;
-    const bool need_mask = key0 + kBlockN > p.tk ||
-                           (p.causal && p.k_pos0 + key0 + kBlockN - 1 > p.q_pos0 + q0);
-    float row_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        float x = s[j][e] * row_scale[r];
-        if (need_mask) {
-          const int key = key0 + j * 8 + c4 * 2 + (e % 2);
-          const int64_t qpos = p.q_pos0 + (r == 0 ? row0 : row1);
-          if (key >= p.tk || (p.causal && p.k_pos0 + key > qpos)) x = -INFINITY;
-        }
-        s[j][e] = x;
-        row_max[r] = fmaxf(row_max[r], x);
-      }
+    if (flash_tile_needs_mask(p, key0, kBlockN, q0)) {
+      const int last[2] = {flash_last_visible(p, key0, row0), flash_last_visible(p, key0, row1)};
+      flash_apply_mask(s, c4, last);
     }
     float corr[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
-      const float m_new = fmaxf(m[r], row_max[r]);
-      const float base = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: keep exp2 finite
-      corr[r] = exp2f(m[r] - base);
-      m[r] = m_new;
-      row_max[r] = base;
-    }
-    float row_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pe = exp2f(s[j][e] - row_max[e / 2]);
-        s[j][e] = pe;
-        row_sum[e / 2] += pe;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + row_sum[r];
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[j][0] *= corr[0];
-      o[j][1] *= corr[0];
-      o[j][2] *= corr[1];
-      o[j][3] *= corr[1];
-    }
-    // O += P V: P from the S accumulators, V through ldmatrix.trans.
+    flash_softmax_step(s, rs, m, l, corr);
+    flash_rescale(o, corr);
+    uint32_t pa[kBlockN / 16][4];
+    flash_pack_p(s, pa);
+    // O += P V: P in registers, V through ldmatrix.trans.
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t a[4] = {cuda::pack_bf16(s[2 * kk][0], s[2 * kk][1]), cuda::pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                             cuda::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             cuda::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
       for (int j = 0; j < D / 8; j += 2) {
         uint32_t b[4];
         const int key = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = j + lane / 16;
         cuda::ldmatrix_x4_trans(b, cuda::smem_addr(vs) + cuda::swizzled<kChunks>(key, c));
-        cuda::mma_bf16(o[j], a, b[0], b[1]);
-        cuda::mma_bf16(o[j + 1], a, b[2], b[3]);
+        cuda::mma_bf16(group(o, j), pa[kk], b[0], b[1]);
+        cuda::mma_bf16(group(o, j + 1), pa[kk], b[2], b[3]);
       }
     }
   }
 
   cuda::cp_async_wait<0>();  // no copy may be in flight when the block exits (n_blocks == 0)
 
-  flash_epilogue<D>(p, head, row0, row1, c4, reinterpret_cast<float(&)[D / 2]>(o), m, l);
+  flash_epilogue<D>(p, head, row0, row1, c4, o, m, l);
 }
 
 }  // namespace
@@ -186,23 +150,61 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
 #include "kernels/attention/attention_wgmma.cuh"
 
 namespace hydra::ops::cuda_impl {
+namespace {
 
-// The wgmma kernel runs on compute capability 9.0 unless HYDRA_ATTENTION_KERNEL=mma asks for the
-// portable mma.sync kernel (for comparisons and as a fallback).
-bool wgmma_enabled() {
-  static const bool enabled = [] {
-    const char* choice = std::getenv("HYDRA_ATTENTION_KERNEL");
-    if (choice && std::string(choice) == "mma") return false;
-    int device = 0, major = 0;
-    HYDRA_CUDA_CHECK(cudaGetDevice(&device));
-    HYDRA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    return major == 9;
+bool is_hopper() {
+  int device = 0, major = 0, minor = 0;
+  HYDRA_CUDA_CHECK(cudaGetDevice(&device));
+  HYDRA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  HYDRA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major == 9 && minor == 0;  // the sm_90a kernels run on compute capability 9.0 only
+}
+
+// HYDRA_ATTENTION_KERNEL, read once: a way to fall back to an older kernel without rebuilding.
+FlashKernel kernel_from_environment() {
+  static const FlashKernel choice = [] {
+    const char* env = std::getenv("HYDRA_ATTENTION_KERNEL");
+    const std::string name = env ? env : "";
+    if (name.empty()) return FlashKernel::automatic;
+    for (FlashKernel k : {FlashKernel::hopper, FlashKernel::wgmma, FlashKernel::mma})
+      if (name == flash_kernel_name(k)) return k;
+    HYDRA_USER_FAIL("HYDRA_ATTENTION_KERNEL must be hopper, wgmma or mma (got '{}')", name);
   }();
-  return enabled;
+  return choice;
+}
+
+}  // namespace
+
+const char* flash_kernel_name(FlashKernel kernel) {
+  switch (kernel) {
+    case FlashKernel::automatic: return "automatic";
+    case FlashKernel::hopper: return "hopper";
+    case FlashKernel::wgmma: return "wgmma";
+    case FlashKernel::mma: return "mma";
+  }
+  return "?";
+}
+
+FlashKernel resolve_flash_kernel(FlashKernel kernel, int64_t head_dim) {
+  if (kernel == FlashKernel::automatic) kernel = kernel_from_environment();
+  if (kernel == FlashKernel::automatic) kernel = head_dim == 128 && is_hopper() ? FlashKernel::hopper : FlashKernel::mma;
+  // The environment asks for one kernel for every call; shapes only the mma.sync kernel handles use it.
+  if (kernel != FlashKernel::mma && head_dim != 128) kernel = FlashKernel::mma;
+  return kernel;
+}
+
+bool flash_kernel_supported(FlashKernel kernel, int64_t head_dim) {
+  if (kernel == FlashKernel::mma) return head_dim == 64 || head_dim == 128;
+  return kernel != FlashKernel::automatic && head_dim == 128 && is_hopper();
 }
 
 void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                        const TensorView& v, const AttentionParams& params) {
+  attention_forward(out, lse, q, k, v, params, FlashKernel::automatic);
+}
+
+void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+                       const TensorView& v, const AttentionParams& params, FlashKernel kernel) {
   cuda::expect_cuda(q, "attention q", DType::bf16);
   cuda::expect_cuda(k, "attention k", DType::bf16);
   cuda::expect_cuda(v, "attention v", DType::bf16);
@@ -218,6 +220,7 @@ void attention_forward(const TensorView& out, const TensorView& lse, const Tenso
                  "CUDA attention needs 16-byte aligned rows (strides multiples of 8 elements)");
   }
   HYDRA_ASSERT(out.stride(2) == 1 && out.stride(0) % 2 == 0 && out.stride(1) % 2 == 0, "attention out layout");
+  HYDRA_ASSERT(q.size(0) <= INT32_MAX && k.size(0) <= INT32_MAX, "CUDA attention: more than 2^31 rows");
   if (q.size(0) == 0) return;
   FlashParams p{};
   p.q = q.data_as<const cuda::bf16_t>();
@@ -249,20 +252,24 @@ void attention_forward(const TensorView& out, const TensorView& lse, const Tenso
     p.kv_of[h] = params.kv_head_of_query.empty() ? static_cast<int>(h / (hq / hk)) : params.kv_head_of_query[h];
     HYDRA_ASSERT(p.kv_of[h] >= 0 && p.kv_of[h] < hk, "query head {} maps to KV head {} of {}", h, p.kv_of[h], hk);
   }
-  const dim3 grid(static_cast<unsigned>((q.size(0) + kBlockM - 1) / kBlockM), static_cast<unsigned>(hq));
-  const size_t smem = static_cast<size_t>((kBlockM + 4 * kBlockN) * d * 2);
-  if (d == 128 && wgmma_enabled()) {
-    // Hopper path: wgmma kernel, 128 query rows per CTA.
-    const dim3 wgrid(static_cast<unsigned>((q.size(0) + wg::kM - 1) / wg::kM), static_cast<unsigned>(hq));
-    auto kernel = wg::flash_forward_wgmma_kernel;
-    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::kSmemBytes));
-    kernel<<<wgrid, wg::kThreads, wg::kSmemBytes, current_stream()>>>(p);
-  } else if (d == 128) {
-    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    flash_forward_kernel<128><<<grid, kThreads, smem, current_stream()>>>(p);
+
+  const FlashKernel chosen = resolve_flash_kernel(kernel, d);
+  HYDRA_ASSERT(chosen == FlashKernel::mma || is_hopper(), "the {} attention kernel needs an sm_90 GPU",
+               flash_kernel_name(chosen));
+  if (chosen == FlashKernel::hopper && flash_forward_hopper_supports(q, k, v)) {
+    flash_forward_hopper(p, q, k, v);
+  } else if (chosen == FlashKernel::hopper || chosen == FlashKernel::wgmma) {
+    // Two-warpgroup kernel, 128 query rows per CTA (also for views TMA cannot describe).
+    const dim3 grid(static_cast<unsigned>((q.size(0) + wg::kM - 1) / wg::kM), static_cast<unsigned>(hq));
+    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(wg::flash_forward_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          wg::kSmemBytes));
+    wg::flash_forward_wgmma_kernel<<<grid, wg::kThreads, wg::kSmemBytes, current_stream()>>>(p);
   } else {
-    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    flash_forward_kernel<64><<<grid, kThreads, smem, current_stream()>>>(p);
+    const dim3 grid(static_cast<unsigned>((q.size(0) + kBlockM - 1) / kBlockM), static_cast<unsigned>(hq));
+    const size_t smem = static_cast<size_t>((kBlockM + 4 * kBlockN) * d * 2);
+    auto kernel_fn = d == 128 ? flash_forward_kernel<128> : flash_forward_kernel<64>;
+    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel_fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel_fn<<<grid, kThreads, smem, current_stream()>>>(p);
   }
   HYDRA_CUDA_LAUNCH_CHECK();
 }

@@ -1,7 +1,9 @@
-// What the flash attention kernels (mma.sync in attention.cu, wgmma in attention_wgmma.cuh) share:
-// their parameters and the epilogue that normalises the output, forms the natural-log
-// log-sum-exp and, in merge mode, folds the block's result into the earlier partial result of
-// each row in fp32 (the ring-attention merge, done in place).
+// What the flash attention kernels (mma.sync in attention.cu, the warp-specialised Hopper kernel in
+// attention_hopper.cu, the two-warpgroup wgmma kernel in attention_wgmma.cuh) share: their
+// parameters, the launchers' declarations, and the epilogue that normalises the output, forms the
+// natural-log log-sum-exp and, in merge mode, folds the block's result into the earlier partial
+// result of each row in fp32 (the ring-attention merge, done in place). The online softmax and the
+// mask are in flash_softmax.cuh.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,11 @@ struct FlashParams {
   int causal, merge;
   int kv_of[kMaxHeads];
 };
+
+// attention_hopper.cu: head dim 128 on sm_90a, for q/k/v views whose rows nest (stride(0) ≥
+// heads · stride(1), stride(1) ≥ d), which TMA tensor maps describe.
+bool flash_forward_hopper_supports(const TensorView& q, const TensorView& k, const TensorView& v);
+void flash_forward_hopper(const FlashParams& p, const TensorView& q, const TensorView& k, const TensorView& v);
 
 // Keys [0, end) that some query row of a block of `rows` rows starting at q0 may see.
 __device__ __forceinline__ int flash_key_end(const FlashParams& p, int q0, int rows) {

@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
 
 #include "runtime/cuda_memory.h"
@@ -33,8 +35,24 @@ __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ bf16_t from_float<bf16_t>(float x) { return __float2bfloat16_rn(x); }
 
-// A grid of `blocks` capped to a few waves; kernels loop (grid-stride) over the rest.
-inline int capped_grid(int64_t blocks) { return static_cast<int>(std::clamp<int64_t>(blocks, 1, 132 * 32)); }
+// Streaming multiprocessors of the current device (queried once per device, then cached).
+inline int sm_count() {
+  static std::array<std::atomic<int>, 64> cache{};  // 0: not queried yet
+  int device = 0;
+  HYDRA_CUDA_CHECK(cudaGetDevice(&device));
+  std::atomic<int>& slot = cache[static_cast<size_t>(device) % cache.size()];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n == 0) {
+    HYDRA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    slot.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// A grid of `blocks` capped to a few waves (32 CTAs per SM); kernels loop (grid-stride) over the rest.
+inline int capped_grid(int64_t blocks) {
+  return static_cast<int>(std::clamp<int64_t>(blocks, 1, int64_t{32} * sm_count()));
+}
 
 // Rows of a [N, n] or [N, H, n] view as (pointer, row index -> offset) with unit last stride.
 struct RowLayout {

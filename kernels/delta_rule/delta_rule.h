@@ -15,8 +15,8 @@
 //  - segment_map: (M, S_ext) of a segment, composed chunk by chunk:
 //      M ← e^{γ_C} M − K̃ᵀ (W M),  S_ext ← e^{γ_C} S_ext + K̃ᵀ (U − W S_ext),  K̃ = e^{γ_C−γ} ⊙ K.
 //    Sequence parallelism exchanges these maps instead of waiting for other ranks' scans.
-// On the GPU (delta_rule.cu) the chunked form and the maps take bf16 q/k/v rows, fp32 g/β and
-// fp32 state, with dk = dv ∈ {64, 128} and chunk 64.
+// On the GPU (delta_rule_forward.cu and the stages of delta_rule_cuda.cuh) the chunked form and
+// the maps take bf16 q/k/v rows, fp32 g/β and fp32 state, with dk = dv ∈ {64, 128} and chunk 64.
 #pragma once
 
 #include <cstdint>
@@ -73,12 +73,30 @@ void delta_rule_state_backward(const TensorView& d_state, const TensorView& d_ou
 void delta_rule_apply_map_transposed(const TensorView& d_state, const TensorView& m, const TensorView& d_loc);
 
 #if HYDRA_CUDA
-namespace cuda_impl {  // delta_rule.cu: chunked form and segment maps (bf16 q/k/v, fp32 g/β/state)
+namespace cuda_impl {  // delta_rule_forward.cu: chunked form and segment maps (bf16 q/k/v, fp32 g/β/state)
 void delta_rule_chunked(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
                         const TensorView& v, const TensorView& g, const TensorView& beta, const DeltaRuleParams& params);
 void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
                             const TensorView& g, const TensorView& beta, const DeltaRuleParams& params);
 void delta_rule_apply_map(const TensorView& state, const TensorView& m, const TensorView& s_ext);
+// Tests and benchmarks pick the implementation. kernel automatic: HYDRA_GDN_KERNEL (fused | v1) if
+// set, else fused (prepare + fused state/output pass, delta_rule_cuda.cuh); v1: the earlier
+// three-kernel form (delta_rule_v1.cu), kept until fused is proven on a GPU. segments: the in-GPU
+// split of the sequential pass (0: HYDRA_GDN_SEGMENTS if set, else enough to fill the GPU).
+enum class GdnKernel { automatic, fused, v1 };
+struct GdnOptions {
+  GdnKernel kernel = GdnKernel::automatic;
+  int segments = 0;
+};
+void delta_rule_chunked(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& g, const TensorView& beta, const DeltaRuleParams& params,
+                        const GdnOptions& options);
+void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
+                            const TensorView& g, const TensorView& beta, const DeltaRuleParams& params,
+                            const GdnOptions& options);
+const char* gdn_kernel_name(GdnKernel kernel);
+// `options` with automatic fields resolved from the environment (segments stays 0 if neither set it).
+GdnOptions resolve_gdn_options(GdnOptions options);
 // delta_rule_backward.cu
 void delta_rule_chunked_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                  const TensorView& dg, const TensorView& dbeta, const TensorView& d_state,

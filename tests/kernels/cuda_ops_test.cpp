@@ -4,11 +4,16 @@
 //  - element-wise ops: 1e-2 — the bf16 output rounding alone is up to 2⁻⁸ ≈ 4e-3;
 //  - GEMM: 1e-2 — bf16 inputs, fp32 accumulation, bf16 output;
 //  - attention: 2e-2 — P is rounded to bf16 for the PV product (as in FlashAttention);
-//  - gated delta rule: 3e-2 — W, U, K̃, V' and the chunk states are bf16 operands of fp32
-//    products; the fp32 state keeps the error from compounding across chunks.
+//  - gated delta rule: 3e-2 — T, P, R = β(V − e^γ K S), V' and the state's copy are bf16 operands
+//    of fp32 products (W, U, K̃ in the v1 kernels); the fp32 state keeps the error from compounding.
+// The attention and delta-rule tests run every implementation the device has (the selectors of
+// attention.h / delta_rule.h) and print each one's error, so one run tells which kernel fails where.
 // Without a GPU every test here reports SKIPPED.
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "kernels/attention/attention.h"
 #include "kernels/conv/conv.h"
@@ -145,58 +150,113 @@ TEST(CudaOps, GemmBf16AndFp32) {
   expect_close(host(cg), c, 1e-5, "fp32 gemm (no TF32)");
 }
 
+// Where two [T, H, d] (or [H, T]) tensors differ most: for a failure message a person can act on.
+[[maybe_unused]] std::string worst_element(const Tensor& got, const Tensor& want) {
+  int64_t at = 0;
+  double worst = -1;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double e = std::abs(static_cast<double>(got.data_as<float>()[i]) - want.data_as<float>()[i]);
+    if (!(e <= worst)) {  // NaN counts as worst
+      worst = e;
+      at = i;
+    }
+  }
+  std::string index;
+  for (int d = want.rank() - 1, rest = static_cast<int>(at); d >= 0; --d) {
+    index = std::to_string(rest % want.size(d)) + (index.empty() ? "" : "," + index);
+    rest /= static_cast<int>(want.size(d));
+  }
+  return "worst at [" + index + "]: got " + std::to_string(got.data_as<float>()[at]) + ", want " +
+         std::to_string(want.data_as<float>()[at]);
+}
+
+// One attention block as ring attention calls it (positions of the query and key blocks, GQA,
+// τ, overwrite or merge into an earlier partial result).
 struct AttnCase {
+  const char* kind;
   int64_t tq, tk, hq, hk, d, qpos, kpos;
-  bool tau, merge;
+  bool tau = true, merge = false, causal = true, custom_map = false;
 };
 
 TEST(CudaOps, FlashAttentionMatchesReference) {
   HYDRA_REQUIRE_GPU();
+#if HYDRA_CUDA
+  using ops::cuda_impl::FlashKernel;
   const AttnCase cases[] = {
-      {1, 1, 1, 1, 64, 0, 0, false, false},       {37, 37, 4, 2, 64, 0, 0, false, false},
-      {200, 200, 3, 3, 128, 100, 100, true, false}, {70, 130, 2, 1, 128, 192, 0, true, false},
-      {65, 65, 4, 1, 128, 0, 1000, false, false},   {150, 90, 2, 2, 64, 60, 10, true, false},
-      {129, 129, 2, 1, 128, 524288, 524288, true, false}, {96, 160, 4, 2, 128, 160, 0, true, true},
-      {100, 100, 2, 1, 64, 50, 0, false, true}};
+      {"single query", 1, 1, 1, 1, 64, 0, 0, false},
+      {"causal odd", 37, 37, 4, 2, 64, 0, 0, false},
+      {"causal diagonal", 200, 200, 3, 3, 128, 100, 100},
+      {"full block (keys before queries)", 70, 130, 2, 1, 128, 192, 0},
+      {"partial block (keys straddle the queries)", 150, 90, 2, 2, 64, 60, 10},
+      {"partial block d128", 260, 300, 4, 2, 128, 1000, 900},
+      {"zigzag half (later half visible)", 256, 256, 2, 1, 128, 256, 128},
+      {"empty block (keys after queries)", 65, 65, 4, 1, 128, 0, 1000, false},
+      {"empty block merge (earlier result stands)", 65, 65, 4, 1, 128, 0, 1000, true, true},
+      {"diagonal at 512K", 129, 129, 2, 1, 128, 524288, 524288},
+      {"diagonal at 1M", 300, 300, 2, 2, 128, 1048576 - 300, 1048576 - 300},
+      {"full block at 1M", 200, 256, 2, 1, 128, 1048576 - 200, 1048576 - 1000},
+      {"merge, partial", 96, 160, 4, 2, 128, 160, 0, true, true},
+      {"merge d64", 100, 100, 2, 1, 64, 50, 0, false, true},
+      {"merge at 1M", 130, 250, 2, 1, 128, 1048576 - 130, 1048576 - 250, true, true},
+      {"non-causal", 77, 190, 2, 2, 128, 0, 500, true, false, false},
+      {"GQA map", 140, 140, 4, 2, 128, 0, 0, true, false, true, true},
+      {"many tiles (persistent scheduler)", 3000, 3000, 8, 2, 128, 0, 0},
+  };
   for (const AttnCase& c : cases) {
-    const std::string what = "attention tq=" + std::to_string(c.tq) + " tk=" + std::to_string(c.tk) + " d=" +
-                             std::to_string(c.d) + (c.merge ? " merge" : "");
     Tensor q = rounded_to_bf16(random_tensor({c.tq, c.hq, c.d}, 22, 2.0f));
     Tensor k = rounded_to_bf16(random_tensor({c.tk, c.hk, c.d}, 23, 2.0f));
     Tensor v = rounded_to_bf16(random_tensor({c.tk, c.hk, c.d}, 24));
-    ops::AttentionParams p{.q_position0 = c.qpos, .k_position0 = c.kpos, .tau_log_base = c.tau ? 362.0 : 0.0};
-    Tensor out = Tensor::empty({c.tq, c.hq, c.d}, DType::f32), lse = Tensor::empty({c.hq, c.tq}, DType::f32);
-    if (c.merge) {  // an earlier partial result to merge into
-      out = random_tensor({c.tq, c.hq, c.d}, 25);
-      lse = random_tensor({c.hq, c.tq}, 26, 3.0f);
+    const std::vector<int> map = {1, 0, 1, 0};
+    ops::AttentionParams p{.causality = c.causal ? ops::Causality::causal : ops::Causality::none,
+                           .q_position0 = c.qpos, .k_position0 = c.kpos, .tau_log_base = c.tau ? 362.0 : 0.0};
+    if (c.custom_map) p.kv_head_of_query = map;
+    Tensor out0 = Tensor::zeros({c.tq, c.hq, c.d}, DType::f32), lse0 = Tensor::empty({c.hq, c.tq}, DType::f32);
+    if (c.merge) {  // an earlier partial result to merge into, with some rows that saw nothing yet
+      out0 = random_tensor({c.tq, c.hq, c.d}, 25);
+      lse0 = random_tensor({c.hq, c.tq}, 26, 3.0f);
+      for (int64_t i = 0; i < lse0.numel(); i += 7) lse0.data_as<float>()[i] = -std::numeric_limits<float>::infinity();
       p.output = ops::AttentionOutput::merge;
     }
-    Tensor out_g = gpu(out, DType::f32), lse_g = gpu(lse, DType::f32);
+    Tensor out = clone(out0), lse = clone(lse0);
     ops::attention_forward(out, lse, q, k, v, p);
-    ops::attention_forward(out_g, lse_g, gpu(q), gpu(k), gpu(v), p);
-    expect_close(host(out_g), out, 2e-2, what + " out");
-    Tensor lh = host(lse_g);
-    for (int64_t i = 0; i < lse.numel(); ++i) {
-      const float a = lh.data_as<float>()[i], b = lse.data_as<float>()[i];
-      if (std::isinf(b)) {
-        EXPECT_TRUE(std::isinf(a) && a < 0) << what << " lse " << i;
-      } else {
-        EXPECT_NEAR(a, b, 2e-2 * std::max(1.0f, std::abs(b))) << what << " lse " << i;
+    for (FlashKernel kernel : {FlashKernel::hopper, FlashKernel::wgmma, FlashKernel::mma}) {
+      if (!ops::cuda_impl::flash_kernel_supported(kernel, c.d)) continue;
+      const std::string what = std::string("attention [") + ops::cuda_impl::flash_kernel_name(kernel) + "] " + c.kind +
+                               ": tq=" + std::to_string(c.tq) + " tk=" + std::to_string(c.tk) + " q@" +
+                               std::to_string(c.qpos) + " k@" + std::to_string(c.kpos) + " d=" + std::to_string(c.d);
+      Tensor out_g = gpu(out0, DType::f32), lse_g = gpu(lse0, DType::f32);
+      ops::cuda_impl::attention_forward(out_g, lse_g, gpu(q), gpu(k), gpu(v), p, kernel);
+      Tensor oh = host(out_g), lh = host(lse_g);
+      std::printf("%s: out max rel error %.4g\n", what.c_str(), max_rel_error(oh, out));
+      expect_close(oh, out, 2e-2, what + " out (" + worst_element(oh, out) + ")");
+      int bad = 0;
+      for (int64_t i = 0; i < lse.numel() && bad < 5; ++i) {
+        const float a = lh.data_as<float>()[i], b = lse.data_as<float>()[i];
+        const bool ok = std::isinf(b) ? (std::isinf(a) && a < 0) : std::abs(a - b) <= 2e-2 * std::max(1.0f, std::abs(b));
+        if (!ok) {
+          ++bad;
+          ADD_FAILURE() << what << " lse [head " << i / c.tq << ", row " << i % c.tq << "]: got " << a << ", want " << b;
+        }
       }
     }
   }
+#endif
 }
 
 struct GdnCase {
   int64_t t, h, d;
+  int segments = 0;  // the in-GPU split of the fused kernel (0: automatic)
 };
 
 TEST(CudaOps, ChunkedDeltaRuleAndSegmentMapMatchReference) {
   HYDRA_REQUIRE_GPU();
-  // 20000 and 40000 tokens exceed 256 chunks: the in-GPU split scan (segment maps + fold) runs.
+#if HYDRA_CUDA
+  using ops::cuda_impl::GdnKernel;
+  // 20000 and 40000 tokens split the sequential pass inside the GPU (segment maps + fold) by
+  // default; the forced segment counts split short sequences too (uneven last segment included).
   for (const GdnCase c : {GdnCase{1, 1, 64}, GdnCase{63, 2, 64}, GdnCase{64, 1, 128}, GdnCase{65, 2, 128},
-                          GdnCase{200, 3, 64}, GdnCase{1000, 2, 128}, GdnCase{20000, 2, 128}, GdnCase{40000, 1, 64}}) {
-    const std::string what = "delta rule T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) + " d=" + std::to_string(c.d);
+                          GdnCase{200, 3, 64}, GdnCase{200, 3, 64, 3}, GdnCase{1000, 2, 128}, GdnCase{1000, 2, 128, 3},
+                          GdnCase{3000, 14, 128, 5}, GdnCase{20000, 2, 128}, GdnCase{40000, 1, 64}}) {
     Tensor q = random_tensor({c.t, c.h, c.d}, 30), k = random_tensor({c.t, c.h, c.d}, 31);
     ops::l2_norm(q, 1e-6f);
     ops::l2_norm(k, 1e-6f);
@@ -207,20 +267,37 @@ TEST(CudaOps, ChunkedDeltaRuleAndSegmentMapMatchReference) {
     Tensor s0 = random_tensor({c.h, c.d, c.d}, 35, 0.3f);
     Tensor out = Tensor::empty({c.t, c.h, c.d}, DType::f32), state = clone(s0);
     ops::delta_rule_chunked(out, state, q, k, v, g, beta, {});
-    Tensor out_g = Tensor::empty({c.t, c.h, c.d}, DType::bf16, Device::cuda), state_g = gpu(s0, DType::f32);
-    ops::delta_rule_chunked(out_g, state_g, gpu(q), gpu(k), gpu(v), gpu(g, DType::f32), gpu(beta, DType::f32), {});
-    expect_close(host(out_g), out, 3e-2, what + " output");
-    expect_close(host(state_g), state, 3e-2, what + " final state");
     Tensor m = Tensor::empty({c.h, c.d, c.d}, DType::f32), se = Tensor::empty({c.h, c.d, c.d}, DType::f32);
     ops::delta_rule_segment_map(m, se, k, v, g, beta, {});
-    Tensor mg = Tensor::empty({c.h, c.d, c.d}, DType::f32, Device::cuda), seg = Tensor::empty({c.h, c.d, c.d}, DType::f32, Device::cuda);
-    ops::delta_rule_segment_map(mg, seg, gpu(k), gpu(v), gpu(g, DType::f32), gpu(beta, DType::f32), {});
-    expect_close(host(mg), m, 3e-2, what + " map M");
-    expect_close(host(seg), se, 3e-2, what + " map S_ext");
-    Tensor folded = gpu(s0, DType::f32);
-    ops::delta_rule_apply_map(folded, mg, seg);
-    expect_close(host(folded), state, 3e-2, what + " M·S0 + S_ext = final state");
+    for (GdnKernel kernel : {GdnKernel::fused, GdnKernel::v1}) {
+      if (kernel == GdnKernel::v1 && c.segments != 0) continue;  // v1 splits by its own rule
+      const ops::cuda_impl::GdnOptions options{kernel, c.segments};
+      const std::string what = std::string("delta rule [") + ops::cuda_impl::gdn_kernel_name(kernel) +
+                               "] T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) + " d=" + std::to_string(c.d) +
+                               " segments=" + (c.segments ? std::to_string(c.segments) : std::string("auto"));
+      Tensor out_g = Tensor::empty({c.t, c.h, c.d}, DType::bf16, Device::cuda), state_g = gpu(s0, DType::f32);
+      ops::cuda_impl::delta_rule_chunked(out_g, state_g, gpu(q), gpu(k), gpu(v), gpu(g, DType::f32),
+                                         gpu(beta, DType::f32), {}, options);
+      Tensor oh = host(out_g), sh = host(state_g);
+      std::printf("%s: output max rel error %.4g, final state %.4g\n", what.c_str(), max_rel_error(oh, out),
+                  max_rel_error(sh, state));
+      expect_close(oh, out, 3e-2, what + " output (" + worst_element(oh, out) + ")");
+      expect_close(sh, state, 3e-2, what + " final state (" + worst_element(sh, state) + ")");
+      Tensor mg = Tensor::empty({c.h, c.d, c.d}, DType::f32, Device::cuda);
+      Tensor seg = Tensor::empty({c.h, c.d, c.d}, DType::f32, Device::cuda);
+      ops::cuda_impl::delta_rule_segment_map(mg, seg, gpu(k), gpu(v), gpu(g, DType::f32), gpu(beta, DType::f32), {},
+                                             options);
+      Tensor mh = host(mg), seh = host(seg);
+      std::printf("%s: map M max rel error %.4g, S_ext %.4g\n", what.c_str(), max_rel_error(mh, m),
+                  max_rel_error(seh, se));
+      expect_close(mh, m, 3e-2, what + " map M (" + worst_element(mh, m) + ")");
+      expect_close(seh, se, 3e-2, what + " map S_ext (" + worst_element(seh, se) + ")");
+      Tensor folded = gpu(s0, DType::f32);
+      ops::delta_rule_apply_map(folded, mg, seg);
+      expect_close(host(folded), state, 3e-2, what + " M·S0 + S_ext = final state");
+    }
   }
+#endif
 }
 
 }  // namespace

@@ -1,4 +1,8 @@
-// Chunked gated delta rule on the GPU (chunk C = 64, head dim D = dk = dv ∈ {64, 128}), fp32 state.
+// The previous chunked gated delta rule on the GPU, kept (HYDRA_GDN_KERNEL=v1) only as the proven
+// fallback until the restructured forward (delta_rule_prepare.cu, delta_rule_state.cu,
+// delta_rule_forward.cu) has passed its tests on an H200; then this file is deleted.
+//
+// Chunk C = 64, head dim D = dk = dv ∈ {64, 128}, fp32 state.
 //
 // Three kernels per call (the WY/UT form of delta_rule.h; bf16 tensor-core products with fp32
 // accumulation, fp32 state and statistics):
@@ -22,10 +26,14 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/delta_rule/delta_rule.h"
+#include "kernels/delta_rule/delta_rule_cuda.cuh"
 #include "kernels/matmul/matmul.h"
 
 namespace hydra::ops::cuda_impl {
 namespace {
+
+using gdn::fold_maps;
+using gdn::StageProfile;
 
 constexpr int kC = 64;  // chunk
 
@@ -526,32 +534,6 @@ struct Workspace {
 
 Seq seq_of(const TensorView& x) { return Seq{x.data(), x.stride(0), x.stride(1)}; }
 
-void check_rows(const TensorView& x, const char* what) {
-  cuda::expect_cuda(x, what, DType::bf16);
-  HYDRA_ASSERT(x.stride(2) == 1 && x.stride(0) % 8 == 0 && x.stride(1) % 8 == 0 &&
-                   reinterpret_cast<uintptr_t>(x.data()) % 16 == 0,
-               "CUDA delta rule: {} rows must be 16-byte aligned", what);
-}
-
-// Optional stage timing (HYDRA_GDN_PROFILE=1): prints each kernel's time, for tuning.
-struct StageProfile {
-  bool on = std::getenv("HYDRA_GDN_PROFILE") != nullptr;
-  std::vector<std::pair<const char*, std::unique_ptr<CudaEvent>>> marks;
-  void mark(const char* name) {
-    if (!on) return;
-    marks.emplace_back(name, std::make_unique<CudaEvent>(true));
-    marks.back().second->record(current_stream());
-  }
-  ~StageProfile() {
-    if (!on || marks.size() < 2) return;
-    marks.back().second->synchronize();
-    std::string line = "gdn stages:";
-    for (size_t i = 1; i < marks.size(); ++i)
-      line += fmt::format(" {} {:.3f} ms", marks[i].first, marks[i].second->elapsed_ms_since(*marks[i - 1].second));
-    std::fprintf(stderr, "%s\n", line.c_str());
-  }
-};
-
 template <int D>
 Workspace prepare(const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta) {
   const int t_len = static_cast<int>(k.size(0)), heads = static_cast<int>(k.size(1));
@@ -588,17 +570,6 @@ void run_state(StateArgs args, bool with_maps, int segments) {
   } else {
     args.value_tiles = D / 32;
     launch_state<D, 32>(args, args.value_tiles * (with_maps ? 2 : 1), segments);
-  }
-}
-
-// Folds segment maps in order with one batched fp32 GEMM per segment (all heads at once):
-// states[s+1] = M_s · states[s] + add_s, from states[0] (set by the caller). `add` null: no addend
-// (composing the M parts). m, add: [≥ steps, H, D, D]; states: [steps + 1, H, D, D].
-void fold_maps(const TensorView& m, const TensorView* add, const TensorView& states, int steps) {
-  for (int s = 0; s < steps; ++s) {
-    const TensorView next = states.select(0, s + 1);
-    if (add) copy_into(next, add->select(0, s));
-    gemm_batched(next, m.select(0, s), states.select(0, s), GemmParams{.beta = add ? 1.0f : 0.0f});
   }
 }
 
@@ -681,27 +652,12 @@ void segment_map(const TensorView& m, const TensorView& s_ext, const TensorView&
   copy_into(m, acc.view().select(0, segments - 1));
 }
 
-void check_common(const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta) {
-  check_rows(k, "k");
-  check_rows(v, "v");
-  cuda::expect_cuda(g, "g", DType::f32);
-  cuda::expect_cuda(beta, "beta", DType::f32);
-  HYDRA_ASSERT(k.size(2) == v.size(2) && (k.size(2) == 64 || k.size(2) == 128),
-               "CUDA delta rule supports dk = dv in {{64, 128}}, got {}/{}", k.size(2), v.size(2));
-}
-
 }  // namespace
 
-void delta_rule_chunked(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
-                        const TensorView& v, const TensorView& g, const TensorView& beta, const DeltaRuleParams& params) {
-  check_common(k, v, g, beta);
-  check_rows(q, "q");
-  check_rows(out, "out");
-  cuda::expect_cuda(state, "state", DType::f32);
-  HYDRA_ASSERT(params.chunk == kC, "CUDA delta rule uses chunks of {}", kC);
-  if (k.size(0) == 0) return;
+// Called by delta_rule_forward.cu after its argument checks.
+void delta_rule_chunked_v1(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
+                           const TensorView& v, const TensorView& g, const TensorView& beta, float scale) {
   const int64_t d = k.size(2);
-  const float scale = params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(d));
   if (d == 128) {
     chunked<128>(out, state, q, k, v, g, beta, scale);
   } else {
@@ -709,34 +665,13 @@ void delta_rule_chunked(const TensorView& out, const TensorView& state, const Te
   }
 }
 
-void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
-                            const TensorView& g, const TensorView& beta, const DeltaRuleParams& params) {
-  check_common(k, v, g, beta);
-  cuda::expect_cuda(m, "m", DType::f32);
-  cuda::expect_cuda(s_ext, "s_ext", DType::f32);
-  HYDRA_ASSERT(params.chunk == kC && m.is_contiguous() && s_ext.is_contiguous(), "CUDA segment map layout");
-  if (k.size(0) == 0) {  // an empty segment is the identity map
-    fill(s_ext, 0.0f);
-    Tensor eye = Tensor::zeros(m.shape(), DType::f32);
-    for (int64_t h = 0; h < m.size(0); ++h)
-      for (int64_t i = 0; i < m.size(1); ++i) eye.data_as<float>()[(h * m.size(1) + i) * m.size(1) + i] = 1.0f;
-    copy_into(m, eye);
-    return;
-  }
+void delta_rule_segment_map_v1(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
+                               const TensorView& g, const TensorView& beta) {
   if (k.size(2) == 128) {
     segment_map<128>(m, s_ext, k, v, g, beta);
   } else {
     segment_map<64>(m, s_ext, k, v, g, beta);
   }
-}
-
-void delta_rule_apply_map(const TensorView& state, const TensorView& m, const TensorView& s_ext) {
-  // state ← M state + S_ext per head, fp32 GEMMs.
-  Tensor next = clone(s_ext);
-  for (int64_t h = 0; h < state.size(0); ++h) {
-    ops::gemm(next.view().select(0, h), m.select(0, h), state.select(0, h), GemmParams{.beta = 1.0f});
-  }
-  copy_into(state, next);
 }
 
 }  // namespace hydra::ops::cuda_impl

@@ -1,0 +1,98 @@
+// Internal interface of the GPU gated delta rule (chunk C = 64, head dim D = dk = dv ∈ {64, 128}):
+// the forward's stages, for the orchestration in delta_rule_forward.cu and for the backward
+// (delta_rule_backward.cu), which recomputes chunk states with the same state pass.
+//
+// Notation (delta_rule.h): per chunk, γ = cumulative log decay, β, K, V, Q its rows (rows past the
+// end of the sequence are zeros with g = β = 0: identity steps).
+//  1. prepare (delta_rule_prepare.cu), parallel over chunks × heads: γ; T = (I + L)⁻¹ with
+//     L_ij = β_i k_i·k_j e^{γ_i−γ_j} (j < i). The inverse is computed without the gate: L = E L₀ E⁻¹
+//     with E = diag(e^γ), so T = E (I + L₀)⁻¹ E⁻¹, i.e. T_ij = T₀_ij e^{γ_i−γ_j} (≤ 1 factors only);
+//     T₀ by 16×16 diagonal blocks (forward substitution) merged 16→32→64 by tensor-core products.
+//     With q also P = scale · (Q Kᵀ ⊙ E_ij) (j ≤ i), the intra-chunk attention of the output.
+//  2. state pass (delta_rule_state.cu), sequential over the chunks of a segment, parallel over
+//     (column tile, head, segment): the state tile S[:, cols] stays in registers (fp32) and
+//       V' = T (β ⊙ (V − e^γ ⊙ K S))       (= U − W S of the WY form; W and U are never formed)
+//       O  = scale · e^γ ⊙ (Q S) + P V'     (value tiles with an output)
+//       S ← e^{γ_C} S + Kᵀ (e^{γ_C−γ} ⊙ V')
+//     Map tiles run the same recurrence on the columns of M (V = 0, M starts as I), which gives
+//     a segment's affine map S_out = M S_in + S_ext (S_ext: value tiles started from zeros).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+
+namespace hydra::ops::cuda_impl::gdn {
+
+constexpr int kChunk = 64;
+constexpr int kTileColumns = 32;  // columns of S (or M) per state-pass CTA: D / 32 tiles per head
+
+struct Rows {  // [T, H, D] bf16 rows or [T, H] f32 gates: element (t, h) at ptr + t·st + h·sh
+  const void* ptr = nullptr;
+  int64_t st = 0, sh = 0;
+};
+inline Rows rows_of(const TensorView& x) { return Rows{x.data(), x.stride(0), x.stride(1)}; }
+
+// Stage 1. gamma [chunks, H, 64] f32; t, p [chunks, H, 64, 64] bf16 row-major (p empty without q).
+struct ChunkPrep {
+  Tensor gamma, t, p;
+  int chunks = 0;
+};
+// q may be an empty view (maps need no outputs). k: [T, H, D] bf16; g, beta: [T, H] f32.
+ChunkPrep prepare(const TensorView& q, const TensorView& k, const TensorView& g, const TensorView& beta, float scale);
+
+// Stage 2: one launch over `segments` chunk ranges [s·cps, min((s+1)·cps, chunks)) × heads × column
+// tiles (D / kTileColumns value tiles and as many map tiles per head).
+// Per segment s, [H, D, D] f32 blocks at s · segment_stride of state_in / state_out / map_out.
+struct StatePassArgs {
+  const bf16_t* t;      // ChunkPrep::t
+  const bf16_t* p;      // ChunkPrep::p (value tiles with an output)
+  const float* gamma;   // ChunkPrep::gamma
+  Rows q, k, v, beta;   // the sequence (q only with an output)
+  int t_len = 0, chunks = 0, heads = 0;
+  int segments = 1, chunks_per_segment = 0;
+  bool map_tiles = false;    // also run the D columns of M (started from I, values 0)
+  bool value_tiles = true;   // run the D columns of S (values v)
+  const float* state_in = nullptr;  // initial S of the value tiles (null: zeros)
+  float* state_out = nullptr;       // final S of the value tiles (null: not kept)
+  float* map_out = nullptr;         // final M of the map tiles
+  int64_t segment_stride = 0;       // elements between segments' blocks (0: one shared block)
+  bf16_t* out = nullptr;            // [T, H, D] outputs of the value tiles (null: none)
+  int64_t out_st = 0, out_sh = 0;
+  float scale = 1.0f;               // query scale of the output (also folded into p)
+  bf16_t* chunk_states = nullptr;   // optional [chunks, H, D, D] bf16: each chunk's starting S (backward)
+  bf16_t* vnew = nullptr;           // optional [chunks, H, 64, D] bf16: each chunk's V' (backward)
+};
+void state_pass(const StatePassArgs& args, int head_dim);
+
+// The sequential fold of segment maps (delta_rule_forward.cu), one batched fp32 GEMM per step over
+// all heads: states[s+1] = M_s · states[s] (+ add_s), s = 0 .. steps−1, states[0] set by the caller.
+// m, add: [≥ steps, H, D, D]; states: [steps + 1, H, D, D]; add null: no addend.
+void fold_maps(const TensorView& m, const TensorView* add, const TensorView& states, int steps);
+
+// HYDRA_GDN_PROFILE=1: each marked stage's time (CUDA events), printed to stderr at scope exit.
+struct StageProfile {
+  bool on = std::getenv("HYDRA_GDN_PROFILE") != nullptr;
+  std::vector<std::pair<const char*, std::unique_ptr<CudaEvent>>> marks;
+  void mark(const char* name) {
+    if (!on) return;
+    marks.emplace_back(name, std::make_unique<CudaEvent>(true));
+    marks.back().second->record(current_stream());
+  }
+  ~StageProfile() {
+    if (!on || marks.size() < 2) return;
+    marks.back().second->synchronize();
+    std::string line = "gdn stages:";
+    for (size_t i = 1; i < marks.size(); ++i)
+      line += fmt::format(" {} {:.3f} ms", marks[i].first, marks[i].second->elapsed_ms_since(*marks[i - 1].second));
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+};
+
+}  // namespace hydra::ops::cuda_impl::gdn

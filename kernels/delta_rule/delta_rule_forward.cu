@@ -1,0 +1,289 @@
+// The GPU gated delta rule forward: argument checks, the choice of implementation, and the
+// orchestration of the stages of delta_rule_cuda.cuh.
+//
+// chunked (one sequence, initial state in, final state out):
+//   1. prepare: γ, T, P for every (chunk, head), in parallel;
+//   2. with S > 1 segments (enough (column tile, head, segment) CTAs to fill the GPU): the maps
+//      (M, S_ext) of segments 0 .. S−2, all in parallel; a short sequential fold on batched fp32
+//      GEMMs, S_in(s+1) = M_s S_in(s) + S_ext(s), gives every segment its initial state;
+//   3. the state pass of every segment in parallel, outputs fused in.
+// segment_map (sequence parallelism): prepare without queries, the maps of S segments in one
+// launch, composed by the same fold.
+// HYDRA_GDN_PROFILE=1 prints each stage's time (CUDA events) to stderr (gdn::StageProfile).
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/delta_rule/delta_rule.h"
+#include "kernels/delta_rule/delta_rule_cuda.cuh"
+#include "kernels/matmul/matmul.h"
+
+namespace hydra::ops::cuda_impl {
+
+// delta_rule_v1.cu (the earlier implementation; arguments already checked).
+void delta_rule_chunked_v1(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
+                           const TensorView& v, const TensorView& g, const TensorView& beta, float scale);
+void delta_rule_segment_map_v1(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
+                               const TensorView& g, const TensorView& beta);
+
+namespace {
+
+using gdn::fold_maps;
+using gdn::kChunk;
+using gdn::StageProfile;
+
+}  // namespace
+
+GdnOptions resolve_gdn_options(GdnOptions options) {
+  static const GdnOptions from_env = [] {
+    GdnOptions o;
+    if (const char* env = std::getenv("HYDRA_GDN_KERNEL"); env && *env) {
+      const std::string name = env;
+      if (name == "fused") {
+        o.kernel = GdnKernel::fused;
+      } else if (name == "v1") {
+        o.kernel = GdnKernel::v1;
+      } else {
+        HYDRA_USER_FAIL("HYDRA_GDN_KERNEL must be fused or v1 (got '{}')", name);
+      }
+    }
+    if (const char* env = std::getenv("HYDRA_GDN_SEGMENTS"); env && *env) {
+      o.segments = std::atoi(env);
+      HYDRA_USER_CHECK(o.segments >= 1, "HYDRA_GDN_SEGMENTS must be a positive integer (got '{}')", env);
+    }
+    return o;
+  }();
+  if (options.kernel == GdnKernel::automatic) options.kernel = from_env.kernel;
+  if (options.kernel == GdnKernel::automatic) options.kernel = GdnKernel::fused;
+  if (options.segments == 0) options.segments = from_env.segments;
+  return options;
+}
+
+namespace {
+
+// Segments of the in-GPU split. Each launch's time is modelled as (waves of CTAs, two CTAs per SM)
+// × (chunks per segment), plus ≈ 25 chunk steps per fold step (a copy and a small batched GEMM):
+// chunked runs the maps of segments 0..S−2 (map_ctas each), then the state pass of all S
+// (state_ctas each); segment_map (state_ctas = 0) runs the maps of all S. The S with the smallest
+// modelled time wins (segments of at least 16 chunks, at most 16 segments). At 14 heads, d = 128
+// on 132 SMs this picks 8 segments for 32K..512K tokens.
+int auto_segments(int chunks, int state_ctas, int map_ctas) {
+  const int64_t slots = 2 * int64_t{cuda::sm_count()};
+  auto waves = [&](int64_t ctas) { return (ctas + slots - 1) / slots; };
+  int best = 1;
+  int64_t best_cost = INT64_MAX;
+  for (int s = 1; s <= std::min(16, std::max(1, chunks / 16)); ++s) {
+    const int64_t per_segment = (chunks + s - 1) / s;
+    const int64_t maps = state_ctas > 0 ? int64_t{s - 1} * map_ctas : int64_t{s} * map_ctas;
+    const int64_t cost = (waves(maps) + waves(int64_t{s} * state_ctas)) * per_segment + 25 * int64_t{s - 1};
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = s;
+    }
+  }
+  return best;
+}
+
+void check_rows(const TensorView& x, const char* what) {
+  cuda::expect_cuda(x, what, DType::bf16);
+  HYDRA_ASSERT(x.stride(2) == 1 && x.stride(0) % 8 == 0 && x.stride(1) % 8 == 0 &&
+                   reinterpret_cast<uintptr_t>(x.data()) % 16 == 0,
+               "CUDA delta rule: {} rows must be 16-byte aligned", what);
+}
+
+void check_common(const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
+                  const DeltaRuleParams& params) {
+  check_rows(k, "k");
+  check_rows(v, "v");
+  cuda::expect_cuda(g, "g", DType::f32);
+  cuda::expect_cuda(beta, "beta", DType::f32);
+  HYDRA_ASSERT(k.size(2) == v.size(2) && (k.size(2) == 64 || k.size(2) == 128),
+               "CUDA delta rule supports dk = dv in {{64, 128}}, got {}/{}", k.size(2), v.size(2));
+  HYDRA_ASSERT(params.chunk == kChunk, "CUDA delta rule uses chunks of {}", kChunk);
+  HYDRA_ASSERT(k.size(0) <= INT32_MAX, "CUDA delta rule: more than 2^31 tokens");
+}
+
+gdn::StatePassArgs pass_args(const gdn::ChunkPrep& prep, const TensorView& k, const TensorView& v,
+                             const TensorView& beta, int segments) {
+  gdn::StatePassArgs a;
+  a.t = prep.t.data_as<bf16_t>();
+  a.p = prep.p.numel() > 0 ? prep.p.data_as<bf16_t>() : nullptr;
+  a.gamma = prep.gamma.data_as<float>();
+  a.k = gdn::rows_of(k);
+  a.v = gdn::rows_of(v);
+  a.beta = gdn::rows_of(beta);
+  a.t_len = static_cast<int>(k.size(0));
+  a.chunks = prep.chunks;
+  a.heads = static_cast<int>(k.size(1));
+  a.segments = segments;
+  a.chunks_per_segment = (prep.chunks + segments - 1) / segments;
+  return a;
+}
+
+// The maps (M, S_ext) of `segments` consecutive chunk ranges: [segments, H, D, D] each.
+std::pair<Tensor, Tensor> segment_maps(const gdn::ChunkPrep& prep, const TensorView& k, const TensorView& v,
+                                       const TensorView& beta, int segments, int chunks_per_segment) {
+  const int64_t heads = k.size(1), d = k.size(2);
+  Tensor s_ext = Tensor::empty({segments, heads, d, d}, DType::f32, Device::cuda);
+  Tensor m = Tensor::empty({segments, heads, d, d}, DType::f32, Device::cuda);
+  gdn::StatePassArgs a = pass_args(prep, k, v, beta, segments);
+  a.chunks_per_segment = chunks_per_segment;
+  a.map_tiles = true;
+  a.state_out = s_ext.data_as<float>();
+  a.map_out = m.data_as<float>();
+  a.segment_stride = heads * d * d;
+  gdn::state_pass(a, static_cast<int>(d));
+  return {std::move(s_ext), std::move(m)};
+}
+
+void chunked_fused(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
+                   const TensorView& v, const TensorView& g, const TensorView& beta, float scale, int segments) {
+  const int64_t heads = k.size(1), d = k.size(2);
+  StageProfile profile;
+  profile.mark("start");
+  const gdn::ChunkPrep prep = gdn::prepare(q, k, g, beta, scale);
+  profile.mark("prepare");
+  const int tiles = static_cast<int>(heads * (d / gdn::kTileColumns));  // state-pass CTAs per segment
+  if (segments == 0) segments = auto_segments(prep.chunks, tiles, 2 * tiles);
+  segments = std::max(1, std::min(segments, prep.chunks));
+  gdn::StatePassArgs a = pass_args(prep, k, v, beta, segments);
+  segments = (prep.chunks + a.chunks_per_segment - 1) / a.chunks_per_segment;  // no empty trailing segment
+  a.segments = segments;
+  a.q = gdn::rows_of(q);
+  a.out = out.data_as<bf16_t>();
+  a.out_st = out.stride(0);
+  a.out_sh = out.stride(1);
+  a.scale = scale;
+  Tensor inits;
+  if (segments > 1) {
+    const std::pair<Tensor, Tensor> maps = segment_maps(prep, k, v, beta, segments - 1, a.chunks_per_segment);
+    profile.mark("maps");
+    inits = Tensor::empty({segments, heads, d, d}, DType::f32, Device::cuda);
+    copy_into(inits.view().select(0, 0), state);
+    const TensorView s_ext = maps.first;
+    fold_maps(maps.second, &s_ext, inits, segments - 1);
+    profile.mark("fold");
+    a.state_in = inits.data_as<float>();
+    a.state_out = inits.data_as<float>();  // each segment's final state over its initial one
+    a.segment_stride = heads * d * d;
+  } else {
+    a.state_in = state.data_as<float>();
+    a.state_out = state.data_as<float>();
+  }
+  gdn::state_pass(a, static_cast<int>(d));
+  profile.mark("states+outputs");
+  if (segments > 1) copy_into(state, inits.view().select(0, segments - 1));  // the last segment's final state
+}
+
+void segment_map_fused(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
+                       const TensorView& g, const TensorView& beta, int segments) {
+  const int64_t heads = k.size(1), d = k.size(2);
+  const gdn::ChunkPrep prep = gdn::prepare(TensorView(), k, g, beta, 1.0f);
+  if (segments == 0) segments = auto_segments(prep.chunks, 0, static_cast<int>(2 * heads * (d / gdn::kTileColumns)));
+  segments = std::max(1, std::min(segments, prep.chunks));
+  const int per_segment = (prep.chunks + segments - 1) / segments;
+  segments = (prep.chunks + per_segment - 1) / per_segment;
+  const std::pair<Tensor, Tensor> parts = segment_maps(prep, k, v, beta, segments, per_segment);
+  if (segments == 1) {
+    copy_into(s_ext, parts.first.view().select(0, 0));
+    copy_into(m, parts.second.view().select(0, 0));
+    return;
+  }
+  // Compose: S_ext = the parts' S_ext folded from 0; M = M_{S−1} ⋯ M_0.
+  Tensor acc = Tensor::empty({segments + 1, heads, d, d}, DType::f32, Device::cuda);
+  fill(acc.view().select(0, 0), 0.0f);
+  const TensorView ext = parts.first;
+  fold_maps(parts.second, &ext, acc, segments);
+  copy_into(s_ext, acc.view().select(0, segments));
+  copy_into(acc.view().select(0, 0), parts.second.view().select(0, 0));
+  fold_maps(parts.second.view().narrow(0, 1, segments - 1), nullptr, acc, segments - 1);
+  copy_into(m, acc.view().select(0, segments - 1));
+}
+
+}  // namespace
+
+namespace gdn {
+void fold_maps(const TensorView& m, const TensorView* add, const TensorView& states, int steps) {
+  for (int s = 0; s < steps; ++s) {
+    const TensorView next = states.select(0, s + 1);
+    if (add) copy_into(next, add->select(0, s));
+    gemm_batched(next, m.select(0, s), states.select(0, s), GemmParams{.beta = add ? 1.0f : 0.0f});
+  }
+}
+}  // namespace gdn
+
+const char* gdn_kernel_name(GdnKernel kernel) {
+  switch (kernel) {
+    case GdnKernel::automatic: return "automatic";
+    case GdnKernel::fused: return "fused";
+    case GdnKernel::v1: return "v1";
+  }
+  return "?";
+}
+
+void delta_rule_chunked(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& g, const TensorView& beta, const DeltaRuleParams& params) {
+  delta_rule_chunked(out, state, q, k, v, g, beta, params, GdnOptions{});
+}
+
+void delta_rule_chunked(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& g, const TensorView& beta, const DeltaRuleParams& params,
+                        const GdnOptions& options) {
+  check_common(k, v, g, beta, params);
+  check_rows(q, "q");
+  check_rows(out, "out");
+  cuda::expect_cuda(state, "state", DType::f32);
+  HYDRA_ASSERT(state.is_contiguous(), "CUDA delta rule: the state must be contiguous [H, D, D]");
+  if (k.size(0) == 0) return;
+  const float scale = params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(k.size(2)));
+  const GdnOptions o = resolve_gdn_options(options);
+  if (o.kernel == GdnKernel::v1) {
+    delta_rule_chunked_v1(out, state, q, k, v, g, beta, scale);
+  } else {
+    chunked_fused(out, state, q, k, v, g, beta, scale, o.segments);
+  }
+}
+
+void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
+                            const TensorView& g, const TensorView& beta, const DeltaRuleParams& params) {
+  delta_rule_segment_map(m, s_ext, k, v, g, beta, params, GdnOptions{});
+}
+
+void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
+                            const TensorView& g, const TensorView& beta, const DeltaRuleParams& params,
+                            const GdnOptions& options) {
+  check_common(k, v, g, beta, params);
+  cuda::expect_cuda(m, "m", DType::f32);
+  cuda::expect_cuda(s_ext, "s_ext", DType::f32);
+  HYDRA_ASSERT(m.is_contiguous() && s_ext.is_contiguous(), "CUDA segment map layout");
+  if (k.size(0) == 0) {  // an empty segment is the identity map
+    fill(s_ext, 0.0f);
+    Tensor eye = Tensor::zeros(m.shape(), DType::f32);
+    for (int64_t h = 0; h < m.size(0); ++h)
+      for (int64_t i = 0; i < m.size(1); ++i) eye.data_as<float>()[(h * m.size(1) + i) * m.size(1) + i] = 1.0f;
+    copy_into(m, eye);
+    return;
+  }
+  const GdnOptions o = resolve_gdn_options(options);
+  if (o.kernel == GdnKernel::v1) {
+    delta_rule_segment_map_v1(m, s_ext, k, v, g, beta);
+  } else {
+    segment_map_fused(m, s_ext, k, v, g, beta, o.segments);
+  }
+}
+
+void delta_rule_apply_map(const TensorView& state, const TensorView& m, const TensorView& s_ext) {
+  // state ← M state + S_ext for all heads in one batched fp32 GEMM.
+  Tensor next = clone(s_ext);
+  gemm_batched(next, m, state, GemmParams{.beta = 1.0f});
+  copy_into(state, next);
+}
+
+}  // namespace hydra::ops::cuda_impl

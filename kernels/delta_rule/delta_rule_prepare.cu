@@ -1,0 +1,254 @@
+// Stage 1 of the GPU gated delta rule (delta_rule_cuda.cuh): per (chunk, head), the cumulative
+// decay γ, the gate-free triangular inverse T and, with queries, the intra-chunk attention P.
+//
+// CTA = 4 warps, one (chunk, head). Tensor cores (mma.sync m16n8k16, bf16 in, fp32 out) for
+// K Kᵀ and Q Kᵀ (warp w: rows 16w..16w+15). The inverse T₀ = (I + L₀)⁻¹ of the unit lower
+// triangular 64×64 matrix (L₀_ij = β_i k_i·k_j, j < i) is built from blocks:
+//   16×16 diagonal blocks: forward substitution, one column per lane, fp32 (warp w: block w);
+//   16 → 32: X₁₀ = −X₁₁ (L₁₀ X₀₀) and X₃₂ = −X₃₃ (L₃₂ X₂₂) (warps 0, 1);
+//   32 → 64: X[32:, :32] = −X[32:, 32:] (L[32:, :32] X[:32, :32]) (warp w: one 16×16 output block);
+// the block products on tensor cores with operands split into bf16 high and low parts
+// (a·b ≈ a_hi b_hi + a_hi b_lo + a_lo b_hi, ~16 significant bits) so T₀ keeps near-fp32 accuracy.
+// Then T_ij = T₀_ij e^{γ_i−γ_j}: the decay enters only as factors ≤ 1.
+#include <cmath>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/delta_rule/delta_rule_cuda.cuh"
+
+namespace hydra::ops::cuda_impl::gdn {
+namespace {
+
+constexpr int kC = kChunk, kLd = kC + 4;  // fp32 64×64 matrices with padded rows
+
+template <int D>
+struct PrepareSmem {
+  static constexpr size_t row_bytes = size_t(kC) * D * 2;                     // K or Q, bf16 swizzled
+  static constexpr size_t y_bytes = size_t(kC) * kLd * 4;                      // block-product scratch
+  static constexpr size_t q_bytes = row_bytes > y_bytes ? row_bytes : y_bytes;  // Q, later the scratch
+  static constexpr size_t total = row_bytes + q_bytes + 2 * y_bytes + 3 * kC * 4;
+};
+
+// The high and low bf16 parts of two fp32 values, packed as an mma operand register.
+struct Split {
+  uint32_t hi, lo;
+};
+__device__ __forceinline__ Split split(float x0, float x1) {
+  const __nv_bfloat16 h0 = __float2bfloat16_rn(x0), h1 = __float2bfloat16_rn(x1);
+  return {cuda::pack_bf16(__bfloat162float(h0), __bfloat162float(h1)),
+          cuda::pack_bf16(x0 - __bfloat162float(h0), x1 - __bfloat162float(h1))};
+}
+
+// acc (a 16×16 block as two 16×8 accumulator tiles) += A[16×K] · B[K×16], A and B fp32 row-major
+// in shared memory (leading dimension kLd), with the split-bf16 products above. Fragment layouts
+// of mma.m16n8k16 (kernels/cuda/mma.cuh), g = lane / 4, c = lane % 4.
+template <int K>
+__device__ __forceinline__ void block_product(const float* a, const float* b, float (&acc)[2][4], int lane) {
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    const Split a0 = split(a[g * kLd + k0 + 2 * c], a[g * kLd + k0 + 2 * c + 1]);
+    const Split a1 = split(a[(g + 8) * kLd + k0 + 2 * c], a[(g + 8) * kLd + k0 + 2 * c + 1]);
+    const Split a2 = split(a[g * kLd + k0 + 8 + 2 * c], a[g * kLd + k0 + 9 + 2 * c]);
+    const Split a3 = split(a[(g + 8) * kLd + k0 + 8 + 2 * c], a[(g + 8) * kLd + k0 + 9 + 2 * c]);
+    const uint32_t ahi[4] = {a0.hi, a1.hi, a2.hi, a3.hi}, alo[4] = {a0.lo, a1.lo, a2.lo, a3.lo};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int col = 8 * n + g;
+      const Split b0 = split(b[(k0 + 2 * c) * kLd + col], b[(k0 + 2 * c + 1) * kLd + col]);
+      const Split b1 = split(b[(k0 + 8 + 2 * c) * kLd + col], b[(k0 + 9 + 2 * c) * kLd + col]);
+      cuda::mma_bf16(acc[n], ahi, b0.hi, b1.hi);
+      cuda::mma_bf16(acc[n], ahi, b0.lo, b1.lo);
+      cuda::mma_bf16(acc[n], alo, b0.hi, b1.hi);
+    }
+  }
+}
+
+// dst (16×16 block, leading dimension kLd) = sign · acc.
+__device__ __forceinline__ void store_block(float* dst, const float (&acc)[2][4], float sign, int lane) {
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    dst[g * kLd + 8 * n + 2 * c] = sign * acc[n][0];
+    dst[g * kLd + 8 * n + 2 * c + 1] = sign * acc[n][1];
+    dst[(g + 8) * kLd + 8 * n + 2 * c] = sign * acc[n][2];
+    dst[(g + 8) * kLd + 8 * n + 2 * c + 1] = sign * acc[n][3];
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(128) gdn_prepare_kernel(Rows q, Rows k, Rows g, Rows beta, int t_len, int heads,
+                                                          float scale, bf16_t* t_out, bf16_t* p_out, float* gamma_out) {
+  using S = PrepareSmem<D>;
+  constexpr int kChunks = D / 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* sk = smem;
+  unsigned char* sq = smem + S::row_bytes;
+  float* sy = reinterpret_cast<float*>(sq);  // block-product scratch once Q Kᵀ is done
+  float* sl = reinterpret_cast<float*>(smem + S::row_bytes + S::q_bytes);
+  float* sx = sl + kC * kLd;
+  float* sgamma = sx + kC * kLd;
+  float* sbeta = sgamma + kC;
+  float* sraw = sbeta + kC;
+  const int chunk = blockIdx.x, head = blockIdx.y, t0 = chunk * kC;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g4 = lane / 4, c4 = lane % 4;
+  const int valid = min(kC, t_len - t0);
+  const bool with_q = p_out != nullptr;
+
+  for (int i = tid; i < kC * kChunks; i += 128) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool ok = r < valid;
+    const int64_t row = ok ? t0 + r : 0;
+    const bf16_t* kp = static_cast<const bf16_t*>(k.ptr) + row * k.st + head * k.sh + c * 8;
+    cuda::cp_async_16(cuda::smem_addr(sk) + cuda::swizzled<kChunks>(r, c), kp, ok ? 16 : 0);
+    if (with_q) {
+      const bf16_t* qp = static_cast<const bf16_t*>(q.ptr) + row * q.st + head * q.sh + c * 8;
+      cuda::cp_async_16(cuda::smem_addr(sq) + cuda::swizzled<kChunks>(r, c), qp, ok ? 16 : 0);
+    }
+  }
+  cuda::cp_async_commit();
+  for (int i = tid; i < kC * kLd; i += 128) sx[i] = 0.0f;  // upper blocks of T₀ stay zero
+  if (tid < kC) {
+    const bool ok = tid < valid;
+    sraw[tid] = ok ? static_cast<const float*>(g.ptr)[(t0 + tid) * g.st + head * g.sh] : 0.0f;
+    sbeta[tid] = ok ? static_cast<const float*>(beta.ptr)[(t0 + tid) * beta.st + head * beta.sh] : 0.0f;
+  }
+  __syncthreads();
+  if (warp == 0) {  // inclusive prefix sum of g over the chunk (two values per lane)
+    float a = sraw[2 * lane], b = a + sraw[2 * lane + 1];
+    for (int o = 1; o < 32; o *= 2) {
+      const float up = __shfl_up_sync(0xffffffffu, b, o);
+      if (lane >= o) {
+        a += up;
+        b += up;
+      }
+    }
+    sgamma[2 * lane] = a;
+    sgamma[2 * lane + 1] = b;
+  }
+  cuda::cp_async_wait<0>();
+  __syncthreads();
+
+  // K Kᵀ and Q Kᵀ, rows 16w..16w+15 × 64 keys per warp.
+  const int m0 = warp * 16;
+  {
+    float kk_acc[kC / 8][4] = {}, qk_acc[kC / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ka[4], qa[4];
+      cuda::ldmatrix_x4(ka, cuda::smem_addr(sk) + cuda::swizzled<kChunks>(m0 + lane % 16, kk * 2 + lane / 16));
+      if (with_q) cuda::ldmatrix_x4(qa, cuda::smem_addr(sq) + cuda::swizzled<kChunks>(m0 + lane % 16, kk * 2 + lane / 16));
+#pragma unroll
+      for (int j = 0; j < kC / 8; j += 2) {
+        uint32_t b[4];
+        const int key = j * 8 + (lane % 8) + (lane / 16) * 8, c = kk * 2 + (lane / 8) % 2;
+        cuda::ldmatrix_x4(b, cuda::smem_addr(sk) + cuda::swizzled<kChunks>(key, c));
+        cuda::mma_bf16(kk_acc[j], ka, b[0], b[1]);
+        cuda::mma_bf16(kk_acc[j + 1], ka, b[2], b[3]);
+        if (with_q) {
+          cuda::mma_bf16(qk_acc[j], qa, b[0], b[1]);
+          cuda::mma_bf16(qk_acc[j + 1], qa, b[2], b[3]);
+        }
+      }
+    }
+    const int64_t base = (int64_t(chunk) * heads + head) * kC * kC;
+#pragma unroll
+    for (int j = 0; j < kC / 8; ++j)
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        const int i = m0 + g4 + 8 * h2, jj = j * 8 + 2 * c4;
+        sl[i * kLd + jj] = jj < i ? sbeta[i] * kk_acc[j][2 * h2] : 0.0f;
+        sl[i * kLd + jj + 1] = jj + 1 < i ? sbeta[i] * kk_acc[j][2 * h2 + 1] : 0.0f;
+        if (with_q) {
+          const float p0 = jj <= i ? scale * qk_acc[j][2 * h2] * expf(sgamma[i] - sgamma[jj]) : 0.0f;
+          const float p1 = jj + 1 <= i ? scale * qk_acc[j][2 * h2 + 1] * expf(sgamma[i] - sgamma[jj + 1]) : 0.0f;
+          *reinterpret_cast<uint32_t*>(p_out + base + i * kC + jj) = cuda::pack_bf16(p0, p1);
+        }
+      }
+  }
+  __syncthreads();
+
+  // Diagonal 16×16 blocks of T₀: warp w, block w, lane c < 16 solves column c:
+  // X[i][c] = −Σ_{c ≤ j < i} L[i][j] X[j][c] for i > c, X[c][c] = 1, X[i][c] = 0 for i < c.
+  if (lane < 16) {
+    const float* lb = sl + m0 * kLd + m0;
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = i == lane ? 1.0f : 0.0f;
+#pragma unroll
+    for (int i = 1; i < 16; ++i) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < i; ++j) acc = fmaf(lb[i * kLd + j], x[j], acc);
+      if (i > lane) x[i] = -acc;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sx[(m0 + i) * kLd + m0 + lane] = x[i];
+  }
+  __syncthreads();
+  // 16 → 32: warp 0 forms X₁₀, warp 1 X₃₂ (scratch: its own 16 rows of sy).
+  if (warp < 2) {
+    const int r0 = 32 * warp + 16, c0 = 32 * warp;  // block (i, j) = rows r0.., columns c0..
+    float acc[2][4] = {};
+    block_product<16>(sl + r0 * kLd + c0, sx + c0 * kLd + c0, acc, lane);  // L_ij X_jj
+    float* y = sy + warp * 16 * kLd;
+    store_block(y, acc, 1.0f, lane);
+    __syncwarp();
+    float acc2[2][4] = {};
+    block_product<16>(sx + r0 * kLd + r0, y, acc2, lane);  // X_ii (L_ij X_jj)
+    store_block(sx + r0 * kLd + c0, acc2, -1.0f, lane);
+  }
+  __syncthreads();
+  // 32 → 64: Y = L[32:, :32] X[:32, :32], then X[32:, :32] = −X[32:, 32:] Y; warp w: block (w/2, w%2).
+  {
+    const int bi = warp / 2, bj = warp % 2;
+    float acc[2][4] = {};
+    block_product<32>(sl + (32 + 16 * bi) * kLd, sx + 16 * bj, acc, lane);
+    store_block(sy + 16 * bi * kLd + 16 * bj, acc, 1.0f, lane);
+    __syncthreads();
+    float acc2[2][4] = {};
+    block_product<32>(sx + (32 + 16 * bi) * kLd + 32, sy + 16 * bj, acc2, lane);
+    store_block(sx + (32 + 16 * bi) * kLd + 16 * bj, acc2, -1.0f, lane);
+  }
+  __syncthreads();
+  // T = T₀ ⊙ e^{γ_i−γ_j} (lower triangle, diagonal 1), bf16 row-major; γ.
+  const int64_t base = (int64_t(chunk) * heads + head) * kC * kC;
+  for (int e = tid; e < kC * kC / 2; e += 128) {
+    const int i = e / (kC / 2), j = 2 * (e % (kC / 2));
+    const float v0 = j <= i ? sx[i * kLd + j] * expf(sgamma[i] - sgamma[j]) : 0.0f;
+    const float v1 = j + 1 <= i ? sx[i * kLd + j + 1] * expf(sgamma[i] - sgamma[j + 1]) : 0.0f;
+    *reinterpret_cast<uint32_t*>(t_out + base + i * kC + j) = cuda::pack_bf16(v0, v1);
+  }
+  if (tid < kC) gamma_out[(int64_t(chunk) * heads + head) * kC + tid] = sgamma[tid];
+}
+
+template <int D>
+void launch_prepare(const TensorView& q, const TensorView& k, const TensorView& g, const TensorView& beta, float scale,
+                    ChunkPrep& prep) {
+  const int t_len = static_cast<int>(k.size(0)), heads = static_cast<int>(k.size(1));
+  const size_t smem = PrepareSmem<D>::total;
+  HYDRA_CUDA_CHECK(cudaFuncSetAttribute(gdn_prepare_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  gdn_prepare_kernel<D><<<dim3(prep.chunks, heads), 128, smem, current_stream()>>>(
+      q.numel() > 0 ? rows_of(q) : Rows{}, rows_of(k), rows_of(g), rows_of(beta), t_len, heads, scale,
+      prep.t.data_as<bf16_t>(), prep.p.numel() > 0 ? prep.p.data_as<bf16_t>() : nullptr, prep.gamma.data_as<float>());
+  HYDRA_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+ChunkPrep prepare(const TensorView& q, const TensorView& k, const TensorView& g, const TensorView& beta, float scale) {
+  const int64_t t_len = k.size(0), heads = k.size(1);
+  ChunkPrep prep;
+  prep.chunks = static_cast<int>((t_len + kC - 1) / kC);
+  prep.gamma = Tensor::empty({prep.chunks, heads, kC}, DType::f32, Device::cuda);
+  prep.t = Tensor::empty({prep.chunks, heads, kC, kC}, DType::bf16, Device::cuda);
+  if (q.numel() > 0) prep.p = Tensor::empty({prep.chunks, heads, kC, kC}, DType::bf16, Device::cuda);
+  if (k.size(2) == 128) {
+    launch_prepare<128>(q, k, g, beta, scale, prep);
+  } else {
+    launch_prepare<64>(q, k, g, beta, scale, prep);
+  }
+  return prep;
+}
+
+}  // namespace hydra::ops::cuda_impl::gdn
