@@ -22,6 +22,9 @@
 #            512K×2; also the mma.sync backward at 32K×16) and --op gdn-bwd (128K/512K × 14 heads),
 #            forward + backward, with the anchors
 #            (SDPA-cuDNN/FA2 and flash-linear-attention forward + backward) and the joined table
+#   train    hydra train --stage finetune, hydrahead-1.7b (random weights, random tokens) at 64K and
+#            128K tokens per step on one GPU (step time, tokens/s, MFU, peak memory), next to the
+#            PyTorch autograd step of the same layer × 28 (cluster/bench/layer_reference.py --backward)
 # If a new kernel fails its test, later stages fall back to the kernel it replaces and say so
 # (HYDRA_ATTENTION_KERNEL=wgmma, HYDRA_GDN_KERNEL=v1); the variables can also be set by hand.
 set -uo pipefail
@@ -158,5 +161,23 @@ if has bwd; then
   python3 "$root/cluster/bench/anchors.py" --repeat 5 --attention "" --gdn "" --attention-bwd 32768x16,131072x2,524288x2 \
     --gdn-bwd 131072x14,524288x14 > "$out/anchors_bwd.jsonl" 2> "$out/anchors_bwd.err"; tail -2 "$out/anchors_bwd.err"
   [ -s "$b" ] && python3 "$root/cluster/bench/compare.py" "$b" "$out/anchors_bwd.jsonl" | tee "$out/compare_bwd.md"
+fi
+if has train; then
+  echo "== training: hydrahead-1.7b finetune on one GPU"
+  python3 - "$out/train_tokens.h5" <<'PY'
+import sys, h5py, numpy as np
+ids = np.random.default_rng(0).integers(0, 151936, size=6 * 131072 + 1, dtype=np.int32)
+with h5py.File(sys.argv[1], "w") as f:
+    f["input_ids"] = ids
+PY
+  for len in 64K 128K; do
+    rm -rf "$out/train_$len"
+    "$bin/hydra" train --stage finetune --preset hydrahead-1.7b --data "$out/train_tokens.h5" --seq-len $len --steps 4 \
+      --device cuda --out-dir "$out/train_$len" --save-every -1 2> "$out/train_$len.log" | tee -a "$out/train.jsonl"
+    grep -E "memory plan|step [0-9]|error" "$out/train_$len.log" | sed -E 's/^\[hydra +[0-9.]+s\] //' | tail -6
+  done
+  for t in 65536 131072; do
+    python3 "$root/cluster/bench/layer_reference.py" --seq-len $t --backward --repeat 3 | tee -a "$out/train.jsonl"
+  done
 fi
 echo "== done"

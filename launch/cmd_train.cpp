@@ -79,7 +79,7 @@ struct TrainOptions {
         ("batch-seqs", po::value(&batch_seqs)->default_value(1), "windows per micro-batch per data-parallel replica")
         ("grad-accum", po::value(&grad_accum)->default_value(1), "micro-batches accumulated per step (the loss is the mean over all their tokens)")
         ("seed", po::value(&seed)->default_value(0), "seed of the data order")
-        ("save-every", po::value(&save_every)->default_value(0), "checkpoint every N steps (0: only at the end)")
+        ("save-every", po::value(&save_every)->default_value(0), "checkpoint every N steps (0: only at the end; -1: never, for benchmarks)")
         ("eval-every", po::value(&eval_every)->default_value(0), "evaluation loss every N steps (0: only at the end; needs --eval-data)")
         ("eval-data", po::value(&eval_data), "held-out token files, comma-separated, for the evaluation loss")
         ("eval-windows", po::value(&eval_windows)->default_value(8), "windows of --eval-data per evaluation (the first N, always the same)")
@@ -103,8 +103,9 @@ struct TrainOptions {
     HYDRA_USER_CHECK(batch_seqs >= 1 && grad_accum >= 1 && keep >= 1 && eval_windows >= 1,
                      "--batch-seqs, --grad-accum, --keep and --eval-windows must be at least 1");
     HYDRA_USER_CHECK(stop_at >= 0, "--stop-at must not be negative");
-    HYDRA_USER_CHECK(save_every >= 0 && eval_every >= 0 && grad_clip >= 0 && lr >= 0,
-                     "--save-every, --eval-every, --grad-clip and --lr must not be negative");
+    HYDRA_USER_CHECK(save_every >= -1, "--save-every must be -1 (never), 0 (at the end) or a step count");
+    HYDRA_USER_CHECK(eval_every >= 0 && grad_clip >= 0 && lr >= 0,
+                     "--eval-every, --grad-clip and --lr must not be negative");
     HYDRA_USER_CHECK(train == "auto" || train == "all" || train == "attention", "--train must be attention, all or auto");
     HYDRA_USER_CHECK(sp >= 0, "--sp must not be negative");
   }

@@ -1,5 +1,6 @@
 #include "runtime/fault.h"
 
+#include <csignal>
 #include <cstdlib>
 #include <string>
 
@@ -16,6 +17,7 @@ void maybe_inject_fault(const char* site) {
   if (std::atoi(s.substr(0, colon).c_str()) != error_context().rank) return;
   const std::string target = s.substr(colon + 1);
   if (target == "crash") std::abort();
+  if (target == std::string("kill@") + site) std::raise(SIGKILL);  // as kill -9 would, mid-operation
   if (target == site) {
     throw Error(fmt::format("injected fault at '{}' (HYDRA_INJECT_FAULT={}) [{}]", site, s, describe_location()));
   }

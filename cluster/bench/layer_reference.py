@@ -10,8 +10,12 @@ shapes: D = 2048, 16 query heads of d = 128, 8 KV heads, 2 FA heads + 14 GDN hea
   per-head RMSNorm · γ fusion; o_proj; residual; RMSNorm; SwiGLU MLP; residual.
 The FA and GDN branches run one after the other on one stream. Prints one JSON line:
 {"anchor": "pytorch-layer", "seq_len": T, "layer_ms": ..., "prefill_s": layer_ms · 28 / 1000}.
+With --backward, the training step of the same layer instead: autograd forward + backward (every
+weight a bf16 leaf with a gradient, the input too, dL/dy random), printed as "pytorch-layer-train"
+with "step_s" = layer_ms · 28 / 1000 and TFLOP/s of 3 × the forward's model FLOPs.
 
     python3 cluster/bench/layer_reference.py --seq-len 524288 --repeat 3
+    python3 cluster/bench/layer_reference.py --seq-len 65536 --backward
 """
 import argparse
 import json
@@ -90,12 +94,66 @@ def layer(x, w, pos, tau, chunk_gated_delta_rule):
     return x + (F.silu(gu[:, :MLP]) * gu[:, MLP:]) @ w["mlp_out"].t()
 
 
+def forward_flops(t):
+    """Model FLOPs of one layer's forward at T tokens (GEMMs, causal FA, chunked GDN at chunk 64)."""
+    rows = (FA_HEADS + 2 * FA_KV + FA_HEADS + 3 * GDN_HEADS) * HD + 2 * GDN_HEADS
+    gemm = 2 * t * D * (rows + H * HD + 3 * MLP)
+    fa = 2 * t * t * HD * FA_HEADS  # causal: half of 4·T²·d per head
+    gdn = t * GDN_HEADS * (6 * HD * HD + 8 * 64 * HD)
+    return gemm + fa + gdn
+
+
+def train_step(a):
+    name = "pytorch-layer-train"
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as e:  # not installed
+        print(json.dumps({"anchor": name, "seq_len": a.seq_len, "error": f"fla unavailable: {e}"[:200]}))
+        return 0
+    torch.manual_seed(0)
+    dev = "cuda"
+    w = {k: v.detach().requires_grad_(True) for k, v in make_weights(dev).items()}
+    x = torch.randn(a.seq_len, D, device=dev).to(torch.bfloat16).requires_grad_(True)
+    dy = torch.randn(a.seq_len, D, device=dev).to(torch.bfloat16)
+    pos = torch.arange(a.seq_len, device=dev)
+    tau = (torch.log(pos.float() + LOG_BASE) / math.log(LOG_BASE)).to(torch.bfloat16)
+
+    def step():
+        for v in list(w.values()) + [x]:
+            v.grad = None
+        layer(x, w, pos, tau, chunk_gated_delta_rule).backward(dy)
+
+    try:
+        for _ in range(a.warmup):
+            step()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(a.repeat):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop))
+    except Exception as e:  # e.g. fla's Triton version guard on its backward
+        print(json.dumps({"anchor": name, "seq_len": a.seq_len, "error": f"{type(e).__name__}: {e}"[:300]}))
+        return 0
+    ms = sorted(times)[len(times) // 2]
+    print(json.dumps({"anchor": name, "seq_len": a.seq_len, "layer_ms": ms, "step_s": ms * LAYERS / 1e3,
+                      "tflops": 3 * forward_flops(a.seq_len) / ms / 1e9,
+                      "peak_gib": torch.cuda.max_memory_allocated() / 2**30}), flush=True)
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seq-len", type=int, default=524288)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--backward", action="store_true", help="time autograd forward + backward (a training step)")
     a = p.parse_args()
+    if a.backward:
+        return train_step(a)
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except Exception as e:  # not installed

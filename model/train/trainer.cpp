@@ -18,6 +18,7 @@
 #include "model/train/objective.h"
 #include "model/weight_layout.h"
 #include "runtime/atomic_file.h"
+#include "runtime/fault.h"
 #include "runtime/hdf5_file.h"
 #include "runtime/log.h"
 #if HYDRA_CUDA
@@ -115,6 +116,7 @@ void write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topolo
   fs::remove_all(temp);
   fs::create_directories(temp);
   write_model_checkpoint((temp / "model.h5").string(), student.config(), optimizer.master_parameters());
+  maybe_inject_fault("save");
   {
     AtomicFile file((temp / "state.h5").string());
     H5File h5 = H5File::create(file.temp_path());
@@ -379,7 +381,10 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
       jsonl << line.dump() << std::endl;
     }
     if ((config.eval_every > 0 && step % config.eval_every == 0) || step == last_step) evaluate(step);
-    if ((config.save_every > 0 && step % config.save_every == 0) || step == last_step) {
+    // Saves: every --save-every steps, at the end (unless -1), and always at --stop-at (to resume from).
+    const bool periodic = config.save_every > 0 && step % config.save_every == 0;
+    const bool last = step == last_step && (config.save_every >= 0 || last_step < config.steps);
+    if (periodic || last) {
       if (lead) write_checkpoint_dir(config, topology, student, optimizer, step, position);
       world.barrier();
     }

@@ -47,7 +47,7 @@ struct TrainConfig {
   int64_t batch_seqs = 1;   // windows per micro-batch per replica (run one after the other)
   int64_t grad_accum = 1;   // micro-batches per step
   uint64_t seed = 0;        // data order
-  int64_t save_every = 0;   // 0: only at the end
+  int64_t save_every = 0;   // 0: only at the end (and at --stop-at); -1: never (benchmarks)
   int64_t eval_every = 0;   // 0: only at the end (when eval_data is given)
   int64_t eval_windows = 8;
   int64_t keep = 2;         // step directories kept

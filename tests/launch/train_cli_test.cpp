@@ -179,6 +179,34 @@ TEST_F(Train, StopAndResumeIsBitIdentical) {
   EXPECT_TRUE(fs::exists(fs::path(split) / "step-000003") && fs::exists(fs::path(split) / "step-000008"));
 }
 
+// kill -9 half way through a save: the previous checkpoint stays loadable and `latest` keeps naming
+// it; --resume continues from it, removes the partial save and ends where an uninterrupted run ends.
+TEST_F(Train, KillDuringSaveLosesNothing) {
+  const std::string model = write_model("qwen3-tiny", 13), data = write_tokens("data.h5", 6 * 64 + 1, 14);
+  const std::string common = " --stage pretrain --model " + model + " --data " + data +
+                             " --seq-len 64 --steps 4 --save-every 2 --device cpu --out-dir ";
+  const std::string whole = dir_.file("whole"), killed = dir_.file("killed");
+  ASSERT_EQ(hydra("train" + common + whole).exit_code, 0);
+  ASSERT_EQ(hydra("train" + common + killed + " --stop-at 2").exit_code, 0);
+  const CommandResult k = run_command("HYDRA_INJECT_FAULT=0:kill@save " + hydra_binary() + " train" + common + killed + " --resume");
+  EXPECT_NE(k.exit_code, 0) << k.output;
+  std::ifstream latest(fs::path(killed) / "latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step-000002") << "the pointer must still name the last complete checkpoint";
+  int partial = 0;
+  for (const auto& e : fs::directory_iterator(killed)) partial += e.path().filename().string().find(".tmp-") != std::string::npos;
+  EXPECT_EQ(partial, 1) << "the killed save leaves its temporary directory";
+  const CommandResult f = hydra("forward --model " + killed + "/step-000002/model.h5 --input " + data);
+  EXPECT_EQ(f.exit_code, 0) << f.output;
+  const CommandResult r = hydra("train" + common + killed + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(losses(killed), losses(whole));
+  const NamedTensors w = read_model_checkpoint(whole + "/step-000004/model.h5").params;
+  const NamedTensors s = read_model_checkpoint(killed + "/step-000004/model.h5").params;
+  for (const auto& [n, t] : w) EXPECT_EQ(max_rel_error(s.at(n), t), 0.0) << n;
+}
+
 TEST_F(Train, BadInputIsAOneLineErrorBeforeAnyStep) {
   const std::string model = write_model("hydrahead-tiny", 1), teacher = write_model("qwen3-tiny", 1);
   const std::string data = write_tokens("d.h5", 100, 1), out = dir_.file("o");
