@@ -12,6 +12,7 @@ MPI_Datatype mpi_type(DType t) {
     case DType::bf16: return MPI_UINT16_T;  // moved, never reduced
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
+    case DType::f64: return MPI_DOUBLE;
   }
   return MPI_BYTE;
 }

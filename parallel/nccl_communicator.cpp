@@ -19,6 +19,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::bf16: return ncclBfloat16;
     case DType::i32: return ncclInt32;
     case DType::i64: return ncclInt64;
+    case DType::f64: return ncclFloat64;
   }
   return ncclFloat32;
 }

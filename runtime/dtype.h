@@ -1,5 +1,8 @@
 // Element types and devices a tensor can have, and the host-side bf16 conversions.
 //
+// float64 exists for the host only: the CPU ops run in float32 (the reference) or float64 (gradient
+// checks by finite differences, whole-model gradient tests); device tensors are bf16/fp32.
+//
 // bf16 is stored as its 16 raw bits (the upper half of an IEEE float32); float -> bf16 rounds to
 // nearest even, the rounding every GPU library uses, so CPU references can round their inputs
 // exactly as the device sees them.
@@ -12,7 +15,7 @@
 
 namespace hydra {
 
-enum class DType : uint8_t { f32, bf16, i32, i64 };
+enum class DType : uint8_t { f32, bf16, i32, i64, f64 };
 enum class Device : uint8_t { host, cuda };
 
 constexpr size_t dtype_size(DType t) {
@@ -21,6 +24,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::bf16: return 2;
     case DType::i32: return 4;
     case DType::i64: return 8;
+    case DType::f64: return 8;
   }
   return 0;
 }
@@ -31,6 +35,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::bf16: return "bfloat16";
     case DType::i32: return "int32";
     case DType::i64: return "int64";
+    case DType::f64: return "float64";
   }
   return "?";
 }
@@ -61,5 +66,6 @@ template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<bf16>() { return DType::bf16; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
 
 }  // namespace hydra
