@@ -1,5 +1,8 @@
 // Element types and devices a tensor can have, and the host-side bf16 conversions.
 //
+// float64 exists for the host only: the CPU ops run in float32 (the reference) or float64 (gradient
+// checks by finite differences, whole-model gradient tests); device tensors are bf16/fp32.
+//
 // bf16 is stored as its 16 raw bits (the upper half of an IEEE float32); float -> bf16 rounds to
 // nearest even, the rounding every GPU library uses, so CPU references can round their inputs
 // exactly as the device sees them.

@@ -68,6 +68,7 @@ hid_t memory_type(DType t) {
     case DType::bf16: return H5T_NATIVE_UINT16;
     case DType::i32: return H5T_NATIVE_INT32;
     case DType::i64: return H5T_NATIVE_INT64;
+    case DType::f64: return H5T_NATIVE_DOUBLE;
   }
   return H5T_NATIVE_FLOAT;
 }

@@ -206,22 +206,27 @@ Tensor Tensor::zeros(std::span<const int64_t> shape, DType dtype, Device device)
 }
 
 namespace {
-float load_as_float(const void* p, DType t) {
+// Host element conversions go through double: exact for f32, bf16, f64 and int32 values, so an
+// f32 -> f32 or f32 -> bf16 conversion rounds exactly as a direct one. f64 -> bf16 rounds twice
+// (to f32, then to bf16), which matters only for values within 2^-24 of a bf16 tie.
+double load_as_double(const void* p, DType t) {
   switch (t) {
     case DType::f32: return *static_cast<const float*>(p);
     case DType::bf16: return bf16_to_float(*static_cast<const bf16*>(p));
-    case DType::i32: return static_cast<float>(*static_cast<const int32_t*>(p));
-    case DType::i64: return static_cast<float>(*static_cast<const int64_t*>(p));
+    case DType::i32: return static_cast<double>(*static_cast<const int32_t*>(p));
+    case DType::i64: return static_cast<double>(*static_cast<const int64_t*>(p));
+    case DType::f64: return *static_cast<const double*>(p);
   }
   return 0;
 }
 
-void store_from_float(void* p, DType t, float v) {
+void store_from_double(void* p, DType t, double v) {
   switch (t) {
-    case DType::f32: *static_cast<float*>(p) = v; break;
-    case DType::bf16: *static_cast<bf16*>(p) = float_to_bf16(v); break;
+    case DType::f32: *static_cast<float*>(p) = static_cast<float>(v); break;
+    case DType::bf16: *static_cast<bf16*>(p) = float_to_bf16(static_cast<float>(v)); break;
     case DType::i32: *static_cast<int32_t*>(p) = static_cast<int32_t>(v); break;
     case DType::i64: *static_cast<int64_t*>(p) = static_cast<int64_t>(v); break;
+    case DType::f64: *static_cast<double*>(p) = v; break;
   }
 }
 
@@ -254,7 +259,7 @@ void host_copy(const TensorView& dst, const TensorView& src) {
     } else if (dst.dtype() == DType::i32 && src.dtype() == DType::i64) {
       *reinterpret_cast<int32_t*>(pd) = static_cast<int32_t>(*reinterpret_cast<const int64_t*>(ps));
     } else {
-      store_from_float(pd, dst.dtype(), load_as_float(ps, src.dtype()));
+      store_from_double(pd, dst.dtype(), load_as_double(ps, src.dtype()));
     }
     for (int d = rank - 1; d >= 0; --d) {
       if (++idx[d] < dst.size(d)) break;
@@ -309,7 +314,7 @@ Tensor to(const TensorView& src, Device device, DType dtype) {
   return t;
 }
 
-void fill(const TensorView& dst, float value) {
+void fill(const TensorView& dst, double value) {
   if (dst.on_host()) {
     const int rank = dst.rank();
     std::array<int64_t, kMaxRank> idx{};
@@ -317,7 +322,7 @@ void fill(const TensorView& dst, float value) {
     for (int64_t i = 0; i < dst.numel(); ++i) {
       int64_t offset = 0;
       for (int d = 0; d < rank; ++d) offset += idx[d] * dst.stride(d);
-      store_from_float(base + offset * static_cast<int64_t>(dst.element_size()), dst.dtype(), value);
+      store_from_double(base + offset * static_cast<int64_t>(dst.element_size()), dst.dtype(), value);
       for (int d = rank - 1; d >= 0; --d) {
         if (++idx[d] < dst.size(d)) break;
         idx[d] = 0;
@@ -327,7 +332,7 @@ void fill(const TensorView& dst, float value) {
   }
 #if HYDRA_CUDA
   HYDRA_ASSERT(dst.is_contiguous(), "device fill of a strided view {}", dst.shape_string());
-  cuda_fill(dst, value);
+  cuda_fill(dst, static_cast<float>(value));
 #endif
 }
 

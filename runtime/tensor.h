@@ -5,8 +5,8 @@
 //    `// [T, H, d]`; checks name the dimensions they expect (expect_shape).
 //  - A view never owns memory; a Tensor owns its storage through a shared_ptr so views taken from
 //    it stay valid while any copy of the Tensor lives.
-//  - Ops take views and dispatch on view.device(); the CPU path is fp32, the CUDA path stores bf16
-//    (SPEC 2). Host<->device copies and dtype conversion live here (copy_into, to_device, cast).
+//  - Ops take views and dispatch on view.device(); the CPU path is fp32 (or fp64 for gradient
+//    checks), the CUDA path stores bf16 (SPEC 2). Host<->device copies and dtype conversion live here (copy_into, to_device, cast).
 #pragma once
 
 #include <array>
@@ -125,15 +125,15 @@ class Tensor {
   TensorView view_;
 };
 
-// Copies src into dst (same shape). Handles host<->cuda transfers and, on the host, f32<->bf16
-// conversion. Strided views are copied element by element on the host; device copies need
+// Copies src into dst (same shape). Handles host<->cuda transfers and, on the host, conversion
+// between f32, bf16 and f64 (and between i32 and i64). Strided views are copied element by element on the host; device copies need
 // contiguous views.
 void copy_into(const TensorView& dst, const TensorView& src);
 // A contiguous copy on `device` with element type `dtype`.
 Tensor to(const TensorView& src, Device device, DType dtype);
 inline Tensor to_device(const TensorView& src, Device device) { return to(src, device, src.dtype()); }
 inline Tensor clone(const TensorView& src) { return to(src, src.device(), src.dtype()); }
-// Fills an f32/bf16 view with a constant (host: any strides; device: contiguous).
-void fill(const TensorView& dst, float value);
+// Fills a float view with a constant (host: f32/bf16/f64, any strides; device: f32/bf16, contiguous).
+void fill(const TensorView& dst, double value);
 
 }  // namespace hydra

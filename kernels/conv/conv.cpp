@@ -1,46 +1,112 @@
 #include "kernels/conv/conv.h"
 
 #include <cmath>
+#include <vector>
 
 #include "kernels/common.h"
 
 namespace hydra::ops {
+namespace {
+
+void check_shapes(const TensorView& x, const TensorView& w, const TensorView& prefix) {
+  expect_shape(x, "conv x", {{"T", -1}, {"C", -1}});
+  expect_shape(w, "conv weight", {{"C", x.size(1)}, {"K", -1}});
+  if (prefix.defined()) expect_shape(prefix, "conv prefix", {{"K-1", w.size(1) - 1}, {"C", x.size(1)}});
+}
+
+// Input row `src` (may be negative: a halo row from prefix, or zero) of channel c.
+template <class T>
+T input_at(const TensorView& x, const TensorView& prefix, int64_t src, int64_t c, int64_t kernel) {
+  if (src >= 0) return at<const T>(x, {src})[c];
+  if (prefix.defined() && src + kernel - 1 >= 0) return at<const T>(prefix, {src + kernel - 1})[c];
+  return T(0);
+}
+
+template <class T>
+void conv_cpu(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& prefix) {
+  const int64_t t_len = x.size(0), channels = x.size(1), kernel = w.size(1);
+  for (int64_t i = 0; i < t_len; ++i) {
+    T* o = at<T>(out, {i});
+    for (int64_t c = 0; c < channels; ++c) {
+      const T* wc = at<const T>(w, {c});
+      T acc = T(0);
+      for (int64_t m = 0; m < kernel; ++m) acc += wc[m] * input_at<T>(x, prefix, i - kernel + 1 + m, c, kernel);
+      o[c] = acc / (T(1) + std::exp(-acc));
+    }
+  }
+}
+
+// Per channel c: recompute a_i and d_a_i = d_out_i SiLU'(a_i) (fp64), then scatter through the taps.
+// Row i reads input row src = i − K + 1 + m through tap m; src < 0 is halo row src + K − 1. A
+// channel's inputs are all read before its dx column is written, so dx may alias d_out or x.
+template <class T>
+void conv_backward_cpu(const TensorView& dx, const TensorView& dw, const TensorView& d_prefix, const TensorView& d_out,
+                       const TensorView& x, const TensorView& w, const TensorView& prefix) {
+  const int64_t t_len = x.size(0), channels = x.size(1), kernel = w.size(1), halo = kernel - 1;
+  std::vector<double> d_a(static_cast<size_t>(t_len)), dxc(static_cast<size_t>(t_len + halo));
+  for (int64_t c = 0; c < channels; ++c) {
+    const T* wc = at<const T>(w, {c});
+    for (int64_t i = 0; i < t_len; ++i) {
+      T acc = T(0);  // as the forward computes it
+      for (int64_t m = 0; m < kernel; ++m) acc += wc[m] * input_at<T>(x, prefix, i - kernel + 1 + m, c, kernel);
+      const double a = acc, s = 1.0 / (1.0 + std::exp(-a));
+      d_a[static_cast<size_t>(i)] = static_cast<double>(at<const T>(d_out, {i})[c]) * s * (1.0 + a * (1.0 - s));
+    }
+    // dxc[src + halo] = Σ_m w[c][m] d_a[src − m + halo]; dw[c][m] += Σ_i d_a[i] x[i − K + 1 + m].
+    std::fill(dxc.begin(), dxc.end(), 0.0);
+    for (int64_t m = 0; m < kernel; ++m) {
+      double dwm = 0;
+      for (int64_t i = 0; i < t_len; ++i) {
+        const int64_t src = i - halo + m;
+        dxc[static_cast<size_t>(src + halo)] += static_cast<double>(wc[m]) * d_a[static_cast<size_t>(i)];
+        dwm += d_a[static_cast<size_t>(i)] * static_cast<double>(input_at<T>(x, prefix, src, c, kernel));
+      }
+      if (dw.defined()) {
+        T* dwc = at<T>(dw, {c, m});
+        *dwc = static_cast<T>(*dwc + dwm);
+      }
+    }
+    for (int64_t j = 0; j < t_len; ++j) at<T>(dx, {j})[c] = static_cast<T>(dxc[static_cast<size_t>(j + halo)]);
+    if (d_prefix.defined()) {
+      for (int64_t p = 0; p < halo; ++p) at<T>(d_prefix, {p})[c] = static_cast<T>(dxc[static_cast<size_t>(p)]);
+    }
+  }
+}
+
+}  // namespace
 
 void causal_conv_silu(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& prefix) {
-  expect_shape(x, "conv x", {{"T", -1}, {"C", -1}});
+  check_shapes(x, w, prefix);
   expect_shape(out, "conv out", {{"T", x.size(0)}, {"C", x.size(1)}});
-  expect_shape(w, "conv weight", {{"C", x.size(1)}, {"K", -1}});
-  const int64_t t_len = x.size(0), channels = x.size(1), kernel = w.size(1);
-  if (prefix.defined()) expect_shape(prefix, "conv prefix", {{"K-1", kernel - 1}, {"C", channels}});
   if (on_cuda({out, x, w, prefix})) {
 #if HYDRA_CUDA
     cuda_impl::causal_conv_silu(out, x, w, prefix);
     return;
 #endif
   }
-  expect_host_f32(out, "conv out");
-  expect_host_f32(x, "conv x");
-  expect_host_f32(w, "conv weight");
   HYDRA_ASSERT(out.data() != x.data(), "causal_conv_silu cannot run in place");
-  const float* wt = w.data_as<const float>();
-  const int64_t wstride = w.stride(0);
-  for (int64_t i = 0; i < t_len; ++i) {
-    float* o = static_cast<float*>(out.element_ptr({i}));
-    for (int64_t c = 0; c < channels; ++c) {
-      float acc = 0.0f;
-      for (int64_t m = 0; m < kernel; ++m) {
-        const int64_t src = i - kernel + 1 + m;
-        float value = 0.0f;
-        if (src >= 0) {
-          value = static_cast<const float*>(x.element_ptr({src}))[c];
-        } else if (prefix.defined() && src + kernel - 1 >= 0) {
-          value = static_cast<const float*>(prefix.element_ptr({src + kernel - 1}))[c];
-        }
-        acc += wt[c * wstride + m] * value;
-      }
-      o[c] = acc / (1.0f + std::exp(-acc));
-    }
+  with_host_float({{out, "conv out"}, {x, "conv x"}, {w, "conv weight"}, {prefix, "conv prefix"}},
+                  [&](auto zero) { conv_cpu<decltype(zero)>(out, x, w, prefix); });
+}
+
+void causal_conv_silu_backward(const TensorView& dx, const TensorView& dw, const TensorView& d_prefix,
+                               const TensorView& d_out, const TensorView& x, const TensorView& w,
+                               const TensorView& prefix) {
+  check_shapes(x, w, prefix);
+  const int64_t t_len = x.size(0), channels = x.size(1), kernel = w.size(1);
+  expect_shape(dx, "conv dx", {{"T", t_len}, {"C", channels}});
+  expect_shape(d_out, "conv d_out", {{"T", t_len}, {"C", channels}});
+  if (dw.defined()) expect_shape(dw, "conv dw", {{"C", channels}, {"K", kernel}});
+  if (d_prefix.defined()) expect_shape(d_prefix, "conv d_prefix", {{"K-1", kernel - 1}, {"C", channels}});
+  if (on_cuda({dx, dw, d_prefix, d_out, x, w, prefix})) {
+#if HYDRA_CUDA
+    cuda_impl::causal_conv_silu_backward(dx, dw, d_prefix, d_out, x, w, prefix);
+    return;
+#endif
   }
+  with_host_float({{dx, "conv dx"}, {dw, "conv dw"}, {d_prefix, "conv d_prefix"}, {d_out, "conv d_out"},
+                   {x, "conv x"}, {w, "conv weight"}, {prefix, "conv prefix"}},
+                  [&](auto zero) { conv_backward_cpu<decltype(zero)>(dx, dw, d_prefix, d_out, x, w, prefix); });
 }
 
 }  // namespace hydra::ops

@@ -13,17 +13,21 @@ namespace hydra::ops {
 void gdn_gates(const TensorView& beta, const TensorView& g, const TensorView& b_logits, const TensorView& a_logits,
                const TensorView& a_log, const TensorView& dt_bias);
 
-// Backward: d_b_logits = d_beta ⊙ β(1 − β); with s = softplus(a + dt_bias) and σ = sigmoid(a + dt_bias),
-// d_a_logits = −d_g ⊙ exp(A_log) σ, d_dt_bias += Σ_t d_a_logits, d_a_log += Σ_t d_g ⊙ g.
+// Backward: d_b_logits = d_beta ⊙ β(1 − β); with s = softplus(a + dt_bias) and σ = sigmoid(a + dt_bias)
+// (σ = 1 on softplus's linear branch, a + dt_bias > 20), d_a_logits = −d_g ⊙ exp(A_log) σ,
+// d_dt_bias += Σ_t d_a_logits, d_a_log += Σ_t d_g ⊙ g.
 // d_b_logits, d_a_logits [T, H] (overwritten; may be column blocks of the fused projection's
-// gradient); d_a_log, d_dt_bias [H] fp32 accumulate; d_beta, d_g [T, H] fp32.
+// gradient); d_a_log, d_dt_bias [H] fp32 accumulate (undefined: not needed); d_beta, d_g [T, H] fp32.
 void gdn_gates_backward(const TensorView& d_b_logits, const TensorView& d_a_logits, const TensorView& d_a_log,
                         const TensorView& d_dt_bias, const TensorView& d_beta, const TensorView& d_g,
                         const TensorView& b_logits, const TensorView& a_logits, const TensorView& a_log,
                         const TensorView& dt_bias);
 
-// softplus(x) = log(1 + e^x), with PyTorch's linear branch above 20.
-inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+// softplus(x) = log(1 + e^x), with PyTorch's linear branch above 20 (where its derivative is 1).
+template <class T>
+inline T softplus(T x) {
+  return x > T(20) ? x : std::log1p(std::exp(x));
+}
 
 #if HYDRA_CUDA
 namespace cuda_impl {  // gdn_gates.cu; called by the dispatcher for CUDA views

@@ -6,6 +6,57 @@
 #include "kernels/common.h"
 
 namespace hydra::ops {
+namespace {
+
+template <class T>
+void rms_norm_cpu(const TensorView& out, const TensorView& x, const TensorView& weight, const RmsNormParams& params) {
+  const int64_t n = row_length(x);
+  const T* w = weight.data_as<const T>();
+  const std::vector<char*> out_rows = row_pointers(out);
+  for_each_row(x, [&](int64_t r, char* row) {
+    const T* xr = reinterpret_cast<const T*>(row);
+    T* yr = reinterpret_cast<T*>(out_rows[static_cast<size_t>(r)]);
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const T inv = T(1) / std::sqrt(static_cast<T>(ss / static_cast<double>(n)) + static_cast<T>(params.eps));
+    for (int64_t i = 0; i < n; ++i) yr[i] = w[i] * (xr[i] * inv);
+  });
+}
+
+// Per row, in fp64: r = 1/sqrt(mean(x²) + eps), s = Σ x ⊙ w ⊙ dy, dx = r w ⊙ dy − x r³ s / n. Each row's
+// sums are taken before its dx is written, so dx may alias dy.
+template <class T>
+void rms_norm_backward_cpu(const TensorView& dx, const TensorView& d_weight, const TensorView& dy, const TensorView& x,
+                           const TensorView& weight, const RmsNormParams& params, Accumulate accumulate) {
+  const int64_t n = row_length(x);
+  const T* w = weight.data_as<const T>();
+  const std::vector<char*> dx_rows = row_pointers(dx), dy_rows = row_pointers(dy);
+  std::vector<double> dw(static_cast<size_t>(n), 0.0);
+  for_each_row(x, [&](int64_t r, char* row) {
+    const T* xr = reinterpret_cast<const T*>(row);
+    const T* dyr = reinterpret_cast<const T*>(dy_rows[static_cast<size_t>(r)]);
+    T* dxr = reinterpret_cast<T*>(dx_rows[static_cast<size_t>(r)]);
+    double ss = 0, s = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ss += static_cast<double>(xr[i]) * xr[i];
+      s += static_cast<double>(xr[i]) * w[i] * dyr[i];
+    }
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + static_cast<double>(params.eps));
+    const double c = inv * inv * inv * s / static_cast<double>(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double xi = xr[i], dyi = dyr[i];
+      dw[static_cast<size_t>(i)] += dyi * xi * inv;
+      const double g = inv * w[i] * dyi - xi * c;
+      dxr[i] = static_cast<T>(accumulate == Accumulate::yes ? dxr[i] + g : g);
+    }
+  });
+  if (d_weight.defined()) {
+    T* dwp = d_weight.data_as<T>();
+    for (int64_t i = 0; i < n; ++i) dwp[i] += static_cast<T>(dw[static_cast<size_t>(i)]);
+  }
+}
+
+}  // namespace
 
 void rms_norm(const TensorView& out, const TensorView& x, const TensorView& weight, const RmsNormParams& params) {
   HYDRA_ASSERT(same_rows(out, x), "rms_norm: out {} vs x {}", out.shape_string(), x.shape_string());
@@ -17,21 +68,31 @@ void rms_norm(const TensorView& out, const TensorView& x, const TensorView& weig
     return;
 #endif
   }
-  expect_host_f32(out, "rms_norm out");
-  expect_host_f32(x, "rms_norm x");
-  expect_host_f32(weight, "rms_norm weight");
-  const float* w = weight.data_as<const float>();
-  std::vector<char*> out_rows;
-  out_rows.reserve(static_cast<size_t>(row_count(out)));
-  for_each_row(out, [&](int64_t, char* row) { out_rows.push_back(row); });
-  for_each_row(x, [&](int64_t r, char* row) {
-    const float* xr = reinterpret_cast<const float*>(row);
-    float* yr = reinterpret_cast<float*>(out_rows[static_cast<size_t>(r)]);
-    double ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(xr[i]) * xr[i];
-    const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(n)) + params.eps);
-    for (int64_t i = 0; i < n; ++i) yr[i] = w[i] * (xr[i] * inv);
-  });
+  with_host_float({{out, "rms_norm out"}, {x, "rms_norm x"}, {weight, "rms_norm weight"}},
+                  [&](auto zero) { rms_norm_cpu<decltype(zero)>(out, x, weight, params); });
+}
+
+void rms_norm_backward(const TensorView& dx, const TensorView& d_weight, const TensorView& dy, const TensorView& x,
+                       const TensorView& weight, const RmsNormParams& params, Accumulate accumulate) {
+  HYDRA_ASSERT(same_rows(dx, x) && same_rows(dy, x), "rms_norm_backward: dx {}, dy {}, x {}", dx.shape_string(),
+               dy.shape_string(), x.shape_string());
+  const int64_t n = row_length(x);
+  expect_shape(weight, "rms_norm weight", {{"n", n}});
+  if (d_weight.defined()) {
+    expect_shape(d_weight, "rms_norm d_weight", {{"n", n}});
+    HYDRA_ASSERT(d_weight.is_contiguous(), "rms_norm d_weight must be contiguous");
+  }
+  if (on_cuda({dx, d_weight, dy, x, weight})) {
+#if HYDRA_CUDA
+    cuda_impl::rms_norm_backward(dx, d_weight, dy, x, weight, params, accumulate);
+    return;
+#endif
+  }
+  with_host_float({{dx, "rms_norm dx"}, {d_weight, "rms_norm d_weight"}, {dy, "rms_norm dy"}, {x, "rms_norm x"},
+                   {weight, "rms_norm weight"}},
+                  [&](auto zero) {
+                    rms_norm_backward_cpu<decltype(zero)>(dx, d_weight, dy, x, weight, params, accumulate);
+                  });
 }
 
 }  // namespace hydra::ops

@@ -6,6 +6,35 @@
 #include "kernels/common.h"
 
 namespace hydra::ops {
+namespace {
+
+template <class T>
+void rope_cpu(const TensorView& x, const TensorView& positions, const RopeParams& params) {
+  const int64_t d = x.size(2), half = d / 2;
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) inv_freq[i] = 1.0 / std::pow(params.theta, static_cast<double>(2 * i) / d);
+  const bool inverse = params.direction == RopeDirection::inverse;
+  const int64_t* pos = positions.data_as<const int64_t>();
+  std::vector<T> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+  for (int64_t t = 0; t < x.size(0); ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(pos[t]) * inv_freq[i];
+      c[i] = static_cast<T>(std::cos(angle));
+      const T sine = static_cast<T>(std::sin(angle));
+      s[i] = inverse ? -sine : sine;  // rotation by −angle: the transpose
+    }
+    for (int64_t h = 0; h < x.size(1); ++h) {
+      T* row = at<T>(x, {t, h});
+      for (int64_t i = 0; i < half; ++i) {
+        const T a = row[i], b = row[i + half];
+        row[i] = a * c[i] - b * s[i];
+        row[i + half] = b * c[i] + a * s[i];
+      }
+    }
+  }
+}
+
+}  // namespace
 
 void rope(const TensorView& x, const TensorView& positions, const RopeParams& params) {
   expect_shape(x, "rope x", {{"T", -1}, {"H", -1}, {"d", -1}});
@@ -17,28 +46,8 @@ void rope(const TensorView& x, const TensorView& positions, const RopeParams& pa
     return;
 #endif
   }
-  expect_host_f32(x, "rope x");
-  const int64_t d = x.size(2), half = d / 2;
-  HYDRA_ASSERT(d % 2 == 0, "rope needs an even head dim, got {}", d);
-  std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) inv_freq[i] = 1.0 / std::pow(params.theta, static_cast<double>(2 * i) / d);
-  const int64_t* pos = positions.data_as<const int64_t>();
-  std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
-  for (int64_t t = 0; t < x.size(0); ++t) {
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(pos[t]) * inv_freq[i];
-      c[i] = static_cast<float>(std::cos(angle));
-      s[i] = static_cast<float>(std::sin(angle));
-    }
-    for (int64_t h = 0; h < x.size(1); ++h) {
-      float* row = static_cast<float*>(x.element_ptr({t, h}));
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = row[i], b = row[i + half];
-        row[i] = a * c[i] - b * s[i];
-        row[i + half] = b * c[i] + a * s[i];
-      }
-    }
-  }
+  HYDRA_ASSERT(x.size(2) % 2 == 0, "rope needs an even head dim, got {}", x.size(2));
+  with_host_float({{x, "rope x"}}, [&](auto zero) { rope_cpu<decltype(zero)>(x, positions, params); });
 }
 
 }  // namespace hydra::ops

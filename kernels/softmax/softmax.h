@@ -1,5 +1,5 @@
 // Log-softmax over the vocabulary and the per-token cross-entropy (negative log-likelihood),
-// computed with the max subtracted, in fp32 with fp64 sums.
+// computed with the max subtracted, with fp64 sums (host float32 or float64 views).
 #pragma once
 
 #include "runtime/tensor.h"
