@@ -154,8 +154,8 @@ int run_train(App& app, const std::vector<std::string>& args) {
   // Cheap checks before any weight is read: configs, their compatibility, the layout.
   const ModelConfig student_config = opt.model.config();
   const bool needs_teacher = c.stage == train::Stage::align || c.stage == train::Stage::distill;
-  HYDRA_USER_CHECK(needs_teacher == !opt.teacher.empty(), needs_teacher ? "--stage {} needs --teacher TEACHER.h5"
-                                                                        : "--stage {} takes no --teacher", opt.stage);
+  HYDRA_USER_CHECK(!needs_teacher || !opt.teacher.empty(), "--stage {} needs --teacher TEACHER.h5", opt.stage);
+  HYDRA_USER_CHECK(needs_teacher || opt.teacher.empty(), "--stage {} takes no --teacher", opt.stage);
   if (needs_teacher) {
     const ModelConfig t = read_model_config(opt.teacher);
     HYDRA_USER_CHECK(t.vocab_size == student_config.vocab_size && t.hidden_size == student_config.hidden_size,

@@ -52,7 +52,7 @@ void check_against_reference(const Model& model, const std::string& reference_fi
     EXPECT_LT(err, kGradientTolerance) << "gradient of " << name;
     worst = std::max(worst, err);
   }
-  RecordProperty("max_gradient_rel_error", std::to_string(worst));
+  ::testing::Test::RecordProperty("max_gradient_rel_error", std::to_string(worst));
   std::printf("%s: loss %.9f (reference %.9f), worst gradient relative error %.3g over %zu tensors\n",
               reference_file.c_str(), loss, ref_loss, worst, g.grads.size());
 }
