@@ -211,7 +211,7 @@ TEST_F(Train, BadInputIsAOneLineErrorBeforeAnyStep) {
   const std::string model = write_model("hydrahead-tiny", 1), teacher = write_model("qwen3-tiny", 1);
   const std::string data = write_tokens("d.h5", 100, 1), out = dir_.file("o");
   const std::string base = "train --model " + model + " --data " + data + " --device cpu --steps 2 --out-dir " + out;
-  expect_user_error(hydra(base + " --stage pretrain --seq-len 128"), "no whole window");
+  expect_user_error(hydra(base + " --stage pretrain --seq-len 128"), "shorter than one window");
   expect_user_error(hydra(base + " --stage warmup --seq-len 64"), "is not a stage");
   expect_user_error(hydra(base + " --stage align --seq-len 64"), "needs --teacher");
   expect_user_error(hydra(base + " --stage pretrain --seq-len 64 --teacher " + teacher), "takes no --teacher");
@@ -225,7 +225,9 @@ TEST_F(Train, BadInputIsAOneLineErrorBeforeAnyStep) {
   // A finished run's directory is not overwritten by accident.
   ASSERT_EQ(hydra(base + " --stage pretrain --seq-len 64").exit_code, 0);
   expect_user_error(hydra(base + " --stage pretrain --seq-len 64"), "already holds a training run");
-  expect_user_error(hydra(base + " --stage finetune --seq-len 64 --resume --steps 9"), "was saved by stage pretrain");
+  expect_user_error(hydra("train --model " + model + " --data " + data + " --device cpu --steps 9 --out-dir " + out +
+                          " --stage finetune --seq-len 64 --resume"),
+                    "was saved by stage pretrain");
 }
 
 // Under mpirun: 2 ranks on one sequence (--sp 2) and 2 data-parallel replicas (--sp 1) give the
