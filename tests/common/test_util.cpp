@@ -68,6 +68,19 @@ int64_t count_non_finite(const TensorView& v) {
   return n;
 }
 
+double norm_rel_error(const TensorView& actual, const TensorView& expected) {
+  HYDRA_ASSERT(actual.numel() == expected.numel(), "norm_rel_error of {} vs {} elements", actual.numel(), expected.numel());
+  std::vector<double> a, e;
+  for_each_element(actual, [&](int64_t, double x) { a.push_back(x); });
+  for_each_element(expected, [&](int64_t, double x) { e.push_back(x); });
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < e.size(); ++i) {
+    diff += (a[i] - e[i]) * (a[i] - e[i]);
+    ref += e[i] * e[i];
+  }
+  return std::sqrt(diff / std::max(ref, 1e-300));
+}
+
 double max_rel_error(const TensorView& a, const TensorView& b) {
   const std::vector<float> x = flatten(a), y = flatten(b);
   double diff = 0, scale = 0;

@@ -28,6 +28,9 @@ double max_rel_error(const TensorView& a, const TensorView& b);
 
 // Fails the test (with `what`) if `actual` has non-finite values or differs from `expected` by more
 // than `tolerance` in max_rel_error.
+// ‖actual − expected‖₂ / ‖expected‖₂ over all elements (host f32/f64 views): the RMS-ratio
+// measure of gradient comparisons.
+double norm_rel_error(const TensorView& actual, const TensorView& expected);
 void expect_close(const TensorView& actual, const TensorView& expected, double tolerance, const std::string& what);
 
 // A fresh directory under the system temp dir, removed with everything in it at scope exit.
