@@ -139,8 +139,10 @@ if has niah; then
 fi
 if has bwd; then
   echo "== backward kernels: GPU tests"
-  (cd "$root" && "$bin/test_cuda" --gtest_filter='*Backward*' 2>&1 | tee "$out/test_cuda_bwd.log" |
-    grep -E "^\[  (PASSED|FAILED|SKIPPED) |rms ratio|Failure|Expected|Which" | head -80)
+  # To a file first, then filtered: a `| head` behind tee would SIGPIPE the test and lose its log.
+  (cd "$root" && timeout 600 "$bin/test_cuda" --gtest_filter='*Backward*' > "$out/test_cuda_bwd.log" 2>&1)
+  echo "(test_cuda *Backward* exit $?)"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |rms ratio|Failure|Expected|Which" "$out/test_cuda_bwd.log" | tail -80
   if grep -q "FAILED.*CudaAttentionBackward.WgmmaKernel" "$out/test_cuda_bwd.log"; then
     echo "!! wgmma attention backward failed its test: the backward benches use the mma.sync kernel"
     export HYDRA_ATTENTION_BWD_KERNEL=mma

@@ -21,7 +21,7 @@ Tensor random_tensor(std::span<const int64_t> shape, uint64_t seed, float scale 
 // Uniform in [lo, hi).
 Tensor uniform_tensor(std::initializer_list<int64_t> shape, uint64_t seed, float lo, float hi);
 
-// Number of NaN/Inf entries of a host f32 view (checked before any comparison).
+// Number of NaN/Inf entries of a host f32 or f64 view (checked before any comparison).
 int64_t count_non_finite(const TensorView& v);
 // max |a − b| / max |b| over all entries (host f32 views of equal shape).
 double max_rel_error(const TensorView& a, const TensorView& b);

@@ -53,11 +53,14 @@ TEST(CudaModel, GpuLogitsMatchCpuPath) {
 
 // The whole model's backward on the GPU (bf16 weights and activations, fp32 gradients and
 // accumulators) against the CPU path (fp32) on the same bf16-rounded weights: the mean next-token
-// loss to 1e-2 relative, every parameter's gradient to an RMS ratio ‖g_gpu − g_cpu‖ / ‖g_cpu‖ of
-// 5e-2 — each op's GPU backward stays within 1e-2 of its reference (cuda_backward_test), and the
-// chain of two layers stores ~20 activations in bf16 (2^-8 relative each) on the way. A wrong
-// kernel, a missed accumulation or a stale buffer gives O(1). hydrahead-tiny (FA and GDN heads in
-// every layer, head dim 64), a layer-wise hybrid with d = 128 (the wgmma kernels) and qwen3-tiny.
+// loss to 1e-3 relative (measured 3e-5), every parameter's gradient to an RMS ratio
+// ‖g_gpu − g_cpu‖ / ‖g_cpu‖ of 5e-2 (measured at most 3.5e-2 on an H200): each op's GPU backward
+// stays within 1e-2 of its reference (cuda_backward_test), and the chain of two layers stores ~20
+// activations in bf16 (2^-8 relative each) on the way. The per-head gate scalars A_log and
+// dt_bias get 1e-1 (measured 5.6e-2): their gradient is a sum over every token of terms of both
+// signs, so its relative error is that of the terms times ‖terms‖ / |sum|. A wrong kernel, a
+// missed accumulation or a stale buffer gives O(1). hydrahead-tiny (FA and GDN heads in every
+// layer, head dim 64), a layer-wise hybrid with d = 128 (the wgmma kernels) and qwen3-tiny.
 TEST(CudaModel, GpuGradientsMatchCpuPath) {
   HYDRA_REQUIRE_GPU();
   ModelConfig wide = preset_config("qwen3-tiny");
@@ -77,7 +80,7 @@ TEST(CudaModel, GpuGradientsMatchCpuPath) {
     const train::NamedGradients a = train::next_token_gradients(device_comm, gpu, ids);
     const train::NamedGradients b = train::next_token_gradients(host_comm, cpu, ids);
     ASSERT_EQ(a.sums.tokens, b.sums.tokens);
-    EXPECT_NEAR(a.sums.loss, b.sums.loss, 1e-2 * std::abs(b.sums.loss)) << name;
+    EXPECT_NEAR(a.sums.loss, b.sums.loss, 1e-3 * std::abs(b.sums.loss)) << name;
     ASSERT_EQ(a.grads.size(), b.grads.size()) << name;
     double worst = 0;
     std::string worst_name;
@@ -85,7 +88,8 @@ TEST(CudaModel, GpuGradientsMatchCpuPath) {
       ASSERT_TRUE(a.grads.count(n)) << name << ": " << n;
       ASSERT_EQ(count_non_finite(a.grads.at(n)), 0) << name << ": " << n;
       const double err = norm_rel_error(a.grads.at(n), g);
-      EXPECT_LT(err, 5e-2) << name << ": gradient of " << n;
+      const bool gate_scalar = n.find("gdn_A_log") != std::string::npos || n.find("gdn_dt_bias") != std::string::npos;
+      EXPECT_LT(err, gate_scalar ? 1e-1 : 5e-2) << name << ": gradient of " << n;
       if (err > worst) worst = err, worst_name = n;
     }
     std::printf("%s: GPU vs CPU loss %.6f vs %.6f, worst gradient RMS ratio %.3g (%s) over %zu tensors\n", name.c_str(),
