@@ -182,6 +182,16 @@ print(f"loss cpu {a.attrs['loss']:.6f} cuda {b.attrs['loss']:.6f}")
 errs = sorted(((np.linalg.norm(b[k][:] - a[k][:]) / max(np.linalg.norm(a[k][:]), 1e-30), k) for k in a), reverse=True)
 print("worst gradient RMS ratios (cuda vs cpu):", ", ".join(f"{k} {e:.2e}" for e, k in errs[:4]))
 PY
+  echo "== hydra forward on the GPU vs the CPU (hydrahead-tiny, 4K tokens)"
+  for dev in cpu cuda; do
+    "$bin/hydra" forward --model "$out/tiny.h5" --input "$out/grad_tokens.h5" --device $dev --output "$out/logits_$dev.h5" 2>&1 | tail -1
+  done
+  python3 - "$out/logits_cpu.h5" "$out/logits_cuda.h5" <<'PY'
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1])["logits"][:], h5py.File(sys.argv[2])["logits"][:]
+print(f"logits {a.shape}: cuda vs cpu max abs error {np.abs(a - b).max():.3g} of max |logit| {np.abs(a).max():.3g}, "
+      f"arg-max agreement {(a.argmax(1) == b.argmax(1)).mean():.3f}")
+PY
   echo "== training: hydrahead-1.7b finetune on one GPU"
   python3 - "$out/train_tokens.h5" <<'PY'
 import sys, h5py, numpy as np

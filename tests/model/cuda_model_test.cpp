@@ -1,6 +1,6 @@
 // The whole model on the GPU against the CPU path: the same random hydrahead-tiny (and qwen3-tiny)
 // weights, placed once in fp32 on the host and once in bf16 on the GPU. Tolerance 5e-2 of the
-// largest logit: bf16 storage of every activation over 2 layers (SPEC 2) — measured values are
+// largest logit: bf16 storage of every activation over 2 layers (DESIGN.md §2) — measured values are
 // printed; plus the arg-max of at least 95% of positions must agree.
 #include "model/model.h"
 #include "model/params.h"
