@@ -12,6 +12,10 @@
 #
 #   cluster/gpu_kernels_check.sh BIN_DIR OUT_DIR
 #
+# QUICK=1 keeps what a short device slot needs (about 3 minutes): the tests, attention-bwd at
+# 32K×16 and 128K×2, gdn-bwd at 128K and 512K, the fused GDN forward at 512K, the cuDNN/fla
+# backward anchors at those shapes, the 512K layer reference and the prefill.
+#
 # BIN_DIR holds hydra and test_cuda. If flash-linear-attention is not importable and FLA_WHEELS
 # names a folder of .whl files, they are installed first (pip, no index, no dependencies).
 # Every step has a time limit and logs to its own file in OUT_DIR; nothing is piped through head
@@ -81,18 +85,22 @@ bench() {  # name limit [VAR=value ...] -- bench args...
 }
 bwd_kernels=(wgmma)
 [ "${verdict[attention_bwd_ws]}" = passed ] && bwd_kernels+=(ws)
+quick=${QUICK:-0}
 for kernel in "${bwd_kernels[@]}"; do
   bench attn_bwd_${kernel}_32k 60 HYDRA_ATTENTION_BWD_KERNEL=$kernel -- --op attention-bwd --seq-len 32768 --heads 16 --repeat 5
   bench attn_bwd_${kernel}_128k 60 HYDRA_ATTENTION_BWD_KERNEL=$kernel -- --op attention-bwd --seq-len 131072 --heads 2 --repeat 5
-  bench attn_bwd_${kernel}_512k 90 HYDRA_ATTENTION_BWD_KERNEL=$kernel -- --op attention-bwd --seq-len 524288 --heads 2 \
-    --warmup 1 --repeat 3
+  [ "$quick" = 1 ] || bench attn_bwd_${kernel}_512k 90 HYDRA_ATTENTION_BWD_KERNEL=$kernel -- --op attention-bwd --seq-len 524288 \
+    --heads 2 --warmup 1 --repeat 3
 done
 # Stage times (HYDRA_GDN_PROFILE=1, a host synchronisation per call) only where a call takes tens of
 # milliseconds; the shorter runs are timed without them.
-for kernel in fused v1; do
-  for t in 32768 131072; do
-    bench gdn_${kernel}_$t 60 HYDRA_GDN_KERNEL=$kernel -- --op gdn --seq-len $t --heads 14 --repeat 5
-  done
+gdn_kernels=(fused v1); [ "$quick" = 1 ] && gdn_kernels=(fused)
+for kernel in "${gdn_kernels[@]}"; do
+  if [ "$quick" != 1 ]; then
+    for t in 32768 131072; do
+      bench gdn_${kernel}_$t 60 HYDRA_GDN_KERNEL=$kernel -- --op gdn --seq-len $t --heads 14 --repeat 5
+    done
+  fi
   bench gdn_${kernel}_524288 60 HYDRA_GDN_KERNEL=$kernel HYDRA_GDN_PROFILE=1 -- --op gdn --seq-len 524288 --heads 14 --repeat 5
 done
 bench gdn_bwd_131072 60 "${prefill_env[@]}" -- --op gdn-bwd --seq-len 131072 --heads 14 --repeat 5
@@ -103,9 +111,10 @@ echo "== anchors, PyTorch layer reference, prefill (elapsed $(( $(date +%s) - st
 if ! python3 -c "import fla" 2> /dev/null && [ -n "${FLA_WHEELS:-}" ]; then
   python3 -m pip install --no-index --no-deps "$FLA_WHEELS"/*.whl > "$out/pip.log" 2>&1 || echo "fla wheel install FAILED (pip.log)"
 fi
+if [ "$quick" = 1 ]; then anchor_shapes="--gdn 524288x14 --attention-bwd 32768x16,131072x2"
+else anchor_shapes="--gdn 32768x14,131072x14,524288x14 --attention-bwd 32768x16,131072x2,524288x2"; fi
 step anchors 150 "$out/anchors.err" sh -c "python3 '$root/cluster/bench/anchors.py' --warmup 2 --repeat 5 --sdpa-backends cudnn \
-  --attention '' --gdn 32768x14,131072x14,524288x14 --attention-bwd 32768x16,131072x2,524288x2 \
-  --gdn-bwd 131072x14,524288x14 > '$out/anchors.jsonl'" || echo "anchors FAILED (anchors.err)"
+  --attention '' $anchor_shapes --gdn-bwd 131072x14,524288x14 > '$out/anchors.jsonl'" || echo "anchors FAILED (anchors.err)"
 step layer 120 "$out/layer.err" sh -c "python3 '$root/cluster/bench/layer_reference.py' --seq-len 524288 --repeat 3 \
   > '$out/layer.jsonl'" || echo "layer reference FAILED (layer.err)"
 : > "$out/prefill.jsonl"

@@ -22,9 +22,12 @@
 #            512K×2; also the mma.sync backward at 32K×16) and --op gdn-bwd (128K/512K × 14 heads),
 #            forward + backward, with the anchors
 #            (SDPA-cuDNN/FA2 and flash-linear-attention forward + backward) and the joined table
-#   train    hydra train --stage finetune, hydrahead-1.7b (random weights, random tokens) at 64K and
-#            128K tokens per step on one GPU (step time, tokens/s, MFU, peak memory), next to the
-#            PyTorch autograd step of the same layer × 28 (cluster/bench/layer_reference.py --backward)
+#   train    hydra gradients and hydra forward on the GPU against the CPU (hydrahead-tiny); hydra
+#            train --stage finetune, hydrahead-1.7b (random weights, random tokens) at 64K and 128K
+#            tokens per step on one GPU (step time, tokens/s, MFU, peak memory, phases), the 128K step
+#            again under mpirun -np 1 (TRAIN_MPI1=0 skips it), next to the PyTorch autograd step of
+#            the same layer × 28 (cluster/bench/layer_reference.py --backward); TRAIN_STEPS (4) steps,
+#            TRAIN_LENGTHS ("64K 128K")
 # If a new kernel fails its test, later stages fall back to the kernel it replaces and say so
 # (HYDRA_ATTENTION_KERNEL=wgmma, HYDRA_GDN_KERNEL=v1); the variables can also be set by hand.
 set -uo pipefail
@@ -205,10 +208,11 @@ PY
       --steps ${TRAIN_STEPS:-4} --device cuda --out-dir "$out/train_$1" --save-every -1 2> "$out/train_$1.log" | tee -a "$out/train.jsonl"
     grep -E "memory plan|step [0-9]|error" "$out/train_$1.log" | sed -E 's/^\[hydra +[0-9.]+s\] //' | tail -6
   }
-  train_run 64K "" 64K
-  train_run 128K "" 128K
-  echo "== training: the same 128K step under mpirun -np 1 (the NCCL path, a world of one)"
-  train_run 128K_mpi1 "mpirun --oversubscribe -np 1 -x NCCL_NVLS_ENABLE -x PATH -x LD_LIBRARY_PATH" 128K
+  for len in ${TRAIN_LENGTHS:-64K 128K}; do train_run $len "" $len; done
+  if [ "${TRAIN_MPI1:-1}" = 1 ]; then
+    echo "== training: the same 128K step under mpirun -np 1 (the NCCL path, a world of one)"
+    train_run 128K_mpi1 "mpirun --oversubscribe -np 1 -x NCCL_NVLS_ENABLE -x PATH -x LD_LIBRARY_PATH" 128K
+  fi
   for t in 65536 131072; do
     python3 "$root/cluster/bench/layer_reference.py" --seq-len $t --backward --repeat 3 | tee -a "$out/train.jsonl"
   done
