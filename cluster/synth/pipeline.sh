@@ -19,7 +19,7 @@
 #   gpu  qwen3-synth (4.2M parameters, d = 64), training length 256, finetune 1024, on one GPU.
 #        Stage budgets are in SECONDS of wall time and become step counts from probes: before the
 #        real run, each kind of step (teacher pretrain; the four students' align, distill and
-#        finetune run side by side, as in the real run) runs a few steps and the median step time
+#        finetune, --jobs at a time as in the real run) runs a few steps and the median step time
 #        turns the budget into --steps. Every student gets the same steps per stage (the slowest
 #        probe's), so token budgets are equal. A deadline (--deadline-s) bounds every command.
 #   cpu  qwen3-synth-cpu (0.9M parameters, d = 16), length 128, fixed steps, one student at a time.
@@ -41,10 +41,12 @@ device=""
 jobs=""
 deadline_s=""
 teacher_in=""
+plan_override=""
 usage() {
   sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "flags: --profile gpu|cpu|toy --out DIR [--archive FILE.tar.gz] [--hydra BIN] [--device cuda|cpu]"
   echo "       [--jobs N (students side by side)] [--deadline-s S (0: none)] [--teacher FILE.h5 (skip pretraining)]"
+  echo "       [--plan probe|fixed (override the profile's: probe turns its second budgets into steps)]"
 }
 while (($#)); do
   case "$1" in
@@ -56,6 +58,7 @@ while (($#)); do
     --jobs) jobs="$2"; shift 2 ;;
     --deadline-s) deadline_s="$2"; shift 2 ;;
     --teacher) teacher_in="$2"; shift 2 ;;
+    --plan) plan_override="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "pipeline.sh: unknown flag $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -81,6 +84,7 @@ case "$profile" in
     preset=qwen3-synth-cpu; vocab=256; len=128; ft_len=512; pairs=6
     train_tokens=4M; ft_tokens=2M; batch=8; ft_batch=2
     plan_mode=fixed; steps_pretrain=1500; steps_align=60; steps_distill=60; steps_finetune=30
+    budget_pretrain=900; budget_align=60; budget_distill=120; budget_finetune=60           # --plan probe
     lr_pretrain=2e-3; lr_align=2e-3; lr_distill=5e-4; lr_finetune=2e-4
     eval_mults="1 4 16 64"; depths=0,50,100; samples=2; lm_windows=32
     calib_samples=4; lm_samples=2
@@ -89,12 +93,18 @@ case "$profile" in
     preset=qwen3-synth-cpu; vocab=256; len=64; ft_len=128; pairs=3
     train_tokens=64K; ft_tokens=32K; batch=2; ft_batch=1
     plan_mode=fixed; steps_pretrain=4; steps_align=2; steps_distill=2; steps_finetune=2
+    budget_pretrain=3; budget_align=2; budget_distill=2; budget_finetune=2   # --plan probe (CTest)
     lr_pretrain=2e-3; lr_align=2e-3; lr_distill=5e-4; lr_finetune=2e-4
     eval_mults="1 4"; depths=0,100; samples=1; lm_windows=2
     calib_samples=2; lm_samples=1
     : "${device:=cpu}"; : "${jobs:=1}"; : "${deadline_s:=0}" ;;
   *) echo "pipeline.sh: --profile must be gpu, cpu or toy (got $profile)" >&2; exit 2 ;;
 esac
+if [[ -n "$plan_override" ]]; then
+  [[ "$plan_override" == probe || "$plan_override" == fixed ]] || { echo "pipeline.sh: --plan must be probe or fixed" >&2; exit 2; }
+  [[ "$plan_override" == fixed && "$profile" == gpu ]] && { echo "pipeline.sh: the gpu profile has no fixed steps" >&2; exit 2; }
+  plan_mode="$plan_override"
+fi
 students="selected random layerwise gdn"
 lengths=""
 for m in $eval_mults; do lengths="${lengths:+$lengths,}$((len * m))"; done
@@ -176,7 +186,10 @@ if [[ "$plan_mode" == probe ]]; then
       --steps 6 --batch-seqs "$batch" --save-every -1 --out-dir "$work/runs/probe-pretrain" --device "$device"
     t_pretrain=$(probe_step_s "$work/runs/probe-pretrain")
   fi
+  # Probes run `jobs` at a time, as the students will.
+  throttle() { while (($(jobs -rp | wc -l) >= jobs)); do wait -n; done; }
   for s in $students; do
+    throttle
     run_step "probe-convert-$s" "$hydra" convert --teacher "$pinit" --fa-heads "${probe_spec[$s]}" --seed 1 \
       --out "$work/models/probe-$s.h5" &
   done
@@ -184,6 +197,7 @@ if [[ "$plan_mode" == probe ]]; then
   declare -A t_stage
   for stage in align distill finetune; do
     for s in $students; do
+      throttle
       if [[ $stage == finetune ]]; then dd=("$d/finetune.h5" "$ft_len" "$ft_batch"); teach=(); else dd=("$d/train.h5" "$len" "$batch"); teach=(--teacher "$pinit"); fi
       run_step "probe-$stage-$s" "$hydra" train --stage "$stage" --model "$work/models/probe-$s.h5" "${teach[@]}" \
         --data "${dd[0]}" --seq-len "${dd[1]}" --steps 5 --batch-seqs "${dd[2]}" --save-every -1 \

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""CTest: cluster/synth/pipeline.sh --profile toy end to end on the CPU (a few minutes on 2 cores).
+"""CTest: cluster/synth/pipeline.sh --profile toy --plan probe end to end on the CPU (a few minutes on
+2 cores). --plan probe is the gpu profile's planning (second budgets turned into steps by probe runs),
+so the path the one-shot GPU run takes is the one CI runs.
 
 A toy run cannot learn, so nothing here asserts accuracy. It asserts that the pipeline ran: every
 step exited 0, every model was trained for exactly its planned steps and evaluated at every
@@ -40,7 +42,7 @@ def fa_heads(info_path):
 def main(hydra, root):
     with tempfile.TemporaryDirectory() as tmp:
         archive = os.path.join(tmp, "results.tar.gz")
-        run = subprocess.run(["bash", os.path.join(root, "cluster/synth/pipeline.sh"), "--profile", "toy", "--hydra", hydra,
+        run = subprocess.run(["bash", os.path.join(root, "cluster/synth/pipeline.sh"), "--profile", "toy", "--plan", "probe", "--hydra", hydra,
                               "--out", tmp, "--archive", archive], capture_output=True, text=True, timeout=1500)
         print(run.stdout[-6000:])
         print(run.stderr[-3000:])
@@ -48,6 +50,11 @@ def main(hydra, root):
         res = os.path.join(tmp, "results")
         plan = json.load(open(os.path.join(res, "plan.json")))
         students = ["selected", "random", "layerwise", "gdn"]
+        probe = plan.get("probe") or {}
+        for k in ("pretrain_step_s", "align_step_s", "distill_step_s", "finetune_step_s"):
+            check(isinstance(probe.get(k), (int, float)) and probe[k] > 0, f"plan.json probe {k}: {probe.get(k)}")
+        for stage, st in plan["stages"].items():
+            check(st["steps"] >= 1 and st["tokens"] == st["steps"] * st["batch_seqs"] * st["seq_len"], f"plan {stage}: {st}")
         models = ["teacher"] + students
 
         # Every step ran and exited 0.
@@ -56,6 +63,7 @@ def main(hydra, root):
                     "init-teacher", "pretrain-teacher", "select-heads", "total"]
         expected += [f"{stage}-{s}" for s in students for stage in ("convert", "align", "distill", "finetune")]
         expected += [f"eval-{kind}-{m}" for m in models for kind in ("lm", "niah")]
+        expected += ["probe-pretrain"] + [f"probe-{stage}-{s}" for s in students for stage in ("convert", "align", "distill", "finetune")]
         for step in expected:
             check(step in timings and timings[step]["rc"] == 0 and timings[step]["seconds"] >= 0,
                   f"step {step}: {timings.get(step)}")
