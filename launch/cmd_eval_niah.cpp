@@ -59,10 +59,8 @@ struct EvalNiahOptions {
     const auto mark = [this](const char* flag) {
       return [this, flag](const auto&) { given.insert(flag); };
     };
+    model.bind(o, "weight-seed");
     o.add_options()
-        ("model", po::value(&model.model_path), "hydra checkpoint (.h5) to evaluate")
-        ("preset", po::value(&model.preset), "instead of --model: a preset shape with random weights (smoke runs)")
-        ("weight-seed", po::value(&model.seed)->default_value(0), "weight seed for --preset")
         ("task", po::value(&tasks)->notifier(mark("task")), "single, multikey or multivalue, or a comma list (default single)")
         ("lengths", po::value(&lengths)->notifier(mark("lengths")), "sample lengths in tokens, e.g. 4K,16K,128K,512K (required without --dataset)")
         ("depths", po::value(&depths)->notifier(mark("depths")), "needle depths in percent (default 0,10,...,100)")

@@ -54,10 +54,8 @@ struct SelectHeadsOptions {
     const auto mark = [this](const char* flag) {
       return [this, flag](const auto&) { generator_flags.insert(flag); };
     };
+    model.bind(o, "weight-seed");  // a Qwen3 teacher whose heads are scored
     o.add_options()
-        ("model", po::value(&model.model_path), "Qwen3 teacher checkpoint (.h5) whose heads are scored")
-        ("preset", po::value(&model.preset), "instead of --model: a qwen3 preset shape with random weights (smoke runs)")
-        ("weight-seed", po::value(&model.seed)->default_value(0), "weight seed for --preset")
         ("budget", po::value(&budget)->required(), "K: heads that keep full attention, over the whole model (default) or per layer")
         ("per-layer", po::bool_switch(&per_layer), "the budget is K heads in every layer (uniform), not K in total")
         ("weights", po::value(&weights)->default_value(weights), "composite weights TOTAL,DIRECT,LM (each >= 0, not all 0)")

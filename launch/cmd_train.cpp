@@ -62,7 +62,7 @@ struct TrainOptions {
   int sp = 0;
 
   void bind(po::options_description& o) {
-    model.bind(o);
+    model.bind(o, "weight-seed");  // --seed is the data order's
     o.add_options()
         ("stage", po::value(&stage)->required(), "pretrain | align | distill | finetune (defaults per stage below)")
         ("teacher", po::value(&teacher), "teacher checkpoint (align and distill: runs forward in the same process)")

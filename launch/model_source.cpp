@@ -8,12 +8,12 @@
 
 namespace hydra {
 
-void ModelSource::bind(po::options_description& options) {
+void ModelSource::bind(po::options_description& options, const char* seed_flag) {
   options.add_options()
       ("model", po::value(&model_path), "hydra checkpoint (.h5) to run")
       ("preset", po::value(&preset), "instead of --model: a preset shape with random weights "
                                      "(qwen3-tiny, hydrahead-tiny, qwen3-1.7b, hydrahead-1.7b)")
-      ("seed", po::value(&seed)->default_value(0), "weight seed for --preset");
+      (seed_flag, po::value(&seed)->default_value(0), "weight seed for --preset");
 }
 
 void ModelSource::validate() const {

@@ -1,5 +1,5 @@
 // Where a subcommand's model comes from: a checkpoint (--model FILE.h5) or a preset with random
-// weights (--preset NAME --seed N, nothing read from disk: speed runs and demos). Shared by every
+// weights (--preset NAME --seed N or --weight-seed N, nothing read from disk: speed runs and demos). Shared by every
 // subcommand that runs a model, with one set of flags and one validation.
 #pragma once
 
@@ -16,7 +16,9 @@ struct ModelSource {
   std::string preset;
   uint64_t seed = 0;
 
-  void bind(po::options_description& options);
+  // `seed_flag` names the preset's weight seed: "seed", or "weight-seed" where a command's own
+  // --seed means something else (a task or data-order seed).
+  void bind(po::options_description& options, const char* seed_flag = "seed");
   // Exactly one of --model / --preset; a named preset must exist; the file must be readable.
   void validate() const;
   // The config alone (cheap: reads only the checkpoint's attributes), for input checks.

@@ -22,6 +22,7 @@
 #include "kernels/gdn_gates/gdn_gates.h"
 #include "kernels/l2norm/l2norm.h"
 #include "kernels/matmul/matmul.h"
+#include "runtime/fault.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
 #include "kernels/swiglu/swiglu.h"
@@ -64,6 +65,7 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
   const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
   expect_shape(dx, "layer dx", {{"T_loc", t}, {"D", D}});
   expect_shape(saved.input, "saved layer input", {{"T_loc", t}, {"D", D}});
+  maybe_inject_fault("backward");
   HYDRA_ASSERT(hfa == 0 || saved.fa_out.defined(), "layer {}: backward without the forward's attention output", layer);
   auto empty = [&](std::initializer_list<int64_t> shape, DType dtype) { return Tensor::empty(shape, dtype, device_); };
 

@@ -43,4 +43,22 @@ std::vector<int64_t> SequenceLayout::local_positions() const {
   return positions;
 }
 
+Tensor SequenceLayout::local_rows(const TensorView& global) const {
+  HYDRA_ASSERT(global.rank() >= 1 && global.size(0) == total_, "local_rows of a [{}, ...] tensor in a layout of {} tokens",
+               global.rank() >= 1 ? global.size(0) : 0, total_);
+  std::vector<int64_t> shape(global.shape().begin(), global.shape().end());
+  shape[0] = local_length();
+  Tensor out = Tensor::empty(shape, global.dtype(), global.device());
+  for (const Segment& s : local_) copy_into(out.view().narrow(0, s.local_offset, s.length), global.narrow(0, s.start, s.length));
+  return out;
+}
+
+void SequenceLayout::place_local_rows(const TensorView& global, const TensorView& local) const {
+  HYDRA_ASSERT(global.rank() >= 1 && global.size(0) == total_ && local.rank() == global.rank() &&
+                   local.size(0) == local_length(),
+               "place_local_rows: global {} / local {} in a layout of {} tokens ({} local)", global.shape_string(),
+               local.shape_string(), total_, local_length());
+  for (const Segment& s : local_) copy_into(global.narrow(0, s.start, s.length), local.narrow(0, s.local_offset, s.length));
+}
+
 }  // namespace hydra

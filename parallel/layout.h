@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/tensor.h"
+
 namespace hydra {
 
 struct Segment {
@@ -38,6 +40,11 @@ class SequenceLayout {
   int owner_of(int segment) const;
   // Global position of every local row.
   std::vector<int64_t> local_positions() const;
+  // This rank's rows of a global tensor [T, ...] (any dtype, its device), in local order: the one
+  // place that scatters a sequence into the zigzag order.
+  Tensor local_rows(const TensorView& global) const;
+  // The inverse, on one rank's share: writes `local` [T_loc, ...] into its rows of `global` [T, ...].
+  void place_local_rows(const TensorView& global, const TensorView& local) const;
 
  private:
   int64_t total_ = 0;

@@ -54,11 +54,12 @@ DType classify(hid_t dataset, const std::string& file, const std::string& name) 
   const H5T_class_t cls = H5Tget_class(type.get());
   const size_t size = H5Tget_size(type.get());
   if (cls == H5T_FLOAT && size == 4) return DType::f32;
+  if (cls == H5T_FLOAT && size == 8) return DType::f64;
   if (cls == H5T_INTEGER && size == 2 && stored_dtype_attribute(dataset) == "bfloat16") return DType::bf16;
   if (cls == H5T_INTEGER && size == 4) return DType::i32;
   if (cls == H5T_INTEGER && size == 8) return DType::i64;
   HYDRA_USER_FAIL("{}: dataset '{}' has an unsupported element type (class {}, {} bytes); expected "
-                  "float32, bfloat16 (uint16 + dtype attribute), int32 or int64",
+                  "float32, float64, bfloat16 (uint16 + dtype attribute), int32 or int64",
                   file, name, static_cast<int>(cls), size);
 }
 

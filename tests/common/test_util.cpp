@@ -36,15 +36,18 @@ Tensor uniform_tensor(std::initializer_list<int64_t> shape, uint64_t seed, float
 }
 
 namespace {
-// Visits every element of a host f32 view (any strides) in row-major order.
+// Visits every element of a host f32 or f64 view (any strides) in row-major order, as double.
 template <class F>
 void for_each_element(const TensorView& v, F&& f) {
+  HYDRA_ASSERT(v.device() == Device::host && (v.dtype() == DType::f32 || v.dtype() == DType::f64),
+               "test element visit needs a host f32/f64 view, got {} on {}", dtype_name(v.dtype()),
+               v.device() == Device::host ? "host" : "device");
+  const bool wide = v.dtype() == DType::f64;
   std::array<int64_t, kMaxRank> idx{};
-  const float* base = static_cast<const float*>(v.data());
   for (int64_t i = 0; i < v.numel(); ++i) {
     int64_t offset = 0;
     for (int d = 0; d < v.rank(); ++d) offset += idx[d] * v.stride(d);
-    f(i, base[offset]);
+    f(i, wide ? static_cast<const double*>(v.data())[offset] : static_cast<double>(static_cast<const float*>(v.data())[offset]));
     for (int d = v.rank() - 1; d >= 0; --d) {
       if (++idx[d] < v.size(d)) break;
       idx[d] = 0;
@@ -54,14 +57,14 @@ void for_each_element(const TensorView& v, F&& f) {
 
 std::vector<float> flatten(const TensorView& v) {
   std::vector<float> out(static_cast<size_t>(v.numel()));
-  for_each_element(v, [&](int64_t i, float x) { out[static_cast<size_t>(i)] = x; });
+  for_each_element(v, [&](int64_t i, double x) { out[static_cast<size_t>(i)] = static_cast<float>(x); });
   return out;
 }
 }  // namespace
 
 int64_t count_non_finite(const TensorView& v) {
   int64_t n = 0;
-  for_each_element(v, [&](int64_t, float x) { n += std::isfinite(x) ? 0 : 1; });
+  for_each_element(v, [&](int64_t, double x) { n += std::isfinite(x) ? 0 : 1; });
   return n;
 }
 

@@ -17,14 +17,10 @@
 #include "parallel/mpi_communicator.h"
 #include "parallel/self_communicator.h"
 #include "tests/common/test_util.h"
+#include "tests/parallel/parallel_test_util.h"
 
 namespace hydra::test {
 namespace {
-
-MpiCommunicator& world() {
-  static MpiCommunicator comm;
-  return comm;
-}
 
 double norm_rel_error(const Tensor& actual, const Tensor& expected) {
   const Tensor a = to(actual, Device::host, DType::f64), e = to(expected, Device::host, DType::f64);
@@ -58,10 +54,7 @@ void expect_same_gradients(const NamedTensors& parallel, const NamedTensors& sin
 }
 
 // Lengths the zigzag layout admits for P ranks, one with segments that are not multiples of 64.
-std::vector<int64_t> lengths_for(int p) {
-  const int64_t g = SequenceLayout::granularity(p);
-  return {g * 5, g * 37};
-}
+std::vector<int64_t> lengths_for(int p) { return admissible_lengths(p, {5, 37}); }
 
 void expect_sequence_parallel_equal_single(const ModelConfig& config, DType dtype, double tol, const std::string& what) {
   MpiCommunicator& comm = world();

@@ -13,14 +13,10 @@
 #include "parallel/self_communicator.h"
 #include "tests/common/known_argmax_model.h"
 #include "tests/common/test_util.h"
+#include "tests/parallel/parallel_test_util.h"
 
 namespace hydra::test {
 namespace {
-
-MpiCommunicator& comm_world() {
-  static MpiCommunicator comm;
-  return comm;
-}
 
 // Ranks owning the answer's rows a−1 .. a+n−2.
 std::set<int> row_owners(const SequenceLayout& layout, int64_t a, int64_t n) {
@@ -34,7 +30,7 @@ std::set<int> row_owners(const SequenceLayout& layout, int64_t a, int64_t n) {
 }
 
 TEST(NiahParallel, KnownArgmaxVerdictOnEveryRank) {
-  MpiCommunicator& comm = comm_world();
+  MpiCommunicator& comm = world();
   niah::TaskParams p;
   p.value_length_min = p.value_length_max = 4;
   const int64_t length = 24;  // admissible for P = 1..4; P = 3, 4: the answer rows cross a segment boundary
@@ -68,7 +64,7 @@ TEST(NiahParallel, KnownArgmaxVerdictOnEveryRank) {
 }
 
 TEST(NiahParallel, RandomHydraModelMatchesOneProcess) {
-  MpiCommunicator& comm = comm_world();
+  MpiCommunicator& comm = world();
   const ModelConfig c = preset_config("hydrahead-tiny");
   const Model model(c, random_parameters(c, 4));
   niah::TaskParams p;

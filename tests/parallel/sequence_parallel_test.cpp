@@ -15,33 +15,15 @@
 #include "parallel/ring_attention.h"
 #include "parallel/self_communicator.h"
 #include "tests/common/test_util.h"
+#include "tests/parallel/parallel_test_util.h"
 
 namespace hydra::test {
 namespace {
 
 constexpr double kTol = 1e-5;
 
-MpiCommunicator& world() {
-  static MpiCommunicator comm;
-  return comm;
-}
-
-// The rows of `global` [T, ...] that this rank owns, in local order.
-Tensor local_rows(const SequenceLayout& layout, const TensorView& global) {
-  std::vector<int64_t> shape(global.shape().begin(), global.shape().end());
-  shape[0] = layout.local_length();
-  Tensor out = Tensor::empty(shape, global.dtype());
-  for (const Segment& s : layout.local_segments()) {
-    copy_into(out.view().narrow(0, s.local_offset, s.length), global.narrow(0, s.start, s.length));
-  }
-  return out;
-}
-
 // Admissible lengths for P ranks, including segments that are not multiples of 64.
-std::vector<int64_t> lengths_for(int p) {
-  const int64_t g = SequenceLayout::granularity(p);
-  return {g * 3, g * 37, g * 64, g * 70};
-}
+std::vector<int64_t> lengths_for(int p) { return admissible_lengths(p, {3, 37, 64, 70}); }
 
 TEST(Communicator, CollectivesMoveKnownValues) {
   MpiCommunicator& comm = world();
