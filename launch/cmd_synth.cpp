@@ -85,15 +85,19 @@ int run_synth(App& app, const std::vector<std::string>& args) {
   const synth::Stream stream = synth::generate_stream(config);
   synth::write_stream(opt.out, config, stream);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double floor = synth::lm_loss_floor(config, stream);
   nlohmann::json per_kind = nlohmann::json::object();
   for (const synth::Part& p : config.mixture) per_kind[synth::kind_name(p.kind)] = 0;
   for (synth::Kind k : stream.kinds) per_kind[synth::kind_name(k)] = per_kind[synth::kind_name(k)].get<int64_t>() + 1;
-  log::info("synth: wrote {}: {} documents of {} tokens ({} ids), {} answers, mixture {}, {:.2f} s", opt.out,
+  log::info("synth: wrote {}: {} documents of {} tokens ({} ids), {} answers, mixture {}{}, {:.2f} s", opt.out,
             config.documents, config.seq_len, stream.ids.size(), stream.answers.size(),
-            synth::mixture_string(config.mixture), seconds);
+            synth::mixture_string(config.mixture),
+            floor >= 0 ? fmt::format(", lm loss floor {:.4f} nats", floor) : std::string(), seconds);
   std::cout << nlohmann::json{{"command", "synth"}, {"out", opt.out}, {"tokens", stream.ids.size()},
                               {"documents", config.documents}, {"seq_len", config.seq_len}, {"documents_per_kind", per_kind},
-                              {"answers", stream.answers.size()}, {"seconds", seconds}}
+                              {"answers", stream.answers.size()},
+                              {"lm_loss_floor", floor >= 0 ? nlohmann::json(floor) : nlohmann::json(nullptr)},
+                              {"seconds", seconds}}
                    .dump()
             << std::endl;
   return 0;

@@ -267,6 +267,21 @@ double MarkovSource::base_probability(int32_t token) const {
   return base_cdf_[static_cast<size_t>(r)] - (r == 0 ? 0.0 : base_cdf_[static_cast<size_t>(r - 1)]);
 }
 
+double MarkovSource::base_entropy() const {
+  double h = 0;
+  for (int64_t r = 0; r < content_; ++r) {
+    const double p = base_cdf_[static_cast<size_t>(r)] - (r == 0 ? 0.0 : base_cdf_[static_cast<size_t>(r - 1)]);
+    if (p > 0) h -= p * std::log(p);
+  }
+  return h;
+}
+
+double MarkovSource::next_entropy(int32_t b, int32_t a) const {
+  double h = 0;
+  for (const auto& [t, p] : next_distribution(b, a)) h -= p * std::log(p);
+  return h;
+}
+
 int32_t MarkovSource::next(int32_t b, int32_t a, double u) const {
   const int64_t row = (static_cast<int64_t>(a) * clusters_ + cluster_of(b)) * branching_;
   return candidates_[static_cast<size_t>(row + invert(branch_cdf_, u))];
@@ -375,6 +390,22 @@ Stream generate_stream(const SynthConfig& config) {
   // The last window's last target (model/synth.h: Layout).
   s.ids.push_back(language.base_draw(RandomStream{config.seed, hash_name("synth/tail")}.uniform(0)));
   return s;
+}
+
+double lm_loss_floor(const SynthConfig& config, const Stream& stream) {
+  const MarkovSource language(config.language, niah::markers_for(config.vocab_size).content);
+  const double base = language.base_entropy();
+  double sum = 0;
+  int64_t windows = 0;
+  for (size_t d = 0; d < stream.kinds.size(); ++d) {
+    if (stream.kinds[d] != Kind::lm) continue;
+    const int32_t* ids = stream.ids.data() + static_cast<int64_t>(d) * config.seq_len;
+    double h = 2 * base;  // targets: token 1 and the next document's token 0
+    for (int64_t i = 2; i < config.seq_len; ++i) h += language.next_entropy(ids[i - 2], ids[i - 1]);
+    sum += h / static_cast<double>(config.seq_len);
+    ++windows;
+  }
+  return windows > 0 ? sum / static_cast<double>(windows) : -1.0;
 }
 
 std::string config_json(const SynthConfig& c) {

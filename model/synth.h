@@ -85,6 +85,9 @@ class MarkovSource {
   int32_t next(int32_t b, int32_t a, double u) const;
   // Probability of `token` under the base distribution.
   double base_probability(int32_t token) const;
+  // Entropies (nats) of the base distribution and of the next token after (…, b, a).
+  double base_entropy() const;
+  double next_entropy(int32_t b, int32_t a) const;
 
  private:
   int64_t content_ = 0, branching_ = 0, clusters_ = 0;
@@ -135,6 +138,13 @@ struct Stream {
   std::vector<int64_t> answer_document; // [answers.size()]
 };
 Stream generate_stream(const SynthConfig& config);
+
+// The loss floor of the lm documents of a stream: the source's own expected next-token loss (nats),
+// averaged over the seq_len predictions of each lm document's training window as `hydra train` and
+// `hydra eval-lm` cut it (tokens 1 and the next document's token 0 are base draws, the others follow
+// the table; exact for an lm-only stream, where the next document starts with a base draw too). No
+// model can do better in expectation; −1 when the stream holds no lm document.
+double lm_loss_floor(const SynthConfig& config, const Stream& stream);
 
 inline constexpr const char* kStreamFormat = "hydrahead-synth";
 inline constexpr int64_t kStreamVersion = 1;

@@ -339,6 +339,27 @@ TEST(Synth, LanguageFollowsItsTransitionTable) {
     bottom += freq[by_base[55 - i]];
   }
   EXPECT_GT(top, 5 * bottom) << "top " << top << " bottom " << bottom;
+  // 4. The loss floor is the source's expected loss on these windows: the realised NLL of the true
+  //    distributions on the same tokens agrees with it to sampling error (~1e-2 over 500K tokens).
+  const double floor = synth::lm_loss_floor(c, s);
+  double nll = 0;
+  for (int64_t d = 0; d < c.documents; ++d) {
+    const int32_t* ids = s.ids.data() + d * c.seq_len;
+    for (int64_t i = 1; i <= c.seq_len; ++i) {
+      const int32_t target = ids[i];  // i == seq_len: the next document's token 0 (or the tail)
+      if (i == 1 || i == c.seq_len) {
+        nll -= std::log(language.base_probability(target));
+        continue;
+      }
+      double p = 0;
+      for (const auto& [t, q] : language.next_distribution(ids[i - 2], ids[i - 1])) p += t == target ? q : 0;
+      nll -= std::log(p);
+    }
+  }
+  nll /= static_cast<double>(c.documents * c.seq_len);
+  EXPECT_NEAR(nll, floor, 0.02);
+  EXPECT_LT(floor, std::log(56.0) - 1.5);
+  EXPECT_EQ(synth::lm_loss_floor(base_config("mqar", 3), synth::generate_stream(base_config("mqar", 3))), -1.0);
 }
 
 TEST(Synth, RefusesWhatDoesNotFit) {
