@@ -3,6 +3,7 @@
 // mean over several windows is their token-weighted mean, 2 ranks agree with 1, and bad input is
 // refused before anything is read.
 #include <cmath>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -12,9 +13,14 @@
 namespace hydra::test {
 namespace {
 
+// The last output line that is a JSON object (log lines of other ranks may come after it).
 nlohmann::json summary_of(const CommandResult& r) {
-  const size_t at = r.output.rfind("\n{");
-  return nlohmann::json::parse(r.output.substr(at == std::string::npos ? 0 : at + 1));
+  std::string last;
+  std::stringstream in(r.output);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.front() == '{') last = line;
+  }
+  return nlohmann::json::parse(last);
 }
 
 std::vector<int32_t> tokens(int64_t n, int64_t vocab, uint64_t seed) {

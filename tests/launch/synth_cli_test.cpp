@@ -1,6 +1,7 @@
 // hydra synth as a user runs it: the file `hydra train` reads, the same bytes for the same flags,
 // the summary line, and bad flags refused with a message before anything is written.
 #include <filesystem>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -14,9 +15,14 @@ namespace {
 
 CommandResult hydra(const std::string& args) { return run_command(hydra_binary() + " synth " + args); }
 
+// The last output line that is a JSON object.
 nlohmann::json last_json_line(const std::string& output) {
-  const size_t at = output.rfind("\n{");
-  return nlohmann::json::parse(output.substr(at == std::string::npos ? 0 : at + 1));
+  std::string last;
+  std::stringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.front() == '{') last = line;
+  }
+  return nlohmann::json::parse(last);
 }
 
 TEST(SynthCli, WritesTheStreamTheLibraryMakes) {
