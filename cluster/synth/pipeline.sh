@@ -148,15 +148,17 @@ run_step() {
 # The model a training run ended with (its latest checkpoint).
 final_model() { local d="$1"; [[ -r "$d/latest" ]] && echo "$d/$(cat "$d/latest")/model.h5"; }
 
-# Median step time (s) of a probe run's steps after the first two (warm-up).
+# Median step time (s) of a probe run's steps after the first two (warm-up); nan if it failed.
 probe_step_s() {
   python3 - "$1/train.jsonl" <<'EOF'
-import json, statistics, sys
-steps = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+import json, os, statistics, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if l.strip()] if os.path.exists(sys.argv[1]) else []
 t = [s["step_s"] for s in steps if s.get("type") == "step" and s["step"] > 2]
 print(statistics.median(t) if t else "nan")
 EOF
 }
+# The largest of its arguments that is a number (nan if none).
+max_finite() { python3 -c "import math,sys; v=[float(x) for x in sys.argv[1:] if math.isfinite(float(x))]; print(max(v) if v else 'nan')" "$@"; }
 
 echo "[pipeline] profile $profile on $device: $preset, training length $len, finetune $ft_len, NIAH at $lengths" \
   | tee "$res/logs/pipeline.log"
@@ -204,8 +206,9 @@ if [[ "$plan_mode" == probe ]]; then
         --out-dir "$work/runs/probe-$stage-$s" --device "$device" &
     done
     wait
-    t_stage[$stage]=$(for s in $students; do probe_step_s "$work/runs/probe-$stage-$s"; done | sort -g | tail -1)
+    t_stage[$stage]=$(max_finite $(for s in $students; do probe_step_s "$work/runs/probe-$stage-$s"; done))
   done
+  # A budget over the probe's step time; 1 step where the probe failed (its log says why).
   steps_of() { python3 -c "import math,sys; t=float('$2'); print(max(1, int($1 / t)) if math.isfinite(t) and t > 0 else 1)"; }
   steps_pretrain=$(steps_of "$budget_pretrain" "${t_pretrain:-nan}")
   steps_align=$(steps_of "$budget_align" "${t_stage[align]}")
