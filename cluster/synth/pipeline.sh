@@ -42,11 +42,13 @@ jobs=""
 deadline_s=""
 teacher_in=""
 plan_override=""
+overrides=()
 usage() {
   sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "flags: --profile gpu|cpu|toy --out DIR [--archive FILE.tar.gz] [--hydra BIN] [--device cuda|cpu]"
   echo "       [--jobs N (students side by side)] [--deadline-s S (0: none)] [--teacher FILE.h5 (skip pretraining)]"
   echo "       [--plan probe|fixed (override the profile's: probe turns its second budgets into steps)]"
+  echo "       [--set NAME=VALUE ... (override a profile setting, e.g. --set budget_pretrain=300 --set mix=lm:0.5,mqar:0.5)]"
 }
 while (($#)); do
   case "$1" in
@@ -59,6 +61,7 @@ while (($#)); do
     --deadline-s) deadline_s="$2"; shift 2 ;;
     --teacher) teacher_in="$2"; shift 2 ;;
     --plan) plan_override="$2"; shift 2 ;;
+    --set) overrides+=("$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "pipeline.sh: unknown flag $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -69,11 +72,12 @@ done
 command -v python3 >/dev/null || { echo "pipeline.sh: python3 is needed (standard library only)" >&2; exit 2; }
 
 # ---- profiles --------------------------------------------------------------------------------
-mix="lm:0.3,mqar:0.4,single:0.1,multikey:0.1,multivalue:0.1"
+mix="lm:0.3,mqar:0.4,single:0.1,multikey:0.1,multivalue:0.1"  # gpu: more retrieval, below
 eval_seed=1000          # eval-niah's samples; training NIAH documents use a seed derived from synth's
 case "$profile" in
   gpu)
     preset=qwen3-synth; vocab=512; len=256; ft_len=1024; pairs=10
+    mix="lm:0.2,mqar:0.5,single:0.1,multikey:0.1,multivalue:0.1"
     train_tokens=32M; ft_tokens=8M; batch=16; ft_batch=4
     plan_mode=probe; budget_pretrain=240; budget_align=15; budget_distill=30; budget_finetune=20
     lr_pretrain=2e-3; lr_align=2e-3; lr_distill=5e-4; lr_finetune=2e-4
@@ -100,6 +104,14 @@ case "$profile" in
     : "${device:=cpu}"; : "${jobs:=1}"; : "${deadline_s:=0}" ;;
   *) echo "pipeline.sh: --profile must be gpu, cpu or toy (got $profile)" >&2; exit 2 ;;
 esac
+settings="preset vocab len ft_len pairs train_tokens ft_tokens batch ft_batch mix eval_seed eval_mults depths samples
+  lm_windows calib_samples lm_samples budget_pretrain budget_align budget_distill budget_finetune steps_pretrain steps_align
+  steps_distill steps_finetune lr_pretrain lr_align lr_distill lr_finetune"
+for o in "${overrides[@]}"; do
+  name="${o%%=*}"
+  [[ "$o" == *=* && " $(echo $settings) " == *" $name "* ]] || { echo "pipeline.sh: --set $o: not NAME=VALUE with NAME one of: $(echo $settings)" >&2; exit 2; }
+  printf -v "$name" '%s' "${o#*=}"
+done
 if [[ -n "$plan_override" ]]; then
   [[ "$plan_override" == probe || "$plan_override" == fixed ]] || { echo "pipeline.sh: --plan must be probe or fixed" >&2; exit 2; }
   [[ "$plan_override" == fixed && "$profile" == gpu ]] && { echo "pipeline.sh: the gpu profile has no fixed steps" >&2; exit 2; }
