@@ -104,7 +104,7 @@ fi
 if has tests; then
   echo "== GPU unit tests"
   has kernels || kernel_tests
-  (cd "$root" && timeout 1200 "$bin/test_cuda" --gtest_filter='-*FlashAttention*:*DeltaRule*' > "$out/test_cuda.log" 2>&1)
+  (cd "$root" && timeout ${TEST_TIMEOUT:-600} "$bin/test_cuda" --gtest_filter='-*FlashAttention*:*DeltaRule*' > "$out/test_cuda.log" 2>&1)
   show_test_log "$out/test_cuda.log" 40
   if [ "$gpus" -ge 2 ]; then
     echo "== multi-GPU tests (2 ranks)"
@@ -139,8 +139,10 @@ if has niah; then
 fi
 if has bwd; then
   echo "== backward kernels: GPU tests"
-  (cd "$root" && "$bin/test_cuda" --gtest_filter='*Backward*' 2>&1 | tee "$out/test_cuda_bwd.log" |
-    grep -E "^\[  (PASSED|FAILED|SKIPPED) |rms ratio|Failure|Expected|Which" | head -80)
+  # To a file first, then filtered: a `| head` behind tee would SIGPIPE the test and lose its log.
+  (cd "$root" && timeout 600 "$bin/test_cuda" --gtest_filter='*Backward*' > "$out/test_cuda_bwd.log" 2>&1)
+  echo "(test_cuda *Backward* exit $?)"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |rms ratio|Failure|Expected|Which" "$out/test_cuda_bwd.log" | tail -80
   if grep -q "FAILED.*CudaAttentionBackward.WgmmaKernel" "$out/test_cuda_bwd.log"; then
     echo "!! wgmma attention backward failed its test: the backward benches use the mma.sync kernel"
     export HYDRA_ATTENTION_BWD_KERNEL=mma
@@ -163,6 +165,33 @@ if has bwd; then
   [ -s "$b" ] && python3 "$root/cluster/bench/compare.py" "$b" "$out/anchors_bwd.jsonl" | tee "$out/compare_bwd.md"
 fi
 if has train; then
+  echo "== training: hydra gradients on the GPU vs the CPU (hydrahead-tiny, 4K tokens)"
+  python3 - "$out/grad_tokens.h5" <<'PY'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "w") as f:
+    f["input_ids"] = np.random.default_rng(1).integers(0, 256, size=4096, dtype=np.int32)
+PY
+  "$bin/hydra" init --preset hydrahead-tiny --seed 3 --out "$out/tiny.h5" > /dev/null 2>&1
+  for dev in cpu cuda; do
+    "$bin/hydra" gradients --model "$out/tiny.h5" --input "$out/grad_tokens.h5" --device $dev --out "$out/grads_$dev.h5" 2>&1 | tail -1
+  done
+  python3 - "$out/grads_cpu.h5" "$out/grads_cuda.h5" <<'PY'
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1]), h5py.File(sys.argv[2])
+print(f"loss cpu {a.attrs['loss']:.6f} cuda {b.attrs['loss']:.6f}")
+errs = sorted(((np.linalg.norm(b[k][:] - a[k][:]) / max(np.linalg.norm(a[k][:]), 1e-30), k) for k in a), reverse=True)
+print("worst gradient RMS ratios (cuda vs cpu):", ", ".join(f"{k} {e:.2e}" for e, k in errs[:4]))
+PY
+  echo "== hydra forward on the GPU vs the CPU (hydrahead-tiny, 4K tokens)"
+  for dev in cpu cuda; do
+    "$bin/hydra" forward --model "$out/tiny.h5" --input "$out/grad_tokens.h5" --device $dev --output "$out/logits_$dev.h5" 2>&1 | tail -1
+  done
+  python3 - "$out/logits_cpu.h5" "$out/logits_cuda.h5" <<'PY'
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1])["logits"][:], h5py.File(sys.argv[2])["logits"][:]
+print(f"logits {a.shape}: cuda vs cpu max abs error {np.abs(a - b).max():.3g} of max |logit| {np.abs(a).max():.3g}, "
+      f"arg-max agreement {(a.argmax(1) == b.argmax(1)).mean():.3f}")
+PY
   echo "== training: hydrahead-1.7b finetune on one GPU"
   python3 - "$out/train_tokens.h5" <<'PY'
 import sys, h5py, numpy as np
@@ -170,12 +199,16 @@ ids = np.random.default_rng(0).integers(0, 151936, size=6 * 131072 + 1, dtype=np
 with h5py.File(sys.argv[1], "w") as f:
     f["input_ids"] = ids
 PY
-  for len in 64K 128K; do
-    rm -rf "$out/train_$len"
-    "$bin/hydra" train --stage finetune --preset hydrahead-1.7b --data "$out/train_tokens.h5" --seq-len $len --steps 4 \
-      --device cuda --out-dir "$out/train_$len" --save-every -1 2> "$out/train_$len.log" | tee -a "$out/train.jsonl"
-    grep -E "memory plan|step [0-9]|error" "$out/train_$len.log" | sed -E 's/^\[hydra +[0-9.]+s\] //' | tail -6
-  done
+  train_run() {  # name, launcher prefix, seq len
+    rm -rf "$out/train_$1"
+    $2 "$bin/hydra" train --stage finetune --preset hydrahead-1.7b --data "$out/train_tokens.h5" --seq-len $3 \
+      --steps ${TRAIN_STEPS:-4} --device cuda --out-dir "$out/train_$1" --save-every -1 2> "$out/train_$1.log" | tee -a "$out/train.jsonl"
+    grep -E "memory plan|step [0-9]|error" "$out/train_$1.log" | sed -E 's/^\[hydra +[0-9.]+s\] //' | tail -6
+  }
+  train_run 64K "" 64K
+  train_run 128K "" 128K
+  echo "== training: the same 128K step under mpirun -np 1 (the NCCL path, a world of one)"
+  train_run 128K_mpi1 "mpirun --oversubscribe -np 1 -x NCCL_NVLS_ENABLE -x PATH -x LD_LIBRARY_PATH" 128K
   for t in 65536 131072; do
     python3 "$root/cluster/bench/layer_reference.py" --seq-len $t --backward --repeat 3 | tee -a "$out/train.jsonl"
   done

@@ -3,7 +3,7 @@
 // Every op is one function taking views; it checks shapes, then dispatches on the device of its
 // output: host views run the CPU implementation in the op's folder (the reference the CUDA kernel
 // is tested against), CUDA views run the launcher in the op's .cu file. CPU implementations are
-// templates on the element type T: float (the fp32 reference, SPEC 2) or double (float64, for
+// templates on the element type T: float (the fp32 reference, DESIGN.md §2) or double (float64, for
 // gradient checks by finite differences and whole-model gradient tests); every float view of one
 // call has the same type (integer views such as token ids and positions keep theirs).
 #pragma once

@@ -178,9 +178,12 @@ BackwardBenchResult bench_backward(const std::string& op, int64_t t, int64_t h, 
     const double bwd_ms = median_ms(warmup, repeat, backward);
     const double fwd_flops = causal_attention_flops(t, h, d);
     r.tflops = 3.5 * fwd_flops / (r.ms * 1e-3) / 1e12;
-    const char* kernel = std::getenv("HYDRA_ATTENTION_BWD_KERNEL");
+    const char* env = std::getenv("HYDRA_ATTENTION_BWD_KERNEL");
+    const std::string kernel = env && d == 128 ? env : "";
     r.what = fmt::format("attention fwd+bwd causal T={} H={} d={}{}", t, h, d,
-                         kernel && std::string(kernel) == "mma" && d == 128 ? " [mma.sync backward]" : "");
+                         kernel == "mma"  ? " [mma.sync backward]"
+                         : kernel == "ws" ? " [warp-specialised backward]"
+                                          : "");
     r.extra.update({{"seq_len", t}, {"heads", h}, {"kv_heads", hk}, {"head_dim", d}, {"backward_ms", bwd_ms},
                     {"backward_tflops", 2.5 * fwd_flops / (bwd_ms * 1e-3) / 1e12}, {"flops", 3.5 * fwd_flops}});
   } else {

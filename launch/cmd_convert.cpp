@@ -1,4 +1,4 @@
-// hydra convert: a Qwen3 teacher into a HydraHead student (SPEC 1.3).
+// hydra convert: a Qwen3 teacher into a HydraHead student (DESIGN.md §1.3).
 #include <algorithm>
 
 #include <fmt/ranges.h>

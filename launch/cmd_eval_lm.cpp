@@ -80,16 +80,9 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
   const auto t0 = std::chrono::steady_clock::now();
   train::LossSums local;
   for (int64_t i = 0; i < n; ++i) {
-    const std::vector<int32_t> window = data.window_in_order(i);
-    Tensor ids = Tensor::empty({layout.local_length()}, DType::i32), targets = Tensor::empty({layout.local_length()}, DType::i32);
-    for (const Segment& s : layout.local_segments()) {  // this rank's tokens and their next tokens, local order
-      for (int64_t j = 0; j < s.length; ++j) {
-        ids.data_as<int32_t>()[s.local_offset + j] = window[static_cast<size_t>(s.start + j)];
-        targets.data_as<int32_t>()[s.local_offset + j] = window[static_cast<size_t>(s.start + j + 1)];
-      }
-    }
+    const TokenRows w = layout.token_rows(data.window_in_order(i));  // T + 1 tokens: every row has its target
     ForwardContext context{.comm = comm, .layout = layout};
-    local += train::sequence_gradients(context, model, ids, targets, train::Objective::cross_entropy, 1.0, nullptr);
+    local += train::sequence_gradients(context, model, w.ids, w.targets, train::Objective::cross_entropy, 1.0, nullptr);
   }
   // Each rank summed its own tokens: one reduction gives the global token-weighted mean.
   Tensor sums = Tensor::empty({2}, DType::f64);

@@ -1,18 +1,23 @@
-// hydra forward: logits of a token sequence, sequence-parallel over the MPI ranks (CPU path).
+// hydra forward: logits of a token sequence and its mean next-token NLL, sequence-parallel over the
+// ranks, on the CPU (fp32) or the GPU (bf16 weights; logits written as float32 either way). The
+// NLL comes from the chunked loss head the training uses (model/train/objective.h), so no [T, V]
+// tensor exists unless --output asks for the logits.
 #include <chrono>
+#include <cmath>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
 #include "launch/cli.h"
 #include "launch/model_source.h"
+#include "model/train/objective.h"
+#include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/hdf5_file.h"
 #include "runtime/log.h"
 #include "runtime/random.h"
 #include "runtime/sizes.h"
 #include "runtime/token_file.h"
-#include "kernels/softmax/softmax.h"
 
 namespace hydra {
 namespace {
@@ -23,6 +28,8 @@ struct ForwardOptions {
   std::string seq_len;
   uint64_t token_seed = 1;
   std::string output;
+  std::string device = "cpu";
+  double nccl_timeout = 600;
 
   void bind(po::options_description& o) {
     model.bind(o);
@@ -30,7 +37,9 @@ struct ForwardOptions {
         ("input", po::value(&input), "token file (.h5 with input_ids [T], int32/int64)")
         ("seq-len", po::value(&seq_len), "instead of --input: this many random tokens (accepts 4K, 1M)")
         ("token-seed", po::value(&token_seed)->default_value(1), "seed of the random tokens for --seq-len")
-        ("output", po::value(&output), "logits file to write (.h5, dataset logits [T, vocab] float32); rank 0 writes");
+        ("output", po::value(&output), "logits file to write (.h5, dataset logits [T, vocab] float32); rank 0 writes")
+        ("device", po::value(&device)->default_value("cpu"), "cpu (fp32, the reference), cuda (bf16 weights, one GPU per rank) or auto")
+        ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
   }
   void validate() const {
     model.validate();
@@ -55,7 +64,8 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   po::options_description desc("hydra forward");
   opt.bind(desc);
   if (!parse_command_line(app, "forward",
-                          "(--model FILE.h5 | --preset NAME) (--input TOKENS.h5 | --seq-len N) [--output LOGITS.h5]",
+                          "(--model FILE.h5 | --preset NAME) (--input TOKENS.h5 | --seq-len N) [--output LOGITS.h5] "
+                          "[--device cpu|cuda]",
                           desc, args)) {
     return 0;
   }
@@ -70,47 +80,36 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
   const int64_t t_local = layout.local_length(), vocab = config.vocab_size;
 
+  DeviceWorld world = make_device_world(opt.device, app.mpi, comm, opt.nccl_timeout);
   const auto t0 = std::chrono::steady_clock::now();
-  const Model model = opt.model.build(Device::host, DType::f32);
+  const Model model = opt.model.build(world.device, world.device == Device::cuda ? DType::bf16 : DType::f32);
   const auto t1 = std::chrono::steady_clock::now();
-  Tensor local_ids = Tensor::empty({t_local}, DType::i32);
-  std::vector<int32_t> targets(static_cast<size_t>(t_local), -1);  // next token of each local row, −1 at the end
-  for (const Segment& s : layout.local_segments()) {
-    for (int64_t i = 0; i < s.length; ++i) {
-      local_ids.data_as<int32_t>()[s.local_offset + i] = ids[static_cast<size_t>(s.start + i)];
-      if (s.start + i + 1 < total) targets[s.local_offset + i] = ids[static_cast<size_t>(s.start + i + 1)];
-    }
-  }
-  ForwardContext context{comm, layout};
-  const Tensor hidden = model.forward(context, local_ids);
-  Tensor logits = Tensor::empty({t_local, vocab}, DType::f32);
-  model.lm_head(logits, hidden);
+  const TokenRows rows = layout.token_rows(ids);
+  ForwardContext context{.comm = *world.comm, .layout = layout};
+  const Tensor hidden = model.forward(context, rows.ids);
+  // Mean next-token NLL over the sequence: a summary that depends on every logit of every rank.
+  ModelTensors none;
+  const train::LossSums local = train::cross_entropy_head(model, hidden, rows.targets, 1.0, TensorView(), none);
+  Tensor stats = Tensor::empty({2}, DType::f64);  // [Σ nll, count]
+  stats.data_as<double>()[0] = local.loss;
+  stats.data_as<double>()[1] = static_cast<double>(local.tokens);
+  all_reduce_sum_host(comm, stats);
+  check_device_progress(world);
   const auto t2 = std::chrono::steady_clock::now();
 
-  // Mean next-token NLL over the sequence: a summary that depends on every logit of every rank.
-  Tensor nll = Tensor::empty({1}, DType::f32);
-  Tensor stats = Tensor::zeros({2}, DType::f32);  // [Σ nll, count]
-  for (int64_t i = 0; i < t_local; ++i) {
-    if (targets[i] < 0) continue;
-    Tensor target = Tensor::empty({1}, DType::i32);
-    target.data_as<int32_t>()[0] = targets[i];
-    ops::cross_entropy(nll, logits.view().narrow(0, i, 1), target);
-    stats.data_as<float>()[0] += nll.data_as<float>()[0];
-    stats.data_as<float>()[1] += 1.0f;
-  }
-  comm.all_reduce_sum(stats);
-
   if (!opt.output.empty()) {
-    // Rank 0 assembles the logits in global order from every rank's segments and writes once.
+    Tensor logits = Tensor::empty({t_local, vocab}, DType::f32, model.device());
+    model.lm_head(logits, hidden);
+    const Tensor host_logits = to(logits, Device::host, DType::f32);
+    // Rank 0 assembles the logits in global order from every rank's segments (over MPI, host
+    // memory) and writes once.
     if (comm.rank() == 0) {
       Tensor all = Tensor::empty({total, vocab}, DType::f32);
+      layout.place_local_rows(all, host_logits);
       Tensor incoming = Tensor::empty({t_local, vocab}, DType::f32);
-      for (int r = 0; r < comm.size(); ++r) {
-        const TensorView src = r == 0 ? logits.view() : incoming.view();
-        if (r != 0) comm.recv(incoming, r);
-        for (const Segment& s : layout.segments_of(r)) {
-          copy_into(all.view().narrow(0, s.start, s.length), src.narrow(0, s.local_offset, s.length));
-        }
+      for (int r = 1; r < comm.size(); ++r) {
+        comm.recv(incoming, r);
+        SequenceLayout::zigzag(total, comm.size(), r).place_local_rows(all, incoming);
       }
       AtomicFile out(opt.output);
       H5File file = H5File::create(out.temp_path());
@@ -118,17 +117,24 @@ int run_forward(App& app, const std::vector<std::string>& args) {
       file.close();
       out.commit();
     } else {
-      comm.send(logits, 0);
+      comm.send(host_logits, 0);
     }
   }
   const double load_s = std::chrono::duration<double>(t1 - t0).count();
   const double run_s = std::chrono::duration<double>(t2 - t1).count();
-  const double mean_nll = stats.data_as<float>()[1] > 0 ? stats.data_as<float>()[0] / stats.data_as<float>()[1] : 0.0;
+  const double count = stats.data_as<double>()[1], mean_nll = count > 0 ? stats.data_as<double>()[0] / count : 0.0;
   if (comm.rank() == 0) {
-    log::info("forward: {} tokens on {} rank(s), {} — load {:.2f} s, forward {:.2f} s ({:.0f} tokens/s), mean next-token NLL {:.4f}",
-              total, comm.size(), config.summary(), load_s, run_s, total / run_s, mean_nll);
+    log::info("forward: {} tokens on {} rank(s) ({}), {} — load {:.2f} s, forward {:.2f} s ({:.0f} tokens/s), mean "
+              "next-token NLL {:.4f}{}", total, comm.size(), device_name(world.device), config.summary(), load_s, run_s,
+              total / run_s, mean_nll,
+              // ln V: what a model with random (untrained) weights scores, so a user can tell.
+              std::abs(mean_nll - std::log(static_cast<double>(vocab))) < 0.1
+                  ? fmt::format(" (≈ ln {} = {:.4f}: chance level, as random weights give)", vocab,
+                                std::log(static_cast<double>(vocab)))
+                  : "");
     const nlohmann::json summary = {{"command", "forward"},   {"model", opt.model.describe()},
                                     {"tokens", total},        {"ranks", comm.size()},
+                                    {"device", device_name(world.device)},
                                     {"load_s", load_s},       {"forward_s", run_s},
                                     {"tokens_per_s", total / run_s}, {"mean_nll", mean_nll},
                                     {"output", opt.output}};

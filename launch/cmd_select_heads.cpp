@@ -1,5 +1,5 @@
 // hydra select-heads: interpretability-driven choice of the heads that keep full attention when a
-// Qwen3 teacher becomes a HydraHead student (SPEC 1.4). Scores every (layer, head) by activation
+// Qwen3 teacher becomes a HydraHead student (DESIGN.md §1.4). Scores every (layer, head) by activation
 // patching (total effect), path patching of the direct path (direct effect) and mean ablation on
 // plain text (lm), combines them, applies the budget, and writes the head-set file that
 // `hydra convert --fa-heads file:PATH` reads plus an HDF5 copy (model/head_report.h). The

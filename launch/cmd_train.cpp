@@ -2,6 +2,7 @@
 // on one rank or sequence/data parallel under mpirun (model/train/trainer.h). Parses flags, builds
 // the student (and teacher), checks the memory plan, and hands over to train::run_training.
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -156,8 +157,10 @@ int run_train(App& app, const std::vector<std::string>& args) {
   const bool needs_teacher = c.stage == train::Stage::align || c.stage == train::Stage::distill;
   HYDRA_USER_CHECK(!needs_teacher || !opt.teacher.empty(), "--stage {} needs --teacher TEACHER.h5", opt.stage);
   HYDRA_USER_CHECK(needs_teacher || opt.teacher.empty(), "--stage {} takes no --teacher", opt.stage);
+  std::optional<ModelConfig> teacher_config;
   if (needs_teacher) {
-    const ModelConfig t = read_model_config(opt.teacher);
+    teacher_config = read_model_config(opt.teacher);
+    const ModelConfig& t = *teacher_config;
     HYDRA_USER_CHECK(t.vocab_size == student_config.vocab_size && t.hidden_size == student_config.hidden_size,
                      "teacher {} ({}) and student ({}) differ in vocabulary or hidden size", opt.teacher, t.summary(),
                      student_config.summary());
@@ -170,7 +173,7 @@ int run_train(App& app, const std::vector<std::string>& args) {
   SequenceLayout::zigzag(c.seq_len, topology.sp(), topology.sequence().rank());  // admissible length?
   const DType dtype = world.device == Device::cuda ? DType::bf16 : DType::f32;
   const MemoryEstimate estimate = estimate_training_memory(
-      student_config, c.seq_len / topology.sp(), topology.sp(), needs_teacher ? &student_config : nullptr,
+      student_config, c.seq_len / topology.sp(), topology.sp(), teacher_config ? &*teacher_config : nullptr,
       world.device, c.stage == train::Stage::align);
   check_memory_plan(estimate, world.device, fmt::format("training at --seq-len {} on {} rank(s) per sequence", c.seq_len,
                                                         topology.sp()));

@@ -220,7 +220,7 @@ ModelConfig preset_config(const std::string& name) {
     return as_hydra(qwen3_tiny(), {{1}, {2, 3}});
   }
   if (name == "hydrahead-1.7b") {
-    // SPEC 5: 2 FA heads per layer (7:1), the lowest indices (uniform:2 without scores).
+    // DESIGN.md §5: 2 FA heads per layer (7:1), the lowest indices (uniform:2 without scores).
     ModelConfig c = qwen3_1_7b();
     return as_hydra(c, std::vector<std::vector<int>>(static_cast<size_t>(c.num_layers), {0, 1}));
   }

@@ -1,7 +1,7 @@
 // Model configuration: the Qwen3 teacher and HydraHead students share one struct.
 //
 // A HydraHead config names, for every layer l, the set F_l of query heads that keep full softmax
-// attention (SPEC 1.2); the other heads of the layer are Gated DeltaNet heads. F_l may be empty or
+// attention (DESIGN.md §1.2); the other heads of the layer are Gated DeltaNet heads. F_l may be empty or
 // all heads, so layer-wise hybrids are the same config. A Qwen3 teacher has arch == qwen3 and no
 // head sets. The config travels inside every checkpoint as JSON (root attribute "config").
 #pragma once
@@ -29,7 +29,7 @@ struct ModelConfig {
   double rope_theta = 1e6;
   bool tie_word_embeddings = false;
 
-  // HydraHead only (SPEC 1.2).
+  // HydraHead only (DESIGN.md §1.2).
   std::vector<std::vector<int>> fa_heads;  // per layer, sorted query-head indices of F_l
   double fa_log_base = 362.0;              // a in tau(i) = ln(i + a) / ln(a)
   int64_t conv_kernel = 4;                 // K of the GDN short convolution
@@ -54,7 +54,7 @@ nlohmann::json config_to_json(const ModelConfig& config);
 ModelConfig config_from_json(const nlohmann::json& json, const std::string& source);
 std::string arch_name(Arch arch);
 
-// Presets: qwen3-tiny, hydrahead-tiny, qwen3-1.7b, hydrahead-1.7b (SPEC 5), and the teachers
+// Presets: qwen3-tiny, hydrahead-tiny, qwen3-1.7b, hydrahead-1.7b (DESIGN.md §5), and the teachers
 // trained on synthetic data, qwen3-synth (GPU) and qwen3-synth-cpu.
 ModelConfig preset_config(const std::string& name);
 std::vector<std::string> preset_names();

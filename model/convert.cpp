@@ -54,10 +54,7 @@ std::vector<std::vector<double>> measure_head_rms(const Model& teacher, Communic
   const ModelConfig& c = teacher.config();
   const int64_t total = static_cast<int64_t>(tokens.size());
   const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
-  Tensor ids = Tensor::empty({layout.local_length()}, DType::i32);
-  for (const Segment& s : layout.local_segments()) {
-    std::copy_n(tokens.begin() + s.start, s.length, ids.data_as<int32_t>() + s.local_offset);
-  }
+  const Tensor ids = layout.token_rows(tokens).ids;
   HeadSquareSums sums(c.num_layers, c.num_heads);
   ForwardContext context{comm, layout, &sums};
   teacher.forward(context, ids);

@@ -1,4 +1,4 @@
-// Conversion of a Qwen3 teacher into a HydraHead student (SPEC 1.3, parameter migration).
+// Conversion of a Qwen3 teacher into a HydraHead student (DESIGN.md §1.3, parameter migration).
 //
 //  copied:     embedding, every norm, the MLP, W_o, lm_head; FA heads' W_q rows, q_norm, k_norm
 //              and the W_k / W_v rows of their KV heads;

@@ -31,16 +31,9 @@ FlopCount prefill_flops(const ModelConfig& c, int64_t tokens) {
   const double t = static_cast<double>(tokens), D = static_cast<double>(c.hidden_size);
   const double d = static_cast<double>(c.head_dim), H = static_cast<double>(c.num_heads);
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    double in_rows = 0;
-    int64_t fa_heads = c.num_heads, gdn_heads = 0;
-    if (c.is_hydra()) {
-      fa_heads = static_cast<int64_t>(c.fa_heads_of(l).size());
-      gdn_heads = c.num_heads - fa_heads;
-      const double gfa = static_cast<double>(c.fa_kv_heads_of(l).size());
-      in_rows = H * d + 2 * gfa * d + fa_heads * d + 2.0 * gdn_heads * d + 2.0 * gdn_heads;
-    } else {
-      in_rows = H * d + 2.0 * static_cast<double>(c.num_kv_heads) * d;
-    }
+    const LayerLayout layout = layer_layout(c, l);  // the fused projection's rows, without the padding
+    const double in_rows = static_cast<double>(layout.columns.used);
+    const int64_t fa_heads = layout.h_fa, gdn_heads = layout.h_gdn;
     f.gemm += 2.0 * t * D * (in_rows + H * d + 3.0 * static_cast<double>(c.intermediate_size));
     f.attention += causal_attention_flops(tokens, fa_heads, c.head_dim);
     f.gdn += delta_rule_flops(tokens, gdn_heads, c.head_dim);
@@ -63,10 +56,9 @@ MemoryEstimate estimate_prefill_memory(const ModelConfig& c, int64_t local_token
   m.init_extra = m.weights;
   double peak = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const double hfa = c.is_hydra() ? static_cast<double>(c.fa_heads_of(l).size()) : H;
-    const double gfa = c.is_hydra() ? static_cast<double>(c.fa_kv_heads_of(l).size()) : static_cast<double>(c.num_kv_heads);
-    const double hg = H - hfa;
-    const double in_rows = (hfa + 2 * gfa + (c.is_hydra() ? hfa : 0) + 3 * hg) * d + 2 * hg + 64;
+    const LayerLayout layout = layer_layout(c, l);
+    const double hfa = static_cast<double>(layout.h_fa), gfa = static_cast<double>(layout.g_fa);
+    const double hg = static_cast<double>(layout.h_gdn), in_rows = static_cast<double>(layout.columns.rows);
     const double base = 2 * t * D * b + t * in_rows * b + t * H * d * b;  // x, x_norm, projection, head buffer
     const double fa = t * hfa * d * 4 + hfa * t * 4 + (world > 1 ? 2 * t * gfa * 2 * d * b : 0) + t * H * d * b;
     const double gdn = hg > 0 ? t * 3 * hg * d * b + 2 * t * hg * 4 +        // conv output, β and g

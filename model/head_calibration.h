@@ -1,4 +1,4 @@
-// Calibration data for head selection (SPEC 1.4): retrieval prompts with their corrupted twins,
+// Calibration data for head selection (DESIGN.md §1.4): retrieval prompts with their corrupted twins,
 // and plain-text sequences. model/head_selection.h scores heads on them.
 //
 // A retrieval prompt is a NIAH sample (model/niah.h): [haystack with needles][query][answer], the

@@ -1,4 +1,4 @@
-// Interpretability-driven head selection (SPEC 1.4): which query heads of a Qwen3 teacher keep full
+// Interpretability-driven head selection (DESIGN.md §1.4): which query heads of a Qwen3 teacher keep full
 // attention when it becomes a HydraHead student. `hydra select-heads` (launch/cmd_select_heads.cpp)
 // drives this; its output is the head-set file `hydra convert --fa-heads file:PATH` reads.
 //

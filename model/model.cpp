@@ -352,7 +352,7 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
     gdn_sequence_parallel(comm, context.layout, heads.view().narrow(1, hfa, hg), q, k, v, g, beta,
                           ops::DeltaRuleParams{}, timer, saved ? &saved->gdn : nullptr);
   };
-  // The branches are independent (DESIGN.md §3): on the GPU the GDN branch runs on a side stream
+  // The branches are independent (DESIGN.md §3.5): on the GPU the GDN branch runs on a side stream
   // while the FA ring's transfers and attention run on this one. Collectives of both branches go
   // through the communicator's own stream in the host order (GDN first), the same on every rank, so
   // the overlap cannot reorder them across ranks.

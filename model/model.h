@@ -44,7 +44,7 @@ struct ForwardContext {
   SequenceLayout layout;
   LayerObserver* observer = nullptr;
   PhaseTimer* timer = nullptr;                      // per-phase timing (prefill), optional
-  std::function<void(int64_t layer)> after_layer;   // progress / watchdog hook, optional
+  std::function<void(int64_t layer)> after_layer = {};  // progress / watchdog hook, optional
 };
 
 // The runtime tensors of one layer (model/weight_layout.h), or their gradients (same shapes, in
@@ -137,8 +137,9 @@ class Model {
   //
   // dx [T_loc, D]: in, the gradient w.r.t. the layer's output; out, w.r.t. its input. Collective
   // (same order on every rank) like the forward.
-  // `input_gradient` skip: dx is left as the gradient w.r.t. the layer's attention+MLP output only
-  // (layer-wise alignment stops every layer's backward at its input, DESIGN.md §1.5).
+  // `input_gradient` skip: the input's gradient is not formed; dx is left holding the gradient
+  // w.r.t. the mid-layer residual (after the MLP backward), which the caller discards (layer-wise
+  // alignment stops every layer's backward at its input, DESIGN.md §1.5).
   enum class InputGradient { compute, skip };
   void layer_backward(ForwardContext& context, int64_t layer, const Tensor& positions, const LayerSaved& saved,
                       const TensorView& dx, LayerWeights& grads,

@@ -22,6 +22,7 @@
 #include "kernels/gdn_gates/gdn_gates.h"
 #include "kernels/l2norm/l2norm.h"
 #include "kernels/matmul/matmul.h"
+#include "runtime/concurrency.h"
 #include "runtime/fault.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
@@ -193,8 +194,12 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
   Tensor dproj = Tensor::zeros({t, w.in_proj.size(0)}, dtype_, device_);  // padding columns stay zero
   const TensorView dpv = dproj.view();
 
-  // ---- FA branch ----
-  if (hfa > 0) {
+  // ---- The FA and GDN branches ----
+  // Independent, as in the forward: they read the recomputed forward and d_heads, write disjoint
+  // columns of dproj and disjoint parameter gradients. On the GPU the GDN branch runs on a side
+  // stream under the FA ring (run_concurrently); its host code runs first, so the collectives of
+  // both branches reach the communicator's stream in the same order on every rank.
+  const auto fa_branch = [&] {
     Tensor d_attn;  // gradient w.r.t. the attention output, [T, H_fa, d]
     if (hydra) {
       ScopedPhase phase(timer, Phase::other);
@@ -218,10 +223,8 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
     ops::rms_norm_backward(head_columns(dpv, col.fa_k, gfa, d), grad_of(grads.k_norm), dk,
                            head_columns(pv, col.fa_k, gfa, d), w.k_norm, norm);
     copy_into(head_columns(dpv, col.fa_v, gfa, d), dv);
-  }
-
-  // ---- GDN branch ----
-  if (hg > 0) {
+  };
+  const auto gdn_branch = [&] {
     Tensor dconv = empty({t, 3 * hg * d}, dtype_);  // gradient w.r.t. the conv's output: q | k | v
     const TensorView dq = head_columns(dconv, 0, hg, d), dk = head_columns(dconv, hg * d, hg, d);
     Tensor dqn = empty({t, hg, d}, dtype_), dkn = empty({t, hg, d}, dtype_);
@@ -243,6 +246,13 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
     causal_conv_sequence_parallel_backward(context.comm, seq, dpv.narrow(1, col.gdn_qkv, 3 * hg * d),
                                            grad_of(grads.conv), dconv, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv,
                                            timer);
+  };
+  if (hfa > 0 && hg > 0) {
+    run_concurrently(device_, fa_branch, gdn_branch);
+  } else if (hfa > 0) {
+    fa_branch();
+  } else if (hg > 0) {
+    gdn_branch();
   }
 
   // ---- The fused projection and the input norm ----

@@ -1,4 +1,4 @@
-// The parameters of a model: their names, shapes and initialisers (SPEC 1, 4).
+// The parameters of a model: their names, shapes and initialisers (DESIGN.md §1, §4).
 //
 // Names follow HF `Qwen3ForCausalLM` paths where a teacher counterpart exists. HydraHead layers
 // add (H_fa = |F_l|, H_gdn = H − H_fa, G_fa = KV heads used by F_l, all lists ascending):

@@ -42,7 +42,7 @@ std::string runtime_name(int64_t layer, Slot slot) { return fmt::format("layers.
 ParamTraits param_traits(const std::string& name) {
   ParamTraits t;
   // Norm weights, the gates (the FA output gate and the GDN β / decay projections), A_log, dt_bias
-  // and γ: no weight decay (SPEC 1.5).
+  // and γ: no weight decay (DESIGN.md §1.5).
   for (const char* suffix : {"norm.weight", "layernorm.weight", "fa_gate_proj.weight", "gdn_a_proj.weight",
                              "gdn_b_proj.weight", "gdn_A_log", "gdn_dt_bias", "fuse_gamma"}) {
     if (ends_with(name, suffix)) t.weight_decay = false;

@@ -45,7 +45,7 @@ enum class Slot : uint8_t {
 inline constexpr int kSlotCount = 13;
 const char* slot_name(Slot slot);
 
-// Which optimizer group a parameter belongs to (SPEC 1.5): norms, gates, A_log, dt_bias and γ take no
+// Which optimizer group a parameter belongs to (DESIGN.md §1.5): norms, gates, A_log, dt_bias and γ take no
 // weight decay; the align stage trains only the attention block.
 struct ParamTraits {
   bool weight_decay = true;

@@ -1,4 +1,4 @@
-// Sequence-parallel GDN (SPEC 3): the recurrence crosses ranks through segment affine maps and
+// Sequence-parallel GDN (DESIGN.md §3.3, §3.4): the recurrence crosses ranks through segment affine maps and
 // the short conv through a halo, and no rank waits for another rank's scan.
 //
 // gdn_sequence_parallel:

@@ -53,6 +53,22 @@ Tensor SequenceLayout::local_rows(const TensorView& global) const {
   return out;
 }
 
+TokenRows SequenceLayout::token_rows(std::span<const int32_t> tokens) const {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  HYDRA_ASSERT(n == total_ || n == total_ + 1, "token_rows of {} tokens in a layout of {}", n, total_);
+  TokenRows rows{Tensor::empty({local_length()}, DType::i32), Tensor::empty({local_length()}, DType::i32)};
+  int32_t* ids = rows.ids.data_as<int32_t>();
+  int32_t* targets = rows.targets.data_as<int32_t>();
+  for (const Segment& s : local_) {
+    for (int64_t i = 0; i < s.length; ++i) {
+      const int64_t g = s.start + i;
+      ids[s.local_offset + i] = tokens[static_cast<size_t>(g)];
+      targets[s.local_offset + i] = g + 1 < n ? tokens[static_cast<size_t>(g + 1)] : -1;
+    }
+  }
+  return rows;
+}
+
 void SequenceLayout::place_local_rows(const TensorView& global, const TensorView& local) const {
   HYDRA_ASSERT(global.rank() >= 1 && global.size(0) == total_ && local.rank() == global.rank() &&
                    local.size(0) == local_length(),

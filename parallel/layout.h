@@ -1,4 +1,4 @@
-// The sequence-parallel layout (SPEC 3): which tokens each rank owns, at which global positions.
+// The sequence-parallel layout (DESIGN.md §3.1): which tokens each rank owns, at which global positions.
 //
 // P > 1 ranks: zigzag. The sequence is cut into 2P equal segments; rank r owns segments r and
 // 2P−1−r, stored one after the other in its local tensors ([T/P, ...] rows). Pairing an early and a
@@ -8,11 +8,18 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "runtime/tensor.h"
 
 namespace hydra {
+
+// A rank's rows of a token sequence for next-token training and scoring, in local order (host int32).
+struct TokenRows {
+  Tensor ids;      // [T_loc]
+  Tensor targets;  // [T_loc]: the next token of each row, −1 where the sequence has none
+};
 
 struct Segment {
   int index = 0;             // global segment index, 0 .. num_segments−1
@@ -40,11 +47,14 @@ class SequenceLayout {
   int owner_of(int segment) const;
   // Global position of every local row.
   std::vector<int64_t> local_positions() const;
-  // This rank's rows of a global tensor [T, ...] (any dtype, its device), in local order: the one
-  // place that scatters a sequence into the zigzag order.
+  // The zigzag scatter and gather, in one place:
+  // this rank's rows of a global tensor [T, ...] (any dtype, its device), in local order;
   Tensor local_rows(const TensorView& global) const;
-  // The inverse, on one rank's share: writes `local` [T_loc, ...] into its rows of `global` [T, ...].
+  // the inverse, on one rank's share: writes `local` [T_loc, ...] into its rows of `global` [T, ...];
   void place_local_rows(const TensorView& global, const TensorView& local) const;
+  // ids and next-token targets of this rank's rows of `tokens`, which holds T = total_length()
+  // tokens, or T + 1 (a training window: the last row's target is the extra token).
+  TokenRows token_rows(std::span<const int32_t> tokens) const;
 
  private:
   int64_t total_ = 0;

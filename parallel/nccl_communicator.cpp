@@ -4,6 +4,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <cstdio>
 #include <thread>
@@ -181,6 +182,7 @@ void NcclCommunicator::abort(int exit_code) {
     impl_->comm = nullptr;
   }
   bootstrap_.abort(exit_code);
+  std::abort();  // not reached: the bootstrap's MPI_Abort ends the process (it is not declared noreturn)
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {

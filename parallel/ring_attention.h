@@ -1,4 +1,4 @@
-// Ring attention over the zigzag layout (SPEC 3) for the FA heads.
+// Ring attention over the zigzag layout (DESIGN.md §3.2) for the FA heads.
 //
 // Every rank starts with its own K/V rows (both segments) packed in one buffer. At step s it holds
 // the K/V of rank (r − s) mod P; it posts the send of that buffer to rank r+1 and the receive of

@@ -1,4 +1,4 @@
-// HDF5 checkpoints (SPEC 4): one dataset per tensor named by its parameter path, and root
+// HDF5 checkpoints (DESIGN.md §4): one dataset per tensor named by its parameter path, and root
 // attributes format = "hydrahead-checkpoint", format_version, config (the full model config as
 // JSON, every layer's FA head set included). Writes are atomic (AtomicFile: temp + rename).
 #pragma once

@@ -3,7 +3,7 @@
 // on the current stream; the current stream then waits for the side stream before anything queued
 // later. On the host (and for host work) the two run one after the other, side_work first.
 //
-// Used for the FA and GDN branches of a HydraHead layer (SPEC 3: the branches are independent, so
+// Used for the FA and GDN branches of a HydraHead layer (DESIGN.md §3.5: the branches are independent, so
 // the ring's transfers and attention overlap the GDN scan). Tensors created inside side_work are
 // allocated and freed in the side stream's order; inputs come from before the fork, outputs are
 // read after the join, so the stream-ordered allocator never hands out memory still in use.

@@ -1,6 +1,6 @@
 // A small RAII layer over the HDF5 C API: files, datasets as tensors, scalar attributes.
 //
-// Conventions (SPEC 4): one dataset per tensor at the file root, named by its parameter path
+// Conventions (DESIGN.md §4): one dataset per tensor at the file root, named by its parameter path
 // ("model.layers.0.self_attn.q_proj.weight"). float32, int32 and int64 are native HDF5 types. HDF5
 // has no bfloat16, so bf16 tensors are stored as uint16 datasets carrying the attribute
 // dtype = "bfloat16" (h5py reads them as uint16; `view` them as bfloat16 after a left shift).

@@ -6,7 +6,7 @@
 //  - A view never owns memory; a Tensor owns its storage through a shared_ptr so views taken from
 //    it stay valid while any copy of the Tensor lives.
 //  - Ops take views and dispatch on view.device(); the CPU path is fp32 (or fp64 for gradient
-//    checks), the CUDA path stores bf16 (SPEC 2). Host<->device copies and dtype conversion live here (copy_into, to_device, cast).
+//    checks), the CUDA path stores bf16 (DESIGN.md §2). Host<->device copies and dtype conversion live here (copy_into, to_device, cast).
 #pragma once
 
 #include <array>

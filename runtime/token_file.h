@@ -1,4 +1,4 @@
-// Token files (SPEC 4): HDF5 with a dataset `input_ids`, int32 or int64, shape [T].
+// Token files (DESIGN.md §4): HDF5 with a dataset `input_ids`, int32 or int64, shape [T].
 #pragma once
 
 #include <cstdint>

@@ -141,6 +141,7 @@ def main():
     p.add_argument("--gdn", default="32768x14,131072x14,524288x14", help="T x heads list")
     p.add_argument("--attention-bwd", default="", help="T x heads list, forward + backward (e.g. 32768x16,131072x2,524288x2)")
     p.add_argument("--gdn-bwd", default="", help="T x heads list, forward + backward (e.g. 131072x14,524288x14)")
+    p.add_argument("--sdpa-backends", default="cudnn,flash", help="SDPA backends to time (cudnn, flash)")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeat", type=int, default=10)
@@ -149,14 +150,14 @@ def main():
     gemm(8192, a.warmup, a.repeat)
     for spec in filter(None, a.attention.split(",")):
         t, h = map(int, spec.split("x"))
-        for backend in ("cudnn", "flash"):
+        for backend in filter(None, a.sdpa_backends.split(",")):
             sdpa(t, h, a.head_dim, backend, a.warmup, a.repeat)
     for spec in filter(None, a.gdn.split(",")):
         t, h = map(int, spec.split("x"))
         fla_gdn(t, h, a.head_dim, a.warmup, a.repeat)
     for spec in filter(None, a.attention_bwd.split(",")):
         t, h = map(int, spec.split("x"))
-        for backend in ("cudnn", "flash"):
+        for backend in filter(None, a.sdpa_backends.split(",")):
             sdpa_bwd(t, h, a.head_dim, backend, a.warmup, a.repeat)
     for spec in filter(None, a.gdn_bwd.split(",")):
         t, h = map(int, spec.split("x"))

@@ -1,4 +1,4 @@
-// AdamW with decoupled weight decay on fp32 master weights (SPEC 1.5), and the sum of squares the
+// AdamW with decoupled weight decay on fp32 master weights (DESIGN.md §1.5), and the sum of squares the
 // global gradient-norm clip needs. Both work on flat fp32 buffers so one launch covers a tensor.
 #pragma once
 

@@ -1,6 +1,6 @@
 // Softmax attention of a block of queries against a block of keys, returning the normalised output
 // and the per-query log-sum-exp, so partial results over different key blocks (ring attention,
-// SPEC 3) merge exactly: o = Σ_b e^{lse_b − lse} o_b with lse = log Σ_b e^{lse_b}.
+// DESIGN.md §3.2) merge exactly: o = Σ_b e^{lse_b − lse} o_b with lse = log Σ_b e^{lse_b}.
 //
 // Masking is positional, never materialised: row i of q sits at global position q_position0 + i,
 // row j of k at k_position0 + j; with Causality::causal key j is visible to query i iff its
@@ -8,7 +8,7 @@
 // blocks and the half blocks of the zigzag layout. GQA maps query head h to KV head
 // kv_head_of_query[h] (default h / (Hq / Hk)).
 //
-// HydraHead FA heads (SPEC 1.2) scale each query by τ(i) = ln(i + a) / ln(a) at its global position;
+// HydraHead FA heads (DESIGN.md §1.2) scale each query by τ(i) = ln(i + a) / ln(a) at its global position;
 // tau_log_base = a > 0 switches that on (fused into the query load, q itself is unchanged).
 #pragma once
 
@@ -30,7 +30,7 @@ struct AttentionParams {
   int64_t q_position0 = 0;
   int64_t k_position0 = 0;
   double tau_log_base = 0.0;
-  std::span<const int> kv_head_of_query;  // size Hq, or empty for h / (Hq / Hk)
+  std::span<const int> kv_head_of_query = {};  // size Hq, or empty for h / (Hq / Hk)
   AttentionOutput output = AttentionOutput::overwrite;
 };
 

@@ -17,7 +17,9 @@
 //   which the L2 absorbs (FlashAttention-2 and -3 make the same choice). dq is not deterministic in
 //   its last bits because of the order of the atomics.
 // For d = 128 on Hopper the default is the wgmma kernel of attention_backward_wgmma.cuh (same
-// parameters and results); HYDRA_ATTENTION_BWD_KERNEL=mma selects this mma.sync kernel instead.
+// parameters and results); HYDRA_ATTENTION_BWD_KERNEL=mma selects this mma.sync kernel instead, and
+// HYDRA_ATTENTION_BWD_KERNEL=ws the warp-specialised TMA kernel of attention_backward_ws.cuh (for
+// views TMA can describe and 16-byte-aligned dq rows; other shapes run the wgmma kernel).
 // Masking: key j (position k_pos0 + j) contributes to query i (q_pos0 + i) iff k ≤ q when causal;
 // the per-element mask runs only on blocks that touch the diagonal or the ends. A query whose final
 // lse is −inf (no visible key anywhere) gets P = 0.
@@ -28,6 +30,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_backward.cuh"
 #include "kernels/attention/attention_backward_wgmma.cuh"
+#include "kernels/attention/attention_backward_ws.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 
@@ -254,18 +257,49 @@ void launch_wgmma(const BwdParams& p, int hk) {
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 
-// d = 128 runs the wgmma kernel on compute capability 9.0 unless HYDRA_ATTENTION_BWD_KERNEL=mma asks
-// for the mma.sync kernel (read at every call, so a test can compare both in one process).
-bool wgmma_backward_enabled() {
-  const char* choice = std::getenv("HYDRA_ATTENTION_BWD_KERNEL");
-  if (choice && std::string(choice) == "mma") return false;
+void launch_ws(const BwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& d_out) {
+  bwd_ws::WsParams wp{};
+  wp.p = p;
+  wp.q_map = cuda::make_tma_map_bf16(q.data(), q.size(0), q.size(1), bwd_ws::kD, q.stride(0), q.stride(1), bwd_ws::kBr);
+  wp.do_map = cuda::make_tma_map_bf16(d_out.data(), d_out.size(0), d_out.size(1), bwd_ws::kD, d_out.stride(0),
+                                      d_out.stride(1), bwd_ws::kBr);
+  wp.k_map = cuda::make_tma_map_bf16(k.data(), k.size(0), k.size(1), bwd_ws::kD, k.stride(0), k.stride(1), bwd_ws::kBc);
+  wp.v_map = cuda::make_tma_map_bf16(v.data(), v.size(0), v.size(1), bwd_ws::kD, v.stride(0), v.stride(1), bwd_ws::kBc);
+  auto kernel = bwd_ws::attention_backward_ws_kernel;
+  HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(bwd_ws::kSmemBytes)));
+  const dim3 grid(static_cast<unsigned>((p.tk + bwd_ws::kBc - 1) / bwd_ws::kBc), static_cast<unsigned>(k.size(1)));
+  kernel<<<grid, bwd_ws::kThreads, bwd_ws::kSmemBytes, current_stream()>>>(wp);
+  HYDRA_CUDA_LAUNCH_CHECK();
+}
+
+// The warp-specialised kernel reads q, k, v, d_out through TMA tensor maps (rows that nest: stride(0)
+// ≥ heads · stride(1), stride(1) ≥ d) and adds whole 512-byte dq rows with bulk reductions (16-byte
+// aligned rows).
+bool ws_supports(const TensorView& dq, const TensorView& d_out, const TensorView& q, const TensorView& k,
+                 const TensorView& v) {
+  auto nested = [](const TensorView& t) { return t.stride(0) >= t.size(1) * t.stride(1) && t.stride(1) >= t.size(2); };
+  return nested(q) && nested(k) && nested(v) && nested(d_out) && dq.stride(0) % 4 == 0 && dq.stride(1) % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(dq.data()) % 16 == 0;
+}
+
+// Which kernel runs d = 128 (HYDRA_ATTENTION_BWD_KERNEL, read at every call so a test can compare
+// them in one process): wgmma (the default on compute capability 9.0), ws (warp-specialised, 9.0
+// only) or mma (mma.sync, any GPU).
+enum class BwdKernel { mma, wgmma, ws };
+BwdKernel backward_kernel_d128() {
   static const bool hopper = [] {
     int device = 0, major = 0;
     HYDRA_CUDA_CHECK(cudaGetDevice(&device));
     HYDRA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     return major == 9;
   }();
-  return hopper;
+  const char* env = std::getenv("HYDRA_ATTENTION_BWD_KERNEL");
+  const std::string choice = env ? env : "";
+  HYDRA_USER_CHECK(choice.empty() || choice == "mma" || choice == "wgmma" || choice == "ws",
+                   "HYDRA_ATTENTION_BWD_KERNEL must be mma, wgmma or ws (got '{}')", choice);
+  if (choice == "mma" || !hopper) return BwdKernel::mma;
+  return choice == "ws" ? BwdKernel::ws : BwdKernel::wgmma;
 }
 
 void check_rows(const TensorView& t, const char* what, DType dtype, int align_elems) {
@@ -318,7 +352,10 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
   HYDRA_ASSERT(hq <= kBwdMaxHeads, "CUDA attention backward: {} query heads > {}", hq, kBwdMaxHeads);
   if (q.size(0) == 0 || k.size(0) == 0) return;
   BwdParams p = make_bwd_params(dq, dk, dv, d_out, q, k, v, lse, delta, params);
-  if (d == 128 && wgmma_backward_enabled()) {
+  const BwdKernel kernel = d == 128 ? backward_kernel_d128() : BwdKernel::mma;
+  if (kernel == BwdKernel::ws && ws_supports(dq, d_out, q, k, v)) {
+    launch_ws(p, q, k, v, d_out);
+  } else if (kernel != BwdKernel::mma) {
     launch_wgmma(p, static_cast<int>(hk));
   } else if (d == 128) {
     launch_mma<128>(p, static_cast<int>(hk));

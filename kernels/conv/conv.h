@@ -1,4 +1,4 @@
-// Causal depthwise convolution with SiLU (the GDN short conv, SPEC 1.2):
+// Causal depthwise convolution with SiLU (the GDN short conv, DESIGN.md §1.2):
 //   out[i][c] = SiLU(Σ_{m=0}^{K−1} w[c][m] · x[i − K + 1 + m][c]),
 // where rows before the first row of x come from `prefix` (the previous segment's last K−1 rows,
 // the sequence-parallel halo) or are zero at the start of a sequence.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The GPU gated-delta-rule backward's algorithm, stage by stage, in float64 NumPy, checked against
-central finite differences of the token-by-token recurrence (SPEC 1.2) with a gradient arriving at
+central finite differences of the token-by-token recurrence (DESIGN.md §1.2) with a gradient arriving at
 the final state. Chunk 4, head dim 5, 13 tokens (a padded last chunk), so it runs in a second.
 
 It mirrors delta_rule_backward.cu (prepare: γ, T, Ã, W, U, K̃, Q̂; states; the reverse state-gradient

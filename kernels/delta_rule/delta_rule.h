@@ -1,4 +1,4 @@
-// The gated delta rule of the GDN heads (SPEC 1.2) in the three forms the runtime needs.
+// The gated delta rule of the GDN heads (DESIGN.md §1.2) in the three forms the runtime needs.
 //
 // State S ∈ R^{dk×dv} per head (key × value), fp32. Per token, in order:
 //   S ← e^{g_i} S;  δ = β_i (v_i − Sᵀk_i);  S ← S + k_i δᵀ;  o_i = Sᵀ (q_i · scale).
@@ -46,7 +46,7 @@ void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const 
 // state [H, dk, dv] ← m · state + s_ext.
 void delta_rule_apply_map(const TensorView& state, const TensorView& m, const TensorView& s_ext);
 
-// ---- Backward (training, SPEC 1.5) ----
+// ---- Backward (training, DESIGN.md §1.5) ----
 // Backward of delta_rule_chunked over one segment that started from `state0` [H, dk, dv] (fp32):
 //   in:  d_out [T, H, dv]; d_state [H, dk, dv] fp32 = the gradient w.r.t. the segment's FINAL state
 //        (zeros when nothing after the segment reads it);

@@ -15,7 +15,8 @@
 //     at the END of the chunk, starting from d_state:
 //       dV' = Ãᵀ dO + K̃ dS  (stored fp32),   dS ← e^{γ_C} dS + Q̂ᵀ dO − Wᵀ dV'
 //     leaving the gradient w.r.t. the initial state in d_state. It needs no state and no v, so
-//     delta_rule_state_backward is stages 1 (without U) and 3 alone.
+//     delta_rule_state_backward is stages 1 (without U) and 3 alone; in the full backward it runs
+//     concurrently with stage 2 on a second stream (chunked_backward explains the synchronisation).
 //  4. chunk gradients (chunks × heads, parallel; delta_rule_backward_grads.cu): dq, dk, dv, dβ
 //     and dg from the chunk's S, dS, V', dV' (WY backward included), dg by a reverse cumulative
 //     sum of dγ inside the chunk.
@@ -514,17 +515,33 @@ void chunked_backward(const TensorView& dq, const TensorView& dk, const TensorVi
   PassArgs fwd{p.w.data_as<bf16_t>(), p.u.data_as<bf16_t>(), p.kt.data_as<bf16_t>(), nullptr, nullptr,
                p.gamma.data_as<float>(), {}, t_len, chunks, heads, state.data_as<float>(), states.data_as<bf16_t>(),
                vnew.data_as<bf16_t>(), nullptr};
-  run_pass<D, false>(fwd);
-  times.mark("states");
   Tensor dstate = clone(d_state);
   Tensor dstates = Tensor::empty({chunks, heads, D, D}, DType::bf16, Device::cuda);
   Tensor dvnew = Tensor::empty({chunks, heads, kC, D}, DType::f32, Device::cuda);
   PassArgs bwd{p.w.data_as<bf16_t>(), nullptr, p.kt.data_as<bf16_t>(), p.qh.data_as<bf16_t>(), p.a.data_as<bf16_t>(),
                p.gamma.data_as<float>(), rows_of(d_out), t_len, chunks, heads, dstate.data_as<float>(),
                dstates.data_as<bf16_t>(), nullptr, dvnew.data_as<float>()};
-  run_pass<D, true>(bwd);
-  copy_into(d_state, dstate);
-  times.mark("state-gradient");
+  // Stages 2 and 3 are independent (both read only stage 1's tiles, d_out and their own inputs), and
+  // each is a sequential pass of D/16 × H CTAs that leaves most of the GPU idle at 14 heads, so they
+  // run concurrently: stage 3 on this file's side stream, which first waits for everything queued so
+  // far (stage 1, the allocations above); the current stream waits for it before stage 4. Every
+  // tensor either touches is allocated before the fork and freed after the join, in stream order.
+  // (A stage-2 and a stage-3 CTA fit on one SM together: 85 KB + 138 KB of shared memory at D = 128.)
+  {
+    thread_local CudaStream side;
+    CudaEvent forked, joined;
+    forked.record(current_stream());
+    forked.wait_on(side.get());
+    {
+      StreamGuard guard(side.get());
+      run_pass<D, true>(bwd);
+      copy_into(d_state, dstate);
+      joined.record(side.get());
+    }
+    run_pass<D, false>(fwd);
+    joined.wait_on(current_stream());
+  }
+  times.mark("states+state-gradient");
   GradArgs ga{rows_of(q), rows_of(k), rows_of(v), rows_of(d_out), SeqRows{beta.data(), beta.stride(0), beta.stride(1)},
               p.gamma.data_as<float>(), p.t.data_as<bf16_t>(), states.data_as<bf16_t>(), dstates.data_as<bf16_t>(),
               vnew.data_as<bf16_t>(), dvnew.data_as<float>(), dq.data(), dk.data(), dv.data(),

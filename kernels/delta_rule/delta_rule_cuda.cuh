@@ -44,7 +44,8 @@ struct ChunkPrep {
   Tensor gamma, t, p;
   int chunks = 0;
 };
-// q may be an empty view (maps need no outputs). k: [T, H, D] bf16; g, beta: [T, H] f32.
+// q may be an undefined view (TensorView(): maps need no outputs; test defined(), not numel(), which
+// is 1 for a rank-0 view). k: [T, H, D] bf16; g, beta: [T, H] f32.
 ChunkPrep prepare(const TensorView& q, const TensorView& k, const TensorView& g, const TensorView& beta, float scale);
 
 // Stage 2: one launch over `segments` chunk ranges [s·cps, min((s+1)·cps, chunks)) × heads × column

@@ -114,7 +114,7 @@ gdn::StatePassArgs pass_args(const gdn::ChunkPrep& prep, const TensorView& k, co
                              const TensorView& beta, int segments) {
   gdn::StatePassArgs a;
   a.t = prep.t.data_as<bf16_t>();
-  a.p = prep.p.numel() > 0 ? prep.p.data_as<bf16_t>() : nullptr;
+  a.p = prep.p.defined() ? prep.p.data_as<bf16_t>() : nullptr;
   a.gamma = prep.gamma.data_as<float>();
   a.k = gdn::rows_of(k);
   a.v = gdn::rows_of(v);

@@ -229,8 +229,8 @@ void launch_prepare(const TensorView& q, const TensorView& k, const TensorView& 
   const size_t smem = PrepareSmem<D>::total;
   HYDRA_CUDA_CHECK(cudaFuncSetAttribute(gdn_prepare_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   gdn_prepare_kernel<D><<<dim3(prep.chunks, heads), 128, smem, current_stream()>>>(
-      q.numel() > 0 ? rows_of(q) : Rows{}, rows_of(k), rows_of(g), rows_of(beta), t_len, heads, scale,
-      prep.t.data_as<bf16_t>(), prep.p.numel() > 0 ? prep.p.data_as<bf16_t>() : nullptr, prep.gamma.data_as<float>());
+      q.defined() ? rows_of(q) : Rows{}, rows_of(k), rows_of(g), rows_of(beta), t_len, heads, scale,
+      prep.t.data_as<bf16_t>(), prep.p.defined() ? prep.p.data_as<bf16_t>() : nullptr, prep.gamma.data_as<float>());
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 
@@ -242,7 +242,7 @@ ChunkPrep prepare(const TensorView& q, const TensorView& k, const TensorView& g,
   prep.chunks = static_cast<int>((t_len + kC - 1) / kC);
   prep.gamma = Tensor::empty({prep.chunks, heads, kC}, DType::f32, Device::cuda);
   prep.t = Tensor::empty({prep.chunks, heads, kC, kC}, DType::bf16, Device::cuda);
-  if (q.numel() > 0) prep.p = Tensor::empty({prep.chunks, heads, kC, kC}, DType::bf16, Device::cuda);
+  if (q.defined()) prep.p = Tensor::empty({prep.chunks, heads, kC, kC}, DType::bf16, Device::cuda);
   if (k.size(2) == 128) {
     launch_prepare<128>(q, k, g, beta, scale, prep);
   } else {

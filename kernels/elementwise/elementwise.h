@@ -8,7 +8,7 @@ namespace hydra::ops {
 // x += y; x, y: [N, n] (same shape).
 void add_inplace(const TensorView& x, const TensorView& y);
 
-// out = x ⊙ sigmoid(gate): the FA heads' auxiliary output gate (SPEC 1.2). out, x, gate: [T, n];
+// out = x ⊙ sigmoid(gate): the FA heads' auxiliary output gate (DESIGN.md §1.2). out, x, gate: [T, n];
 // x may be the fp32 attention accumulator while out is the bf16 head buffer; out may alias x.
 void sigmoid_gate(const TensorView& out, const TensorView& x, const TensorView& gate);
 

@@ -1,4 +1,4 @@
-// Scale-normalised fusion of the head outputs (SPEC 1.2): y_h = γ_h · RMSNorm(o_h; w_fuse[h]),
+// Scale-normalised fusion of the head outputs (DESIGN.md §1.2): y_h = γ_h · RMSNorm(o_h; w_fuse[h]),
 // the same for FA and GDN heads, statistics in fp32.
 #pragma once
 

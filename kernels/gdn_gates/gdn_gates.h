@@ -1,4 +1,4 @@
-// The GDN write strength and decay per token and head (SPEC 1.2):
+// The GDN write strength and decay per token and head (DESIGN.md §1.2):
 //   β_i = sigmoid(b_i),  g_i = −exp(A_log) · softplus(a_i + dt_bias)   (g ≤ 0 is a log-decay),
 // from the projections a_i = w_a·x̂_i and b_i = w_b·x̂_i.
 #pragma once

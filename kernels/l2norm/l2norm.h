@@ -1,4 +1,4 @@
-// L2 normalisation of each head vector (GDN q and k, SPEC 1.2): x ← x · rsqrt(Σx² + eps).
+// L2 normalisation of each head vector (GDN q and k, DESIGN.md §1.2): x ← x · rsqrt(Σx² + eps).
 #pragma once
 
 #include "runtime/tensor.h"

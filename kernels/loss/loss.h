@@ -1,4 +1,4 @@
-// The training losses on a chunk of rows, forward and gradient in one pass (SPEC 1.5). Callers walk
+// The training losses on a chunk of rows, forward and gradient in one pass (DESIGN.md §1.5). Callers walk
 // the tokens in chunks so that no [T, V] tensor ever exists: logits of a chunk are computed, turned
 // into their gradient in place here, and multiplied back into the hidden states and lm_head.
 // Per-row losses come back unscaled; `grad_scale` (typically 1 / the global token count) scales

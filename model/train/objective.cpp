@@ -177,19 +177,11 @@ NamedGradients next_token_gradients(Communicator& comm, const Model& model, std:
   const int64_t total = static_cast<int64_t>(ids.size());
   HYDRA_USER_CHECK(total >= 2, "next-token gradients need at least 2 tokens (got {})", total);
   const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
-  const int64_t t = layout.local_length();
-  Tensor local_ids = Tensor::empty({t}, DType::i32), targets = Tensor::empty({t}, DType::i32);
-  for (const Segment& s : layout.local_segments()) {
-    for (int64_t i = 0; i < s.length; ++i) {
-      const int64_t g = s.start + i;
-      local_ids.data_as<int32_t>()[s.local_offset + i] = ids[static_cast<size_t>(g)];
-      targets.data_as<int32_t>()[s.local_offset + i] = g + 1 < total ? ids[static_cast<size_t>(g + 1)] : -1;
-    }
-  }
+  const TokenRows rows = layout.token_rows(ids);  // the last token has no target
   ModelTensors grads = model.zeros_like_weights(model.acc_dtype());
   ForwardContext context{comm, layout};
   NamedGradients out;
-  out.sums = sequence_gradients(context, model, local_ids, targets, Objective::cross_entropy,
+  out.sums = sequence_gradients(context, model, rows.ids, rows.targets, Objective::cross_entropy,
                                 1.0 / static_cast<double>(total - 1), &grads);
   all_reduce_gradients(comm, grads);
   Tensor sums = Tensor::empty({2}, DType::f64);

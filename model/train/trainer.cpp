@@ -21,6 +21,7 @@
 #include "runtime/fault.h"
 #include "runtime/hdf5_file.h"
 #include "runtime/log.h"
+#include "runtime/phase_timer.h"
 #if HYDRA_CUDA
 #include "runtime/cuda_memory.h"
 #endif
@@ -33,22 +34,6 @@ constexpr const char* kStateFormat = "hydrahead-train-state";
 constexpr int64_t kStateVersion = 1;
 
 std::string step_dir_name(int64_t step) { return fmt::format("step-{:06d}", step); }
-
-// One window's tokens in this rank's local order: inputs and their next-token targets.
-struct LocalWindow {
-  Tensor ids, targets;  // [T_loc] int32
-};
-LocalWindow scatter_window(const SequenceLayout& layout, const std::vector<int32_t>& window) {
-  const int64_t t = layout.local_length();
-  LocalWindow w{Tensor::empty({t}, DType::i32), Tensor::empty({t}, DType::i32)};
-  for (const Segment& s : layout.local_segments()) {
-    for (int64_t i = 0; i < s.length; ++i) {
-      w.ids.data_as<int32_t>()[s.local_offset + i] = window[static_cast<size_t>(s.start + i)];
-      w.targets.data_as<int32_t>()[s.local_offset + i] = window[static_cast<size_t>(s.start + i + 1)];
-    }
-  }
-  return w;
-}
 
 // Σ loss and token count over the ranks (host doubles: exact for counts below 2^53).
 LossSums reduce_sums(Communicator& comm, const LossSums& local) {
@@ -83,12 +68,13 @@ struct Run {
   const Model* teacher;
   SequenceLayout layout;
   AdamW& optimizer;
+  PhaseTimer* timer = nullptr;  // the step's phases (GEMMs, FA, GDN, exposed communication, other)
 
   // The loss (and, with grads, the gradient) of one window.
   LossSums window_loss(const std::vector<int32_t>& window, double grad_scale, ModelTensors* grads,
                        std::vector<double>* layer_loss) {
-    const LocalWindow w = scatter_window(layout, window);
-    ForwardContext context{.comm = topology.sequence(), .layout = layout};
+    const TokenRows w = layout.token_rows(window);  // T + 1 tokens: every row has its target
+    ForwardContext context{.comm = topology.sequence(), .layout = layout, .timer = timer};
     switch (config.stage) {
       case Stage::pretrain:
       case Stage::finetune:
@@ -279,7 +265,8 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
     return config.train == TrainSet::all || param_traits(name).attention_block;
   };
   AdamW optimizer(student, optim, trainable);
-  Run run{config, topology, student, teacher, layout, optimizer};
+  PhaseTimer timer(student.device());
+  Run run{config, topology, student, teacher, layout, optimizer, &timer};
 
   int64_t first_step = 1, position = 0;
   if (config.resume) {
@@ -323,7 +310,9 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
     if (!eval) return;
     const int64_t n = std::min(config.eval_windows, eval->count());
     LossSums local;
+    run.timer = nullptr;  // the phases are the training step's
     for (int64_t i = topology.replica(); i < n; i += replicas) local += run.window_loss(eval->window_in_order(i), 1.0, nullptr, nullptr);
+    run.timer = &timer;
     const LossSums total = reduce_sums(world, local);
     // Sequence-group ranks each counted their own tokens: the sums are already global.
     summary.last_eval_loss = total.loss / static_cast<double>(std::max<int64_t>(total.tokens, 1));
@@ -355,6 +344,7 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
                       last.empty() ? "none: no checkpoint was written yet" : last);
     }
     const StepStats stats = optimizer.step(step, grad_norm);
+    const auto phases = timer.finish();  // waits for the step's work (the update included)
     std::vector<double> layer_mean;  // align: each layer's mean loss over the step's tokens
     if (config.stage == Stage::align) {
       Tensor buf = Tensor::zeros({mc.num_layers}, DType::f64);
@@ -371,12 +361,21 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
     summary.last_step = step;
     summary.last_loss = loss;
     if (lead) {
-      log::info("step {}/{}  loss {:.4f}  lr {:.2e}  grad-norm {:.3f}{}  {:.0f} tok/s  {:.2f} s/step  ETA {}", step,
-                config.steps, loss, stats.lr, grad_norm, stats.clip_scale < 1 ? " (clipped)" : "", tokens_per_s, step_s,
-                format_duration(busy_s / static_cast<double>(done) * static_cast<double>(last_step - step)));
+      log::info("step {}/{}  loss {:.4f}  lr {:.2e}  grad-norm {:.3f}{}  {:.0f} tok/s  {:.2f} s/step  ETA {}  "
+                "[gemm {:.2f} fa {:.2f} gdn {:.2f} comm {:.2f} other {:.2f} s]", step, config.steps, loss, stats.lr,
+                grad_norm, stats.clip_scale < 1 ? " (clipped)" : "", tokens_per_s, step_s,
+                format_duration(busy_s / static_cast<double>(done) * static_cast<double>(last_step - step)),
+                phases[static_cast<size_t>(Phase::gemm)], phases[static_cast<size_t>(Phase::fa)],
+                phases[static_cast<size_t>(Phase::gdn)], phases[static_cast<size_t>(Phase::comm)],
+                phases[static_cast<size_t>(Phase::other)]);
       nlohmann::json line{{"type", "step"}, {"step", step}, {"loss", loss}, {"lr", stats.lr}, {"grad_norm", grad_norm},
                           {"clip_scale", stats.clip_scale}, {"tokens", step_tokens}, {"step_s", step_s},
                           {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"data_position", position}};
+      // Seconds per phase of the layers (forward, recompute, backward) on rank 0; the loss head and the
+      // optimizer are the rest of step_s. Concurrent FA/GDN branches overlap, so phases can sum past it.
+      nlohmann::json phase_s;
+      for (size_t i = 0; i < phases.size(); ++i) phase_s[phase_name(static_cast<Phase>(i))] = phases[i];
+      line["phases"] = phase_s;
       if (!layer_mean.empty()) line["layer_loss"] = layer_mean;
       jsonl << line.dump() << std::endl;
     }

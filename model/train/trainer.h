@@ -16,8 +16,9 @@
 // A step directory is written under a temporary name and renamed when complete, then `latest` is
 // replaced; a crash at any point leaves the previous checkpoint and pointer intact. --resume
 // continues from `latest` and reproduces the losses of an uninterrupted run bit for bit on the CPU
-// path; on the GPU to the kernels' determinism (fixed reduction orders everywhere except the
-// embedding gradient's atomic adds, whose order can change the last bits).
+// path. On the GPU a resumed run matches to the kernels' determinism: the attention backward adds
+// dQ with fp32 atomics and the GDN backward accumulates some gradients with atomics, so the last
+// bits of a step can differ between runs (every other reduction has a fixed order).
 #pragma once
 
 #include <cstdint>

@@ -36,18 +36,25 @@ Tensor uniform_tensor(std::initializer_list<int64_t> shape, uint64_t seed, float
 }
 
 namespace {
-// Visits every element of a host f32 or f64 view (any strides) in row-major order, as double.
+// Test output goes to pipes (tee, CI logs), where stdout is block-buffered: a test process that dies
+// would take its last few kilobytes of printed measurements with it. Line buffering keeps every
+// finished line. Runs during static initialisation, before anything is printed.
+[[maybe_unused]] const bool line_buffered_stdout = std::setvbuf(stdout, nullptr, _IOLBF, 0) == 0;
+
+// Visits every element of a host f32 or f64 view (any strides) in row-major order, as double. A
+// device view or another dtype is a bug in the test: reading a device pointer on the host would
+// crash the whole process, reading f64 storage as f32 would compare bit patterns.
 template <class F>
 void for_each_element(const TensorView& v, F&& f) {
-  HYDRA_ASSERT(v.device() == Device::host && (v.dtype() == DType::f32 || v.dtype() == DType::f64),
-               "test element visit needs a host f32/f64 view, got {} on {}", dtype_name(v.dtype()),
-               v.device() == Device::host ? "host" : "device");
-  const bool wide = v.dtype() == DType::f64;
+  HYDRA_ASSERT(v.on_host() && (v.dtype() == DType::f32 || v.dtype() == DType::f64),
+               "test helpers read host f32/f64 views; got {} {} on the {}", dtype_name(v.dtype()), v.shape_string(),
+               v.on_host() ? "host" : "device");
   std::array<int64_t, kMaxRank> idx{};
+  const bool f64 = v.dtype() == DType::f64;
   for (int64_t i = 0; i < v.numel(); ++i) {
     int64_t offset = 0;
     for (int d = 0; d < v.rank(); ++d) offset += idx[d] * v.stride(d);
-    f(i, wide ? static_cast<const double*>(v.data())[offset] : static_cast<double>(static_cast<const float*>(v.data())[offset]));
+    f(i, f64 ? static_cast<const double*>(v.data())[offset] : static_cast<double>(static_cast<const float*>(v.data())[offset]));
     for (int d = v.rank() - 1; d >= 0; --d) {
       if (++idx[d] < v.size(d)) break;
       idx[d] = 0;
@@ -66,6 +73,19 @@ int64_t count_non_finite(const TensorView& v) {
   int64_t n = 0;
   for_each_element(v, [&](int64_t, double x) { n += std::isfinite(x) ? 0 : 1; });
   return n;
+}
+
+double norm_rel_error(const TensorView& actual, const TensorView& expected) {
+  HYDRA_ASSERT(actual.numel() == expected.numel(), "norm_rel_error of {} vs {} elements", actual.numel(), expected.numel());
+  std::vector<double> a, e;
+  for_each_element(actual, [&](int64_t, double x) { a.push_back(x); });
+  for_each_element(expected, [&](int64_t, double x) { e.push_back(x); });
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < e.size(); ++i) {
+    diff += (a[i] - e[i]) * (a[i] - e[i]);
+    ref += e[i] * e[i];
+  }
+  return std::sqrt(diff / std::max(ref, 1e-300));
 }
 
 double max_rel_error(const TensorView& a, const TensorView& b) {

@@ -21,13 +21,16 @@ Tensor random_tensor(std::span<const int64_t> shape, uint64_t seed, float scale 
 // Uniform in [lo, hi).
 Tensor uniform_tensor(std::initializer_list<int64_t> shape, uint64_t seed, float lo, float hi);
 
-// Number of NaN/Inf entries of a host f32 view (checked before any comparison).
+// Number of NaN/Inf entries of a host f32 or f64 view (checked before any comparison).
 int64_t count_non_finite(const TensorView& v);
 // max |a − b| / max |b| over all entries (host f32 views of equal shape).
 double max_rel_error(const TensorView& a, const TensorView& b);
 
 // Fails the test (with `what`) if `actual` has non-finite values or differs from `expected` by more
 // than `tolerance` in max_rel_error.
+// ‖actual − expected‖₂ / ‖expected‖₂ over all elements (host f32/f64 views): the RMS-ratio
+// measure of gradient comparisons.
+double norm_rel_error(const TensorView& actual, const TensorView& expected);
 void expect_close(const TensorView& actual, const TensorView& expected, double tolerance, const std::string& what);
 
 // A fresh directory under the system temp dir, removed with everything in it at scope exit.

@@ -10,8 +10,10 @@
 // (as FlashAttention does), a relative error of 2⁻⁹ per entry; flash-linear-attention holds its
 // kernels to an RMS ratio of 8e-3, and FlashAttention-3 to twice a bf16 reference's error.
 // delta = rowsum(dO ⊙ O) is fp32 from bf16 dO: 1e-5 relative. Without a GPU: SKIPPED.
-// d = 128 runs both kernels: the wgmma one (the default on Hopper) and the mma.sync one
-// (HYDRA_ATTENTION_BWD_KERNEL=mma), each in its own test so a failure names its kernel.
+// d = 128 runs every kernel: the wgmma one (the default on Hopper), the warp-specialised TMA one
+// (HYDRA_ATTENTION_BWD_KERNEL=ws) and the mma.sync one (HYDRA_ATTENTION_BWD_KERNEL=mma), each in
+// its own test so a failure names its kernel. Each case is announced before it runs (stdout is
+// line-buffered in the tests), so a crash names its case too.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -37,10 +39,12 @@ double rms_ratio(const TensorView& actual, const TensorView& expected) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
+// `actual` may live on the device: it is copied to the host before anything reads it.
 void expect_gradient(const TensorView& actual, const TensorView& expected, const std::string& what) {
-  expect_close(actual, expected, 4e-2, what);
-  const double rms = rms_ratio(actual, expected);
-  std::printf("  %-60s rms ratio %.2e  max rel %.2e\n", what.c_str(), rms, max_rel_error(host(actual), expected));
+  const Tensor got = host(actual);
+  expect_close(got, expected, 4e-2, what);
+  const double rms = rms_ratio(got, expected);
+  std::printf("  %-60s rms ratio %.2e  max rel %.2e\n", what.c_str(), rms, max_rel_error(got, expected));
   EXPECT_LE(rms, 1e-2) << what << ": RMS error ratio " << rms;
 }
 
@@ -80,6 +84,7 @@ void every_block_kind(const std::string& kernel) {
   };
   for (const BwdCase& c : cases) {
     const std::string what = "[" + kernel + "] " + name_of(c);
+    std::printf("case %s\n", what.c_str());
     Tensor q = rounded_to_bf16(random_tensor({c.tq, c.hq, c.d}, 40, 2.0f));
     Tensor k = rounded_to_bf16(random_tensor({c.tk, c.hk, c.d}, 41, 2.0f));
     Tensor v = rounded_to_bf16(random_tensor({c.tk, c.hk, c.d}, 42));
@@ -127,15 +132,22 @@ TEST(CudaAttentionBackward, WgmmaKernelMatchesCpuReferenceOnEveryBlockKind) {
   every_block_kind("wgmma");
 }
 
+TEST(CudaAttentionBackward, WarpSpecializedKernelMatchesCpuReferenceOnEveryBlockKind) {
+  HYDRA_REQUIRE_GPU();
+  const KernelChoice choice("ws");  // d = 64 cases run the mma.sync kernel
+  every_block_kind("ws");
+}
+
 TEST(CudaAttentionBackward, MmaKernelMatchesCpuReferenceOnEveryBlockKind) {
   HYDRA_REQUIRE_GPU();
   const KernelChoice choice("mma");
   every_block_kind("mma");
 }
 
-// Strided views (column blocks of a fused projection), as the model passes them (default kernel).
-TEST(CudaAttentionBackward, StridedViews) {
-  HYDRA_REQUIRE_GPU();
+// Strided views (column blocks of a fused projection), as the model passes them (the default
+// kernel and the warp-specialised one, whose TMA maps and bulk dq rows see the strides).
+void strided_views(const char* kernel) {
+  const KernelChoice choice(kernel);
   const int64_t t = 100, h = 2, d = 128;
   Tensor qkv = rounded_to_bf16(random_tensor({t, 3 * h * d + 8 * d}, 44, 1.5f));  // q | k | v | other
   const TensorView q = qkv.view().narrow(1, 0, h * d).split_dim(1, h, d);
@@ -159,7 +171,13 @@ TEST(CudaAttentionBackward, StridedViews) {
   ops::attention_backward_prepare(delta_g, dout_g, gpu(out, DType::f32));
   ops::attention_backward(gpart(grads_g, 0), gpart(grads_g, 1), gpart(grads_g, 2), dout_g, gpart(qkv_g, 0),
                           gpart(qkv_g, 1), gpart(qkv_g, 2), gpu(lse, DType::f32), delta_g, p);
-  expect_gradient(grads_g, grads, "strided fused dq|dk|dv");
+  expect_gradient(grads_g, grads, std::string("[") + kernel + "] strided fused dq|dk|dv");
+}
+
+TEST(CudaAttentionBackward, StridedViews) {
+  HYDRA_REQUIRE_GPU();
+  strided_views("wgmma");
+  strided_views("ws");
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Conversion (SPEC 1.3): migrated tensors are bit-identical copies, GDN K/V rows are their KV
+// Conversion (DESIGN.md §1.3): migrated tensors are bit-identical copies, GDN K/V rows are their KV
 // group's rows, new parameters follow their distributions and the seed, γ equals the measured RMS
 // of each teacher head's output, and head-set specs resolve as documented.
 #include <cmath>

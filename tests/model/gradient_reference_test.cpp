@@ -20,17 +20,6 @@ namespace {
 
 constexpr double kGradientTolerance = 1e-6;
 
-double norm_rel_error(const Tensor& actual, const Tensor& expected) {
-  const Tensor a = to(actual, Device::host, DType::f64), e = to(expected, Device::host, DType::f64);
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < e.numel(); ++i) {
-    const double x = a.data_as<double>()[i], y = e.data_as<double>()[i];
-    diff += (x - y) * (x - y);
-    ref += y * y;
-  }
-  return std::sqrt(diff / std::max(ref, 1e-300));
-}
-
 void check_against_reference(const Model& model, const std::string& reference_file) {
   const H5File ref = H5File::open_read(reference_file);
   const Tensor ids_t = to(ref.read("input_ids"), Device::host, DType::i32);

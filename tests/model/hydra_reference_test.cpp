@@ -1,5 +1,5 @@
 // HydraHead forward against an independent implementation: tests/fixtures/gen_hydra_reference.py
-// writes SPEC 1.2 literally in torch float64 (token-by-token delta rule, explicit τ, gate, conv,
+// writes DESIGN.md §1.2 literally in torch float64 (token-by-token delta rule, explicit τ, gate, conv,
 // RoPE, L2 norm, fusion) for a model with a mixed FA/GDN layer, an all-GDN and an all-FA layer,
 // and stores its checkpoint with h5py. Tolerance 1e-4 relative: hydra runs fp32 (chunked GDN,
 // fused projections, physical head order) against fp64; measured ~1e-6.

@@ -22,17 +22,6 @@
 namespace hydra::test {
 namespace {
 
-double norm_rel_error(const Tensor& actual, const Tensor& expected) {
-  const Tensor a = to(actual, Device::host, DType::f64), e = to(expected, Device::host, DType::f64);
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < e.numel(); ++i) {
-    const double x = a.data_as<double>()[i], y = e.data_as<double>()[i];
-    diff += (x - y) * (x - y);
-    ref += y * y;
-  }
-  return std::sqrt(diff / std::max(ref, 1e-300));
-}
-
 std::vector<int32_t> token_ids(int64_t t, int64_t vocab, uint64_t salt) {
   std::vector<int32_t> ids(static_cast<size_t>(t));
   for (int64_t i = 0; i < t; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13 + salt * 101) % vocab);

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# One device job for the attention and GDN kernels on one H200 (about 4-5 minutes):
+#   1. GPU tests, one filter per process (a crash or hang in one cannot hide the others' results):
+#      attention forward; GDN forward (fused and v1); GDN backward; attention backward per kernel
+#      (wgmma, ws = warp-specialised, mma) and the strided-view case;
+#   2. hydra bench: attention-bwd (32K×16, 128K×2, 512K×2) with the default wgmma backward and with
+#      the warp-specialised one; gdn forward (32K/128K/512K × 14, fused and v1); gdn-bwd (128K and
+#      512K × 14), GDN stage times at 512K;
+#   3. anchors (PyTorch SDPA-cuDNN forward + backward, flash-linear-attention forward and forward +
+#      backward), the PyTorch layer reference at 512K (forward) and hydra prefill 512K;
+#   4. a compact table: test verdicts, then cluster/bench/summary.py's targets.
+#
+#   cluster/gpu_kernels_check.sh BIN_DIR OUT_DIR
+#
+# BIN_DIR holds hydra and test_cuda. If flash-linear-attention is not importable and FLA_WHEELS
+# names a folder of .whl files, they are installed first (pip, no index, no dependencies).
+# Every step has a time limit and logs to its own file in OUT_DIR; nothing is piped through head
+# (a reader that exits early would SIGPIPE the writer and lose the log). If the fused GDN test
+# fails, the layer comparison and the prefill use HYDRA_GDN_KERNEL=v1, and say so; a failed or
+# hung warp-specialised backward test skips that kernel's benches.
+set -uo pipefail
+bin=$(cd "$1" && pwd); out=$2
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+status="$out/status.txt"; : > "$status"
+start=$(date +%s)
+echo "== $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+
+# step NAME LIMIT_S LOG command...: runs with a time limit, output to LOG; records rc and seconds.
+step() {
+  local name=$1 limit=$2 log=$3; shift 3
+  local t0=$(date +%s)
+  timeout -k 5 "$limit" "$@" > "$log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $(( $(date +%s) - t0 ))s" >> "$status"
+  return $rc
+}
+
+# ---- 1. GPU tests -----------------------------------------------------------------------------
+declare -A verdict
+test_filter() {  # name filter limit
+  local log="$out/test_$1.log"
+  (cd "$root" && step "test:$1" "$3" "$log" "$bin/test_cuda" --gtest_filter="$2")
+  local rc=$?
+  if [ $rc -eq 0 ] && grep -q "^\[  PASSED  \]" "$log" && ! grep -q "^\[  FAILED  \]" "$log"; then
+    verdict[$1]=passed
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    verdict[$1]="TIMED OUT after $3 s (last case: $(grep -E '^case |^delta rule' "$log" | tail -1))"
+  elif [ $rc -gt 128 ]; then
+    verdict[$1]="DIED (signal $((rc - 128)); last line: $(tail -1 "$log"))"
+  else
+    verdict[$1]="FAILED (exit $rc: $(grep -c 'Failure' "$log") failures)"
+  fi
+  echo "test $1: ${verdict[$1]}"
+}
+echo "== GPU tests"
+test_filter attention_fwd '*FlashAttention*' 90
+test_filter gdn_fwd 'CudaOps.ChunkedDeltaRule*' 150
+test_filter gdn_bwd 'CudaDeltaRuleBackward.*' 90
+test_filter attention_bwd_wgmma 'CudaAttentionBackward.WgmmaKernel*' 60
+test_filter attention_bwd_ws 'CudaAttentionBackward.WarpSpecialized*' 60
+test_filter attention_bwd_mma 'CudaAttentionBackward.MmaKernel*' 60
+test_filter attention_bwd_strided 'CudaAttentionBackward.StridedViews' 60
+prefill_env=()
+if [ "${verdict[gdn_fwd]}" != passed ] && ! grep -qE "delta rule \[v1\].*(max relative error|non-finite)" "$out/test_gdn_fwd.log"; then
+  echo "!! fused GDN failed its test: the layer comparison and the prefill use HYDRA_GDN_KERNEL=v1"
+  prefill_env=(HYDRA_GDN_KERNEL=v1)
+fi
+
+# ---- 2. hydra bench ---------------------------------------------------------------------------
+echo "== hydra bench"
+b="$out/bench.jsonl"; : > "$b"
+bench() {  # name limit [VAR=value ...] -- bench args...
+  local name=$1 limit=$2; shift 2
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  step "bench:$name" "$limit" "$out/bench_$name.log" env "${envs[@]}" \
+    "$bin/hydra" bench "$@" --json-out "$b" || echo "bench $name FAILED (see bench_$name.log)"
+}
+bwd_kernels=(wgmma)
+[ "${verdict[attention_bwd_ws]}" = passed ] && bwd_kernels+=(ws)
+for kernel in "${bwd_kernels[@]}"; do
+  bench attn_bwd_${kernel}_32k 60 HYDRA_ATTENTION_BWD_KERNEL=$kernel -- --op attention-bwd --seq-len 32768 --heads 16 --repeat 5
+  bench attn_bwd_${kernel}_128k 60 HYDRA_ATTENTION_BWD_KERNEL=$kernel -- --op attention-bwd --seq-len 131072 --heads 2 --repeat 5
+  bench attn_bwd_${kernel}_512k 90 HYDRA_ATTENTION_BWD_KERNEL=$kernel -- --op attention-bwd --seq-len 524288 --heads 2 \
+    --warmup 1 --repeat 3
+done
+# Stage times (HYDRA_GDN_PROFILE=1, a host synchronisation per call) only where a call takes tens of
+# milliseconds; the shorter runs are timed without them.
+for kernel in fused v1; do
+  for t in 32768 131072; do
+    bench gdn_${kernel}_$t 60 HYDRA_GDN_KERNEL=$kernel -- --op gdn --seq-len $t --heads 14 --repeat 5
+  done
+  bench gdn_${kernel}_524288 60 HYDRA_GDN_KERNEL=$kernel HYDRA_GDN_PROFILE=1 -- --op gdn --seq-len 524288 --heads 14 --repeat 5
+done
+bench gdn_bwd_131072 60 "${prefill_env[@]}" -- --op gdn-bwd --seq-len 131072 --heads 14 --repeat 5
+bench gdn_bwd_524288 60 "${prefill_env[@]}" HYDRA_GDN_PROFILE=1 -- --op gdn-bwd --seq-len 524288 --heads 14 --repeat 5
+
+# ---- 3. anchors, the PyTorch layer, the prefill -----------------------------------------------
+echo "== anchors, PyTorch layer reference, prefill (elapsed $(( $(date +%s) - start )) s)"
+if ! python3 -c "import fla" 2> /dev/null && [ -n "${FLA_WHEELS:-}" ]; then
+  python3 -m pip install --no-index --no-deps "$FLA_WHEELS"/*.whl > "$out/pip.log" 2>&1 || echo "fla wheel install FAILED (pip.log)"
+fi
+step anchors 150 "$out/anchors.err" sh -c "python3 '$root/cluster/bench/anchors.py' --warmup 2 --repeat 5 --sdpa-backends cudnn \
+  --attention '' --gdn 32768x14,131072x14,524288x14 --attention-bwd 32768x16,131072x2,524288x2 \
+  --gdn-bwd 131072x14,524288x14 > '$out/anchors.jsonl'" || echo "anchors FAILED (anchors.err)"
+step layer 120 "$out/layer.err" sh -c "python3 '$root/cluster/bench/layer_reference.py' --seq-len 524288 --repeat 3 \
+  > '$out/layer.jsonl'" || echo "layer reference FAILED (layer.err)"
+: > "$out/prefill.jsonl"
+step prefill 120 "$out/prefill.log" env "${prefill_env[@]}" "$bin/hydra" prefill --preset hydrahead-1.7b --seq-len 512K \
+  --device cuda --progress off --json-out "$out/prefill.jsonl" || echo "prefill FAILED (prefill.log)"
+
+# ---- 4. the table -----------------------------------------------------------------------------
+echo "== results (elapsed $(( $(date +%s) - start )) s)"
+echo "| GPU test | verdict |"
+echo "| --- | --- |"
+for name in attention_fwd gdn_fwd gdn_bwd attention_bwd_wgmma attention_bwd_ws attention_bwd_mma attention_bwd_strided; do
+  echo "| $name | ${verdict[$name]} |"
+done
+echo
+grep -hE "stages:" "$out"/bench_gdn_*.log | sed -E 's/^\[hydra +[0-9.]+s\] //' | awk '!seen[$0]++' | tail -8
+grep -hE "RMS error ratio|check " "$out"/bench_attn_bwd_*.log | sed -E 's/^\[hydra +[0-9.]+s\] //' | sort -u | head -20
+echo
+python3 "$root/cluster/bench/summary.py" "$b" "$out/anchors.jsonl" "$out/layer.jsonl" "$out/prefill.jsonl" | tee "$out/summary.md"
+[ ${#prefill_env[@]} -gt 0 ] && echo "(prefill and gdn-bwd ran with ${prefill_env[*]})"
+echo "step times:"; cat "$status"

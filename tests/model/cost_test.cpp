@@ -1,0 +1,93 @@
+// The cost model (model/cost.h): FLOP counts against formulas written out by hand for the
+// teacher and the 7:1 hybrid, and the memory plans against the peaks hydra measured on an H200
+// (cluster/results/h200-2026-12-01: prefill 512K, finetune 64K/128K): a plan may overestimate a
+// little, never underestimate, or the memory check would let a run start that then fails.
+#include "model/config.h"
+#include "model/cost.h"
+#include "runtime/error.h"
+#include "tests/common/test_util.h"
+
+namespace hydra::test {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+TEST(Cost, TeacherFlopsAreTheDenseFormula) {
+  const ModelConfig c = preset_config("qwen3-1.7b");
+  const double t = 8192, D = 2048, H = 16, G = 8, d = 128, I = 6144, L = 28;
+  const FlopCount f = prefill_flops(c, 8192);
+  // Per layer: q, k, v (H·d + 2·G·d rows), W_o (H·d), gate/up/down (3·I), each 2·T·D·rows; causal
+  // attention 2·T²·d per head (the visible half of QKᵀ and of PV).
+  EXPECT_DOUBLE_EQ(f.gemm, L * 2 * t * D * (H * d + 2 * G * d + H * d + 3 * I));
+  EXPECT_DOUBLE_EQ(f.attention, L * 2 * t * t * d * H);
+  EXPECT_EQ(f.gdn, 0.0);
+  EXPECT_DOUBLE_EQ(f.total(), f.gemm + f.attention);
+}
+
+TEST(Cost, HybridFlopsCountEachBranchOnce) {
+  const ModelConfig c = preset_config("hydrahead-1.7b");  // FA heads {0, 1}: one KV group; 14 GDN heads
+  const double t = 524288, D = 2048, d = 128, I = 6144, L = 28, hfa = 2, gfa = 1, hg = 14;
+  // Fused rows: q of every head, the FA heads' k, v and output gate, the GDN heads' own k, v, and a, b.
+  const double rows = 16 * d + 2 * gfa * d + hfa * d + 2 * hg * d + 2 * hg;
+  const FlopCount f = prefill_flops(c, 524288);
+  EXPECT_DOUBLE_EQ(f.gemm, L * 2 * t * D * (rows + 16 * d + 3 * I));
+  EXPECT_DOUBLE_EQ(f.attention, L * 2 * t * t * d * hfa);
+  EXPECT_DOUBLE_EQ(f.gdn, L * t * hg * (6 * d * d + 8 * 64 * d));
+  // What hydra prefill reported for this shape on the H200 (its JSON line).
+  EXPECT_NEAR(f.gemm, 1.602572557221888e15, 1e3);
+  EXPECT_NEAR(f.attention, 3.940649673949184e15, 1e3);
+}
+
+TEST(Cost, PrefillPlanCoversTheMeasuredPeakAndScalesWithTheShare) {
+  const ModelConfig c = preset_config("hydrahead-1.7b");
+  const MemoryEstimate one = estimate_prefill_memory(c, 524288, 1);
+  // Measured on one H200: peak 31.4 GiB (v1 GDN kernels), 22.6 GiB (fused); weights 3.4 GiB.
+  EXPECT_GE(one.total(), 31.4 * kGiB);
+  EXPECT_LT(one.total(), 1.5 * 31.4 * kGiB);
+  EXPECT_NEAR(one.weights / kGiB, 3.4, 0.1);
+  // Half the tokens per rank on 2 ranks: the activations about halve, the weights stay.
+  const MemoryEstimate two = estimate_prefill_memory(c, 262144, 2);
+  EXPECT_EQ(two.weights, one.weights);
+  EXPECT_LT(two.activations, 0.6 * one.activations);
+  EXPECT_GT(two.activations, 0.4 * one.activations);
+  EXPECT_LT(estimate_prefill_memory(c, 4096, 1).total(), one.total());
+}
+
+TEST(Cost, TrainingPlanCoversTheMeasuredPeaks) {
+  const ModelConfig c = preset_config("hydrahead-1.7b");
+  // hydra train --stage finetune on one H200: peak 48.1 GiB at 64K, 65.3 GiB at 128K tokens.
+  for (const auto& [tokens, measured] : {std::pair{65536, 48.1}, std::pair{131072, 65.3}}) {
+    const MemoryEstimate m = estimate_training_memory(c, tokens, 1, nullptr, Device::cuda, false);
+    EXPECT_GE(m.total(), measured * kGiB) << tokens;
+    EXPECT_LT(m.total(), 1.3 * measured * kGiB) << tokens;
+  }
+  // A teacher in the same process (distill) adds its weights; align adds the teacher's residual
+  // stream at every layer boundary.
+  const ModelConfig teacher = preset_config("qwen3-1.7b");
+  const MemoryEstimate plain = estimate_training_memory(c, 65536, 1, nullptr, Device::cuda, false);
+  const MemoryEstimate distill = estimate_training_memory(c, 65536, 1, &teacher, Device::cuda, false);
+  const MemoryEstimate align = estimate_training_memory(c, 65536, 1, &teacher, Device::cuda, true);
+  EXPECT_GT(distill.weights, plain.weights);
+  EXPECT_GT(align.activations, 0.0);
+  // fp32 storage on the host path: more bytes per element than bf16 on the GPU.
+  EXPECT_GT(estimate_training_memory(c, 65536, 1, nullptr, Device::host, false).weights, plain.weights);
+}
+
+TEST(Cost, MemoryPlanRefusesWhatDoesNotFitWithTheEstimate) {
+  MemoryEstimate huge;
+  huge.activations = 1e18;  // an exabyte: more than any host has
+  try {
+    check_memory_plan(huge, Device::host, "a test run");
+    FAIL() << "an exabyte plan was accepted";
+  } catch (const UserError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("a test run needs about"), std::string::npos) << message;
+    EXPECT_NE(message.find("GiB available"), std::string::npos) << message;
+  }
+  MemoryEstimate small;
+  small.activations = 1024;
+  EXPECT_NO_THROW(check_memory_plan(small, Device::host, "a small run"));
+}
+
+}  // namespace
+}  // namespace hydra::test
