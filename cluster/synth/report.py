@@ -166,7 +166,8 @@ def loss_svg(curves, plan):
     width, height = 2 * (pw + pad) + pad, 2 * (ph + pad) + 60
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">',
              '<rect width="100%" height="100%" fill="white"/>',
-             svg_text(width / 2, 20, "Training loss (lines) and held-out loss (dots) per stage", 13, weight="bold")]
+             svg_text(width / 2, 20, "Training loss (lines; running mean over 1/60 of the steps) and held-out loss "
+                      "(dots) per stage", 13, weight="bold")]
     ylabel = {"pretrain": "next-token loss (nats)", "align": "alignment loss (Σ_l mean ‖Δy‖²/D)",
               "distill": "KL(teacher ‖ student) (nats)", "finetune": "next-token loss (nats), long sequences"}
     for si, stage in enumerate(STAGES):
@@ -197,6 +198,10 @@ def loss_svg(curves, plan):
         for li, (model, m) in enumerate(data.items()):
             color = COLORS.get(model, "#555")
             train = [p for p in m["train"] if math.isfinite(p[1])]
+            w = max(1, len(train) // 60)  # running mean over w steps: one window's noise hides the trend
+            if w > 1:
+                train = [(train[i][0], sum(v for _, v in train[max(0, i - w + 1):i + 1]) / len(train[max(0, i - w + 1):i + 1]))
+                         for i in range(len(train))]
             if train:
                 path = " ".join(f"{sx(s):.1f},{sy(v):.1f}" for s, v in train)
                 parts.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="1.2" opacity="0.8"/>')
