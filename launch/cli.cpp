@@ -21,6 +21,8 @@ const std::vector<Subcommand>& subcommands() {
        run_select_heads},
       {"gradients", "mean next-token loss and every parameter's gradient of a token sequence", run_gradients},
       {"train", "train a model: pretrain, align, distill or finetune (sequence/data parallel under mpirun)", run_train},
+      {"eval-lm", "held-out next-token loss of a model over windows of token files", run_eval_lm},
+      {"synth", "generate a synthetic token stream: retrieval tasks and a Markov language, mixed", run_synth},
   };
   return commands;
 }

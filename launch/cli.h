@@ -49,5 +49,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args);
 int run_select_heads(App& app, const std::vector<std::string>& args);
 int run_gradients(App& app, const std::vector<std::string>& args);
 int run_train(App& app, const std::vector<std::string>& args);
+int run_eval_lm(App& app, const std::vector<std::string>& args);
+int run_synth(App& app, const std::vector<std::string>& args);
 
 }  // namespace hydra

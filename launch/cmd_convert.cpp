@@ -26,14 +26,14 @@ struct ConvertOptions {
     o.add_options()
         ("teacher", po::value(&teacher)->required(), "Qwen3 teacher checkpoint (.h5, from hydra import or init)")
         ("fa-heads", po::value(&fa_heads)->required(),
-         "which heads keep full attention: uniform:K (K per layer), layerwise:EVERY (every EVERY-th layer "
-         "all-FA, layerwise:4 = 3:1 hybrid) or file:PATH (hydra select-heads output)")
+         "which heads keep full attention: uniform:K (K per layer), random:K (K per layer drawn from --seed), "
+         "layerwise:EVERY (every EVERY-th layer all-FA, layerwise:4 = 3:1 hybrid) or file:PATH (hydra select-heads output)")
         ("scores", po::value(&scores), "with uniform:K: rank heads by scores.composite of this head-set file "
                                        "instead of taking the lowest indices")
         ("out", po::value(&out)->required(), "HydraHead checkpoint to write (.h5), written atomically")
         ("calib", po::value(&calib), "calibration tokens (.h5 input_ids): set each head's gamma to the RMS of "
                                      "the teacher's head output over them (else gamma = 1)")
-        ("seed", po::value(&seed)->default_value(0), "seed of the new GDN parameters (w_a, w_b, A_log, dt_bias)");
+        ("seed", po::value(&seed)->default_value(0), "seed of the new GDN parameters (w_a, w_b, A_log, dt_bias) and of --fa-heads random:K");
   }
   void validate() const {
     require_readable_file(teacher, "teacher");
@@ -59,7 +59,7 @@ int run_convert(App& app, const std::vector<std::string>& args) {
   HYDRA_USER_CHECK(teacher_config.arch == Arch::qwen3,
                    "{}: is a {} model; convert needs a Qwen3-shaped teacher (hydra import / hydra init --preset qwen3-*)",
                    opt.teacher, arch_name(teacher_config.arch));
-  const ModelConfig student = student_config(teacher_config, resolve_fa_heads(opt.fa_heads, teacher_config, opt.scores));
+  const ModelConfig student = student_config(teacher_config, resolve_fa_heads(opt.fa_heads, teacher_config, opt.scores, opt.seed));
   std::vector<int32_t> calib;
   if (!opt.calib.empty()) {
     calib = read_token_file(opt.calib, teacher_config.vocab_size);

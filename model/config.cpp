@@ -168,6 +168,36 @@ ModelConfig qwen3_tiny() {
   return c;
 }
 
+// Teachers trained here on `hydra synth` streams (issue 19): Qwen3 shape, 8 query heads per layer
+// (so 7:1 is one FA head per layer) in 4 KV groups (Qwen3-1.7B's ratio of 2), 4 layers (so
+// layerwise:4 is the 3:1 hybrid), untied embeddings. qwen3-synth (4.2M parameters, head dim 64,
+// which the GPU kernels take) is sized for a few minutes of one H200; qwen3-synth-cpu (0.5M,
+// head dim 16: CPU path only) for the 2-core CPU.
+ModelConfig qwen3_synth() {
+  ModelConfig c;
+  c.arch = Arch::qwen3;
+  c.vocab_size = 512;
+  c.hidden_size = 256;
+  c.num_layers = 4;
+  c.num_heads = 8;
+  c.num_kv_heads = 4;
+  c.head_dim = 64;
+  c.intermediate_size = 768;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 10000.0;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
+ModelConfig qwen3_synth_cpu() {
+  ModelConfig c = qwen3_synth();
+  c.vocab_size = 256;
+  c.hidden_size = 128;
+  c.head_dim = 16;
+  c.intermediate_size = 384;
+  return c;
+}
+
 ModelConfig as_hydra(ModelConfig c, std::vector<std::vector<int>> fa_heads) {
   c.arch = Arch::hydrahead;
   c.fa_heads = std::move(fa_heads);
@@ -175,11 +205,15 @@ ModelConfig as_hydra(ModelConfig c, std::vector<std::vector<int>> fa_heads) {
 }
 }  // namespace
 
-std::vector<std::string> preset_names() { return {"qwen3-tiny", "hydrahead-tiny", "qwen3-1.7b", "hydrahead-1.7b"}; }
+std::vector<std::string> preset_names() {
+  return {"qwen3-tiny", "hydrahead-tiny", "qwen3-1.7b", "hydrahead-1.7b", "qwen3-synth", "qwen3-synth-cpu"};
+}
 
 ModelConfig preset_config(const std::string& name) {
   if (name == "qwen3-tiny") return qwen3_tiny();
   if (name == "qwen3-1.7b") return qwen3_1_7b();
+  if (name == "qwen3-synth") return qwen3_synth();
+  if (name == "qwen3-synth-cpu") return qwen3_synth_cpu();
   if (name == "hydrahead-tiny") {
     // Every layer mixes FA and GDN heads; FA heads sit in different KV groups across layers and
     // layer 1 has two FA heads sharing one group, so GQA sharing is exercised.

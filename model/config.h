@@ -54,7 +54,8 @@ nlohmann::json config_to_json(const ModelConfig& config);
 ModelConfig config_from_json(const nlohmann::json& json, const std::string& source);
 std::string arch_name(Arch arch);
 
-// Presets: qwen3-tiny, hydrahead-tiny, qwen3-1.7b, hydrahead-1.7b (DESIGN.md §5).
+// Presets: qwen3-tiny, hydrahead-tiny, qwen3-1.7b, hydrahead-1.7b (DESIGN.md §5), and the teachers
+// trained on synthetic data, qwen3-synth (GPU) and qwen3-synth-cpu.
 ModelConfig preset_config(const std::string& name);
 std::vector<std::string> preset_names();
 

@@ -8,6 +8,7 @@
 
 #include "runtime/atomic_file.h"
 #include "runtime/error.h"
+#include "runtime/random.h"
 
 namespace hydra {
 namespace {
@@ -86,10 +87,10 @@ void write_fa_heads_file(const std::string& path, const ModelConfig& teacher, co
 }
 
 std::vector<std::vector<int>> resolve_fa_heads(const std::string& spec, const ModelConfig& teacher,
-                                               const std::string& scores_path) {
+                                               const std::string& scores_path, uint64_t seed) {
   const size_t colon = spec.find(':');
   HYDRA_USER_CHECK(colon != std::string::npos,
-                   "--fa-heads '{}': expected uniform:K, layerwise:EVERY or file:PATH", spec);
+                   "--fa-heads '{}': expected uniform:K, random:K, layerwise:EVERY or file:PATH", spec);
   const std::string kind = spec.substr(0, colon), arg = spec.substr(colon + 1);
   const auto number = [&](const char* what) {
     size_t used = 0;
@@ -128,6 +129,25 @@ std::vector<std::vector<int>> resolve_fa_heads(const std::string& spec, const Mo
     return layers;
   }
   HYDRA_USER_CHECK(scores_path.empty(), "--scores only applies to --fa-heads uniform:K");
+  if (kind == "random") {
+    const long k = number("K");
+    HYDRA_USER_CHECK(k >= 0 && k <= teacher.num_heads,
+                     "--fa-heads '{}': {} random FA heads per layer is not in 0..{} (the model has {} heads per layer)",
+                     spec, k, teacher.num_heads, teacher.num_heads);
+    // Per layer, the first K of a Fisher-Yates shuffle drawn from (seed, layer).
+    for (int64_t l = 0; l < teacher.num_layers; ++l) {
+      std::vector<int> order(static_cast<size_t>(teacher.num_heads));
+      std::iota(order.begin(), order.end(), 0);
+      const RandomStream rng{seed, hash_name("fa-heads/random/" + std::to_string(l))};
+      for (long j = 0; j < k; ++j) {
+        const long pick = j + static_cast<long>(rng.bits(static_cast<uint64_t>(j)) % static_cast<uint64_t>(teacher.num_heads - j));
+        std::swap(order[static_cast<size_t>(j)], order[static_cast<size_t>(pick)]);
+      }
+      layers[l].assign(order.begin(), order.begin() + k);
+      std::sort(layers[l].begin(), layers[l].end());
+    }
+    return layers;
+  }
   if (kind == "layerwise") {
     const long every = number("EVERY");
     HYDRA_USER_CHECK(every >= 1 && every <= teacher.num_layers,
@@ -141,7 +161,7 @@ std::vector<std::vector<int>> resolve_fa_heads(const std::string& spec, const Mo
     return layers;
   }
   if (kind == "file") return read_fa_heads_file(arg, teacher).fa_heads;
-  HYDRA_USER_FAIL("--fa-heads '{}': unknown kind '{}' (expected uniform:K, layerwise:EVERY or file:PATH)", spec, kind);
+  HYDRA_USER_FAIL("--fa-heads '{}': unknown kind '{}' (expected uniform:K, random:K, layerwise:EVERY or file:PATH)", spec, kind);
 }
 
 }  // namespace hydra

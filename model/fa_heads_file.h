@@ -29,9 +29,10 @@ FaHeadsFile read_fa_heads_file(const std::string& path, const ModelConfig& teach
 void write_fa_heads_file(const std::string& path, const ModelConfig& teacher, const FaHeadsFile& file);
 
 // --fa-heads SPEC: "uniform:K" (K heads per layer: the K highest composite scores when `scores_path`
-// is given, else the lowest indices), "layerwise:EVERY" (layer l is all-FA when l % EVERY == EVERY−1,
+// is given, else the lowest indices), "random:K" (K heads per layer drawn uniformly from (seed,
+// layer): the control for selected heads), "layerwise:EVERY" (layer l is all-FA when l % EVERY == EVERY−1,
 // the rest all-GDN: layerwise:4 is the 3:1 baseline), or "file:PATH". UserError naming the problem.
 std::vector<std::vector<int>> resolve_fa_heads(const std::string& spec, const ModelConfig& teacher,
-                                               const std::string& scores_path);
+                                               const std::string& scores_path, uint64_t seed = 0);
 
 }  // namespace hydra

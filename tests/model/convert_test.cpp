@@ -173,7 +173,22 @@ TEST(FaHeadSpecs, ResolveAsDocumented) {
   EXPECT_NE(error_of([&] { resolve_fa_heads("file:" + dir.file("short.json"), tc, ""); }).find("lists 5 layers, the model has 8"),
             std::string::npos);
   EXPECT_NE(error_of([&] { resolve_fa_heads("uniform:x", tc, ""); }).find("K must be an integer"), std::string::npos);
-  EXPECT_NE(error_of([&] { resolve_fa_heads("random:3", tc, ""); }).find("unknown kind 'random'"), std::string::npos);
+  EXPECT_NE(error_of([&] { resolve_fa_heads("bogus:3", tc, ""); }).find("unknown kind 'bogus'"), std::string::npos);
+  // random:K: K distinct heads per layer, a function of the seed, not the same in every layer.
+  const auto r = resolve_fa_heads("random:2", tc, "", 5);
+  EXPECT_EQ(r, resolve_fa_heads("random:2", tc, "", 5));
+  EXPECT_NE(r, resolve_fa_heads("random:2", tc, "", 6));
+  bool layers_differ = false;
+  for (const auto& heads : r) {
+    ASSERT_EQ(heads.size(), 2u);
+    EXPECT_LT(heads[0], heads[1]);
+    EXPECT_TRUE(heads[0] >= 0 && heads[1] < tc.num_heads);
+    layers_differ = layers_differ || heads != r[0];
+  }
+  EXPECT_TRUE(layers_differ);
+  EXPECT_EQ(resolve_fa_heads("random:0", tc, "", 5)[3], std::vector<int>{});
+  EXPECT_NE(error_of([&] { resolve_fa_heads("random:7", tc, ""); }).find("7 random FA heads per layer is not in 0..6"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { student_config(preset_config("hydrahead-tiny"), {{0}, {1}}); }).find("teacher must be a qwen3"),
             std::string::npos);
 }

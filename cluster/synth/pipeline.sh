@@ -1,0 +1,321 @@
+#!/usr/bin/env bash
+# The HydraHead pipeline end to end on a teacher trained here (issue 19), every step a `hydra`
+# command: synthetic data (hydra synth) -> pretrain a Qwen3-shaped teacher (hydra train --stage
+# pretrain) -> select-heads -> convert -> align -> distill -> long-context finetune -> eval-niah and
+# eval-lm, for four students with equal token budgets per stage:
+#   selected   7:1 head-wise, the heads select-heads chose (--budget 1 --per-layer)
+#   random     7:1 head-wise, one random head per layer (--fa-heads random:1)
+#   layerwise  3:1 layer-wise (--fa-heads layerwise:4)
+#   gdn        all-GDN (--fa-heads uniform:0)
+# The teacher and every student are evaluated on NIAH single/multikey/multivalue at 1x, 4x, 16x
+# and 64x the training length and on the held-out language-model loss; cluster/synth/report.py
+# turns the results folder into a table, NIAH heatmaps, loss curves and a claims check.
+#
+#   cluster/synth/pipeline.sh --profile gpu --out /tmp/synth --archive $OUT/synth-results.tar.gz
+#   cluster/synth/pipeline.sh --profile cpu --out /tmp/synth-cpu        # the 2-core CPU, ~45 min
+#   cluster/synth/pipeline.sh --profile toy --out /tmp/synth-toy        # CTest: minutes, no accuracy
+#
+# Profiles fix the model, lengths, data and budgets (printed into results/plan.json):
+#   gpu  qwen3-synth (4.2M parameters, d = 64), training length 256, finetune 1024, on one GPU.
+#        Stage budgets are in SECONDS of wall time and become step counts from probes: before the
+#        real run, each kind of step (teacher pretrain; the four students' align, distill and
+#        finetune, --jobs at a time as in the real run) runs a few steps and the median step time
+#        turns the budget into --steps. Every student gets the same steps per stage (the slowest
+#        probe's), so token budgets are equal. A deadline (--deadline-s) bounds every command.
+#   cpu  qwen3-synth-cpu (0.9M parameters, d = 16), length 128, fixed steps, one student at a time.
+#   toy  qwen3-synth-cpu at length 64 and a few steps: the pipeline itself, for CI.
+#
+# Output: OUT/work (data, checkpoints; not archived) and OUT/results: plan.json, commands.sh (every
+# command as run), timings.jsonl (wall seconds and exit code per step: the device time each took),
+# logs/, train/ (train.jsonl of every stage), evals/, models/ (hydra info of every model), heads.*,
+# and what report.py writes. A failed or timed-out step is recorded and the rest goes on (a later
+# step that needs its output fails in turn); the report and the archive are always written.
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+profile=gpu
+out=""
+archive=""
+hydra="${HYDRA:-$root/build/bin/hydra}"
+device=""
+jobs=""
+deadline_s=""
+teacher_in=""
+plan_override=""
+overrides=()
+usage() {
+  sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  echo "flags: --profile gpu|cpu|toy --out DIR [--archive FILE.tar.gz] [--hydra BIN] [--device cuda|cpu]"
+  echo "       [--jobs N (students side by side)] [--deadline-s S (0: none)] [--teacher FILE.h5 (skip pretraining)]"
+  echo "       [--plan probe|fixed (override the profile's: probe turns its second budgets into steps)]"
+  echo "       [--set NAME=VALUE ... (override a profile setting, e.g. --set budget_pretrain=300 --set mix=lm:0.5,mqar:0.5)]"
+}
+while (($#)); do
+  case "$1" in
+    --profile) profile="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --archive) archive="$2"; shift 2 ;;
+    --hydra) hydra="$2"; shift 2 ;;
+    --device) device="$2"; shift 2 ;;
+    --jobs) jobs="$2"; shift 2 ;;
+    --deadline-s) deadline_s="$2"; shift 2 ;;
+    --teacher) teacher_in="$2"; shift 2 ;;
+    --plan) plan_override="$2"; shift 2 ;;
+    --set) overrides+=("$2"); shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "pipeline.sh: unknown flag $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+[[ -n "$out" ]] || { echo "pipeline.sh: --out DIR is required" >&2; exit 2; }
+[[ -x "$hydra" ]] || { echo "pipeline.sh: $hydra is not an executable (build first, or pass --hydra)" >&2; exit 2; }
+[[ -z "$teacher_in" || -r "$teacher_in" ]] || { echo "pipeline.sh: --teacher $teacher_in is not readable" >&2; exit 2; }
+command -v python3 >/dev/null || { echo "pipeline.sh: python3 is needed (standard library only)" >&2; exit 2; }
+
+# ---- profiles --------------------------------------------------------------------------------
+mix="lm:0.3,mqar:0.4,single:0.1,multikey:0.1,multivalue:0.1"  # gpu: more retrieval, below
+eval_seed=1000          # eval-niah's samples; training NIAH documents use a seed derived from synth's
+case "$profile" in
+  gpu)
+    preset=qwen3-synth; vocab=512; len=256; ft_len=1024; pairs=10
+    mix="lm:0.2,mqar:0.5,single:0.1,multikey:0.1,multivalue:0.1"
+    train_tokens=32M; ft_tokens=8M; batch=16; ft_batch=4
+    plan_mode=probe; budget_pretrain=240; budget_align=15; budget_distill=30; budget_finetune=20
+    lr_pretrain=2e-3; lr_align=2e-3; lr_distill=5e-4; lr_finetune=2e-4
+    eval_mults="1 4 16 64"; depths=0,25,50,75,100; samples=4; lm_windows=64
+    calib_samples=8; lm_samples=2
+    : "${device:=cuda}"; : "${jobs:=4}"; : "${deadline_s:=540}" ;;
+  cpu)
+    preset=qwen3-synth-cpu; vocab=256; len=128; ft_len=512; pairs=6
+    train_tokens=4M; ft_tokens=2M; batch=8; ft_batch=2
+    plan_mode=fixed; steps_pretrain=1500; steps_align=60; steps_distill=60; steps_finetune=30
+    budget_pretrain=900; budget_align=60; budget_distill=120; budget_finetune=60           # --plan probe
+    lr_pretrain=2e-3; lr_align=2e-3; lr_distill=5e-4; lr_finetune=2e-4
+    eval_mults="1 4 16 64"; depths=0,50,100; samples=2; lm_windows=32
+    calib_samples=4; lm_samples=2
+    : "${device:=cpu}"; : "${jobs:=1}"; : "${deadline_s:=0}" ;;
+  toy)
+    preset=qwen3-synth-cpu; vocab=256; len=64; ft_len=128; pairs=3
+    train_tokens=64K; ft_tokens=32K; batch=2; ft_batch=1
+    plan_mode=fixed; steps_pretrain=4; steps_align=2; steps_distill=2; steps_finetune=2
+    budget_pretrain=3; budget_align=2; budget_distill=2; budget_finetune=2   # --plan probe (CTest)
+    lr_pretrain=2e-3; lr_align=2e-3; lr_distill=5e-4; lr_finetune=2e-4
+    eval_mults="1 4"; depths=0,100; samples=1; lm_windows=2
+    calib_samples=2; lm_samples=1
+    : "${device:=cpu}"; : "${jobs:=1}"; : "${deadline_s:=0}" ;;
+  *) echo "pipeline.sh: --profile must be gpu, cpu or toy (got $profile)" >&2; exit 2 ;;
+esac
+settings="preset vocab len ft_len pairs train_tokens ft_tokens batch ft_batch mix eval_seed eval_mults depths samples
+  lm_windows calib_samples lm_samples budget_pretrain budget_align budget_distill budget_finetune steps_pretrain steps_align
+  steps_distill steps_finetune lr_pretrain lr_align lr_distill lr_finetune"
+for o in "${overrides[@]}"; do
+  name="${o%%=*}"
+  [[ "$o" == *=* && " $(echo $settings) " == *" $name "* ]] || { echo "pipeline.sh: --set $o: not NAME=VALUE with NAME one of: $(echo $settings)" >&2; exit 2; }
+  printf -v "$name" '%s' "${o#*=}"
+done
+if [[ -n "$plan_override" ]]; then
+  [[ "$plan_override" == probe || "$plan_override" == fixed ]] || { echo "pipeline.sh: --plan must be probe or fixed" >&2; exit 2; }
+  [[ "$plan_override" == fixed && "$profile" == gpu ]] && { echo "pipeline.sh: the gpu profile has no fixed steps" >&2; exit 2; }
+  plan_mode="$plan_override"
+fi
+students="selected random layerwise gdn"
+lengths=""
+for m in $eval_mults; do lengths="${lengths:+$lengths,}$((len * m))"; done
+
+work="$out/work"
+res="$out/results"
+mkdir -p "$work/data" "$work/runs" "$work/models" "$res/logs" "$res/train" "$res/evals" "$res/models" || exit 2
+: > "$res/timings.jsonl"
+printf '#!/usr/bin/env bash\n# Every command of this run, in the order started (concurrent steps interleave).\n' > "$res/commands.sh"
+start_epoch=$(date +%s.%N)
+deadline_at=0
+if [[ "$deadline_s" != 0 ]]; then deadline_at=$(python3 -c "print($start_epoch + $deadline_s)"); fi
+
+# run_step NAME CMD...: runs CMD with its output in logs/NAME.log, bounded by the deadline; appends
+# {"step", "seconds", "rc", "start_s"} to timings.jsonl (one short line per write: O_APPEND keeps
+# concurrent writers' lines whole). Returns CMD's exit status (124: timed out or skipped).
+run_step() {
+  local name="$1"; shift
+  local t0 left rc
+  t0=$(date +%s.%N)
+  printf '%q ' "$@" >> "$res/commands.sh"; printf '\n' >> "$res/commands.sh"
+  if [[ "$deadline_at" != 0 ]]; then
+    left=$(python3 -c "print(int($deadline_at - $t0))")
+    if ((left < 5)); then
+      echo "{\"step\":\"$name\",\"seconds\":0,\"rc\":124,\"skipped\":true}" >> "$res/timings.jsonl"
+      echo "[pipeline] $name: skipped (deadline)" | tee -a "$res/logs/pipeline.log"
+      return 124
+    fi
+    timeout "$left" "$@" > "$res/logs/$name.log" 2>&1; rc=$?
+  else
+    "$@" > "$res/logs/$name.log" 2>&1; rc=$?
+  fi
+  local t1 sec
+  t1=$(date +%s.%N)
+  sec=$(python3 -c "print(round($t1 - $t0, 3))")
+  echo "{\"step\":\"$name\",\"seconds\":$sec,\"rc\":$rc,\"start_s\":$(python3 -c "print(round($t0 - $start_epoch, 3))")}" >> "$res/timings.jsonl"
+  echo "[pipeline] $name: rc $rc, $sec s" | tee -a "$res/logs/pipeline.log"
+  return $rc
+}
+
+# The model a training run ended with (its latest checkpoint).
+final_model() { local d="$1"; [[ -r "$d/latest" ]] && echo "$d/$(cat "$d/latest")/model.h5"; }
+
+# Median step time (s) of a probe run's steps after the first two (warm-up); nan if it failed.
+probe_step_s() {
+  python3 - "$1/train.jsonl" <<'EOF'
+import json, os, statistics, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if l.strip()] if os.path.exists(sys.argv[1]) else []
+t = [s["step_s"] for s in steps if s.get("type") == "step" and s["step"] > 2]
+print(statistics.median(t) if t else "nan")
+EOF
+}
+# The largest of its arguments that is a number (nan if none).
+max_finite() { python3 -c "import math,sys; v=[float(x) for x in sys.argv[1:] if math.isfinite(float(x))]; print(max(v) if v else 'nan')" "$@"; }
+
+echo "[pipeline] profile $profile on $device: $preset, training length $len, finetune $ft_len, NIAH at $lengths" \
+  | tee "$res/logs/pipeline.log"
+
+# ---- data ------------------------------------------------------------------------------------
+d="$work/data"
+synth_common=(--vocab "$vocab" --mqar-pairs "$pairs")
+run_step synth-train "$hydra" synth --task "$mix" --tokens "$train_tokens" --seq-len "$len" --seed 1 --out "$d/train.h5" "${synth_common[@]}"
+run_step synth-heldout "$hydra" synth --task "$mix" --tokens $((len * 64)) --seq-len "$len" --seed 2 --out "$d/heldout_mix.h5" "${synth_common[@]}"
+run_step synth-heldout-lm "$hydra" synth --task lm --tokens $((len * (lm_windows + 1))) --seq-len "$len" --seed 3 --out "$d/heldout_lm.h5" "${synth_common[@]}"
+run_step synth-finetune "$hydra" synth --task "$mix" --tokens "$ft_tokens" --seq-len "$ft_len" --seed 4 --out "$d/finetune.h5" "${synth_common[@]}"
+run_step synth-calib "$hydra" synth --task "$mix" --tokens $((len * 8)) --seq-len "$len" --seed 5 --out "$d/calib.h5" "${synth_common[@]}"
+run_step synth-lmtext "$hydra" synth --task lm --tokens $((len * 8)) --seq-len "$len" --seed 6 --out "$d/lmtext.h5" "${synth_common[@]}"
+if [[ -z "$teacher_in" ]]; then
+  run_step init-teacher "$hydra" init --preset "$preset" --seed 0 --out "$work/models/teacher_init.h5"
+fi
+
+declare -A spec=([selected]="file:$res/heads.json" [random]="random:1" [layerwise]="layerwise:4" [gdn]="uniform:0")
+declare -A probe_spec=([selected]="uniform:1" [random]="random:1" [layerwise]="layerwise:4" [gdn]="uniform:0")
+
+# ---- plan: stage budgets in seconds -> steps (gpu), or fixed steps --------------------------------
+if [[ "$plan_mode" == probe ]]; then
+  pinit="$work/models/teacher_init.h5"
+  [[ -n "$teacher_in" ]] && pinit="$teacher_in"
+  if [[ -z "$teacher_in" ]]; then
+    run_step probe-pretrain "$hydra" train --stage pretrain --model "$pinit" --data "$d/train.h5" --seq-len "$len" \
+      --steps 6 --batch-seqs "$batch" --save-every -1 --out-dir "$work/runs/probe-pretrain" --device "$device"
+    t_pretrain=$(probe_step_s "$work/runs/probe-pretrain")
+  fi
+  # Probes run `jobs` at a time, as the students will.
+  throttle() { while (($(jobs -rp | wc -l) >= jobs)); do wait -n; done; }
+  for s in $students; do
+    throttle
+    run_step "probe-convert-$s" "$hydra" convert --teacher "$pinit" --fa-heads "${probe_spec[$s]}" --seed 1 \
+      --out "$work/models/probe-$s.h5" &
+  done
+  wait
+  declare -A t_stage
+  for stage in align distill finetune; do
+    for s in $students; do
+      throttle
+      if [[ $stage == finetune ]]; then dd=("$d/finetune.h5" "$ft_len" "$ft_batch"); teach=(); else dd=("$d/train.h5" "$len" "$batch"); teach=(--teacher "$pinit"); fi
+      run_step "probe-$stage-$s" "$hydra" train --stage "$stage" --model "$work/models/probe-$s.h5" "${teach[@]}" \
+        --data "${dd[0]}" --seq-len "${dd[1]}" --steps 5 --batch-seqs "${dd[2]}" --save-every -1 \
+        --out-dir "$work/runs/probe-$stage-$s" --device "$device" &
+    done
+    wait
+    t_stage[$stage]=$(max_finite $(for s in $students; do probe_step_s "$work/runs/probe-$stage-$s"; done))
+  done
+  # A budget over the probe's step time; 1 step where the probe failed (its log says why).
+  steps_of() { python3 -c "import math,sys; t=float('$2'); print(max(1, int($1 / t)) if math.isfinite(t) and t > 0 else 1)"; }
+  steps_pretrain=$(steps_of "$budget_pretrain" "${t_pretrain:-nan}")
+  steps_align=$(steps_of "$budget_align" "${t_stage[align]}")
+  steps_distill=$(steps_of "$budget_distill" "${t_stage[distill]}")
+  steps_finetune=$(steps_of "$budget_finetune" "${t_stage[finetune]}")
+  probe_json="{\"pretrain_step_s\":${t_pretrain:-null},\"align_step_s\":${t_stage[align]},\"distill_step_s\":${t_stage[distill]},\"finetune_step_s\":${t_stage[finetune]},\"budget_s\":{\"pretrain\":$budget_pretrain,\"align\":$budget_align,\"distill\":$budget_distill,\"finetune\":$budget_finetune}}"
+  probe_json="${probe_json//nan/null}"
+else
+  probe_json=null
+fi
+cat > "$res/plan.json" <<EOF
+{"profile": "$profile", "device": "$device", "preset": "$preset", "vocab": $vocab, "mixture": "$mix",
+ "seq_len": $len, "finetune_seq_len": $ft_len, "mqar_pairs": $pairs, "eval_lengths": [$lengths],
+ "depths": [$depths], "samples": $samples, "eval_seed": $eval_seed, "jobs": $jobs, "deadline_s": $deadline_s,
+ "teacher": "${teacher_in:-pretrained here}",
+ "stages": {"pretrain": {"steps": $steps_pretrain, "batch_seqs": $batch, "seq_len": $len, "lr": $lr_pretrain, "tokens": $((steps_pretrain * batch * len))},
+            "align": {"steps": $steps_align, "batch_seqs": $batch, "seq_len": $len, "lr": $lr_align, "tokens": $((steps_align * batch * len))},
+            "distill": {"steps": $steps_distill, "batch_seqs": $batch, "seq_len": $len, "lr": $lr_distill, "tokens": $((steps_distill * batch * len))},
+            "finetune": {"steps": $steps_finetune, "batch_seqs": $ft_batch, "seq_len": $ft_len, "lr": $lr_finetune, "tokens": $((steps_finetune * ft_batch * ft_len))}},
+ "probe": $probe_json}
+EOF
+echo "[pipeline] plan: pretrain $steps_pretrain, align $steps_align, distill $steps_distill, finetune $steps_finetune steps" \
+  | tee -a "$res/logs/pipeline.log"
+
+# ---- evaluation of one model: NIAH at every length, held-out LM loss, its config ----------------
+evaluate() {
+  local name="$1" model="$2"
+  [[ -r "$model" ]] || { echo "[pipeline] $name: no model to evaluate" | tee -a "$res/logs/pipeline.log"; return 1; }
+  "$hydra" info "$model" > "$res/models/$name.info.txt" 2>&1
+  run_step "eval-lm-$name" "$hydra" eval-lm --model "$model" --data "$d/heldout_lm.h5" --seq-len "$len" \
+    --windows "$lm_windows" --device "$device" --out "$res/evals/$name.lm.json"
+  run_step "eval-niah-$name" "$hydra" eval-niah --model "$model" --task single,multikey,multivalue --lengths "$lengths" \
+    --depths "$depths" --samples "$samples" --seed "$eval_seed" --device "$device" --out "$res/evals/$name.niah.jsonl"
+}
+
+# A training stage; copies its train.jsonl into the results.
+train_stage() {
+  local name="$1" stage="$2" model="$3" teacher="$4" data="$5" seq="$6" steps="$7" bs="$8" lr="$9"
+  local dir="$work/runs/$name-$stage" teach=() save=()
+  [[ "$teacher" != - ]] && teach=(--teacher "$teacher")
+  # Pretraining saves along the way: if the deadline cuts it, the pipeline goes on from the last save.
+  [[ "$stage" == pretrain ]] && save=(--save-every "$(( steps / 4 > 0 ? steps / 4 : 1 ))")
+  run_step "$stage-$name" "$hydra" train --stage "$stage" --model "$model" "${teach[@]}" --data "$data" \
+    --eval-data "$d/heldout_mix.h5" --eval-windows 8 --eval-every "$(( steps / 4 > 0 ? steps / 4 : 1 ))" \
+    --seq-len "$seq" --steps "$steps" --batch-seqs "$bs" --lr "$lr" "${save[@]}" --keep 1 --out-dir "$dir" --device "$device"
+  local rc=$?
+  [[ -r "$dir/train.jsonl" ]] && cp "$dir/train.jsonl" "$res/train/$name-$stage.jsonl"
+  return $rc
+}
+
+# ---- teacher ---------------------------------------------------------------------------------
+if [[ -n "$teacher_in" ]]; then
+  teacher="$teacher_in"
+else
+  train_stage teacher pretrain "$work/models/teacher_init.h5" - "$d/train.h5" "$len" "$steps_pretrain" "$batch" "$lr_pretrain"
+  teacher="$(final_model "$work/runs/teacher-pretrain")"
+fi
+# With several jobs the teacher's evaluation runs beside head selection and the students (it
+# counts as one of the jobs); with one, before them.
+running=0
+if ((jobs > 1)); then
+  evaluate teacher "$teacher" &
+  running=1
+else
+  evaluate teacher "$teacher"
+fi
+
+# ---- head selection ----------------------------------------------------------------------------
+run_step select-heads "$hydra" select-heads --model "$teacher" --budget 1 --per-layer --calib-task single \
+  --calib-length "$len" --calib-samples "$calib_samples" --lm-text "$d/lmtext.h5" --lm-length "$len" \
+  --lm-samples "$lm_samples" --seed 7 --device cpu --out "$res/heads.json"
+
+# ---- students ----------------------------------------------------------------------------------
+student_chain() {
+  local s="$1" m="$work/models/student-$s.h5"
+  run_step "convert-$s" "$hydra" convert --teacher "$teacher" --fa-heads "${spec[$s]}" --calib "$d/calib.h5" --seed 1 --out "$m" || return
+  train_stage "$s" align "$m" "$teacher" "$d/train.h5" "$len" "$steps_align" "$batch" "$lr_align" || return
+  train_stage "$s" distill "$(final_model "$work/runs/$s-align")" "$teacher" "$d/train.h5" "$len" "$steps_distill" "$batch" "$lr_distill" || return
+  train_stage "$s" finetune "$(final_model "$work/runs/$s-distill")" - "$d/finetune.h5" "$ft_len" "$steps_finetune" "$ft_batch" "$lr_finetune" || return
+  evaluate "$s" "$(final_model "$work/runs/$s-finetune")"
+}
+for s in $students; do
+  student_chain "$s" &
+  running=$((running + 1))
+  if ((running >= jobs)); then wait -n; running=$((running - 1)); fi
+done
+wait
+
+# ---- report and archive ------------------------------------------------------------------------
+total=$(python3 -c "import time; print(round(time.time() - $start_epoch, 1))")
+echo "{\"step\":\"total\",\"seconds\":$total,\"rc\":0}" >> "$res/timings.jsonl"
+echo "[pipeline] total $total s" | tee -a "$res/logs/pipeline.log"
+python3 "$root/cluster/synth/report.py" "$res" 2>&1 | tee "$res/logs/report.log"
+report_rc=${PIPESTATUS[0]}
+if [[ -n "$archive" ]]; then
+  tar -czf "$archive" -C "$out" results && echo "[pipeline] archive $archive ($(du -h "$archive" | cut -f1))"
+fi
+exit "$report_rc"

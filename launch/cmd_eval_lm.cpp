@@ -1,0 +1,113 @@
+// hydra eval-lm: held-out language-model loss — the mean next-token cross-entropy over the first N
+// windows of token files, cut exactly as `hydra train --eval-data` cuts them (model/train/data.h:
+// seq_len + 1 tokens, stride seq_len) and computed by the same loss head (model/train/objective.h),
+// so a model's figure here equals its training run's evaluation loss on the same files and length.
+// One sequence is spread over all ranks (zigzag layout); the token-weighted sums are reduced
+// across them. Rank 0 prints the summary line and a JSON line, and writes --out when given.
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "launch/cli.h"
+#include "launch/model_source.h"
+#include "model/train/data.h"
+#include "model/train/objective.h"
+#include "parallel/device_world.h"
+#include "runtime/atomic_file.h"
+#include "runtime/log.h"
+#include "runtime/sizes.h"
+
+namespace hydra {
+namespace {
+
+struct EvalLmOptions {
+  ModelSource model;
+  std::string data, seq_len, out, device = "auto";
+  int64_t windows = 16;
+  double nccl_timeout = 600;
+
+  void bind(po::options_description& o) {
+    model.bind(o);
+    o.add_options()
+        ("data", po::value(&data)->required(), "held-out token files, comma-separated (.h5 with input_ids [N])")
+        ("seq-len", po::value(&seq_len)->required(), "tokens per window (accepts 4K); a multiple of 2·ranks under mpirun")
+        ("windows", po::value(&windows)->default_value(16), "windows evaluated: the first N in file order (0: all)")
+        ("out", po::value(&out), "also write the JSON summary to this file (rank 0, atomically)")
+        ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present)")
+        ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
+  }
+  std::vector<std::string> files() const {
+    std::vector<std::string> out_files;
+    std::stringstream in(data);
+    for (std::string f; std::getline(in, f, ',');) {
+      if (!f.empty()) out_files.push_back(f);
+    }
+    return out_files;
+  }
+  void validate() const {
+    model.validate();
+    HYDRA_USER_CHECK(!files().empty(), "--data names no file");
+    for (const std::string& f : files()) require_readable_file(f, "held-out data");
+    HYDRA_USER_CHECK(parse_size(seq_len, "--seq-len") >= 1, "--seq-len must be at least 1");
+    HYDRA_USER_CHECK(windows >= 0, "--windows must not be negative (0: all)");
+    if (!out.empty()) require_writable_destination(out, "summary");
+  }
+};
+
+}  // namespace
+
+int run_eval_lm(App& app, const std::vector<std::string>& args) {
+  EvalLmOptions opt;
+  po::options_description desc("hydra eval-lm");
+  opt.bind(desc);
+  if (!parse_command_line(app, "eval-lm",
+                          "(--model FILE.h5 | --preset NAME) --data TOKENS.h5[,MORE.h5] --seq-len N [--windows N] [--out FILE.json]",
+                          desc, args)) {
+    return 0;
+  }
+  opt.validate();
+  const int64_t seq_len = parse_size(opt.seq_len, "--seq-len");
+  const ModelConfig config = opt.model.config();
+  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+  Communicator& comm = *world.comm;
+  const SequenceLayout layout = SequenceLayout::zigzag(seq_len, comm.size(), comm.rank());  // admissible length?
+  const train::TokenWindows data(opt.files(), seq_len, 0, config.vocab_size);
+  const int64_t n = opt.windows == 0 ? data.count() : std::min(opt.windows, data.count());
+  const Model model = opt.model.build(world.device, world.device == Device::cuda ? DType::bf16 : DType::f32);
+  const auto t0 = std::chrono::steady_clock::now();
+  train::LossSums local;
+  for (int64_t i = 0; i < n; ++i) {
+    const TokenRows w = layout.token_rows(data.window_in_order(i));  // T + 1 tokens: every row has its target
+    ForwardContext context{.comm = comm, .layout = layout};
+    local += train::sequence_gradients(context, model, w.ids, w.targets, train::Objective::cross_entropy, 1.0, nullptr);
+  }
+  // Each rank summed its own tokens: one reduction gives the global token-weighted mean.
+  Tensor sums = Tensor::empty({2}, DType::f64);
+  sums.data_as<double>()[0] = local.loss;
+  sums.data_as<double>()[1] = static_cast<double>(local.tokens);
+  all_reduce_sum_host(comm, sums);
+  check_device_progress(world);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int64_t tokens = static_cast<int64_t>(sums.data_as<double>()[1]);
+  const double loss = sums.data_as<double>()[0] / static_cast<double>(std::max<int64_t>(tokens, 1));
+  if (app.world.rank() == 0) {
+    log::info("eval-lm: {} windows of {} tokens ({} tokens), mean next-token loss {:.4f} nats ({:.1f} s)", n, seq_len,
+              tokens, loss, seconds);
+    const nlohmann::json summary = {{"command", "eval-lm"}, {"model", opt.model.describe()}, {"data", opt.data},
+                                    {"seq_len", seq_len},    {"windows", n},  {"tokens", tokens},
+                                    {"loss", loss},          {"device", device_name(world.device)},
+                                    {"ranks", comm.size()},  {"seconds", seconds}};
+    std::cout << summary.dump() << std::endl;
+    if (!opt.out.empty()) {
+      AtomicFile file(opt.out);
+      std::ofstream(file.temp_path()) << summary.dump() << "\n";
+      file.commit();
+    }
+  }
+  return 0;
+}
+
+}  // namespace hydra
