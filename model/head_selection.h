@@ -25,10 +25,8 @@
 //    minus corrupted o_{l,h}, everything else clean (only this path changes, the frozen norm makes
 //    the readout linear):
 //      direct(l,h) = mean_i Σ_j [readout_j(c_clean) − readout_j(c_corrupt)]     (logits)
-//    over the answer positions p_j = a − 1 + j with a_j ≠ a'_j. Forward returns only the normed
-//    hidden state, so x_final at the p_j is replayed from the clean run's recorded head outputs:
-//    x = embed + Σ_l (o_l W_oᵀ + MLP_l), every term token-local (replay_final_residual); the replay
-//    is checked against the forward's normed output before it is used.
+//    over the answer positions p_j = a − 1 + j with a_j ≠ a'_j; x_final comes from the clean
+//    forward itself (Model::forward_residual, the stream before the final norm).
 //  lm (general ability, mean ablation). On the plain text, o_{l,h} at every position is replaced by
 //    its mean over all positions of all M clean sequences, and
 //      lm(l,h) = mean over the M·(T−1) next-token predictions of (NLL_ablated − NLL_clean)   (nats/token).
@@ -121,10 +119,5 @@ struct Budget {
 
 // The FA head set of every layer (sorted), chosen from composite scores [L][H] under `budget`.
 std::vector<std::vector<int>> choose_fa_heads(const Grid& composite, const Budget& budget);
-
-// The residual stream before the final norm at positions `rows` of a forward over `ids`, replayed
-// from that forward's head outputs o_rows[l] (host f32 [n, H, d], model head order, row r = position
-// rows[r]): x = embed(ids) + Σ_l (o_l W_oᵀ + MLP_l(x)). Host f32 [n, D].
-Tensor replay_final_residual(const Model& model, std::span<const int32_t> row_ids, const std::vector<Tensor>& o_rows);
 
 }  // namespace hydra::heads

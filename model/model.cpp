@@ -216,6 +216,12 @@ Tensor Model::final_norm(const TensorView& x) const {
 }
 
 Tensor Model::forward(ForwardContext& context, const TensorView& ids) const {
+  const Tensor x = forward_residual(context, ids);
+  ScopedPhase phase(context.timer, Phase::other);
+  return final_norm(x);
+}
+
+Tensor Model::forward_residual(ForwardContext& context, const TensorView& ids) const {
   const SequenceLayout& layout = context.layout;
   expect_shape(ids, "token ids", {{"T_loc", layout.local_length()}});
   HYDRA_ASSERT(context.comm.size() == layout.world_size() && context.comm.rank() == layout.rank(),
@@ -231,8 +237,7 @@ Tensor Model::forward(ForwardContext& context, const TensorView& ids) const {
     layer_forward(context, l, pos, x);
     if (context.after_layer) context.after_layer(l);
   }
-  ScopedPhase phase(context.timer, Phase::other);
-  return final_norm(x);
+  return x;
 }
 
 void Model::layer_forward(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x,

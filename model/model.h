@@ -118,6 +118,9 @@ class Model {
   // ---- Forward ----
   // Final-normed hidden states [T_loc, D] of this rank's tokens; ids [T_loc] int32 in local order.
   Tensor forward(ForwardContext& context, const TensorView& ids) const;
+  // The residual stream after the last layer, before the final norm [T_loc, D]:
+  // forward = final_norm(forward_residual) (head selection reads the pre-norm stream).
+  Tensor forward_residual(ForwardContext& context, const TensorView& ids) const;
   // logits [n, V] for hidden rows [n, D].
   void lm_head(const TensorView& logits, const TensorView& hidden) const;
 

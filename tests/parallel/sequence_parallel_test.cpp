@@ -169,7 +169,7 @@ TEST(Model, LayerwiseHybridLogitsEqualSingleProcess) {
   ModelConfig c = preset_config("qwen3-tiny");
   c.arch = Arch::hydrahead;
   c.num_layers = 4;
-  c.fa_heads = {{0, 1, 2, 3}, {}, {}, {}};  // layerwise:4
+  c.fa_heads = {{0, 1, 2, 3}, {}, {}, {}};  // 3:1 layer-wise, its FA layer first (layerwise:4 puts it last)
   expect_parallel_logits_equal_single(c, "layer-wise 3:1 hybrid");
 }
 
