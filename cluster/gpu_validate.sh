@@ -10,11 +10,10 @@
 #            the CPU reference), then bench, anchors, the PyTorch layer reference (cluster/bench/
 #            layer_reference.py, one hydrahead-1.7b layer × 28) and hydra prefill at 512K on one GPU;
 #            ends with the compact table of cluster/bench/summary.py
-#   tests    GPU unit tests (every attention kernel: hopper, wgmma, mma; every GDN implementation:
-#            fused, v1), multi-GPU suite under mpirun -np 2 (when 2 GPUs are present)
-#   bench    hydra bench: GEMM ceiling; FA 8K×16, 32K×16, 128K×2, 512K×2 with the default kernel and
-#            the wgmma fallback at 32K×16; GDN 32K/128K/512K × 14 heads (fused, per-stage times) and
-#            v1 at 512K
+#   tests    GPU unit tests (every attention kernel: hopper, mma; the fused GDN kernels), multi-GPU
+#            suite under mpirun -np 2 (when 2 GPUs are present)
+#   bench    hydra bench: GEMM ceiling; FA 8K×16, 32K×16, 128K×2, 512K×2 with the default kernel;
+#            GDN 32K/128K/512K × 14 heads (per-stage times) and the in-GPU split's segment counts
 #   anchors  PyTorch SDPA (cuDNN, FA2) and flash-linear-attention on the same shapes; table
 #   sweep    hydrahead-1.7b prefill, 1 GPU × {128K,256K,512K}, 2 GPUs × {128K,256K,512K,1M}; plot
 #   niah     eval-niah, hydrahead-1.7b (random weights), one 512K cell on 1 and on 2 GPUs
@@ -22,11 +21,14 @@
 #            512K×2; also the mma.sync backward at 32K×16) and --op gdn-bwd (128K/512K × 14 heads),
 #            forward + backward, with the anchors
 #            (SDPA-cuDNN/FA2 and flash-linear-attention forward + backward) and the joined table
-#   train    hydra train --stage finetune, hydrahead-1.7b (random weights, random tokens) at 64K and
-#            128K tokens per step on one GPU (step time, tokens/s, MFU, peak memory), next to the
-#            PyTorch autograd step of the same layer × 28 (cluster/bench/layer_reference.py --backward)
-# If a new kernel fails its test, later stages fall back to the kernel it replaces and say so
-# (HYDRA_ATTENTION_KERNEL=wgmma, HYDRA_GDN_KERNEL=v1); the variables can also be set by hand.
+#   train    hydra gradients and hydra forward on the GPU against the CPU (hydrahead-tiny); hydra
+#            train --stage finetune, hydrahead-1.7b (random weights, random tokens) at 64K and 128K
+#            tokens per step on one GPU (step time, tokens/s, MFU, peak memory, phases), the 128K step
+#            again under mpirun -np 1 (TRAIN_MPI1=0 skips it), next to the PyTorch autograd step of
+#            the same layer × 28 (cluster/bench/layer_reference.py --backward); TRAIN_STEPS (4) steps,
+#            TRAIN_LENGTHS ("64K 128K")
+# If the Hopper attention kernel fails its test, later stages use the mma.sync kernel
+# (HYDRA_ATTENTION_KERNEL=mma) and say so; the variable can also be set by hand.
 set -uo pipefail
 bin=$(cd "$1" && pwd); out=$2; shift 2
 stages=${*:-tests bench anchors sweep niah bwd}
@@ -39,22 +41,19 @@ has() { [[ " $stages " == *" $1 "* ]]; }
 command -v cuobjdump > /dev/null && echo "HGMMA instructions in hydra: $(cuobjdump --dump-sass "$bin/hydra" 2>/dev/null | grep -c HGMMA)"
 
 # GPU test runs with a time limit (a kernel that hangs must not stall the job). kernel_tests runs
-# the attention and GDN tests and, when one failed (or died) without its fallback kernel failing,
-# makes later stages use the fallback (HYDRA_ATTENTION_KERNEL=wgmma, HYDRA_GDN_KERNEL=v1).
+# the attention and GDN tests and, when the Hopper attention kernel failed (or died) without the
+# mma.sync one failing, makes later stages use the latter (HYDRA_ATTENTION_KERNEL=mma).
 show_test_log() { grep -E "^\[  (PASSED|FAILED|SKIPPED) |max rel error|Failure|max relative error|non-finite|lse \[head|error" "$1" | head -${2:-60}; }
 kernel_tests() {
   (cd "$root" && timeout 300 "$bin/test_cuda" --gtest_filter='*FlashAttention*' > "$out/test_attention.log" 2>&1)
   local rc=$?; show_test_log "$out/test_attention.log" 50
-  if [ $rc -ne 0 ] && ! grep -qE "attention \[(wgmma|mma)\].*(max relative error|non-finite|lse \[head)" "$out/test_attention.log"; then
-    echo "!! the hopper attention kernel failed its test (exit $rc): later stages use HYDRA_ATTENTION_KERNEL=wgmma"
-    export HYDRA_ATTENTION_KERNEL=wgmma
+  if [ $rc -ne 0 ] && ! grep -qE "attention \[mma\].*(max relative error|non-finite|lse \[head)" "$out/test_attention.log"; then
+    echo "!! the hopper attention kernel failed its test (exit $rc): later stages use HYDRA_ATTENTION_KERNEL=mma"
+    export HYDRA_ATTENTION_KERNEL=mma
   fi
   (cd "$root" && timeout 300 "$bin/test_cuda" --gtest_filter='*DeltaRule*' > "$out/test_gdn.log" 2>&1)
   rc=$?; show_test_log "$out/test_gdn.log" 50
-  if [ $rc -ne 0 ] && ! grep -qE "delta rule \[v1\].*(max relative error|non-finite)" "$out/test_gdn.log"; then
-    echo "!! the fused GDN kernels failed their test (exit $rc): later stages use HYDRA_GDN_KERNEL=v1"
-    export HYDRA_GDN_KERNEL=v1
-  fi
+  [ $rc -ne 0 ] && echo "!! the GDN kernels failed their test (exit $rc): the GDN figures below are of a failing kernel"
 }
 
 run_bench() {
@@ -64,19 +63,13 @@ run_bench() {
   for spec in 8192x16 32768x16 131072x2 524288x2; do
     timeout 180 "$bin/hydra" bench --op attention --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench attention $spec FAILED"
   done
-  [ "${HYDRA_ATTENTION_KERNEL:-}" = wgmma ] || HYDRA_ATTENTION_KERNEL=wgmma timeout 180 "$bin/hydra" bench --op attention --seq-len 32768 \
-    --heads 16 --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench attention wgmma FAILED"
   for spec in 32768x14 131072x14 524288x14; do
     HYDRA_GDN_PROFILE=1 timeout 180 "$bin/hydra" bench --op gdn --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench gdn $spec FAILED"
   done
-  if [ "${HYDRA_GDN_KERNEL:-}" != v1 ]; then
-    HYDRA_GDN_PROFILE=1 HYDRA_GDN_KERNEL=v1 timeout 180 "$bin/hydra" bench --op gdn --seq-len 524288 --heads 14 --repeat 5 \
-      --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench gdn v1 FAILED"
-    for segments in 2 4 8; do  # the split of the fused state pass, for tuning its default
-      HYDRA_GDN_PROFILE=1 HYDRA_GDN_SEGMENTS=$segments timeout 180 "$bin/hydra" bench --op gdn --seq-len 524288 --heads 14 --repeat 3 \
-        --json-out "$out/bench_variants.jsonl" > /dev/null 2>> "$out/bench.log" || echo "bench gdn segments=$segments FAILED"
-    done
-  fi
+  for segments in 2 4 8; do  # the split of the fused state pass, for tuning its default
+    HYDRA_GDN_PROFILE=1 HYDRA_GDN_SEGMENTS=$segments timeout 180 "$bin/hydra" bench --op gdn --seq-len 524288 --heads 14 --repeat 3 \
+      --json-out "$out/bench_variants.jsonl" > /dev/null 2>> "$out/bench.log" || echo "bench gdn segments=$segments FAILED"
+  done
   grep -E "TFLOP/s =|gdn stages|check" "$out/bench.log" | grep -v "ceiling:" | sed -E 's/^\[hydra +[0-9.]+s\] //' | awk '!seen[$0]++' | tail -30
 }
 
@@ -108,7 +101,7 @@ if has tests; then
   show_test_log "$out/test_cuda.log" 40
   if [ "$gpus" -ge 2 ]; then
     echo "== multi-GPU tests (2 ranks)"
-    (cd "$root" && timeout 300 mpirun --oversubscribe -np 2 -x HYDRA_ATTENTION_KERNEL -x HYDRA_GDN_KERNEL "$bin/test_parallel_gpu" 2>&1 | tee "$out/test_parallel_gpu.log" |
+    (cd "$root" && timeout 300 mpirun --oversubscribe -np 2 -x HYDRA_ATTENTION_KERNEL "$bin/test_parallel_gpu" 2>&1 | tee "$out/test_parallel_gpu.log" |
       grep -E "^\[  (PASSED|FAILED|SKIPPED) |GPUs vs|rank [0-9]\]|Failure|mpi \]" | head -20)
   fi
 fi
@@ -134,7 +127,7 @@ if has niah; then
   echo "== eval-niah 512K cell"
   "$bin/hydra" eval-niah --preset hydrahead-1.7b --lengths 512K --depths 50 --samples 1 --device cuda \
     --out "$out/niah_1gpu.jsonl" 2>&1 | tail -3
-  [ "$gpus" -ge 2 ] && mpirun --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x HYDRA_ATTENTION_KERNEL -x HYDRA_GDN_KERNEL -x LD_LIBRARY_PATH "$bin/hydra" eval-niah \
+  [ "$gpus" -ge 2 ] && mpirun --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x HYDRA_ATTENTION_KERNEL -x LD_LIBRARY_PATH "$bin/hydra" eval-niah \
     --preset hydrahead-1.7b --lengths 512K --depths 50 --samples 1 --device cuda --out "$out/niah_2gpu.jsonl" 2>&1 | tail -3
 fi
 if has bwd; then
@@ -143,8 +136,8 @@ if has bwd; then
   (cd "$root" && timeout 600 "$bin/test_cuda" --gtest_filter='*Backward*' > "$out/test_cuda_bwd.log" 2>&1)
   echo "(test_cuda *Backward* exit $?)"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |rms ratio|Failure|Expected|Which" "$out/test_cuda_bwd.log" | tail -80
-  if grep -q "FAILED.*CudaAttentionBackward.WgmmaKernel" "$out/test_cuda_bwd.log"; then
-    echo "!! wgmma attention backward failed its test: the backward benches use the mma.sync kernel"
+  if grep -q "FAILED.*CudaAttentionBackward.WarpSpecialized" "$out/test_cuda_bwd.log"; then
+    echo "!! the warp-specialised attention backward failed its test: the backward benches use the mma.sync kernel"
     export HYDRA_ATTENTION_BWD_KERNEL=mma
   fi
   echo "== backward kernels: hydra bench (forward + backward)"
@@ -205,10 +198,11 @@ PY
       --steps ${TRAIN_STEPS:-4} --device cuda --out-dir "$out/train_$1" --save-every -1 2> "$out/train_$1.log" | tee -a "$out/train.jsonl"
     grep -E "memory plan|step [0-9]|error" "$out/train_$1.log" | sed -E 's/^\[hydra +[0-9.]+s\] //' | tail -6
   }
-  train_run 64K "" 64K
-  train_run 128K "" 128K
-  echo "== training: the same 128K step under mpirun -np 1 (the NCCL path, a world of one)"
-  train_run 128K_mpi1 "mpirun --oversubscribe -np 1 -x NCCL_NVLS_ENABLE -x PATH -x LD_LIBRARY_PATH" 128K
+  for len in ${TRAIN_LENGTHS:-64K 128K}; do train_run $len "" $len; done
+  if [ "${TRAIN_MPI1:-1}" = 1 ]; then
+    echo "== training: the same 128K step under mpirun -np 1 (the NCCL path, a world of one)"
+    train_run 128K_mpi1 "mpirun --oversubscribe -np 1 -x NCCL_NVLS_ENABLE -x PATH -x LD_LIBRARY_PATH" 128K
+  fi
   for t in 65536 131072; do
     python3 "$root/cluster/bench/layer_reference.py" --seq-len $t --backward --repeat 3 | tee -a "$out/train.jsonl"
   done

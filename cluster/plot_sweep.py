@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Plots a scaling sweep (cluster/sweep.py JSON lines): prefill time and parallel efficiency
-against the number of GPUs, one line per sequence length, plus weak scaling (fixed tokens per GPU).
+"""Plots a scaling sweep (cluster/sweep.py JSON lines): prefill time (or, for a train sweep, the
+fine-tuning step time) and parallel efficiency against the number of GPUs, one line per sequence
+length, plus weak scaling (fixed tokens per GPU).
 
     python3 cluster/plot_sweep.py cluster/results/sweep.jsonl --out cluster/results/sweep.png
 
@@ -25,13 +26,18 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("jsonl")
     p.add_argument("--out", required=True)
+    p.add_argument("--command", choices=["prefill", "train"], default=None,
+                   help="which runs to plot (default: prefill if the file has any, else train)")
     a = p.parse_args()
     runs = [json.loads(line) for line in open(a.jsonl) if line.strip()]
-    runs = [r for r in runs if r.get("command") == "prefill" and "error" not in r]
+    command = a.command or ("prefill" if any(r.get("command") == "prefill" for r in runs) else "train")
+    runs = [r for r in runs if r.get("command") == command and "error" not in r]
+    seconds = "seconds" if command == "prefill" else "step_s"
+    what = "prefill time (s)" if command == "prefill" else "fine-tuning step (s)"
     best = {}
     for r in runs:  # best time per (GPUs, length)
         k = (r["ranks"], r["seq_len"])
-        best[k] = min(best.get(k, float("inf")), r["seconds"])
+        best[k] = min(best.get(k, float("inf")), r[seconds])
     by_len = collections.defaultdict(dict)
     for (g, n), t in best.items():
         by_len[n][g] = t
@@ -48,14 +54,14 @@ def main():
         gs = sorted(per_gpu[m])
         if len(gs) > 1:
             ax_w.plot(gs, [per_gpu[m][g] for g in gs], marker="o", label=f"{label(m)} tokens/GPU")
-    ax_t.set(xlabel="GPUs", ylabel="prefill time (s)", title="strong scaling", yscale="log")
+    ax_t.set(xlabel="GPUs", ylabel=what, title="strong scaling", yscale="log")
     ax_e.set(xlabel="GPUs", ylabel="efficiency  t1 / (G·tG)", title="parallel efficiency", ylim=(0, 1.1))
-    ax_w.set(xlabel="GPUs", ylabel="prefill time (s)", title="weak scaling")
+    ax_w.set(xlabel="GPUs", ylabel=what, title="weak scaling")
     for ax in (ax_t, ax_e, ax_w):
         ax.set_xticks(sorted({g for g, _ in best}))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("hydra prefill, hydrahead-1.7b, bf16")
+    fig.suptitle(f"hydra {command}, {runs[0].get('model', 'hydrahead-1.7b') if runs else ''}, bf16")
     fig.tight_layout()
     fig.savefig(a.out, dpi=120)
     print(f"wrote {a.out}")

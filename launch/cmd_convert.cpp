@@ -48,7 +48,7 @@ int run_convert(App& app, const std::vector<std::string>& args) {
   ConvertOptions opt;
   po::options_description desc("hydra convert");
   opt.bind(desc);
-  if (!parse_command_line(app, "convert", "--teacher FILE.h5 --fa-heads SPEC --out FILE.h5 [--calib TOKENS.h5] [--seed N]",
+  if (!parse_command_line(app, "convert", "--teacher FILE.h5 --fa-heads SPEC --out FILE.h5 [--calib TOKENS.h5] [--seed N] [--scores FILE]",
                           desc, args)) {
     return 0;
   }

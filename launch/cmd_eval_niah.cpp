@@ -165,7 +165,7 @@ void check_length_for_ranks(int64_t length, const ModelConfig& config, int ranks
   }
   if (ranks > 1 && config.is_hydra()) {
     HYDRA_USER_CHECK(layout.segment_length() >= config.conv_kernel - 1,
-                     "{}length {} on {} ranks gives segments of {} tokens, shorter than the conv halo ({} rows); use a "
+                     "{}length {} on {} ranks gives segments of {} token(s), shorter than the conv halo ({} rows); use a "
                      "longer sequence or fewer ranks",
                      where, length, ranks, layout.segment_length(), config.conv_kernel - 1);
   }

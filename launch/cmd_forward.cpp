@@ -10,12 +10,12 @@
 
 #include "launch/cli.h"
 #include "launch/model_source.h"
+#include "model/prefill.h"
 #include "model/train/objective.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/hdf5_file.h"
 #include "runtime/log.h"
-#include "runtime/random.h"
 #include "runtime/sizes.h"
 #include "runtime/token_file.h"
 
@@ -50,13 +50,6 @@ struct ForwardOptions {
   }
 };
 
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  const RandomStream rng{seed, hash_name("tokens")};
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>(rng.bits(static_cast<uint64_t>(i)) % vocab);
-  return ids;
-}
-
 }  // namespace
 
 int run_forward(App& app, const std::vector<std::string>& args) {
@@ -74,7 +67,7 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   // Cheap checks first: config, tokens against its vocabulary, the layout's length rule.
   const ModelConfig config = opt.model.config();
   const std::vector<int32_t> ids = opt.input.empty()
-                                       ? random_tokens(parse_size(opt.seq_len, "--seq-len"), config.vocab_size, opt.token_seed)
+                                       ? random_token_sequence(parse_size(opt.seq_len, "--seq-len"), config.vocab_size, opt.token_seed)
                                        : read_token_file(opt.input, config.vocab_size);
   const int64_t total = static_cast<int64_t>(ids.size());
   const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());

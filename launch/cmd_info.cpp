@@ -23,8 +23,9 @@ int run_info(App& app, const std::vector<std::string>& args) {
   if (app.world.rank() != 0) return 0;
   CheckpointReader reader(path);
   const ModelConfig config = config_from_json(nlohmann::json::parse(reader.config_json()), path);
-  std::cout << path << ": " << kCheckpointFormat << " v" << reader.format_version() << ", "
-            << std::filesystem::file_size(path) / 1e6 << " MB\n";
+  // The file format is the same for every model; what it holds is a Qwen3 teacher or a HydraHead model.
+  std::cout << path << ": " << (config.is_hydra() ? "HydraHead model" : "Qwen3 teacher") << " (" << kCheckpointFormat
+            << " v" << reader.format_version() << "), " << std::filesystem::file_size(path) / 1e6 << " MB\n";
   std::cout << "  " << config.summary() << "\n";
   std::cout << fmt::format("  rms_norm_eps {}, rope_theta {}", config.rms_norm_eps, config.rope_theta);
   if (config.is_hydra()) std::cout << fmt::format(", fa_log_base {}, conv_kernel {}", config.fa_log_base, config.conv_kernel);

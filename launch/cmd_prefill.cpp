@@ -15,10 +15,11 @@
 #include "launch/cli.h"
 #include "launch/model_source.h"
 #include "model/cost.h"
+#include "model/prefill.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
+#include "runtime/host_memory.h"
 #include "runtime/log.h"
-#include "runtime/random.h"
 #include "runtime/sizes.h"
 #include "runtime/token_file.h"
 #if HYDRA_CUDA
@@ -112,66 +113,26 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
 
   // Weights: a preset draws them directly on the device; a checkpoint is read on the host.
   const auto t_load = std::chrono::steady_clock::now();
-  const auto model = std::make_unique<Model>(opt.model.build(device, dtype));
-  Tensor local_ids = Tensor::empty({t_local}, DType::i32);
-  const RandomStream rng{opt.token_seed, hash_name("tokens")};
-  for (const Segment& s : layout.local_segments()) {
-    for (int64_t i = 0; i < s.length; ++i) {
-      const int64_t pos = s.start + i;
-      local_ids.data_as<int32_t>()[s.local_offset + i] =
-          ids.empty() ? static_cast<int32_t>(rng.bits(static_cast<uint64_t>(pos)) % config.vocab_size) : ids[pos];
-    }
-  }
+  const Model model = opt.model.build(device, dtype);
+  if (ids.empty()) ids = random_token_sequence(total, config.vocab_size, opt.token_seed);
+  const Tensor local_ids = layout.token_rows(ids).ids;
   check_device_progress(world);
   comm.barrier();
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   log::info("model ready in {:.1f} s", load_s);
 
-  const bool progress = opt.progress == "on" || (opt.progress == "auto" && total >= 65536);
   const FlopCount flops = prefill_flops(config, total);
-  std::vector<double> times;
-  std::array<double, static_cast<size_t>(Phase::count)> phases{};
-  int32_t last_token = -1;
-  float last_logit = 0;
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_reset_peak();
 #endif
-  for (int run = 0; run < opt.warmup + opt.repeat; ++run) {
-    const bool timed = run >= opt.warmup;
-    PhaseTimer timer(device);
-    ForwardContext context{comm, layout, nullptr, timed ? &timer : nullptr};
-    comm.barrier();
-    const auto start = std::chrono::steady_clock::now();
-    if (progress && timed) {
-      context.after_layer = [&](int64_t layer) {
-        check_device_progress(world);
-        log::info("  layer {:>3}/{}: {:.2f} s", layer + 1, config.num_layers,
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      };
-    } else {
-      context.after_layer = [&](int64_t) { check_device_progress(world); };
-    }
-    const Tensor hidden = model->forward(context, local_ids);
-    // The last position (global T−1) lives in rank 0's second segment (its last local row).
-    if (comm.rank() == 0) {
-      Tensor logits = Tensor::empty({1, config.vocab_size}, DType::f32, device);
-      model->lm_head(logits, hidden.view().narrow(0, t_local - 1, 1));
-      Tensor h = to(logits, Device::host, DType::f32);
-      const float* row = h.data_as<float>();
-      last_token = static_cast<int32_t>(std::max_element(row, row + config.vocab_size) - row);
-      last_logit = row[last_token];
-      HYDRA_ASSERT(std::isfinite(last_logit), "non-finite logits at the last position");
-    }
-    check_device_progress(world);
-    comm.barrier();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (timed) {
-      times.push_back(seconds);
-      phases = timer.finish();
-      log::info("prefill {}/{}: {:.3f} s ({:.0f} tokens/s)", run - opt.warmup + 1, opt.repeat, seconds, total / seconds);
-    }
-  }
-  double peak_gib = 0;
+  const PrefillResult result =
+      timed_prefill(comm, layout, model, local_ids,
+                    PrefillRun{.warmup = opt.warmup, .repeat = opt.repeat,
+                               .progress = opt.progress == "on" || (opt.progress == "auto" && total >= 65536),
+                               .check_progress = [&] { check_device_progress(world); }});
+  const std::vector<double>& times = result.seconds;
+  const auto& phases = result.phases;
+  double peak_gib = host_peak_memory_gib();  // CPU path: this process's peak resident memory
 #if HYDRA_CUDA
   if (device == Device::cuda) {
     Tensor peak = Tensor::empty({1}, DType::f32, Device::cuda);
@@ -182,7 +143,7 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
     peak_gib = *std::max_element(h.data_as<float>(), h.data_as<float>() + comm.size());
   }
 #endif
-  const double best = *std::min_element(times.begin(), times.end());
+  const double best = result.best();
   const double tflops = flops.total() / best / 1e12;
   if (comm.rank() == 0) {
     std::string phase_text;
@@ -191,19 +152,25 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
       phase_text += fmt::format("{}{} {:.3f} s", i ? ", " : "", phase_name(static_cast<Phase>(i)), phases[i]);
       phase_json[phase_name(static_cast<Phase>(i))] = phases[i];
     }
-    log::info("prefill {} tokens on {} rank(s): best {:.3f} s, {:.0f} tokens/s, {:.1f} TFLOP/s in all = {:.1f} per rank "
-              "({:.1f}% of {} TFLOP/s); phases (rank 0, last run): {}; peak memory {:.1f} GiB per rank (estimate {})",
-              total, comm.size(), best, total / best, tflops, tflops / comm.size(),
-              100.0 * tflops / comm.size() / opt.peak_tflops, opt.peak_tflops, phase_text, peak_gib, estimate.describe());
+    // The fraction of the bf16 ceiling means something on GPUs only; the CPU path reports its rate.
+    const std::string rate = device == Device::cuda
+                                 ? fmt::format("{:.1f} TFLOP/s in all = {:.1f} per rank ({:.1f}% of {} TFLOP/s)", tflops,
+                                               tflops / comm.size(), 100.0 * tflops / comm.size() / opt.peak_tflops,
+                                               opt.peak_tflops)
+                                 : fmt::format("{:.3f} TFLOP/s in all on CPUs", tflops);
+    log::info("prefill {} tokens on {} rank(s): best {:.3f} s, {:.0f} tokens/s, {}; phases (rank 0, last run): {}; peak "
+              "memory {:.2f} GiB per rank{} (estimate {})", total, comm.size(), best, total / best, rate, phase_text,
+              peak_gib, device == Device::cuda ? "" : " (resident)", estimate.describe());
     const nlohmann::json summary = {
         {"command", "prefill"},       {"model", opt.model.describe()},     {"arch", arch_name(config.arch)},
         {"ranks", comm.size()},       {"device", device == Device::cuda ? "cuda" : "cpu"},
         {"seq_len", total},           {"seconds", best},                   {"seconds_all", times},
         {"load_seconds", load_s},     {"tokens_per_s", total / best},      {"tflops", tflops},
-        {"tflops_per_rank", tflops / comm.size()}, {"fraction_of_peak", tflops / comm.size() / opt.peak_tflops},
+        {"tflops_per_rank", tflops / comm.size()},
+        {"fraction_of_peak", device == Device::cuda ? nlohmann::json(tflops / comm.size() / opt.peak_tflops) : nlohmann::json()},
         {"peak_tflops", opt.peak_tflops}, {"flops", {{"gemm", flops.gemm}, {"attention", flops.attention}, {"gdn", flops.gdn}}},
         {"phases_rank0", phase_json}, {"peak_memory_gib", peak_gib},      {"estimate_gib", gib(estimate.total())},
-        {"last_token", last_token},   {"last_logit", last_logit}};
+        {"last_token", result.last_token}, {"last_logit", result.last_logit}};
     std::cout << summary.dump() << std::endl;
     if (!opt.json_out.empty()) {
       std::ofstream out(opt.json_out, std::ios::app);

@@ -4,6 +4,7 @@
 // subcommand, and on any error prints one line and ends the whole job: with several ranks through
 // MPI_Abort, so no rank is left waiting in a collective for a rank that failed.
 // Exit codes: 0 success, 2 bad input (UserError), 1 internal failure.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -48,16 +49,24 @@ int main(int argc, char** argv) {
   }
   hydra::App app{mpi, world};
   int code = 0;
+  std::string message;
   try {
     code = dispatch(app, argc, argv);
   } catch (const hydra::UserError& e) {
-    std::fprintf(stderr, "hydra: error%s: %s\n",
-                 world.size() > 1 ? (" (rank " + std::to_string(world.rank()) + ")").c_str() : "", e.what());
+    message = std::string("error") + (world.size() > 1 ? " (rank " + std::to_string(world.rank()) + ")" : "") + ": " + e.what();
     code = 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "hydra: internal error%s: %s\n",
-                 world.size() > 1 ? (" (rank " + std::to_string(world.rank()) + ")").c_str() : "", e.what());
+    message = std::string("internal error") + (world.size() > 1 ? " (rank " + std::to_string(world.rank()) + ")" : "") +
+              ": " + e.what();
     code = 1;
+  }
+  if (code != 0) {
+    // Bad input usually fails on every rank at once (they all read the same flags and files): rank 0
+    // reports at once and its abort ends the others before they print the same line. Another rank
+    // waits a moment first, so its line appears only when rank 0 did not fail (an error of its own).
+    if (world.rank() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::fprintf(stderr, "hydra: %s\n", message.c_str());
+    std::fflush(stderr);
   }
   if (code != 0 && world.size() > 1) world.abort(code);  // never returns: ends every rank
   return code;

@@ -8,11 +8,11 @@
 #include "model/params.h"
 #include "model/weight_layout.h"
 #include "runtime/error.h"
+#include "runtime/host_memory.h"
 #if HYDRA_CUDA
 #include "runtime/cuda_memory.h"
 #endif
 
-#include <unistd.h>
 
 namespace hydra {
 
@@ -116,7 +116,7 @@ void check_memory_plan(const MemoryEstimate& estimate, Device device, const std:
   }
 #endif
   if (device == Device::host) {
-    available = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+    available = host_available_memory_bytes();
     where = "this host";
   }
   HYDRA_USER_CHECK(estimate.total() < 0.95 * available, "{} needs about {} per rank, but {} has {:.1f} GiB available; "

@@ -95,7 +95,7 @@ void causal_conv_sequence_parallel(Communicator& comm, const SequenceLayout& lay
     return;
   }
   HYDRA_USER_CHECK(layout.segment_length() >= halo,
-                   "segments of {} tokens are shorter than the conv halo ({} rows); use a longer sequence or "
+                   "segments of {} token(s) are shorter than the conv halo ({} rows); use a longer sequence or "
                    "fewer ranks", layout.segment_length(), halo);
   const int nlocal = static_cast<int>(local.size());
   Tensor mine = Tensor::empty({nlocal, halo, channels}, x.dtype(), x.device());

@@ -24,7 +24,9 @@ CheckpointReader::CheckpointReader(const std::string& path) : file_(H5File::open
   HYDRA_USER_CHECK(format == kCheckpointFormat, "{}: wrong format '{}' (expected '{}')", path, format,
                    kCheckpointFormat);
   version_ = file_.int_attribute("format_version");
-  HYDRA_USER_CHECK(version_ >= 1 && version_ <= kCheckpointVersion,
+  HYDRA_USER_CHECK(version_ >= 1, "{}: checkpoint format version {} is not a version any hydra wrote (versions "
+                   "start at 1): the file is damaged or was written by another tool", path, version_);
+  HYDRA_USER_CHECK(version_ <= kCheckpointVersion,
                    "{}: checkpoint format version {} is newer than this hydra understands ({}); upgrade hydra",
                    path, version_, kCheckpointVersion);
   config_json_ = file_.string_attribute("config");

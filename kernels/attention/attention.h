@@ -68,11 +68,10 @@ double log_position_scale(int64_t position, double log_base);
 namespace cuda_impl {  // attention.cu: flash attention forward with fused merge
 void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                        const TensorView& v, const AttentionParams& params);
-// The forward kernels. automatic: HYDRA_ATTENTION_KERNEL (hopper | wgmma | mma) if set, else the
-// fastest one the device and shape allow (hopper: warp-specialised TMA/wgmma, d = 128, sm_90;
-// wgmma: the earlier two-warpgroup kernel, d = 128, sm_90, kept until hopper is proven on a GPU;
-// mma: mma.sync, any sm_80+ GPU, d = 64 or 128). A kernel the device or shape cannot run is an error.
-enum class FlashKernel { automatic, hopper, wgmma, mma };
+// The forward kernels. automatic: HYDRA_ATTENTION_KERNEL (hopper | mma) if set, else the fastest
+// one the device and shape allow (hopper: warp-specialised TMA/wgmma, d = 128, sm_90; mma:
+// mma.sync, any sm_80+ GPU, d = 64 or 128). A kernel the device or shape cannot run is an error.
+enum class FlashKernel { automatic, hopper, mma };
 void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                        const TensorView& v, const AttentionParams& params, FlashKernel kernel);
 const char* flash_kernel_name(FlashKernel kernel);

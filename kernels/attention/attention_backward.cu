@@ -16,10 +16,12 @@
 //   more of the five GEMMs, +40% FLOPs); the atomics cost 64·d fp32 reductions per 128-key block,
 //   which the L2 absorbs (FlashAttention-2 and -3 make the same choice). dq is not deterministic in
 //   its last bits because of the order of the atomics.
-// For d = 128 on Hopper the default is the wgmma kernel of attention_backward_wgmma.cuh (same
-// parameters and results); HYDRA_ATTENTION_BWD_KERNEL=mma selects this mma.sync kernel instead, and
-// HYDRA_ATTENTION_BWD_KERNEL=ws the warp-specialised TMA kernel of attention_backward_ws.cuh (for
-// views TMA can describe and 16-byte-aligned dq rows; other shapes run the wgmma kernel).
+// For d = 128 on Hopper the default is the warp-specialised TMA/wgmma kernel of
+// attention_backward_ws.cuh (same parameters and results; for views TMA can describe and
+// 16-byte-aligned dq rows, other shapes run this kernel); HYDRA_ATTENTION_BWD_KERNEL=mma selects
+// this mma.sync kernel for every shape. (A non-warp-specialised wgmma kernel measured 289 TFLOP/s
+// forward + backward at 32K × 16 heads on an H200 against the warp-specialised one's 360, and was
+// removed: cluster/results/h200-2026-12-01.)
 // Masking: key j (position k_pos0 + j) contributes to query i (q_pos0 + i) iff k ≤ q when causal;
 // the per-element mask runs only on blocks that touch the diagonal or the ends. A query whose final
 // lse is −inf (no visible key anywhere) gets P = 0.
@@ -29,7 +31,6 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_backward.cuh"
-#include "kernels/attention/attention_backward_wgmma.cuh"
 #include "kernels/attention/attention_backward_ws.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -249,14 +250,6 @@ void launch_mma(const BwdParams& p, int hk) {
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 
-void launch_wgmma(const BwdParams& p, int hk) {
-  auto kernel = bwd_wg::attention_backward_wgmma_kernel;
-  HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bwd_wg::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>((p.tk + bwd_wg::kBc - 1) / bwd_wg::kBc), static_cast<unsigned>(hk));
-  kernel<<<grid, bwd_wg::kThreads, bwd_wg::kSmemBytes, current_stream()>>>(p);
-  HYDRA_CUDA_LAUNCH_CHECK();
-}
-
 void launch_ws(const BwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& d_out) {
   bwd_ws::WsParams wp{};
   wp.p = p;
@@ -284,9 +277,9 @@ bool ws_supports(const TensorView& dq, const TensorView& d_out, const TensorView
 }
 
 // Which kernel runs d = 128 (HYDRA_ATTENTION_BWD_KERNEL, read at every call so a test can compare
-// them in one process): wgmma (the default on compute capability 9.0), ws (warp-specialised, 9.0
-// only) or mma (mma.sync, any GPU).
-enum class BwdKernel { mma, wgmma, ws };
+// them in one process): ws (warp-specialised, the default on compute capability 9.0) or mma
+// (mma.sync, any GPU).
+enum class BwdKernel { mma, ws };
 BwdKernel backward_kernel_d128() {
   static const bool hopper = [] {
     int device = 0, major = 0;
@@ -296,10 +289,9 @@ BwdKernel backward_kernel_d128() {
   }();
   const char* env = std::getenv("HYDRA_ATTENTION_BWD_KERNEL");
   const std::string choice = env ? env : "";
-  HYDRA_USER_CHECK(choice.empty() || choice == "mma" || choice == "wgmma" || choice == "ws",
-                   "HYDRA_ATTENTION_BWD_KERNEL must be mma, wgmma or ws (got '{}')", choice);
-  if (choice == "mma" || !hopper) return BwdKernel::mma;
-  return choice == "ws" ? BwdKernel::ws : BwdKernel::wgmma;
+  HYDRA_USER_CHECK(choice.empty() || choice == "mma" || choice == "ws",
+                   "HYDRA_ATTENTION_BWD_KERNEL must be mma or ws (got '{}')", choice);
+  return choice == "mma" || !hopper ? BwdKernel::mma : BwdKernel::ws;
 }
 
 void check_rows(const TensorView& t, const char* what, DType dtype, int align_elems) {
@@ -355,8 +347,6 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
   const BwdKernel kernel = d == 128 ? backward_kernel_d128() : BwdKernel::mma;
   if (kernel == BwdKernel::ws && ws_supports(dq, d_out, q, k, v)) {
     launch_ws(p, q, k, v, d_out);
-  } else if (kernel != BwdKernel::mma) {
-    launch_wgmma(p, static_cast<int>(hk));
   } else if (d == 128) {
     launch_mma<128>(p, static_cast<int>(hk));
   } else {

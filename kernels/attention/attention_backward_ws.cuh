@@ -1,6 +1,6 @@
 // Hopper flash attention backward (head dim 128), warp-specialised: TMA loads, mbarrier pipeline,
-// dQ through shared memory and bulk reductions. Included by attention_backward.cu after
-// attention_backward_wgmma.cuh, whose products (and their operand layouts) it keeps:
+// dQ through shared memory and bulk reductions. Included by attention_backward.cu. The products
+// (and their operand layouts) are FlashAttention-3's for d = 128:
 //   Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ    m64n64k16 SS        dV += Pᵀ dO, dK += dSᵀ Q    m64n128k16 RS
 //   dQ = dS K[:, 64w..64w+63]    m64n64k16 SS (dS written by stmatrix.trans, K-major)
 // What changes is who moves the data and who waits for whom (FlashAttention-3's backward structure;
@@ -32,11 +32,42 @@
 #pragma once
 
 #include "kernels/attention/attention_backward.cuh"
-#include "kernels/attention/attention_backward_wgmma.cuh"
 #include "kernels/cuda/hopper.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace hydra::ops::cuda_impl::bwd_ws {
+
+// Byte offset of 16-byte chunk c (0..15) of row r in a [rows][128] tile stored as two column blocks.
+__device__ __forceinline__ uint32_t tile_offset(int rows, int r, int c) {
+  return static_cast<uint32_t>((c / 8) * rows * 128 + r * 128 + (((c % 8) ^ (r % 8)) * 16));
+}
+
+// D[64×64] (+)= A[64×16] · B[16×64], both from shared memory; TransB = 1: B stored N-contiguous.
+template <int TransB>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TransB));
+}
+
+// Stores four 8×8 bf16 matrices transposed: lane l gives the address of row l % 8 of matrix l / 8;
+// each thread's register i holds (row l/4, columns 2(l%4), +1) of matrix i, which lands in memory
+// rows 2(l%4), 2(l%4)+1 at column l/4.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
 
 constexpr int kBc = 128, kBr = 64, kD = 128, kStages = 2, kThreads = 384;
 constexpr uint32_t kKvBlock = 128 * 128;  // one TMA box [128 rows][64 columns] bf16
@@ -145,9 +176,6 @@ __device__ void write_dq(const BwdParams& p, const Steps& st, uint32_t sdq, int 
 
 __device__ void consume(const BwdParams& p, const Steps& st, int cw, int kvh, int k0, unsigned char* base,
                         const Stats* stats, Barriers& b) {
-  using bwd_wg::stmatrix_x4_trans;
-  using bwd_wg::tile_offset;
-  using bwd_wg::wgmma_m64n64k16_ss;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g4 = lane / 4, c4 = lane % 4;
   const uint32_t sbase = cuda::smem_addr(base);
   const uint32_t sk = sbase + kOffK, sv = sbase + kOffV;

@@ -1,5 +1,5 @@
 // What the flash attention kernels (mma.sync in attention.cu, the warp-specialised Hopper kernel in
-// attention_hopper.cu, the two-warpgroup wgmma kernel in attention_wgmma.cuh) share: their
+// attention_hopper.cu) share: their
 // parameters, the launchers' declarations, and the epilogue that normalises the output, forms the
 // natural-log log-sum-exp and, in merge mode, folds the block's result into the earlier partial
 // result of each row in fp32 (the ring-attention merge, done in place). The online softmax and the

@@ -1,7 +1,7 @@
 // The online softmax and the positional mask of the flash attention kernels (mma.sync in
-// attention.cu, wgmma in attention_wgmma.cuh and attention_hopper.cu), written once.
+// attention.cu, wgmma in attention_hopper.cu), written once.
 //
-// All three keep a score tile in the tensor-core accumulator layout: a thread holds two rows of
+// Both keep a score tile in the tensor-core accumulator layout: a thread holds two rows of
 // the tile, r = 0 (row g = lane / 4 of its 16-row slice) and r = 1 (row g + 8), and for every
 // 8-column group j the four values s[4j .. 4j+3] = (r0: columns 8j + 2c, 8j + 2c + 1;
 // r1: the same columns) with c = lane % 4. A quad (4 lanes) holds whole rows.

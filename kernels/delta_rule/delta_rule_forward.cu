@@ -27,11 +27,6 @@
 
 namespace hydra::ops::cuda_impl {
 
-// delta_rule_v1.cu (the earlier implementation; arguments already checked).
-void delta_rule_chunked_v1(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
-                           const TensorView& v, const TensorView& g, const TensorView& beta, float scale);
-void delta_rule_segment_map_v1(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
-                               const TensorView& g, const TensorView& beta);
 
 namespace {
 
@@ -46,13 +41,8 @@ GdnOptions resolve_gdn_options(GdnOptions options) {
     GdnOptions o;
     if (const char* env = std::getenv("HYDRA_GDN_KERNEL"); env && *env) {
       const std::string name = env;
-      if (name == "fused") {
-        o.kernel = GdnKernel::fused;
-      } else if (name == "v1") {
-        o.kernel = GdnKernel::v1;
-      } else {
-        HYDRA_USER_FAIL("HYDRA_GDN_KERNEL must be fused or v1 (got '{}')", name);
-      }
+      HYDRA_USER_CHECK(name == "fused", "HYDRA_GDN_KERNEL must be fused (got '{}'; the v1 kernels were removed)", name);
+      o.kernel = GdnKernel::fused;
     }
     if (const char* env = std::getenv("HYDRA_GDN_SEGMENTS"); env && *env) {
       o.segments = std::atoi(env);
@@ -223,7 +213,6 @@ const char* gdn_kernel_name(GdnKernel kernel) {
   switch (kernel) {
     case GdnKernel::automatic: return "automatic";
     case GdnKernel::fused: return "fused";
-    case GdnKernel::v1: return "v1";
   }
   return "?";
 }
@@ -244,11 +233,7 @@ void delta_rule_chunked(const TensorView& out, const TensorView& state, const Te
   if (k.size(0) == 0) return;
   const float scale = params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(k.size(2)));
   const GdnOptions o = resolve_gdn_options(options);
-  if (o.kernel == GdnKernel::v1) {
-    delta_rule_chunked_v1(out, state, q, k, v, g, beta, scale);
-  } else {
-    chunked_fused(out, state, q, k, v, g, beta, scale, o.segments);
-  }
+  chunked_fused(out, state, q, k, v, g, beta, scale, o.segments);
 }
 
 void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
@@ -272,11 +257,7 @@ void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const 
     return;
   }
   const GdnOptions o = resolve_gdn_options(options);
-  if (o.kernel == GdnKernel::v1) {
-    delta_rule_segment_map_v1(m, s_ext, k, v, g, beta);
-  } else {
-    segment_map_fused(m, s_ext, k, v, g, beta, o.segments);
-  }
+  segment_map_fused(m, s_ext, k, v, g, beta, o.segments);
 }
 
 void delta_rule_apply_map(const TensorView& state, const TensorView& m, const TensorView& s_ext) {

@@ -1,6 +1,5 @@
 #include "model/train/trainer.h"
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +19,7 @@
 #include "runtime/atomic_file.h"
 #include "runtime/fault.h"
 #include "runtime/hdf5_file.h"
+#include "runtime/host_memory.h"
 #include "runtime/log.h"
 #include "runtime/phase_timer.h"
 #if HYDRA_CUDA
@@ -49,9 +49,7 @@ double peak_memory_gib(Device device) {
   if (device == Device::cuda) return static_cast<double>(cuda_memory_stats().peak) / (1024.0 * 1024.0 * 1024.0);
 #endif
   (void)device;
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) / (1024.0 * 1024.0);  // ru_maxrss is KiB
+  return host_peak_memory_gib();
 }
 
 std::string format_duration(double s) {

@@ -153,6 +153,14 @@ int cuda_devices() {
 Tensor rounded_to_bf16(const TensorView& t) { return to(to(t, Device::host, DType::bf16), Device::host, DType::f32); }
 
 std::string hydra_binary() { return HYDRA_BINARY; }
+
+CommandResult hydra(const std::string& args) { return run_command(hydra_binary() + " " + args); }
+
+void expect_user_error(const CommandResult& r, const std::string& needle) {
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("hydra: error"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.output;
+}
 std::string fixture_dir() { return HYDRA_FIXTURE_DIR; }
 
 std::string mpirun(int ranks) {

@@ -54,6 +54,11 @@ struct CommandResult {
 CommandResult run_command(const std::string& command);
 // Path of the built hydra binary and of the test fixtures (set by CMake).
 std::string hydra_binary();
+// `hydra ARGS` in one process, as a user types it.
+CommandResult hydra(const std::string& args);
+// A user error: exit 2, a "hydra: error" line, and `needle` in the output. (Under mpirun other
+// ranks' lines may surround it; the single-process CLI tests check for exactly one line.)
+void expect_user_error(const CommandResult& r, const std::string& needle);
 std::string fixture_dir();
 // The message of the UserError `f` throws, or "(no error)": for checks on user-facing errors.
 std::string error_of(const std::function<void()>& f);

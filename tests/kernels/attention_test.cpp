@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include <fmt/format.h>
+
 #include "kernels/attention/attention.h"
 #include "tests/common/test_util.h"
 
@@ -68,9 +70,7 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{129, 129, 2, 1, 128, 524288, 524288, true}),  // d = 128 at 512K
     [](const auto& info) {
       const AttnCase& c = info.param;
-      return "q" + std::to_string(c.tq) + "at" + std::to_string(c.qpos) + "_k" + std::to_string(c.tk) + "at" +
-             std::to_string(c.kpos) + "_H" + std::to_string(c.hq) + "x" + std::to_string(c.hk) + "_d" + std::to_string(c.d) +
-             (c.tau ? "_tau" : "");
+      return fmt::format("q{}at{}_k{}at{}_H{}x{}_d{}{}", c.tq, c.qpos, c.tk, c.kpos, c.hq, c.hk, c.d, c.tau ? "_tau" : "");
     });
 
 TEST_P(Attention, MatchesNaiveSoftmax) {

@@ -5,7 +5,7 @@
 //  - GEMM: 1e-2 — bf16 inputs, fp32 accumulation, bf16 output;
 //  - attention: 2e-2 — P is rounded to bf16 for the PV product (as in FlashAttention);
 //  - gated delta rule: 3e-2 — T, P, R = β(V − e^γ K S), V' and the state's copy are bf16 operands
-//    of fp32 products (W, U, K̃ in the v1 kernels); the fp32 state keeps the error from compounding.
+//    of fp32 products; the fp32 state keeps the error from compounding.
 // The attention and delta-rule tests run every implementation the device has (the selectors of
 // attention.h / delta_rule.h) and print each one's error, so one run tells which kernel fails where.
 // Without a GPU every test here reports SKIPPED.
@@ -219,7 +219,7 @@ TEST(CudaOps, FlashAttentionMatchesReference) {
     }
     Tensor out = clone(out0), lse = clone(lse0);
     ops::attention_forward(out, lse, q, k, v, p);
-    for (FlashKernel kernel : {FlashKernel::hopper, FlashKernel::wgmma, FlashKernel::mma}) {
+    for (FlashKernel kernel : {FlashKernel::hopper, FlashKernel::mma}) {
       if (!ops::cuda_impl::flash_kernel_supported(kernel, c.d)) continue;
       const std::string what = std::string("attention [") + ops::cuda_impl::flash_kernel_name(kernel) + "] " + c.kind +
                                ": tq=" + std::to_string(c.tq) + " tk=" + std::to_string(c.tk) + " q@" +
@@ -269,8 +269,7 @@ TEST(CudaOps, ChunkedDeltaRuleAndSegmentMapMatchReference) {
     ops::delta_rule_chunked(out, state, q, k, v, g, beta, {});
     Tensor m = Tensor::empty({c.h, c.d, c.d}, DType::f32), se = Tensor::empty({c.h, c.d, c.d}, DType::f32);
     ops::delta_rule_segment_map(m, se, k, v, g, beta, {});
-    for (GdnKernel kernel : {GdnKernel::fused, GdnKernel::v1}) {
-      if (kernel == GdnKernel::v1 && c.segments != 0) continue;  // v1 splits by its own rule
+    for (GdnKernel kernel : {GdnKernel::fused}) {
       const ops::cuda_impl::GdnOptions options{kernel, c.segments};
       const std::string what = std::string("delta rule [") + ops::cuda_impl::gdn_kernel_name(kernel) +
                                "] T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) + " d=" + std::to_string(c.d) +

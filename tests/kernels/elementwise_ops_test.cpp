@@ -3,6 +3,8 @@
 // the exp/log of the activations without hiding an indexing error (those are O(1)).
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/fusion/fusion.h"
@@ -108,8 +110,7 @@ class HeadOps : public ::testing::TestWithParam<HeadShape> {};
 INSTANTIATE_TEST_SUITE_P(OddShapes, HeadOps,
                          ::testing::Values(HeadShape{1, 1, 2}, HeadShape{9, 3, 16}, HeadShape{13, 2, 128}, HeadShape{5, 7, 6}),
                          [](const auto& info) {
-                           return "T" + std::to_string(info.param.t) + "_H" + std::to_string(info.param.h) + "_d" +
-                                  std::to_string(info.param.d);
+                           return fmt::format("T{}_H{}_d{}", info.param.t, info.param.h, info.param.d);
                          });
 
 TEST_P(HeadOps, RopeRotateHalfAtLargePositions) {

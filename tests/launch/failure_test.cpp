@@ -56,6 +56,17 @@ TEST_F(RankFailure, InadmissibleLengthIsRefusedOnEveryRank) {
       << r.output;
 }
 
+// Bad input fails on every rank alike; the job reports it once (rank 0), not once per rank.
+TEST_F(RankFailure, AnErrorEveryRankHitsIsPrintedOnce) {
+  const CommandResult r = run_command(mpirun(3) + hydra_binary() + " forward --model " + dir_.file("m.h5") +
+                                      " --seq-len 96 --token-seed abc");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  size_t count = 0;
+  for (size_t at = r.output.find("hydra: error"); at != std::string::npos; at = r.output.find("hydra: error", at + 1)) ++count;
+  EXPECT_EQ(count, 1u) << r.output;
+  EXPECT_NE(r.output.find("hydra: error (rank 0)"), std::string::npos) << r.output;
+}
+
 TEST_F(RankFailure, MultiRankOutputEqualsSingleRankOutput) {
   // The end-to-end CLI path: rank 0 gathers and writes logits in global order.
   const std::string base = hydra_binary() + " forward --model " + dir_.file("m.h5") + " --seq-len 120 --output ";

@@ -21,14 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-CommandResult hydra(const std::string& args) { return run_command(hydra_binary() + " " + args); }
-
-void expect_user_error(const CommandResult& r, const std::string& needle) {
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("hydra: error"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.output;
-}
-
 class Gradients : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -19,14 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-CommandResult hydra(const std::string& args) { return run_command(hydra_binary() + " " + args); }
-
-void expect_user_error(const CommandResult& r, const std::string& needle) {
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("hydra: error"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.output;
-}
-
 // The step lines (and eval lines) of a run's train.jsonl.
 std::vector<nlohmann::json> log_lines(const std::string& out_dir, const std::string& type = "step") {
   std::ifstream in(fs::path(out_dir) / "train.jsonl");

@@ -76,6 +76,16 @@ TEST(Checkpoint, BadFilesGiveOneLineErrorsNamingTheFile) {
   EXPECT_NE(error_of([&] { CheckpointReader r(dir.file("newer.h5")); }).find("is newer than this hydra understands"),
             std::string::npos);
   {
+    H5File f = H5File::create(dir.file("version0.h5"));
+    f.set_attribute("format", std::string(kCheckpointFormat));
+    f.set_attribute("format_version", int64_t{0});
+    f.set_attribute("config", std::string("{}"));
+    f.close();
+  }
+  const std::string v0 = error_of([&] { CheckpointReader r(dir.file("version0.h5")); });
+  EXPECT_NE(v0.find("format version 0 is not a version any hydra wrote"), std::string::npos) << v0;
+  EXPECT_EQ(v0.find("newer"), std::string::npos) << v0;
+  {
     H5File f = H5File::create(dir.file("plain.h5"));
     f.close();
   }
