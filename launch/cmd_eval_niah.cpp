@@ -1,10 +1,10 @@
 // hydra eval-niah: needle-in-a-haystack accuracy by depth × length, sequence-parallel over the
 // MPI ranks. Every rank generates (or reads) the same samples; each sample is one prefill over the
-// zigzag layout and is scored by teacher forcing (model/niah.h says why that is the greedy
+// zigzag layout and is scored by teacher forcing (model/eval/niah.h says why that is the greedy
 // verdict); beyond the forward, the ranks exchange only two small all-reduces of the answer rows'
 // verdicts per sample. Tasks come from the built-in token-space generator
-// (--task/--lengths/--depths/--samples/--seed) or from an HDF5 eval set (--dataset, model/niah_set.h).
-// Outputs (launch/niah_report.h): JSON lines (--out), an HDF5 copy (--out-h5, default: --out with
+// (--task/--lengths/--depths/--samples/--seed) or from an HDF5 eval set (--dataset, model/eval/niah_set.h).
+// Outputs (model/eval/niah_report.h): JSON lines (--out), an HDF5 copy (--out-h5, default: --out with
 // .jsonl/.json replaced by .h5, or .h5 appended), the accuracy table on stdout, a progress line per
 // cell on stderr, and a final one-line JSON summary on stdout.
 // Every input check (tasks, depths, lengths against the task and the rank count, the set's ids)
@@ -21,9 +21,9 @@
 
 #include "launch/cli.h"
 #include "launch/model_source.h"
-#include "launch/niah_report.h"
-#include "model/niah.h"
-#include "model/niah_set.h"
+#include "model/eval/niah_report.h"
+#include "model/eval/niah.h"
+#include "model/eval/niah_set.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"

@@ -2,9 +2,9 @@
 // Qwen3 teacher becomes a HydraHead student (DESIGN.md §1.4). Scores every (layer, head) by activation
 // patching (total effect), path patching of the direct path (direct effect) and mean ablation on
 // plain text (lm), combines them, applies the budget, and writes the head-set file that
-// `hydra convert --fa-heads file:PATH` reads plus an HDF5 copy (model/head_report.h). The
-// definitions and how the work is spread over the MPI ranks are in model/head_selection.h; the
-// calibration prompts and their corruption in model/head_calibration.h.
+// `hydra convert --fa-heads file:PATH` reads plus an HDF5 copy (model/selection/head_report.h). The
+// definitions and how the work is spread over the MPI ranks are in model/selection/head_selection.h; the
+// calibration prompts and their corruption in model/selection/head_calibration.h.
 // Every input check (budget, weights, calibration set or generator settings, text file) runs before
 // the weights are read. Rank 0 prints a progress line per layer, the table and a one-line JSON summary.
 #include <chrono>
@@ -16,9 +16,9 @@
 
 #include "launch/cli.h"
 #include "launch/model_source.h"
-#include "model/head_report.h"
-#include "model/head_selection.h"
-#include "model/niah_set.h"
+#include "model/selection/head_report.h"
+#include "model/selection/head_selection.h"
+#include "model/eval/niah_set.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
@@ -59,7 +59,7 @@ struct SelectHeadsOptions {
         ("budget", po::value(&budget)->required(), "K: heads that keep full attention, over the whole model (default) or per layer")
         ("per-layer", po::bool_switch(&per_layer), "the budget is K heads in every layer (uniform), not K in total")
         ("weights", po::value(&weights)->default_value(weights), "composite weights TOTAL,DIRECT,LM (each >= 0, not all 0)")
-        ("calib", po::value(&calib), "retrieval prompts from a NIAH eval set (.h5, model/niah_set.h) instead of the generator")
+        ("calib", po::value(&calib), "retrieval prompts from a NIAH eval set (.h5, model/eval/niah_set.h) instead of the generator")
         ("calib-task", po::value(&calib_task)->notifier(mark("calib-task")), "generated prompts: single, multikey or multivalue (default single)")
         ("calib-length", po::value(&calib_length)->notifier(mark("calib-length")), "generated prompts: tokens per prompt (default 1K)")
         ("calib-samples", po::value(&calib_samples)->notifier(mark("calib-samples")), "generated prompts: how many; needle depths spread over 0..100% (default 8)")

@@ -1,4 +1,4 @@
-// hydra synth: a synthetic training or evaluation token stream (model/synth.h): retrieval tasks
+// hydra synth: a synthetic training or evaluation token stream (model/train/synth.h): retrieval tasks
 // (mqar, the NIAH tasks) and a Zipfian Markov "language", mixed in stated proportions,
 // deterministic from the seed. Parses the flags and calls synth::generate_stream; rank 0 writes.
 #include <chrono>
@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "launch/cli.h"
-#include "model/synth.h"
+#include "model/train/synth.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
 #include "runtime/sizes.h"

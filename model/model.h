@@ -167,7 +167,7 @@ class Model {
   void pack(const NamedTensors& params, ModelTensors& out) const;
 
   // ---- Read access for interpretability (model/model_access.cpp) ----
-  // Head selection (model/head_selection.h) reads the placed weights to compute direct effects and
+  // Head selection (model/selection/head_selection.h) reads the placed weights to compute direct effects and
   // to replay the residual stream at a few positions. Views of the runtime layout (fused, physical
   // head order, on device() in dtype()); nothing here changes the model.
   const LayerWeights& layer_weights(int64_t layer) const;

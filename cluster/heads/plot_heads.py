@@ -4,7 +4,7 @@
 Why this exists: the table hydra prints shows the composite score only, and a 28 x 16 grid of
 numbers says little at a glance; a picture of where retrieval lives (which layers, which heads) is
 what one checks before converting a teacher. This script reads the HDF5 copy of the scores
-(model/head_report.h, format "hydrahead-head-scores" v1: [L, H] datasets composite, total, direct,
+(model/selection/head_report.h, format "hydrahead-head-scores" v1: [L, H] datasets composite, total, direct,
 lm and fa_mask) or the head-set JSON itself (model/fa_heads_file.h: "scores" and "fa_heads"), and
 writes one PNG with one panel per score: rows are layers (layer 0 at the top), columns heads, the
 heads chosen for full attention outlined. Each panel has its own colour scale, symmetric around 0

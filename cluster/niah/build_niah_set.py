@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Builds a natural-language needle-in-a-haystack eval set for `hydra eval-niah --dataset`.
 
-Why this exists: the built-in NIAH generator (model/niah.h) works in token space, which is right
+Why this exists: the built-in NIAH generator (model/eval/niah.h) works in token space, which is right
 for random-weight smoke runs and tests but says little about a real checkpoint (an imported Qwen3).
 This tool builds the same three tasks from text, with the checkpoint's Hugging Face
 `tokenizer.json` (the `tokenizers` library), and writes the HDF5 eval-set format that the C++ side
-reads (model/niah_set.h, format "hydrahead-niah-set" v1). The C++ side never tokenizes.
+reads (model/eval/niah_set.h, format "hydrahead-niah-set" v1). The C++ side never tokenizes.
 
 A sample of exactly `length` tokens, in token space (pieces are tokenized separately and joined):
 

@@ -2,7 +2,7 @@
 """Draws the needle-in-a-haystack heatmap (depth x length) from `hydra eval-niah` JSON lines.
 
 Why this exists: the accuracy table hydra prints is for a terminal; papers and dashboards want the
-usual NIAH picture. This script reads the per-cell lines of --out (launch/niah_report.h:
+usual NIAH picture. This script reads the per-cell lines of --out (model/eval/niah_report.h:
 {"type": "cell", "task", "length", "depth", "samples", "accuracy", "mean_logprob", ...}; sample
 lines are ignored) and writes one PNG with one heatmap per task: rows are depths (0 % at the top),
 columns lengths, each cell annotated with its value. Several result files may be given (e.g. one

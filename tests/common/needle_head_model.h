@@ -1,7 +1,7 @@
 // A Qwen3 whose needle retrieval runs through one known head, for head-selection tests: the
 // planted head must rank first, a head with a zero W_o slice must score exactly zero.
 //
-// Shape: V = 48 (ids 40..47 are the NIAH markers, model/niah.h), D = 64, 2 layers, H = 4 query
+// Shape: V = 48 (ids 40..47 are the NIAH markers, model/eval/niah.h), D = 64, 2 layers, H = 4 query
 // heads, G = 2 KV heads, d = 16, MLP 32, rope_theta 1e6. Token classes: filler/key ids 0..23,
 // "value" ids 24..39. Embedding row t = e_t + e_63 (a constant feature) + e_62 for value ids.
 // The planted head (layer 1, head 2, KV head 1):
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "model/model.h"
-#include "model/niah.h"
+#include "model/eval/niah.h"
 #include "model/params.h"
 #include "runtime/random.h"
 

@@ -66,7 +66,9 @@ TEST_P(AttentionBackward, MatchesFiniteDifferences) {
   if (c.tq * c.tk > 1) expect_gradient(g.dq, q, loss, name + " dq");  // one key: softmax is constant in q
   if (c.tq * c.tk > 1) expect_gradient(g.dk, k, loss, name + " dk");
   expect_gradient(g.dv, v, loss, name + " dv");
-  if (c.tq * c.tk == 1) EXPECT_LE(max_abs(g.dq) + max_abs(g.dk), 1e-15);
+  if (c.tq * c.tk == 1) {
+    EXPECT_LE(max_abs(g.dq) + max_abs(g.dk), 1e-15);
+  }
 }
 
 TEST(AttentionBackward, EmptyBlockGivesNoGradient) {

@@ -3,6 +3,8 @@
 // direction) and the linear layer (accumulate flags, undefined outputs skipped).
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/matmul/matmul.h"
@@ -80,7 +82,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormBackward,
                          ::testing::Values(NormCase{{5, 12}}, NormCase{{1, 3}}, NormCase{{4, 3, 8}}),
                          [](const auto& info) {
                            std::string s = "N";
-                           for (int64_t d : info.param.shape) s += "_" + std::to_string(d);
+                           for (int64_t d : info.param.shape) s += fmt::format("_{}", d);
                            return s;
                          });
 

@@ -4,6 +4,8 @@
 // fusion RMSNorm·γ.
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "kernels/conv/conv.h"
 #include "kernels/fusion/fusion.h"
 #include "kernels/gdn_gates/gdn_gates.h"
@@ -24,8 +26,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvBackward,
                                            ConvCase{37, 5, 4, true}, ConvCase{37, 4, 4, false}, ConvCase{9, 2, 1, false}),
                          [](const auto& info) {
                            const ConvCase& c = info.param;
-                           return "T" + std::to_string(c.t) + "_C" + std::to_string(c.channels) + "_K" +
-                                  std::to_string(c.kernel) + (c.prefix ? "_prefix" : "_zeros");
+                           return fmt::format("T{}_C{}_K{}{}", c.t, c.channels, c.kernel, c.prefix ? "_prefix" : "_zeros");
                          });
 
 TEST_P(ConvBackward, MatchesFiniteDifferences) {

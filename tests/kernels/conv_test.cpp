@@ -2,6 +2,8 @@
 // unsplit one. Tolerance 1e-6: K multiply-adds in fp32.
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "kernels/conv/conv.h"
 #include "tests/common/test_util.h"
 
@@ -16,8 +18,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Conv,
                          ::testing::Values(ConvCase{1, 1, 4}, ConvCase{2, 5, 4}, ConvCase{37, 48, 4}, ConvCase{20, 7, 1},
                                            ConvCase{33, 16, 3}),
                          [](const auto& info) {
-                           return "T" + std::to_string(info.param.t) + "_C" + std::to_string(info.param.c) + "_K" +
-                                  std::to_string(info.param.k);
+                           return fmt::format("T{}_C{}_K{}", info.param.t, info.param.c, info.param.k);
                          });
 
 TEST_P(Conv, MatchesLoopAndSplitsWithHalo) {

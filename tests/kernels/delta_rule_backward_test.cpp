@@ -5,6 +5,8 @@
 // parallelism holds: dS_in = Mᵀ dS_out + dS_loc with dS_loc the state pass from zeros.
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "kernels/delta_rule/delta_rule.h"
 #include "kernels/l2norm/l2norm.h"
 #include "tests/common/test_util.h"
@@ -51,8 +53,7 @@ INSTANTIATE_TEST_SUITE_P(Lengths, DeltaRuleBackward,
                                            Case{23, 1, 5, 3, 7}),
                          [](const auto& info) {
                            const Case& c = info.param;
-                           return "T" + std::to_string(c.t) + "_H" + std::to_string(c.h) + "_dk" + std::to_string(c.dk) +
-                                  "_dv" + std::to_string(c.dv) + "_chunk" + std::to_string(c.chunk);
+                           return fmt::format("T{}_H{}_dk{}_dv{}_chunk{}", c.t, c.h, c.dk, c.dv, c.chunk);
                          });
 
 TEST_P(DeltaRuleBackward, MatchesFiniteDifferences) {

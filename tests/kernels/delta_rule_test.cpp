@@ -6,6 +6,8 @@
 // a wrong decay or a missing β gives O(1) differences.
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "kernels/delta_rule/delta_rule.h"
 #include "kernels/l2norm/l2norm.h"
 #include "kernels/matmul/matmul.h"
@@ -38,8 +40,7 @@ INSTANTIATE_TEST_SUITE_P(OddLengths, DeltaRule,
                                            Case{300, 1, 128, 128, 64}),
                          [](const auto& info) {
                            const Case& c = info.param;
-                           return "T" + std::to_string(c.t) + "_H" + std::to_string(c.h) + "_dk" + std::to_string(c.dk) +
-                                  "_dv" + std::to_string(c.dv) + "_chunk" + std::to_string(c.chunk);
+                           return fmt::format("T{}_H{}_dk{}_dv{}_chunk{}", c.t, c.h, c.dk, c.dv, c.chunk);
                          });
 
 TEST_P(DeltaRule, ChunkedMatchesRecurrent) {

@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/niah.h"
-#include "model/niah_set.h"
+#include "model/eval/niah.h"
+#include "model/eval/niah_set.h"
 #include "model/params.h"
 #include "runtime/hdf5_file.h"
 #include "tests/common/test_util.h"

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/fa_heads_file.h"
-#include "model/niah_set.h"
+#include "model/eval/niah_set.h"
 #include "runtime/hdf5_file.h"
 #include "tests/common/needle_head_model.h"
 #include "tests/common/test_util.h"

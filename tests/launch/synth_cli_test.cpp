@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/synth.h"
+#include "model/train/synth.h"
 #include "runtime/hdf5_file.h"
 #include "runtime/token_file.h"
 #include "tests/common/test_util.h"

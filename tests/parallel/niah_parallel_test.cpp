@@ -7,7 +7,7 @@
 //    computes itself (same arg-max tokens; log-probability within 1e-4, fp32 summation order).
 #include <set>
 
-#include "model/niah.h"
+#include "model/eval/niah.h"
 #include "model/params.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/self_communicator.h"

@@ -6,14 +6,14 @@
 //   root attributes  format, format_version = 1, model, num_layers, num_heads, budget (int),
 //                    mode ("global" | "per_layer"), weights (JSON {"total","direct","lm"}),
 //                    selection (JSON: the same object as the head-set file's "selection")
-//   composite, total, direct, lm   [L, H] float32   scores (model/head_selection.h defines them)
+//   composite, total, direct, lm   [L, H] float32   scores (model/selection/head_selection.h defines them)
 //   fa_mask                        [L, H] int32     1 where the head keeps full attention
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "model/head_selection.h"
+#include "model/selection/head_selection.h"
 
 namespace hydra::heads {
 

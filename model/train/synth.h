@@ -7,10 +7,10 @@
 //               through language filler, then `queries` questions QUERY key IS value back to back,
 //               each about a distinct needle of the context, in random order;
 //   single, multikey, multivalue
-//               the NIAH samples of `hydra eval-niah` (model/niah.h, reused, not copied), at a depth
+//               the NIAH samples of `hydra eval-niah` (model/eval/niah.h, reused, not copied), at a depth
 //               drawn uniformly from 0..100 per document.
 //
-// Token space is NIAH's (model/niah.h): the top 8 ids are structure markers, content ids are
+// Token space is NIAH's (model/eval/niah.h): the top 8 ids are structure markers, content ids are
 // [0, V − 8). mqar uses the same markers and key/value shapes as the NIAH tasks, so what a model
 // learns from many queries per document is the circuit a NIAH query needs.
 //
@@ -42,7 +42,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/niah.h"
+#include "model/eval/niah.h"
 
 namespace hydra::synth {
 

@@ -3,9 +3,9 @@
 // drives this; its output is the head-set file `hydra convert --fa-heads file:PATH` reads.
 //
 // Scores per (layer l, head h), on N retrieval prompts with corrupted twins and M plain-text
-// sequences (model/head_calibration.h). o_{l,h}(p) is the head's attention output at position p
+// sequences (model/selection/head_calibration.h). o_{l,h}(p) is the head's attention output at position p
 // (before W_o); "patched positions" are [patch_start, T) of a prompt; log p(answer) is the sum of
-// the answer tokens' log-probabilities, teacher forced (model/niah.h).
+// the answer tokens' log-probabilities, teacher forced (model/eval/niah.h).
 //
 //  total (activation patching). Per prompt i: lp_clean, lp_corrupt (the clean answer scored on the
 //    corrupted prompt) and lp_patched(l,h): the clean run with o_{l,h} at the patched positions
@@ -61,7 +61,7 @@
 #include <span>
 #include <vector>
 
-#include "model/head_calibration.h"
+#include "model/selection/head_calibration.h"
 #include "model/model.h"
 
 namespace hydra::heads {

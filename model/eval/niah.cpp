@@ -1,4 +1,4 @@
-#include "model/niah.h"
+#include "model/eval/niah.h"
 
 #include <algorithm>
 #include <cmath>

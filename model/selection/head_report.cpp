@@ -1,4 +1,4 @@
-#include "model/head_report.h"
+#include "model/selection/head_report.h"
 
 #include <algorithm>
 

@@ -1,6 +1,6 @@
 // Needle-in-a-haystack (NIAH) evaluation: RULER-style retrieval tasks built in token space, and
 // their scoring by teacher forcing in one prefill. `hydra eval-niah` (launch/cmd_eval_niah.cpp)
-// drives these; the same samples can come from an HDF5 eval set (model/niah_set.h), which is how
+// drives these; the same samples can come from an HDF5 eval set (model/eval/niah_set.h), which is how
 // natural-language sets built with a Hugging Face tokenizer (cluster/niah/build_niah_set.py) are run.
 //
 // Token space. The top kReservedTokens ids of the vocabulary mark structure; every other token

@@ -1,4 +1,4 @@
-// Head selection (model/head_selection.h) in one process, on cases whose answer is known:
+// Head selection (model/selection/head_selection.h) in one process, on cases whose answer is known:
 //  - a model built so that one head carries the needle (tests/common/needle_head_model.h) ranks
 //    that head first in total and direct effect, with total ≈ 1 (patching it undoes retrieval);
 //  - a head whose W_o slice is zero has total = direct = lm = 0 exactly;
@@ -9,9 +9,9 @@
 //    `hydra convert --fa-heads file:PATH` reads.
 #include <cmath>
 
-#include "model/head_report.h"
+#include "model/selection/head_report.h"
 #include "model/fa_heads_file.h"
-#include "model/head_selection.h"
+#include "model/selection/head_selection.h"
 #include "parallel/self_communicator.h"
 #include "tests/common/needle_head_model.h"
 #include "tests/common/test_util.h"

@@ -1,7 +1,7 @@
 // Calibration data for head selection (DESIGN.md §1.4): retrieval prompts with their corrupted twins,
-// and plain-text sequences. model/head_selection.h scores heads on them.
+// and plain-text sequences. model/selection/head_selection.h scores heads on them.
 //
-// A retrieval prompt is a NIAH sample (model/niah.h): [haystack with needles][query][answer], the
+// A retrieval prompt is a NIAH sample (model/eval/niah.h): [haystack with needles][query][answer], the
 // answer teacher-forced at the end. Its corrupted twin is the same sample with the value of the
 // queried needle(s) changed and nothing else: same length, same filler, keys, markers, query, and
 // the same (clean) answer tokens at the end. Running both and comparing the model's log p(clean
@@ -13,7 +13,7 @@
 //    (C content ids, k the running count of replaced tokens), so v' ≠ v for every token. The
 //    corrupted answer is what the corrupted needles state (multivalue: the new values joined by SEP
 //    in context order). Patching starts at the QUERY marker: positions [a − 2 − key_length, T).
-//  * eval sets (model/niah_set.h, e.g. natural-language sets) — corrupt_with_donor: the sample
+//  * eval sets (model/eval/niah_set.h, e.g. natural-language sets) — corrupt_with_donor: the sample
 //    records no needle structure, so every occurrence of its answer token sequence inside the
 //    context [0, a − 1) is replaced by a donor answer of the same length: that of the next sample
 //    in the set (cyclically) whose answer has the same length and differs. UserError when the answer
@@ -30,8 +30,8 @@
 #include <string>
 #include <vector>
 
-#include "model/niah.h"
-#include "model/niah_set.h"
+#include "model/eval/niah.h"
+#include "model/eval/niah_set.h"
 
 namespace hydra::heads {
 

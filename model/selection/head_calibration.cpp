@@ -1,5 +1,5 @@
 // Calibration prompts and plain text for head selection; the rules are in head_calibration.h.
-#include "model/head_calibration.h"
+#include "model/selection/head_calibration.h"
 
 #include <algorithm>
 

@@ -2,7 +2,7 @@
 // head_selection.h. Observers (model/model.h LayerObserver) record, patch and ablate head outputs;
 // they go through host f32 copies where the model's tensors are elsewhere, so the same code runs
 // on a CUDA model.
-#include "model/head_selection.h"
+#include "model/selection/head_selection.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,7 +1,7 @@
-// The synthetic stream generator (model/synth.h): exact proportions, determinism from the seeds,
+// The synthetic stream generator (model/train/synth.h): exact proportions, determinism from the seeds,
 // every retrieval answer present in its context, the layout `hydra train` windows rely on, and
 // the Markov language's statistics against its exact transition table.
-#include "model/synth.h"
+#include "model/train/synth.h"
 
 #include <algorithm>
 #include <cmath>

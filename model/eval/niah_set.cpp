@@ -1,4 +1,4 @@
-#include "model/niah_set.h"
+#include "model/eval/niah_set.h"
 
 #include <map>
 

@@ -1,4 +1,4 @@
-// NIAH tasks and scoring (model/niah.h, model/niah_set.h), in one process:
+// NIAH tasks and scoring (model/eval/niah.h, model/eval/niah_set.h), in one process:
 //  - the generator: exact length, needle placement at depths 0/50/100, the query and the answer
 //    span at the end, markers only where the format puts them, determinism, multikey distractors,
 //    multivalue answers, value lengths;
@@ -11,8 +11,8 @@
 #include <set>
 
 #include "model/hf_import.h"
-#include "model/niah.h"
-#include "model/niah_set.h"
+#include "model/eval/niah.h"
+#include "model/eval/niah_set.h"
 #include "parallel/self_communicator.h"
 #include "runtime/hdf5_file.h"
 #include "tests/common/known_argmax_model.h"

@@ -1,4 +1,4 @@
-#include "launch/niah_report.h"
+#include "model/eval/niah_report.h"
 
 #include <cmath>
 #include <fstream>

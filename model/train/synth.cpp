@@ -1,4 +1,4 @@
-#include "model/synth.h"
+#include "model/train/synth.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +15,7 @@
 namespace hydra::synth {
 namespace {
 
-// Sequential draws from one counter-based stream (as in model/niah.cpp): the i-th call reads
+// Sequential draws from one counter-based stream (as in model/eval/niah.cpp): the i-th call reads
 // value i, so a document depends only on the order of draws inside its generator.
 class Draws {
  public:
@@ -387,7 +387,7 @@ Stream generate_stream(const SynthConfig& config) {
     }
     s.ids.insert(s.ids.end(), d.ids.begin(), d.ids.end());
   }
-  // The last window's last target (model/synth.h: Layout).
+  // The last window's last target (model/train/synth.h: Layout).
   s.ids.push_back(language.base_draw(RandomStream{config.seed, hash_name("synth/tail")}.uniform(0)));
   return s;
 }

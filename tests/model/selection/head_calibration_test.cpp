@@ -1,11 +1,11 @@
-// Calibration data for head selection (model/head_calibration.h): a corrupted prompt differs from
+// Calibration data for head selection (model/selection/head_calibration.h): a corrupted prompt differs from
 // its clean twin exactly at the queried needle value tokens (every one of them changed, nothing
 // else), keeps the clean answer, states the corrupted answer, and patches only positions after
 // every corrupted token; eval-set prompts take a donor answer; plain text is deterministic; bad
 // inputs get UserErrors naming the problem.
 #include <set>
 
-#include "model/head_calibration.h"
+#include "model/selection/head_calibration.h"
 #include "tests/common/test_util.h"
 
 namespace hydra::test {

@@ -1,6 +1,6 @@
 // HDF5 NIAH eval sets: prebuilt samples for `hydra eval-niah --dataset FILE.h5`.
 //
-// The built-in generator (model/niah.h) works in token space; real checkpoints are better judged on
+// The built-in generator (model/eval/niah.h) works in token space; real checkpoints are better judged on
 // natural-language needles, which need a tokenizer. The tokenizer lives in Python
 // (cluster/niah/build_niah_set.py, Hugging Face `tokenizers`); it writes this format and the C++
 // side only reads it. write_eval_set stores built-in samples in the same format (tests, and sets
@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "model/niah.h"
+#include "model/eval/niah.h"
 
 namespace hydra::niah {
 
