@@ -1,11 +1,15 @@
 // hydra forward: logits of a token sequence, sequence-parallel over the MPI ranks (CPU path).
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
 #include "launch/cli.h"
 #include "launch/model_source.h"
+#include "model/cost.h"
+#include "model/nonfinite.h"
 #include "runtime/atomic_file.h"
 #include "runtime/hdf5_file.h"
 #include "runtime/log.h"
@@ -61,14 +65,33 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   }
   opt.validate();
   Communicator& comm = app.world;
-  // Cheap checks first: config, tokens against its vocabulary, the layout's length rule.
+  // Cheap checks first: config, tokens against its vocabulary, the layout's length rule, the memory
+  // plan; then the ranks agree on all of it before the first collective.
   const ModelConfig config = opt.model.config();
-  const std::vector<int32_t> ids = opt.input.empty()
-                                       ? random_tokens(parse_size(opt.seq_len, "--seq-len"), config.vocab_size, opt.token_seed)
-                                       : read_token_file(opt.input, config.vocab_size);
-  const int64_t total = static_cast<int64_t>(ids.size());
+  std::vector<int32_t> ids;
+  if (!opt.input.empty()) ids = read_token_file(opt.input, config.vocab_size);
+  const int64_t total = opt.input.empty() ? parse_size(opt.seq_len, "--seq-len") : static_cast<int64_t>(ids.size());
   const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
   const int64_t t_local = layout.local_length(), vocab = config.vocab_size;
+  MemoryEstimate estimate = estimate_prefill_memory(config, t_local, comm.size(), Device::host);
+  // Beyond the prefill: every rank's logits [T_loc, V] and the token ids, and on rank 0 with --output
+  // the assembled [T, V] and one incoming block.
+  const double logits_bytes = static_cast<double>(t_local) * static_cast<double>(vocab) * 4.0;
+  estimate.activations += logits_bytes + static_cast<double>(total) * 4.0 +
+                          (!opt.output.empty() && comm.rank() == 0
+                               ? logits_bytes + static_cast<double>(total) * static_cast<double>(vocab) * 4.0
+                               : 0.0);
+  check_memory_plan(estimate, Device::host, fmt::format("forward of {} tokens on {} rank(s)", total, comm.size()),
+                    app.mpi.local_size());
+  if (opt.input.empty()) ids = random_tokens(total, config.vocab_size, opt.token_seed);
+  RunFingerprint inputs;
+  add_model_fields(inputs, config, Device::host, DType::f32);
+  if (opt.input.empty()) {
+    inputs.add("token count", std::to_string(total));
+  } else {
+    inputs.add_tokens("input tokens", ids);
+  }
+  agree_on_run(app, inputs);
 
   const auto t0 = std::chrono::steady_clock::now();
   const Model model = opt.model.build(Device::host, DType::f32);
@@ -89,8 +112,10 @@ int run_forward(App& app, const std::vector<std::string>& args) {
 
   // Mean next-token NLL over the sequence: a summary that depends on every logit of every rank.
   Tensor nll = Tensor::empty({1}, DType::f32);
-  Tensor stats = Tensor::zeros({2}, DType::f32);  // [Σ nll, count]
+  Tensor stats = Tensor::zeros({3}, DType::f32);  // [Σ nll, count, rows with a non-finite logit]
   for (int64_t i = 0; i < t_local; ++i) {
+    const float* row = logits.data_as<float>() + i * vocab;
+    if (!std::all_of(row, row + vocab, [](float v) { return std::isfinite(v); })) stats.data_as<float>()[2] += 1.0f;
     if (targets[i] < 0) continue;
     Tensor target = Tensor::empty({1}, DType::i32);
     target.data_as<int32_t>()[0] = targets[i];
@@ -99,6 +124,11 @@ int run_forward(App& app, const std::vector<std::string>& args) {
     stats.data_as<float>()[1] += 1.0f;
   }
   comm.all_reduce_sum(stats);
+  // Every rank sees the same sums, so every rank takes the same branch (the search is collective).
+  if (stats.data_as<float>()[2] > 0 || !std::isfinite(stats.data_as<float>()[0])) {
+    fail_nonfinite(model, comm, ids, fmt::format("forward: the logits at {} position(s) are",
+                                                 static_cast<int64_t>(stats.data_as<float>()[2])));
+  }
 
   if (!opt.output.empty()) {
     // Rank 0 assembles the logits in global order from every rank's segments and writes once.

@@ -7,6 +7,7 @@
 // Only the last position's logits are formed (never [T, vocab]).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 
@@ -15,6 +16,7 @@
 #include "launch/cli.h"
 #include "launch/model_source.h"
 #include "model/cost.h"
+#include "model/nonfinite.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
@@ -89,24 +91,28 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
                      ids.size(), total);
     ids.resize(static_cast<size_t>(total));
   }
+  const Device device = resolve_device(opt.device, app.mpi);
+  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  const SequenceLayout layout = SequenceLayout::zigzag(total, app.world.size(), app.world.rank());
+  const int64_t t_local = layout.local_length();
+
+  // Memory plan, before any allocation: the GPU's free memory, or the host's on the CPU path.
+  const MemoryEstimate estimate = estimate_prefill_memory(config, t_local, app.world.size(), device);
+#if HYDRA_CUDA
+  if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
+#endif
+  check_memory_plan(estimate, device, fmt::format("prefill of {} tokens on {} rank(s)", total, app.world.size()),
+                    app.mpi.local_size());
+  RunFingerprint inputs;
+  add_model_fields(inputs, config, device, dtype);
+  if (ids.empty()) {
+    inputs.add("token count", std::to_string(total));
+  } else {
+    inputs.add_tokens("input tokens", ids);
+  }
+  agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   Communicator& comm = *world.comm;
-  const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
-  const int64_t t_local = layout.local_length();
-  const Device device = world.device;
-  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
-
-  // Memory plan, before any allocation.
-  const MemoryEstimate estimate = estimate_prefill_memory(config, t_local, comm.size());
-#if HYDRA_CUDA
-  if (device == Device::cuda) {
-    const CudaMemoryStats s = cuda_memory_stats();
-    HYDRA_USER_CHECK(estimate.total() < 0.95 * static_cast<double>(s.free_device),
-                     "prefill of {} tokens on {} rank(s) needs about {} per GPU, but {} has {:.1f} GiB free; use more "
-                     "GPUs or a shorter --seq-len", total, comm.size(), estimate.describe(), error_context().host,
-                     gib(static_cast<double>(s.free_device)));
-  }
-#endif
   log::info("prefill: {} tokens, {} rank(s) on {}, {}; estimated {} per rank", total, comm.size(),
             device == Device::cuda ? "GPUs" : "CPUs", config.summary(), estimate.describe());
 
@@ -160,7 +166,20 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
       const float* row = h.data_as<float>();
       last_token = static_cast<int32_t>(std::max_element(row, row + config.vocab_size) - row);
       last_logit = row[last_token];
-      HYDRA_ASSERT(std::isfinite(last_logit), "non-finite logits at the last position");
+      if (!std::all_of(row, row + config.vocab_size, [](float v) { return std::isfinite(v); })) last_logit = NAN;
+    }
+    // Rank 0's verdict to every rank, so that all of them take the same branch (the search is collective).
+    Tensor finite = Tensor::zeros({1}, DType::f32);
+    if (comm.rank() == 0) finite.data_as<float>()[0] = std::isfinite(last_logit) ? 0.0f : 1.0f;
+    all_reduce_sum_host(comm, finite);
+    if (finite.data_as<float>()[0] > 0) {
+      std::vector<int32_t> all_ids = ids;
+      if (all_ids.empty()) {
+        for (int64_t pos = 0; pos < total; ++pos) {
+          all_ids.push_back(static_cast<int32_t>(rng.bits(static_cast<uint64_t>(pos)) % config.vocab_size));
+        }
+      }
+      fail_nonfinite(*model, comm, all_ids, "prefill: the logits at the last position are");
     }
     check_device_progress(world);
     comm.barrier();
