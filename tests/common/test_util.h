@@ -49,7 +49,8 @@ struct CommandResult {
 };
 // Runs a shell command, capturing its output.
 CommandResult run_command(const std::string& command);
-// Path of the built hydra binary and of the test fixtures (set by CMake).
+// Path of the built hydra binary (set by CMake; HYDRA_TEST_BINARY overrides it, to run the CLI
+// tests against another build) and of the test fixtures.
 std::string hydra_binary();
 std::string fixture_dir();
 // The message of the UserError `f` throws, or "(no error)": for checks on user-facing errors.
