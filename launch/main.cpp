@@ -23,7 +23,8 @@ namespace {
 void print_usage() {
   std::cout << "usage: hydra <command> [options]   (hydra <command> --help for its options)\n\ncommands:\n";
   for (const auto& c : hydra::subcommands()) std::printf("  %-14s %s\n", c.name.c_str(), c.summary.c_str());
-  std::cout << "\nUnder mpirun every command runs sequence-parallel over the ranks; rank 0 writes outputs.\n";
+  std::cout << "\nUnder mpirun every command runs sequence-parallel over the ranks; rank 0 writes outputs. Every rank\n"
+               "must get the same command line and the same file contents: the ranks check this before they start.\n";
 }
 
 int dispatch(hydra::App& app, int argc, char** argv) {
