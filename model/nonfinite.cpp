@@ -52,7 +52,7 @@ std::string locate_nonfinite(const Model& model, Communicator& comm, std::span<c
       row = i / row_width;
     }
   };
-  ForwardContext context{comm, layout};
+  ForwardContext context{.comm = comm, .layout = layout};
   const Tensor positions = model.positions(layout);
   Tensor x = model.embed(local);
   check(0, x, c.hidden_size);
