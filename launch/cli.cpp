@@ -3,9 +3,32 @@
 #include <iostream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "model/config.h"
 #include "runtime/error.h"
 
 namespace hydra {
+namespace {
+
+// An option's value as text, for the cross-rank comparison (the types the subcommands bind).
+std::string option_text(const po::variable_value& v) {
+  const boost::any& a = v.value();
+  if (const auto* x = boost::any_cast<std::string>(&a)) return *x;
+  if (const auto* x = boost::any_cast<bool>(&a)) return *x ? "true" : "false";
+  if (const auto* x = boost::any_cast<int>(&a)) return std::to_string(*x);
+  if (const auto* x = boost::any_cast<int64_t>(&a)) return std::to_string(*x);
+  if (const auto* x = boost::any_cast<uint64_t>(&a)) return std::to_string(*x);
+  if (const auto* x = boost::any_cast<double>(&a)) return fmt::format("{}", *x);
+  if (const auto* x = boost::any_cast<std::vector<std::string>>(&a)) {
+    std::string out;
+    for (const std::string& e : *x) out += (out.empty() ? "" : ",") + e;
+    return out;
+  }
+  HYDRA_ASSERT(false, "option of a type the agreement check cannot print ({})", a.type().name());
+}
+
+}  // namespace
 
 const std::vector<Subcommand>& subcommands() {
   static const std::vector<Subcommand> commands = {
@@ -47,7 +70,30 @@ bool parse_command_line(App& app, const std::string& command, const std::string&
   } catch (const po::error& e) {
     HYDRA_USER_FAIL("hydra {}: {} (see hydra {} --help)", command, e.what(), command);
   }
+  app.command = command;
+  app.options.clear();
+  for (const auto& [name, value] : vm) app.options.push_back(FingerprintField{"option --" + name, option_text(value)});
   return true;
+}
+
+void agree_on_run(App& app, const RunFingerprint& inputs) {
+  RunFingerprint all;
+  all.add("command", app.command);
+  for (const FingerprintField& f : app.options) all.add(f.name, f.value);
+  for (const FingerprintField& f : inputs.fields()) all.add(f.name, f.value);
+  agree_across_ranks(app.world.inner(), all, fmt::format("what to run (hydra {})", app.command));
+  app.world.open();
+}
+
+void add_model_fields(RunFingerprint& fingerprint, const std::string& name, const ModelConfig& config) {
+  const nlohmann::json json = config_to_json(config);  // items() refers to it: keep it alive
+  for (const auto& [key, value] : json.items()) fingerprint.add(name + " " + key, value.dump());
+}
+
+void add_model_fields(RunFingerprint& fingerprint, const ModelConfig& config, Device device, DType dtype) {
+  add_model_fields(fingerprint, "model", config);
+  fingerprint.add("device", std::string(device_name(device)));
+  fingerprint.add("dtype", std::string(dtype_name(dtype)));
 }
 
 }  // namespace hydra

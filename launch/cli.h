@@ -11,16 +11,22 @@
 
 #include <boost/program_options.hpp>
 
+#include "parallel/agreement.h"
 #include "parallel/mpi_communicator.h"
 
 namespace hydra {
 
 namespace po = boost::program_options;
+struct ModelConfig;
 
-// What every subcommand gets: the MPI world (world size 1 without mpirun).
+// What every subcommand gets: the MPI world (world size 1 without mpirun), whose collectives are
+// refused until the ranks have agreed on what they run (agree_on_run), and the command line as
+// parsed (filled in by parse_command_line).
 struct App {
   MpiRuntime& mpi;
-  Communicator& world;
+  AgreementGate& world;
+  std::string command;
+  std::vector<FingerprintField> options;  // every option's value as text, defaults included
 };
 
 struct Subcommand {
@@ -36,6 +42,17 @@ const std::vector<Subcommand>& subcommands();
 bool parse_command_line(App& app, const std::string& command, const std::string& usage,
                         po::options_description& options, const std::vector<std::string>& args,
                         const po::positional_options_description* positional = nullptr);
+
+// The shared setup step of every subcommand, once its inputs are read and before its first
+// collective: the ranks compare the command, its options (as parsed, defaults included) and
+// `inputs` (what the command read: model configs, dtype and device, token counts and hashes), and a
+// difference is a UserError on every rank naming the two ranks and the field (parallel/agreement.h).
+// Opens app.world for collectives.
+void agree_on_run(App& app, const RunFingerprint& inputs);
+// Adds a model config to a fingerprint field by field ("NAME arch", "NAME fa_heads", ...).
+void add_model_fields(RunFingerprint& fingerprint, const std::string& name, const ModelConfig& config);
+// The model's config, and the device and dtype the command places it in.
+void add_model_fields(RunFingerprint& fingerprint, const ModelConfig& config, Device device, DType dtype);
 
 // Subcommand entry points (launch/cmd_*.cpp).
 int run_init(App& app, const std::vector<std::string>& args);

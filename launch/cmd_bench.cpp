@@ -174,6 +174,7 @@ int run_bench(App& app, const std::vector<std::string>& args) {
     return 0;
   }
   opt.validate();
+  agree_on_run(app, {});
 #if HYDRA_CUDA
   HYDRA_USER_CHECK(cuda_device_count() > 0, "hydra bench needs a CUDA device; none is visible");
   cuda_set_device(app.mpi.local_rank() % cuda_device_count());

@@ -1,11 +1,14 @@
 // hydra convert: a Qwen3 teacher into a HydraHead student (DESIGN.md §1.3).
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "launch/cli.h"
+#include "launch/model_source.h"
 #include "model/convert.h"
+#include "model/nonfinite.h"
 #include "model/fa_heads_file.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
@@ -21,6 +24,7 @@ struct ConvertOptions {
   std::string out;
   std::string calib;
   uint64_t seed = 0;
+  bool allow_nonfinite = false;
 
   void bind(po::options_description& o) {
     o.add_options()
@@ -34,6 +38,7 @@ struct ConvertOptions {
         ("calib", po::value(&calib), "calibration tokens (.h5 input_ids): set each head's gamma to the RMS of "
                                      "the teacher's head output over them (else gamma = 1)")
         ("seed", po::value(&seed)->default_value(0), "seed of the new GDN parameters (w_a, w_b, A_log, dt_bias) and of --fa-heads random:K");
+    ModelSource::bind_allow_nonfinite(o, &allow_nonfinite);
   }
   void validate() const {
     require_readable_file(teacher, "teacher");
@@ -54,8 +59,7 @@ int run_convert(App& app, const std::vector<std::string>& args) {
   }
   opt.validate();
   // Cheap checks before any weight is read.
-  const CheckpointReader header(opt.teacher);
-  const ModelConfig teacher_config = config_from_json(nlohmann::json::parse(header.config_json()), opt.teacher);
+  const ModelConfig teacher_config = read_model_config(opt.teacher);
   HYDRA_USER_CHECK(teacher_config.arch == Arch::qwen3,
                    "{}: is a {} model; convert needs a Qwen3-shaped teacher (hydra import / hydra init --preset qwen3-*)",
                    opt.teacher, arch_name(teacher_config.arch));
@@ -65,14 +69,26 @@ int run_convert(App& app, const std::vector<std::string>& args) {
     calib = read_token_file(opt.calib, teacher_config.vocab_size);
     SequenceLayout::zigzag(static_cast<int64_t>(calib.size()), app.world.size(), app.world.rank());
   }
+  RunFingerprint inputs;
+  add_model_fields(inputs, "teacher", teacher_config);
+  add_model_fields(inputs, "student", student);
+  if (!calib.empty()) inputs.add_tokens("calibration tokens", calib);
+  agree_on_run(app, inputs);
   const bool needs_weights = app.world.rank() == 0 || !calib.empty();
   if (!needs_weights) return 0;
-  const LoadedCheckpoint teacher = read_model_checkpoint(opt.teacher);
+  const LoadedCheckpoint teacher =
+      read_model_checkpoint(opt.teacher, opt.allow_nonfinite ? NonFinite::allow : NonFinite::refuse);
   std::vector<std::vector<double>> gamma;
   if (!calib.empty()) {
     // Every rank takes part in the sequence-parallel teacher forward.
     const Model model(teacher.config, teacher.params);
     gamma = measure_head_rms(model, app.world, calib);
+    // γ is the same on every rank (reduced over them), so all take this branch together.
+    bool finite = true;
+    for (const auto& layer : gamma) {
+      for (double g : layer) finite = finite && std::isfinite(g);
+    }
+    if (!finite) fail_nonfinite(model, app.world, calib, "convert: the teacher's head RMS (gamma) over --calib is");
   }
   if (app.world.rank() != 0) return 0;
   const NamedTensors params = convert_parameters(teacher.config, teacher.params, student, opt.seed, gamma);

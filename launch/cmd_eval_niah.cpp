@@ -9,6 +9,7 @@
 // cell on stderr, and a final one-line JSON summary on stdout.
 // Every input check (tasks, depths, lengths against the task and the rank count, the set's ids)
 // runs before the weights are read.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -21,13 +22,18 @@
 
 #include "launch/cli.h"
 #include "launch/model_source.h"
+#include "model/cost.h"
 #include "model/eval/niah_report.h"
 #include "model/eval/niah.h"
 #include "model/eval/niah_set.h"
+#include "model/nonfinite.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
 #include "runtime/sizes.h"
+#if HYDRA_CUDA
+#include "runtime/cuda_memory.h"
+#endif
 
 namespace hydra {
 namespace {
@@ -75,6 +81,7 @@ struct EvalNiahOptions {
         ("out-h5", po::value(&out_h5), "HDF5 copy of the results (default: --out with .jsonl replaced by .h5)")
         ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present): one GPU per rank")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
+    ModelSource::bind_allow_nonfinite(o, &model.allow_nonfinite);
   }
 
   // Flag-level checks (nothing is read); fills in the default --out-h5.
@@ -184,15 +191,20 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     return 0;
   }
   opt.validate();
-  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
-  Communicator& comm = *world.comm;
   const ModelConfig config = opt.model.config();
   const int64_t vocab = config.vocab_size;
+  const int ranks = app.world.size();
+  // GPU: bf16 weights; CPU: the fp32 reference path.
+  const Device device = resolve_device(opt.device, app.mpi);
+  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
 
   // Plan every cell and check every input before the weights are read.
   niah::Report report;
   report.model = opt.model.describe();
-  report.ranks = comm.size();
+  report.ranks = ranks;
+  RunFingerprint inputs;
+  add_model_fields(inputs, config, device, dtype);
+  int64_t longest = 0;
   std::vector<CellPlan> plan;
   if (opt.dataset.empty()) {
     report.source = "builtin";
@@ -207,7 +219,10 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
                          length, niah::task_name(p.task), p.min_length());
       }
     }
-    for (int64_t length : lengths) check_length_for_ranks(length, config, comm.size());
+    for (int64_t length : lengths) {
+      check_length_for_ranks(length, config, ranks);
+      longest = std::max(longest, length);
+    }
     for (size_t t = 0; t < params.size(); ++t) {
       report.tasks.push_back(niah::task_name(params[t].task));
       for (int64_t length : lengths) {
@@ -224,12 +239,18 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     auto set = std::make_shared<niah::EvalSet>(niah::read_eval_set(opt.dataset, vocab));
     report.source = opt.dataset;
     report.tasks.push_back(set->task);
+    std::vector<int32_t> all_ids;
+    for (const niah::Sample& s : set->samples) all_ids.insert(all_ids.end(), s.ids.begin(), s.ids.end());
+    inputs.add("eval set task", set->task);
+    inputs.add("eval set samples", std::to_string(set->samples.size()));
+    inputs.add_tokens("eval set tokens", all_ids);
     std::map<std::pair<int64_t, int64_t>, size_t> cell_of;  // (length, depth) -> plan index
     auto members = std::make_shared<std::vector<std::vector<size_t>>>();
     for (size_t i = 0; i < set->samples.size(); ++i) {
       const niah::Sample& s = set->samples[i];
-      check_length_for_ranks(static_cast<int64_t>(s.ids.size()), config, comm.size(),
+      check_length_for_ranks(static_cast<int64_t>(s.ids.size()), config, ranks,
                              fmt::format("{}: sample {}: ", opt.dataset, i));
+      longest = std::max(longest, static_cast<int64_t>(s.ids.size()));
       const auto [it, fresh] = cell_of.try_emplace({s.length, s.depth}, plan.size());
       if (fresh) {
         plan.push_back(CellPlan{0, s.length, s.depth, 0, {}});
@@ -245,11 +266,16 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   report.cells_total = static_cast<int64_t>(plan.size());
   int64_t total_samples = 0;
   for (const CellPlan& c : plan) total_samples += c.samples;
+#if HYDRA_CUDA
+  if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
+#endif
+  check_memory_plan(estimate_prefill_memory(config, longest / ranks, ranks, device), device,
+                    fmt::format("eval-niah at {} tokens on {} rank(s)", longest, ranks), app.mpi.local_size());
+  agree_on_run(app, inputs);
+  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+  Communicator& comm = *world.comm;
 
   const auto t0 = Clock::now();
-  // GPU: bf16 weights; CPU: the fp32 reference path.
-  const Device device = world.device;
-  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
   const Model model = opt.model.build(device, dtype);
   const double load_s = seconds_since(t0);
   log::info("eval-niah: {} — {} cells, {} samples on {} rank(s), weights loaded in {:.2f} s", config.summary(),
@@ -266,7 +292,18 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     for (int64_t i = 0; i < cell.samples; ++i) {
       const niah::Sample sample = cell.sample(i);
       const auto sample_start = Clock::now();
+      // The ranks hold their own copy of every sample (generated, or read from the set): check that
+      // the copies agree before the sample's collectives, as for the command itself.
+      const std::string which = fmt::format("sample {} of cell {} (task {}, length {}, depth {}%)", i, c + 1,
+                                            report.tasks[static_cast<size_t>(cell.task)], cell.length, cell.depth);
+      RunFingerprint sample_fields;
+      sample_fields.add_tokens("sample tokens", sample.ids);
+      sample_fields.add("answer span", fmt::format("{} + {}", sample.answer_start, sample.answer_length));
+      agree_across_ranks(comm, sample_fields, which);
       const niah::AnswerScore score = niah::evaluate_sample(model, comm, sample);
+      if (!std::isfinite(score.logprob)) {  // all-reduced: every rank takes this branch together
+        fail_nonfinite(model, comm, sample.ids, fmt::format("eval-niah: the answer's log-probability in {} is", which));
+      }
       const std::span<const int32_t> answer = sample.answer();
       rows.push_back(niah::SampleResult{.task = cell.task,
                                         .length = sample.length,
@@ -290,8 +327,10 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
               report.tasks[static_cast<size_t>(cell.task)], format_size(cell.length), cell.depth, result.accuracy(),
               result.correct, result.samples, result.mean_logprob, result.seconds, c + 1, plan.size());
     if (comm.rank() == 0) {  // rewritten after every cell: a run that dies keeps its finished cells
+      AtomicCommitGroup outputs;  // the JSON lines and the HDF5 copy change together or not at all
       niah::write_jsonl(opt.out, report);
       niah::write_results_h5(opt.out_h5, report);
+      outputs.commit();
     }
   }
   const double run_s = seconds_since(t1);

@@ -10,6 +10,8 @@
 
 #include "launch/cli.h"
 #include "launch/model_source.h"
+#include "model/cost.h"
+#include "model/nonfinite.h"
 #include "model/prefill.h"
 #include "model/train/objective.h"
 #include "parallel/device_world.h"
@@ -18,6 +20,9 @@
 #include "runtime/log.h"
 #include "runtime/sizes.h"
 #include "runtime/token_file.h"
+#if HYDRA_CUDA
+#include "runtime/cuda_memory.h"
+#endif
 
 namespace hydra {
 namespace {
@@ -64,7 +69,8 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   }
   opt.validate();
   Communicator& comm = app.world;
-  // Cheap checks first: config, tokens against its vocabulary, the layout's length rule.
+  // Cheap checks first: config, tokens against its vocabulary, the layout's length rule, the memory
+  // plan; then the ranks agree on all of it before the first collective.
   const ModelConfig config = opt.model.config();
   const std::vector<int32_t> ids = opt.input.empty()
                                        ? random_token_sequence(parse_size(opt.seq_len, "--seq-len"), config.vocab_size, opt.token_seed)
@@ -72,10 +78,37 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   const int64_t total = static_cast<int64_t>(ids.size());
   const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
   const int64_t t_local = layout.local_length(), vocab = config.vocab_size;
+  const Device device = resolve_device(opt.device, app.mpi);
+  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  // Beyond the prefill: with --output every rank's logits [T_loc, V] float32 (where the model runs,
+  // plus a host copy on the GPU path) and, on rank 0, the assembled [T, V] and one incoming block.
+  const double logits_bytes = opt.output.empty() ? 0.0 : static_cast<double>(t_local) * static_cast<double>(vocab) * 4.0;
+  const double assembly_bytes =
+      !opt.output.empty() && comm.rank() == 0 ? logits_bytes + static_cast<double>(total) * static_cast<double>(vocab) * 4.0 : 0.0;
+  MemoryEstimate estimate = estimate_prefill_memory(config, t_local, comm.size(), device);
+  estimate.activations += logits_bytes + (device == Device::host ? assembly_bytes : 0.0);
+#if HYDRA_CUDA
+  if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
+#endif
+  const std::string what = fmt::format("forward of {} tokens on {} rank(s)", total, comm.size());
+  check_memory_plan(estimate, device, what, app.mpi.local_size());
+  if (device == Device::cuda) {
+    MemoryEstimate host;
+    host.activations = logits_bytes + assembly_bytes + static_cast<double>(total) * 4.0;
+    check_memory_plan(host, Device::host, what + " (its logits on the host)", app.mpi.local_size());
+  }
+  RunFingerprint inputs;
+  add_model_fields(inputs, config, device, dtype);
+  if (opt.input.empty()) {
+    inputs.add("token count", std::to_string(total));
+  } else {
+    inputs.add_tokens("input tokens", ids);
+  }
+  agree_on_run(app, inputs);
 
   DeviceWorld world = make_device_world(opt.device, app.mpi, comm, opt.nccl_timeout);
   const auto t0 = std::chrono::steady_clock::now();
-  const Model model = opt.model.build(world.device, world.device == Device::cuda ? DType::bf16 : DType::f32);
+  const Model model = opt.model.build(device, dtype);
   const auto t1 = std::chrono::steady_clock::now();
   const TokenRows rows = layout.token_rows(ids);
   ForwardContext context{.comm = *world.comm, .layout = layout};
@@ -89,6 +122,8 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   all_reduce_sum_host(comm, stats);
   check_device_progress(world);
   const auto t2 = std::chrono::steady_clock::now();
+  // Every rank sees the same sums, so every rank takes the same branch (the search is collective).
+  if (!std::isfinite(stats.data_as<double>()[0])) fail_nonfinite(model, *world.comm, ids, "forward: the next-token NLL is");
 
   if (!opt.output.empty()) {
     Tensor logits = Tensor::empty({t_local, vocab}, DType::f32, model.device());

@@ -4,12 +4,14 @@
 // rank 0 writes GRADS.h5: root attributes `loss` (mean next-token cross-entropy), `tokens` (the
 // predictions it averages: T − 1), `model`; one float32 dataset per parameter.
 #include <chrono>
+#include <cmath>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
 #include "launch/cli.h"
 #include "launch/model_source.h"
+#include "model/nonfinite.h"
 #include "model/train/objective.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
@@ -62,14 +64,22 @@ int run_gradients(App& app, const std::vector<std::string>& args) {
   const std::vector<int32_t> ids = read_token_file(opt.input, config.vocab_size);
   HYDRA_USER_CHECK(ids.size() >= 2, "{}: holds {} token(s); next-token gradients need at least 2", opt.input, ids.size());
   SequenceLayout::zigzag(static_cast<int64_t>(ids.size()), app.world.size(), app.world.rank());  // length check first
+  const Device device = resolve_device(opt.device, app.mpi);
+  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  RunFingerprint inputs;
+  add_model_fields(inputs, config, device, dtype);
+  inputs.add_tokens("input tokens", ids);
+  agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   const auto t0 = std::chrono::steady_clock::now();
-  const Model model = opt.model.build(world.device, world.device == Device::cuda ? DType::bf16 : DType::f32);
+  const Model model = opt.model.build(world.device, dtype);
   const auto t1 = std::chrono::steady_clock::now();
   const train::NamedGradients g = train::next_token_gradients(*world.comm, model, ids);
   check_device_progress(world);
   const auto t2 = std::chrono::steady_clock::now();
   const double loss = g.sums.loss / static_cast<double>(g.sums.tokens);
+  // The loss is reduced over the ranks: every rank takes this branch together.
+  if (!std::isfinite(loss)) fail_nonfinite(model, *world.comm, ids, "gradients: the mean next-token loss is");
   if (app.world.rank() == 0) {
     AtomicFile file(opt.out);
     H5File h5 = H5File::create(file.temp_path());

@@ -33,6 +33,7 @@ int run_import(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "import", "--hf DIR --out FILE.h5", desc, args)) return 0;
   opt.validate();
+  agree_on_run(app, {});
   if (app.world.rank() != 0) return 0;
   LoadedCheckpoint ck = import_hf_checkpoint(opt.hf_dir);
   if (opt.dtype == "bf16") {

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "launch/cli.h"
+#include "model/model.h"
 #include "model/params.h"
 
 namespace hydra {
@@ -20,9 +21,10 @@ int run_info(App& app, const std::vector<std::string>& args) {
   po::positional_options_description positional;
   positional.add("model", 1);
   if (!parse_command_line(app, "info", "FILE.h5 [--tensors]", desc, args, &positional)) return 0;
+  agree_on_run(app, {});
   if (app.world.rank() != 0) return 0;
   CheckpointReader reader(path);
-  const ModelConfig config = config_from_json(nlohmann::json::parse(reader.config_json()), path);
+  const ModelConfig config = read_model_config(path);
   // The file format is the same for every model; what it holds is a Qwen3 teacher or a HydraHead model.
   std::cout << path << ": " << (config.is_hydra() ? "HydraHead model" : "Qwen3 teacher") << " (" << kCheckpointFormat
             << " v" << reader.format_version() << "), " << std::filesystem::file_size(path) / 1e6 << " MB\n";
@@ -45,9 +47,7 @@ int run_info(App& app, const std::vector<std::string>& args) {
     stored += n;
     by_type[info.dtype] += n;
     if (tensors) {
-      std::cout << fmt::format("  {:<56} {:<16} {}\n", name,
-                               TensorView(nullptr, info.dtype, Device::host, info.shape).shape_string(),
-                               dtype_name(info.dtype));
+      std::cout << fmt::format("  {:<56} {:<16} {}\n", name, format_shape(info.shape), dtype_name(info.dtype));
     }
   }
   std::cout << fmt::format("  {} tensors, {} parameters (config expects {})", reader.names().size(), stored,

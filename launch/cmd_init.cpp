@@ -38,6 +38,7 @@ int run_init(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "init", "--preset NAME --seed N --out FILE.h5", desc, args)) return 0;
   opt.validate();
+  agree_on_run(app, {});
   if (app.world.rank() != 0) return 0;  // one writer
   const ModelConfig config = preset_config(opt.preset);
   const DType dtype = opt.dtype == "bf16" ? DType::bf16 : DType::f32;

@@ -7,6 +7,7 @@
 // Only the last position's logits are formed (never [T, vocab]).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 
@@ -90,24 +91,28 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
                      ids.size(), total);
     ids.resize(static_cast<size_t>(total));
   }
+  const Device device = resolve_device(opt.device, app.mpi);
+  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  const SequenceLayout layout = SequenceLayout::zigzag(total, app.world.size(), app.world.rank());
+  const int64_t t_local = layout.local_length();
+
+  // Memory plan, before any allocation: the GPU's free memory, or the host's on the CPU path.
+  const MemoryEstimate estimate = estimate_prefill_memory(config, t_local, app.world.size(), device);
+#if HYDRA_CUDA
+  if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
+#endif
+  check_memory_plan(estimate, device, fmt::format("prefill of {} tokens on {} rank(s)", total, app.world.size()),
+                    app.mpi.local_size());
+  RunFingerprint inputs;
+  add_model_fields(inputs, config, device, dtype);
+  if (ids.empty()) {
+    inputs.add("token count", std::to_string(total));
+  } else {
+    inputs.add_tokens("input tokens", ids);
+  }
+  agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   Communicator& comm = *world.comm;
-  const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
-  const int64_t t_local = layout.local_length();
-  const Device device = world.device;
-  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
-
-  // Memory plan, before any allocation.
-  const MemoryEstimate estimate = estimate_prefill_memory(config, t_local, comm.size());
-#if HYDRA_CUDA
-  if (device == Device::cuda) {
-    const CudaMemoryStats s = cuda_memory_stats();
-    HYDRA_USER_CHECK(estimate.total() < 0.95 * static_cast<double>(s.free_device),
-                     "prefill of {} tokens on {} rank(s) needs about {} per GPU, but {} has {:.1f} GiB free; use more "
-                     "GPUs or a shorter --seq-len", total, comm.size(), estimate.describe(), error_context().host,
-                     gib(static_cast<double>(s.free_device)));
-  }
-#endif
   log::info("prefill: {} tokens, {} rank(s) on {}, {}; estimated {} per rank", total, comm.size(),
             device == Device::cuda ? "GPUs" : "CPUs", config.summary(), estimate.describe());
 
@@ -115,7 +120,6 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
   const auto t_load = std::chrono::steady_clock::now();
   const Model model = opt.model.build(device, dtype);
   if (ids.empty()) ids = random_token_sequence(total, config.vocab_size, opt.token_seed);
-  const Tensor local_ids = layout.token_rows(ids).ids;
   check_device_progress(world);
   comm.barrier();
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
@@ -126,7 +130,7 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
   if (device == Device::cuda) cuda_reset_peak();
 #endif
   const PrefillResult result =
-      timed_prefill(comm, layout, model, local_ids,
+      timed_prefill(comm, layout, model, ids,
                     PrefillRun{.warmup = opt.warmup, .repeat = opt.repeat,
                                .progress = opt.progress == "on" || (opt.progress == "auto" && total >= 65536),
                                .check_progress = [&] { check_device_progress(world); }});

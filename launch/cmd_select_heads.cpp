@@ -7,6 +7,7 @@
 // calibration prompts and their corruption in model/selection/head_calibration.h.
 // Every input check (budget, weights, calibration set or generator settings, text file) runs before
 // the weights are read. Rank 0 prints a progress line per layer, the table and a one-line JSON summary.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -19,6 +20,7 @@
 #include "model/selection/head_report.h"
 #include "model/selection/head_selection.h"
 #include "model/eval/niah_set.h"
+#include "model/nonfinite.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
@@ -71,6 +73,7 @@ struct SelectHeadsOptions {
         ("out-h5", po::value(&out_h5), "HDF5 copy of the scores (default: --out with .json replaced by .h5)")
         ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present): one GPU per rank")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
+    ModelSource::bind_allow_nonfinite(o, &model.allow_nonfinite);
   }
 
   heads::ScoreWeights score_weights() const {
@@ -145,8 +148,6 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
     return 0;
   }
   opt.validate();
-  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
-  Communicator& comm = *world.comm;
   const ModelConfig config = opt.model.config();
   HYDRA_USER_CHECK(config.arch == Arch::qwen3,
                    "{}: is a {} model; select-heads scores the heads of a Qwen3 teacher (hydra import / hydra init "
@@ -178,10 +179,24 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
     text = heads::random_text(config.vocab_size, opt.seed, lm_length, opt.lm_samples);
   }
 
-  const auto t0 = Clock::now();
   // GPU: bf16 weights; CPU: the fp32 reference path.
-  const Device device = world.device;
+  const Device device = resolve_device(opt.device, app.mpi);
   const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  RunFingerprint inputs;
+  add_model_fields(inputs, config, device, dtype);
+  std::vector<int32_t> prompt_ids, text_ids;
+  for (const heads::CalibrationPrompt& p : prompts) {
+    prompt_ids.insert(prompt_ids.end(), p.clean.begin(), p.clean.end());
+    prompt_ids.insert(prompt_ids.end(), p.corrupted.begin(), p.corrupted.end());
+  }
+  for (const std::vector<int32_t>& t : text) text_ids.insert(text_ids.end(), t.begin(), t.end());
+  inputs.add_tokens("calibration prompts", prompt_ids);
+  inputs.add_tokens("plain text", text_ids);
+  agree_on_run(app, inputs);
+  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+  Communicator& comm = *world.comm;
+
+  const auto t0 = Clock::now();
   const Model model = opt.model.build(device, dtype);
   const double load_s = seconds_since(t0);
   const int64_t jobs = config.num_layers * config.num_heads;
@@ -202,6 +217,16 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   report.budget = budget;
   report.weights = weights;
   report.scores = heads::score_heads(model, comm, prompts, text, scoring);
+  {
+    // The scores are the same on every rank (all-reduced), so every rank takes this branch together.
+    const heads::HeadScores& sc = report.scores;
+    const auto finite_value = [](double v) { return std::isfinite(v); };
+    bool finite = finite_value(sc.logprob_clean) && finite_value(sc.logprob_corrupt) && finite_value(sc.lm_nll_clean);
+    for (const heads::Grid* g : {&sc.total, &sc.direct, &sc.lm}) {
+      for (const auto& row : *g) finite = finite && std::all_of(row.begin(), row.end(), finite_value);
+    }
+    if (!finite) fail_nonfinite(model, comm, prompts.front().clean, "select-heads: the head scores are");
+  }
   const double score_s = seconds_since(t1);
   report.composite = heads::composite_scores(report.scores, weights);
   report.fa_heads = heads::choose_fa_heads(report.composite.composite, budget);
@@ -231,8 +256,10 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
       {"scales", {{"total", report.composite.scale_total}, {"direct", report.composite.scale_direct}, {"lm", report.composite.scale_lm}}}};
   report.selection_json = selection.dump();
   if (comm.rank() == 0) {
+    AtomicCommitGroup outputs;  // heads.json and heads.h5 appear together or not at all
     heads::write_heads_json(opt.out, report);
     heads::write_heads_h5(opt.out_h5, report);
+    outputs.commit();
     std::cout << heads::format_heads_table(report);
     const nlohmann::ordered_json summary = {
         {"command", "select-heads"}, {"model", report.model},          {"ranks", comm.size()},

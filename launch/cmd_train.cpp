@@ -15,6 +15,7 @@
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
 #include "runtime/sizes.h"
+#include "runtime/token_file.h"
 #if HYDRA_CUDA
 #include "runtime/cuda_memory.h"
 #endif
@@ -168,19 +169,32 @@ int run_train(App& app, const std::vector<std::string>& args) {
                      "align needs as many teacher layers as student layers: teacher {} has {}, the student {}", opt.teacher,
                      t.num_layers, student_config.num_layers);
   }
+  const Device device = resolve_device(opt.device, app.mpi);
+  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  RunFingerprint inputs;
+  add_model_fields(inputs, student_config, device, dtype);
+  if (needs_teacher) add_model_fields(inputs, "teacher", read_model_config(opt.teacher));
+  // The data: each file's token count (cheap: the dataset's shape; the streams are read later).
+  for (const std::string& f : c.data) inputs.add("training data tokens " + f, std::to_string(token_file_length(f)));
+  for (const std::string& f : c.eval_data) {
+    inputs.add("evaluation data tokens " + f, std::to_string(token_file_length(f)));
+  }
+  agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   train::TrainTopology topology(*world.comm, c.sp);
   SequenceLayout::zigzag(c.seq_len, topology.sp(), topology.sequence().rank());  // admissible length?
-  const DType dtype = world.device == Device::cuda ? DType::bf16 : DType::f32;
   const MemoryEstimate estimate = estimate_training_memory(
       student_config, c.seq_len / topology.sp(), topology.sp(), teacher_config ? &*teacher_config : nullptr,
       world.device, c.stage == train::Stage::align);
   check_memory_plan(estimate, world.device, fmt::format("training at --seq-len {} on {} rank(s) per sequence", c.seq_len,
-                                                        topology.sp()));
+                                                        topology.sp()), app.mpi.local_size());
   log::info("train: memory plan {} per rank", estimate.describe());
   Model student = opt.model.build(world.device, dtype);
   std::optional<Model> teacher;
-  if (needs_teacher) teacher.emplace(Model::load(opt.teacher, world.device, dtype));
+  if (needs_teacher) {
+    teacher.emplace(Model::load(opt.teacher, world.device, dtype,
+                                opt.model.allow_nonfinite ? NonFinite::allow : NonFinite::refuse));
+  }
   const train::TrainSummary s = train::run_training(c, topology, student, teacher ? &*teacher : nullptr);
   check_device_progress(world);
   if (app.world.rank() == 0) {

@@ -3,7 +3,8 @@
 // Every process initialises MPI (a process started without mpirun is a world of one), runs the
 // subcommand, and on any error prints one line and ends the whole job: with several ranks through
 // MPI_Abort, so no rank is left waiting in a collective for a rank that failed.
-// Exit codes: 0 success, 2 bad input (UserError), 1 internal failure.
+// Exit codes: 0 success, 2 bad input (UserError; also running out of memory), 1 internal failure;
+// a process ended by SIGTERM/SIGINT/SIGHUP first removes its temporary files (runtime/atomic_file.h).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,8 @@
 
 #include "kernels/matmul/matmul.h"
 #include "launch/cli.h"
+#include "runtime/atomic_file.h"
+#include "runtime/fault.h"
 #include "runtime/log.h"
 
 namespace {
@@ -21,7 +24,8 @@ namespace {
 void print_usage() {
   std::cout << "usage: hydra <command> [options]   (hydra <command> --help for its options)\n\ncommands:\n";
   for (const auto& c : hydra::subcommands()) std::printf("  %-14s %s\n", c.name.c_str(), c.summary.c_str());
-  std::cout << "\nUnder mpirun every command runs sequence-parallel over the ranks; rank 0 writes outputs.\n";
+  std::cout << "\nUnder mpirun every command runs sequence-parallel over the ranks; rank 0 writes outputs. Every rank\n"
+               "must get the same command line and the same file contents: the ranks check this before they start.\n";
 }
 
 int dispatch(hydra::App& app, int argc, char** argv) {
@@ -40,20 +44,33 @@ int dispatch(hydra::App& app, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   hydra::MpiRuntime mpi(&argc, &argv);
-  hydra::MpiCommunicator world;
+  hydra::MpiCommunicator mpi_world;
+  // Collectives wait for the ranks' agreement on what they run (launch/cli.h agree_on_run).
+  hydra::AgreementGate world(mpi_world);
   hydra::log::set_rank(world.rank(), world.size());
+  // After MPI_Init, so these are the handlers in force: SIGTERM/SIGINT/SIGHUP remove temporaries.
+  hydra::install_cleanup_handlers();
   // CPU path: share the node's cores among its ranks unless the user chose (OPENBLAS_NUM_THREADS).
   if (!std::getenv("OPENBLAS_NUM_THREADS")) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     hydra::ops::set_cpu_threads(std::max(1, cores / std::max(1, mpi.local_size())));
   }
-  hydra::App app{mpi, world};
+  hydra::App app{mpi, world, {}, {}};
   int code = 0;
   std::string message;
   try {
+    hydra::check_fault_spec(world.size());
     code = dispatch(app, argc, argv);
   } catch (const hydra::UserError& e) {
     message = std::string("error") + (world.size() > 1 ? " (rank " + std::to_string(world.rank()) + ")" : "") + ": " + e.what();
+    code = 2;
+  } catch (const std::bad_alloc&) {
+    // Allocations the runtime sizes itself go through Tensor (a UserError with the size); this is
+    // what remains: a container's allocation on a host with too little memory.
+    std::fprintf(stderr, "hydra: error%s: out of host memory (std::bad_alloc) on %s: use more ranks, fewer ranks "
+                 "per node or a shorter input\n",
+                 world.size() > 1 ? (" (rank " + std::to_string(world.rank()) + ")").c_str() : "",
+                 hydra::describe_location().c_str());
     code = 2;
   } catch (const std::exception& e) {
     message = std::string("internal error") + (world.size() > 1 ? " (rank " + std::to_string(world.rank()) + ")" : "") +

@@ -14,6 +14,14 @@ void ModelSource::bind(po::options_description& options, const char* seed_flag) 
       ("preset", po::value(&preset), "instead of --model: a preset shape with random weights "
                                      "(qwen3-tiny, hydrahead-tiny, qwen3-1.7b, hydrahead-1.7b)")
       (seed_flag, po::value(&seed)->default_value(0), "weight seed for --preset");
+  bind_allow_nonfinite(options, &allow_nonfinite);
+}
+
+void ModelSource::bind_allow_nonfinite(po::options_description& options, bool* flag) {
+  options.add_options()
+      ("allow-nonfinite", po::bool_switch(flag),
+       "load a checkpoint whose weights hold NaN or Inf (refused by default); a run whose output turns non-finite "
+       "still stops, naming the first layer where it does");
 }
 
 void ModelSource::validate() const {
@@ -28,14 +36,7 @@ void ModelSource::validate() const {
 ModelConfig ModelSource::config() const {
   if (!preset.empty()) return preset_config(preset);
   maybe_inject_fault("load");
-  CheckpointReader reader(model_path);
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(reader.config_json());
-  } catch (const nlohmann::json::exception& e) {
-    HYDRA_USER_FAIL("{}: the 'config' attribute is not JSON ({})", model_path, e.what());
-  }
-  return config_from_json(json, model_path);
+  return read_model_config(model_path);
 }
 
 LoadedCheckpoint ModelSource::parameters() const {
@@ -45,7 +46,7 @@ LoadedCheckpoint ModelSource::parameters() const {
     out.params = random_parameters(out.config, seed);
     return out;
   }
-  return read_model_checkpoint(model_path);
+  return read_model_checkpoint(model_path, allow_nonfinite ? NonFinite::allow : NonFinite::refuse);
 }
 
 Model ModelSource::build(Device device, DType dtype) const {

@@ -15,10 +15,13 @@ struct ModelSource {
   std::string model_path;
   std::string preset;
   uint64_t seed = 0;
+  bool allow_nonfinite = false;  // load a checkpoint whose weights hold NaN/Inf (model/nonfinite.h)
 
   // `seed_flag` names the preset's weight seed: "seed", or "weight-seed" where a command's own
   // --seed means something else (a task or data-order seed).
   void bind(po::options_description& options, const char* seed_flag = "seed");
+  // --allow-nonfinite alone (commands that bind --model/--preset themselves).
+  static void bind_allow_nonfinite(po::options_description& options, bool* flag);
   // Exactly one of --model / --preset; a named preset must exist; the file must be readable.
   void validate() const;
   // The config alone (cheap: reads only the checkpoint's attributes), for input checks.

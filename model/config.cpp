@@ -1,6 +1,8 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -25,19 +27,32 @@ std::vector<int> ModelConfig::fa_kv_heads_of(int64_t layer) const {
 }
 
 void ModelConfig::validate() const {
-  HYDRA_USER_CHECK(vocab_size > 0, "config: vocab_size must be positive (got {})", vocab_size);
-  HYDRA_USER_CHECK(hidden_size > 0, "config: hidden_size must be positive (got {})", hidden_size);
-  HYDRA_USER_CHECK(num_layers > 0, "config: num_hidden_layers must be positive (got {})", num_layers);
-  HYDRA_USER_CHECK(num_heads > 0 && num_kv_heads > 0, "config: head counts must be positive (heads {}, kv heads {})",
-                   num_heads, num_kv_heads);
+  HYDRA_USER_CHECK(vocab_size > 0 && vocab_size < kMaxVocab, "config: vocab_size must be in 1..2^31-1 (got {})",
+                   vocab_size);
+  HYDRA_USER_CHECK(hidden_size > 0 && hidden_size <= kMaxWidth, "config: hidden_size must be in 1..{} (got {})",
+                   kMaxWidth, hidden_size);
+  HYDRA_USER_CHECK(num_layers > 0 && num_layers <= kMaxLayers, "config: num_hidden_layers must be in 1..{} (got {})",
+                   kMaxLayers, num_layers);
+  HYDRA_USER_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads <= kMaxHeads,
+                   "config: head counts must be in 1..{} (heads {}, kv heads {})", kMaxHeads, num_heads, num_kv_heads);
   HYDRA_USER_CHECK(num_heads % num_kv_heads == 0,
                    "config: num_attention_heads {} is not a multiple of num_key_value_heads {}", num_heads,
                    num_kv_heads);
-  HYDRA_USER_CHECK(head_dim > 0 && head_dim % 2 == 0, "config: head_dim must be positive and even (got {})",
-                   head_dim);
-  HYDRA_USER_CHECK(intermediate_size > 0, "config: intermediate_size must be positive (got {})", intermediate_size);
-  HYDRA_USER_CHECK(rms_norm_eps > 0, "config: rms_norm_eps must be positive");
-  HYDRA_USER_CHECK(rope_theta > 0, "config: rope_theta must be positive");
+  HYDRA_USER_CHECK(head_dim > 0 && head_dim % 2 == 0 && head_dim <= kMaxHeadDim,
+                   "config: head_dim must be positive, even and at most {} (got {})", kMaxHeadDim, head_dim);
+  HYDRA_USER_CHECK(intermediate_size > 0 && intermediate_size <= kMaxWidth,
+                   "config: intermediate_size must be in 1..{} (got {})", kMaxWidth, intermediate_size);
+  HYDRA_USER_CHECK(std::isfinite(rms_norm_eps) && rms_norm_eps > 0, "config: rms_norm_eps must be positive and finite");
+  HYDRA_USER_CHECK(std::isfinite(rope_theta) && rope_theta > 0, "config: rope_theta must be positive and finite");
+  // An upper bound of the parameter count in floating point (no overflow): embeddings, and per layer
+  // every projection of the widest layer kind plus the norms.
+  const double D = static_cast<double>(hidden_size), Hd = static_cast<double>(num_heads * head_dim);
+  const double G = static_cast<double>(num_kv_heads * head_dim), I = static_cast<double>(intermediate_size);
+  const double H = static_cast<double>(num_heads);
+  const double per_layer = D * (6.0 * Hd + 2.0 * G + 3.0 * I + 2.0 * H + 2.0) + Hd * (3.0 * 8.0 + 1.0) + 4.0 * H;
+  const double params = 2.0 * static_cast<double>(vocab_size) * D + static_cast<double>(num_layers) * per_layer;
+  HYDRA_USER_CHECK(params <= kMaxParameters, "config: about {:.3g} parameters ({} layers, hidden size {}, vocabulary "
+                   "{}), more than the 2^40 this runtime takes", params, num_layers, hidden_size, vocab_size);
   if (arch == Arch::qwen3) {
     HYDRA_USER_CHECK(fa_heads.empty(), "config: a qwen3 config has no fa_heads");
     return;
@@ -53,10 +68,11 @@ void ModelConfig::validate() const {
                        "config: layer {} FA heads must be sorted and distinct", l);
     }
   }
-  HYDRA_USER_CHECK(fa_log_base > 1, "config: fa_log_base must be > 1 (got {})", fa_log_base);
+  HYDRA_USER_CHECK(std::isfinite(fa_log_base) && fa_log_base > 1, "config: fa_log_base must be > 1 and finite (got {})",
+                   fa_log_base);
   HYDRA_USER_CHECK(conv_kernel >= 1 && conv_kernel <= 8, "config: conv_kernel must be in 1..8 (got {})",
                    conv_kernel);
-  HYDRA_USER_CHECK(l2_norm_eps > 0, "config: l2_norm_eps must be positive");
+  HYDRA_USER_CHECK(std::isfinite(l2_norm_eps) && l2_norm_eps > 0, "config: l2_norm_eps must be positive and finite");
 }
 
 std::string arch_name(Arch arch) { return arch == Arch::qwen3 ? "qwen3" : "hydrahead"; }
@@ -108,20 +124,38 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
     } else {
       HYDRA_USER_FAIL("{}: unknown arch '{}' (expected qwen3 or hydrahead)", source, arch);
     }
-    c.vocab_size = j.at("vocab_size").get<int64_t>();
-    c.hidden_size = j.at("hidden_size").get<int64_t>();
-    c.num_layers = j.at("num_hidden_layers").get<int64_t>();
-    c.num_heads = j.at("num_attention_heads").get<int64_t>();
-    c.num_kv_heads = j.at("num_key_value_heads").get<int64_t>();
-    c.head_dim = j.at("head_dim").get<int64_t>();
-    c.intermediate_size = j.at("intermediate_size").get<int64_t>();
+    const auto integer = [&](const char* key) { return json_integer(j.at(key), fmt::format("{}: {}", source, key)); };
+    c.vocab_size = integer("vocab_size");
+    c.hidden_size = integer("hidden_size");
+    c.num_layers = integer("num_hidden_layers");
+    c.num_heads = integer("num_attention_heads");
+    c.num_kv_heads = integer("num_key_value_heads");
+    c.head_dim = integer("head_dim");
+    c.intermediate_size = integer("intermediate_size");
     c.rms_norm_eps = j.at("rms_norm_eps").get<double>();
     c.rope_theta = j.at("rope_theta").get<double>();
     c.tie_word_embeddings = j.at("tie_word_embeddings").get<bool>();
     if (c.arch == Arch::hydrahead) {
-      c.fa_heads = j.at("fa_heads").get<std::vector<std::vector<int>>>();
+      // Read before validate(): bound the lists by the layer and head counts before building them.
+      const nlohmann::json& layers = j.at("fa_heads");
+      HYDRA_USER_CHECK(layers.is_array(), "{}: fa_heads is not a list of lists", source);
+      HYDRA_USER_CHECK(c.num_layers > 0 && c.num_layers <= kMaxLayers &&
+                           static_cast<int64_t>(layers.size()) == c.num_layers,
+                       "{}: fa_heads lists {} layers, the model has {}", source, layers.size(), c.num_layers);
+      for (size_t l = 0; l < layers.size(); ++l) {
+        HYDRA_USER_CHECK(layers[l].is_array() && static_cast<int64_t>(layers[l].size()) <= c.num_heads,
+                         "{}: fa_heads[{}] is not a list of at most {} heads", source, l, c.num_heads);
+        std::vector<int> heads;
+        for (const nlohmann::json& h : layers[l]) {
+          const int64_t v = json_integer(h, fmt::format("{}: fa_heads[{}]", source, l));
+          HYDRA_USER_CHECK(v >= 0 && v < c.num_heads, "{}: config: layer {} names FA head {}, but heads are 0..{}",
+                           source, l, v, c.num_heads - 1);
+          heads.push_back(static_cast<int>(v));
+        }
+        c.fa_heads.push_back(std::move(heads));
+      }
       c.fa_log_base = j.at("fa_log_base").get<double>();
-      c.conv_kernel = j.at("conv_kernel").get<int64_t>();
+      c.conv_kernel = integer("conv_kernel");
       c.l2_norm_eps = j.at("l2_norm_eps").get<double>();
     }
   } catch (const nlohmann::json::exception& e) {

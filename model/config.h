@@ -12,6 +12,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "runtime/json_integer.h"
+
 namespace hydra {
 
 enum class Arch { qwen3, hydrahead };
@@ -48,6 +50,16 @@ struct ModelConfig {
   void validate() const;
   std::string summary() const;  // one line
 };
+
+// Bounds a config must keep (validate()): far beyond any real model, small enough that every size
+// computed from them fits in 64 bits and a damaged or hostile config fails in microseconds instead
+// of allocating (1e7 layers used to build 10 GB of parameter specs first).
+inline constexpr int64_t kMaxLayers = 16384;
+inline constexpr int64_t kMaxHeads = 16384;
+inline constexpr int64_t kMaxHeadDim = 4096;
+inline constexpr int64_t kMaxWidth = int64_t{1} << 22;        // hidden_size, intermediate_size
+inline constexpr int64_t kMaxVocab = int64_t{1} << 31;        // ids are int32: vocab_size <= 2^31 − 1
+inline constexpr double kMaxParameters = 1099511627776.0;     // 2^40
 
 nlohmann::json config_to_json(const ModelConfig& config);
 // `source` names where the JSON came from, for error messages.

@@ -13,7 +13,6 @@
 #include "runtime/cuda_memory.h"
 #endif
 
-
 namespace hydra {
 
 double causal_attention_flops(int64_t tokens, int64_t heads, int64_t head_dim) {
@@ -47,13 +46,15 @@ std::string MemoryEstimate::describe() const {
                      init_extra / g, activations / g);
 }
 
-MemoryEstimate estimate_prefill_memory(const ModelConfig& c, int64_t local_tokens, int world) {
+MemoryEstimate estimate_prefill_memory(const ModelConfig& c, int64_t local_tokens, int world, Device device) {
   MemoryEstimate m;
-  const double b = 2.0;  // bf16
+  const double b = device == Device::cuda ? 2.0 : 4.0;  // bf16 on GPUs, the fp32 reference on the host
   const double t = static_cast<double>(local_tokens), D = static_cast<double>(c.hidden_size);
   const double d = static_cast<double>(c.head_dim), H = static_cast<double>(c.num_heads);
   m.weights = static_cast<double>(parameter_count(c)) * b;
-  m.init_extra = m.weights;
+  // The parameter set the runtime copies are built from: drawn or placed in bf16 on the GPU; on the
+  // host the f32 tensors read from the checkpoint (or drawn), alive while the model is built.
+  m.init_extra = device == Device::cuda ? m.weights : static_cast<double>(parameter_count(c)) * 4.0;
   double peak = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerLayout layout = layer_layout(c, l);
@@ -105,7 +106,7 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_toke
   return m;
 }
 
-void check_memory_plan(const MemoryEstimate& estimate, Device device, const std::string& what) {
+void check_memory_plan(const MemoryEstimate& estimate, Device device, const std::string& what, int ranks_on_host) {
   const double g = 1024.0 * 1024.0 * 1024.0;
   double available = 0;
   std::string where;
@@ -116,11 +117,12 @@ void check_memory_plan(const MemoryEstimate& estimate, Device device, const std:
   }
 #endif
   if (device == Device::host) {
-    available = host_available_memory_bytes();
-    where = "this host";
+    available = host_available_bytes() / std::max(1, ranks_on_host);
+    where = ranks_on_host > 1 ? fmt::format("each of this host's {} ranks", ranks_on_host) : std::string("this host");
   }
   HYDRA_USER_CHECK(estimate.total() < 0.95 * available, "{} needs about {} per rank, but {} has {:.1f} GiB available; "
-                   "use more ranks per sequence or a shorter --seq-len", what, estimate.describe(), where, available / g);
+                   "use more ranks (on more nodes) or a shorter --seq-len", what, estimate.describe(), where,
+                   available / g);
 }
 
 }  // namespace hydra

@@ -33,8 +33,10 @@ struct MemoryEstimate {
   std::string describe() const;  // "41.2 GiB (weights 3.8, init 3.8, activations 33.6)"
 };
 
-// Per-rank estimate for a bf16 prefill of `local_tokens` rows on `world` ranks.
-MemoryEstimate estimate_prefill_memory(const ModelConfig& config, int64_t local_tokens, int world);
+// Per-rank estimate for a prefill of `local_tokens` rows on `world` ranks: bf16 on cuda; fp32 on the
+// host, where the checkpoint's f32 copy (read whole before the model is built) is the transient part.
+MemoryEstimate estimate_prefill_memory(const ModelConfig& config, int64_t local_tokens, int world,
+                                       Device device = Device::cuda);
 
 // Per-rank estimate for a training step on `local_tokens` rows (model/train): weights, fp32 masters,
 // moments and gradients, the teacher's weights (align/distill), every layer's saved input and FA
@@ -44,7 +46,8 @@ MemoryEstimate estimate_training_memory(const ModelConfig& config, int64_t local
                                         const ModelConfig* teacher, Device device, bool align);
 
 // Refuses (UserError naming `what` and the estimate) a run whose estimate exceeds the memory this
-// rank can use: the GPU's free memory, or the host's available memory for the CPU path.
-void check_memory_plan(const MemoryEstimate& estimate, Device device, const std::string& what);
+// rank can use: the GPU's free memory, or for the CPU path the host's available memory
+// (runtime/host_memory.h) shared by the `ranks_on_host` ranks of this node.
+void check_memory_plan(const MemoryEstimate& estimate, Device device, const std::string& what, int ranks_on_host = 1);
 
 }  // namespace hydra

@@ -38,12 +38,27 @@ FaHeadsFile read_fa_heads_file(const std::string& path, const ModelConfig& teach
   }
   FaHeadsFile out;
   try {
-    HYDRA_USER_CHECK(j.value("format", std::string()) == kFormat, "{}: not an FA head-set file (format must be '{}')",
-                     path, kFormat);
-    HYDRA_USER_CHECK(j.value("version", 0) == 1, "{}: unsupported version {}", path, j.value("version", 0));
-    const auto layers = j.at("fa_heads").get<std::vector<std::vector<int>>>();
-    HYDRA_USER_CHECK(static_cast<int64_t>(layers.size()) == teacher.num_layers,
-                     "{}: lists {} layers, the model has {}", path, layers.size(), teacher.num_layers);
+    HYDRA_USER_CHECK(j.is_object() && j.value("format", std::string()) == kFormat,
+                     "{}: not an FA head-set file (format must be '{}')", path, kFormat);
+    const int64_t version = j.contains("version") ? json_integer(j.at("version"), path + ": version") : 0;
+    HYDRA_USER_CHECK(version == 1, "{}: unsupported version {}", path, version);
+    // Head indices through json_integer: get<int>() of a float such as 1e300 is undefined behaviour.
+    const nlohmann::json& list = j.at("fa_heads");
+    HYDRA_USER_CHECK(list.is_array() && static_cast<int64_t>(list.size()) == teacher.num_layers,
+                     "{}: lists {} layers, the model has {}", path, list.is_array() ? list.size() : 0,
+                     teacher.num_layers);
+    std::vector<std::vector<int>> layers;
+    for (size_t l = 0; l < list.size(); ++l) {
+      HYDRA_USER_CHECK(list[l].is_array(), "{}: fa_heads[{}] is not a list of heads", path, l);
+      std::vector<int> heads;
+      for (const nlohmann::json& h : list[l]) {
+        const int64_t v = json_integer(h, fmt::format("{}: fa_heads[{}]", path, l));
+        HYDRA_USER_CHECK(v >= 0 && v < teacher.num_heads, "{}: layer {} names head {}, but the model's heads are 0..{}",
+                         path, l, v, teacher.num_heads - 1);
+        heads.push_back(static_cast<int>(v));
+      }
+      layers.push_back(std::move(heads));
+    }
     for (size_t l = 0; l < layers.size(); ++l) out.fa_heads.push_back(sorted_unique_checked(layers[l], teacher, l, path));
     if (j.contains("scores")) {
       for (const auto& [name, value] : j.at("scores").items()) {

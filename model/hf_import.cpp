@@ -62,13 +62,22 @@ ModelConfig config_from_hf_json(const nlohmann::json& hf, const std::string& sou
     const std::string act = value_or<std::string>(hf, "hidden_act", "silu");
     HYDRA_USER_CHECK(act == "silu", "{}: hidden_act '{}' is not supported (silu only)", source, act);
     c.arch = Arch::qwen3;
-    c.vocab_size = hf.at("vocab_size").get<int64_t>();
-    c.hidden_size = hf.at("hidden_size").get<int64_t>();
-    c.num_layers = hf.at("num_hidden_layers").get<int64_t>();
-    c.num_heads = hf.at("num_attention_heads").get<int64_t>();
-    c.num_kv_heads = value_or<int64_t>(hf, "num_key_value_heads", c.num_heads);
-    c.head_dim = value_or<int64_t>(hf, "head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
-    c.intermediate_size = hf.at("intermediate_size").get<int64_t>();
+    HYDRA_USER_CHECK(hf.is_object(), "{}: not a JSON object", source);
+    const auto integer = [&](const char* key, int64_t fallback, bool required) {
+      const auto it = hf.find(key);
+      if (it == hf.end() || it->is_null()) {
+        HYDRA_USER_CHECK(!required, "{}: missing or malformed field ('{}' is missing)", source, key);
+        return fallback;
+      }
+      return json_integer(*it, fmt::format("{}: {}", source, key));
+    };
+    c.vocab_size = integer("vocab_size", 0, true);
+    c.hidden_size = integer("hidden_size", 0, true);
+    c.num_layers = integer("num_hidden_layers", 0, true);
+    c.num_heads = integer("num_attention_heads", 0, true);
+    c.num_kv_heads = integer("num_key_value_heads", c.num_heads, false);
+    c.head_dim = integer("head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0, false);
+    c.intermediate_size = integer("intermediate_size", 0, true);
     c.rms_norm_eps = value_or<double>(hf, "rms_norm_eps", 1e-6);
     c.rope_theta = rope_theta_of(hf, source);
     c.tie_word_embeddings = value_or<bool>(hf, "tie_word_embeddings", false);
@@ -99,7 +108,15 @@ LoadedCheckpoint import_hf_checkpoint(const std::string& directory) {
     const nlohmann::json idx = read_json(index.string(), "safetensors index");
     HYDRA_USER_CHECK(idx.contains("weight_map") && idx["weight_map"].is_object(), "{}: no weight_map",
                      index.string());
-    for (const auto& [name, file] : idx["weight_map"].items()) file_of[name] = (dir / file.get<std::string>()).string();
+    for (const auto& [name, file] : idx["weight_map"].items()) {
+      HYDRA_USER_CHECK(file.is_string(), "{}: weight_map['{}'] is {}, not a file name", index.string(), name,
+                       file.dump().substr(0, 80));
+      const std::string shard = file.get<std::string>();
+      HYDRA_USER_CHECK(!shard.empty() && shard.find('/') == std::string::npos,
+                       "{}: weight_map['{}'] = '{}' is not a file name in the checkpoint folder", index.string(), name,
+                       shard);
+      file_of[name] = (dir / shard).string();
+    }
   } else {
     std::vector<std::string> files;
     for (const auto& entry : fs::directory_iterator(dir)) {
@@ -121,8 +138,7 @@ LoadedCheckpoint import_hf_checkpoint(const std::string& directory) {
                      spec.name);
     const SafetensorsEntry& entry = file->entries().at(spec.name);
     HYDRA_USER_CHECK(entry.shape == spec.shape, "{}: tensor '{}' has shape {}, the config needs {}", it->second,
-                     spec.name, TensorView(nullptr, DType::f32, Device::host, entry.shape).shape_string(),
-                     TensorView(nullptr, DType::f32, Device::host, spec.shape).shape_string());
+                     spec.name, format_shape(entry.shape), format_shape(spec.shape));
     out.params.emplace(spec.name, file->read(spec.name, DType::f32));
   }
   validate_parameters(out.config, out.params, directory);

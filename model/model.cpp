@@ -1,4 +1,5 @@
 #include "model/model.h"
+#include "model/nonfinite.h"
 
 #include <cmath>
 #include <numeric>
@@ -423,7 +424,7 @@ ModelConfig config_of(const CheckpointReader& reader, const std::string& path) {
 
 ModelConfig read_model_config(const std::string& path) { return config_of(CheckpointReader(path), path); }
 
-LoadedCheckpoint read_model_checkpoint(const std::string& path) {
+LoadedCheckpoint read_model_checkpoint(const std::string& path, NonFinite nonfinite) {
   CheckpointReader reader(path);
   LoadedCheckpoint out;
   out.config = config_of(reader, path);
@@ -433,11 +434,11 @@ LoadedCheckpoint read_model_checkpoint(const std::string& path) {
     HYDRA_USER_CHECK(info.dtype == DType::f32 || info.dtype == DType::bf16,
                      "{}: tensor '{}' is {}, expected float32 or bfloat16", path, spec.name, dtype_name(info.dtype));
     HYDRA_USER_CHECK(info.shape == spec.shape, "{}: tensor '{}' has shape {}, the config needs {}", path, spec.name,
-                     TensorView(nullptr, DType::f32, Device::host, info.shape).shape_string(),
-                     TensorView(nullptr, DType::f32, Device::host, spec.shape).shape_string());
+                     format_shape(info.shape), format_shape(spec.shape));
     out.params.emplace(spec.name, reader.read(spec.name, DType::f32));
   }
   validate_parameters(out.config, out.params, path);
+  if (nonfinite == NonFinite::refuse) check_finite_parameters(out.params, path);
   for (const std::string& name : reader.names()) {
     HYDRA_USER_CHECK(out.params.count(name), "{}: unexpected tensor '{}' for this config", path, name);
   }
@@ -449,8 +450,8 @@ void write_model_checkpoint(const std::string& path, const ModelConfig& config, 
   write_checkpoint(path, config_to_json(config).dump(), params);
 }
 
-Model Model::load(const std::string& path, Device device, DType dtype) {
-  LoadedCheckpoint ck = read_model_checkpoint(path);
+Model Model::load(const std::string& path, Device device, DType dtype, NonFinite nonfinite) {
+  LoadedCheckpoint ck = read_model_checkpoint(path, nonfinite);
   return Model(std::move(ck.config), ck.params, device, dtype);
 }
 

@@ -99,14 +99,18 @@ struct LayerSaved {
   GdnSaved gdn;
 };
 
+// Whether weights holding NaN or Inf may load (read_model_checkpoint, Model::load).
+enum class NonFinite { refuse, allow };
+
 class Model {
  public:
   // `params` are tensors named as in model/params.h (host f32, or already on the GPU); weights are
   // placed on `device` in `dtype` (host: f32, or f64 for gradient checks; cuda: bf16 storage with
   // fp32 norm/fusion/GDN scalars).
   Model(ModelConfig config, const NamedTensors& params, Device device = Device::host, DType dtype = DType::f32);
-  // Reads, validates and places a checkpoint.
-  static Model load(const std::string& path, Device device = Device::host, DType dtype = DType::f32);
+  // Reads, validates and places a checkpoint (non-finite weights: see read_model_checkpoint).
+  static Model load(const std::string& path, Device device = Device::host, DType dtype = DType::f32,
+                    NonFinite nonfinite = NonFinite::refuse);
 
   const ModelConfig& config() const { return config_; }
   Device device() const { return device_; }
@@ -196,12 +200,13 @@ class Model {
   ModelTensors weights_;
 };
 
-// Reads the checkpoint's config and all tensors as host f32 (validated against the config).
+// Reads the checkpoint's config and all tensors as host f32 (validated against the config). Weights
+// holding NaN or Inf are a UserError naming the tensor unless `nonfinite` is allow (model/nonfinite.h).
 struct LoadedCheckpoint {
   ModelConfig config;
   NamedTensors params;
 };
-LoadedCheckpoint read_model_checkpoint(const std::string& path);
+LoadedCheckpoint read_model_checkpoint(const std::string& path, NonFinite nonfinite = NonFinite::refuse);
 // The config of a checkpoint alone (cheap: its attributes); malformed configs are UserErrors.
 ModelConfig read_model_config(const std::string& path);
 void write_model_checkpoint(const std::string& path, const ModelConfig& config, const NamedTensors& params);

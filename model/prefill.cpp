@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "model/nonfinite.h"
 #include "runtime/log.h"
 #include "runtime/random.h"
 
@@ -18,10 +19,11 @@ std::vector<int32_t> random_token_sequence(int64_t length, int64_t vocab, uint64
   return ids;
 }
 
-PrefillResult timed_prefill(Communicator& comm, const SequenceLayout& layout, const Model& model, const TensorView& ids,
-                            const PrefillRun& run) {
+PrefillResult timed_prefill(Communicator& comm, const SequenceLayout& layout, const Model& model,
+                            std::span<const int32_t> sequence, const PrefillRun& run) {
   const ModelConfig& config = model.config();
   const int64_t t_local = layout.local_length();
+  const Tensor ids = layout.token_rows(sequence).ids;
   PrefillResult result;
   for (int i = 0; i < run.warmup + run.repeat; ++i) {
     const bool timed = i >= run.warmup;
@@ -45,8 +47,13 @@ PrefillResult timed_prefill(Communicator& comm, const SequenceLayout& layout, co
       const float* row = h.data_as<float>();
       result.last_token = static_cast<int32_t>(std::max_element(row, row + config.vocab_size) - row);
       result.last_logit = row[result.last_token];
-      HYDRA_ASSERT(std::isfinite(result.last_logit), "non-finite logits at the last position");
+      if (!std::all_of(row, row + config.vocab_size, [](float v) { return std::isfinite(v); })) result.last_logit = NAN;
     }
+    // Rank 0's verdict to every rank, so that all of them take the same branch (the search is collective).
+    Tensor nonfinite = Tensor::zeros({1}, DType::f32);
+    if (comm.rank() == 0) nonfinite.data_as<float>()[0] = std::isfinite(result.last_logit) ? 0.0f : 1.0f;
+    all_reduce_sum_host(comm, nonfinite);
+    if (nonfinite.data_as<float>()[0] > 0) fail_nonfinite(model, comm, sequence, "prefill: the logits at the last position are");
     if (run.check_progress) run.check_progress();
     comm.barrier();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

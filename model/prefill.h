@@ -2,7 +2,9 @@
 // forward over one sequence spread over the ranks of `comm` in the zigzag layout, `warmup` untimed
 // and `repeat` timed times, with per-phase times of the last timed run (GEMMs, FA, GDN, exposed
 // communication, other), and only the last position's logits are formed (never [T, vocab]).
-// Collective over `comm`; every rank returns the same times (a barrier closes each run).
+// Collective over `comm`; every rank returns the same times (a barrier closes each run). Non-finite
+// logits at the last position end the run on every rank with a UserError naming the first stage of
+// the forward that turned non-finite (model/nonfinite.h).
 #pragma once
 
 #include <array>
@@ -31,9 +33,9 @@ struct PrefillResult {
   double best() const;
 };
 
-// `ids` [T_loc] int32: this rank's tokens in local order (layout.token_rows or local_rows).
-PrefillResult timed_prefill(Communicator& comm, const SequenceLayout& layout, const Model& model, const TensorView& ids,
-                            const PrefillRun& run);
+// `sequence`: the whole token sequence (identical on every rank); each rank runs its own rows of it.
+PrefillResult timed_prefill(Communicator& comm, const SequenceLayout& layout, const Model& model,
+                            std::span<const int32_t> sequence, const PrefillRun& run);
 
 // Random token ids of a sequence: position i gets bits(seed, "tokens", i) mod vocab, so every rank
 // draws its own rows of the same sequence without communication.

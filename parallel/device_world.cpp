@@ -7,29 +7,38 @@
 
 namespace hydra {
 
-DeviceWorld make_device_world(const std::string& device, const MpiRuntime& mpi, Communicator& mpi_world,
-                              double nccl_timeout_s) {
+Device resolve_device(const std::string& device, const MpiRuntime& mpi) {
   HYDRA_USER_CHECK(device == "cuda" || device == "cpu" || device == "auto",
                    "--device must be cuda, cpu or auto (got '{}')", device);
-  DeviceWorld w;
-  w.comm = &mpi_world;
 #if HYDRA_CUDA
   const int gpus = cuda_device_count();
   const bool use_cuda = device == "cuda" || (device == "auto" && gpus > 0);
-  if (!use_cuda) return w;
+  if (!use_cuda) return Device::host;
   HYDRA_USER_CHECK(gpus > 0, "--device cuda: no CUDA device is visible on {}", error_context().host);
   HYDRA_USER_CHECK(mpi.local_rank() < gpus,
                    "--device cuda: {} ranks on host {} but only {} GPUs (one rank per GPU; launch with -np <= GPUs "
                    "per node)", mpi.local_size(), error_context().host, gpus);
-  w.device = Device::cuda;
+  return Device::cuda;
+#else
+  (void)mpi;
+  HYDRA_USER_CHECK(device != "cuda", "--device cuda: this hydra was built without CUDA (HYDRA_CUDA=OFF)");
+  return Device::host;
+#endif
+}
+
+DeviceWorld make_device_world(const std::string& device, const MpiRuntime& mpi, Communicator& mpi_world,
+                              double nccl_timeout_s) {
+  DeviceWorld w;
+  w.comm = &mpi_world;
+  w.device = resolve_device(device, mpi);
+#if HYDRA_CUDA
+  if (w.device != Device::cuda) return w;
   w.gpu = mpi.local_rank();
   cuda_set_device(w.gpu);
   w.owned = std::make_unique<NcclCommunicator>(mpi_world, nccl_timeout_s);
   w.comm = w.owned.get();
 #else
-  (void)mpi;
   (void)nccl_timeout_s;
-  HYDRA_USER_CHECK(device != "cuda", "--device cuda: this hydra was built without CUDA (HYDRA_CUDA=OFF)");
 #endif
   return w;
 }

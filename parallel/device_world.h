@@ -17,6 +17,11 @@ struct DeviceWorld {
   Communicator* comm = nullptr;                // the communicator to use (owned or the MPI world)
 };
 
+// Which device a `--device` value means on this rank ("cuda", "cpu" or "auto": cuda when this build
+// has it and a GPU is present), with the user checks of make_device_world but no communicator:
+// cheap, so the ranks can agree on it before any collective (parallel/agreement.h).
+Device resolve_device(const std::string& device, const MpiRuntime& mpi);
+
 // `device`: "cuda", "cpu" or "auto" (cuda when this build has it and a GPU is present).
 // On cuda: local rank r uses GPU r (UserError when a node has fewer GPUs than ranks), and an NCCL
 // communicator is bootstrapped over `mpi_world` with `nccl_timeout_s` for hangs.

@@ -70,8 +70,10 @@ std::shared_ptr<void> cuda_allocate(size_t bytes) {
     cudaGetLastError();
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
-    throw Error(fmt::format("CUDA allocation of {:.2f} GiB failed ({}); {:.2f} GiB in use by this "
-                            "process, {:.2f} GiB free on the device [{}]",
+    // A user error: the run asks for more than the GPU holds (the memory plans refuse most such runs
+    // before they start; this is the backstop, with the size asked for).
+    throw UserError(fmt::format("out of GPU memory: an allocation of {:.2f} GiB failed ({}); {:.2f} GiB in use by "
+                            "this process, {:.2f} GiB free on the device [{}]; use more GPUs or a shorter input",
                             bytes / 1073741824.0, cudaGetErrorString(status),
                             g_in_use.load() / 1073741824.0, free_bytes / 1073741824.0,
                             describe_location()));

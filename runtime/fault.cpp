@@ -7,10 +7,50 @@
 #include "runtime/error.h"
 
 namespace hydra {
+namespace {
+
+const char* spec_text() {
+  static const char* spec = std::getenv("HYDRA_INJECT_FAULT");
+  return spec && *spec ? spec : nullptr;
+}
+
+}  // namespace
+
+const std::vector<std::string>& fault_sites() {
+  // Every maybe_inject_fault call site: launch/model_source.cpp (load), model/model.cpp (layer),
+  // model/train/trainer.cpp (save), runtime/atomic_file.cpp (commit: between a write and its rename).
+  static const std::vector<std::string> sites = {"load", "layer", "save", "commit"};
+  return sites;
+}
+
+void check_fault_spec(int world_size) {
+  const char* spec = spec_text();
+  if (!spec) return;
+  const std::string s(spec);
+  const size_t colon = s.find(':');
+  std::string known;
+  for (const std::string& site : fault_sites()) known += (known.empty() ? "" : ", ") + site;
+  const std::string usage = fmt::format("expected RANK:SITE, RANK:crash, RANK:kill@SITE or RANK:term@SITE with SITE "
+                                        "one of {}", known);
+  HYDRA_USER_CHECK(colon != std::string::npos && colon > 0, "HYDRA_INJECT_FAULT='{}': {}", s, usage);
+  const std::string rank_text = s.substr(0, colon), target = s.substr(colon + 1);
+  HYDRA_USER_CHECK(rank_text.size() <= 9 && rank_text.find_first_not_of("0123456789") == std::string::npos,
+                   "HYDRA_INJECT_FAULT='{}': '{}' is not a rank; {}", s, rank_text, usage);
+  const int rank = std::stoi(rank_text);
+  HYDRA_USER_CHECK(rank < world_size, "HYDRA_INJECT_FAULT='{}': rank {} does not exist in a job of {} rank(s)", s, rank,
+                   world_size);
+  std::string site = target;
+  for (const char* prefix : {"kill@", "term@"}) {
+    if (target.rfind(prefix, 0) == 0) site = target.substr(5);
+  }
+  bool ok = target == "crash";
+  for (const std::string& k : fault_sites()) ok = ok || site == k;
+  HYDRA_USER_CHECK(ok, "HYDRA_INJECT_FAULT='{}': unknown site '{}'; {}", s, target, usage);
+}
 
 void maybe_inject_fault(const char* site) {
-  static const char* spec = std::getenv("HYDRA_INJECT_FAULT");
-  if (!spec || !*spec) return;
+  const char* spec = spec_text();
+  if (!spec) return;
   const std::string s(spec);
   const size_t colon = s.find(':');
   if (colon == std::string::npos) return;
@@ -18,6 +58,7 @@ void maybe_inject_fault(const char* site) {
   const std::string target = s.substr(colon + 1);
   if (target == "crash") std::abort();
   if (target == std::string("kill@") + site) std::raise(SIGKILL);  // as kill -9 would, mid-operation
+  if (target == std::string("term@") + site) std::raise(SIGTERM);  // as a scheduler's time limit would
   if (target == site) {
     throw Error(fmt::format("injected fault at '{}' (HYDRA_INJECT_FAULT={}) [{}]", site, s, describe_location()));
   }

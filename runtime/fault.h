@@ -4,12 +4,21 @@
 // (launch: "load", model: "layer" in a layer's forward and "backward" in its backward, training:
 // "save", half way through writing a checkpoint); the
 // pseudo-site "crash" aborts the process at the first site reached instead of throwing (a rank dying
-// without a message), and "kill@SITE" sends the process SIGKILL at SITE (kill -9 mid-operation).
-// Unset: no effect, one getenv.
+// without a message), and "kill@SITE" sends the process SIGKILL at SITE (kill -9 mid-operation),
+// "term@SITE" SIGTERM (a scheduler's time limit mid-operation).
+// A spec that names no known site, or a rank the job does not have, is a user error at start-up
+// (check_fault_spec), never silently ignored. Unset: no effect, one getenv.
 #pragma once
+
+#include <string>
+#include <vector>
 
 namespace hydra {
 
 void maybe_inject_fault(const char* site);
+// UserError if HYDRA_INJECT_FAULT is set but malformed, names an unknown site, or a rank >= world_size.
+void check_fault_spec(int world_size);
+// The sites maybe_inject_fault is called with.
+const std::vector<std::string>& fault_sites();
 
 }  // namespace hydra

@@ -6,12 +6,18 @@
 #include <cstring>
 
 #include "runtime/atomic_file.h"
+#include "runtime/host_memory.h"
 
 namespace hydra {
 namespace {
 
 void silence_hdf5() {
   static const bool done = [] {
+    // Before any other HDF5 call: no library shutdown at exit. HDF5 1.10 keeps a file whose close
+    // failed (a full disk) in its tables and crashes closing it again at exit, after hydra has
+    // printed its error; every file hydra writes is closed explicitly (close(), or the destructor),
+    // so there is nothing left for the shutdown to do.
+    H5dont_atexit();
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
     return true;
   }();
@@ -35,12 +41,23 @@ class Handle {
   herr_t (*closer_)(hid_t);
 };
 
+// Attributes are read into buffers sized for one element: an attribute stored as an array (or a
+// string declared larger than any config) would be written past the buffer's end.
+constexpr size_t kMaxAttributeBytes = size_t{64} << 20;
+
+bool holds_one_element(hid_t attr) {
+  Handle space(H5Aget_space(attr), H5Sclose);
+  return space.ok() && H5Sget_simple_extent_npoints(space.get()) == 1;
+}
+
 std::string stored_dtype_attribute(hid_t dataset) {
   if (H5Aexists(dataset, "dtype") <= 0) return "";
   Handle attr(H5Aopen(dataset, "dtype", H5P_DEFAULT), H5Aclose);
-  if (!attr.ok()) return "";
+  if (!attr.ok() || !holds_one_element(attr.get())) return "";
   Handle type(H5Aget_type(attr.get()), H5Tclose);
+  if (!type.ok() || H5Tget_class(type.get()) != H5T_STRING || H5Tis_variable_str(type.get()) != 0) return "";
   const size_t n = H5Tget_size(type.get());
+  if (n == 0 || n > 256) return "";
   std::string value(n, '\0');
   Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(mem.get(), n);
@@ -113,8 +130,12 @@ void H5File::close() {
   if (id_ < 0) return;
   const hid_t id = id_;
   id_ = -1;
-  HYDRA_USER_CHECK(H5Fflush(id, H5F_SCOPE_LOCAL) >= 0 && H5Fclose(id) >= 0,
-                   "{}: writing the HDF5 file failed (disk full?)", path_);
+  // H5Fclose runs whatever the flush returned: a file left open after a failed flush makes the HDF5
+  // library flush it again (and crash) when it shuts down at exit.
+  const herr_t flushed = H5Fflush(id, H5F_SCOPE_LOCAL);
+  const herr_t closed = H5Fclose(id);
+  HYDRA_USER_CHECK(flushed >= 0 && closed >= 0, "{}: writing the HDF5 file failed (disk full or over a file size "
+                   "limit?)", destination_of(path_));
 }
 
 bool H5File::has_dataset(const std::string& name) const {
@@ -149,18 +170,66 @@ DatasetInfo H5File::dataset_info(const std::string& name) const {
   HYDRA_USER_CHECK(rank >= 0 && rank <= kMaxRank, "{}: dataset '{}' has rank {} (at most {} supported)",
                    path_, name, rank, kMaxRank);
   hsize_t dims[kMaxRank] = {};
-  H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+  HYDRA_USER_CHECK(H5Sget_simple_extent_dims(space.get(), dims, nullptr) >= 0, "{}: cannot read the shape of dataset "
+                   "'{}' (damaged file?)", path_, name);
   DatasetInfo info;
-  for (int d = 0; d < rank; ++d) info.shape.push_back(static_cast<int64_t>(dims[d]));
+  std::string dims_text;
+  for (int d = 0; d < rank; ++d) {
+    dims_text += fmt::format("{}{}", d ? ", " : "", dims[d]);
+    HYDRA_USER_CHECK(dims[d] <= static_cast<hsize_t>(kMaxElements), "{}: dataset '{}' declares shape [{}], more than "
+                     "2^50 elements in one dimension (damaged file?)", path_, name, dims_text);
+    info.shape.push_back(static_cast<int64_t>(dims[d]));
+  }
+  HYDRA_USER_CHECK(checked_numel(info.shape) >= 0, "{}: dataset '{}' declares shape {}, more than 2^50 elements "
+                   "(damaged file?)", path_, name, format_shape(info.shape));
   info.dtype = classify(dataset.get(), path_, name);
   return info;
 }
 
+namespace {
+// A dataset's declared size is read from the file: refuse one that cannot fit before allocating it
+// (a damaged header can declare petabytes; HDF5 fills unwritten chunks with zeros, so a small file
+// can declare a huge dataset).
+void check_fits_in_memory(const std::string& file, const std::string& name, const DatasetInfo& info) {
+  const double bytes = static_cast<double>(checked_numel(info.shape)) * static_cast<double>(dtype_size(info.dtype));
+  if (bytes < 1073741824.0) return;  // below 1 GiB: no need to ask
+  const double available = host_available_bytes();
+  HYDRA_USER_CHECK(bytes <= available,
+                   "{}: dataset '{}' of shape {} needs {:.1f} GiB, more than the {:.1f} GiB of host memory available",
+                   file, name, format_shape(info.shape), bytes / 1073741824.0, available / 1073741824.0);
+}
+}  // namespace
+
 Tensor H5File::read(const std::string& name) const {
   const DatasetInfo info = dataset_info(name);
+  check_fits_in_memory(path_, name, info);
   Tensor t = Tensor::empty(info.shape, info.dtype, Device::host);
   read_into(name, t);
   return t;
+}
+
+// HDF5 1.10 trusts a dataset's layout message: a compact or contiguous dataset whose stored size
+// disagrees with its shape (a damaged header) is copied past the end of its buffer inside H5Dread
+// (later HDF5 versions check this). So the sizes are compared here first: the stored bytes must be
+// exactly what the shape and element type need, and a contiguous block must lie inside the file.
+void H5File::check_storage(int64_t dataset, const DatasetInfo& info, const std::string& name) const {
+  Handle dcpl(H5Dget_create_plist(dataset), H5Pclose);
+  HYDRA_USER_CHECK(dcpl.ok(), "{}: cannot read the layout of dataset '{}' (damaged file?)", path_, name);
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  if (layout != H5D_COMPACT && layout != H5D_CONTIGUOUS) return;  // chunked: HDF5 checks each chunk
+  Handle type(H5Dget_type(dataset), H5Tclose);
+  const hsize_t element = type.ok() ? H5Tget_size(type.get()) : 0;
+  const hsize_t needed = static_cast<hsize_t>(checked_numel(info.shape)) * element;
+  const hsize_t stored = H5Dget_storage_size(dataset);
+  HYDRA_USER_CHECK(stored == needed, "{}: dataset '{}' stores {} bytes, its shape {} needs {} (damaged or truncated "
+                   "file?)", path_, name, stored, format_shape(info.shape), needed);
+  if (layout == H5D_CONTIGUOUS && needed > 0) {
+    const haddr_t offset = H5Dget_offset(dataset);
+    hsize_t file_size = 0;
+    HYDRA_USER_CHECK(offset != HADDR_UNDEF && H5Fget_filesize(id_, &file_size) >= 0 && offset <= file_size &&
+                         needed <= file_size - offset,
+                     "{}: dataset '{}' lies past the end of the file (truncated file?)", path_, name);
+  }
 }
 
 void H5File::read_into(const std::string& name, const TensorView& out) const {
@@ -168,9 +237,10 @@ void H5File::read_into(const std::string& name, const TensorView& out) const {
   HYDRA_ASSERT(out.on_host() && out.is_contiguous(), "read_into needs a contiguous host view");
   HYDRA_USER_CHECK(std::equal(info.shape.begin(), info.shape.end(), out.shape().begin(), out.shape().end()),
                    "{}: dataset '{}' has shape {}, expected {}", path_, name,
-                   TensorView(nullptr, info.dtype, Device::host, info.shape).shape_string(),
-                   out.shape_string());
+                   format_shape(info.shape), out.shape_string());
   Handle dataset(H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  HYDRA_USER_CHECK(dataset.ok(), "{}: cannot open dataset '{}'", path_, name);
+  check_storage(dataset.get(), info, name);
   if (info.dtype == out.dtype()) {
     HYDRA_USER_CHECK(H5Dread(dataset.get(), memory_type(out.dtype()), H5S_ALL, H5S_ALL, H5P_DEFAULT,
                              out.data()) >= 0,
@@ -208,7 +278,8 @@ void H5File::write(const std::string& name, const TensorView& tensor) {
   HYDRA_USER_CHECK(dataset.ok(), "{}: cannot create dataset '{}'", path_, name);
   HYDRA_USER_CHECK(H5Dwrite(dataset.get(), memory_type(src->dtype()), H5S_ALL, H5S_ALL, H5P_DEFAULT,
                             src->data()) >= 0,
-                   "{}: writing dataset '{}' failed (disk full?)", path_, name);
+                   "{}: writing dataset '{}' failed (disk full or over a file size limit?)", destination_of(path_),
+                   name);
   if (src->dtype() == DType::bf16) {
     Handle scalar(H5Screate(H5S_SCALAR), H5Sclose);
     Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
@@ -251,6 +322,7 @@ void H5File::set_attribute(const std::string& name, double value) {
 std::string H5File::string_attribute(const std::string& name) const {
   HYDRA_USER_CHECK(has_attribute(name), "{}: attribute '{}' is missing", path_, name);
   Handle attr(H5Aopen(id_, name.c_str(), H5P_DEFAULT), H5Aclose);
+  HYDRA_USER_CHECK(attr.ok() && holds_one_element(attr.get()), "{}: attribute '{}' is not a single value", path_, name);
   Handle type(H5Aget_type(attr.get()), H5Tclose);
   HYDRA_USER_CHECK(H5Tget_class(type.get()) == H5T_STRING, "{}: attribute '{}' is not a string", path_, name);
   // The memory type takes the stored character set: HDF5 does not convert ASCII <-> UTF-8, and
@@ -267,6 +339,8 @@ std::string H5File::string_attribute(const std::string& name) const {
     return value;
   }
   const size_t n = H5Tget_size(type.get());
+  HYDRA_USER_CHECK(n > 0 && n <= kMaxAttributeBytes, "{}: attribute '{}' declares a string of {} bytes (damaged file?)",
+                   path_, name, n);
   std::string value(n, '\0');
   Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(mem.get(), n);
@@ -280,6 +354,7 @@ std::string H5File::string_attribute(const std::string& name) const {
 int64_t H5File::int_attribute(const std::string& name) const {
   HYDRA_USER_CHECK(has_attribute(name), "{}: attribute '{}' is missing", path_, name);
   Handle attr(H5Aopen(id_, name.c_str(), H5P_DEFAULT), H5Aclose);
+  HYDRA_USER_CHECK(attr.ok() && holds_one_element(attr.get()), "{}: attribute '{}' is not a single value", path_, name);
   Handle type(H5Aget_type(attr.get()), H5Tclose);
   HYDRA_USER_CHECK(H5Tget_class(type.get()) == H5T_INTEGER, "{}: attribute '{}' is not an integer", path_, name);
   int64_t value = 0;
@@ -290,6 +365,10 @@ int64_t H5File::int_attribute(const std::string& name) const {
 double H5File::double_attribute(const std::string& name) const {
   HYDRA_USER_CHECK(has_attribute(name), "{}: attribute '{}' is missing", path_, name);
   Handle attr(H5Aopen(id_, name.c_str(), H5P_DEFAULT), H5Aclose);
+  HYDRA_USER_CHECK(attr.ok() && holds_one_element(attr.get()), "{}: attribute '{}' is not a single value", path_, name);
+  Handle type(H5Aget_type(attr.get()), H5Tclose);
+  const H5T_class_t cls = H5Tget_class(type.get());
+  HYDRA_USER_CHECK(cls == H5T_FLOAT || cls == H5T_INTEGER, "{}: attribute '{}' is not a number", path_, name);
   double value = 0;
   HYDRA_USER_CHECK(H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &value) >= 0, "{}: cannot read attribute '{}'", path_, name);
   return value;

@@ -58,6 +58,7 @@ class H5File {
 
  private:
   H5File(int64_t id, std::string path) : id_(id), path_(std::move(path)) {}
+  void check_storage(int64_t dataset, const DatasetInfo& info, const std::string& name) const;
   int64_t id_ = -1;  // hid_t
   std::string path_;
 };

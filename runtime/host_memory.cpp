@@ -3,7 +3,32 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <fstream>
+#include <string>
+
 namespace hydra {
+namespace {
+
+// The first number in `path` (a cgroup file), or −1 when absent or "max".
+double read_number(const char* path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text.empty() || text.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stod(text);
+}
+
+double mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  double kib = 0;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024.0;
+  }
+  return static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace
 
 double host_peak_memory_gib() {
   rusage usage{};
@@ -11,8 +36,15 @@ double host_peak_memory_gib() {
   return static_cast<double>(usage.ru_maxrss) / (1024.0 * 1024.0);  // ru_maxrss is KiB on Linux
 }
 
-double host_available_memory_bytes() {
-  return static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+double host_available_bytes() {
+  double available = mem_available();
+  const double v2_max = read_number("/sys/fs/cgroup/memory.max"),
+               v2_used = read_number("/sys/fs/cgroup/memory.current");
+  if (v2_max > 0 && v2_used >= 0) available = std::min(available, std::max(0.0, v2_max - v2_used));
+  const double v1_max = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+  const double v1_used = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+  if (v1_max > 0 && v1_max < 1e18 && v1_used >= 0) available = std::min(available, std::max(0.0, v1_max - v1_used));
+  return available;
 }
 
 }  // namespace hydra

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/atomic_file.h"
+#include "runtime/json_integer.h"
 
 namespace hydra {
 
@@ -54,7 +55,17 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   ::close(fd);
   HYDRA_USER_CHECK(p != MAP_FAILED, "{}: cannot map file ({})", path, std::strerror(errno));
   map_ = static_cast<const unsigned char*>(p);
+  try {
+    parse_header();
+  } catch (...) {  // the destructor does not run for a constructor that throws
+    munmap(const_cast<unsigned char*>(map_), map_size_);
+    map_ = nullptr;
+    throw;
+  }
+}
 
+void SafetensorsFile::parse_header() {
+  const std::string& path = path_;
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = header_len << 8 | map_[i];
   HYDRA_USER_CHECK(header_len <= map_size_ - 8, "{}: truncated safetensors file (header of {} bytes, file of {})",
@@ -72,13 +83,24 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     if (name == "__metadata__") continue;
     SafetensorsEntry e;
     try {
+      HYDRA_USER_CHECK(value.is_object(), "{}: header entry for '{}' is not an object", path, name);
       e.dtype = value.at("dtype").get<std::string>();
-      e.shape = value.at("shape").get<std::vector<int64_t>>();
-      const auto offsets = value.at("data_offsets").get<std::vector<uint64_t>>();
-      HYDRA_USER_CHECK(offsets.size() == 2 && offsets[0] <= offsets[1], "{}: tensor '{}' has bad data_offsets",
-                       path, name);
-      e.begin = offsets[0];
-      e.end = offsets[1];
+      const nlohmann::json& shape = value.at("shape");
+      const nlohmann::json& offsets = value.at("data_offsets");
+      HYDRA_USER_CHECK(shape.is_array() && shape.size() <= static_cast<size_t>(kMaxRank),
+                       "{}: tensor '{}' has a shape that is not a list of at most {} sizes", path, name, kMaxRank);
+      for (const nlohmann::json& d : shape) {
+        e.shape.push_back(json_integer(d, fmt::format("{}: shape of '{}'", path, name)));
+      }
+      HYDRA_USER_CHECK(checked_numel(e.shape) >= 0, "{}: tensor '{}' has shape {} (negative or too large)", path, name,
+                       format_shape(e.shape));
+      HYDRA_USER_CHECK(offsets.is_array() && offsets.size() == 2, "{}: tensor '{}' has bad data_offsets", path, name);
+      const int64_t begin = json_integer(offsets[0], fmt::format("{}: data_offsets of '{}'", path, name));
+      const int64_t end = json_integer(offsets[1], fmt::format("{}: data_offsets of '{}'", path, name));
+      HYDRA_USER_CHECK(begin >= 0 && begin <= end, "{}: tensor '{}' has bad data_offsets [{}, {}]", path, name, begin,
+                       end);
+      e.begin = static_cast<uint64_t>(begin);
+      e.end = static_cast<uint64_t>(end);
     } catch (const nlohmann::json::exception& ex) {
       HYDRA_USER_FAIL("{}: malformed header entry for '{}' ({})", path, name, ex.what());
     }
@@ -98,12 +120,11 @@ Tensor SafetensorsFile::read(const std::string& name, DType dtype) const {
   HYDRA_USER_CHECK(it != entries_.end(), "{}: tensor '{}' is missing", path_, name);
   const SafetensorsEntry& e = it->second;
   HYDRA_ASSERT(dtype == DType::f32 || dtype == DType::bf16, "safetensors read as {}", dtype_name(dtype));
-  int64_t n = 1;
-  for (int64_t s : e.shape) n *= s;
+  const int64_t n = checked_numel(e.shape);  // checked when the header was read
   const size_t element = e.dtype == "F32" ? 4 : (e.dtype == "BF16" || e.dtype == "F16") ? 2 : 0;
   HYDRA_USER_CHECK(element != 0, "{}: tensor '{}' has dtype {}; supported are BF16, F16 and F32", path_, name,
                    e.dtype);
-  HYDRA_USER_CHECK(static_cast<uint64_t>(n) * element == e.end - e.begin,
+  HYDRA_USER_CHECK(n >= 0 && static_cast<uint64_t>(n) * element == e.end - e.begin,
                    "{}: tensor '{}' has {} bytes for shape of {} {} elements", path_, name, e.end - e.begin, n,
                    e.dtype);
   Tensor out = Tensor::empty(e.shape, dtype, Device::host);

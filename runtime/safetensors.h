@@ -36,6 +36,7 @@ class SafetensorsFile {
   Tensor read(const std::string& name, DType dtype) const;
 
  private:
+  void parse_header();
   std::string path_;
   std::map<std::string, SafetensorsEntry> entries_;
   const unsigned char* map_ = nullptr;

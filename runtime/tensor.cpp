@@ -1,5 +1,7 @@
 #include "runtime/tensor.h"
 
+#include "runtime/host_memory.h"
+
 #include <cstdlib>
 #include <cstring>
 
@@ -170,11 +172,31 @@ void expect_same_device(std::initializer_list<TensorView> views) {
   }
 }
 
+int64_t checked_numel(std::span<const int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    if (s < 0 || (s > 0 && n > kMaxElements / s)) return -1;
+    n *= s;
+  }
+  return n;
+}
+
+std::string format_shape(std::span<const int64_t> shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 std::shared_ptr<void> allocate_storage(size_t bytes, Device device) {
   if (device == Device::host) {
-    size_t rounded = ((bytes + 63) / 64) * 64;
-    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-    if (!p) throw Error(fmt::format("host allocation of {} bytes failed", bytes));
+    const size_t rounded = ((bytes + 63) / 64) * 64;
+    void* p = rounded < bytes ? nullptr : std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (!p) {
+      const double g = 1024.0 * 1024.0 * 1024.0;
+      HYDRA_USER_FAIL("out of host memory: an allocation of {} bytes ({:.2f} GiB) failed on {} ({:.1f} GiB available); "
+                      "use more ranks, fewer ranks per node or a shorter input",
+                      bytes, static_cast<double>(bytes) / g, describe_location(), host_available_bytes() / g);
+    }
     return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   }
 #if HYDRA_CUDA
@@ -186,8 +208,9 @@ std::shared_ptr<void> allocate_storage(size_t bytes, Device device) {
 
 Tensor Tensor::empty(std::span<const int64_t> shape, DType dtype, Device device) {
   Tensor t;
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  const int64_t n = checked_numel(shape);
+  HYDRA_USER_CHECK(n >= 0, "a {} tensor of shape {} is too large to allocate (more than 2^50 elements) or has a "
+                   "negative size", dtype_name(dtype), format_shape(shape));
   t.storage_ = allocate_storage(static_cast<size_t>(n) * dtype_size(dtype), device);
   t.view_ = TensorView(t.storage_.get(), dtype, device, shape);
   return t;

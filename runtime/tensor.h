@@ -88,7 +88,14 @@ void expect_dtype(const TensorView& view, const char* what, DType dtype);
 void expect_same_device(std::initializer_list<TensorView> views);
 
 // Raw storage on a device; CUDA storage comes from the caching allocator (runtime/cuda_memory).
+// A host allocation that fails is a UserError giving the size asked for and the memory available.
 std::shared_ptr<void> allocate_storage(size_t bytes, Device device);
+
+// Shapes that come from files: the element count of `shape`, or −1 when a size is negative or the
+// count exceeds kMaxElements (never overflows), and the shape as text without any check.
+inline constexpr int64_t kMaxElements = int64_t{1} << 50;
+int64_t checked_numel(std::span<const int64_t> shape);
+std::string format_shape(std::span<const int64_t> shape);  // "[2, -48]"
 
 class Tensor {
  public:

@@ -5,16 +5,8 @@
 
 namespace hydra {
 
-void validate_token_ids(const std::vector<int32_t>& ids, int64_t vocab_size, const std::string& source) {
-  HYDRA_USER_CHECK(!ids.empty(), "{}: input is empty (no tokens)", source);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    HYDRA_USER_CHECK(ids[i] >= 0 && ids[i] < vocab_size, "{}: token id {} at position {} is outside the vocabulary [0, {})",
-                     source, ids[i], i, vocab_size);
-  }
-}
-
-std::vector<int32_t> read_token_file(const std::string& path, int64_t vocab_size) {
-  H5File file = H5File::open_read(path);
+namespace {
+DatasetInfo input_ids_info(const H5File& file, const std::string& path) {
   HYDRA_USER_CHECK(file.has_dataset("input_ids"), "{}: no 'input_ids' dataset", path);
   const DatasetInfo info = file.dataset_info("input_ids");
   HYDRA_USER_CHECK(info.dtype == DType::i32 || info.dtype == DType::i64,
@@ -22,6 +14,18 @@ std::vector<int32_t> read_token_file(const std::string& path, int64_t vocab_size
   HYDRA_USER_CHECK(info.shape.size() == 1, "{}: 'input_ids' has {} dimensions, expected 1 ([T])", path,
                    info.shape.size());
   HYDRA_USER_CHECK(info.shape[0] > 0, "{}: input is empty (input_ids has 0 tokens)", path);
+  return info;
+}
+}  // namespace
+
+int64_t token_file_length(const std::string& path) {
+  const H5File file = H5File::open_read(path);
+  return input_ids_info(file, path).shape[0];
+}
+
+std::vector<int32_t> read_token_file(const std::string& path, int64_t vocab_size) {
+  H5File file = H5File::open_read(path);
+  const DatasetInfo info = input_ids_info(file, path);
   Tensor raw = file.read("input_ids");
   std::vector<int32_t> ids(static_cast<size_t>(info.shape[0]));
   for (size_t i = 0; i < ids.size(); ++i) {

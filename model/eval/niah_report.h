@@ -7,7 +7,8 @@
 //    "answer_length","needle_position","answer":[ids],"predicted":[ids],"seconds"}
 //   {"type":"cell","task","length","depth","samples","correct","accuracy","mean_logprob","seconds"}
 // `logprob` is the answer's log-probability (natural log, summed over its tokens); a non-finite
-// value is written as null. `predicted` holds the arg-max at each answer position (−1: invalid row).
+// value is written as null (eval-niah stops at one instead, model/nonfinite.h). `predicted` holds
+// the arg-max at each answer position (−1: invalid row).
 // HDF5 copy (--out-h5), format "hydrahead-niah-results" version 1: root attributes format,
 // format_version, model, source, ranks, seed, tasks (JSON list of names), cells_done, cells_total;
 // per sample [N]: sample_task (int32 index into tasks), sample_length, sample_depth, sample_index,

@@ -23,8 +23,11 @@ std::vector<int64_t> read_ints(const H5File& file, const std::string& name, int6
   HYDRA_USER_CHECK(info.shape.size() == 1, "{}: '{}' has {} dimensions, expected 1", file.path(), name, info.shape.size());
   HYDRA_USER_CHECK(expected < 0 || info.shape[0] == expected, "{}: '{}' has {} entries, expected {}", file.path(), name,
                    info.shape[0], expected);
+  const Tensor raw = file.read(name);  // sized by the file: H5File::read bounds it by the memory available
   std::vector<int64_t> out(static_cast<size_t>(info.shape[0]));
-  file.read_into(name, TensorView(out.data(), DType::i64, Device::host, {info.shape[0]}));
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = info.dtype == DType::i32 ? raw.data_as<int32_t>()[i] : raw.data_as<int64_t>()[i];
+  }
   return out;
 }
 
@@ -89,16 +92,28 @@ EvalSet read_eval_set(const std::string& path, int64_t vocab_size) {
   HYDRA_USER_CHECK(offset.front() == 0 && offset.back() == static_cast<int64_t>(ids.size()),
                    "{}: 'sample_offset' must run from 0 to the {} entries of 'input_ids' (runs {} .. {})", path,
                    ids.size(), offset.front(), offset.back());
+  // Every bound below is checked without forming a sum that could overflow: values come from a
+  // file, and a start near 2^62 once passed `start + length <= total` by wrapping around.
+  for (int64_t i = 0; i < n; ++i) {
+    HYDRA_USER_CHECK(offset[i] >= 0 && offset[i] <= offset[i + 1] && offset[i + 1] <= offset.back(),
+                     "{}: 'sample_offset' must not decrease (entry {} is {}, entry {} is {})", path, i, offset[i],
+                     i + 1, offset[i + 1]);
+  }
   std::map<std::pair<int64_t, int64_t>, int64_t> running;  // cell -> samples so far
   for (int64_t i = 0; i < n; ++i) {
     const int64_t begin = offset[i], total = offset[i + 1] - offset[i];
     HYDRA_USER_CHECK(total >= 2, "{}: sample {} has {} tokens ('sample_offset' must increase; at least 2 tokens)", path,
                      i, total);
-    HYDRA_USER_CHECK(start[i] >= 1 && count[i] >= 1 && start[i] + count[i] <= total,
-                     "{}: sample {}: answer [{}, {}) must lie in [1, {}] with at least one token", path, i, start[i],
-                     start[i] + count[i], total);
+    if (!(start[i] >= 1 && count[i] >= 1 && start[i] < total && count[i] <= total - start[i])) {
+      int64_t end = 0;
+      const bool overflows = __builtin_add_overflow(start[i], count[i], &end);
+      HYDRA_USER_FAIL("{}: sample {}: answer [{}, {}) must lie in [1, {}] with at least one token", path, i, start[i],
+                      overflows ? std::string("beyond 2^63") : std::to_string(end), total);
+    }
     HYDRA_USER_CHECK(depth[i] >= 0 && depth[i] <= 100, "{}: sample {}: depth {} is outside 0..100", path, i, depth[i]);
     HYDRA_USER_CHECK(length[i] >= 1, "{}: sample {}: length label {} is not positive", path, i, length[i]);
+    HYDRA_USER_CHECK(needle.empty() || (needle[i] >= -1 && needle[i] < total),
+                     "{}: sample {}: needle_position {} is outside the sample's {} tokens", path, i, needle[i], total);
     Sample s;
     s.length = length[i];
     s.depth = depth[i];

@@ -96,8 +96,11 @@ struct Run {
 void write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
                           const AdamW& optimizer, int64_t step, int64_t position) {
   const fs::path out(config.out_dir), final_dir = out / step_dir_name(step);
-  const fs::path temp = out / fmt::format(".{}.tmp-{}", step_dir_name(step), getpid());
+  // The step is written under `.step-NNNNNN.tmp-PID` (the AtomicFile naming, so the same sweep finds
+  // it after a kill -9) and registered for removal on SIGTERM/SIGINT until it is renamed.
+  const fs::path temp = temporary_path_for(final_dir.string());
   fs::remove_all(temp);
+  ScopedTemporary registration(temp.string(), ScopedTemporary::Kind::directory);
   fs::create_directories(temp);
   write_model_checkpoint((temp / "model.h5").string(), student.config(), optimizer.master_parameters());
   maybe_inject_fault("save");
@@ -120,9 +123,8 @@ void write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topolo
   }
   if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a re-save of the same step (after a resume)
   fs::rename(temp, final_dir);
-  AtomicFile latest((out / "latest").string());
-  std::ofstream(latest.temp_path()) << step_dir_name(step) << "\n";
-  latest.commit();
+  registration.release();
+  write_text_atomically((out / "latest").string(), step_dir_name(step) + "\n");
   // Keep the newest `keep` step directories.
   std::vector<fs::path> steps;
   for (const auto& e : fs::directory_iterator(out)) {
@@ -135,15 +137,12 @@ void write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topolo
   }
 }
 
-// A save interrupted by a crash, kill -9 or a time limit leaves its temporary step directory
-// (.step-NNNNNN.tmp-PID, as large as a checkpoint); the run that takes over the directory removes it.
+// A save interrupted by a crash or kill -9 leaves its temporary step directory (.step-NNNNNN.tmp-PID,
+// as large as a checkpoint; SIGTERM/SIGINT remove it themselves); the run that takes over the
+// directory removes those whose process is gone.
 void remove_interrupted_saves(const fs::path& out) {
-  for (const auto& e : fs::directory_iterator(out)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind(".step-", 0) == 0 && name.find(".tmp-") != std::string::npos) {
-      log::info("removing {} (a checkpoint save that did not finish)", e.path().string());
-      fs::remove_all(e.path());
-    }
+  for (const std::string& path : sweep_stale_temporaries(out.string(), "step-", true)) {
+    log::info("removed {} (a checkpoint save that did not finish)", path);
   }
 }
 
@@ -162,9 +161,7 @@ void truncate_log(const fs::path& path, int64_t last_kept_step) {
     kept += line + "\n";
   }
   in.close();
-  AtomicFile file(path.string());
-  std::ofstream(file.temp_path()) << kept;
-  file.commit();
+  write_text_atomically(path.string(), kept);
 }
 
 struct ResumePoint {

@@ -1,5 +1,7 @@
 #include "tests/common/test_util.h"
 
+#include <cstdlib>
+
 #include <sys/wait.h>
 
 #include <array>
@@ -152,7 +154,10 @@ int cuda_devices() {
 
 Tensor rounded_to_bf16(const TensorView& t) { return to(to(t, Device::host, DType::bf16), Device::host, DType::f32); }
 
-std::string hydra_binary() { return HYDRA_BINARY; }
+std::string hydra_binary() {
+  const char* other = std::getenv("HYDRA_TEST_BINARY");  // run the CLI tests against another build
+  return other && *other ? other : HYDRA_BINARY;
+}
 
 CommandResult hydra(const std::string& args) { return run_command(hydra_binary() + " " + args); }
 
@@ -161,6 +166,7 @@ void expect_user_error(const CommandResult& r, const std::string& needle) {
   EXPECT_NE(r.output.find("hydra: error"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.output;
 }
+
 std::string fixture_dir() { return HYDRA_FIXTURE_DIR; }
 
 std::string mpirun(int ranks) {

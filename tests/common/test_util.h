@@ -52,7 +52,8 @@ struct CommandResult {
 };
 // Runs a shell command, capturing its output.
 CommandResult run_command(const std::string& command);
-// Path of the built hydra binary and of the test fixtures (set by CMake).
+// Path of the built hydra binary (set by CMake; HYDRA_TEST_BINARY overrides it, to run the CLI
+// tests against another build) and of the test fixtures.
 std::string hydra_binary();
 // `hydra ARGS` in one process, as a user types it.
 CommandResult hydra(const std::string& args);

@@ -149,12 +149,12 @@ TEST_F(Train, StopAndResumeIsBitIdentical) {
   const CommandResult a = hydra("train" + common + " --stop-at 3 --out-dir " + split);
   ASSERT_EQ(a.exit_code, 0) << a.output;
   EXPECT_EQ(losses(split).size(), 3u);
-  // What a kill -9 during a save leaves.
-  fs::create_directories(fs::path(split) / ".step-000004.tmp-12345");
-  std::ofstream(fs::path(split) / ".step-000004.tmp-12345" / "model.h5") << "partial";
+  // What a kill -9 during a save leaves (PID 4999999 is above Linux's largest, so never alive).
+  fs::create_directories(fs::path(split) / ".step-000004.tmp-4999999");
+  std::ofstream(fs::path(split) / ".step-000004.tmp-4999999" / "model.h5") << "partial";
   const CommandResult b = hydra("train" + common + " --resume --out-dir " + split);
   ASSERT_EQ(b.exit_code, 0) << b.output;
-  EXPECT_FALSE(fs::exists(fs::path(split) / ".step-000004.tmp-12345"));
+  EXPECT_FALSE(fs::exists(fs::path(split) / ".step-000004.tmp-4999999"));
   const std::vector<double> lw = losses(whole), ls = losses(split);
   ASSERT_EQ(lw.size(), 8u);
   ASSERT_EQ(ls.size(), 8u);

@@ -8,6 +8,7 @@
 #include "kernels/l2norm/l2norm.h"
 #include "model/model.h"
 #include "model/params.h"
+#include "parallel/agreement.h"
 #include "parallel/device_world.h"
 #include "parallel/gdn_scan.h"
 #include "parallel/ring_attention.h"
@@ -55,6 +56,26 @@ Tensor local_rows(const SequenceLayout& layout, const TensorView& global) {
 }
 
 Tensor host(const TensorView& t) { return to(t, Device::host, DType::f32); }
+
+// The agreement check over NCCL (what eval-niah runs per sample on GPUs): buffers staged through the
+// device, the same message as on CPU ranks.
+TEST(GpuSequenceParallel, AgreementCheckOverNcclNamesTheRanksThatDiffer) {
+  REQUIRE_GPUS();
+  Communicator& comm = *gpus().device.comm;
+  ASSERT_EQ(comm.device(), Device::cuda);
+  RunFingerprint same;
+  same.add("answer span", "255 + 1");
+  EXPECT_NO_THROW(agree_across_ranks(comm, same, "sample 0"));
+  RunFingerprint other = same;
+  std::vector<int32_t> ids(512, 3);
+  if (comm.rank() == comm.size() - 1) ids[7] = 4;
+  other.add_tokens("sample tokens", ids);
+  const std::string error = error_of([&] { agree_across_ranks(comm, other, "sample 0"); });
+  if (comm.size() > 1) {
+    EXPECT_NE(error.find(fmt::format("ranks 0 and {} disagree on sample 0: 'sample tokens hash' differs",
+                                     comm.size() - 1)), std::string::npos) << error;
+  }
+}
 
 TEST(GpuSequenceParallel, RingAttentionGdnScanAndConvEqualOneGpu) {
   REQUIRE_GPUS();
