@@ -19,6 +19,7 @@
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
 #include "runtime/sizes.h"
+#include "runtime/token_file.h"
 
 namespace hydra {
 namespace {
@@ -71,12 +72,19 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
   opt.validate();
   const int64_t seq_len = parse_size(opt.seq_len, "--seq-len");
   const ModelConfig config = opt.model.config();
-  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
-  Communicator& comm = *world.comm;
-  const SequenceLayout layout = SequenceLayout::zigzag(seq_len, comm.size(), comm.rank());  // admissible length?
+  const SequenceLayout layout = SequenceLayout::zigzag(seq_len, app.world.size(), app.world.rank());  // admissible length?
   const train::TokenWindows data(opt.files(), seq_len, 0, config.vocab_size);
   const int64_t n = opt.windows == 0 ? data.count() : std::min(opt.windows, data.count());
-  const Model model = opt.model.build(world.device, world.device == Device::cuda ? DType::bf16 : DType::f32);
+  const Device device = resolve_device(opt.device, app.mpi);
+  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  RunFingerprint inputs;
+  add_model_fields(inputs, config, device, dtype);
+  for (const std::string& f : opt.files()) inputs.add("held-out data tokens " + f, std::to_string(token_file_length(f)));
+  inputs.add("windows", std::to_string(n));
+  agree_on_run(app, inputs);
+  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+  Communicator& comm = *world.comm;
+  const Model model = opt.model.build(device, dtype);
   const auto t0 = std::chrono::steady_clock::now();
   train::LossSums local;
   for (int64_t i = 0; i < n; ++i) {

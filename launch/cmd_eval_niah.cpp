@@ -12,9 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <functional>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <set>
 
@@ -23,10 +21,7 @@
 #include "launch/cli.h"
 #include "launch/model_source.h"
 #include "model/cost.h"
-#include "model/eval/niah_report.h"
-#include "model/eval/niah.h"
-#include "model/eval/niah_set.h"
-#include "model/nonfinite.h"
+#include "model/eval/niah_run.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
@@ -154,30 +149,6 @@ struct EvalNiahOptions {
   }
 };
 
-// One cell of work: its labels and how to get sample i (generated on demand, or from the set).
-struct CellPlan {
-  int task = 0;
-  int64_t length = 0, depth = 0, samples = 0;
-  std::function<niah::Sample(int64_t)> sample;
-};
-
-// The layout must admit every length for this rank count (same rule and message as hydra forward),
-// and a HydraHead model's segments must hold the conv halo. `where` prefixes the message (a set's sample).
-void check_length_for_ranks(int64_t length, const ModelConfig& config, int ranks, const std::string& where = "") {
-  SequenceLayout layout;
-  try {
-    layout = SequenceLayout::zigzag(length, ranks, 0);
-  } catch (const UserError& e) {
-    HYDRA_USER_FAIL("{}{}", where, e.what());
-  }
-  if (ranks > 1 && config.is_hydra()) {
-    HYDRA_USER_CHECK(layout.segment_length() >= config.conv_kernel - 1,
-                     "{}length {} on {} ranks gives segments of {} token(s), shorter than the conv halo ({} rows); use a "
-                     "longer sequence or fewer ranks",
-                     where, length, ranks, layout.segment_length(), config.conv_kernel - 1);
-  }
-}
-
 }  // namespace
 
 int run_eval_niah(App& app, const std::vector<std::string>& args) {
@@ -192,7 +163,6 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   }
   opt.validate();
   const ModelConfig config = opt.model.config();
-  const int64_t vocab = config.vocab_size;
   const int ranks = app.world.size();
   // GPU: bf16 weights; CPU: the fp32 reference path.
   const Device device = resolve_device(opt.device, app.mpi);
@@ -204,68 +174,22 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   report.ranks = ranks;
   RunFingerprint inputs;
   add_model_fields(inputs, config, device, dtype);
-  int64_t longest = 0;
-  std::vector<CellPlan> plan;
+  niah::EvalPlan plan;
   if (opt.dataset.empty()) {
     report.source = "builtin";
     report.seed = opt.seed;
-    const std::vector<niah::TaskParams> params = opt.task_params();
-    const std::vector<int64_t> lengths = opt.length_list(), depths = opt.depth_list();
-    for (const niah::TaskParams& p : params) {
-      p.validate(vocab);
-      for (int64_t length : lengths) {
-        HYDRA_USER_CHECK(length >= p.min_length(),
-                         "--lengths: {} is too short for NIAH task {}: its needles, query and answer need up to {} tokens",
-                         length, niah::task_name(p.task), p.min_length());
-      }
-    }
-    for (int64_t length : lengths) {
-      check_length_for_ranks(length, config, ranks);
-      longest = std::max(longest, length);
-    }
-    for (size_t t = 0; t < params.size(); ++t) {
-      report.tasks.push_back(niah::task_name(params[t].task));
-      for (int64_t length : lengths) {
-        for (int64_t depth : depths) {
-          const niah::TaskParams p = params[t];
-          const uint64_t seed = opt.seed;
-          plan.push_back(CellPlan{static_cast<int>(t), length, depth, opt.samples, [p, vocab, seed, length, depth](int64_t i) {
-                                    return niah::generate_sample(p, vocab, seed, length, depth, i);
-                                  }});
-        }
-      }
-    }
+    plan = niah::plan_generated(opt.task_params(), opt.length_list(), opt.depth_list(), opt.samples, opt.seed, config, ranks);
   } else {
-    auto set = std::make_shared<niah::EvalSet>(niah::read_eval_set(opt.dataset, vocab));
+    const auto set = std::make_shared<const niah::EvalSet>(niah::read_eval_set(opt.dataset, config.vocab_size));
     report.source = opt.dataset;
-    report.tasks.push_back(set->task);
     std::vector<int32_t> all_ids;
     for (const niah::Sample& s : set->samples) all_ids.insert(all_ids.end(), s.ids.begin(), s.ids.end());
     inputs.add("eval set task", set->task);
     inputs.add("eval set samples", std::to_string(set->samples.size()));
     inputs.add_tokens("eval set tokens", all_ids);
-    std::map<std::pair<int64_t, int64_t>, size_t> cell_of;  // (length, depth) -> plan index
-    auto members = std::make_shared<std::vector<std::vector<size_t>>>();
-    for (size_t i = 0; i < set->samples.size(); ++i) {
-      const niah::Sample& s = set->samples[i];
-      check_length_for_ranks(static_cast<int64_t>(s.ids.size()), config, ranks,
-                             fmt::format("{}: sample {}: ", opt.dataset, i));
-      longest = std::max(longest, static_cast<int64_t>(s.ids.size()));
-      const auto [it, fresh] = cell_of.try_emplace({s.length, s.depth}, plan.size());
-      if (fresh) {
-        plan.push_back(CellPlan{0, s.length, s.depth, 0, {}});
-        members->emplace_back();
-      }
-      (*members)[it->second].push_back(i);
-      ++plan[it->second].samples;
-    }
-    for (size_t c = 0; c < plan.size(); ++c) {
-      plan[c].sample = [set, members, c](int64_t i) { return set->samples[(*members)[c][static_cast<size_t>(i)]]; };
-    }
+    plan = niah::plan_eval_set(set, opt.dataset, config, ranks);
   }
-  report.cells_total = static_cast<int64_t>(plan.size());
-  int64_t total_samples = 0;
-  for (const CellPlan& c : plan) total_samples += c.samples;
+  const int64_t longest = plan.longest, total_samples = plan.total_samples();
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
 #endif
@@ -279,68 +203,23 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   const Model model = opt.model.build(device, dtype);
   const double load_s = seconds_since(t0);
   log::info("eval-niah: {} — {} cells, {} samples on {} rank(s), weights loaded in {:.2f} s", config.summary(),
-            plan.size(), total_samples, comm.size(), load_s);
+            plan.cells.size(), total_samples, comm.size(), load_s);
 
   const auto t1 = Clock::now();
-  int64_t correct_total = 0;
-  double logprob_total = 0;
-  for (size_t c = 0; c < plan.size(); ++c) {
-    const CellPlan& cell = plan[c];
-    const auto cell_start = Clock::now();
-    niah::CellResult result{.task = cell.task, .length = cell.length, .depth = cell.depth, .samples = cell.samples};
-    std::vector<niah::SampleResult> rows;
-    for (int64_t i = 0; i < cell.samples; ++i) {
-      const niah::Sample sample = cell.sample(i);
-      const auto sample_start = Clock::now();
-      // The ranks hold their own copy of every sample (generated, or read from the set): check that
-      // the copies agree before the sample's collectives, as for the command itself.
-      const std::string which = fmt::format("sample {} of cell {} (task {}, length {}, depth {}%)", i, c + 1,
-                                            report.tasks[static_cast<size_t>(cell.task)], cell.length, cell.depth);
-      RunFingerprint sample_fields;
-      sample_fields.add_tokens("sample tokens", sample.ids);
-      sample_fields.add("answer span", fmt::format("{} + {}", sample.answer_start, sample.answer_length));
-      agree_across_ranks(comm, sample_fields, which);
-      const niah::AnswerScore score = niah::evaluate_sample(model, comm, sample);
-      if (!std::isfinite(score.logprob)) {  // all-reduced: every rank takes this branch together
-        fail_nonfinite(model, comm, sample.ids, fmt::format("eval-niah: the answer's log-probability in {} is", which));
-      }
-      const std::span<const int32_t> answer = sample.answer();
-      rows.push_back(niah::SampleResult{.task = cell.task,
-                                        .length = sample.length,
-                                        .depth = sample.depth,
-                                        .index = sample.index,
-                                        .answer_start = sample.answer_start,
-                                        .needle_position = sample.needle_position,
-                                        .correct = score.correct,
-                                        .logprob = score.logprob,
-                                        .seconds = seconds_since(sample_start),
-                                        .answer = std::vector<int32_t>(answer.begin(), answer.end()),
-                                        .predicted = score.predicted});
-      result.correct += score.correct ? 1 : 0;
-      result.mean_logprob += score.logprob / static_cast<double>(cell.samples);
-    }
-    result.seconds = seconds_since(cell_start);
-    correct_total += result.correct;
-    logprob_total += result.mean_logprob * static_cast<double>(cell.samples);
-    report.add_cell(result, std::move(rows));
-    log::info("niah {} length {} depth {}%: accuracy {:.3f} ({}/{}), mean logprob {:.3f}, {:.2f} s [cell {}/{}]",
-              report.tasks[static_cast<size_t>(cell.task)], format_size(cell.length), cell.depth, result.accuracy(),
-              result.correct, result.samples, result.mean_logprob, result.seconds, c + 1, plan.size());
-    if (comm.rank() == 0) {  // rewritten after every cell: a run that dies keeps its finished cells
-      AtomicCommitGroup outputs;  // the JSON lines and the HDF5 copy change together or not at all
-      niah::write_jsonl(opt.out, report);
-      niah::write_results_h5(opt.out_h5, report);
-      outputs.commit();
-    }
-  }
+  const niah::EvalTotals totals = niah::run_plan(model, comm, plan, report, [&](const niah::Report& so_far) {
+    if (comm.rank() != 0) return;  // rewritten after every cell: a run that dies keeps its finished cells
+    AtomicCommitGroup outputs;     // the JSON lines and the HDF5 copy change together or not at all
+    niah::write_jsonl(opt.out, so_far);
+    niah::write_results_h5(opt.out_h5, so_far);
+    outputs.commit();
+  });
   const double run_s = seconds_since(t1);
   if (comm.rank() == 0) {
     std::cout << niah::format_table(report);
-    const double accuracy = total_samples ? static_cast<double>(correct_total) / total_samples : 0.0;
-    const double mean_logprob = total_samples ? logprob_total / total_samples : 0.0;
+    const double accuracy = totals.accuracy(), mean_logprob = totals.mean_logprob();
     const nlohmann::ordered_json summary = {
         {"command", "eval-niah"}, {"model", report.model},      {"source", report.source},
-        {"tasks", report.tasks},  {"ranks", comm.size()},       {"cells", plan.size()},
+        {"tasks", report.tasks},  {"ranks", comm.size()},       {"cells", plan.cells.size()},
         {"samples", total_samples}, {"accuracy", accuracy},
         {"mean_logprob", std::isfinite(mean_logprob) ? nlohmann::ordered_json(mean_logprob) : nlohmann::ordered_json(nullptr)},
         {"load_s", load_s},       {"eval_s", run_s},            {"out", opt.out},

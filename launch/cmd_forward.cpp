@@ -72,10 +72,9 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   // Cheap checks first: config, tokens against its vocabulary, the layout's length rule, the memory
   // plan; then the ranks agree on all of it before the first collective.
   const ModelConfig config = opt.model.config();
-  const std::vector<int32_t> ids = opt.input.empty()
-                                       ? random_token_sequence(parse_size(opt.seq_len, "--seq-len"), config.vocab_size, opt.token_seed)
-                                       : read_token_file(opt.input, config.vocab_size);
-  const int64_t total = static_cast<int64_t>(ids.size());
+  std::vector<int32_t> ids;
+  if (!opt.input.empty()) ids = read_token_file(opt.input, config.vocab_size);
+  const int64_t total = opt.input.empty() ? parse_size(opt.seq_len, "--seq-len") : static_cast<int64_t>(ids.size());
   const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
   const int64_t t_local = layout.local_length(), vocab = config.vocab_size;
   const Device device = resolve_device(opt.device, app.mpi);
@@ -86,7 +85,8 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   const double assembly_bytes =
       !opt.output.empty() && comm.rank() == 0 ? logits_bytes + static_cast<double>(total) * static_cast<double>(vocab) * 4.0 : 0.0;
   MemoryEstimate estimate = estimate_prefill_memory(config, t_local, comm.size(), device);
-  estimate.activations += logits_bytes + (device == Device::host ? assembly_bytes : 0.0);
+  const double ids_bytes = static_cast<double>(total) * 4.0;  // the whole sequence, on every rank
+  estimate.activations += logits_bytes + (device == Device::host ? assembly_bytes + ids_bytes : 0.0);
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
 #endif
@@ -94,9 +94,10 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   check_memory_plan(estimate, device, what, app.mpi.local_size());
   if (device == Device::cuda) {
     MemoryEstimate host;
-    host.activations = logits_bytes + assembly_bytes + static_cast<double>(total) * 4.0;
+    host.activations = logits_bytes + assembly_bytes + ids_bytes;
     check_memory_plan(host, Device::host, what + " (its logits on the host)", app.mpi.local_size());
   }
+  if (opt.input.empty()) ids = random_token_sequence(total, config.vocab_size, opt.token_seed);
   RunFingerprint inputs;
   add_model_fields(inputs, config, device, dtype);
   if (opt.input.empty()) {

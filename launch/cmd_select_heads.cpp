@@ -20,7 +20,6 @@
 #include "model/selection/head_report.h"
 #include "model/selection/head_selection.h"
 #include "model/eval/niah_set.h"
-#include "model/nonfinite.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
@@ -217,16 +216,6 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   report.budget = budget;
   report.weights = weights;
   report.scores = heads::score_heads(model, comm, prompts, text, scoring);
-  {
-    // The scores are the same on every rank (all-reduced), so every rank takes this branch together.
-    const heads::HeadScores& sc = report.scores;
-    const auto finite_value = [](double v) { return std::isfinite(v); };
-    bool finite = finite_value(sc.logprob_clean) && finite_value(sc.logprob_corrupt) && finite_value(sc.lm_nll_clean);
-    for (const heads::Grid* g : {&sc.total, &sc.direct, &sc.lm}) {
-      for (const auto& row : *g) finite = finite && std::all_of(row.begin(), row.end(), finite_value);
-    }
-    if (!finite) fail_nonfinite(model, comm, prompts.front().clean, "select-heads: the head scores are");
-  }
   const double score_s = seconds_since(t1);
   report.composite = heads::composite_scores(report.scores, weights);
   report.fa_heads = heads::choose_fa_heads(report.composite.composite, budget);

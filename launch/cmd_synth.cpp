@@ -80,6 +80,7 @@ int run_synth(App& app, const std::vector<std::string>& args) {
   }
   const synth::SynthConfig config = opt.config();
   require_writable_destination(opt.out, "token file");
+  agree_on_run(app, {});  // the ranks were given the same command line (only rank 0 writes)
   if (app.world.rank() != 0) return 0;  // one writer; the stream is cheap to make
   const auto t0 = std::chrono::steady_clock::now();
   const synth::Stream stream = synth::generate_stream(config);

@@ -12,6 +12,7 @@
 #include "kernels/matmul/matmul.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/swiglu/swiglu.h"
+#include "model/nonfinite.h"
 #include "parallel/self_communicator.h"
 
 namespace hydra::heads {
@@ -370,6 +371,14 @@ HeadScores score_heads(const Model& teacher, Communicator& world, std::span<cons
     }
   }
   out.forwards = ranks * (2 * out.prompts + out.lm_sequences) + L * H * (out.prompts + out.lm_sequences);
+  // The scores are the same on every rank (all-reduced), so every rank takes this branch together;
+  // each locates the first non-finite stage on its own (whole prompts in a world of one, as scored).
+  const auto finite = [](double v) { return std::isfinite(v); };
+  bool all_finite = finite(out.logprob_clean) && finite(out.logprob_corrupt) && finite(out.lm_nll_clean);
+  for (const Grid* g : {&out.total, &out.direct, &out.lm}) {
+    for (const auto& row : *g) all_finite = all_finite && std::all_of(row.begin(), row.end(), finite);
+  }
+  if (!all_finite) fail_nonfinite(teacher, local, prompts.front().clean, "select-heads: the head scores are");
   return out;
 }
 

@@ -53,7 +53,8 @@
 // has one non-zero contribution, sent as an f32 hi/lo pair, so the sum reproduces the value).
 // Effects of different heads are not additive, so each patched head needs its own forward. What
 // would save the most: a forward that starts at layer l from a cached residual (patching layer l
-// cannot change layers < l), about half the job cost on average; Model has no such entry point.
+// cannot change layers < l), about half the job cost on average; Model::layer_forward is that entry
+// point, but the scorer does not use it yet (it would cache L residuals [T, D] per prompt).
 #pragma once
 
 #include <cstdint>
@@ -94,7 +95,9 @@ struct ScoringOptions {
 };
 
 // Scores every head of `teacher` (arch qwen3). Collective over `world`: every rank passes the same
-// prompts and text; every rank returns the same scores. `lm_text` may be empty (lm = 0).
+// prompts and text; every rank returns the same scores. `lm_text` may be empty (lm = 0). A
+// non-finite score ends the run on every rank, naming the first stage of the forward that turns
+// non-finite on the first prompt (model/nonfinite.h).
 HeadScores score_heads(const Model& teacher, Communicator& world, std::span<const CalibrationPrompt> prompts,
                        std::span<const std::vector<int32_t>> lm_text, const ScoringOptions& options = {});
 

@@ -1,0 +1,61 @@
+// Running a NIAH evaluation (what `hydra eval-niah` does, callable from tests): a plan of cells —
+// task × length × depth, from the built-in generator or from an eval set — checked in full before
+// any weight is read, then the cells run in order, one sequence-parallel prefill per sample.
+//
+// Every rank holds its own copy of every sample (generated from the seed, or read from the set);
+// before a sample's collectives the ranks check that their copies agree (parallel/agreement.h), as
+// the command does for its inputs. A non-finite log-probability ends the run on every rank, naming
+// the first stage of the forward that produced it (model/nonfinite.h).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/eval/niah.h"
+#include "model/eval/niah_report.h"
+#include "model/eval/niah_set.h"
+
+namespace hydra::niah {
+
+// One cell of work: its labels and how to get sample i (generated on demand, or from the set).
+struct CellPlan {
+  int task = 0;  // index into EvalPlan::tasks
+  int64_t length = 0, depth = 0, samples = 0;
+  std::function<Sample(int64_t)> sample;
+};
+
+struct EvalPlan {
+  std::vector<std::string> tasks;  // task names
+  std::vector<CellPlan> cells;
+  int64_t longest = 0;  // tokens of the longest sample (sizes the memory plan)
+  int64_t total_samples() const;
+};
+
+// Every (task, length, depth) cell of the generator, `samples` each. UserError for a length too
+// short for its task, or one the zigzag layout over `ranks` cannot split (or, for a HydraHead
+// model on several ranks, whose segments are shorter than the conv halo).
+EvalPlan plan_generated(const std::vector<TaskParams>& tasks, const std::vector<int64_t>& lengths,
+                        const std::vector<int64_t>& depths, int64_t samples, uint64_t seed, const ModelConfig& config,
+                        int ranks);
+// One cell per (length, depth) label of the set, holding its samples in file order; the same
+// length checks, naming the sample (`source`: the set's path).
+EvalPlan plan_eval_set(std::shared_ptr<const EvalSet> set, const std::string& source, const ModelConfig& config,
+                       int ranks);
+
+struct EvalTotals {
+  int64_t samples = 0, correct = 0;
+  double logprob = 0;  // summed over the samples
+  double accuracy() const { return samples > 0 ? static_cast<double>(correct) / static_cast<double>(samples) : 0.0; }
+  double mean_logprob() const { return samples > 0 ? logprob / static_cast<double>(samples) : 0.0; }
+};
+
+// Runs every cell of `plan`, adding each finished cell to `report` (its tasks and cells_total are
+// set here) and calling `after_cell(report)` on every rank (the command writes its files there, on
+// rank 0). Collective over `comm`; every rank returns the same totals.
+EvalTotals run_plan(const Model& model, Communicator& comm, const EvalPlan& plan, Report& report,
+                    const std::function<void(const Report&)>& after_cell);
+
+}  // namespace hydra::niah

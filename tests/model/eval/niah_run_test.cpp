@@ -1,0 +1,100 @@
+// The NIAH run (model/eval/niah_run.h) as a library: the plans check every length before any weight
+// is read, cells run in plan order with the callback after each, a model that retrieves scores 1 and
+// one that does not scores what evaluate_sample gives sample by sample.
+#include "model/eval/niah_run.h"
+
+#include <gtest/gtest.h>
+
+#include "model/params.h"
+#include "parallel/self_communicator.h"
+#include "tests/common/needle_head_model.h"
+#include "tests/common/test_util.h"
+
+namespace hydra::test {
+namespace {
+
+TEST(NiahPlan, GeneratedPlanHasEveryCellInTaskLengthDepthOrder) {
+  const ModelConfig c = preset_config("qwen3-tiny");
+  niah::TaskParams single, multikey;
+  multikey.task = niah::Task::multikey;
+  const niah::EvalPlan plan = niah::plan_generated({single, multikey}, {64, 128}, {0, 50, 100}, 3, 7, c, 1);
+  ASSERT_EQ(plan.cells.size(), 12u);
+  EXPECT_EQ(plan.tasks, (std::vector<std::string>{"single", "multikey"}));
+  EXPECT_EQ(plan.longest, 128);
+  EXPECT_EQ(plan.total_samples(), 36);
+  EXPECT_EQ(plan.cells[0].task, 0);
+  EXPECT_EQ(plan.cells[4].length, 128);
+  EXPECT_EQ(plan.cells[4].depth, 50);
+  EXPECT_EQ(plan.cells[11].task, 1);
+  // Sample i of a cell is the generator's sample of (seed, task, length, depth, i).
+  const niah::Sample s = plan.cells[4].sample(2);
+  const niah::Sample expected = niah::generate_sample(single, c.vocab_size, 7, 128, 50, 2);
+  EXPECT_EQ(s.ids, expected.ids);
+  EXPECT_EQ(s.answer_start, expected.answer_start);
+}
+
+TEST(NiahPlan, LengthsAreCheckedAgainstTheTaskAndTheRanks) {
+  const ModelConfig c = preset_config("hydrahead-tiny");
+  niah::TaskParams single;
+  EXPECT_NE(error_of([&] { niah::plan_generated({single}, {4}, {50}, 1, 0, c, 1); }).find("too short for NIAH task single"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { niah::plan_generated({single}, {66}, {50}, 1, 0, c, 2); }).find("66 is not divisible by 2P = 4"),
+            std::string::npos);
+  // 64 tokens on 16 ranks: segments of 2 tokens, shorter than the conv halo of a HydraHead model.
+  EXPECT_NE(error_of([&] { niah::plan_generated({single}, {64}, {50}, 1, 0, c, 16); }).find("shorter than the conv halo"),
+            std::string::npos);
+}
+
+TEST(NiahRun, ARetrievingModelScoresOneAndTheCallbackSeesEveryCell) {
+  const NeedleHeadModel m = make_needle_head_model();
+  const Model model(m.config, m.params);
+  niah::EvalPlan plan;
+  plan.tasks = {"needle-head"};
+  for (int64_t depth : {10, 50, 90}) {
+    plan.cells.push_back(niah::CellPlan{0, 96, depth, 2, [depth](int64_t i) {
+                                          niah::Sample s = needle_head_sample(96, 96 * depth / 100, 30, 11 + i);
+                                          s.depth = depth;
+                                          s.index = i;
+                                          return s;
+                                        }});
+  }
+  plan.longest = 96;
+  SelfCommunicator comm;
+  niah::Report report;
+  std::vector<size_t> seen;
+  const niah::EvalTotals totals =
+      niah::run_plan(model, comm, plan, report, [&](const niah::Report& r) { seen.push_back(r.cells.size()); });
+  EXPECT_EQ(seen, (std::vector<size_t>{1, 2, 3}));
+  EXPECT_EQ(report.cells_total, 3);
+  ASSERT_EQ(report.cells.size(), 3u);
+  EXPECT_EQ(report.cells[1].depth, 50);
+  EXPECT_EQ(report.samples.size(), 6u);
+  EXPECT_EQ(totals.samples, 6);
+  EXPECT_EQ(totals.correct, 6);
+  EXPECT_DOUBLE_EQ(totals.accuracy(), 1.0);
+  EXPECT_LT(totals.mean_logprob(), 0.0);
+}
+
+TEST(NiahRun, VerdictsAreThoseOfEvaluateSample) {
+  const ModelConfig c = preset_config("hydrahead-tiny");
+  const Model model(c, random_parameters(c, 3));
+  niah::TaskParams single;
+  const niah::EvalPlan plan = niah::plan_generated({single}, {64}, {0, 100}, 2, 5, c, 1);
+  SelfCommunicator comm;
+  niah::Report report;
+  const niah::EvalTotals totals = niah::run_plan(model, comm, plan, report, {});
+  ASSERT_EQ(report.samples.size(), 4u);
+  double logprob = 0;
+  for (size_t i = 0; i < report.samples.size(); ++i) {
+    const niah::Sample s = plan.cells[i / 2].sample(static_cast<int64_t>(i % 2));
+    const niah::AnswerScore direct = niah::evaluate_sample(model, comm, s);
+    EXPECT_EQ(report.samples[i].correct, direct.correct) << i;
+    EXPECT_DOUBLE_EQ(report.samples[i].logprob, direct.logprob) << i;
+    EXPECT_EQ(report.samples[i].predicted, direct.predicted) << i;
+    logprob += direct.logprob;
+  }
+  EXPECT_NEAR(totals.logprob, logprob, 1e-9 * std::abs(logprob));
+}
+
+}  // namespace
+}  // namespace hydra::test
