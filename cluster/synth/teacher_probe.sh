@@ -9,7 +9,7 @@
 #       "mqar|mqar:1|1e-3|16|4000" ...
 #
 # Each variant is NAME|MIXTURE|LR|BATCH_SEQS|STEPS (the cosine schedule's length; a run cut by
-# --seconds keeps its last checkpoint, saved every STEPS/8 steps). Everything else is the gpu profile
+# --seconds keeps its last checkpoint, saved every min(STEPS/8, 100) steps). Everything else is the gpu profile
 # of pipeline.sh: vocab 512, 256-token windows, 10 MQAR pairs, 16M training tokens per variant.
 set -uo pipefail
 hydra=build/bin/hydra; out=/tmp/teacher-probe; seconds=240; device=cuda
@@ -38,10 +38,11 @@ run_variant() {
     --out "$dir/train.h5" > "$dir/synth.log" 2>&1 || return 1
   "$hydra" synth --task "$mix" --tokens $((len * 64)) --seq-len $len --seed 2 --vocab $vocab --mqar-pairs $pairs \
     --out "$dir/heldout.h5" >> "$dir/synth.log" 2>&1 || return 1
-  local t0=$SECONDS
+  # A checkpoint at least every 100 steps, so that a run cut by --seconds early still has one.
+  local save=$((steps / 8 < 100 ? (steps / 8 > 0 ? steps / 8 : 1) : 100)) t0=$SECONDS
   timeout "$seconds" "$hydra" train --stage pretrain --model "$out/init.h5" --data "$dir/train.h5" --seq-len $len \
-    --steps "$steps" --batch-seqs "$batch" --lr "$lr" --save-every $((steps / 8)) --keep 1 \
-    --eval-data "$dir/heldout.h5" --eval-every $((steps / 8)) --eval-windows 8 \
+    --steps "$steps" --batch-seqs "$batch" --lr "$lr" --save-every "$save" --keep 1 \
+    --eval-data "$dir/heldout.h5" --eval-every "$save" --eval-windows 8 \
     --out-dir "$dir/run" --device "$device" > "$dir/train.log" 2>&1
   echo "$((SECONDS - t0))" > "$dir/train_seconds"
 }
