@@ -1,5 +1,6 @@
 #include "launch/model_source.h"
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "model/params.h"
@@ -7,12 +8,21 @@
 #include "runtime/fault.h"
 
 namespace hydra {
+namespace {
+
+// "instead of --model: ... (qwen3-tiny, ...)", listing every preset the model layer knows.
+const std::string& preset_help() {
+  static const std::string text =
+      fmt::format("instead of --model: a preset shape with random weights ({})", fmt::join(preset_names(), ", "));
+  return text;
+}
+
+}  // namespace
 
 void ModelSource::bind(po::options_description& options, const char* seed_flag) {
   options.add_options()
       ("model", po::value(&model_path), "hydra checkpoint (.h5) to run")
-      ("preset", po::value(&preset), "instead of --model: a preset shape with random weights "
-                                     "(qwen3-tiny, hydrahead-tiny, qwen3-1.7b, hydrahead-1.7b)")
+      ("preset", po::value(&preset), preset_help().c_str())
       (seed_flag, po::value(&seed)->default_value(0), "weight seed for --preset");
   bind_allow_nonfinite(options, &allow_nonfinite);
 }

@@ -10,24 +10,6 @@
 namespace hydra::niah {
 namespace {
 
-// Sequential draws from one counter-based stream: the i-th call reads value i, so the samples
-// depend only on the order of draws inside generate_sample, never on threads or ranks.
-class Draws {
- public:
-  Draws(uint64_t seed, uint64_t key) : rng_{seed, key} {}
-  // Uniform in [0, n) (modulo bias below 2⁻⁴⁰ for the n used here).
-  uint64_t below(uint64_t n) { return rng_.bits(next_++) % n; }
-  std::vector<int32_t> tokens(int64_t count, int64_t content) {
-    std::vector<int32_t> out(static_cast<size_t>(count));
-    for (auto& t : out) t = static_cast<int32_t>(below(static_cast<uint64_t>(content)));
-    return out;
-  }
-
- private:
-  RandomStream rng_;
-  uint64_t next_ = 0;
-};
-
 // content^power, saturating (only compared against small counts).
 int64_t count_sequences(int64_t content, int64_t power) {
   int64_t n = 1;
@@ -41,6 +23,28 @@ bool contains(const std::vector<T>& list, const T& x) {
 }
 
 }  // namespace
+
+std::vector<int32_t> Draws::tokens(int64_t count, int64_t content) {
+  std::vector<int32_t> out(static_cast<size_t>(count));
+  for (auto& t : out) t = static_cast<int32_t>(below(static_cast<uint64_t>(content)));
+  return out;
+}
+
+KeysAndValues draw_keys_and_values(Draws& draw, const TaskParams& params, int64_t n_keys, int64_t n_values,
+                                   int64_t content) {
+  KeysAndValues out;
+  while (static_cast<int64_t>(out.keys.size()) < n_keys) {
+    std::vector<int32_t> k = draw.tokens(params.key_length, content);
+    if (!contains(out.keys, k)) out.keys.push_back(std::move(k));
+  }
+  const uint64_t spread = static_cast<uint64_t>(params.value_length_max - params.value_length_min + 1);
+  while (static_cast<int64_t>(out.values.size()) < n_values) {
+    const int64_t len = params.value_length_min + static_cast<int64_t>(draw.below(spread));
+    std::vector<int32_t> v = draw.tokens(len, content);
+    if (!contains(out.values, v)) out.values.push_back(std::move(v));
+  }
+  return out;
+}
 
 std::string task_name(Task task) {
   switch (task) {
@@ -116,17 +120,7 @@ Sample generate_sample(const TaskParams& params, int64_t vocab_size, uint64_t se
   // 1. Keys (one per needle for multikey, else one), then values, all distinct.
   const int64_t n_needles = params.num_needles();
   const int64_t n_keys = params.task == Task::multikey ? n_needles : 1;
-  std::vector<std::vector<int32_t>> keys, values;
-  while (static_cast<int64_t>(keys.size()) < n_keys) {
-    std::vector<int32_t> k = draw.tokens(params.key_length, m.content);
-    if (!contains(keys, k)) keys.push_back(std::move(k));
-  }
-  const uint64_t spread = static_cast<uint64_t>(params.value_length_max - params.value_length_min + 1);
-  while (static_cast<int64_t>(values.size()) < n_needles) {
-    const int64_t len = params.value_length_min + static_cast<int64_t>(draw.below(spread));
-    std::vector<int32_t> v = draw.tokens(len, m.content);
-    if (!contains(values, v)) values.push_back(std::move(v));
-  }
+  auto [keys, values] = draw_keys_and_values(draw, params, n_keys, n_needles, m.content);
   Sample s;
   s.length = length;
   s.depth = depth;

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/random.h"
 
 namespace hydra::niah {
 
@@ -91,6 +92,30 @@ struct TaskParams {
   // UserErrors for impossible settings (and a vocabulary too small to draw distinct keys).
   void validate(int64_t vocab_size) const;
 };
+
+// Sequential draws from one counter-based stream: the i-th call reads value i, so a sample (or a
+// synthetic training document, model/train/synth.h) depends only on the order of draws inside its
+// generator, never on threads or ranks.
+class Draws {
+ public:
+  Draws(uint64_t seed, uint64_t key) : rng_{seed, key} {}
+  // Uniform in [0, n) (modulo bias below 2⁻⁴⁰ for the n used here).
+  uint64_t below(uint64_t n) { return rng_.bits(next_++) % n; }
+  // `count` ids uniform in [0, content).
+  std::vector<int32_t> tokens(int64_t count, int64_t content);
+
+ private:
+  RandomStream rng_;
+  uint64_t next_ = 0;
+};
+
+// `n_keys` distinct keys of params.key_length ids, then `n_values` distinct values of
+// value_length_min..max ids, all below `content`, drawn by rejection in that order.
+struct KeysAndValues {
+  std::vector<std::vector<int32_t>> keys, values;
+};
+KeysAndValues draw_keys_and_values(Draws& draw, const TaskParams& params, int64_t n_keys, int64_t n_values,
+                                   int64_t content);
 
 struct Needle {
   int64_t position = 0;        // global position of its NEEDLE marker

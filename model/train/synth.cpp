@@ -15,29 +15,6 @@
 namespace hydra::synth {
 namespace {
 
-// Sequential draws from one counter-based stream (as in model/eval/niah.cpp): the i-th call reads
-// value i, so a document depends only on the order of draws inside its generator.
-class Draws {
- public:
-  Draws(uint64_t seed, const std::string& key) : rng_{seed, hash_name(key)} {}
-  uint64_t below(uint64_t n) { return rng_.bits(next_++) % n; }  // modulo bias < 2⁻⁴⁰ for the n used here
-  double uniform() { return rng_.uniform(next_++); }
-  std::vector<int32_t> tokens(int64_t count, int64_t content) {
-    std::vector<int32_t> out(static_cast<size_t>(count));
-    for (auto& t : out) t = static_cast<int32_t>(below(static_cast<uint64_t>(content)));
-    return out;
-  }
-
- private:
-  RandomStream rng_;
-  uint64_t next_ = 0;
-};
-
-template <class T>
-bool contains(const std::vector<T>& list, const T& x) {
-  return std::find(list.begin(), list.end(), x) != list.end();
-}
-
 std::vector<double> zipf_cdf(int64_t n, double exponent) {
   std::vector<double> cdf(static_cast<size_t>(n));
   double sum = 0;
@@ -105,18 +82,8 @@ Document mqar_document(const SynthConfig& c, const MarkovSource& language, int64
   const niah::Markers m = niah::markers_for(c.vocab_size);
   const niah::TaskParams& p = c.retrieval;
   const int64_t pairs = c.mqar_pairs, queries = c.queries();
-  Draws draw(c.seed, fmt::format("synth/mqar/{}", index));
-  std::vector<std::vector<int32_t>> keys, values;
-  while (static_cast<int64_t>(keys.size()) < pairs) {
-    std::vector<int32_t> k = draw.tokens(p.key_length, m.content);
-    if (!contains(keys, k)) keys.push_back(std::move(k));
-  }
-  const uint64_t spread = static_cast<uint64_t>(p.value_length_max - p.value_length_min + 1);
-  while (static_cast<int64_t>(values.size()) < pairs) {
-    const int64_t len = p.value_length_min + static_cast<int64_t>(draw.below(spread));
-    std::vector<int32_t> v = draw.tokens(len, m.content);
-    if (!contains(values, v)) values.push_back(std::move(v));
-  }
+  niah::Draws draw(c.seed, hash_name(fmt::format("synth/mqar/{}", index)));
+  const auto [keys, values] = niah::draw_keys_and_values(draw, p, pairs, pairs, m.content);
   // The queried pairs: the first `queries` of a Fisher-Yates shuffle of the pairs.
   std::vector<int64_t> asked(static_cast<size_t>(pairs));
   std::iota(asked.begin(), asked.end(), 0);
@@ -161,7 +128,7 @@ Document mqar_document(const SynthConfig& c, const MarkovSource& language, int64
 }
 
 Document niah_document(const SynthConfig& c, Kind kind, int64_t index) {
-  Draws draw(c.seed, fmt::format("synth/depth/{}/{}", kind_name(kind), index));
+  niah::Draws draw(c.seed, hash_name(fmt::format("synth/depth/{}/{}", kind_name(kind), index)));
   const int64_t depth = static_cast<int64_t>(draw.below(101));
   const uint64_t niah_seed = mix64(c.seed ^ hash_name("synth"));
   niah::Sample s = niah::generate_sample(niah_params(c, kind), c.vocab_size, niah_seed, c.seq_len, depth, index);
