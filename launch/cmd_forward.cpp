@@ -2,6 +2,7 @@
 // ranks, on the CPU (fp32) or the GPU (bf16 weights; logits written as float32 either way). The
 // NLL comes from the chunked loss head the training uses (model/train/objective.h), so no [T, V]
 // tensor exists unless --output asks for the logits.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -130,6 +131,18 @@ int run_forward(App& app, const std::vector<std::string>& args) {
     Tensor logits = Tensor::empty({t_local, vocab}, DType::f32, model.device());
     model.lm_head(logits, hidden);
     const Tensor host_logits = to(logits, Device::host, DType::f32);
+    // The NLL reads every row with a target; the last position has none, so its logits are checked
+    // here, before they are written (every rank gets the count: the search is collective).
+    Tensor bad_rows = Tensor::zeros({1}, DType::f64);
+    for (int64_t i = 0; i < t_local; ++i) {
+      const float* row = host_logits.data_as<float>() + i * vocab;
+      if (!std::all_of(row, row + vocab, [](float v) { return std::isfinite(v); })) bad_rows.data_as<double>()[0] += 1;
+    }
+    all_reduce_sum_host(comm, bad_rows);
+    if (bad_rows.data_as<double>()[0] > 0) {
+      fail_nonfinite(model, *world.comm, ids,
+                     fmt::format("forward: the logits at {} position(s) are", static_cast<int64_t>(bad_rows.data_as<double>()[0])));
+    }
     // Rank 0 assembles the logits in global order from every rank's segments (over MPI, host
     // memory) and writes once.
     if (comm.rank() == 0) {
