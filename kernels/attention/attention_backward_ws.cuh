@@ -32,6 +32,7 @@
 #pragma once
 
 #include "kernels/attention/attention_backward.cuh"
+#include "kernels/attention/flash_softmax.cuh"
 #include "kernels/cuda/hopper.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -81,7 +82,7 @@ constexpr int kBarDsReady = 1, kBarDqFull = 2, kBarDqEmpty = 3;
 constexpr int kConsumerThreads = 256, kDqThreads = 256 + 32;
 
 struct Stats {  // one stage's row statistics, rows m0 .. m0+63 of the step's query head
-  float lse2[kBr];    // lse · log2 e (−inf: the row sees no key anywhere)
+  float lse2[kBr];    // lse · log2 e (+inf: the row sees no key anywhere, so every P of it is 0)
   float delta[kBr];   // rowsum(dO ⊙ O)
   float qscale[kBr];  // scale · log2 e · τ
   float dscale[kBr];  // scale · τ
@@ -141,7 +142,8 @@ __device__ void produce(const WsParams& wp, const Steps& st, int kvh, int k0, un
     for (int r = lane; r < kBr; r += 32) {
       const int row = m0 + r;
       const bool ok = row < p.tq;
-      s.lse2[r] = ok ? p.lse[h * p.lse_sh + row * p.lse_st] * 1.4426950408889634f : 0.0f;
+      const float lse = ok ? p.lse[h * p.lse_sh + row * p.lse_st] : 0.0f;
+      s.lse2[r] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;  // +∞: the row sees no key, P = 0
       s.delta[r] = ok ? p.delta[h * p.delta_sh + row * p.delta_st] : 0.0f;
       const float tau = bwd_tau(p, p.q_pos0 + row);
       s.qscale[r] = p.scale_log2 * tau;
@@ -220,18 +222,42 @@ __device__ void consume(const BwdParams& p, const Steps& st, int cw, int kvh, in
 
     const bool need_mask = (p.causal && p.k_pos0 + k0 + kBc - 1 > p.q_pos0 + m0) || k0 + kBc > p.tk || m0 + kBr > p.tq;
     uint32_t pa[4][4];  // Pᵀ as bf16 A fragments, one per 16 queries
+    // Pᵀ = exp2(Sᵀ·scale·log2e·τ − lse·log2e) without a branch per element: rows that see no key carry
+    // lse2 = +∞ (the producer's choice), so their exponent is −∞ and ex2 gives +0; masked entries get
+    // an exponent of −∞ the same way. Each lane's two adjacent columns come in one 8-byte load.
+    if (need_mask) {
+      // Key row key_row0 + 8h (h = e / 2) is hidden from query column c when it is past the keys, c is
+      // past the queries, or (causal) its position exceeds the query's: (k_pos0 + k0 + key_row0 + 8h)
+      // − (q_pos0 + m0) > c. The position difference is clamped into int range: |c| < 64.
+      const int64_t lag64 = p.k_pos0 + k0 + key_row0 - (p.q_pos0 + m0);
+      const int lag = p.causal ? static_cast<int>(lag64 > (1 << 20) ? (1 << 20) : lag64 < -(1 << 20) ? -(1 << 20) : lag64)
+                               : -(1 << 20);
+      const int q_limit = p.tq - m0;
+      const bool key_ok[2] = {k0 + key_row0 < p.tk, k0 + key_row0 + 8 < p.tk};
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < 8; ++j) {
+        const int col0 = j * 8 + c4 * 2;
+        const float2 lse2 = *reinterpret_cast<const float2*>(&s_st.lse2[col0]);
+        const float2 qsc = *reinterpret_cast<const float2*>(&s_st.qscale[col0]);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = j * 8 + c4 * 2 + (e % 2), key = k0 + key_row0 + (e / 2) * 8;
-        const float lse2 = s_st.lse2[col];
-        bool visible = lse2 != -INFINITY;
-        if (need_mask) {
-          visible = visible && key < p.tk && m0 + col < p.tq && !(p.causal && p.k_pos0 + key > p.q_pos0 + m0 + col);
+        for (int e = 0; e < 4; ++e) {
+          const int col = col0 + (e % 2), h = e / 2;
+          const bool visible = key_ok[h] && col < q_limit && lag + 8 * h <= col;
+          const float x = s[4 * j + e] * (e % 2 ? qsc.y : qsc.x) - (e % 2 ? lse2.y : lse2.x);
+          s[4 * j + e] = fast_exp2(visible ? x : -INFINITY);
         }
-        s[4 * j + e] = visible ? exp2f(s[4 * j + e] * s_st.qscale[col] - lse2) : 0.0f;
       }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col0 = j * 8 + c4 * 2;
+        const float2 lse2 = *reinterpret_cast<const float2*>(&s_st.lse2[col0]);
+        const float2 qsc = *reinterpret_cast<const float2*>(&s_st.qscale[col0]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[4 * j + e] = fast_exp2(s[4 * j + e] * (e % 2 ? qsc.y : qsc.x) - (e % 2 ? lse2.y : lse2.x));
+      }
+    }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       pa[kk][0] = cuda::pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
@@ -243,12 +269,14 @@ __device__ void consume(const BwdParams& p, const Steps& st, int cw, int kvh, in
     cuda::fence_operands(dp);
     uint32_t dsa[4][4];  // dSᵀ = Pᵀ (dPᵀ − delta) · scale·τ as bf16 A fragments
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < 8; ++j) {
+      const int col0 = j * 8 + c4 * 2;
+      const float2 delta = *reinterpret_cast<const float2*>(&s_st.delta[col0]);
+      const float2 dsc = *reinterpret_cast<const float2*>(&s_st.dscale[col0]);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = j * 8 + c4 * 2 + (e % 2);
-        dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - s_st.delta[col]) * s_st.dscale[col];
-      }
+      for (int e = 0; e < 4; ++e)
+        dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - (e % 2 ? delta.y : delta.x)) * (e % 2 ? dsc.y : dsc.x);
+    }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       dsa[kk][0] = cuda::pack_bf16(dp[8 * kk + 0], dp[8 * kk + 1]);
