@@ -69,17 +69,6 @@ __device__ __forceinline__ void load_rows_async(bf16_t* dst, int ld, const bf16_
   }
 }
 
-// Per-chunk products of the backward's preparation, chunk-major ([chunks, H, ...]).
-struct Prepared {
-  Tensor gamma;  // [N, H, C] f32: cumulative log-decay in the chunk
-  Tensor t;      // [N, H, C, C] bf16: T = (I + L)⁻¹
-  Tensor a;      // [N, H, C, C] bf16: Ã = scale · (Q Kᵀ) ⊙ D (lower triangle with the diagonal)
-  Tensor w;      // [N, H, C, D] bf16: W = T (β e^γ K)
-  Tensor u;      // [N, H, C, D] bf16: U = T (β V) (undefined without v)
-  Tensor kt;     // [N, H, C, D] bf16: K̃ = e^{γ_C − γ} K
-  Tensor qh;     // [N, H, C, D] bf16: Q̂ = scale · e^γ Q
-};
-
 struct SeqRows {  // [T, H, D] bf16 rows (or [T, H] f32 gates: ptr is then float)
   const void* ptr;
   int64_t st, sh;
@@ -93,7 +82,7 @@ struct GradArgs {
   const bf16_t* states;   // [N, H, D, D] bf16: state at the start of each chunk
   const bf16_t* dstates;  // [N, H, D, D] bf16: gradient w.r.t. the state at the end of each chunk
   const bf16_t* vnew;     // [N, H, C, D] bf16: V'
-  const float* dvnew;     // [N, H, C, D] f32: dV'
+  const bf16_t* dvnew;    // [N, H, C, D] bf16: dV'
   void* dq;
   void* dk;
   void* dv;

@@ -32,7 +32,9 @@ struct StateSmem {
   static constexpr size_t q_bytes = size_t(kC) * D * 2, p_bytes = t_bytes;
   static constexpr size_t s_bytes = size_t(D) * kPad * 2;
   static constexpr size_t tile_bytes = size_t(kC) * kPad * 2;  // R, V'', V'
-  static constexpr size_t total = 2 * stage + q_bytes + p_bytes + s_bytes + 3 * tile_bytes;
+  // Q and P come last: a pass without outputs (maps, the backward) launches with `no_out` bytes.
+  static constexpr size_t no_out = 2 * stage + s_bytes + 3 * tile_bytes;
+  static constexpr size_t total = no_out + q_bytes + p_bytes;
 };
 
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool ok) {
@@ -65,12 +67,12 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassA
   constexpr int kChunks = D / 8, kRows = D / 4, kMt = kRows / 16, kNt = kBV / 8;
   constexpr int kValueTiles = D / kBV;
   extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* sq = smem + 2 * S::stage;
-  unsigned char* sp = sq + S::q_bytes;
-  bf16_t* ss = reinterpret_cast<bf16_t*>(sp + S::p_bytes);
-  bf16_t* sr = reinterpret_cast<bf16_t*>(sp + S::p_bytes + S::s_bytes);
+  bf16_t* ss = reinterpret_cast<bf16_t*>(smem + 2 * S::stage);
+  bf16_t* sr = reinterpret_cast<bf16_t*>(smem + 2 * S::stage + S::s_bytes);
   bf16_t* svs = sr + kC * kPad;  // V'' = e^{γ_C−γ} V' for the state update
   bf16_t* svo = svs + kC * kPad;  // V' for the output
+  unsigned char* sq = smem + S::no_out;  // Q and P: only with outputs
+  unsigned char* sp = sq + S::q_bytes;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g4 = lane / 4, c4 = lane % 4;
   const int head = blockIdx.y, segment = blockIdx.z;
   // Tiles [0, kValueTiles): columns of S (if value_tiles); then columns of M (if map_tiles).
@@ -297,8 +299,14 @@ void launch_state(const StatePassArgs& args) {
   constexpr int kValueTiles = D / kBV;
   const int tiles = (args.value_tiles ? kValueTiles : 0) + (args.map_tiles ? kValueTiles : 0);
   if (tiles == 0 || args.segments == 0) return;
-  const size_t smem = StateSmem<D>::total;
-  HYDRA_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // Without outputs (maps, the backward's states) the Q/P buffers are left off, so that a CTA of
+  // the backward's state-gradient pass (running concurrently) fits on the same SM; the carveout
+  // asks for all of the SM's shared memory so that such pairs are co-resident.
+  const size_t smem = args.out ? StateSmem<D>::total : StateSmem<D>::no_out;
+  HYDRA_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        StateSmem<D>::total));
+  HYDRA_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_kernel<D>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
   gdn_state_kernel<D><<<dim3(tiles, args.heads, args.segments), kThreads, smem, current_stream()>>>(args);
   HYDRA_CUDA_LAUNCH_CHECK();
 }
