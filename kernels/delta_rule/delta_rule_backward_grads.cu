@@ -98,17 +98,17 @@ __global__ void __launch_bounds__(256) gdn_bwd_grads_kernel(const GradArgs a) {
   auto seq = [&](const SeqRows& x) { return static_cast<const bf16_t*>(x.ptr) + t0 * x.st + head * x.sh; };
   // Three cp.async groups in the order of first use, so that the first products start while the
   // rest is still arriving: (dO, S, Q), (V', K), (dS, dV', T, V).
-  load_rows_async(sdo, kLd, seq(a.dout), a.dout.st, kC, valid, D, tid, 256);
-  load_rows_async(ss, kLd, a.states + ch * D * D, D, D, D, D, tid, 256);
-  load_rows_async(sq, kLd, seq(a.q), a.q.st, kC, valid, D, tid, 256);
+  load_tile_async<kC, D, kLd, 256>(sdo, seq(a.dout), a.dout.st, tid, valid);
+  load_tile_async<D, D, kLd, 256>(ss, a.states + ch * D * D, D, tid);
+  load_tile_async<kC, D, kLd, 256>(sq, seq(a.q), a.q.st, tid, valid);
   cuda::cp_async_commit();
-  load_rows_async(svn, kLd, a.vnew + ch * kC * D, D, kC, kC, D, tid, 256);
-  load_rows_async(sk, kLd, seq(a.k), a.k.st, kC, valid, D, tid, 256);
+  load_tile_async<kC, D, kLd, 256>(svn, a.vnew + ch * kC * D, D, tid);
+  load_tile_async<kC, D, kLd, 256>(sk, seq(a.k), a.k.st, tid, valid);
   cuda::cp_async_commit();
-  load_rows_async(sds, kLd, a.dstates + ch * D * D, D, D, D, D, tid, 256);
-  load_rows_async(sdvn, kLd, a.dvnew + ch * kC * D, D, kC, kC, D, tid, 256);
-  load_rows_async(st, kLc, a.t + ch * kC * kC, kC, kC, kC, kC, tid, 256);
-  load_rows_async(sv, kLd, seq(a.v), a.v.st, kC, valid, D, tid, 256);
+  load_tile_async<D, D, kLd, 256>(sds, a.dstates + ch * D * D, D, tid);
+  load_tile_async<kC, D, kLd, 256>(sdvn, a.dvnew + ch * kC * D, D, tid);
+  load_tile_async<kC, kC, kLc, 256>(st, a.t + ch * kC * kC, kC, tid);
+  load_tile_async<kC, D, kLd, 256>(sv, seq(a.v), a.v.st, tid, valid);
   cuda::cp_async_commit();
   if (tid < kC) {
     const float gam = a.gamma[ch * kC + tid], last = a.gamma[ch * kC + kC - 1];
