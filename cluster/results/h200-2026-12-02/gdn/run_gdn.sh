@@ -23,8 +23,9 @@ for s in $steps; do
     bench)
       # plain: the fwd+bwd and backward times (no stage events); PROFILE=1: stage times (a host
       # synchronisation per call); PROFILE=2: stages 2 and 3 one after the other, timed apart.
-      for which in new base; do
-        b=$new; [ $which = base ] && b=$base
+      # BINS="name=dir ..." (default: new=NEW_BIN_DIR base=BASE_BIN_DIR)
+      for pair in ${BINS:-new=$new base=$base}; do
+        which=${pair%%=*}; b=${pair#*=}
         [ -z "$b" ] && continue
         for t in 131072 524288; do
           timeout -k 5 90 "$b/hydra" bench --op gdn-bwd --seq-len $t --heads 14 --repeat 5 > "$out/bench_${which}_$t.log" 2>&1
@@ -34,7 +35,7 @@ for s in $steps; do
         done
         HYDRA_GDN_PROFILE=2 timeout -k 5 90 "$b/hydra" bench --op gdn-bwd --seq-len 524288 --heads 14 --repeat 3 > "$out/bench_${which}_524288_serial.log" 2>&1
         echo "bench_${which}_524288_serial rc=$? $(( $(date +%s) - t0 ))s" >> "$out/status.txt"
-        if [ -n "${EXTRA_ENV:-}" ] && [ $which = new ]; then  # one more serial profile with EXTRA_ENV (a knob under test)
+        if [ -n "${EXTRA_ENV:-}" ] && [ "$b" = "$new" ]; then  # one more serial profile with EXTRA_ENV (a knob under test)
           env $EXTRA_ENV HYDRA_GDN_PROFILE=2 timeout -k 5 90 "$b/hydra" bench --op gdn-bwd --seq-len 524288 --heads 14 --repeat 3 > "$out/bench_${which}_524288_serial_extra.log" 2>&1
           env $EXTRA_ENV HYDRA_GDN_PROFILE=1 timeout -k 5 90 "$b/hydra" bench --op gdn-bwd --seq-len 131072 --heads 14 --repeat 3 > "$out/bench_${which}_131072_profile_extra.log" 2>&1
           echo "bench extra ($EXTRA_ENV) rc=$? $(( $(date +%s) - t0 ))s" >> "$out/status.txt"
