@@ -1,5 +1,5 @@
-// What the gated-delta-rule backward kernels share (delta_rule_backward*.cu): the workspace the
-// stages pass to each other, and a warp-level product on shared-memory tiles.
+// What the gated-delta-rule backward kernels share (delta_rule_backward*.cu): a warp-level
+// product on shared-memory tiles, a tile loader, and the arguments of the per-chunk gradients.
 //
 // Tiles in shared memory are bf16, row-major with rows padded by 8 elements (ld = cols + 8), so
 // the 8 row addresses of an ldmatrix fall into 8 different 16-byte bank groups and every row is
@@ -57,28 +57,25 @@ __device__ __forceinline__ void zero(float (&acc)[NT][4]) {
 __device__ __forceinline__ int acc_row(int m0, int e, int lane) { return m0 + lane / 4 + (e / 2) * 8; }
 __device__ __forceinline__ int acc_col(int n0, int j, int e, int lane) { return n0 + j * 8 + (lane % 4) * 2 + (e % 2); }
 
-// Copies `rows` rows of `cols` bf16 (cols % 8 == 0) from global rows (row stride in elements) into a
-// padded tile, zero-filling rows ≥ rows_valid; cp.async, the caller commits and waits.
-__device__ __forceinline__ void load_rows_async(bf16_t* dst, int ld, const bf16_t* src, int64_t row_stride, int rows,
-                                                int rows_valid, int cols, int tid, int threads) {
-  const int chunks = cols / 8;
-  for (int i = tid; i < rows * chunks; i += threads) {
-    const int r = i / chunks, c = i % chunks;
-    const bool ok = r < rows_valid;
-    cuda::cp_async_16(cuda::smem_addr(dst + r * ld + c * 8), src + (ok ? r * row_stride : 0) + c * 8, ok ? 16 : 0);
+// Copies a [ROWS][COLS] bf16 tile (global rows src_stride elements apart; rows ≥ rows_valid are
+// zero-filled) into a padded tile (ld LD) with THREADS threads: thread t copies 16-byte chunk
+// t % (COLS/8) of rows t / (COLS/8) + k·(THREADS / (COLS/8)), so every address is one per-thread
+// base plus a compile-time offset (a loop over a runtime shape spent ~15 integer instructions per
+// copy, which a sequential pass pays on every chunk step); cp.async, the caller commits and waits.
+template <int ROWS, int COLS, int LD, int THREADS>
+__device__ __forceinline__ void load_tile_async(bf16_t* dst, const bf16_t* src, int64_t src_stride, int tid,
+                                                int rows_valid = ROWS) {
+  constexpr int kChunks = COLS / 8, kRowStep = THREADS / kChunks;
+  static_assert(THREADS % kChunks == 0 && ROWS % kRowStep == 0, "load_tile_async: the threads must tile the rows");
+  const int r = tid / kChunks, c = (tid % kChunks) * 8;
+  const uint32_t d = cuda::smem_addr(dst + r * LD + c);
+  const bf16_t* g = src + r * src_stride + c;
+#pragma unroll
+  for (int k = 0; k < ROWS / kRowStep; ++k) {
+    const bool ok = r + k * kRowStep < rows_valid;
+    cuda::cp_async_16(d + k * kRowStep * LD * 2, ok ? g + k * kRowStep * src_stride : src, ok ? 16 : 0);
   }
 }
-
-// Per-chunk products of the backward's preparation, chunk-major ([chunks, H, ...]).
-struct Prepared {
-  Tensor gamma;  // [N, H, C] f32: cumulative log-decay in the chunk
-  Tensor t;      // [N, H, C, C] bf16: T = (I + L)⁻¹
-  Tensor a;      // [N, H, C, C] bf16: Ã = scale · (Q Kᵀ) ⊙ D (lower triangle with the diagonal)
-  Tensor w;      // [N, H, C, D] bf16: W = T (β e^γ K)
-  Tensor u;      // [N, H, C, D] bf16: U = T (β V) (undefined without v)
-  Tensor kt;     // [N, H, C, D] bf16: K̃ = e^{γ_C − γ} K
-  Tensor qh;     // [N, H, C, D] bf16: Q̂ = scale · e^γ Q
-};
 
 struct SeqRows {  // [T, H, D] bf16 rows (or [T, H] f32 gates: ptr is then float)
   const void* ptr;
@@ -93,7 +90,7 @@ struct GradArgs {
   const bf16_t* states;   // [N, H, D, D] bf16: state at the start of each chunk
   const bf16_t* dstates;  // [N, H, D, D] bf16: gradient w.r.t. the state at the end of each chunk
   const bf16_t* vnew;     // [N, H, C, D] bf16: V'
-  const float* dvnew;     // [N, H, C, D] f32: dV'
+  const bf16_t* dvnew;    // [N, H, C, D] bf16: dV'
   void* dq;
   void* dk;
   void* dv;

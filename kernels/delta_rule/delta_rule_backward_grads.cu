@@ -13,6 +13,7 @@
 //   dγ_{C−1} += Σ_i k̃_i·dK̃_i + e^{γ_C} ⟨S, dS⟩, and dg = the reverse cumulative sum of dγ.
 // Shared memory is reused across the phases (barriers mark where a tile's last reader is done).
 #include "kernels/delta_rule/delta_rule_backward.cuh"
+#include "kernels/delta_rule/delta_rule_cuda.cuh"
 
 namespace hydra::ops::cuda_impl::gdn_bwd {
 namespace {
@@ -95,20 +96,20 @@ __global__ void __launch_bounds__(256) gdn_bwd_grads_kernel(const GradArgs a) {
   const int valid = min(kC, a.t_len - t0);
   const int64_t ch = int64_t(chunk) * a.heads + head;
   auto seq = [&](const SeqRows& x) { return static_cast<const bf16_t*>(x.ptr) + t0 * x.st + head * x.sh; };
-  load_rows_async(sq, kLd, seq(a.q), a.q.st, kC, valid, D, tid, 256);
-  load_rows_async(sk, kLd, seq(a.k), a.k.st, kC, valid, D, tid, 256);
-  load_rows_async(sv, kLd, seq(a.v), a.v.st, kC, valid, D, tid, 256);
-  load_rows_async(sdo, kLd, seq(a.dout), a.dout.st, kC, valid, D, tid, 256);
-  load_rows_async(svn, kLd, a.vnew + ch * kC * D, D, kC, kC, D, tid, 256);
-  load_rows_async(ss, kLd, a.states + ch * D * D, D, D, D, D, tid, 256);
-  load_rows_async(sds, kLd, a.dstates + ch * D * D, D, D, D, D, tid, 256);
-  load_rows_async(st, kLc, a.t + ch * kC * kC, kC, kC, kC, kC, tid, 256);
+  // Three cp.async groups in the order of first use, so that the first products start while the
+  // rest is still arriving: (dO, S, Q), (V', K), (dS, dV', T, V).
+  load_tile_async<kC, D, kLd, 256>(sdo, seq(a.dout), a.dout.st, tid, valid);
+  load_tile_async<D, D, kLd, 256>(ss, a.states + ch * D * D, D, tid);
+  load_tile_async<kC, D, kLd, 256>(sq, seq(a.q), a.q.st, tid, valid);
   cuda::cp_async_commit();
-  for (int i = tid; i < kC * D / 2; i += 256) {
-    const int r = i / (D / 2), c = (i % (D / 2)) * 2;
-    const float2 x = *reinterpret_cast<const float2*>(a.dvnew + (ch * kC + r) * D + c);
-    *reinterpret_cast<uint32_t*>(sdvn + r * kLd + c) = cuda::pack_bf16(x.x, x.y);
-  }
+  load_tile_async<kC, D, kLd, 256>(svn, a.vnew + ch * kC * D, D, tid);
+  load_tile_async<kC, D, kLd, 256>(sk, seq(a.k), a.k.st, tid, valid);
+  cuda::cp_async_commit();
+  load_tile_async<D, D, kLd, 256>(sds, a.dstates + ch * D * D, D, tid);
+  load_tile_async<kC, D, kLd, 256>(sdvn, a.dvnew + ch * kC * D, D, tid);
+  load_tile_async<kC, kC, kLc, 256>(st, a.t + ch * kC * kC, kC, tid);
+  load_tile_async<kC, D, kLd, 256>(sv, seq(a.v), a.v.st, tid, valid);
+  cuda::cp_async_commit();
   if (tid < kC) {
     const float gam = a.gamma[ch * kC + tid], last = a.gamma[ch * kC + kC - 1];
     sgam[tid] = gam;
@@ -119,8 +120,8 @@ __global__ void __launch_bounds__(256) gdn_bwd_grads_kernel(const GradArgs a) {
     sdbeta[tid] = 0.0f;
   }
   if (tid < 2) sscalar[tid] = 0.0f;
-  cuda::cp_async_wait<0>();
-  __syncthreads();
+  cuda::cp_async_wait<2>();
+  __syncthreads();  // dO, S, Q and the per-row values are in
 
   const int m0 = (warp % 4) * 16, n0 = (warp / 4) * (D / 2), n0c = (warp / 4) * 32;
   float dq[kNd][4], dk[kNd][4], dw[kNd][4];
@@ -139,6 +140,8 @@ __global__ void __launch_bounds__(256) gdn_bwd_grads_kernel(const GradArgs a) {
       }
     add_rows(part, sdgam, m0, lane);
   }
+  cuda::cp_async_wait<1>();
+  __syncthreads();  // V' and K are in
   // dÃ (to shared memory) and Z = dÃ ⊙ (Q Kᵀ): dγ_i += Σ_j Z_ij, dγ_j −= Σ_i Z_ij.
   {
     float da[4][4], qk[4][4];
@@ -167,6 +170,8 @@ __global__ void __launch_bounds__(256) gdn_bwd_grads_kernel(const GradArgs a) {
     add_rows(rows, sdgam, m0, lane);
     add_cols(cols, sdgam, n0c, lane);
   }
+  cuda::cp_async_wait<0>();
+  __syncthreads();  // everything is in
   // dK̃ = V' dSᵀ: dk = e^{γ_C−γ} dK̃; dγ_i −= k̃_i·dK̃_i, Σ_i k̃_i·dK̃_i to dγ_{C−1}.
   {
     zero(dk);
@@ -191,9 +196,16 @@ __global__ void __launch_bounds__(256) gdn_bwd_grads_kernel(const GradArgs a) {
   warp_mma<D / 2, D, false, true>(dw, sdvn, kLd, ss, kLd, m0, n0, lane);
   {
     float frob = 0.0f;
-    for (int i = tid; i < D * D; i += 256) {
-      const int r = i / D, c = i % D;
-      frob += __bfloat162float(ss[r * kLd + c]) * __bfloat162float(sds[r * kLd + c]);
+    for (int i = tid; i < D * D / 8; i += 256) {  // 16-byte chunks of both tiles
+      const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+      const uint4 x = *reinterpret_cast<const uint4*>(ss + r * kLd + c), y = *reinterpret_cast<const uint4*>(sds + r * kLd + c);
+      const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&x);
+      const __nv_bfloat162* yp = reinterpret_cast<const __nv_bfloat162*>(&y);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 xf = __bfloat1622float2(xp[e]), yf = __bfloat1622float2(yp[e]);
+        frob += xf.x * yf.x + xf.y * yf.y;
+      }
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) frob += __shfl_xor_sync(0xffffffffu, frob, o);
@@ -207,10 +219,10 @@ __global__ void __launch_bounds__(256) gdn_bwd_grads_kernel(const GradArgs a) {
       const int r = acc_row(m0, 2 * h2, lane), c = acc_col(n0, j, 0, lane);
       *reinterpret_cast<uint32_t*>(sdw + r * kLd + c) = cuda::pack_bf16(-dw[j][2 * h2], -dw[j][2 * h2 + 1]);
     }
-  for (int i = tid; i < kC * D; i += 256) {
-    const int r = i / D, c = i % D;
-    skb[r * kLd + c] = __float2bfloat16_rn(sbeta[r] * sexp[r] * __bfloat162float(sk[r * kLd + c]));
-    svb[r * kLd + c] = __float2bfloat16_rn(sbeta[r] * __bfloat162float(sv[r * kLd + c]));
+  for (int i = tid; i < kC * D / 8; i += 256) {  // 16-byte chunks
+    const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+    *reinterpret_cast<uint4*>(skb + r * kLd + c) = gdn::scaled8(*reinterpret_cast<const uint4*>(sk + r * kLd + c), sbeta[r] * sexp[r]);
+    *reinterpret_cast<uint4*>(svb + r * kLd + c) = gdn::scaled8(*reinterpret_cast<const uint4*>(sv + r * kLd + c), sbeta[r]);
   }
   warp_mma<D / 2, kC, false, false>(dq, scc1, kLc, sk, kLd, m0, n0, lane);  // dq += dÃ K
   warp_mma<D / 2, kC, true, false>(dk, scc1, kLc, sq, kLd, m0, n0, lane);   // dk += dÃᵀ Q

@@ -27,11 +27,23 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace hydra::ops::cuda_impl::gdn {
 
 constexpr int kChunk = 64;
 constexpr int kTileColumns = 32;  // columns of S (or M) per state-pass CTA: D / 32 tiles per head
+
+// The 8 bf16 of a 16-byte chunk, each times f (rounded to nearest).
+__device__ __forceinline__ uint4 scaled8(uint4 x, float f) {
+  uint32_t* w = reinterpret_cast<uint32_t*>(&x);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+    w[i] = cuda::pack_bf16(v.x * f, v.y * f);
+  }
+  return x;
+}
 
 struct Rows {  // [T, H, D] bf16 rows or [T, H] f32 gates: element (t, h) at ptr + t·st + h·sh
   const void* ptr = nullptr;
@@ -40,13 +52,18 @@ struct Rows {  // [T, H, D] bf16 rows or [T, H] f32 gates: element (t, h) at ptr
 inline Rows rows_of(const TensorView& x) { return Rows{x.data(), x.stride(0), x.stride(1)}; }
 
 // Stage 1. gamma [chunks, H, 64] f32; t, p [chunks, H, 64, 64] bf16 row-major (p empty without q).
+// For the backward (delta_rule_backward.cu) also w = T (β e^γ K), kt = K̃ = e^{γ_C−γ} K and
+// qh = Q̂ = scale·e^γ Q, [chunks, H, 64, D] bf16 (p is the backward's Ã).
 struct ChunkPrep {
   Tensor gamma, t, p;
+  Tensor w, kt, qh;  // PrepareFor::backward only
   int chunks = 0;
 };
+enum class PrepareFor { forward, backward };
 // q may be an undefined view (TensorView(): maps need no outputs; test defined(), not numel(), which
-// is 1 for a rank-0 view). k: [T, H, D] bf16; g, beta: [T, H] f32.
-ChunkPrep prepare(const TensorView& q, const TensorView& k, const TensorView& g, const TensorView& beta, float scale);
+// is 1 for a rank-0 view; the backward needs q). k: [T, H, D] bf16; g, beta: [T, H] f32.
+ChunkPrep prepare(const TensorView& q, const TensorView& k, const TensorView& g, const TensorView& beta, float scale,
+                  PrepareFor use = PrepareFor::forward);
 
 // Stage 2: one launch over `segments` chunk ranges [s·cps, min((s+1)·cps, chunks)) × heads × column
 // tiles (D / kTileColumns value tiles and as many map tiles per head).
@@ -78,7 +95,10 @@ void state_pass(const StatePassArgs& args, int head_dim);
 void fold_maps(const TensorView& m, const TensorView* add, const TensorView& states, int steps);
 
 // HYDRA_GDN_PROFILE=1: each marked stage's time (CUDA events), printed to stderr at scope exit.
+// `label` starts the line (the backward prints its own).
 struct StageProfile {
+  explicit StageProfile(const char* label = "gdn stages") : label(label) {}
+  const char* label;
   bool on = std::getenv("HYDRA_GDN_PROFILE") != nullptr;
   std::vector<std::pair<const char*, std::unique_ptr<CudaEvent>>> marks;
   void mark(const char* name) {
@@ -89,11 +109,24 @@ struct StageProfile {
   ~StageProfile() {
     if (!on || marks.size() < 2) return;
     marks.back().second->synchronize();
-    std::string line = "gdn stages:";
+    std::string line = fmt::format("{}:", label);
     for (size_t i = 1; i < marks.size(); ++i)
       line += fmt::format(" {} {:.3f} ms", marks[i].first, marks[i].second->elapsed_ms_since(*marks[i - 1].second));
     std::fprintf(stderr, "%s\n", line.c_str());
   }
 };
+
+// The sequential part of the chunked form over prepared chunks (delta_rule_forward.cu): with `segments`
+// > 1 (0: chosen from the shape) the maps of segments 0..S−2 and their fold, then the state pass of
+// every segment. state [H, D, D] f32: initial state in, final state out. With `out` defined the
+// outputs are fused in (q, scale); chunk_states / vnew (null: not kept) record every chunk's
+// starting state and V' for the backward. profile (null: none) gets the marks of the split.
+struct StatePassRecord {
+  bf16_t* chunk_states = nullptr;  // [chunks, H, D, D] bf16
+  bf16_t* vnew = nullptr;          // [chunks, H, 64, D] bf16
+};
+void sequential_pass(const ChunkPrep& prep, const TensorView& out, const TensorView& state, const TensorView& q,
+                     const TensorView& k, const TensorView& v, const TensorView& beta, float scale, int segments,
+                     const StatePassRecord& record, StageProfile* profile);
 
 }  // namespace hydra::ops::cuda_impl::gdn

@@ -135,41 +135,11 @@ std::pair<Tensor, Tensor> segment_maps(const gdn::ChunkPrep& prep, const TensorV
 
 void chunked_fused(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
                    const TensorView& v, const TensorView& g, const TensorView& beta, float scale, int segments) {
-  const int64_t heads = k.size(1), d = k.size(2);
   StageProfile profile;
   profile.mark("start");
   const gdn::ChunkPrep prep = gdn::prepare(q, k, g, beta, scale);
   profile.mark("prepare");
-  const int tiles = static_cast<int>(heads * (d / gdn::kTileColumns));  // state-pass CTAs per segment
-  if (segments == 0) segments = auto_segments(prep.chunks, tiles, 2 * tiles);
-  segments = std::max(1, std::min(segments, prep.chunks));
-  gdn::StatePassArgs a = pass_args(prep, k, v, beta, segments);
-  segments = (prep.chunks + a.chunks_per_segment - 1) / a.chunks_per_segment;  // no empty trailing segment
-  a.segments = segments;
-  a.q = gdn::rows_of(q);
-  a.out = out.data_as<bf16_t>();
-  a.out_st = out.stride(0);
-  a.out_sh = out.stride(1);
-  a.scale = scale;
-  Tensor inits;
-  if (segments > 1) {
-    const std::pair<Tensor, Tensor> maps = segment_maps(prep, k, v, beta, segments - 1, a.chunks_per_segment);
-    profile.mark("maps");
-    inits = Tensor::empty({segments, heads, d, d}, DType::f32, Device::cuda);
-    copy_into(inits.view().select(0, 0), state);
-    const TensorView s_ext = maps.first;
-    fold_maps(maps.second, &s_ext, inits, segments - 1);
-    profile.mark("fold");
-    a.state_in = inits.data_as<float>();
-    a.state_out = inits.data_as<float>();  // each segment's final state over its initial one
-    a.segment_stride = heads * d * d;
-  } else {
-    a.state_in = state.data_as<float>();
-    a.state_out = state.data_as<float>();
-  }
-  gdn::state_pass(a, static_cast<int>(d));
-  profile.mark("states+outputs");
-  if (segments > 1) copy_into(state, inits.view().select(0, segments - 1));  // the last segment's final state
+  gdn::sequential_pass(prep, out, state, q, k, v, beta, scale, segments, {}, &profile);
 }
 
 void segment_map_fused(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
@@ -200,6 +170,49 @@ void segment_map_fused(const TensorView& m, const TensorView& s_ext, const Tenso
 }  // namespace
 
 namespace gdn {
+void sequential_pass(const ChunkPrep& prep, const TensorView& out, const TensorView& state, const TensorView& q,
+                     const TensorView& k, const TensorView& v, const TensorView& beta, float scale, int segments,
+                     const StatePassRecord& record, StageProfile* profile) {
+  const int64_t heads = k.size(1), d = k.size(2);
+  auto mark = [&](const char* name) {
+    if (profile) profile->mark(name);
+  };
+  const int tiles = static_cast<int>(heads * (d / kTileColumns));  // state-pass CTAs per segment
+  if (segments == 0) segments = auto_segments(prep.chunks, tiles, 2 * tiles);
+  segments = std::max(1, std::min(segments, prep.chunks));
+  StatePassArgs a = pass_args(prep, k, v, beta, segments);
+  segments = (prep.chunks + a.chunks_per_segment - 1) / a.chunks_per_segment;  // no empty trailing segment
+  a.segments = segments;
+  if (out.defined()) {
+    a.q = rows_of(q);
+    a.out = out.data_as<bf16_t>();
+    a.out_st = out.stride(0);
+    a.out_sh = out.stride(1);
+    a.scale = scale;
+  }
+  a.chunk_states = record.chunk_states;
+  a.vnew = record.vnew;
+  Tensor inits;
+  if (segments > 1) {
+    const std::pair<Tensor, Tensor> maps = segment_maps(prep, k, v, beta, segments - 1, a.chunks_per_segment);
+    mark("maps");
+    inits = Tensor::empty({segments, heads, d, d}, DType::f32, Device::cuda);
+    copy_into(inits.view().select(0, 0), state);
+    const TensorView s_ext = maps.first;
+    fold_maps(maps.second, &s_ext, inits, segments - 1);
+    mark("fold");
+    a.state_in = inits.data_as<float>();
+    a.state_out = inits.data_as<float>();  // each segment's final state over its initial one
+    a.segment_stride = heads * d * d;
+  } else {
+    a.state_in = state.data_as<float>();
+    a.state_out = state.data_as<float>();
+  }
+  state_pass(a, static_cast<int>(d));
+  mark(out.defined() ? "states+outputs" : "states");
+  if (segments > 1) copy_into(state, inits.view().select(0, segments - 1));  // the last segment's final state
+}
+
 void fold_maps(const TensorView& m, const TensorView* add, const TensorView& states, int steps) {
   for (int s = 0; s < steps; ++s) {
     const TensorView next = states.select(0, s + 1);

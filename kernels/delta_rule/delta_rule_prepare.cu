@@ -10,6 +10,9 @@
 // the block products on tensor cores with operands split into bf16 high and low parts
 // (a·b ≈ a_hi b_hi + a_hi b_lo + a_lo b_hi, ~16 significant bits) so T₀ keeps near-fp32 accuracy.
 // Then T_ij = T₀_ij e^{γ_i−γ_j}: the decay enters only as factors ≤ 1.
+// For the backward (PrepareFor::backward) the same CTA also writes K̃ = e^{γ_C−γ} K and
+// Q̂ = scale·e^γ Q (from the rows already in shared memory) and W = T (β e^γ K) (a tensor-core
+// product with the bf16 T just formed), so the backward has no inverse of its own.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -64,6 +67,13 @@ __device__ __forceinline__ void block_product(const float* a, const float* b, fl
   }
 }
 
+// Outputs of the backward's preparation (all null in the forward), [chunks, H, 64, D] bf16.
+struct BackwardTiles {
+  bf16_t* w;   // T (β e^γ K)
+  bf16_t* kt;  // e^{γ_C−γ} K
+  bf16_t* qh;  // scale · e^γ Q
+};
+
 // dst (16×16 block, leading dimension kLd) = sign · acc.
 __device__ __forceinline__ void store_block(float* dst, const float (&acc)[2][4], float sign, int lane) {
   const int g = lane / 4, c = lane % 4;
@@ -78,7 +88,8 @@ __device__ __forceinline__ void store_block(float* dst, const float (&acc)[2][4]
 
 template <int D>
 __global__ void __launch_bounds__(128) gdn_prepare_kernel(Rows q, Rows k, Rows g, Rows beta, int t_len, int heads,
-                                                          float scale, bf16_t* t_out, bf16_t* p_out, float* gamma_out) {
+                                                          float scale, bf16_t* t_out, bf16_t* p_out, float* gamma_out,
+                                                          BackwardTiles bt) {
   using S = PrepareSmem<D>;
   constexpr int kChunks = D / 8;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -94,6 +105,8 @@ __global__ void __launch_bounds__(128) gdn_prepare_kernel(Rows q, Rows k, Rows g
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g4 = lane / 4, c4 = lane % 4;
   const int valid = min(kC, t_len - t0);
   const bool with_q = p_out != nullptr;
+  const bool backward = bt.w != nullptr;                      // the host guarantees q with it
+  const int64_t rows0 = (int64_t(chunk) * heads + head) * kC;  // first [.., D] row of this chunk-head
 
   for (int i = tid; i < kC * kChunks; i += 128) {
     const int r = i / kChunks, c = i % kChunks;
@@ -167,6 +180,16 @@ __global__ void __launch_bounds__(128) gdn_prepare_kernel(Rows q, Rows k, Rows g
       }
   }
   __syncthreads();
+  // Backward: K̃ and Q̂ from the rows in shared memory, before Q's buffer becomes scratch below.
+  if (backward) {
+    for (int i = tid; i < kC * kChunks; i += 128) {
+      const int r = i / kChunks, c = i % kChunks;
+      const int64_t o = (rows0 + r) * D + c * 8;
+      const uint32_t at = cuda::swizzled<kChunks>(r, c);
+      *reinterpret_cast<uint4*>(bt.kt + o) = scaled8(*reinterpret_cast<const uint4*>(sk + at), expf(sgamma[kC - 1] - sgamma[r]));
+      *reinterpret_cast<uint4*>(bt.qh + o) = scaled8(*reinterpret_cast<const uint4*>(sq + at), scale * expf(sgamma[r]));
+    }
+  }
 
   // Diagonal 16×16 blocks of T₀: warp w, block w, lane c < 16 solves column c:
   // X[i][c] = −Σ_{c ≤ j < i} L[i][j] X[j][c] for i > c, X[c][c] = 1, X[i][c] = 0 for i < c.
@@ -211,15 +234,49 @@ __global__ void __launch_bounds__(128) gdn_prepare_kernel(Rows q, Rows k, Rows g
     store_block(sx + (32 + 16 * bi) * kLd + 16 * bj, acc2, -1.0f, lane);
   }
   __syncthreads();
-  // T = T₀ ⊙ e^{γ_i−γ_j} (lower triangle, diagonal 1), bf16 row-major; γ.
+  // T = T₀ ⊙ e^{γ_i−γ_j} (lower triangle, diagonal 1), bf16 row-major; γ. The backward keeps a
+  // swizzled bf16 copy of T in L's buffer (free now) for W.
   const int64_t base = (int64_t(chunk) * heads + head) * kC * kC;
+  unsigned char* stb = reinterpret_cast<unsigned char*>(sl);
   for (int e = tid; e < kC * kC / 2; e += 128) {
     const int i = e / (kC / 2), j = 2 * (e % (kC / 2));
     const float v0 = j <= i ? sx[i * kLd + j] * expf(sgamma[i] - sgamma[j]) : 0.0f;
     const float v1 = j + 1 <= i ? sx[i * kLd + j + 1] * expf(sgamma[i] - sgamma[j + 1]) : 0.0f;
-    *reinterpret_cast<uint32_t*>(t_out + base + i * kC + j) = cuda::pack_bf16(v0, v1);
+    const uint32_t packed = cuda::pack_bf16(v0, v1);
+    *reinterpret_cast<uint32_t*>(t_out + base + i * kC + j) = packed;
+    if (backward) *reinterpret_cast<uint32_t*>(stb + cuda::swizzled<8>(i, j / 8) + (j % 8) * 2) = packed;
   }
   if (tid < kC) gamma_out[(int64_t(chunk) * heads + head) * kC + tid] = sgamma[tid];
+  if (!backward) return;
+  // W = T (β e^γ K): β e^γ K in place of K, then warp w forms rows 16w.. of the product (all D
+  // columns; B = the [C][D] rows through transposing loads).
+  for (int i = tid; i < kC * kChunks; i += 128) {
+    const int r = i / kChunks, c = i % kChunks;
+    uint4* p = reinterpret_cast<uint4*>(sk + cuda::swizzled<kChunks>(r, c));
+    *p = scaled8(*p, sbeta[r] * expf(sgamma[r]));
+  }
+  __syncthreads();
+  float acc[D / 8][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < kC / 16; ++kk) {
+    uint32_t af[4];
+    cuda::ldmatrix_x4(af, cuda::smem_addr(stb) + cuda::swizzled<8>(m0 + lane % 16, kk * 2 + lane / 16));
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt += 2) {
+      uint32_t b[4];
+      const int row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+      cuda::ldmatrix_x4_trans(b, cuda::smem_addr(sk) + cuda::swizzled<kChunks>(row, nt + lane / 16));
+      cuda::mma_bf16(acc[nt], af, b[0], b[1]);
+      cuda::mma_bf16(acc[nt + 1], af, b[2], b[3]);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt)
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      const int r = m0 + g4 + 8 * h2, c = nt * 8 + 2 * c4;
+      *reinterpret_cast<uint32_t*>(bt.w + (rows0 + r) * D + c) = cuda::pack_bf16(acc[nt][2 * h2], acc[nt][2 * h2 + 1]);
+    }
 }
 
 template <int D>
@@ -230,19 +287,27 @@ void launch_prepare(const TensorView& q, const TensorView& k, const TensorView& 
   HYDRA_CUDA_CHECK(cudaFuncSetAttribute(gdn_prepare_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   gdn_prepare_kernel<D><<<dim3(prep.chunks, heads), 128, smem, current_stream()>>>(
       q.defined() ? rows_of(q) : Rows{}, rows_of(k), rows_of(g), rows_of(beta), t_len, heads, scale,
-      prep.t.data_as<bf16_t>(), prep.p.defined() ? prep.p.data_as<bf16_t>() : nullptr, prep.gamma.data_as<float>());
+      prep.t.data_as<bf16_t>(), prep.p.defined() ? prep.p.data_as<bf16_t>() : nullptr, prep.gamma.data_as<float>(),
+      prep.w.defined() ? BackwardTiles{prep.w.data_as<bf16_t>(), prep.kt.data_as<bf16_t>(), prep.qh.data_as<bf16_t>()}
+                       : BackwardTiles{nullptr, nullptr, nullptr});
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
 
-ChunkPrep prepare(const TensorView& q, const TensorView& k, const TensorView& g, const TensorView& beta, float scale) {
+ChunkPrep prepare(const TensorView& q, const TensorView& k, const TensorView& g, const TensorView& beta, float scale,
+                  PrepareFor use) {
   const int64_t t_len = k.size(0), heads = k.size(1);
   ChunkPrep prep;
   prep.chunks = static_cast<int>((t_len + kC - 1) / kC);
   prep.gamma = Tensor::empty({prep.chunks, heads, kC}, DType::f32, Device::cuda);
   prep.t = Tensor::empty({prep.chunks, heads, kC, kC}, DType::bf16, Device::cuda);
   if (q.defined()) prep.p = Tensor::empty({prep.chunks, heads, kC, kC}, DType::bf16, Device::cuda);
+  if (use == PrepareFor::backward) {
+    HYDRA_ASSERT(q.defined(), "GDN prepare: the backward's tiles need the queries");
+    for (Tensor* x : {&prep.w, &prep.kt, &prep.qh})
+      *x = Tensor::empty({prep.chunks, heads, kC, k.size(2)}, DType::bf16, Device::cuda);
+  }
   if (k.size(2) == 128) {
     launch_prepare<128>(q, k, g, beta, scale, prep);
   } else {

@@ -8,9 +8,12 @@
 //   [B] V' = T R                                ->  V'' = e^{γ_C−γ} ⊙ V', V' (bf16, shared)
 //   [C] S ← e^{γ_C} S + Kᵀ V''  and  O = scale · e^γ ⊙ (Q S_old) + P V'   (independent: interleaved)
 //   [D] S (bf16) back to shared memory for the next chunk
-// with a CTA barrier between the phases. Loads run one chunk ahead through cp.async in two
-// groups per chunk: K, T, V, γ, β into a 2-stage ring (needed first), Q and P into one buffer
-// (needed after phase B; issued once the previous chunk's output is done).
+// with a CTA barrier between the phases. With outputs, loads run one chunk ahead through cp.async
+// in two groups per chunk: K, T, V, γ, β into a 2-stage ring (needed first), Q and P into one
+// buffer (needed after phase B; issued once the previous chunk's output is done). Without outputs
+// (segment maps, the backward's chunk states) a chunk step is short next to a memory round trip,
+// so K, T, V, γ, β run two chunks ahead in a 3-stage ring (the Q/P and V' buffers are left off,
+// which keeps two CTAs per SM).
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -23,16 +26,18 @@ namespace {
 constexpr int kC = kChunk, kBV = kTileColumns, kThreads = 128;
 constexpr int kPad = kBV + 8;  // padded rows of BV-wide bf16 tiles (conflict-free ldmatrix.trans)
 
-template <int D>
+template <int D, bool Out>
 struct StateSmem {
   static constexpr size_t k_bytes = size_t(kC) * D * 2;  // K (swizzled)
   static constexpr size_t t_bytes = size_t(kC) * kC * 2;  // T (swizzled)
   static constexpr size_t v_bytes = size_t(kC) * kPad * 2;
   static constexpr size_t stage = k_bytes + t_bytes + v_bytes + 2 * kC * 4;  // + γ, β
+  static constexpr int ring = Out ? 2 : 3;                                    // stages of the ring
   static constexpr size_t q_bytes = size_t(kC) * D * 2, p_bytes = t_bytes;
   static constexpr size_t s_bytes = size_t(D) * kPad * 2;
-  static constexpr size_t tile_bytes = size_t(kC) * kPad * 2;  // R, V'', V'
-  static constexpr size_t total = 2 * stage + q_bytes + p_bytes + s_bytes + 3 * tile_bytes;
+  static constexpr size_t tile_bytes = size_t(kC) * kPad * 2;  // R, V'' (and V' with outputs)
+  static constexpr size_t no_q = ring * stage + s_bytes + (Out ? 3 : 2) * tile_bytes;
+  static constexpr size_t total = no_q + (Out ? q_bytes + p_bytes : 0);  // Q and P last
 };
 
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool ok) {
@@ -59,25 +64,25 @@ __device__ __forceinline__ void rows_times_tile(float (&acc)[kBV / 8][4], uint32
   }
 }
 
-template <int D>
+template <int D, bool Out>
 __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassArgs a) {
-  using S = StateSmem<D>;
+  using S = StateSmem<D, Out>;
   constexpr int kChunks = D / 8, kRows = D / 4, kMt = kRows / 16, kNt = kBV / 8;
   constexpr int kValueTiles = D / kBV;
   extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* sq = smem + 2 * S::stage;
-  unsigned char* sp = sq + S::q_bytes;
-  bf16_t* ss = reinterpret_cast<bf16_t*>(sp + S::p_bytes);
-  bf16_t* sr = reinterpret_cast<bf16_t*>(sp + S::p_bytes + S::s_bytes);
+  bf16_t* ss = reinterpret_cast<bf16_t*>(smem + S::ring * S::stage);
+  bf16_t* sr = reinterpret_cast<bf16_t*>(smem + S::ring * S::stage + S::s_bytes);
   bf16_t* svs = sr + kC * kPad;  // V'' = e^{γ_C−γ} V' for the state update
-  bf16_t* svo = svs + kC * kPad;  // V' for the output
+  bf16_t* svo = svs + kC * kPad;  // V' for the output (Out only, as Q and P)
+  unsigned char* sq = smem + S::no_q;
+  unsigned char* sp = sq + S::q_bytes;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g4 = lane / 4, c4 = lane % 4;
   const int head = blockIdx.y, segment = blockIdx.z;
   // Tiles [0, kValueTiles): columns of S (if value_tiles); then columns of M (if map_tiles).
   const int tile = a.value_tiles ? static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x) + kValueTiles;
   const bool is_map = tile >= kValueTiles;
   const int col0 = (is_map ? tile - kValueTiles : tile) * kBV;
-  const bool with_out = !is_map && a.out != nullptr;
+  const bool with_out = Out && !is_map;
   const int chunk_begin = segment * a.chunks_per_segment;
   const int chunk_end = min(a.chunks, chunk_begin + a.chunks_per_segment);
   const int64_t seg = segment * a.segment_stride;
@@ -95,7 +100,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassA
         s[mt][nt][e] = is_map ? (r == c ? 1.0f : 0.0f) : (a.state_in ? a.state_in[seg + hblock + int64_t(r) * D + c] : 0.0f);
       }
 
-  auto stage_ptr = [&](int chunk) { return smem + ((chunk - chunk_begin) % 2) * S::stage; };
+  auto stage_ptr = [&](int chunk) { return smem + ((chunk - chunk_begin) % S::ring) * S::stage; };
   // A chunk's rows of a [T, H, D] sequence (zeros past the end) and its [64][64] prepare tile
   // (T or P), into swizzled shared memory.
   auto load_rows = [&](uint32_t dst, const Rows& x, int t0, int valid) {
@@ -156,10 +161,17 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassA
         }
   };
 
+  // Commit groups: with outputs main(c), out(c) per chunk, so at the top of a chunk only its out
+  // group may be pending and in the middle only the next chunk's main; without outputs one main
+  // group per chunk, two chunks ahead, so one may be pending at the top.
   if (chunk_begin < chunk_end) {
     load_main(chunk_begin);
     cuda::cp_async_commit();
-    load_out(chunk_begin);
+    if constexpr (Out) {
+      load_out(chunk_begin);
+    } else if (chunk_begin + 1 < chunk_end) {
+      load_main(chunk_begin + 1);
+    }
     cuda::cp_async_commit();
   }
   store_state(chunk_begin);
@@ -169,9 +181,9 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassA
     const bf16_t* sv = reinterpret_cast<const bf16_t*>(st + S::k_bytes + S::t_bytes);
     const float* sgamma = reinterpret_cast<const float*>(st + S::k_bytes + S::t_bytes + S::v_bytes);
     const float* sbeta = sgamma + kC;
-    cuda::cp_async_wait<1>();  // this chunk's group 1 (its group 2 may still be in flight)
+    cuda::cp_async_wait<1>();  // this chunk's group 1 (its group 2 / the next chunk's may be in flight)
     __syncthreads();           // [A] group 1 and S (bf16) visible to every warp
-    if (chunk + 1 < chunk_end) load_main(chunk + 1);
+    if (chunk + S::ring - 1 < chunk_end) load_main(chunk + S::ring - 1);  // into the stage read last chunk
     cuda::cp_async_commit();
     const float gamma_c = sgamma[kC - 1];
     const int ra = m0 + g4, rb = ra + 8;  // this thread's chunk rows
@@ -209,8 +221,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassA
         *reinterpret_cast<uint32_t*>(svs + ra * kPad + c) = cuda::pack_bf16(da * acc[nt][0], da * acc[nt][1]);
         *reinterpret_cast<uint32_t*>(svs + rb * kPad + c) = cuda::pack_bf16(db * acc[nt][2], db * acc[nt][3]);
         const uint32_t va = cuda::pack_bf16(acc[nt][0], acc[nt][1]), vb = cuda::pack_bf16(acc[nt][2], acc[nt][3]);
-        *reinterpret_cast<uint32_t*>(svo + ra * kPad + c) = va;
-        *reinterpret_cast<uint32_t*>(svo + rb * kPad + c) = vb;
+        if constexpr (Out) {
+          *reinterpret_cast<uint32_t*>(svo + ra * kPad + c) = va;
+          *reinterpret_cast<uint32_t*>(svo + rb * kPad + c) = vb;
+        }
         if (a.vnew && !is_map) {
           bf16_t* vn = a.vnew + (int64_t(chunk) * a.heads + head) * kC * D + col0 + c;
           *reinterpret_cast<uint32_t*>(vn + ra * D) = va;
@@ -218,8 +232,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassA
         }
       }
     }
-    cuda::cp_async_wait<1>();  // this chunk's group 2 (Q, P); the next chunk's group 1 may be in flight
-    __syncthreads();           // [C] V'', V', Q, P visible
+    if constexpr (Out) cuda::cp_async_wait<1>();  // this chunk's group 2 (Q, P); the next chunk's group 1 may be in flight
+    __syncthreads();                               // [C] V'', V', Q, P visible
     // S ← e^{γ_C} S + Kᵀ V''.
     const float decay = expf(gamma_c);
 #pragma unroll
@@ -271,8 +285,10 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassA
       }
     }
     __syncthreads();  // [D] every read of S (bf16), R, V'', V', Q, P of this chunk is done
-    if (chunk + 1 < chunk_end) load_out(chunk + 1);
-    cuda::cp_async_commit();
+    if constexpr (Out) {
+      if (chunk + 1 < chunk_end) load_out(chunk + 1);
+      cuda::cp_async_commit();
+    }
     store_state(chunk + 1);
   }
   cuda::cp_async_wait<0>();
@@ -297,10 +313,20 @@ void launch_state(const StatePassArgs& args) {
   constexpr int kValueTiles = D / kBV;
   const int tiles = (args.value_tiles ? kValueTiles : 0) + (args.map_tiles ? kValueTiles : 0);
   if (tiles == 0 || args.segments == 0) return;
-  const size_t smem = StateSmem<D>::total;
-  HYDRA_CUDA_CHECK(cudaFuncSetAttribute(gdn_state_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  gdn_state_kernel<D><<<dim3(tiles, args.heads, args.segments), kThreads, smem, current_stream()>>>(args);
-  HYDRA_CUDA_LAUNCH_CHECK();
+  // Two CTAs per SM either way (108 KB each without outputs at D = 128: the carveout asks for all
+  // of the SM's shared memory).
+  auto launch = [&](auto kernel, size_t smem) {
+    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
+    kernel<<<dim3(tiles, args.heads, args.segments), kThreads, smem, current_stream()>>>(args);
+    HYDRA_CUDA_LAUNCH_CHECK();
+  };
+  if (args.out) {
+    launch(gdn_state_kernel<D, true>, StateSmem<D, true>::total);
+  } else {
+    launch(gdn_state_kernel<D, false>, StateSmem<D, false>::total);
+  }
 }
 
 }  // namespace
