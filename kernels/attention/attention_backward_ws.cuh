@@ -31,6 +31,8 @@
 // Every barrier sees as many arrivals as waits, so none is left half-arrived at exit.
 #pragma once
 
+#include <type_traits>
+
 #include "kernels/attention/attention_backward.cuh"
 #include "kernels/attention/flash_softmax.cuh"
 #include "kernels/cuda/hopper.cuh"
@@ -225,15 +227,20 @@ __device__ void consume(const BwdParams& p, const Steps& st, int cw, int kvh, in
     // Pᵀ = exp2(Sᵀ·scale·log2e·τ − lse·log2e) without a branch per element: rows that see no key carry
     // lse2 = +∞ (the producer's choice), so their exponent is −∞ and ex2 gives +0; masked entries get
     // an exponent of −∞ the same way. Each lane's two adjacent columns come in one 8-byte load.
-    if (need_mask) {
+    auto form_p = [&](auto masked) {  // std::true_type / std::false_type: two specialised copies
       // Key row key_row0 + 8h (h = e / 2) is hidden from query column c when it is past the keys, c is
       // past the queries, or (causal) its position exceeds the query's: (k_pos0 + k0 + key_row0 + 8h)
       // − (q_pos0 + m0) > c. The position difference is clamped into int range: |c| < 64.
-      const int64_t lag64 = p.k_pos0 + k0 + key_row0 - (p.q_pos0 + m0);
-      const int lag = p.causal ? static_cast<int>(lag64 > (1 << 20) ? (1 << 20) : lag64 < -(1 << 20) ? -(1 << 20) : lag64)
-                               : -(1 << 20);
-      const int q_limit = p.tq - m0;
-      const bool key_ok[2] = {k0 + key_row0 < p.tk, k0 + key_row0 + 8 < p.tk};
+      int lag = 0, q_limit = 0;
+      bool key_ok[2] = {true, true};
+      if constexpr (decltype(masked)::value) {
+        const int64_t lag64 = p.k_pos0 + k0 + key_row0 - (p.q_pos0 + m0);
+        lag = p.causal ? static_cast<int>(lag64 > (1 << 20) ? (1 << 20) : lag64 < -(1 << 20) ? -(1 << 20) : lag64)
+                       : -(1 << 20);
+        q_limit = p.tq - m0;
+        key_ok[0] = k0 + key_row0 < p.tk;
+        key_ok[1] = k0 + key_row0 + 8 < p.tk;
+      }
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int col0 = j * 8 + c4 * 2;
@@ -241,22 +248,19 @@ __device__ void consume(const BwdParams& p, const Steps& st, int cw, int kvh, in
         const float2 qsc = *reinterpret_cast<const float2*>(&s_st.qscale[col0]);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int col = col0 + (e % 2), h = e / 2;
-          const bool visible = key_ok[h] && col < q_limit && lag + 8 * h <= col;
-          const float x = s[4 * j + e] * (e % 2 ? qsc.y : qsc.x) - (e % 2 ? lse2.y : lse2.x);
-          s[4 * j + e] = fast_exp2(visible ? x : -INFINITY);
+          float x = s[4 * j + e] * (e % 2 ? qsc.y : qsc.x) - (e % 2 ? lse2.y : lse2.x);
+          if constexpr (decltype(masked)::value) {
+            const int col = col0 + (e % 2), h = e / 2;
+            x = key_ok[h] && col < q_limit && lag + 8 * h <= col ? x : -INFINITY;
+          }
+          s[4 * j + e] = fast_exp2(x);
         }
       }
+    };
+    if (need_mask) {
+      form_p(std::true_type{});
     } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col0 = j * 8 + c4 * 2;
-        const float2 lse2 = *reinterpret_cast<const float2*>(&s_st.lse2[col0]);
-        const float2 qsc = *reinterpret_cast<const float2*>(&s_st.qscale[col0]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          s[4 * j + e] = fast_exp2(s[4 * j + e] * (e % 2 ? qsc.y : qsc.x) - (e % 2 ? lse2.y : lse2.x));
-      }
+      form_p(std::false_type{});
     }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
