@@ -41,6 +41,14 @@ class Handle {
   herr_t (*closer_)(hid_t);
 };
 
+// Whether `name` under `loc` is a dataset. H5Oopen + H5Iget_type rather than H5Oget_info_by_name:
+// the latter's signature and info struct differ between HDF5 1.10 and 1.12+ (the sanitizer build
+// links a newer HDF5 than Debian 12's 1.10; cluster/sanitize.sh says why).
+bool is_dataset(hid_t loc, const char* name) {
+  const Handle object(H5Oopen(loc, name, H5P_DEFAULT), H5Oclose);
+  return object.ok() && H5Iget_type(object.get()) == H5I_DATASET;
+}
+
 // Attributes are read into buffers sized for one element: an attribute stored as an array (or a
 // string declared larger than any config) would be written past the buffer's end.
 constexpr size_t kMaxAttributeBytes = size_t{64} << 20;
@@ -139,19 +147,13 @@ void H5File::close() {
 }
 
 bool H5File::has_dataset(const std::string& name) const {
-  if (H5Lexists(id_, name.c_str(), H5P_DEFAULT) <= 0) return false;
-  H5O_info_t info;
-  if (H5Oget_info_by_name(id_, name.c_str(), &info, H5P_DEFAULT) < 0) return false;
-  return info.type == H5O_TYPE_DATASET;
+  return H5Lexists(id_, name.c_str(), H5P_DEFAULT) > 0 && is_dataset(id_, name.c_str());
 }
 
 std::vector<std::string> H5File::dataset_names() const {
   std::vector<std::string> names;
   auto visit = [](hid_t group, const char* name, const H5L_info_t*, void* data) -> herr_t {
-    H5O_info_t info;
-    if (H5Oget_info_by_name(group, name, &info, H5P_DEFAULT) >= 0 && info.type == H5O_TYPE_DATASET) {
-      static_cast<std::vector<std::string>*>(data)->emplace_back(name);
-    }
+    if (is_dataset(group, name)) static_cast<std::vector<std::string>*>(data)->emplace_back(name);
     return 0;
   };
   hsize_t index = 0;
