@@ -1,5 +1,8 @@
 #include "runtime/concurrency.h"
 
+#include <cstdlib>
+#include <string>
+
 #if HYDRA_CUDA
 #include "runtime/cuda_memory.h"
 #endif
@@ -7,7 +10,11 @@
 namespace hydra {
 
 void run_concurrently(Device device, const std::function<void()>& main_work, const std::function<void()>& side_work) {
-  if (device == Device::host) {
+  static const bool serial = [] {
+    const char* env = std::getenv("HYDRA_SERIAL_BRANCHES");
+    return env != nullptr && std::string(env) == "1";
+  }();
+  if (device == Device::host || serial) {
     side_work();
     main_work();
     return;

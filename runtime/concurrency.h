@@ -7,6 +7,9 @@
 // the ring's transfers and attention overlap the GDN scan). Tensors created inside side_work are
 // allocated and freed in the side stream's order; inputs come from before the fork, outputs are
 // read after the join, so the stream-ordered allocator never hands out memory still in use.
+//
+// HYDRA_SERIAL_BRANCHES=1 runs both on the current stream, side_work first (a measurement knob: the
+// step or prefill time with and without it is what the overlap buys).
 #pragma once
 
 #include <functional>
