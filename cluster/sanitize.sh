@@ -9,9 +9,10 @@
 # HDF5: Debian 12's HDF5 1.10.8 itself reads past a heap block (H5Aexists -> H5O__attr_exists) on some
 # damaged files the reader fuzzer writes; a ten-line C program opening the same file shows it, and HDF5
 # 1.14.5 and 2.0 read that file cleanly. So this script builds HDF5 1.14.5 once, with ASan, from Debian's
-# source tarball (checked against its SHA-256) into $build/_hdf5 and links the suite against it (about
-# 4 minutes on 2 cores, then cached). HYDRA_SANITIZE_HDF5=system links the system HDF5 instead (the
-# fuzzer's eval-set stream then reports HDF5's overflow); HYDRA_SANITIZE_HDF5=/prefix uses an installed one.
+# source tarball (checked against its SHA-256) into $build/_hdf5 and links the suite against it
+# (2.5 minutes on an otherwise idle 2-core machine, then cached). HYDRA_SANITIZE_HDF5=system links the
+# system HDF5 instead (the fuzzer's eval-set stream then reports HDF5's overflow);
+# HYDRA_SANITIZE_HDF5=/prefix uses an installed one.
 #
 # HYDRA_SANITIZE_BUILD_DIR overrides the build folder. Open MPI, PMIx and HDF5 keep some allocations
 # until exit by design; cluster/sanitize.supp lists those libraries for LeakSanitizer (a leak is ignored

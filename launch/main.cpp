@@ -16,6 +16,7 @@
 #include "kernels/matmul/matmul.h"
 #include "launch/cli.h"
 #include "runtime/atomic_file.h"
+#include "runtime/concurrency.h"
 #include "runtime/fault.h"
 #include "runtime/log.h"
 
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
   std::string message;
   try {
     hydra::check_fault_spec(world.size());
+    hydra::serial_branches();  // a bad HYDRA_SERIAL_BRANCHES is refused before any work
     code = dispatch(app, argc, argv);
   } catch (const hydra::UserError& e) {
     message = std::string("error") + (world.size() > 1 ? " (rank " + std::to_string(world.rank()) + ")" : "") + ": " + e.what();

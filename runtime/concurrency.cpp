@@ -3,18 +3,27 @@
 #include <cstdlib>
 #include <string>
 
+#include "runtime/error.h"
+
 #if HYDRA_CUDA
 #include "runtime/cuda_memory.h"
 #endif
 
 namespace hydra {
 
-void run_concurrently(Device device, const std::function<void()>& main_work, const std::function<void()>& side_work) {
+bool serial_branches() {
   static const bool serial = [] {
     const char* env = std::getenv("HYDRA_SERIAL_BRANCHES");
-    return env != nullptr && std::string(env) == "1";
+    const std::string value = env ? env : "";
+    HYDRA_USER_CHECK(value.empty() || value == "0" || value == "1", "HYDRA_SERIAL_BRANCHES must be 0 or 1 (got '{}')",
+                     value);
+    return value == "1";
   }();
-  if (device == Device::host || serial) {
+  return serial;
+}
+
+void run_concurrently(Device device, const std::function<void()>& main_work, const std::function<void()>& side_work) {
+  if (device == Device::host || serial_branches()) {
     side_work();
     main_work();
     return;

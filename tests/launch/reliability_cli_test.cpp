@@ -168,6 +168,14 @@ TEST(FaultSpec, UnknownSiteAndMissingRankAreRefused) {
                     "rank 2 does not exist in a job of 2 rank(s)");
 }
 
+// A measurement switch with a value it does not know is refused at start-up, not ignored.
+TEST(FaultSpec, UnknownSerialBranchesValueIsRefused) {
+  const std::string run = hydra_binary() + " forward --preset hydrahead-tiny --seq-len 64";
+  expect_clean_error(run_command("HYDRA_SERIAL_BRANCHES=yes " + run), "HYDRA_SERIAL_BRANCHES must be 0 or 1 (got 'yes')");
+  const CommandResult ok = run_command("HYDRA_SERIAL_BRANCHES=1 " + run);
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+}
+
 // ---- Readers: overflowing and impossible values ----------------------------------------------------
 
 // An eval set with one sample whose answer_start / answer_length are set by hand (bypassing
