@@ -183,12 +183,23 @@ int run_train(App& app, const std::vector<std::string>& args) {
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   train::TrainTopology topology(*world.comm, c.sp);
   SequenceLayout::zigzag(c.seq_len, topology.sp(), topology.sequence().rank());  // admissible length?
-  const MemoryEstimate estimate = estimate_training_memory(
-      student_config, c.seq_len / topology.sp(), topology.sp(), teacher_config ? &*teacher_config : nullptr,
-      world.device, c.stage == train::Stage::align);
+  const auto plan = [&](bool keep_gdn_outputs) {
+    return estimate_training_memory(student_config, c.seq_len / topology.sp(), topology.sp(),
+                                    teacher_config ? &*teacher_config : nullptr, world.device,
+                                    c.stage == train::Stage::align, keep_gdn_outputs);
+  };
+  // Keeping every layer's GDN outputs spares the backward a delta-rule forward per layer; taken when
+  // it fits on every rank (one all-reduce, so all ranks choose the same), else they are recomputed.
+  const MemoryEstimate keeping = plan(true);
+  Tensor misfits = Tensor::empty({1}, DType::f64);
+  misfits.data_as<double>()[0] = fits_memory_plan(keeping, world.device, app.mpi.local_size()) ? 0.0 : 1.0;
+  all_reduce_sum_host(*world.comm, misfits);
+  c.keep_gdn_outputs = misfits.data_as<double>()[0] == 0.0;
+  const MemoryEstimate estimate = c.keep_gdn_outputs ? keeping : plan(false);
   check_memory_plan(estimate, world.device, fmt::format("training at --seq-len {} on {} rank(s) per sequence", c.seq_len,
                                                         topology.sp()), app.mpi.local_size());
-  log::info("train: memory plan {} per rank", estimate.describe());
+  log::info("train: memory plan {} per rank; GDN outputs {}", estimate.describe(),
+            c.keep_gdn_outputs ? "kept for the backward" : "recomputed in the backward (keeping them would not fit)");
   Model student = opt.model.build(world.device, dtype);
   std::optional<Model> teacher;
   if (needs_teacher) {

@@ -75,7 +75,8 @@ MemoryEstimate estimate_prefill_memory(const ModelConfig& c, int64_t local_token
 }
 
 MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_tokens, int ranks_per_sequence,
-                                        const ModelConfig* teacher, Device device, bool align) {
+                                        const ModelConfig* teacher, Device device, bool align,
+                                        bool keep_gdn_outputs) {
   MemoryEstimate m;
   const double b = device == Device::cuda ? 2.0 : 4.0, a = 4.0;  // storage and accumulator bytes
   const double t = static_cast<double>(local_tokens), D = static_cast<double>(c.hidden_size);
@@ -91,8 +92,9 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_toke
     const LayerLayout layout = layer_layout(c, l);
     const double hfa = static_cast<double>(layout.h_fa), gfa = static_cast<double>(layout.g_fa);
     const double hg = static_cast<double>(layout.h_gdn), rows = static_cast<double>(layout.columns.rows);
-    saved += t * D * b + t * hfa * d * b + hfa * t * a;
-    const double recompute = t * (3 * D * b + 2 * rows * b + 4 * H * d * b + 6 * hg * d * b + 2 * hfa * d * b + 2 * hg * a);
+    saved += t * D * b + t * hfa * d * b + hfa * t * a + (keep_gdn_outputs ? t * hg * d * b : 0.0);
+    // β, g and the q/k inverse norms: 4·hg fp32 per row.
+    const double recompute = t * (3 * D * b + 2 * rows * b + 4 * H * d * b + 2 * hfa * d * b + 4 * hg * a);
     const double backward = t * (2 * D * b + 3 * H * d * b + 3 * hg * d * b + 3 * (hfa + 2 * gfa) * d * a + 2 * hg * a) +
                             (ranks_per_sequence > 1 ? 3 * t * gfa * 2 * d * a : 0.0);
     const double mlp_rows = std::min<double>(t, static_cast<double>(kMlpTileTokens));
@@ -100,29 +102,43 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_toke
     layer_peak = std::max(layer_peak, recompute + backward + mlp);
   }
   if (align) saved = (static_cast<double>(c.num_layers) + 1) * t * D * b + saved / static_cast<double>(c.num_layers);
-  const double chunk = std::min(t, static_cast<double>(std::max<int64_t>(1, (int64_t{1} << 28) / std::max<int64_t>(c.vocab_size, 1))));
+  const double chunk = std::min(t, static_cast<double>(std::max<int64_t>(1, (int64_t{1} << 29) / std::max<int64_t>(c.vocab_size, 1))));
   const double loss = chunk * V * (a + b) * (teacher && !align ? 2 : 1) + t * D * a;
   m.activations = (saved + std::max(layer_peak, loss) + t * D * a) * 1.05;
   return m;
 }
 
-void check_memory_plan(const MemoryEstimate& estimate, Device device, const std::string& what, int ranks_on_host) {
-  const double g = 1024.0 * 1024.0 * 1024.0;
-  double available = 0;
+namespace {
+struct Available {
+  double bytes = 0;
   std::string where;
+};
+Available available_memory(Device device, int ranks_on_host) {
+  Available out;
 #if HYDRA_CUDA
   if (device == Device::cuda) {
-    available = static_cast<double>(cuda_memory_stats().free_device);
-    where = "the GPU";
+    out.bytes = static_cast<double>(cuda_memory_stats().free_device);
+    out.where = "the GPU";
   }
 #endif
   if (device == Device::host) {
-    available = host_available_bytes() / std::max(1, ranks_on_host);
-    where = ranks_on_host > 1 ? fmt::format("each of this host's {} ranks", ranks_on_host) : std::string("this host");
+    out.bytes = host_available_bytes() / std::max(1, ranks_on_host);
+    out.where = ranks_on_host > 1 ? fmt::format("each of this host's {} ranks", ranks_on_host) : std::string("this host");
   }
-  HYDRA_USER_CHECK(estimate.total() < 0.95 * available, "{} needs about {} per rank, but {} has {:.1f} GiB available; "
-                   "use more ranks (on more nodes) or a shorter --seq-len", what, estimate.describe(), where,
-                   available / g);
+  return out;
+}
+}  // namespace
+
+bool fits_memory_plan(const MemoryEstimate& estimate, Device device, int ranks_on_host) {
+  return estimate.total() < 0.95 * available_memory(device, ranks_on_host).bytes;
+}
+
+void check_memory_plan(const MemoryEstimate& estimate, Device device, const std::string& what, int ranks_on_host) {
+  const double g = 1024.0 * 1024.0 * 1024.0;
+  const Available available = available_memory(device, ranks_on_host);
+  HYDRA_USER_CHECK(estimate.total() < 0.95 * available.bytes, "{} needs about {} per rank, but {} has {:.1f} GiB "
+                   "available; use more ranks (on more nodes) or a shorter --seq-len", what, estimate.describe(),
+                   available.where, available.bytes / g);
 }
 
 }  // namespace hydra

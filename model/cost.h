@@ -41,9 +41,14 @@ MemoryEstimate estimate_prefill_memory(const ModelConfig& config, int64_t local_
 // Per-rank estimate for a training step on `local_tokens` rows (model/train): weights, fp32 masters,
 // moments and gradients, the teacher's weights (align/distill), every layer's saved input and FA
 // output, one layer's recomputation and backward, and the loss chunk. `align` adds the teacher's
-// residual stream at every layer boundary. Element sizes: bf16 + fp32 on cuda, fp32 on the host.
+// residual stream at every layer boundary; `keep_gdn_outputs` every layer's GDN outputs
+// (ForwardContext::keep_gdn_outputs). Element sizes: bf16 + fp32 on cuda, fp32 on the host.
 MemoryEstimate estimate_training_memory(const ModelConfig& config, int64_t local_tokens, int ranks_per_sequence,
-                                        const ModelConfig* teacher, Device device, bool align);
+                                        const ModelConfig* teacher, Device device, bool align,
+                                        bool keep_gdn_outputs = false);
+
+// Whether the estimate fits what check_memory_plan allows (95% of the memory this rank can use).
+bool fits_memory_plan(const MemoryEstimate& estimate, Device device, int ranks_on_host = 1);
 
 // Refuses (UserError naming `what` and the estimate) a run whose estimate exceeds the memory this
 // rank can use: the GPU's free memory, or for the CPU path the host's available memory

@@ -10,7 +10,6 @@
 #include "kernels/embedding/embedding.h"
 #include "kernels/fusion/fusion.h"
 #include "kernels/gdn_gates/gdn_gates.h"
-#include "kernels/l2norm/l2norm.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
@@ -340,23 +339,26 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
     Communicator& comm = context.comm;
     const TensorView qkv = pv.narrow(1, col.gdn_qkv, 3 * hg * d);
     const TensorView a = pv.narrow(1, col.gdn_a, hg), b = pv.narrow(1, col.gdn_b, hg);
+    // conv + SiLU, then RoPE and the L2 norm of q and k, in one pass (ops::gdn_qkv_conv).
     Tensor conv = Tensor::empty({t, 3 * hg * d}, dtype_, device_);
-    causal_conv_sequence_parallel(comm, context.layout, conv, qkv, w.conv, timer);
+    Tensor inv_norm = Tensor::empty({t, 2 * hg}, acc_dtype(), device_);
+    const GdnQkFinish finish{positions, inv_norm, gdn_qk_params(hg)};
+    causal_conv_sequence_parallel(comm, context.layout, conv, qkv, w.conv, timer, &finish);
     const TensorView q = conv.view().narrow(1, 0, hg * d).split_dim(1, hg, d);
     const TensorView k = conv.view().narrow(1, hg * d, hg * d).split_dim(1, hg, d);
     const TensorView v = conv.view().narrow(1, 2 * hg * d, hg * d).split_dim(1, hg, d);
     Tensor beta = Tensor::empty({t, hg}, acc_dtype(), device_), g = Tensor::empty({t, hg}, acc_dtype(), device_);
     {
       ScopedPhase phase(timer, Phase::gdn);
-      ops::rope(q, positions, {config_.rope_theta});
-      ops::rope(k, positions, {config_.rope_theta});
-      const float l2_eps = static_cast<float>(config_.l2_norm_eps);
-      ops::l2_norm(q, l2_eps);
-      ops::l2_norm(k, l2_eps);
       ops::gdn_gates(beta, g, b, a, w.a_log, w.dt_bias);
     }
-    gdn_sequence_parallel(comm, context.layout, heads.view().narrow(1, hfa, hg), q, k, v, g, beta,
-                          ops::DeltaRuleParams{}, timer, saved ? &saved->gdn : nullptr);
+    const TensorView out = heads.view().narrow(1, hfa, hg);
+    gdn_sequence_parallel(comm, context.layout, out, q, k, v, g, beta, ops::DeltaRuleParams{}, timer,
+                          saved ? &saved->gdn : nullptr);
+    if (saved && context.keep_gdn_outputs) {
+      ScopedPhase phase(timer, Phase::gdn);
+      saved->gdn_out = clone(out);
+    }
   };
   // The branches are independent (DESIGN.md §3.5): on the GPU the GDN branch runs on a side stream
   // while the FA ring's transfers and attention run on this one. Collectives of both branches go

@@ -45,6 +45,10 @@ struct ForwardContext {
   LayerObserver* observer = nullptr;
   PhaseTimer* timer = nullptr;                      // per-phase timing (prefill), optional
   std::function<void(int64_t layer)> after_layer = {};  // progress / watchdog hook, optional
+  // Training: a forward that saves for the backward also keeps the GDN heads' outputs, so the
+  // backward's recomputation skips the delta rule (T_loc·H_gdn·d more per layer; chosen by the
+  // memory plan, estimate_training_memory).
+  bool keep_gdn_outputs = false;
 };
 
 // The runtime tensors of one layer (model/weight_layout.h), or their gradients (same shapes, in
@@ -96,6 +100,7 @@ struct LayerSaved {
   Tensor input;   // [T_loc, D], dtype()
   Tensor fa_out;  // [T_loc, H_fa, d], dtype()
   Tensor fa_lse;  // [H_fa, T_loc], acc_dtype()
+  Tensor gdn_out; // [T_loc, H_gdn, d], dtype(): the GDN heads' outputs (ForwardContext::keep_gdn_outputs)
   GdnSaved gdn;
 };
 
@@ -117,6 +122,11 @@ class Model {
   DType dtype() const { return dtype_; }
   // Accumulators, norm weights and gradients: f32 (the model's dtype on a host f64 model).
   DType acc_dtype() const { return dtype_ == DType::f64 ? DType::f64 : DType::f32; }
+  // The GDN branch's fused q/k finish (RoPE, L2 norm) for a layer of `gdn_heads` GDN heads.
+  ops::GdnQkParams gdn_qk_params(int64_t gdn_heads) const {
+    return {.qk_heads = 2 * gdn_heads, .head_dim = config_.head_dim, .rope_theta = config_.rope_theta,
+            .l2_eps = static_cast<float>(config_.l2_norm_eps)};
+  }
   const LayerLayout& layout(int64_t layer) const { return layouts_.at(static_cast<size_t>(layer)); }
 
   // ---- Forward ----

@@ -2,17 +2,18 @@
 //
 // What is saved and what is recomputed is decided in model.h (LayerSaved): a layer's backward
 // first recomputes its forward from the saved input — norms, the fused projection, the FA heads'
-// q/k (attention itself is not rerun: its output and log-sum-exp were kept), the GDN conv, RoPE,
-// L2 norm, gates and the chunked delta rule from the kept segment initial states, the fusion and
-// the residual after attention — then runs the gradients back:
+// q/k (attention itself is not rerun: its output and log-sum-exp were kept), the GDN conv with
+// RoPE and the L2 norm fused in, the gates and — unless the forward kept the GDN outputs
+// (ForwardContext::keep_gdn_outputs) — the chunked delta rule from the kept segment initial
+// states, the fusion and the residual after attention — then runs the gradients back:
 //   MLP (token tiles) → post-norm → W_o → fusion → FA branch (output gate, ring-attention backward,
 //   q/k norms [teacher: RoPE⁻¹ first]) and GDN branch (delta-rule backward with the reverse state
-//   fold, L2 norm, RoPE⁻¹, conv with its halo, β/g gates) → the fused projection → input norm.
+//   fold, L2 norm and RoPE⁻¹ in one pass, conv with its halo, β/g gates) → the fused projection →
+//   input norm.
 // Every parameter gradient is accumulated (+=) in acc_dtype() (fp32 on the GPU); activation
 // gradients are held in the compute dtype where they feed a GEMM (bf16 on the GPU), and the
 // residual stream's gradient dx in acc_dtype().
 #include <algorithm>
-#include <optional>
 
 #include "kernels/attention/attention.h"
 #include "kernels/conv/conv.h"
@@ -20,7 +21,6 @@
 #include "kernels/embedding/embedding.h"
 #include "kernels/fusion/fusion.h"
 #include "kernels/gdn_gates/gdn_gates.h"
-#include "kernels/l2norm/l2norm.h"
 #include "kernels/matmul/matmul.h"
 #include "runtime/concurrency.h"
 #include "runtime/fault.h"
@@ -74,7 +74,7 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
   const TensorView x_in = saved.input;
   Tensor x_norm = empty({t, D}, dtype_), proj = empty({t, w.in_proj.size(0)}, dtype_);
   Tensor heads = empty({t, H, d}, dtype_);  // the per-head outputs before fusion, physical order
-  Tensor fa_q, fa_k, gdn_q, gdn_k, gdn_qn, gdn_kn, conv, beta, g;
+  Tensor fa_q, fa_k, conv, inv_norm, beta, g;  // conv: q̂ | k̂ | v after the fused conv (gdn_qkv_conv)
   const ops::AttentionParams attention{.tau_log_base = hydra ? config_.fa_log_base : 0.0, .kv_head_of_query = w.fa_kv_of};
   {
     ScopedPhase phase(timer, Phase::other);
@@ -102,23 +102,24 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
   }
   if (hg > 0) {
     conv = empty({t, 3 * hg * d}, dtype_);
-    causal_conv_sequence_parallel(context.comm, seq, conv, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv, timer);
-    std::optional<ScopedPhase> phase(std::in_place, timer, Phase::gdn);
-    gdn_q = clone(head_columns(conv, 0, hg, d));  // after RoPE, before the L2 norm (its backward needs it)
-    gdn_k = clone(head_columns(conv, hg * d, hg, d));
-    ops::rope(gdn_q, positions, {config_.rope_theta});
-    ops::rope(gdn_k, positions, {config_.rope_theta});
-    gdn_qn = clone(gdn_q);
-    gdn_kn = clone(gdn_k);
-    const float l2_eps = static_cast<float>(config_.l2_norm_eps);
-    ops::l2_norm(gdn_qn, l2_eps);
-    ops::l2_norm(gdn_kn, l2_eps);
+    inv_norm = empty({t, 2 * hg}, acc);  // the q/k L2 norms' inverses: their backward needs them with q̂, k̂
+    const GdnQkFinish finish{positions, inv_norm, gdn_qk_params(hg)};
+    causal_conv_sequence_parallel(context.comm, seq, conv, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv, timer,
+                                  &finish);
     beta = empty({t, hg}, acc);
     g = empty({t, hg}, acc);
-    ops::gdn_gates(beta, g, pv.narrow(1, col.gdn_b, hg), pv.narrow(1, col.gdn_a, hg), w.a_log, w.dt_bias);
-    phase.reset();
-    gdn_sequence_parallel_recompute(seq, saved.gdn, heads.view().narrow(1, hfa, hg), gdn_qn, gdn_kn,
-                                    head_columns(conv, 2 * hg * d, hg, d), g, beta, ops::DeltaRuleParams{}, timer);
+    {
+      ScopedPhase phase(timer, Phase::gdn);
+      ops::gdn_gates(beta, g, pv.narrow(1, col.gdn_b, hg), pv.narrow(1, col.gdn_a, hg), w.a_log, w.dt_bias);
+    }
+    if (saved.gdn_out.defined()) {  // kept by the forward (ForwardContext::keep_gdn_outputs)
+      ScopedPhase phase(timer, Phase::gdn);
+      copy_into(heads.view().narrow(1, hfa, hg), saved.gdn_out);
+    } else {
+      gdn_sequence_parallel_recompute(seq, saved.gdn, heads.view().narrow(1, hfa, hg), head_columns(conv, 0, hg, d),
+                                      head_columns(conv, hg * d, hg, d), head_columns(conv, 2 * hg * d, hg, d), g,
+                                      beta, ops::DeltaRuleParams{}, timer);
+    }
   }
   Tensor fused;  // y: what W_o reads
   if (hydra) {
@@ -229,16 +230,15 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
     const TensorView dq = head_columns(dconv, 0, hg, d), dk = head_columns(dconv, hg * d, hg, d);
     Tensor dqn = empty({t, hg, d}, dtype_), dkn = empty({t, hg, d}, dtype_);
     Tensor dg = empty({t, hg}, acc), dbeta = empty({t, hg}, acc);
+    const TensorView qn = head_columns(conv, 0, hg, d), kn = head_columns(conv, hg * d, hg, d);
     gdn_sequence_parallel_backward(context.comm, seq, saved.gdn, dqn, dkn, head_columns(dconv, 2 * hg * d, hg, d), dg,
-                                   dbeta, d_heads.view().narrow(1, hfa, hg), gdn_qn, gdn_kn,
+                                   dbeta, d_heads.view().narrow(1, hfa, hg), qn, kn,
                                    head_columns(conv, 2 * hg * d, hg, d), g, beta, ops::DeltaRuleParams{}, timer);
     {
       ScopedPhase phase(timer, Phase::gdn);
-      const float l2_eps = static_cast<float>(config_.l2_norm_eps);
-      ops::l2_norm_backward(dq, dqn, gdn_q, l2_eps);
-      ops::l2_norm_backward(dk, dkn, gdn_k, l2_eps);
-      ops::rope(dq, positions, {config_.rope_theta, ops::RopeDirection::inverse});
-      ops::rope(dk, positions, {config_.rope_theta, ops::RopeDirection::inverse});
+      const ops::GdnQkParams qk = gdn_qk_params(hg);
+      ops::gdn_qk_backward(dq, dqn, qn, inv_norm.view().narrow(1, 0, hg), positions, qk);
+      ops::gdn_qk_backward(dk, dkn, kn, inv_norm.view().narrow(1, hg, hg), positions, qk);
       ops::gdn_gates_backward(dpv.narrow(1, col.gdn_b, hg), dpv.narrow(1, col.gdn_a, hg), grad_of(grads.a_log),
                               grad_of(grads.dt_bias), dbeta, dg, pv.narrow(1, col.gdn_b, hg),
                               pv.narrow(1, col.gdn_a, hg), w.a_log, w.dt_bias);

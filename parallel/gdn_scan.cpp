@@ -81,17 +81,23 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
 }
 
 void causal_conv_sequence_parallel(Communicator& comm, const SequenceLayout& layout, const TensorView& out,
-                                   const TensorView& x, const TensorView& w, PhaseTimer* timer) {
+                                   const TensorView& x, const TensorView& w, PhaseTimer* timer,
+                                   const GdnQkFinish* finish) {
   const int64_t t_local = layout.local_length();
   expect_shape(x, "conv x", {{"T_loc", t_local}, {"C", -1}});
   const int64_t channels = x.size(1), halo = w.size(1) - 1;
   const std::vector<Segment>& local = layout.local_segments();
+  const auto conv = [&](const Segment& s, const TensorView& prefix) {
+    const auto rows = [&](const TensorView& v) { return v.narrow(0, s.local_offset, s.length); };
+    if (finish) {
+      ops::gdn_qkv_conv(rows(out), rows(finish->inv_norm), rows(x), w, prefix, rows(finish->positions), finish->params);
+    } else {
+      ops::causal_conv_silu(rows(out), rows(x), w, prefix);
+    }
+  };
   if (layout.world_size() == 1 || halo == 0) {
     ScopedPhase phase(timer, Phase::gdn);
-    for (const Segment& s : local) {
-      ops::causal_conv_silu(out.narrow(0, s.local_offset, s.length), x.narrow(0, s.local_offset, s.length), w,
-                            TensorView());
-    }
+    for (const Segment& s : local) conv(s, TensorView());
     return;
   }
   HYDRA_USER_CHECK(layout.segment_length() >= halo,
@@ -110,10 +116,7 @@ void causal_conv_sequence_parallel(Communicator& comm, const SequenceLayout& lay
   comm.all_gather(mine, all);
   phase.reset();
   phase.emplace(timer, Phase::gdn);
-  for (const Segment& s : local) {
-    const TensorView prefix = s.index > 0 ? gathered_slot(layout, all, s.index - 1) : TensorView();
-    ops::causal_conv_silu(out.narrow(0, s.local_offset, s.length), x.narrow(0, s.local_offset, s.length), w, prefix);
-  }
+  for (const Segment& s : local) conv(s, s.index > 0 ? gathered_slot(layout, all, s.index - 1) : TensorView());
 }
 
 void gdn_sequence_parallel_recompute(const SequenceLayout& layout, const GdnSaved& saved, const TensorView& out,

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "kernels/delta_rule/delta_rule.h"
+#include "kernels/gdn_qk/gdn_qk.h"
 #include "parallel/communicator.h"
 #include "parallel/layout.h"
 #include "runtime/phase_timer.h"
@@ -57,9 +58,19 @@ void gdn_sequence_parallel_backward(Communicator& comm, const SequenceLayout& la
                                     const TensorView& g, const TensorView& beta, const ops::DeltaRuleParams& params,
                                     PhaseTimer* timer = nullptr);
 
-// out, x [T_loc, C] (local rows); w [C, K].
+// The q/k finish fused into the conv (ops::gdn_qkv_conv): RoPE at `positions` [T_loc] and the L2
+// norm of the first params.qk_heads heads, their inverse norms into inv_norm [T_loc, qk_heads].
+struct GdnQkFinish {
+  TensorView positions;
+  TensorView inv_norm;
+  ops::GdnQkParams params;
+};
+
+// out, x [T_loc, C] (local rows); w [C, K]. With `finish`, ops::gdn_qkv_conv instead of the plain
+// conv + SiLU.
 void causal_conv_sequence_parallel(Communicator& comm, const SequenceLayout& layout, const TensorView& out,
-                                   const TensorView& x, const TensorView& w, PhaseTimer* timer = nullptr);
+                                   const TensorView& x, const TensorView& w, PhaseTimer* timer = nullptr,
+                                   const GdnQkFinish* finish = nullptr);
 
 // Backward of causal_conv_sequence_parallel: dx [T_loc, C] overwritten, dw [C, K] accumulated (or
 // undefined: frozen). The halo rows' gradient goes back to the rank that owns the previous segment

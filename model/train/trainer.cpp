@@ -72,7 +72,8 @@ struct Run {
   LossSums window_loss(const std::vector<int32_t>& window, double grad_scale, ModelTensors* grads,
                        std::vector<double>* layer_loss) {
     const TokenRows w = layout.token_rows(window);  // T + 1 tokens: every row has its target
-    ForwardContext context{.comm = topology.sequence(), .layout = layout, .timer = timer};
+    ForwardContext context{
+        .comm = topology.sequence(), .layout = layout, .timer = timer, .keep_gdn_outputs = config.keep_gdn_outputs};
     switch (config.stage) {
       case Stage::pretrain:
       case Stage::finetune:

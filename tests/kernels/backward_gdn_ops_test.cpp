@@ -1,7 +1,7 @@
 // Float64 gradient checks (gradcheck.h) of the GDN branch's small ops and the head fusion: the
 // causal conv + SiLU (with and without the halo prefix, T shorter than the kernel, the halo's own
-// gradient), the L2 norm, the β/g gates (including softplus's linear branch) and the per-head
-// fusion RMSNorm·γ.
+// gradient), the fused conv + RoPE + L2 norm of q/k (gdn_qk.h), the β/g gates (including
+// softplus's linear branch) and the per-head fusion RMSNorm·γ.
 #include <cmath>
 
 #include <fmt/format.h>
@@ -9,7 +9,9 @@
 #include "kernels/conv/conv.h"
 #include "kernels/fusion/fusion.h"
 #include "kernels/gdn_gates/gdn_gates.h"
+#include "kernels/gdn_qk/gdn_qk.h"
 #include "kernels/l2norm/l2norm.h"
+#include "kernels/rope/rope.h"
 #include "tests/common/test_util.h"
 #include "tests/kernels/gradcheck.h"
 
@@ -63,20 +65,63 @@ TEST_P(ConvBackward, MatchesFiniteDifferences) {
   for (int64_t i = 0; i < dw.numel(); ++i) EXPECT_NEAR(dw2.data_as<double>()[i], 2 * dw.data_as<double>()[i], 1e-13);
 }
 
-TEST(Backward, L2Norm) {
-  Tensor x = random64({4, 3, 8}, 5), r = random64({4, 3, 8}, 6);
-  const float eps = 1e-2f;  // large enough that a dropped eps shows in the gradient
-  auto loss = [&] {
-    Tensor y = clone(x);
-    ops::l2_norm(y, eps);
-    return weighted_sum(y, r);
+// The fused GDN input pass (conv + SiLU, RoPE and L2 norm of the q/k heads): its backward —
+// gdn_qk_backward on the q/k heads, then the conv's backward of all channels — against finite
+// differences of the forward, with the halo prefix and positions far from zero.
+TEST(Backward, GdnQkvConv) {
+  const int64_t t = 6, d = 8, qk_heads = 2, channels = 3 * d;  // heads: q, k (finished), v (plain)
+  const ops::GdnQkParams params{.qk_heads = qk_heads, .head_dim = d, .rope_theta = 1e4, .l2_eps = 1e-2f};
+  Tensor x = random64({t, channels}, 5), w = random64({channels, 4}, 6, 0.7), prefix = random64({3, channels}, 7);
+  Tensor positions = Tensor::empty({t}, DType::i64);
+  for (int64_t i = 0; i < t; ++i) positions.data_as<int64_t>()[i] = 1000003 + 5 * i;
+  Tensor r = random64({t, channels}, 8);
+  auto forward = [&](Tensor& out, Tensor& inv_norm) {
+    out = Tensor::empty({t, channels}, DType::f64);
+    inv_norm = Tensor::empty({t, qk_heads}, DType::f64);
+    ops::gdn_qkv_conv(out, inv_norm, x, w, prefix, positions, params);
   };
-  Tensor dx = Tensor::empty({4, 3, 8}, DType::f64);
-  ops::l2_norm_backward(dx, r, x, eps);
-  expect_gradient(dx, x, loss, "l2_norm dx");
-  Tensor in_place = clone(r);
-  ops::l2_norm_backward(in_place, in_place, x, eps);
-  EXPECT_EQ(relative_error(in_place, dx), 0.0);
+  auto loss = [&] {
+    Tensor out, inv_norm;
+    forward(out, inv_norm);
+    return weighted_sum(out, r);
+  };
+  Tensor out, inv_norm;
+  forward(out, inv_norm);
+  Tensor d_conv = clone(r);  // the q/k columns become the gradient w.r.t. their conv output, in place
+  const TensorView dqk = d_conv.view().narrow(1, 0, qk_heads * d).split_dim(1, qk_heads, d);
+  ops::gdn_qk_backward(dqk, dqk, out.view().narrow(1, 0, qk_heads * d).split_dim(1, qk_heads, d), inv_norm, positions,
+                       params);
+  Tensor dx = Tensor::empty({t, channels}, DType::f64), dw = Tensor::zeros({channels, 4}, DType::f64);
+  Tensor d_prefix = Tensor::empty({3, channels}, DType::f64);
+  ops::causal_conv_silu_backward(dx, dw, d_prefix, d_conv, x, w, prefix);
+  expect_gradient(dx, x, loss, "gdn_qkv_conv dx");
+  expect_gradient(dw, w, loss, "gdn_qkv_conv dw");
+  expect_gradient(d_prefix, prefix, loss, "gdn_qkv_conv d_prefix");
+}
+
+// The fused pass is the three unfused ops in turn, and its inverse norms are those of the rotated rows.
+TEST(Backward, GdnQkvConvIsConvRopeL2) {
+  const int64_t t = 5, d = 4, channels = 4 * d;
+  const ops::GdnQkParams params{.qk_heads = 3, .head_dim = d, .rope_theta = 1e6, .l2_eps = 1e-6f};
+  Tensor x = random64({t, channels}, 9), w = random64({channels, 4}, 10, 0.7);
+  Tensor positions = Tensor::empty({t}, DType::i64);
+  for (int64_t i = 0; i < t; ++i) positions.data_as<int64_t>()[i] = 7 * i;
+  Tensor fused = Tensor::empty({t, channels}, DType::f64), inv_norm = Tensor::empty({t, 3}, DType::f64);
+  ops::gdn_qkv_conv(fused, inv_norm, x, w, Tensor(), positions, params);
+  Tensor ref = Tensor::empty({t, channels}, DType::f64);
+  ops::causal_conv_silu(ref, x, w, Tensor());
+  const TensorView qk = ref.view().narrow(1, 0, 3 * d).split_dim(1, 3, d);
+  ops::rope(qk, positions, {params.rope_theta});
+  Tensor rotated = clone(qk);
+  ops::l2_norm(qk, params.l2_eps);
+  EXPECT_LT(relative_error(fused, ref), 1e-15);
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t h = 0; h < 3; ++h) {
+      double ss = 0;
+      for (int64_t j = 0; j < d; ++j) ss += std::pow(rotated.data_as<double>()[(i * 3 + h) * d + j], 2);
+      EXPECT_NEAR(inv_norm.data_as<double>()[i * 3 + h], 1.0 / std::sqrt(ss + 1e-6), 1e-12);
+    }
+  }
 }
 
 TEST(Backward, GdnGates) {

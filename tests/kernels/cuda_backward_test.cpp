@@ -19,7 +19,7 @@
 #include "kernels/embedding/embedding.h"
 #include "kernels/fusion/fusion.h"
 #include "kernels/gdn_gates/gdn_gates.h"
-#include "kernels/l2norm/l2norm.h"
+#include "kernels/gdn_qk/gdn_qk.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
@@ -121,24 +121,68 @@ TEST(CudaBackward, HeadFusion) {
   expect_same_bits(gdg, gdg2, "fusion d_gamma");
 }
 
-TEST(CudaBackward, L2Norm) {
+// The fused GDN input pass (conv + SiLU, then RoPE and the L2 norm of the q/k heads) and its q/k
+// backward, against the CPU path (which runs the three unfused ops in turn). E = d/64 elements per
+// lane per half at d = 128, one at d = 16; runs of 32 rows with T not a multiple of 32; positions past 1M.
+struct QkCase {
+  int64_t t, d, gdn_heads;
+  bool prefix;
+};
+
+Tensor spread_positions(int64_t t) {
+  Tensor pos = Tensor::empty({t}, DType::i64);
+  for (int64_t i = 0; i < t; ++i) pos.data_as<int64_t>()[i] = 1000003 * (i % 3) + i;
+  return pos;
+}
+
+TEST(CudaBackward, GdnQkvConv) {
   HYDRA_REQUIRE_GPU();
-  for (const NormCase c : {NormCase{70, 3, 128}, NormCase{5, 1, 64}}) {
-    const std::string what = "l2_norm_backward T=" + std::to_string(c.rows) + " d=" + std::to_string(c.n);
-    const Tensor x = rounded_to_bf16(random_tensor({c.rows, c.heads, c.n}, 60, 2.0f));
-    const Tensor dy = random_tensor({c.rows, c.heads, c.n}, 61);
-    const Tensor gx = gpu(x);
-    Tensor ref = Tensor::empty({c.rows, c.heads, c.n}, DType::f32);
-    ops::l2_norm_backward(ref, dy, x, 1e-6f);
-    Tensor gdx = Tensor::empty({c.rows, c.heads, c.n}, DType::f32, Device::cuda);
-    ops::l2_norm_backward(gdx, gpu(dy, DType::f32), gx, 1e-6f);
-    expect_close(host(gdx), ref, 1e-4, what + " fp32");
-    // bf16, dx written over dy.
-    const Tensor dyb = rounded_to_bf16(dy);
-    ops::l2_norm_backward(ref, dyb, x, 1e-6f);
-    Tensor gdy = gpu(dyb);
-    ops::l2_norm_backward(gdy, gdy, gx, 1e-6f);
-    expect_close(host(gdy), ref, 1e-2, what + " bf16 over dy");
+  for (const QkCase q : {QkCase{45, 128, 2, true}, QkCase{1, 128, 1, false}, QkCase{130, 16, 3, true},
+                         QkCase{1000, 128, 2, false}}) {
+    const std::string what = "gdn_qkv_conv T=" + std::to_string(q.t) + " d=" + std::to_string(q.d);
+    const int64_t c = 3 * q.gdn_heads * q.d, k = 4;
+    const ops::GdnQkParams params{.qk_heads = 2 * q.gdn_heads, .head_dim = q.d, .rope_theta = 1e6, .l2_eps = 1e-6f};
+    const Tensor xw = rounded_to_bf16(random_tensor({q.t, c + 8}, 60));
+    const auto x_of = [&](const TensorView& v) { return v.narrow(1, 8, c); };
+    const Tensor w = random_tensor({c, k}, 61);
+    const Tensor prefix = q.prefix ? rounded_to_bf16(random_tensor({k - 1, c}, 62)) : Tensor();
+    const Tensor pos = spread_positions(q.t);
+    Tensor ref = Tensor::empty({q.t, c}, DType::f32), ref_r = Tensor::empty({q.t, 2 * q.gdn_heads}, DType::f32);
+    ops::gdn_qkv_conv(ref, ref_r, x_of(xw), w, prefix, pos, params);
+    const Tensor gxw = gpu(xw);
+    Tensor out = Tensor::empty({q.t, c}, DType::bf16, Device::cuda);
+    Tensor r = Tensor::empty({q.t, 2 * q.gdn_heads}, DType::f32, Device::cuda);
+    ops::gdn_qkv_conv(out, r, x_of(gxw), gpu(w, DType::f32), q.prefix ? gpu(prefix) : Tensor(),
+                      to_device(pos, Device::cuda), params);
+    expect_close(host(out), ref, 1e-2, what + " out");
+    expect_close(host(r), ref_r, 1e-4, what + " inv_norm");
+  }
+}
+
+TEST(CudaBackward, GdnQkBackward) {
+  HYDRA_REQUIRE_GPU();
+  for (const QkCase q : {QkCase{70, 128, 3, false}, QkCase{5, 128, 1, false}, QkCase{33, 16, 2, false}}) {
+    const std::string what = "gdn_qk_backward T=" + std::to_string(q.t) + " d=" + std::to_string(q.d);
+    const int64_t h = q.gdn_heads, c = 3 * h * q.d;
+    const ops::GdnQkParams params{.qk_heads = 2 * h, .head_dim = q.d, .rope_theta = 1e6, .l2_eps = 1e-6f};
+    // y and its inverse norms from the forward (the k heads of a conv output: a strided head view).
+    Tensor conv = Tensor::empty({q.t, c}, DType::f32), r = Tensor::empty({q.t, 2 * h}, DType::f32);
+    const Tensor pos = spread_positions(q.t);
+    ops::gdn_qkv_conv(conv, r, rounded_to_bf16(random_tensor({q.t, c}, 63)), random_tensor({c, 4}, 64), Tensor(), pos,
+                      params);
+    conv = rounded_to_bf16(conv);
+    const auto k_heads = [&](const TensorView& m) { return m.narrow(1, h * q.d, h * q.d).split_dim(1, h, q.d); };
+    const TensorView y = k_heads(conv), rk = r.view().narrow(1, h, h);
+    const Tensor dy = rounded_to_bf16(random_tensor({q.t, h, q.d}, 65));
+    Tensor ref_wide = Tensor::zeros({q.t, c}, DType::f32);
+    ops::gdn_qk_backward(k_heads(ref_wide), dy, y, rk, pos, params);
+    const Tensor gconv = gpu(conv), gr = gpu(r, DType::f32), gpos = to_device(pos, Device::cuda);
+    Tensor dx_wide = Tensor::zeros({q.t, c}, DType::bf16, Device::cuda);
+    ops::gdn_qk_backward(k_heads(dx_wide), gpu(dy), k_heads(gconv), gr.view().narrow(1, h, h), gpos, params);
+    expect_close(host(dx_wide), ref_wide, 1e-2, what + " into a head view");
+    Tensor in_place = gpu(dy);  // dx written over dy
+    ops::gdn_qk_backward(in_place, in_place, k_heads(gconv), gr.view().narrow(1, h, h), gpos, params);
+    expect_close(host(in_place), host(k_heads(dx_wide)), 0.0, what + " in place");
   }
 }
 
@@ -188,6 +232,14 @@ TEST(CudaBackward, SwigluAndSigmoidGate) {
   const Tensor ho = host(over);
   expect_close(gate_of(ho), gate_of(ref), 1e-2, "swiglu d_gate over gate");
   expect_close(up_of(ho), up_of(ref), 1e-2, "swiglu d_up over up");
+  // The forward on rows of eight (16-byte aligned column blocks) and on a width that is not (7 ∤ 8).
+  for (const int64_t width : {n, int64_t{7}}) {
+    Tensor sref = Tensor::empty({t, width}, DType::f32);
+    ops::swiglu(sref, gu.view().narrow(1, 0, width), gu.view().narrow(1, n, width));
+    Tensor sg = Tensor::empty({t, width}, DType::bf16, Device::cuda);
+    ops::swiglu(sg, ggu.view().narrow(1, 0, width), ggu.view().narrow(1, n, width));
+    expect_close(host(sg), sref, 1e-2, "swiglu width " + std::to_string(width));
+  }
 
   // Sigmoid gate: x the fp32 attention accumulator, gate logits a column block, fp32 dx, bf16 d_gate.
   const Tensor acc = random_tensor({t, n}, 65), glog = rounded_to_bf16(random_tensor({t, n + 5}, 66, 3.0f));
