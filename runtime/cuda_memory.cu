@@ -143,6 +143,114 @@ int type_code(DType t, bool raw) {
   if (t == DType::i32) return 2;
   return 3;
 }
+
+// The copy as rows: dst and src with their adjacent dimensions merged wherever both are laid out
+// contiguously across them (a [T, H, d] head view of a [T, N] matrix becomes [T, H·d] rows).
+struct Rows {
+  int64_t rows = 1, cols = 1, dst_stride = 0, src_stride = 0;
+};
+bool as_rows(const TensorView& dst, const TensorView& src, Rows& out) {
+  int64_t size[kMaxRank], ds[kMaxRank], ss[kMaxRank];
+  int rank = 0;
+  for (int k = 0; k < dst.rank(); ++k) {
+    if (dst.size(k) == 1) continue;  // a unit dimension's stride is irrelevant
+    if (rank > 0 && ds[rank - 1] == dst.size(k) * dst.stride(k) && ss[rank - 1] == src.size(k) * src.stride(k)) {
+      size[rank - 1] *= dst.size(k);
+      ds[rank - 1] = dst.stride(k);
+      ss[rank - 1] = src.stride(k);
+      continue;
+    }
+    size[rank] = dst.size(k);
+    ds[rank] = dst.stride(k);
+    ss[rank] = src.stride(k);
+    ++rank;
+  }
+  if (rank == 0) {  // a single element
+    out = Rows{};
+    return true;
+  }
+  if (rank > 2 || ds[rank - 1] != 1 || ss[rank - 1] != 1) return false;
+  out.cols = size[rank - 1];
+  out.rows = rank == 2 ? size[0] : 1;
+  out.dst_stride = rank == 2 ? ds[0] : out.cols;
+  out.src_stride = rank == 2 ? ss[0] : out.cols;
+  return true;
+}
+
+// Rows with an fp32 <-> bf16 conversion: each block step covers kConvertCols columns of one row (the
+// row index divides once per step, not per element), four elements per thread, 16/8-byte accesses
+// when every row start is aligned for them.
+constexpr int kConvertThreads = 256, kConvertCols = 4 * kConvertThreads;
+struct Four {
+  float v[4];
+};
+template <class T>
+__device__ __forceinline__ Four load4(const T* p, bool vector);
+template <>
+__device__ __forceinline__ Four load4<float>(const float* p, bool vector) {
+  if (vector) {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    return {{f.x, f.y, f.z, f.w}};
+  }
+  return {{p[0], p[1], p[2], p[3]}};
+}
+template <>
+__device__ __forceinline__ Four load4<__nv_bfloat16>(const __nv_bfloat16* p, bool vector) {
+  if (vector) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&u.x), b = *reinterpret_cast<const __nv_bfloat162*>(&u.y);
+    return {{__low2float(a), __high2float(a), __low2float(b), __high2float(b)}};
+  }
+  return {{__bfloat162float(p[0]), __bfloat162float(p[1]), __bfloat162float(p[2]), __bfloat162float(p[3])}};
+}
+__device__ __forceinline__ void store4(float* p, const Four& f, bool vector) {
+  if (vector) {
+    *reinterpret_cast<float4*>(p) = make_float4(f.v[0], f.v[1], f.v[2], f.v[3]);
+  } else {
+    for (int i = 0; i < 4; ++i) p[i] = f.v[i];
+  }
+}
+__device__ __forceinline__ void store4(__nv_bfloat16* p, const Four& f, bool vector) {
+  if (vector) {
+    const __nv_bfloat162 a = __floats2bfloat162_rn(f.v[0], f.v[1]), b = __floats2bfloat162_rn(f.v[2], f.v[3]);
+    uint2 u;
+    u.x = *reinterpret_cast<const uint32_t*>(&a);
+    u.y = *reinterpret_cast<const uint32_t*>(&b);
+    *reinterpret_cast<uint2*>(p) = u;
+  } else {
+    for (int i = 0; i < 4; ++i) p[i] = __float2bfloat16_rn(f.v[i]);
+  }
+}
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ void put(float* p, float v) { *p = v; }
+__device__ __forceinline__ void put(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+template <class D, class S>
+__global__ void __launch_bounds__(kConvertThreads) convert_rows(D* dst, const S* src, Rows r, bool vector) {
+  const int64_t tiles = (r.cols + kConvertCols - 1) / kConvertCols;
+  for (int64_t b = blockIdx.x; b < r.rows * tiles; b += gridDim.x) {
+    const int64_t row = b / tiles, col = (b % tiles) * kConvertCols + 4 * int64_t(threadIdx.x);
+    D* d = dst + row * r.dst_stride;
+    const S* s = src + row * r.src_stride;
+    if (col + 4 <= r.cols) {
+      store4(d + col, load4(s + col, vector), vector);
+    } else {
+      for (int64_t c = col; c < r.cols; ++c) put(d + c, to_f(s[c]));
+    }
+  }
+}
+
+template <class D, class S>
+void launch_convert_rows(void* dst, const void* src, const Rows& r) {
+  const auto aligned = [](const void* p, int64_t stride, size_t bytes) {
+    return reinterpret_cast<uintptr_t>(p) % (4 * bytes) == 0 && stride % 4 == 0;
+  };
+  const bool vector = aligned(dst, r.dst_stride, sizeof(D)) && aligned(src, r.src_stride, sizeof(S));
+  const int64_t blocks = r.rows * ((r.cols + kConvertCols - 1) / kConvertCols);
+  convert_rows<D, S><<<static_cast<int>(std::min<int64_t>(blocks, 132 * 32)), kConvertThreads, 0, current_stream()>>>(
+      static_cast<D*>(dst), static_cast<const S*>(src), r, vector);
+}
 }  // namespace
 
 void cuda_convert(const TensorView& dst, const TensorView& src) {
@@ -150,6 +258,24 @@ void cuda_convert(const TensorView& dst, const TensorView& src) {
   HYDRA_ASSERT(same || ((dst.dtype() == DType::f32 || dst.dtype() == DType::bf16) &&
                         (src.dtype() == DType::f32 || src.dtype() == DType::bf16)),
                "device copy {} -> {}", dtype_name(src.dtype()), dtype_name(dst.dtype()));
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  Rows rows;
+  if (as_rows(dst, src, rows) && rows.dst_stride >= rows.cols && rows.src_stride >= rows.cols) {
+    if (same) {  // a pitched copy (cudaMemcpy2DAsync): no per-element index arithmetic
+      const size_t e = dst.element_size();
+      HYDRA_CUDA_CHECK(cudaMemcpy2DAsync(dst.data(), rows.dst_stride * e, src.data(), rows.src_stride * e,
+                                         rows.cols * e, rows.rows, cudaMemcpyDeviceToDevice, current_stream()));
+      return;
+    }
+    if (dst.dtype() == DType::bf16) {
+      launch_convert_rows<__nv_bfloat16, float>(dst.data(), src.data(), rows);
+    } else {
+      launch_convert_rows<float, __nv_bfloat16>(dst.data(), src.data(), rows);
+    }
+    HYDRA_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   StridedDesc d{};
   d.rank = dst.rank();
   for (int k = 0; k < d.rank; ++k) {
@@ -157,7 +283,6 @@ void cuda_convert(const TensorView& dst, const TensorView& src) {
     d.dst_stride[k] = dst.stride(k);
     d.src_stride[k] = src.stride(k);
   }
-  const int64_t n = dst.numel();
   // bf16 -> bf16 copies go through the converting path (exact), others move raw words.
   const int dt = same && dst.dtype() != DType::bf16 ? type_code(dst.dtype(), true) : type_code(dst.dtype(), false);
   const int st = type_code(src.dtype(), false);

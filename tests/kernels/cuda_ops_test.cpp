@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "kernels/attention/attention.h"
 #include "kernels/conv/conv.h"
 #include "kernels/delta_rule/delta_rule.h"
@@ -51,6 +53,34 @@ TEST(CudaRuntime, StridedCopiesAndConversions) {
       const float v = h.data_as<float>()[i * 13 + j];
       EXPECT_EQ(v, (j >= 3 && j < 8) ? round_to_bf16(a.data_as<float>()[i * 13 + j]) : 0.0f) << i << "," << j;
     }
+  // The paths of cuda_convert: rows that merge into one pitched copy ([T, H, d] head views of a wider
+  // matrix), converting rows with 16/8-byte accesses (aligned, 4 | cols), with a tail, misaligned,
+  // and a view that does not merge into rows (every d-th column block: the element-wise kernel).
+  const Tensor wide = rounded_to_bf16(random_tensor({37, 6 * 64}, 2));
+  const Tensor gwide = gpu(wide);
+  const auto heads = [](const TensorView& m) { return m.narrow(1, 64, 4 * 64).split_dim(1, 4, 64); };
+  Tensor hv = Tensor::empty({37, 4, 64}, DType::bf16, Device::cuda);
+  copy_into(hv, heads(gwide));
+  expect_close(host(hv), heads(wide), 0.0, "head view, pitched copy");
+  for (const int64_t offset : {0, 1}) {
+    for (const int64_t cols : {int64_t{1024}, int64_t{1030}}) {
+      const Tensor big = random_tensor({70, 1040}, 3);
+      const TensorView src = big.view().narrow(1, offset, cols);
+      Tensor b16 = Tensor::empty({70, cols}, DType::bf16, Device::cuda);
+      copy_into(b16, gpu(big, DType::f32).view().narrow(1, offset, cols));
+      expect_close(host(b16), rounded_to_bf16(src), 0.0, fmt::format("f32->bf16 rows, offset {} cols {}", offset, cols));
+      Tensor f32 = Tensor::empty({70, cols}, DType::f32, Device::cuda);
+      copy_into(f32, b16);
+      expect_close(host(f32), rounded_to_bf16(src), 0.0, fmt::format("bf16->f32 rows, offset {} cols {}", offset, cols));
+    }
+  }
+  const auto every_other = [](const TensorView& m) { return m.split_dim(1, 6, 64).narrow(2, 0, 32); };  // [37, 6, 32]
+  Tensor half_heads = Tensor::empty({37, 6, 32}, DType::f32, Device::cuda);
+  copy_into(half_heads, every_other(gwide));
+  expect_close(host(half_heads), every_other(wide), 0.0, "non-row view, converting element-wise kernel");
+  Tensor same_dtype = Tensor::empty({37, 6, 32}, DType::bf16, Device::cuda);
+  copy_into(same_dtype, every_other(gwide));
+  expect_close(host(same_dtype), every_other(wide), 0.0, "non-row view, element-wise kernel");
 }
 
 TEST(CudaOps, NormsRopeGatesFusionSwigluAdd) {
