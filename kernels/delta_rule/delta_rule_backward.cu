@@ -266,10 +266,12 @@ void chunked_backward(const TensorView& dq, const TensorView& dk, const TensorVi
     // first waits for everything queued so far (stage 1, the allocations above); the current stream
     // waits for it before stage 4. Every tensor either touches is allocated before the fork and
     // freed after the join, in stream order. Stage 3 is queued first: its CTAs are the long ones.
-    // A stage-3 CTA (136 KB at D = 128) and a stage-2 one (108 KB) do not share an SM, so stage 2
-    // runs beside stage 3 on the SMs stage 3 leaves free (measured at 512K × 14: 26.6 ms for the
-    // pair against 13.5 + 15.6 one after the other; with a 2-stage stage 2 of 86 KB, which could
-    // share an SM with stage 3, the pair took 26–32 ms from run to run).
+    // A stage-3 CTA (136 KB at D = 128) and a stage-2 one (185 KB, one per SM) do not share an SM,
+    // so stage 2 runs beside stage 3 on the SMs stage 3 leaves free (measured at 512K × 14 with the
+    // earlier 108 KB stage-2 CTA: 26.6 ms for the pair against 13.5 + 15.6 one after the other;
+    // with a 2-stage stage 2 of 86 KB, which could share an SM with stage 3, 26–32 ms from run to
+    // run; with the wgmma stage 2, 24.0–26.6 ms against 25.5–27.9 before in the same job,
+    // cluster/results/h200-2026-12-03/gdn_fwd/).
     thread_local CudaStream side;
     CudaEvent forked, joined;
     forked.record(current_stream());

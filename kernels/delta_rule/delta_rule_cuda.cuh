@@ -10,12 +10,13 @@
 //     T₀ by 16×16 diagonal blocks (forward substitution) merged 16→32→64 by tensor-core products.
 //     With q also P = scale · (Q Kᵀ ⊙ E_ij) (j ≤ i), the intra-chunk attention of the output.
 //  2. state pass (delta_rule_state.cu), sequential over the chunks of a segment, parallel over
-//     (column tile, head, segment): the state tile S[:, cols] stays in registers (fp32) and
+//     (tile, head, segment), one CTA per SM on warpgroup tensor cores (wgmma): the whole D × D
+//     state S stays in registers (fp32, D/64 warpgroups of 64 columns) and
 //       V' = T (β ⊙ (V − e^γ ⊙ K S))       (= U − W S of the WY form; W and U are never formed)
-//       O  = scale · e^γ ⊙ (Q S) + P V'     (value tiles with an output)
+//       O  = scale · e^γ ⊙ (Q S) + P V'     (with an output)
 //       S ← e^{γ_C} S + Kᵀ (e^{γ_C−γ} ⊙ V')
 //     Map tiles run the same recurrence on the columns of M (V = 0, M starts as I), which gives
-//     a segment's affine map S_out = M S_in + S_ext (S_ext: value tiles started from zeros).
+//     a segment's affine map S_out = M S_in + S_ext (S_ext: the value tile started from zeros).
 #pragma once
 
 #include <cstdint>
@@ -32,7 +33,6 @@
 namespace hydra::ops::cuda_impl::gdn {
 
 constexpr int kChunk = 64;
-constexpr int kTileColumns = 32;  // columns of S (or M) per state-pass CTA: D / 32 tiles per head
 
 // The 8 bf16 of a 16-byte chunk, each times f (rounded to nearest).
 __device__ __forceinline__ uint4 scaled8(uint4 x, float f) {
@@ -65,23 +65,22 @@ enum class PrepareFor { forward, backward };
 ChunkPrep prepare(const TensorView& q, const TensorView& k, const TensorView& g, const TensorView& beta, float scale,
                   PrepareFor use = PrepareFor::forward);
 
-// Stage 2: one launch over `segments` chunk ranges [s·cps, min((s+1)·cps, chunks)) × heads × column
-// tiles (D / kTileColumns value tiles and as many map tiles per head).
+// Stage 2: one launch over `segments` chunk ranges [s·cps, min((s+1)·cps, chunks)) × heads × tiles
+// (the value tile S and, with map_tiles, the map tile M: one CTA each, D × D).
 // Per segment s, [H, D, D] f32 blocks at s · segment_stride of state_in / state_out / map_out.
 struct StatePassArgs {
   const bf16_t* t;      // ChunkPrep::t
-  const bf16_t* p;      // ChunkPrep::p (value tiles with an output)
+  const bf16_t* p;      // ChunkPrep::p (with an output)
   const float* gamma;   // ChunkPrep::gamma
   Rows q, k, v, beta;   // the sequence (q only with an output)
   int t_len = 0, chunks = 0, heads = 0;
   int segments = 1, chunks_per_segment = 0;
-  bool map_tiles = false;    // also run the D columns of M (started from I, values 0)
-  bool value_tiles = true;   // run the D columns of S (values v)
-  const float* state_in = nullptr;  // initial S of the value tiles (null: zeros)
-  float* state_out = nullptr;       // final S of the value tiles (null: not kept)
-  float* map_out = nullptr;         // final M of the map tiles
+  bool map_tiles = false;          // also run M (started from I, values 0); not with outputs
+  const float* state_in = nullptr;  // initial S of the value tile (null: zeros)
+  float* state_out = nullptr;       // final S of the value tile (null: not kept)
+  float* map_out = nullptr;         // final M of the map tile
   int64_t segment_stride = 0;       // elements between segments' blocks (0: one shared block)
-  bf16_t* out = nullptr;            // [T, H, D] outputs of the value tiles (null: none)
+  bf16_t* out = nullptr;            // [T, H, D] outputs of the value tile (null: none)
   int64_t out_st = 0, out_sh = 0;
   float scale = 1.0f;               // query scale of the output (also folded into p)
   bf16_t* chunk_states = nullptr;   // optional [chunks, H, D, D] bf16: each chunk's starting S (backward)

@@ -3,9 +3,10 @@
 //
 // chunked (one sequence, initial state in, final state out):
 //   1. prepare: γ, T, P for every (chunk, head), in parallel;
-//   2. with S > 1 segments (enough (column tile, head, segment) CTAs to fill the GPU): the maps
-//      (M, S_ext) of segments 0 .. S−2, all in parallel; a short sequential fold on batched fp32
-//      GEMMs, S_in(s+1) = M_s S_in(s) + S_ext(s), gives every segment its initial state;
+//   2. with S > 1 segments (enough (head, segment) CTAs to fill the GPU, one CTA per SM each
+//      holding a whole D × D state or map): the maps (M, S_ext) of segments 0 .. S−2, all in
+//      parallel; a short sequential fold on batched fp32 GEMMs, S_in(s+1) = M_s S_in(s) + S_ext(s),
+//      gives every segment its initial state;
 //   3. the state pass of every segment in parallel, outputs fused in.
 // segment_map (sequence parallelism): prepare without queries, the maps of S segments in one
 // launch, composed by the same fold.
@@ -58,21 +59,24 @@ GdnOptions resolve_gdn_options(GdnOptions options) {
 
 namespace {
 
-// Segments of the in-GPU split. Each launch's time is modelled as (waves of CTAs, two CTAs per SM)
-// × (chunks per segment), plus ≈ 25 chunk steps per fold step (a copy and a small batched GEMM):
-// chunked runs the maps of segments 0..S−2 (map_ctas each), then the state pass of all S
-// (state_ctas each); segment_map (state_ctas = 0) runs the maps of all S. The S with the smallest
-// modelled time wins (segments of at least 16 chunks, at most 16 segments). At 14 heads, d = 128
-// on 132 SMs this picks 8 segments for 32K..512K tokens.
-int auto_segments(int chunks, int state_ctas, int map_ctas) {
-  const int64_t slots = 2 * int64_t{cuda::sm_count()};
+// Segments of the in-GPU split. Every CTA of the state pass holds one SM (a (head, segment)'s
+// whole D × D state, or a map), so a launch's time is modelled as (waves of CTAs over the SMs) ×
+// (chunks per segment) × (one chunk step: 64 with outputs, 40 without, in the same units), plus
+// ≈ 500 units per fold step (a copy and a small batched GEMM). chunked runs the maps of segments
+// 0..S−2 (2 CTAs per head each: S_ext and M), then the state pass of all S (one CTA per head);
+// segment_map (state_pass false) runs the maps of all S. The S with the smallest modelled time
+// wins (segments of at least 16 chunks, at most 64 segments). At 14 heads on 132 SMs this picks
+// 9 segments for 32K..512K tokens (126 state CTAs: one wave).
+int auto_segments(int chunks, int heads, bool state_pass, bool outputs) {
+  const int64_t slots = cuda::sm_count();
   auto waves = [&](int64_t ctas) { return (ctas + slots - 1) / slots; };
   int best = 1;
   int64_t best_cost = INT64_MAX;
-  for (int s = 1; s <= std::min(16, std::max(1, chunks / 16)); ++s) {
+  for (int s = 1; s <= std::min(64, std::max(1, chunks / 16)); ++s) {
     const int64_t per_segment = (chunks + s - 1) / s;
-    const int64_t maps = state_ctas > 0 ? int64_t{s - 1} * map_ctas : int64_t{s} * map_ctas;
-    const int64_t cost = (waves(maps) + waves(int64_t{s} * state_ctas)) * per_segment + 25 * int64_t{s - 1};
+    const int64_t maps = int64_t{state_pass ? s - 1 : s} * 2 * heads;
+    const int64_t states = state_pass ? waves(int64_t{s} * heads) * (outputs ? 64 : 40) : 0;
+    const int64_t cost = (waves(maps) * 40 + states) * per_segment + 500 * int64_t{s - 1};
     if (cost < best_cost) {
       best_cost = cost;
       best = s;
@@ -146,7 +150,7 @@ void segment_map_fused(const TensorView& m, const TensorView& s_ext, const Tenso
                        const TensorView& g, const TensorView& beta, int segments) {
   const int64_t heads = k.size(1), d = k.size(2);
   const gdn::ChunkPrep prep = gdn::prepare(TensorView(), k, g, beta, 1.0f);
-  if (segments == 0) segments = auto_segments(prep.chunks, 0, static_cast<int>(2 * heads * (d / gdn::kTileColumns)));
+  if (segments == 0) segments = auto_segments(prep.chunks, static_cast<int>(heads), false, false);
   segments = std::max(1, std::min(segments, prep.chunks));
   const int per_segment = (prep.chunks + segments - 1) / segments;
   segments = (prep.chunks + per_segment - 1) / per_segment;
@@ -177,8 +181,7 @@ void sequential_pass(const ChunkPrep& prep, const TensorView& out, const TensorV
   auto mark = [&](const char* name) {
     if (profile) profile->mark(name);
   };
-  const int tiles = static_cast<int>(heads * (d / kTileColumns));  // state-pass CTAs per segment
-  if (segments == 0) segments = auto_segments(prep.chunks, tiles, 2 * tiles);
+  if (segments == 0) segments = auto_segments(prep.chunks, static_cast<int>(heads), true, out.defined());
   segments = std::max(1, std::min(segments, prep.chunks));
   StatePassArgs a = pass_args(prep, k, v, beta, segments);
   segments = (prep.chunks + a.chunks_per_segment - 1) / a.chunks_per_segment;  // no empty trailing segment

@@ -1,325 +1,413 @@
 // Stage 2 of the GPU gated delta rule (delta_rule_cuda.cuh): the sequential pass over the chunks
-// of a segment, with the outputs fused in (no chunk state or V' ever goes to memory).
+// of a segment on Hopper's warpgroup tensor cores (wgmma, sm_90a), outputs fused in (no chunk
+// state or V' goes to memory unless the backward asks for it).
 //
-// CTA = 4 warps = one (column tile of BV columns, head, segment). The state tile S[:, cols]
-// (D × BV, fp32) lives in registers, warp w holding rows [w·D/4, (w+1)·D/4). Per chunk (mma.sync
-// m16n8k16, bf16 operands, fp32 accumulation; warp w computes rows 16w.. of chunk-row products):
-//   [A] K S (bf16 copy of S in shared memory)  ->  R = β ⊙ (V − e^γ ⊙ K S)  (bf16, shared)
-//   [B] V' = T R                                ->  V'' = e^{γ_C−γ} ⊙ V', V' (bf16, shared)
-//   [C] S ← e^{γ_C} S + Kᵀ V''  and  O = scale · e^γ ⊙ (Q S_old) + P V'   (independent: interleaved)
-//   [D] S (bf16) back to shared memory for the next chunk
-// with a CTA barrier between the phases. With outputs, loads run one chunk ahead through cp.async
-// in two groups per chunk: K, T, V, γ, β into a 2-stage ring (needed first), Q and P into one
-// buffer (needed after phase B; issued once the previous chunk's output is done). Without outputs
-// (segment maps, the backward's chunk states) a chunk step is short next to a memory round trip,
-// so K, T, V, γ, β run two chunks ahead in a 3-stage ring (the Q/P and V' buffers are left off,
-// which keeps two CTAs per SM).
+// CTA = one (tile, head, segment), the whole D × D tile (the state S, or a segment map's M), one
+// CTA per SM: D/64 consumer warpgroups and a producer warpgroup (registers moved to the consumers
+// by setmaxnreg at D = 128).
+//  * The producer (one thread) loads each chunk's K, V, T (and Q, P with outputs) by TMA into a
+//    ring of shared-memory stages (2 with outputs, 3 without), 128-byte swizzled [64][64] bf16
+//    blocks, guarded by mbarriers (full: expect-tx; empty: one arrival per consumer warp), so K,
+//    T, Q and P are read once per chunk for all D columns.
+//  * Consumer warpgroup c owns the state columns [64c, 64c + 64): S[:, cols] in registers (fp32,
+//    the m64n64 accumulator layout, D/64 row blocks of 64) and its own bf16 copies in shared
+//    memory. The warpgroups share only the loaded stage. Per chunk (m64n64k16 wgmma, bf16
+//    operands from shared memory, fp32 accumulation; a warpgroup barrier after each shared store):
+//      X = K S,  Y = Q S                 (S: the bf16 copy, read N-major; Y only with outputs)
+//      R = β ⊙ (V − e^γ ⊙ X)  -> shared (bf16)
+//      V' = T R                           -> V'' = e^{γ_C−γ} ⊙ V' and V' -> shared (bf16)
+//      S ← e^{γ_C} S + Kᵀ V''             (Kᵀ: the K blocks read M-major)
+//      O = scale · e^γ ⊙ Y + P V'         (outputs: P V' accumulated onto the scaled Y)
+//      S (bf16) -> shared for the next chunk
+//    γ and β of the next chunk are loaded into registers while the current one runs.
+//  Map tiles run the same recurrence on the columns of M (V = 0, M starts as I), which gives a
+//  segment's affine map S_out = M S_in + S_ext (S_ext: the value tile started from zeros).
+#include <cuda.h>
+
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/hopper.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
 #include "kernels/delta_rule/delta_rule_cuda.cuh"
 
 namespace hydra::ops::cuda_impl::gdn {
 namespace {
 
-constexpr int kC = kChunk, kBV = kTileColumns, kThreads = 128;
-constexpr int kPad = kBV + 8;  // padded rows of BV-wide bf16 tiles (conflict-free ldmatrix.trans)
+constexpr int kC = kChunk;
+constexpr uint32_t kBlock = 64 * 128;  // one [64 rows][64 columns] bf16 block (128-byte rows): 8 KB
+
+// Byte offset of the bf16 pair (row, col .. col + 1), col even < 64, in a 1024-byte aligned tile of
+// 128-byte rows stored with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)): the
+// layout TMA writes and the wgmma descriptors below read.
+__device__ __forceinline__ uint32_t swz(int row, int col) {
+  return static_cast<uint32_t>(row * 128 + ((((col >> 3) ^ row) & 7) << 4) + (col & 7) * 2);
+}
+
+// D[64×64] (+)= A[64×16] · B[16×64], both from shared memory (descriptors); TransA / TransB = 1:
+// the operand is stored M- / N-major (its rows along K are 128-byte lines of M or N).
+template <int TransA, int TransB>
+__device__ __forceinline__ void wgmma64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TransA), "n"(TransB));
+}
+
+// Descriptors: K-major (rows of the operand are 128-byte lines along K; the next 8 rows 1024 bytes
+// on) and M/N-major (lines along M or N, 64 wide; the next 8 lines along K 1024 bytes on; a 64-wide
+// operand has no second column block, so the leading offset is unused).
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) { return cuda::wgmma_desc(addr, 16, 1024); }
+__device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr) { return cuda::wgmma_desc(addr, kBlock, 1024); }
+
+struct StateMaps {
+  CUtensorMap k, v, q;  // [T, H, D] rows, boxes of [64 rows][64 columns]
+  CUtensorMap t, p;     // prepare's [chunks · H · 64][64] tiles, boxes of one [64][64] tile
+};
+struct StateParams {
+  StateMaps maps;
+  StatePassArgs a;
+};
 
 template <int D, bool Out>
 struct StateSmem {
-  static constexpr size_t k_bytes = size_t(kC) * D * 2;  // K (swizzled)
-  static constexpr size_t t_bytes = size_t(kC) * kC * 2;  // T (swizzled)
-  static constexpr size_t v_bytes = size_t(kC) * kPad * 2;
-  static constexpr size_t stage = k_bytes + t_bytes + v_bytes + 2 * kC * 4;  // + γ, β
-  static constexpr int ring = Out ? 2 : 3;                                    // stages of the ring
-  static constexpr size_t q_bytes = size_t(kC) * D * 2, p_bytes = t_bytes;
-  static constexpr size_t s_bytes = size_t(D) * kPad * 2;
-  static constexpr size_t tile_bytes = size_t(kC) * kPad * 2;  // R, V'' (and V' with outputs)
-  static constexpr size_t no_q = ring * stage + s_bytes + (Out ? 3 : 2) * tile_bytes;
-  static constexpr size_t total = no_q + (Out ? q_bytes + p_bytes : 0);  // Q and P last
+  static constexpr int kGroups = D / 64;               // consumer warpgroups
+  static constexpr int kStages = Out ? 2 : 3;          // ring of loaded chunks
+  static constexpr uint32_t rows = kGroups * kBlock;  // a chunk's K, V or Q rows; also S's [D][64] block
+  // One stage: K, V (D/64 column blocks each), T, then Q and P with outputs.
+  static constexpr uint32_t k = 0, v = rows, t = 2 * rows, q = t + kBlock, p = q + rows;
+  static constexpr uint32_t stage = Out ? p + kBlock : q;
+  // Per consumer warpgroup: S (bf16), R, V'' and, with outputs, V'.
+  static constexpr uint32_t s = 0, r = rows, w = r + kBlock, o = w + kBlock;
+  static constexpr uint32_t group = Out ? o + kBlock : o;
+  static constexpr uint32_t groups = kStages * stage;
+  static constexpr uint32_t barriers = groups + kGroups * group;
+  static constexpr size_t total = barriers + 2 * kStages * sizeof(uint64_t) + 1024;  // + alignment
 };
 
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool ok) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0));
-}
-
-// acc (16 chunk rows × kBV columns) += A[m0 .. m0+15][0 .. K) · B[0 .. K)[0 .. kBV): A a swizzled
-// bf16 tile of K columns (K, Q, T or P), B a padded bf16 tile of kBV columns (S, R or V').
-template <int K>
-__device__ __forceinline__ void rows_times_tile(float (&acc)[kBV / 8][4], uint32_t a_tile, int m0, uint32_t b_tile,
-                                                int lane) {
-#pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) {
-    uint32_t af[4];
-    cuda::ldmatrix_x4(af, a_tile + cuda::swizzled<K / 8>(m0 + lane % 16, kk * 2 + lane / 16));
-#pragma unroll
-    for (int nt = 0; nt < kBV / 8; nt += 2) {
-      uint32_t b[4];
-      const int row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = nt * 8 + (lane / 16) * 8;
-      cuda::ldmatrix_x4_trans(b, b_tile + (row * kPad + c) * 2);
-      cuda::mma_bf16(acc[nt], af, b[0], b[1]);
-      cuda::mma_bf16(acc[nt + 1], af, b[2], b[3]);
-    }
-  }
+__device__ __forceinline__ void tma_load_tile(void* dst, const CUtensorMap* map, int row, uint64_t* bar) {
+  const int32_t coords[2] = {0, row};
+  ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, dst, map, coords, bar);
 }
 
 template <int D, bool Out>
-__global__ void __launch_bounds__(kThreads, 2) gdn_state_kernel(const StatePassArgs a) {
-  using S = StateSmem<D, Out>;
-  constexpr int kChunks = D / 8, kRows = D / 4, kMt = kRows / 16, kNt = kBV / 8;
-  constexpr int kValueTiles = D / kBV;
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16_t* ss = reinterpret_cast<bf16_t*>(smem + S::ring * S::stage);
-  bf16_t* sr = reinterpret_cast<bf16_t*>(smem + S::ring * S::stage + S::s_bytes);
-  bf16_t* svs = sr + kC * kPad;  // V'' = e^{γ_C−γ} V' for the state update
-  bf16_t* svo = svs + kC * kPad;  // V' for the output (Out only, as Q and P)
-  unsigned char* sq = smem + S::no_q;
-  unsigned char* sp = sq + S::q_bytes;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g4 = lane / 4, c4 = lane % 4;
+__global__ void __launch_bounds__(128 * (D / 64 + 1), 1) gdn_state_kernel(const __grid_constant__ StateParams prm) {
+  using L = StateSmem<D, Out>;
+  constexpr int kGroups = L::kGroups, kStages = L::kStages, kMb = D / 64;
+  const StatePassArgs& a = prm.a;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* base = smem_raw + ((1024u - (cuda::smem_addr(smem_raw) & 1023u)) & 1023u);  // swizzle atoms
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + L::barriers);
+  uint64_t* empty = full + kStages;
   const int head = blockIdx.y, segment = blockIdx.z;
-  // Tiles [0, kValueTiles): columns of S (if value_tiles); then columns of M (if map_tiles).
-  const int tile = a.value_tiles ? static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x) + kValueTiles;
-  const bool is_map = tile >= kValueTiles;
-  const int col0 = (is_map ? tile - kValueTiles : tile) * kBV;
-  const bool with_out = Out && !is_map;
+  const bool is_map = a.map_tiles && blockIdx.x == 1;  // tile 0: S (values), tile 1: M
   const int chunk_begin = segment * a.chunks_per_segment;
   const int chunk_end = min(a.chunks, chunk_begin + a.chunks_per_segment);
-  const int64_t seg = segment * a.segment_stride;
-  const int64_t hblock = int64_t(head) * D * D;
-
-  // State tile in registers: warp w rows [w·kRows, +kRows) × kBV columns (accumulator layout).
-  float s[kMt][kNt][4];
-#pragma unroll
-  for (int mt = 0; mt < kMt; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = warp * kRows + mt * 16 + g4 + (e / 2) * 8, c = col0 + nt * 8 + c4 * 2 + (e % 2);
-        s[mt][nt][e] = is_map ? (r == c ? 1.0f : 0.0f) : (a.state_in ? a.state_in[seg + hblock + int64_t(r) * D + c] : 0.0f);
-      }
-
-  auto stage_ptr = [&](int chunk) { return smem + ((chunk - chunk_begin) % S::ring) * S::stage; };
-  // A chunk's rows of a [T, H, D] sequence (zeros past the end) and its [64][64] prepare tile
-  // (T or P), into swizzled shared memory.
-  auto load_rows = [&](uint32_t dst, const Rows& x, int t0, int valid) {
-    for (int i = tid; i < kC * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      const bool ok = r < valid;
-      const bf16_t* src = static_cast<const bf16_t*>(x.ptr) + (ok ? int64_t(t0 + r) * x.st : 0) + head * x.sh + c * 8;
-      cuda::cp_async_16(dst + cuda::swizzled<kChunks>(r, c), src, ok ? 16 : 0);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      cuda::mbar_init(&full[s], 1);
+      cuda::mbar_init(&empty[s], 4 * kGroups);
     }
-  };
-  auto load_square = [&](uint32_t dst, const bf16_t* tiles, int chunk) {
-    const bf16_t* src = tiles + (int64_t(chunk) * a.heads + head) * kC * kC;
-    for (int i = tid; i < kC * 8; i += kThreads)
-      cuda::cp_async_16(dst + cuda::swizzled<8>(i / 8, i % 8), src + (i / 8) * kC + (i % 8) * 8, 16);
-  };
-  // Group 1 of a chunk: K, T, V tile, γ, β.
-  auto load_main = [&](int chunk) {
-    unsigned char* st = stage_ptr(chunk);
-    const int t0 = chunk * kC, valid = min(kC, a.t_len - t0);
-    load_rows(cuda::smem_addr(st), a.k, t0, valid);
-    load_square(cuda::smem_addr(st + S::k_bytes), a.t, chunk);
-    if (!is_map) {
-      for (int i = tid; i < kC * (kBV / 8); i += kThreads) {
-        const int r = i / (kBV / 8), c = i % (kBV / 8);
-        const bool ok = r < valid;
-        const bf16_t* vp = static_cast<const bf16_t*>(a.v.ptr) + (ok ? int64_t(t0 + r) * a.v.st : 0) + head * a.v.sh +
-                           col0 + c * 8;
-        cuda::cp_async_16(cuda::smem_addr(st + S::k_bytes + S::t_bytes) + (r * kPad + c * 8) * 2, vp, ok ? 16 : 0);
+    cuda::mbar_fence_init();
+  }
+  __syncthreads();
+  const int warp_id = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (warp_id >= 4 * kGroups) {  // the producer warpgroup: one thread issues every load
+    if constexpr (kGroups == 2) cuda::setmaxnreg_dec<24>();
+    if (warp_id == 4 * kGroups && lane == 0) {
+      cuda::tma_prefetch_map(&prm.maps.k);
+      cuda::tma_prefetch_map(&prm.maps.t);
+      if (!is_map) cuda::tma_prefetch_map(&prm.maps.v);
+      if constexpr (Out) {
+        cuda::tma_prefetch_map(&prm.maps.q);
+        cuda::tma_prefetch_map(&prm.maps.p);
+      }
+      const uint32_t bytes = L::rows * (is_map ? 1 : 2) + kBlock + (Out ? L::rows + kBlock : 0);
+      for (int chunk = chunk_begin, i = 0; chunk < chunk_end; ++chunk, ++i) {
+        const int st = i % kStages;
+        cuda::mbar_wait(&empty[st], ((i / kStages) & 1) ^ 1);
+        unsigned char* sb = base + st * L::stage;
+        const int t0 = chunk * kC, tile_row = (chunk * a.heads + head) * kC;
+        cuda::mbar_expect_bytes(&full[st], bytes);
+#pragma unroll
+        for (int b = 0; b < kGroups; ++b) {
+          cuda::tma_load_3d(sb + L::k + b * kBlock, &prm.maps.k, 64 * b, head, t0, &full[st]);
+          if (!is_map) cuda::tma_load_3d(sb + L::v + b * kBlock, &prm.maps.v, 64 * b, head, t0, &full[st]);
+          if constexpr (Out) cuda::tma_load_3d(sb + L::q + b * kBlock, &prm.maps.q, 64 * b, head, t0, &full[st]);
+        }
+        tma_load_tile(sb + L::t, &prm.maps.t, tile_row, &full[st]);
+        if constexpr (Out) tma_load_tile(sb + L::p, &prm.maps.p, tile_row, &full[st]);
       }
     }
-    const uint32_t sg = cuda::smem_addr(st + S::k_bytes + S::t_bytes + S::v_bytes);
-    if (tid < kC / 4) cuda::cp_async_16(sg + tid * 16, a.gamma + (int64_t(chunk) * a.heads + head) * kC + tid * 4, 16);
-    if (tid < kC) {
-      const bool ok = tid < valid;
-      const float* bp = static_cast<const float*>(a.beta.ptr) + (ok ? int64_t(t0 + tid) * a.beta.st : 0) + head * a.beta.sh;
-      cp_async_4(sg + kC * 4 + tid * 4, bp, ok);
+    return;
+  }
+
+  // Consumer warpgroup grp: state columns [col0, col0 + 64).
+  if constexpr (kGroups == 2) cuda::setmaxnreg_inc<240>();
+  const int grp = warp_id / 4, warp = warp_id % 4, g4 = lane / 4, c4 = lane % 4;
+  const int bar_id = 1 + grp;  // named barrier of this warpgroup
+  unsigned char* gb = base + L::groups + grp * L::group;
+  const uint32_t s_addr = cuda::smem_addr(gb + L::s), r_addr = cuda::smem_addr(gb + L::r);
+  const uint32_t w_addr = cuda::smem_addr(gb + L::w), o_addr = cuda::smem_addr(gb + L::o);
+  const int col0 = 64 * grp;
+  const int64_t seg = segment * a.segment_stride, hblock = int64_t(head) * D * D;
+  const int ra = 16 * warp + g4, rb = ra + 8;  // this thread's rows of every m64 block
+
+  // s[mb][4 nt + e]: S[64 mb + (e < 2 ? ra : rb)][col0 + 8 nt + 2 c4 + e % 2] (accumulator layout).
+  float s[kMb][32];
+#pragma unroll
+  for (int mb = 0; mb < kMb; ++mb)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int r = 64 * mb + ((i % 4) < 2 ? ra : rb), c = col0 + 8 * (i / 4) + 2 * c4 + (i % 2);
+      s[mb][i] = is_map ? (r == c ? 1.0f : 0.0f) : (a.state_in ? a.state_in[seg + hblock + int64_t(r) * D + c] : 0.0f);
     }
-  };
-  // Group 2 of a chunk: Q and P (outputs only).
-  auto load_out = [&](int chunk) {
-    if (!with_out) return;
-    const int t0 = chunk * kC;
-    load_rows(cuda::smem_addr(sq), a.q, t0, min(kC, a.t_len - t0));
-    load_square(cuda::smem_addr(sp), a.p, chunk);
-  };
-  auto store_state = [&](int chunk) {  // S (bf16) to shared memory, and for the backward to memory
+  // S (bf16) into this warpgroup's block, and for the backward the chunk's starting state to memory.
+  auto store_state = [&](int chunk) {
 #pragma unroll
-    for (int mt = 0; mt < kMt; ++mt)
+    for (int mb = 0; mb < kMb; ++mb)
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt)
+      for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {
-          const int r = warp * kRows + mt * 16 + g4 + h2 * 8, c = nt * 8 + c4 * 2;
-          const uint32_t packed = cuda::pack_bf16(s[mt][nt][2 * h2], s[mt][nt][2 * h2 + 1]);
-          *reinterpret_cast<uint32_t*>(ss + r * kPad + c) = packed;
+          const int r = 64 * mb + (h2 ? rb : ra), c = 8 * nt + 2 * c4;
+          const uint32_t packed = cuda::pack_bf16(s[mb][4 * nt + 2 * h2], s[mb][4 * nt + 2 * h2 + 1]);
+          *reinterpret_cast<uint32_t*>(gb + L::s + swz(r, c)) = packed;
           if (a.chunk_states && !is_map && chunk < chunk_end)
             *reinterpret_cast<uint32_t*>(a.chunk_states + ((int64_t(chunk) * a.heads + head) * D + r) * D + col0 + c) = packed;
         }
   };
+  // γ of rows ra, rb and of the chunk's last row; β of rows ra, rb (0 past the end).
+  struct Scalars {
+    float ga, gb, gc, ba, bb;
+  };
+  auto load_scalars = [&](int chunk) {
+    Scalars x;
+    const float* gam = a.gamma + (int64_t(chunk) * a.heads + head) * kC;
+    x.ga = gam[ra];
+    x.gb = gam[rb];
+    x.gc = gam[kC - 1];
+    const int t0 = chunk * kC, valid = min(kC, a.t_len - t0);
+    const float* bp = static_cast<const float*>(a.beta.ptr) + head * a.beta.sh;
+    x.ba = ra < valid ? bp[int64_t(t0 + ra) * a.beta.st] : 0.0f;
+    x.bb = rb < valid ? bp[int64_t(t0 + rb) * a.beta.st] : 0.0f;
+    return x;
+  };
 
-  // Commit groups: with outputs main(c), out(c) per chunk, so at the top of a chunk only its out
-  // group may be pending and in the middle only the next chunk's main; without outputs one main
-  // group per chunk, two chunks ahead, so one may be pending at the top.
-  if (chunk_begin < chunk_end) {
-    load_main(chunk_begin);
-    cuda::cp_async_commit();
-    if constexpr (Out) {
-      load_out(chunk_begin);
-    } else if (chunk_begin + 1 < chunk_end) {
-      load_main(chunk_begin + 1);
-    }
-    cuda::cp_async_commit();
-  }
   store_state(chunk_begin);
-  const int m0 = warp * 16;  // chunk rows of this warp in the chunk-row products
-  for (int chunk = chunk_begin; chunk < chunk_end; ++chunk) {
-    unsigned char* st = stage_ptr(chunk);
-    const bf16_t* sv = reinterpret_cast<const bf16_t*>(st + S::k_bytes + S::t_bytes);
-    const float* sgamma = reinterpret_cast<const float*>(st + S::k_bytes + S::t_bytes + S::v_bytes);
-    const float* sbeta = sgamma + kC;
-    cuda::cp_async_wait<1>();  // this chunk's group 1 (its group 2 / the next chunk's may be in flight)
-    __syncthreads();           // [A] group 1 and S (bf16) visible to every warp
-    if (chunk + S::ring - 1 < chunk_end) load_main(chunk + S::ring - 1);  // into the stage read last chunk
-    cuda::cp_async_commit();
-    const float gamma_c = sgamma[kC - 1];
-    const int ra = m0 + g4, rb = ra + 8;  // this thread's chunk rows
+  cuda::fence_proxy_async();
+  cuda::named_barrier_sync(bar_id, 128);
+  Scalars cur = chunk_begin < chunk_end ? load_scalars(chunk_begin) : Scalars{};
+  for (int chunk = chunk_begin, i = 0; chunk < chunk_end; ++chunk, ++i) {
+    const Scalars nxt = chunk + 1 < chunk_end ? load_scalars(chunk + 1) : Scalars{};
+    const int st = i % kStages;
+    const int t0 = chunk * kC, valid = min(kC, a.t_len - t0);
+    unsigned char* sb = base + st * L::stage;
+    const uint32_t k_addr = cuda::smem_addr(sb + L::k), t_addr = cuda::smem_addr(sb + L::t);
+    cuda::mbar_wait(&full[st], (i / kStages) & 1);
 
-    // K S, then R = β (V − e^γ K S).
+    // X = K S (and Y = Q S): A K-major [64][D] in D/64 column blocks, B = the bf16 S block.
+    float x[32];
+    [[maybe_unused]] float y[32];
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma64<0, 1>(x, desc_k_major(k_addr + (kk / 4) * kBlock + (kk % 4) * 32), desc_mn_major(s_addr + kk * 2048),
+                    kk > 0);
+    cuda::wgmma_commit();
+    cuda::fence_operands(x);
+    if constexpr (Out) {
+      const uint32_t q_addr = cuda::smem_addr(sb + L::q);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma64<0, 1>(y, desc_k_major(q_addr + (kk / 4) * kBlock + (kk % 4) * 32), desc_mn_major(s_addr + kk * 2048),
+                      kk > 0);
+      cuda::wgmma_commit();
+      cuda::fence_operands(y);
+      cuda::wgmma_wait<1>();
+    } else {
+      cuda::wgmma_wait<0>();
+    }
+    cuda::fence_operands(x);
+
+    // R = β (V − e^γ X) into this warpgroup's R block (V = 0 for map tiles).
     {
-      float acc[kNt][4] = {};
-      rows_times_tile<D>(acc, cuda::smem_addr(st), m0, cuda::smem_addr(ss), lane);
-      const float ea = expf(sgamma[ra]), eb = expf(sgamma[rb]), ba = sbeta[ra], bb = sbeta[rb];
+      const unsigned char* vt = sb + L::v + grp * kBlock;
+      const float ea = expf(cur.ga), eb = expf(cur.gb);
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        const int c = nt * 8 + c4 * 2;
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (!is_map) {
-          v[0] = __bfloat162float(sv[ra * kPad + c]);
-          v[1] = __bfloat162float(sv[ra * kPad + c + 1]);
-          v[2] = __bfloat162float(sv[rb * kPad + c]);
-          v[3] = __bfloat162float(sv[rb * kPad + c + 1]);
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const uint32_t off = swz(h2 ? rb : ra, 8 * nt + 2 * c4);
+          float2 v = make_float2(0.0f, 0.0f);
+          if (!is_map) v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + off));
+          const float e = h2 ? eb : ea, b = h2 ? cur.bb : cur.ba;
+          *reinterpret_cast<uint32_t*>(gb + L::r + off) =
+              cuda::pack_bf16(b * (v.x - e * x[4 * nt + 2 * h2]), b * (v.y - e * x[4 * nt + 2 * h2 + 1]));
         }
-        *reinterpret_cast<uint32_t*>(sr + ra * kPad + c) =
-            cuda::pack_bf16(ba * (v[0] - ea * acc[nt][0]), ba * (v[1] - ea * acc[nt][1]));
-        *reinterpret_cast<uint32_t*>(sr + rb * kPad + c) =
-            cuda::pack_bf16(bb * (v[2] - eb * acc[nt][2]), bb * (v[3] - eb * acc[nt][3]));
-      }
     }
-    __syncthreads();  // [B] R complete
-    // V' = T R; V'' = e^{γ_C−γ} V' for the state, V' for the output (and the backward).
+    cuda::fence_proxy_async();
+    cuda::named_barrier_sync(bar_id, 128);
+
+    // V' = T R (T K-major, R N-major).
+    float u[32];
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kC / 16; ++kk)
+      wgmma64<0, 1>(u, desc_k_major(t_addr + kk * 32), desc_mn_major(r_addr + kk * 2048), kk > 0);
+    cuda::wgmma_commit();
+    cuda::fence_operands(u);
+    cuda::wgmma_wait<0>();  // V', and Y (committed before it)
+    cuda::fence_operands(u);
+    if constexpr (Out) cuda::fence_operands(y);
+
+    // V'' = e^{γ_C−γ} V' for the state, V' for the output (and the backward); S ← e^{γ_C} S;
+    // Y ← scale e^γ Y, onto which P V' is accumulated below.
     {
-      float acc[kNt][4] = {};
-      rows_times_tile<kC>(acc, cuda::smem_addr(st + S::k_bytes), m0, cuda::smem_addr(sr), lane);
-      const float da = expf(gamma_c - sgamma[ra]), db = expf(gamma_c - sgamma[rb]);
+      const float da = expf(cur.gc - cur.ga), db = expf(cur.gc - cur.gb);
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        const int c = nt * 8 + c4 * 2;
-        *reinterpret_cast<uint32_t*>(svs + ra * kPad + c) = cuda::pack_bf16(da * acc[nt][0], da * acc[nt][1]);
-        *reinterpret_cast<uint32_t*>(svs + rb * kPad + c) = cuda::pack_bf16(db * acc[nt][2], db * acc[nt][3]);
-        const uint32_t va = cuda::pack_bf16(acc[nt][0], acc[nt][1]), vb = cuda::pack_bf16(acc[nt][2], acc[nt][3]);
-        if constexpr (Out) {
-          *reinterpret_cast<uint32_t*>(svo + ra * kPad + c) = va;
-          *reinterpret_cast<uint32_t*>(svo + rb * kPad + c) = vb;
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const int r = h2 ? rb : ra, c = 8 * nt + 2 * c4;
+          const uint32_t off = swz(r, c);
+          const float u0 = u[4 * nt + 2 * h2], u1 = u[4 * nt + 2 * h2 + 1], d = h2 ? db : da;
+          *reinterpret_cast<uint32_t*>(gb + L::w + off) = cuda::pack_bf16(d * u0, d * u1);
+          const uint32_t packed = cuda::pack_bf16(u0, u1);
+          if constexpr (Out) *reinterpret_cast<uint32_t*>(gb + L::o + off) = packed;
+          if (a.vnew && !is_map)
+            *reinterpret_cast<uint32_t*>(a.vnew + ((int64_t(chunk) * a.heads + head) * kC + r) * D + col0 + c) = packed;
         }
-        if (a.vnew && !is_map) {
-          bf16_t* vn = a.vnew + (int64_t(chunk) * a.heads + head) * kC * D + col0 + c;
-          *reinterpret_cast<uint32_t*>(vn + ra * D) = va;
-          *reinterpret_cast<uint32_t*>(vn + rb * D) = vb;
-        }
+      const float decay = expf(cur.gc);
+#pragma unroll
+      for (int mb = 0; mb < kMb; ++mb)
+#pragma unroll
+        for (int j = 0; j < 32; ++j) s[mb][j] *= decay;
+      if constexpr (Out) {
+        const float oa = a.scale * expf(cur.ga), ob = a.scale * expf(cur.gb);
+#pragma unroll
+        for (int j = 0; j < 32; ++j) y[j] *= (j % 4) < 2 ? oa : ob;
       }
     }
-    if constexpr (Out) cuda::cp_async_wait<1>();  // this chunk's group 2 (Q, P); the next chunk's group 1 may be in flight
-    __syncthreads();                               // [C] V'', V', Q, P visible
-    // S ← e^{γ_C} S + Kᵀ V''.
-    const float decay = expf(gamma_c);
+    cuda::fence_proxy_async();
+    cuda::named_barrier_sync(bar_id, 128);
+
+    // S += Kᵀ V'' (Kᵀ: block mb of K read M-major; V'' N-major), and Y += P V' with outputs.
+    cuda::wgmma_fence();
 #pragma unroll
-    for (int mt = 0; mt < kMt; ++mt)
+    for (int mb = 0; mb < kMb; ++mb) {
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= decay;
-#pragma unroll
-    for (int kk = 0; kk < kC / 16; ++kk) {
-#pragma unroll
-      for (int mt = 0; mt < kMt; ++mt) {
-        uint32_t af[4];  // A = Kᵀ through a transposing load of K [C][D]
-        const int d0 = warp * kRows + mt * 16;
-        const int row = kk * 16 + (lane % 8) + (lane / 16) * 8, c = d0 / 8 + (lane / 8) % 2;
-        cuda::ldmatrix_x4_trans(af, cuda::smem_addr(st) + cuda::swizzled<kChunks>(row, c));
-#pragma unroll
-        for (int nt = 0; nt < kNt; nt += 2) {
-          uint32_t b[4];
-          const int vrow = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, vc = nt * 8 + (lane / 16) * 8;
-          cuda::ldmatrix_x4_trans(b, cuda::smem_addr(svs) + (vrow * kPad + vc) * 2);
-          cuda::mma_bf16(s[mt][nt], af, b[0], b[1]);
-          cuda::mma_bf16(s[mt][nt + 1], af, b[2], b[3]);
-        }
-      }
+      for (int kk = 0; kk < kC / 16; ++kk)
+        wgmma64<1, 1>(s[mb], desc_mn_major(k_addr + mb * kBlock + kk * 2048), desc_mn_major(w_addr + kk * 2048), 1);
     }
-    // O = scale e^γ (Q S_old) + P V' (S_old: the bf16 copy still in shared memory).
-    if (with_out) {
-      float o[kNt][4] = {};
-      rows_times_tile<D>(o, cuda::smem_addr(sq), m0, cuda::smem_addr(ss), lane);
-      const float ea = a.scale * expf(sgamma[ra]), eb = a.scale * expf(sgamma[rb]);
+    cuda::wgmma_commit();
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        o[nt][0] *= ea;
-        o[nt][1] *= ea;
-        o[nt][2] *= eb;
-        o[nt][3] *= eb;
-      }
-      rows_times_tile<kC>(o, cuda::smem_addr(sp), m0, cuda::smem_addr(svo), lane);
-      const int t0 = chunk * kC, valid = min(kC, a.t_len - t0);
+    for (int mb = 0; mb < kMb; ++mb) cuda::fence_operands(s[mb]);
+    if constexpr (Out) {
+      const uint32_t p_addr = cuda::smem_addr(sb + L::p);
 #pragma unroll
-      for (int h2 = 0; h2 < 2; ++h2) {
-        const int r = h2 == 0 ? ra : rb;
+      for (int kk = 0; kk < kC / 16; ++kk)
+        wgmma64<0, 1>(y, desc_k_major(p_addr + kk * 32), desc_mn_major(o_addr + kk * 2048), 1);
+      cuda::wgmma_commit();
+      cuda::fence_operands(y);
+      cuda::wgmma_wait<1>();  // the state update
+#pragma unroll
+      for (int mb = 0; mb < kMb; ++mb) cuda::fence_operands(s[mb]);
+      store_state(chunk + 1);  // X and Y, the readers of the old copy, completed above
+      cuda::wgmma_wait<0>();
+      cuda::fence_operands(y);
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {  // O = Y
+        const int r = h2 ? rb : ra;
         if (r >= valid) continue;
         bf16_t* orow = a.out + int64_t(t0 + r) * a.out_st + head * a.out_sh + col0;
 #pragma unroll
-        for (int nt = 0; nt < kNt; ++nt)
-          *reinterpret_cast<uint32_t*>(orow + nt * 8 + c4 * 2) = cuda::pack_bf16(o[nt][2 * h2], o[nt][2 * h2 + 1]);
+        for (int nt = 0; nt < 8; ++nt)
+          *reinterpret_cast<uint32_t*>(orow + 8 * nt + 2 * c4) = cuda::pack_bf16(y[4 * nt + 2 * h2], y[4 * nt + 2 * h2 + 1]);
       }
+    } else {
+      cuda::wgmma_wait<0>();
+#pragma unroll
+      for (int mb = 0; mb < kMb; ++mb) cuda::fence_operands(s[mb]);
+      store_state(chunk + 1);
     }
-    __syncthreads();  // [D] every read of S (bf16), R, V'', V', Q, P of this chunk is done
-    if constexpr (Out) {
-      if (chunk + 1 < chunk_end) load_out(chunk + 1);
-      cuda::cp_async_commit();
-    }
-    store_state(chunk + 1);
+    // Every read of this stage by this warp is complete (its wgmmas waited for, V read into R).
+    __syncwarp();
+    if (lane == 0) cuda::mbar_arrive(&empty[st]);
+    cuda::fence_proxy_async();
+    cuda::named_barrier_sync(bar_id, 128);  // the new S copy, before the next chunk's X
+    cur = nxt;
   }
-  cuda::cp_async_wait<0>();
 
   float* dst = is_map ? a.map_out : a.state_out;
   if (dst) {
     dst += seg + hblock;
 #pragma unroll
-    for (int mt = 0; mt < kMt; ++mt)
+    for (int mb = 0; mb < kMb; ++mb)
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt)
+      for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = warp * kRows + mt * 16 + g4 + (e / 2) * 8, c = col0 + nt * 8 + c4 * 2 + (e % 2);
-          dst[int64_t(r) * D + c] = s[mt][nt][e];
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const int r = 64 * mb + (h2 ? rb : ra), c = col0 + 8 * nt + 2 * c4;
+          *reinterpret_cast<float2*>(dst + int64_t(r) * D + c) = make_float2(s[mb][4 * nt + 2 * h2], s[mb][4 * nt + 2 * h2 + 1]);
         }
   }
 }
 
+// A 2-D map over prepare's [rows][64] bf16 tiles (T or P), boxes of one [64][64] tile, 128-byte swizzle.
+CUtensorMap tile_map(const bf16_t* tiles, int64_t rows) {
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    HYDRA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
+    HYDRA_ASSERT(fn != nullptr && status == cudaDriverEntryPointSuccess, "the CUDA driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<Encode>(fn);
+  }();
+  HYDRA_ASSERT(reinterpret_cast<uintptr_t>(tiles) % 16 == 0, "GDN state pass: prepare's tiles must be 16-byte aligned");
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kC), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kC) * 2};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kC), static_cast<cuuint32_t>(kC)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16_t*>(tiles), dims, strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  HYDRA_ASSERT(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (error {}) for {} tile rows", static_cast<int>(r), rows);
+  return map;
+}
+
 template <int D>
 void launch_state(const StatePassArgs& args) {
-  constexpr int kValueTiles = D / kBV;
-  const int tiles = (args.value_tiles ? kValueTiles : 0) + (args.map_tiles ? kValueTiles : 0);
-  if (tiles == 0 || args.segments == 0) return;
-  // Two CTAs per SM either way (108 KB each without outputs at D = 128: the carveout asks for all
-  // of the SM's shared memory).
+  HYDRA_ASSERT(!(args.out && args.map_tiles), "GDN state pass: map tiles have no outputs");
+  const int64_t tile_rows = int64_t{args.chunks} * args.heads * kC;
+  HYDRA_ASSERT(tile_rows < (int64_t{1} << 31), "GDN state pass: {} chunk-head tiles exceed TMA's coordinates",
+               int64_t{args.chunks} * args.heads);
+  StateParams prm{};
+  prm.a = args;
+  const int t_len = args.t_len, heads = args.heads;
+  prm.maps.k = cuda::make_tma_map_bf16(args.k.ptr, t_len, heads, D, args.k.st, args.k.sh, kC);
+  prm.maps.v = cuda::make_tma_map_bf16(args.v.ptr, t_len, heads, D, args.v.st, args.v.sh, kC);
+  prm.maps.q = args.out ? cuda::make_tma_map_bf16(args.q.ptr, t_len, heads, D, args.q.st, args.q.sh, kC) : prm.maps.k;
+  prm.maps.t = tile_map(args.t, tile_rows);
+  prm.maps.p = args.out ? tile_map(args.p, tile_rows) : prm.maps.t;
+  const dim3 grid(args.map_tiles ? 2 : 1, heads, args.segments);
   auto launch = [&](auto kernel, size_t smem) {
-    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                          cudaSharedmemCarveoutMaxShared));
-    kernel<<<dim3(tiles, args.heads, args.segments), kThreads, smem, current_stream()>>>(args);
+    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kernel<<<grid, 128 * (D / 64 + 1), smem, current_stream()>>>(prm);
     HYDRA_CUDA_LAUNCH_CHECK();
   };
   if (args.out) {
@@ -333,6 +421,7 @@ void launch_state(const StatePassArgs& args) {
 
 void state_pass(const StatePassArgs& args, int head_dim) {
   HYDRA_ASSERT(args.chunks_per_segment > 0, "state pass: empty segments");
+  if (args.segments == 0) return;
   if (head_dim == 128) {
     launch_state<128>(args);
   } else {
