@@ -51,11 +51,13 @@ struct Rows {  // [T, H, D] bf16 rows or [T, H] f32 gates: element (t, h) at ptr
 };
 inline Rows rows_of(const TensorView& x) { return Rows{x.data(), x.stride(0), x.stride(1)}; }
 
-// Stage 1. gamma [chunks, H, 64] f32; t, p [chunks, H, 64, 64] bf16 row-major (p empty without q).
+// Stage 1. gamma [chunks, H, 64] f32; factors [chunks, H, 4, 64] f32 (per row: β, β e^γ, e^{γ_C−γ},
+// e^γ; β = 0 past the end), the state pass's elementwise factors; t, p [chunks, H, 64, 64] bf16
+// row-major (p empty without q).
 // For the backward (delta_rule_backward.cu) also w = T (β e^γ K), kt = K̃ = e^{γ_C−γ} K and
 // qh = Q̂ = scale·e^γ Q, [chunks, H, 64, D] bf16 (p is the backward's Ã).
 struct ChunkPrep {
-  Tensor gamma, t, p;
+  Tensor gamma, factors, t, p;
   Tensor w, kt, qh;  // PrepareFor::backward only
   int chunks = 0;
 };
@@ -72,6 +74,7 @@ struct StatePassArgs {
   const bf16_t* t;      // ChunkPrep::t
   const bf16_t* p;      // ChunkPrep::p (with an output)
   const float* gamma;   // ChunkPrep::gamma
+  const float* factors;  // ChunkPrep::factors
   Rows q, k, v, beta;   // the sequence (q only with an output)
   int t_len = 0, chunks = 0, heads = 0;
   int segments = 1, chunks_per_segment = 0;

@@ -110,6 +110,7 @@ gdn::StatePassArgs pass_args(const gdn::ChunkPrep& prep, const TensorView& k, co
   a.t = prep.t.data_as<bf16_t>();
   a.p = prep.p.defined() ? prep.p.data_as<bf16_t>() : nullptr;
   a.gamma = prep.gamma.data_as<float>();
+  a.factors = prep.factors.data_as<float>();
   a.k = gdn::rows_of(k);
   a.v = gdn::rows_of(v);
   a.beta = gdn::rows_of(beta);

@@ -9,7 +9,8 @@
 //   32 → 64: X[32:, :32] = −X[32:, 32:] (L[32:, :32] X[:32, :32]) (warp w: one 16×16 output block);
 // the block products on tensor cores with operands split into bf16 high and low parts
 // (a·b ≈ a_hi b_hi + a_hi b_lo + a_lo b_hi, ~16 significant bits) so T₀ keeps near-fp32 accuracy.
-// Then T_ij = T₀_ij e^{γ_i−γ_j}: the decay enters only as factors ≤ 1.
+// Then T_ij = T₀_ij e^{γ_i−γ_j}: the decay enters only as factors ≤ 1. With γ the CTA also writes
+// the state pass's per-row factors (β, β e^γ, e^{γ_C−γ}, e^γ).
 // For the backward (PrepareFor::backward) the same CTA also writes K̃ = e^{γ_C−γ} K and
 // Q̂ = scale·e^γ Q (from the rows already in shared memory) and W = T (β e^γ K) (a tensor-core
 // product with the bf16 T just formed), so the backward has no inverse of its own.
@@ -89,6 +90,7 @@ __device__ __forceinline__ void store_block(float* dst, const float (&acc)[2][4]
 template <int D>
 __global__ void __launch_bounds__(128) gdn_prepare_kernel(Rows q, Rows k, Rows g, Rows beta, int t_len, int heads,
                                                           float scale, bf16_t* t_out, bf16_t* p_out, float* gamma_out,
+                                                          float* factors_out,
                                                           BackwardTiles bt) {
   using S = PrepareSmem<D>;
   constexpr int kChunks = D / 8;
@@ -246,7 +248,16 @@ __global__ void __launch_bounds__(128) gdn_prepare_kernel(Rows q, Rows k, Rows g
     *reinterpret_cast<uint32_t*>(t_out + base + i * kC + j) = packed;
     if (backward) *reinterpret_cast<uint32_t*>(stb + cuda::swizzled<8>(i, j / 8) + (j % 8) * 2) = packed;
   }
-  if (tid < kC) gamma_out[(int64_t(chunk) * heads + head) * kC + tid] = sgamma[tid];
+  if (tid < kC) {
+    gamma_out[(int64_t(chunk) * heads + head) * kC + tid] = sgamma[tid];
+    // The state pass's per-row factors: β, β e^γ, e^{γ_C−γ}, e^γ (β = 0 past the end).
+    float* f = factors_out + (int64_t(chunk) * heads + head) * 4 * kC + tid;
+    const float e = expf(sgamma[tid]);
+    f[0] = sbeta[tid];
+    f[kC] = sbeta[tid] * e;
+    f[2 * kC] = expf(sgamma[kC - 1] - sgamma[tid]);
+    f[3 * kC] = e;
+  }
   if (!backward) return;
   // W = T (β e^γ K): β e^γ K in place of K, then warp w forms rows 16w.. of the product (all D
   // columns; B = the [C][D] rows through transposing loads).
@@ -288,6 +299,7 @@ void launch_prepare(const TensorView& q, const TensorView& k, const TensorView& 
   gdn_prepare_kernel<D><<<dim3(prep.chunks, heads), 128, smem, current_stream()>>>(
       q.defined() ? rows_of(q) : Rows{}, rows_of(k), rows_of(g), rows_of(beta), t_len, heads, scale,
       prep.t.data_as<bf16_t>(), prep.p.defined() ? prep.p.data_as<bf16_t>() : nullptr, prep.gamma.data_as<float>(),
+      prep.factors.data_as<float>(),
       prep.w.defined() ? BackwardTiles{prep.w.data_as<bf16_t>(), prep.kt.data_as<bf16_t>(), prep.qh.data_as<bf16_t>()}
                        : BackwardTiles{nullptr, nullptr, nullptr});
   HYDRA_CUDA_LAUNCH_CHECK();
@@ -301,6 +313,7 @@ ChunkPrep prepare(const TensorView& q, const TensorView& k, const TensorView& g,
   ChunkPrep prep;
   prep.chunks = static_cast<int>((t_len + kC - 1) / kC);
   prep.gamma = Tensor::empty({prep.chunks, heads, kC}, DType::f32, Device::cuda);
+  prep.factors = Tensor::empty({prep.chunks, heads, 4, kC}, DType::f32, Device::cuda);
   prep.t = Tensor::empty({prep.chunks, heads, kC, kC}, DType::bf16, Device::cuda);
   if (q.defined()) prep.p = Tensor::empty({prep.chunks, heads, kC, kC}, DType::bf16, Device::cuda);
   if (use == PrepareFor::backward) {

@@ -2,6 +2,11 @@
 // of a segment on Hopper's warpgroup tensor cores (wgmma, sm_90a), outputs fused in (no chunk
 // state or V' goes to memory unless the backward asks for it).
 //
+// BRANCH gdn4-next, NOT YET RUN ON A GPU: two kernels. gdn_state_kernel (the default, further
+// down) keeps the state transposed in registers; gdn_state_kernel_v1 (HYDRA_GDN_STATE=v1) is the
+// kernel measured on gdn4 (cluster/results/h200-2026-12-03/gdn_fwd/), described next. Test and
+// time both in one job (run2.sh there), keep the faster, delete the other.
+//
 // CTA = one (tile, head, segment), the whole D × D tile (the state S, or a segment map's M), one
 // CTA per SM: D/64 consumer warpgroups and a producer warpgroup (registers moved to the consumers
 // by setmaxnreg at D = 128).
@@ -25,6 +30,8 @@
 #include <cuda.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/hopper.cuh"
@@ -71,7 +78,7 @@ __device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) { return cuda::w
 __device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr) { return cuda::wgmma_desc(addr, kBlock, 1024); }
 
 struct StateMaps {
-  CUtensorMap k, v, q;  // [T, H, D] rows, boxes of [64 rows][64 columns]
+  CUtensorMap k, v, q, o;  // [T, H, D] rows, boxes of [64 rows][64 columns] (o: the output, stored by TMA)
   CUtensorMap t, p;     // prepare's [chunks · H · 64][64] tiles, boxes of one [64][64] tile
 };
 struct StateParams {
@@ -101,7 +108,7 @@ __device__ __forceinline__ void tma_load_tile(void* dst, const CUtensorMap* map,
 }
 
 template <int D, bool Out>
-__global__ void __launch_bounds__(128 * (D / 64 + 1), 1) gdn_state_kernel(const __grid_constant__ StateParams prm) {
+__global__ void __launch_bounds__(128 * (D / 64 + 1), 1) gdn_state_kernel_v1(const __grid_constant__ StateParams prm) {
   using L = StateSmem<D, Out>;
   constexpr int kGroups = L::kGroups, kStages = L::kStages, kMb = D / 64;
   const StatePassArgs& a = prm.a;
@@ -391,7 +398,7 @@ CUtensorMap tile_map(const bf16_t* tiles, int64_t rows) {
 }
 
 template <int D>
-void launch_state(const StatePassArgs& args) {
+void launch_state_v1(const StatePassArgs& args) {
   HYDRA_ASSERT(!(args.out && args.map_tiles), "GDN state pass: map tiles have no outputs");
   const int64_t tile_rows = int64_t{args.chunks} * args.heads * kC;
   HYDRA_ASSERT(tile_rows < (int64_t{1} << 31), "GDN state pass: {} chunk-head tiles exceed TMA's coordinates",
@@ -411,9 +418,405 @@ void launch_state(const StatePassArgs& args) {
     HYDRA_CUDA_LAUNCH_CHECK();
   };
   if (args.out) {
-    launch(gdn_state_kernel<D, true>, StateSmem<D, true>::total);
+    launch(gdn_state_kernel_v1<D, true>, StateSmem<D, true>::total);
   } else {
-    launch(gdn_state_kernel<D, false>, StateSmem<D, false>::total);
+    launch(gdn_state_kernel_v1<D, false>, StateSmem<D, false>::total);
+  }
+}
+
+// ---- the transposed-state kernel ----------------------------------------------------------------
+
+// D[64×64] (+)= A[64×16] · B[16×64], A from registers (per warp the mma.m16n8k16 A layout of its 16
+// rows), B from shared memory (descriptor; TransB = 1: stored N-major).
+template <int TransB>
+__device__ __forceinline__ void wgmma64_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TransB));
+}
+
+// The bf16 A fragments of the 4 k-steps (16 columns each) of an m64n64 fp32 accumulator
+// (FlashAttention's P trick: accumulator columns become the K dimension).
+__device__ __forceinline__ void pack_a(const float (&c)[32], uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[kk][j] = cuda::pack_bf16(c[8 * kk + 2 * j], c[8 * kk + 2 * j + 1]);
+}
+
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+// TMA store of one box from shared memory (bulk group of the issuing thread), its commit and waits.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int col, int head, int row) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(map), "r"(col),
+               "r"(head), "r"(row), "r"(src)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Contiguous bytes from global to shared memory, completing on an mbarrier (expect-tx).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   cuda::smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(cuda::smem_addr(bar))
+               : "memory");
+}
+
+template <int D, bool Out>
+struct StateSmemT {
+  static constexpr int kGroups = D / 64;
+  static constexpr int kStages = Out ? 2 : 3;
+  static constexpr uint32_t rows = kGroups * kBlock;  // a chunk's K, V or Q rows (D/64 column blocks)
+  static constexpr uint32_t kFactorBytes = 4 * kC * 4;
+  // One stage: K, V, T, (Q, P with outputs), then prepare's factors (β, β e^γ, e^{γ_C−γ}, e^γ).
+  static constexpr uint32_t k = 0, v = rows, t = 2 * rows, q = t + kBlock, p = q + rows;
+  static constexpr uint32_t f = Out ? p + kBlock : q;
+  static constexpr uint32_t stage = f + kFactorBytes;
+  static constexpr uint32_t outs = kStages * stage;                    // per warpgroup: 2 output blocks
+  static constexpr uint32_t barriers = outs + (Out ? kGroups * 2 * kBlock : 0);
+  static constexpr size_t total = barriers + 2 * kStages * sizeof(uint64_t) + 1024;  // + alignment
+};
+
+// CTA = one (tile, head, segment) as in the kernel above, but each consumer warpgroup keeps its 64
+// state columns transposed, Sᵀ[cols][D] (the m64n64 accumulators of D/64 blocks of d), so that every
+// product takes its left operand from registers and no intermediate goes through shared memory:
+//   Xᵀ = Sᵀ Kᵀ, Yᵀ = Sᵀ Qᵀ        (A: Sᵀ as bf16 fragments; B: K, Q read K-major)
+//   R̃ᵀ = β ⊙ Vᵀ − β e^γ ⊙ Xᵀ        (per column j; Vᵀ through transposing ldmatrix)
+//   V'ᵀ = R̃ᵀ Tᵀ                    (B: T read K-major)
+//   Sᵀ ← e^{γ_C} Sᵀ + (V'ᵀ ⊙ e^{γ_C−γ}) K   (B: K read N-major)
+//   Oᵀ = scale e^γ ⊙ Yᵀ + V'ᵀ Pᵀ    -> transposing stmatrix into a staging block -> TMA store
+// The only shared-memory writes of the loop are the output's, so the only proxy fence and
+// warpgroup barrier are the output's (none without outputs).
+template <int D, bool Out>
+__global__ void __launch_bounds__(128 * (D / 64 + 1), 1) gdn_state_kernel(const __grid_constant__ StateParams prm) {
+  using L = StateSmemT<D, Out>;
+  constexpr int kGroups = L::kGroups, kStages = L::kStages, kMb = D / 64;
+  const StatePassArgs& a = prm.a;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* base = smem_raw + ((1024u - (cuda::smem_addr(smem_raw) & 1023u)) & 1023u);  // swizzle atoms
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + L::barriers);
+  uint64_t* empty = full + kStages;
+  const int head = blockIdx.y, segment = blockIdx.z;
+  const bool is_map = a.map_tiles && blockIdx.x == 1;  // tile 0: S (values), tile 1: M
+  const int chunk_begin = segment * a.chunks_per_segment;
+  const int chunk_end = min(a.chunks, chunk_begin + a.chunks_per_segment);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      cuda::mbar_init(&full[s], 1);
+      cuda::mbar_init(&empty[s], 4 * kGroups);
+    }
+    cuda::mbar_fence_init();
+  }
+  __syncthreads();
+  const int warp_id = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (warp_id >= 4 * kGroups) {  // the producer warpgroup: one thread issues every load
+    if constexpr (kGroups == 2) cuda::setmaxnreg_dec<24>();
+    if (warp_id == 4 * kGroups && lane == 0) {
+      cuda::tma_prefetch_map(&prm.maps.k);
+      cuda::tma_prefetch_map(&prm.maps.t);
+      if (!is_map) cuda::tma_prefetch_map(&prm.maps.v);
+      if constexpr (Out) {
+        cuda::tma_prefetch_map(&prm.maps.q);
+        cuda::tma_prefetch_map(&prm.maps.p);
+      }
+      const uint32_t bytes = L::rows * (is_map ? 1 : 2) + kBlock + (Out ? L::rows + kBlock : 0) + L::kFactorBytes;
+      for (int chunk = chunk_begin, i = 0; chunk < chunk_end; ++chunk, ++i) {
+        const int st = i % kStages;
+        cuda::mbar_wait(&empty[st], ((i / kStages) & 1) ^ 1);
+        unsigned char* sb = base + st * L::stage;
+        const int t0 = chunk * kC, tile = chunk * a.heads + head;
+        cuda::mbar_expect_bytes(&full[st], bytes);
+#pragma unroll
+        for (int b = 0; b < kGroups; ++b) {
+          cuda::tma_load_3d(sb + L::k + b * kBlock, &prm.maps.k, 64 * b, head, t0, &full[st]);
+          if (!is_map) cuda::tma_load_3d(sb + L::v + b * kBlock, &prm.maps.v, 64 * b, head, t0, &full[st]);
+          if constexpr (Out) cuda::tma_load_3d(sb + L::q + b * kBlock, &prm.maps.q, 64 * b, head, t0, &full[st]);
+        }
+        tma_load_tile(sb + L::t, &prm.maps.t, tile * kC, &full[st]);
+        if constexpr (Out) tma_load_tile(sb + L::p, &prm.maps.p, tile * kC, &full[st]);
+        bulk_load(sb + L::f, a.factors + int64_t(tile) * 4 * kC, L::kFactorBytes, &full[st]);
+      }
+    }
+    return;
+  }
+
+  // Consumer warpgroup grp: state columns [col0, col0 + 64) as the rows of Sᵀ.
+  if constexpr (kGroups == 2) cuda::setmaxnreg_inc<240>();
+  const int grp = warp_id / 4, warp = warp_id % 4, g4 = lane / 4, c4 = lane % 4;
+  const int col0 = 64 * grp;
+  const int64_t seg = segment * a.segment_stride, hblock = int64_t(head) * D * D;
+  const int vrow = 16 * warp + g4;  // this thread's rows of Sᵀ (state columns col0 + vrow, + 8)
+  const uint32_t o_addr = cuda::smem_addr(base + L::outs) + grp * 2 * kBlock;
+  const bool issuer = warp == 0 && lane == 0;  // the warpgroup's TMA stores
+  // The 8×8 transposing loads (V) and stores (O) of a [64][64] block, 4 matrices each: lane l
+  // addresses row 8 (2q + l / 16) + l % 8, columns 16 warp + 8 ((l / 8) % 2) .. + 8.
+  auto lane_off = [&](int q) { return swz(8 * (2 * q + lane / 16) + lane % 8, 16 * warp + 8 * ((lane / 8) % 2)); };
+
+  // s[mb][4 nt + e] = Sᵀ[col0 + vrow + 8 (e / 2)][64 mb + 8 nt + 2 c4 + e % 2] (accumulator layout).
+  float s[kMb][32];
+#pragma unroll
+  for (int mb = 0; mb < kMb; ++mb)
+#pragma unroll
+    for (int e = 0; e < 32; ++e) {
+      const int v = col0 + vrow + 8 * ((e % 4) / 2), d = 64 * mb + 8 * (e / 4) + 2 * c4 + (e % 2);
+      s[mb][e] = is_map ? (v == d ? 1.0f : 0.0f) : (a.state_in ? a.state_in[seg + hblock + int64_t(d) * D + v] : 0.0f);
+    }
+  uint32_t sa[D / 16][4];  // Sᵀ as bf16 A fragments, k-step kk = d in [16 kk, 16 kk + 16)
+  auto pack_state = [&] {
+#pragma unroll
+    for (int mb = 0; mb < kMb; ++mb)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sa[4 * mb + kk][j] = cuda::pack_bf16(s[mb][8 * kk + 2 * j], s[mb][8 * kk + 2 * j + 1]);
+  };
+  // An m64n64 accumulator c (rows: state columns, columns: n0 + 8 nt + 2 c4 ..) into a row-major
+  // [n][D] bf16 matrix (the backward's records): lanes 4 apart hold neighbouring state columns, so
+  // one exchange gives every lane a pair along the row.
+  auto store_transposed = [&](const float (&c)[32], bf16_t* dst, int n0) {
+    const bool odd = g4 & 1;
+#pragma unroll
+    for (int e = 0; e < 32; e += 2) {
+      const float c0 = c[e], c1 = c[e + 1];
+      const float recv = __shfl_xor_sync(0xffffffffu, odd ? c0 : c1, 4);
+      const int n = n0 + 8 * (e / 4) + 2 * c4 + (odd ? 1 : 0);
+      const int v = col0 + vrow + 8 * ((e % 4) / 2) - (odd ? 1 : 0);
+      *reinterpret_cast<uint32_t*>(dst + int64_t(n) * D + v) = odd ? cuda::pack_bf16(recv, c1) : cuda::pack_bf16(c0, recv);
+    }
+  };
+  auto record_state = [&](int chunk) {
+    if (a.chunk_states && !is_map && chunk < chunk_end) {
+#pragma unroll
+      for (int mb = 0; mb < kMb; ++mb)
+        store_transposed(s[mb], a.chunk_states + (int64_t(chunk) * a.heads + head) * D * D, 64 * mb);
+    }
+  };
+
+  pack_state();
+  record_state(chunk_begin);
+  for (int chunk = chunk_begin, i = 0; chunk < chunk_end; ++chunk, ++i) {
+    const int st = i % kStages;
+    const int t0 = chunk * kC;
+    unsigned char* sb = base + st * L::stage;
+    const uint32_t k_addr = cuda::smem_addr(sb + L::k), t_addr = cuda::smem_addr(sb + L::t);
+    const float* fac = reinterpret_cast<const float*>(sb + L::f);  // [4][64]
+    cuda::mbar_wait(&full[st], (i / kStages) & 1);
+
+    // Xᵀ = Sᵀ Kᵀ (and Yᵀ = Sᵀ Qᵀ).
+    float x[32];
+    [[maybe_unused]] float y[32];
+    cuda::fence_operands(sa);
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma64_rs<0>(x, sa[kk], desc_k_major(k_addr + (kk / 4) * kBlock + (kk % 4) * 32), kk > 0);
+    cuda::wgmma_commit();
+    cuda::fence_operands(x);
+    if constexpr (Out) {
+      const uint32_t q_addr = cuda::smem_addr(sb + L::q);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma64_rs<0>(y, sa[kk], desc_k_major(q_addr + (kk / 4) * kBlock + (kk % 4) * 32), kk > 0);
+      cuda::wgmma_commit();
+      cuda::fence_operands(y);
+      cuda::wgmma_wait<1>();
+    } else {
+      cuda::wgmma_wait<0>();
+      cuda::fence_operands(sa);
+    }
+    cuda::fence_operands(x);
+
+    // R̃ᵀ = β ⊙ Vᵀ − β e^γ ⊙ Xᵀ (factors per column j), as the A fragments of V'ᵀ = R̃ᵀ Tᵀ.
+    uint32_t ra[4][4];
+    {
+      const float2* fb = reinterpret_cast<const float2*>(fac) + c4;       // column 8 nt + 2 c4: [4 nt]
+      const float2* fbe = reinterpret_cast<const float2*>(fac + kC) + c4;
+      const uint32_t v_addr = cuda::smem_addr(sb + L::v + grp * kBlock);
+      float r[32];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        uint32_t vv[4] = {0u, 0u, 0u, 0u};  // (nt, rows) = (2q, vrow), (2q, vrow + 8), (2q + 1, vrow), (2q + 1, vrow + 8)
+        if (!is_map) cuda::ldmatrix_x4_trans(vv, v_addr + lane_off(q));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int nt = 2 * q + h;
+          const float2 b = fb[4 * nt], be = fbe[4 * nt];
+#pragma unroll
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&vv[2 * h + h2]));
+            r[4 * nt + 2 * h2] = b.x * v.x - be.x * x[4 * nt + 2 * h2];
+            r[4 * nt + 2 * h2 + 1] = b.y * v.y - be.y * x[4 * nt + 2 * h2 + 1];
+          }
+        }
+      }
+      pack_a(r, ra);
+    }
+
+    // V'ᵀ = R̃ᵀ Tᵀ.
+    float u[32];
+    cuda::fence_operands(ra);
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kC / 16; ++kk)
+      wgmma64_rs<0>(u, ra[kk], desc_k_major(t_addr + kk * 32), kk > 0);
+    cuda::wgmma_commit();
+    cuda::fence_operands(u);
+    cuda::wgmma_wait<0>();  // V', and Y (committed before it)
+    cuda::fence_operands(u);
+    cuda::fence_operands(ra);
+    if constexpr (Out) {
+      cuda::fence_operands(y);
+      cuda::fence_operands(sa);
+    }
+
+    // V''ᵀ = V'ᵀ ⊙ e^{γ_C−γ} for the state, V'ᵀ for the output; S ← e^{γ_C} S; Y ← scale e^γ Y.
+    uint32_t wa[4][4];
+    [[maybe_unused]] uint32_t ua[4][4];
+    {
+      const float2* fd = reinterpret_cast<const float2*>(fac + 2 * kC) + c4;
+      float w[32];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const float2 d = fd[4 * nt];
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          w[4 * nt + 2 * h2] = u[4 * nt + 2 * h2] * d.x;
+          w[4 * nt + 2 * h2 + 1] = u[4 * nt + 2 * h2 + 1] * d.y;
+        }
+      }
+      pack_a(w, wa);
+      if constexpr (Out) pack_a(u, ua);
+      if (a.vnew && !is_map) store_transposed(u, a.vnew + (int64_t(chunk) * a.heads + head) * kC * D, 0);
+      const float decay = fac[4 * kC - 1];  // e^{γ_C}
+#pragma unroll
+      for (int mb = 0; mb < kMb; ++mb)
+#pragma unroll
+        for (int j = 0; j < 32; ++j) s[mb][j] *= decay;
+      if constexpr (Out) {
+        const float2* fe = reinterpret_cast<const float2*>(fac + 3 * kC) + c4;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const float2 e = fe[4 * nt];
+#pragma unroll
+          for (int h2 = 0; h2 < 2; ++h2) {
+            y[4 * nt + 2 * h2] *= a.scale * e.x;
+            y[4 * nt + 2 * h2 + 1] *= a.scale * e.y;
+          }
+        }
+      }
+    }
+
+    // Sᵀ += V''ᵀ K (K block mb read N-major), and Yᵀ += V'ᵀ Pᵀ with outputs.
+    cuda::fence_operands(wa);
+#pragma unroll
+    for (int mb = 0; mb < kMb; ++mb) cuda::fence_operands(s[mb]);
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int mb = 0; mb < kMb; ++mb) {
+#pragma unroll
+      for (int kk = 0; kk < kC / 16; ++kk)
+        wgmma64_rs<1>(s[mb], wa[kk], desc_mn_major(k_addr + mb * kBlock + kk * 2048), 1);
+    }
+    cuda::wgmma_commit();
+#pragma unroll
+    for (int mb = 0; mb < kMb; ++mb) cuda::fence_operands(s[mb]);
+    if constexpr (Out) {
+      const uint32_t p_addr = cuda::smem_addr(sb + L::p);
+      cuda::fence_operands(ua);
+#pragma unroll
+      for (int kk = 0; kk < kC / 16; ++kk) wgmma64_rs<0>(y, ua[kk], desc_k_major(p_addr + kk * 32), 1);
+      cuda::wgmma_commit();
+      cuda::fence_operands(y);
+      cuda::wgmma_wait<1>();  // the state update
+    } else {
+      cuda::wgmma_wait<0>();
+    }
+#pragma unroll
+    for (int mb = 0; mb < kMb; ++mb) cuda::fence_operands(s[mb]);
+    cuda::fence_operands(wa);
+    pack_state();  // for the next chunk (X and Y, the readers of the old fragments, are complete)
+    record_state(chunk + 1);
+    if constexpr (Out) {
+      cuda::wgmma_wait<0>();
+      cuda::fence_operands(y);
+      cuda::fence_operands(ua);
+      // O = Yᵀ transposed into this chunk's staging block (two per warpgroup, alternating), then one
+      // TMA store; the store of the previous chunk has read the other block before the barrier.
+      const uint32_t ob = o_addr + (i & 1) * kBlock;
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        stmatrix_x4_trans(ob + lane_off(q), cuda::pack_bf16(y[8 * q], y[8 * q + 1]), cuda::pack_bf16(y[8 * q + 2], y[8 * q + 3]),
+                          cuda::pack_bf16(y[8 * q + 4], y[8 * q + 5]), cuda::pack_bf16(y[8 * q + 6], y[8 * q + 7]));
+      cuda::fence_proxy_async();
+      if (issuer) bulk_wait_read_all();
+      cuda::named_barrier_sync(1 + grp, 128);
+      if (issuer) {
+        tma_store_3d(&prm.maps.o, ob, col0, head, t0);
+        bulk_commit();
+      }
+    }
+    // Every read of this stage by this warp is complete (its wgmmas waited for, V loaded).
+    __syncwarp();
+    if (lane == 0) cuda::mbar_arrive(&empty[st]);
+  }
+  if constexpr (Out) {
+    if (issuer) bulk_wait_all();
+  }
+
+  float* dst = is_map ? a.map_out : a.state_out;
+  if (dst) {
+    dst += seg + hblock;
+#pragma unroll
+    for (int mb = 0; mb < kMb; ++mb)
+#pragma unroll
+      for (int e = 0; e < 32; ++e) {
+        const int v = col0 + vrow + 8 * ((e % 4) / 2), d = 64 * mb + 8 * (e / 4) + 2 * c4 + (e % 2);
+        dst[int64_t(d) * D + v] = s[mb][e];
+      }
+  }
+}
+
+template <int D>
+void launch_state(const StatePassArgs& args) {
+  HYDRA_ASSERT(!(args.out && args.map_tiles), "GDN state pass: map tiles have no outputs");
+  const int64_t tile_rows = int64_t{args.chunks} * args.heads * kC;
+  HYDRA_ASSERT(tile_rows < (int64_t{1} << 31), "GDN state pass: {} chunk-head tiles exceed TMA's coordinates",
+               int64_t{args.chunks} * args.heads);
+  HYDRA_ASSERT(reinterpret_cast<uintptr_t>(args.factors) % 16 == 0, "GDN state pass: factors must be 16-byte aligned");
+  StateParams prm{};
+  prm.a = args;
+  const int t_len = args.t_len, heads = args.heads;
+  prm.maps.k = cuda::make_tma_map_bf16(args.k.ptr, t_len, heads, D, args.k.st, args.k.sh, kC);
+  prm.maps.v = cuda::make_tma_map_bf16(args.v.ptr, t_len, heads, D, args.v.st, args.v.sh, kC);
+  prm.maps.q = args.out ? cuda::make_tma_map_bf16(args.q.ptr, t_len, heads, D, args.q.st, args.q.sh, kC) : prm.maps.k;
+  prm.maps.o = args.out ? cuda::make_tma_map_bf16(args.out, t_len, heads, D, args.out_st, args.out_sh, kC) : prm.maps.k;
+  prm.maps.t = tile_map(args.t, tile_rows);
+  prm.maps.p = args.out ? tile_map(args.p, tile_rows) : prm.maps.t;
+  const dim3 grid(args.map_tiles ? 2 : 1, heads, args.segments);
+  auto launch = [&](auto kernel, size_t smem) {
+    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kernel<<<grid, 128 * (D / 64 + 1), smem, current_stream()>>>(prm);
+    HYDRA_CUDA_LAUNCH_CHECK();
+  };
+  if (args.out) {
+    launch(gdn_state_kernel<D, true>, StateSmemT<D, true>::total);
+  } else {
+    launch(gdn_state_kernel<D, false>, StateSmemT<D, false>::total);
   }
 }
 
@@ -422,10 +825,14 @@ void launch_state(const StatePassArgs& args) {
 void state_pass(const StatePassArgs& args, int head_dim) {
   HYDRA_ASSERT(args.chunks_per_segment > 0, "state pass: empty segments");
   if (args.segments == 0) return;
+  static const bool v1 = [] {
+    const char* env = std::getenv("HYDRA_GDN_STATE");
+    return env && std::string(env) == "v1";
+  }();
   if (head_dim == 128) {
-    launch_state<128>(args);
+    v1 ? launch_state_v1<128>(args) : launch_state<128>(args);
   } else {
-    launch_state<64>(args);
+    v1 ? launch_state_v1<64>(args) : launch_state<64>(args);
   }
 }
 
