@@ -1,0 +1,179 @@
+// A per-kernel time table for any CUDA program, without hardware counters: a CUDA injection
+// library (loaded by the CUDA driver through CUDA_INJECTION64_PATH) that records every kernel,
+// copy and memset through CUPTI's activity API and, at exit, prints the kernels grouped by name,
+// longest total first.
+//
+//   CUDA_INJECTION64_PATH=build/lib/libhydra_kernel_profile.so HYDRA_KERNEL_PROFILE=profile.tsv hydra train ...
+//
+// HYDRA_KERNEL_PROFILE names the output file (unset: stderr). Columns: total ms, share of the
+// kernels' summed time, launches, mean µs, name (demangled, template arguments cut at 160
+// characters). CUPTI's activity records carry GPU start/end timestamps, so the times are the
+// kernels' own durations; overlapping kernels (several streams) are each counted in full, and the
+// header states the span from the first to the last record beside the summed time.
+//
+// Why an injection library and not a link-time dependency: hydra itself needs no CUPTI, and the
+// same library profiles the PyTorch reference scripts (python3 is a CUDA program too). PyTorch's
+// own profiler uses the same CUPTI records (Kineto); this works where hardware counters do not
+// (gVisor machines, where ncu cannot read them).
+#include <cupti.h>
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Totals {
+  uint64_t ns = 0;
+  uint64_t count = 0;
+};
+
+struct State {
+  std::mutex mutex;
+  std::map<std::string, Totals> kernels;
+  Totals copies, memsets;
+  uint64_t first = UINT64_MAX, last = 0;
+  uint64_t dropped = 0;
+  uint64_t buffers = 0, bytes = 0;
+};
+
+State& state() {
+  static State* s = new State;  // never destroyed: records may arrive during exit
+  return *s;
+}
+
+std::string readable(const char* mangled) {
+  if (!mangled) return "(unnamed)";
+  int status = 0;
+  char* out = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string name = status == 0 && out ? out : mangled;
+  std::free(out);
+  if (name.size() > 160) name = name.substr(0, 157) + "...";
+  return name;
+}
+
+void note_span(State& s, uint64_t start, uint64_t end) {
+  s.first = std::min(s.first, start);
+  s.last = std::max(s.last, end);
+}
+
+constexpr size_t kBufferBytes = 8u << 20;
+
+void report();
+
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  // The exit handler is registered here, at the first record (after the program's first kernel),
+  // not at load: handlers run in reverse order, so this one runs before the CUDA runtime's own,
+  // which destroys the contexts (and, with them, the records not yet delivered).
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit(report); });
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
+  *size = kBufferBytes;
+  *max_records = 0;
+}
+
+void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.buffers += 1;
+  s.bytes += valid;
+  CUpti_Activity* record = nullptr;
+  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    switch (record->kind) {
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+      case CUPTI_ACTIVITY_KIND_KERNEL: {
+        const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+        Totals& t = s.kernels[readable(k->name)];
+        t.ns += k->end - k->start;
+        t.count += 1;
+        note_span(s, k->start, k->end);
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+        s.copies.ns += m->end - m->start;
+        s.copies.count += 1;
+        note_span(s, m->start, m->end);
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMSET: {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+        s.memsets.ns += m->end - m->start;
+        s.memsets.count += 1;
+        note_span(s, m->start, m->end);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  size_t dropped = 0;
+  if (cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped) == CUPTI_SUCCESS) s.dropped += dropped;
+  std::free(buffer);
+}
+
+bool check(CUptiResult r, const char* what);
+
+void report() {
+  check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "flushing at exit");
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  const char* path = std::getenv("HYDRA_KERNEL_PROFILE");
+  FILE* out = path && *path ? std::fopen(path, "w") : stderr;
+  if (!out) {
+    std::fprintf(stderr, "kernel_profile: cannot write %s: %s\n", path, std::strerror(errno));
+    out = stderr;
+  }
+  std::vector<std::pair<std::string, Totals>> rows(s.kernels.begin(), s.kernels.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  uint64_t sum = 0, launches = 0;
+  for (const auto& [name, t] : rows) {
+    sum += t.ns;
+    launches += t.count;
+  }
+  const double span_ms = s.last > s.first ? static_cast<double>(s.last - s.first) / 1e6 : 0.0;
+  std::fprintf(out, "# kernels: %llu launches, %.3f ms summed; span of all records %.3f ms; copies %llu (%.3f ms), "
+                    "memsets %llu (%.3f ms); dropped records %llu; %llu buffers, %llu bytes\n",
+               static_cast<unsigned long long>(launches), static_cast<double>(sum) / 1e6, span_ms,
+               static_cast<unsigned long long>(s.copies.count), static_cast<double>(s.copies.ns) / 1e6,
+               static_cast<unsigned long long>(s.memsets.count), static_cast<double>(s.memsets.ns) / 1e6,
+               static_cast<unsigned long long>(s.dropped), static_cast<unsigned long long>(s.buffers),
+               static_cast<unsigned long long>(s.bytes));
+  std::fprintf(out, "total_ms\tshare\tlaunches\tmean_us\tkernel\n");
+  for (const auto& [name, t] : rows) {
+    std::fprintf(out, "%.3f\t%.4f\t%llu\t%.1f\t%s\n", static_cast<double>(t.ns) / 1e6,
+                 sum ? static_cast<double>(t.ns) / static_cast<double>(sum) : 0.0,
+                 static_cast<unsigned long long>(t.count), static_cast<double>(t.ns) / 1e3 / static_cast<double>(t.count),
+                 name.c_str());
+  }
+  if (out != stderr) std::fclose(out);
+}
+
+bool check(CUptiResult r, const char* what) {
+  if (r == CUPTI_SUCCESS) return true;
+  const char* text = nullptr;
+  cuptiGetResultString(r, &text);
+  std::fprintf(stderr, "kernel_profile: %s failed: %s (no profile will be written)\n", what, text ? text : "?");
+  return false;
+}
+
+}  // namespace
+
+// Called by the CUDA driver when it loads this library (CUDA_INJECTION64_PATH).
+extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
+  if (!check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks"))
+    return 0;
+  if (!check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enabling kernel records")) return 0;
+  check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enabling copy records");
+  check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "enabling memset records");
+  check(cuptiActivityFlushPeriod(500), "cuptiActivityFlushPeriod");
+  std::fprintf(stderr, "kernel_profile: recording kernels, copies and memsets\n");
+  return 1;
+}
