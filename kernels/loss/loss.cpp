@@ -83,16 +83,27 @@ void squared_error_cpu(const TensorView& d_a, const TensorView& row_loss, const 
 
 }  // namespace
 
+namespace {
+// The CPU path computes in place; a separate `grad` receives a copy.
+void expect_grad_shape(const TensorView& grad, const TensorView& logits) {
+  if (grad.defined()) expect_shape(grad, "loss gradient", {{"n", logits.size(0)}, {"V", logits.size(1)}});
+}
+void copy_gradient(const TensorView& grad, const TensorView& logits) {
+  if (grad.defined() && grad.data() != logits.data()) copy_into(grad, logits);
+}
+}  // namespace
+
 void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_loss, const TensorView& targets,
-                             float grad_scale) {
+                             float grad_scale, const TensorView& grad) {
   expect_shape(logits, "cross_entropy logits", {{"n", -1}, {"V", -1}});
   expect_shape(targets, "cross_entropy targets", {{"n", logits.size(0)}});
   expect_shape(row_loss, "cross_entropy row_loss", {{"n", logits.size(0)}});
   expect_dtype(targets, "cross_entropy targets", DType::i32);
   HYDRA_ASSERT(logits.size(1) > 0, "cross_entropy over an empty vocabulary");
-  if (on_cuda({logits, row_loss, targets})) {
+  expect_grad_shape(grad, logits);
+  if (on_cuda({logits, row_loss, targets, grad})) {
 #if HYDRA_CUDA
-    cuda_impl::cross_entropy_with_grad(logits, row_loss, targets, grad_scale);
+    cuda_impl::cross_entropy_with_grad(logits, row_loss, targets, grad_scale, grad);
     return;
 #endif
   }
@@ -103,18 +114,20 @@ void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_los
   }
   with_host_float({{logits, "cross_entropy logits"}, {row_loss, "cross_entropy row_loss"}},
                   [&](auto zero) { cross_entropy_cpu<decltype(zero)>(logits, row_loss, targets, grad_scale); });
+  copy_gradient(grad, logits);
 }
 
 void kl_divergence_with_grad(const TensorView& student_logits, const TensorView& row_loss,
-                             const TensorView& teacher_logits, float grad_scale) {
+                             const TensorView& teacher_logits, float grad_scale, const TensorView& grad) {
   expect_shape(student_logits, "kl student logits", {{"n", -1}, {"V", -1}});
   const int64_t rows = student_logits.size(0), vocab = student_logits.size(1);
   expect_shape(teacher_logits, "kl teacher logits", {{"n", rows}, {"V", vocab}});
   expect_shape(row_loss, "kl row_loss", {{"n", rows}});
   HYDRA_ASSERT(vocab > 0, "kl divergence over an empty vocabulary");
-  if (on_cuda({student_logits, row_loss, teacher_logits})) {
+  expect_grad_shape(grad, student_logits);
+  if (on_cuda({student_logits, row_loss, teacher_logits, grad})) {
 #if HYDRA_CUDA
-    cuda_impl::kl_divergence_with_grad(student_logits, row_loss, teacher_logits, grad_scale);
+    cuda_impl::kl_divergence_with_grad(student_logits, row_loss, teacher_logits, grad_scale, grad);
     return;
 #endif
   }
@@ -122,6 +135,7 @@ void kl_divergence_with_grad(const TensorView& student_logits, const TensorView&
   with_host_float(
       {{student_logits, "kl student logits"}, {row_loss, "kl row_loss"}, {teacher_logits, "kl teacher logits"}},
       [&](auto zero) { kl_divergence_cpu<decltype(zero)>(student_logits, row_loss, teacher_logits, grad_scale); });
+  copy_gradient(grad, student_logits);
 }
 
 void squared_error_with_grad(const TensorView& d_a, const TensorView& row_loss, const TensorView& a,

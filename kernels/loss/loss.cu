@@ -3,7 +3,7 @@
 // Cross-entropy and KL: one block of 512 threads per row of V logits (V up to 151936: ~300 per
 // thread), two passes over the row. Pass 1 keeps a running (max m, Σ exp(x − m)) per thread, the
 // online softmax statistics, merged over the block in a fixed order; pass 2 writes the gradient over
-// the logits. Everything is fp32 except the KL's loss sum (fp64). Rows are read as float4 when the
+// the logits, or into a separate (bf16) gradient row. Everything is fp32 except the KL's loss sum (fp64). Rows are read as float4 when the
 // row is 16-byte aligned. The block merges are fixed trees, so results are deterministic.
 // Squared error: one warp per row.
 #include <cmath>
@@ -80,9 +80,21 @@ __device__ __forceinline__ void visit(const float* x, int64_t vocab, bool vec, F
   for (int64_t i = 4 * n4 + threadIdx.x; i < vocab; i += kThreads) f(i, x[i]);
 }
 
-// x_i ← f(i, x_i, t_i) over a row, t a second row read alongside (TWO = false: no second row, t_i = 0).
-template <bool TWO, class F>
-__device__ __forceinline__ void rewrite(float* x, const float* t, int64_t vocab, bool vec, F&& f) {
+__device__ __forceinline__ void store4(float* y, int64_t i, float4 v) { reinterpret_cast<float4*>(y)[i] = v; }
+__device__ __forceinline__ void store4(cuda::bf16_t* y, int64_t i, float4 v) {
+  const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+  uint2 u;
+  u.x = *reinterpret_cast<const uint32_t*>(&a);
+  u.y = *reinterpret_cast<const uint32_t*>(&b);
+  reinterpret_cast<uint2*>(y)[i] = u;
+}
+__device__ __forceinline__ void store1(float* y, float v) { *y = v; }
+__device__ __forceinline__ void store1(cuda::bf16_t* y, float v) { *y = __float2bfloat16_rn(v); }
+
+// y_i ← f(i, x_i, t_i) over a row, t a second row read alongside (TWO = false: no second row, t_i = 0);
+// y is x (fp32, in place) or the bf16 gradient operand. `vec`: x (and t) 16-byte, y 16/8-byte aligned.
+template <bool TWO, class Out, class F>
+__device__ __forceinline__ void rewrite(const float* x, const float* t, Out* y, int64_t vocab, bool vec, F&& f) {
   const int64_t n4 = vec ? vocab / 4 : 0;
   for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
     float4 v = reinterpret_cast<const float4*>(x)[i];
@@ -91,51 +103,63 @@ __device__ __forceinline__ void rewrite(float* x, const float* t, int64_t vocab,
     v.y = f(4 * i + 1, v.y, u.y);
     v.z = f(4 * i + 2, v.z, u.z);
     v.w = f(4 * i + 3, v.w, u.w);
-    reinterpret_cast<float4*>(x)[i] = v;
+    store4(y, i, v);
   }
-  for (int64_t i = 4 * n4 + threadIdx.x; i < vocab; i += kThreads) x[i] = f(i, x[i], TWO ? t[i] : 0.0f);
+  for (int64_t i = 4 * n4 + threadIdx.x; i < vocab; i += kThreads) store1(y + i, f(i, x[i], TWO ? t[i] : 0.0f));
 }
+
+__device__ __forceinline__ bool aligned_out(const float* y) { return aligned16(y); }
+__device__ __forceinline__ bool aligned_out(const cuda::bf16_t* y) { return reinterpret_cast<uintptr_t>(y) % 8 == 0; }
 
 struct RowsF32 {  // [n, V] fp32, unit last stride
   float* data;
   int64_t stride;
 };
+template <class Out>
+struct GradRows {  // [n, V] of Out, unit last stride: where the gradient goes (the logits themselves when fp32 in place)
+  Out* data;
+  int64_t stride;
+};
 
+template <class Out>
 __global__ void __launch_bounds__(kThreads)
-    cross_entropy_kernel(RowsF32 logits, int64_t vocab, int64_t rows, const int32_t* targets, int64_t target_stride,
-                         float* row_loss, int64_t loss_stride, float grad_scale) {
+    cross_entropy_kernel(RowsF32 logits, GradRows<Out> grad, int64_t vocab, int64_t rows, const int32_t* targets,
+                         int64_t target_stride, float* row_loss, int64_t loss_stride, float grad_scale) {
   __shared__ MaxSum scratch[kWarps];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {  // every branch below is uniform per block
-    float* x = logits.data + r * logits.stride;
+    const float* x = logits.data + r * logits.stride;
+    Out* y = grad.data + r * grad.stride;
     const int32_t target = targets[r * target_stride];
     if (target < 0) {  // ignored row: loss 0, gradient 0
-      for (int64_t i = threadIdx.x; i < vocab; i += kThreads) x[i] = 0.0f;
+      for (int64_t i = threadIdx.x; i < vocab; i += kThreads) store1(y + i, 0.0f);
       if (threadIdx.x == 0) row_loss[r * loss_stride] = 0.0f;
       continue;
     }
-    const bool vec = aligned16(x);
+    const bool vec = aligned16(x) && aligned_out(y);
     // A target ≥ V is a caller bug (targets are validated on input): its loss is NaN, which stops training.
     const float x_target = target < vocab ? x[target] : NAN;  // read before block_merge's barrier, so before pass 2
     MaxSum st = kEmpty;
     visit(x, vocab, vec, [&](int64_t, float v) { add(st, v); });
     st = block_merge(st, scratch);
     const float inv_s = 1.0f / st.s;
-    rewrite<false>(x, nullptr, vocab, vec, [&](int64_t i, float v, float) {
+    rewrite<false>(x, nullptr, y, vocab, vec, [&](int64_t i, float v, float) {
       return grad_scale * (expf(v - st.m) * inv_s - (i == target ? 1.0f : 0.0f));
     });
     if (threadIdx.x == 0) row_loss[r * loss_stride] = logf(st.s) + st.m - x_target;
   }
 }
 
+template <class Out>
 __global__ void __launch_bounds__(kThreads)
-    kl_divergence_kernel(RowsF32 student, RowsF32 teacher, int64_t vocab, int64_t rows, float* row_loss,
-                         int64_t loss_stride, float grad_scale) {
+    kl_divergence_kernel(RowsF32 student, RowsF32 teacher, GradRows<Out> grad, int64_t vocab, int64_t rows,
+                         float* row_loss, int64_t loss_stride, float grad_scale) {
   __shared__ MaxSum scratch[kWarps];
   __shared__ double sum_scratch[kWarps];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    float* x = student.data + r * student.stride;
+    const float* x = student.data + r * student.stride;
     const float* t = teacher.data + r * teacher.stride;
-    const bool vec = aligned16(x) && aligned16(t);
+    Out* y = grad.data + r * grad.stride;
+    const bool vec = aligned16(x) && aligned16(t) && aligned_out(y);
     MaxSum ss = kEmpty, ts = kEmpty;
     visit(x, vocab, vec, [&](int64_t, float v) { add(ss, v); });
     visit(t, vocab, vec, [&](int64_t, float v) { add(ts, v); });
@@ -145,7 +169,7 @@ __global__ void __launch_bounds__(kThreads)
     // log p_t − log p_s = (t − x) + c, c = lse_s − lse_t.
     const double c = (double(ss.m) + log(double(ss.s))) - (double(ts.m) + log(double(ts.s)));
     double loss = 0.0;
-    rewrite<true>(x, t, vocab, vec, [&](int64_t, float xv, float tv) {
+    rewrite<true>(x, t, y, vocab, vec, [&](int64_t, float xv, float tv) {
       const float pt = expf(tv - ts.m) * inv_ts;
       // p_t = 0 contributes 0 (also where t = −∞, which would give 0 · ∞); a NaN p_t passes into the loss.
       if (pt != 0.0f) loss += double(pt) * ((double(tv) - double(xv)) + c);
@@ -182,6 +206,25 @@ RowsF32 logit_rows(const TensorView& v, const char* what) {
   return {v.data_as<float>(), v.stride(0)};
 }
 
+// Launches kernel<float> over the logits in place, or kernel<bf16> into a bf16 `grad`.
+template <class Launch>
+void with_grad_rows(const TensorView& logits, const TensorView& grad, Launch&& launch) {
+  if (!grad.defined() || grad.data() == logits.data()) {
+    launch(GradRows<float>{logits.data_as<float>(), logits.stride(0)});
+    return;
+  }
+  HYDRA_ASSERT(grad.rank() == 2 && grad.stride(1) == 1 && grad.size(0) == logits.size(0) &&
+                   grad.size(1) == logits.size(1),
+               "loss gradient {} must be [n, V] = {} with unit column stride", grad.shape_string(),
+               logits.shape_string());
+  if (grad.dtype() == DType::bf16) {
+    launch(GradRows<cuda::bf16_t>{grad.data_as<cuda::bf16_t>(), grad.stride(0)});
+  } else {
+    cuda::expect_cuda(grad, "loss gradient", DType::f32);
+    launch(GradRows<float>{grad.data_as<float>(), grad.stride(0)});
+  }
+}
+
 void expect_row_loss(const TensorView& row_loss, int64_t rows) {
   cuda::expect_cuda(row_loss, "row_loss", DType::f32);
   HYDRA_ASSERT(row_loss.rank() == 1 && row_loss.size(0) == rows, "row_loss must be [{}], got {}", rows,
@@ -190,7 +233,7 @@ void expect_row_loss(const TensorView& row_loss, int64_t rows) {
 }  // namespace
 
 void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_loss, const TensorView& targets,
-                             float grad_scale) {
+                             float grad_scale, const TensorView& grad) {
   const RowsF32 x = logit_rows(logits, "cross-entropy logits");
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   expect_row_loss(row_loss, rows);
@@ -198,14 +241,16 @@ void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_los
   HYDRA_ASSERT(targets.rank() == 1 && targets.size(0) == rows, "targets must be [{}], got {}", rows,
                targets.shape_string());
   if (rows == 0) return;
-  cross_entropy_kernel<<<cuda::capped_grid(rows), kThreads, 0, current_stream()>>>(
-      x, vocab, rows, targets.data_as<const int32_t>(), targets.stride(0), row_loss.data_as<float>(),
-      row_loss.stride(0), grad_scale);
-  HYDRA_CUDA_LAUNCH_CHECK();
+  with_grad_rows(logits, grad, [&](auto y) {
+    cross_entropy_kernel<<<cuda::capped_grid(rows), kThreads, 0, current_stream()>>>(
+        x, y, vocab, rows, targets.data_as<const int32_t>(), targets.stride(0), row_loss.data_as<float>(),
+        row_loss.stride(0), grad_scale);
+    HYDRA_CUDA_LAUNCH_CHECK();
+  });
 }
 
 void kl_divergence_with_grad(const TensorView& student_logits, const TensorView& row_loss,
-                             const TensorView& teacher_logits, float grad_scale) {
+                             const TensorView& teacher_logits, float grad_scale, const TensorView& grad) {
   const RowsF32 s = logit_rows(student_logits, "student logits"), t = logit_rows(teacher_logits, "teacher logits");
   const int64_t rows = student_logits.size(0), vocab = student_logits.size(1);
   HYDRA_ASSERT(teacher_logits.size(0) == rows && teacher_logits.size(1) == vocab,
@@ -213,9 +258,11 @@ void kl_divergence_with_grad(const TensorView& student_logits, const TensorView&
                student_logits.shape_string());
   expect_row_loss(row_loss, rows);
   if (rows == 0) return;
-  kl_divergence_kernel<<<cuda::capped_grid(rows), kThreads, 0, current_stream()>>>(
-      s, t, vocab, rows, row_loss.data_as<float>(), row_loss.stride(0), grad_scale);
-  HYDRA_CUDA_LAUNCH_CHECK();
+  with_grad_rows(student_logits, grad, [&](auto y) {
+    kl_divergence_kernel<<<cuda::capped_grid(rows), kThreads, 0, current_stream()>>>(
+        s, t, y, vocab, rows, row_loss.data_as<float>(), row_loss.stride(0), grad_scale);
+    HYDRA_CUDA_LAUNCH_CHECK();
+  });
 }
 
 void squared_error_with_grad(const TensorView& d_a, const TensorView& row_loss, const TensorView& a,

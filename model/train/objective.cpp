@@ -16,8 +16,8 @@ double sum_on_host(const TensorView& values) {
 }
 
 // The chunk walk shared by the logit heads: logits of rows [r0, r0 + n) into `logits`, `to_grad`
-// turns them into their gradient (returning the chunk's loss sum), then the gradient flows into
-// d_hidden and lm_head.
+// writes their gradient into `grad` (the GEMM operand: bf16 on the GPU, the logits themselves on the
+// CPU) and the rows' losses, then the gradient flows into d_hidden and lm_head.
 template <class ToGrad>
 double walk_logit_chunks(const Model& model, const TensorView& hidden, const TensorView& d_hidden, ModelTensors& grads,
                          ToGrad&& to_grad) {
@@ -27,18 +27,19 @@ double walk_logit_chunks(const Model& model, const TensorView& hidden, const Ten
   Tensor logits = Tensor::empty({chunk, vocab}, acc, model.device());
   Tensor row_loss = Tensor::empty({chunk}, acc, model.device());
   // The gradient as a GEMM operand in the weights' dtype (bf16 on the GPU); on the CPU it is the same buffer.
-  Tensor operand = model.dtype() == acc ? logits : Tensor::empty({chunk, vocab}, model.dtype(), model.device());
+  const bool backward = d_hidden.defined() || grads.lm_head.defined();
+  Tensor operand =
+      !backward || model.dtype() == acc ? logits : Tensor::empty({chunk, vocab}, model.dtype(), model.device());
   double loss = 0;
   for (int64_t r0 = 0; r0 < t; r0 += chunk) {
     const int64_t n = std::min(chunk, t - r0);
     const TensorView lg = logits.view().narrow(0, 0, n), rl = row_loss.view().narrow(0, 0, n);
     const TensorView h = hidden.narrow(0, r0, n);
     model.lm_head(lg, h);
-    to_grad(lg, rl, r0, n);
-    loss += sum_on_host(rl);
     const TensorView op = operand.view().narrow(0, 0, n);
-    if (op.data() != lg.data() && (d_hidden.defined() || grads.lm_head.defined())) copy_into(op, lg);
-    if (d_hidden.defined() || grads.lm_head.defined()) {
+    to_grad(lg, rl, r0, n, op);
+    loss += sum_on_host(rl);
+    if (backward) {
       ops::linear_backward(d_hidden.defined() ? d_hidden.narrow(0, r0, n) : TensorView(), grads.lm_head.view(), op, h,
                            model.lm_head_weight());
     }
@@ -57,8 +58,9 @@ LossSums cross_entropy_head(const Model& model, const TensorView& hidden, const 
   LossSums sums;
   for (int64_t i = 0; i < host_targets.numel(); ++i) sums.tokens += host_targets.data_as<int32_t>()[i] >= 0 ? 1 : 0;
   const Tensor device_targets = to_device(host_targets, model.device());
-  sums.loss = walk_logit_chunks(model, hidden, d_hidden, grads, [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n) {
-    ops::cross_entropy_with_grad(lg, rl, device_targets.view().narrow(0, r0, n), static_cast<float>(grad_scale));
+  sums.loss = walk_logit_chunks(model, hidden, d_hidden, grads,
+                                [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n, const TensorView& g) {
+    ops::cross_entropy_with_grad(lg, rl, device_targets.view().narrow(0, r0, n), static_cast<float>(grad_scale), g);
   });
   return sums;
 }
@@ -72,10 +74,11 @@ LossSums distillation_head(const Model& student, const Model& teacher, const Ten
   Tensor teacher_logits = Tensor::empty({chunk, student.config().vocab_size}, student.acc_dtype(), student.device());
   LossSums sums;
   sums.tokens = t;
-  sums.loss = walk_logit_chunks(student, hidden, d_hidden, grads, [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n) {
+  sums.loss = walk_logit_chunks(student, hidden, d_hidden, grads,
+                                [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n, const TensorView& g) {
     const TensorView tl = teacher_logits.view().narrow(0, 0, n);
     teacher.lm_head(tl, teacher_hidden.narrow(0, r0, n));
-    ops::kl_divergence_with_grad(lg, rl, tl, static_cast<float>(grad_scale));
+    ops::kl_divergence_with_grad(lg, rl, tl, static_cast<float>(grad_scale), g);
   });
   return sums;
 }

@@ -83,6 +83,14 @@ TEST(CudaTraining, CrossEntropy) {
     EXPECT_EQ(host(loss1).data_as<float>()[2], 0.0f) << what << ": ignored row";
     expect_same_bits(loss1, loss2, what + " row loss");
     expect_same_bits(g1, g2, what + " gradient");
+    // The gradient written into a separate bf16 operand (the training loss head's path): same row
+    // losses, the fp32 gradient rounded, the logits left as they were.
+    Tensor g3 = gpu(buffer, DType::f32), loss3 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
+    Tensor op = Tensor::empty({c.rows, c.vocab}, DType::bf16, Device::cuda);
+    ops::cross_entropy_with_grad(logits_of(g3, c), loss3, gtargets, scale, op);
+    expect_same_bits(loss3, loss1, what + " row loss with a bf16 gradient");
+    expect_close(host(op), logits_of(host(g1), c), 1e-2, what + " bf16 gradient");
+    expect_close(host(g3), buffer, 0.0, what + " logits untouched");
   }
 }
 
@@ -109,6 +117,12 @@ TEST(CudaTraining, KlDivergence) {
     expect_gradient(g1, ref, student, c, what);
     expect_same_bits(loss1, loss2, what + " row loss");
     expect_same_bits(g1, g2, what + " gradient");
+    Tensor g3 = gpu(student, DType::f32), loss3 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
+    Tensor op = Tensor::empty({c.rows, c.vocab}, DType::bf16, Device::cuda);
+    ops::kl_divergence_with_grad(logits_of(g3, c), loss3, logits_of(gteacher, c), scale, op);
+    expect_same_bits(loss3, loss1, what + " row loss with a bf16 gradient");
+    expect_close(host(op), logits_of(host(g1), c), 1e-2, what + " bf16 gradient");
+    expect_close(host(g3), student, 0.0, what + " logits untouched");
   }
 }
 
