@@ -56,7 +56,7 @@ struct TrainOptions {
   std::string stage;
   ModelSource model;
   std::string teacher;
-  std::string data, eval_data, seq_len, out_dir, train = "auto", device = "auto";
+  std::string data, eval_data, seq_len, out_dir, train = "auto", device = "auto", kept_activations = "auto";
   int64_t steps = 0, stop_at = 0, warmup = -1, batch_seqs = 1, grad_accum = 1, save_every = 0, eval_every = 0, eval_windows = 8, keep = 2;
   double lr = 0, min_lr = -1, weight_decay = -1, grad_clip = 1.0, peak_tflops = 989, nccl_timeout = 600;
   uint64_t seed = 0;
@@ -91,6 +91,7 @@ struct TrainOptions {
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16 weights, fp32 masters), cpu (fp32) or auto")
         ("sp", po::value(&sp)->default_value(0), "ranks per sequence (sequence parallel); world / sp data-parallel replicas (0: all ranks)")
         ("peak-tflops", po::value(&peak_tflops)->default_value(989), "dense bf16 peak per GPU for MFU (989: H100/H200 datasheet)")
+        ("kept-activations", po::value(&kept_activations)->default_value("auto"), "what the forward keeps for the backward beyond each layer's input: none | gdn (the GDN outputs: no delta-rule rerun) | gdn+proj (also the fused projection: no in_proj GEMM) | auto (the most that the memory plan fits on every rank)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
   }
   void validate() const {
@@ -110,6 +111,9 @@ struct TrainOptions {
                      "--eval-every, --grad-clip and --lr must not be negative");
     HYDRA_USER_CHECK(train == "auto" || train == "all" || train == "attention", "--train must be attention, all or auto");
     HYDRA_USER_CHECK(sp >= 0, "--sp must not be negative");
+    HYDRA_USER_CHECK(kept_activations == "auto" || kept_activations == "none" || kept_activations == "gdn" ||
+                         kept_activations == "gdn+proj",
+                     "--kept-activations must be none, gdn, gdn+proj or auto (got '{}')", kept_activations);
   }
 };
 
@@ -183,23 +187,31 @@ int run_train(App& app, const std::vector<std::string>& args) {
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   train::TrainTopology topology(*world.comm, c.sp);
   SequenceLayout::zigzag(c.seq_len, topology.sp(), topology.sequence().rank());  // admissible length?
-  const auto plan = [&](bool keep_gdn_outputs) {
+  const auto plan = [&](KeptActivations keep) {
     return estimate_training_memory(student_config, c.seq_len / topology.sp(), topology.sp(),
                                     teacher_config ? &*teacher_config : nullptr, world.device,
-                                    c.stage == train::Stage::align, keep_gdn_outputs);
+                                    c.stage == train::Stage::align, keep);
   };
-  // Keeping every layer's GDN outputs spares the backward a delta-rule forward per layer; taken when
-  // it fits on every rank (one all-reduce, so all ranks choose the same), else they are recomputed.
-  const MemoryEstimate keeping = plan(true);
-  Tensor misfits = Tensor::empty({1}, DType::f64);
-  misfits.data_as<double>()[0] = fits_memory_plan(keeping, world.device, app.mpi.local_size()) ? 0.0 : 1.0;
-  all_reduce_sum_host(*world.comm, misfits);
-  c.keep_gdn_outputs = misfits.data_as<double>()[0] == 0.0;
-  const MemoryEstimate estimate = c.keep_gdn_outputs ? keeping : plan(false);
+  // Keeping activations spares the backward recomputation: the GDN outputs (a delta-rule forward per
+  // layer) first, the projection (an in_proj GEMM per layer) second. --kept-activations auto takes
+  // the most that fits on every rank (one all-reduce of the misfits, so all ranks choose the same).
+  const KeptActivations options[] = {{.gdn_outputs = true, .projection = true}, {.gdn_outputs = true}, {}};
+  if (opt.kept_activations == "auto") {
+    Tensor misfits = Tensor::empty({2}, DType::f64);
+    for (int i = 0; i < 2; ++i) {
+      misfits.data_as<double>()[i] = fits_memory_plan(plan(options[i]), world.device, app.mpi.local_size()) ? 0.0 : 1.0;
+    }
+    all_reduce_sum_host(*world.comm, misfits);
+    c.kept = misfits.data_as<double>()[0] == 0.0 ? options[0] : misfits.data_as<double>()[1] == 0.0 ? options[1] : options[2];
+  } else {
+    c.kept = opt.kept_activations == "gdn+proj" ? options[0] : opt.kept_activations == "gdn" ? options[1] : options[2];
+  }
+  const MemoryEstimate estimate = plan(c.kept);
   check_memory_plan(estimate, world.device, fmt::format("training at --seq-len {} on {} rank(s) per sequence", c.seq_len,
                                                         topology.sp()), app.mpi.local_size());
-  log::info("train: memory plan {} per rank; GDN outputs {}", estimate.describe(),
-            c.keep_gdn_outputs ? "kept for the backward" : "recomputed in the backward (keeping them would not fit)");
+  log::info("train: memory plan {} per rank; kept for the backward: GDN outputs {}, projection {} "
+            "(--kept-activations {})", estimate.describe(), c.kept.gdn_outputs ? "yes" : "no",
+            c.kept.projection ? "yes" : "no", opt.kept_activations);
   Model student = opt.model.build(world.device, dtype);
   std::optional<Model> teacher;
   if (needs_teacher) {

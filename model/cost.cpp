@@ -76,7 +76,7 @@ MemoryEstimate estimate_prefill_memory(const ModelConfig& c, int64_t local_token
 
 MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_tokens, int ranks_per_sequence,
                                         const ModelConfig* teacher, Device device, bool align,
-                                        bool keep_gdn_outputs) {
+                                        KeptActivations keep) {
   MemoryEstimate m;
   const double b = device == Device::cuda ? 2.0 : 4.0, a = 4.0;  // storage and accumulator bytes
   const double t = static_cast<double>(local_tokens), D = static_cast<double>(c.hidden_size);
@@ -92,7 +92,9 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_toke
     const LayerLayout layout = layer_layout(c, l);
     const double hfa = static_cast<double>(layout.h_fa), gfa = static_cast<double>(layout.g_fa);
     const double hg = static_cast<double>(layout.h_gdn), rows = static_cast<double>(layout.columns.rows);
-    saved += t * D * b + t * hfa * d * b + hfa * t * a + (keep_gdn_outputs ? t * hg * d * b : 0.0);
+    saved += t * D * b + t * hfa * d * b + hfa * t * a;
+    if (keep.gdn_outputs) saved += t * hg * d * b;
+    if (keep.projection && c.is_hydra()) saved += t * rows * b;
     // β, g and the q/k inverse norms: 4·hg fp32 per row.
     const double recompute = t * (3 * D * b + 2 * rows * b + 4 * H * d * b + 2 * hfa * d * b + 4 * hg * a);
     const double backward = t * (2 * D * b + 3 * H * d * b + 3 * hg * d * b + 3 * (hfa + 2 * gfa) * d * a + 2 * hg * a) +

@@ -38,14 +38,22 @@ struct MemoryEstimate {
 MemoryEstimate estimate_prefill_memory(const ModelConfig& config, int64_t local_tokens, int world,
                                        Device device = Device::cuda);
 
+// What a forward that saves for the backward (model.h LayerSaved) keeps beyond the minimum, each
+// trading memory for recomputation (ForwardContext::keep; hydra train takes what its memory plan
+// fits on every rank):
+struct KeptActivations {
+  bool gdn_outputs = false;  // the GDN heads' outputs: no delta-rule forward in the backward (T·H_gdn·d per layer)
+  bool projection = false;   // a HydraHead layer's fused projection: no in_proj GEMM in the backward (T·rows)
+};
+
 // Per-rank estimate for a training step on `local_tokens` rows (model/train): weights, fp32 masters,
 // moments and gradients, the teacher's weights (align/distill), every layer's saved input and FA
 // output, one layer's recomputation and backward, and the loss chunk. `align` adds the teacher's
-// residual stream at every layer boundary; `keep_gdn_outputs` every layer's GDN outputs
-// (ForwardContext::keep_gdn_outputs). Element sizes: bf16 + fp32 on cuda, fp32 on the host.
+// residual stream at every layer boundary; `keep` what the forward keeps beyond that (below).
+// Element sizes: bf16 + fp32 on cuda, fp32 on the host.
 MemoryEstimate estimate_training_memory(const ModelConfig& config, int64_t local_tokens, int ranks_per_sequence,
                                         const ModelConfig* teacher, Device device, bool align,
-                                        bool keep_gdn_outputs = false);
+                                        KeptActivations keep = {});
 
 // Whether the estimate fits what check_memory_plan allows (95% of the memory this rank can use).
 bool fits_memory_plan(const MemoryEstimate& estimate, Device device, int ranks_on_host = 1);

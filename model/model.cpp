@@ -306,23 +306,23 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
   const int64_t t = x.size(0), H = config_.num_heads, d = config_.head_dim;
   const int64_t hfa = w.h_fa, gfa = w.g_fa, hg = w.h_gdn;
   PhaseTimer* timer = context.timer;
-  Tensor proj = Tensor::empty({t, w.in_proj.size(0)}, dtype_, device_);
+  Tensor proj = Tensor::empty({t, w.in_proj.size(0)}, dtype_, device_);  // read-only below (it may be kept)
   {
     ScopedPhase phase(timer, Phase::gemm);
     ops::linear(proj, x_norm, w.in_proj);
   }
+  if (saved && context.keep.projection) saved->proj = proj;
   Tensor heads = Tensor::empty({t, H, d}, dtype_, device_);  // physical order: FA heads, then GDN heads
   const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
   const TensorView pv = proj.view();
   auto fa_branch = [&] {
-    const TensorView q = pv.narrow(1, col.fa_q, hfa * d).split_dim(1, hfa, d);
-    const TensorView k = pv.narrow(1, col.fa_k, gfa * d).split_dim(1, gfa, d);
     const TensorView v = pv.narrow(1, col.fa_v, gfa * d).split_dim(1, gfa, d);
     const TensorView gate = pv.narrow(1, col.fa_gate, hfa * d);
+    Tensor q = Tensor::empty({t, hfa, d}, dtype_, device_), k = Tensor::empty({t, gfa, d}, dtype_, device_);
     {
       ScopedPhase phase(timer, Phase::other);
-      ops::rms_norm(q, q, w.q_norm, norm);
-      ops::rms_norm(k, k, w.k_norm, norm);
+      ops::rms_norm(q, pv.narrow(1, col.fa_q, hfa * d).split_dim(1, hfa, d), w.q_norm, norm);
+      ops::rms_norm(k, pv.narrow(1, col.fa_k, gfa * d).split_dim(1, gfa, d), w.k_norm, norm);
     }
     // fp32 accumulator of the ring's partial results (DESIGN.md §2); gated into the head buffer.
     Tensor o_acc = Tensor::empty({t, hfa, d}, acc_dtype(), device_), lse = Tensor::empty({hfa, t}, acc_dtype(), device_);
@@ -355,7 +355,7 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
     const TensorView out = heads.view().narrow(1, hfa, hg);
     gdn_sequence_parallel(comm, context.layout, out, q, k, v, g, beta, ops::DeltaRuleParams{}, timer,
                           saved ? &saved->gdn : nullptr);
-    if (saved && context.keep_gdn_outputs) {
+    if (saved && context.keep.gdn_outputs) {
       ScopedPhase phase(timer, Phase::gdn);
       saved->gdn_out = clone(out);
     }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/cost.h"
 #include "model/weight_layout.h"
 #include "parallel/communicator.h"
 #include "parallel/gdn_scan.h"
@@ -45,10 +46,8 @@ struct ForwardContext {
   LayerObserver* observer = nullptr;
   PhaseTimer* timer = nullptr;                      // per-phase timing (prefill), optional
   std::function<void(int64_t layer)> after_layer = {};  // progress / watchdog hook, optional
-  // Training: a forward that saves for the backward also keeps the GDN heads' outputs, so the
-  // backward's recomputation skips the delta rule (T_loc·H_gdn·d more per layer; chosen by the
-  // memory plan, estimate_training_memory).
-  bool keep_gdn_outputs = false;
+  // Training: what a forward that saves for the backward keeps beyond the minimum (model/cost.h).
+  KeptActivations keep = {};
 };
 
 // The runtime tensors of one layer (model/weight_layout.h), or their gradients (same shapes, in
@@ -100,7 +99,8 @@ struct LayerSaved {
   Tensor input;   // [T_loc, D], dtype()
   Tensor fa_out;  // [T_loc, H_fa, d], dtype()
   Tensor fa_lse;  // [H_fa, T_loc], acc_dtype()
-  Tensor gdn_out; // [T_loc, H_gdn, d], dtype(): the GDN heads' outputs (ForwardContext::keep_gdn_outputs)
+  Tensor gdn_out; // [T_loc, H_gdn, d], dtype(): the GDN heads' outputs (KeptActivations::gdn_outputs)
+  Tensor proj;    // [T_loc, rows], dtype(): the fused projection (KeptActivations::projection)
   GdnSaved gdn;
 };
 

@@ -4,7 +4,7 @@
 // first recomputes its forward from the saved input — norms, the fused projection, the FA heads'
 // q/k (attention itself is not rerun: its output and log-sum-exp were kept), the GDN conv with
 // RoPE and the L2 norm fused in, the gates and — unless the forward kept the GDN outputs
-// (ForwardContext::keep_gdn_outputs) — the chunked delta rule from the kept segment initial
+// (KeptActivations::gdn_outputs) — the chunked delta rule from the kept segment initial
 // states, the fusion and the residual after attention — then runs the gradients back:
 //   MLP (token tiles) → post-norm → W_o → fusion → FA branch (output gate, ring-attention backward,
 //   q/k norms [teacher: RoPE⁻¹ first]) and GDN branch (delta-rule backward with the reverse state
@@ -72,7 +72,7 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
 
   // ---- Recompute the forward (all but attention itself) ----
   const TensorView x_in = saved.input;
-  Tensor x_norm = empty({t, D}, dtype_), proj = empty({t, w.in_proj.size(0)}, dtype_);
+  Tensor x_norm = empty({t, D}, dtype_), proj = saved.proj;  // the projection, if the forward kept it
   Tensor heads = empty({t, H, d}, dtype_);  // the per-head outputs before fusion, physical order
   Tensor fa_q, fa_k, conv, inv_norm, beta, g;  // conv: q̂ | k̂ | v after the fused conv (gdn_qkv_conv)
   const ops::AttentionParams attention{.tau_log_base = hydra ? config_.fa_log_base : 0.0, .kv_head_of_query = w.fa_kv_of};
@@ -80,7 +80,8 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
     ScopedPhase phase(timer, Phase::other);
     ops::rms_norm(x_norm, x_in, w.input_norm, norm);
   }
-  {
+  if (!proj.defined()) {
+    proj = empty({t, w.in_proj.size(0)}, dtype_);
     ScopedPhase phase(timer, Phase::gemm);
     ops::linear(proj, x_norm, w.in_proj);
   }
@@ -112,7 +113,7 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
       ScopedPhase phase(timer, Phase::gdn);
       ops::gdn_gates(beta, g, pv.narrow(1, col.gdn_b, hg), pv.narrow(1, col.gdn_a, hg), w.a_log, w.dt_bias);
     }
-    if (saved.gdn_out.defined()) {  // kept by the forward (ForwardContext::keep_gdn_outputs)
+    if (saved.gdn_out.defined()) {  // kept by the forward (KeptActivations::gdn_outputs)
       ScopedPhase phase(timer, Phase::gdn);
       copy_into(heads.view().narrow(1, hfa, hg), saved.gdn_out);
     } else {

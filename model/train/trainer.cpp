@@ -73,7 +73,7 @@ struct Run {
                        std::vector<double>* layer_loss) {
     const TokenRows w = layout.token_rows(window);  // T + 1 tokens: every row has its target
     ForwardContext context{
-        .comm = topology.sequence(), .layout = layout, .timer = timer, .keep_gdn_outputs = config.keep_gdn_outputs};
+        .comm = topology.sequence(), .layout = layout, .timer = timer, .keep = config.kept};
     switch (config.stage) {
       case Stage::pretrain:
       case Stage::finetune:

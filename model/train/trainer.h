@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "model/cost.h"
 #include "model/train/optimizer.h"
 #include "parallel/communicator.h"
 
@@ -58,7 +59,7 @@ struct TrainConfig {
   bool resume = false;
   int sp = 0;               // ranks per sequence (0: all ranks)
   double peak_tflops = 989; // dense bf16 peak for MFU (H100/H200 datasheet)
-  bool keep_gdn_outputs = false;  // ForwardContext::keep_gdn_outputs (hydra train: when the memory plan fits)
+  KeptActivations kept;     // ForwardContext::keep (hydra train: what the memory plan fits)
 };
 
 // Who runs what. `world` is the communicator of the tensors' device (NCCL on GPUs).

@@ -98,6 +98,36 @@ TEST(CudaModel, GpuGradientsMatchCpuPath) {
   }
 }
 
+// hydra train keeps the GDN outputs and the projection for the backward when they fit
+// (ForwardContext::keep); the gradients must be those of the recomputing backward on the GPU too.
+// Two GPU backward passes are not bit-identical (the FA backward adds dQ with bulk fp32 reductions,
+// in whatever order the CTAs finish), so the bound is 1e-4 of each gradient's norm, not 0 (seen on
+// an H200: up to 1.2e-6, layer 0's dt_bias, which layer 1's FA dQ reaches through the residual).
+TEST(CudaModel, KeptActivationsGiveTheRecomputedGradients) {
+  HYDRA_REQUIRE_GPU();
+  const ModelConfig c = preset_config("hydrahead-tiny");
+  const Model gpu(c, random_parameters(c, 21), Device::cuda, DType::bf16);
+  const int64_t t = 300;
+  Tensor ids = Tensor::empty({t}, DType::i32), targets = Tensor::empty({t}, DType::i32);
+  for (int64_t i = 0; i < t; ++i) {
+    ids.data_as<int32_t>()[i] = static_cast<int32_t>((i * 211 + 5) % c.vocab_size);
+    targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 97 + 3) % c.vocab_size);
+  }
+  SelfCommunicator comm(Device::cuda);
+  NamedTensors grads[2];
+  for (const bool keep : {false, true}) {
+    ForwardContext context{
+        .comm = comm, .layout = SequenceLayout::zigzag(t, 1, 0), .keep = {.gdn_outputs = keep, .projection = keep}};
+    ModelTensors g = gpu.zeros_like_weights(gpu.acc_dtype());
+    train::sequence_gradients(context, gpu, ids, targets, train::Objective::cross_entropy, 1.0 / t, &g);
+    grads[keep ? 1 : 0] = gpu.unpack(g);
+  }
+  for (const auto& [n, g] : grads[0]) {
+    ASSERT_TRUE(grads[1].count(n)) << n;
+    EXPECT_LT(norm_rel_error(grads[1].at(n), g), 1e-4) << "gradient of " << n;
+  }
+}
+
 TEST(CudaModel, GpuWeightInitEqualsHostInit) {
   HYDRA_REQUIRE_GPU();
   const ModelConfig c = preset_config("hydrahead-tiny");

@@ -83,7 +83,9 @@ TEST(Gradients, HydraHeadEqualSingleProcessF32) {
   expect_sequence_parallel_equal_single(preset_config("hydrahead-tiny"), DType::f32, 1e-5, "hydrahead-tiny f32");
 }
 
-// Data × sequence parallel: P even → 2 replicas of P/2 ranks; P odd → P replicas of one rank.
+// Data × sequence parallel: P even → 2 replicas of P/2 ranks; P odd → P replicas of one rank. The
+// parallel run keeps the GDN outputs and the projection for the backward (as hydra train does when
+// they fit), the single process recomputes them: both must give the same gradients.
 TEST(Gradients, DataTimesSequenceParallelEqualSingleProcess) {
   MpiCommunicator& comm = world();
   const int p = comm.size();
@@ -127,7 +129,7 @@ TEST(Gradients, DataTimesSequenceParallelEqualSingleProcess) {
     const SequenceLayout layout = SequenceLayout::zigzag(t, seq.size(), seq.rank());
     Tensor ids, targets;
     local_window(layout, topology.replica(), ids, targets);
-    ForwardContext context{.comm = seq, .layout = layout};
+    ForwardContext context{.comm = seq, .layout = layout, .keep = {.gdn_outputs = true, .projection = true}};
     train::sequence_gradients(context, model, ids, targets, train::Objective::cross_entropy, scale, &parallel);
   }
   train::all_reduce_gradients(comm, parallel);
