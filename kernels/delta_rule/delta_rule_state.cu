@@ -2,31 +2,21 @@
 // of a segment on Hopper's warpgroup tensor cores (wgmma, sm_90a), outputs fused in (no chunk
 // state or V' goes to memory unless the backward asks for it).
 //
-// BRANCH gdn4-next, NOT YET RUN ON A GPU: two kernels. gdn_state_kernel (the default, further
-// down) keeps the state transposed in registers; gdn_state_kernel_v1 (HYDRA_GDN_STATE=v1) is the
-// kernel measured on gdn4 (cluster/results/h200-2026-12-03/gdn_fwd/), described next. Test and
-// time both in one job (run2.sh there), keep the faster, delete the other.
-//
 // CTA = one (tile, head, segment), the whole D × D tile (the state S, or a segment map's M), one
 // CTA per SM: D/64 consumer warpgroups and a producer warpgroup (registers moved to the consumers
 // by setmaxnreg at D = 128).
-//  * The producer (one thread) loads each chunk's K, V, T (and Q, P with outputs) by TMA into a
-//    ring of shared-memory stages (2 with outputs, 3 without), 128-byte swizzled [64][64] bf16
-//    blocks, guarded by mbarriers (full: expect-tx; empty: one arrival per consumer warp), so K,
-//    T, Q and P are read once per chunk for all D columns.
-//  * Consumer warpgroup c owns the state columns [64c, 64c + 64): S[:, cols] in registers (fp32,
-//    the m64n64 accumulator layout, D/64 row blocks of 64) and its own bf16 copies in shared
-//    memory. The warpgroups share only the loaded stage. Per chunk (m64n64k16 wgmma, bf16
-//    operands from shared memory, fp32 accumulation; a warpgroup barrier after each shared store):
-//      X = K S,  Y = Q S                 (S: the bf16 copy, read N-major; Y only with outputs)
-//      R = β ⊙ (V − e^γ ⊙ X)  -> shared (bf16)
-//      V' = T R                           -> V'' = e^{γ_C−γ} ⊙ V' and V' -> shared (bf16)
-//      S ← e^{γ_C} S + Kᵀ V''             (Kᵀ: the K blocks read M-major)
-//      O = scale · e^γ ⊙ Y + P V'         (outputs: P V' accumulated onto the scaled Y)
-//      S (bf16) -> shared for the next chunk
-//    γ and β of the next chunk are loaded into registers while the current one runs.
+//  * The producer loads each chunk's K, V, T (and Q, P with outputs) by TMA into a ring of
+//    shared-memory stages (2 with outputs, 3 without), 128-byte swizzled [64][64] bf16 blocks, with
+//    prepare's per-row factors (β, β e^γ, e^{γ_C−γ}, e^γ) by bulk copy, guarded by mbarriers
+//    (full: expect-tx; empty: one arrival per consumer warp), so K, T, Q and P are read once per
+//    chunk for all D columns.
+//  * Consumer warpgroup c owns the state columns [64c, 64c + 64), kept transposed in registers
+//    (kernel comment below), so every product takes its left operand from registers.
 //  Map tiles run the same recurrence on the columns of M (V = 0, M starts as I), which gives a
 //  segment's affine map S_out = M S_in + S_ext (S_ext: the value tile started from zeros).
+// It replaced a kernel that kept S in shared memory as the B operand (three proxy fences and
+// shared round trips per chunk): measured on one H200, 8.55 vs 13.98 ms at 512K × 14 heads
+// (cluster/results/h200-2026-12-03/gdn_fwd2/, NOTES_forward.md).
 #include <cuda.h>
 
 #include <cmath>
@@ -52,25 +42,6 @@ __device__ __forceinline__ uint32_t swz(int row, int col) {
   return static_cast<uint32_t>(row * 128 + ((((col >> 3) ^ row) & 7) << 4) + (col & 7) * 2);
 }
 
-// D[64×64] (+)= A[64×16] · B[16×64], both from shared memory (descriptors); TransA / TransB = 1:
-// the operand is stored M- / N-major (its rows along K are 128-byte lines of M or N).
-template <int TransA, int TransB>
-__device__ __forceinline__ void wgmma64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TransA), "n"(TransB));
-}
-
 // Descriptors: K-major (rows of the operand are 128-byte lines along K; the next 8 rows 1024 bytes
 // on) and M/N-major (lines along M or N, 64 wide; the next 8 lines along K 1024 bytes on; a 64-wide
 // operand has no second column block, so the leading offset is unused).
@@ -86,290 +57,9 @@ struct StateParams {
   StatePassArgs a;
 };
 
-template <int D, bool Out>
-struct StateSmem {
-  static constexpr int kGroups = D / 64;               // consumer warpgroups
-  static constexpr int kStages = Out ? 2 : 3;          // ring of loaded chunks
-  static constexpr uint32_t rows = kGroups * kBlock;  // a chunk's K, V or Q rows; also S's [D][64] block
-  // One stage: K, V (D/64 column blocks each), T, then Q and P with outputs.
-  static constexpr uint32_t k = 0, v = rows, t = 2 * rows, q = t + kBlock, p = q + rows;
-  static constexpr uint32_t stage = Out ? p + kBlock : q;
-  // Per consumer warpgroup: S (bf16), R, V'' and, with outputs, V'.
-  static constexpr uint32_t s = 0, r = rows, w = r + kBlock, o = w + kBlock;
-  static constexpr uint32_t group = Out ? o + kBlock : o;
-  static constexpr uint32_t groups = kStages * stage;
-  static constexpr uint32_t barriers = groups + kGroups * group;
-  static constexpr size_t total = barriers + 2 * kStages * sizeof(uint64_t) + 1024;  // + alignment
-};
-
 __device__ __forceinline__ void tma_load_tile(void* dst, const CUtensorMap* map, int row, uint64_t* bar) {
   const int32_t coords[2] = {0, row};
   ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, dst, map, coords, bar);
-}
-
-template <int D, bool Out>
-__global__ void __launch_bounds__(128 * (D / 64 + 1), 1) gdn_state_kernel_v1(const __grid_constant__ StateParams prm) {
-  using L = StateSmem<D, Out>;
-  constexpr int kGroups = L::kGroups, kStages = L::kStages, kMb = D / 64;
-  const StatePassArgs& a = prm.a;
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char* base = smem_raw + ((1024u - (cuda::smem_addr(smem_raw) & 1023u)) & 1023u);  // swizzle atoms
-  uint64_t* full = reinterpret_cast<uint64_t*>(base + L::barriers);
-  uint64_t* empty = full + kStages;
-  const int head = blockIdx.y, segment = blockIdx.z;
-  const bool is_map = a.map_tiles && blockIdx.x == 1;  // tile 0: S (values), tile 1: M
-  const int chunk_begin = segment * a.chunks_per_segment;
-  const int chunk_end = min(a.chunks, chunk_begin + a.chunks_per_segment);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      cuda::mbar_init(&full[s], 1);
-      cuda::mbar_init(&empty[s], 4 * kGroups);
-    }
-    cuda::mbar_fence_init();
-  }
-  __syncthreads();
-  const int warp_id = threadIdx.x / 32, lane = threadIdx.x % 32;
-
-  if (warp_id >= 4 * kGroups) {  // the producer warpgroup: one thread issues every load
-    if constexpr (kGroups == 2) cuda::setmaxnreg_dec<24>();
-    if (warp_id == 4 * kGroups && lane == 0) {
-      cuda::tma_prefetch_map(&prm.maps.k);
-      cuda::tma_prefetch_map(&prm.maps.t);
-      if (!is_map) cuda::tma_prefetch_map(&prm.maps.v);
-      if constexpr (Out) {
-        cuda::tma_prefetch_map(&prm.maps.q);
-        cuda::tma_prefetch_map(&prm.maps.p);
-      }
-      const uint32_t bytes = L::rows * (is_map ? 1 : 2) + kBlock + (Out ? L::rows + kBlock : 0);
-      for (int chunk = chunk_begin, i = 0; chunk < chunk_end; ++chunk, ++i) {
-        const int st = i % kStages;
-        cuda::mbar_wait(&empty[st], ((i / kStages) & 1) ^ 1);
-        unsigned char* sb = base + st * L::stage;
-        const int t0 = chunk * kC, tile_row = (chunk * a.heads + head) * kC;
-        cuda::mbar_expect_bytes(&full[st], bytes);
-#pragma unroll
-        for (int b = 0; b < kGroups; ++b) {
-          cuda::tma_load_3d(sb + L::k + b * kBlock, &prm.maps.k, 64 * b, head, t0, &full[st]);
-          if (!is_map) cuda::tma_load_3d(sb + L::v + b * kBlock, &prm.maps.v, 64 * b, head, t0, &full[st]);
-          if constexpr (Out) cuda::tma_load_3d(sb + L::q + b * kBlock, &prm.maps.q, 64 * b, head, t0, &full[st]);
-        }
-        tma_load_tile(sb + L::t, &prm.maps.t, tile_row, &full[st]);
-        if constexpr (Out) tma_load_tile(sb + L::p, &prm.maps.p, tile_row, &full[st]);
-      }
-    }
-    return;
-  }
-
-  // Consumer warpgroup grp: state columns [col0, col0 + 64).
-  if constexpr (kGroups == 2) cuda::setmaxnreg_inc<240>();
-  const int grp = warp_id / 4, warp = warp_id % 4, g4 = lane / 4, c4 = lane % 4;
-  const int bar_id = 1 + grp;  // named barrier of this warpgroup
-  unsigned char* gb = base + L::groups + grp * L::group;
-  const uint32_t s_addr = cuda::smem_addr(gb + L::s), r_addr = cuda::smem_addr(gb + L::r);
-  const uint32_t w_addr = cuda::smem_addr(gb + L::w), o_addr = cuda::smem_addr(gb + L::o);
-  const int col0 = 64 * grp;
-  const int64_t seg = segment * a.segment_stride, hblock = int64_t(head) * D * D;
-  const int ra = 16 * warp + g4, rb = ra + 8;  // this thread's rows of every m64 block
-
-  // s[mb][4 nt + e]: S[64 mb + (e < 2 ? ra : rb)][col0 + 8 nt + 2 c4 + e % 2] (accumulator layout).
-  float s[kMb][32];
-#pragma unroll
-  for (int mb = 0; mb < kMb; ++mb)
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int r = 64 * mb + ((i % 4) < 2 ? ra : rb), c = col0 + 8 * (i / 4) + 2 * c4 + (i % 2);
-      s[mb][i] = is_map ? (r == c ? 1.0f : 0.0f) : (a.state_in ? a.state_in[seg + hblock + int64_t(r) * D + c] : 0.0f);
-    }
-  // S (bf16) into this warpgroup's block, and for the backward the chunk's starting state to memory.
-  auto store_state = [&](int chunk) {
-#pragma unroll
-    for (int mb = 0; mb < kMb; ++mb)
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          const int r = 64 * mb + (h2 ? rb : ra), c = 8 * nt + 2 * c4;
-          const uint32_t packed = cuda::pack_bf16(s[mb][4 * nt + 2 * h2], s[mb][4 * nt + 2 * h2 + 1]);
-          *reinterpret_cast<uint32_t*>(gb + L::s + swz(r, c)) = packed;
-          if (a.chunk_states && !is_map && chunk < chunk_end)
-            *reinterpret_cast<uint32_t*>(a.chunk_states + ((int64_t(chunk) * a.heads + head) * D + r) * D + col0 + c) = packed;
-        }
-  };
-  // γ of rows ra, rb and of the chunk's last row; β of rows ra, rb (0 past the end).
-  struct Scalars {
-    float ga, gb, gc, ba, bb;
-  };
-  auto load_scalars = [&](int chunk) {
-    Scalars x;
-    const float* gam = a.gamma + (int64_t(chunk) * a.heads + head) * kC;
-    x.ga = gam[ra];
-    x.gb = gam[rb];
-    x.gc = gam[kC - 1];
-    const int t0 = chunk * kC, valid = min(kC, a.t_len - t0);
-    const float* bp = static_cast<const float*>(a.beta.ptr) + head * a.beta.sh;
-    x.ba = ra < valid ? bp[int64_t(t0 + ra) * a.beta.st] : 0.0f;
-    x.bb = rb < valid ? bp[int64_t(t0 + rb) * a.beta.st] : 0.0f;
-    return x;
-  };
-
-  store_state(chunk_begin);
-  cuda::fence_proxy_async();
-  cuda::named_barrier_sync(bar_id, 128);
-  Scalars cur = chunk_begin < chunk_end ? load_scalars(chunk_begin) : Scalars{};
-  for (int chunk = chunk_begin, i = 0; chunk < chunk_end; ++chunk, ++i) {
-    const Scalars nxt = chunk + 1 < chunk_end ? load_scalars(chunk + 1) : Scalars{};
-    const int st = i % kStages;
-    const int t0 = chunk * kC, valid = min(kC, a.t_len - t0);
-    unsigned char* sb = base + st * L::stage;
-    const uint32_t k_addr = cuda::smem_addr(sb + L::k), t_addr = cuda::smem_addr(sb + L::t);
-    cuda::mbar_wait(&full[st], (i / kStages) & 1);
-
-    // X = K S (and Y = Q S): A K-major [64][D] in D/64 column blocks, B = the bf16 S block.
-    float x[32];
-    [[maybe_unused]] float y[32];
-    cuda::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma64<0, 1>(x, desc_k_major(k_addr + (kk / 4) * kBlock + (kk % 4) * 32), desc_mn_major(s_addr + kk * 2048),
-                    kk > 0);
-    cuda::wgmma_commit();
-    cuda::fence_operands(x);
-    if constexpr (Out) {
-      const uint32_t q_addr = cuda::smem_addr(sb + L::q);
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma64<0, 1>(y, desc_k_major(q_addr + (kk / 4) * kBlock + (kk % 4) * 32), desc_mn_major(s_addr + kk * 2048),
-                      kk > 0);
-      cuda::wgmma_commit();
-      cuda::fence_operands(y);
-      cuda::wgmma_wait<1>();
-    } else {
-      cuda::wgmma_wait<0>();
-    }
-    cuda::fence_operands(x);
-
-    // R = β (V − e^γ X) into this warpgroup's R block (V = 0 for map tiles).
-    {
-      const unsigned char* vt = sb + L::v + grp * kBlock;
-      const float ea = expf(cur.ga), eb = expf(cur.gb);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          const uint32_t off = swz(h2 ? rb : ra, 8 * nt + 2 * c4);
-          float2 v = make_float2(0.0f, 0.0f);
-          if (!is_map) v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + off));
-          const float e = h2 ? eb : ea, b = h2 ? cur.bb : cur.ba;
-          *reinterpret_cast<uint32_t*>(gb + L::r + off) =
-              cuda::pack_bf16(b * (v.x - e * x[4 * nt + 2 * h2]), b * (v.y - e * x[4 * nt + 2 * h2 + 1]));
-        }
-    }
-    cuda::fence_proxy_async();
-    cuda::named_barrier_sync(bar_id, 128);
-
-    // V' = T R (T K-major, R N-major).
-    float u[32];
-    cuda::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kC / 16; ++kk)
-      wgmma64<0, 1>(u, desc_k_major(t_addr + kk * 32), desc_mn_major(r_addr + kk * 2048), kk > 0);
-    cuda::wgmma_commit();
-    cuda::fence_operands(u);
-    cuda::wgmma_wait<0>();  // V', and Y (committed before it)
-    cuda::fence_operands(u);
-    if constexpr (Out) cuda::fence_operands(y);
-
-    // V'' = e^{γ_C−γ} V' for the state, V' for the output (and the backward); S ← e^{γ_C} S;
-    // Y ← scale e^γ Y, onto which P V' is accumulated below.
-    {
-      const float da = expf(cur.gc - cur.ga), db = expf(cur.gc - cur.gb);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          const int r = h2 ? rb : ra, c = 8 * nt + 2 * c4;
-          const uint32_t off = swz(r, c);
-          const float u0 = u[4 * nt + 2 * h2], u1 = u[4 * nt + 2 * h2 + 1], d = h2 ? db : da;
-          *reinterpret_cast<uint32_t*>(gb + L::w + off) = cuda::pack_bf16(d * u0, d * u1);
-          const uint32_t packed = cuda::pack_bf16(u0, u1);
-          if constexpr (Out) *reinterpret_cast<uint32_t*>(gb + L::o + off) = packed;
-          if (a.vnew && !is_map)
-            *reinterpret_cast<uint32_t*>(a.vnew + ((int64_t(chunk) * a.heads + head) * kC + r) * D + col0 + c) = packed;
-        }
-      const float decay = expf(cur.gc);
-#pragma unroll
-      for (int mb = 0; mb < kMb; ++mb)
-#pragma unroll
-        for (int j = 0; j < 32; ++j) s[mb][j] *= decay;
-      if constexpr (Out) {
-        const float oa = a.scale * expf(cur.ga), ob = a.scale * expf(cur.gb);
-#pragma unroll
-        for (int j = 0; j < 32; ++j) y[j] *= (j % 4) < 2 ? oa : ob;
-      }
-    }
-    cuda::fence_proxy_async();
-    cuda::named_barrier_sync(bar_id, 128);
-
-    // S += Kᵀ V'' (Kᵀ: block mb of K read M-major; V'' N-major), and Y += P V' with outputs.
-    cuda::wgmma_fence();
-#pragma unroll
-    for (int mb = 0; mb < kMb; ++mb) {
-#pragma unroll
-      for (int kk = 0; kk < kC / 16; ++kk)
-        wgmma64<1, 1>(s[mb], desc_mn_major(k_addr + mb * kBlock + kk * 2048), desc_mn_major(w_addr + kk * 2048), 1);
-    }
-    cuda::wgmma_commit();
-#pragma unroll
-    for (int mb = 0; mb < kMb; ++mb) cuda::fence_operands(s[mb]);
-    if constexpr (Out) {
-      const uint32_t p_addr = cuda::smem_addr(sb + L::p);
-#pragma unroll
-      for (int kk = 0; kk < kC / 16; ++kk)
-        wgmma64<0, 1>(y, desc_k_major(p_addr + kk * 32), desc_mn_major(o_addr + kk * 2048), 1);
-      cuda::wgmma_commit();
-      cuda::fence_operands(y);
-      cuda::wgmma_wait<1>();  // the state update
-#pragma unroll
-      for (int mb = 0; mb < kMb; ++mb) cuda::fence_operands(s[mb]);
-      store_state(chunk + 1);  // X and Y, the readers of the old copy, completed above
-      cuda::wgmma_wait<0>();
-      cuda::fence_operands(y);
-#pragma unroll
-      for (int h2 = 0; h2 < 2; ++h2) {  // O = Y
-        const int r = h2 ? rb : ra;
-        if (r >= valid) continue;
-        bf16_t* orow = a.out + int64_t(t0 + r) * a.out_st + head * a.out_sh + col0;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          *reinterpret_cast<uint32_t*>(orow + 8 * nt + 2 * c4) = cuda::pack_bf16(y[4 * nt + 2 * h2], y[4 * nt + 2 * h2 + 1]);
-      }
-    } else {
-      cuda::wgmma_wait<0>();
-#pragma unroll
-      for (int mb = 0; mb < kMb; ++mb) cuda::fence_operands(s[mb]);
-      store_state(chunk + 1);
-    }
-    // Every read of this stage by this warp is complete (its wgmmas waited for, V read into R).
-    __syncwarp();
-    if (lane == 0) cuda::mbar_arrive(&empty[st]);
-    cuda::fence_proxy_async();
-    cuda::named_barrier_sync(bar_id, 128);  // the new S copy, before the next chunk's X
-    cur = nxt;
-  }
-
-  float* dst = is_map ? a.map_out : a.state_out;
-  if (dst) {
-    dst += seg + hblock;
-#pragma unroll
-    for (int mb = 0; mb < kMb; ++mb)
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          const int r = 64 * mb + (h2 ? rb : ra), c = col0 + 8 * nt + 2 * c4;
-          *reinterpret_cast<float2*>(dst + int64_t(r) * D + c) = make_float2(s[mb][4 * nt + 2 * h2], s[mb][4 * nt + 2 * h2 + 1]);
-        }
-  }
 }
 
 // A 2-D map over prepare's [rows][64] bf16 tiles (T or P), boxes of one [64][64] tile, 128-byte swizzle.
@@ -396,35 +86,6 @@ CUtensorMap tile_map(const bf16_t* tiles, int64_t rows) {
   HYDRA_ASSERT(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (error {}) for {} tile rows", static_cast<int>(r), rows);
   return map;
 }
-
-template <int D>
-void launch_state_v1(const StatePassArgs& args) {
-  HYDRA_ASSERT(!(args.out && args.map_tiles), "GDN state pass: map tiles have no outputs");
-  const int64_t tile_rows = int64_t{args.chunks} * args.heads * kC;
-  HYDRA_ASSERT(tile_rows < (int64_t{1} << 31), "GDN state pass: {} chunk-head tiles exceed TMA's coordinates",
-               int64_t{args.chunks} * args.heads);
-  StateParams prm{};
-  prm.a = args;
-  const int t_len = args.t_len, heads = args.heads;
-  prm.maps.k = cuda::make_tma_map_bf16(args.k.ptr, t_len, heads, D, args.k.st, args.k.sh, kC);
-  prm.maps.v = cuda::make_tma_map_bf16(args.v.ptr, t_len, heads, D, args.v.st, args.v.sh, kC);
-  prm.maps.q = args.out ? cuda::make_tma_map_bf16(args.q.ptr, t_len, heads, D, args.q.st, args.q.sh, kC) : prm.maps.k;
-  prm.maps.t = tile_map(args.t, tile_rows);
-  prm.maps.p = args.out ? tile_map(args.p, tile_rows) : prm.maps.t;
-  const dim3 grid(args.map_tiles ? 2 : 1, heads, args.segments);
-  auto launch = [&](auto kernel, size_t smem) {
-    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    kernel<<<grid, 128 * (D / 64 + 1), smem, current_stream()>>>(prm);
-    HYDRA_CUDA_LAUNCH_CHECK();
-  };
-  if (args.out) {
-    launch(gdn_state_kernel_v1<D, true>, StateSmem<D, true>::total);
-  } else {
-    launch(gdn_state_kernel_v1<D, false>, StateSmem<D, false>::total);
-  }
-}
-
-// ---- the transposed-state kernel ----------------------------------------------------------------
 
 // D[64×64] (+)= A[64×16] · B[16×64], A from registers (per warp the mma.m16n8k16 A layout of its 16
 // rows), B from shared memory (descriptor; TransB = 1: stored N-major).
@@ -491,8 +152,7 @@ struct StateSmemT {
   static constexpr size_t total = barriers + 2 * kStages * sizeof(uint64_t) + 1024;  // + alignment
 };
 
-// CTA = one (tile, head, segment) as in the kernel above, but each consumer warpgroup keeps its 64
-// state columns transposed, Sᵀ[cols][D] (the m64n64 accumulators of D/64 blocks of d), so that every
+// Each consumer warpgroup keeps its 64 state columns transposed, Sᵀ[cols][D] (the m64n64 accumulators of D/64 blocks of d), so that every
 // product takes its left operand from registers and no intermediate goes through shared memory:
 //   Xᵀ = Sᵀ Kᵀ, Yᵀ = Sᵀ Qᵀ        (A: Sᵀ as bf16 fragments; B: K, Q read K-major)
 //   R̃ᵀ = β ⊙ Vᵀ − β e^γ ⊙ Xᵀ        (per column j; Vᵀ through transposing ldmatrix)
@@ -825,14 +485,10 @@ void launch_state(const StatePassArgs& args) {
 void state_pass(const StatePassArgs& args, int head_dim) {
   HYDRA_ASSERT(args.chunks_per_segment > 0, "state pass: empty segments");
   if (args.segments == 0) return;
-  static const bool v1 = [] {
-    const char* env = std::getenv("HYDRA_GDN_STATE");
-    return env && std::string(env) == "v1";
-  }();
   if (head_dim == 128) {
-    v1 ? launch_state_v1<128>(args) : launch_state<128>(args);
+    launch_state<128>(args);
   } else {
-    v1 ? launch_state_v1<64>(args) : launch_state<64>(args);
+    launch_state<64>(args);
   }
 }
 
