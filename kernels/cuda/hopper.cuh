@@ -22,6 +22,21 @@ namespace hydra::cuda {
 
 // ---- host: tensor maps ------------------------------------------------------------------------
 
+// cuTensorMapEncodeTiled, looked up in the driver once (the runtime API has no wrapper for it).
+using TensorMapEncode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                     const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+inline TensorMapEncode tensor_map_encoder() {
+  static const TensorMapEncode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    HYDRA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
+    HYDRA_ASSERT(fn != nullptr && status == cudaDriverEntryPointSuccess, "the CUDA driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<TensorMapEncode>(fn);
+  }();
+  return encode;
+}
+
 // A 3-D bf16 tensor map over rows of a [rows, heads, cols] view (element strides row_stride and
 // head_stride, unit column stride), read in boxes of [box_rows][1][64] into 128-byte-swizzled
 // shared memory: one box is a [box_rows][64] block whose 16-byte chunk c of row r sits at chunk
@@ -29,16 +44,7 @@ namespace hydra::cuda {
 // `rows` read as zeros.
 inline CUtensorMap make_tma_map_bf16(const void* base, int64_t rows, int64_t heads, int64_t cols, int64_t row_stride,
                                      int64_t head_stride, int box_rows) {
-  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  static const Encode encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    HYDRA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
-    HYDRA_ASSERT(fn != nullptr && status == cudaDriverEntryPointSuccess, "the CUDA driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<Encode>(fn);
-  }();
+  const TensorMapEncode encode = tensor_map_encoder();
   HYDRA_ASSERT(reinterpret_cast<uintptr_t>(base) % 16 == 0 && row_stride % 8 == 0 && head_stride % 8 == 0 && cols % 64 == 0,
                "TMA needs 16-byte aligned rows and a multiple of 64 columns");
   CUtensorMap map;

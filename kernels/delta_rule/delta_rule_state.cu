@@ -64,16 +64,7 @@ __device__ __forceinline__ void tma_load_tile(void* dst, const CUtensorMap* map,
 
 // A 2-D map over prepare's [rows][64] bf16 tiles (T or P), boxes of one [64][64] tile, 128-byte swizzle.
 CUtensorMap tile_map(const bf16_t* tiles, int64_t rows) {
-  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  static const Encode encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    HYDRA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
-    HYDRA_ASSERT(fn != nullptr && status == cudaDriverEntryPointSuccess, "the CUDA driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<Encode>(fn);
-  }();
+  const cuda::TensorMapEncode encode = cuda::tensor_map_encoder();
   HYDRA_ASSERT(reinterpret_cast<uintptr_t>(tiles) % 16 == 0, "GDN state pass: prepare's tiles must be 16-byte aligned");
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kC), static_cast<cuuint64_t>(rows)};
