@@ -167,7 +167,11 @@ bool check(CUptiResult r, const char* what) {
 }  // namespace
 
 // Called by the CUDA driver when it loads this library (CUDA_INJECTION64_PATH).
+// The driver may call it more than once in a process; only the first call sets up.
 extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
+  static bool initialised = false;
+  if (initialised) return 1;
+  initialised = true;
   if (!check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks"))
     return 0;
   if (!check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enabling kernel records")) return 0;
