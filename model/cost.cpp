@@ -74,6 +74,8 @@ MemoryEstimate estimate_prefill_memory(const ModelConfig& c, int64_t local_token
   return m;
 }
 
+int64_t loss_chunk_rows(int64_t vocab) { return std::max<int64_t>(1, (int64_t{1} << 29) / std::max<int64_t>(vocab, 1)); }
+
 MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_tokens, int ranks_per_sequence,
                                         const ModelConfig* teacher, Device device, bool align,
                                         KeptActivations keep) {
@@ -104,7 +106,7 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_toke
     layer_peak = std::max(layer_peak, recompute + backward + mlp);
   }
   if (align) saved = (static_cast<double>(c.num_layers) + 1) * t * D * b + saved / static_cast<double>(c.num_layers);
-  const double chunk = std::min(t, static_cast<double>(std::max<int64_t>(1, (int64_t{1} << 29) / std::max<int64_t>(c.vocab_size, 1))));
+  const double chunk = std::min(t, static_cast<double>(loss_chunk_rows(c.vocab_size)));
   const double loss = chunk * V * (a + b) * (teacher && !align ? 2 : 1) + t * D * a;
   m.activations = (saved + std::max(layer_peak, loss) + t * D * a) * 1.05;
   return m;

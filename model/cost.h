@@ -38,6 +38,12 @@ struct MemoryEstimate {
 MemoryEstimate estimate_prefill_memory(const ModelConfig& config, int64_t local_tokens, int world,
                                        Device device = Device::cuda);
 
+// Rows of a training loss chunk for a vocabulary of `vocab` (model/train/objective.cpp walks the
+// logits in these; the memory plan prices one): the [rows, V] fp32 logits stay near 2 GiB. Each
+// chunk's lm_head gradient GEMM reads and writes the whole fp32 [V, D] gradient (1.2 GB at
+// Qwen3-1.7B), so fewer, larger chunks move less (at 1 GiB chunks that was 75 passes per 128K window).
+int64_t loss_chunk_rows(int64_t vocab);
+
 // What a forward that saves for the backward (model.h LayerSaved) keeps beyond the minimum, each
 // trading memory for recomputation (ForwardContext::keep; hydra train takes what its memory plan
 // fits on every rank):

@@ -49,8 +49,6 @@ double walk_logit_chunks(const Model& model, const TensorView& hidden, const Ten
 
 }  // namespace
 
-int64_t loss_chunk_rows(int64_t vocab) { return std::max<int64_t>(1, (int64_t{1} << 29) / std::max<int64_t>(vocab, 1)); }
-
 LossSums cross_entropy_head(const Model& model, const TensorView& hidden, const TensorView& targets,
                             double grad_scale, const TensorView& d_hidden, ModelTensors& grads) {
   expect_shape(targets, "targets", {{"T_loc", hidden.size(0)}});

@@ -26,11 +26,6 @@ struct LossSums {
   }
 };
 
-// Rows of a loss chunk for a vocabulary of `vocab`: the [rows, V] fp32 logits stay near 2 GiB. Each
-// chunk's lm_head gradient GEMM reads and writes the whole fp32 [V, D] gradient (1.2 GB at
-// Qwen3-1.7B), so fewer, larger chunks move less (at 1 GiB chunks that was 75 passes per 128K window).
-int64_t loss_chunk_rows(int64_t vocab);
-
 // Next-token cross-entropy on final hidden states [T_loc, D]: rows with target ≥ 0 count.
 // d_hidden [T_loc, D] (acc dtype) ← grad_scale · ∂Σloss/∂hidden; lm_head's gradient accumulates into
 // `grads` (the embedding's when tied; skipped when undefined). d_hidden undefined: the loss only.
