@@ -59,9 +59,20 @@ std::string readable(const char* mangled) {
   return name;
 }
 
-void note_span(State& s, uint64_t start, uint64_t end) {
+// One record of [start, end) into its totals and the span of all records.
+void add(State& s, Totals& t, uint64_t start, uint64_t end) {
+  t.ns += end - start;
+  t.count += 1;
   s.first = std::min(s.first, start);
   s.last = std::max(s.last, end);
+}
+
+bool check(CUptiResult r, const char* what) {
+  if (r == CUPTI_SUCCESS) return true;
+  const char* text = nullptr;
+  cuptiGetResultString(r, &text);
+  std::fprintf(stderr, "kernel_profile: %s failed: %s\n", what, text ? text : "?");
+  return false;
 }
 
 constexpr size_t kBufferBytes = 8u << 20;
@@ -90,24 +101,17 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
       case CUPTI_ACTIVITY_KIND_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-        Totals& t = s.kernels[readable(k->name)];
-        t.ns += k->end - k->start;
-        t.count += 1;
-        note_span(s, k->start, k->end);
+        add(s, s.kernels[readable(k->name)], k->start, k->end);
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        s.copies.ns += m->end - m->start;
-        s.copies.count += 1;
-        note_span(s, m->start, m->end);
+        add(s, s.copies, m->start, m->end);
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-        s.memsets.ns += m->end - m->start;
-        s.memsets.count += 1;
-        note_span(s, m->start, m->end);
+        add(s, s.memsets, m->start, m->end);
         break;
       }
       default:
@@ -118,8 +122,6 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   if (cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped) == CUPTI_SUCCESS) s.dropped += dropped;
   std::free(buffer);
 }
-
-bool check(CUptiResult r, const char* what);
 
 void report() {
   check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "flushing at exit");
@@ -156,14 +158,6 @@ void report() {
   if (out != stderr) std::fclose(out);
 }
 
-bool check(CUptiResult r, const char* what) {
-  if (r == CUPTI_SUCCESS) return true;
-  const char* text = nullptr;
-  cuptiGetResultString(r, &text);
-  std::fprintf(stderr, "kernel_profile: %s failed: %s (no profile will be written)\n", what, text ? text : "?");
-  return false;
-}
-
 }  // namespace
 
 // Called by the CUDA driver when it loads this library (CUDA_INJECTION64_PATH).
@@ -172,9 +166,11 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
   static bool initialised = false;
   if (initialised) return 1;
   initialised = true;
-  if (!check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks"))
+  if (!check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks") ||
+      !check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enabling kernel records")) {
+    std::fprintf(stderr, "kernel_profile: no profile will be written\n");
     return 0;
-  if (!check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enabling kernel records")) return 0;
+  }
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enabling copy records");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "enabling memset records");
   check(cuptiActivityFlushPeriod(500), "cuptiActivityFlushPeriod");
