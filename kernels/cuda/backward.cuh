@@ -59,6 +59,14 @@ inline FloatRows float_rows(const TensorView& v, const char* what) {
   return r;
 }
 
+// Whether every row of r starts on a `bytes` boundary (bytes a power of two), so that vectors of
+// that many bytes at row offsets that are multiples of it are aligned.
+inline bool row_starts_aligned(const FloatRows& r, int64_t bytes) {
+  const int64_t size = r.bf16 ? 2 : 4;
+  return reinterpret_cast<uintptr_t>(r.data) % static_cast<uintptr_t>(bytes) == 0 &&
+         (r.layout.stride_outer * size) % bytes == 0 && (r.layout.inner == 1 || (r.layout.stride_inner * size) % bytes == 0);
+}
+
 // Whether two row views cover the same rows (count, head split) of the same length.
 inline bool same_rows(const RowLayout& a, const RowLayout& b) {
   return a.rows == b.rows && a.inner == b.inner && a.length == b.length;

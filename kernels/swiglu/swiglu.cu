@@ -3,36 +3,11 @@
 // elements per thread with 16-byte accesses; other views one element per thread. The backward takes
 // bf16 or fp32 views (element type chosen at run time, backward.cuh) on its general path.
 #include "kernels/cuda/backward.cuh"
+#include "kernels/cuda/vector.cuh"
 #include "kernels/swiglu/swiglu.h"
 
 namespace hydra::ops::cuda_impl {
 namespace {
-
-// Eight bf16 values as fp32, from and to one 16-byte access.
-struct Eight {
-  float v[8];
-};
-__device__ __forceinline__ Eight load8(const bf16_t* p) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-  Eight e;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(&w[i]);
-    e.v[2 * i] = __low2float(pair);
-    e.v[2 * i + 1] = __high2float(pair);
-  }
-  return e;
-}
-__device__ __forceinline__ void store8(bf16_t* p, const Eight& e) {
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(e.v[2 * i], e.v[2 * i + 1]);
-    w[i] = *reinterpret_cast<const uint32_t*>(&pair);
-  }
-  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-}
 
 // Whether a bf16 view's rows can be read eight at a time.
 bool rows_of_eight(const TensorView& v) {
@@ -52,11 +27,12 @@ __global__ void swiglu_kernel(bf16_t* out, int64_t so, const bf16_t* gate, int64
 __global__ void swiglu8_kernel(bf16_t* out, int64_t so, const bf16_t* gate, int64_t sg, const bf16_t* up, int64_t su,
                                int64_t rows, int64_t cols8) {
   cuda::for_each_element(rows, cols8, [&](int64_t r, int64_t c8) {
-    const Eight g = load8(gate + r * sg + 8 * c8), u = load8(up + r * su + 8 * c8);
-    Eight y;
+    float g[8], u[8], y[8];
+    cuda::load_bf16<8>(gate + r * sg + 8 * c8, g);
+    cuda::load_bf16<8>(up + r * su + 8 * c8, u);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) y.v[i] = g.v[i] / (1.0f + expf(-g.v[i])) * u.v[i];
-    store8(out + r * so + 8 * c8, y);
+    for (int i = 0; i < 8; ++i) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    cuda::store_bf16<8>(out + r * so + 8 * c8, y);
   });
 }
 
@@ -66,17 +42,18 @@ __global__ void swiglu8_backward_kernel(bf16_t* d_gate, int64_t sdg, bf16_t* d_u
                                         int64_t sdo, const bf16_t* gate, int64_t sg, const bf16_t* up, int64_t su,
                                         int64_t rows, int64_t cols8) {
   cuda::for_each_element(rows, cols8, [&](int64_t r, int64_t c8) {
-    const Eight g = load8(gate + r * sg + 8 * c8), u = load8(up + r * su + 8 * c8);
-    const Eight dy = load8(d_out + r * sdo + 8 * c8);
-    Eight dg, du;
+    float g[8], u[8], dy[8], dg[8], du[8];
+    cuda::load_bf16<8>(gate + r * sg + 8 * c8, g);
+    cuda::load_bf16<8>(up + r * su + 8 * c8, u);
+    cuda::load_bf16<8>(d_out + r * sdo + 8 * c8, dy);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float sg_i = 1.0f / (1.0f + expf(-g.v[i]));
-      dg.v[i] = dy.v[i] * u.v[i] * sg_i * (1.0f + g.v[i] * (1.0f - sg_i));
-      du.v[i] = dy.v[i] * g.v[i] * sg_i;
+      const float sg_i = 1.0f / (1.0f + expf(-g[i]));
+      dg[i] = dy[i] * u[i] * sg_i * (1.0f + g[i] * (1.0f - sg_i));
+      du[i] = dy[i] * g[i] * sg_i;
     }
-    store8(d_gate + r * sdg + 8 * c8, dg);
-    store8(d_up + r * sdu + 8 * c8, du);
+    cuda::store_bf16<8>(d_gate + r * sdg + 8 * c8, dg);
+    cuda::store_bf16<8>(d_up + r * sdu + 8 * c8, du);
   });
 }
 

@@ -1,0 +1,90 @@
+// Vectorised element access for the bandwidth-bound kernels: N consecutive bf16 or fp32 values as
+// fp32, in one access of 2N bytes (bf16, N = 1, 2, 4, 8) or in float4 accesses (fp32, N = 4, 8),
+// and the same on FloatRows (backward.cuh), whose element type is chosen at run time. The caller
+// guarantees the alignment (backward.cuh's row_starts_aligned on the host side); a misaligned vector access
+// faults. Included only by .cu files.
+//
+// Why: one warp-wide 16-byte access moves 512 bytes; the same loop with 2-byte scalar loads moves
+// 64 and leaves the memory system waiting on latency (the conv backward ran at ~0.7 TB/s so).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/backward.cuh"
+
+namespace hydra::cuda {
+
+template <int N>
+__device__ __forceinline__ void load_bf16(const bf16_t* p, float (&v)[N]) {
+  static_assert(N == 1 || N == 2 || N == 4 || N == 8, "1, 2, 4 or 8 bf16 values per access");
+  if constexpr (N == 1) {
+    v[0] = __bfloat162float(*p);
+  } else {
+    using Word = std::conditional_t<N == 2, uint32_t, std::conditional_t<N == 4, uint2, uint4>>;
+    const Word word = *reinterpret_cast<const Word*>(p);
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&word);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      v[2 * i] = __low2float(pairs[i]);
+      v[2 * i + 1] = __high2float(pairs[i]);
+    }
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void store_bf16(bf16_t* p, const float (&v)[N]) {
+  static_assert(N == 1 || N == 2 || N == 4 || N == 8, "1, 2, 4 or 8 bf16 values per access");
+  if constexpr (N == 1) {
+    *p = __float2bfloat16_rn(v[0]);
+  } else {
+    using Word = std::conditional_t<N == 2, uint32_t, std::conditional_t<N == 4, uint2, uint4>>;
+    Word word;
+    __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&word);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) pairs[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    *reinterpret_cast<Word*>(p) = word;
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void load_f32(const float* p, float (&v)[N]) {
+  static_assert(N % 4 == 0, "fp32 vectors are float4 accesses");
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    const float4 f = reinterpret_cast<const float4*>(p)[i];
+    v[4 * i] = f.x;
+    v[4 * i + 1] = f.y;
+    v[4 * i + 2] = f.z;
+    v[4 * i + 3] = f.w;
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void store_f32(float* p, const float (&v)[N]) {
+  static_assert(N % 4 == 0, "fp32 vectors are float4 accesses");
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i)
+    reinterpret_cast<float4*>(p)[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+}
+
+// N (4 or 8) values of FloatRows r at element offset `at`; the type test is uniform across a warp.
+template <int N>
+__device__ __forceinline__ void load_vec(const FloatRows& r, int64_t at, float (&v)[N]) {
+  if (r.bf16) {
+    load_bf16<N>(static_cast<const bf16_t*>(r.data) + at, v);
+  } else {
+    load_f32<N>(static_cast<const float*>(r.data) + at, v);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void store_vec(const FloatRows& r, int64_t at, const float (&v)[N]) {
+  if (r.bf16) {
+    store_bf16<N>(static_cast<bf16_t*>(r.data) + at, v);
+  } else {
+    store_f32<N>(static_cast<float*>(r.data) + at, v);
+  }
+}
+
+}  // namespace hydra::cuda
