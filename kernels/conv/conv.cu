@@ -9,8 +9,11 @@
 //   dx[j] = Σ_m w[m] d_a[j+K−1−m], complete once d_a[j+K−1] is known: a split over rows [s, e)
 //   walks on to row e+K−2 (recomputing those d_a) to finish dx[e−1]. The first split also finishes
 //   the halo rows j = −(K−1)..−1, which are d_prefix.
+// bf16 views with 16-byte aligned rows and 8 | C (the model's) take the tiled kernel: the same walk,
+// its rows staged through shared memory by 16-byte asynchronous copies.
 #include "kernels/conv/conv.h"
 #include "kernels/cuda/backward.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace hydra::ops::cuda_impl {
 namespace {
@@ -104,6 +107,115 @@ __global__ void __launch_bounds__(256) conv_backward_kernel(ConvBackwardArgs p) 
   }
 }
 
+// The same walk on bf16 x, d_out and dx whose rows start on 16-byte boundaries, with 8 | C, fed
+// through shared memory: block (channel block of 256, row split), thread t walks channel
+// c0 + t. Tiles of 32 rows of x and d_out arrive by 16-byte cp.async, double-buffered (the next
+// tile loads while this one is walked), and the tile's dx rows leave through shared memory in
+// 16-byte stores — so the walk's serial dependence never waits on global memory, which is what
+// held the one-thread-per-channel walk to ~0.7 TB/s. The halo rows (prefix, d_prefix) keep
+// scalar accesses: they are K − 1 rows of the first split.
+constexpr int kTileRows = 32, kTileChannels = 256;
+constexpr int kTileChunks = kTileChannels / 8;  // 16-byte chunks per tile row
+constexpr size_t kTileBytes = size_t{kTileRows} * kTileChannels * 2;
+constexpr size_t kConvTiledSmem = 5 * kTileBytes;  // x and d_out × 2 buffers, dx
+
+template <int K>
+__global__ void __launch_bounds__(kTileChannels) conv_backward_tiled_kernel(ConvBackwardArgs p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16_t* xs = reinterpret_cast<bf16_t*>(smem);                    // [2][rows][channels]
+  bf16_t* ds = reinterpret_cast<bf16_t*>(smem + 2 * kTileBytes);   // [2][rows][channels]
+  bf16_t* gs = reinterpret_cast<bf16_t*>(smem + 4 * kTileBytes);   // [rows][channels]: dx of the tile
+  const int t = threadIdx.x;
+  const int64_t c0 = int64_t(blockIdx.x) * kTileChannels, c = c0 + t;
+  const bool active = c < p.channels;
+  const int64_t split = blockIdx.y, s = split * p.rows_per_split;
+  const int64_t e = s + p.rows_per_split < p.t_len ? s + p.rows_per_split : p.t_len;
+  const int64_t walk_end = e + K - 1, load_end = walk_end < p.t_len ? walk_end : p.t_len;
+  const bf16_t* xd = static_cast<const bf16_t*>(p.x.data);
+  const bf16_t* dod = static_cast<const bf16_t*>(p.d_out.data);
+  bf16_t* dxd = static_cast<bf16_t*>(p.dx.data);
+  // Rows [r0, r0 + 32) ∩ [r0, load_end) of x and d_out into buffer `buf`, 16 bytes per copy.
+  const auto load_tile = [&](int64_t r0, int buf) {
+    const uint32_t xs_base = static_cast<uint32_t>(__cvta_generic_to_shared(xs + buf * kTileRows * kTileChannels));
+    const uint32_t ds_base = static_cast<uint32_t>(__cvta_generic_to_shared(ds + buf * kTileRows * kTileChannels));
+    for (int q = t; q < kTileRows * kTileChunks; q += kTileChannels) {
+      const int r = q / kTileChunks, chunk = q % kTileChunks;
+      const int64_t row = r0 + r, ch = c0 + 8 * chunk;
+      if (row >= load_end || ch >= p.channels) continue;
+      const uint32_t at = static_cast<uint32_t>((r * kTileChannels + 8 * chunk) * 2);
+      cuda::cp_async_16(xs_base + at, xd + p.x.offset(row) + ch, 16);
+      cuda::cp_async_16(ds_base + at, dod + p.d_out.offset(row) + ch, 16);
+    }
+    cuda::cp_async_commit();
+  };
+  float w[K], xw[K], da[K], dw[K];  // xw[m], da[m]: row i − K + 1 + m
+#pragma unroll
+  for (int m = 0; m < K; ++m) {
+    w[m] = active ? p.w[c * p.w_stride + m] : 0.0f;
+    xw[m] = active && m < K - 1 ? conv_input<K>(p, s - (K - 1) + m, c) : 0.0f;
+    da[m] = 0.0f;  // rows before s are never needed: dx[j ≥ s] reads d_a[j..j+K−1]
+    dw[m] = 0.0f;
+  }
+  load_tile(s, 0);
+  int buf = 0;
+  for (int64_t r0 = s; r0 < walk_end; r0 += kTileRows, buf ^= 1) {
+    const int rows = walk_end - r0 < kTileRows ? static_cast<int>(walk_end - r0) : kTileRows;
+    if (r0 + kTileRows < load_end) {
+      load_tile(r0 + kTileRows, buf ^ 1);
+      cuda::cp_async_wait<1>();  // this tile's group is complete, the next one may still fly
+    } else {
+      cuda::cp_async_wait<0>();
+    }
+    __syncthreads();  // the tile is visible to every thread; the last tile's dx rows were stored
+    const bf16_t* xt = xs + buf * kTileRows * kTileChannels;
+    const bf16_t* dt = ds + buf * kTileRows * kTileChannels;
+    if (active) {
+      for (int r = 0; r < rows; ++r) {
+        const int64_t i = r0 + r;
+        float dai = 0.0f;  // rows past the end have no output, so no gradient
+        if (i < p.t_len) {
+          xw[K - 1] = __bfloat162float(xt[r * kTileChannels + t]);
+          float a = 0.0f;
+#pragma unroll
+          for (int m = 0; m < K; ++m) a += w[m] * xw[m];
+          const float sg = 1.0f / (1.0f + expf(-a));
+          dai = __bfloat162float(dt[r * kTileChannels + t]) * sg * (1.0f + a * (1.0f - sg));
+          if (i < e) {
+#pragma unroll
+            for (int m = 0; m < K; ++m) dw[m] += dai * xw[m];
+          }
+#pragma unroll
+          for (int m = 0; m < K - 1; ++m) xw[m] = xw[m + 1];
+        }
+#pragma unroll
+        for (int m = 0; m < K - 1; ++m) da[m] = da[m + 1];
+        da[K - 1] = dai;
+        const int64_t j = i - (K - 1);  // the row whose dx is now complete
+        float g = 0.0f;
+#pragma unroll
+        for (int m = 0; m < K; ++m) g += w[m] * da[K - 1 - m];
+        if (j >= s) {
+          gs[r * kTileChannels + t] = __float2bfloat16_rn(g);
+        } else if (s == 0 && p.d_prefix.data != nullptr) {  // j in [−(K−1), 0): a halo row
+          p.d_prefix.store(p.d_prefix.offset(j + K - 1) + c, g);
+        }
+      }
+    }
+    __syncthreads();  // the tile's dx rows are in gs
+    for (int q = t; q < rows * kTileChunks; q += kTileChannels) {
+      const int r = q / kTileChunks, chunk = q % kTileChunks;
+      const int64_t j = r0 + r - (K - 1), ch = c0 + 8 * chunk;
+      if (j < s || ch >= p.channels) continue;
+      *reinterpret_cast<uint4*>(dxd + p.dx.offset(j) + ch) =
+          *reinterpret_cast<const uint4*>(gs + r * kTileChannels + 8 * chunk);
+    }
+  }
+  if (active && p.dw_partial != nullptr) {
+#pragma unroll
+    for (int m = 0; m < K; ++m) p.dw_partial[(split * p.channels + c) * K + m] = dw[m];
+  }
+}
+
 struct ConvWeightFinish {  // dw[c][m] += Σ_split partial, column index c·K + m
   float* dw;
   int64_t dw_stride;
@@ -112,8 +224,17 @@ struct ConvWeightFinish {  // dw[c][m] += Σ_split partial, column index c·K + 
 };
 
 template <int K>
-void launch_conv_backward(const ConvBackwardArgs& p) {
-  conv_backward_kernel<K><<<cuda::capped_grid((p.splits * p.channels + 255) / 256), 256, 0, current_stream()>>>(p);
+void launch_conv_backward(const ConvBackwardArgs& p, bool tiled) {
+  if (tiled) {
+    // Above the 48 KB default (per device, so set at every launch: a host call of a microsecond).
+    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(conv_backward_tiled_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(kConvTiledSmem)));
+    const dim3 grid(static_cast<unsigned>((p.channels + kTileChannels - 1) / kTileChannels),
+                    static_cast<unsigned>(p.splits));
+    conv_backward_tiled_kernel<K><<<grid, kTileChannels, kConvTiledSmem, current_stream()>>>(p);
+  } else {
+    conv_backward_kernel<K><<<cuda::capped_grid((p.splits * p.channels + 255) / 256), 256, 0, current_stream()>>>(p);
+  }
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 }  // namespace
@@ -153,14 +274,19 @@ void causal_conv_silu_backward(const TensorView& dx, const TensorView& dw, const
                  "conv dw must be [{}, {}], got {}", channels, k, dw.shape_string());
   }
   if (channels == 0) return;
-  // Splits: a function of T alone (determinism); ≥ 64 rows each so the K−1 extra rows stay cheap.
-  const int64_t wanted = std::clamp<int64_t>((t_len + 63) / 64, 1, 128);
+  const cuda::FloatRows fdx = cuda::float_rows(dx, "conv dx"), fdo = cuda::float_rows(d_out, "conv d_out"),
+                        fx = cuda::float_rows(x, "conv x");
+  const bool tiled = channels % 8 == 0 && fdx.bf16 && fdo.bf16 && fx.bf16 && cuda::row_starts_aligned(fdx, 16) &&
+                     cuda::row_starts_aligned(fdo, 16) && cuda::row_starts_aligned(fx, 16);
+  // Splits: a function of T (and of the path) alone, for the weight gradient's order; ≥ 64 rows each
+  // so the K−1 extra rows stay cheap. The tiled path's blocks cover 256 channels, so more splits.
+  const int64_t wanted = std::clamp<int64_t>((t_len + 63) / 64, 1, tiled ? 256 : 128);
   const int64_t rows_per_split = std::max<int64_t>(1, (t_len + wanted - 1) / wanted);
   const int64_t splits = t_len == 0 ? 1 : (t_len + rows_per_split - 1) / rows_per_split;
   Tensor partial = dw.defined() ? Tensor::empty({splits, channels * k}, DType::f32, Device::cuda) : Tensor();
-  ConvBackwardArgs p{.dx = cuda::float_rows(dx, "conv dx"),
-                     .d_out = cuda::float_rows(d_out, "conv d_out"),
-                     .x = cuda::float_rows(x, "conv x"),
+  ConvBackwardArgs p{.dx = fdx,
+                     .d_out = fdo,
+                     .x = fx,
                      .prefix = prefix.defined() ? cuda::float_rows(prefix, "conv prefix") : cuda::FloatRows{},
                      .d_prefix = d_prefix.defined() ? cuda::float_rows(d_prefix, "conv d_prefix") : cuda::FloatRows{},
                      .w = w.data_as<const float>(),
@@ -171,10 +297,10 @@ void causal_conv_silu_backward(const TensorView& dx, const TensorView& dw, const
                      .splits = splits,
                      .dw_partial = partial.defined() ? partial.data_as<float>() : nullptr};
   switch (k) {
-    case 1: launch_conv_backward<1>(p); break;
-    case 2: launch_conv_backward<2>(p); break;
-    case 3: launch_conv_backward<3>(p); break;
-    case 4: launch_conv_backward<4>(p); break;
+    case 1: launch_conv_backward<1>(p, tiled); break;
+    case 2: launch_conv_backward<2>(p, tiled); break;
+    case 3: launch_conv_backward<3>(p, tiled); break;
+    case 4: launch_conv_backward<4>(p, tiled); break;
     default: HYDRA_ASSERT(false, "conv backward on the GPU supports kernel widths 1 to 4, got {}", k);
   }
   if (dw.defined()) {

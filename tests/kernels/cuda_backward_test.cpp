@@ -41,12 +41,18 @@ void expect_same_bits(const TensorView& a, const TensorView& b, const std::strin
 
 struct NormCase {
   int64_t rows, heads, n;  // heads == 0: [rows, n]; else per-head rows [rows, heads, n]
+  int64_t offset = 8;      // columns of the wide matrices before the view (8: 16-byte aligned bf16 rows)
 };
 
 TEST(CudaBackward, RmsNorm) {
   HYDRA_REQUIRE_GPU();
   const ops::RmsNormParams eps{1e-6f};
-  for (const NormCase c : {NormCase{37, 0, 64}, NormCase{3000, 0, 200}, NormCase{517, 4, 128}, NormCase{1, 3, 32}}) {
+  // Vector path (n = 8·G·V, aligned rows): G = 8 (n = 64), 16 with heads (the FA q/k norms),
+  // 64 (two warps per row), 256 (the hidden size, block-wide sums), V = 2 (n = 4096), row counts
+  // that do not fill the last block. Scalar path: n = 200, and n = 2048 on rows not 16-byte aligned.
+  for (const NormCase c : {NormCase{37, 0, 64}, NormCase{3000, 0, 200}, NormCase{517, 4, 128}, NormCase{1, 3, 32},
+                           NormCase{45, 0, 512}, NormCase{301, 0, 2048}, NormCase{70, 0, 4096},
+                           NormCase{33, 0, 2048, 3}}) {
     const std::string what = "rms_norm_backward rows=" + std::to_string(c.rows) + " heads=" +
                               std::to_string(c.heads) + " n=" + std::to_string(c.n);
     const int64_t width = std::max<int64_t>(c.heads, 1) * c.n;
@@ -54,14 +60,19 @@ TEST(CudaBackward, RmsNorm) {
                                                    : std::vector<int64_t>{c.rows, c.n};
     // x and dy: column blocks of wider matrices, split into heads when per-head.
     const auto rows_of = [&](const TensorView& wide) {
-      const TensorView v = wide.narrow(1, 8, width);
+      const TensorView v = wide.narrow(1, c.offset, width);
       return c.heads > 0 ? v.split_dim(1, c.heads, c.n) : v;
     };
     const Tensor xw = rounded_to_bf16(random_tensor({c.rows, width + 8}, 40, 2.0f));
     const Tensor dyw = rounded_to_bf16(random_tensor({c.rows, width + 8}, 41));
+    // The forward on the same rows.
+    Tensor y_ref = Tensor::empty(shape, DType::f32), gy = Tensor::empty(shape, DType::bf16, Device::cuda);
+    ops::rms_norm(y_ref, rows_of(xw), random_tensor({c.n}, 42), eps);
     const Tensor w = random_tensor({c.n}, 42), dw0 = random_tensor({c.n}, 43);
     const Tensor dx0 = rounded_to_bf16(random_tensor(shape, 44));
     const Tensor gxw = gpu(xw), gdyw = gpu(dyw), gw = gpu(w, DType::f32);
+    ops::rms_norm(gy, rows_of(gxw), gw, eps);
+    expect_close(host(gy), y_ref, 1e-2, what + " forward");
 
     // bf16 dy and dx, dx accumulated onto what it holds, with the weight gradient.
     Tensor dx_ref = clone(dx0), dw_ref = clone(dw0);
@@ -296,9 +307,10 @@ struct ConvCase {
 TEST(CudaBackward, CausalConvSilu) {
   HYDRA_REQUIRE_GPU();
   const int64_t c = 96, k = 4;
-  // T < K−1, one split, several splits (64-row splits from T = 65 on), with and without a halo.
+  // T < K−1, one split, several splits (64-row splits from T = 65 on; more than the scalar path's
+  // 128 at T = 20000), with and without a halo.
   for (const ConvCase cc : {ConvCase{45, true}, ConvCase{2, true}, ConvCase{1, false}, ConvCase{130, true},
-                            ConvCase{1000, false}}) {
+                            ConvCase{1000, false}, ConvCase{20000, true}}) {
     const std::string what = "conv backward T=" + std::to_string(cc.t) + (cc.prefix ? " with halo" : "");
     const Tensor xw = rounded_to_bf16(random_tensor({cc.t, c + 8}, 80));
     const auto x_of = [&](const TensorView& v) { return v.narrow(1, 8, c); };
@@ -324,6 +336,19 @@ TEST(CudaBackward, CausalConvSilu) {
     expect_close(host(gdxb), dx_ref, 1e-2, what + " dx bf16");
     if (cc.prefix) expect_close(host(gdpb), dp_ref, 1e-2, what + " d_prefix bf16");
     expect_same_bits(gdw, gdw2, what + " dw");
+    // bf16 dx, d_out and x with 16-byte aligned rows (the model's case): the vector path, twice
+    // for the same bits.
+    Tensor vdx = Tensor::empty({cc.t, c}, DType::bf16, Device::cuda), vdx2 = Tensor::empty({cc.t, c}, DType::bf16, Device::cuda);
+    Tensor vdw = gpu(dw0, DType::f32), vdw2 = gpu(dw0, DType::f32);
+    Tensor vdp = cc.prefix ? Tensor::empty({k - 1, c}, DType::f32, Device::cuda) : Tensor();
+    const Tensor gdy = gpu(dy);
+    ops::causal_conv_silu_backward(vdx, vdw, vdp, gdy, x_of(gxw), gw, gprefix);
+    ops::causal_conv_silu_backward(vdx2, vdw2, Tensor(), gdy, x_of(gxw), gw, gprefix);
+    expect_close(host(vdx), dx_ref, 1e-2, what + " dx bf16 (vector path)");
+    expect_close(host(vdw), dw_ref, 1e-4, what + " dw (vector path)");
+    if (cc.prefix) expect_close(host(vdp), dp_ref, 1e-4, what + " d_prefix (vector path)");
+    expect_same_bits(vdx, vdx2, what + " dx (vector path)");
+    expect_same_bits(vdw, vdw2, what + " dw (vector path)");
   }
 }
 
