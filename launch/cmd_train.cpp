@@ -4,6 +4,7 @@
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -91,7 +92,7 @@ struct TrainOptions {
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16 weights, fp32 masters), cpu (fp32) or auto")
         ("sp", po::value(&sp)->default_value(0), "ranks per sequence (sequence parallel); world / sp data-parallel replicas (0: all ranks)")
         ("peak-tflops", po::value(&peak_tflops)->default_value(989), "dense bf16 peak per GPU for MFU (989: H100/H200 datasheet)")
-        ("kept-activations", po::value(&kept_activations)->default_value("auto"), "what the forward keeps for the backward beyond each layer's input: none | gdn (the GDN outputs: no delta-rule rerun) | gdn+proj (also the fused projection: no in_proj GEMM) | auto (the most that the memory plan fits on every rank)")
+        ("kept-activations", po::value(&kept_activations)->default_value("auto"), "what the forward keeps for the backward beyond each layer's input: none | gdn (the GDN outputs: no delta-rule rerun) | gdn+proj (also the fused projection: no in_proj GEMM) | gdn+proj+mlp (also every layer's MLP gate/up: no mlp_in GEMM) | auto (the most that the memory plan fits on every rank, in that order, the MLP's for as many layers as fit)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
   }
   void validate() const {
@@ -112,8 +113,8 @@ struct TrainOptions {
     HYDRA_USER_CHECK(train == "auto" || train == "all" || train == "attention", "--train must be attention, all or auto");
     HYDRA_USER_CHECK(sp >= 0, "--sp must not be negative");
     HYDRA_USER_CHECK(kept_activations == "auto" || kept_activations == "none" || kept_activations == "gdn" ||
-                         kept_activations == "gdn+proj",
-                     "--kept-activations must be none, gdn, gdn+proj or auto (got '{}')", kept_activations);
+                         kept_activations == "gdn+proj" || kept_activations == "gdn+proj+mlp",
+                     "--kept-activations must be none, gdn, gdn+proj, gdn+proj+mlp or auto (got '{}')", kept_activations);
   }
 };
 
@@ -193,25 +194,39 @@ int run_train(App& app, const std::vector<std::string>& args) {
                                     c.stage == train::Stage::align, keep);
   };
   // Keeping activations spares the backward recomputation: the GDN outputs (a delta-rule forward per
-  // layer) first, the projection (an in_proj GEMM per layer) second. --kept-activations auto takes
-  // the most that fits on every rank (one all-reduce of the misfits, so all ranks choose the same).
-  const KeptActivations options[] = {{.gdn_outputs = true, .projection = true}, {.gdn_outputs = true}, {}};
+  // layer) first, the projection (an in_proj GEMM per layer) second, then the MLP's gate/up (an
+  // mlp_in GEMM, the largest, but also the most memory: T·2I per layer) for as many layers as fit.
+  // --kept-activations auto takes the first candidate that fits on every rank (one all-reduce of
+  // the misfits, so all ranks choose the same).
+  const int64_t layers = student_config.num_layers;
+  std::vector<KeptActivations> options;
+  for (int64_t n = layers; n >= 1; --n) options.push_back({.gdn_outputs = true, .projection = true, .mlp_layers = n});
+  options.push_back({.gdn_outputs = true, .projection = true});
+  options.push_back({.gdn_outputs = true});
+  options.push_back({});
   if (opt.kept_activations == "auto") {
-    Tensor misfits = Tensor::empty({2}, DType::f64);
-    for (int i = 0; i < 2; ++i) {
+    Tensor misfits = Tensor::empty({static_cast<int64_t>(options.size())}, DType::f64);
+    for (size_t i = 0; i < options.size(); ++i) {
       misfits.data_as<double>()[i] = fits_memory_plan(plan(options[i]), world.device, app.mpi.local_size()) ? 0.0 : 1.0;
     }
     all_reduce_sum_host(*world.comm, misfits);
-    c.kept = misfits.data_as<double>()[0] == 0.0 ? options[0] : misfits.data_as<double>()[1] == 0.0 ? options[1] : options[2];
+    c.kept = options.back();
+    for (size_t i = 0; i < options.size(); ++i) {
+      if (misfits.data_as<double>()[i] == 0.0) {
+        c.kept = options[i];
+        break;
+      }
+    }
   } else {
-    c.kept = opt.kept_activations == "gdn+proj" ? options[0] : opt.kept_activations == "gdn" ? options[1] : options[2];
+    const std::string& k = opt.kept_activations;
+    c.kept = k == "gdn+proj+mlp" ? options.front() : k == "gdn+proj" ? options[layers] : k == "gdn" ? options[layers + 1] : options.back();
   }
   const MemoryEstimate estimate = plan(c.kept);
   check_memory_plan(estimate, world.device, fmt::format("training at --seq-len {} on {} rank(s) per sequence", c.seq_len,
                                                         topology.sp()), app.mpi.local_size());
-  log::info("train: memory plan {} per rank; kept for the backward: GDN outputs {}, projection {} "
-            "(--kept-activations {})", estimate.describe(), c.kept.gdn_outputs ? "yes" : "no",
-            c.kept.projection ? "yes" : "no", opt.kept_activations);
+  log::info("train: memory plan {} per rank; kept for the backward: GDN outputs {}, projection {}, MLP gate/up in {} "
+            "of {} layers (--kept-activations {})", estimate.describe(), c.kept.gdn_outputs ? "yes" : "no",
+            c.kept.projection ? "yes" : "no", c.kept.mlp_layers, layers, opt.kept_activations);
   Model student = opt.model.build(world.device, dtype);
   std::optional<Model> teacher;
   if (needs_teacher) {

@@ -97,6 +97,7 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_toke
     saved += t * D * b + t * hfa * d * b + hfa * t * a;
     if (keep.gdn_outputs) saved += t * hg * d * b;
     if (keep.projection && c.is_hydra()) saved += t * rows * b;
+    if (l < keep.mlp_layers) saved += t * 2 * I * b;
     // β, g and the q/k inverse norms: 4·hg fp32 per row.
     const double recompute = t * (3 * D * b + 2 * rows * b + 4 * H * d * b + 2 * hfa * d * b + 4 * hg * a);
     const double backward = t * (2 * D * b + 3 * H * d * b + 3 * hg * d * b + 3 * (hfa + 2 * gfa) * d * a + 2 * hg * a) +

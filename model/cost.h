@@ -50,6 +50,7 @@ int64_t loss_chunk_rows(int64_t vocab);
 struct KeptActivations {
   bool gdn_outputs = false;  // the GDN heads' outputs: no delta-rule forward in the backward (T·H_gdn·d per layer)
   bool projection = false;   // a HydraHead layer's fused projection: no in_proj GEMM in the backward (T·rows)
+  int64_t mlp_layers = 0;    // layers 0..mlp_layers−1 keep the MLP's gate/up: no mlp_in GEMM in their backward (T·2I)
 };
 
 // Per-rank estimate for a training step on `local_tokens` rows (model/train): weights, fp32 masters,

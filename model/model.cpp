@@ -257,7 +257,12 @@ void Model::layer_forward(ForwardContext& context, int64_t layer, const Tensor& 
   } else {
     attention_teacher(context, layer, positions, x_norm, x, saved);
   }
-  mlp(context, layer, x);
+  Tensor gate_up;
+  if (saved && layer < context.keep.mlp_layers) {
+    gate_up = Tensor::empty({x.size(0), 2 * config_.intermediate_size}, dtype_, device_);
+    saved->mlp_gate_up = gate_up;
+  }
+  mlp(context, layer, x, gate_up);
 }
 
 void Model::attention_teacher(ForwardContext& context, int64_t layer, const Tensor& positions,
@@ -329,11 +334,16 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
     ring_attention(context.comm, context.layout, o_acc, lse, q, k, v,
                    ops::AttentionParams{.tau_log_base = config_.fa_log_base, .kv_head_of_query = w.fa_kv_of}, timer);
     ScopedPhase phase(timer, Phase::other);
+    // A forward that saves gates the kept output (dtype()), as the backward's recomputation does:
+    // the recomputed residual then equals this forward's bit for bit, so what else the forward
+    // keeps (the MLP's gate/up) is what the backward would have recomputed.
+    TensorView gated = o_acc.view();
     if (saved) {
       saved->fa_out = to(o_acc, device_, dtype_);
       saved->fa_lse = lse;
+      gated = saved->fa_out.view();
     }
-    ops::sigmoid_gate(heads.view().reshape({t, H * d}).narrow(1, 0, hfa * d), o_acc.view().reshape({t, hfa * d}), gate);
+    ops::sigmoid_gate(heads.view().reshape({t, H * d}).narrow(1, 0, hfa * d), gated.reshape({t, hfa * d}), gate);
   };
   auto gdn_branch = [&] {
     Communicator& comm = context.comm;
@@ -380,16 +390,18 @@ void Model::attention_hydra(ForwardContext& context, int64_t layer, const Tensor
   ops::linear(x, heads.view().reshape({t, H * d}), w.o_proj, ops::Accumulate::yes);
 }
 
-void Model::mlp(ForwardContext& context, int64_t layer, const TensorView& x) const {
+void Model::mlp(ForwardContext& context, int64_t layer, const TensorView& x, const TensorView& gate_up) const {
   const LayerWeights& w = layers_at(layer);
   const int64_t t = x.size(0), I = config_.intermediate_size, tile = std::min(t, kMlpTileTokens);
+  if (gate_up.defined()) expect_shape(gate_up, "kept MLP gate | up", {{"T_loc", t}, {"2I", 2 * I}});
   Tensor x_norm = Tensor::empty({tile, config_.hidden_size}, dtype_, device_);
-  Tensor gate_up = Tensor::empty({tile, 2 * I}, dtype_, device_);
+  Tensor gu_tile = gate_up.defined() ? Tensor() : Tensor::empty({tile, 2 * I}, dtype_, device_);
   Tensor h = Tensor::empty({tile, I}, dtype_, device_);
   for (int64_t t0 = 0; t0 < t; t0 += tile) {  // token-local: tiles bound the intermediate's size
     const int64_t n = std::min(tile, t - t0);
     const TensorView xt = x.narrow(0, t0, n), xn = x_norm.view().narrow(0, 0, n);
-    const TensorView gu = gate_up.view().narrow(0, 0, n), ht = h.view().narrow(0, 0, n);
+    const TensorView gu = gate_up.defined() ? gate_up.narrow(0, t0, n) : gu_tile.view().narrow(0, 0, n);
+    const TensorView ht = h.view().narrow(0, 0, n);
     {
       ScopedPhase phase(context.timer, Phase::other);
       ops::rms_norm(xn, xt, w.post_norm, {static_cast<float>(config_.rms_norm_eps)});

@@ -101,6 +101,7 @@ struct LayerSaved {
   Tensor fa_lse;  // [H_fa, T_loc], acc_dtype()
   Tensor gdn_out; // [T_loc, H_gdn, d], dtype(): the GDN heads' outputs (KeptActivations::gdn_outputs)
   Tensor proj;    // [T_loc, rows], dtype(): the fused projection (KeptActivations::projection)
+  Tensor mlp_gate_up;  // [T_loc, 2I], dtype(): the MLP's gate | up (KeptActivations::mlp_layers)
   GdnSaved gdn;
 };
 
@@ -194,12 +195,13 @@ class Model {
   TensorView head_output_projection(int64_t layer, int64_t head) const;
 
  private:
-  struct LayerActivations;  // the recomputed forward of one layer (model_backward.cpp)
   void attention_teacher(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x_norm,
                          const TensorView& x, LayerSaved* saved) const;
   void attention_hydra(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x_norm,
                        const TensorView& x, LayerSaved* saved) const;
-  void mlp(ForwardContext& context, int64_t layer, const TensorView& x) const;
+  // x += MLP(post_norm(x)); gate_up [T_loc, 2I], when defined, receives the MLP's gate | up (kept
+  // for the backward) instead of a tile buffer.
+  void mlp(ForwardContext& context, int64_t layer, const TensorView& x, const TensorView& gate_up = {}) const;
   DType place_dtype(Slot slot) const;  // dtype() for GEMM weights, acc_dtype() for the rest
   const LayerWeights& layers_at(int64_t layer) const { return weights_.layers.at(static_cast<size_t>(layer)); }
 

@@ -5,7 +5,8 @@
 // q/k (attention itself is not rerun: its output and log-sum-exp were kept), the GDN conv with
 // RoPE and the L2 norm fused in, the gates and — unless the forward kept the GDN outputs
 // (KeptActivations::gdn_outputs) — the chunked delta rule from the kept segment initial
-// states, the fusion and the residual after attention — then runs the gradients back:
+// states, the fusion and the residual after attention; the MLP's gate/up GEMM too, unless the
+// forward kept its output (KeptActivations::mlp_layers) — then runs the gradients back:
 //   MLP (token tiles) → post-norm → W_o → fusion → FA branch (output gate, ring-attention backward,
 //   q/k norms [teacher: RoPE⁻¹ first]) and GDN branch (delta-rule backward with the reverse state
 //   fold, L2 norm and RoPE⁻¹ in one pass, conv with its halo, β/g gates) → the fused projection →
@@ -139,21 +140,25 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
   // ---- MLP backward, in token tiles (recomputing each tile's intermediate) ----
   {
     const int64_t tile = std::min(t, kMlpTileTokens);
-    Tensor xn = empty({tile, D}, dtype_), gu = empty({tile, 2 * I}, dtype_), h = empty({tile, I}, dtype_);
+    const bool kept_gu = saved.mlp_gate_up.defined();  // KeptActivations::mlp_layers: no mlp_in GEMM here
+    if (kept_gu) expect_shape(saved.mlp_gate_up, "kept MLP gate | up", {{"T_loc", t}, {"2I", 2 * I}});
+    Tensor xn = empty({tile, D}, dtype_), h = empty({tile, I}, dtype_);
+    Tensor gu_tile = kept_gu ? Tensor() : empty({tile, 2 * I}, dtype_);
     Tensor dy = empty({tile, D}, dtype_), dh = empty({tile, I}, dtype_), dgu = empty({tile, 2 * I}, dtype_);
     Tensor dxn = empty({tile, D}, dtype_);
     for (int64_t t0 = 0; t0 < t; t0 += tile) {
       const int64_t n = std::min(tile, t - t0);
       const auto rows = [&](const Tensor& m) { return m.view().narrow(0, 0, n); };
       const TensorView xm = x_mid.view().narrow(0, t0, n), dxt = dx.narrow(0, t0, n);
-      const TensorView gate = rows(gu).narrow(1, 0, I), up = rows(gu).narrow(1, I, I);
+      const TensorView gu = kept_gu ? saved.mlp_gate_up.view().narrow(0, t0, n) : rows(gu_tile);
+      const TensorView gate = gu.narrow(1, 0, I), up = gu.narrow(1, I, I);
       {
         ScopedPhase phase(timer, Phase::other);
-        ops::rms_norm(rows(xn), xm, w.post_norm, norm);
+        ops::rms_norm(rows(xn), xm, w.post_norm, norm);  // mlp_in's weight gradient reads it
       }
-      {
+      if (!kept_gu) {
         ScopedPhase phase(timer, Phase::gemm);
-        ops::linear(rows(gu), rows(xn), w.mlp_in);
+        ops::linear(gu, rows(xn), w.mlp_in);
       }
       {
         ScopedPhase phase(timer, Phase::other);

@@ -74,6 +74,11 @@ TEST(Cost, TrainingPlanCoversTheMeasuredPeaks) {
   const double gdn_only = estimate_training_memory(c, 131072, 1, nullptr, Device::cuda, false, {.gdn_outputs = true}).total() -
                           estimate_training_memory(c, 131072, 1, nullptr, Device::cuda, false).total();
   EXPECT_NEAR(gdn_only, 1.05 * 28 * 131072.0 * 14 * 128 * 2, 1e6);
+  // The MLP's gate/up: T·2I bf16 in each of the first mlp_layers layers.
+  const KeptActivations mlp10{.gdn_outputs = true, .projection = true, .mlp_layers = 10};
+  const double mlp_cost = estimate_training_memory(c, 65536, 1, nullptr, Device::cuda, false, mlp10).total() -
+                          estimate_training_memory(c, 65536, 1, nullptr, Device::cuda, false, all).total();
+  EXPECT_NEAR(mlp_cost, 1.05 * 10 * 65536.0 * 2 * 6144 * 2, 1e6);
   // A teacher in the same process (distill) adds its weights; align adds the teacher's residual
   // stream at every layer boundary.
   const ModelConfig teacher = preset_config("qwen3-1.7b");

@@ -98,11 +98,12 @@ TEST(CudaModel, GpuGradientsMatchCpuPath) {
   }
 }
 
-// hydra train keeps the GDN outputs and the projection for the backward when they fit
-// (ForwardContext::keep); the gradients must be those of the recomputing backward on the GPU too.
-// Two GPU backward passes are not bit-identical (the FA backward adds dQ with bulk fp32 reductions,
-// in whatever order the CTAs finish), so the bound is 1e-4 of each gradient's norm, not 0 (seen on
-// an H200: up to 1.2e-6, layer 0's dt_bias, which layer 1's FA dQ reaches through the residual).
+// hydra train keeps the GDN outputs, the projection and (here in layer 0) the MLP's gate/up for the
+// backward when they fit (ForwardContext::keep); the gradients must be those of the recomputing
+// backward on the GPU too. Two GPU backward passes are not bit-identical (the FA backward adds dQ
+// with bulk fp32 reductions, in whatever order the CTAs finish), so the bound is 1e-4 of each
+// gradient's norm, not 0 (seen on an H200: up to 1.2e-6, layer 0's dt_bias, which layer 1's FA dQ
+// reaches through the residual).
 TEST(CudaModel, KeptActivationsGiveTheRecomputedGradients) {
   HYDRA_REQUIRE_GPU();
   const ModelConfig c = preset_config("hydrahead-tiny");
@@ -117,7 +118,7 @@ TEST(CudaModel, KeptActivationsGiveTheRecomputedGradients) {
   NamedTensors grads[2];
   for (const bool keep : {false, true}) {
     ForwardContext context{
-        .comm = comm, .layout = SequenceLayout::zigzag(t, 1, 0), .keep = {.gdn_outputs = keep, .projection = keep}};
+        .comm = comm, .layout = SequenceLayout::zigzag(t, 1, 0), .keep = {.gdn_outputs = keep, .projection = keep, .mlp_layers = keep ? 1 : 0}};
     ModelTensors g = gpu.zeros_like_weights(gpu.acc_dtype());
     train::sequence_gradients(context, gpu, ids, targets, train::Objective::cross_entropy, 1.0 / t, &g);
     grads[keep ? 1 : 0] = gpu.unpack(g);

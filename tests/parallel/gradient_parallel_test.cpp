@@ -129,7 +129,10 @@ TEST(Gradients, DataTimesSequenceParallelEqualSingleProcess) {
     const SequenceLayout layout = SequenceLayout::zigzag(t, seq.size(), seq.rank());
     Tensor ids, targets;
     local_window(layout, topology.replica(), ids, targets);
-    ForwardContext context{.comm = seq, .layout = layout, .keep = {.gdn_outputs = true, .projection = true}};
+    // Kept activations (layer 0 also keeps its MLP gate/up, layer 1 recomputes it) against the
+    // single process, which recomputes everything: the same gradients.
+    ForwardContext context{
+        .comm = seq, .layout = layout, .keep = {.gdn_outputs = true, .projection = true, .mlp_layers = 1}};
     train::sequence_gradients(context, model, ids, targets, train::Objective::cross_entropy, scale, &parallel);
   }
   train::all_reduce_gradients(comm, parallel);
