@@ -11,6 +11,10 @@
 // kernels' own durations; overlapping kernels (several streams) are each counted in full, and the
 // header states the span from the first to the last record beside the summed time.
 //
+// Below the table: the GPU's idle time, the parts of the span covered by no kernel, copy or memset
+// on any stream (time the GPU waited for the host: launches, synchronisations, host work), grouped
+// by the record that ended before each gap and the one that started after it, longest total first.
+//
 // Why an injection library and not a link-time dependency: hydra itself needs no CUPTI, and the
 // same library profiles the PyTorch reference scripts (python3 is a CUDA program too). PyTorch's
 // own profiler uses the same CUPTI records (Kineto); this works where hardware counters do not
@@ -35,9 +39,16 @@ struct Totals {
   uint64_t count = 0;
 };
 
+struct Interval {
+  uint64_t start, end;
+  const std::string* name;  // a key of State::kernels, or one of the names below (stable addresses)
+};
+
 struct State {
   std::mutex mutex;
   std::map<std::string, Totals> kernels;
+  std::vector<Interval> intervals;
+  const std::string copy_name = "(copy)", memset_name = "(memset)";
   Totals copies, memsets;
   uint64_t first = UINT64_MAX, last = 0;
   uint64_t dropped = 0;
@@ -101,17 +112,21 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
       case CUPTI_ACTIVITY_KIND_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-        add(s, s.kernels[readable(k->name)], k->start, k->end);
+        const auto entry = s.kernels.try_emplace(readable(k->name)).first;
+        add(s, entry->second, k->start, k->end);
+        s.intervals.push_back({k->start, k->end, &entry->first});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
         add(s, s.copies, m->start, m->end);
+        s.intervals.push_back({m->start, m->end, &s.copy_name});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
         add(s, s.memsets, m->start, m->end);
+        s.intervals.push_back({m->start, m->end, &s.memset_name});
         break;
       }
       default:
@@ -121,6 +136,58 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   size_t dropped = 0;
   if (cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped) == CUPTI_SUCCESS) s.dropped += dropped;
   std::free(buffer);
+}
+
+// A kernel's name without its return type, scope and arguments ("conv_backward8_kernel<4>").
+std::string short_name(const std::string& name) {
+  if (name.empty() || name[0] == '(') return name;  // "(copy)", "(memset)"
+  size_t open = 0;
+  while ((open = name.find('(', open)) != std::string::npos && name.compare(open, 10, "(anonymous") == 0) ++open;
+  const std::string head = name.substr(0, open);
+  size_t begin = 0;
+  int depth = 0;
+  for (size_t i = 0; i + 1 < head.size(); ++i) {  // the last "::" outside template arguments
+    if (head[i] == '<') ++depth;
+    if (head[i] == '>') --depth;
+    if (depth == 0 && head[i] == ':' && head[i + 1] == ':') begin = i + 2;
+  }
+  std::string out = head.substr(begin);
+  if (out.rfind("void ", 0) == 0) out = out.substr(5);
+  return out;
+}
+
+// Idle time: sweep the records in start order, keeping the latest end so far; a record starting
+// after it opens a gap, charged to (the record that set that end, this record).
+void report_idle(State& s, FILE* out) {
+  std::sort(s.intervals.begin(), s.intervals.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
+  std::map<std::pair<const std::string*, const std::string*>, Totals> gaps;
+  uint64_t idle = 0, reach = 0;
+  const std::string* last = nullptr;
+  for (const Interval& i : s.intervals) {
+    if (last != nullptr && i.start > reach) {
+      Totals& g = gaps[{last, i.name}];
+      g.ns += i.start - reach;
+      g.count += 1;
+      idle += i.start - reach;
+    }
+    if (last == nullptr || i.end > reach) {
+      reach = i.end;
+      last = i.name;
+    }
+  }
+  const double span = s.last > s.first ? static_cast<double>(s.last - s.first) : 0.0;
+  std::fprintf(out, "# idle: %.3f ms of the %.3f ms span (%.1f%%) covered by no record; longest totals by the records "
+                    "around each gap:\n",
+               static_cast<double>(idle) / 1e6, span / 1e6, span > 0 ? 100.0 * static_cast<double>(idle) / span : 0.0);
+  std::vector<std::pair<std::pair<const std::string*, const std::string*>, Totals>> rows(gaps.begin(), gaps.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  std::fprintf(out, "idle_ms\tgaps\tmean_us\tbefore -> after\n");
+  for (size_t r = 0; r < rows.size() && r < 25; ++r) {
+    const auto& [names, t] = rows[r];
+    std::fprintf(out, "%.3f\t%llu\t%.1f\t%s -> %s\n", static_cast<double>(t.ns) / 1e6,
+                 static_cast<unsigned long long>(t.count), static_cast<double>(t.ns) / 1e3 / static_cast<double>(t.count),
+                 short_name(*names.first).c_str(), short_name(*names.second).c_str());
+  }
 }
 
 void report() {
@@ -155,6 +222,7 @@ void report() {
                  static_cast<unsigned long long>(t.count), static_cast<double>(t.ns) / 1e3 / static_cast<double>(t.count),
                  name.c_str());
   }
+  report_idle(s, out);
   if (out != stderr) std::fclose(out);
 }
 
