@@ -56,14 +56,13 @@ __device__ float conv_input(const ConvBackwardArgs& p, int64_t row, int64_t c) {
   return 0.0f;
 }
 
+// One channel's walk over rows s, s + 1, ... (both backward kernels): the last K inputs and
+// pre-activation gradients in registers, the weight-gradient sums over the split's rows.
 template <int K>
-__global__ void __launch_bounds__(256) conv_backward_kernel(ConvBackwardArgs p) {
-  const int64_t n = p.splits * p.channels;
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t split = idx / p.channels, c = idx % p.channels;  // channels fastest: coalesced rows
-    const int64_t s = split * p.rows_per_split;
-    const int64_t e = s + p.rows_per_split < p.t_len ? s + p.rows_per_split : p.t_len;
-    float w[K], xw[K], da[K], dw[K];  // xw[m]: input row i−K+1+m; da[m]: d_a of row i−K+1+m
+struct ConvWalk {
+  float w[K], xw[K], da[K], dw[K];  // xw[m], da[m]: row i − K + 1 + m
+
+  __device__ void init(const ConvBackwardArgs& p, int64_t s, int64_t c) {
 #pragma unroll
     for (int m = 0; m < K; ++m) {
       w[m] = p.w[c * p.w_stride + m];
@@ -71,29 +70,49 @@ __global__ void __launch_bounds__(256) conv_backward_kernel(ConvBackwardArgs p) 
       da[m] = 0.0f;  // rows before s are never needed: dx[j ≥ s] reads d_a[j..j+K−1]
       dw[m] = 0.0f;
     }
-    for (int64_t i = s; i < e + K - 1; ++i) {
-      float dai = 0.0f;  // rows past the end have no output, so no gradient
-      if (i < p.t_len) {
-        xw[K - 1] = p.x.load(p.x.offset(i) + c);
-        float a = 0.0f;
+  }
+  // Row i: x_i and d_out_i count only when has_row (i < T: rows past the end have no output, so no
+  // gradient); dw sums when in_split (i < e). Returns dx of row i − (K − 1), now complete.
+  __device__ float step(bool has_row, bool in_split, float x_i, float d_out_i) {
+    float dai = 0.0f;
+    if (has_row) {
+      xw[K - 1] = x_i;
+      float a = 0.0f;
 #pragma unroll
-        for (int m = 0; m < K; ++m) a += w[m] * xw[m];
-        const float sg = 1.0f / (1.0f + expf(-a));
-        dai = p.d_out.load(p.d_out.offset(i) + c) * sg * (1.0f + a * (1.0f - sg));
-        if (i < e) {
+      for (int m = 0; m < K; ++m) a += w[m] * xw[m];
+      const float sg = 1.0f / (1.0f + expf(-a));
+      dai = d_out_i * sg * (1.0f + a * (1.0f - sg));
+      if (in_split) {
 #pragma unroll
-          for (int m = 0; m < K; ++m) dw[m] += dai * xw[m];
-        }
-#pragma unroll
-        for (int m = 0; m < K - 1; ++m) xw[m] = xw[m + 1];
+        for (int m = 0; m < K; ++m) dw[m] += dai * xw[m];
       }
 #pragma unroll
-      for (int m = 0; m < K - 1; ++m) da[m] = da[m + 1];
-      da[K - 1] = dai;
-      const int64_t j = i - (K - 1);  // the row whose dx is now complete
-      float g = 0.0f;
+      for (int m = 0; m < K - 1; ++m) xw[m] = xw[m + 1];
+    }
 #pragma unroll
-      for (int m = 0; m < K; ++m) g += w[m] * da[K - 1 - m];
+    for (int m = 0; m < K - 1; ++m) da[m] = da[m + 1];
+    da[K - 1] = dai;
+    float g = 0.0f;
+#pragma unroll
+    for (int m = 0; m < K; ++m) g += w[m] * da[K - 1 - m];
+    return g;
+  }
+};
+
+template <int K>
+__global__ void __launch_bounds__(256) conv_backward_kernel(ConvBackwardArgs p) {
+  const int64_t n = p.splits * p.channels;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t split = idx / p.channels, c = idx % p.channels;  // channels fastest: coalesced rows
+    const int64_t s = split * p.rows_per_split;
+    const int64_t e = s + p.rows_per_split < p.t_len ? s + p.rows_per_split : p.t_len;
+    ConvWalk<K> walk;
+    walk.init(p, s, c);
+    for (int64_t i = s; i < e + K - 1; ++i) {
+      const bool has_row = i < p.t_len;
+      const float g = walk.step(has_row, i < e, has_row ? p.x.load(p.x.offset(i) + c) : 0.0f,
+                                has_row ? p.d_out.load(p.d_out.offset(i) + c) : 0.0f);
+      const int64_t j = i - (K - 1);  // the row whose dx is now complete
       if (j >= s) {
         p.dx.store(p.dx.offset(j) + c, g);
       } else if (s == 0 && p.d_prefix.data != nullptr) {  // j in [−(K−1), 0): a halo row
@@ -102,7 +121,7 @@ __global__ void __launch_bounds__(256) conv_backward_kernel(ConvBackwardArgs p) 
     }
     if (p.dw_partial != nullptr) {
 #pragma unroll
-      for (int m = 0; m < K; ++m) p.dw_partial[(split * p.channels + c) * K + m] = dw[m];
+      for (int m = 0; m < K; ++m) p.dw_partial[(split * p.channels + c) * K + m] = walk.dw[m];
     }
   }
 }
@@ -148,14 +167,8 @@ __global__ void __launch_bounds__(kTileChannels) conv_backward_tiled_kernel(Conv
     }
     cuda::cp_async_commit();
   };
-  float w[K], xw[K], da[K], dw[K];  // xw[m], da[m]: row i − K + 1 + m
-#pragma unroll
-  for (int m = 0; m < K; ++m) {
-    w[m] = active ? p.w[c * p.w_stride + m] : 0.0f;
-    xw[m] = active && m < K - 1 ? conv_input<K>(p, s - (K - 1) + m, c) : 0.0f;
-    da[m] = 0.0f;  // rows before s are never needed: dx[j ≥ s] reads d_a[j..j+K−1]
-    dw[m] = 0.0f;
-  }
+  ConvWalk<K> walk;
+  if (active) walk.init(p, s, c);
   load_tile(s, 0);
   int buf = 0;
   for (int64_t r0 = s; r0 < walk_end; r0 += kTileRows, buf ^= 1) {
@@ -172,28 +185,10 @@ __global__ void __launch_bounds__(kTileChannels) conv_backward_tiled_kernel(Conv
     if (active) {
       for (int r = 0; r < rows; ++r) {
         const int64_t i = r0 + r;
-        float dai = 0.0f;  // rows past the end have no output, so no gradient
-        if (i < p.t_len) {
-          xw[K - 1] = __bfloat162float(xt[r * kTileChannels + t]);
-          float a = 0.0f;
-#pragma unroll
-          for (int m = 0; m < K; ++m) a += w[m] * xw[m];
-          const float sg = 1.0f / (1.0f + expf(-a));
-          dai = __bfloat162float(dt[r * kTileChannels + t]) * sg * (1.0f + a * (1.0f - sg));
-          if (i < e) {
-#pragma unroll
-            for (int m = 0; m < K; ++m) dw[m] += dai * xw[m];
-          }
-#pragma unroll
-          for (int m = 0; m < K - 1; ++m) xw[m] = xw[m + 1];
-        }
-#pragma unroll
-        for (int m = 0; m < K - 1; ++m) da[m] = da[m + 1];
-        da[K - 1] = dai;
+        const bool has_row = i < p.t_len;
+        const float g = walk.step(has_row, i < e, has_row ? __bfloat162float(xt[r * kTileChannels + t]) : 0.0f,
+                                  has_row ? __bfloat162float(dt[r * kTileChannels + t]) : 0.0f);
         const int64_t j = i - (K - 1);  // the row whose dx is now complete
-        float g = 0.0f;
-#pragma unroll
-        for (int m = 0; m < K; ++m) g += w[m] * da[K - 1 - m];
         if (j >= s) {
           gs[r * kTileChannels + t] = __float2bfloat16_rn(g);
         } else if (s == 0 && p.d_prefix.data != nullptr) {  // j in [−(K−1), 0): a halo row
@@ -212,7 +207,7 @@ __global__ void __launch_bounds__(kTileChannels) conv_backward_tiled_kernel(Conv
   }
   if (active && p.dw_partial != nullptr) {
 #pragma unroll
-    for (int m = 0; m < K; ++m) p.dw_partial[(split * p.channels + c) * K + m] = dw[m];
+    for (int m = 0; m < K; ++m) p.dw_partial[(split * p.channels + c) * K + m] = walk.dw[m];
   }
 }
 
