@@ -79,6 +79,9 @@ void delta_rule_chunked(const TensorView& out, const TensorView& state, const Te
 void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
                             const TensorView& g, const TensorView& beta, const DeltaRuleParams& params);
 void delta_rule_apply_map(const TensorView& state, const TensorView& m, const TensorView& s_ext);
+// The segment fold of the chunked form (gdn::fold_maps in delta_rule_cuda.cuh), for its test:
+// states[s+1] = M_s states[s] (+ add[s]), s < steps, fp32 [n, H, D, D] with contiguous slices.
+void delta_rule_fold(const TensorView& m, const TensorView* add, const TensorView& states, int steps);
 // Tests and benchmarks pick the implementation. kernel: fused (prepare + fused state/output pass,
 // delta_rule_cuda.cuh; an earlier three-kernel form measured 25.5 ms at 512K × 14 heads on an H200
 // against fused's 18.2 and was removed). segments: the in-GPU split of the sequential pass (0:

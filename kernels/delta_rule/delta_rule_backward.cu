@@ -207,6 +207,9 @@ void check_rows(const TensorView& x, const char* what) {
 // Stage 3 over prepared chunks. Value tiles of 16 columns when few CTAs would otherwise leave SMs
 // idle, else 32. At 512K × 14 heads 32 columns (56 CTAs, half the re-reads of W, K̃, Q̂) measured
 // 19.7 ms against 16 columns' 15.6: the pass is bound by each CTA's chunk step, not by L2.
+// In training beside the FA backward (each stage-3 CTA holds an SM the attention kernel cannot
+// share) 32 columns measured 5.33 s per 128K step against 16 columns' 5.35 (2026-12-02, run1 of
+// cluster/results/h200-2026-12-05/): within the noise, so the rule stays.
 template <int D>
 void state_gradient_pass(const PassArgs& args) {
   auto launch = [&](auto kernel, size_t smem, int bv) {

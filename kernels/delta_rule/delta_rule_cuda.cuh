@@ -91,9 +91,11 @@ struct StatePassArgs {
 };
 void state_pass(const StatePassArgs& args, int head_dim);
 
-// The sequential fold of segment maps (delta_rule_forward.cu), one batched fp32 GEMM per step over
-// all heads: states[s+1] = M_s · states[s] (+ add_s), s = 0 .. steps−1, states[0] set by the caller.
-// m, add: [≥ steps, H, D, D]; states: [steps + 1, H, D, D]; add null: no addend.
+// The sequential fold of segment maps (delta_rule_forward.cu), all steps and heads in one launch:
+// states[s+1] = M_s · states[s] (+ add_s), s = 0 .. steps−1, in fp32, states[0] set by the caller.
+// m, add: [≥ steps, H, D, D]; states: [≥ steps + 1, H, D, D], each with contiguous [H, D, D]
+// slices (D = 64 or 128); add null: no addend. (It was a copy and a batched cuBLAS GEMM per step;
+// the training profile showed ~0.2 ms of host time per step with the GPU idle.)
 void fold_maps(const TensorView& m, const TensorView* add, const TensorView& states, int steps);
 
 // HYDRA_GDN_PROFILE=1: each marked stage's time (CUDA events), printed to stderr at scope exit.

@@ -5,8 +5,8 @@
 //   1. prepare: γ, T, P for every (chunk, head), in parallel;
 //   2. with S > 1 segments (enough (head, segment) CTAs to fill the GPU, one CTA per SM each
 //      holding a whole D × D state or map): the maps (M, S_ext) of segments 0 .. S−2, all in
-//      parallel; a short sequential fold on batched fp32 GEMMs, S_in(s+1) = M_s S_in(s) + S_ext(s),
-//      gives every segment its initial state;
+//      parallel; a short sequential fold in one launch (fold_kernel), S_in(s+1) = M_s S_in(s) +
+//      S_ext(s), gives every segment its initial state;
 //   3. the state pass of every segment in parallel, outputs fused in.
 // segment_map (sequence parallelism): prepare without queries, the maps of S segments in one
 // launch, composed by the same fold.
@@ -62,7 +62,9 @@ namespace {
 // Segments of the in-GPU split. Every CTA of the state pass holds one SM (a (head, segment)'s
 // whole D × D state, or a map), so a launch's time is modelled as (waves of CTAs over the SMs) ×
 // (chunks per segment) × (one chunk step: 64 with outputs, 40 without, in the same units), plus
-// ≈ 500 units per fold step (a copy and a small batched GEMM). chunked runs the maps of segments
+// ≈ 500 units per fold step (priced when a step was a copy and a batched cuBLAS GEMM; the
+// one-launch fold_kernel costs far less, so this overstates it — at 14 heads the choice is set by
+// the waves, not by this term). chunked runs the maps of segments
 // 0..S−2 (2 CTAs per head each: S_ext and M), then the state pass of all S (one CTA per head);
 // segment_map (state_pass false) runs the maps of all S. The S with the smallest modelled time
 // wins (segments of at least 16 chunks, at most 64 segments). At 14 heads on 132 SMs this picks
@@ -217,12 +219,100 @@ void sequential_pass(const ChunkPrep& prep, const TensorView& out, const TensorV
   if (segments > 1) copy_into(state, inits.view().select(0, segments - 1));  // the last segment's final state
 }
 
-void fold_maps(const TensorView& m, const TensorView* add, const TensorView& states, int steps) {
-  for (int s = 0; s < steps; ++s) {
-    const TensorView next = states.select(0, s + 1);
-    if (add) copy_into(next, add->select(0, s));
-    gemm_batched(next, m.select(0, s), states.select(0, s), GemmParams{.beta = add ? 1.0f : 0.0f});
+namespace {
+
+// The fold in one launch: CTA (column tile of kFoldCols, head), 2·D threads; thread (r, half) owns
+// row r and columns 8·half .. 8·half+7 of the tile. The tile of the state stays in shared memory
+// (double-buffered: one barrier per step); row r of M_s is read with float4 loads, which L1 serves
+// to the other half of the CTA and across the eight k-steps of a line. fp32 FMAs over k in order
+// (as a plain fp32 GEMM; the summation order differs from cuBLAS's, the precision does not).
+constexpr int kFoldCols = 16;
+
+struct FoldArgs {
+  const float* m;
+  const float* add;  // null: no addend
+  float* states;
+  int64_t m_step, add_step, states_step;  // elements between consecutive s
+  int steps;
+};
+
+template <int D>
+__global__ void __launch_bounds__(2 * D) fold_kernel(const FoldArgs a) {
+  __shared__ __align__(16) float x[2][D][kFoldCols];
+  const int head = blockIdx.y, c0 = blockIdx.x * kFoldCols;
+  const int r = threadIdx.x % D, c = (threadIdx.x / D) * 8;
+  const int64_t head_offset = int64_t(head) * D * D;
+  for (int i = threadIdx.x; i < D * kFoldCols; i += 2 * D) {
+    x[0][i / kFoldCols][i % kFoldCols] = a.states[head_offset + int64_t(i / kFoldCols) * D + c0 + i % kFoldCols];
   }
+  __syncthreads();
+  for (int s = 0; s < a.steps; ++s) {
+    const float* m_row = a.m + s * a.m_step + head_offset + int64_t(r) * D;
+    const float(*xs)[kFoldCols] = x[s % 2];
+    float acc[8] = {};
+#pragma unroll 4
+    for (int k = 0; k < D; k += 4) {
+      const float4 mk = __ldg(reinterpret_cast<const float4*>(m_row + k));
+      const float mv[4] = {mk.x, mk.y, mk.z, mk.w};
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const float4 lo = *reinterpret_cast<const float4*>(&xs[k + kk][c]);
+        const float4 hi = *reinterpret_cast<const float4*>(&xs[k + kk][c + 4]);
+        acc[0] = fmaf(mv[kk], lo.x, acc[0]);
+        acc[1] = fmaf(mv[kk], lo.y, acc[1]);
+        acc[2] = fmaf(mv[kk], lo.z, acc[2]);
+        acc[3] = fmaf(mv[kk], lo.w, acc[3]);
+        acc[4] = fmaf(mv[kk], hi.x, acc[4]);
+        acc[5] = fmaf(mv[kk], hi.y, acc[5]);
+        acc[6] = fmaf(mv[kk], hi.z, acc[6]);
+        acc[7] = fmaf(mv[kk], hi.w, acc[7]);
+      }
+    }
+    const int64_t at = head_offset + int64_t(r) * D + c0 + c;
+    if (a.add != nullptr) {
+      const float4 lo = __ldg(reinterpret_cast<const float4*>(a.add + s * a.add_step + at));
+      const float4 hi = __ldg(reinterpret_cast<const float4*>(a.add + s * a.add_step + at + 4));
+      acc[0] += lo.x, acc[1] += lo.y, acc[2] += lo.z, acc[3] += lo.w;
+      acc[4] += hi.x, acc[5] += hi.y, acc[6] += hi.z, acc[7] += hi.w;
+    }
+    const float4 lo = make_float4(acc[0], acc[1], acc[2], acc[3]), hi = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    float* out = a.states + (s + 1) * a.states_step + at;
+    *reinterpret_cast<float4*>(out) = lo;
+    *reinterpret_cast<float4*>(out + 4) = hi;
+    *reinterpret_cast<float4*>(&x[(s + 1) % 2][r][c]) = lo;
+    *reinterpret_cast<float4*>(&x[(s + 1) % 2][r][c + 4]) = hi;
+    __syncthreads();  // step s+1 reads the tile just written; step s+2 overwrites the one read here
+  }
+}
+
+// [n, H, D, D] fp32 with contiguous [H, D, D] slices, 16-byte aligned.
+void expect_fold_operand(const TensorView& t, const char* what, int64_t n, int64_t heads, int64_t d) {
+  cuda::expect_cuda(t, what, DType::f32);
+  HYDRA_ASSERT(t.rank() == 4 && t.size(0) >= n && t.size(1) == heads && t.size(2) == d && t.size(3) == d &&
+                   t.stride(3) == 1 && t.stride(2) == d && t.stride(1) == d * d && t.stride(0) % 4 == 0 &&
+                   reinterpret_cast<uintptr_t>(t.data()) % 16 == 0,
+               "segment fold: {} must be [≥{}, {}, {}, {}] fp32 with contiguous 16-byte-aligned [H, D, D] slices, got {}",
+               what, n, heads, d, d, t.shape_string());
+}
+
+}  // namespace
+
+void fold_maps(const TensorView& m, const TensorView* add, const TensorView& states, int steps) {
+  if (steps <= 0) return;
+  const int64_t heads = states.size(1), d = states.size(2);
+  HYDRA_ASSERT(d == 64 || d == 128, "segment fold: state dimension {} (64 or 128)", d);
+  expect_fold_operand(states, "states", steps + 1, heads, d);
+  expect_fold_operand(m, "m", steps, heads, d);
+  if (add) expect_fold_operand(*add, "add", steps, heads, d);
+  const FoldArgs a{m.data_as<const float>(), add ? add->data_as<const float>() : nullptr, states.data_as<float>(),
+                   m.stride(0), add ? add->stride(0) : 0, states.stride(0), steps};
+  const dim3 grid(static_cast<unsigned>(d / kFoldCols), static_cast<unsigned>(heads));
+  if (d == 128) {
+    fold_kernel<128><<<grid, 256, 0, current_stream()>>>(a);
+  } else {
+    fold_kernel<64><<<grid, 128, 0, current_stream()>>>(a);
+  }
+  HYDRA_CUDA_LAUNCH_CHECK();
 }
 }  // namespace gdn
 
@@ -275,6 +365,10 @@ void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const 
   }
   const GdnOptions o = resolve_gdn_options(options);
   segment_map_fused(m, s_ext, k, v, g, beta, o.segments);
+}
+
+void delta_rule_fold(const TensorView& m, const TensorView* add, const TensorView& states, int steps) {
+  fold_maps(m, add, states, steps);
 }
 
 void delta_rule_apply_map(const TensorView& state, const TensorView& m, const TensorView& s_ext) {

@@ -329,5 +329,57 @@ TEST(CudaOps, ChunkedDeltaRuleAndSegmentMapMatchReference) {
 #endif
 }
 
+// The one-launch segment fold against a host fold in fp64: with and without the addend, both state
+// sizes, and operands that are slices of larger buffers (as segment_map passes M[1..]).
+TEST(CudaOps, SegmentFoldMatchesHostFold) {
+  HYDRA_REQUIRE_GPU();
+#if HYDRA_CUDA
+  for (const int64_t d : {64, 128}) {
+    for (const bool with_add : {true, false}) {
+      const int64_t heads = 3;
+      const int steps = 6;
+      // Maps near a contraction (entries of size 1/sqrt(d)·0.9), as the decayed segment maps are.
+      Tensor m = random_tensor({steps + 1, heads, d, d}, 41, 0.9f / std::sqrt(static_cast<float>(d)));
+      Tensor add = random_tensor({steps, heads, d, d}, 42, 0.5f);
+      Tensor s0 = random_tensor({heads, d, d}, 43, 1.0f);
+      // Host: states[s+1] = M_{s+1} states[s] + add[s] (the device sees M from slice 1 on).
+      std::vector<double> ref(static_cast<size_t>(heads * d * d)), next(ref.size());
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] = s0.data_as<float>()[i];
+      std::vector<std::vector<double>> expected;
+      for (int s = 0; s < steps; ++s) {
+        const float* ms = m.data_as<float>() + (s + 1) * heads * d * d;
+        const float* as = add.data_as<float>() + s * heads * d * d;
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t r = 0; r < d; ++r)
+            for (int64_t c = 0; c < d; ++c) {
+              double acc = with_add ? as[(h * d + r) * d + c] : 0.0;
+              for (int64_t k = 0; k < d; ++k) acc += double(ms[(h * d + r) * d + k]) * ref[static_cast<size_t>((h * d + k) * d + c)];
+              next[static_cast<size_t>((h * d + r) * d + c)] = acc;
+            }
+        ref.swap(next);
+        expected.push_back(ref);
+      }
+      Tensor mg = gpu(m, DType::f32), ag = gpu(add, DType::f32);
+      Tensor states = Tensor::zeros({steps + 1, heads, d, d}, DType::f32, Device::cuda);
+      copy_into(states.view().select(0, 0), gpu(s0, DType::f32));
+      const TensorView a_view = ag.view();
+      ops::cuda_impl::delta_rule_fold(mg.view().narrow(0, 1, steps), with_add ? &a_view : nullptr, states, steps);
+      Tensor out = host(states);
+      double worst = 0, scale = 0;
+      for (int s = 0; s < steps; ++s)
+        for (size_t i = 0; i < ref.size(); ++i) {
+          const double got = out.data_as<float>()[static_cast<size_t>(s + 1) * ref.size() + i];
+          worst = std::max(worst, std::abs(got - expected[static_cast<size_t>(s)][i]));
+          scale = std::max(scale, std::abs(expected[static_cast<size_t>(s)][i]));
+        }
+      std::printf("fold d=%lld add=%d: max abs error %.3g (largest value %.3g)\n", static_cast<long long>(d), with_add,
+                  worst, scale);
+      EXPECT_GT(scale, 0.1);  // the fold did not decay to nothing: the comparison means something
+      EXPECT_LT(worst, 2e-5 * scale) << "fold d=" << d << " add=" << with_add;
+    }
+  }
+#endif
+}
+
 }  // namespace
 }  // namespace hydra::test
