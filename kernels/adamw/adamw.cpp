@@ -69,6 +69,21 @@ void adamw_update(const TensorView& master, const TensorView& m, const TensorVie
                   [&](auto zero) { adamw_cpu<decltype(zero)>(master, m, v, grad, weight, params); });
 }
 
+double sum_of_squares(std::span<const TensorView> xs) {
+  if (!xs.empty() && on_cuda({xs[0]})) {
+#if HYDRA_CUDA
+    for (const TensorView& x : xs) {
+      HYDRA_ASSERT(x.is_contiguous() && on_cuda({x}), "sum_of_squares: a list of contiguous CUDA tensors, got {}",
+                   x.shape_string());
+    }
+    return cuda_impl::sum_of_squares(xs);
+#endif
+  }
+  double total = 0;
+  for (const TensorView& x : xs) total += sum_of_squares(x);
+  return total;
+}
+
 double sum_of_squares(const TensorView& x) {
   HYDRA_ASSERT(x.is_contiguous(), "sum_of_squares needs a contiguous tensor, got {}", x.shape_string());
   if (on_cuda({x})) {

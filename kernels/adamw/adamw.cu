@@ -4,7 +4,9 @@
 // in adamw.h; the bias corrections 1 − β^step are formed once on the host in fp64.
 // sum_of_squares: a fixed grid of kSumBlocks blocks whatever the device; each thread sums x² in fp64
 // over a fixed set of elements, each block adds its threads in a fixed tree, and the host adds the
-// block sums in block order. The result is the same on every run and every GPU.
+// block sums in block order. The result is the same on every run and every GPU. A list of tensors
+// is one kernel per tensor into its own slot of one buffer and a single copy back (the optimizer's
+// global norm over ~450 tensors: one synchronisation, not one per tensor).
 #include <cmath>
 #include <vector>
 
@@ -100,18 +102,36 @@ void adamw_update(const TensorView& master, const TensorView& m, const TensorVie
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 
-double sum_of_squares(const TensorView& x) {
-  const int64_t n = x.numel();
-  expect_flat_f32(x, "sum_of_squares x", n);
-  if (n == 0) return 0.0;
-  const std::shared_ptr<void> block_sums = cuda_allocate(kSumBlocks * sizeof(double));
-  sum_of_squares_kernel<<<kSumBlocks, kSumThreads, 0, current_stream()>>>(x.data_as<const float>(), n,
-                                                                          static_cast<double*>(block_sums.get()));
-  HYDRA_CUDA_LAUNCH_CHECK();
-  std::vector<double> host(kSumBlocks);
-  cuda_copy_bytes(host.data(), Device::host, block_sums.get(), Device::cuda, kSumBlocks * sizeof(double));  // syncs
+double sum_of_squares(const TensorView& x) { return sum_of_squares(std::span<const TensorView>(&x, 1)); }
+
+double sum_of_squares(std::span<const TensorView> xs) {
+  // Every tensor's block sums land in its own slot of one buffer; one copy back (one synchronisation).
+  std::vector<int64_t> sizes;
+  for (const TensorView& x : xs) {
+    sizes.push_back(x.numel());
+    expect_flat_f32(x, "sum_of_squares x", sizes.back());
+  }
+  if (xs.empty()) return 0.0;
+  const size_t slot_bytes = kSumBlocks * sizeof(double);
+  const std::shared_ptr<void> block_sums = cuda_allocate(xs.size() * slot_bytes);
+  double* sums = static_cast<double*>(block_sums.get());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    double* slot = sums + i * kSumBlocks;
+    if (sizes[i] == 0) {
+      cuda_memset_zero(slot, slot_bytes);
+      continue;
+    }
+    sum_of_squares_kernel<<<kSumBlocks, kSumThreads, 0, current_stream()>>>(xs[i].data_as<const float>(), sizes[i], slot);
+    HYDRA_CUDA_LAUNCH_CHECK();
+  }
+  std::vector<double> host(xs.size() * kSumBlocks);
+  cuda_copy_bytes(host.data(), Device::host, sums, Device::cuda, xs.size() * slot_bytes);  // syncs
   double total = 0.0;
-  for (const double b : host) total += b;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    double tensor_total = 0.0;  // each tensor's blocks in block order, then the tensors in order
+    for (int b = 0; b < kSumBlocks; ++b) tensor_total += host[i * kSumBlocks + static_cast<size_t>(b)];
+    total += tensor_total;
+  }
   return total;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "runtime/tensor.h"
 
@@ -27,12 +28,16 @@ void adamw_update(const TensorView& master, const TensorView& m, const TensorVie
 
 // Σ x² of an fp32 tensor, accumulated in fp64 in a fixed order (the same result every run).
 double sum_of_squares(const TensorView& x);
+// Σ over the tensors of each one's sum_of_squares, added in the order given (the same value as
+// adding the single-tensor results in a loop); on the GPU one synchronisation for all of them.
+double sum_of_squares(std::span<const TensorView> xs);
 
 #if HYDRA_CUDA
 namespace cuda_impl {  // adamw.cu
 void adamw_update(const TensorView& master, const TensorView& m, const TensorView& v, const TensorView& grad,
                   const TensorView& weight, const AdamWParams& params);
 double sum_of_squares(const TensorView& x);
+double sum_of_squares(std::span<const TensorView> xs);
 }  // namespace cuda_impl
 #endif
 

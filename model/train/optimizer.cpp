@@ -92,9 +92,9 @@ void AdamW::zero_grads() {
 }
 
 double AdamW::grad_norm() const {
-  double ss = 0;
-  for (const Segment& s : segments_) ss += ops::sum_of_squares(s.grad);
-  return std::sqrt(ss);
+  std::vector<TensorView> grads;
+  for (const Segment& s : segments_) grads.push_back(s.grad);
+  return std::sqrt(ops::sum_of_squares(grads));  // one synchronisation for all segments
 }
 
 StepStats AdamW::step(int64_t step, double grad_norm) {

@@ -1,6 +1,7 @@
 // AdamW on fp32 master weights against a hand-written scalar loop over three steps (weight decay,
 // bias corrections, grad_scale), the bf16 model copy, and sum_of_squares.
 #include <cmath>
+#include <vector>
 
 #include "kernels/adamw/adamw.h"
 #include "tests/common/test_util.h"
@@ -58,6 +59,13 @@ TEST(AdamW, SumOfSquares) {
   for (int64_t i = 0; i < x.numel(); ++i) expected += static_cast<double>(x.data_as<float>()[i]) * x.data_as<float>()[i];
   EXPECT_EQ(ops::sum_of_squares(x), expected);  // the same fp64 sum in the same order
   EXPECT_EQ(ops::sum_of_squares(to(x, Device::host, DType::f64)), expected);
+}
+
+TEST(AdamW, SumOfSquaresOfAList) {
+  const Tensor a = random_tensor({1000}, 31), b = random_tensor({7, 3}, 32);
+  const std::vector<TensorView> both = {a, b};
+  EXPECT_EQ(ops::sum_of_squares(both), ops::sum_of_squares(a) + ops::sum_of_squares(b));
+  EXPECT_EQ(ops::sum_of_squares(std::span<const TensorView>()), 0.0);
 }
 
 }  // namespace

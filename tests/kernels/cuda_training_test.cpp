@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "kernels/adamw/adamw.h"
 #include "kernels/loss/loss.h"
@@ -200,6 +201,23 @@ TEST(CudaTraining, SumOfSquares) {
   // A matrix (contiguous, any rank): the same as its flat view.
   const Tensor mat = random_tensor({37, 29}, 151);
   EXPECT_NEAR(ops::sum_of_squares(gpu(mat, DType::f32)), ops::sum_of_squares(mat), 1e-10 * ops::sum_of_squares(mat));
+}
+
+// The list form (the optimizer's global norm): bit-identical to adding the single-tensor sums in order,
+// an empty tensor in the list included.
+TEST(CudaTraining, SumOfSquaresOfAList) {
+  HYDRA_REQUIRE_GPU();
+  const std::vector<Tensor> parts = {gpu(random_tensor({1000003}, 152), DType::f32), Tensor::empty({0}, DType::f32, Device::cuda),
+                                     gpu(random_tensor({17}, 153), DType::f32), gpu(random_tensor({64, 33}, 154), DType::f32)};
+  double loop = 0;
+  std::vector<TensorView> views;
+  for (const Tensor& t : parts) {
+    loop += ops::sum_of_squares(t);
+    views.push_back(t);
+  }
+  const double list = ops::sum_of_squares(views);
+  EXPECT_EQ(std::memcmp(&list, &loop, sizeof list), 0) << "list " << list << " vs loop " << loop;
+  EXPECT_GT(list, 1e5);
 }
 
 }  // namespace
