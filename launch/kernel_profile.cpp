@@ -15,12 +15,20 @@
 // on any stream (time the GPU waited for the host: launches, synchronisations, host work), grouped
 // by the record that ended before each gap and the one that started after it, longest total first.
 //
+// HYDRA_KERNEL_PROFILE_HOST=1 also records the host's CUDA runtime and driver API calls (each call
+// costs a little more) and says where the host was during those gaps: per API function, the time
+// its calls overlapped an idle gap; what no call covers is host code between calls (the
+// program's own work, or a library's between its CUDA calls). The runtime and driver tables are
+// separate (a runtime call usually wraps driver calls).
+//
 // Why an injection library and not a link-time dependency: hydra itself needs no CUPTI, and the
 // same library profiles the PyTorch reference scripts (python3 is a CUDA program too). PyTorch's
 // own profiler uses the same CUPTI records (Kineto); this works where hardware counters do not
 // (gVisor machines, where ncu cannot read them).
 #include <cupti.h>
 #include <cxxabi.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstdint>
@@ -44,8 +52,15 @@ struct Interval {
   const std::string* name;  // a key of State::kernels, or one of the names below (stable addresses)
 };
 
+struct ApiCall {
+  uint64_t start, end;
+  CUpti_CallbackId cbid;
+  bool driver;
+};
+
 struct State {
   std::mutex mutex;
+  std::vector<ApiCall> api_calls;
   std::map<std::string, Totals> kernels;
   std::vector<Interval> intervals;
   const std::string copy_name = "(copy)", memset_name = "(memset)";
@@ -129,6 +144,12 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
         s.intervals.push_back({m->start, m->end, &s.memset_name});
         break;
       }
+      case CUPTI_ACTIVITY_KIND_RUNTIME:
+      case CUPTI_ACTIVITY_KIND_DRIVER: {
+        const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+        s.api_calls.push_back({a->start, a->end, a->cbid, record->kind == CUPTI_ACTIVITY_KIND_DRIVER});
+        break;
+      }
       default:
         break;
     }
@@ -156,11 +177,79 @@ std::string short_name(const std::string& name) {
   return out;
 }
 
+// Where the host was while the GPU idled: each API call's overlap with the idle spans, summed per
+// function (runtime and driver apart), and the idle time no call of a domain covers.
+void report_host(State& s, const std::vector<std::pair<uint64_t, uint64_t>>& idle_spans, uint64_t idle, FILE* out) {
+  std::sort(s.api_calls.begin(), s.api_calls.end(), [](const ApiCall& a, const ApiCall& b) { return a.start < b.start; });
+  for (const bool driver : {false, true}) {
+    std::map<CUpti_CallbackId, Totals> by_call;  // ns: overlap with idle time; count: calls that overlapped
+    uint64_t covered = 0;
+    size_t first = 0;  // the first gap that may still overlap a call starting at or after the current one
+    uint64_t covered_to = 0;  // calls of one domain do not nest, but guard against double counting
+    for (const ApiCall& c : s.api_calls) {
+      if (c.driver != driver) continue;
+      while (first < idle_spans.size() && idle_spans[first].second <= c.start) ++first;
+      uint64_t overlap = 0;
+      for (size_t g = first; g < idle_spans.size() && idle_spans[g].first < c.end; ++g) {
+        const uint64_t b = std::max({idle_spans[g].first, c.start, covered_to}), e = std::min(idle_spans[g].second, c.end);
+        if (e > b) overlap += e - b;
+      }
+      covered_to = std::max(covered_to, c.end);
+      if (overlap == 0) continue;
+      Totals& t = by_call[c.cbid];
+      t.ns += overlap;
+      t.count += 1;
+      covered += overlap;
+    }
+    std::vector<std::pair<CUpti_CallbackId, Totals>> rows(by_call.begin(), by_call.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+    const CUpti_CallbackDomain domain = driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API;
+    std::fprintf(out, "# host during the idle time, %s API: %.3f ms in calls, %.3f ms outside any %s call\n",
+                 driver ? "driver" : "runtime", static_cast<double>(covered) / 1e6,
+                 static_cast<double>(idle - std::min(idle, covered)) / 1e6, driver ? "driver" : "runtime");
+    std::fprintf(out, "idle_ms\tcalls\tmean_us\tfunction\n");
+    for (size_t r = 0; r < rows.size() && r < 12; ++r) {
+      const char* name = nullptr;
+      if (cuptiGetCallbackName(domain, rows[r].first, &name) != CUPTI_SUCCESS || !name) name = "?";
+      std::fprintf(out, "%.3f\t%llu\t%.1f\t%s\n", static_cast<double>(rows[r].second.ns) / 1e6,
+                   static_cast<unsigned long long>(rows[r].second.count),
+                   static_cast<double>(rows[r].second.ns) / 1e3 / static_cast<double>(rows[r].second.count), name);
+    }
+  }
+}
+
+// The runtime calls that started in one idle gap (and the last one before it), in host order, with
+// their start relative to the gap's start and their duration: what the host did while the GPU waited.
+void report_gap_calls(const State& s, std::pair<uint64_t, uint64_t> gap, const std::string& what, FILE* out) {
+  std::fprintf(out, "# one gap of %s: %.1f us; runtime calls from the last one before it (start relative to the gap, "
+                    "duration):\n", what.c_str(), static_cast<double>(gap.second - gap.first) / 1e3);
+  const auto first = std::lower_bound(s.api_calls.begin(), s.api_calls.end(), gap.first,
+                                      [](const ApiCall& c, uint64_t t) { return c.start < t; });
+  auto it = first;
+  for (int back = 0; back < 3 && it != s.api_calls.begin();) {  // context: the last runtime calls before the gap
+    --it;
+    if (!it->driver) ++back;
+  }
+  for (; it != s.api_calls.end() && it->start < gap.second; ++it) {
+    if (it->driver) continue;
+    const char* name = nullptr;
+    if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, it->cbid, &name) != CUPTI_SUCCESS || !name) name = "?";
+    std::fprintf(out, "  %+9.1f us  %8.1f us  %s\n", (static_cast<double>(it->start) - static_cast<double>(gap.first)) / 1e3,
+                 static_cast<double>(it->end - it->start) / 1e3, name);
+  }
+}
+
 // Idle time: sweep the records in start order, keeping the latest end so far; a record starting
 // after it opens a gap, charged to (the record that set that end, this record).
 void report_idle(State& s, FILE* out) {
   std::sort(s.intervals.begin(), s.intervals.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
   std::map<std::pair<const std::string*, const std::string*>, Totals> gaps;
+  struct Gap {
+    uint64_t start, end;
+    const std::string *before, *after;
+  };
+  std::vector<Gap> longest;  // every gap, sorted longest first below
+  std::vector<std::pair<uint64_t, uint64_t>> idle_spans;  // [begin, end), in order
   uint64_t idle = 0, reach = 0;
   const std::string* last = nullptr;
   for (const Interval& i : s.intervals) {
@@ -169,6 +258,8 @@ void report_idle(State& s, FILE* out) {
       g.ns += i.start - reach;
       g.count += 1;
       idle += i.start - reach;
+      idle_spans.emplace_back(reach, i.start);
+      longest.push_back({reach, i.start, last, i.name});
     }
     if (last == nullptr || i.end > reach) {
       reach = i.end;
@@ -176,6 +267,16 @@ void report_idle(State& s, FILE* out) {
     }
   }
   const double span = s.last > s.first ? static_cast<double>(s.last - s.first) : 0.0;
+  std::sort(longest.begin(), longest.end(), [](const Gap& a, const Gap& b) { return a.end - a.start > b.end - b.start; });
+  // The longest single gaps first, with their place in the span: start-up (lazy module loading, the
+  // first allocations) and step boundaries (loss and norm read back, logging) are one gap each and
+  // can hold most of the idle time; the table after them groups every gap.
+  std::fprintf(out, "# the longest idle gaps: ms after the first record, length ms, before -> after\n");
+  for (size_t g = 0; g < longest.size() && g < 10; ++g) {
+    std::fprintf(out, "#   %10.3f  %8.3f  %s -> %s\n", static_cast<double>(longest[g].start - s.first) / 1e6,
+                 static_cast<double>(longest[g].end - longest[g].start) / 1e6, short_name(*longest[g].before).c_str(),
+                 short_name(*longest[g].after).c_str());
+  }
   std::fprintf(out, "# idle: %.3f ms of the %.3f ms span (%.1f%%) covered by no record; longest totals by the records "
                     "around each gap:\n",
                static_cast<double>(idle) / 1e6, span / 1e6, span > 0 ? 100.0 * static_cast<double>(idle) / span : 0.0);
@@ -187,6 +288,14 @@ void report_idle(State& s, FILE* out) {
     std::fprintf(out, "%.3f\t%llu\t%.1f\t%s -> %s\n", static_cast<double>(t.ns) / 1e6,
                  static_cast<unsigned long long>(t.count), static_cast<double>(t.ns) / 1e3 / static_cast<double>(t.count),
                  short_name(*names.first).c_str(), short_name(*names.second).c_str());
+  }
+  if (!s.api_calls.empty()) {
+    report_host(s, idle_spans, idle, out);
+    // The host's calls through the three longest gaps.
+    for (size_t g = 0; g < longest.size() && g < 3; ++g) {
+      report_gap_calls(s, {longest[g].start, longest[g].end},
+                       short_name(*longest[g].before) + " -> " + short_name(*longest[g].after), out);
+    }
   }
 }
 
@@ -241,7 +350,13 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
   }
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enabling copy records");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "enabling memset records");
+  const char* host = std::getenv("HYDRA_KERNEL_PROFILE_HOST");
+  const bool api = host && std::strcmp(host, "1") == 0;
+  if (api) {
+    check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME), "enabling runtime API records");
+    check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER), "enabling driver API records");
+  }
   check(cuptiActivityFlushPeriod(500), "cuptiActivityFlushPeriod");
-  std::fprintf(stderr, "kernel_profile: recording kernels, copies and memsets\n");
+  std::fprintf(stderr, "kernel_profile: recording kernels, copies and memsets%s\n", api ? " and the host's API calls" : "");
   return 1;
 }
