@@ -4,7 +4,7 @@
 // Backward: one thread per (row split, channel) walks its split's rows in order, keeping the last K
 // inputs and the last K pre-activation gradients in registers:
 //   a_i = Σ_m w[m] x[i−K+1+m],  d_a_i = d_out_i σ(a_i)(1 + a_i(1 − σ(a_i)))   (SiLU'),
-//   dw[m] += d_a_i x[i−K+1+m] over the split's rows (one partial per split, added in split order:
+//   dw[m] += d_a_i x[i−K+1+m] over the split's rows (one partial per split, added in a fixed order:
 //   deterministic, no atomics),
 //   dx[j] = Σ_m w[m] d_a[j+K−1−m], complete once d_a[j+K−1] is known: a split over rows [s, e)
 //   walks on to row e+K−2 (recomputing those d_a) to finish dx[e−1]. The first split also finishes
@@ -299,10 +299,8 @@ void causal_conv_silu_backward(const TensorView& dx, const TensorView& dw, const
     default: HYDRA_ASSERT(false, "conv backward on the GPU supports kernel widths 1 to 4, got {}", k);
   }
   if (dw.defined()) {
-    cuda::column_finish_kernel<<<cuda::capped_grid((channels * k + 255) / 256), 256, 0, current_stream()>>>(
-        partial.data_as<const float>(), splits, channels * k,
-        ConvWeightFinish{dw.data_as<float>(), dw.stride(0), static_cast<int>(k)});
-    HYDRA_CUDA_LAUNCH_CHECK();
+    cuda::launch_column_finish(partial.data_as<const float>(), splits, channels * k,
+                               ConvWeightFinish{dw.data_as<float>(), dw.stride(0), static_cast<int>(k)});
   }
 }
 

@@ -10,7 +10,7 @@
 // Why no float atomics in weight gradients: a gradient summed with atomicAdd depends on the order
 // in which blocks finish, so two training runs would differ in the last bits. reduce_columns cuts
 // the rows into splits whose number depends only on the row count (never on the device), sums each
-// split in a fixed order into its own partial, and adds the partials in split order in a second
+// split in a fixed order into its own partial, and adds the partials in a fixed order in a second
 // kernel: the same shapes give the same bits on every run and every GPU.
 #pragma once
 
@@ -131,15 +131,37 @@ __global__ void __launch_bounds__(kReduceColumns* kReduceRowLanes)
   }
 }
 
-// finish(c, Σ_split partial[split][c]) with the partials added in split order (in fp64).
+// finish(c, Σ_split partial[split][c]) in fp64, in a fixed order: thread (x, y) of a 32 × 8 block adds
+// the splits y, y + 8, ... of column x of the block's 32, then the 8 sums are added in order of y.
+// (One thread per column adding all splits in turn ran 8 blocks for 2048 columns: latency-bound,
+// ~0.13 ms per RMSNorm weight gradient of 1024 splits in the 64K training profile.)
 template <class G>
-__global__ void column_finish_kernel(const float* partial, int64_t splits, int64_t cols, G finish) {
-  for (int64_t col = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; col < cols;
-       col += int64_t(gridDim.x) * blockDim.x) {
+__global__ void __launch_bounds__(kReduceColumns* kReduceRowLanes)
+    column_finish_kernel(const float* partial, int64_t splits, int64_t cols, G finish) {
+  __shared__ double sums[kReduceRowLanes][kReduceColumns + 1];
+  for (int64_t c0 = int64_t(blockIdx.x) * kReduceColumns; c0 < cols; c0 += int64_t(gridDim.x) * kReduceColumns) {
+    const int64_t col = c0 + threadIdx.x;
     double s = 0.0;
-    for (int64_t k = 0; k < splits; ++k) s += partial[k * cols + col];
-    finish(col, static_cast<float>(s));
+    if (col < cols) {
+      for (int64_t k = threadIdx.y; k < splits; k += kReduceRowLanes) s += partial[k * cols + col];
+    }
+    sums[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+      double total = 0.0;
+      for (int y = 0; y < kReduceRowLanes; ++y) total += sums[y][threadIdx.x];
+      finish(col, static_cast<float>(total));
+    }
+    __syncthreads();  // sums is rewritten by the next column tile
   }
+}
+
+template <class G>
+void launch_column_finish(const float* partial, int64_t splits, int64_t cols, const G& finish) {
+  if (cols == 0) return;
+  column_finish_kernel<<<capped_grid((cols + kReduceColumns - 1) / kReduceColumns), dim3(kReduceColumns, kReduceRowLanes),
+                         0, current_stream()>>>(partial, splits, cols, finish);
+  HYDRA_CUDA_LAUNCH_CHECK();
 }
 
 // Runs both kernels on the current stream. f(row, col) -> float and finish(col, total) are device
@@ -153,9 +175,7 @@ void reduce_columns(int64_t rows, int64_t cols, const F& f, const G& finish) {
   column_partials_kernel<<<grid, dim3(kReduceColumns, kReduceRowLanes), 0, current_stream()>>>(
       f, rows, cols, s.rows_per_split, partial.data_as<float>());
   HYDRA_CUDA_LAUNCH_CHECK();
-  column_finish_kernel<<<capped_grid((cols + 255) / 256), 256, 0, current_stream()>>>(partial.data_as<const float>(),
-                                                                                     s.count, cols, finish);
-  HYDRA_CUDA_LAUNCH_CHECK();
+  launch_column_finish(partial.data_as<const float>(), s.count, cols, finish);
 }
 
 // The usual finish: out[c] += total (an fp32 gradient accumulator with unit stride).

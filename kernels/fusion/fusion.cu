@@ -1,7 +1,11 @@
 // CUDA scale-normalised fusion: one warp per (token, head): y = γ_h · w_h ⊙ o / rms(o).
-// Backward: d_o by the RMSNorm row kernel with the head's weight row and scale γ_h; the parameter
-// gradients from P[h][j] = Σ_t d_y o r (deterministic column reduction): d_weight[h][j] += γ_h P[h][j],
-// d_gamma[h] += Σ_j w[h][j] P[h][j] (= Σ_t d_y · RMSNorm(o_h; w_h)).
+// Backward: d_o as RMSNorm's backward with the head's weight row and scale γ_h; the parameter
+// gradients from P[h][j] = Σ_t d_y o r (in a fixed order): d_weight[h][j] += γ_h P[h][j],
+// d_gamma[h] += Σ_j w[h][j] P[h][j] (= Σ_t d_y · RMSNorm(o_h; w_h)). Token rows of H·d = 8·G
+// elements (G a power of two ≤ 256; 16 heads of 128: 2048) with 16-byte aligned starts and a
+// contiguous weight take RMSNorm's one-pass vector kernel (rms_backward.cuh) with per-head
+// statistics: one read of d_y and o, P's partials on the way; other shapes run the row kernel and
+// a separate column reduction of P.
 #include "kernels/cuda/backward.cuh"
 #include "kernels/fusion/fusion.h"
 #include "kernels/rmsnorm/rms_backward.cuh"
@@ -64,6 +68,14 @@ __global__ void fusion_gamma_kernel(float* d_gamma, const float* w, int64_t w_st
   s = cuda::warp_sum(s);
   if (lane == 0) d_gamma[h] += s;
 }
+
+// A [T, H, d] view whose tokens hold their H·d elements contiguously, as token rows [T, H·d].
+bool token_rows(const TensorView& t, TensorView* rows) {
+  if (t.rank() != 3 || t.stride(2) != 1 || t.stride(1) != t.size(2)) return false;
+  const int64_t shape[2] = {t.size(0), t.size(1) * t.size(2)}, strides[2] = {t.stride(0), 1};
+  *rows = TensorView(t.data(), t.dtype(), t.device(), shape, strides);
+  return true;
+}
 }  // namespace
 
 void head_fusion(const TensorView& y, const TensorView& o, const TensorView& weight, const TensorView& gamma,
@@ -107,21 +119,55 @@ void head_fusion_backward(const TensorView& d_o, const TensorView& d_weight, con
     HYDRA_ASSERT(d_gamma.rank() == 1 && d_gamma.size(0) == heads && d_gamma.stride(0) == 1,
                  "fusion d_gamma must be a contiguous [{}] vector, got {}", heads, d_gamma.shape_string());
   }
-  if ((d_weight.defined() || d_gamma.defined()) && t_len > 0 && heads > 0) {
+  if (t_len == 0 || heads == 0) return;
+  const bool want_p = d_weight.defined() || d_gamma.defined();
+  Tensor p = d_gamma.defined() ? Tensor::empty({heads * d}, DType::f32, Device::cuda) : Tensor();
+  const FusionFinish finish{d_weight.defined() ? d_weight.data_as<float>() : nullptr,
+                            d_weight.defined() ? d_weight.stride(0) : 0, gamma.data_as<const float>(),
+                            p.defined() ? p.data_as<float>() : nullptr, static_cast<uint32_t>(d)};
+  const auto gamma_gradient = [&] {
+    if (!d_gamma.defined()) return;
+    fusion_gamma_kernel<<<static_cast<unsigned>((heads + 7) / 8), 256, 0, current_stream()>>>(
+        d_gamma.data_as<float>(), weight.data_as<const float>(), weight.stride(0), p.data_as<const float>(), heads, d);
+    HYDRA_CUDA_LAUNCH_CHECK();
+  };
+  TensorView tdo, tdy, to;
+  const rms_backward::VectorShape shape = rms_backward::vector_shape(heads * d);
+  const int segment = static_cast<int>(d / 8);
+  if (shape.group > 0 && shape.runs == 1 && d % 8 == 0 && segment <= 32 && (segment & (segment - 1)) == 0 &&
+      weight.stride(0) == d && reinterpret_cast<uintptr_t>(weight.data()) % 16 == 0 && token_rows(d_o, &tdo) &&
+      token_rows(d_y, &tdy) && token_rows(o, &to)) {
+    const cuda::FloatRows vdo = cuda::float_rows(tdo, "fusion d_o"), vdy = cuda::float_rows(tdy, "fusion d_y");
+    const cuda::FloatRows vo = cuda::float_rows(to, "fusion o");
+    if (cuda::row_starts_aligned(vdo, 16) && cuda::row_starts_aligned(vdy, 16) && cuda::row_starts_aligned(vo, 16)) {
+      const int64_t n = heads * d;
+      const rms_backward::VectorBlocks vb = rms_backward::vector_blocks(t_len, shape.group);
+      Tensor partial = want_p ? Tensor::empty({vb.blocks, n}, DType::f32, Device::cuda) : Tensor();
+      rms_backward::launch_backward_vector<1>({.dx = vdo,
+                                               .dy = vdy,
+                                               .x = vo,
+                                               .weight = weight.data_as<const float>(),
+                                               .head_scale = gamma.data_as<const float>(),
+                                               .partial = want_p ? partial.data_as<float>() : nullptr,
+                                               .rows_per_block = vb.per_block,
+                                               .group = shape.group,
+                                               .segment = segment,
+                                               .eps = params.eps,
+                                               .accumulate = false},
+                                              vb.blocks);
+      if (want_p) {
+        cuda::launch_column_finish(partial.data_as<const float>(), vb.blocks, n, finish);
+        gamma_gradient();
+      }
+      return;
+    }
+  }
+  if (want_p) {
     // Runs before d_o is written, because d_o may alias d_y.
     const Tensor rstd = rms_backward::row_rstd(fo, params.eps);
-    Tensor p = d_gamma.defined() ? Tensor::empty({heads * d}, DType::f32, Device::cuda) : Tensor();
     const FusionTerm term{fdy, fo, rstd.data_as<const float>(), static_cast<uint32_t>(heads), static_cast<uint32_t>(d)};
-    const FusionFinish finish{d_weight.defined() ? d_weight.data_as<float>() : nullptr,
-                              d_weight.defined() ? d_weight.stride(0) : 0, gamma.data_as<const float>(),
-                              p.defined() ? p.data_as<float>() : nullptr, static_cast<uint32_t>(d)};
     cuda::reduce_columns(t_len, heads * d, term, finish);
-    if (d_gamma.defined()) {
-      fusion_gamma_kernel<<<static_cast<unsigned>((heads + 7) / 8), 256, 0, current_stream()>>>(
-          d_gamma.data_as<float>(), weight.data_as<const float>(), weight.stride(0), p.data_as<const float>(), heads,
-          d);
-      HYDRA_CUDA_LAUNCH_CHECK();
-    }
+    gamma_gradient();
   }
   rms_backward::launch_rows({.dx = fdo,
                              .dy = fdy,

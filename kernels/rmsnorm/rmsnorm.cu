@@ -10,8 +10,8 @@
 // Backward, vector path, one pass: each thread loads its x, dy (and, when accumulating, dx) once,
 // writes dx, and keeps its columns' weight-gradient terms dy ⊙ x r summed in registers across its
 // rows. Block b owns rows [b·R, b·R + R), R a function of the row count alone; at the end it adds
-// its groups' sums in group order into partial[b], and column_finish adds the partials in block
-// order: the weight gradient has the same bits on every run and every GPU. The scalar path runs
+// its groups' sums in group order into partial[b], and column_finish adds the partials in a
+// fixed order: the weight gradient has the same bits on every run and every GPU. The scalar path runs
 // the shared row kernel (rms_backward.cuh) and the column reduction of dy ⊙ x r.
 #include "kernels/cuda/backward.cuh"
 #include "kernels/cuda/vector.cuh"
@@ -21,45 +21,10 @@
 namespace hydra::ops::cuda_impl {
 namespace {
 
-constexpr int kThreads = 256;
-
-// The vector path's shape of a row of n elements: G threads of V runs of eight, or none.
-struct VectorShape {
-  int group = 0, runs = 0;  // G, V; group == 0: no vector path
-};
-VectorShape vector_shape(int64_t n) {
-  if (n <= 0 || n % 8 != 0) return {};
-  const int64_t eights = n / 8;
-  if (eights <= kThreads && (eights & (eights - 1)) == 0) return {static_cast<int>(eights), 1};
-  if (eights == 2 * kThreads) return {kThreads, 2};
-  return {};
-}
-
-// Sum of v over the G threads of a row group (every thread of the block calls it, the same number of
-// times: above 32 threads per group it meets the block barrier). scratch: kThreads / 32 floats × 2.
-__device__ __forceinline__ void group_sums(float& a, float& b, int group, float (*scratch)[2]) {
-  if (group <= 32) {
-    for (int o = group / 2; o > 0; o /= 2) {
-      a += __shfl_xor_sync(0xffffffffu, a, o);
-      b += __shfl_xor_sync(0xffffffffu, b, o);
-    }
-    return;
-  }
-  a = cuda::warp_sum(a);
-  b = cuda::warp_sum(b);
-  const int warp = threadIdx.x / 32, per_group = group / 32, first = warp / per_group * per_group;
-  if (threadIdx.x % 32 == 0) {
-    scratch[warp][0] = a;
-    scratch[warp][1] = b;
-  }
-  __syncthreads();
-  a = b = 0.0f;
-  for (int w = first; w < first + per_group; ++w) {  // in warp order: the same bits every run
-    a += scratch[w][0];
-    b += scratch[w][1];
-  }
-  __syncthreads();  // scratch is rewritten by the next call
-}
+using rms_backward::group_sums;
+using rms_backward::kThreads;
+using rms_backward::vector_shape;
+using rms_backward::VectorShape;
 
 __global__ void rms_norm_kernel(bf16_t* out, cuda::RowLayout lo, const bf16_t* x, cuda::RowLayout lx, const float* w,
                                 float eps) {
@@ -119,85 +84,6 @@ __global__ void __launch_bounds__(kThreads) rms_norm_vector_kernel(cuda::FloatRo
   }
 }
 
-struct FusedBackwardArgs {
-  cuda::FloatRows dx, dy, x;  // same rows; dx may alias dy
-  const float* weight;        // [n]
-  float* partial;             // [blocks, n] weight-gradient partials, or nullptr
-  int64_t rows_per_block;
-  int group;
-  float eps;
-  bool accumulate;
-};
-
-template <int V>
-__global__ void __launch_bounds__(kThreads) rms_norm_backward_vector_kernel(FusedBackwardArgs p) {
-  __shared__ float scratch[kThreads / 32][2];
-  extern __shared__ float group_partial[];  // [groups][n]: 2048·V floats
-  const int group = p.group, groups = kThreads / group, gi = threadIdx.x / group, j = threadIdx.x % group;
-  const int64_t n = p.x.layout.length;
-  const int64_t begin = int64_t(blockIdx.x) * p.rows_per_block;
-  const int64_t end = begin + p.rows_per_block < p.x.layout.rows ? begin + p.rows_per_block : p.x.layout.rows;
-  float w[V][8], dw[V][8];
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    cuda::load_f32<8>(p.weight + 8 * (v * group + j), w[v]);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) dw[v][e] = 0.0f;
-  }
-  const float inv_n = 1.0f / float(n);
-  const int64_t steps = (p.rows_per_block + groups - 1) / groups;  // the same for every thread (barriers)
-  for (int64_t s = 0; s < steps; ++s) {
-    const int64_t row = begin + s * groups + gi;
-    const bool valid = row < end;
-    float xv[V][8], dyv[V][8], old[V][8];
-    float ss = 0.0f, dot = 0.0f;
-    if (valid) {
-      const int64_t ox = p.x.offset(row), ody = p.dy.offset(row), odx = p.dx.offset(row);
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        const int64_t c = 8 * (v * group + j);
-        cuda::load_vec<8>(p.x, ox + c, xv[v]);
-        cuda::load_vec<8>(p.dy, ody + c, dyv[v]);
-        if (p.accumulate) cuda::load_vec<8>(p.dx, odx + c, old[v]);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          ss += xv[v][e] * xv[v][e];
-          dot += xv[v][e] * w[v][e] * dyv[v][e];
-        }
-      }
-    }
-    group_sums(ss, dot, group, scratch);
-    if (valid) {
-      const float r = rsqrtf(ss * inv_n + p.eps);
-      const float c = (dot * inv_n) * r * r * r;  // the coefficient of x
-      const int64_t odx = p.dx.offset(row);
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        float out[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          out[e] = r * w[v][e] * dyv[v][e] - xv[v][e] * c;
-          if (p.accumulate) out[e] += old[v][e];
-          dw[v][e] += dyv[v][e] * xv[v][e] * r;
-        }
-        cuda::store_vec<8>(p.dx, odx + 8 * (v * group + j), out);
-      }
-    }
-  }
-  if (p.partial == nullptr) return;  // uniform across the block
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) group_partial[gi * n + 8 * (v * group + j) + e] = dw[v][e];
-  }
-  __syncthreads();
-  for (int64_t col = threadIdx.x; col < n; col += kThreads) {
-    float sum = 0.0f;
-    for (int g = 0; g < groups; ++g) sum += group_partial[g * n + col];  // in group order
-    p.partial[int64_t(blockIdx.x) * n + col] = sum;
-  }
-}
-
 // dy ⊙ x r at (row, column): the terms of the weight gradient (scalar path).
 struct WeightTerm {
   cuda::FloatRows dy, x;
@@ -209,12 +95,6 @@ struct WeightTerm {
 
 bool weight_aligned(const TensorView& w) { return reinterpret_cast<uintptr_t>(w.data()) % 16 == 0; }
 
-template <int V>
-void launch_backward_vector(const FusedBackwardArgs& args, int64_t blocks) {
-  const size_t smem = args.partial != nullptr ? sizeof(float) * 2048 * V : 0;
-  rms_norm_backward_vector_kernel<V><<<static_cast<unsigned>(blocks), kThreads, smem, current_stream()>>>(args);
-  HYDRA_CUDA_LAUNCH_CHECK();
-}
 }  // namespace
 
 void rms_norm(const TensorView& out, const TensorView& x, const TensorView& weight, const RmsNormParams& params) {
@@ -262,30 +142,27 @@ void rms_norm_backward(const TensorView& dx, const TensorView& d_weight, const T
   const VectorShape shape = vector_shape(n);
   if (shape.group > 0 && cuda::row_starts_aligned(fdx, 16) && cuda::row_starts_aligned(fdy, 16) &&
       cuda::row_starts_aligned(fx, 16) && weight_aligned(weight)) {
-    // Blocks: a function of the row count alone (the weight gradient's order), about four rows per
-    // group and at most 1024 blocks.
-    const int64_t groups = kThreads / shape.group;
-    const int64_t wanted = std::clamp<int64_t>((rows + 4 * groups - 1) / (4 * groups), 1, 1024);
-    const int64_t per_block = (rows + wanted - 1) / wanted, blocks = (rows + per_block - 1) / per_block;
+    const rms_backward::VectorBlocks vb = rms_backward::vector_blocks(rows, shape.group);
+    const int64_t blocks = vb.blocks;
     Tensor partial = d_weight.defined() ? Tensor::empty({blocks, n}, DType::f32, Device::cuda) : Tensor();
-    const FusedBackwardArgs args{.dx = fdx,
-                                 .dy = fdy,
-                                 .x = fx,
-                                 .weight = weight.data_as<const float>(),
-                                 .partial = partial.defined() ? partial.data_as<float>() : nullptr,
-                                 .rows_per_block = per_block,
-                                 .group = shape.group,
-                                 .eps = params.eps,
-                                 .accumulate = accumulate == Accumulate::yes};
+    const rms_backward::FusedBackwardArgs args{.dx = fdx,
+                                               .dy = fdy,
+                                               .x = fx,
+                                               .weight = weight.data_as<const float>(),
+                                               .head_scale = nullptr,
+                                               .partial = partial.defined() ? partial.data_as<float>() : nullptr,
+                                               .rows_per_block = vb.per_block,
+                                               .group = shape.group,
+                                               .segment = shape.group,
+                                               .eps = params.eps,
+                                               .accumulate = accumulate == Accumulate::yes};
     if (shape.runs == 1) {
-      launch_backward_vector<1>(args, blocks);
+      rms_backward::launch_backward_vector<1>(args, blocks);
     } else {
-      launch_backward_vector<2>(args, blocks);
+      rms_backward::launch_backward_vector<2>(args, blocks);
     }
     if (d_weight.defined()) {
-      cuda::column_finish_kernel<<<cuda::capped_grid((n + 255) / 256), 256, 0, current_stream()>>>(
-          partial.data_as<const float>(), blocks, n, cuda::AddTo{d_weight.data_as<float>()});
-      HYDRA_CUDA_LAUNCH_CHECK();
+      cuda::launch_column_finish(partial.data_as<const float>(), blocks, n, cuda::AddTo{d_weight.data_as<float>()});
     }
     return;
   }

@@ -104,32 +104,45 @@ TEST(CudaBackward, RmsNorm) {
   }
 }
 
+// Three heads of 64 (H·d = 192: the row kernel and the column reduction); 4 × 64 and 16 × 128 (the
+// 1.7B preset's 2048: the one-pass vector kernel with per-head statistics). o is a column slice of a
+// wider matrix, as in the model's head buffer.
 TEST(CudaBackward, HeadFusion) {
   HYDRA_REQUIRE_GPU();
-  const int64_t t = 300, h = 3, d = 64;
-  const ops::HeadFusionParams eps{1e-6f};
-  const Tensor ow = rounded_to_bf16(random_tensor({t, (h + 1) * d}, 50, 2.0f));
-  const auto heads_of = [&](const TensorView& wide) { return wide.narrow(1, d, h * d).split_dim(1, h, d); };
-  const Tensor dy = rounded_to_bf16(random_tensor({t, h, d}, 51));
-  const Tensor w = random_tensor({h, d}, 52), gamma = random_tensor({h}, 53);
-  const Tensor dw0 = random_tensor({h, d}, 54), dg0 = random_tensor({h}, 55);
-  Tensor do_ref = Tensor::empty({t, h, d}, DType::f32), dw_ref = clone(dw0), dg_ref = clone(dg0);
-  ops::head_fusion_backward(do_ref, dw_ref, dg_ref, dy, heads_of(ow), w, gamma, eps);
+  struct Case {
+    int64_t t, h, d;
+  };
+  for (const Case c : {Case{300, 3, 64}, Case{300, 4, 64}, Case{700, 16, 128}}) {
+    const int64_t t = c.t, h = c.h, d = c.d;
+    const std::string what = "fusion T=" + std::to_string(t) + " H=" + std::to_string(h) + " d=" + std::to_string(d);
+    const ops::HeadFusionParams eps{1e-6f};
+    const Tensor ow = rounded_to_bf16(random_tensor({t, (h + 1) * d}, 50, 2.0f));
+    const auto heads_of = [&](const TensorView& wide) { return wide.narrow(1, d, h * d).split_dim(1, h, d); };
+    const Tensor dy = rounded_to_bf16(random_tensor({t, h, d}, 51));
+    const Tensor w = random_tensor({h, d}, 52), gamma = random_tensor({h}, 53);
+    const Tensor dw0 = random_tensor({h, d}, 54), dg0 = random_tensor({h}, 55);
+    Tensor do_ref = Tensor::empty({t, h, d}, DType::f32), dw_ref = clone(dw0), dg_ref = clone(dg0);
+    ops::head_fusion_backward(do_ref, dw_ref, dg_ref, dy, heads_of(ow), w, gamma, eps);
 
-  const Tensor gow = gpu(ow), gw = gpu(w, DType::f32), gg = gpu(gamma, DType::f32);
-  // fp32 d_o.
-  Tensor gdo = Tensor::empty({t, h, d}, DType::f32, Device::cuda), gdw = gpu(dw0, DType::f32),
-         gdg = gpu(dg0, DType::f32);
-  ops::head_fusion_backward(gdo, gdw, gdg, gpu(dy), heads_of(gow), gw, gg, eps);
-  expect_close(host(gdo), do_ref, 1e-4, "fusion d_o fp32");
-  expect_close(host(gdw), dw_ref, 1e-4, "fusion d_weight");
-  expect_close(host(gdg), dg_ref, 1e-4, "fusion d_gamma");
-  // bf16 d_o written over d_y: the parameter gradients read d_y first, so they have the same bits.
-  Tensor gdy = gpu(dy), gdw2 = gpu(dw0, DType::f32), gdg2 = gpu(dg0, DType::f32);
-  ops::head_fusion_backward(gdy, gdw2, gdg2, gdy, heads_of(gow), gw, gg, eps);
-  expect_close(host(gdy), do_ref, 1e-2, "fusion d_o over d_y");
-  expect_same_bits(gdw, gdw2, "fusion d_weight");
-  expect_same_bits(gdg, gdg2, "fusion d_gamma");
+    const Tensor gow = gpu(ow), gw = gpu(w, DType::f32), gg = gpu(gamma, DType::f32);
+    // fp32 d_o.
+    Tensor gdo = Tensor::empty({t, h, d}, DType::f32, Device::cuda), gdw = gpu(dw0, DType::f32),
+           gdg = gpu(dg0, DType::f32);
+    ops::head_fusion_backward(gdo, gdw, gdg, gpu(dy), heads_of(gow), gw, gg, eps);
+    expect_close(host(gdo), do_ref, 1e-4, what + " d_o fp32");
+    expect_close(host(gdw), dw_ref, 1e-4, what + " d_weight");
+    expect_close(host(gdg), dg_ref, 1e-4, what + " d_gamma");
+    // bf16 d_o written over d_y: the parameter gradients read d_y first, so they have the same bits.
+    Tensor gdy = gpu(dy), gdw2 = gpu(dw0, DType::f32), gdg2 = gpu(dg0, DType::f32);
+    ops::head_fusion_backward(gdy, gdw2, gdg2, gdy, heads_of(gow), gw, gg, eps);
+    expect_close(host(gdy), do_ref, 1e-2, what + " d_o over d_y");
+    expect_same_bits(gdw, gdw2, what + " d_weight");
+    expect_same_bits(gdg, gdg2, what + " d_gamma");
+    // Without parameter gradients (a frozen fusion): d_o alone.
+    Tensor gdo3 = Tensor::empty({t, h, d}, DType::f32, Device::cuda);
+    ops::head_fusion_backward(gdo3, TensorView(), TensorView(), gpu(dy), heads_of(gow), gw, gg, eps);
+    expect_same_bits(gdo, gdo3, what + " d_o without parameter gradients");
+  }
 }
 
 // The fused GDN input pass (conv + SiLU, then RoPE and the L2 norm of the q/k heads) and its q/k
