@@ -223,10 +223,13 @@ namespace {
 
 // The fold in one launch: CTA (column tile of kFoldCols, head), 2·D threads; thread (r, half) owns
 // row r and columns 8·half .. 8·half+7 of the tile. The tile of the state stays in shared memory
-// (double-buffered: one barrier per step); row r of M_s is read with float4 loads, which L1 serves
-// to the other half of the CTA and across the eight k-steps of a line. fp32 FMAs over k in order
-// (as a plain fp32 GEMM; the summation order differs from cuBLAS's, the precision does not).
-constexpr int kFoldCols = 16;
+// (double-buffered across steps); M_s goes through shared memory in chunks of kFoldK columns, loaded
+// with coalesced float4 reads (8 lanes per 128-byte row piece) while the previous chunk is used, and
+// read back conflict-free (row pitch kFoldK + 1). fp32 FMAs over k in order (as a plain fp32 GEMM;
+// the summation order differs from cuBLAS's, the precision does not). A first version read each
+// thread's row of M straight from global memory (32 rows per warp access): 249 µs per 8-step fold
+// at 14 heads in the 64K training profile, against 91 µs for the per-step cuBLAS GEMMs it replaced.
+constexpr int kFoldCols = 16, kFoldK = 16;
 
 struct FoldArgs {
   const float* m;
@@ -238,50 +241,78 @@ struct FoldArgs {
 
 template <int D>
 __global__ void __launch_bounds__(2 * D) fold_kernel(const FoldArgs a) {
+  constexpr int kThreadsFold = 2 * D, kChunks = D / kFoldK;
+  constexpr int kLoads = D * kFoldK / 4 / kThreadsFold;  // float4 loads per thread per chunk
   __shared__ __align__(16) float x[2][D][kFoldCols];
+  __shared__ float mt[2][D][kFoldK + 1];
   const int head = blockIdx.y, c0 = blockIdx.x * kFoldCols;
   const int r = threadIdx.x % D, c = (threadIdx.x / D) * 8;
   const int64_t head_offset = int64_t(head) * D * D;
-  for (int i = threadIdx.x; i < D * kFoldCols; i += 2 * D) {
+  for (int i = threadIdx.x; i < D * kFoldCols; i += kThreadsFold) {
     x[0][i / kFoldCols][i % kFoldCols] = a.states[head_offset + int64_t(i / kFoldCols) * D + c0 + i % kFoldCols];
   }
-  __syncthreads();
-  for (int s = 0; s < a.steps; ++s) {
-    const float* m_row = a.m + s * a.m_step + head_offset + int64_t(r) * D;
-    const float(*xs)[kFoldCols] = x[s % 2];
-    float acc[8] = {};
-#pragma unroll 4
-    for (int k = 0; k < D; k += 4) {
-      const float4 mk = __ldg(reinterpret_cast<const float4*>(m_row + k));
-      const float mv[4] = {mk.x, mk.y, mk.z, mk.w};
+  // Chunk q of the whole fold (step q / kChunks, columns kFoldK·(q % kChunks) ..): this thread's loads.
+  float4 next[kLoads];
+  auto fetch = [&](int q) {
+    const float* m = a.m + (q / kChunks) * a.m_step + head_offset + (q % kChunks) * kFoldK;
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const float4 lo = *reinterpret_cast<const float4*>(&xs[k + kk][c]);
-        const float4 hi = *reinterpret_cast<const float4*>(&xs[k + kk][c + 4]);
-        acc[0] = fmaf(mv[kk], lo.x, acc[0]);
-        acc[1] = fmaf(mv[kk], lo.y, acc[1]);
-        acc[2] = fmaf(mv[kk], lo.z, acc[2]);
-        acc[3] = fmaf(mv[kk], lo.w, acc[3]);
-        acc[4] = fmaf(mv[kk], hi.x, acc[4]);
-        acc[5] = fmaf(mv[kk], hi.y, acc[5]);
-        acc[6] = fmaf(mv[kk], hi.z, acc[6]);
-        acc[7] = fmaf(mv[kk], hi.w, acc[7]);
+    for (int l = 0; l < kLoads; ++l) {
+      const int idx = threadIdx.x + l * kThreadsFold, row = idx / (kFoldK / 4), quad = idx % (kFoldK / 4);
+      next[l] = __ldg(reinterpret_cast<const float4*>(m + int64_t(row) * D + 4 * quad));
+    }
+  };
+  auto stash = [&](int buffer) {
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const int idx = threadIdx.x + l * kThreadsFold, row = idx / (kFoldK / 4), quad = idx % (kFoldK / 4);
+      float* dst = &mt[buffer][row][4 * quad];
+      dst[0] = next[l].x, dst[1] = next[l].y, dst[2] = next[l].z, dst[3] = next[l].w;
+    }
+  };
+  const int total = a.steps * kChunks;
+  fetch(0);
+  stash(0);
+  if (total > 1) fetch(1);
+  __syncthreads();
+  float acc[8] = {};
+  for (int q = 0; q < total; ++q) {
+    const int s = q / kChunks, k0 = (q % kChunks) * kFoldK;
+    const float(*xs)[kFoldCols] = x[s % 2];
+    const float(*ms)[kFoldK + 1] = mt[q % 2];
+#pragma unroll 8
+    for (int kk = 0; kk < kFoldK; ++kk) {
+      const float mv = ms[r][kk];
+      const float4 lo = *reinterpret_cast<const float4*>(&xs[k0 + kk][c]);
+      const float4 hi = *reinterpret_cast<const float4*>(&xs[k0 + kk][c + 4]);
+      acc[0] = fmaf(mv, lo.x, acc[0]);
+      acc[1] = fmaf(mv, lo.y, acc[1]);
+      acc[2] = fmaf(mv, lo.z, acc[2]);
+      acc[3] = fmaf(mv, lo.w, acc[3]);
+      acc[4] = fmaf(mv, hi.x, acc[4]);
+      acc[5] = fmaf(mv, hi.y, acc[5]);
+      acc[6] = fmaf(mv, hi.z, acc[6]);
+      acc[7] = fmaf(mv, hi.w, acc[7]);
+    }
+    if (q + 1 < total) stash((q + 1) % 2);  // the other buffer: last read in chunk q − 1, before the barrier
+    if (q + 2 < total) fetch(q + 2);
+    if (q % kChunks == kChunks - 1) {  // the step's last chunk: the new state row
+      const int64_t at = head_offset + int64_t(r) * D + c0 + c;
+      if (a.add != nullptr) {
+        const float4 lo = __ldg(reinterpret_cast<const float4*>(a.add + s * a.add_step + at));
+        const float4 hi = __ldg(reinterpret_cast<const float4*>(a.add + s * a.add_step + at + 4));
+        acc[0] += lo.x, acc[1] += lo.y, acc[2] += lo.z, acc[3] += lo.w;
+        acc[4] += hi.x, acc[5] += hi.y, acc[6] += hi.z, acc[7] += hi.w;
       }
+      const float4 lo = make_float4(acc[0], acc[1], acc[2], acc[3]), hi = make_float4(acc[4], acc[5], acc[6], acc[7]);
+      float* out = a.states + (s + 1) * a.states_step + at;
+      *reinterpret_cast<float4*>(out) = lo;
+      *reinterpret_cast<float4*>(out + 4) = hi;
+      *reinterpret_cast<float4*>(&x[(s + 1) % 2][r][c]) = lo;
+      *reinterpret_cast<float4*>(&x[(s + 1) % 2][r][c + 4]) = hi;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
     }
-    const int64_t at = head_offset + int64_t(r) * D + c0 + c;
-    if (a.add != nullptr) {
-      const float4 lo = __ldg(reinterpret_cast<const float4*>(a.add + s * a.add_step + at));
-      const float4 hi = __ldg(reinterpret_cast<const float4*>(a.add + s * a.add_step + at + 4));
-      acc[0] += lo.x, acc[1] += lo.y, acc[2] += lo.z, acc[3] += lo.w;
-      acc[4] += hi.x, acc[5] += hi.y, acc[6] += hi.z, acc[7] += hi.w;
-    }
-    const float4 lo = make_float4(acc[0], acc[1], acc[2], acc[3]), hi = make_float4(acc[4], acc[5], acc[6], acc[7]);
-    float* out = a.states + (s + 1) * a.states_step + at;
-    *reinterpret_cast<float4*>(out) = lo;
-    *reinterpret_cast<float4*>(out + 4) = hi;
-    *reinterpret_cast<float4*>(&x[(s + 1) % 2][r][c]) = lo;
-    *reinterpret_cast<float4*>(&x[(s + 1) % 2][r][c + 4]) = hi;
-    __syncthreads();  // step s+1 reads the tile just written; step s+2 overwrites the one read here
+    __syncthreads();  // chunk q+1 is in shared memory; a finished step's tile is visible to the next
   }
 }
 
