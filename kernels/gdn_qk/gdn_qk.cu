@@ -2,8 +2,8 @@
 // i = l·E .. l·E + E − 1 of the head's first half and the same of its second half (E = d / 64 for
 // d = 128: a bf16 pair in each half), so a RoPE pair (i, i + d/2) never leaves its lane and the
 // L2 norm is one warp sum. The conv walks the run with a sliding window of K input rows in
-// registers and the lane's 2E·K taps loaded once per run, issuing the loads of kAhead rows before
-// computing them; values stay fp32 from the conv to the normalised output.
+// registers and the lane's 2E·K taps loaded once per run; values stay fp32 from the conv to the
+// normalised output.
 //
 // Angles: inv_freq_i = exp(−2i ln θ / d) and pos · inv_freq_i in fp64, reduced to [−π, π] in fp64
 // before the fp32 sincos (positions in the millions keep their precision), as kernels/rope does.
@@ -14,7 +14,6 @@ namespace hydra::ops::cuda_impl {
 namespace {
 
 constexpr int kRun = 32;          // rows per warp
-constexpr int kAhead = 4;         // rows whose loads a warp issues together (the conv)
 constexpr int kWarpsPerBlock = 8;
 
 // The E consecutive bf16 values at p (E = 2: one aligned 4-byte access), as fp32.
@@ -118,76 +117,54 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) gdn_qkv_conv_kernel(ConvA
         }
       }
     }
-    // Rows in groups of kAhead: the group's loads (and positions) are issued before its first row is
-    // computed, so each warp keeps kAhead rows in flight (one row at a time left the kernel
-    // latency-bound at ~1/3 of the HBM bandwidth). The arithmetic per row is unchanged.
-    for (int64_t tg = t0; tg < t1; tg += kAhead) {
-      float in_lo[kAhead][E], in_hi[kAhead][E];
-      int64_t pos[kAhead];
+    for (int64_t t = t0; t < t1; ++t) {
+      float lo[E], hi[E], ss = 0.0f;
+      if (active) {
+        load_pack<E>(p.x + t * p.x_stride + c_lo, win_lo[K - 1]);
+        load_pack<E>(p.x + t * p.x_stride + c_hi, win_hi[K - 1]);
 #pragma unroll
-      for (int u = 0; u < kAhead; ++u) {
-        const int64_t t = tg + u;
-        if (active && t < t1) {
-          load_pack<E>(p.x + t * p.x_stride + c_lo, in_lo[u]);
-          load_pack<E>(p.x + t * p.x_stride + c_hi, in_hi[u]);
+        for (int e = 0; e < E; ++e) {
+          float a = 0.0f, b = 0.0f;
+#pragma unroll
+          for (int m = 0; m < K; ++m) {
+            a += w_lo[e][m] * win_lo[m][e];
+            b += w_hi[e][m] * win_hi[m][e];
+          }
+          lo[e] = a / (1.0f + __expf(-a));
+          hi[e] = b / (1.0f + __expf(-b));
         }
-        pos[u] = qk && t < t1 ? p.pos[t] : 0;
+#pragma unroll
+        for (int m = 0; m < K - 1; ++m) {
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            win_lo[m][e] = win_lo[m + 1][e];
+            win_hi[m][e] = win_hi[m + 1][e];
+          }
+        }
+        if (qk) {
+          float c[E], s[E];
+          rope.angles<E>(p.pos[t], c, s);
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            const float a = lo[e], b = hi[e];
+            lo[e] = a * c[e] - b * s[e];
+            hi[e] = b * c[e] + a * s[e];
+            ss += lo[e] * lo[e] + hi[e] * hi[e];
+          }
+        }
       }
+      if (qk) {  // uniform across the warp
+        const float r = rsqrtf(cuda::warp_sum(ss) + p.eps);
 #pragma unroll
-      for (int u = 0; u < kAhead; ++u) {
-        const int64_t t = tg + u;
-        if (t >= t1) break;  // uniform across the warp
-        float lo[E], hi[E], ss = 0.0f;
-        if (active) {
-#pragma unroll
-          for (int e = 0; e < E; ++e) {
-            win_lo[K - 1][e] = in_lo[u][e];
-            win_hi[K - 1][e] = in_hi[u][e];
-          }
-#pragma unroll
-          for (int e = 0; e < E; ++e) {
-            float a = 0.0f, b = 0.0f;
-#pragma unroll
-            for (int m = 0; m < K; ++m) {
-              a += w_lo[e][m] * win_lo[m][e];
-              b += w_hi[e][m] * win_hi[m][e];
-            }
-            lo[e] = a / (1.0f + __expf(-a));
-            hi[e] = b / (1.0f + __expf(-b));
-          }
-#pragma unroll
-          for (int m = 0; m < K - 1; ++m) {
-#pragma unroll
-            for (int e = 0; e < E; ++e) {
-              win_lo[m][e] = win_lo[m + 1][e];
-              win_hi[m][e] = win_hi[m + 1][e];
-            }
-          }
-          if (qk) {
-            float c[E], s[E];
-            rope.angles<E>(pos[u], c, s);
-#pragma unroll
-            for (int e = 0; e < E; ++e) {
-              const float a = lo[e], b = hi[e];
-              lo[e] = a * c[e] - b * s[e];
-              hi[e] = b * c[e] + a * s[e];
-              ss += lo[e] * lo[e] + hi[e] * hi[e];
-            }
-          }
+        for (int e = 0; e < E; ++e) {
+          lo[e] *= r;
+          hi[e] *= r;
         }
-        if (qk) {  // uniform across the warp
-          const float r = rsqrtf(cuda::warp_sum(ss) + p.eps);
-#pragma unroll
-          for (int e = 0; e < E; ++e) {
-            lo[e] *= r;
-            hi[e] *= r;
-          }
-          if (lane == 0) p.inv_norm[t * p.inv_norm_stride + h] = r;
-        }
-        if (active) {
-          store_pack<E>(p.out + t * p.out_stride + c_lo, lo);
-          store_pack<E>(p.out + t * p.out_stride + c_hi, hi);
-        }
+        if (lane == 0) p.inv_norm[t * p.inv_norm_stride + h] = r;
+      }
+      if (active) {
+        store_pack<E>(p.out + t * p.out_stride + c_lo, lo);
+        store_pack<E>(p.out + t * p.out_stride + c_hi, hi);
       }
     }
   }
@@ -205,8 +182,7 @@ struct BackwardArgs {
   double log_theta_over_d;
 };
 
-// d = r (dy − y (y·dy)), then the inverse rotation; each lane reads its own dy (kAhead rows ahead)
-// before writing dx, so dx may alias dy.
+// d = r (dy − y (y·dy)), then the inverse rotation; each lane reads its own dy before writing dx.
 template <int E>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) gdn_qk_backward_kernel(BackwardArgs p) {
   const int lane = threadIdx.x % 32;
@@ -219,48 +195,32 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) gdn_qk_backward_kernel(Ba
   for (int64_t u = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; u < units; u += warps) {
     const int64_t run = u / p.heads, h = u % p.heads;
     const int64_t t0 = run * kRun, t1 = t0 + kRun < p.t_len ? t0 + kRun : p.t_len;
-    for (int64_t tg = t0; tg < t1; tg += kAhead) {  // loads of kAhead rows in flight, as in the conv
-      float dlo[kAhead][E], dhi[kAhead][E], ylo[kAhead][E], yhi[kAhead][E], r[kAhead];
-      int64_t pos[kAhead];
+    for (int64_t t = t0; t < t1; ++t) {
+      const bf16_t* dy = p.dy + t * p.dy_t + h * p.dy_h;
+      const bf16_t* y = p.y + t * p.y_t + h * p.y_h;
+      float dlo[E], dhi[E], ylo[E], yhi[E], dot = 0.0f;
+      if (active) {
+        load_pack<E>(dy + i, dlo);
+        load_pack<E>(dy + i + p.half, dhi);
+        load_pack<E>(y + i, ylo);
+        load_pack<E>(y + i + p.half, yhi);
 #pragma unroll
-      for (int u = 0; u < kAhead; ++u) {
-        const int64_t t = tg + u;
-        if (t >= t1) break;  // uniform across the warp
-        if (active) {
-          const bf16_t* dy = p.dy + t * p.dy_t + h * p.dy_h;
-          const bf16_t* y = p.y + t * p.y_t + h * p.y_h;
-          load_pack<E>(dy + i, dlo[u]);
-          load_pack<E>(dy + i + p.half, dhi[u]);
-          load_pack<E>(y + i, ylo[u]);
-          load_pack<E>(y + i + p.half, yhi[u]);
-          r[u] = p.inv_norm[t * p.r_t + h * p.r_h];
-          pos[u] = p.pos[t];
-        }
+        for (int e = 0; e < E; ++e) dot += ylo[e] * dlo[e] + yhi[e] * dhi[e];
       }
+      dot = cuda::warp_sum(dot);
+      if (!active) continue;
+      const float r = p.inv_norm[t * p.r_t + h * p.r_h];
+      float c[E], s[E];
+      rope.angles<E>(p.pos[t], c, s);
 #pragma unroll
-      for (int u = 0; u < kAhead; ++u) {
-        const int64_t t = tg + u;
-        if (t >= t1) break;
-        float dot = 0.0f;
-        if (active) {
-#pragma unroll
-          for (int e = 0; e < E; ++e) dot += ylo[u][e] * dlo[u][e] + yhi[u][e] * dhi[u][e];
-        }
-        dot = cuda::warp_sum(dot);
-        if (!active) continue;
-        float c[E], s[E];
-        rope.angles<E>(pos[u], c, s);
-        float out_lo[E], out_hi[E];
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-          const float a = r[u] * (dlo[u][e] - ylo[u][e] * dot), b = r[u] * (dhi[u][e] - yhi[u][e] * dot);
-          out_lo[e] = a * c[e] + b * s[e];  // rotation by −angle
-          out_hi[e] = b * c[e] - a * s[e];
-        }
-        bf16_t* dx = p.dx + t * p.dx_t + h * p.dx_h;
-        store_pack<E>(dx + i, out_lo);
-        store_pack<E>(dx + i + p.half, out_hi);
+      for (int e = 0; e < E; ++e) {
+        const float a = r * (dlo[e] - ylo[e] * dot), b = r * (dhi[e] - yhi[e] * dot);
+        dlo[e] = a * c[e] + b * s[e];  // rotation by −angle
+        dhi[e] = b * c[e] - a * s[e];
       }
+      bf16_t* dx = p.dx + t * p.dx_t + h * p.dx_h;
+      store_pack<E>(dx + i, dlo);
+      store_pack<E>(dx + i + p.half, dhi);
     }
   }
 }
