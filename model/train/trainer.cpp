@@ -319,7 +319,7 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
     }
   };
 
-  optimizer.zero_grads();  // each step's update zeroes them again for the next (below)
+  optimizer.zero_grads();  // and again after each step's update, for the next step (below)
   for (int64_t step = first_step; step <= last_step; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     LossSums local;
