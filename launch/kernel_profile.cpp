@@ -177,9 +177,15 @@ std::string short_name(const std::string& name) {
   return out;
 }
 
+// A stretch of GPU time covered by no record, and the records that end before and start after it.
+struct Gap {
+  uint64_t start, end;
+  const std::string *before, *after;
+};
+
 // Where the host was while the GPU idled: each API call's overlap with the idle spans, summed per
 // function (runtime and driver apart), and the idle time no call of a domain covers.
-void report_host(State& s, const std::vector<std::pair<uint64_t, uint64_t>>& idle_spans, uint64_t idle, FILE* out) {
+void report_host(State& s, const std::vector<Gap>& idle_spans, uint64_t idle, FILE* out) {
   std::sort(s.api_calls.begin(), s.api_calls.end(), [](const ApiCall& a, const ApiCall& b) { return a.start < b.start; });
   for (const bool driver : {false, true}) {
     std::map<CUpti_CallbackId, Totals> by_call;  // ns: overlap with idle time; count: calls that overlapped
@@ -188,10 +194,10 @@ void report_host(State& s, const std::vector<std::pair<uint64_t, uint64_t>>& idl
     uint64_t covered_to = 0;  // calls of one domain do not nest, but guard against double counting
     for (const ApiCall& c : s.api_calls) {
       if (c.driver != driver) continue;
-      while (first < idle_spans.size() && idle_spans[first].second <= c.start) ++first;
+      while (first < idle_spans.size() && idle_spans[first].end <= c.start) ++first;
       uint64_t overlap = 0;
-      for (size_t g = first; g < idle_spans.size() && idle_spans[g].first < c.end; ++g) {
-        const uint64_t b = std::max({idle_spans[g].first, c.start, covered_to}), e = std::min(idle_spans[g].second, c.end);
+      for (size_t g = first; g < idle_spans.size() && idle_spans[g].start < c.end; ++g) {
+        const uint64_t b = std::max({idle_spans[g].start, c.start, covered_to}), e = std::min(idle_spans[g].end, c.end);
         if (e > b) overlap += e - b;
       }
       covered_to = std::max(covered_to, c.end);
@@ -218,23 +224,24 @@ void report_host(State& s, const std::vector<std::pair<uint64_t, uint64_t>>& idl
   }
 }
 
-// The runtime calls that started in one idle gap (and the last one before it), in host order, with
+// The runtime calls that started in one idle gap (and the last three before it), in host order, with
 // their start relative to the gap's start and their duration: what the host did while the GPU waited.
-void report_gap_calls(const State& s, std::pair<uint64_t, uint64_t> gap, const std::string& what, FILE* out) {
-  std::fprintf(out, "# one gap of %s: %.1f us; runtime calls from the last one before it (start relative to the gap, "
-                    "duration):\n", what.c_str(), static_cast<double>(gap.second - gap.first) / 1e3);
-  const auto first = std::lower_bound(s.api_calls.begin(), s.api_calls.end(), gap.first,
+void report_gap_calls(const State& s, const Gap& gap, FILE* out) {
+  std::fprintf(out, "# one gap of %s -> %s: %.1f us; runtime calls from the last three before it (start relative to "
+                    "the gap, duration):\n", short_name(*gap.before).c_str(), short_name(*gap.after).c_str(),
+               static_cast<double>(gap.end - gap.start) / 1e3);
+  const auto first = std::lower_bound(s.api_calls.begin(), s.api_calls.end(), gap.start,
                                       [](const ApiCall& c, uint64_t t) { return c.start < t; });
   auto it = first;
   for (int back = 0; back < 3 && it != s.api_calls.begin();) {  // context: the last runtime calls before the gap
     --it;
     if (!it->driver) ++back;
   }
-  for (; it != s.api_calls.end() && it->start < gap.second; ++it) {
+  for (; it != s.api_calls.end() && it->start < gap.end; ++it) {
     if (it->driver) continue;
     const char* name = nullptr;
     if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, it->cbid, &name) != CUPTI_SUCCESS || !name) name = "?";
-    std::fprintf(out, "  %+9.1f us  %8.1f us  %s\n", (static_cast<double>(it->start) - static_cast<double>(gap.first)) / 1e3,
+    std::fprintf(out, "  %+9.1f us  %8.1f us  %s\n", (static_cast<double>(it->start) - static_cast<double>(gap.start)) / 1e3,
                  static_cast<double>(it->end - it->start) / 1e3, name);
   }
 }
@@ -244,12 +251,7 @@ void report_gap_calls(const State& s, std::pair<uint64_t, uint64_t> gap, const s
 void report_idle(State& s, FILE* out) {
   std::sort(s.intervals.begin(), s.intervals.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
   std::map<std::pair<const std::string*, const std::string*>, Totals> gaps;
-  struct Gap {
-    uint64_t start, end;
-    const std::string *before, *after;
-  };
-  std::vector<Gap> longest;  // every gap, sorted longest first below
-  std::vector<std::pair<uint64_t, uint64_t>> idle_spans;  // [begin, end), in order
+  std::vector<Gap> idle_spans;  // every gap, in order
   uint64_t idle = 0, reach = 0;
   const std::string* last = nullptr;
   for (const Interval& i : s.intervals) {
@@ -258,8 +260,7 @@ void report_idle(State& s, FILE* out) {
       g.ns += i.start - reach;
       g.count += 1;
       idle += i.start - reach;
-      idle_spans.emplace_back(reach, i.start);
-      longest.push_back({reach, i.start, last, i.name});
+      idle_spans.push_back({reach, i.start, last, i.name});
     }
     if (last == nullptr || i.end > reach) {
       reach = i.end;
@@ -267,6 +268,7 @@ void report_idle(State& s, FILE* out) {
     }
   }
   const double span = s.last > s.first ? static_cast<double>(s.last - s.first) : 0.0;
+  std::vector<Gap> longest = idle_spans;
   std::sort(longest.begin(), longest.end(), [](const Gap& a, const Gap& b) { return a.end - a.start > b.end - b.start; });
   // The longest single gaps first, with their place in the span: start-up (lazy module loading, the
   // first allocations) and step boundaries (loss and norm read back, logging) are one gap each and
@@ -292,10 +294,7 @@ void report_idle(State& s, FILE* out) {
   if (!s.api_calls.empty()) {
     report_host(s, idle_spans, idle, out);
     // The host's calls through the three longest gaps.
-    for (size_t g = 0; g < longest.size() && g < 3; ++g) {
-      report_gap_calls(s, {longest[g].start, longest[g].end},
-                       short_name(*longest[g].before) + " -> " + short_name(*longest[g].after), out);
-    }
+    for (size_t g = 0; g < longest.size() && g < 3; ++g) report_gap_calls(s, longest[g], out);
   }
 }
 
