@@ -91,7 +91,7 @@ struct TrainOptions {
         ("resume", po::bool_switch(&resume), "continue the run in --out-dir from its latest checkpoint (same model, data, world layout)")
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16 weights, fp32 masters), cpu (fp32) or auto")
         ("sp", po::value(&sp)->default_value(0), "ranks per sequence (sequence parallel); world / sp data-parallel replicas (0: all ranks)")
-        ("peak-tflops", po::value(&peak_tflops)->default_value(989), "dense bf16 peak per GPU for MFU (989: H100/H200 datasheet)")
+        ("peak-tflops", po::value(&peak_tflops)->default_value(989), "dense bf16 peak per GPU for MFU (989: H100/H200 datasheet); MFU = 3 × the forward FLOPs of the step's windows (layers and, except in align, the LM head over every position) / step time / (ranks × peak)")
         ("kept-activations", po::value(&kept_activations)->default_value("auto"), "what the forward keeps for the backward beyond each layer's input: none | gdn (the GDN outputs: no delta-rule rerun) | gdn+proj (also the fused projection: no in_proj GEMM) | gdn+proj+mlp (also every layer's MLP gate/up: no mlp_in GEMM) | auto (the most that the memory plan fits on every rank, in that order, the MLP's for as many layers as fit)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
   }
@@ -246,7 +246,7 @@ int run_train(App& app, const std::vector<std::string>& args) {
         {"seq_len", c.seq_len}, {"first_step", s.first_step},  {"last_step", s.last_step},
         {"loss", s.last_loss},  {"eval_loss", s.last_eval_loss}, {"seconds", s.seconds},
         {"tokens_per_s", s.tokens_per_s}, {"mfu", s.mfu},      {"peak_memory_gib", s.peak_memory_gib},
-        {"out_dir", c.out_dir}};
+        {"step_flops", s.step_flops}, {"lm_head_flops", s.lm_head_flops}, {"out_dir", c.out_dir}};
     std::cout << summary.dump() << std::endl;
   }
   return 0;

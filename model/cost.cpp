@@ -40,6 +40,14 @@ FlopCount prefill_flops(const ModelConfig& c, int64_t tokens) {
   return f;
 }
 
+FlopCount training_forward_flops(const ModelConfig& c, int64_t tokens, LogitHead head) {
+  FlopCount f = prefill_flops(c, tokens);
+  if (head == LogitHead::every_position) {
+    f.logits = 2.0 * static_cast<double>(tokens) * static_cast<double>(c.hidden_size) * static_cast<double>(c.vocab_size);
+  }
+  return f;
+}
+
 std::string MemoryEstimate::describe() const {
   const double g = 1024.0 * 1024.0 * 1024.0;
   return fmt::format("{:.1f} GiB (weights {:.1f}, transient init {:.1f}, activations {:.1f})", total() / g, weights / g,

@@ -290,13 +290,20 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
   const int64_t per_replica = config.batch_seqs * config.grad_accum, replicas = topology.replicas();
   const int64_t step_tokens = per_replica * replicas * config.seq_len;
   const double grad_scale = 1.0 / static_cast<double>(step_tokens);
-  const double step_flops = 3.0 * prefill_flops(mc, config.seq_len).total() * static_cast<double>(per_replica * replicas);
+  // Model FLOPs: 3 × the student's forward, the LM head included where the loss reads logits.
+  const LogitHead head = config.stage == Stage::align ? LogitHead::none : LogitHead::every_position;
+  const FlopCount window_flops = training_forward_flops(mc, config.seq_len, head);
+  const double windows = static_cast<double>(per_replica * replicas);
+  const double step_flops = 3.0 * window_flops.total() * windows;
   if (lead) {
     log::info("train {}: {} steps of {} tokens ({} window(s) of {} × {} replica(s) × {} accumulation), {} rank(s) "
               "(sequence groups of {}), {} of {} parameters trained, data {} windows ({} tokens){}",
               stage_name(config.stage), config.steps, step_tokens, config.batch_seqs, config.seq_len, replicas,
               config.grad_accum, world.size(), topology.sp(), optimizer.trainable_parameters(), parameter_count(mc),
               data.count(), data.tokens(), config.resume ? fmt::format(", resumed at step {}", first_step) : "");
+    log::info("MFU counts {:.1f} TFLOP a step (3 × forward: layers {:.1f}, LM head {:.1f}) against {} TFLOP/s per rank",
+              step_flops / 1e12, 3.0 * (window_flops.total() - window_flops.logits) * windows / 1e12,
+              3.0 * window_flops.logits * windows / 1e12, config.peak_tflops);
   }
   TrainSummary summary;
   summary.first_step = first_step;
@@ -394,6 +401,8 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
   summary.mfu = step_flops * static_cast<double>(steps_done) / busy_s /
                 (static_cast<double>(world.size()) * config.peak_tflops * 1e12);
   summary.peak_memory_gib = peak_memory_gib(student.device());
+  summary.step_flops = step_flops;
+  summary.lm_head_flops = 3.0 * window_flops.logits * windows;
   return summary;
 }
 

@@ -83,6 +83,7 @@ struct TrainSummary {
   int64_t first_step = 1, last_step = 0;
   double last_loss = 0, last_eval_loss = -1;
   double seconds = 0, tokens_per_s = 0, mfu = 0;
+  double step_flops = 0, lm_head_flops = 0;  // what MFU counts per step (all ranks), and its LM-head part
   double peak_memory_gib = 0;
 };
 

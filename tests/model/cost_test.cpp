@@ -38,6 +38,25 @@ TEST(Cost, HybridFlopsCountEachBranchOnce) {
   EXPECT_NEAR(f.attention, 3.940649673949184e15, 1e3);
 }
 
+TEST(Cost, TrainingCountsTheLmHeadOverEveryPosition) {
+  const ModelConfig c = preset_config("hydrahead-1.7b");
+  const double t = 65536, D = 2048, V = 151936;
+  const FlopCount layers = prefill_flops(c, 65536);
+  EXPECT_EQ(layers.logits, 0.0);  // a prefill forms the last position's logits only
+  const FlopCount f = training_forward_flops(c, 65536, LogitHead::every_position);
+  EXPECT_DOUBLE_EQ(f.logits, 2 * t * D * V);
+  EXPECT_DOUBLE_EQ(f.gemm, layers.gemm);
+  EXPECT_DOUBLE_EQ(f.attention, layers.attention);
+  EXPECT_DOUBLE_EQ(f.gdn, layers.gdn);
+  EXPECT_DOUBLE_EQ(f.total(), layers.total() + 2 * t * D * V);
+  // At 64K the LM head is about 13% of hydrahead-1.7b's training forward.
+  EXPECT_NEAR(f.logits / f.total(), 0.133, 0.002);
+  // The alignment stage's loss reads each layer's output, not logits.
+  const FlopCount align = training_forward_flops(c, 65536, LogitHead::none);
+  EXPECT_EQ(align.logits, 0.0);
+  EXPECT_DOUBLE_EQ(align.total(), layers.total());
+}
+
 TEST(Cost, PrefillPlanCoversTheMeasuredPeakAndScalesWithTheShare) {
   const ModelConfig c = preset_config("hydrahead-1.7b");
   const MemoryEstimate one = estimate_prefill_memory(c, 524288, 1);
