@@ -14,6 +14,7 @@
 // Tensors of a branch a layer does not have (no FA heads, or no GDN heads) are absent.
 #pragma once
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -50,11 +51,12 @@ HYDRA_HOST_DEVICE inline double init_value(Init init, const RandomStream& rng, u
     case Init::normal:
     case Init::small_normal: return 0.02 * rng.normal(i);
     case Init::norm_weight: return 1.0 + 0.1 * rng.normal(i);
-    case Init::conv: return rng.normal(i) / sqrt(kernel);
-    case Init::a_log: return log(1.0 + 15.0 * rng.uniform(i));
+    // The C library's functions (::), which host and device code both have; hydra::log is the logger.
+    case Init::conv: return rng.normal(i) / ::sqrt(kernel);
+    case Init::a_log: return ::log(1.0 + 15.0 * rng.uniform(i));
     case Init::dt_bias: {
-      const double dt = exp(log(1e-3) + (log(0.1) - log(1e-3)) * rng.uniform(i));
-      return dt + log(-expm1(-dt));  // softplus⁻¹(dt) = log(e^dt − 1)
+      const double dt = ::exp(::log(1e-3) + (::log(0.1) - ::log(1e-3)) * rng.uniform(i));
+      return dt + ::log(-::expm1(-dt));  // softplus⁻¹(dt) = log(e^dt − 1)
     }
     case Init::ones: return 1.0;
     case Init::unit_normal: return rng.normal(i);
