@@ -13,7 +13,8 @@
 #   tests    GPU unit tests (every attention kernel: hopper, mma; the fused GDN kernels), multi-GPU
 #            suite under mpirun -np 2 (when 2 GPUs are present)
 #   bench    hydra bench: GEMM ceiling; FA 8K×16, 32K×16, 128K×2, 512K×2 with the default kernel;
-#            GDN 32K/128K/512K × 14 heads (per-stage times) and the in-GPU split's segment counts
+#            GDN 32K/128K/512K × 14 heads (per-stage times) and the in-GPU split's segment counts;
+#            the GDN input pass (gdn-input: conv, q/k backward, conv backward) at 64K/128K × 14 heads
 #   anchors  PyTorch SDPA (cuDNN, FA2) and flash-linear-attention on the same shapes; table
 #   sweep    hydrahead-1.7b prefill, 1 GPU × {128K,256K,512K}, 2 GPUs × {128K,256K,512K,1M}; plot
 #   niah     eval-niah, hydrahead-1.7b (random weights), one 512K cell on 1 and on 2 GPUs
@@ -66,11 +67,14 @@ run_bench() {
   for spec in 32768x14 131072x14 524288x14; do
     HYDRA_GDN_PROFILE=1 timeout 180 "$bin/hydra" bench --op gdn --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench gdn $spec FAILED"
   done
+  for len in 65536 131072; do  # the GDN input pass and its backwards: GB/s beside a device copy (not in bench.jsonl)
+    timeout 120 "$bin/hydra" bench --op gdn-input --seq-len $len --heads 14 --repeat 20 > /dev/null 2>> "$out/bench.log" || echo "bench gdn-input $len FAILED"
+  done
   for segments in 2 4 8; do  # the split of the fused state pass, for tuning its default
     HYDRA_GDN_PROFILE=1 HYDRA_GDN_SEGMENTS=$segments timeout 180 "$bin/hydra" bench --op gdn --seq-len 524288 --heads 14 --repeat 3 \
       --json-out "$out/bench_variants.jsonl" > /dev/null 2>> "$out/bench.log" || echo "bench gdn segments=$segments FAILED"
   done
-  grep -E "TFLOP/s =|gdn stages|check" "$out/bench.log" | grep -v "ceiling:" | sed -E 's/^\[hydra +[0-9.]+s\] //' | awk '!seen[$0]++' | tail -30
+  grep -E "TFLOP/s =|GB/s =|gdn stages|check" "$out/bench.log" | grep -v "ceiling:" | sed -E 's/^\[hydra +[0-9.]+s\] //' | awk '!seen[$0]++' | tail -30
 }
 
 run_anchors() {

@@ -24,6 +24,7 @@
 #include "runtime/log.h"
 #include "runtime/random.h"
 #if HYDRA_CUDA
+#include "launch/bench_util.h"
 #include "runtime/cuda_memory.h"
 #endif
 
@@ -31,30 +32,12 @@ namespace hydra {
 namespace {
 
 #if HYDRA_CUDA
+using bench::median_ms;
 Tensor random_device(std::initializer_list<int64_t> shape, const std::string& name) {
-  const std::vector<int64_t> dims(shape);
-  Tensor t = Tensor::empty(shape, DType::bf16, Device::cuda);
-  init_parameter(ParamSpec{name, dims, Init::unit_normal}, 11, t);
-  return t;
+  return bench::random_device(shape, name, 11);
 }
 
 Tensor host_f32(const TensorView& t) { return to(t, Device::host, DType::f32); }
-
-template <class F>
-double median_ms(int warmup, int repeat, F&& f) {
-  for (int i = 0; i < warmup; ++i) f();
-  std::vector<double> ms;
-  for (int i = 0; i < repeat; ++i) {
-    CudaEvent start(true), stop(true);
-    start.record(current_stream());
-    f();
-    stop.record(current_stream());
-    stop.synchronize();
-    ms.push_back(stop.elapsed_ms_since(start));
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 // ‖got − ref‖ / ‖ref‖ over all entries; +inf when got has a non-finite entry.
 double rms_ratio(const TensorView& got, const TensorView& ref) {

@@ -7,6 +7,8 @@
 // gdn: the chunked gated delta rule forward (prepare + state pass + outputs), time and the
 // effective TFLOP/s of model/cost.h's FLOP count. gemm: M×N×K bf16, 2·M·N·K / time.
 // attention-bwd, gdn-bwd: forward + backward (bench_backward.cpp states their checks and FLOP counts).
+// gdn-input: the GDN conv/RoPE/L2 pass, its q/k backward and the conv backward, in GB/s beside a
+// device copy measured in the same run instead of the GEMM ceiling (bench_gdn_input.cpp).
 // The kernel measured is the one a model run would use (HYDRA_ATTENTION_KERNEL, HYDRA_GDN_KERNEL,
 // HYDRA_GDN_SEGMENTS select others); its name is part of the printed label and the JSON line.
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include "kernels/l2norm/l2norm.h"
 #include "kernels/matmul/matmul.h"
 #include "launch/bench_backward.h"
+#include "launch/bench_gdn_input.h"
 #include "launch/cli.h"
 #include "model/cost.h"
 #include "model/params.h"
@@ -29,6 +32,7 @@
 #include "runtime/random.h"
 #include "runtime/sizes.h"
 #if HYDRA_CUDA
+#include "launch/bench_util.h"
 #include "runtime/cuda_memory.h"
 #endif
 
@@ -49,8 +53,8 @@ struct BenchOptions {
 
   void bind(po::options_description& o) {
     o.add_options()
-        ("op", po::value(&op)->required(), "gemm, attention, gdn, attention-bwd or gdn-bwd")
-        ("seq-len", po::value(&seq_len)->default_value("32K"), "tokens (attention, gdn)")
+        ("op", po::value(&op)->required(), "gemm, attention, gdn, attention-bwd, gdn-bwd or gdn-input")
+        ("seq-len", po::value(&seq_len)->default_value("32K"), "tokens (all but gemm)")
         ("heads", po::value(&heads)->default_value(16), "query heads (attention) or GDN heads")
         ("kv-heads", po::value(&kv_heads)->default_value(0), "attention KV heads (0: as many as query heads)")
         ("head-dim", po::value(&head_dim)->default_value(128), "64 or 128")
@@ -63,8 +67,8 @@ struct BenchOptions {
         ("json-out", po::value(&json_out), "append the JSON line to this file");
   }
   void validate() const {
-    HYDRA_USER_CHECK(op == "gemm" || op == "attention" || op == "gdn" || is_backward_bench_op(op),
-                     "--op must be gemm, attention, gdn, attention-bwd or gdn-bwd (got '{}')", op);
+    HYDRA_USER_CHECK(op == "gemm" || op == "attention" || op == "gdn" || op == "gdn-input" || is_backward_bench_op(op),
+                     "--op must be gemm, attention, gdn, attention-bwd, gdn-bwd or gdn-input (got '{}')", op);
     parse_size(seq_len, "--seq-len");
     HYDRA_USER_CHECK(head_dim == 64 || head_dim == 128, "--head-dim must be 64 or 128");
     HYDRA_USER_CHECK(heads >= 1 && kv_heads >= 0 && (kv_heads == 0 || heads % kv_heads == 0),
@@ -75,34 +79,15 @@ struct BenchOptions {
 };
 
 #if HYDRA_CUDA
-Tensor random_device(std::initializer_list<int64_t> shape, const std::string& name, DType dtype = DType::bf16) {
-  const std::vector<int64_t> dims(shape);
-  Tensor t = Tensor::empty(shape, dtype, Device::cuda);
-  init_parameter(ParamSpec{name, dims, Init::unit_normal}, 7, t);
-  return t;
-}
-
-// Median milliseconds of `repeat` launches of f, after `warmup` untimed ones.
-template <class F>
-double time_ms(int warmup, int repeat, F&& f) {
-  for (int i = 0; i < warmup; ++i) f();
-  std::vector<double> ms;
-  for (int i = 0; i < repeat; ++i) {
-    CudaEvent start(true), stop(true);
-    start.record(current_stream());
-    f();
-    stop.record(current_stream());
-    stop.synchronize();
-    ms.push_back(stop.elapsed_ms_since(start));
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+using bench::median_ms;
+Tensor random_device(std::initializer_list<int64_t> shape, const std::string& name) {
+  return bench::random_device(shape, name, 7);
 }
 
 double gemm_tflops(int64_t m, int64_t n, int64_t k, int warmup, int repeat) {
   Tensor a = random_device({m, k}, "bench.a"), b = random_device({n, k}, "bench.b");
   Tensor c = Tensor::empty({m, n}, DType::bf16, Device::cuda);
-  const double ms = time_ms(warmup, repeat, [&] { ops::linear(c, a, b); });
+  const double ms = median_ms(warmup, repeat, [&] { ops::linear(c, a, b); });
   return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / (ms * 1e-3) / 1e12;
 }
 
@@ -170,7 +155,7 @@ int run_bench(App& app, const std::vector<std::string>& args) {
   BenchOptions opt;
   po::options_description desc("hydra bench");
   opt.bind(desc);
-  if (!parse_command_line(app, "bench", "--op gemm|attention|gdn|attention-bwd|gdn-bwd [--seq-len 32K --heads 16 --head-dim 128]", desc, args)) {
+  if (!parse_command_line(app, "bench", "--op gemm|attention|gdn|attention-bwd|gdn-bwd|gdn-input [--seq-len 32K --heads 16 --head-dim 128]", desc, args)) {
     return 0;
   }
   opt.validate();
@@ -178,6 +163,15 @@ int run_bench(App& app, const std::vector<std::string>& args) {
 #if HYDRA_CUDA
   HYDRA_USER_CHECK(cuda_device_count() > 0, "hydra bench needs a CUDA device; none is visible");
   cuda_set_device(app.mpi.local_rank() % cuda_device_count());
+  if (opt.op == "gdn-input") {  // bandwidth-bound: its own ceiling (a device copy), no GEMM
+    const nlohmann::json r =
+        bench_gdn_input(parse_size(opt.seq_len, "--seq-len"), opt.heads, opt.head_dim, opt.warmup, opt.repeat);
+    if (app.world.rank() == 0) {
+      std::cout << r.dump() << std::endl;
+      if (!opt.json_out.empty()) std::ofstream(opt.json_out, std::ios::app) << r.dump() << "\n";
+    }
+    return 0;
+  }
   const double ceiling = gemm_tflops(opt.ceiling_size, opt.ceiling_size, opt.ceiling_size, 3, 10);
   log::info("ceiling: cuBLAS bf16 GEMM {}^3 = {:.1f} TFLOP/s", opt.ceiling_size, ceiling);
   nlohmann::json j = {{"command", "bench"}, {"op", opt.op}, {"ceiling_tflops", ceiling}};
@@ -205,7 +199,7 @@ int run_bench(App& app, const std::vector<std::string>& args) {
       const ops::AttentionParams p{.tau_log_base = 362.0};
       ops::attention_forward(out, lse, q, k, v, p);
       check_attention(q, k, v, out, p);
-      ms = time_ms(opt.warmup, opt.repeat, [&] { ops::attention_forward(out, lse, q, k, v, p); });
+      ms = median_ms(opt.warmup, opt.repeat, [&] { ops::attention_forward(out, lse, q, k, v, p); });
       tflops = causal_attention_flops(t, h, d) / (ms * 1e-3) / 1e12;
       const char* kernel = ops::cuda_impl::flash_kernel_name(
           ops::cuda_impl::resolve_flash_kernel(ops::cuda_impl::FlashKernel::automatic, d));
@@ -225,7 +219,7 @@ int run_bench(App& app, const std::vector<std::string>& args) {
       Tensor out = Tensor::empty({t, h, d}, DType::bf16, Device::cuda), state = Tensor::zeros({h, d, d}, DType::f32, Device::cuda);
       const ops::cuda_impl::GdnOptions gdn = ops::cuda_impl::resolve_gdn_options({});
       check_gdn(q, k, v, g, beta, out, state, gdn);
-      ms = time_ms(opt.warmup, opt.repeat, [&] {
+      ms = median_ms(opt.warmup, opt.repeat, [&] {
         fill(state, 0.0f);
         ops::delta_rule_chunked(out, state, q, k, v, g, beta, {});
       });
