@@ -80,7 +80,7 @@ struct ConvWalk {
       float a = 0.0f;
 #pragma unroll
       for (int m = 0; m < K; ++m) a += w[m] * xw[m];
-      const float sg = 1.0f / (1.0f + expf(-a));
+      const float sg = __fdividef(1.0f, 1.0f + __expf(-a));  // fast intrinsics: 0 as a → −∞
       dai = d_out_i * sg * (1.0f + a * (1.0f - sg));
       if (in_split) {
 #pragma unroll
@@ -126,38 +126,41 @@ __global__ void __launch_bounds__(256) conv_backward_kernel(ConvBackwardArgs p) 
   }
 }
 
-// The same walk on bf16 x, d_out and dx whose rows start on 16-byte boundaries, with 8 | C, fed
-// through shared memory: block (channel block of 256, row split), thread t walks channel
-// c0 + t. Tiles of 32 rows of x and d_out arrive by 16-byte cp.async, double-buffered (the next
-// tile loads while this one is walked), and the tile's dx rows leave through shared memory in
-// 16-byte stores — so the walk's serial dependence never waits on global memory, which is what
-// held the one-thread-per-channel walk to ~0.7 TB/s. The halo rows (prefix, d_prefix) keep
-// scalar accesses: they are K − 1 rows of the first split.
-constexpr int kTileRows = 32, kTileChannels = 256;
+// The same walk on bf16 x, d_out and dx whose rows start on 16-byte boundaries, with 8 | C (the
+// model's), fed through shared memory: block (channel block of 256, row split), thread t walks the
+// channel pair c0 + 2t, c0 + 2t + 1 (one 4-byte shared access per row for both). Tiles of 16 rows
+// of x and d_out arrive by 16-byte cp.async, double-buffered (the next tile loads while this one is
+// walked), and the tile's dx rows leave through shared memory in 16-byte stores, so the walk's
+// serial dependence never waits on global memory (the one-thread-per-channel walk on global memory
+// ran at ~0.7 TB/s). The halo rows (prefix, d_prefix) keep scalar accesses: they are K − 1 rows of
+// the first split. Measured at 64K × 5376 channels (hydrahead-1.7b's GDN): one channel per thread
+// in 32-row tiles of 80 KB (two blocks of 8 warps per SM) took 1.71 ms; issue-bound, ~55
+// instructions per element.
+constexpr int kTileRows = 16, kTileChannels = 256, kTileThreads = kTileChannels / 2;
 constexpr int kTileChunks = kTileChannels / 8;  // 16-byte chunks per tile row
 constexpr size_t kTileBytes = size_t{kTileRows} * kTileChannels * 2;
-constexpr size_t kConvTiledSmem = 5 * kTileBytes;  // x and d_out × 2 buffers, dx
+constexpr size_t kConvTiledSmem = 5 * kTileBytes;  // x and d_out × 2 buffers, dx: 40 KB, under the default limit
 
 template <int K>
-__global__ void __launch_bounds__(kTileChannels) conv_backward_tiled_kernel(ConvBackwardArgs p) {
+__global__ void __launch_bounds__(kTileThreads) conv_backward_tiled_kernel(ConvBackwardArgs p) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16_t* xs = reinterpret_cast<bf16_t*>(smem);                    // [2][rows][channels]
   bf16_t* ds = reinterpret_cast<bf16_t*>(smem + 2 * kTileBytes);   // [2][rows][channels]
   bf16_t* gs = reinterpret_cast<bf16_t*>(smem + 4 * kTileBytes);   // [rows][channels]: dx of the tile
   const int t = threadIdx.x;
-  const int64_t c0 = int64_t(blockIdx.x) * kTileChannels, c = c0 + t;
-  const bool active = c < p.channels;
+  const int64_t c0 = int64_t(blockIdx.x) * kTileChannels, c = c0 + 2 * t;  // this thread: c, c + 1
+  const bool active = c < p.channels;  // 8 | C: both channels or neither
   const int64_t split = blockIdx.y, s = split * p.rows_per_split;
   const int64_t e = s + p.rows_per_split < p.t_len ? s + p.rows_per_split : p.t_len;
   const int64_t walk_end = e + K - 1, load_end = walk_end < p.t_len ? walk_end : p.t_len;
   const bf16_t* xd = static_cast<const bf16_t*>(p.x.data);
   const bf16_t* dod = static_cast<const bf16_t*>(p.d_out.data);
   bf16_t* dxd = static_cast<bf16_t*>(p.dx.data);
-  // Rows [r0, r0 + 32) ∩ [r0, load_end) of x and d_out into buffer `buf`, 16 bytes per copy.
+  // Rows [r0, r0 + kTileRows) ∩ [r0, load_end) of x and d_out into buffer `buf`, 16 bytes per copy.
   const auto load_tile = [&](int64_t r0, int buf) {
     const uint32_t xs_base = static_cast<uint32_t>(__cvta_generic_to_shared(xs + buf * kTileRows * kTileChannels));
     const uint32_t ds_base = static_cast<uint32_t>(__cvta_generic_to_shared(ds + buf * kTileRows * kTileChannels));
-    for (int q = t; q < kTileRows * kTileChunks; q += kTileChannels) {
+    for (int q = t; q < kTileRows * kTileChunks; q += kTileThreads) {
       const int r = q / kTileChunks, chunk = q % kTileChunks;
       const int64_t row = r0 + r, ch = c0 + 8 * chunk;
       if (row >= load_end || ch >= p.channels) continue;
@@ -167,8 +170,11 @@ __global__ void __launch_bounds__(kTileChannels) conv_backward_tiled_kernel(Conv
     }
     cuda::cp_async_commit();
   };
-  ConvWalk<K> walk;
-  if (active) walk.init(p, s, c);
+  ConvWalk<K> walk0, walk1;  // channels c and c + 1
+  if (active) {
+    walk0.init(p, s, c);
+    walk1.init(p, s, c + 1);
+  }
   load_tile(s, 0);
   int buf = 0;
   for (int64_t r0 = s; r0 < walk_end; r0 += kTileRows, buf ^= 1) {
@@ -180,24 +186,28 @@ __global__ void __launch_bounds__(kTileChannels) conv_backward_tiled_kernel(Conv
       cuda::cp_async_wait<0>();
     }
     __syncthreads();  // the tile is visible to every thread; the last tile's dx rows were stored
-    const bf16_t* xt = xs + buf * kTileRows * kTileChannels;
-    const bf16_t* dt = ds + buf * kTileRows * kTileChannels;
+    const __nv_bfloat162* xt = reinterpret_cast<const __nv_bfloat162*>(xs + buf * kTileRows * kTileChannels);
+    const __nv_bfloat162* dt = reinterpret_cast<const __nv_bfloat162*>(ds + buf * kTileRows * kTileChannels);
+    __nv_bfloat162* gt = reinterpret_cast<__nv_bfloat162*>(gs);
     if (active) {
+#pragma unroll 4
       for (int r = 0; r < rows; ++r) {
         const int64_t i = r0 + r;
         const bool has_row = i < p.t_len;
-        const float g = walk.step(has_row, i < e, has_row ? __bfloat162float(xt[r * kTileChannels + t]) : 0.0f,
-                                  has_row ? __bfloat162float(dt[r * kTileChannels + t]) : 0.0f);
+        const float2 xv = has_row ? __bfloat1622float2(xt[r * kTileThreads + t]) : make_float2(0.0f, 0.0f);
+        const float2 dv = has_row ? __bfloat1622float2(dt[r * kTileThreads + t]) : make_float2(0.0f, 0.0f);
+        const float g0 = walk0.step(has_row, i < e, xv.x, dv.x), g1 = walk1.step(has_row, i < e, xv.y, dv.y);
         const int64_t j = i - (K - 1);  // the row whose dx is now complete
         if (j >= s) {
-          gs[r * kTileChannels + t] = __float2bfloat16_rn(g);
+          gt[r * kTileThreads + t] = __floats2bfloat162_rn(g0, g1);
         } else if (s == 0 && p.d_prefix.data != nullptr) {  // j in [−(K−1), 0): a halo row
-          p.d_prefix.store(p.d_prefix.offset(j + K - 1) + c, g);
+          p.d_prefix.store(p.d_prefix.offset(j + K - 1) + c, g0);
+          p.d_prefix.store(p.d_prefix.offset(j + K - 1) + c + 1, g1);
         }
       }
     }
     __syncthreads();  // the tile's dx rows are in gs
-    for (int q = t; q < rows * kTileChunks; q += kTileChannels) {
+    for (int q = t; q < rows * kTileChunks; q += kTileThreads) {
       const int r = q / kTileChunks, chunk = q % kTileChunks;
       const int64_t j = r0 + r - (K - 1), ch = c0 + 8 * chunk;
       if (j < s || ch >= p.channels) continue;
@@ -207,7 +217,10 @@ __global__ void __launch_bounds__(kTileChannels) conv_backward_tiled_kernel(Conv
   }
   if (active && p.dw_partial != nullptr) {
 #pragma unroll
-    for (int m = 0; m < K; ++m) p.dw_partial[(split * p.channels + c) * K + m] = walk.dw[m];
+    for (int m = 0; m < K; ++m) {
+      p.dw_partial[(split * p.channels + c) * K + m] = walk0.dw[m];
+      p.dw_partial[(split * p.channels + c + 1) * K + m] = walk1.dw[m];
+    }
   }
 }
 
@@ -221,12 +234,9 @@ struct ConvWeightFinish {  // dw[c][m] += Σ_split partial, column index c·K + 
 template <int K>
 void launch_conv_backward(const ConvBackwardArgs& p, bool tiled) {
   if (tiled) {
-    // Above the 48 KB default (per device, so set at every launch: a host call of a microsecond).
-    HYDRA_CUDA_CHECK(cudaFuncSetAttribute(conv_backward_tiled_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(kConvTiledSmem)));
     const dim3 grid(static_cast<unsigned>((p.channels + kTileChannels - 1) / kTileChannels),
                     static_cast<unsigned>(p.splits));
-    conv_backward_tiled_kernel<K><<<grid, kTileChannels, kConvTiledSmem, current_stream()>>>(p);
+    conv_backward_tiled_kernel<K><<<grid, kTileThreads, kConvTiledSmem, current_stream()>>>(p);
   } else {
     conv_backward_kernel<K><<<cuda::capped_grid((p.splits * p.channels + 255) / 256), 256, 0, current_stream()>>>(p);
   }
