@@ -33,24 +33,12 @@ namespace {
 
 #if HYDRA_CUDA
 using bench::median_ms;
+using bench::rms_ratio;
 Tensor random_device(std::initializer_list<int64_t> shape, const std::string& name) {
   return bench::random_device(shape, name, 11);
 }
 
 Tensor host_f32(const TensorView& t) { return to(t, Device::host, DType::f32); }
-
-// ‖got − ref‖ / ‖ref‖ over all entries; +inf when got has a non-finite entry.
-double rms_ratio(const TensorView& got, const TensorView& ref) {
-  const Tensor a = host_f32(got), b = host_f32(ref);
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = a.data_as<float>()[i], y = b.data_as<float>()[i];
-    if (!std::isfinite(x)) return INFINITY;
-    num += (x - y) * (x - y);
-    den += y * y;
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
 
 void check_ratio(nlohmann::json& report, const std::string& name, double ratio, double tolerance) {
   report[name] = ratio;

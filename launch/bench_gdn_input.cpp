@@ -12,7 +12,6 @@
 // in the same run (read + write: the bandwidth these kernels can reach).
 #include "launch/bench_gdn_input.h"
 
-#include <cmath>
 #include <functional>
 
 #include "kernels/conv/conv.h"
@@ -78,18 +77,6 @@ InputPass on_host(const InputPass& g) {
   return p;
 }
 
-double rms_ratio(const TensorView& got, const TensorView& ref) {
-  const Tensor a = to(got, Device::host, DType::f32), b = to(ref, Device::host, DType::f32);
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = a.data_as<float>()[i], y = b.data_as<float>()[i];
-    if (!std::isfinite(x)) return INFINITY;
-    num += (x - y) * (x - y);
-    den += y * y;
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
 // The three kernels at T = 300 against the CPU path, in the order a training step runs them (the
 // q/k backward reads the conv's output and norms; on the host from the GPU's, rounded as it is).
 nlohmann::json check(int64_t h, int64_t d) {
@@ -99,7 +86,7 @@ nlohmann::json check(int64_t h, int64_t d) {
   cpu.conv();
   nlohmann::json report;
   auto expect = [&](const std::string& name, const TensorView& got, const TensorView& ref) {
-    const double r = rms_ratio(got, ref);
+    const double r = bench::rms_ratio(got, ref);
     report[name] = r;
     log::info("gdn-input check {}: RMS error ratio {:.2e} (tolerance 1e-2)", name, r);
     HYDRA_ASSERT(r <= 1e-2, "gdn-input check failed: {} RMS error ratio {}", name, r);
