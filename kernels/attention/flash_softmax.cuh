@@ -19,11 +19,7 @@
 
 namespace hydra::ops::cuda_impl {
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));  // ex2(−inf) = +0
-  return y;
-}
+using cuda::fast_exp2;  // kernels/cuda/common.cuh
 
 // The last column of a key tile starting at key `key0` that query row `row` may see (every column
 // when the result is ≥ the tile width, none when < 0): keys past the end, and with causal masking

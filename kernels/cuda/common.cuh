@@ -35,6 +35,21 @@ __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ bf16_t from_float<bf16_t>(float x) { return __float2bfloat16_rn(x); }
 
+// 2^x with the approximate unit, subnormal results flushed to zero: ex2(−inf) = +0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// σ(x) = 1 / (1 + e^−x) from the approximate units (relative error ~1e-7 against the rounded σ);
+// 0 as x → −∞ (the reciprocal of +inf), 1 as x → +∞.
+__device__ __forceinline__ float fast_sigmoid(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(1.0f + fast_exp2(-1.4426950408889634f * x)));
+  return y;
+}
+
 // Streaming multiprocessors of the current device (queried once per device, then cached).
 inline int sm_count() {
   static std::array<std::atomic<int>, 64> cache{};  // 0: not queried yet

@@ -15,14 +15,24 @@
 
 namespace hydra::cuda {
 
+// The raw word of N consecutive bf16 values (N = 1, 2, 4, 8): a kernel that issues the loads of
+// several rows before using any keeps the words (half the registers of their fp32 values) and
+// unpacks each when it is needed.
 template <int N>
-__device__ __forceinline__ void load_bf16(const bf16_t* p, float (&v)[N]) {
+using Bf16Word = std::conditional_t<
+    N == 1, unsigned short, std::conditional_t<N == 2, uint32_t, std::conditional_t<N == 4, uint2, uint4>>>;
+
+template <int N>
+__device__ __forceinline__ Bf16Word<N> load_bf16_word(const bf16_t* p) {
   static_assert(N == 1 || N == 2 || N == 4 || N == 8, "1, 2, 4 or 8 bf16 values per access");
+  return *reinterpret_cast<const Bf16Word<N>*>(p);
+}
+
+template <int N>
+__device__ __forceinline__ void unpack_bf16(const Bf16Word<N>& word, float (&v)[N]) {
   if constexpr (N == 1) {
-    v[0] = __bfloat162float(*p);
+    v[0] = __bfloat162float(__ushort_as_bfloat16(word));
   } else {
-    using Word = std::conditional_t<N == 2, uint32_t, std::conditional_t<N == 4, uint2, uint4>>;
-    const Word word = *reinterpret_cast<const Word*>(p);
     const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&word);
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) {
@@ -30,6 +40,11 @@ __device__ __forceinline__ void load_bf16(const bf16_t* p, float (&v)[N]) {
       v[2 * i + 1] = __high2float(pairs[i]);
     }
   }
+}
+
+template <int N>
+__device__ __forceinline__ void load_bf16(const bf16_t* p, float (&v)[N]) {
+  unpack_bf16<N>(load_bf16_word<N>(p), v);
 }
 
 template <int N>

@@ -146,8 +146,10 @@ TEST(CudaBackward, HeadFusion) {
 }
 
 // The fused GDN input pass (conv + SiLU, then RoPE and the L2 norm of the q/k heads) and its q/k
-// backward, against the CPU path (which runs the three unfused ops in turn). E = d/64 elements per
-// lane per half at d = 128, one at d = 16; runs of 32 rows with T not a multiple of 32; positions past 1M.
+// backward, against the CPU path (which runs the three unfused ops in turn). A half-warp per head
+// with E = d/32 elements per lane per half: 1 (d = 16, half the lanes idle), 2, 4 (the model's
+// d = 128) and 8; tiles of 4 to 16 rows with T not a multiple of them; more heads than one block
+// holds (21: blocks of 12, the last with idle lanes); positions past 1M.
 struct QkCase {
   int64_t t, d, gdn_heads;
   bool prefix;
@@ -162,7 +164,8 @@ Tensor spread_positions(int64_t t) {
 TEST(CudaBackward, GdnQkvConv) {
   HYDRA_REQUIRE_GPU();
   for (const QkCase q : {QkCase{45, 128, 2, true}, QkCase{1, 128, 1, false}, QkCase{130, 16, 3, true},
-                         QkCase{1000, 128, 2, false}}) {
+                         QkCase{1000, 128, 2, false}, QkCase{77, 64, 3, true}, QkCase{50, 128, 7, true},
+                         QkCase{21, 256, 1, true}}) {
     const std::string what = "gdn_qkv_conv T=" + std::to_string(q.t) + " d=" + std::to_string(q.d);
     const int64_t c = 3 * q.gdn_heads * q.d, k = 4;
     const ops::GdnQkParams params{.qk_heads = 2 * q.gdn_heads, .head_dim = q.d, .rope_theta = 1e6, .l2_eps = 1e-6f};
@@ -185,7 +188,8 @@ TEST(CudaBackward, GdnQkvConv) {
 
 TEST(CudaBackward, GdnQkBackward) {
   HYDRA_REQUIRE_GPU();
-  for (const QkCase q : {QkCase{70, 128, 3, false}, QkCase{5, 128, 1, false}, QkCase{33, 16, 2, false}}) {
+  for (const QkCase q : {QkCase{70, 128, 3, false}, QkCase{5, 128, 1, false}, QkCase{33, 16, 2, false},
+                         QkCase{40, 64, 9, false}, QkCase{19, 128, 17, false}, QkCase{9, 256, 2, false}}) {
     const std::string what = "gdn_qk_backward T=" + std::to_string(q.t) + " d=" + std::to_string(q.d);
     const int64_t h = q.gdn_heads, c = 3 * h * q.d;
     const ops::GdnQkParams params{.qk_heads = 2 * h, .head_dim = q.d, .rope_theta = 1e6, .l2_eps = 1e-6f};
