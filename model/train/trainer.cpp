@@ -294,7 +294,7 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
   const LogitHead head = config.stage == Stage::align ? LogitHead::none : LogitHead::every_position;
   const FlopCount window_flops = training_forward_flops(mc, config.seq_len, head);
   const double windows = static_cast<double>(per_replica * replicas);
-  const double step_flops = 3.0 * window_flops.total() * windows;
+  const double step_flops = 3.0 * window_flops.total() * windows, lm_head_flops = 3.0 * window_flops.logits * windows;
   if (lead) {
     log::info("train {}: {} steps of {} tokens ({} window(s) of {} × {} replica(s) × {} accumulation), {} rank(s) "
               "(sequence groups of {}), {} of {} parameters trained, data {} windows ({} tokens){}",
@@ -302,8 +302,7 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
               config.grad_accum, world.size(), topology.sp(), optimizer.trainable_parameters(), parameter_count(mc),
               data.count(), data.tokens(), config.resume ? fmt::format(", resumed at step {}", first_step) : "");
     log::info("MFU counts {:.1f} TFLOP a step (3 × forward: layers {:.1f}, LM head {:.1f}) against {} TFLOP/s per rank",
-              step_flops / 1e12, 3.0 * (window_flops.total() - window_flops.logits) * windows / 1e12,
-              3.0 * window_flops.logits * windows / 1e12, config.peak_tflops);
+              step_flops / 1e12, (step_flops - lm_head_flops) / 1e12, lm_head_flops / 1e12, config.peak_tflops);
   }
   TrainSummary summary;
   summary.first_step = first_step;
@@ -402,7 +401,7 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
                 (static_cast<double>(world.size()) * config.peak_tflops * 1e12);
   summary.peak_memory_gib = peak_memory_gib(student.device());
   summary.step_flops = step_flops;
-  summary.lm_head_flops = 3.0 * window_flops.logits * windows;
+  summary.lm_head_flops = lm_head_flops;
   return summary;
 }
 
