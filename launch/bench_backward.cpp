@@ -46,13 +46,15 @@ void check_ratio(nlohmann::json& report, const std::string& name, double ratio, 
   HYDRA_ASSERT(ratio <= tolerance, "backward check failed: {} RMS error ratio {} > {}", name, ratio, tolerance);
 }
 
-nlohmann::json check_attention(int64_t d) {
+nlohmann::json check_attention(int64_t d, const ops::KernelOptions& kernels) {
   const int64_t t = 300, h = 2, hk = 1;
   Tensor q = random_device({t, h, d}, "check.q"), k = random_device({t, hk, d}, "check.k");
   Tensor v = random_device({t, hk, d}, "check.v"), dout = random_device({t, h, d}, "check.dout");
   ops::AttentionParams p;
   p.q_position0 = p.k_position0 = 1000;
   p.tau_log_base = 362.0;
+  p.forward_kernel = kernels.attention;
+  p.backward_kernel = kernels.attention_backward;
   auto run = [&](const Tensor& qx, const Tensor& kx, const Tensor& vx, const Tensor& dox, Device dev) {
     std::vector<Tensor> r;  // dq, dk, dv
     Tensor out = Tensor::empty({t, h, d}, DType::f32, dev), lse = Tensor::empty({h, t}, DType::f32, dev);
@@ -119,11 +121,11 @@ nlohmann::json check_gdn(int64_t d) {
 }  // namespace
 
 BackwardBenchResult bench_backward(const std::string& op, int64_t t, int64_t h, int64_t kv_heads, int64_t d, int warmup,
-                                   int repeat) {
+                                   int repeat, const ops::KernelOptions& kernels) {
 #if HYDRA_CUDA
   BackwardBenchResult r;
   if (op == "attention-bwd") {
-    r.extra["check_rms_ratio"] = check_attention(d);
+    r.extra["check_rms_ratio"] = check_attention(d, kernels);
     const int64_t hk = kv_heads > 0 ? kv_heads : h;
     Tensor q = random_device({t, h, d}, "bench.q"), k = random_device({t, hk, d}, "bench.k");
     Tensor v = random_device({t, hk, d}, "bench.v"), dout = random_device({t, h, d}, "bench.dout");
@@ -133,6 +135,8 @@ BackwardBenchResult bench_backward(const std::string& op, int64_t t, int64_t h, 
            dv = Tensor::empty({t, hk, d}, DType::f32, Device::cuda);
     ops::AttentionParams p;
     p.tau_log_base = 362.0;  // as the HydraHead FA heads run
+    p.forward_kernel = kernels.attention;
+    p.backward_kernel = kernels.attention_backward;
     auto forward = [&] { ops::attention_forward(out, lse, q, k, v, p); };
     auto backward = [&] {
       ops::attention_backward_prepare(delta, dout, out);
@@ -149,12 +153,11 @@ BackwardBenchResult bench_backward(const std::string& op, int64_t t, int64_t h, 
     const double bwd_ms = median_ms(warmup, repeat, backward);
     const double fwd_flops = causal_attention_flops(t, h, d);
     r.tflops = 3.5 * fwd_flops / (r.ms * 1e-3) / 1e12;
-    const char* env = std::getenv("HYDRA_ATTENTION_BWD_KERNEL");
-    const std::string kernel = env && d == 128 ? env : "";
+    const ops::AttentionBackwardKernel kernel = d == 128 ? kernels.attention_backward : ops::AttentionBackwardKernel::automatic;
     r.what = fmt::format("attention fwd+bwd causal T={} H={} d={}{}", t, h, d,
-                         kernel == "mma"  ? " [mma.sync backward]"
-                         : kernel == "ws" ? " [warp-specialised backward]"
-                                          : "");
+                         kernel == ops::AttentionBackwardKernel::mma  ? " [mma.sync backward]"
+                         : kernel == ops::AttentionBackwardKernel::ws ? " [warp-specialised backward]"
+                                                                      : "");
     r.extra.update({{"seq_len", t}, {"heads", h}, {"kv_heads", hk}, {"head_dim", d}, {"backward_ms", bwd_ms},
                     {"backward_tflops", 2.5 * fwd_flops / (bwd_ms * 1e-3) / 1e12}, {"flops", 3.5 * fwd_flops}});
   } else {
@@ -166,13 +169,14 @@ BackwardBenchResult bench_backward(const std::string& op, int64_t t, int64_t h, 
     Tensor dq = Tensor::empty({t, h, d}, DType::bf16, Device::cuda), dk = Tensor::empty({t, h, d}, DType::bf16, Device::cuda),
            dv = Tensor::empty({t, h, d}, DType::bf16, Device::cuda);
     Tensor dg = Tensor::empty({t, h}, DType::f32, Device::cuda), db = Tensor::empty({t, h}, DType::f32, Device::cuda);
+    const ops::DeltaRuleParams gdn{.segments = kernels.gdn_segments, .profile = kernels.gdn_profile};
     auto forward = [&] {
       fill(state, 0.0f);
-      ops::delta_rule_chunked(out, state, in.q, in.k, in.v, in.g, in.beta, {});
+      ops::delta_rule_chunked(out, state, in.q, in.k, in.v, in.g, in.beta, gdn);
     };
     auto backward = [&] {
       fill(dstate, 0.0f);
-      ops::delta_rule_chunked_backward(dq, dk, dv, dg, db, dstate, in.dout, in.q, in.k, in.v, in.g, in.beta, s0, {});
+      ops::delta_rule_chunked_backward(dq, dk, dv, dg, db, dstate, in.dout, in.q, in.k, in.v, in.g, in.beta, s0, gdn);
     };
     r.ms = median_ms(warmup, repeat, [&] {
       forward();
@@ -187,7 +191,7 @@ BackwardBenchResult bench_backward(const std::string& op, int64_t t, int64_t h, 
   log::info("{}: backward alone {:.3f} ms", r.what, r.extra["backward_ms"].get<double>());
   return r;
 #else
-  (void)op, (void)t, (void)h, (void)kv_heads, (void)d, (void)warmup, (void)repeat;
+  (void)op, (void)t, (void)h, (void)kv_heads, (void)d, (void)warmup, (void)repeat, (void)kernels;
   HYDRA_USER_FAIL("hydra bench needs the CUDA path; this build has HYDRA_CUDA=OFF");
 #endif
 }

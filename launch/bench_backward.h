@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/kernel_options.h"
+
 namespace hydra {
 
 inline bool is_backward_bench_op(const std::string& op) { return op == "attention-bwd" || op == "gdn-bwd"; }
@@ -18,8 +20,9 @@ struct BackwardBenchResult {
   nlohmann::json extra;  // shape, backward-only time, the correctness check's error ratios
 };
 
-// Requires a CUDA device (the caller checks). Throws if the correctness check fails.
+// Requires a CUDA device (the caller checks). Throws if the correctness check fails. `kernels`: the
+// attention backward kernel and the GDN options to time (App::kernels).
 BackwardBenchResult bench_backward(const std::string& op, int64_t tokens, int64_t heads, int64_t kv_heads,
-                                   int64_t head_dim, int warmup, int repeat);
+                                   int64_t head_dim, int warmup, int repeat, const ops::KernelOptions& kernels);
 
 }  // namespace hydra

@@ -11,6 +11,7 @@
 
 #include <boost/program_options.hpp>
 
+#include "kernels/kernel_options.h"
 #include "parallel/agreement.h"
 #include "parallel/mpi_communicator.h"
 
@@ -21,12 +22,14 @@ struct ModelConfig;
 
 // What every subcommand gets: the MPI world (world size 1 without mpirun), whose collectives are
 // refused until the ranks have agreed on what they run (agree_on_run), and the command line as
-// parsed (filled in by parse_command_line).
+// parsed (filled in by parse_command_line), and the kernel options the environment set (read once
+// at start-up, launch/kernel_options.h): every model a command builds runs with them.
 struct App {
   MpiRuntime& mpi;
   AgreementGate& world;
   std::string command;
   std::vector<FingerprintField> options;  // every option's value as text, defaults included
+  ops::KernelOptions kernels;
 };
 
 struct Subcommand {

@@ -129,11 +129,11 @@ std::pair<double, double> max_error(const Tensor& a, const Tensor& b) {
 // split), so the later segments of the split and the fold are checked too. A mismatch ends the
 // benchmark.
 void check_gdn(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta, const Tensor& out,
-               const Tensor& state, const ops::cuda_impl::GdnOptions& gdn) {
+               const Tensor& state, const ops::DeltaRuleParams& gdn) {
   const int64_t t = q.size(0), d = q.size(2), n = std::min<int64_t>(256, t), heads = std::min<int64_t>(2, q.size(1));
   auto slice = [&](const Tensor& x, int64_t t0) { return to(x.view().narrow(0, t0, n).narrow(1, 0, heads), Device::host, DType::f32); };
   fill(state, 0.0f);
-  ops::cuda_impl::delta_rule_chunked(out, state, q, k, v, g, beta, {}, gdn);
+  ops::cuda_impl::delta_rule_chunked(out, state, q, k, v, g, beta, gdn);
   Tensor ref = Tensor::empty({n, heads, d}, DType::f32), s0 = Tensor::zeros({heads, d, d}, DType::f32);
   ops::delta_rule_chunked(ref, s0, slice(q, 0), slice(k, 0), slice(v, 0), slice(g, 0), slice(beta, 0), {});
   const auto [diff, scale] = max_error(slice(out, 0), ref);
@@ -141,7 +141,7 @@ void check_gdn(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
   HYDRA_ASSERT(std::isfinite(diff) && diff <= 3e-2 * scale, "GDN check failed: max error {} of {}", diff, scale);
   Tensor out_one = Tensor::empty(out.shape(), DType::bf16, Device::cuda);
   fill(state, 0.0f);
-  ops::cuda_impl::delta_rule_chunked(out_one, state, q, k, v, g, beta, {}, {gdn.kernel, 1});
+  ops::cuda_impl::delta_rule_chunked(out_one, state, q, k, v, g, beta, {.segments = 1});
   const auto [diff_end, scale_end] = max_error(slice(out, t - n), slice(out_one, t - n));
   log::info("gdn check, last {} tokens vs one unsplit segment: max error {:.3g} of {:.3g}", n, diff_end, scale_end);
   HYDRA_ASSERT(std::isfinite(diff_end) && diff_end <= 3e-2 * scale_end, "GDN check (end of the sequence) failed: max "
@@ -185,7 +185,7 @@ int run_bench(App& app, const std::vector<std::string>& args) {
     j.update({{"m", opt.m}, {"n", opt.n}, {"k", opt.k}});
   } else if (is_backward_bench_op(opt.op)) {
     const BackwardBenchResult r = bench_backward(opt.op, parse_size(opt.seq_len, "--seq-len"), opt.heads, opt.kv_heads,
-                                                 opt.head_dim, opt.warmup, opt.repeat);
+                                                 opt.head_dim, opt.warmup, opt.repeat, app.kernels);
     tflops = r.tflops;
     ms = r.ms;
     what = r.what;
@@ -196,13 +196,12 @@ int run_bench(App& app, const std::vector<std::string>& args) {
       const int64_t hk = opt.kv_heads > 0 ? opt.kv_heads : h;
       Tensor q = random_device({t, h, d}, "bench.q"), k = random_device({t, hk, d}, "bench.k"), v = random_device({t, hk, d}, "bench.v");
       Tensor out = Tensor::empty({t, h, d}, DType::f32, Device::cuda), lse = Tensor::empty({h, t}, DType::f32, Device::cuda);
-      const ops::AttentionParams p{.tau_log_base = 362.0};
+      const ops::AttentionParams p{.tau_log_base = 362.0, .forward_kernel = app.kernels.attention};
       ops::attention_forward(out, lse, q, k, v, p);
       check_attention(q, k, v, out, p);
       ms = median_ms(opt.warmup, opt.repeat, [&] { ops::attention_forward(out, lse, q, k, v, p); });
       tflops = causal_attention_flops(t, h, d) / (ms * 1e-3) / 1e12;
-      const char* kernel = ops::cuda_impl::flash_kernel_name(
-          ops::cuda_impl::resolve_flash_kernel(ops::cuda_impl::FlashKernel::automatic, d));
+      const char* kernel = ops::attention_kernel_name(ops::cuda_impl::resolve_flash_kernel(p.forward_kernel, d));
       what = fmt::format("attention causal T={} H={} d={} [{}]", t, h, d, kernel);
       j.update({{"seq_len", t}, {"heads", h}, {"kv_heads", hk}, {"head_dim", d}, {"kernel", kernel}});
     } else {
@@ -217,17 +216,16 @@ int run_bench(App& app, const std::vector<std::string>& args) {
       }
       Tensor g = to_device(g_host, Device::cuda), beta = to_device(b_host, Device::cuda);
       Tensor out = Tensor::empty({t, h, d}, DType::bf16, Device::cuda), state = Tensor::zeros({h, d, d}, DType::f32, Device::cuda);
-      const ops::cuda_impl::GdnOptions gdn = ops::cuda_impl::resolve_gdn_options({});
+      const ops::DeltaRuleParams gdn{.segments = app.kernels.gdn_segments, .profile = app.kernels.gdn_profile};
       check_gdn(q, k, v, g, beta, out, state, gdn);
       ms = median_ms(opt.warmup, opt.repeat, [&] {
         fill(state, 0.0f);
-        ops::delta_rule_chunked(out, state, q, k, v, g, beta, {});
+        ops::delta_rule_chunked(out, state, q, k, v, g, beta, gdn);
       });
       tflops = delta_rule_flops(t, h, d) / (ms * 1e-3) / 1e12;
-      const char* kernel = ops::cuda_impl::gdn_kernel_name(gdn.kernel);
       const std::string segments = gdn.segments > 0 ? std::to_string(gdn.segments) : "auto";
-      what = fmt::format("gdn chunked T={} H={} d={} [{}, segments {}]", t, h, d, kernel, segments);
-      j.update({{"seq_len", t}, {"heads", h}, {"head_dim", d}, {"kernel", kernel}, {"segments", segments}});
+      what = fmt::format("gdn chunked T={} H={} d={} [fused, segments {}]", t, h, d, segments);
+      j.update({{"seq_len", t}, {"heads", h}, {"head_dim", d}, {"kernel", "fused"}, {"segments", segments}});
     }
   }
   j.update({{"what", what}, {"ms", ms}, {"tflops", tflops}, {"fraction_of_ceiling", tflops / ceiling}});

@@ -84,7 +84,7 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
   agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   Communicator& comm = *world.comm;
-  const Model model = opt.model.build(device, dtype);
+  const Model model = opt.model.build(device, dtype, app.kernels);
   const auto t0 = std::chrono::steady_clock::now();
   train::LossSums local;
   for (int64_t i = 0; i < n; ++i) {

@@ -200,7 +200,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   Communicator& comm = *world.comm;
 
   const auto t0 = Clock::now();
-  const Model model = opt.model.build(device, dtype);
+  const Model model = opt.model.build(device, dtype, app.kernels);
   const double load_s = seconds_since(t0);
   log::info("eval-niah: {} — {} cells, {} samples on {} rank(s), weights loaded in {:.2f} s", config.summary(),
             plan.cells.size(), total_samples, comm.size(), load_s);

@@ -110,7 +110,7 @@ int run_forward(App& app, const std::vector<std::string>& args) {
 
   DeviceWorld world = make_device_world(opt.device, app.mpi, comm, opt.nccl_timeout);
   const auto t0 = std::chrono::steady_clock::now();
-  const Model model = opt.model.build(device, dtype);
+  const Model model = opt.model.build(device, dtype, app.kernels);
   const auto t1 = std::chrono::steady_clock::now();
   const TokenRows rows = layout.token_rows(ids);
   ForwardContext context{.comm = *world.comm, .layout = layout};

@@ -72,7 +72,7 @@ int run_gradients(App& app, const std::vector<std::string>& args) {
   agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   const auto t0 = std::chrono::steady_clock::now();
-  const Model model = opt.model.build(world.device, dtype);
+  const Model model = opt.model.build(world.device, dtype, app.kernels);
   const auto t1 = std::chrono::steady_clock::now();
   const train::NamedGradients g = train::next_token_gradients(*world.comm, model, ids);
   check_device_progress(world);

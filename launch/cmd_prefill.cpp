@@ -118,7 +118,7 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
 
   // Weights: a preset draws them directly on the device; a checkpoint is read on the host.
   const auto t_load = std::chrono::steady_clock::now();
-  const Model model = opt.model.build(device, dtype);
+  const Model model = opt.model.build(device, dtype, app.kernels);
   if (ids.empty()) ids = random_token_sequence(total, config.vocab_size, opt.token_seed);
   check_device_progress(world);
   comm.barrier();

@@ -196,7 +196,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   Communicator& comm = *world.comm;
 
   const auto t0 = Clock::now();
-  const Model model = opt.model.build(device, dtype);
+  const Model model = opt.model.build(device, dtype, app.kernels);
   const double load_s = seconds_since(t0);
   const int64_t jobs = config.num_layers * config.num_heads;
   log::info("select-heads: {} — {} heads, {} retrieval prompts, {} plain-text sequences of {} tokens, on {} rank(s); "

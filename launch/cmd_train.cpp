@@ -227,11 +227,12 @@ int run_train(App& app, const std::vector<std::string>& args) {
   log::info("train: memory plan {} per rank; kept for the backward: GDN outputs {}, projection {}, MLP gate/up in {} "
             "of {} layers (--kept-activations {})", estimate.describe(), c.kept.gdn_outputs ? "yes" : "no",
             c.kept.projection ? "yes" : "no", c.kept.mlp_layers, layers, opt.kept_activations);
-  Model student = opt.model.build(world.device, dtype);
+  Model student = opt.model.build(world.device, dtype, app.kernels);
   std::optional<Model> teacher;
   if (needs_teacher) {
     teacher.emplace(Model::load(opt.teacher, world.device, dtype,
                                 opt.model.allow_nonfinite ? NonFinite::allow : NonFinite::refuse));
+    teacher->set_kernel_options(app.kernels);
   }
   const train::TrainSummary s = train::run_training(c, topology, student, teacher ? &*teacher : nullptr);
   check_device_progress(world);

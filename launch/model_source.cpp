@@ -59,13 +59,18 @@ LoadedCheckpoint ModelSource::parameters() const {
   return read_model_checkpoint(model_path, allow_nonfinite ? NonFinite::allow : NonFinite::refuse);
 }
 
-Model ModelSource::build(Device device, DType dtype) const {
-  if (!preset.empty()) {
-    const ModelConfig c = preset_config(preset);
-    return Model(c, random_parameters(c, seed, device, device == Device::host ? DType::f32 : dtype), device, dtype);
-  }
-  const LoadedCheckpoint ck = parameters();
-  return Model(ck.config, ck.params, device, dtype);
+Model ModelSource::build(Device device, DType dtype, const ops::KernelOptions& kernels) const {
+  auto placed = [&] {
+    if (!preset.empty()) {
+      const ModelConfig c = preset_config(preset);
+      return Model(c, random_parameters(c, seed, device, device == Device::host ? DType::f32 : dtype), device, dtype);
+    }
+    const LoadedCheckpoint ck = parameters();
+    return Model(ck.config, ck.params, device, dtype);
+  };
+  Model model = placed();
+  model.set_kernel_options(kernels);
+  return model;
 }
 
 std::string ModelSource::describe() const {

@@ -28,9 +28,10 @@ struct ModelSource {
   ModelConfig config() const;
   // Config and host f32 parameters.
   LoadedCheckpoint parameters() const;
-  // The model placed on `device` in `dtype` (host: f32; cuda: bf16). A preset draws its weights
-  // directly on the device; a checkpoint is read on the host and placed.
-  Model build(Device device, DType dtype) const;
+  // The model placed on `device` in `dtype` (host: f32; cuda: bf16), running with `kernels`
+  // (App::kernels). A preset draws its weights directly on the device; a checkpoint is read on the
+  // host and placed.
+  Model build(Device device, DType dtype, const ops::KernelOptions& kernels) const;
   std::string describe() const;
 };
 

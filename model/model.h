@@ -1,5 +1,6 @@
-// A model ready to run and to train: config plus runtime weights on one device, the forward pass
-// (model.cpp) and the backward pass (model_backward.cpp).
+// A model ready to run and to train: config plus runtime weights on one device (model.cpp), the
+// forward pass (model_forward.cpp: one layer implementation for every pass) and the backward pass
+// (model_backward.cpp).
 //
 // The checkpoint keeps HF parameter paths; at load time each layer's tensors are packed into the
 // runtime layout that model/weight_layout.h describes (one fused input projection, heads in physical
@@ -22,6 +23,7 @@
 #include "model/config.h"
 #include "model/cost.h"
 #include "model/weight_layout.h"
+#include "kernels/kernel_options.h"
 #include "parallel/communicator.h"
 #include "parallel/gdn_scan.h"
 #include "parallel/layout.h"
@@ -105,6 +107,28 @@ struct LayerSaved {
   GdnSaved gdn;
 };
 
+// The intermediates of a layer's attention block that its backward reads: what the recomputation
+// (a LayerPass that replays) returns. Physical head order; undefined for a branch the layer lacks.
+struct AttentionTrace {
+  Tensor x_norm;        // [T_loc, D]: input norm
+  Tensor proj;          // [T_loc, rows]: the fused projection
+  Tensor fa_q, fa_k;    // [T_loc, H_fa, d], [T_loc, G_fa, d]: after the q/k norms (teacher: and RoPE)
+  Tensor conv;          // [T_loc, 3·H_gdn·d]: q̂ | k̂ | v after the fused conv, RoPE and L2 norm
+  Tensor inv_norm;      // [T_loc, 2·H_gdn], acc_dtype(): the q/k L2 norms' inverses
+  Tensor beta, g;       // [T_loc, H_gdn], acc_dtype(): the GDN gates
+  Tensor heads;         // [T_loc, H, d]: per-head outputs before fusion
+  Tensor fused;         // [T_loc, H, d]: what W_o reads (the teacher: heads itself)
+};
+
+// How one pass of a layer runs (model_forward.cpp): plain (all null), saving for the backward
+// (`save`), or the backward's recomputation (`replay` + `trace`), which reruns neither attention nor
+// the GDN scan's collective.
+struct LayerPass {
+  LayerSaved* save = nullptr;
+  const LayerSaved* replay = nullptr;
+  AttentionTrace* trace = nullptr;
+};
+
 // Whether weights holding NaN or Inf may load (read_model_checkpoint, Model::load).
 enum class NonFinite { refuse, allow };
 
@@ -129,6 +153,15 @@ class Model {
             .l2_eps = static_cast<float>(config_.l2_norm_eps)};
   }
   const LayerLayout& layout(int64_t layer) const { return layouts_.at(static_cast<size_t>(layer)); }
+  // Kernel choices and measurement switches (kernels/kernel_options.h), copied into every op this
+  // model runs; the defaults are the production choices. launch/ sets what the environment asked.
+  const ops::KernelOptions& kernel_options() const { return kernels_; }
+  void set_kernel_options(const ops::KernelOptions& kernels) { kernels_ = kernels; }
+  // The op parameters of a layer's branches, with the kernel options in.
+  ops::AttentionParams attention_params(int64_t layer) const;
+  ops::DeltaRuleParams delta_rule_params() const {
+    return {.segments = kernels_.gdn_segments, .profile = kernels_.gdn_profile};
+  }
 
   // ---- Forward ----
   // Final-normed hidden states [T_loc, D] of this rank's tokens; ids [T_loc] int32 in local order.
@@ -195,13 +228,19 @@ class Model {
   TensorView head_output_projection(int64_t layer, int64_t head) const;
 
  private:
-  void attention_teacher(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x_norm,
-                         const TensorView& x, LayerSaved* saved) const;
-  void attention_hydra(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x_norm,
-                       const TensorView& x, LayerSaved* saved) const;
+  // x [T_loc, D] += W_o fusion(heads): the attention block of a teacher or HydraHead layer, the one
+  // implementation that every pass runs (LayerPass; model_forward.cpp).
+  void attention_block(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x,
+                       const LayerPass& pass) const;
   // x += MLP(post_norm(x)); gate_up [T_loc, 2I], when defined, receives the MLP's gate | up (kept
   // for the backward) instead of a tile buffer.
   void mlp(ForwardContext& context, int64_t layer, const TensorView& x, const TensorView& gate_up = {}) const;
+  // One token tile of the MLP up to its intermediate, shared by the forward and the backward's
+  // recomputation: x_norm [n, D] ← post_norm(x), gate_up [n, 2I] ← x_norm·W_inᵀ (unless `kept`:
+  // the forward stored it), h [n, I] ← SiLU(gate) ⊙ up.
+  enum class MlpGateUp { compute, kept };
+  void mlp_tile(ForwardContext& context, int64_t layer, const TensorView& x, const TensorView& x_norm,
+                const TensorView& gate_up, const TensorView& h, MlpGateUp gate_up_state) const;
   DType place_dtype(Slot slot) const;  // dtype() for GEMM weights, acc_dtype() for the rest
   const LayerWeights& layers_at(int64_t layer) const { return weights_.layers.at(static_cast<size_t>(layer)); }
 
@@ -210,6 +249,7 @@ class Model {
   DType dtype_;
   std::vector<LayerLayout> layouts_;
   ModelTensors weights_;
+  ops::KernelOptions kernels_;
 };
 
 // Reads the checkpoint's config and all tensors as host f32 (validated against the config). Weights

@@ -1,12 +1,13 @@
 // The backward pass of the model, one layer at a time (DESIGN.md §1.5).
 //
 // What is saved and what is recomputed is decided in model.h (LayerSaved): a layer's backward
-// first recomputes its forward from the saved input — norms, the fused projection, the FA heads'
-// q/k (attention itself is not rerun: its output and log-sum-exp were kept), the GDN conv with
-// RoPE and the L2 norm fused in, the gates and — unless the forward kept the GDN outputs
-// (KeptActivations::gdn_outputs) — the chunked delta rule from the kept segment initial
-// states, the fusion and the residual after attention; the MLP's gate/up GEMM too, unless the
-// forward kept its output (KeptActivations::mlp_layers) — then runs the gradients back:
+// first reruns the forward's own code from the saved input (Model::attention_block with a replaying
+// LayerPass, model_forward.cpp) — norms, the fused projection unless kept, the FA heads' q/k
+// (attention itself is not rerun: its output and log-sum-exp were kept), the GDN conv with RoPE and
+// the L2 norm fused in, the gates, the chunked delta rule from the kept segment initial states
+// unless the GDN outputs were kept, the fusion and the residual after attention; each MLP tile's
+// intermediate through Model::mlp_tile (its gate/up GEMM skipped where the forward kept it) — then
+// runs the gradients back:
 //   MLP (token tiles) → post-norm → W_o → fusion → FA branch (output gate, ring-attention backward,
 //   q/k norms [teacher: RoPE⁻¹ first]) and GDN branch (delta-rule backward with the reverse state
 //   fold, L2 norm and RoPE⁻¹ in one pass, conv with its halo, β/g gates) → the fused projection →
@@ -68,74 +69,18 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
   expect_shape(dx, "layer dx", {{"T_loc", t}, {"D", D}});
   expect_shape(saved.input, "saved layer input", {{"T_loc", t}, {"D", D}});
   maybe_inject_fault("backward");
-  HYDRA_ASSERT(hfa == 0 || saved.fa_out.defined(), "layer {}: backward without the forward's attention output", layer);
   auto empty = [&](std::initializer_list<int64_t> shape, DType dtype) { return Tensor::empty(shape, dtype, device_); };
 
-  // ---- Recompute the forward (all but attention itself) ----
+  // ---- Recompute the forward (all but attention itself): the forward's own code, replaying ----
   const TensorView x_in = saved.input;
-  Tensor x_norm = empty({t, D}, dtype_), proj = saved.proj;  // the projection, if the forward kept it
-  Tensor heads = empty({t, H, d}, dtype_);  // the per-head outputs before fusion, physical order
-  Tensor fa_q, fa_k, conv, inv_norm, beta, g;  // conv: q̂ | k̂ | v after the fused conv (gdn_qkv_conv)
-  const ops::AttentionParams attention{.tau_log_base = hydra ? config_.fa_log_base : 0.0, .kv_head_of_query = w.fa_kv_of};
-  {
-    ScopedPhase phase(timer, Phase::other);
-    ops::rms_norm(x_norm, x_in, w.input_norm, norm);
-  }
-  if (!proj.defined()) {
-    proj = empty({t, w.in_proj.size(0)}, dtype_);
-    ScopedPhase phase(timer, Phase::gemm);
-    ops::linear(proj, x_norm, w.in_proj);
-  }
-  const TensorView pv = proj.view();
-  if (hfa > 0) {
-    ScopedPhase phase(timer, Phase::other);
-    fa_q = empty({t, hfa, d}, dtype_);
-    fa_k = empty({t, gfa, d}, dtype_);
-    ops::rms_norm(fa_q, head_columns(pv, col.fa_q, hfa, d), w.q_norm, norm);
-    ops::rms_norm(fa_k, head_columns(pv, col.fa_k, gfa, d), w.k_norm, norm);
-    if (!hydra) {
-      ops::rope(fa_q, positions, {config_.rope_theta});
-      ops::rope(fa_k, positions, {config_.rope_theta});
-      copy_into(heads, saved.fa_out);
-    } else {
-      ops::sigmoid_gate(heads.view().reshape({t, H * d}).narrow(1, 0, hfa * d), saved.fa_out.view().reshape({t, hfa * d}),
-                        pv.narrow(1, col.fa_gate, hfa * d));
-    }
-  }
-  if (hg > 0) {
-    conv = empty({t, 3 * hg * d}, dtype_);
-    inv_norm = empty({t, 2 * hg}, acc);  // the q/k L2 norms' inverses: their backward needs them with q̂, k̂
-    const GdnQkFinish finish{positions, inv_norm, gdn_qk_params(hg)};
-    causal_conv_sequence_parallel(context.comm, seq, conv, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv, timer,
-                                  &finish);
-    beta = empty({t, hg}, acc);
-    g = empty({t, hg}, acc);
-    {
-      ScopedPhase phase(timer, Phase::gdn);
-      ops::gdn_gates(beta, g, pv.narrow(1, col.gdn_b, hg), pv.narrow(1, col.gdn_a, hg), w.a_log, w.dt_bias);
-    }
-    if (saved.gdn_out.defined()) {  // kept by the forward (KeptActivations::gdn_outputs)
-      ScopedPhase phase(timer, Phase::gdn);
-      copy_into(heads.view().narrow(1, hfa, hg), saved.gdn_out);
-    } else {
-      gdn_sequence_parallel_recompute(seq, saved.gdn, heads.view().narrow(1, hfa, hg), head_columns(conv, 0, hg, d),
-                                      head_columns(conv, hg * d, hg, d), head_columns(conv, 2 * hg * d, hg, d), g,
-                                      beta, ops::DeltaRuleParams{}, timer);
-    }
-  }
-  Tensor fused;  // y: what W_o reads
-  if (hydra) {
-    ScopedPhase phase(timer, Phase::other);
-    fused = empty({t, H, d}, dtype_);
-    ops::head_fusion(fused, heads, w.fuse_norm, w.fuse_gamma, {norm.eps});
-  } else {
-    fused = heads;
-  }
   Tensor x_mid = clone(x_in);  // the residual stream after attention, before the MLP
-  {
-    ScopedPhase phase(timer, Phase::gemm);
-    ops::linear(x_mid, fused.view().reshape({t, H * d}), w.o_proj, ops::Accumulate::yes);
-  }
+  AttentionTrace trace;
+  attention_block(context, layer, positions, x_mid, LayerPass{.replay = &saved, .trace = &trace});
+  const Tensor &x_norm = trace.x_norm, &proj = trace.proj, &heads = trace.heads, &fused = trace.fused;
+  const Tensor &fa_q = trace.fa_q, &fa_k = trace.fa_k, &conv = trace.conv, &inv_norm = trace.inv_norm;
+  const Tensor &beta = trace.beta, &g = trace.g;
+  const TensorView pv = proj.view();
+  const ops::AttentionParams attention = attention_params(layer);
 
   // ---- MLP backward, in token tiles (recomputing each tile's intermediate) ----
   {
@@ -152,17 +97,10 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
       const TensorView xm = x_mid.view().narrow(0, t0, n), dxt = dx.narrow(0, t0, n);
       const TensorView gu = kept_gu ? saved.mlp_gate_up.view().narrow(0, t0, n) : rows(gu_tile);
       const TensorView gate = gu.narrow(1, 0, I), up = gu.narrow(1, I, I);
+      // The tile's forward again (x_norm: mlp_in's weight gradient reads it), as the forward runs it.
+      mlp_tile(context, layer, xm, rows(xn), gu, rows(h), kept_gu ? MlpGateUp::kept : MlpGateUp::compute);
       {
         ScopedPhase phase(timer, Phase::other);
-        ops::rms_norm(rows(xn), xm, w.post_norm, norm);  // mlp_in's weight gradient reads it
-      }
-      if (!kept_gu) {
-        ScopedPhase phase(timer, Phase::gemm);
-        ops::linear(gu, rows(xn), w.mlp_in);
-      }
-      {
-        ScopedPhase phase(timer, Phase::other);
-        ops::swiglu(rows(h), gate, up);
         copy_into(rows(dy), dxt);  // the residual gradient as a GEMM operand
       }
       {
@@ -239,7 +177,7 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
     const TensorView qn = head_columns(conv, 0, hg, d), kn = head_columns(conv, hg * d, hg, d);
     gdn_sequence_parallel_backward(context.comm, seq, saved.gdn, dqn, dkn, head_columns(dconv, 2 * hg * d, hg, d), dg,
                                    dbeta, d_heads.view().narrow(1, hfa, hg), qn, kn,
-                                   head_columns(conv, 2 * hg * d, hg, d), g, beta, ops::DeltaRuleParams{}, timer);
+                                   head_columns(conv, 2 * hg * d, hg, d), g, beta, delta_rule_params(), timer);
     {
       ScopedPhase phase(timer, Phase::gdn);
       const ops::GdnQkParams qk = gdn_qk_params(hg);
@@ -254,7 +192,7 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
                                            timer);
   };
   if (hfa > 0 && hg > 0) {
-    run_concurrently(device_, fa_branch, gdn_branch);
+    run_concurrently(device_, kernels_.branches, fa_branch, gdn_branch);
   } else if (hfa > 0) {
     fa_branch();
   } else if (hg > 0) {

@@ -8,8 +8,9 @@
 // allocated and freed in the side stream's order; inputs come from before the fork, outputs are
 // read after the join, so the stream-ordered allocator never hands out memory still in use.
 //
-// HYDRA_SERIAL_BRANCHES=1 runs both on the current stream, side_work first (a measurement knob: the
-// step or prefill time with and without it is what the overlap buys); unset, empty or 0: concurrent.
+// Branches::serial runs both on the current stream, side_work first (a measurement knob,
+// HYDRA_SERIAL_BRANCHES=1 via launch/: the step or prefill time with and without it is what the
+// overlap buys).
 #pragma once
 
 #include <functional>
@@ -18,10 +19,9 @@
 
 namespace hydra {
 
-void run_concurrently(Device device, const std::function<void()>& main_work, const std::function<void()>& side_work);
+enum class Branches { concurrent, serial };
 
-// Whether HYDRA_SERIAL_BRANCHES asks for one stream; any value but unset, "", "0" or "1" is a user
-// error naming it (hydra's main checks it at start-up, before any work).
-bool serial_branches();
+void run_concurrently(Device device, Branches branches, const std::function<void()>& main_work,
+                      const std::function<void()>& side_work);
 
 }  // namespace hydra

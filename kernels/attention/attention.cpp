@@ -63,6 +63,24 @@ TensorView matrix(std::vector<T>& buf, int64_t rows, int64_t cols) {
 
 }  // namespace
 
+const char* attention_kernel_name(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::automatic: return "automatic";
+    case AttentionKernel::hopper: return "hopper";
+    case AttentionKernel::mma: return "mma";
+  }
+  return "?";
+}
+
+const char* attention_backward_kernel_name(AttentionBackwardKernel kernel) {
+  switch (kernel) {
+    case AttentionBackwardKernel::automatic: return "automatic";
+    case AttentionBackwardKernel::ws: return "ws";
+    case AttentionBackwardKernel::mma: return "mma";
+  }
+  return "?";
+}
+
 double log_position_scale(int64_t position, double log_base) {
   return std::log(static_cast<double>(position) + log_base) / std::log(log_base);
 }

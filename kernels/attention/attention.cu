@@ -160,50 +160,22 @@ bool is_hopper() {
   return major == 9 && minor == 0;  // the sm_90a kernels run on compute capability 9.0 only
 }
 
-// HYDRA_ATTENTION_KERNEL, read once: a way to fall back to an older kernel without rebuilding.
-FlashKernel kernel_from_environment() {
-  static const FlashKernel choice = [] {
-    const char* env = std::getenv("HYDRA_ATTENTION_KERNEL");
-    const std::string name = env ? env : "";
-    if (name.empty()) return FlashKernel::automatic;
-    for (FlashKernel k : {FlashKernel::hopper, FlashKernel::mma})
-      if (name == flash_kernel_name(k)) return k;
-    HYDRA_USER_FAIL("HYDRA_ATTENTION_KERNEL must be hopper or mma (got '{}')", name);
-  }();
-  return choice;
-}
-
 }  // namespace
 
-const char* flash_kernel_name(FlashKernel kernel) {
-  switch (kernel) {
-    case FlashKernel::automatic: return "automatic";
-    case FlashKernel::hopper: return "hopper";
-    case FlashKernel::mma: return "mma";
-  }
-  return "?";
-}
-
-FlashKernel resolve_flash_kernel(FlashKernel kernel, int64_t head_dim) {
-  if (kernel == FlashKernel::automatic) kernel = kernel_from_environment();
-  if (kernel == FlashKernel::automatic) kernel = head_dim == 128 && is_hopper() ? FlashKernel::hopper : FlashKernel::mma;
-  // The environment asks for one kernel for every call; shapes only the mma.sync kernel handles use it.
-  if (kernel != FlashKernel::mma && head_dim != 128) kernel = FlashKernel::mma;
+AttentionKernel resolve_flash_kernel(AttentionKernel kernel, int64_t head_dim) {
+  if (kernel == AttentionKernel::automatic) kernel = head_dim == 128 && is_hopper() ? AttentionKernel::hopper : AttentionKernel::mma;
+  // A choice made for every call (a kernel option); shapes only the mma.sync kernel handles use it.
+  if (kernel != AttentionKernel::mma && head_dim != 128) kernel = AttentionKernel::mma;
   return kernel;
 }
 
-bool flash_kernel_supported(FlashKernel kernel, int64_t head_dim) {
-  if (kernel == FlashKernel::mma) return head_dim == 64 || head_dim == 128;
-  return kernel != FlashKernel::automatic && head_dim == 128 && is_hopper();
+bool flash_kernel_supported(AttentionKernel kernel, int64_t head_dim) {
+  if (kernel == AttentionKernel::mma) return head_dim == 64 || head_dim == 128;
+  return kernel != AttentionKernel::automatic && head_dim == 128 && is_hopper();
 }
 
 void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                        const TensorView& v, const AttentionParams& params) {
-  attention_forward(out, lse, q, k, v, params, FlashKernel::automatic);
-}
-
-void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
-                       const TensorView& v, const AttentionParams& params, FlashKernel kernel) {
   cuda::expect_cuda(q, "attention q", DType::bf16);
   cuda::expect_cuda(k, "attention k", DType::bf16);
   cuda::expect_cuda(v, "attention v", DType::bf16);
@@ -252,10 +224,10 @@ void attention_forward(const TensorView& out, const TensorView& lse, const Tenso
     HYDRA_ASSERT(p.kv_of[h] >= 0 && p.kv_of[h] < hk, "query head {} maps to KV head {} of {}", h, p.kv_of[h], hk);
   }
 
-  const FlashKernel chosen = resolve_flash_kernel(kernel, d);
-  HYDRA_ASSERT(chosen == FlashKernel::mma || is_hopper(), "the {} attention kernel needs an sm_90 GPU",
-               flash_kernel_name(chosen));
-  if (chosen == FlashKernel::hopper && flash_forward_hopper_supports(q, k, v)) {
+  const AttentionKernel chosen = resolve_flash_kernel(params.forward_kernel, d);
+  HYDRA_ASSERT(chosen == AttentionKernel::mma || is_hopper(), "the {} attention kernel needs an sm_90 GPU",
+               attention_kernel_name(chosen));
+  if (chosen == AttentionKernel::hopper && flash_forward_hopper_supports(q, k, v)) {
     flash_forward_hopper(p, q, k, v);
   } else {  // mma.sync (head dim 64, other GPUs, and views TMA cannot describe)
     const dim3 grid(static_cast<unsigned>((q.size(0) + kBlockM - 1) / kBlockM), static_cast<unsigned>(hq));

@@ -24,6 +24,16 @@ enum class Causality { causal, none };
 // (lse = −inf where none) which is merged with this block's, in fp32 (ring attention's steps).
 enum class AttentionOutput { overwrite, merge };
 
+// Which CUDA kernel runs a call (the CPU path ignores both; launch/ reads them from the environment
+// once, README "Kernel options"). automatic: the fastest the device and shape allow.
+//   forward:  hopper (warp-specialised TMA/wgmma, d = 128, sm_90) | mma (mma.sync, any sm_80+, d 64/128);
+//   backward: ws (warp-specialised, d = 128, compute capability 9.x) | mma (mma.sync, any GPU).
+// A kernel the shape cannot run falls back to mma (d = 64, views TMA cannot describe).
+enum class AttentionKernel { automatic, hopper, mma };
+enum class AttentionBackwardKernel { automatic, ws, mma };
+const char* attention_kernel_name(AttentionKernel kernel);
+const char* attention_backward_kernel_name(AttentionBackwardKernel kernel);
+
 struct AttentionParams {
   float scale = 0.0f;  // softmax scale; 0 means 1/sqrt(d)
   Causality causality = Causality::causal;
@@ -32,6 +42,8 @@ struct AttentionParams {
   double tau_log_base = 0.0;
   std::span<const int> kv_head_of_query = {};  // size Hq, or empty for h / (Hq / Hk)
   AttentionOutput output = AttentionOutput::overwrite;
+  AttentionKernel forward_kernel = AttentionKernel::automatic;
+  AttentionBackwardKernel backward_kernel = AttentionBackwardKernel::automatic;
 };
 
 // out [Tq, Hq, dv], lse [Hq, Tq] (fp32; −inf and out = 0 where no key is visible),
@@ -68,17 +80,11 @@ double log_position_scale(int64_t position, double log_base);
 namespace cuda_impl {  // attention.cu: flash attention forward with fused merge
 void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                        const TensorView& v, const AttentionParams& params);
-// The forward kernels. automatic: HYDRA_ATTENTION_KERNEL (hopper | mma) if set, else the fastest
-// one the device and shape allow (hopper: warp-specialised TMA/wgmma, d = 128, sm_90; mma:
-// mma.sync, any sm_80+ GPU, d = 64 or 128). A kernel the device or shape cannot run is an error.
-enum class FlashKernel { automatic, hopper, mma };
-void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
-                       const TensorView& v, const AttentionParams& params, FlashKernel kernel);
-const char* flash_kernel_name(FlashKernel kernel);
-// The kernel `automatic` resolves to for this head dim on the current device.
-FlashKernel resolve_flash_kernel(FlashKernel kernel, int64_t head_dim);
+// The forward kernel a call with params.forward_kernel = `kernel` runs at this head dim on the
+// current device (a kernel the device cannot run is an error at the call).
+AttentionKernel resolve_flash_kernel(AttentionKernel kernel, int64_t head_dim);
 // Whether the current device can run `kernel` (not automatic) at this head dim.
-bool flash_kernel_supported(FlashKernel kernel, int64_t head_dim);
+bool flash_kernel_supported(AttentionKernel kernel, int64_t head_dim);
 // attention_backward.cu: D = rowsum(dO ⊙ O) and the flash-attention backward
 void attention_backward_prepare(const TensorView& delta, const TensorView& d_out, const TensorView& out);
 void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& d_out,

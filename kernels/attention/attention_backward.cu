@@ -276,22 +276,17 @@ bool ws_supports(const TensorView& dq, const TensorView& d_out, const TensorView
          reinterpret_cast<uintptr_t>(dq.data()) % 16 == 0;
 }
 
-// Which kernel runs d = 128 (HYDRA_ATTENTION_BWD_KERNEL, read at every call so a test can compare
-// them in one process): ws (warp-specialised, the default on compute capability 9.0) or mma
-// (mma.sync, any GPU).
+// Which kernel runs d = 128 (AttentionParams::backward_kernel): ws (warp-specialised, the default
+// on compute capability 9.x) or mma (mma.sync, any GPU).
 enum class BwdKernel { mma, ws };
-BwdKernel backward_kernel_d128() {
+BwdKernel backward_kernel_d128(AttentionBackwardKernel choice) {
   static const bool hopper = [] {
     int device = 0, major = 0;
     HYDRA_CUDA_CHECK(cudaGetDevice(&device));
     HYDRA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     return major == 9;
   }();
-  const char* env = std::getenv("HYDRA_ATTENTION_BWD_KERNEL");
-  const std::string choice = env ? env : "";
-  HYDRA_USER_CHECK(choice.empty() || choice == "mma" || choice == "ws",
-                   "HYDRA_ATTENTION_BWD_KERNEL must be mma or ws (got '{}')", choice);
-  return choice == "mma" || !hopper ? BwdKernel::mma : BwdKernel::ws;
+  return choice == AttentionBackwardKernel::mma || !hopper ? BwdKernel::mma : BwdKernel::ws;
 }
 
 void check_rows(const TensorView& t, const char* what, DType dtype, int align_elems) {
@@ -344,7 +339,7 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
   HYDRA_ASSERT(hq <= kBwdMaxHeads, "CUDA attention backward: {} query heads > {}", hq, kBwdMaxHeads);
   if (q.size(0) == 0 || k.size(0) == 0) return;
   BwdParams p = make_bwd_params(dq, dk, dv, d_out, q, k, v, lse, delta, params);
-  const BwdKernel kernel = d == 128 ? backward_kernel_d128() : BwdKernel::mma;
+  const BwdKernel kernel = d == 128 ? backward_kernel_d128(params.backward_kernel) : BwdKernel::mma;
   if (kernel == BwdKernel::ws && ws_supports(dq, d_out, q, k, v)) {
     launch_ws(p, q, k, v, d_out);
   } else if (d == 128) {

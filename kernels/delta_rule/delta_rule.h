@@ -25,9 +25,18 @@
 
 namespace hydra::ops {
 
+// GPU measurement switch (the CPU forms ignore it): off, or print each stage's time (CUDA events,
+// a synchronisation per call) to stderr; serial_stages also runs the backward's two concurrent
+// passes one after the other to time them apart. launch/ reads it (HYDRA_GDN_PROFILE, README).
+enum class GdnProfile { off, stages, serial_stages };
+
 struct DeltaRuleParams {
   float scale = 0.0f;  // query scale; 0 means 1/sqrt(dk)
   int64_t chunk = 64;
+  // GPU only: the in-GPU split of the sequential pass (0: enough segments to fill the GPU, from
+  // the cost model in delta_rule_forward.cu; 1: no split), and the stage timing.
+  int segments = 0;
+  GdnProfile profile = GdnProfile::off;
 };
 
 // out [T, H, dv]; state [H, dk, dv] (in: initial state, out: final state);
@@ -82,24 +91,6 @@ void delta_rule_apply_map(const TensorView& state, const TensorView& m, const Te
 // The segment fold of the chunked form (gdn::fold_maps in delta_rule_cuda.cuh), for its test:
 // states[s+1] = M_s states[s] (+ add[s]), s < steps, fp32 [n, H, D, D] with contiguous slices.
 void delta_rule_fold(const TensorView& m, const TensorView* add, const TensorView& states, int steps);
-// Tests and benchmarks pick the implementation. kernel: fused (prepare + fused state/output pass,
-// delta_rule_cuda.cuh; an earlier three-kernel form measured 25.5 ms at 512K × 14 heads on an H200
-// against fused's 18.2 and was removed). segments: the in-GPU split of the sequential pass (0:
-// HYDRA_GDN_SEGMENTS if set, else enough to fill the GPU; 1: no split).
-enum class GdnKernel { automatic, fused };
-struct GdnOptions {
-  GdnKernel kernel = GdnKernel::automatic;
-  int segments = 0;
-};
-void delta_rule_chunked(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
-                        const TensorView& v, const TensorView& g, const TensorView& beta, const DeltaRuleParams& params,
-                        const GdnOptions& options);
-void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
-                            const TensorView& g, const TensorView& beta, const DeltaRuleParams& params,
-                            const GdnOptions& options);
-const char* gdn_kernel_name(GdnKernel kernel);
-// `options` with automatic fields resolved from the environment (segments stays 0 if neither set it).
-GdnOptions resolve_gdn_options(GdnOptions options);
 // delta_rule_backward.cu
 void delta_rule_chunked_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                  const TensorView& dg, const TensorView& dbeta, const TensorView& d_state,

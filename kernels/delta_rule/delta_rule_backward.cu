@@ -234,14 +234,13 @@ template <int D>
 void chunked_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dg,
                       const TensorView& dbeta, const TensorView& d_state, const TensorView& d_out, const TensorView& q,
                       const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
-                      const TensorView& state0, float scale) {
+                      const TensorView& state0, float scale, GdnProfile profile) {
   const int t_len = static_cast<int>(k.size(0)), heads = static_cast<int>(k.size(1));
   const int chunks = (t_len + kC - 1) / kC;
-  // HYDRA_GDN_PROFILE=1 prints each stage's time (events on the current stream); =2 also runs
-  // stages 2 and 3 one after the other to time them apart.
-  gdn::StageProfile times("gdn backward stages");
-  const char* profile_env = std::getenv("HYDRA_GDN_PROFILE");
-  const bool serial = profile_env && std::string(profile_env) == "2";
+  // GdnProfile::stages prints each stage's time (events on the current stream); serial_stages also
+  // runs stages 2 and 3 one after the other to time them apart.
+  gdn::StageProfile times("gdn backward stages", profile != GdnProfile::off);
+  const bool serial = profile == GdnProfile::serial_stages;
   times.mark("start");
   const gdn::ChunkPrep p = gdn::prepare(q, k, g, beta, scale, gdn::PrepareFor::backward);
   times.mark("prepare");
@@ -347,9 +346,9 @@ void delta_rule_chunked_backward(const TensorView& dq, const TensorView& dk, con
   if (k.size(0) == 0) return;  // no tokens: d_state passes through, nothing else to write
   const float scale = params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(k.size(2)));
   if (k.size(2) == 128) {
-    gdn_bwd::chunked_backward<128>(dq, dk, dv, dg, dbeta, d_state, d_out, q, k, v, g, beta, state0, scale);
+    gdn_bwd::chunked_backward<128>(dq, dk, dv, dg, dbeta, d_state, d_out, q, k, v, g, beta, state0, scale, params.profile);
   } else {
-    gdn_bwd::chunked_backward<64>(dq, dk, dv, dg, dbeta, d_state, d_out, q, k, v, g, beta, state0, scale);
+    gdn_bwd::chunked_backward<64>(dq, dk, dv, dg, dbeta, d_state, d_out, q, k, v, g, beta, state0, scale, params.profile);
   }
 }
 

@@ -98,12 +98,12 @@ void state_pass(const StatePassArgs& args, int head_dim);
 // the training profile showed ~0.2 ms of host time per step with the GPU idle.)
 void fold_maps(const TensorView& m, const TensorView* add, const TensorView& states, int steps);
 
-// HYDRA_GDN_PROFILE=1: each marked stage's time (CUDA events), printed to stderr at scope exit.
+// DeltaRuleParams::profile: each marked stage's time (CUDA events), printed to stderr at scope exit.
 // `label` starts the line (the backward prints its own).
 struct StageProfile {
-  explicit StageProfile(const char* label = "gdn stages") : label(label) {}
+  StageProfile(const char* label, bool on) : label(label), on(on) {}
   const char* label;
-  bool on = std::getenv("HYDRA_GDN_PROFILE") != nullptr;
+  bool on = false;
   std::vector<std::pair<const char*, std::unique_ptr<CudaEvent>>> marks;
   void mark(const char* name) {
     if (!on) return;

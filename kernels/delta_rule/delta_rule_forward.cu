@@ -10,7 +10,7 @@
 //   3. the state pass of every segment in parallel, outputs fused in.
 // segment_map (sequence parallelism): prepare without queries, the maps of S segments in one
 // launch, composed by the same fold.
-// HYDRA_GDN_PROFILE=1 prints each stage's time (CUDA events) to stderr (gdn::StageProfile).
+// DeltaRuleParams::profile prints each stage's time (CUDA events) to stderr (gdn::StageProfile).
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -36,26 +36,6 @@ using gdn::kChunk;
 using gdn::StageProfile;
 
 }  // namespace
-
-GdnOptions resolve_gdn_options(GdnOptions options) {
-  static const GdnOptions from_env = [] {
-    GdnOptions o;
-    if (const char* env = std::getenv("HYDRA_GDN_KERNEL"); env && *env) {
-      const std::string name = env;
-      HYDRA_USER_CHECK(name == "fused", "HYDRA_GDN_KERNEL must be fused (got '{}'; the v1 kernels were removed)", name);
-      o.kernel = GdnKernel::fused;
-    }
-    if (const char* env = std::getenv("HYDRA_GDN_SEGMENTS"); env && *env) {
-      o.segments = std::atoi(env);
-      HYDRA_USER_CHECK(o.segments >= 1, "HYDRA_GDN_SEGMENTS must be a positive integer (got '{}')", env);
-    }
-    return o;
-  }();
-  if (options.kernel == GdnKernel::automatic) options.kernel = from_env.kernel;
-  if (options.kernel == GdnKernel::automatic) options.kernel = GdnKernel::fused;
-  if (options.segments == 0) options.segments = from_env.segments;
-  return options;
-}
 
 namespace {
 
@@ -141,8 +121,9 @@ std::pair<Tensor, Tensor> segment_maps(const gdn::ChunkPrep& prep, const TensorV
 }
 
 void chunked_fused(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
-                   const TensorView& v, const TensorView& g, const TensorView& beta, float scale, int segments) {
-  StageProfile profile;
+                   const TensorView& v, const TensorView& g, const TensorView& beta, float scale, int segments,
+                   GdnProfile profiling) {
+  StageProfile profile("gdn stages", profiling != GdnProfile::off);
   profile.mark("start");
   const gdn::ChunkPrep prep = gdn::prepare(q, k, g, beta, scale);
   profile.mark("prepare");
@@ -347,22 +328,8 @@ void fold_maps(const TensorView& m, const TensorView* add, const TensorView& sta
 }
 }  // namespace gdn
 
-const char* gdn_kernel_name(GdnKernel kernel) {
-  switch (kernel) {
-    case GdnKernel::automatic: return "automatic";
-    case GdnKernel::fused: return "fused";
-  }
-  return "?";
-}
-
 void delta_rule_chunked(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
                         const TensorView& v, const TensorView& g, const TensorView& beta, const DeltaRuleParams& params) {
-  delta_rule_chunked(out, state, q, k, v, g, beta, params, GdnOptions{});
-}
-
-void delta_rule_chunked(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
-                        const TensorView& v, const TensorView& g, const TensorView& beta, const DeltaRuleParams& params,
-                        const GdnOptions& options) {
   check_common(k, v, g, beta, params);
   check_rows(q, "q");
   check_rows(out, "out");
@@ -370,18 +337,12 @@ void delta_rule_chunked(const TensorView& out, const TensorView& state, const Te
   HYDRA_ASSERT(state.is_contiguous(), "CUDA delta rule: the state must be contiguous [H, D, D]");
   if (k.size(0) == 0) return;
   const float scale = params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(k.size(2)));
-  const GdnOptions o = resolve_gdn_options(options);
-  chunked_fused(out, state, q, k, v, g, beta, scale, o.segments);
+  HYDRA_ASSERT(params.segments >= 0, "CUDA delta rule: {} segments", params.segments);
+  chunked_fused(out, state, q, k, v, g, beta, scale, params.segments, params.profile);
 }
 
 void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
                             const TensorView& g, const TensorView& beta, const DeltaRuleParams& params) {
-  delta_rule_segment_map(m, s_ext, k, v, g, beta, params, GdnOptions{});
-}
-
-void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
-                            const TensorView& g, const TensorView& beta, const DeltaRuleParams& params,
-                            const GdnOptions& options) {
   check_common(k, v, g, beta, params);
   cuda::expect_cuda(m, "m", DType::f32);
   cuda::expect_cuda(s_ext, "s_ext", DType::f32);
@@ -394,8 +355,8 @@ void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const 
     copy_into(m, eye);
     return;
   }
-  const GdnOptions o = resolve_gdn_options(options);
-  segment_map_fused(m, s_ext, k, v, g, beta, o.segments);
+  HYDRA_ASSERT(params.segments >= 0, "CUDA segment map: {} segments", params.segments);
+  segment_map_fused(m, s_ext, k, v, g, beta, params.segments);
 }
 
 void delta_rule_fold(const TensorView& m, const TensorView* add, const TensorView& states, int steps) {

@@ -11,7 +11,7 @@
 // kernels to an RMS ratio of 8e-3, and FlashAttention-3 to twice a bf16 reference's error.
 // delta = rowsum(dO ⊙ O) is fp32 from bf16 dO: 1e-5 relative. Without a GPU: SKIPPED.
 // d = 128 runs both kernels: the warp-specialised TMA one (the default on Hopper,
-// HYDRA_ATTENTION_BWD_KERNEL=ws) and the mma.sync one (HYDRA_ATTENTION_BWD_KERNEL=mma), each in
+// AttentionBackwardKernel::ws) and the mma.sync one (AttentionBackwardKernel::mma), each in
 // its own test so a failure names its kernel. Each case is announced before it runs (stdout is
 // line-buffered in the tests), so a crash names its case too.
 #include <cmath>
@@ -60,11 +60,10 @@ std::string name_of(const BwdCase& c) {
          " kpos=" + std::to_string(c.kpos) + (c.causal ? "" : " full") + (c.tau ? " tau" : "");
 }
 
-// Sets HYDRA_ATTENTION_BWD_KERNEL for the scope of a test.
-struct KernelChoice {
-  explicit KernelChoice(const char* kernel) { setenv("HYDRA_ATTENTION_BWD_KERNEL", kernel, 1); }
-  ~KernelChoice() { unsetenv("HYDRA_ATTENTION_BWD_KERNEL"); }
-};
+// The backward kernel a test names (AttentionParams::backward_kernel).
+ops::AttentionBackwardKernel kernel_named(const std::string& kernel) {
+  return kernel == "ws" ? ops::AttentionBackwardKernel::ws : ops::AttentionBackwardKernel::mma;
+}
 
 void every_block_kind(const std::string& kernel) {
   const BwdCase cases[] = {
@@ -93,7 +92,8 @@ void every_block_kind(const std::string& kernel) {
                            .q_position0 = c.qpos,
                            .k_position0 = c.kpos,
                            .tau_log_base = c.tau ? 362.0 : 0.0,
-                           .kv_head_of_query = c.kv_map};
+                           .kv_head_of_query = c.kv_map,
+                           .backward_kernel = kernel_named(kernel)};
     // The forward on the CPU gives the final output and lse (this key block is the whole key range).
     Tensor out = Tensor::empty({c.tq, c.hq, c.d}, DType::f32), lse = Tensor::empty({c.hq, c.tq}, DType::f32);
     ops::attention_forward(out, lse, q, k, v, p);
@@ -128,20 +128,17 @@ void every_block_kind(const std::string& kernel) {
 
 TEST(CudaAttentionBackward, WarpSpecializedKernelMatchesCpuReferenceOnEveryBlockKind) {
   HYDRA_REQUIRE_GPU();
-  const KernelChoice choice("ws");  // the default; d = 64 cases run the mma.sync kernel
-  every_block_kind("ws");
+  every_block_kind("ws");  // the default; d = 64 cases run the mma.sync kernel
 }
 
 TEST(CudaAttentionBackward, MmaKernelMatchesCpuReferenceOnEveryBlockKind) {
   HYDRA_REQUIRE_GPU();
-  const KernelChoice choice("mma");
   every_block_kind("mma");
 }
 
 // Strided views (column blocks of a fused projection), as the model passes them (both kernels; the
 // warp-specialised one's TMA maps and bulk dq rows see the strides).
 void strided_views(const char* kernel) {
-  const KernelChoice choice(kernel);
   const int64_t t = 100, h = 2, d = 128;
   Tensor qkv = rounded_to_bf16(random_tensor({t, 3 * h * d + 8 * d}, 44, 1.5f));  // q | k | v | other
   const TensorView q = qkv.view().narrow(1, 0, h * d).split_dim(1, h, d);
@@ -150,6 +147,7 @@ void strided_views(const char* kernel) {
   Tensor dout = rounded_to_bf16(random_tensor({t, h, d}, 45));
   ops::AttentionParams p;
   p.tau_log_base = 362.0;
+  p.backward_kernel = kernel_named(kernel);
   Tensor out = Tensor::empty({t, h, d}, DType::f32), lse = Tensor::empty({h, t}, DType::f32);
   ops::attention_forward(out, lse, q, k, v, p);
   Tensor delta = Tensor::empty({h, t}, DType::f32);

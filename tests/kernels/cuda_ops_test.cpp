@@ -211,7 +211,7 @@ struct AttnCase {
 TEST(CudaOps, FlashAttentionMatchesReference) {
   HYDRA_REQUIRE_GPU();
 #if HYDRA_CUDA
-  using ops::cuda_impl::FlashKernel;
+  using ops::AttentionKernel;
   const AttnCase cases[] = {
       {"single query", 1, 1, 1, 1, 64, 0, 0, false},
       {"causal odd", 37, 37, 4, 2, 64, 0, 0, false},
@@ -249,13 +249,15 @@ TEST(CudaOps, FlashAttentionMatchesReference) {
     }
     Tensor out = clone(out0), lse = clone(lse0);
     ops::attention_forward(out, lse, q, k, v, p);
-    for (FlashKernel kernel : {FlashKernel::hopper, FlashKernel::mma}) {
+    for (AttentionKernel kernel : {AttentionKernel::hopper, AttentionKernel::mma}) {
       if (!ops::cuda_impl::flash_kernel_supported(kernel, c.d)) continue;
-      const std::string what = std::string("attention [") + ops::cuda_impl::flash_kernel_name(kernel) + "] " + c.kind +
+      const std::string what = std::string("attention [") + ops::attention_kernel_name(kernel) + "] " + c.kind +
                                ": tq=" + std::to_string(c.tq) + " tk=" + std::to_string(c.tk) + " q@" +
                                std::to_string(c.qpos) + " k@" + std::to_string(c.kpos) + " d=" + std::to_string(c.d);
       Tensor out_g = gpu(out0, DType::f32), lse_g = gpu(lse0, DType::f32);
-      ops::cuda_impl::attention_forward(out_g, lse_g, gpu(q), gpu(k), gpu(v), p, kernel);
+      ops::AttentionParams pk = p;
+      pk.forward_kernel = kernel;
+      ops::cuda_impl::attention_forward(out_g, lse_g, gpu(q), gpu(k), gpu(v), pk);
       Tensor oh = host(out_g), lh = host(lse_g);
       std::printf("%s: out max rel error %.4g\n", what.c_str(), max_rel_error(oh, out));
       expect_close(oh, out, 2e-2, what + " out (" + worst_element(oh, out) + ")");
@@ -281,7 +283,6 @@ struct GdnCase {
 TEST(CudaOps, ChunkedDeltaRuleAndSegmentMapMatchReference) {
   HYDRA_REQUIRE_GPU();
 #if HYDRA_CUDA
-  using ops::cuda_impl::GdnKernel;
   // 20000 and 40000 tokens split the sequential pass inside the GPU (segment maps + fold) by
   // default; the forced segment counts split short sequences too (uneven last segment included).
   for (const GdnCase c : {GdnCase{1, 1, 64}, GdnCase{63, 2, 64}, GdnCase{64, 1, 128}, GdnCase{65, 2, 128},
@@ -299,14 +300,13 @@ TEST(CudaOps, ChunkedDeltaRuleAndSegmentMapMatchReference) {
     ops::delta_rule_chunked(out, state, q, k, v, g, beta, {});
     Tensor m = Tensor::empty({c.h, c.d, c.d}, DType::f32), se = Tensor::empty({c.h, c.d, c.d}, DType::f32);
     ops::delta_rule_segment_map(m, se, k, v, g, beta, {});
-    for (GdnKernel kernel : {GdnKernel::fused}) {
-      const ops::cuda_impl::GdnOptions options{kernel, c.segments};
-      const std::string what = std::string("delta rule [") + ops::cuda_impl::gdn_kernel_name(kernel) +
-                               "] T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) + " d=" + std::to_string(c.d) +
+    {
+      const ops::DeltaRuleParams options{.segments = c.segments};
+      const std::string what = std::string("delta rule T=") + std::to_string(c.t) + " H=" + std::to_string(c.h) + " d=" + std::to_string(c.d) +
                                " segments=" + (c.segments ? std::to_string(c.segments) : std::string("auto"));
       Tensor out_g = Tensor::empty({c.t, c.h, c.d}, DType::bf16, Device::cuda), state_g = gpu(s0, DType::f32);
       ops::cuda_impl::delta_rule_chunked(out_g, state_g, gpu(q), gpu(k), gpu(v), gpu(g, DType::f32),
-                                         gpu(beta, DType::f32), {}, options);
+                                         gpu(beta, DType::f32), options);
       Tensor oh = host(out_g), sh = host(state_g);
       std::printf("%s: output max rel error %.4g, final state %.4g\n", what.c_str(), max_rel_error(oh, out),
                   max_rel_error(sh, state));
@@ -314,7 +314,7 @@ TEST(CudaOps, ChunkedDeltaRuleAndSegmentMapMatchReference) {
       expect_close(sh, state, 3e-2, what + " final state (" + worst_element(sh, state) + ")");
       Tensor mg = Tensor::empty({c.h, c.d, c.d}, DType::f32, Device::cuda);
       Tensor seg = Tensor::empty({c.h, c.d, c.d}, DType::f32, Device::cuda);
-      ops::cuda_impl::delta_rule_segment_map(mg, seg, gpu(k), gpu(v), gpu(g, DType::f32), gpu(beta, DType::f32), {},
+      ops::cuda_impl::delta_rule_segment_map(mg, seg, gpu(k), gpu(v), gpu(g, DType::f32), gpu(beta, DType::f32),
                                              options);
       Tensor mh = host(mg), seh = host(seg);
       std::printf("%s: map M max rel error %.4g, S_ext %.4g\n", what.c_str(), max_rel_error(mh, m),

@@ -176,6 +176,22 @@ TEST(FaultSpec, UnknownSerialBranchesValueIsRefused) {
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
 }
 
+// Every kernel option is read once at start-up (launch/kernel_options.cpp) and refused there with
+// the variable's name when its value is unknown, on the CPU path too (before any work).
+TEST(FaultSpec, UnknownKernelOptionValuesAreRefused) {
+  const std::string run = hydra_binary() + " forward --preset hydrahead-tiny --seq-len 64";
+  expect_clean_error(run_command("HYDRA_ATTENTION_KERNEL=wgmma " + run),
+                     "HYDRA_ATTENTION_KERNEL must be hopper or mma (got 'wgmma')");
+  expect_clean_error(run_command("HYDRA_ATTENTION_BWD_KERNEL=fast " + run),
+                     "HYDRA_ATTENTION_BWD_KERNEL must be ws or mma (got 'fast')");
+  expect_clean_error(run_command("HYDRA_GDN_SEGMENTS=0 " + run), "HYDRA_GDN_SEGMENTS must be an integer from 1 to 4096");
+  expect_clean_error(run_command("HYDRA_GDN_SEGMENTS=3x " + run), "(got '3x')");
+  expect_clean_error(run_command("HYDRA_GDN_PROFILE=yes " + run), "HYDRA_GDN_PROFILE must be 0, 1 or 2 (got 'yes')");
+  const CommandResult ok = run_command("HYDRA_ATTENTION_KERNEL=mma HYDRA_ATTENTION_BWD_KERNEL=mma HYDRA_GDN_SEGMENTS=2 "
+                                       "HYDRA_GDN_PROFILE=0 " + run);
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+}
+
 // ---- Readers: overflowing and impossible values ----------------------------------------------------
 
 // An eval set with one sample whose answer_start / answer_length are set by hand (bypassing

@@ -1,0 +1,46 @@
+#include "launch/kernel_options.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "runtime/error.h"
+
+namespace hydra {
+namespace {
+
+std::string env(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
+}  // namespace
+
+ops::KernelOptions kernel_options_from_environment() {
+  ops::KernelOptions o;
+  if (const std::string v = env("HYDRA_ATTENTION_KERNEL"); !v.empty()) {
+    HYDRA_USER_CHECK(v == "hopper" || v == "mma", "HYDRA_ATTENTION_KERNEL must be hopper or mma (got '{}')", v);
+    o.attention = v == "hopper" ? ops::AttentionKernel::hopper : ops::AttentionKernel::mma;
+  }
+  if (const std::string v = env("HYDRA_ATTENTION_BWD_KERNEL"); !v.empty()) {
+    HYDRA_USER_CHECK(v == "ws" || v == "mma", "HYDRA_ATTENTION_BWD_KERNEL must be ws or mma (got '{}')", v);
+    o.attention_backward = v == "ws" ? ops::AttentionBackwardKernel::ws : ops::AttentionBackwardKernel::mma;
+  }
+  if (const std::string v = env("HYDRA_GDN_SEGMENTS"); !v.empty()) {
+    char* end = nullptr;
+    const long n = std::strtol(v.c_str(), &end, 10);
+    HYDRA_USER_CHECK(end && *end == '\0' && n >= 1 && n <= 4096,
+                     "HYDRA_GDN_SEGMENTS must be an integer from 1 to 4096 (got '{}')", v);
+    o.gdn_segments = static_cast<int>(n);
+  }
+  if (const std::string v = env("HYDRA_GDN_PROFILE"); !v.empty()) {
+    HYDRA_USER_CHECK(v == "0" || v == "1" || v == "2", "HYDRA_GDN_PROFILE must be 0, 1 or 2 (got '{}')", v);
+    o.gdn_profile = v == "1" ? ops::GdnProfile::stages : v == "2" ? ops::GdnProfile::serial_stages : ops::GdnProfile::off;
+  }
+  if (const std::string v = env("HYDRA_SERIAL_BRANCHES"); !v.empty()) {
+    HYDRA_USER_CHECK(v == "0" || v == "1", "HYDRA_SERIAL_BRANCHES must be 0 or 1 (got '{}')", v);
+    o.branches = v == "1" ? Branches::serial : Branches::concurrent;
+  }
+  return o;
+}
+
+}  // namespace hydra

@@ -1,0 +1,280 @@
+// The forward pass of the model (DESIGN.md §1.1, §1.2): the one implementation of a layer that every
+// caller runs — inference, the training forward that saves for the backward, and the backward's
+// recomputation (model_backward.cpp), which differ only in the LayerPass they hand in:
+//   plain        x ← layer(x);
+//   save         the same, and what the backward needs goes into a LayerSaved (model.h);
+//   replay       the backward's recomputation from a LayerSaved: attention is not rerun (its output
+//                and log-sum-exp were kept), the GDN outputs come from the kept segment initial
+//                states (no collective) or were kept whole, the projection may have been kept; the
+//                intermediates the backward reads go into an AttentionTrace.
+// So a change to the layer (a cache write, a document reset) is made here once.
+#include <algorithm>
+
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/fusion/fusion.h"
+#include "kernels/gdn_gates/gdn_gates.h"
+#include "kernels/matmul/matmul.h"
+#include "kernels/rmsnorm/rmsnorm.h"
+#include "kernels/rope/rope.h"
+#include "kernels/swiglu/swiglu.h"
+#include "model/model.h"
+#include "parallel/gdn_scan.h"
+#include "parallel/ring_attention.h"
+#include "runtime/concurrency.h"
+#include "runtime/fault.h"
+
+namespace hydra {
+namespace {
+
+// A view of columns [begin, begin + heads·d) of a [T, N] matrix as [T, heads, d].
+TensorView head_columns(const TensorView& m, int64_t begin, int64_t heads, int64_t d) {
+  return m.narrow(1, begin, heads * d).split_dim(1, heads, d);
+}
+
+}  // namespace
+
+ops::AttentionParams Model::attention_params(int64_t layer) const {
+  return ops::AttentionParams{.tau_log_base = config_.is_hydra() ? config_.fa_log_base : 0.0,
+                              .kv_head_of_query = layers_at(layer).fa_kv_of,
+                              .forward_kernel = kernels_.attention,
+                              .backward_kernel = kernels_.attention_backward};
+}
+
+Tensor Model::positions(const SequenceLayout& layout) const {
+  const std::vector<int64_t> pos = layout.local_positions();
+  return to_device(TensorView(const_cast<int64_t*>(pos.data()), DType::i64, Device::host,
+                              {static_cast<int64_t>(pos.size())}),
+                   device_);
+}
+
+Tensor Model::embed(const TensorView& ids) const {
+  Tensor x = Tensor::empty({ids.size(0), config_.hidden_size}, dtype_, device_);
+  ops::embedding(x, weights_.embed, to_device(ids, device_));
+  return x;
+}
+
+Tensor Model::final_norm(const TensorView& x) const {
+  Tensor out = Tensor::empty(x.shape(), dtype_, device_);
+  ops::rms_norm(out, x, weights_.final_norm, {static_cast<float>(config_.rms_norm_eps)});
+  return out;
+}
+
+Tensor Model::forward(ForwardContext& context, const TensorView& ids) const {
+  const Tensor x = forward_residual(context, ids);
+  ScopedPhase phase(context.timer, Phase::other);
+  return final_norm(x);
+}
+
+Tensor Model::forward_residual(ForwardContext& context, const TensorView& ids) const {
+  const SequenceLayout& layout = context.layout;
+  expect_shape(ids, "token ids", {{"T_loc", layout.local_length()}});
+  HYDRA_ASSERT(context.comm.size() == layout.world_size() && context.comm.rank() == layout.rank(),
+               "layout for rank {}/{} used on rank {}/{}", layout.rank(), layout.world_size(), context.comm.rank(),
+               context.comm.size());
+  const Tensor pos = positions(layout);
+  Tensor x;  // the residual stream
+  {
+    ScopedPhase phase(context.timer, Phase::other);
+    x = embed(ids);
+  }
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    layer_forward(context, l, pos, x);
+    if (context.after_layer) context.after_layer(l);
+  }
+  return x;
+}
+
+void Model::layer_forward(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x,
+                          LayerSaved* saved) const {
+  expect_shape(x, "residual stream", {{"T_loc", context.layout.local_length()}, {"D", config_.hidden_size}});
+  HYDRA_ASSERT(!(saved && context.observer), "a forward that saves for the backward cannot be observed (patched)");
+  maybe_inject_fault("layer");
+  if (saved) saved->input = clone(x);
+  attention_block(context, layer, positions, x, LayerPass{.save = saved});
+  Tensor gate_up;
+  if (saved && layer < context.keep.mlp_layers) {
+    gate_up = Tensor::empty({x.size(0), 2 * config_.intermediate_size}, dtype_, device_);
+    saved->mlp_gate_up = gate_up;
+  }
+  mlp(context, layer, x, gate_up);
+}
+
+void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x,
+                            const LayerPass& pass) const {
+  const LayerWeights& w = layers_at(layer);
+  const ProjectionColumns& col = layout(layer).columns;
+  const int64_t t = x.size(0), D = config_.hidden_size, H = config_.num_heads, d = config_.head_dim;
+  const int64_t hfa = w.h_fa, gfa = w.g_fa, hg = w.h_gdn;
+  const bool hydra = config_.is_hydra();
+  const LayerSaved* replay = pass.replay;
+  LayerSaved* save = pass.save;
+  HYDRA_ASSERT(!(replay && save), "a layer pass either saves or replays");
+  HYDRA_ASSERT(!replay || pass.trace, "a replay (the backward's recomputation) returns its intermediates");
+  HYDRA_ASSERT(hfa == 0 || !replay || replay->fa_out.defined(), "layer {}: replay without the forward's attention output",
+               layer);
+  PhaseTimer* timer = context.timer;
+  const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
+  auto empty = [&](std::initializer_list<int64_t> shape, DType dtype) { return Tensor::empty(shape, dtype, device_); };
+
+  Tensor x_norm = empty({t, D}, dtype_);
+  {
+    ScopedPhase phase(timer, Phase::other);
+    ops::rms_norm(x_norm, x, w.input_norm, norm);
+  }
+  Tensor proj = replay ? replay->proj : Tensor();  // the projection, if the forward kept it
+  if (!proj.defined()) {
+    proj = empty({t, w.in_proj.size(0)}, dtype_);
+    ScopedPhase phase(timer, Phase::gemm);
+    ops::linear(proj, x_norm, w.in_proj);
+  }
+  if (save && hydra && context.keep.projection) save->proj = proj;  // read-only from here on
+  const TensorView pv = proj.view();
+  Tensor heads = empty({t, H, d}, dtype_);  // per-head outputs before fusion, physical order: FA, then GDN
+
+  Tensor fa_q, fa_k;
+  auto fa_branch = [&] {
+    fa_q = empty({t, hfa, d}, dtype_);
+    fa_k = empty({t, gfa, d}, dtype_);
+    {
+      ScopedPhase phase(timer, Phase::other);
+      ops::rms_norm(fa_q, head_columns(pv, col.fa_q, hfa, d), w.q_norm, norm);
+      ops::rms_norm(fa_k, head_columns(pv, col.fa_k, gfa, d), w.k_norm, norm);
+      if (!hydra) {  // the teacher's RoPE; HydraHead FA heads have none (τ scales the query instead)
+        ops::rope(fa_q, positions, {config_.rope_theta});
+        ops::rope(fa_k, positions, {config_.rope_theta});
+      }
+    }
+    // The attention output before the gate: fp32 from the ring (its merge accumulator), or the
+    // bf16 rounding the forward kept. A forward that saves gates the kept rounding, as the replay
+    // does, so the replayed residual equals the forward's bit for bit and what else the forward
+    // keeps (the MLP's gate/up) is what the backward would have recomputed.
+    TensorView attn;
+    Tensor o_acc;
+    if (replay) {
+      attn = replay->fa_out.view();
+    } else {
+      o_acc = empty({t, hfa, d}, acc_dtype());
+      Tensor lse = empty({hfa, t}, acc_dtype());
+      ring_attention(context.comm, context.layout, o_acc, lse, fa_q, fa_k, head_columns(pv, col.fa_v, gfa, d),
+                     attention_params(layer), timer);
+      attn = o_acc.view();
+      if (save) {
+        ScopedPhase phase(timer, Phase::other);
+        save->fa_out = to(o_acc, device_, dtype_);
+        save->fa_lse = lse;
+        attn = save->fa_out.view();
+      }
+    }
+    ScopedPhase phase(timer, Phase::other);
+    const TensorView fa_heads = heads.view().reshape({t, H * d}).narrow(1, 0, hfa * d);
+    if (hydra) {
+      ops::sigmoid_gate(fa_heads, attn.reshape({t, hfa * d}), pv.narrow(1, col.fa_gate, hfa * d));
+    } else {
+      copy_into(fa_heads, attn.reshape({t, hfa * d}));
+    }
+  };
+
+  Tensor conv, inv_norm, beta, g;
+  auto gdn_branch = [&] {
+    // conv + SiLU with the halo, then RoPE and the L2 norm of q and k, in one pass (ops::gdn_qkv_conv).
+    conv = empty({t, 3 * hg * d}, dtype_);
+    inv_norm = empty({t, 2 * hg}, acc_dtype());  // the q/k L2 norms' inverses: their backward needs them
+    const GdnQkFinish finish{positions, inv_norm, gdn_qk_params(hg)};
+    causal_conv_sequence_parallel(context.comm, context.layout, conv, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv,
+                                  timer, &finish);
+    const TensorView q = head_columns(conv, 0, hg, d), k = head_columns(conv, hg * d, hg, d);
+    const TensorView v = head_columns(conv, 2 * hg * d, hg, d);
+    beta = empty({t, hg}, acc_dtype());
+    g = empty({t, hg}, acc_dtype());
+    {
+      ScopedPhase phase(timer, Phase::gdn);
+      ops::gdn_gates(beta, g, pv.narrow(1, col.gdn_b, hg), pv.narrow(1, col.gdn_a, hg), w.a_log, w.dt_bias);
+    }
+    const TensorView out = heads.view().narrow(1, hfa, hg);
+    if (replay && replay->gdn_out.defined()) {  // kept by the forward (KeptActivations::gdn_outputs)
+      ScopedPhase phase(timer, Phase::gdn);
+      copy_into(out, replay->gdn_out);
+    } else if (replay) {
+      gdn_sequence_parallel_recompute(context.layout, replay->gdn, out, q, k, v, g, beta, delta_rule_params(), timer);
+    } else {
+      gdn_sequence_parallel(context.comm, context.layout, out, q, k, v, g, beta, delta_rule_params(), timer,
+                            save ? &save->gdn : nullptr);
+      if (save && context.keep.gdn_outputs) {
+        ScopedPhase phase(timer, Phase::gdn);
+        save->gdn_out = clone(out);
+      }
+    }
+  };
+
+  // The branches are independent (DESIGN.md §3.5): on the GPU the GDN branch runs on a side stream
+  // while the FA ring's transfers and attention run on this one. Collectives of both branches go
+  // through the communicator's own stream in the host order (GDN first), the same on every rank, so
+  // the overlap cannot reorder them across ranks.
+  if (hfa > 0 && hg > 0) {
+    run_concurrently(device_, kernels_.branches, fa_branch, gdn_branch);
+  } else if (hfa > 0) {
+    fa_branch();
+  } else if (hg > 0) {
+    gdn_branch();
+  }
+
+  // Fusion (HydraHead), in place unless the backward reads the unfused heads too.
+  Tensor fused = heads;
+  if (hydra) {
+    ScopedPhase phase(timer, Phase::other);
+    if (pass.trace) fused = empty({t, H, d}, dtype_);
+    ops::head_fusion(fused, heads, w.fuse_norm, w.fuse_gamma, {norm.eps});
+  }
+  if (context.observer) context.observer->on_head_outputs(layer, fused, w.head_of);
+  {
+    ScopedPhase phase(timer, Phase::gemm);
+    ops::linear(x, fused.view().reshape({t, H * d}), w.o_proj, ops::Accumulate::yes);
+  }
+  if (pass.trace) {
+    *pass.trace = AttentionTrace{.x_norm = std::move(x_norm), .proj = std::move(proj), .fa_q = std::move(fa_q),
+                                 .fa_k = std::move(fa_k), .conv = std::move(conv), .inv_norm = std::move(inv_norm),
+                                 .beta = std::move(beta), .g = std::move(g), .heads = std::move(heads),
+                                 .fused = std::move(fused)};
+  }
+}
+
+void Model::mlp_tile(ForwardContext& context, int64_t layer, const TensorView& x, const TensorView& x_norm,
+                     const TensorView& gate_up, const TensorView& h, MlpGateUp gate_up_state) const {
+  const LayerWeights& w = layers_at(layer);
+  const int64_t I = config_.intermediate_size;
+  {
+    ScopedPhase phase(context.timer, Phase::other);
+    ops::rms_norm(x_norm, x, w.post_norm, {static_cast<float>(config_.rms_norm_eps)});
+  }
+  if (gate_up_state == MlpGateUp::compute) {
+    ScopedPhase phase(context.timer, Phase::gemm);
+    ops::linear(gate_up, x_norm, w.mlp_in);
+  }
+  ScopedPhase phase(context.timer, Phase::other);
+  ops::swiglu(h, gate_up.narrow(1, 0, I), gate_up.narrow(1, I, I));
+}
+
+void Model::mlp(ForwardContext& context, int64_t layer, const TensorView& x, const TensorView& gate_up) const {
+  const LayerWeights& w = layers_at(layer);
+  const int64_t t = x.size(0), I = config_.intermediate_size, tile = std::min(t, kMlpTileTokens);
+  if (gate_up.defined()) expect_shape(gate_up, "kept MLP gate | up", {{"T_loc", t}, {"2I", 2 * I}});
+  Tensor x_norm = Tensor::empty({tile, config_.hidden_size}, dtype_, device_);
+  Tensor gu_tile = gate_up.defined() ? Tensor() : Tensor::empty({tile, 2 * I}, dtype_, device_);
+  Tensor h = Tensor::empty({tile, I}, dtype_, device_);
+  for (int64_t t0 = 0; t0 < t; t0 += tile) {  // token-local: tiles bound the intermediate's size
+    const int64_t n = std::min(tile, t - t0);
+    const TensorView xt = x.narrow(0, t0, n), ht = h.view().narrow(0, 0, n);
+    const TensorView gu = gate_up.defined() ? gate_up.narrow(0, t0, n) : gu_tile.view().narrow(0, 0, n);
+    mlp_tile(context, layer, xt, x_norm.view().narrow(0, 0, n), gu, ht, MlpGateUp::compute);
+    ScopedPhase phase(context.timer, Phase::gemm);
+    ops::linear(xt, ht, w.mlp_down, ops::Accumulate::yes);
+  }
+}
+
+void Model::lm_head(const TensorView& logits, const TensorView& hidden) const {
+  expect_shape(logits, "logits", {{"n", hidden.size(0)}, {"V", config_.vocab_size}});
+  ops::linear(logits, hidden, weights_.lm_head);
+}
+
+}  // namespace hydra
