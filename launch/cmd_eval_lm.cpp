@@ -88,25 +88,41 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
   const auto t0 = std::chrono::steady_clock::now();
   train::LossSums local;
   for (int64_t i = 0; i < n; ++i) {
-    const TokenRows w = layout.token_rows(data.window_in_order(i));  // T + 1 tokens: every row has its target
+    const train::Window window = data.window_in_order(i);
+    const TokenRows w = layout.token_rows(window.ids, window.flags());  // T + 1 tokens; loss_mask's rows get −1
     ForwardContext context{.comm = comm, .layout = layout};
-    local += train::sequence_gradients(context, model, w.ids, w.targets, train::Objective::cross_entropy, 1.0, nullptr);
+    local += train::sequence_gradients(context, model, w, train::Objective::cross_entropy, 1.0, nullptr);
   }
   // Each rank summed its own tokens: one reduction gives the global token-weighted mean.
-  Tensor sums = Tensor::empty({2}, DType::f64);
-  sums.data_as<double>()[0] = local.loss;
-  sums.data_as<double>()[1] = static_cast<double>(local.tokens);
+  Tensor sums = Tensor::empty({4}, DType::f64);
+  double* s = sums.data_as<double>();
+  s[0] = local.loss;
+  s[1] = static_cast<double>(local.tokens);
+  s[2] = local.answer_loss;
+  s[3] = static_cast<double>(local.answer_tokens);
   all_reduce_sum_host(comm, sums);
   check_device_progress(world);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const int64_t tokens = static_cast<int64_t>(sums.data_as<double>()[1]);
-  const double loss = sums.data_as<double>()[0] / static_cast<double>(std::max<int64_t>(tokens, 1));
+  const int64_t tokens = static_cast<int64_t>(s[1]), answer_tokens = static_cast<int64_t>(s[3]);
+  // null where nothing was counted (a mask that counts no target of these windows)
+  auto mean = [](double sum, int64_t n) { return n > 0 ? nlohmann::json(sum / static_cast<double>(n)) : nlohmann::json(); };
   if (app.world.rank() == 0) {
-    log::info("eval-lm: {} windows of {} tokens ({} tokens), mean next-token loss {:.4f} nats ({:.1f} s)", n, seq_len,
-              tokens, loss, seconds);
+    if (tokens == 0) {
+      log::warn("eval-lm: the loss_mask counts no target of these {} windows: no loss to report", n);
+    } else {
+      log::info("eval-lm: {} windows of {} tokens ({} targets counted), mean next-token loss {:.4f} nats{} ({:.1f} s)", n,
+                seq_len, tokens, s[0] / static_cast<double>(tokens),
+                answer_tokens > 0 ? fmt::format(", retrieval answers {:.4f} over {} targets",
+                                                s[2] / static_cast<double>(answer_tokens), answer_tokens)
+                                  : "",
+                seconds);
+    }
     const nlohmann::json summary = {{"command", "eval-lm"}, {"model", opt.model.describe()}, {"data", opt.data},
                                     {"seq_len", seq_len},    {"windows", n},  {"tokens", tokens},
-                                    {"loss", loss},          {"device", device_name(world.device)},
+                                    {"loss", mean(s[0], tokens)}, {"answer_loss", mean(s[2], answer_tokens)},
+                                    {"answer_tokens", answer_tokens},
+                                    {"other_loss", mean(s[0] - s[2], tokens - answer_tokens)},
+                                    {"device", device_name(world.device)},
                                     {"ranks", comm.size()},  {"seconds", seconds}};
     std::cout << summary.dump() << std::endl;
     if (!opt.out.empty()) {

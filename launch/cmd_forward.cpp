@@ -74,7 +74,12 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   // plan; then the ranks agree on all of it before the first collective.
   const ModelConfig config = opt.model.config();
   std::vector<int32_t> ids;
-  if (!opt.input.empty()) ids = read_token_file(opt.input, config.vocab_size);
+  std::vector<uint8_t> counted;  // the input's loss_mask (empty: every target counts)
+  if (!opt.input.empty()) {
+    TokenData data = read_token_data(opt.input, config.vocab_size);
+    ids = std::move(data.ids);
+    counted = std::move(data.loss_mask);
+  }
   const int64_t total = opt.input.empty() ? parse_size(opt.seq_len, "--seq-len") : static_cast<int64_t>(ids.size());
   const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
   const int64_t t_local = layout.local_length(), vocab = config.vocab_size;
@@ -112,7 +117,7 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   const auto t0 = std::chrono::steady_clock::now();
   const Model model = opt.model.build(device, dtype, app.kernels);
   const auto t1 = std::chrono::steady_clock::now();
-  const TokenRows rows = layout.token_rows(ids);
+  const TokenRows rows = layout.token_rows(ids, {.counted = counted, .answer = {}});
   ForwardContext context{.comm = *world.comm, .layout = layout};
   const Tensor hidden = model.forward(context, rows.ids);
   // Mean next-token NLL over the sequence: a summary that depends on every logit of every rank.
@@ -167,10 +172,13 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   const double count = stats.data_as<double>()[1], mean_nll = count > 0 ? stats.data_as<double>()[0] / count : 0.0;
   if (comm.rank() == 0) {
     log::info("forward: {} tokens on {} rank(s) ({}), {} — load {:.2f} s, forward {:.2f} s ({:.0f} tokens/s), mean "
-              "next-token NLL {:.4f}{}", total, comm.size(), device_name(world.device), config.summary(), load_s, run_s,
-              total / run_s, mean_nll,
+              "next-token NLL {}{}", total, comm.size(), device_name(world.device), config.summary(), load_s, run_s,
+              total / run_s,
+              count > 0 ? fmt::format("{:.4f} over {} targets{}", mean_nll, static_cast<int64_t>(count),
+                                      counted.empty() ? "" : " (the input's loss_mask)")
+                        : std::string("undefined: the loss_mask counts no target"),
               // ln V: what a model with random (untrained) weights scores, so a user can tell.
-              std::abs(mean_nll - std::log(static_cast<double>(vocab))) < 0.1
+              count > 0 && std::abs(mean_nll - std::log(static_cast<double>(vocab))) < 0.1
                   ? fmt::format(" (≈ ln {} = {:.4f}: chance level, as random weights give)", vocab,
                                 std::log(static_cast<double>(vocab)))
                   : "");
@@ -178,7 +186,9 @@ int run_forward(App& app, const std::vector<std::string>& args) {
                                     {"tokens", total},        {"ranks", comm.size()},
                                     {"device", device_name(world.device)},
                                     {"load_s", load_s},       {"forward_s", run_s},
-                                    {"tokens_per_s", total / run_s}, {"mean_nll", mean_nll},
+                                    {"tokens_per_s", total / run_s},
+                                    {"mean_nll", count > 0 ? nlohmann::json(mean_nll) : nlohmann::json()},
+                                    {"counted_targets", static_cast<int64_t>(count)},
                                     {"output", opt.output}};
     std::cout << summary.dump() << std::endl;
   }

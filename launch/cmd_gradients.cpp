@@ -3,6 +3,7 @@
 // Sequence parallel under mpirun (each rank its zigzag share, gradients summed over the ranks);
 // rank 0 writes GRADS.h5: root attributes `loss` (mean next-token cross-entropy), `tokens` (the
 // predictions it averages: T − 1), `model`; one float32 dataset per parameter.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -61,8 +62,12 @@ int run_gradients(App& app, const std::vector<std::string>& args) {
   }
   opt.validate();
   const ModelConfig config = opt.model.config();
-  const std::vector<int32_t> ids = read_token_file(opt.input, config.vocab_size);
+  const TokenData data = read_token_data(opt.input, config.vocab_size);
+  const std::vector<int32_t>& ids = data.ids;
   HYDRA_USER_CHECK(ids.size() >= 2, "{}: holds {} token(s); next-token gradients need at least 2", opt.input, ids.size());
+  HYDRA_USER_CHECK(data.loss_mask.empty() || std::count(data.loss_mask.begin() + 1, data.loss_mask.end(), 1) > 0,
+                   "{}: its loss_mask counts no target (positions 1..{} are all 0): the mean loss is undefined",
+                   opt.input, ids.size() - 1);
   SequenceLayout::zigzag(static_cast<int64_t>(ids.size()), app.world.size(), app.world.rank());  // length check first
   const Device device = resolve_device(opt.device, app.mpi);
   const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
@@ -74,7 +79,7 @@ int run_gradients(App& app, const std::vector<std::string>& args) {
   const auto t0 = std::chrono::steady_clock::now();
   const Model model = opt.model.build(world.device, dtype, app.kernels);
   const auto t1 = std::chrono::steady_clock::now();
-  const train::NamedGradients g = train::next_token_gradients(*world.comm, model, ids);
+  const train::NamedGradients g = train::next_token_gradients(*world.comm, model, ids, data.loss_mask);
   check_device_progress(world);
   const auto t2 = std::chrono::steady_clock::now();
   const double loss = g.sums.loss / static_cast<double>(g.sums.tokens);

@@ -1,6 +1,7 @@
 // hydra synth: a synthetic training or evaluation token stream (model/train/synth.h): retrieval tasks
 // (mqar, the NIAH tasks) and a Zipfian Markov "language", mixed in stated proportions,
 // deterministic from the seed. Parses the flags and calls synth::generate_stream; rank 0 writes.
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 
@@ -16,14 +17,15 @@ namespace hydra {
 namespace {
 
 struct SynthOptions {
-  std::string task, tokens, seq_len, out, value_length = "2..4";
+  std::string task, tokens, seq_len, out, value_length = "2..4", loss = "all";
   int64_t vocab = 0, key_length = 2, distractors = 3, values = 3, mqar_pairs = 8, mqar_queries = 0;
+  int64_t recall_tokens = 0, recall_pairs = 16;
   uint64_t seed = 0;
   synth::LanguageParams language;
 
   void bind(po::options_description& o) {
     o.add_options()
-        ("task", po::value(&task)->required(), "mixture KIND[:WEIGHT],...: lm, mqar, single, multikey, multivalue (e.g. lm:0.4,mqar:0.3,single:0.1,multikey:0.1,multivalue:0.1); weights are normalised")
+        ("task", po::value(&task)->required(), "mixture KIND[:WEIGHT],...: lm, mqar, recall, single, multikey, multivalue (e.g. lm:0.4,mqar:0.3,single:0.1,multikey:0.1,multivalue:0.1); weights are normalised")
         ("tokens", po::value(&tokens)->required(), "stream size: floor(N / seq-len) documents of seq-len tokens (accepts 4M)")
         ("seq-len", po::value(&seq_len)->required(), "document length: the training length (hydra train --seq-len)")
         ("vocab", po::value(&vocab)->required(), "vocabulary size of the model (the top 8 ids are NIAH markers)")
@@ -39,7 +41,10 @@ struct SynthOptions {
         ("distractors", po::value(&distractors)->default_value(3), "multikey: needles with other keys")
         ("values", po::value(&values)->default_value(3), "multivalue: values of the queried key")
         ("mqar-pairs", po::value(&mqar_pairs)->default_value(8), "mqar: key-value needles per document")
-        ("mqar-queries", po::value(&mqar_queries)->default_value(0), "mqar: queries per document (0: one per pair)");
+        ("mqar-queries", po::value(&mqar_queries)->default_value(0), "mqar: queries per document (0: one per pair)")
+        ("recall-tokens", po::value(&recall_tokens)->default_value(0), "content ids reserved for recall keys (lower half) and values (upper half), taken from the top of the content range and removed from the language; recall documents need it")
+        ("recall-pairs", po::value(&recall_pairs)->default_value(16), "recall: key-value pairs per document (each key then asked once while the document has room)")
+        ("loss", po::value(&loss)->default_value("all"), "all (no loss_mask) | answers (a loss_mask counting every target of lm documents and only the answers of retrieval documents)");
   }
 
   synth::SynthConfig config() const {
@@ -63,6 +68,10 @@ struct SynthOptions {
     c.retrieval.values = values;
     c.mqar_pairs = mqar_pairs;
     c.mqar_queries = mqar_queries;
+    c.recall_tokens = recall_tokens;
+    c.recall_pairs = recall_pairs;
+    HYDRA_USER_CHECK(loss == "all" || loss == "answers", "--loss must be all or answers (got '{}')", loss);
+    c.loss = loss == "answers" ? synth::LossMask::answers : synth::LossMask::all;
     c.validate();
     return c;
   }
@@ -97,6 +106,10 @@ int run_synth(App& app, const std::vector<std::string>& args) {
   std::cout << nlohmann::json{{"command", "synth"}, {"out", opt.out}, {"tokens", stream.ids.size()},
                               {"documents", config.documents}, {"seq_len", config.seq_len}, {"documents_per_kind", per_kind},
                               {"answers", stream.answers.size()},
+                              {"counted_targets", stream.loss_mask.empty()
+                                                      ? nlohmann::json(nullptr)
+                                                      : nlohmann::json(std::count(stream.loss_mask.begin() + 1,
+                                                                                  stream.loss_mask.end(), 1))},
                               {"lm_loss_floor", floor >= 0 ? nlohmann::json(floor) : nlohmann::json(nullptr)},
                               {"seconds", seconds}}
                    .dump()

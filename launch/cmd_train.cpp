@@ -11,6 +11,7 @@
 #include "launch/cli.h"
 #include "launch/model_source.h"
 #include "model/cost.h"
+#include "model/eval/niah.h"
 #include "model/train/trainer.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
@@ -57,7 +58,8 @@ struct TrainOptions {
   std::string stage;
   ModelSource model;
   std::string teacher;
-  std::string data, eval_data, seq_len, out_dir, train = "auto", device = "auto", kept_activations = "auto";
+  std::string data, eval_data, seq_len, out_dir, train = "auto", device = "auto", kept_activations = "auto", eval_niah;
+  int64_t eval_niah_samples = 32;
   int64_t steps = 0, stop_at = 0, warmup = -1, batch_seqs = 1, grad_accum = 1, save_every = 0, eval_every = 0, eval_windows = 8, keep = 2;
   double lr = 0, min_lr = -1, weight_decay = -1, grad_clip = 1.0, peak_tflops = 989, nccl_timeout = 600;
   uint64_t seed = 0;
@@ -83,9 +85,11 @@ struct TrainOptions {
         ("grad-accum", po::value(&grad_accum)->default_value(1), "micro-batches accumulated per step (the loss is the mean over all their tokens)")
         ("seed", po::value(&seed)->default_value(0), "seed of the data order")
         ("save-every", po::value(&save_every)->default_value(0), "checkpoint every N steps (0: only at the end; -1: never, for benchmarks)")
-        ("eval-every", po::value(&eval_every)->default_value(0), "evaluation loss every N steps (0: only at the end; needs --eval-data)")
+        ("eval-every", po::value(&eval_every)->default_value(0), "evaluation every N steps (0: only at the end): the loss on --eval-data and the --eval-niah accuracy")
         ("eval-data", po::value(&eval_data), "held-out token files, comma-separated, for the evaluation loss")
         ("eval-windows", po::value(&eval_windows)->default_value(8), "windows of --eval-data per evaluation (the first N, always the same)")
+        ("eval-niah", po::value(&eval_niah), "NIAH tasks scored at every evaluation at the training length, comma-separated (single, multikey, multivalue): greedy accuracy in train.jsonl")
+        ("eval-niah-samples", po::value(&eval_niah_samples)->default_value(32), "NIAH samples per task and evaluation (depths spread over 0..100; the same samples every time)")
         ("keep", po::value(&keep)->default_value(2), "checkpoints kept in --out-dir (the newest)")
         ("train", po::value(&train)->default_value("auto"), "attention (the attention block only) | all (default: attention for align, all otherwise)")
         ("resume", po::bool_switch(&resume), "continue the run in --out-dir from its latest checkpoint (same model, data, world layout)")
@@ -104,8 +108,9 @@ struct TrainOptions {
     if (!teacher.empty()) require_readable_file(teacher, "teacher");
     parse_size(seq_len, "--seq-len");
     HYDRA_USER_CHECK(steps >= 1, "--steps must be at least 1");
-    HYDRA_USER_CHECK(batch_seqs >= 1 && grad_accum >= 1 && keep >= 1 && eval_windows >= 1,
-                     "--batch-seqs, --grad-accum, --keep and --eval-windows must be at least 1");
+    HYDRA_USER_CHECK(batch_seqs >= 1 && grad_accum >= 1 && keep >= 1 && eval_windows >= 1 && eval_niah_samples >= 1,
+                     "--batch-seqs, --grad-accum, --keep, --eval-windows and --eval-niah-samples must be at least 1");
+    for (const std::string& t : split_list(eval_niah)) niah::parse_task(t);
     HYDRA_USER_CHECK(stop_at >= 0, "--stop-at must not be negative");
     HYDRA_USER_CHECK(save_every >= -1, "--save-every must be -1 (never), 0 (at the end) or a step count");
     HYDRA_USER_CHECK(eval_every >= 0 && grad_clip >= 0 && lr >= 0,
@@ -145,6 +150,8 @@ int run_train(App& app, const std::vector<std::string>& args) {
   c.save_every = opt.save_every;
   c.eval_every = opt.eval_every;
   c.eval_windows = opt.eval_windows;
+  c.eval_niah_tasks = split_list(opt.eval_niah);
+  c.eval_niah_samples = opt.eval_niah_samples;
   c.keep = opt.keep;
   c.train = opt.train == "all" || (opt.train == "auto" && c.stage != train::Stage::align) ? train::TrainSet::all
                                                                                           : train::TrainSet::attention;

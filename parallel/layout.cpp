@@ -53,17 +53,24 @@ Tensor SequenceLayout::local_rows(const TensorView& global) const {
   return out;
 }
 
-TokenRows SequenceLayout::token_rows(std::span<const int32_t> tokens) const {
+TokenRows SequenceLayout::token_rows(std::span<const int32_t> tokens, const TargetFlags& flags) const {
   const int64_t n = static_cast<int64_t>(tokens.size());
   HYDRA_ASSERT(n == total_ || n == total_ + 1, "token_rows of {} tokens in a layout of {}", n, total_);
-  TokenRows rows{Tensor::empty({local_length()}, DType::i32), Tensor::empty({local_length()}, DType::i32)};
+  HYDRA_ASSERT((flags.counted.empty() || static_cast<int64_t>(flags.counted.size()) == n) &&
+                   (flags.answer.empty() || static_cast<int64_t>(flags.answer.size()) == n),
+               "token_rows: flags for {} / {} of {} tokens", flags.counted.size(), flags.answer.size(), n);
+  TokenRows rows{Tensor::empty({local_length()}, DType::i32), Tensor::empty({local_length()}, DType::i32), {}};
+  if (!flags.answer.empty()) rows.answer.assign(static_cast<size_t>(local_length()), 0);
   int32_t* ids = rows.ids.data_as<int32_t>();
   int32_t* targets = rows.targets.data_as<int32_t>();
   for (const Segment& s : local_) {
     for (int64_t i = 0; i < s.length; ++i) {
-      const int64_t g = s.start + i;
-      ids[s.local_offset + i] = tokens[static_cast<size_t>(g)];
-      targets[s.local_offset + i] = g + 1 < n ? tokens[static_cast<size_t>(g + 1)] : -1;
+      const int64_t g = s.start + i, row = s.local_offset + i;
+      const size_t next = static_cast<size_t>(g + 1);
+      const bool counted = g + 1 < n && (flags.counted.empty() || flags.counted[next] != 0);
+      ids[row] = tokens[static_cast<size_t>(g)];
+      targets[row] = counted ? tokens[next] : -1;
+      if (!rows.answer.empty() && g + 1 < n) rows.answer[static_cast<size_t>(row)] = flags.answer[next];
     }
   }
   return rows;

@@ -18,7 +18,15 @@ namespace hydra {
 // A rank's rows of a token sequence for next-token training and scoring, in local order (host int32).
 struct TokenRows {
   Tensor ids;      // [T_loc]
-  Tensor targets;  // [T_loc]: the next token of each row, −1 where the sequence has none
+  Tensor targets;  // [T_loc]: the next token of each row, −1 where the sequence has none or it is not counted
+  std::vector<uint8_t> answer;  // [T_loc] 1 where the row's target is a retrieval answer; empty: none marked
+};
+
+// Per-token flags of a sequence (runtime/token_file.h TokenData): flag i belongs to token i, i.e.
+// to the next-token term whose target is token i. Empty spans: every target counts, none is an answer.
+struct TargetFlags {
+  std::span<const uint8_t> counted;  // loss_mask
+  std::span<const uint8_t> answer;
 };
 
 struct Segment {
@@ -54,7 +62,8 @@ class SequenceLayout {
   void place_local_rows(const TensorView& global, const TensorView& local) const;
   // ids and next-token targets of this rank's rows of `tokens`, which holds T = total_length()
   // tokens, or T + 1 (a training window: the last row's target is the extra token).
-  TokenRows token_rows(std::span<const int32_t> tokens) const;
+  // `flags` (same length as `tokens`): a row whose target is not counted gets target −1.
+  TokenRows token_rows(std::span<const int32_t> tokens, const TargetFlags& flags = {}) const;
 
  private:
   int64_t total_ = 0;

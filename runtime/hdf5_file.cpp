@@ -292,6 +292,40 @@ void H5File::write(const std::string& name, const TensorView& tensor) {
   }
 }
 
+std::vector<int64_t> H5File::read_integer_vector(const std::string& name) const {
+  HYDRA_USER_CHECK(has_dataset(name), "{}: dataset '{}' is missing", path_, name);
+  Handle dataset(H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  HYDRA_USER_CHECK(dataset.ok(), "{}: cannot open dataset '{}'", path_, name);
+  Handle type(H5Dget_type(dataset.get()), H5Tclose);
+  HYDRA_USER_CHECK(type.ok() && H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_size(type.get()) <= 8,
+                   "{}: dataset '{}' is not an integer dataset", path_, name);
+  Handle space(H5Dget_space(dataset.get()), H5Sclose);
+  HYDRA_USER_CHECK(H5Sget_simple_extent_ndims(space.get()) == 1, "{}: dataset '{}' must be 1-D", path_, name);
+  hsize_t n = 0;
+  HYDRA_USER_CHECK(H5Sget_simple_extent_dims(space.get(), &n, nullptr) >= 0 && n <= static_cast<hsize_t>(kMaxElements),
+                   "{}: cannot read the shape of dataset '{}' (damaged file?)", path_, name);
+  const DatasetInfo info{.shape = {static_cast<int64_t>(n)}, .dtype = DType::i64};
+  check_fits_in_memory(path_, name, info);
+  check_storage(dataset.get(), info, name);
+  std::vector<int64_t> values(static_cast<size_t>(n));
+  if (n > 0) {
+    HYDRA_USER_CHECK(H5Dread(dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0,
+                     "{}: reading dataset '{}' failed (truncated file?)", path_, name);
+  }
+  return values;
+}
+
+void H5File::write_uint8(const std::string& name, std::span<const uint8_t> values) {
+  const hsize_t dims[1] = {static_cast<hsize_t>(values.size())};
+  Handle space(H5Screate_simple(1, dims, nullptr), H5Sclose);
+  Handle dataset(H5Dcreate2(id_, name.c_str(), H5T_STD_U8LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                 H5Dclose);
+  HYDRA_USER_CHECK(dataset.ok(), "{}: cannot create dataset '{}'", path_, name);
+  HYDRA_USER_CHECK(H5Dwrite(dataset.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0,
+                   "{}: writing dataset '{}' failed (disk full or over a file size limit?)", destination_of(path_),
+                   name);
+}
+
 bool H5File::has_attribute(const std::string& name) const { return H5Aexists(id_, name.c_str()) > 0; }
 
 void H5File::set_attribute(const std::string& name, const std::string& value) {

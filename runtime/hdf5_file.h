@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,11 @@ class H5File {
   // float32 dataset may be read into a bf16 view and vice versa).
   void read_into(const std::string& name, const TensorView& out) const;
   void write(const std::string& name, const TensorView& tensor);
+  // A 1-D integer dataset of any width and signedness (uint8 masks, int64 offsets), as int64 values
+  // (HDF5 converts; every value of these widths fits). UserError when it is not a 1-D integer dataset.
+  std::vector<int64_t> read_integer_vector(const std::string& name) const;
+  // A 1-D uint8 dataset (per-token flags such as loss_mask).
+  void write_uint8(const std::string& name, std::span<const uint8_t> values);
 
   bool has_attribute(const std::string& name) const;
   void set_attribute(const std::string& name, const std::string& value);

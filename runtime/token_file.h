@@ -1,4 +1,9 @@
-// Token files (DESIGN.md §4): HDF5 with a dataset `input_ids`, int32 or int64, shape [T].
+// Token files (DESIGN.md §4): HDF5 with a dataset `input_ids`, int32 or int64, shape [T], and
+// optional per-token datasets beside it:
+//   loss_mask   [T] integer 0/1 (uint8 as written here): loss_mask[i] = 1 counts the next-token
+//               term whose target is input_ids[i]; position 0 is never a target. Absent: all 1.
+//   answer_start, answer_length  [M] int64 (hydra synth): spans of retrieval answers, reported apart
+//               from the other targets by training and evaluation.
 #pragma once
 
 #include <cstdint>
@@ -14,5 +19,19 @@ std::vector<int32_t> read_token_file(const std::string& path, int64_t vocab_size
 // same checks of the dataset's presence, type and rank.
 int64_t token_file_length(const std::string& path);
 void write_token_file(const std::string& path, const std::vector<int32_t>& ids);
+
+// A token file with its per-token flags.
+struct TokenData {
+  std::vector<int32_t> ids;        // [T]
+  std::vector<uint8_t> loss_mask;  // [T] 0/1, or empty: every target counts
+  std::vector<uint8_t> answer;     // [T] 1 inside an answer span, or empty: the file marks none
+  bool counts(int64_t i) const { return loss_mask.empty() || loss_mask[static_cast<size_t>(i)] != 0; }
+  bool is_answer(int64_t i) const { return !answer.empty() && answer[static_cast<size_t>(i)] != 0; }
+};
+// input_ids as read_token_file, and the optional datasets: a loss_mask of another length or with a
+// value other than 0/1, or an answer span outside the stream, is a UserError naming the file.
+TokenData read_token_data(const std::string& path, int64_t vocab_size);
+// input_ids, and loss_mask unless `loss_mask` is empty (atomically).
+void write_token_data(const std::string& path, const std::vector<int32_t>& ids, const std::vector<uint8_t>& loss_mask);
 
 }  // namespace hydra

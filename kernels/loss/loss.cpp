@@ -46,10 +46,15 @@ void cross_entropy_cpu(const TensorView& logits, const TensorView& row_loss, con
 
 template <class T>
 void kl_divergence_cpu(const TensorView& student, const TensorView& row_loss, const TensorView& teacher,
-                       float grad_scale) {
+                       float grad_scale, const TensorView& targets) {
   const int64_t vocab = student.size(1);
   for (int64_t r = 0; r < student.size(0); ++r) {
     T* s = at<T>(student, {r});
+    if (targets.defined() && *at<const int32_t>(targets, {r}) < 0) {  // ignored row: loss 0, gradient 0
+      std::fill(s, s + vocab, T(0));
+      *at<T>(row_loss, {r}) = T(0);
+      continue;
+    }
     const T* t = at<const T>(teacher, {r});
     const double lse_s = log_sum_exp(s, vocab), lse_t = log_sum_exp(t, vocab);
     double kl = 0;
@@ -118,23 +123,30 @@ void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_los
 }
 
 void kl_divergence_with_grad(const TensorView& student_logits, const TensorView& row_loss,
-                             const TensorView& teacher_logits, float grad_scale, const TensorView& grad) {
+                             const TensorView& teacher_logits, float grad_scale, const TensorView& grad,
+                             const TensorView& targets) {
   expect_shape(student_logits, "kl student logits", {{"n", -1}, {"V", -1}});
   const int64_t rows = student_logits.size(0), vocab = student_logits.size(1);
   expect_shape(teacher_logits, "kl teacher logits", {{"n", rows}, {"V", vocab}});
   expect_shape(row_loss, "kl row_loss", {{"n", rows}});
+  if (targets.defined()) {
+    expect_shape(targets, "kl targets", {{"n", rows}});
+    HYDRA_ASSERT(targets.dtype() == DType::i32, "kl targets must be int32");
+  }
   HYDRA_ASSERT(vocab > 0, "kl divergence over an empty vocabulary");
   expect_grad_shape(grad, student_logits);
-  if (on_cuda({student_logits, row_loss, teacher_logits, grad})) {
+  if (on_cuda({student_logits, row_loss, teacher_logits, grad, targets})) {
 #if HYDRA_CUDA
-    cuda_impl::kl_divergence_with_grad(student_logits, row_loss, teacher_logits, grad_scale, grad);
+    cuda_impl::kl_divergence_with_grad(student_logits, row_loss, teacher_logits, grad_scale, grad, targets);
     return;
 #endif
   }
   HYDRA_ASSERT(student_logits.stride(1) == 1 && teacher_logits.stride(1) == 1, "kl logits rows must be contiguous");
   with_host_float(
       {{student_logits, "kl student logits"}, {row_loss, "kl row_loss"}, {teacher_logits, "kl teacher logits"}},
-      [&](auto zero) { kl_divergence_cpu<decltype(zero)>(student_logits, row_loss, teacher_logits, grad_scale); });
+      [&](auto zero) {
+        kl_divergence_cpu<decltype(zero)>(student_logits, row_loss, teacher_logits, grad_scale, targets);
+      });
   copy_gradient(grad, student_logits);
 }
 

@@ -152,13 +152,19 @@ __global__ void __launch_bounds__(kThreads)
 template <class Out>
 __global__ void __launch_bounds__(kThreads)
     kl_divergence_kernel(RowsF32 student, RowsF32 teacher, GradRows<Out> grad, int64_t vocab, int64_t rows,
-                         float* row_loss, int64_t loss_stride, float grad_scale) {
+                         const int32_t* targets, int64_t target_stride, float* row_loss, int64_t loss_stride,
+                         float grad_scale) {
   __shared__ MaxSum scratch[kWarps];
   __shared__ double sum_scratch[kWarps];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {  // every branch below is uniform per block
     const float* x = student.data + r * student.stride;
     const float* t = teacher.data + r * teacher.stride;
     Out* y = grad.data + r * grad.stride;
+    if (targets && targets[r * target_stride] < 0) {  // ignored row (loss mask): loss 0, gradient 0
+      for (int64_t i = threadIdx.x; i < vocab; i += kThreads) store1(y + i, 0.0f);
+      if (threadIdx.x == 0) row_loss[r * loss_stride] = 0.0f;
+      continue;
+    }
     const bool vec = aligned16(x) && aligned16(t) && aligned_out(y);
     MaxSum ss = kEmpty, ts = kEmpty;
     visit(x, vocab, vec, [&](int64_t, float v) { add(ss, v); });
@@ -250,17 +256,21 @@ void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_los
 }
 
 void kl_divergence_with_grad(const TensorView& student_logits, const TensorView& row_loss,
-                             const TensorView& teacher_logits, float grad_scale, const TensorView& grad) {
+                             const TensorView& teacher_logits, float grad_scale, const TensorView& grad,
+                             const TensorView& targets) {
   const RowsF32 s = logit_rows(student_logits, "student logits"), t = logit_rows(teacher_logits, "teacher logits");
   const int64_t rows = student_logits.size(0), vocab = student_logits.size(1);
   HYDRA_ASSERT(teacher_logits.size(0) == rows && teacher_logits.size(1) == vocab,
                "teacher logits {} must match the student's {}", teacher_logits.shape_string(),
                student_logits.shape_string());
   expect_row_loss(row_loss, rows);
+  if (targets.defined()) cuda::expect_cuda(targets, "kl targets", DType::i32);
   if (rows == 0) return;
+  const int32_t* target_ptr = targets.defined() ? targets.data_as<const int32_t>() : nullptr;
+  const int64_t target_stride = targets.defined() ? targets.stride(0) : 0;
   with_grad_rows(student_logits, grad, [&](auto y) {
     kl_divergence_kernel<<<cuda::capped_grid(rows), kThreads, 0, current_stream()>>>(
-        s, t, y, vocab, rows, row_loss.data_as<float>(), row_loss.stride(0), grad_scale);
+        s, t, y, vocab, rows, target_ptr, target_stride, row_loss.data_as<float>(), row_loss.stride(0), grad_scale);
     HYDRA_CUDA_LAUNCH_CHECK();
   });
 }

@@ -21,8 +21,11 @@ void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_los
 // Logit distillation at temperature 1, KL(p_t ‖ p_s) with p_t = softmax(teacher), p_s = softmax(student):
 //   row_loss[i] = Σ_v p_t (log p_t − log p_s),  student_logits_i ← grad_scale (p_s − p_t).
 // student_logits, teacher_logits [n, V] fp32; row_loss [n] fp32; `grad` as for cross_entropy_with_grad.
+// `targets` [n] int32 (optional): a row whose target is negative (a loss mask) is ignored, loss 0 and
+// gradient 0, as in cross_entropy_with_grad; only the sign is read.
 void kl_divergence_with_grad(const TensorView& student_logits, const TensorView& row_loss,
-                             const TensorView& teacher_logits, float grad_scale, const TensorView& grad = TensorView());
+                             const TensorView& teacher_logits, float grad_scale, const TensorView& grad = TensorView(),
+                             const TensorView& targets = TensorView());
 
 // Squared error between hidden states (layer-wise alignment):
 //   row_loss[i] = Σ_k (a_ik − b_ik)²,  d_a_i ← grad_scale · 2 (a_i − b_i).
@@ -35,7 +38,8 @@ namespace cuda_impl {  // loss.cu
 void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_loss, const TensorView& targets,
                              float grad_scale, const TensorView& grad);
 void kl_divergence_with_grad(const TensorView& student_logits, const TensorView& row_loss,
-                             const TensorView& teacher_logits, float grad_scale, const TensorView& grad);
+                             const TensorView& teacher_logits, float grad_scale, const TensorView& grad,
+                             const TensorView& targets);
 void squared_error_with_grad(const TensorView& d_a, const TensorView& row_loss, const TensorView& a,
                              const TensorView& b, float grad_scale);
 }  // namespace cuda_impl

@@ -1,6 +1,8 @@
 #include "model/train/data.h"
 
+#include <algorithm>
 #include <numeric>
+#include <type_traits>
 
 #include "runtime/error.h"
 #include "runtime/random.h"
@@ -13,21 +15,27 @@ TokenWindows::TokenWindows(const std::vector<std::string>& files, int64_t seq_le
   HYDRA_USER_CHECK(!files.empty(), "no training data files given");
   HYDRA_USER_CHECK(seq_len >= 1, "--seq-len must be at least 1 (got {})", seq_len);
   for (const std::string& path : files) {
-    streams_.push_back(read_token_file(path, vocab));
-    const std::vector<int32_t>& s = streams_.back();
-    const int64_t n = static_cast<int64_t>(s.size());
+    streams_.push_back(read_token_data(path, vocab));
+    const TokenData& s = streams_.back();
+    const int64_t n = static_cast<int64_t>(s.ids.size());
     HYDRA_USER_CHECK(n >= seq_len + 1, "{}: holds {} tokens, shorter than one window of --seq-len {} + 1 (its targets)",
                      path, n, seq_len);
     for (int64_t off = 0; off + seq_len + 1 <= n; off += seq_len) {
-      starts_.push_back(Start{static_cast<int32_t>(streams_.size() - 1), off});
+      int64_t counted = seq_len;
+      if (!s.loss_mask.empty()) counted = std::count(s.loss_mask.begin() + off + 1, s.loss_mask.begin() + off + seq_len + 1, 1);
+      starts_.push_back(Start{static_cast<int32_t>(streams_.size() - 1), off, counted});
     }
   }
 }
 
 int64_t TokenWindows::tokens() const {
   int64_t n = 0;
-  for (const auto& s : streams_) n += static_cast<int64_t>(s.size());
+  for (const auto& s : streams_) n += static_cast<int64_t>(s.ids.size());
   return n;
+}
+
+bool TokenWindows::masked() const {
+  return std::any_of(streams_.begin(), streams_.end(), [](const TokenData& s) { return !s.loss_mask.empty(); });
 }
 
 int64_t TokenWindows::index_in_epoch(int64_t epoch, int64_t i) const {
@@ -44,16 +52,30 @@ int64_t TokenWindows::index_in_epoch(int64_t epoch, int64_t i) const {
   return order_[static_cast<size_t>(i)];
 }
 
-std::vector<int32_t> TokenWindows::window_in_order(int64_t i) const {
+Window TokenWindows::window_in_order(int64_t i) const {
   HYDRA_ASSERT(i >= 0 && i < count(), "window {} of {}", i, count());
   const Start& s = starts_[static_cast<size_t>(i)];
-  const std::vector<int32_t>& stream = streams_[static_cast<size_t>(s.file)];
-  return {stream.begin() + s.offset, stream.begin() + s.offset + seq_len_ + 1};
+  const TokenData& stream = streams_[static_cast<size_t>(s.file)];
+  const auto slice = [&](const auto& v) {
+    using V = std::decay_t<decltype(v)>;
+    return v.empty() ? V{} : V(v.begin() + s.offset, v.begin() + s.offset + seq_len_ + 1);
+  };
+  return Window{slice(stream.ids), slice(stream.loss_mask), slice(stream.answer)};
 }
 
-std::vector<int32_t> TokenWindows::window(int64_t n) const {
+Window TokenWindows::window(int64_t n) const {
   HYDRA_ASSERT(n >= 0, "window {}", n);
   return window_in_order(index_in_epoch(n / count(), n % count()));
+}
+
+int64_t TokenWindows::counted_targets_in_order(int64_t i) const {
+  HYDRA_ASSERT(i >= 0 && i < count(), "window {} of {}", i, count());
+  return starts_[static_cast<size_t>(i)].counted;
+}
+
+int64_t TokenWindows::counted_targets(int64_t n) const {
+  HYDRA_ASSERT(n >= 0, "window {}", n);
+  return counted_targets_in_order(index_in_epoch(n / count(), n % count()));
 }
 
 }  // namespace hydra::train

@@ -5,6 +5,9 @@
 // every window drawn from (seed, e), so window n of the run is a pure function of (seed, n) and the
 // position in the data is one integer (part of the training state).
 //
+// A file's loss_mask and answer spans (runtime/token_file.h) travel with its windows: a window's
+// flags say which of its targets count and which are retrieval answers.
+//
 // The streams are read whole into host memory at start (4 bytes per token per rank): fine for the
 // fine-tuning and distillation sets this runtime trains on (a billion tokens is 4 GB); a larger
 // corpus would read each window through an HDF5 hyperslab instead.
@@ -14,7 +17,18 @@
 #include <string>
 #include <vector>
 
+#include "parallel/layout.h"
+#include "runtime/token_file.h"
+
 namespace hydra::train {
+
+// One window: seq_len + 1 tokens and their flags (flag i belongs to the target token i).
+struct Window {
+  std::vector<int32_t> ids;      // [seq_len + 1]
+  std::vector<uint8_t> counted;  // [seq_len + 1], or empty: every target counts
+  std::vector<uint8_t> answer;   // [seq_len + 1], or empty: no answers marked
+  TargetFlags flags() const { return {counted, answer}; }
+};
 
 class TokenWindows {
  public:
@@ -24,20 +38,26 @@ class TokenWindows {
   int64_t seq_len() const { return seq_len_; }
   int64_t count() const { return static_cast<int64_t>(starts_.size()); }  // windows per epoch
   int64_t tokens() const;  // tokens in the files
+  bool masked() const;     // some file has a loss_mask
   // The n-th window of the run (n ≥ 0): seq_len + 1 tokens.
-  std::vector<int32_t> window(int64_t n) const;
+  Window window(int64_t n) const;
   // The i-th window in file order (evaluation: the same windows every time).
-  std::vector<int32_t> window_in_order(int64_t i) const;
+  Window window_in_order(int64_t i) const;
+  // Targets of window n of the run that count (seq_len without a mask): the step's global count,
+  // which the gradient is divided by, is known on every rank before any forward runs.
+  int64_t counted_targets(int64_t n) const;
+  int64_t counted_targets_in_order(int64_t i) const;
 
  private:
   struct Start {
     int32_t file = 0;
     int64_t offset = 0;
+    int64_t counted = 0;  // targets that count
   };
   int64_t index_in_epoch(int64_t epoch, int64_t i) const;
   int64_t seq_len_ = 0;
   uint64_t seed_ = 0;
-  std::vector<std::vector<int32_t>> streams_;
+  std::vector<TokenData> streams_;
   std::vector<Start> starts_;
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> order_;  // the permutation of cached_epoch_

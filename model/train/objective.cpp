@@ -15,12 +15,17 @@ double sum_on_host(const TensorView& values) {
   return s;
 }
 
+// Σ of the rows' losses, and of those marked as answers (rows that do not count have loss 0).
+struct RowLossSums {
+  double all = 0, answer = 0;
+};
+
 // The chunk walk shared by the logit heads: logits of rows [r0, r0 + n) into `logits`, `to_grad`
 // writes their gradient into `grad` (the GEMM operand: bf16 on the GPU, the logits themselves on the
 // CPU) and the rows' losses, then the gradient flows into d_hidden and lm_head.
 template <class ToGrad>
-double walk_logit_chunks(const Model& model, const TensorView& hidden, const TensorView& d_hidden, ModelTensors& grads,
-                         ToGrad&& to_grad) {
+RowLossSums walk_logit_chunks(const Model& model, const TensorView& hidden, const TensorView& d_hidden,
+                              ModelTensors& grads, std::span<const uint8_t> answer, ToGrad&& to_grad) {
   const int64_t t = hidden.size(0), vocab = model.config().vocab_size;
   const int64_t chunk = std::max<int64_t>(1, std::min(t, loss_chunk_rows(vocab)));
   const DType acc = model.acc_dtype();
@@ -30,7 +35,7 @@ double walk_logit_chunks(const Model& model, const TensorView& hidden, const Ten
   const bool backward = d_hidden.defined() || grads.lm_head.defined();
   Tensor operand =
       !backward || model.dtype() == acc ? logits : Tensor::empty({chunk, vocab}, model.dtype(), model.device());
-  double loss = 0;
+  RowLossSums sums;
   for (int64_t r0 = 0; r0 < t; r0 += chunk) {
     const int64_t n = std::min(chunk, t - r0);
     const TensorView lg = logits.view().narrow(0, 0, n), rl = row_loss.view().narrow(0, 0, n);
@@ -38,53 +43,80 @@ double walk_logit_chunks(const Model& model, const TensorView& hidden, const Ten
     model.lm_head(lg, h);
     const TensorView op = operand.view().narrow(0, 0, n);
     to_grad(lg, rl, r0, n, op);
-    loss += sum_on_host(rl);
+    const Tensor host = to(rl, Device::host, DType::f64);
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = host.data_as<double>()[i];
+      sums.all += v;
+      if (!answer.empty() && answer[static_cast<size_t>(r0 + i)]) sums.answer += v;
+    }
     if (backward) {
       ops::linear_backward(d_hidden.defined() ? d_hidden.narrow(0, r0, n) : TensorView(), grads.lm_head.view(), op, h,
                            model.lm_head_weight());
     }
   }
-  return loss;
+  return sums;
+}
+
+// Rows whose target counts (≥ 0), and those of them marked as answers, from host targets.
+LossSums count_rows(const Tensor& host_targets, std::span<const uint8_t> answer) {
+  LossSums sums;
+  for (int64_t i = 0; i < host_targets.numel(); ++i) {
+    if (host_targets.data_as<int32_t>()[i] < 0) continue;
+    ++sums.tokens;
+    if (!answer.empty() && answer[static_cast<size_t>(i)]) ++sums.answer_tokens;
+  }
+  return sums;
 }
 
 }  // namespace
 
 LossSums cross_entropy_head(const Model& model, const TensorView& hidden, const TensorView& targets,
-                            double grad_scale, const TensorView& d_hidden, ModelTensors& grads) {
+                            double grad_scale, const TensorView& d_hidden, ModelTensors& grads,
+                            std::span<const uint8_t> answer) {
   expect_shape(targets, "targets", {{"T_loc", hidden.size(0)}});
+  HYDRA_ASSERT(answer.empty() || static_cast<int64_t>(answer.size()) == hidden.size(0), "answer flags of {} rows for {}",
+               answer.size(), hidden.size(0));
   const Tensor host_targets = to(targets, Device::host, DType::i32);
-  LossSums sums;
-  for (int64_t i = 0; i < host_targets.numel(); ++i) sums.tokens += host_targets.data_as<int32_t>()[i] >= 0 ? 1 : 0;
+  LossSums sums = count_rows(host_targets, answer);
   const Tensor device_targets = to_device(host_targets, model.device());
-  sums.loss = walk_logit_chunks(model, hidden, d_hidden, grads,
-                                [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n, const TensorView& g) {
+  const RowLossSums loss = walk_logit_chunks(model, hidden, d_hidden, grads, answer,
+                                             [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n,
+                                                 const TensorView& g) {
     ops::cross_entropy_with_grad(lg, rl, device_targets.view().narrow(0, r0, n), static_cast<float>(grad_scale), g);
   });
+  sums.loss = loss.all;
+  sums.answer_loss = loss.answer;
   return sums;
 }
 
 LossSums distillation_head(const Model& student, const Model& teacher, const TensorView& hidden,
-                           const TensorView& teacher_hidden, double grad_scale, const TensorView& d_hidden,
-                           ModelTensors& grads) {
+                           const TensorView& teacher_hidden, const TensorView& targets, double grad_scale,
+                           const TensorView& d_hidden, ModelTensors& grads, std::span<const uint8_t> answer) {
   HYDRA_ASSERT(teacher.config().vocab_size == student.config().vocab_size, "teacher vocabulary {} vs student {}",
                teacher.config().vocab_size, student.config().vocab_size);
+  expect_shape(targets, "targets", {{"T_loc", hidden.size(0)}});
   const int64_t t = hidden.size(0), chunk = std::max<int64_t>(1, std::min(t, loss_chunk_rows(student.config().vocab_size)));
   Tensor teacher_logits = Tensor::empty({chunk, student.config().vocab_size}, student.acc_dtype(), student.device());
-  LossSums sums;
-  sums.tokens = t;
-  sums.loss = walk_logit_chunks(student, hidden, d_hidden, grads,
-                                [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n, const TensorView& g) {
+  const Tensor host_targets = to(targets, Device::host, DType::i32);
+  LossSums sums = count_rows(host_targets, answer);
+  const Tensor device_targets = to_device(host_targets, student.device());
+  const RowLossSums loss = walk_logit_chunks(student, hidden, d_hidden, grads, answer,
+                                             [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n,
+                                                 const TensorView& g) {
     const TensorView tl = teacher_logits.view().narrow(0, 0, n);
     teacher.lm_head(tl, teacher_hidden.narrow(0, r0, n));
-    ops::kl_divergence_with_grad(lg, rl, tl, static_cast<float>(grad_scale), g);
+    ops::kl_divergence_with_grad(lg, rl, tl, static_cast<float>(grad_scale), g, device_targets.view().narrow(0, r0, n));
   });
+  sums.loss = loss.all;
+  sums.answer_loss = loss.answer;
   return sums;
 }
 
-LossSums sequence_gradients(ForwardContext& context, const Model& model, const TensorView& ids,
-                            const TensorView& targets, Objective objective, double grad_scale, ModelTensors* grads,
-                            const Model* teacher) {
+LossSums sequence_gradients(ForwardContext& context, const Model& model, const TokenRows& rows, Objective objective,
+                            double grad_scale, ModelTensors* grads, const Model* teacher) {
   HYDRA_ASSERT(objective != Objective::distillation || teacher, "distillation without a teacher");
+  const TensorView ids = rows.ids, targets = rows.targets;
+  const std::span<const uint8_t> answer = rows.answer;
   const int64_t t = context.layout.local_length(), D = model.config().hidden_size;
   const int64_t layers = model.config().num_layers;
   Tensor teacher_hidden;
@@ -93,8 +125,9 @@ LossSums sequence_gradients(ForwardContext& context, const Model& model, const T
     ModelTensors none;
     const Tensor hidden = model.forward(context, ids);
     return objective == Objective::cross_entropy
-               ? cross_entropy_head(model, hidden, targets, grad_scale, TensorView(), none)
-               : distillation_head(model, *teacher, hidden, teacher_hidden, grad_scale, TensorView(), none);
+               ? cross_entropy_head(model, hidden, targets, grad_scale, TensorView(), none, answer)
+               : distillation_head(model, *teacher, hidden, teacher_hidden, targets, grad_scale, TensorView(), none,
+                                   answer);
   }
   const Tensor positions = model.positions(context.layout);
   Tensor x = model.embed(ids);
@@ -108,8 +141,9 @@ LossSums sequence_gradients(ForwardContext& context, const Model& model, const T
   {
     const Tensor hidden = model.final_norm(x);
     sums = objective == Objective::cross_entropy
-               ? cross_entropy_head(model, hidden, targets, grad_scale, d_hidden, *grads)
-               : distillation_head(model, *teacher, hidden, teacher_hidden, grad_scale, d_hidden, *grads);
+               ? cross_entropy_head(model, hidden, targets, grad_scale, d_hidden, *grads, answer)
+               : distillation_head(model, *teacher, hidden, teacher_hidden, targets, grad_scale, d_hidden, *grads,
+                                   answer);
   }
   teacher_hidden = Tensor();
   Tensor dx = Tensor::empty({t, D}, model.acc_dtype(), model.device());
@@ -174,16 +208,20 @@ void all_reduce_gradients(Communicator& comm, ModelTensors& grads) {
   });
 }
 
-NamedGradients next_token_gradients(Communicator& comm, const Model& model, std::span<const int32_t> ids) {
+NamedGradients next_token_gradients(Communicator& comm, const Model& model, std::span<const int32_t> ids,
+                                    std::span<const uint8_t> counted) {
   const int64_t total = static_cast<int64_t>(ids.size());
   HYDRA_USER_CHECK(total >= 2, "next-token gradients need at least 2 tokens (got {})", total);
+  HYDRA_ASSERT(counted.empty() || counted.size() == ids.size(), "loss mask of {} for {} tokens", counted.size(), ids.size());
   const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
-  const TokenRows rows = layout.token_rows(ids);  // the last token has no target
+  const TokenRows rows = layout.token_rows(ids, {.counted = counted, .answer = {}});  // the last token has no target
+  // Every rank knows the whole mask: the global count of counted targets (positions 1..T−1).
+  const int64_t count = counted.empty() ? total - 1 : std::count(counted.begin() + 1, counted.end(), 1);
   ModelTensors grads = model.zeros_like_weights(model.acc_dtype());
   ForwardContext context{comm, layout};
   NamedGradients out;
-  out.sums = sequence_gradients(context, model, rows.ids, rows.targets, Objective::cross_entropy,
-                                1.0 / static_cast<double>(total - 1), &grads);
+  out.sums = sequence_gradients(context, model, rows, Objective::cross_entropy,
+                                count > 0 ? 1.0 / static_cast<double>(count) : 0.0, &grads);
   all_reduce_gradients(comm, grads);
   Tensor sums = Tensor::empty({2}, DType::f64);
   sums.data_as<double>()[0] = out.sums.loss;

@@ -19,35 +19,43 @@ namespace hydra::train {
 struct LossSums {
   double loss = 0;     // Σ over this call's tokens (unscaled)
   int64_t tokens = 0;  // tokens that carry a loss
+  // The part of the above whose targets are retrieval answers (TokenRows::answer; 0 when none marked).
+  double answer_loss = 0;
+  int64_t answer_tokens = 0;
   LossSums& operator+=(const LossSums& o) {
     loss += o.loss;
     tokens += o.tokens;
+    answer_loss += o.answer_loss;
+    answer_tokens += o.answer_tokens;
     return *this;
   }
 };
 
-// Next-token cross-entropy on final hidden states [T_loc, D]: rows with target ≥ 0 count.
-// d_hidden [T_loc, D] (acc dtype) ← grad_scale · ∂Σloss/∂hidden; lm_head's gradient accumulates into
-// `grads` (the embedding's when tied; skipped when undefined). d_hidden undefined: the loss only.
+// Next-token cross-entropy on final hidden states [T_loc, D]: rows with target ≥ 0 count (a loss
+// mask sets the others to −1, parallel/layout.h). d_hidden [T_loc, D] (acc dtype) ← grad_scale ·
+// ∂Σloss/∂hidden; lm_head's gradient accumulates into `grads` (the embedding's when tied; skipped
+// when undefined). d_hidden undefined: the loss only. `answer` [T_loc] (optional): rows whose target
+// is a retrieval answer, summed apart as well (LossSums::answer_loss).
 LossSums cross_entropy_head(const Model& model, const TensorView& hidden, const TensorView& targets,
-                            double grad_scale, const TensorView& d_hidden, ModelTensors& grads);
+                            double grad_scale, const TensorView& d_hidden, ModelTensors& grads,
+                            std::span<const uint8_t> answer = {});
 
-// KL(p_teacher ‖ p_student) at temperature 1 on every row, teacher logits computed chunk by chunk
-// from the teacher's final hidden states of the same tokens.
+// KL(p_teacher ‖ p_student) at temperature 1 on the rows whose target counts (targets ≥ 0; the same
+// rows the cross-entropy would count), teacher logits computed chunk by chunk from the teacher's
+// final hidden states of the same tokens. `answer` as for cross_entropy_head.
 LossSums distillation_head(const Model& student, const Model& teacher, const TensorView& hidden,
-                           const TensorView& teacher_hidden, double grad_scale, const TensorView& d_hidden,
-                           ModelTensors& grads);
+                           const TensorView& teacher_hidden, const TensorView& targets, double grad_scale,
+                           const TensorView& d_hidden, ModelTensors& grads, std::span<const uint8_t> answer = {});
 
 enum class Objective { cross_entropy, distillation };
 
 // One sequence: forward saving what the backward needs (model.h LayerSaved), the loss head, then
 // the backward layer by layer (freeing each layer's saved tensors as it goes) and the embedding.
-// ids, targets [T_loc] int32 in local order (targets −1: no loss). `teacher` is required for
-// distillation (it runs forward in the same process on the same tokens). With `grads` null only
-// the loss is computed (evaluation: a plain forward, nothing saved).
-LossSums sequence_gradients(ForwardContext& context, const Model& model, const TensorView& ids,
-                            const TensorView& targets, Objective objective, double grad_scale, ModelTensors* grads,
-                            const Model* teacher = nullptr);
+// rows: ids, targets [T_loc] int32 in local order (targets −1: no loss) and the answer flags.
+// `teacher` is required for distillation (it runs forward in the same process on the same tokens).
+// With `grads` null only the loss is computed (evaluation: a plain forward, nothing saved).
+LossSums sequence_gradients(ForwardContext& context, const Model& model, const TokenRows& rows, Objective objective,
+                            double grad_scale, ModelTensors* grads, const Model* teacher = nullptr);
 
 // Layer-wise alignment (stage 1): the teacher runs forward; student layer l receives the teacher's
 // input to layer l and is trained to match the teacher's output of layer l,
@@ -64,13 +72,15 @@ LossSums alignment_gradients(ForwardContext& context, const Model& student, cons
 void all_reduce_gradients(Communicator& comm, ModelTensors& grads);
 
 // What `hydra gradients` computes: the gradient of the mean next-token cross-entropy of one
-// sequence `ids` (global order; the last token has no target), the ranks of `comm` each taking
-// their zigzag share. Collective; every rank returns the same sums and gradients (checkpoint names,
-// host f32).
+// sequence `ids` (global order; the last token has no target) over the targets `counted` marks
+// (loss_mask, same length as ids; empty: all), the ranks of `comm` each taking their zigzag share.
+// Collective; every rank returns the same sums and gradients (checkpoint names, host f32). With no
+// target counted the sums are zero and so are the gradients.
 struct NamedGradients {
   LossSums sums;
   NamedTensors grads;
 };
-NamedGradients next_token_gradients(Communicator& comm, const Model& model, std::span<const int32_t> ids);
+NamedGradients next_token_gradients(Communicator& comm, const Model& model, std::span<const int32_t> ids,
+                                    std::span<const uint8_t> counted = {});
 
 }  // namespace hydra::train

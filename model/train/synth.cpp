@@ -127,6 +127,57 @@ Document mqar_document(const SynthConfig& c, const MarkovSource& language, int64
   return d;
 }
 
+// Zoology's layout: k1 v1 … kN vN, then each key once as a bare query followed by its value (the
+// answer), the queries at random places among language filler.
+Document recall_document(const SynthConfig& c, const MarkovSource& language, int64_t index) {
+  const int64_t pairs = c.recall_pairs, queries = c.recall_queries(), half = c.recall_tokens / 2;
+  const int64_t key0 = c.language_content(), value0 = key0 + half;
+  HYDRA_ASSERT(pairs >= 1 && pairs <= half && queries >= 1, "recall documents of {} pairs need --recall-tokens ≥ {} (got {})",
+               pairs, 2 * pairs, c.recall_tokens);
+  niah::Draws draw(c.seed, hash_name(fmt::format("synth/recall/{}", index)));
+  // Distinct keys: the first `pairs` of a partial Fisher-Yates shuffle of the key range; values with repetition.
+  std::vector<int32_t> key_pool(static_cast<size_t>(half));
+  std::iota(key_pool.begin(), key_pool.end(), static_cast<int32_t>(key0));
+  for (int64_t j = 0; j < pairs; ++j) {
+    const int64_t k = j + static_cast<int64_t>(draw.below(static_cast<uint64_t>(half - j)));
+    std::swap(key_pool[static_cast<size_t>(j)], key_pool[static_cast<size_t>(k)]);
+  }
+  std::vector<int32_t> values(static_cast<size_t>(pairs));
+  for (auto& v : values) v = static_cast<int32_t>(value0 + static_cast<int64_t>(draw.below(static_cast<uint64_t>(half))));
+  // The asked pairs in random order.
+  std::vector<int64_t> asked(static_cast<size_t>(pairs));
+  std::iota(asked.begin(), asked.end(), 0);
+  for (int64_t j = 0; j < queries; ++j) {
+    const int64_t k = j + static_cast<int64_t>(draw.below(static_cast<uint64_t>(pairs - j)));
+    std::swap(asked[static_cast<size_t>(j)], asked[static_cast<size_t>(k)]);
+  }
+  // The filler before each query: the region's spare tokens cut at `queries` uniform points.
+  const int64_t spare = c.seq_len - 2 * pairs - 2 * queries;
+  std::vector<int64_t> cuts(static_cast<size_t>(queries));
+  for (auto& x : cuts) x = static_cast<int64_t>(draw.below(static_cast<uint64_t>(spare + 1)));
+  std::sort(cuts.begin(), cuts.end());
+
+  Document d{.kind = Kind::recall, .ids = {}, .answers = {}};
+  d.ids.reserve(static_cast<size_t>(c.seq_len));
+  for (int64_t j = 0; j < pairs; ++j) {
+    d.ids.push_back(key_pool[static_cast<size_t>(j)]);
+    d.ids.push_back(values[static_cast<size_t>(j)]);
+  }
+  Filler filler(language, c.seed, fmt::format("synth-filler/recall/{}", index));
+  int64_t filled = 0;
+  for (int64_t q = 0; q < queries; ++q) {
+    for (; filled < cuts[static_cast<size_t>(q)]; ++filled) d.ids.push_back(filler.next());
+    const int64_t j = asked[static_cast<size_t>(q)];
+    d.ids.push_back(key_pool[static_cast<size_t>(j)]);
+    d.answers.push_back(Span{static_cast<int64_t>(d.ids.size()), 1});
+    d.ids.push_back(values[static_cast<size_t>(j)]);
+  }
+  for (; filled < spare; ++filled) d.ids.push_back(filler.next());
+  HYDRA_ASSERT(static_cast<int64_t>(d.ids.size()) == c.seq_len, "recall document of {} tokens for {}", d.ids.size(),
+               c.seq_len);
+  return d;
+}
+
 Document niah_document(const SynthConfig& c, Kind kind, int64_t index) {
   niah::Draws draw(c.seed, hash_name(fmt::format("synth/depth/{}/{}", kind_name(kind), index)));
   const int64_t depth = static_cast<int64_t>(draw.below(101));
@@ -144,15 +195,20 @@ std::string kind_name(Kind kind) {
     case Kind::single: return "single";
     case Kind::multikey: return "multikey";
     case Kind::multivalue: return "multivalue";
+    case Kind::recall: return "recall";
   }
   return "?";
 }
+
+bool is_retrieval(Kind kind) { return kind != Kind::lm; }
+
+int64_t SynthConfig::language_content() const { return niah::markers_for(vocab_size).content - recall_tokens; }
 
 Kind parse_kind(const std::string& name) {
   for (Kind k : kAllKinds) {
     if (kind_name(k) == name) return k;
   }
-  HYDRA_USER_FAIL("unknown synth task '{}' (known: lm, mqar, single, multikey, multivalue)", name);
+  HYDRA_USER_FAIL("unknown synth task '{}' (known: lm, mqar, recall, single, multikey, multivalue)", name);
 }
 
 std::vector<Part> parse_mixture(const std::string& spec) {
@@ -279,6 +335,9 @@ void SynthConfig::validate() const {
   HYDRA_USER_CHECK(seq_len >= 2, "--seq-len must be at least 2 (got {})", seq_len);
   const niah::Markers m = niah::markers_for(vocab_size);
   language.validate();
+  HYDRA_USER_CHECK(recall_tokens >= 0 && recall_tokens % 2 == 0 && m.content - recall_tokens >= 2,
+                   "--recall-tokens {} must be even and leave the language at least 2 of the {} content ids", recall_tokens,
+                   m.content);
   for (const Part& part : mixture) {
     if (is_niah(part.kind)) {
       const niah::TaskParams p = niah_params(*this, part.kind);
@@ -297,6 +356,15 @@ void SynthConfig::validate() const {
       HYDRA_USER_CHECK(seq_len >= need,
                        "--seq-len {} is too short for mqar documents of {} pairs and {} queries: they need up to {} "
                        "tokens", seq_len, mqar_pairs, queries(), need);
+    } else if (part.kind == Kind::recall) {
+      HYDRA_USER_CHECK(recall_tokens > 0, "recall documents draw keys and values from reserved ids: set --recall-tokens "
+                       "(e.g. {})", std::min<int64_t>(128, (m.content / 4) * 2));
+      HYDRA_USER_CHECK(recall_pairs >= 1 && 2 * recall_pairs <= recall_tokens,
+                       "--recall-pairs {} needs at least 2 × {} reserved ids (--recall-tokens is {}) for distinct keys",
+                       recall_pairs, recall_pairs, recall_tokens);
+      HYDRA_USER_CHECK(seq_len >= 2 * recall_pairs + 2,
+                       "--seq-len {} is too short for recall documents of {} pairs: they need at least {} tokens", seq_len,
+                       recall_pairs, 2 * recall_pairs + 2);
     }
   }
   (void)m;
@@ -331,6 +399,7 @@ Document generate_document(const SynthConfig& config, const MarkovSource& langua
   switch (kind) {
     case Kind::lm: return lm_document(config, language, index);
     case Kind::mqar: return mqar_document(config, language, index);
+    case Kind::recall: return recall_document(config, language, index);
     case Kind::single:
     case Kind::multikey:
     case Kind::multivalue: return niah_document(config, kind, index);
@@ -341,26 +410,35 @@ Document generate_document(const SynthConfig& config, const MarkovSource& langua
 
 Stream generate_stream(const SynthConfig& config) {
   config.validate();
-  const MarkovSource language(config.language, niah::markers_for(config.vocab_size).content);
+  const MarkovSource language(config.language, config.language_content());
+  const bool masked = config.loss == LossMask::answers;
   Stream s;
   s.kinds = document_kinds(config);
   s.ids.reserve(static_cast<size_t>(config.documents * config.seq_len + 1));
   for (int64_t i = 0; i < config.documents; ++i) {
-    const Document d = generate_document(config, language, s.kinds[static_cast<size_t>(i)], i);
+    const Kind kind = s.kinds[static_cast<size_t>(i)];
+    const Document d = generate_document(config, language, kind, i);
     const int64_t base = static_cast<int64_t>(s.ids.size());
     for (const Span& a : d.answers) {
       s.answers.push_back(Span{base + a.start, a.length});
       s.answer_document.push_back(i);
     }
     s.ids.insert(s.ids.end(), d.ids.begin(), d.ids.end());
+    if (masked) {  // a language document counts every target it holds, a retrieval document its answers
+      s.loss_mask.insert(s.loss_mask.end(), d.ids.size(), is_retrieval(kind) ? uint8_t{0} : uint8_t{1});
+      for (const Span& a : d.answers) {
+        std::fill(s.loss_mask.begin() + base + a.start, s.loss_mask.begin() + base + a.start + a.length, uint8_t{1});
+      }
+    }
   }
-  // The last window's last target (model/train/synth.h: Layout).
+  // The last window's last target (model/train/synth.h: Layout), counted as the last document's own.
   s.ids.push_back(language.base_draw(RandomStream{config.seed, hash_name("synth/tail")}.uniform(0)));
+  if (masked) s.loss_mask.push_back(is_retrieval(s.kinds.back()) ? uint8_t{0} : uint8_t{1});
   return s;
 }
 
 double lm_loss_floor(const SynthConfig& config, const Stream& stream) {
-  const MarkovSource language(config.language, niah::markers_for(config.vocab_size).content);
+  const MarkovSource language(config.language, config.language_content());
   const double base = language.base_entropy();
   double sum = 0;
   int64_t windows = 0;
@@ -386,7 +464,9 @@ std::string config_json(const SynthConfig& c) {
                     {"clusters", c.language.clusters}, {"zipf", c.language.zipf}, {"branch_zipf", c.language.branch_zipf}}},
       {"retrieval", {{"key_length", r.key_length}, {"value_length_min", r.value_length_min},
                      {"value_length_max", r.value_length_max}, {"distractors", r.distractors}, {"values", r.values}}},
-      {"mqar", {{"pairs", c.mqar_pairs}, {"queries", c.queries()}}}}
+      {"mqar", {{"pairs", c.mqar_pairs}, {"queries", c.queries()}}},
+      {"recall", {{"tokens", c.recall_tokens}, {"pairs", c.recall_pairs}}},
+      {"loss", c.loss == LossMask::answers ? "answers" : "all"}}
       .dump();
 }
 
@@ -416,6 +496,7 @@ void write_stream(const std::string& path, const SynthConfig& config, const Stre
   file.set_attribute("documents", config.documents);
   file.set_attribute("config", config_json(config));
   file.write("input_ids", ids);
+  if (!stream.loss_mask.empty()) file.write_uint8("loss_mask", stream.loss_mask);
   file.write("document_kind", kinds);
   file.write("answer_start", i64(start));
   file.write("answer_length", i64(length));

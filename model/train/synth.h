@@ -8,11 +8,25 @@
 //               each about a distinct needle of the context, in random order;
 //   single, multikey, multivalue
 //               the NIAH samples of `hydra eval-niah` (model/eval/niah.h, reused, not copied), at a depth
-//               drawn uniformly from 0..100 per document.
+//               drawn uniformly from 0..100 per document;
+//   recall      Zoology-style multi-query associative recall (Arora et al. 2023), dense in answers:
+//               `recall_pairs` pairs k v back to back (keys distinct), then queries that are bare keys
+//               each followed by its value (the answer, one token), every key asked once in random
+//               order at random places among language filler. Keys and values come from reserved
+//               ranges disjoint from the language (`recall_tokens`, below), so a recall answer is
+//               predictable only by looking it up.
 //
 // Token space is NIAH's (model/eval/niah.h): the top 8 ids are structure markers, content ids are
 // [0, V − 8). mqar uses the same markers and key/value shapes as the NIAH tasks, so what a model
-// learns from many queries per document is the circuit a NIAH query needs.
+// learns from many queries per document is the circuit a NIAH query needs. With recall_tokens R > 0
+// the top R content ids are reserved for recall: keys [V − 8 − R, V − 8 − R/2), values
+// [V − 8 − R/2, V − 8); the language (and so every kind's filler) uses [0, V − 8 − R). NIAH and
+// mqar keys and values still come from all content ids, as eval-niah draws them.
+//
+// Loss masks (LossMask::answers, `hydra synth --loss answers`): the stream carries a loss_mask
+// (runtime/token_file.h) that counts every target of lm documents and only the answer tokens of
+// retrieval documents (mqar, recall, NIAH), so the gradient of a retrieval document is all
+// retrieval signal rather than a few answer tokens among unpredictable filler and keys.
 //
 // Layout: every document is exactly seq_len tokens; the stream is the documents back to back plus
 // one trailing token, documents·seq_len + 1 ids. `hydra train` cuts windows of seq_len + 1 with
@@ -37,6 +51,7 @@
 // draws.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -46,8 +61,14 @@
 
 namespace hydra::synth {
 
-enum class Kind { lm, mqar, single, multikey, multivalue };
-inline constexpr Kind kAllKinds[] = {Kind::lm, Kind::mqar, Kind::single, Kind::multikey, Kind::multivalue};
+// document_kind in a stream file indexes this list (recall was appended to keep the others' indices).
+enum class Kind { lm, mqar, single, multikey, multivalue, recall };
+inline constexpr Kind kAllKinds[] = {Kind::lm, Kind::mqar, Kind::single, Kind::multikey, Kind::multivalue, Kind::recall};
+bool is_retrieval(Kind kind);  // every kind but lm
+
+// Which targets a stream's loss_mask counts: all (no mask written) or, in retrieval documents, only
+// the answers.
+enum class LossMask { all, answers };
 
 std::string kind_name(Kind kind);
 Kind parse_kind(const std::string& name);  // UserError listing the kinds
@@ -110,6 +131,13 @@ struct SynthConfig {
   int64_t mqar_pairs = 8;
   int64_t mqar_queries = 0;  // 0: one per pair
   int64_t queries() const { return mqar_queries > 0 ? mqar_queries : mqar_pairs; }
+  int64_t recall_tokens = 0;  // reserved content ids for recall keys (lower half) and values (upper half)
+  int64_t recall_pairs = 16;
+  LossMask loss = LossMask::all;
+  // The language's content ids: [0, language_content()).
+  int64_t language_content() const;
+  // recall documents: pairs, then one query per pair while they fit (at least one).
+  int64_t recall_queries() const { return std::min(recall_pairs, (seq_len - 2 * recall_pairs) / 2); }
   // UserErrors: empty mixture, too small a vocabulary, a document kind that does not fit seq_len.
   void validate() const;
 };
@@ -133,6 +161,7 @@ Document generate_document(const SynthConfig& config, const MarkovSource& langua
 
 struct Stream {
   std::vector<int32_t> ids;             // [documents · seq_len + 1]
+  std::vector<uint8_t> loss_mask;       // [ids.size()] with LossMask::answers, else empty
   std::vector<Kind> kinds;              // [documents]
   std::vector<Span> answers;            // stream positions, in order
   std::vector<int64_t> answer_document; // [answers.size()]
@@ -148,9 +177,10 @@ double lm_loss_floor(const SynthConfig& config, const Stream& stream);
 
 inline constexpr const char* kStreamFormat = "hydrahead-synth";
 inline constexpr int64_t kStreamVersion = 1;
-// HDF5 (atomic): input_ids [N] int32 (what `hydra train` reads), document_kind [documents] int32
-// (index into the `kinds` attribute), answer_start, answer_length, answer_document [M] int64;
-// attributes format, format_version, kinds (JSON list), seq_len, documents, config (JSON).
+// HDF5 (atomic): input_ids [N] int32 (what `hydra train` reads), loss_mask [N] uint8 (answers
+// mode), document_kind [documents] int32 (index into the `kinds` attribute), answer_start,
+// answer_length, answer_document [M] int64; attributes format, format_version, kinds (JSON list),
+// seq_len, documents, config (JSON).
 void write_stream(const std::string& path, const SynthConfig& config, const Stream& stream);
 std::string config_json(const SynthConfig& config);
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/cost.h"
+#include "model/eval/niah.h"
 #include "model/params.h"
 #include "model/train/data.h"
 #include "model/train/objective.h"
@@ -31,17 +32,33 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kStateFormat = "hydrahead-train-state";
+// The seed of the NIAH samples scored during training (--eval-niah): fixed, so every evaluation of
+// a run (and of every run) scores the same samples; eval-niah's default seed differs, and synth's
+// training documents use a seed derived from their own (model/train/synth.h), so neither repeats them.
+constexpr uint64_t kNiahEvalSeed = 7919;
 constexpr int64_t kStateVersion = 1;
 
 std::string step_dir_name(int64_t step) { return fmt::format("step-{:06d}", step); }
 
-// Σ loss and token count over the ranks (host doubles: exact for counts below 2^53).
+// Σ loss and token counts over the ranks (host doubles: exact for counts below 2^53).
 LossSums reduce_sums(Communicator& comm, const LossSums& local) {
-  Tensor buf = Tensor::empty({2}, DType::f64);
-  buf.data_as<double>()[0] = local.loss;
-  buf.data_as<double>()[1] = static_cast<double>(local.tokens);
+  Tensor buf = Tensor::empty({4}, DType::f64);
+  double* b = buf.data_as<double>();
+  b[0] = local.loss;
+  b[1] = static_cast<double>(local.tokens);
+  b[2] = local.answer_loss;
+  b[3] = static_cast<double>(local.answer_tokens);
   all_reduce_sum_host(comm, buf);
-  return LossSums{buf.data_as<double>()[0], static_cast<int64_t>(buf.data_as<double>()[1])};
+  return LossSums{b[0], static_cast<int64_t>(b[1]), b[2], static_cast<int64_t>(b[3])};
+}
+
+// The JSON fields of a loss split into retrieval answers and the rest (null where nothing counted).
+nlohmann::json loss_fields(const LossSums& s, const std::string& prefix) {
+  auto mean = [](double sum, int64_t n) { return n > 0 ? nlohmann::json(sum / static_cast<double>(n)) : nlohmann::json(); };
+  return {{prefix + "answer_loss", mean(s.answer_loss, s.answer_tokens)},
+          {prefix + "answer_tokens", s.answer_tokens},
+          {prefix + "other_loss", mean(s.loss - s.answer_loss, s.tokens - s.answer_tokens)},
+          {prefix + "counted_tokens", s.tokens}};
 }
 
 double peak_memory_gib(Device device) {
@@ -69,17 +86,16 @@ struct Run {
   PhaseTimer* timer = nullptr;  // the step's phases (GEMMs, FA, GDN, exposed communication, other)
 
   // The loss (and, with grads, the gradient) of one window.
-  LossSums window_loss(const std::vector<int32_t>& window, double grad_scale, ModelTensors* grads,
-                       std::vector<double>* layer_loss) {
-    const TokenRows w = layout.token_rows(window);  // T + 1 tokens: every row has its target
+  LossSums window_loss(const Window& window, double grad_scale, ModelTensors* grads, std::vector<double>* layer_loss) {
+    const TokenRows w = layout.token_rows(window.ids, window.flags());  // T + 1 tokens; the mask's rows get −1
     ForwardContext context{
         .comm = topology.sequence(), .layout = layout, .timer = timer, .keep = config.kept};
     switch (config.stage) {
       case Stage::pretrain:
       case Stage::finetune:
-        return sequence_gradients(context, student, w.ids, w.targets, Objective::cross_entropy, grad_scale, grads);
+        return sequence_gradients(context, student, w, Objective::cross_entropy, grad_scale, grads);
       case Stage::distill:
-        return sequence_gradients(context, student, w.ids, w.targets, Objective::distillation, grad_scale, grads, teacher);
+        return sequence_gradients(context, student, w, Objective::distillation, grad_scale, grads, teacher);
       case Stage::align: {
         std::vector<double> per_layer;
         const LossSums s = alignment_gradients(context, student, *teacher, w.ids, grad_scale, grads, &per_layer);
@@ -289,7 +305,19 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
 
   const int64_t per_replica = config.batch_seqs * config.grad_accum, replicas = topology.replicas();
   const int64_t step_tokens = per_replica * replicas * config.seq_len;
-  const double grad_scale = 1.0 / static_cast<double>(step_tokens);
+  // The gradient is the mean over the step's counted targets (DESIGN.md §1.5): every rank reads the
+  // whole data, so each computes the global count of the step's windows itself, before any forward.
+  // Alignment matches every position's layer output: loss masks do not apply to it.
+  const bool masked = config.stage != Stage::align && data.masked();
+  auto step_count = [&](int64_t position) {
+    if (!masked) return step_tokens;
+    int64_t n = 0;
+    for (int64_t w = 0; w < per_replica * replicas; ++w) n += data.counted_targets(position + w);
+    return n;
+  };
+  if (lead && config.stage == Stage::align && data.masked()) {
+    log::warn("train align: the data's loss_mask is ignored: alignment matches the layer outputs at every position");
+  }
   // Model FLOPs: 3 × the student's forward, the LM head included where the loss reads logits.
   const LogitHead head = config.stage == Stage::align ? LogitHead::none : LogitHead::every_position;
   const FlopCount window_flops = training_forward_flops(mc, config.seq_len, head);
@@ -308,26 +336,84 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
   summary.first_step = first_step;
   const auto start = std::chrono::steady_clock::now();
   double busy_s = 0;
-  auto evaluate = [&](int64_t step) {
-    if (!eval) return;
-    const int64_t n = std::min(config.eval_windows, eval->count());
-    LossSums local;
-    run.timer = nullptr;  // the phases are the training step's
-    for (int64_t i = topology.replica(); i < n; i += replicas) local += run.window_loss(eval->window_in_order(i), 1.0, nullptr, nullptr);
-    run.timer = &timer;
-    const LossSums total = reduce_sums(world, local);
-    // Sequence-group ranks each counted their own tokens: the sums are already global.
-    summary.last_eval_loss = total.loss / static_cast<double>(std::max<int64_t>(total.tokens, 1));
-    if (lead) {
-      log::info("eval after step {}: loss {:.4f} over {} windows", step, summary.last_eval_loss, n);
-      jsonl << nlohmann::json{{"type", "eval"}, {"step", step}, {"eval_loss", summary.last_eval_loss}, {"windows", n}}.dump()
-            << std::endl;
+  // NIAH accuracy at the training length: the same samples at every evaluation (eval-niah's
+  // generator, seed fixed), depths spread over 0..100; each sequence group scores all of them.
+  std::vector<niah::TaskParams> niah_tasks;
+  for (const std::string& name : config.eval_niah_tasks) niah_tasks.push_back(niah::TaskParams{.task = niah::parse_task(name)});
+  for (const niah::TaskParams& p : niah_tasks) {
+    p.validate(mc.vocab_size);
+    HYDRA_USER_CHECK(p.min_length() <= config.seq_len, "--eval-niah {}: a sample needs at least {} tokens, --seq-len is {}",
+                     niah::task_name(p.task), p.min_length(), config.seq_len);
+  }
+  auto evaluate_niah = [&](int64_t step, nlohmann::json& line) {
+    if (niah_tasks.empty()) return;
+    summary.last_niah_accuracy.clear();
+    std::string text;
+    for (const niah::TaskParams& p : niah_tasks) {
+      int64_t correct = 0;
+      double logprob = 0;
+      for (int64_t i = 0; i < config.eval_niah_samples; ++i) {
+        const int64_t depth = config.eval_niah_samples > 1 ? 100 * i / (config.eval_niah_samples - 1) : 50;
+        const niah::Sample sample = niah::generate_sample(p, mc.vocab_size, kNiahEvalSeed, config.seq_len, depth, i);
+        const niah::AnswerScore score = niah::evaluate_sample(student, topology.sequence(), sample);
+        correct += score.correct ? 1 : 0;
+        logprob += score.logprob;
+      }
+      const double accuracy = static_cast<double>(correct) / static_cast<double>(config.eval_niah_samples);
+      const std::string name = niah::task_name(p.task);
+      summary.last_niah_accuracy.emplace_back(name, accuracy);
+      line["niah_" + name] = accuracy;
+      line["niah_" + name + "_logprob"] = logprob / static_cast<double>(config.eval_niah_samples);
+      text += fmt::format(" {} {:.3f}", name, accuracy);
     }
+    line["niah_samples"] = config.eval_niah_samples;
+    if (lead) log::info("eval after step {}: NIAH accuracy at {} tokens ({} samples each):{}", step, config.seq_len,
+                        config.eval_niah_samples, text);
+  };
+  auto evaluate = [&](int64_t step) {
+    if (!eval && niah_tasks.empty()) return;
+    nlohmann::json line{{"type", "eval"}, {"step", step}};
+    run.timer = nullptr;  // the phases are the training step's
+    if (eval) {
+      const int64_t n = std::min(config.eval_windows, eval->count());
+      LossSums local;
+      for (int64_t i = topology.replica(); i < n; i += replicas) local += run.window_loss(eval->window_in_order(i), 1.0, nullptr, nullptr);
+      const LossSums total = reduce_sums(world, local);
+      // Sequence-group ranks each counted their own tokens: the sums are already global.
+      summary.last_eval_loss = total.loss / static_cast<double>(std::max<int64_t>(total.tokens, 1));
+      const char* metric = config.stage == Stage::distill ? "kl" : config.stage == Stage::align ? "mse" : "cross_entropy";
+      line.update({{"eval_loss", summary.last_eval_loss}, {"eval_metric", metric}, {"windows", n}});
+      if (config.stage != Stage::align) line.update(loss_fields(total, "eval_"));
+      if (lead) log::info("eval after step {}: {} {:.4f} over {} windows{}", step, metric, summary.last_eval_loss, n,
+                          total.answer_tokens > 0 ? fmt::format(" (answers {:.4f} over {} targets)",
+                                                                total.answer_loss / static_cast<double>(total.answer_tokens),
+                                                                total.answer_tokens)
+                                                  : "");
+    }
+    evaluate_niah(step, line);
+    run.timer = &timer;
+    if (lead) jsonl << line.dump() << std::endl;
   };
 
   optimizer.zero_grads();  // and again after each step's update, for the next step (below)
   for (int64_t step = first_step; step <= last_step; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    const int64_t counted = step_count(position);
+    if (counted == 0) {  // nothing to learn from: no forward, no update, no division by zero
+      if (lead) {
+        log::warn("step {}: no target of its {} window(s) is counted (loss_mask); skipped without an update", step,
+                  per_replica * replicas);
+        jsonl << nlohmann::json{{"type", "step"}, {"step", step}, {"loss", nullptr}, {"counted_tokens", 0},
+                                {"skipped", "no counted target"}, {"data_position", position + per_replica * replicas}}
+                     .dump()
+              << std::endl;
+      }
+      position += per_replica * replicas;
+      summary.last_step = step;
+      if ((config.eval_every > 0 && step % config.eval_every == 0) || step == last_step) evaluate(step);
+      continue;
+    }
+    const double grad_scale = 1.0 / static_cast<double>(counted);
     LossSums local;
     std::vector<double> layer_loss;
     for (int64_t j = 0; j < per_replica; ++j) {
@@ -337,6 +423,8 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
     position += per_replica * replicas;
     all_reduce_gradients(world, optimizer.grads());
     const LossSums total = reduce_sums(world, local);
+    HYDRA_ASSERT(config.stage == Stage::align || total.tokens == counted, "step {}: {} targets counted, {} expected", step,
+                 total.tokens, counted);
     const double loss = total.loss / static_cast<double>(std::max<int64_t>(total.tokens, 1));
     const double grad_norm = optimizer.grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
@@ -377,6 +465,7 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
       nlohmann::json line{{"type", "step"}, {"step", step}, {"loss", loss}, {"lr", stats.lr}, {"grad_norm", grad_norm},
                           {"clip_scale", stats.clip_scale}, {"tokens", step_tokens}, {"step_s", step_s},
                           {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"data_position", position}};
+      if (config.stage != Stage::align) line.update(loss_fields(total, ""));
       // Seconds per phase of the layers (forward, recompute, backward) on rank 0; the loss head and the
       // optimizer are the rest of step_s. Concurrent FA/GDN branches overlap, so phases can sum past it.
       nlohmann::json phase_s;

@@ -52,6 +52,10 @@ struct TrainConfig {
   int64_t save_every = 0;   // 0: only at the end (and at --stop-at); -1: never (benchmarks)
   int64_t eval_every = 0;   // 0: only at the end (when eval_data is given)
   int64_t eval_windows = 8;
+  // NIAH accuracy at the training length at every evaluation (eval-niah's generator, fixed seed):
+  // the tasks (empty: none) and samples per task, spread over depths 0..100.
+  std::vector<std::string> eval_niah_tasks;
+  int64_t eval_niah_samples = 32;
   int64_t keep = 2;         // step directories kept
   TrainSet train = TrainSet::all;
   OptimizerConfig optim;
@@ -82,6 +86,7 @@ class TrainTopology {
 struct TrainSummary {
   int64_t first_step = 1, last_step = 0;
   double last_loss = 0, last_eval_loss = -1;
+  std::vector<std::pair<std::string, double>> last_niah_accuracy;  // (task, accuracy) at the last evaluation
   double seconds = 0, tokens_per_s = 0, mfu = 0;
   double step_flops = 0, lm_head_flops = 0;  // what MFU counts per step (all ranks), and its LM-head part
   double peak_memory_gib = 0;

@@ -120,7 +120,7 @@ TEST(CudaModel, KeptActivationsGiveTheRecomputedGradients) {
     ForwardContext context{
         .comm = comm, .layout = SequenceLayout::zigzag(t, 1, 0), .keep = {.gdn_outputs = keep, .projection = keep, .mlp_layers = keep ? 1 : 0}};
     ModelTensors g = gpu.zeros_like_weights(gpu.acc_dtype());
-    train::sequence_gradients(context, gpu, ids, targets, train::Objective::cross_entropy, 1.0 / t, &g);
+    train::sequence_gradients(context, gpu, TokenRows{ids, targets, {}}, train::Objective::cross_entropy, 1.0 / t, &g);
     grads[keep ? 1 : 0] = gpu.unpack(g);
   }
   for (const auto& [n, g] : grads[0]) {

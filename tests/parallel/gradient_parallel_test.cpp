@@ -8,6 +8,7 @@
 // sums: the bound is 1e-10 relative (‖g_P − g_1‖ / ‖g_1‖); a wrong halo row, a missing fold step or
 // a ring step off by one shows up as O(1e-2) or worse. A float32 run checks the production path
 // to 1e-5.
+#include <algorithm>
 #include <cmath>
 
 #include "model/model.h"
@@ -45,15 +46,27 @@ void expect_same_gradients(const NamedTensors& parallel, const NamedTensors& sin
 // Lengths the zigzag layout admits for P ranks, one with segments that are not multiples of 64.
 std::vector<int64_t> lengths_for(int p) { return admissible_lengths(p, {5, 37}); }
 
-void expect_sequence_parallel_equal_single(const ModelConfig& config, DType dtype, double tol, const std::string& what) {
+// A loss mask with runs and gaps whose counted targets fall in every zigzag segment and on segment
+// edges (runtime/token_file.h: flag i belongs to the target token i).
+std::vector<uint8_t> mask_for(int64_t t, uint64_t salt) {
+  std::vector<uint8_t> m(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) m[static_cast<size_t>(i)] = ((i + static_cast<int64_t>(salt)) % 5 < 2 || i % 11 == 0) ? 1 : 0;
+  return m;
+}
+
+enum class Masked { no, yes };
+
+void expect_sequence_parallel_equal_single(const ModelConfig& config, DType dtype, double tol, const std::string& what,
+                                           Masked masked = Masked::no) {
   MpiCommunicator& comm = world();
   const Model model(config, random_parameters(config, 31), Device::host, dtype);
   SelfCommunicator self;
   for (int64_t t : lengths_for(comm.size())) {
     const std::vector<int32_t> ids = token_ids(t, config.vocab_size, 0);
-    const train::NamedGradients single = train::next_token_gradients(self, model, ids);
-    const train::NamedGradients parallel = train::next_token_gradients(comm, model, ids);
-    EXPECT_EQ(parallel.sums.tokens, t - 1);
+    const std::vector<uint8_t> mask = masked == Masked::yes ? mask_for(t, 0) : std::vector<uint8_t>{};
+    const train::NamedGradients single = train::next_token_gradients(self, model, ids, mask);
+    const train::NamedGradients parallel = train::next_token_gradients(comm, model, ids, mask);
+    EXPECT_EQ(parallel.sums.tokens, mask.empty() ? t - 1 : std::count(mask.begin() + 1, mask.end(), 1));
     EXPECT_NEAR(parallel.sums.loss, single.sums.loss, tol * std::abs(single.sums.loss)) << what;
     expect_same_gradients(parallel.grads, single.grads, tol, what + " T=" + std::to_string(t));
   }
@@ -79,14 +92,26 @@ TEST(Gradients, TeacherEqualSingleProcessF64) {
   expect_sequence_parallel_equal_single(preset_config("qwen3-tiny"), DType::f64, 1e-10, "qwen3-tiny f64");
 }
 
+TEST(Gradients, MaskedHydraHeadEqualSingleProcessF64) {
+  expect_sequence_parallel_equal_single(preset_config("hydrahead-tiny"), DType::f64, 1e-10, "hydrahead-tiny masked f64",
+                                        Masked::yes);
+}
+
+TEST(Gradients, MaskedTeacherEqualSingleProcessF64) {
+  expect_sequence_parallel_equal_single(preset_config("qwen3-tiny"), DType::f64, 1e-10, "qwen3-tiny masked f64",
+                                        Masked::yes);
+}
+
 TEST(Gradients, HydraHeadEqualSingleProcessF32) {
   expect_sequence_parallel_equal_single(preset_config("hydrahead-tiny"), DType::f32, 1e-5, "hydrahead-tiny f32");
 }
 
 // Data × sequence parallel: P even → 2 replicas of P/2 ranks; P odd → P replicas of one rank. The
 // parallel run keeps the GDN outputs and the projection for the backward (as hydra train does when
-// they fit), the single process recomputes them: both must give the same gradients.
-TEST(Gradients, DataTimesSequenceParallelEqualSingleProcess) {
+// they fit), the single process recomputes them: both must give the same gradients. With loss masks
+// every window has its own mask and the scale is 1 / the step's global count of counted targets
+// (what hydra train divides by), known to every rank before the forward.
+void expect_data_times_sequence_parallel_equal_single(Masked masked) {
   MpiCommunicator& comm = world();
   const int p = comm.size();
   const int sp = p % 2 == 0 ? p / 2 : 1;
@@ -96,48 +121,56 @@ TEST(Gradients, DataTimesSequenceParallelEqualSingleProcess) {
   const Model model(config, random_parameters(config, 32), Device::host, DType::f64);
   const int64_t t = SequenceLayout::granularity(sp) * 9;
   const int replicas = topology.replicas();
-  const double scale = 1.0 / static_cast<double>(replicas * (t - 1));
 
-  // Window w: tokens salted by w; targets shifted by one, the last token without a target.
-  auto local_window = [&](const SequenceLayout& layout, int w, Tensor& ids, Tensor& targets) {
+  // Window w: tokens salted by w; the last token without a target; its own mask.
+  auto mask_of = [&](int w) { return masked == Masked::yes ? mask_for(t, static_cast<uint64_t>(w)) : std::vector<uint8_t>{}; };
+  auto rows_of = [&](const SequenceLayout& layout, int w) {
     const std::vector<int32_t> global = token_ids(t, config.vocab_size, static_cast<uint64_t>(w + 1));
-    ids = Tensor::empty({layout.local_length()}, DType::i32);
-    targets = Tensor::empty({layout.local_length()}, DType::i32);
-    for (const Segment& s : layout.local_segments()) {
-      for (int64_t i = 0; i < s.length; ++i) {
-        const int64_t g = s.start + i;
-        ids.data_as<int32_t>()[s.local_offset + i] = global[static_cast<size_t>(g)];
-        targets.data_as<int32_t>()[s.local_offset + i] = g + 1 < t ? global[static_cast<size_t>(g + 1)] : -1;
-      }
-    }
+    const std::vector<uint8_t> mask = mask_of(w);
+    return layout.token_rows(global, {.counted = mask, .answer = {}});
   };
+  int64_t counted = 0;
+  for (int w = 0; w < replicas; ++w) {
+    const std::vector<uint8_t> mask = mask_of(w);
+    counted += mask.empty() ? t - 1 : std::count(mask.begin() + 1, mask.end(), 1);
+  }
+  const double scale = 1.0 / static_cast<double>(counted);
 
   // One process, every window.
   SelfCommunicator self;
   ModelTensors single = model.zeros_like_weights(model.acc_dtype());
+  int64_t single_tokens = 0;
   for (int w = 0; w < replicas; ++w) {
     const SequenceLayout layout = SequenceLayout::zigzag(t, 1, 0);
-    Tensor ids, targets;
-    local_window(layout, w, ids, targets);
     ForwardContext context{.comm = self, .layout = layout};
-    train::sequence_gradients(context, model, ids, targets, train::Objective::cross_entropy, scale, &single);
+    single_tokens +=
+        train::sequence_gradients(context, model, rows_of(layout, w), train::Objective::cross_entropy, scale, &single).tokens;
   }
+  EXPECT_EQ(single_tokens, counted);
   // The world: replica r on window r, its sequence spread over its sp ranks.
   ModelTensors parallel = model.zeros_like_weights(model.acc_dtype());
   {
     Communicator& seq = topology.sequence();
     const SequenceLayout layout = SequenceLayout::zigzag(t, seq.size(), seq.rank());
-    Tensor ids, targets;
-    local_window(layout, topology.replica(), ids, targets);
     // Kept activations (layer 0 also keeps its MLP gate/up, layer 1 recomputes it) against the
     // single process, which recomputes everything: the same gradients.
     ForwardContext context{
         .comm = seq, .layout = layout, .keep = {.gdn_outputs = true, .projection = true, .mlp_layers = 1}};
-    train::sequence_gradients(context, model, ids, targets, train::Objective::cross_entropy, scale, &parallel);
+    train::sequence_gradients(context, model, rows_of(layout, topology.replica()), train::Objective::cross_entropy, scale,
+                              &parallel);
   }
   train::all_reduce_gradients(comm, parallel);
   expect_same_gradients(model.unpack(parallel), model.unpack(single), 1e-10,
-                        "data x sequence parallel (" + std::to_string(replicas) + " x " + std::to_string(sp) + ")");
+                        std::string(masked == Masked::yes ? "masked " : "") + "data x sequence parallel (" +
+                            std::to_string(replicas) + " x " + std::to_string(sp) + ")");
+}
+
+TEST(Gradients, DataTimesSequenceParallelEqualSingleProcess) {
+  expect_data_times_sequence_parallel_equal_single(Masked::no);
+}
+
+TEST(Gradients, MaskedDataTimesSequenceParallelEqualSingleProcess) {
+  expect_data_times_sequence_parallel_equal_single(Masked::yes);
 }
 
 }  // namespace

@@ -81,6 +81,7 @@ TEST(Synth, DeterministicFromTheSeeds) {
   synth::SynthConfig longer = c;
   longer.documents = 500;
   for (Kind k : synth::kAllKinds) {
+    if (k == Kind::recall) continue;  // needs reserved ids (Synth.RecallDocumentsAndAnswerMask)
     EXPECT_EQ(synth::generate_document(c, language, k, 5).ids, synth::generate_document(longer, language, k, 5).ids)
         << synth::kind_name(k);
     EXPECT_NE(synth::generate_document(c, language, k, 5).ids, synth::generate_document(c, language, k, 6).ids)
@@ -94,6 +95,91 @@ TEST(Synth, DeterministicFromTheSeeds) {
             synth::generate_document(other_language, language2, Kind::lm, 0).ids);
   EXPECT_EQ(synth::generate_document(c, language, Kind::single, 0).ids,
             synth::generate_document(other_language, language2, Kind::single, 0).ids);
+}
+
+// recall: Zoology's layout with keys and values from the reserved ranges, every key asked once and
+// answered by its own value, filler from the language only; the answers mode's loss_mask counts
+// every target of lm documents and exactly the answers of recall documents; the language never
+// emits a reserved id.
+TEST(Synth, RecallDocumentsAndAnswerMask) {
+  synth::SynthConfig c = base_config("lm:0.5,recall:0.5", 40);
+  c.seq_len = 64;
+  c.recall_tokens = 40;
+  c.recall_pairs = 8;
+  c.loss = synth::LossMask::answers;
+  const int64_t key0 = c.language_content(), value0 = key0 + 20, end = value0 + 20;
+  ASSERT_EQ(end, niah::markers_for(c.vocab_size).content);
+  const synth::Stream s = synth::generate_stream(c);
+  ASSERT_EQ(s.loss_mask.size(), s.ids.size());
+  size_t answer = 0;
+  for (int64_t d = 0; d < c.documents; ++d) {
+    const int32_t* ids = s.ids.data() + d * c.seq_len;
+    const uint8_t* mask = s.loss_mask.data() + d * c.seq_len;
+    if (s.kinds[static_cast<size_t>(d)] == Kind::lm) {
+      for (int64_t i = 0; i < c.seq_len; ++i) {
+        EXPECT_LT(ids[i], key0) << "lm document " << d << " uses a reserved id";
+        EXPECT_EQ(mask[i], 1);
+      }
+      continue;
+    }
+    std::map<int32_t, int32_t> value_of;
+    for (int64_t j = 0; j < c.recall_pairs; ++j) {
+      const int32_t k = ids[2 * j], v = ids[2 * j + 1];
+      EXPECT_TRUE(k >= key0 && k < value0) << "key " << k;
+      EXPECT_TRUE(v >= value0 && v < end) << "value " << v;
+      EXPECT_TRUE(value_of.emplace(k, v).second) << "keys repeat in document " << d;
+    }
+    std::map<int32_t, int> asked;
+    int64_t counted = 0;
+    for (int64_t i = 2 * c.recall_pairs; i < c.seq_len; ++i) {
+      if (ids[i] >= key0 && ids[i] < value0) {  // a query: its value follows and is an answer
+        ++asked[ids[i]];
+        ASSERT_LT(i + 1, c.seq_len);
+        EXPECT_EQ(ids[i + 1], value_of.at(ids[i]));
+        EXPECT_EQ(mask[i], 0);
+        EXPECT_EQ(mask[i + 1], 1);
+        ++counted;
+        ASSERT_LT(answer, s.answers.size());
+        EXPECT_EQ(s.answers[answer].start, d * c.seq_len + i + 1);
+        EXPECT_EQ(s.answers[answer].length, 1);
+        ++answer;
+        ++i;
+      } else {
+        EXPECT_LT(ids[i], key0) << "filler in document " << d;
+        EXPECT_EQ(mask[i], 0);
+      }
+    }
+    EXPECT_EQ(static_cast<int64_t>(asked.size()), c.recall_queries());
+    for (const auto& [k, n] : asked) EXPECT_EQ(n, 1) << "key " << k << " asked twice";
+    EXPECT_EQ(counted, c.recall_queries());
+    for (int64_t i = 0; i < 2 * c.recall_pairs; ++i) EXPECT_EQ(mask[i], 0);
+  }
+  EXPECT_EQ(answer, s.answers.size());
+  // Refusals: recall without reserved ids, too many pairs for them, a document too short.
+  synth::SynthConfig bad = c;
+  bad.recall_tokens = 0;
+  EXPECT_NE(error_of([&] { bad.validate(); }).find("set --recall-tokens"), std::string::npos);
+  bad = c;
+  bad.recall_pairs = 21;
+  EXPECT_NE(error_of([&] { bad.validate(); }).find("distinct keys"), std::string::npos);
+  bad = c;
+  bad.recall_pairs = 20;
+  bad.seq_len = 40;
+  EXPECT_NE(error_of([&] { bad.validate(); }).find("too short for recall"), std::string::npos);
+  bad = c;
+  bad.recall_tokens = 7;
+  EXPECT_NE(error_of([&] { bad.validate(); }).find("must be even"), std::string::npos);
+}
+
+// The answers mode for NIAH-style kinds: only the answer span of each retrieval document counts.
+TEST(Synth, AnswerMaskOfNiahDocuments) {
+  synth::SynthConfig c = base_config("single:0.5,mqar:0.5", 20);
+  c.loss = synth::LossMask::answers;
+  const synth::Stream s = synth::generate_stream(c);
+  std::vector<uint8_t> expected(s.ids.size(), 0);
+  for (const synth::Span& a : s.answers) std::fill(expected.begin() + a.start, expected.begin() + a.start + a.length, 1);
+  EXPECT_EQ(s.loss_mask, expected);
+  EXPECT_TRUE(synth::generate_stream(base_config("single", 3)).loss_mask.empty()) << "LossMask::all writes no mask";
 }
 
 TEST(Synth, LayoutMatchesTrainingWindows) {
@@ -114,7 +200,7 @@ TEST(Synth, LayoutMatchesTrainingWindows) {
   ASSERT_EQ(windows.count(), c.documents);
   const synth::MarkovSource language(c.language, niah::markers_for(c.vocab_size).content);
   for (int64_t k : {int64_t{0}, int64_t{17}, c.documents - 1}) {
-    const std::vector<int32_t> w = windows.window_in_order(k);
+    const std::vector<int32_t> w = windows.window_in_order(k).ids;
     const synth::Document d = synth::generate_document(c, language, s.kinds[static_cast<size_t>(k)], k);
     EXPECT_TRUE(std::equal(d.ids.begin(), d.ids.end(), w.begin()));
   }
