@@ -96,6 +96,9 @@ def main():
     a = p.parse_args()
     global DEVICE
     DEVICE = a.device
+    # The float32 references in true float32: no TF32 in GEMMs or cuDNN convolutions.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     with h5py.File(a.tokens, "r") as f:
         ids = torch.from_numpy(f["input_ids"][...].astype(np.int64)).to(DEVICE)
     fla = DEVICE == "cuda" and hydrahead._fla_chunk() is not None
