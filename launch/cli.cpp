@@ -33,7 +33,8 @@ std::string option_text(const po::variable_value& v) {
 const std::vector<Subcommand>& subcommands() {
   static const std::vector<Subcommand> commands = {
       {"init", "write a randomly initialised model of a preset shape", run_init},
-      {"import", "convert a Hugging Face Qwen3 checkpoint folder to a hydra checkpoint", run_import},
+      {"import", "convert a Hugging Face folder (Qwen3, or a hydra export) to a hydra checkpoint", run_import},
+      {"export", "write a checkpoint as a Hugging Face folder (config.json + safetensors) for PyTorch tools", run_export},
       {"info", "print a checkpoint's config and parameter summary", run_info},
       {"forward", "run the forward pass: mean next-token NLL, logits (CPU or GPU, sequence parallel under mpirun)", run_forward},
       {"convert", "convert a Qwen3 teacher into a HydraHead model (DESIGN.md §1.3)", run_convert},

@@ -60,6 +60,7 @@ void add_model_fields(RunFingerprint& fingerprint, const ModelConfig& config, De
 // Subcommand entry points (launch/cmd_*.cpp).
 int run_init(App& app, const std::vector<std::string>& args);
 int run_import(App& app, const std::vector<std::string>& args);
+int run_export(App& app, const std::vector<std::string>& args);
 int run_info(App& app, const std::vector<std::string>& args);
 int run_forward(App& app, const std::vector<std::string>& args);
 int run_convert(App& app, const std::vector<std::string>& args);

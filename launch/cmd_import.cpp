@@ -1,4 +1,5 @@
-// hydra import: a Hugging Face Qwen3 checkpoint folder to a hydra checkpoint.
+// hydra import: a Hugging Face folder (a Qwen3 checkpoint, or a `hydra export` of a teacher or a
+// hybrid) to a hydra checkpoint.
 #include "launch/cli.h"
 #include "model/hf_import.h"
 #include "model/params.h"
@@ -15,7 +16,7 @@ struct ImportOptions {
 
   void bind(po::options_description& o) {
     o.add_options()
-        ("hf", po::value(&hf_dir)->required(), "HF checkpoint folder (config.json + *.safetensors, sharded or not)")
+        ("hf", po::value(&hf_dir)->required(), "HF folder (config.json + *.safetensors, sharded or not): a Qwen3 checkpoint or a hydra export (qwen3 or hydrahead)")
         ("out", po::value(&out)->required(), "checkpoint to write (.h5), written atomically")
         ("dtype", po::value(&dtype)->default_value("f32"), "stored element type: f32 or bf16");
   }

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/hf_export.h"
 #include "model/params.h"
 #include "runtime/atomic_file.h"
 #include "runtime/safetensors.h"
@@ -51,18 +52,30 @@ double rope_theta_of(const nlohmann::json& hf, const std::string& source) {
 
 ModelConfig config_from_hf_json(const nlohmann::json& hf, const std::string& source) {
   ModelConfig c;
+  HYDRA_USER_CHECK(hf.is_object(), "{}: not a JSON object", source);
   try {
     const std::string type = value_or<std::string>(hf, "model_type", "");
-    HYDRA_USER_CHECK(type == "qwen3", "{}: model_type '{}' is not supported (hydra imports Qwen3 checkpoints)", source,
-                     type);
+    HYDRA_USER_CHECK(type == "qwen3" || type == kHydraHeadModelType,
+                     "{}: model_type '{}' is not supported (hydra imports qwen3 and hydrahead folders)", source, type);
     HYDRA_USER_CHECK(!value_or<bool>(hf, "attention_bias", false), "{}: attention_bias = true is not supported",
                      source);
     HYDRA_USER_CHECK(!value_or<bool>(hf, "use_sliding_window", false), "{}: sliding-window attention is not supported",
                      source);
     const std::string act = value_or<std::string>(hf, "hidden_act", "silu");
     HYDRA_USER_CHECK(act == "silu", "{}: hidden_act '{}' is not supported (silu only)", source, act);
+    if (type == kHydraHeadModelType) {
+      // An export of a hybrid (model/hf_export.h): its keys are hydra's own config keys, every one
+      // present; config_from_json reads and bounds them (the FA head lists included).
+      const int64_t version = json_integer(hf.at("hydrahead_version"), fmt::format("{}: hydrahead_version", source));
+      HYDRA_USER_CHECK(version >= 1 && version <= kHydraHeadExportVersion,
+                       "{}: hydrahead_version {} is not supported (this hydra reads version {})", source, version,
+                       kHydraHeadExportVersion);
+      nlohmann::json own = hf;
+      own["arch"] = arch_name(Arch::hydrahead);
+      own["rope_theta"] = rope_theta_of(hf, source);
+      return config_from_json(own, source);
+    }
     c.arch = Arch::qwen3;
-    HYDRA_USER_CHECK(hf.is_object(), "{}: not a JSON object", source);
     const auto integer = [&](const char* key, int64_t fallback, bool required) {
       const auto it = hf.find(key);
       if (it == hf.end() || it->is_null()) {

@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <bit>
+#include <cerrno>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -149,6 +151,77 @@ Tensor SafetensorsFile::read(const std::string& name, DType dtype) const {
     }
   }
   return out;
+}
+
+// ---- Writer ---------------------------------------------------------------------------------------
+
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian: host bytes are written as they are");
+
+std::string safetensors_dtype(DType dtype) {
+  HYDRA_ASSERT(dtype == DType::f32 || dtype == DType::bf16, "safetensors write of {}", dtype_name(dtype));
+  return dtype == DType::f32 ? "F32" : "BF16";
+}
+
+uint64_t safetensors_bytes(DType dtype, const std::vector<int64_t>& shape) {
+  const int64_t n = checked_numel(shape);
+  HYDRA_ASSERT(n >= 0, "safetensors tensor of shape {}", format_shape(shape));
+  return static_cast<uint64_t>(n) * dtype_size(dtype);
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<SafetensorsTensorSpec> tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), tensors_(std::move(tensors)) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  for (const SafetensorsTensorSpec& t : tensors_) {
+    HYDRA_ASSERT(!t.name.empty() && t.name != "__metadata__" && !header.contains(t.name), "safetensors tensor name '{}'",
+                 t.name);
+    const uint64_t bytes = safetensors_bytes(t.dtype, t.shape);
+    header[t.name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape},
+                      {"data_offsets", {data_bytes_, data_bytes_ + bytes}}};
+    data_bytes_ += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data section 8-byte aligned (8 + header length)
+  file_ = std::fopen(path_.c_str(), "wb");
+  HYDRA_USER_CHECK(file_ != nullptr, "{}: cannot create ({})", destination_of(path_), std::strerror(errno));
+  unsigned char length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  HYDRA_USER_CHECK(std::fwrite(length, 1, 8, file_) == 8 && std::fwrite(text.data(), 1, text.size(), file_) == text.size(),
+                   "{}: writing failed (disk full or over a file size limit?)", destination_of(path_));
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void SafetensorsWriter::write(const TensorView& tensor) {
+  HYDRA_ASSERT(file_ != nullptr && next_ < tensors_.size(), "{}: more tensors written than declared", path_);
+  const SafetensorsTensorSpec& spec = tensors_[next_];
+  HYDRA_ASSERT(tensor.on_host() && tensor.dtype() == spec.dtype &&
+                   std::equal(spec.shape.begin(), spec.shape.end(), tensor.shape().begin(), tensor.shape().end()),
+               "{}: tensor '{}' written as {} {}, declared {} {}", path_, spec.name, dtype_name(tensor.dtype()),
+               tensor.shape_string(), dtype_name(spec.dtype), format_shape(spec.shape));
+  Tensor contiguous;
+  const TensorView* src = &tensor;
+  if (!tensor.is_contiguous()) {
+    contiguous = clone(tensor);
+    src = &contiguous.view();
+  }
+  HYDRA_USER_CHECK(std::fwrite(src->data(), 1, src->nbytes(), file_) == src->nbytes(),
+                   "{}: writing tensor '{}' failed (disk full or over a file size limit?)", destination_of(path_),
+                   spec.name);
+  ++next_;
+}
+
+void SafetensorsWriter::close() {
+  HYDRA_ASSERT(file_ != nullptr && next_ == tensors_.size(), "{}: {} of {} declared tensors written", path_, next_,
+               tensors_.size());
+  const bool flushed = std::fflush(file_) == 0;
+  const bool closed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  HYDRA_USER_CHECK(flushed && closed, "{}: writing failed (disk full or over a file size limit?)",
+                   destination_of(path_));
 }
 
 }  // namespace hydra

@@ -40,7 +40,7 @@ class Cli : public ::testing::Test {
 TEST_F(Cli, HelpForEveryCommand) {
   const CommandResult top = hydra("--help");
   EXPECT_EQ(top.exit_code, 0);
-  for (const char* cmd : {"init", "import", "info", "forward", "convert"}) {
+  for (const char* cmd : {"init", "import", "export", "info", "forward", "convert"}) {
     EXPECT_NE(top.output.find(cmd), std::string::npos) << cmd;
     const CommandResult r = hydra(std::string(cmd) + " --help");
     EXPECT_EQ(r.exit_code, 0) << cmd << ": " << r.output;

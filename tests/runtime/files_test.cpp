@@ -1,5 +1,6 @@
 // HDF5 checkpoints and safetensors: round trips, atomic writes, and the errors a user sees for
 // bad files (missing, not HDF5, wrong format, newer version, truncated safetensors).
+#include <cstring>
 #include <fstream>
 
 #include "runtime/atomic_file.h"
@@ -129,6 +130,45 @@ TEST(Safetensors, ReadsConvertsAndRejectsTruncation) {
             std::string::npos);
   std::ofstream(dir.file("tiny.safetensors")) << "abc";
   EXPECT_NE(error_of([&] { SafetensorsFile s(dir.file("tiny.safetensors")); }).find("truncated"), std::string::npos);
+}
+
+// The writer: what it writes the reader reads back bit for bit (a strided view included), the data
+// section starts at a multiple of 8, and the bytes are laid out as the format says.
+TEST(Safetensors, WriterRoundTripsAndAligns) {
+  TempDir dir;
+  const Tensor a = random_tensor({3, 5}, 11);
+  const Tensor b = to(random_tensor({7}, 12), Device::host, DType::bf16);
+  const Tensor c = random_tensor({4, 6}, 13);
+  const int64_t shape_t[2] = {6, 4}, strides_t[2] = {1, 6};
+  const TensorView c_t(c.data(), DType::f32, Device::host, shape_t, strides_t);  // c transposed: not contiguous
+  const std::string path = dir.file("w.safetensors");
+  {
+    SafetensorsWriter w(path, {{"a", DType::f32, {3, 5}}, {"b", DType::bf16, {7}}, {"c_t", DType::f32, {6, 4}}},
+                        {{"format", "pt"}});
+    w.write(a);
+    w.write(b);
+    w.write(c_t);
+    EXPECT_EQ(w.data_bytes(), 15u * 4 + 7 * 2 + 24 * 4);
+    w.close();
+  }
+  const SafetensorsFile f(path);
+  EXPECT_EQ(f.entries().at("b").dtype, "BF16");
+  EXPECT_EQ(f.entries().at("b").begin, 60u);
+  EXPECT_EQ(f.entries().at("c_t").shape, (std::vector<int64_t>{6, 4}));
+  expect_close(f.read("a", DType::f32), a, 0.0, "f32");
+  const Tensor rb = f.read("b", DType::bf16);
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(rb.data_as<bf16>()[i].bits, b.data_as<bf16>()[i].bits);
+  expect_close(f.read("c_t", DType::f32), clone(c_t), 0.0, "strided view");
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  EXPECT_EQ((8 + n) % 8, 0u);
+  EXPECT_EQ(bytes[8], '{');
+  EXPECT_EQ(bytes.size(), 8 + n + 15 * 4 + 7 * 2 + 24 * 4);
+  float first = 0;
+  std::memcpy(&first, bytes.data() + 8 + n, 4);  // raw little-endian data right after the header
+  EXPECT_EQ(first, a.data_as<float>()[0]);
 }
 
 TEST(TokenFile, ValidatesIdsAndShape) {

@@ -19,6 +19,7 @@
 #include <random>
 
 #include "model/fa_heads_file.h"
+#include "model/hf_export.h"
 #include "model/hf_import.h"
 #include "model/model.h"
 #include "model/eval/niah_set.h"
@@ -311,6 +312,17 @@ TEST_F(FuzzReaders, HfCheckpointFolder) {
   expect_clean(fuzz(dir_.file("model.safetensors.index.json"), index.dump(1), 8, 600, true,
                     [&] { import_hf_checkpoint(folder); }),
                "HF index");
+}
+
+// A hybrid's folder as `hydra export` writes it (model_type hydrahead): its config.json mutated.
+TEST_F(FuzzReaders, HydraHeadExportFolder) {
+  const ModelConfig c = fuzz_config(Arch::hydrahead);
+  const std::string model = dir_.file("m.h5"), folder = dir_.file("hf");
+  write_model_checkpoint(model, c, random_parameters(c, 5));
+  export_hf_checkpoint(model, folder, {});
+  const Bytes seed = read_all(folder + "/config.json");
+  expect_clean(fuzz(folder + "/config.json", seed, 9, 800, true, [&] { import_hf_checkpoint(folder); }),
+               "hydrahead config.json");
 }
 
 }  // namespace

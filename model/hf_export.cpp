@@ -1,0 +1,223 @@
+#include "model/hf_export.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <system_error>
+
+#include <unistd.h>
+
+#include "model/nonfinite.h"
+#include "model/params.h"
+#include "runtime/atomic_file.h"
+#include "runtime/checkpoint.h"
+#include "runtime/fault.h"
+#include "runtime/safetensors.h"
+
+namespace hydra {
+namespace fs = std::filesystem;
+
+namespace {
+
+// "out/" and "out" name the same folder; the temporary and the rename need its last component.
+fs::path folder_path(const std::string& out_dir) {
+  fs::path p = fs::path(out_dir).lexically_normal();
+  if (p.filename().empty() && p.has_parent_path()) p = p.parent_path();
+  return p;
+}
+
+std::string shard_name(size_t index, size_t count) {
+  return count == 1 ? "model.safetensors" : fmt::format("model-{:05d}-of-{:05d}.safetensors", index + 1, count);
+}
+
+// Tensors in parameter order, cut into shards: a shard closes before a tensor would take it past
+// `max_bytes` (a tensor larger than that gets a shard of its own), as transformers shards.
+std::vector<std::vector<SafetensorsTensorSpec>> plan_shards(const std::vector<SafetensorsTensorSpec>& tensors,
+                                                             int64_t max_bytes) {
+  std::vector<std::vector<SafetensorsTensorSpec>> shards(1);
+  uint64_t used = 0;
+  for (const SafetensorsTensorSpec& t : tensors) {
+    const uint64_t bytes = safetensors_bytes(t.dtype, t.shape);
+    if (!shards.back().empty() && used + bytes > static_cast<uint64_t>(max_bytes)) {
+      shards.emplace_back();
+      used = 0;
+    }
+    shards.back().push_back(t);
+    used += bytes;
+  }
+  return shards;
+}
+
+void write_json(const fs::path& path, const nlohmann::json& json) {
+  std::ofstream out(path, std::ios::binary);
+  out << json.dump(2) << "\n";
+  out.flush();
+  HYDRA_USER_CHECK(out.good(), "{}: writing failed (disk full or over a file size limit?)", destination_of(path.string()));
+}
+
+}  // namespace
+
+nlohmann::json hf_config_json(const ModelConfig& c, DType dtype, int64_t max_position_embeddings) {
+  // The keys and spelling of a Qwen3 config.json as transformers writes it. rope_theta sits at the
+  // top level, which transformers 4.x reads and 5.x converts to its rope_parameters; no rope_scaling
+  // key (absent means the default rotary embedding in both, and 5.x warns about the key).
+  nlohmann::json j = {
+      {"architectures", {c.is_hydra() ? kHydraHeadArchitecture : "Qwen3ForCausalLM"}},
+      {"model_type", c.is_hydra() ? kHydraHeadModelType : "qwen3"},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"head_dim", c.head_dim},
+      {"hidden_act", "silu"},
+      {"hidden_size", c.hidden_size},
+      {"initializer_range", 0.02},
+      {"intermediate_size", c.intermediate_size},
+      {"max_position_embeddings", max_position_embeddings},
+      {"max_window_layers", c.num_layers},
+      {"num_attention_heads", c.num_heads},
+      {"num_hidden_layers", c.num_layers},
+      {"num_key_value_heads", c.num_kv_heads},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"rope_theta", c.rope_theta},
+      {"sliding_window", nullptr},
+      {"tie_word_embeddings", c.tie_word_embeddings},
+      {"torch_dtype", dtype == DType::bf16 ? "bfloat16" : "float32"},
+      {"use_cache", true},
+      {"use_sliding_window", false},
+      {"vocab_size", c.vocab_size},
+  };
+  if (c.is_hydra()) {
+    j["hydrahead_version"] = kHydraHeadExportVersion;
+    j["fa_heads"] = c.fa_heads;
+    j["fa_log_base"] = c.fa_log_base;
+    j["conv_kernel"] = c.conv_kernel;
+    j["l2_norm_eps"] = c.l2_norm_eps;
+  }
+  return j;
+}
+
+std::vector<std::string> tokenizer_files_in(const std::string& directory) {
+  std::error_code ec;
+  HYDRA_USER_CHECK(fs::is_directory(directory, ec), "{}: tokenizer folder does not exist", directory);
+  std::vector<std::string> found;
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                           "merges.txt", "added_tokens.json", "tokenizer.model", "chat_template.jinja",
+                           "generation_config.json"}) {
+    if (fs::is_regular_file(fs::path(directory) / name, ec)) found.push_back(name);
+  }
+  const bool has_tokenizer = std::any_of(found.begin(), found.end(), [](const std::string& f) {
+    return f == "tokenizer.json" || f == "tokenizer_config.json" || f == "tokenizer.model";
+  });
+  HYDRA_USER_CHECK(has_tokenizer, "{}: no tokenizer.json, tokenizer_config.json or tokenizer.model in the tokenizer folder",
+                   directory);
+  return found;
+}
+
+void check_export_destination(const std::string& out_dir) {
+  HYDRA_USER_CHECK(!out_dir.empty(), "no export folder given");
+  const fs::path dir = folder_path(out_dir);
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    HYDRA_USER_CHECK(fs::is_directory(dir, ec), "{}: exists and is not a folder", out_dir);
+    HYDRA_USER_CHECK(fs::is_empty(dir, ec), "{}: folder exists and is not empty (export writes a new folder: remove it "
+                     "or choose another --out)", out_dir);
+  }
+  // The temporary folder is created beside the destination: its parent must take new entries.
+  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+  HYDRA_USER_CHECK(fs::is_directory(parent, ec), "{}: directory {} for the export folder does not exist", out_dir,
+                   parent.string());
+  HYDRA_USER_CHECK(access(parent.c_str(), W_OK) == 0, "{}: directory {} for the export folder is not writable", out_dir,
+                   parent.string());
+}
+
+HfExportResult export_hf_checkpoint(const std::string& checkpoint, const std::string& out_dir,
+                                    const HfExportOptions& options) {
+  HYDRA_USER_CHECK(options.max_shard_bytes > 0, "the shard size must be positive (got {})", options.max_shard_bytes);
+  check_export_destination(out_dir);
+  std::vector<std::string> tokenizer;
+  if (!options.tokenizer_dir.empty()) tokenizer = tokenizer_files_in(options.tokenizer_dir);
+
+  // Every check on the checkpoint before anything is written: names, shapes, stored types.
+  const CheckpointReader reader(checkpoint);
+  HfExportResult result;
+  result.config = read_model_config(checkpoint);
+  const std::vector<ParamSpec> specs = parameter_specs(result.config);
+  bool all_bf16 = true;
+  std::set<std::string> expected;
+  for (const ParamSpec& spec : specs) {
+    expected.insert(spec.name);
+    HYDRA_USER_CHECK(reader.contains(spec.name), "{}: tensor '{}' is missing", checkpoint, spec.name);
+    const DatasetInfo info = reader.info(spec.name);
+    HYDRA_USER_CHECK(info.dtype == DType::f32 || info.dtype == DType::bf16,
+                     "{}: tensor '{}' is {}, expected float32 or bfloat16", checkpoint, spec.name, dtype_name(info.dtype));
+    HYDRA_USER_CHECK(info.shape == spec.shape, "{}: tensor '{}' has shape {}, the config needs {}", checkpoint,
+                     spec.name, format_shape(info.shape), format_shape(spec.shape));
+    all_bf16 = all_bf16 && info.dtype == DType::bf16;
+  }
+  for (const std::string& name : reader.names()) {
+    HYDRA_USER_CHECK(expected.count(name), "{}: unexpected tensor '{}' for this config", checkpoint, name);
+  }
+  result.dtype = options.dtype.value_or(all_bf16 ? DType::bf16 : DType::f32);
+  HYDRA_USER_CHECK(result.dtype == DType::f32 || result.dtype == DType::bf16, "export dtype must be f32 or bf16");
+
+  std::vector<SafetensorsTensorSpec> tensors;
+  for (const ParamSpec& spec : specs) tensors.push_back({spec.name, result.dtype, spec.shape});
+  const auto shards = plan_shards(tensors, options.max_shard_bytes);
+
+  // The folder is built under `.NAME.tmp-PID` beside the destination (removed on SIGTERM/SIGINT
+  // while registered, swept by the next export after a kill -9) and renamed when complete.
+  const fs::path dest = folder_path(out_dir);
+  const fs::path parent = dest.has_parent_path() ? dest.parent_path() : fs::path(".");
+  sweep_stale_temporaries(parent.string(), dest.filename().string());
+  const fs::path temp = temporary_path_for(dest.string());
+  fs::remove_all(temp);
+  ScopedTemporary registration(temp.string(), ScopedTemporary::Kind::directory);
+  std::error_code ec;
+  fs::create_directory(temp, ec);
+  HYDRA_USER_CHECK(!ec, "{}: cannot create the export folder ({})", out_dir, ec.message());
+  try {
+    nlohmann::json weight_map = nlohmann::json::object();
+    const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+    for (size_t s = 0; s < shards.size(); ++s) {
+      const std::string name = shard_name(s, shards.size());
+      SafetensorsWriter writer((temp / name).string(), shards[s], metadata);
+      for (const SafetensorsTensorSpec& t : shards[s]) {
+        // f32 -> bf16 rounds to nearest even (runtime/dtype.h); bf16 -> bf16 and f32 -> f32 copy the
+        // stored bits; bf16 -> f32 is exact.
+        NamedTensors one;
+        one.emplace(t.name, reader.read(t.name, result.dtype));
+        if (options.nonfinite == NonFinite::refuse) check_finite_parameters(one, checkpoint);
+        writer.write(one.at(t.name));
+        weight_map[t.name] = name;
+        ++result.tensors;
+      }
+      writer.close();
+      result.tensor_bytes += writer.data_bytes();
+      result.files.push_back(name);
+      maybe_inject_fault("save");
+    }
+    if (shards.size() > 1) {
+      write_json(temp / "model.safetensors.index.json",
+                 {{"metadata", {{"total_size", result.tensor_bytes}}}, {"weight_map", weight_map}});
+      result.files.push_back("model.safetensors.index.json");
+    }
+    write_json(temp / "config.json", hf_config_json(result.config, result.dtype, options.max_position_embeddings));
+    result.files.push_back("config.json");
+    for (const std::string& f : tokenizer) {
+      fs::copy_file(fs::path(options.tokenizer_dir) / f, temp / f, ec);
+      HYDRA_USER_CHECK(!ec, "{}: cannot copy into the export ({})", (fs::path(options.tokenizer_dir) / f).string(),
+                       ec.message());
+      result.files.push_back(f);
+    }
+    // rename(2) replaces an empty directory; one that filled up meanwhile makes it fail.
+    fs::rename(temp, dest, ec);
+    HYDRA_USER_CHECK(!ec, "{}: cannot move the finished export into place ({})", out_dir, ec.message());
+  } catch (...) {
+    fs::remove_all(temp, ec);
+    throw;
+  }
+  registration.release();
+  return result;
+}
+
+}  // namespace hydra
