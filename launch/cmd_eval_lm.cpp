@@ -89,8 +89,11 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
   train::LossSums local;
   for (int64_t i = 0; i < n; ++i) {
     const train::Window window = data.window_in_order(i);
-    const TokenRows w = layout.token_rows(window.ids, window.flags());  // T + 1 tokens; loss_mask's rows get −1
-    ForwardContext context{.comm = comm, .layout = layout};
+    // The window's own layout: the document boundaries that fall inside it (DESIGN.md §3.6).
+    const SequenceLayout window_layout =
+        SequenceLayout::zigzag(seq_len, app.world.size(), app.world.rank(), window.document_starts);
+    const TokenRows w = window_layout.token_rows(window.ids, window.flags());  // T + 1 tokens; loss_mask's rows get −1
+    ForwardContext context{.comm = comm, .layout = window_layout};
     local += train::sequence_gradients(context, model, w, train::Objective::cross_entropy, 1.0, nullptr);
   }
   // Each rank summed its own tokens: one reduction gives the global token-weighted mean.

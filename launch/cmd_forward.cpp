@@ -75,13 +75,16 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   const ModelConfig config = opt.model.config();
   std::vector<int32_t> ids;
   std::vector<uint8_t> counted;  // the input's loss_mask (empty: every target counts)
+  std::vector<int64_t> starts;   // its packed documents (empty: one)
   if (!opt.input.empty()) {
     TokenData data = read_token_data(opt.input, config.vocab_size);
+    starts = document_starts_of(data);
+    if (!starts.empty()) counted = counted_within_documents(data.loss_mask, static_cast<int64_t>(data.ids.size()), starts);
+    else counted = std::move(data.loss_mask);
     ids = std::move(data.ids);
-    counted = std::move(data.loss_mask);
   }
   const int64_t total = opt.input.empty() ? parse_size(opt.seq_len, "--seq-len") : static_cast<int64_t>(ids.size());
-  const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
+  const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank(), starts);
   const int64_t t_local = layout.local_length(), vocab = config.vocab_size;
   const Device device = resolve_device(opt.device, app.mpi);
   const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;

@@ -79,7 +79,8 @@ int run_gradients(App& app, const std::vector<std::string>& args) {
   const auto t0 = std::chrono::steady_clock::now();
   const Model model = opt.model.build(world.device, dtype, app.kernels);
   const auto t1 = std::chrono::steady_clock::now();
-  const train::NamedGradients g = train::next_token_gradients(*world.comm, model, ids, data.loss_mask);
+  const train::NamedGradients g =
+      train::next_token_gradients(*world.comm, model, ids, data.loss_mask, document_starts_of(data));
   check_device_progress(world);
   const auto t2 = std::chrono::steady_clock::now();
   const double loss = g.sums.loss / static_cast<double>(g.sums.tokens);

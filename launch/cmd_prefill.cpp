@@ -85,15 +85,19 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
   const ModelConfig config = opt.model.config();
   const int64_t total = parse_size(opt.seq_len, "--seq-len");
   std::vector<int32_t> ids;
+  std::vector<int64_t> starts;  // the first --seq-len tokens' packed documents (empty: one)
   if (!opt.input.empty()) {
-    ids = read_token_file(opt.input, config.vocab_size);
+    TokenData data = read_token_data(opt.input, config.vocab_size);
+    ids = std::move(data.ids);
     HYDRA_USER_CHECK(static_cast<int64_t>(ids.size()) >= total, "{}: holds {} tokens, --seq-len asks for {}", opt.input,
                      ids.size(), total);
     ids.resize(static_cast<size_t>(total));
+    for (int64_t s : document_starts_of(data))
+      if (s < total) starts.push_back(s);
   }
   const Device device = resolve_device(opt.device, app.mpi);
   const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
-  const SequenceLayout layout = SequenceLayout::zigzag(total, app.world.size(), app.world.rank());
+  const SequenceLayout layout = SequenceLayout::zigzag(total, app.world.size(), app.world.rank(), starts);
   const int64_t t_local = layout.local_length();
 
   // Memory plan, before any allocation: the GPU's free memory, or the host's on the CPU path.

@@ -17,7 +17,7 @@ namespace hydra {
 namespace {
 
 struct SynthOptions {
-  std::string task, tokens, seq_len, out, value_length = "2..4", loss = "all";
+  std::string task, tokens, seq_len, out, value_length = "2..4", loss = "all", doc_length;
   int64_t vocab = 0, key_length = 2, distractors = 3, values = 3, mqar_pairs = 8, mqar_queries = 0;
   int64_t recall_tokens = 0, recall_pairs = 16;
   uint64_t seed = 0;
@@ -44,6 +44,7 @@ struct SynthOptions {
         ("mqar-queries", po::value(&mqar_queries)->default_value(0), "mqar: queries per document (0: one per pair)")
         ("recall-tokens", po::value(&recall_tokens)->default_value(0), "content ids reserved for recall keys (lower half) and values (upper half), taken from the top of the content range and removed from the language; recall documents need it")
         ("recall-pairs", po::value(&recall_pairs)->default_value(16), "recall: key-value pairs per document (each key then asked once while the document has room)")
+        ("doc-length", po::value(&doc_length), "MIN..MAX: a packed stream of documents whose lengths are drawn from [MIN, MAX], marked by document_offsets (each runs as if alone); default: every document --seq-len tokens")
         ("loss", po::value(&loss)->default_value("all"), "all (no loss_mask) | answers (a loss_mask counting every target of lm documents and only the answers of retrieval documents)");
   }
 
@@ -68,6 +69,17 @@ struct SynthOptions {
     c.retrieval.values = values;
     c.mqar_pairs = mqar_pairs;
     c.mqar_queries = mqar_queries;
+    if (!doc_length.empty()) {
+      const size_t dd = doc_length.find("..");
+      const std::vector<int64_t> lo = parse_int_list(dd == std::string::npos ? doc_length : doc_length.substr(0, dd), "--doc-length");
+      const std::vector<int64_t> hi = parse_int_list(dd == std::string::npos ? doc_length : doc_length.substr(dd + 2), "--doc-length");
+      HYDRA_USER_CHECK(lo.size() == 1 && hi.size() == 1, "--doc-length: '{}' is not N or MIN..MAX", doc_length);
+      c.doc_length_min = lo[0];
+      c.doc_length_max = hi[0];
+      HYDRA_USER_CHECK(c.doc_length_min >= 2 && c.doc_length_max >= c.doc_length_min,
+                       "--doc-length {}: need 2 ≤ MIN ≤ MAX", doc_length);
+      c.documents = parse_size(tokens, "--tokens") / ((c.doc_length_min + c.doc_length_max) / 2);
+    }
     c.recall_tokens = recall_tokens;
     c.recall_pairs = recall_pairs;
     HYDRA_USER_CHECK(loss == "all" || loss == "answers", "--loss must be all or answers (got '{}')", loss);

@@ -81,7 +81,7 @@ struct TrainOptions {
         ("warmup", po::value(&warmup)->default_value(-1), "linear warmup steps (default: 5% of --steps, at most 100)")
         ("weight-decay", po::value(&weight_decay)->default_value(-1), "AdamW decoupled weight decay, not on norms, gates, A_log, dt_bias, gamma (default: pretrain 0.1, others 0.01)")
         ("grad-clip", po::value(&grad_clip)->default_value(1.0), "clip the global gradient norm to this (0: off)")
-        ("batch-seqs", po::value(&batch_seqs)->default_value(1), "windows per micro-batch per data-parallel replica")
+        ("batch-seqs", po::value(&batch_seqs)->default_value(1), "windows per micro-batch per data-parallel replica, packed into one sequence (each window its own document: the same math as one at a time, one long sequence for the GPU; memory grows with it)")
         ("grad-accum", po::value(&grad_accum)->default_value(1), "micro-batches accumulated per step (the loss is the mean over all their tokens)")
         ("seed", po::value(&seed)->default_value(0), "seed of the data order")
         ("save-every", po::value(&save_every)->default_value(0), "checkpoint every N steps (0: only at the end; -1: never, for benchmarks)")
@@ -196,7 +196,8 @@ int run_train(App& app, const std::vector<std::string>& args) {
   train::TrainTopology topology(*world.comm, c.sp);
   SequenceLayout::zigzag(c.seq_len, topology.sp(), topology.sequence().rank());  // admissible length?
   const auto plan = [&](KeptActivations keep) {
-    return estimate_training_memory(student_config, c.seq_len / topology.sp(), topology.sp(),
+    // A micro-batch's windows run packed as one sequence: batch_seqs · seq_len tokens over sp ranks.
+    return estimate_training_memory(student_config, c.batch_seqs * c.seq_len / topology.sp(), topology.sp(),
                                     teacher_config ? &*teacher_config : nullptr, world.device,
                                     c.stage == train::Stage::align, keep);
   };

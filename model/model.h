@@ -175,7 +175,8 @@ class Model {
   // The forward's parts, for training and for callers that start or stop at a layer boundary:
   // forward = final_norm(layer_{L−1}(…layer_0(embed(ids)))).
   Tensor embed(const TensorView& ids) const;                      // residual stream [T_loc, D]
-  Tensor positions(const SequenceLayout& layout) const;           // global positions [T_loc] int64
+  // RoPE positions [T_loc] int64: global positions, restarting at every packed document's start.
+  Tensor positions(const SequenceLayout& layout) const;
   // x [T_loc, D] ← layer(x) in place; `saved` (optional) receives what the backward needs.
   void layer_forward(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x,
                      LayerSaved* saved = nullptr) const;

@@ -42,7 +42,9 @@ ops::AttentionParams Model::attention_params(int64_t layer) const {
 }
 
 Tensor Model::positions(const SequenceLayout& layout) const {
-  const std::vector<int64_t> pos = layout.local_positions();
+  // RoPE's positions: within each packed document (the global positions without documents); masks
+  // and τ take the document bounds from the layout themselves.
+  const std::vector<int64_t> pos = layout.local_document_positions();
   return to_device(TensorView(const_cast<int64_t*>(pos.data()), DType::i64, Device::host,
                               {static_cast<int64_t>(pos.size())}),
                    device_);

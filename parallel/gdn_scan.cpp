@@ -1,5 +1,6 @@
 #include "parallel/gdn_scan.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "kernels/conv/conv.h"
@@ -14,6 +15,76 @@ TensorView gathered_slot(const SequenceLayout& layout, const Tensor& all, int se
   const int owner = layout.owner_of(segment);
   const int slot = layout.segments_of(owner)[0].index == segment ? 0 : 1;
   return all.view().select(0, owner).select(0, slot);
+}
+
+// A segment cut at the document starts inside it (DESIGN.md §3.6): runs of local rows, each either
+// continuing what came before it (only a segment's first run can) or starting a document, whose
+// GDN state and conv history then start from zero. Without documents: one run, fresh only at
+// position 0 (where the state is zero anyway).
+struct Run {
+  int64_t offset = 0, length = 0;  // local rows
+  bool fresh = false;              // starts a document
+};
+
+std::vector<Run> runs_of(const SequenceLayout& layout, const Segment& s) {
+  std::vector<Run> runs;
+  int64_t begin = s.start;
+  for (int64_t cut : layout.starts_inside(s.start, s.start + s.length)) {
+    runs.push_back(Run{s.local_offset + begin - s.start, cut - begin, layout.document_start(begin) == begin});
+    begin = cut;
+  }
+  runs.push_back(Run{s.local_offset + begin - s.start, s.start + s.length - begin, layout.document_start(begin) == begin});
+  return runs;
+}
+
+bool resets_inside(const std::vector<Run>& runs) {
+  return std::any_of(runs.begin(), runs.end(), [](const Run& r) { return r.fresh; });
+}
+
+TensorView rows_of(const TensorView& t, const Run& r) { return t.narrow(0, r.offset, r.length); }
+
+// The chunked rule over a segment's runs from `state` (the segment's initial state; overwritten
+// with its final state): a run that starts a document starts from zero.
+void chunked_over_runs(const std::vector<Run>& runs, const TensorView& out, const TensorView& state, const TensorView& q,
+                       const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
+                       const ops::DeltaRuleParams& params) {
+  for (const Run& r : runs) {
+    if (r.fresh) fill(state, 0.0f);
+    ops::delta_rule_chunked(rows_of(out, r), state, rows_of(q, r), rows_of(k, r), rows_of(v, r), rows_of(g, r),
+                            rows_of(beta, r), params);
+  }
+}
+
+// The halo rows a segment's first run reads (its predecessor's last K−1 input rows, `halo`), with the
+// rows that lie before the first run's document start zeroed: a document that starts fewer than K−1
+// tokens before the segment sees zeros there, as if it ran alone. Undefined when the first run is
+// fresh (no history at all) or there is no predecessor.
+Tensor masked_halo(const SequenceLayout& layout, const Segment& s, const TensorView& halo) {
+  if (!halo.defined() || layout.document_start(s.start) == s.start) return Tensor();
+  Tensor out = clone(halo);
+  const int64_t rows = halo.size(0), first_visible = layout.document_start(s.start) - (s.start - rows);
+  if (first_visible > 0) fill(out.view().narrow(0, 0, std::min(first_visible, rows)), 0.0f);
+  return out;
+}
+
+// Backward over a segment's runs (the reverse of chunked_over_runs): d_state in: the gradient w.r.t.
+// the segment's final state; out: w.r.t. its initial state `state0` (zero when its first run starts
+// a document, which its initial state then does not reach). A run that starts a document starts
+// from zero and passes no gradient to the run before it.
+void chunked_backward_over_runs(const std::vector<Run>& runs, const TensorView& dq, const TensorView& dk,
+                                const TensorView& dv, const TensorView& dg, const TensorView& dbeta,
+                                const TensorView& d_state, const TensorView& d_out, const TensorView& q,
+                                const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
+                                const TensorView& state0, const ops::DeltaRuleParams& params) {
+  const Tensor zero = Tensor::zeros(state0.shape(), state0.dtype(), state0.device());
+  for (size_t i = runs.size(); i-- > 0;) {
+    const Run& r = runs[i];
+    const TensorView init = i == 0 && !r.fresh ? state0 : zero.view();
+    ops::delta_rule_chunked_backward(rows_of(dq, r), rows_of(dk, r), rows_of(dv, r), rows_of(dg, r), rows_of(dbeta, r),
+                                     d_state, rows_of(d_out, r), rows_of(q, r), rows_of(k, r), rows_of(v, r),
+                                     rows_of(g, r), rows_of(beta, r), init, params);
+    if (r.fresh) fill(d_state, 0.0f);
+  }
 }
 
 }  // namespace
@@ -34,7 +105,7 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
   if (layout.world_size() == 1) {
     ScopedPhase phase(timer, Phase::gdn);
     fill(state, 0.0f);
-    ops::delta_rule_chunked(out, state, q, k, v, g, beta, params);
+    chunked_over_runs(runs_of(layout, local[0]), out, state, q, k, v, g, beta, params);
     return;
   }
   // 1. Maps of the owned segments: slot [j] = (M [H, dk, dk], S_ext [H, dk, dv]) flattened.
@@ -46,9 +117,20 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
     const Segment& s = local[j];
     if (s.index == last_segment) continue;  // nobody folds past the last segment
     const TensorView slot = mine.view().select(0, j);
-    ops::delta_rule_segment_map(slot.narrow(0, 0, heads * dk * dk).reshape({heads, dk, dk}),
-                                slot.narrow(0, heads * dk * dk, heads * dk * dv).reshape({heads, dk, dv}),
-                                k.narrow(0, s.local_offset, s.length), v.narrow(0, s.local_offset, s.length),
+    const TensorView m = slot.narrow(0, 0, heads * dk * dk).reshape({heads, dk, dk});
+    const TensorView s_ext = slot.narrow(0, heads * dk * dk, heads * dk * dv).reshape({heads, dk, dv});
+    const std::vector<Run> runs = runs_of(layout, s);
+    if (resets_inside(runs)) {
+      // A document starts in this segment: nothing before it reaches the segment's end, so M = 0
+      // and S_ext is the last run's final state from zero (mine is zero-filled: M stays 0).
+      const Run& r = runs.back();
+      Tensor scratch = Tensor::empty({r.length, heads, dv}, out.dtype(), device);
+      fill(s_ext, 0.0f);
+      ops::delta_rule_chunked(scratch, s_ext, rows_of(q, r), rows_of(k, r), rows_of(v, r), rows_of(g, r),
+                              rows_of(beta, r), params);
+      continue;
+    }
+    ops::delta_rule_segment_map(m, s_ext, k.narrow(0, s.local_offset, s.length), v.narrow(0, s.local_offset, s.length),
                                 g.narrow(0, s.local_offset, s.length), beta.narrow(0, s.local_offset, s.length),
                                 params);
   }
@@ -74,9 +156,7 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
                                 m.narrow(0, heads * dk * dk, heads * dk * dv).reshape({heads, dk, dv}));
     }
     if (saved) copy_into(saved->state0.view().select(0, j), state);
-    ops::delta_rule_chunked(out.narrow(0, s.local_offset, s.length), state, q.narrow(0, s.local_offset, s.length),
-                            k.narrow(0, s.local_offset, s.length), v.narrow(0, s.local_offset, s.length),
-                            g.narrow(0, s.local_offset, s.length), beta.narrow(0, s.local_offset, s.length), params);
+    chunked_over_runs(runs_of(layout, s), out, state, q, k, v, g, beta, params);
   }
 }
 
@@ -87,12 +167,20 @@ void causal_conv_sequence_parallel(Communicator& comm, const SequenceLayout& lay
   expect_shape(x, "conv x", {{"T_loc", t_local}, {"C", -1}});
   const int64_t channels = x.size(1), halo = w.size(1) - 1;
   const std::vector<Segment>& local = layout.local_segments();
-  const auto conv = [&](const Segment& s, const TensorView& prefix) {
-    const auto rows = [&](const TensorView& v) { return v.narrow(0, s.local_offset, s.length); };
-    if (finish) {
-      ops::gdn_qkv_conv(rows(out), rows(finish->inv_norm), rows(x), w, prefix, rows(finish->positions), finish->params);
-    } else {
-      ops::causal_conv_silu(rows(out), rows(x), w, prefix);
+  // A segment's conv, run by run: the first run reads the halo (rows of another document zeroed), a
+  // run that starts a document reads zeros.
+  const auto conv = [&](const Segment& s, const TensorView& halo) {
+    const Tensor first_prefix = masked_halo(layout, s, halo);
+    const std::vector<Run> runs = runs_of(layout, s);
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const Run& r = runs[i];
+      const TensorView prefix = i == 0 ? first_prefix.view() : TensorView();
+      const auto rows = [&](const TensorView& v) { return rows_of(v, r); };
+      if (finish) {
+        ops::gdn_qkv_conv(rows(out), rows(finish->inv_norm), rows(x), w, prefix, rows(finish->positions), finish->params);
+      } else {
+        ops::causal_conv_silu(rows(out), rows(x), w, prefix);
+      }
     }
   };
   if (layout.world_size() == 1 || halo == 0) {
@@ -138,8 +226,7 @@ void gdn_sequence_parallel_recompute(const SequenceLayout& layout, const GdnSave
     } else {
       copy_into(state, saved.state0.view().select(0, static_cast<int64_t>(j)));
     }
-    const auto rows = [&](const TensorView& t) { return t.narrow(0, s.local_offset, s.length); };
-    ops::delta_rule_chunked(rows(out), state, rows(q), rows(k), rows(v), rows(g), rows(beta), params);
+    chunked_over_runs(runs_of(layout, s), out, state, q, k, v, g, beta, params);
   }
 }
 
@@ -156,13 +243,13 @@ void gdn_sequence_parallel_backward(Communicator& comm, const SequenceLayout& la
   const DType acc = accumulator_dtype(k.dtype(), device);
   const std::vector<Segment>& local = layout.local_segments();
   const int nlocal = static_cast<int>(local.size());
-  const auto rows = [](const TensorView& t, const Segment& s) { return t.narrow(0, s.local_offset, s.length); };
   Tensor d_state = Tensor::empty({heads, dkh, dvh}, acc, device);
   if (layout.world_size() == 1) {
     ScopedPhase phase(timer, Phase::gdn);
     Tensor state0 = Tensor::zeros({heads, dkh, dvh}, acc, device);
     fill(d_state, 0.0f);
-    ops::delta_rule_chunked_backward(dq, dk, dv, dg, dbeta, d_state, d_out, q, k, v, g, beta, state0, params);
+    chunked_backward_over_runs(runs_of(layout, local[0]), dq, dk, dv, dg, dbeta, d_state, d_out, q, k, v, g, beta,
+                               state0, params);
     return;
   }
   HYDRA_ASSERT(saved.state0.defined() && saved.maps.defined(), "GDN backward over {} ranks without the forward's maps",
@@ -175,7 +262,12 @@ void gdn_sequence_parallel_backward(Communicator& comm, const SequenceLayout& la
     const Segment& s = local[j];
     const TensorView loc = mine.view().select(0, j).reshape({heads, dkh, dvh});
     fill(loc, 0.0f);
-    ops::delta_rule_state_backward(loc, rows(d_out, s), rows(q, s), rows(k, s), rows(g, s), rows(beta, s), params);
+    // Only the run before the segment's first document start reads its initial state.
+    const Run first = runs_of(layout, s).front();
+    if (!first.fresh) {
+      ops::delta_rule_state_backward(loc, rows_of(d_out, first), rows_of(q, first), rows_of(k, first),
+                                     rows_of(g, first), rows_of(beta, first), params);
+    }
   }
   // 2. One collective: every rank gets every segment's dS_loc.
   Tensor all = Tensor::empty({layout.world_size(), nlocal, state_size}, acc, device);
@@ -199,9 +291,8 @@ void gdn_sequence_parallel_backward(Communicator& comm, const SequenceLayout& la
       const TensorView m = gathered_slot(layout, saved.maps, i).narrow(0, 0, m_size).reshape({heads, dkh, dkh});
       ops::delta_rule_apply_map_transposed(d_state, m, loc);
     }
-    ops::delta_rule_chunked_backward(rows(dq, s), rows(dk, s), rows(dv, s), rows(dg, s), rows(dbeta, s), d_state,
-                                     rows(d_out, s), rows(q, s), rows(k, s), rows(v, s), rows(g, s), rows(beta, s),
-                                     saved.state0.view().select(0, j), params);
+    chunked_backward_over_runs(runs_of(layout, s), dq, dk, dv, dg, dbeta, d_state, d_out, q, k, v, g, beta,
+                               saved.state0.view().select(0, j), params);
   }
 }
 
@@ -212,12 +303,25 @@ void causal_conv_sequence_parallel_backward(Communicator& comm, const SequenceLa
   expect_shape(x, "conv x", {{"T_loc", t_local}, {"C", -1}});
   const int64_t channels = x.size(1), halo = w.size(1) - 1;
   const std::vector<Segment>& local = layout.local_segments();
-  const auto rows = [](const TensorView& t, const Segment& s) { return t.narrow(0, s.local_offset, s.length); };
+  // A segment's conv backward run by run, as the forward ran it; d_prefix receives the gradient of
+  // the halo rows the first run read (rows of another document read zeros: no gradient).
+  const auto conv_backward = [&](const Segment& s, const TensorView& halo, const TensorView& d_prefix) {
+    const Tensor first_prefix = masked_halo(layout, s, halo);
+    const std::vector<Run> runs = runs_of(layout, s);
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const Run& r = runs[i];
+      const bool reads_halo = i == 0 && first_prefix.defined();
+      ops::causal_conv_silu_backward(rows_of(dx, r), dw, reads_halo ? d_prefix : TensorView(), rows_of(d_out, r),
+                                     rows_of(x, r), w, reads_halo ? first_prefix.view() : TensorView());
+    }
+    if (first_prefix.defined() && d_prefix.defined()) {  // the zeroed rows were constants
+      const int64_t hidden = layout.document_start(s.start) - (s.start - halo.size(0));
+      if (hidden > 0) fill(d_prefix.narrow(0, 0, std::min(hidden, halo.size(0))), 0.0f);
+    }
+  };
   if (layout.world_size() == 1 || halo == 0) {
     ScopedPhase phase(timer, Phase::gdn);
-    for (const Segment& s : local) {
-      ops::causal_conv_silu_backward(rows(dx, s), dw, TensorView(), rows(d_out, s), rows(x, s), w, TensorView());
-    }
+    for (const Segment& s : local) conv_backward(s, TensorView(), TensorView());
     return;
   }
   const int nlocal = static_cast<int>(local.size());
@@ -239,8 +343,7 @@ void causal_conv_sequence_parallel_backward(Communicator& comm, const SequenceLa
   for (int j = 0; j < nlocal; ++j) {
     const Segment& s = local[j];
     const TensorView prefix = s.index > 0 ? gathered_slot(layout, all, s.index - 1) : TensorView();
-    ops::causal_conv_silu_backward(rows(dx, s), dw, s.index > 0 ? d_halo.view().select(0, j) : TensorView(),
-                                   rows(d_out, s), rows(x, s), w, prefix);
+    conv_backward(s, prefix, s.index > 0 ? d_halo.view().select(0, j) : TensorView());
   }
   Tensor d_all = Tensor::empty({layout.world_size(), nlocal, halo, channels}, dx.dtype(), dx.device());
   phase.reset();

@@ -1,10 +1,13 @@
 #include "parallel/layout.h"
 
+#include <algorithm>
+
 #include "runtime/error.h"
 
 namespace hydra {
 
-SequenceLayout SequenceLayout::zigzag(int64_t total_length, int world_size, int rank) {
+SequenceLayout SequenceLayout::zigzag(int64_t total_length, int world_size, int rank,
+                                     std::vector<int64_t> document_starts) {
   HYDRA_USER_CHECK(total_length > 0, "sequence length must be positive (got {})", total_length);
   HYDRA_ASSERT(world_size >= 1 && rank >= 0 && rank < world_size, "rank {} of {}", rank, world_size);
   const int64_t g = granularity(world_size);
@@ -19,7 +22,49 @@ SequenceLayout SequenceLayout::zigzag(int64_t total_length, int world_size, int 
   layout.world_ = world_size;
   layout.rank_ = rank;
   layout.local_ = layout.segments_of(rank);
+  if (document_starts.size() > 1) {  // a single document is no document structure at all
+    HYDRA_ASSERT(document_starts.front() == 0 && document_starts.back() < total_length &&
+                     std::adjacent_find(document_starts.begin(), document_starts.end(),
+                                        [](int64_t a, int64_t b) { return a >= b; }) == document_starts.end(),
+                 "document starts must be 0 = s_0 < s_1 < ... < {} (got {} starts)", total_length, document_starts.size());
+    layout.doc_starts_ = std::move(document_starts);
+  }
   return layout;
+}
+
+int64_t SequenceLayout::document_start(int64_t pos) const {
+  if (doc_starts_.empty()) return 0;
+  return *(std::upper_bound(doc_starts_.begin(), doc_starts_.end(), pos) - 1);
+}
+
+int64_t SequenceLayout::document_end(int64_t pos) const {
+  if (doc_starts_.empty()) return total_;
+  const auto next = std::upper_bound(doc_starts_.begin(), doc_starts_.end(), pos);
+  return next == doc_starts_.end() ? total_ : *next;
+}
+
+std::vector<int64_t> SequenceLayout::local_document_starts() const {
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(local_length()));
+  for (const Segment& s : local_) {
+    for (int64_t i = 0; i < s.length; ++i) out.push_back(document_start(s.start + i));
+  }
+  return out;
+}
+
+std::vector<int64_t> SequenceLayout::local_document_positions() const {
+  std::vector<int64_t> out = local_positions();
+  const std::vector<int64_t> starts = local_document_starts();
+  for (size_t i = 0; i < out.size(); ++i) out[i] -= starts[i];
+  return out;
+}
+
+std::vector<int64_t> SequenceLayout::starts_inside(int64_t begin, int64_t end) const {
+  std::vector<int64_t> out;
+  for (auto it = std::upper_bound(doc_starts_.begin(), doc_starts_.end(), begin); it != doc_starts_.end() && *it < end; ++it) {
+    out.push_back(*it);
+  }
+  return out;
 }
 
 std::vector<Segment> SequenceLayout::segments_of(int r) const {
@@ -76,12 +121,44 @@ TokenRows SequenceLayout::token_rows(std::span<const int32_t> tokens, const Targ
   return rows;
 }
 
+TokenRows SequenceLayout::rows_of(std::span<const int32_t> ids, std::span<const int32_t> targets,
+                                  std::span<const uint8_t> answer) const {
+  HYDRA_ASSERT(static_cast<int64_t>(ids.size()) == total_ && targets.size() == ids.size() &&
+                   (answer.empty() || answer.size() == ids.size()),
+               "rows_of: {} ids, {} targets, {} answer flags in a layout of {}", ids.size(), targets.size(), answer.size(),
+               total_);
+  TokenRows rows{Tensor::empty({local_length()}, DType::i32), Tensor::empty({local_length()}, DType::i32), {}};
+  if (!answer.empty()) rows.answer.assign(static_cast<size_t>(local_length()), 0);
+  for (const Segment& s : local_) {
+    for (int64_t i = 0; i < s.length; ++i) {
+      const size_t g = static_cast<size_t>(s.start + i);
+      const int64_t row = s.local_offset + i;
+      rows.ids.data_as<int32_t>()[row] = ids[g];
+      rows.targets.data_as<int32_t>()[row] = targets[g];
+      if (!answer.empty()) rows.answer[static_cast<size_t>(row)] = answer[g];
+    }
+  }
+  return rows;
+}
+
 void SequenceLayout::place_local_rows(const TensorView& global, const TensorView& local) const {
   HYDRA_ASSERT(global.rank() >= 1 && global.size(0) == total_ && local.rank() == global.rank() &&
                    local.size(0) == local_length(),
                "place_local_rows: global {} / local {} in a layout of {} tokens ({} local)", global.shape_string(),
                local.shape_string(), total_, local_length());
   for (const Segment& s : local_) copy_into(global.narrow(0, s.start, s.length), local.narrow(0, s.local_offset, s.length));
+}
+
+std::vector<uint8_t> counted_within_documents(std::span<const uint8_t> counted, int64_t n,
+                                              std::span<const int64_t> starts) {
+  std::vector<uint8_t> out = counted.empty() ? std::vector<uint8_t>(static_cast<size_t>(n), 1)
+                                             : std::vector<uint8_t>(counted.begin(), counted.end());
+  HYDRA_ASSERT(static_cast<int64_t>(out.size()) == n, "loss mask of {} for {} tokens", out.size(), n);
+  for (int64_t s : starts) {
+    HYDRA_ASSERT(s >= 0 && s < n, "document start {} outside [0, {})", s, n);
+    if (s > 0) out[static_cast<size_t>(s)] = 0;
+  }
+  return out;
 }
 
 }  // namespace hydra

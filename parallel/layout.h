@@ -5,6 +5,13 @@
 // late segment gives every rank the same amount of causal attention work. Lengths not divisible by
 // 2P are refused with a message suggesting admissible ones (no silent padding).
 // P = 1: one segment covering the whole sequence, so a single process takes any length.
+//
+// Packed documents (DESIGN.md §3.6): a sequence may be several documents back to back, given by
+// their start positions (0 first, strictly increasing). Each then behaves exactly as if it ran
+// alone: positions (RoPE, the FA τ) restart at its start, softmax attention never crosses a
+// boundary, the GDN state and conv history start from zero. The layout carries the starts, so
+// every part that crosses tokens (ring attention, the GDN scan, the conv halo) sees them; a
+// document may span segments and ranks. Without starts the sequence is one document.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +29,13 @@ struct TokenRows {
   std::vector<uint8_t> answer;  // [T_loc] 1 where the row's target is a retrieval answer; empty: none marked
 };
 
+// The loss_mask of a packed sequence (DESIGN.md §3.6): `counted` (empty: all 1) with the targets
+// that would cross a document boundary — the first token of every document but the first, read by
+// the last row of the one before — not counted. n: tokens (T, or T + 1 with the window's extra
+// target); `starts`: document starts in [0, n), 0 first (empty or {0}: `counted` unchanged).
+std::vector<uint8_t> counted_within_documents(std::span<const uint8_t> counted, int64_t n,
+                                              std::span<const int64_t> starts);
+
 // Per-token flags of a sequence (runtime/token_file.h TokenData): flag i belongs to token i, i.e.
 // to the next-token term whose target is token i. Empty spans: every target counts, none is an answer.
 struct TargetFlags {
@@ -38,8 +52,10 @@ struct Segment {
 
 class SequenceLayout {
  public:
-  // UserError for lengths the layout does not admit.
-  static SequenceLayout zigzag(int64_t total_length, int world_size, int rank);
+  // UserError for lengths the layout does not admit. `document_starts`: empty (one document) or
+  // 0 = s_0 < s_1 < … < total_length (asserted: callers build them from checked files).
+  static SequenceLayout zigzag(int64_t total_length, int world_size, int rank,
+                               std::vector<int64_t> document_starts = {});
   // Smallest multiple of the layout's granularity (2P, or 1 for P = 1).
   static int64_t granularity(int world_size) { return world_size == 1 ? 1 : 2 * int64_t{world_size}; }
 
@@ -55,6 +71,19 @@ class SequenceLayout {
   int owner_of(int segment) const;
   // Global position of every local row.
   std::vector<int64_t> local_positions() const;
+  // ---- Documents ----
+  bool has_documents() const { return !doc_starts_.empty(); }
+  const std::vector<int64_t>& document_starts() const { return doc_starts_; }  // empty: one document
+  // Global position of the first token of the document holding global position `pos` (0 without
+  // documents), and one past its last token (total_length() without).
+  int64_t document_start(int64_t pos) const;
+  int64_t document_end(int64_t pos) const;
+  // Per local row: its document's start (global position), and its position within its document
+  // (what RoPE and τ read; the global position without documents).
+  std::vector<int64_t> local_document_starts() const;
+  std::vector<int64_t> local_document_positions() const;
+  // The document starts s with begin < s < end: where a run of tokens [begin, end) must reset.
+  std::vector<int64_t> starts_inside(int64_t begin, int64_t end) const;
   // The zigzag scatter and gather, in one place:
   // this rank's rows of a global tensor [T, ...] (any dtype, its device), in local order;
   Tensor local_rows(const TensorView& global) const;
@@ -64,12 +93,16 @@ class SequenceLayout {
   // tokens, or T + 1 (a training window: the last row's target is the extra token).
   // `flags` (same length as `tokens`): a row whose target is not counted gets target −1.
   TokenRows token_rows(std::span<const int32_t> tokens, const TargetFlags& flags = {}) const;
+  // The same from a sequence's ids [T], targets [T] (−1: none) and answer flags [T] (or empty).
+  TokenRows rows_of(std::span<const int32_t> ids, std::span<const int32_t> targets,
+                    std::span<const uint8_t> answer = {}) const;
 
  private:
   int64_t total_ = 0;
   int world_ = 1;
   int rank_ = 0;
   std::vector<Segment> local_;
+  std::vector<int64_t> doc_starts_;
 };
 
 }  // namespace hydra

@@ -1,10 +1,53 @@
 #include "parallel/ring_attention.h"
 
 #include <limits>
+#include <optional>
 
+#include "kernels/attention/attention_mask.h"
 #include "kernels/elementwise/elementwise.h"
 
 namespace hydra {
+namespace {
+
+// Every global position's document start and end on `device` (int64 [T]), from which each
+// (query segment, key segment) pair takes its rows; undefined when the sequence is one document.
+struct PositionBounds {
+  Tensor start, end;
+};
+
+PositionBounds position_bounds(const SequenceLayout& layout, Device device) {
+  if (!layout.has_documents()) return {};
+  const int64_t t = layout.total_length();
+  Tensor start = Tensor::empty({t}, DType::i64), end = Tensor::empty({t}, DType::i64);
+  const std::vector<int64_t>& starts = layout.document_starts();
+  for (size_t d = 0; d < starts.size(); ++d) {
+    const int64_t b = starts[d], e = d + 1 < starts.size() ? starts[d + 1] : t;
+    for (int64_t i = b; i < e; ++i) {
+      start.data_as<int64_t>()[i] = b;
+      end.data_as<int64_t>()[i] = e;
+    }
+  }
+  return {to_device(start, device), to_device(end, device)};
+}
+
+// The parameters of one (query segment, key segment) pair, or nothing when no pair of positions is
+// visible (attention_mask.h): then no kernel is launched.
+std::optional<ops::AttentionParams> pair_params(const ops::AttentionParams& params, const SequenceLayout& layout,
+                                                const PositionBounds& bounds, const Segment& qs, const Segment& ks) {
+  const bool causal = params.causality == ops::Causality::causal;
+  const int64_t q_hi = qs.start + qs.length - 1, k_hi = ks.start + ks.length - 1;
+  if (!ops::mask::block_any(qs.start, q_hi, layout.document_start(qs.start), ks.start, k_hi, causal)) return {};
+  ops::AttentionParams p = params;
+  p.q_position0 = qs.start;
+  p.k_position0 = ks.start;
+  if (bounds.start.defined()) {
+    p.q_document_start = bounds.start.view().narrow(0, qs.start, qs.length);
+    p.k_document_end = bounds.end.view().narrow(0, ks.start, ks.length);
+  }
+  return p;
+}
+
+}  // namespace
 
 void ring_attention(Communicator& comm, const SequenceLayout& layout, const TensorView& out, const TensorView& lse,
                     const TensorView& q, const TensorView& k, const TensorView& v, const ops::AttentionParams& params,
@@ -21,10 +64,13 @@ void ring_attention(Communicator& comm, const SequenceLayout& layout, const Tens
   const int64_t hk = k.size(1), d = k.size(2), dv = v.size(2);
   const Device device = q.device();
   const DType dtype = k.dtype();
+  const PositionBounds bounds = position_bounds(layout, device);
   if (world == 1) {  // the whole sequence is local: one causal pass, no copies
     ops::AttentionParams p = params;
     p.q_position0 = p.k_position0 = 0;
     p.output = ops::AttentionOutput::overwrite;
+    p.q_document_start = bounds.start;
+    p.k_document_end = bounds.end;
     ScopedPhase phase(timer, Phase::fa);
     ops::attention_forward(out, lse, q, k, v, p);
     return;
@@ -51,10 +97,9 @@ void ring_attention(Communicator& comm, const SequenceLayout& layout, const Tens
     }
     for (const Segment& qs : layout.local_segments()) {
       for (const Segment& ks : layout.segments_of(src)) {
-        if (params.causality == ops::Causality::causal && ks.start > qs.start + qs.length - 1) continue;  // future
-        ops::AttentionParams p = params;
-        p.q_position0 = qs.start;
-        p.k_position0 = ks.start;
+        std::optional<ops::AttentionParams> pair = pair_params(params, layout, bounds, qs, ks);
+        if (!pair) continue;  // wholly in the future, or in other documents
+        ops::AttentionParams& p = *pair;
         p.output = ops::AttentionOutput::merge;
         const TensorView kv = held.narrow(0, ks.local_offset, ks.length);
         ScopedPhase phase(timer, Phase::fa);
@@ -95,9 +140,12 @@ void ring_attention_backward(Communicator& comm, const SequenceLayout& layout, c
     ops::attention_backward_prepare(delta, d_out, out);
     fill(dq, 0.0f);
   }
+  const PositionBounds bounds = position_bounds(layout, device);
   if (world == 1) {
     ops::AttentionParams p = params;
     p.q_position0 = p.k_position0 = 0;
+    p.q_document_start = bounds.start;
+    p.k_document_end = bounds.end;
     ScopedPhase phase(timer, Phase::fa);
     fill(dk, 0.0f);
     fill(dv, 0.0f);
@@ -129,10 +177,9 @@ void ring_attention_backward(Communicator& comm, const SequenceLayout& layout, c
       fill(fresh, 0.0f);
       for (const Segment& qs : layout.local_segments()) {
         for (const Segment& ks : layout.segments_of(src)) {
-          if (params.causality == ops::Causality::causal && ks.start > qs.start + qs.length - 1) continue;  // future
-          ops::AttentionParams p = params;
-          p.q_position0 = qs.start;
-          p.k_position0 = ks.start;
+          const std::optional<ops::AttentionParams> pair = pair_params(params, layout, bounds, qs, ks);
+          if (!pair) continue;  // wholly in the future, or in other documents
+          const ops::AttentionParams& p = *pair;
           const TensorView kvs = held.narrow(0, ks.local_offset, ks.length);
           const auto rows = [&](const TensorView& t) { return t.narrow(0, qs.local_offset, qs.length); };
           ops::attention_backward(rows(dq), fresh.view().select(0, 0).narrow(0, ks.local_offset, ks.length),

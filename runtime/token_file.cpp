@@ -41,7 +41,8 @@ std::vector<int32_t> read_token_file(const std::string& path, int64_t vocab_size
 
 void write_token_file(const std::string& path, const std::vector<int32_t>& ids) { write_token_data(path, ids, {}); }
 
-void write_token_data(const std::string& path, const std::vector<int32_t>& ids, const std::vector<uint8_t>& loss_mask) {
+void write_token_data(const std::string& path, const std::vector<int32_t>& ids, const std::vector<uint8_t>& loss_mask,
+                      const std::vector<int64_t>& document_offsets) {
   HYDRA_ASSERT(loss_mask.empty() || loss_mask.size() == ids.size(), "loss mask of {} for {} tokens", loss_mask.size(),
                ids.size());
   require_writable_destination(path, "token file");
@@ -50,6 +51,10 @@ void write_token_data(const std::string& path, const std::vector<int32_t>& ids, 
   file.write("input_ids", TensorView(const_cast<int32_t*>(ids.data()), DType::i32, Device::host,
                                      {static_cast<int64_t>(ids.size())}));
   if (!loss_mask.empty()) file.write_uint8("loss_mask", loss_mask);
+  if (!document_offsets.empty()) {
+    file.write("document_offsets", TensorView(const_cast<int64_t*>(document_offsets.data()), DType::i64, Device::host,
+                                              {static_cast<int64_t>(document_offsets.size())}));
+  }
   file.close();
   out.commit();
 }
@@ -80,6 +85,17 @@ TokenData read_token_data(const std::string& path, int64_t vocab_size) {
                        "{}: answer span {} ([{}, +{})) lies outside the {} tokens (or starts at 0)", path, j, start[j],
                        length[j], t);
       std::fill(data.answer.begin() + start[j], data.answer.begin() + start[j] + length[j], uint8_t{1});
+    }
+  }
+  if (file.has_dataset("document_offsets")) {
+    data.document_offsets = file.read_integer_vector("document_offsets");
+    const std::vector<int64_t>& o = data.document_offsets;
+    HYDRA_USER_CHECK(o.size() >= 2 && o.front() == 0 && o.back() == t,
+                     "{}: document_offsets must run from 0 to the {} tokens (got {} entries{})", path, t, o.size(),
+                     o.empty() ? "" : fmt::format(", {} .. {}", o.front(), o.back()));
+    for (size_t i = 1; i < o.size(); ++i) {
+      HYDRA_USER_CHECK(o[i] > o[i - 1], "{}: document_offsets[{}] = {} does not exceed document_offsets[{}] = {} "
+                       "(documents must be non-empty, in order)", path, i, o[i], i - 1, o[i - 1]);
     }
   }
   return data;

@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/attention/attention_mask.h"
 #include "kernels/common.h"
 #include "kernels/matmul/matmul.h"
 
@@ -15,6 +16,17 @@ constexpr int64_t kQueryBlock = 64;
 
 void check_shapes(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                   const TensorView& v, const AttentionParams& p) {
+  if (p.q_document_start.defined()) {
+    expect_shape(p.q_document_start, "attention q_document_start", {{"Tq", q.size(0)}});
+    HYDRA_ASSERT(p.q_document_start.dtype() == DType::i64 && p.q_document_start.device() == q.device() &&
+                     p.causality == Causality::causal,
+                 "attention: q_document_start must be int64 on q's device, with causal masking");
+  }
+  if (p.k_document_end.defined()) {
+    expect_shape(p.k_document_end, "attention k_document_end", {{"Tk", k.size(0)}});
+    HYDRA_ASSERT(p.k_document_end.dtype() == DType::i64 && p.k_document_end.device() == k.device(),
+                 "attention: k_document_end must be int64 on k's device");
+  }
   expect_shape(q, "attention q", {{"Tq", -1}, {"Hq", -1}, {"d", -1}});
   expect_shape(k, "attention k", {{"Tk", -1}, {"Hk", -1}, {"d", q.size(2)}});
   expect_shape(v, "attention v", {{"Tk", k.size(0)}, {"Hk", k.size(1)}, {"dv", -1}});
@@ -33,8 +45,14 @@ T softmax_scale(const AttentionParams& p, int64_t d) {
   return p.scale > 0 ? static_cast<T>(p.scale) : T(1) / std::sqrt(static_cast<T>(d));
 }
 
+// s(q) of query row i (0 without documents), from a host view of q_document_start.
+int64_t doc_start(const AttentionParams& p, int64_t i) {
+  return p.q_document_start.defined() ? *at<const int64_t>(p.q_document_start, {i}) : 0;
+}
+
 template <class T>
-T query_factor(const AttentionParams& p, T scale, int64_t position) {
+T query_factor(const AttentionParams& p, T scale, int64_t i) {
+  const int64_t position = mask::tau_position(p.q_position0 + i, doc_start(p, i));
   const double tau = p.tau_log_base > 0 ? log_position_scale(position, p.tau_log_base) : 1.0;
   return static_cast<T>(static_cast<double>(scale) * tau);
 }
@@ -51,9 +69,13 @@ int64_t block_key_end(const AttentionParams& p, int64_t q0, int64_t bq, int64_t 
   return std::clamp<int64_t>(p.q_position0 + q0 + bq - 1 - p.k_position0 + 1, 0, tk);
 }
 
+// Row i sees keys [row_first, row_visible) of [0, kend): mask::visible as index ranges.
 int64_t row_visible(const AttentionParams& p, int64_t i, int64_t kend) {
   if (p.causality != Causality::causal) return kend;
   return std::clamp<int64_t>(p.q_position0 + i - p.k_position0 + 1, 0, kend);
+}
+int64_t row_first(const AttentionParams& p, int64_t i, int64_t kend) {
+  return std::clamp<int64_t>(doc_start(p, i) - p.k_position0, 0, kend);
 }
 
 template <class T>
@@ -113,25 +135,26 @@ void attention_forward_cpu(const TensorView& out, const TensorView& lse, const T
       }
       for (int64_t i = 0; i < bq; ++i) {
         const T* qr = at<const T>(q, {q0 + i, h});
-        const T s = query_factor<T>(p, scale, p.q_position0 + q0 + i);
+        const T s = query_factor<T>(p, scale, q0 + i);
         for (int64_t c = 0; c < d; ++c) qbuf[i * d + c] = qr[c] * s;
       }
       const TensorView qv = matrix(qbuf, bq, d), sv = matrix(scores, bq, kend);
       gemm(sv, qv, kh.narrow(0, 0, kend), GemmParams{.transpose_b = Transpose::yes});
       for (int64_t i = 0; i < bq; ++i) {
         T* row = scores.data() + i * kend;
-        const int64_t visible = row_visible(p, q0 + i, kend);
+        const int64_t visible = row_visible(p, q0 + i, kend), first = std::min(row_first(p, q0 + i, kend), visible);
         T m = neg_inf;
-        for (int64_t j = 0; j < visible; ++j) m = std::max(m, row[j]);
+        for (int64_t j = first; j < visible; ++j) m = std::max(m, row[j]);
         double l = 0;
         for (int64_t j = 0; j < kend; ++j) {
-          const T e = j < visible ? std::exp(row[j] - m) : T(0);
+          const T e = j >= first && j < visible ? std::exp(row[j] - m) : T(0);
           row[j] = e;
           l += e;
         }
-        const T inv = visible > 0 ? static_cast<T>(1.0 / l) : T(0);
-        for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
-        lse_h[q0 + i] = visible > 0 ? m + static_cast<T>(std::log(l)) : neg_inf;
+        const bool any = visible > first;
+        const T inv = any ? static_cast<T>(1.0 / l) : T(0);
+        for (int64_t j = first; j < visible; ++j) row[j] *= inv;
+        lse_h[q0 + i] = any ? m + static_cast<T>(std::log(l)) : neg_inf;
       }
       const TensorView ov = matrix(obuf, bq, dv);
       gemm(ov, sv, vh.narrow(0, 0, kend), GemmParams{});
@@ -201,7 +224,7 @@ void attention_backward_cpu(const TensorView& dq, const TensorView& dk, const Te
       if (kend == 0) continue;  // no key of this block is visible to these queries
       for (int64_t i = 0; i < bq; ++i) {
         const T* qr = at<const T>(q, {q0 + i, h});
-        factor[i] = query_factor<T>(p, scale, p.q_position0 + q0 + i);
+        factor[i] = query_factor<T>(p, scale, q0 + i);
         for (int64_t c = 0; c < d; ++c) qs[i * d + c] = qr[c] * factor[i];
       }
       const TensorView qsv = matrix(qs, bq, d), pv = matrix(prob, bq, kend), dpv = matrix(dprob, bq, kend);
@@ -213,8 +236,9 @@ void attention_backward_cpu(const TensorView& dq, const TensorView& dk, const Te
         T* dpr = dprob.data() + i * kend;
         const T l = *at<const T>(lse, {h, q0 + i}), dsum = *at<const T>(delta, {h, q0 + i});
         const int64_t visible = std::isinf(l) && l < 0 ? 0 : row_visible(p, q0 + i, kend);
+        const int64_t first = row_first(p, q0 + i, kend);
         for (int64_t j = 0; j < kend; ++j) {
-          const T pij = j < visible ? std::exp(pr[j] - l) : T(0);
+          const T pij = j >= first && j < visible ? std::exp(pr[j] - l) : T(0);
           pr[j] = pij;
           dpr[j] = pij * (dpr[j] - dsum);  // dS
         }

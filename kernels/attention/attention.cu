@@ -52,6 +52,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
 
   const int k_end = flash_key_end(p, q0, kBlockM);  // keys any row of this block may see
   const int n_blocks = (k_end + kBlockN - 1) / kBlockN;
+  // Packed documents: key tiles wholly before the block's first document start are skipped.
+  const int kb_begin = min(flash_key_begin(p, q0) / kBlockN, n_blocks);
 
   auto load_tile = [&](unsigned char* dst, const bf16_t* src, int64_t row_stride, int row0, int rows_valid, int rows) {
     for (int i = tid; i < rows * kChunks; i += kThreads) {
@@ -63,9 +65,9 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
   };
 
   load_tile(sq, qg, p.q_st, q0, p.tq, kBlockM);
-  if (n_blocks > 0) {
-    load_tile(sk, kg, p.k_st, 0, p.tk, kBlockN);
-    load_tile(sv, vg, p.v_st, 0, p.tk, kBlockN);
+  if (n_blocks > kb_begin) {
+    load_tile(sk, kg, p.k_st, kb_begin * kBlockN, p.tk, kBlockN);
+    load_tile(sv, vg, p.v_st, kb_begin * kBlockN, p.tk, kBlockN);
   }
   cuda::cp_async_commit();
 
@@ -82,10 +84,11 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   uint32_t qf[D / 16][4];
 
-  for (int kb = 0; kb < n_blocks; ++kb) {
+  for (int kb = kb_begin; kb < n_blocks; ++kb) {
+    const int it = kb - kb_begin;  // the pipeline stage counts from the first tile loaded
     cuda::cp_async_wait<0>();
     __syncthreads();
-    if (kb == 0) {
+    if (it == 0) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const int r = warp * 16 + (lane % 16), c = kk * 2 + lane / 16;
@@ -93,13 +96,13 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
       }
     }
     if (kb + 1 < n_blocks) {  // prefetch the next K/V tile into the other stage
-      const int stage = (kb + 1) % 2;
+      const int stage = (it + 1) % 2;
       load_tile(sk + stage * kBlockN * D * 2, kg, p.k_st, (kb + 1) * kBlockN, p.tk, kBlockN);
       load_tile(sv + stage * kBlockN * D * 2, vg, p.v_st, (kb + 1) * kBlockN, p.tk, kBlockN);
     }
     cuda::cp_async_commit();
-    const unsigned char* ks = sk + (kb % 2) * kBlockN * D * 2;
-    const unsigned char* vs = sv + (kb % 2) * kBlockN * D * 2;
+    const unsigned char* ks = sk + (it % 2) * kBlockN * D * 2;
+    const unsigned char* vs = sv + (it % 2) * kBlockN * D * 2;
 
     // S = Q Kᵀ: 16 rows × 64 keys per warp.
     float s[kBlockN / 2];
@@ -118,7 +121,11 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
     }
     // Mask (diagonal and partial tiles only), online softmax, rescale.
     const int key0 = kb * kBlockN;
-    if (flash_tile_needs_mask(p, key0, kBlockN, q0)) {
+    if (flash_tile_needs_doc_mask(p, key0, q0 + kBlockM - 1)) {
+      const int first[2] = {flash_first_visible(p, key0, row0), flash_first_visible(p, key0, row1)};
+      const int last[2] = {flash_last_visible(p, key0, row0), flash_last_visible(p, key0, row1)};
+      flash_apply_mask(s, c4, first, last);
+    } else if (flash_tile_needs_mask(p, key0, kBlockN, q0)) {
       const int last[2] = {flash_last_visible(p, key0, row0), flash_last_visible(p, key0, row1)};
       flash_apply_mask(s, c4, last);
     }
@@ -219,12 +226,20 @@ void attention_forward(const TensorView& out, const TensorView& lse, const Tenso
   p.inv_log_tau_base = params.tau_log_base > 0 ? static_cast<float>(1.0 / std::log(params.tau_log_base)) : 0.0f;
   p.causal = params.causality == Causality::causal;
   p.merge = params.output == AttentionOutput::merge;
+  p.q_doc_start = nullptr;
+  if (params.q_document_start.defined()) {
+    cuda::expect_cuda(params.q_document_start, "attention q_document_start", DType::i64);
+    HYDRA_ASSERT(params.q_document_start.stride(0) == 1, "attention: q_document_start must be contiguous");
+    p.q_doc_start = params.q_document_start.data_as<const int64_t>();
+  }
   for (int64_t h = 0; h < hq; ++h) {
     p.kv_of[h] = params.kv_head_of_query.empty() ? static_cast<int>(h / (hq / hk)) : params.kv_head_of_query[h];
     HYDRA_ASSERT(p.kv_of[h] >= 0 && p.kv_of[h] < hk, "query head {} maps to KV head {} of {}", h, p.kv_of[h], hk);
   }
 
-  const AttentionKernel chosen = resolve_flash_kernel(params.forward_kernel, d);
+  // Packed documents run on the mma.sync kernel (the only one that takes them).
+  const AttentionKernel chosen =
+      p.q_doc_start ? AttentionKernel::mma : resolve_flash_kernel(params.forward_kernel, d);
   HYDRA_ASSERT(chosen == AttentionKernel::mma || is_hopper(), "the {} attention kernel needs an sm_90 GPU",
                attention_kernel_name(chosen));
   if (chosen == AttentionKernel::hopper && flash_forward_hopper_supports(q, k, v)) {

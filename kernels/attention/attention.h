@@ -10,6 +10,13 @@
 //
 // HydraHead FA heads (DESIGN.md §1.2) scale each query by τ(i) = ln(i + a) / ln(a) at its global position;
 // tau_log_base = a > 0 switches that on (fused into the query load, q itself is unchanged).
+//
+// Packed documents (DESIGN.md §3.6): q_document_start gives each query row the global position of
+// its document's first token s(q); keys before it are hidden and τ is taken at q − s(q). The rule
+// is kernels/attention/attention_mask.h's, shared by every implementation. k_document_end (the
+// backward, optional) gives each key row one past its document's last position, so the kernel can
+// stop at the last query that sees a key block. On the GPU only the mma.sync kernels take
+// documents; calls with them run those.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +51,8 @@ struct AttentionParams {
   AttentionOutput output = AttentionOutput::overwrite;
   AttentionKernel forward_kernel = AttentionKernel::automatic;
   AttentionBackwardKernel backward_kernel = AttentionBackwardKernel::automatic;
+  TensorView q_document_start = {};  // [Tq] int64 on q's device, or undefined: one document (causal only)
+  TensorView k_document_end = {};    // [Tk] int64, or undefined (the backward then scans to the last query)
 };
 
 // out [Tq, Hq, dv], lse [Hq, Tq] (fp32; −inf and out = 0 where no key is visible),

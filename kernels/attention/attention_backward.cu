@@ -88,8 +88,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_backward_mma_kernel(con
   const int kvh = blockIdx.y, k0 = blockIdx.x * kBc;  // block 0 holds the most causal work: it starts first
   const int head_begin = p.group_begin[kvh], n_heads = p.group_begin[kvh + 1] - head_begin;
   const int m_begin = bwd_query_begin(p, k0, kBr);
-  if (n_heads == 0 || m_begin >= p.tq) return;
-  const int n_qblocks = (p.tq - m_begin + kBr - 1) / kBr;
+  const int m_end = bwd_query_end(p, k0, kBc);  // packed documents: the last query that sees these keys
+  if (n_heads == 0 || m_begin >= m_end) return;
+  const int n_qblocks = (m_end - m_begin + kBr - 1) / kBr;
+  // Packed documents: per stage, each query row's first visible key as an index into k (clamped).
+  __shared__ int sfirst[2][kBr];
   const int steps = n_heads * n_qblocks;
 
   auto load_rows = [&](unsigned char* dst, const bf16_t* src, int64_t row_stride, int row0, int rows_valid, int rows) {
@@ -111,9 +114,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_backward_mma_kernel(con
       const bool ok = row < p.tq;
       bwd_cp_async_4(cuda::smem_addr(st + tid), p.lse + h * p.lse_sh + (ok ? row : 0) * p.lse_st, ok ? 4 : 0);
       bwd_cp_async_4(cuda::smem_addr(st + kBr + tid), p.delta + h * p.delta_sh + (ok ? row : 0) * p.delta_st, ok ? 4 : 0);
-      const float tau = bwd_tau(p, p.q_pos0 + row);
+      const int64_t doc = p.q_doc_start ? p.q_doc_start[ok ? row : p.tq - 1] : 0;
+      const float tau = bwd_tau(p, mask::tau_position(p.q_pos0 + row, doc));
       st[2 * kBr + tid] = p.scale_log2 * tau;
       st[3 * kBr + tid] = p.scale * tau;
+      const int64_t first = doc - p.k_pos0;
+      sfirst[stage][tid] = first < 0 ? 0 : (first > (1 << 30) ? (1 << 30) : static_cast<int>(first));
     }
   };
 
@@ -147,7 +153,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_backward_mma_kernel(con
     // Sᵀ = K Qᵀ (16 keys × 64 queries per warp), then Pᵀ in place.
     float s[kBr / 8][4];
     bwd_mma_rows_by_rows<D, kBr>(s, sk, qs, warp * 16, 0, lane);
-    const bool need_mask = (p.causal && p.k_pos0 + k0 + kBc - 1 > p.q_pos0 + m0) || k0 + kBc > p.tk || m0 + kBr > p.tq;
+    const bool doc_mask = p.q_doc_start && sfirst[stage][kBr - 1] > k0;  // some row's document starts after key k0
+    const bool need_mask =
+        (p.causal && p.k_pos0 + k0 + kBc - 1 > p.q_pos0 + m0) || k0 + kBc > p.tk || m0 + kBr > p.tq || doc_mask;
 #pragma unroll
     for (int j = 0; j < kBr / 8; ++j)
 #pragma unroll
@@ -157,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_backward_mma_kernel(con
         bool visible = lse != -INFINITY;
         if (need_mask) {
           visible = visible && key < p.tk && m0 + col < p.tq &&
-                    !(p.causal && p.k_pos0 + key > p.q_pos0 + m0 + col);
+                    !(p.causal && p.k_pos0 + key > p.q_pos0 + m0 + col) && !(doc_mask && key < sfirst[stage][col]);
         }
         s[j][e] = visible ? exp2f(s[j][e] * st_qscale[col] - lse * 1.4426950408889634f) : 0.0f;
       }
@@ -339,7 +347,10 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
   HYDRA_ASSERT(hq <= kBwdMaxHeads, "CUDA attention backward: {} query heads > {}", hq, kBwdMaxHeads);
   if (q.size(0) == 0 || k.size(0) == 0) return;
   BwdParams p = make_bwd_params(dq, dk, dv, d_out, q, k, v, lse, delta, params);
-  const BwdKernel kernel = d == 128 ? backward_kernel_d128(params.backward_kernel) : BwdKernel::mma;
+  if (p.q_doc_start) cuda::expect_cuda(params.q_document_start, "attention q_document_start", DType::i64);
+  if (p.k_doc_end) cuda::expect_cuda(params.k_document_end, "attention k_document_end", DType::i64);
+  // Packed documents run on the mma.sync kernel (the only one that takes them).
+  const BwdKernel kernel = d == 128 && !p.q_doc_start ? backward_kernel_d128(params.backward_kernel) : BwdKernel::mma;
   if (kernel == BwdKernel::ws && ws_supports(dq, d_out, q, k, v)) {
     launch_ws(p, q, k, v, d_out);
   } else if (d == 128) {

@@ -35,6 +35,10 @@ struct BwdParams {
   float tau_base;    // a of τ; 0 = off
   float inv_log_tau_base;
   int causal;
+  // Packed documents (attention_mask.h): each query row's document start and each key row's
+  // document end, global positions; null: one document. Only the mma.sync kernel takes them.
+  const int64_t* q_doc_start;
+  const int64_t* k_doc_end;
   // Query heads grouped by KV head: those of KV head g are heads_by_kv[group_begin[g] .. group_begin[g + 1]).
   int group_begin[kBwdMaxHeads + 1];
   int heads_by_kv[kBwdMaxHeads];
@@ -72,6 +76,12 @@ inline BwdParams make_bwd_params(const TensorView& dq, const TensorView& dk, con
   p.tau_base = static_cast<float>(params.tau_log_base);
   p.inv_log_tau_base = params.tau_log_base > 0 ? static_cast<float>(1.0 / std::log(params.tau_log_base)) : 0.0f;
   p.causal = params.causality == Causality::causal;
+  p.q_doc_start = params.q_document_start.defined() ? params.q_document_start.data_as<const int64_t>() : nullptr;
+  p.k_doc_end = params.k_document_end.defined() ? params.k_document_end.data_as<const int64_t>() : nullptr;
+  HYDRA_ASSERT(!params.q_document_start.defined() || params.q_document_start.stride(0) == 1,
+               "attention backward: q_document_start must be contiguous");
+  HYDRA_ASSERT(!params.k_document_end.defined() || params.k_document_end.stride(0) == 1,
+               "attention backward: k_document_end must be contiguous");
   HYDRA_ASSERT(hk <= kBwdMaxHeads && (params.kv_head_of_query.empty() ? hq % hk == 0
                                                                      : static_cast<int64_t>(params.kv_head_of_query.size()) == hq),
                "attention backward: {} query heads, {} KV heads, mapping of {}", hq, hk, params.kv_head_of_query.size());
@@ -96,6 +106,15 @@ __device__ __forceinline__ void bwd_cp_async_4(uint32_t dst, const void* src, in
 // τ at a global position (1 when off), as the forward's row scale.
 __device__ __forceinline__ float bwd_tau(const BwdParams& p, int64_t pos) {
   return p.tau_base > 0.0f ? logf(float(pos) + p.tau_base) * p.inv_log_tau_base : 1.0f;
+}
+
+// One past the last query row that may see a key of the block [k0, k0 + cols): the end of the last
+// key's document (packed documents), else tq.
+__device__ __forceinline__ int bwd_query_end(const BwdParams& p, int k0, int cols) {
+  if (!p.k_doc_end) return p.tq;
+  const int last_key = min(k0 + cols, p.tk) - 1;
+  const int64_t end = p.k_doc_end[last_key] - p.q_pos0;
+  return end <= 0 ? 0 : (end < p.tq ? static_cast<int>(end) : p.tq);
 }
 
 // First query row (a multiple of `rows`) that may see key row k0; tq when none can.

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/attention/attention_mask.h"
 #include "kernels/cuda/common.cuh"
 
 namespace hydra::ops::cuda_impl {
@@ -27,6 +28,9 @@ struct FlashParams {
   float tau_base;        // a of τ; 0 = off
   float inv_log_tau_base;
   int causal, merge;
+  // Packed documents (attention_mask.h): each query row's document start, global position [tq];
+  // null: one document. Only the mma.sync kernel takes them (the dispatcher sends such calls there).
+  const int64_t* q_doc_start;
   int kv_of[kMaxHeads];
 };
 
@@ -43,9 +47,22 @@ __device__ __forceinline__ int flash_key_end(const FlashParams& p, int q0, int r
   return visible <= 0 ? 0 : (visible < p.tk ? static_cast<int>(visible) : p.tk);
 }
 
-// The base-2 score scale of query row `row`: softmax scale · log2(e) · τ(global position).
+// The document start s(q) of query row `row` (rows past the end read the last row's; 0 without
+// documents).
+__device__ __forceinline__ int64_t flash_doc_start(const FlashParams& p, int row) {
+  return p.q_doc_start ? p.q_doc_start[row < p.tq ? row : p.tq - 1] : 0;
+}
+
+// The first key any row of a block starting at q0 may see: s(q0) (attention_mask.h), as an index.
+__device__ __forceinline__ int flash_key_begin(const FlashParams& p, int q0) {
+  if (!p.q_doc_start) return 0;
+  const int64_t first = flash_doc_start(p, q0) - p.k_pos0;
+  return first <= 0 ? 0 : (first < p.tk ? static_cast<int>(first) : p.tk);
+}
+
+// The base-2 score scale of query row `row`: softmax scale · log2(e) · τ(position within its document).
 __device__ __forceinline__ float flash_row_scale(const FlashParams& p, int row) {
-  const int64_t pos = p.q_pos0 + row;
+  const int64_t pos = mask::tau_position(p.q_pos0 + row, flash_doc_start(p, row));
   const float tau = p.tau_base > 0.0f ? logf(float(pos) + p.tau_base) * p.inv_log_tau_base : 1.0f;
   return p.scale_log2 * tau;
 }

@@ -39,6 +39,29 @@ __device__ __forceinline__ bool flash_tile_needs_mask(const FlashParams& p, int 
   return key0 + cols > p.tk || (p.causal && p.k_pos0 + key0 + cols - 1 > p.q_pos0 + row_first);
 }
 
+// Packed documents: the first column of the key tile at key0 that row `row` may see (columns
+// before it belong to earlier documents), and whether a tile needs that mask for some row up to
+// `row_last` (document starts do not decrease along the rows).
+__device__ __forceinline__ int flash_first_visible(const FlashParams& p, int key0, int row) {
+  const int64_t first = flash_doc_start(p, row) - p.k_pos0 - key0;
+  return first < 0 ? 0 : (first > INT_MAX / 2 ? INT_MAX / 2 : static_cast<int>(first));
+}
+__device__ __forceinline__ bool flash_tile_needs_doc_mask(const FlashParams& p, int key0, int row_last) {
+  return p.q_doc_start && p.k_pos0 + key0 < flash_doc_start(p, row_last);
+}
+
+// Sets the scores of hidden keys to −inf: columns outside [first[r], last[r]] of the thread's row r.
+template <int N>
+__device__ __forceinline__ void flash_apply_mask(float (&s)[N], int c4, const int (&first)[2], const int (&last)[2]) {
+#pragma unroll
+  for (int j = 0; j < N / 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = j * 8 + c4 * 2 + (e % 2);
+      if (col > last[e / 2] || col < first[e / 2]) s[4 * j + e] = -INFINITY;
+    }
+}
+
 // Sets the scores of hidden keys to −inf (last[r]: flash_last_visible of the thread's row r).
 template <int N>
 __device__ __forceinline__ void flash_apply_mask(float (&s)[N], int c4, const int (&last)[2]) {

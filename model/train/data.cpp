@@ -21,9 +21,9 @@ TokenWindows::TokenWindows(const std::vector<std::string>& files, int64_t seq_le
     HYDRA_USER_CHECK(n >= seq_len + 1, "{}: holds {} tokens, shorter than one window of --seq-len {} + 1 (its targets)",
                      path, n, seq_len);
     for (int64_t off = 0; off + seq_len + 1 <= n; off += seq_len) {
-      int64_t counted = seq_len;
-      if (!s.loss_mask.empty()) counted = std::count(s.loss_mask.begin() + off + 1, s.loss_mask.begin() + off + seq_len + 1, 1);
-      starts_.push_back(Start{static_cast<int32_t>(streams_.size() - 1), off, counted});
+      starts_.push_back(Start{static_cast<int32_t>(streams_.size() - 1), off, 0});
+      const Window w = window_in_order(count() - 1);
+      starts_.back().counted = w.counted.empty() ? seq_len : std::count(w.counted.begin() + 1, w.counted.end(), 1);
     }
   }
 }
@@ -60,7 +60,47 @@ Window TokenWindows::window_in_order(int64_t i) const {
     using V = std::decay_t<decltype(v)>;
     return v.empty() ? V{} : V(v.begin() + s.offset, v.begin() + s.offset + seq_len_ + 1);
   };
-  return Window{slice(stream.ids), slice(stream.loss_mask), slice(stream.answer)};
+  Window w{slice(stream.ids), slice(stream.loss_mask), slice(stream.answer), {}};
+  if (!stream.document_offsets.empty()) {
+    // Boundaries in (offset, offset + seq_len]: the last one is the extra target's, which then starts
+    // the next document: its target does not count (nor does any other crossing one).
+    std::vector<int64_t> inside;
+    const auto& o = stream.document_offsets;
+    for (auto it = std::upper_bound(o.begin(), o.end(), s.offset); it != o.end() && *it <= s.offset + seq_len_; ++it) {
+      inside.push_back(*it - s.offset);
+    }
+    if (!inside.empty()) {
+      w.counted = counted_within_documents(w.counted, seq_len_ + 1, inside);
+      w.document_starts.push_back(0);
+      for (int64_t b : inside)
+        if (b < seq_len_) w.document_starts.push_back(b);
+      if (w.document_starts.size() == 1) w.document_starts.clear();
+    }
+  }
+  return w;
+}
+
+PackedBatch pack_windows(const std::vector<Window>& windows) {
+  PackedBatch b;
+  const bool answers = std::any_of(windows.begin(), windows.end(), [](const Window& w) { return !w.answer.empty(); });
+  for (const Window& w : windows) {
+    const int64_t len = static_cast<int64_t>(w.ids.size()) - 1, base = static_cast<int64_t>(b.ids.size());
+    if (w.document_starts.empty()) {
+      b.document_starts.push_back(base);
+    } else {
+      for (int64_t s : w.document_starts) b.document_starts.push_back(base + s);
+    }
+    for (int64_t i = 0; i < len; ++i) {
+      const size_t next = static_cast<size_t>(i + 1);
+      const bool counted = w.counted.empty() || w.counted[next] != 0;
+      b.ids.push_back(w.ids[static_cast<size_t>(i)]);
+      b.targets.push_back(counted ? w.ids[next] : -1);
+      b.counted += counted ? 1 : 0;
+      if (answers) b.answer.push_back(w.answer.empty() ? 0 : w.answer[next]);
+    }
+  }
+  if (b.document_starts.size() == 1) b.document_starts.clear();  // one window, one document
+  return b;
 }
 
 Window TokenWindows::window(int64_t n) const {

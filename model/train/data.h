@@ -5,8 +5,14 @@
 // every window drawn from (seed, e), so window n of the run is a pure function of (seed, n) and the
 // position in the data is one integer (part of the training state).
 //
-// A file's loss_mask and answer spans (runtime/token_file.h) travel with its windows: a window's
-// flags say which of its targets count and which are retrieval answers.
+// A file's loss_mask, answer spans and document offsets (runtime/token_file.h) travel with its
+// windows: a window's flags say which of its targets count and which are retrieval answers, and the
+// document boundaries that fall inside it stay (the target that would cross one does not count; a
+// window's first token starts its first, possibly partial, document).
+//
+// A micro-batch of windows is packed into one sequence (pack_windows): each window a document of its
+// own (with the boundaries inside it), so it runs exactly as if alone (DESIGN.md §3.6) while the
+// GPU sees one long sequence instead of one launch sequence per window.
 //
 // The streams are read whole into host memory at start (4 bytes per token per rank): fine for the
 // fine-tuning and distillation sets this runtime trains on (a billion tokens is 4 GB); a larger
@@ -25,10 +31,20 @@ namespace hydra::train {
 // One window: seq_len + 1 tokens and their flags (flag i belongs to the target token i).
 struct Window {
   std::vector<int32_t> ids;      // [seq_len + 1]
-  std::vector<uint8_t> counted;  // [seq_len + 1], or empty: every target counts
+  std::vector<uint8_t> counted;  // [seq_len + 1], or empty: every target counts (boundary crossings already 0)
   std::vector<uint8_t> answer;   // [seq_len + 1], or empty: no answers marked
+  std::vector<int64_t> document_starts;  // 0 and the documents starting in (0, seq_len), or empty: one document
   TargetFlags flags() const { return {counted, answer}; }
 };
+
+// Windows packed into one sequence of Σ seq_len tokens (global order), ready for SequenceLayout::rows_of.
+struct PackedBatch {
+  std::vector<int32_t> ids, targets;   // targets −1 where not counted
+  std::vector<uint8_t> answer;         // empty when no window marks answers
+  std::vector<int64_t> document_starts;
+  int64_t counted = 0;
+};
+PackedBatch pack_windows(const std::vector<Window>& windows);
 
 class TokenWindows {
  public:

@@ -209,14 +209,16 @@ void all_reduce_gradients(Communicator& comm, ModelTensors& grads) {
 }
 
 NamedGradients next_token_gradients(Communicator& comm, const Model& model, std::span<const int32_t> ids,
-                                    std::span<const uint8_t> counted) {
+                                    std::span<const uint8_t> counted, std::span<const int64_t> document_starts) {
   const int64_t total = static_cast<int64_t>(ids.size());
   HYDRA_USER_CHECK(total >= 2, "next-token gradients need at least 2 tokens (got {})", total);
   HYDRA_ASSERT(counted.empty() || counted.size() == ids.size(), "loss mask of {} for {} tokens", counted.size(), ids.size());
-  const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
-  const TokenRows rows = layout.token_rows(ids, {.counted = counted, .answer = {}});  // the last token has no target
+  const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank(),
+                                                       {document_starts.begin(), document_starts.end()});
+  const std::vector<uint8_t> mask = counted_within_documents(counted, total, document_starts);
+  const TokenRows rows = layout.token_rows(ids, {.counted = mask, .answer = {}});  // the last token has no target
   // Every rank knows the whole mask: the global count of counted targets (positions 1..T−1).
-  const int64_t count = counted.empty() ? total - 1 : std::count(counted.begin() + 1, counted.end(), 1);
+  const int64_t count = std::count(mask.begin() + 1, mask.end(), 1);
   ModelTensors grads = model.zeros_like_weights(model.acc_dtype());
   ForwardContext context{comm, layout};
   NamedGradients out;

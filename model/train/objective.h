@@ -80,7 +80,9 @@ struct NamedGradients {
   LossSums sums;
   NamedTensors grads;
 };
+// `document_starts` (empty: one document) packs several documents into the sequence (DESIGN.md
+// §3.6): each runs as if alone and the targets that would cross a boundary are not counted.
 NamedGradients next_token_gradients(Communicator& comm, const Model& model, std::span<const int32_t> ids,
-                                    std::span<const uint8_t> counted = {});
+                                    std::span<const uint8_t> counted = {}, std::span<const int64_t> document_starts = {});
 
 }  // namespace hydra::train

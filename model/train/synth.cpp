@@ -202,6 +202,12 @@ std::string kind_name(Kind kind) {
 
 bool is_retrieval(Kind kind) { return kind != Kind::lm; }
 
+int64_t SynthConfig::document_length(int64_t index) const {
+  if (!packed()) return seq_len;
+  const uint64_t span = static_cast<uint64_t>(doc_length_max - doc_length_min + 1);
+  return doc_length_min + static_cast<int64_t>(RandomStream{seed, hash_name("synth/doc-length")}.bits(static_cast<uint64_t>(index)) % span);
+}
+
 int64_t SynthConfig::language_content() const { return niah::markers_for(vocab_size).content - recall_tokens; }
 
 Kind parse_kind(const std::string& name) {
@@ -333,6 +339,15 @@ void SynthConfig::validate() const {
   HYDRA_USER_CHECK(!mixture.empty(), "the mixture names no task");
   HYDRA_USER_CHECK(documents >= 1, "the stream needs at least one document (--tokens ≥ --seq-len)");
   HYDRA_USER_CHECK(seq_len >= 2, "--seq-len must be at least 2 (got {})", seq_len);
+  if (packed()) {
+    HYDRA_USER_CHECK(doc_length_min >= 2 && doc_length_max >= doc_length_min,
+                     "--doc-length {}..{}: need 2 ≤ MIN ≤ MAX", doc_length_min, doc_length_max);
+    SynthConfig shortest = *this;  // every kind must fit the shortest document
+    shortest.seq_len = doc_length_min;
+    shortest.doc_length_min = shortest.doc_length_max = 0;
+    shortest.validate();
+    return;
+  }
   const niah::Markers m = niah::markers_for(vocab_size);
   language.validate();
   HYDRA_USER_CHECK(recall_tokens >= 0 && recall_tokens % 2 == 0 && m.content - recall_tokens >= 2,
@@ -415,9 +430,12 @@ Stream generate_stream(const SynthConfig& config) {
   Stream s;
   s.kinds = document_kinds(config);
   s.ids.reserve(static_cast<size_t>(config.documents * config.seq_len + 1));
+  SynthConfig sized = config;  // a packed stream's documents each at their own length
   for (int64_t i = 0; i < config.documents; ++i) {
     const Kind kind = s.kinds[static_cast<size_t>(i)];
-    const Document d = generate_document(config, language, kind, i);
+    sized.seq_len = config.document_length(i);
+    if (config.packed()) s.document_offsets.push_back(static_cast<int64_t>(s.ids.size()));
+    const Document d = generate_document(sized, language, kind, i);
     const int64_t base = static_cast<int64_t>(s.ids.size());
     for (const Span& a : d.answers) {
       s.answers.push_back(Span{base + a.start, a.length});
@@ -431,6 +449,10 @@ Stream generate_stream(const SynthConfig& config) {
       }
     }
   }
+  if (config.packed()) {  // no trailing token: the documents are marked
+    s.document_offsets.push_back(static_cast<int64_t>(s.ids.size()));
+    return s;
+  }
   // The last window's last target (model/train/synth.h: Layout), counted as the last document's own.
   s.ids.push_back(language.base_draw(RandomStream{config.seed, hash_name("synth/tail")}.uniform(0)));
   if (masked) s.loss_mask.push_back(is_retrieval(s.kinds.back()) ? uint8_t{0} : uint8_t{1});
@@ -440,6 +462,20 @@ Stream generate_stream(const SynthConfig& config) {
 double lm_loss_floor(const SynthConfig& config, const Stream& stream) {
   const MarkovSource language(config.language, config.language_content());
   const double base = language.base_entropy();
+  if (config.packed()) {
+    // Every counted target of the lm documents (a document's first token is another document's
+    // crossing target, not counted): token 1 is a base draw, the others follow the table.
+    double sum = 0;
+    int64_t targets = 0;
+    for (size_t d = 0; d < stream.kinds.size(); ++d) {
+      if (stream.kinds[d] != Kind::lm) continue;
+      const int32_t* ids = stream.ids.data() + stream.document_offsets[d];
+      const int64_t n = stream.document_offsets[d + 1] - stream.document_offsets[d];
+      for (int64_t i = 1; i < n; ++i) sum += i == 1 ? base : language.next_entropy(ids[i - 2], ids[i - 1]);
+      targets += n - 1;
+    }
+    return targets > 0 ? sum / static_cast<double>(targets) : -1.0;
+  }
   double sum = 0;
   int64_t windows = 0;
   for (size_t d = 0; d < stream.kinds.size(); ++d) {
@@ -466,7 +502,8 @@ std::string config_json(const SynthConfig& c) {
                      {"value_length_max", r.value_length_max}, {"distractors", r.distractors}, {"values", r.values}}},
       {"mqar", {{"pairs", c.mqar_pairs}, {"queries", c.queries()}}},
       {"recall", {{"tokens", c.recall_tokens}, {"pairs", c.recall_pairs}}},
-      {"loss", c.loss == LossMask::answers ? "answers" : "all"}}
+      {"loss", c.loss == LossMask::answers ? "answers" : "all"},
+      {"doc_length", c.packed() ? nlohmann::json{c.doc_length_min, c.doc_length_max} : nlohmann::json(nullptr)}}
       .dump();
 }
 
@@ -497,6 +534,11 @@ void write_stream(const std::string& path, const SynthConfig& config, const Stre
   file.set_attribute("config", config_json(config));
   file.write("input_ids", ids);
   if (!stream.loss_mask.empty()) file.write_uint8("loss_mask", stream.loss_mask);
+  if (!stream.document_offsets.empty()) {
+    Tensor offsets = Tensor::empty({static_cast<int64_t>(stream.document_offsets.size())}, DType::i64);
+    std::copy(stream.document_offsets.begin(), stream.document_offsets.end(), offsets.data_as<int64_t>());
+    file.write("document_offsets", offsets);
+  }
   file.write("document_kind", kinds);
   file.write("answer_start", i64(start));
   file.write("answer_length", i64(length));

@@ -28,7 +28,12 @@
 // retrieval documents (mqar, recall, NIAH), so the gradient of a retrieval document is all
 // retrieval signal rather than a few answer tokens among unpredictable filler and keys.
 //
-// Layout: every document is exactly seq_len tokens; the stream is the documents back to back plus
+// Packed streams (doc_length_min > 0, `hydra synth --doc-length MIN..MAX`): document i has a length
+// drawn uniformly from [MIN, MAX] by (seed, i), the documents lie back to back without a trailing
+// token, and the file's document_offsets (runtime/token_file.h) mark them, so training windows of
+// any length hold several documents and parts of them, each running as if alone (DESIGN.md §3.6).
+//
+// Layout otherwise: every document is exactly seq_len tokens; the stream is the documents back to back plus
 // one trailing token, documents·seq_len + 1 ids. `hydra train` cuts windows of seq_len + 1 with
 // stride seq_len (model/train/data.h), so window k is document k (plus the first token of the
 // next one as the last target): a NIAH sample is then one whole training sequence at the training
@@ -134,6 +139,9 @@ struct SynthConfig {
   int64_t recall_tokens = 0;  // reserved content ids for recall keys (lower half) and values (upper half)
   int64_t recall_pairs = 16;
   LossMask loss = LossMask::all;
+  int64_t doc_length_min = 0, doc_length_max = 0;  // packed streams; 0: every document seq_len tokens
+  bool packed() const { return doc_length_min > 0; }
+  int64_t document_length(int64_t index) const;  // seq_len, or the packed stream's draw for document `index`
   // The language's content ids: [0, language_content()).
   int64_t language_content() const;
   // recall documents: pairs, then one query per pair while they fit (at least one).
@@ -162,6 +170,7 @@ Document generate_document(const SynthConfig& config, const MarkovSource& langua
 struct Stream {
   std::vector<int32_t> ids;             // [documents · seq_len + 1]
   std::vector<uint8_t> loss_mask;       // [ids.size()] with LossMask::answers, else empty
+  std::vector<int64_t> document_offsets; // [documents + 1] for packed streams, else empty
   std::vector<Kind> kinds;              // [documents]
   std::vector<Span> answers;            // stream positions, in order
   std::vector<int64_t> answer_document; // [answers.size()]

@@ -81,13 +81,17 @@ struct Run {
   TrainTopology& topology;
   Model& student;
   const Model* teacher;
-  SequenceLayout layout;
   AdamW& optimizer;
   PhaseTimer* timer = nullptr;  // the step's phases (GEMMs, FA, GDN, exposed communication, other)
 
-  // The loss (and, with grads, the gradient) of one window.
-  LossSums window_loss(const Window& window, double grad_scale, ModelTensors* grads, std::vector<double>* layer_loss) {
-    const TokenRows w = layout.token_rows(window.ids, window.flags());  // T + 1 tokens; the mask's rows get −1
+  // The loss (and, with grads, the gradient) of a micro-batch: its windows packed into one sequence,
+  // each window its own document (data.h pack_windows), spread over the sequence group.
+  LossSums batch_loss(const std::vector<Window>& windows, double grad_scale, ModelTensors* grads,
+                      std::vector<double>* layer_loss) {
+    const PackedBatch batch = pack_windows(windows);
+    const SequenceLayout layout = SequenceLayout::zigzag(static_cast<int64_t>(batch.ids.size()), topology.sp(),
+                                                         topology.sequence().rank(), batch.document_starts);
+    const TokenRows w = layout.rows_of(batch.ids, batch.targets, batch.answer);
     ForwardContext context{
         .comm = topology.sequence(), .layout = layout, .timer = timer, .keep = config.kept};
     switch (config.stage) {
@@ -269,7 +273,7 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
   const TokenWindows data(config.data, config.seq_len, config.seed, mc.vocab_size);
   std::optional<TokenWindows> eval;
   if (!config.eval_data.empty()) eval.emplace(config.eval_data, config.seq_len, 0, mc.vocab_size);
-  const SequenceLayout layout = SequenceLayout::zigzag(config.seq_len, topology.sp(), topology.sequence().rank());
+  SequenceLayout::zigzag(config.seq_len, topology.sp(), topology.sequence().rank());  // admissible window length
 
   OptimizerConfig optim = config.optim;
   optim.total_steps = config.steps;
@@ -278,7 +282,7 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
   };
   AdamW optimizer(student, optim, trainable);
   PhaseTimer timer(student.device());
-  Run run{config, topology, student, teacher, layout, optimizer, &timer};
+  Run run{config, topology, student, teacher, optimizer, &timer};
 
   int64_t first_step = 1, position = 0;
   if (config.resume) {
@@ -377,7 +381,15 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
     if (eval) {
       const int64_t n = std::min(config.eval_windows, eval->count());
       LossSums local;
-      for (int64_t i = topology.replica(); i < n; i += replicas) local += run.window_loss(eval->window_in_order(i), 1.0, nullptr, nullptr);
+      // This replica's windows, packed batch_seqs at a time as in training.
+      std::vector<Window> batch;
+      for (int64_t i = topology.replica(); i < n; i += replicas) {
+        batch.push_back(eval->window_in_order(i));
+        if (static_cast<int64_t>(batch.size()) == config.batch_seqs || i + replicas >= n) {
+          local += run.batch_loss(batch, 1.0, nullptr, nullptr);
+          batch.clear();
+        }
+      }
       const LossSums total = reduce_sums(world, local);
       // Sequence-group ranks each counted their own tokens: the sums are already global.
       summary.last_eval_loss = total.loss / static_cast<double>(std::max<int64_t>(total.tokens, 1));
@@ -416,9 +428,15 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
     const double grad_scale = 1.0 / static_cast<double>(counted);
     LossSums local;
     std::vector<double> layer_loss;
-    for (int64_t j = 0; j < per_replica; ++j) {
-      const int64_t n = position + j * replicas + topology.replica();
-      local += run.window_loss(data.window(n), grad_scale, &optimizer.grads(), &layer_loss);
+    // Micro-batch m of this replica: windows j = m·batch_seqs … (m+1)·batch_seqs − 1, window j at
+    // data position + j·replicas + replica (the order is the same as one window at a time).
+    for (int64_t m = 0; m < config.grad_accum; ++m) {
+      std::vector<Window> batch;
+      for (int64_t b = 0; b < config.batch_seqs; ++b) {
+        const int64_t j = m * config.batch_seqs + b;
+        batch.push_back(data.window(position + j * replicas + topology.replica()));
+      }
+      local += run.batch_loss(batch, grad_scale, &optimizer.grads(), &layer_loss);
     }
     position += per_replica * replicas;
     all_reduce_gradients(world, optimizer.grads());

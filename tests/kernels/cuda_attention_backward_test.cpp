@@ -14,6 +14,7 @@
 // AttentionBackwardKernel::ws) and the mma.sync one (AttentionBackwardKernel::mma), each in
 // its own test so a failure names its kernel. Each case is announced before it runs (stdout is
 // line-buffered in the tests), so a crash names its case too.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -170,6 +171,84 @@ TEST(CudaAttentionBackward, StridedViews) {
   HYDRA_REQUIRE_GPU();
   strided_views("ws");
   strided_views("mma");
+}
+
+// Packed documents (attention_mask.h): the mma.sync forward and backward with per-row document
+// starts against the CPU reference, for a whole sequence (P = 1) and for a zigzag-style pair whose
+// keys lie before the queries (the ring's case): documents of 1 token, boundaries inside and on the
+// edges of 64-row tiles, τ at the position within the document, d = 64 and 128. The calls with
+// documents run the mma.sync kernels whatever the kernel options say (both are asked for).
+void packed_documents(int64_t d, ops::AttentionBackwardKernel asked) {
+  struct DocCase {
+    int64_t tq, tk, qpos, kpos;
+    std::vector<int64_t> starts;  // document starts (global positions) covering [min(kpos, qpos), end)
+  };
+  const DocCase cases[] = {
+      {200, 200, 0, 0, {0, 1, 37, 64, 65, 128, 190, 199}},
+      {150, 150, 300, 300, {0, 310, 330, 384, 449}},
+      {128, 160, 400, 200, {0, 250, 360, 420, 500}},  // keys before the queries: some blocks wholly hidden
+  };
+  for (const DocCase& c : cases) {
+    const std::string what = "[docs d=" + std::to_string(d) + "] tq=" + std::to_string(c.tq) + " q@" +
+                             std::to_string(c.qpos) + " k@" + std::to_string(c.kpos);
+    std::printf("case %s\n", what.c_str());
+    auto bounds = [&](int64_t pos0, int64_t n, bool end) {
+      Tensor t = Tensor::empty({n}, DType::i64);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t pos = pos0 + i;
+        const auto it = std::upper_bound(c.starts.begin(), c.starts.end(), pos);
+        t.data_as<int64_t>()[i] = end ? (it == c.starts.end() ? int64_t{1} << 40 : *it) : *(it - 1);
+      }
+      return t;
+    };
+    const Tensor qdoc = bounds(c.qpos, c.tq, false), kend = bounds(c.kpos, c.tk, true);
+    const int64_t hq = 2, hk = 1;
+    Tensor q = rounded_to_bf16(random_tensor({c.tq, hq, d}, 60, 2.0f)), k = rounded_to_bf16(random_tensor({c.tk, hk, d}, 61, 2.0f));
+    Tensor v = rounded_to_bf16(random_tensor({c.tk, hk, d}, 62)), dout = rounded_to_bf16(random_tensor({c.tq, hq, d}, 63));
+    ops::AttentionParams p{.q_position0 = c.qpos, .k_position0 = c.kpos, .tau_log_base = 362.0,
+                           .forward_kernel = ops::AttentionKernel::hopper, .backward_kernel = asked};
+    p.q_document_start = qdoc;
+    p.k_document_end = kend;
+    Tensor out = Tensor::empty({c.tq, hq, d}, DType::f32), lse = Tensor::empty({hq, c.tq}, DType::f32);
+    ops::attention_forward(out, lse, q, k, v, p);
+    Tensor delta = Tensor::empty({hq, c.tq}, DType::f32);
+    ops::attention_backward_prepare(delta, dout, out);
+    Tensor dq = Tensor::zeros({c.tq, hq, d}, DType::f32), dk = Tensor::zeros({c.tk, hk, d}, DType::f32),
+           dv = Tensor::zeros({c.tk, hk, d}, DType::f32);
+    ops::attention_backward(dq, dk, dv, dout, q, k, v, lse, delta, p);
+
+    ops::AttentionParams pg = p;
+    const Tensor qdoc_g = to_device(qdoc, Device::cuda), kend_g = to_device(kend, Device::cuda);
+    pg.q_document_start = qdoc_g;
+    pg.k_document_end = kend_g;
+    Tensor out_g = Tensor::empty({c.tq, hq, d}, DType::f32, Device::cuda), lse_g = Tensor::empty({hq, c.tq}, DType::f32, Device::cuda);
+    Tensor q_g = gpu(q), k_g = gpu(k), v_g = gpu(v), dout_g = gpu(dout);
+    ops::attention_forward(out_g, lse_g, q_g, k_g, v_g, pg);
+    expect_close(host(out_g), out, 2e-2, what + " out");
+    const Tensor lh = host(lse_g);
+    for (int64_t i = 0; i < lh.numel(); ++i) {
+      const float a = lh.data_as<float>()[i], b = lse.data_as<float>()[i];
+      if (std::isinf(b)) {
+        EXPECT_TRUE(std::isinf(a) && a < 0) << what << " lse " << i << ": " << a;
+      } else {
+        EXPECT_NEAR(a, b, 2e-2 * std::max(1.0f, std::abs(b))) << what << " lse " << i;
+      }
+    }
+    Tensor delta_g = Tensor::empty({hq, c.tq}, DType::f32, Device::cuda);
+    ops::attention_backward_prepare(delta_g, dout_g, gpu(out, DType::f32));
+    Tensor dq_g = Tensor::zeros({c.tq, hq, d}, DType::f32, Device::cuda), dk_g = Tensor::zeros({c.tk, hk, d}, DType::f32, Device::cuda),
+           dv_g = Tensor::zeros({c.tk, hk, d}, DType::f32, Device::cuda);
+    ops::attention_backward(dq_g, dk_g, dv_g, dout_g, q_g, k_g, v_g, gpu(lse, DType::f32), delta_g, pg);
+    expect_gradient(dq_g, dq, what + " dq");
+    expect_gradient(dk_g, dk, what + " dk");
+    expect_gradient(dv_g, dv, what + " dv");
+  }
+}
+
+TEST(CudaAttentionBackward, PackedDocumentsMatchCpuReference) {
+  HYDRA_REQUIRE_GPU();
+  packed_documents(64, ops::AttentionBackwardKernel::mma);
+  packed_documents(128, ops::AttentionBackwardKernel::ws);
 }
 
 }  // namespace
