@@ -21,7 +21,7 @@ TensorView gathered_slot(const SequenceLayout& layout, const Tensor& all, int se
 void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, const TensorView& out,
                            const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
                            const TensorView& beta, const ops::DeltaRuleParams& params, PhaseTimer* timer,
-                           GdnSaved* saved) {
+                           GdnSaved* saved, const TensorView& final_state) {
   const int64_t t_local = layout.local_length();
   expect_shape(k, "gdn k", {{"T_loc", t_local}, {"H", -1}, {"dk", -1}});
   const int64_t heads = k.size(1), dk = k.size(2), dv = v.size(2);
@@ -35,6 +35,7 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
     ScopedPhase phase(timer, Phase::gdn);
     fill(state, 0.0f);
     ops::delta_rule_chunked(out, state, q, k, v, g, beta, params);
+    if (final_state.defined()) copy_into(final_state, state);
     return;
   }
   // 1. Maps of the owned segments: slot [j] = (M [H, dk, dk], S_ext [H, dk, dv]) flattened.
@@ -77,6 +78,7 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
     ops::delta_rule_chunked(out.narrow(0, s.local_offset, s.length), state, q.narrow(0, s.local_offset, s.length),
                             k.narrow(0, s.local_offset, s.length), v.narrow(0, s.local_offset, s.length),
                             g.narrow(0, s.local_offset, s.length), beta.narrow(0, s.local_offset, s.length), params);
+    if (final_state.defined() && s.index == last_segment) copy_into(final_state, state);
   }
 }
 
