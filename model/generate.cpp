@@ -123,7 +123,7 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
     const int64_t batch = static_cast<int64_t>(rows.size());
     Tensor id_tensor = Tensor::empty({batch}, DType::i32);
     std::copy(ids.begin(), ids.end(), id_tensor.data_as<int32_t>());
-    ForwardContext context{.comm = comm, .cache = &cache};
+    ForwardContext context{.comm = comm, .layout = {}, .cache = &cache};  // decode reads no layout
     cache.begin_decode(rows);
     const Tensor hidden = model.decode_step(context, id_tensor);
     // Rows whose input was the prompt's last token or a new token choose the next one.

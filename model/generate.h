@@ -26,8 +26,8 @@ namespace hydra {
 
 struct GenerateOptions {
   int64_t max_new_tokens = 1;
-  SamplingParams sampling;
-  std::vector<int32_t> stop_tokens;
+  SamplingParams sampling = {};
+  std::vector<int32_t> stop_tokens = {};
   bool progress = false;      // rank 0 logs a line per layer of each prefill, with an ETA
   bool keep_logits = false;   // keep the logits each new token was chosen from (tests)
 };

@@ -81,7 +81,7 @@ TEST(Generate, CacheRowsAreSplitEvenly) {
   const int64_t prompt = 12 * p + 1;  // a prefill of 12·P tokens (segments of 6 ≥ K − 1) and one more
   std::vector<int32_t> ids(static_cast<size_t>(prompt));
   for (int64_t i = 0; i < prompt; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i % config.vocab_size);
-  KvCache cache(model, 1, cache_rows_needed(config, prompt, 9, p), p, comm.rank());
+  KvCache cache(model, 1, cache_rows_needed(config, prompt, 13, p), p, comm.rank());  // 13 decode rows
   const int64_t prefill = prefill_length(config, prompt, p);
   ASSERT_EQ(prefill, 12 * p);
   const SequenceLayout layout = SequenceLayout::zigzag(prefill, p, comm.rank());
@@ -94,7 +94,7 @@ TEST(Generate, CacheRowsAreSplitEvenly) {
     cache.begin_decode(std::vector<int64_t>{0});
     Tensor id = Tensor::empty({1}, DType::i32);
     id.data_as<int32_t>()[0] = static_cast<int32_t>(step % config.vocab_size);
-    ForwardContext decode{.comm = comm, .cache = &cache};
+    ForwardContext decode{.comm = comm, .layout = {}, .cache = &cache};
     model.decode_step(decode, id);
     cache.end_decode();
   }
