@@ -8,7 +8,9 @@
 #      fits at batch 1 only);
 #   2. the PyTorch anchors of one layer (cluster/bench/decode_anchor.py): SDPA over the same caches,
 #      flash-linear-attention's fused_recurrent_gated_delta_rule step (if importable) and an eager step;
-#   3. the table (cluster/bench/decode_table.py): our figures beside the anchors, and the targets of
+#   3. hydra generate end to end on the GPU (hydrahead-1.7b, a 32K-token prompt from hydra synth, 64
+#      new tokens): the sequence-parallel prefill path filling the bf16 cache, then decode; its JSON lines;
+#   4. the table (cluster/bench/decode_table.py): our figures beside the anchors, and the targets of
 #      the issue (hybrid ≤ 3.2 ms at 512K batch 1, teacher ≤ 18 ms, hybrid ≥ 4.5× faster, 1M decodes).
 #
 #   cluster/bench/decode_bench.sh BIN_DIR OUT_DIR
@@ -47,5 +49,12 @@ done
 step "anchors" 90 "$out/anchors.log" "$py" "$root/cluster/bench/decode_anchor.py" --contexts "$contexts" --batches "$batches"
 grep '^{' "$out/anchors.log" > "$out/anchors.jsonl" || true
 grep -v '^{' "$out/anchors.log" | tail -3 | sed 's/^/  /'
+
+if step "synth prompt" 60 "$out/synth.log" "$bin/hydra" synth --task lm --tokens 32768 --seq-len 32768 \
+     --vocab 151936 --seed 1 --out "$out/prompt32k.h5"; then
+  step "hydra generate hydrahead-1.7b 32K" 60 "$out/generate.log" "$bin/hydra" generate --preset hydrahead-1.7b \
+    --prompt "$out/prompt32k.h5" --max-new-tokens 64 --device cuda --out "$out/generate.jsonl" \
+    && sed 's/^/  /' "$out/generate.jsonl"
+fi
 
 "$py" "$root/cluster/bench/decode_table.py" "$out/decode.jsonl" "$out/anchors.jsonl" | tee "$out/table.md"
