@@ -108,7 +108,14 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
   // 2. Decode: every unfinished sequence feeds its next token each step.
   const auto t_decode = Clock::now();
   std::vector<bool> done(static_cast<size_t>(n), false);
+  double next_report = 30.0;  // a progress line every 30 s of decoding (rank 0)
+  int64_t generated = 0;
   while (true) {
+    if (seconds_since(t_decode) > next_report) {
+      log::info("decode: {} of {} new tokens after {:.0f} s ({:.1f} tokens/s)", generated, n * options.max_new_tokens,
+                seconds_since(t_decode), static_cast<double>(generated) / seconds_since(t_decode));
+      next_report += 30.0;
+    }
     std::vector<int64_t> rows;
     std::vector<int32_t> ids;
     for (int64_t b = 0; b < n; ++b) {
@@ -168,6 +175,7 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
       const int64_t b = rows[static_cast<size_t>(choosing[c])];
       GeneratedSequence& seq = out[static_cast<size_t>(b)];
       seq.tokens.push_back(chosen[c]);
+      ++generated;
       seq.stopped = std::find(options.stop_tokens.begin(), options.stop_tokens.end(), chosen[c]) != options.stop_tokens.end();
       if (seq.stopped || static_cast<int64_t>(seq.tokens.size()) == options.max_new_tokens) {
         done[static_cast<size_t>(b)] = true;

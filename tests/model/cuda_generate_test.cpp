@@ -9,8 +9,10 @@
 // does on the GPU (the slots of the batched kernels do not mix). SKIPPED without a GPU.
 #include <algorithm>
 #include <cstdio>
+#include <sstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "model/generate.h"
 #include "model/params.h"
@@ -84,6 +86,33 @@ TEST(CudaGenerate, GreedyDecodeMatchesCpuWithinBf16) {
       expect_close(a, t, 2e-2, fmt::format("{} prompt {} alone vs in the batch", preset, b));
     }
   }
+}
+
+// hydra bench --op decode as the decode benchmark job runs it, at toy size: its correctness gate
+// passes, a cell that fits is measured (ms per step, tokens/s, bytes, peak memory), and one that
+// cannot fit (10⁹ cached tokens) is skipped with its reason instead of failing.
+TEST(CudaGenerate, DecodeBenchMeasuresAndSkipsWhatCannotFit) {
+  HYDRA_REQUIRE_GPU();
+  const CommandResult r = run_command(hydra_binary() + " bench --op decode --preset hydrahead-tiny --contexts 4K,1000000000 "
+                                      "--batches 1,3 --warmup 1 --repeat 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<nlohmann::json> cells;
+  std::stringstream in(r.output);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.front() == '{') cells.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_EQ(cells.size(), 4u) << r.output;
+  for (const auto& c : cells) {
+    if (c.at("context").get<int64_t>() == 4096) {
+      EXPECT_GT(c.at("ms_per_step").get<double>(), 0.0);
+      EXPECT_NEAR(c.at("tokens_per_s").get<double>(), c.at("batch").get<double>() * 1000.0 / c.at("ms_per_step").get<double>(), 1e-6);
+      EXPECT_EQ(c.at("cache_bytes_per_token").get<double>(), 2.0 * 2 * 64 * 2);  // 2 layers, one KV head, bf16
+      EXPECT_GT(c.at("peak_memory_gib").get<double>(), 0.0);
+    } else {
+      EXPECT_TRUE(c.contains("skipped")) << c.dump();
+    }
+  }
+  EXPECT_NE(r.output.find("decode attention check"), std::string::npos) << "the correctness gate ran";
 }
 
 }  // namespace
