@@ -47,6 +47,8 @@ const std::vector<Subcommand>& subcommands() {
       {"train", "train a model: pretrain, align, distill or finetune (sequence/data parallel under mpirun)", run_train},
       {"eval-lm", "held-out next-token loss of a model over windows of token files", run_eval_lm},
       {"synth", "generate a synthetic token stream: retrieval tasks and a Markov language, mixed", run_synth},
+      {"generate", "new tokens for prompts: sequence-parallel prefill, distributed KV/GDN cache, batched decode",
+       run_generate},
   };
   return commands;
 }

@@ -72,5 +72,6 @@ int run_gradients(App& app, const std::vector<std::string>& args);
 int run_train(App& app, const std::vector<std::string>& args);
 int run_eval_lm(App& app, const std::vector<std::string>& args);
 int run_synth(App& app, const std::vector<std::string>& args);
+int run_generate(App& app, const std::vector<std::string>& args);
 
 }  // namespace hydra

@@ -9,12 +9,15 @@
 // attention-bwd, gdn-bwd: forward + backward (bench_backward.cpp states their checks and FLOP counts).
 // gdn-input: the GDN conv/RoPE/L2 pass, its q/k backward and the conv backward, in GB/s beside a
 // device copy measured in the same run instead of the GEMM ceiling (bench_gdn_input.cpp).
+// decode: a whole model's greedy decode steps at long context (bench_decode.h): ms per step,
+// tokens/s, cache bytes, peak memory and GB/s beside a device copy, per (--contexts, --batches) cell.
 // The kernel measured is the one a model run would use (HYDRA_ATTENTION_KERNEL, HYDRA_GDN_KERNEL,
 // HYDRA_GDN_SEGMENTS select others); its name is part of the printed label and the JSON line.
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -23,6 +26,7 @@
 #include "kernels/l2norm/l2norm.h"
 #include "kernels/matmul/matmul.h"
 #include "launch/bench_backward.h"
+#include "launch/bench_decode.h"
 #include "launch/bench_gdn_input.h"
 #include "launch/cli.h"
 #include "model/cost.h"
@@ -50,6 +54,9 @@ struct BenchOptions {
   int repeat = 10;
   int warmup = 3;
   std::string json_out;
+  std::string preset;
+  std::string contexts = "32K,128K,512K,1M";
+  std::string batches = "1,8,32";
 
   void bind(po::options_description& o) {
     o.add_options()
@@ -64,11 +71,31 @@ struct BenchOptions {
         ("ceiling-size", po::value(&ceiling_size)->default_value(8192), "square bf16 GEMM measured as the ceiling")
         ("repeat", po::value(&repeat)->default_value(10), "timed launches (median reported)")
         ("warmup", po::value(&warmup)->default_value(3), "untimed launches first")
-        ("json-out", po::value(&json_out), "append the JSON line to this file");
+        ("json-out", po::value(&json_out), "append the JSON line to this file")
+        ("preset", po::value(&preset), "decode: the model (random weights), e.g. hydrahead-1.7b or qwen3-1.7b")
+        ("contexts", po::value(&contexts)->default_value("32K,128K,512K,1M"), "decode: cached tokens per sequence, a list")
+        ("batches", po::value(&batches)->default_value("1,8,32"), "decode: sequences per step, a list");
+  }
+  // A comma-separated list of sizes (accepts 32K, 1M).
+  static std::vector<int64_t> size_list(const std::string& text, const char* flag) {
+    std::vector<int64_t> out;
+    std::stringstream in(text);
+    std::string item;
+    while (std::getline(in, item, ',')) out.push_back(parse_size(item, flag));
+    HYDRA_USER_CHECK(!out.empty(), "{} needs at least one value", flag);
+    for (const int64_t v : out) HYDRA_USER_CHECK(v >= 1, "{} values must be >= 1 (got {})", flag, v);
+    return out;
   }
   void validate() const {
-    HYDRA_USER_CHECK(op == "gemm" || op == "attention" || op == "gdn" || op == "gdn-input" || is_backward_bench_op(op),
-                     "--op must be gemm, attention, gdn, attention-bwd, gdn-bwd or gdn-input (got '{}')", op);
+    HYDRA_USER_CHECK(op == "gemm" || op == "attention" || op == "gdn" || op == "gdn-input" || op == "decode" ||
+                         is_backward_bench_op(op),
+                     "--op must be gemm, attention, gdn, attention-bwd, gdn-bwd, gdn-input or decode (got '{}')", op);
+    if (op == "decode") {
+      HYDRA_USER_CHECK(!preset.empty(), "--op decode needs --preset (e.g. hydrahead-1.7b)");
+      preset_config(preset);  // a UserError listing the presets
+      size_list(contexts, "--contexts");
+      size_list(batches, "--batches");
+    }
     parse_size(seq_len, "--seq-len");
     HYDRA_USER_CHECK(head_dim == 64 || head_dim == 128, "--head-dim must be 64 or 128");
     HYDRA_USER_CHECK(heads >= 1 && kv_heads >= 0 && (kv_heads == 0 || heads % kv_heads == 0),
@@ -155,7 +182,10 @@ int run_bench(App& app, const std::vector<std::string>& args) {
   BenchOptions opt;
   po::options_description desc("hydra bench");
   opt.bind(desc);
-  if (!parse_command_line(app, "bench", "--op gemm|attention|gdn|attention-bwd|gdn-bwd|gdn-input [--seq-len 32K --heads 16 --head-dim 128]", desc, args)) {
+  if (!parse_command_line(app, "bench",
+                          "--op gemm|attention|gdn|attention-bwd|gdn-bwd|gdn-input [--seq-len 32K --heads 16 --head-dim 128] | "
+                          "--op decode --preset NAME [--contexts 32K,128K,512K,1M --batches 1,8,32]",
+                          desc, args)) {
     return 0;
   }
   opt.validate();
@@ -163,6 +193,17 @@ int run_bench(App& app, const std::vector<std::string>& args) {
 #if HYDRA_CUDA
   HYDRA_USER_CHECK(cuda_device_count() > 0, "hydra bench needs a CUDA device; none is visible");
   cuda_set_device(app.mpi.local_rank() % cuda_device_count());
+  if (opt.op == "decode") {  // bandwidth-bound: its own ceiling (a device copy), no GEMM
+    const DecodeBenchOptions d{.preset = opt.preset, .contexts = BenchOptions::size_list(opt.contexts, "--contexts"),
+                               .batches = BenchOptions::size_list(opt.batches, "--batches"), .warmup = opt.warmup,
+                               .repeat = opt.repeat};
+    bench_decode(d, app.kernels, [&](const nlohmann::json& r) {
+      if (app.world.rank() != 0) return;
+      std::cout << r.dump() << std::endl;
+      if (!opt.json_out.empty()) std::ofstream(opt.json_out, std::ios::app) << r.dump() << "\n";
+    });
+    return 0;
+  }
   if (opt.op == "gdn-input") {  // bandwidth-bound: its own ceiling (a device copy), no GEMM
     const nlohmann::json r =
         bench_gdn_input(parse_size(opt.seq_len, "--seq-len"), opt.heads, opt.head_dim, opt.warmup, opt.repeat);

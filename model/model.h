@@ -32,6 +32,8 @@
 
 namespace hydra {
 
+class KvCache;  // model/kv_cache.h
+
 // Hooks into the forward pass (calibration, head patching). Called on every rank for its tokens.
 class LayerObserver {
  public:
@@ -50,6 +52,9 @@ struct ForwardContext {
   std::function<void(int64_t layer)> after_layer = {};  // progress / watchdog hook, optional
   // Training: what a forward that saves for the backward keeps beyond the minimum (model/cost.h).
   KeptActivations keep = {};
+  // Generation (model/kv_cache.h): a prefill forward fills the cache; Model::decode_step reads and
+  // extends it. The layer calls its hooks; null: no cache.
+  KvCache* cache = nullptr;
 };
 
 // The runtime tensors of one layer (model/weight_layout.h), or their gradients (same shapes, in
@@ -169,6 +174,10 @@ class Model {
   // The residual stream after the last layer, before the final norm [T_loc, D]:
   // forward = final_norm(forward_residual) (head selection reads the pre-norm stream).
   Tensor forward_residual(ForwardContext& context, const TensorView& ids) const;
+  // One decode step (generation, model/model_decode.cpp): ids [B] int32, the next token of each row
+  // of the step context.cache->begin_decode set up (replicated on every rank of context.comm);
+  // returns the final-normed hidden states [B, D]. Runs the same layer as the forward.
+  Tensor decode_step(ForwardContext& context, const TensorView& ids) const;
   // logits [n, V] for hidden rows [n, D].
   void lm_head(const TensorView& logits, const TensorView& hidden) const;
 

@@ -18,6 +18,7 @@
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
 #include "kernels/swiglu/swiglu.h"
+#include "model/kv_cache.h"
 #include "model/model.h"
 #include "parallel/gdn_scan.h"
 #include "parallel/ring_attention.h"
@@ -115,6 +116,10 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
   HYDRA_ASSERT(!replay || pass.trace, "a replay (the backward's recomputation) returns its intermediates");
   HYDRA_ASSERT(hfa == 0 || !replay || replay->fa_out.defined(), "layer {}: replay without the forward's attention output",
                layer);
+  // Generation (model/kv_cache.h): a prefill stores into context.cache, a decode step reads it.
+  KvCache* cache = context.cache;
+  const bool decoding = cache && cache->decoding();
+  HYDRA_ASSERT(!cache || (!replay && !save), "a pass with a generation cache neither saves nor replays");
   PhaseTimer* timer = context.timer;
   const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
   auto empty = [&](std::initializer_list<int64_t> shape, DType dtype) { return Tensor::empty(shape, dtype, device_); };
@@ -155,11 +160,17 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
     Tensor o_acc;
     if (replay) {
       attn = replay->fa_out.view();
+    } else if (decoding) {  // the new rows against the cache, merged over the ranks
+      o_acc = empty({t, hfa, d}, acc_dtype());
+      cache->attend(context.comm, layer, o_acc, fa_q, fa_k, head_columns(pv, col.fa_v, gfa, d), attention_params(layer),
+                    timer);
+      attn = o_acc.view();
     } else {
       o_acc = empty({t, hfa, d}, acc_dtype());
       Tensor lse = empty({hfa, t}, acc_dtype());
       ring_attention(context.comm, context.layout, o_acc, lse, fa_q, fa_k, head_columns(pv, col.fa_v, gfa, d),
                      attention_params(layer), timer);
+      if (cache) cache->store_kv(layer, fa_k, head_columns(pv, col.fa_v, gfa, d));
       attn = o_acc.view();
       if (save) {
         ScopedPhase phase(timer, Phase::other);
@@ -183,8 +194,13 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
     conv = empty({t, 3 * hg * d}, dtype_);
     inv_norm = empty({t, 2 * hg}, acc_dtype());  // the q/k L2 norms' inverses: their backward needs them
     const GdnQkFinish finish{positions, inv_norm, gdn_qk_params(hg)};
-    causal_conv_sequence_parallel(context.comm, context.layout, conv, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv,
-                                  timer, &finish);
+    if (decoding) {  // the new rows' conv reads (and advances) the cached tail
+      cache->conv_step(layer, conv, inv_norm, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv, gdn_qk_params(hg));
+    } else {
+      causal_conv_sequence_parallel(context.comm, context.layout, conv, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv,
+                                    timer, &finish);
+      if (cache) cache->store_conv_tail(layer, pv.narrow(1, col.gdn_qkv, 3 * hg * d));
+    }
     const TensorView q = head_columns(conv, 0, hg, d), k = head_columns(conv, hg * d, hg, d);
     const TensorView v = head_columns(conv, 2 * hg * d, hg, d);
     beta = empty({t, hg}, acc_dtype());
@@ -197,11 +213,14 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
     if (replay && replay->gdn_out.defined()) {  // kept by the forward (KeptActivations::gdn_outputs)
       ScopedPhase phase(timer, Phase::gdn);
       copy_into(out, replay->gdn_out);
+    } else if (decoding) {
+      ScopedPhase phase(timer, Phase::gdn);
+      cache->gdn_step(layer, out, q, k, v, g, beta, delta_rule_params());
     } else if (replay) {
       gdn_sequence_parallel_recompute(context.layout, replay->gdn, out, q, k, v, g, beta, delta_rule_params(), timer);
     } else {
       gdn_sequence_parallel(context.comm, context.layout, out, q, k, v, g, beta, delta_rule_params(), timer,
-                            save ? &save->gdn : nullptr);
+                            save ? &save->gdn : nullptr, cache ? cache->final_state(layer) : TensorView());
       if (save && context.keep.gdn_outputs) {
         ScopedPhase phase(timer, Phase::gdn);
         save->gdn_out = clone(out);

@@ -92,7 +92,7 @@ void chunked_backward_over_runs(const std::vector<Run>& runs, const TensorView& 
 void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, const TensorView& out,
                            const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
                            const TensorView& beta, const ops::DeltaRuleParams& params, PhaseTimer* timer,
-                           GdnSaved* saved) {
+                           GdnSaved* saved, const TensorView& final_state) {
   const int64_t t_local = layout.local_length();
   expect_shape(k, "gdn k", {{"T_loc", t_local}, {"H", -1}, {"dk", -1}});
   const int64_t heads = k.size(1), dk = k.size(2), dv = v.size(2);
@@ -106,6 +106,7 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
     ScopedPhase phase(timer, Phase::gdn);
     fill(state, 0.0f);
     chunked_over_runs(runs_of(layout, local[0]), out, state, q, k, v, g, beta, params);
+    if (final_state.defined()) copy_into(final_state, state);
     return;
   }
   // 1. Maps of the owned segments: slot [j] = (M [H, dk, dk], S_ext [H, dk, dv]) flattened.
@@ -157,6 +158,7 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
     }
     if (saved) copy_into(saved->state0.view().select(0, j), state);
     chunked_over_runs(runs_of(layout, s), out, state, q, k, v, g, beta, params);
+    if (final_state.defined() && s.index == last_segment) copy_into(final_state, state);
   }
 }
 

@@ -30,10 +30,12 @@ struct GdnSaved {
 
 // `timer` (optional): GDN compute as Phase::gdn, the collectives as Phase::comm.
 // out [T_loc, H, dv]; q, k [T_loc, H, dk]; v [T_loc, H, dv]; g, beta [T_loc, H]; local row order.
+// final_state [H, dk, dv] (optional, generation's cache): on the rank owning the last segment,
+// receives the state after the sequence's last token; ignored elsewhere.
 void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, const TensorView& out,
                            const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
                            const TensorView& beta, const ops::DeltaRuleParams& params, PhaseTimer* timer = nullptr,
-                           GdnSaved* saved = nullptr);
+                           GdnSaved* saved = nullptr, const TensorView& final_state = TensorView());
 
 // The forward's outputs again, from the initial states it kept (no collective): what the backward's
 // recomputation of a layer runs. With one rank `saved` is empty and the initial state is zero.

@@ -312,6 +312,15 @@ CudaMemoryStats cuda_memory_stats() {
 
 void cuda_reset_peak() { g_peak.store(g_in_use.load()); }
 
+void cuda_release_cached_memory() {
+  int device = 0;
+  HYDRA_CUDA_CHECK(cudaGetDevice(&device));
+  HYDRA_CUDA_CHECK(cudaDeviceSynchronize());  // frees still pending in stream order land in the pool first
+  cudaMemPool_t pool;
+  HYDRA_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  HYDRA_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+}
+
 cudaStream_t current_stream() { return t_stream_set ? t_current_stream : default_stream_for_device(); }
 
 StreamGuard::StreamGuard(cudaStream_t stream) : previous_(current_stream()) {

@@ -40,6 +40,10 @@ struct CudaMemoryStats {
 };
 CudaMemoryStats cuda_memory_stats();
 void cuda_reset_peak();
+// Returns the pool's unused blocks to the driver (a device synchronisation), so that free_device
+// counts them again: for a process that frees one large working set before sizing the next (the
+// decode benchmark's cells). Never needed for correctness.
+void cuda_release_cached_memory();
 
 // The stream ops on this thread launch on.
 cudaStream_t current_stream();

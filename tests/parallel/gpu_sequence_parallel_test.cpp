@@ -1,11 +1,12 @@
 // Sequence parallelism across GPUs (issue 6): NCCL ring attention, GDN map exchange and conv halo,
-// and whole-model logits on P GPUs against one GPU, one rank per GPU. Every rank computes the
+// whole-model logits and generation (issue 33) on P GPUs against one GPU, one rank per GPU. Every rank computes the
 // single-GPU reference on its own GPU and compares its zigzag rows. Tolerance: bf16 (2e-2 for the
 // ops, whose single- and multi-GPU runs differ only in summation order and bf16 roundings of
 // partial results; 5e-2 of the largest logit for whole models over 64K tokens).
 // Without enough GPUs for the ranks every test reports SKIPPED.
 #include "kernels/conv/conv.h"
 #include "kernels/l2norm/l2norm.h"
+#include "model/generate.h"
 #include "model/model.h"
 #include "model/params.h"
 #include "parallel/agreement.h"
@@ -163,6 +164,49 @@ TEST(GpuSequenceParallel, LayerwiseHybridEqualsOneGpu) {
   c.num_layers = 4;
   c.fa_heads = {{}, {}, {}, {0, 1, 2, 3}};
   expect_model_matches_one_gpu(c, 16384, "layer-wise 3:1 hybrid");
+}
+
+// Generation over P GPUs (issue 33: the NCCL decode collective, the distributed bf16 cache) against
+// one GPU: the first new token's logits of each prompt (prompt only, so both runs see the same
+// input) within bf16 (5e-2 of the largest logit), and the ranks agree on the tokens (rank 0's
+// choice is broadcast). Prompts of 4097 and 300 tokens: prefills of several segments per rank.
+TEST(GpuSequenceParallel, GenerationEqualsOneGpu) {
+  REQUIRE_GPUS();
+  Communicator& comm = *gpus().device.comm;
+  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
+    const ModelConfig config = preset_config(preset);
+    const Model model(config, random_parameters(config, 4, Device::cuda, DType::bf16), Device::cuda, DType::bf16);
+    std::vector<std::vector<int32_t>> prompts;
+    for (const int64_t n : {int64_t{4097}, int64_t{300}}) {
+      std::vector<int32_t> p(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + n) % config.vocab_size);
+      prompts.push_back(p);
+    }
+    const GenerateOptions options{.max_new_tokens = 6, .keep_logits = true};
+    SelfCommunicator self(Device::cuda);
+    const auto one = generate(self, model, prompts, options);
+    const auto many = generate(comm, model, prompts, options);
+    const int64_t vocab = config.vocab_size;
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      Tensor a = Tensor::empty({vocab}, DType::f32), r = Tensor::empty({vocab}, DType::f32);
+      std::copy_n(many[b].logits.data(), vocab, a.data_as<float>());
+      std::copy_n(one[b].logits.data(), vocab, r.data_as<float>());
+      const double err = max_rel_error(a, r);
+      if (comm.rank() == 0) {
+        std::printf("%s generate prompt %zu: %d GPUs vs 1 GPU first-token logits max rel error %.3g\n", preset.c_str(), b,
+                    comm.size(), err);
+      }
+      expect_close(a, r, 5e-2, preset + " first new token's logits");
+      // Every rank holds the same tokens (broadcast from rank 0).
+      Tensor mine = Tensor::empty({6}, DType::f32);
+      for (int i = 0; i < 6; ++i) mine.data_as<float>()[i] = static_cast<float>(many[b].tokens[static_cast<size_t>(i)]);
+      Tensor all = Tensor::empty({comm.size(), 6}, DType::f32, Device::cuda);
+      comm.all_gather(to_device(mine, Device::cuda), all);
+      const Tensor h = host(all);
+      for (int r2 = 0; r2 < comm.size(); ++r2)
+        for (int i = 0; i < 6; ++i) EXPECT_EQ(h.data_as<float>()[r2 * 6 + i], mine.data_as<float>()[i]) << "rank " << r2;
+    }
+  }
 }
 
 }  // namespace

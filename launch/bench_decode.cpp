@@ -1,0 +1,251 @@
+#include "launch/bench_decode.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include "runtime/error.h"
+#if HYDRA_CUDA
+#include "kernels/argmax/argmax.h"
+#include "kernels/attention/attention_decode.h"
+#include "kernels/delta_rule/delta_rule_step.h"
+#include "kernels/l2norm/l2norm.h"
+#include "launch/bench_util.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+#include "model/params.h"
+#include "parallel/self_communicator.h"
+#include "runtime/log.h"
+#endif
+
+namespace hydra {
+
+#if HYDRA_CUDA
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// Random K/V (N(0, 1)) in every row of every slot, random small GDN states and conv tails.
+void fill_random(KvCache& cache, const ModelConfig& config, uint64_t seed) {
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    KvCacheLayer& c = cache.mutable_layer(l);
+    const std::string at = std::to_string(l);
+    const auto draw = [&](const Tensor& t, const std::string& name, Init init) {
+      if (!t.defined()) return;
+      init_parameter(ParamSpec{name + at, std::vector<int64_t>(t.shape().begin(), t.shape().end()), init}, seed, t);
+    };
+    draw(c.k, "bench.cache.k.", Init::unit_normal);
+    draw(c.v, "bench.cache.v.", Init::unit_normal);
+    draw(c.state, "bench.cache.state.", Init::small_normal);
+    draw(c.conv_tail, "bench.cache.tail.", Init::unit_normal);
+  }
+}
+
+// One layer's decode attention and GDN step against the CPU references, on the cache's first
+// `keys` rows of slot 0 (bf16 inputs on both sides). Ends the run on a mismatch.
+void check_kernels(const Model& model, KvCache& cache, int64_t keys) {
+  const ModelConfig& config = model.config();
+  const int64_t d = config.head_dim;
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const KvCacheLayer& c = cache.layer(l);
+    const LayerWeights& w = model.layer_weights(l);
+    if (c.k.defined()) {
+      const int64_t hq = w.h_fa;
+      Tensor q = bench::random_device({1, hq, d}, "bench.check.q", 5);
+      Tensor host_len = Tensor::empty({1}, DType::i32);
+      host_len.data_as<int32_t>()[0] = static_cast<int32_t>(keys);
+      const Tensor lengths = to_device(host_len, Device::cuda);
+      Tensor pos_host = Tensor::empty({1}, DType::i64);
+      pos_host.data_as<int64_t>()[0] = keys - 1;
+      const Tensor pos = to_device(pos_host, Device::cuda);
+      const ops::AttentionParams p = model.attention_params(l);
+      Tensor out = Tensor::empty({1, hq, d}, DType::f32, Device::cuda), lse = Tensor::empty({hq, 1}, DType::f32, Device::cuda);
+      ops::attention_decode(out, lse, q, c.k, c.v, TensorView(), lengths, keys, pos, p);
+      const auto host = [](const TensorView& t) { return to(t, Device::host, DType::f32); };
+      Tensor ref = Tensor::empty({1, hq, d}, DType::f32), ref_lse = Tensor::empty({hq, 1}, DType::f32);
+      ops::attention_decode(ref, ref_lse, host(q), host(c.k.view().narrow(0, 0, 1).narrow(1, 0, keys)),
+                            host(c.v.view().narrow(0, 0, 1).narrow(1, 0, keys)), TensorView(), host_len, keys, pos_host, p);
+      const double err = bench::rms_ratio(out, ref), err_lse = bench::rms_ratio(lse, ref_lse);
+      log::info("decode attention check, layer {} ({} keys): rms error {:.2g} (out), {:.2g} (lse)", l, keys, err, err_lse);
+      HYDRA_ASSERT(err < 1e-3 && err_lse < 1e-4, "decode attention check failed: rms error {} / {}", err, err_lse);
+      break;
+    }
+  }
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const KvCacheLayer& c = cache.layer(l);
+    if (!c.state.defined()) continue;
+    const int64_t h = c.state.size(1);
+    Tensor q = bench::random_device({1, h, d}, "bench.check.gq", 6), k = bench::random_device({1, h, d}, "bench.check.gk", 7);
+    Tensor v = bench::random_device({1, h, d}, "bench.check.gv", 8);
+    ops::l2_norm(q, 1e-6f);
+    ops::l2_norm(k, 1e-6f);
+    Tensor g_host = Tensor::empty({1, h}, DType::f32), b_host = Tensor::empty({1, h}, DType::f32);
+    for (int64_t i = 0; i < h; ++i) {
+      g_host.data_as<float>()[i] = -0.05f * static_cast<float>(i % 7);
+      b_host.data_as<float>()[i] = 0.1f + 0.05f * static_cast<float>(i % 11);
+    }
+    Tensor state = clone(c.state.view().narrow(0, 0, 1));
+    Tensor ref_state = to(state, Device::host, DType::f32);
+    Tensor out = Tensor::empty({1, h, d}, DType::bf16, Device::cuda), ref = Tensor::empty({1, h, d}, DType::f32);
+    ops::delta_rule_step(out, state, TensorView(), q, k, v, to_device(g_host, Device::cuda), to_device(b_host, Device::cuda), {});
+    const auto host = [](const TensorView& t) { return to(t, Device::host, DType::f32); };
+    ops::delta_rule_step(ref, ref_state, TensorView(), host(q), host(k), host(v), g_host, b_host, {});
+    const double err = bench::rms_ratio(out, ref), err_state = bench::rms_ratio(state, ref_state);
+    log::info("GDN step check, layer {}: rms error {:.2g} (out, bf16), {:.2g} (state)", l, err, err_state);
+    HYDRA_ASSERT(err < 1e-2 && err_state < 1e-5, "GDN step check failed: rms error {} / {}", err, err_state);
+    break;
+  }
+}
+
+nlohmann::json run_cell(const Model& model, int64_t context, int64_t batch, const DecodeBenchOptions& opt,
+                        bool check, double weight_bytes, double copy_gb_per_s) {
+  const ModelConfig& config = model.config();
+  const KvCacheBytes bytes = kv_cache_bytes(config, DType::bf16, DType::f32);
+  const int64_t steps = opt.warmup + opt.repeat, capacity = context + steps;
+  const double cache_bytes = static_cast<double>(batch) * (static_cast<double>(capacity) * bytes.per_token + bytes.per_slot);
+  const double work_bytes = static_cast<double>(batch) * static_cast<double>(config.vocab_size) * 8.0 + 0.5 * kGiB;
+  nlohmann::json j = {{"command", "bench"}, {"op", "decode"}, {"model", opt.preset}, {"arch", arch_name(config.arch)},
+                      {"context", context}, {"batch", batch}, {"cache_bytes_per_token", bytes.per_token},
+                      {"cache_bytes_per_sequence", bytes.per_slot}, {"cache_gib", cache_bytes / kGiB}};
+  cuda_release_cached_memory();
+  const double free_bytes = static_cast<double>(cuda_memory_stats().free_device);
+  if (cache_bytes + work_bytes > 0.95 * free_bytes) {
+    j["skipped"] = fmt::format("the cache ({:.1f} GiB) and the step's working set ({:.1f} GiB) exceed 95% of the "
+                               "GPU's free {:.1f} GiB", cache_bytes / kGiB, work_bytes / kGiB, free_bytes / kGiB);
+    return j;
+  }
+  cuda_reset_peak();
+  KvCache cache(model, batch, capacity, 1, 0);
+  fill_random(cache, config, opt.seed);
+  for (int64_t s = 0; s < batch; ++s) cache.set_filled(s, context, context);
+  if (check) check_kernels(model, cache, std::min<int64_t>(context, 4096));
+  SelfCommunicator self(Device::cuda);
+  std::vector<int64_t> slots(static_cast<size_t>(batch));
+  std::iota(slots.begin(), slots.end(), int64_t{0});
+  Tensor ids = Tensor::empty({batch}, DType::i32);
+  for (int64_t b = 0; b < batch; ++b) ids.data_as<int32_t>()[b] = static_cast<int32_t>((b * 7919 + 1) % config.vocab_size);
+  Tensor logits = Tensor::empty({batch, config.vocab_size}, DType::f32, Device::cuda);
+  Tensor next = Tensor::empty({batch}, DType::i32, Device::cuda);
+  std::vector<double> ms;
+  for (int64_t step = 0; step < steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cache.begin_decode(slots);
+    ForwardContext context_{.comm = self, .layout = {}, .cache = &cache};
+    const Tensor hidden = model.decode_step(context_, ids);
+    cache.end_decode();
+    model.lm_head(logits, hidden);
+    ops::row_argmax(next, logits);
+    copy_into(ids, next);  // the greedy tokens feed the next step (a device-to-host copy: the step's end)
+    const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (step >= opt.warmup) ms.push_back(t);
+    for (int64_t b = 0; b < batch; ++b) {
+      HYDRA_ASSERT(ids.data_as<int32_t>()[b] >= 0, "decode bench: non-finite logits at step {}", step);
+    }
+  }
+  std::sort(ms.begin(), ms.end());
+  const double step_ms = ms[ms.size() / 2];
+  // One layer's kernels alone (CUDA events): the anchors measure the same two ops in PyTorch.
+  double attention_ms = 0, gdn_ms = 0;
+  const int64_t d = config.head_dim;
+  for (int64_t l = 0; l < config.num_layers && attention_ms == 0; ++l) {
+    const KvCacheLayer& c = cache.layer(l);
+    if (!c.k.defined()) continue;
+    const int64_t hq = model.layer_weights(l).h_fa;
+    Tensor q = bench::random_device({batch, hq, d}, "bench.q", 9);
+    Tensor len_host = Tensor::empty({batch}, DType::i32), pos_host = Tensor::empty({batch}, DType::i64);
+    for (int64_t b = 0; b < batch; ++b) {
+      len_host.data_as<int32_t>()[b] = static_cast<int32_t>(context);
+      pos_host.data_as<int64_t>()[b] = context - 1;
+    }
+    const Tensor len = to_device(len_host, Device::cuda), pos = to_device(pos_host, Device::cuda);
+    Tensor out = Tensor::empty({batch, hq, d}, DType::f32, Device::cuda), lse = Tensor::empty({hq, batch}, DType::f32, Device::cuda);
+    const ops::AttentionParams p = model.attention_params(l);
+    attention_ms = bench::median_ms(opt.warmup, opt.repeat, [&] {
+      ops::attention_decode(out, lse, q, c.k, c.v, TensorView(), len, context, pos, p);
+    });
+    j["attention_heads"] = hq;
+    j["attention_kv_heads"] = c.k.size(2);
+    j["attention_gb_per_s"] = static_cast<double>(batch) * static_cast<double>(context) * 2.0 *
+                              static_cast<double>(c.k.size(2) * d) * 2.0 / (attention_ms * 1e-3) / 1e9;
+  }
+  for (int64_t l = 0; l < config.num_layers && gdn_ms == 0; ++l) {
+    const KvCacheLayer& c = cache.layer(l);
+    if (!c.state.defined()) continue;
+    const int64_t h = c.state.size(1);
+    Tensor q = bench::random_device({batch, h, d}, "bench.gq", 10), k = bench::random_device({batch, h, d}, "bench.gk", 11);
+    Tensor v = bench::random_device({batch, h, d}, "bench.gv", 12);
+    ops::l2_norm(k, 1e-6f);
+    Tensor g = Tensor::empty({batch, h}, DType::f32, Device::cuda), beta = Tensor::empty({batch, h}, DType::f32, Device::cuda);
+    fill(g, -0.1);
+    fill(beta, 0.5);
+    Tensor out = Tensor::empty({batch, h, d}, DType::bf16, Device::cuda);
+    gdn_ms = bench::median_ms(opt.warmup, opt.repeat, [&] {
+      ops::delta_rule_step(out, c.state, TensorView(), q, k, v, g, beta, {});
+    });
+    j["gdn_heads"] = h;
+  }
+  // What a step must read at least: the weights once, every slot's cache, the GDN states (read and written).
+  const double moved = weight_bytes + static_cast<double>(batch) * (static_cast<double>(context) * bytes.per_token +
+                                                                     2.0 * bytes.per_slot);
+  j.update({{"ms_per_step", step_ms},
+            {"bytes_per_step", moved},
+            {"gb_per_s", moved / (step_ms * 1e-3) / 1e9},
+            {"fraction_of_copy", moved / (step_ms * 1e-3) / 1e9 / copy_gb_per_s},
+            {"copy_gb_per_s", copy_gb_per_s},
+            {"ms_per_token", batch == 1 ? nlohmann::json(step_ms) : nlohmann::json()},
+            {"tokens_per_s", static_cast<double>(batch) * 1000.0 / step_ms},
+            {"step_ms_all", ms},
+            {"attention_layer_ms", attention_ms > 0 ? nlohmann::json(attention_ms) : nlohmann::json()},
+            {"gdn_step_layer_ms", gdn_ms > 0 ? nlohmann::json(gdn_ms) : nlohmann::json()},
+            {"peak_memory_gib", static_cast<double>(cuda_memory_stats().peak) / kGiB}});
+  return j;
+}
+
+}  // namespace
+
+void bench_decode(const DecodeBenchOptions& opt, const ops::KernelOptions& kernels,
+                  const std::function<void(const nlohmann::json&)>& emit) {
+  const ModelConfig config = preset_config(opt.preset);
+  const auto t0 = std::chrono::steady_clock::now();
+  Model model(config, random_parameters(config, opt.seed, Device::cuda, DType::bf16), Device::cuda, DType::bf16);
+  model.set_kernel_options(kernels);
+  double weight_bytes = 0;
+  model.weights().for_each([&](const std::string&, const Tensor& t) { weight_bytes += static_cast<double>(t.nbytes()); });
+  const double weights_gib = weight_bytes / kGiB;
+  log::info("decode bench: {} ready in {:.1f} s, weights {:.2f} GiB", opt.preset,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), weights_gib);
+  // The bandwidth ceiling of this GPU, measured here: a 1 GiB device copy (read + write).
+  double copy_gb_per_s = 0;
+  {
+    Tensor a = Tensor::zeros({int64_t{1} << 29}, DType::bf16, Device::cuda), b = Tensor::empty({int64_t{1} << 29}, DType::bf16, Device::cuda);
+    const double ms = bench::median_ms(2, 5, [&] { copy_into(b, a); });
+    copy_gb_per_s = 2.0 * static_cast<double>(a.nbytes()) / (ms * 1e-3) / 1e9;
+    log::info("ceiling: device copy of 1 GiB at {:.0f} GB/s (read + write)", copy_gb_per_s);
+  }
+  bool checked = false;
+  for (const int64_t context : opt.contexts) {
+    for (const int64_t batch : opt.batches) {
+      nlohmann::json j = run_cell(model, context, batch, opt, !checked, weight_bytes, copy_gb_per_s);
+      j["weights_gib"] = weights_gib;
+      if (j.contains("skipped")) {
+        log::info("decode {} context {} batch {}: skipped: {}", opt.preset, context, batch, j["skipped"].get<std::string>());
+      } else {
+        checked = true;
+        log::info("decode {} context {} batch {}: {:.3f} ms per step, {:.1f} tokens/s, {:.0f} GB/s = {:.2f} of the copy; "
+                  "cache {:.1f} GiB ({:.1f} KiB per token), peak {:.1f} GiB; one layer: attention {} ms, GDN step {} ms",
+                  opt.preset, context, batch, j["ms_per_step"].get<double>(), j["tokens_per_s"].get<double>(),
+                  j["gb_per_s"].get<double>(), j["fraction_of_copy"].get<double>(), j["cache_gib"].get<double>(),
+                  j["cache_bytes_per_token"].get<double>() / 1024.0, j["peak_memory_gib"].get<double>(),
+                  j["attention_layer_ms"].dump(), j["gdn_step_layer_ms"].dump());
+      }
+      emit(j);
+    }
+  }
+}
+#else
+void bench_decode(const DecodeBenchOptions&, const ops::KernelOptions&, const std::function<void(const nlohmann::json&)>&) {
+  HYDRA_USER_FAIL("hydra bench --op decode needs the CUDA path; this build has HYDRA_CUDA=OFF");
+}
+#endif
+
+}  // namespace hydra

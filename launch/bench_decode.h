@@ -1,0 +1,41 @@
+// hydra bench --op decode: generation speed of a whole model on one GPU at long context, without a
+// prefill: every slot's cache is filled with random K/V and GDN states (speed does not depend on the
+// values), then greedy decode steps are timed (wall clock per step, the host's work included: the
+// step uploads its row vectors, runs every layer through Model::decode_step, forms the logits and
+// their arg-max on the GPU and brings the ids back). Per (context, batch) cell it reports ms per
+// step (= ms per generated token at batch 1), tokens/s, cache bytes per token and in all, peak
+// memory; and, for the anchors of cluster/bench/decode_anchor.py, one layer's decode attention
+// (ops::attention_decode over the FA KV heads' cache) and one layer's GDN step
+// (ops::delta_rule_step over the GDN heads) timed alone with CUDA events.
+//
+// Correctness first: before timing, one layer's decode attention and GDN step at the first cell are
+// compared with their CPU references on bf16-rounded inputs (the run ends if they disagree).
+// A cell whose cache does not fit the GPU's free memory is skipped with a line saying so.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/kernel_options.h"
+
+namespace hydra {
+
+struct DecodeBenchOptions {
+  std::string preset;
+  std::vector<int64_t> contexts;
+  std::vector<int64_t> batches;
+  int warmup = 3;
+  int repeat = 10;
+  uint64_t seed = 1;
+};
+
+// Runs every (context, batch) cell in order, calling `emit` with one JSON object per cell (measured
+// or skipped). CUDA builds only.
+void bench_decode(const DecodeBenchOptions& options, const ops::KernelOptions& kernels,
+                  const std::function<void(const nlohmann::json&)>& emit);
+
+}  // namespace hydra

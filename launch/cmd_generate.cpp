@@ -1,0 +1,246 @@
+// hydra generate: new tokens for one prompt or a batch (model/generate.h): a sequence-parallel
+// prefill of each prompt over the ranks, a distributed cache (model/kv_cache.h) and batched decode
+// steps, greedy or seeded sampling. Writes one JSON line per prompt and a summary line (rank 0,
+// atomically). Inputs are checked before any work: token ids against the model's vocabulary, prompt
+// offsets that partition the ids into non-empty prompts, stop ids, the sampling flags, the memory plan.
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "launch/cli.h"
+#include "launch/model_source.h"
+#include "model/generate.h"
+#include "model/kv_cache.h"
+#include "parallel/device_world.h"
+#include "runtime/atomic_file.h"
+#include "runtime/hdf5_file.h"
+#include "runtime/host_memory.h"
+#include "runtime/log.h"
+#include "runtime/token_file.h"
+#if HYDRA_CUDA
+#include "runtime/cuda_memory.h"
+#endif
+
+namespace hydra {
+namespace {
+
+struct GenerateCliOptions {
+  ModelSource model;
+  std::string prompt;
+  int64_t max_new_tokens = 0;
+  double temperature = 0.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  std::string stop_tokens;
+  std::string out;
+  std::string device = "auto";
+  std::string progress = "auto";
+  double nccl_timeout = 600;
+
+  void bind(po::options_description& o) {
+    model.bind(o, "weight-seed");
+    o.add_options()
+        ("prompt", po::value(&prompt)->required(), "prompt file (.h5): input_ids [T]; optional prompt_offsets int64 [N+1] "
+         "split it into N prompts, decoded as a batch")
+        ("max-new-tokens", po::value(&max_new_tokens)->required(), "new tokens per prompt (fewer if a stop token comes)")
+        ("temperature", po::value(&temperature)->default_value(0.0), "0: greedy (arg-max); > 0: sample at this temperature")
+        ("top-k", po::value(&top_k)->default_value(0), "sample among the k most likely tokens (0: all)")
+        ("top-p", po::value(&top_p)->default_value(1.0), "then among the smallest set holding probability p (1: all)")
+        ("seed", po::value(&seed)->default_value(0), "sampling seed (the same tokens on every rank and every run)")
+        ("stop-token", po::value(&stop_tokens), "comma-separated ids that end a prompt's generation (kept as its last token)")
+        ("out", po::value(&out)->required(), "output JSON lines: one per prompt, then a summary (rank 0, atomic)")
+        ("device", po::value(&device)->default_value("auto"), "cuda (bf16, one GPU per rank), cpu (fp32) or auto")
+        ("progress", po::value(&progress)->default_value("auto"), "per-layer prefill progress: on, off, auto (from 64K tokens)")
+        ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
+  }
+  void validate() const {
+    model.validate();
+    require_readable_file(prompt, "prompt");
+    require_writable_destination(out, "output");
+    HYDRA_USER_CHECK(max_new_tokens >= 1, "--max-new-tokens must be at least 1 (got {})", max_new_tokens);
+    HYDRA_USER_CHECK(temperature >= 0.0 && std::isfinite(temperature), "--temperature must be >= 0 (got {})", temperature);
+    HYDRA_USER_CHECK(top_k >= 0, "--top-k must be >= 0 (got {})", top_k);
+    HYDRA_USER_CHECK(top_p > 0.0 && top_p <= 1.0, "--top-p must be in (0, 1] (got {})", top_p);
+    HYDRA_USER_CHECK(progress == "on" || progress == "off" || progress == "auto", "--progress must be on, off or auto");
+    HYDRA_USER_CHECK(nccl_timeout > 0, "--nccl-timeout must be positive");
+  }
+};
+
+// --stop-token "ID,ID,...", each in [0, vocab).
+std::vector<int32_t> parse_stop_tokens(const std::string& text, int64_t vocab) {
+  std::vector<int32_t> ids;
+  if (text.empty()) return ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    int64_t id = -1;
+    try {
+      id = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    HYDRA_USER_CHECK(used == item.size() && !item.empty(), "--stop-token: '{}' is not a token id", item);
+    HYDRA_USER_CHECK(id >= 0 && id < vocab, "--stop-token: id {} is outside the model's vocabulary [0, {})", id, vocab);
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
+// The prompts of a prompt file: input_ids whole, or split by prompt_offsets [N+1] (0 = o_0 < o_1 <
+// … < o_N = T: every prompt non-empty, the ids partitioned).
+std::vector<std::vector<int32_t>> read_prompts(const std::string& path, int64_t vocab) {
+  const std::vector<int32_t> ids = read_token_file(path, vocab);
+  const int64_t t = static_cast<int64_t>(ids.size());
+  std::vector<int64_t> offsets = {0, t};
+  H5File file = H5File::open_read(path);
+  if (file.has_dataset("prompt_offsets")) {
+    offsets = file.read_integer_vector("prompt_offsets");
+    HYDRA_USER_CHECK(offsets.size() >= 2, "{}: prompt_offsets needs N + 1 >= 2 entries (has {})", path, offsets.size());
+    HYDRA_USER_CHECK(offsets.front() == 0 && offsets.back() == t,
+                     "{}: prompt_offsets must start at 0 and end at the {} ids of input_ids (has {} .. {})", path, t,
+                     offsets.front(), offsets.back());
+    for (size_t i = 0; i + 1 < offsets.size(); ++i) {
+      HYDRA_USER_CHECK(offsets[i] < offsets[i + 1], "{}: prompt {} is empty or reversed (prompt_offsets[{}] = {}, [{}] = {})",
+                       path, i, i, offsets[i], i + 1, offsets[i + 1]);
+    }
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i + 1 < offsets.size(); ++i) prompts.emplace_back(ids.begin() + offsets[i], ids.begin() + offsets[i + 1]);
+  return prompts;
+}
+
+[[maybe_unused]] double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+
+}  // namespace
+
+int run_generate(App& app, const std::vector<std::string>& args) {
+  GenerateCliOptions opt;
+  po::options_description desc("hydra generate");
+  opt.bind(desc);
+  if (!parse_command_line(app, "generate",
+                          "(--model M.h5 | --preset NAME) --prompt P.h5 --max-new-tokens N [--temperature 0] [--top-k K] "
+                          "[--top-p P] [--seed S] [--stop-token ID,...] --out OUT.jsonl [--device cpu|cuda]",
+                          desc, args)) {
+    return 0;
+  }
+  opt.validate();
+  Communicator& comm = app.world;
+  const ModelConfig config = opt.model.config();
+  const std::vector<std::vector<int32_t>> prompts = read_prompts(opt.prompt, config.vocab_size);
+  const std::vector<int32_t> stop = parse_stop_tokens(opt.stop_tokens, config.vocab_size);
+  const Device device = resolve_device(opt.device, app.mpi);
+  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  const int p = comm.size();
+  // Memory plan: the weights and the longest prefill's working set, plus the cache (every prompt's
+  // slot at the largest per-slot size) and the decode step's logits.
+  int64_t longest_prefill = 0, capacity = 1, total_tokens = 0;
+  for (const auto& prompt : prompts) {
+    const int64_t len = static_cast<int64_t>(prompt.size());
+    longest_prefill = std::max(longest_prefill, prefill_length(config, len, p));
+    capacity = std::max(capacity, cache_rows_needed(config, len, opt.max_new_tokens, p));
+    total_tokens += len;
+  }
+  const int64_t slots = static_cast<int64_t>(prompts.size());
+  const KvCacheBytes cache_bytes = kv_cache_bytes(config, dtype, DType::f32);
+  const double cache_rank_bytes = static_cast<double>(slots) * (static_cast<double>(capacity) * cache_bytes.per_token + cache_bytes.per_slot);
+  MemoryEstimate estimate = estimate_prefill_memory(config, std::max<int64_t>(longest_prefill / p, 1), p, device);
+  estimate.activations += cache_rank_bytes + static_cast<double>(slots) * static_cast<double>(config.vocab_size) * 8.0;
+#if HYDRA_CUDA
+  if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());
+#endif
+  check_memory_plan(estimate, device,
+                    fmt::format("generation for {} prompt(s) of {} tokens in all on {} rank(s)", slots, total_tokens, p),
+                    app.mpi.local_size());
+  RunFingerprint inputs;
+  add_model_fields(inputs, config, device, dtype);
+  std::vector<int32_t> all_ids;
+  for (const auto& prompt : prompts) all_ids.insert(all_ids.end(), prompt.begin(), prompt.end());
+  inputs.add_tokens("prompt tokens", all_ids);
+  inputs.add("prompt count", std::to_string(slots));
+  agree_on_run(app, inputs);
+
+  DeviceWorld world = make_device_world(opt.device, app.mpi, comm, opt.nccl_timeout);
+  const auto t_load = std::chrono::steady_clock::now();
+  const Model model = opt.model.build(device, dtype, app.kernels);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+  log::info("generate: {} prompt(s), {} tokens in all, up to {} new each, {} rank(s) on {}, {}; cache {:.1f} KiB per "
+            "token + {:.1f} MiB per sequence, {} per rank planned", slots, total_tokens, opt.max_new_tokens, p,
+            device_name(world.device), config.summary(), cache_bytes.per_token / 1024.0,
+            cache_bytes.per_slot / 1048576.0, estimate.describe());
+#if HYDRA_CUDA
+  if (device == Device::cuda) cuda_reset_peak();
+#endif
+  const GenerateOptions options{
+      .max_new_tokens = opt.max_new_tokens,
+      .sampling = {.temperature = opt.temperature, .top_k = opt.top_k, .top_p = opt.top_p, .seed = opt.seed},
+      .stop_tokens = stop,
+      .progress = opt.progress == "on" || (opt.progress == "auto" && longest_prefill >= 65536)};
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<GeneratedSequence> result = generate(*world.comm, model, prompts, options);
+  check_device_progress(world);
+  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double peak_gib = host_peak_memory_gib();
+#if HYDRA_CUDA
+  if (device == Device::cuda) peak_gib = gib(static_cast<double>(cuda_memory_stats().peak));
+#endif
+  if (comm.rank() != 0) return 0;
+  int64_t generated = 0;
+  double decode_s = 0;
+  std::string text;
+  for (size_t b = 0; b < result.size(); ++b) {
+    const GeneratedSequence& seq = result[b];
+    generated += static_cast<int64_t>(seq.tokens.size());
+    decode_s = std::max(decode_s, seq.decode_s);
+    const nlohmann::json line = {
+        {"prompt_index", b},
+        {"tokens", seq.tokens},
+        {"prompt_tokens", prompts[b].size()},
+        {"prefill_tokens", seq.prefilled},
+        {"prefill_s", seq.prefill_s},
+        {"decode_s", seq.decode_s},
+        {"decode_tokens_per_s", seq.decode_s > 0 ? static_cast<double>(seq.tokens.size()) / seq.decode_s : 0.0},
+        {"stopped", seq.stopped}};
+    text += line.dump() + "\n";
+  }
+  const nlohmann::json summary = {
+      {"summary", true},
+      {"command", "generate"},
+      {"model", opt.model.describe()},
+      {"arch", arch_name(config.arch)},
+      {"ranks", p},
+      {"device", device_name(world.device)},
+      {"prompts", slots},
+      {"prompt_tokens", total_tokens},
+      {"new_tokens", generated},
+      {"temperature", opt.temperature},
+      {"cache_bytes_per_token", cache_bytes.per_token},
+      {"cache_bytes_per_sequence", cache_bytes.per_slot},
+      {"cache_bytes_per_rank", cache_rank_bytes},
+      {"load_s", load_s},
+      {"total_s", total_s},
+      {"decode_s", decode_s},
+      {"decode_tokens_per_s", decode_s > 0 ? static_cast<double>(generated) / decode_s : 0.0},
+      {"peak_memory_gib", peak_gib}};
+  text += summary.dump() + "\n";
+  AtomicFile out(opt.out);
+  {
+    std::ofstream file(out.temp_path());
+    file << text;
+    file.close();
+    HYDRA_USER_CHECK(file.good(), "{}: cannot write the output (disk full?)", opt.out);
+  }
+  out.commit();
+  log::info("generate: {} new tokens for {} prompt(s) in {:.2f} s (decode {:.2f} s, {:.1f} tokens/s); peak memory "
+            "{:.2f} GiB; wrote {}", generated, slots, total_s, decode_s,
+            decode_s > 0 ? static_cast<double>(generated) / decode_s : 0.0, peak_gib, opt.out);
+  std::cout << summary.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace hydra

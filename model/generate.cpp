@@ -1,0 +1,189 @@
+#include "model/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "kernels/argmax/argmax.h"
+#include "model/kv_cache.h"
+#include "runtime/log.h"
+
+namespace hydra {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+bool has_gdn_heads(const ModelConfig& config) {
+  if (!config.is_hydra()) return false;
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    if (static_cast<int64_t>(config.fa_heads_of(l).size()) < config.num_heads) return true;
+  }
+  return false;
+}
+
+// Rank 0's tokens to every rank (staged through the communicator's device).
+void broadcast_tokens(Communicator& comm, std::vector<int32_t>& tokens) {
+  if (comm.size() == 1 || tokens.empty()) return;
+  Tensor host = Tensor::empty({static_cast<int64_t>(tokens.size())}, DType::i32);
+  std::copy(tokens.begin(), tokens.end(), host.data_as<int32_t>());
+  if (comm.device() == Device::host) {
+    comm.broadcast(host, 0);
+  } else {
+    Tensor staged = to_device(host, comm.device());
+    comm.broadcast(staged, 0);
+    copy_into(host, staged);
+  }
+  std::copy_n(host.data_as<int32_t>(), tokens.size(), tokens.begin());
+}
+
+// The sequence-parallel prefill of slot `slot`: its first `length` tokens over every rank.
+void prefill_slot(Communicator& comm, const Model& model, KvCache& cache, int64_t slot, std::span<const int32_t> prompt,
+                  int64_t length, int64_t prompts, bool progress) {
+  const SequenceLayout layout = SequenceLayout::zigzag(length, comm.size(), comm.rank());
+  const Tensor ids = layout.token_rows(prompt.first(static_cast<size_t>(length))).ids;
+  const auto t0 = Clock::now();
+  ForwardContext context{.comm = comm, .layout = layout, .cache = &cache};
+  const int64_t layers = model.config().num_layers;
+  if (progress) {
+    context.after_layer = [&](int64_t layer) {
+      const double s = seconds_since(t0);
+      log::info("prefill of prompt {}/{} ({} tokens): layer {}/{}, {:.1f} s, ETA {:.1f} s", slot + 1, prompts, length,
+                layer + 1, layers, s, s / static_cast<double>(layer + 1) * static_cast<double>(layers - layer - 1));
+    };
+  }
+  cache.begin_prefill(slot, layout);
+  model.forward_residual(context, ids);  // what matters is what the layers stored
+  cache.end_prefill(comm);
+}
+
+}  // namespace
+
+int64_t prefill_length(const ModelConfig& config, int64_t prompt_length, int world_size) {
+  const int64_t granularity = SequenceLayout::granularity(world_size);
+  const int64_t length = std::max<int64_t>(prompt_length - 1, 0) / granularity * granularity;
+  if (world_size > 1 && has_gdn_heads(config) && length / granularity < config.conv_kernel - 1) return 0;  // segments
+  return length;
+}
+
+int64_t cache_rows_needed(const ModelConfig& config, int64_t prompt_length, int64_t max_new_tokens, int world_size) {
+  const int64_t prefill = prefill_length(config, prompt_length, world_size);
+  const int64_t decoded = prompt_length - prefill + max_new_tokens - 1;  // tokens fed to decode steps
+  return prefill / world_size + (decoded + world_size - 1) / world_size;
+}
+
+std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
+                                        const std::vector<std::vector<int32_t>>& prompts,
+                                        const GenerateOptions& options) {
+  const ModelConfig& config = model.config();
+  const int64_t n = static_cast<int64_t>(prompts.size()), vocab = config.vocab_size;
+  HYDRA_ASSERT(n >= 1 && options.max_new_tokens >= 1, "generate: {} prompts, {} new tokens", n, options.max_new_tokens);
+  int64_t capacity = 1;
+  for (const auto& p : prompts) {
+    HYDRA_ASSERT(!p.empty(), "generate: an empty prompt");
+    capacity = std::max(capacity, cache_rows_needed(config, static_cast<int64_t>(p.size()), options.max_new_tokens,
+                                                    comm.size()));
+  }
+  KvCache cache(model, n, capacity, comm.size(), comm.rank());
+  std::vector<GeneratedSequence> out(static_cast<size_t>(n));
+
+  // 1. Prefill, prompt by prompt, each over every rank.
+  for (int64_t b = 0; b < n; ++b) {
+    const auto& prompt = prompts[static_cast<size_t>(b)];
+    GeneratedSequence& seq = out[static_cast<size_t>(b)];
+    seq.prefilled = prefill_length(config, static_cast<int64_t>(prompt.size()), comm.size());
+    if (seq.prefilled == 0) continue;
+    comm.barrier();
+    const auto t0 = Clock::now();
+    prefill_slot(comm, model, cache, b, prompt, seq.prefilled, n, options.progress);
+    comm.barrier();
+    seq.prefill_s = seconds_since(t0);
+    if (options.progress || seq.prefill_s > 1.0) {
+      log::info("prefill of prompt {}/{}: {} of {} tokens in {:.3f} s", b + 1, n, seq.prefilled, prompt.size(),
+                seq.prefill_s);
+    }
+  }
+
+  // 2. Decode: every unfinished sequence feeds its next token each step.
+  const auto t_decode = Clock::now();
+  std::vector<bool> done(static_cast<size_t>(n), false);
+  double next_report = 30.0;  // a progress line every 30 s of decoding (rank 0)
+  int64_t generated = 0;
+  while (true) {
+    if (seconds_since(t_decode) > next_report) {
+      log::info("decode: {} of {} new tokens after {:.0f} s ({:.1f} tokens/s)", generated, n * options.max_new_tokens,
+                seconds_since(t_decode), static_cast<double>(generated) / seconds_since(t_decode));
+      next_report += 30.0;
+    }
+    std::vector<int64_t> rows;
+    std::vector<int32_t> ids;
+    for (int64_t b = 0; b < n; ++b) {
+      if (done[static_cast<size_t>(b)]) continue;
+      const auto& prompt = prompts[static_cast<size_t>(b)];
+      const int64_t pos = cache.tokens(b), len = static_cast<int64_t>(prompt.size());
+      rows.push_back(b);
+      ids.push_back(pos < len ? prompt[static_cast<size_t>(pos)]
+                              : out[static_cast<size_t>(b)].tokens[static_cast<size_t>(pos - len)]);
+    }
+    if (rows.empty()) break;
+    const int64_t batch = static_cast<int64_t>(rows.size());
+    Tensor id_tensor = Tensor::empty({batch}, DType::i32);
+    std::copy(ids.begin(), ids.end(), id_tensor.data_as<int32_t>());
+    ForwardContext context{.comm = comm, .layout = {}, .cache = &cache};  // decode reads no layout
+    cache.begin_decode(rows);
+    const Tensor hidden = model.decode_step(context, id_tensor);
+    // Rows whose input was the prompt's last token or a new token choose the next one.
+    std::vector<int64_t> choosing;
+    for (int64_t i = 0; i < batch; ++i) {
+      const int64_t b = rows[static_cast<size_t>(i)];
+      if (cache.tokens(b) + 1 >= static_cast<int64_t>(prompts[static_cast<size_t>(b)].size())) choosing.push_back(i);
+    }
+    cache.end_decode();
+    if (choosing.empty()) continue;
+    Tensor logits = Tensor::empty({batch, vocab}, DType::f32, model.device());
+    model.lm_head(logits, hidden);
+    const auto nonfinite = [&](int64_t b) {
+      HYDRA_USER_FAIL("generate: the logits of prompt {} at position {} are not finite (bad weights?)", b,
+                      cache.tokens(b) - 1);
+    };
+    std::vector<int32_t> chosen;
+    if (options.sampling.greedy() && !options.keep_logits) {  // B ids to the host, not B·V logits
+      Tensor ids_device = Tensor::empty({batch}, DType::i32, model.device());
+      ops::row_argmax(ids_device, logits);
+      const Tensor best = to(ids_device, Device::host, DType::i32);
+      for (const int64_t i : choosing) {
+        chosen.push_back(best.data_as<int32_t>()[i]);
+        if (chosen.back() < 0) nonfinite(rows[static_cast<size_t>(i)]);
+      }
+    } else {
+      const Tensor host = to(logits, Device::host, DType::f32);
+      for (const int64_t i : choosing) {
+        const int64_t b = rows[static_cast<size_t>(i)];
+        const std::span<const float> row(host.data_as<float>() + i * vocab, static_cast<size_t>(vocab));
+        if (!std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); })) nonfinite(b);
+        const uint64_t draw = (static_cast<uint64_t>(b) << 32) | out[static_cast<size_t>(b)].tokens.size();
+        chosen.push_back(sample_token(row, options.sampling, draw));
+        if (options.keep_logits) {
+          auto& kept = out[static_cast<size_t>(b)].logits;
+          kept.insert(kept.end(), row.begin(), row.end());
+        }
+      }
+    }
+    broadcast_tokens(comm, chosen);
+    for (size_t c = 0; c < choosing.size(); ++c) {
+      const int64_t b = rows[static_cast<size_t>(choosing[c])];
+      GeneratedSequence& seq = out[static_cast<size_t>(b)];
+      seq.tokens.push_back(chosen[c]);
+      ++generated;
+      seq.stopped = std::find(options.stop_tokens.begin(), options.stop_tokens.end(), chosen[c]) != options.stop_tokens.end();
+      if (seq.stopped || static_cast<int64_t>(seq.tokens.size()) == options.max_new_tokens) {
+        done[static_cast<size_t>(b)] = true;
+        seq.decode_s = seconds_since(t_decode);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace hydra

@@ -1,0 +1,57 @@
+// Generation (hydra generate, DESIGN.md §1.6): prompts → new tokens, with a sequence-parallel prefill
+// and a distributed cache (model/kv_cache.h). Collective over `comm`: every rank passes the same
+// prompts and options and gets the same tokens.
+//
+// Per prompt of T tokens, the sequence-parallel prefill runs the longest prefix the zigzag layout
+// admits that leaves the last prompt token out (prefill_length); the remaining prompt tokens (at
+// least one, fewer than 2P + 1) go through decode steps, whose last gives the first new token. So
+// any prompt length runs on any number of ranks, and every new token's logits come from a decode
+// step, replicated on every rank. Prompts are prefilled one after another (each over all ranks,
+// each into its own cache slot), then decoded together: every step feeds each unfinished sequence its
+// next token (one row per sequence; sequences of different lengths simply sit at different
+// positions), so a batch shares the reads of the weights. A sequence ends after max_new_tokens new
+// tokens or on a stop token (kept as its last token).
+//
+// Tokens are chosen from fp32 logits by sample_token (model/sampling.h) on every rank, and rank 0's
+// choice is broadcast each step, so the ranks can never disagree on what they feed next.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/model.h"
+#include "model/sampling.h"
+
+namespace hydra {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 1;
+  SamplingParams sampling = {};
+  std::vector<int32_t> stop_tokens = {};
+  bool progress = false;      // rank 0 logs a line per layer of each prefill, with an ETA
+  bool keep_logits = false;   // keep the logits each new token was chosen from (tests)
+};
+
+struct GeneratedSequence {
+  std::vector<int32_t> tokens;  // the new tokens (a stop token, when one ended the sequence, last)
+  bool stopped = false;         // ended on a stop token
+  int64_t prefilled = 0;        // prompt tokens the sequence-parallel prefill took
+  double prefill_s = 0;         // its wall time (every rank, a barrier on each side)
+  double decode_s = 0;          // from the first decode step to the step that ended the sequence
+  std::vector<float> logits;    // [tokens.size(), V] with keep_logits
+};
+
+// Tokens of a prompt of `prompt_length` the sequence-parallel prefill takes on `world_size` ranks:
+// the largest multiple of the layout's granularity below prompt_length (so at least the last token is
+// left to a decode step) whose segments hold at least K−1 tokens when the model has GDN heads
+// (the conv halo, DESIGN.md §3.1); 0 when none does.
+int64_t prefill_length(const ModelConfig& config, int64_t prompt_length, int world_size);
+// K/V rows per slot a rank needs for a prompt: its prefill rows plus its round-robin share of the
+// tokens that go through decode steps (the prompt's rest and every new token but the last).
+int64_t cache_rows_needed(const ModelConfig& config, int64_t prompt_length, int64_t max_new_tokens, int world_size);
+
+std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
+                                        const std::vector<std::vector<int32_t>>& prompts,
+                                        const GenerateOptions& options);
+
+}  // namespace hydra

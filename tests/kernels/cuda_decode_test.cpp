@@ -1,0 +1,204 @@
+// The decode-step CUDA kernels (generation, issue 33) against their CPU references, on inputs
+// rounded to bf16 first (the reference sees what the GPU holds). SKIPPED without a GPU.
+// Tolerances (max |err| / max |ref| unless said):
+//  - attention_decode: 2e-3 on out, 1e-4 absolute on lse — bf16 q/K/V as on both sides, fp32
+//    accumulation and softmax statistics with the approximate exp2 (~2 ulp) on the GPU against fp64
+//    on the CPU; out and lse are fp32 (no output rounding);
+//  - attention_merge_partials: 1e-5 (fp32 both sides);
+//  - delta_rule_step: outputs 1e-2 (bf16 output rounding, 2⁻⁸), state 1e-4 after 24 steps (fp32
+//    state, fp32 vs fp64 sums);
+//  - gdn_qkv_conv_step: outputs 1e-2 (bf16 output), inverse norms 1e-3, the tail exactly (a copy);
+//  - kv_cache_append, row_argmax: exact.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "kernels/argmax/argmax.h"
+#include "kernels/attention/attention_decode.h"
+#include "kernels/delta_rule/delta_rule_step.h"
+#include "kernels/gdn_qk/gdn_qk_step.h"
+#include "kernels/l2norm/l2norm.h"
+#include "tests/common/test_util.h"
+
+namespace hydra::test {
+namespace {
+
+Tensor gpu(const TensorView& host_f32, DType dtype = DType::bf16) { return to(host_f32, Device::cuda, dtype); }
+Tensor host(const TensorView& t) { return to(t, Device::host, DType::f32); }
+
+Tensor int32_vector(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::i32);
+  std::copy(v.begin(), v.end(), t.data_as<int32_t>());
+  return t;
+}
+
+Tensor int64_vector(const std::vector<int64_t>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::i64);
+  std::copy(v.begin(), v.end(), t.data_as<int64_t>());
+  return t;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  double m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const float x = a.data_as<float>()[i], y = b.data_as<float>()[i];
+    if (std::isinf(x) && std::isinf(y) && (x < 0) == (y < 0)) continue;
+    m = std::max(m, static_cast<double>(std::abs(x - y)));
+  }
+  return m;
+}
+
+struct AttentionCase {
+  int64_t d, hq, hk;
+  std::vector<int> map;  // empty: h / (Hq / Hk)
+  std::vector<int32_t> lengths;
+  double tau;
+};
+
+TEST(CudaDecode, AttentionMatchesCpu) {
+  HYDRA_REQUIRE_GPU();
+  const std::vector<AttentionCase> cases = {
+      {128, 2, 1, {}, {1, 37, 5000}, 362.0},           // HydraHead: two FA heads on one KV head, many chunks
+      {128, 16, 8, {}, {300, 4097, 2}, 0.0},           // the teacher's GQA
+      {64, 3, 2, {1, 0, 1}, {64, 0, 700}, 362.0},      // d = 64, a custom map, an empty row
+      {64, 8, 1, {}, {20000, 1, 999}, 0.0},            // a group of 8 and a long row
+  };
+  for (const AttentionCase& c : cases) {
+    const int64_t rows = static_cast<int64_t>(c.lengths.size()), slots = rows + 1;
+    const int64_t cap = *std::max_element(c.lengths.begin(), c.lengths.end()) + 3;
+    const Tensor q = rounded_to_bf16(random_tensor({rows, c.hq, c.d}, 1));
+    const Tensor k = rounded_to_bf16(random_tensor({slots, cap, c.hk, c.d}, 2));
+    const Tensor v = rounded_to_bf16(random_tensor({slots, cap, c.hk, c.d}, 3));
+    std::vector<int32_t> slot_of(static_cast<size_t>(rows));
+    for (int64_t b = 0; b < rows; ++b) slot_of[static_cast<size_t>(b)] = static_cast<int32_t>(slots - 1 - b);  // reversed
+    std::vector<int64_t> pos;
+    for (const int32_t n : c.lengths) pos.push_back(std::max(n - 1, 0) + 100);
+    const Tensor slot_t = int32_vector(slot_of), len_t = int32_vector(c.lengths), pos_t = int64_vector(pos);
+    const int64_t longest = *std::max_element(c.lengths.begin(), c.lengths.end());
+    const ops::AttentionParams p{.tau_log_base = c.tau, .kv_head_of_query = c.map};
+    Tensor ref = Tensor::empty({rows, c.hq, c.d}, DType::f32), ref_lse = Tensor::empty({c.hq, rows}, DType::f32);
+    ops::attention_decode(ref, ref_lse, q, k, v, slot_t, len_t, longest, pos_t, p);
+    Tensor out = Tensor::empty({rows, c.hq, c.d}, DType::f32, Device::cuda);
+    Tensor lse = Tensor::empty({c.hq, rows}, DType::f32, Device::cuda);
+    ops::attention_decode(out, lse, gpu(q), gpu(k), gpu(v), gpu(slot_t, DType::i32), gpu(len_t, DType::i32), longest,
+                          gpu(pos_t, DType::i64), p);
+    const std::string what = fmt::format("decode attention d={} Hq={} Hk={} longest={}", c.d, c.hq, c.hk, longest);
+    expect_close(host(out), ref, 2e-3, what);
+    const Tensor got_lse = host(lse);
+    EXPECT_LE(max_abs_diff(got_lse, ref_lse), 1e-4) << what << " lse";
+    for (int64_t b = 0; b < rows; ++b) {
+      if (c.lengths[static_cast<size_t>(b)] == 0) {
+        for (int64_t h = 0; h < c.hq; ++h) EXPECT_TRUE(std::isinf(got_lse.data_as<float>()[h * rows + b])) << what;
+      }
+    }
+  }
+}
+
+TEST(CudaDecode, MergeAndAppendMatchCpu) {
+  HYDRA_REQUIRE_GPU();
+  const int64_t n = 5, rows = 3, hq = 4, dv = 64;
+  const Tensor parts = random_tensor({n, rows, hq, dv}, 4);
+  Tensor part_lse = random_tensor({n, hq, rows}, 5, 3.0f);
+  part_lse.data_as<float>()[1] = -std::numeric_limits<float>::infinity();  // a part with no key
+  for (int64_t i = 0; i < n; ++i) part_lse.data_as<float>()[i * hq * rows + 2] = -std::numeric_limits<float>::infinity();
+  Tensor ref = Tensor::empty({rows, hq, dv}, DType::f32), ref_lse = Tensor::empty({hq, rows}, DType::f32);
+  ops::attention_merge_partials(ref, ref_lse, parts, part_lse);
+  Tensor out = Tensor::empty({rows, hq, dv}, DType::f32, Device::cuda), lse = Tensor::empty({hq, rows}, DType::f32, Device::cuda);
+  ops::attention_merge_partials(out, lse, gpu(parts, DType::f32), gpu(part_lse, DType::f32));
+  expect_close(host(out), ref, 1e-5, "merge partials");
+  EXPECT_LE(max_abs_diff(host(lse), ref_lse), 1e-5);
+  EXPECT_TRUE(std::isinf(host(lse).data_as<float>()[2])) << "a row no part saw keeps lse = -inf";
+
+  const int64_t hk = 2, d = 64;
+  Tensor kc = Tensor::zeros({3, 6, hk, d}, DType::bf16, Device::cuda), vc = Tensor::zeros({3, 6, hk, d}, DType::bf16, Device::cuda);
+  Tensor kc_ref = Tensor::zeros({3, 6, hk, d}, DType::f32), vc_ref = Tensor::zeros({3, 6, hk, d}, DType::f32);
+  const Tensor kn = rounded_to_bf16(random_tensor({3, hk, d}, 6));
+  const Tensor wide = rounded_to_bf16(random_tensor({3, 3 * hk * d}, 7));
+  const TensorView vn = wide.view().narrow(1, hk * d, hk * d).split_dim(1, hk, d);
+  const Tensor gwide = gpu(wide);
+  const Tensor slots = int32_vector({1, 2, 0}), where = int32_vector({5, -1, 0});
+  ops::kv_cache_append(kc_ref, vc_ref, kn, vn, slots, where);
+  ops::kv_cache_append(kc, vc, gpu(kn), gwide.view().narrow(1, hk * d, hk * d).split_dim(1, hk, d), gpu(slots, DType::i32),
+                       gpu(where, DType::i32));
+  expect_close(host(kc), kc_ref, 0.0, "append k");
+  expect_close(host(vc), vc_ref, 0.0, "append v (strided rows)");
+}
+
+TEST(CudaDecode, DeltaRuleStepMatchesCpu) {
+  HYDRA_REQUIRE_GPU();
+  for (const int64_t d : {int64_t{64}, int64_t{128}}) {
+    const int64_t rows = 2, heads = 3, steps = 24;
+    Tensor state_ref = random_tensor({rows + 1, heads, d, d}, 8, 0.05f);
+    Tensor state = gpu(state_ref, DType::f32);
+    const Tensor slots = int32_vector({2, 0});
+    double out_err = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+      Tensor q = random_tensor({rows, heads, d}, 100 + s), k = random_tensor({rows, heads, d}, 200 + s);
+      ops::l2_norm(q, 1e-6f);
+      ops::l2_norm(k, 1e-6f);
+      q = rounded_to_bf16(q);
+      k = rounded_to_bf16(k);
+      const Tensor v = rounded_to_bf16(random_tensor({rows, heads, d}, 300 + s));
+      const Tensor g = uniform_tensor({rows, heads}, 400 + s, -0.5f, 0.0f), beta = uniform_tensor({rows, heads}, 500 + s, 0.0f, 1.0f);
+      Tensor ref = Tensor::empty({rows, heads, d}, DType::f32);
+      ops::delta_rule_step(ref, state_ref, slots, q, k, v, g, beta, {});
+      Tensor out = Tensor::empty({rows, heads, d}, DType::bf16, Device::cuda);
+      ops::delta_rule_step(out, state, gpu(slots, DType::i32), gpu(q), gpu(k), gpu(v), gpu(g, DType::f32),
+                           gpu(beta, DType::f32), {});
+      out_err = std::max(out_err, max_rel_error(host(out), ref));
+      expect_close(host(out), ref, 1e-2, fmt::format("delta step d={} step {}", d, s));
+    }
+    std::printf("delta rule step d=%ld: output max rel error %.3g over %ld steps\n", static_cast<long>(d), out_err,
+                static_cast<long>(steps));
+    expect_close(host(state), state_ref, 1e-4, fmt::format("delta step state d={}", d));
+  }
+}
+
+TEST(CudaDecode, ConvStepMatchesCpu) {
+  HYDRA_REQUIRE_GPU();
+  for (const int64_t d : {int64_t{64}, int64_t{128}}) {
+    const int64_t rows = 3, qk_heads = 4, channels = 6 * d, kernel = 4;
+    const ops::GdnQkParams params{.qk_heads = qk_heads, .head_dim = d, .rope_theta = 1e6, .l2_eps = 1e-6f};
+    const Tensor w = random_tensor({channels, kernel}, 9, 0.5f);
+    Tensor tail_ref = rounded_to_bf16(random_tensor({rows + 1, kernel - 1, channels}, 10));
+    Tensor tail = gpu(tail_ref);
+    const Tensor slots = int32_vector({3, 1, 0});
+    for (int64_t s = 0; s < 5; ++s) {
+      const Tensor wide = rounded_to_bf16(random_tensor({rows, channels + 64}, 20 + s));  // x: a strided column block
+      const TensorView x = wide.view().narrow(1, 64, channels);
+      const Tensor pos = int64_vector({s, 1000003 + s, 524288 + s});
+      Tensor ref = Tensor::empty({rows, channels}, DType::f32), ref_inv = Tensor::empty({rows, qk_heads}, DType::f32);
+      ops::gdn_qkv_conv_step(ref, ref_inv, x, w, tail_ref, slots, pos, params);
+      const Tensor gwide = gpu(wide);
+      Tensor out = Tensor::empty({rows, channels}, DType::bf16, Device::cuda);
+      Tensor inv = Tensor::empty({rows, qk_heads}, DType::f32, Device::cuda);
+      ops::gdn_qkv_conv_step(out, inv, gwide.view().narrow(1, 64, channels), gpu(w, DType::f32), tail,
+                             gpu(slots, DType::i32), gpu(pos, DType::i64), params);
+      const std::string what = fmt::format("conv step d={} step {}", d, s);
+      expect_close(host(out), ref, 1e-2, what);
+      expect_close(host(inv), ref_inv, 1e-3, what + " inverse norms");
+      expect_close(host(tail), tail_ref, 0.0, what + " tail");
+    }
+  }
+}
+
+TEST(CudaDecode, RowArgmaxMatchesCpu) {
+  HYDRA_REQUIRE_GPU();
+  Tensor logits = random_tensor({4, 151936}, 11);
+  logits.data_as<float>()[151936 + 77] = 50.0f;  // row 1: a tie, the lower index wins
+  logits.data_as<float>()[151936 + 90000] = 50.0f;
+  logits.data_as<float>()[2 * 151936 + 5] = std::numeric_limits<float>::quiet_NaN();  // row 2: non-finite
+  Tensor ref = Tensor::empty({4}, DType::i32), got = Tensor::empty({4}, DType::i32, Device::cuda);
+  ops::row_argmax(ref, logits);
+  ops::row_argmax(got, gpu(logits, DType::f32));
+  const Tensor g = to(got, Device::host, DType::i32);
+  for (int64_t b = 0; b < 4; ++b) EXPECT_EQ(g.data_as<int32_t>()[b], ref.data_as<int32_t>()[b]) << "row " << b;
+  EXPECT_EQ(ref.data_as<int32_t>()[1], 77);
+  EXPECT_EQ(ref.data_as<int32_t>()[2], -1);
+}
+
+}  // namespace
+}  // namespace hydra::test

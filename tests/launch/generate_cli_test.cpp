@@ -1,0 +1,156 @@
+// hydra generate as a user runs it (issue 33): greedy tokens of a batch of prompts equal the arg-max
+// of `hydra forward`'s logits over prompt + generated tokens (another code path: the full forward,
+// no cache); 2 ranks under mpirun give the same tokens as 1, greedy and sampled; the JSON lines hold
+// what the issue asks; bad input is one error line before any work and leaves no output.
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/hdf5_file.h"
+#include "runtime/token_file.h"
+#include "tests/common/test_util.h"
+
+namespace hydra::test {
+namespace {
+
+std::vector<nlohmann::json> json_lines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  }
+  return out;
+}
+
+void write_prompts(const std::string& path, const std::vector<int32_t>& ids, const std::vector<int64_t>& offsets) {
+  H5File file = H5File::create(path);
+  Tensor t = Tensor::empty({static_cast<int64_t>(ids.size())}, DType::i32);
+  std::copy(ids.begin(), ids.end(), t.data_as<int32_t>());
+  file.write("input_ids", t);
+  if (!offsets.empty()) {
+    Tensor o = Tensor::empty({static_cast<int64_t>(offsets.size())}, DType::i64);
+    std::copy(offsets.begin(), offsets.end(), o.data_as<int64_t>());
+    file.write("prompt_offsets", o);
+  }
+  file.close();
+}
+
+std::vector<int32_t> ids_of(int64_t n, uint64_t salt) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37 + salt * 11 + 3) % 256);
+  return ids;
+}
+
+std::vector<std::vector<int32_t>> tokens_of(const std::vector<nlohmann::json>& lines) {
+  std::vector<std::vector<int32_t>> out;
+  for (const auto& j : lines) {
+    if (!j.contains("summary")) out.push_back(j.at("tokens").get<std::vector<int32_t>>());
+  }
+  return out;
+}
+
+TEST(GenerateCli, GreedyEqualsForwardArgmaxAndRanksAgree) {
+  const TempDir dir;
+  const std::string h = hydra_binary();
+  ASSERT_EQ(run_command(h + " init --preset hydrahead-tiny --seed 4 --out " + dir.file("m.h5")).exit_code, 0);
+  // Two prompts of 23 and 6 tokens.
+  std::vector<int32_t> a = ids_of(23, 1), b = ids_of(6, 2), both = a;
+  both.insert(both.end(), b.begin(), b.end());
+  write_prompts(dir.file("p.h5"), both, {0, 23, 29});
+  const std::string args = " generate --model " + dir.file("m.h5") + " --prompt " + dir.file("p.h5") +
+                           " --max-new-tokens 5 --device cpu";
+  const std::string out = " --out ";
+  const CommandResult one = run_command(h + args + out + dir.file("one.jsonl"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto lines = json_lines(dir.file("one.jsonl"));
+  ASSERT_EQ(lines.size(), 3u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(lines[i].at("prompt_index").get<int>(), i);
+    for (const char* key : {"prefill_s", "decode_tokens_per_s"}) EXPECT_TRUE(lines[i].contains(key)) << key;
+  }
+  EXPECT_TRUE(lines[2].at("summary").get<bool>());
+  // hydrahead-tiny: 2 layers, FA sets {1} and {2, 3} (one KV head each), d = 64, fp32 on the CPU.
+  EXPECT_EQ(lines[2].at("cache_bytes_per_token").get<double>(), 2.0 * (2 * 1 * 64 * 4));
+  const auto generated = tokens_of(lines);
+  ASSERT_EQ(generated.size(), 2u);
+  // hydra forward over prompt + all new tokens but the last: its arg-max at the prompt's last
+  // position and after is the greedy sequence.
+  const std::vector<std::vector<int32_t>> prompts = {a, b};
+  for (size_t p = 0; p < 2; ++p) {
+    ASSERT_EQ(generated[p].size(), 5u);
+    std::vector<int32_t> seq = prompts[p];
+    seq.insert(seq.end(), generated[p].begin(), generated[p].end() - 1);
+    write_token_file(dir.file("seq.h5"), seq);
+    const CommandResult f = run_command(h + " forward --model " + dir.file("m.h5") + " --input " + dir.file("seq.h5") +
+                                        " --output " + dir.file("logits.h5"));
+    ASSERT_EQ(f.exit_code, 0) << f.output;
+    const Tensor logits = H5File::open_read(dir.file("logits.h5")).read("logits");
+    const int64_t vocab = logits.size(1), t0 = static_cast<int64_t>(prompts[p].size()) - 1;
+    for (size_t i = 0; i < generated[p].size(); ++i) {
+      const float* row = logits.data_as<float>() + (t0 + static_cast<int64_t>(i)) * vocab;
+      EXPECT_EQ(generated[p][i], std::max_element(row, row + vocab) - row) << "prompt " << p << " token " << i;
+    }
+  }
+  // Two ranks: the same tokens, greedy and sampled.
+  const CommandResult two = run_command(mpirun(2) + " " + h + args + out + dir.file("two.jsonl"));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_EQ(tokens_of(json_lines(dir.file("two.jsonl"))), generated);
+  EXPECT_EQ(json_lines(dir.file("two.jsonl")).back().at("ranks").get<int>(), 2);
+  const std::string sampled = " --temperature 0.8 --top-k 30 --top-p 0.9 --seed 7 --out ";
+  const CommandResult s1 = run_command(h + args + sampled + dir.file("s1.jsonl"));
+  ASSERT_EQ(s1.exit_code, 0) << s1.output;
+  const CommandResult s2 = run_command(mpirun(2) + " " + h + args + sampled + dir.file("s2.jsonl"));
+  ASSERT_EQ(s2.exit_code, 0) << s2.output;
+  EXPECT_EQ(tokens_of(json_lines(dir.file("s1.jsonl"))), tokens_of(json_lines(dir.file("s2.jsonl"))));
+  // A stop token ends the first prompt's generation at its first occurrence (kept as the last token).
+  const int32_t stop = generated[0][1];
+  const CommandResult st = run_command(h + args + " --stop-token 255," + std::to_string(stop) + out + dir.file("stop.jsonl"));
+  ASSERT_EQ(st.exit_code, 0) << st.output;
+  const auto stopped = json_lines(dir.file("stop.jsonl"));
+  const auto first = std::find(generated[0].begin(), generated[0].end(), stop) - generated[0].begin();
+  const auto want = std::vector<int32_t>(generated[0].begin(), generated[0].begin() + first + 1);
+  if (std::find(want.begin(), want.end(), 255) == want.end()) {
+    EXPECT_EQ(stopped[0].at("tokens").get<std::vector<int32_t>>(), want);
+    EXPECT_TRUE(stopped[0].at("stopped").get<bool>());
+  }
+}
+
+TEST(GenerateCli, RefusesBadInputBeforeAnyWork) {
+  const TempDir dir;
+  const std::string h = hydra_binary();
+  ASSERT_EQ(run_command(h + " init --preset qwen3-tiny --out " + dir.file("m.h5")).exit_code, 0);
+  write_prompts(dir.file("ok.h5"), ids_of(10, 3), {});
+  std::vector<int32_t> bad = ids_of(10, 3);
+  bad[4] = 256;  // the vocabulary is 256
+  write_prompts(dir.file("range.h5"), bad, {});
+  write_prompts(dir.file("empty.h5"), ids_of(10, 3), {0, 4, 4, 10});
+  write_prompts(dir.file("short.h5"), ids_of(10, 3), {0, 4, 9});
+  write_prompts(dir.file("start.h5"), ids_of(10, 3), {1, 10});
+  { std::ofstream(dir.file("keep.jsonl")) << "previous\n"; }
+  const std::string base = h + " generate --model " + dir.file("m.h5") + " --device cpu ";
+  const auto refuse = [&](const std::string& args, const std::string& needle) {
+    const CommandResult r = run_command(base + args);
+    expect_user_error(r, needle);
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one line: " << r.output;
+    std::ifstream kept(dir.file("keep.jsonl"));
+    std::string first;
+    std::getline(kept, first);
+    EXPECT_EQ(first, "previous") << "a refused run touched its output: " << args;
+  };
+  const std::string out = " --out " + dir.file("keep.jsonl");
+  refuse("--prompt " + dir.file("range.h5") + " --max-new-tokens 3" + out, "256");
+  refuse("--prompt " + dir.file("empty.h5") + " --max-new-tokens 3" + out, "prompt 1 is empty");
+  refuse("--prompt " + dir.file("short.h5") + " --max-new-tokens 3" + out, "prompt_offsets");
+  refuse("--prompt " + dir.file("start.h5") + " --max-new-tokens 3" + out, "prompt_offsets");
+  refuse("--prompt " + dir.file("ok.h5") + " --max-new-tokens 3 --stop-token 3,999" + out, "--stop-token: id 999");
+  refuse("--prompt " + dir.file("ok.h5") + " --max-new-tokens 3 --stop-token x" + out, "--stop-token");
+  refuse("--prompt " + dir.file("ok.h5") + " --max-new-tokens 0" + out, "--max-new-tokens");
+  refuse("--prompt " + dir.file("ok.h5") + " --max-new-tokens 3 --top-p 0" + out, "--top-p");
+  refuse("--prompt " + dir.file("ok.h5") + " --max-new-tokens 3 --temperature -1" + out, "--temperature");
+  refuse("--prompt " + dir.file("nope.h5") + " --max-new-tokens 3" + out, "nope.h5");
+}
+
+}  // namespace
+}  // namespace hydra::test
