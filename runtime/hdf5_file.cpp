@@ -58,20 +58,59 @@ bool holds_one_element(hid_t attr) {
   return space.ok() && H5Sget_simple_extent_npoints(space.get()) == 1;
 }
 
-std::string stored_dtype_attribute(hid_t dataset) {
-  if (H5Aexists(dataset, "dtype") <= 0) return "";
-  Handle attr(H5Aopen(dataset, "dtype", H5P_DEFAULT), H5Aclose);
-  if (!attr.ok() || !holds_one_element(attr.get())) return "";
+// The one reader of string attributes (a file's root attributes and a dataset's `dtype`): one value,
+// fixed-length (hydra's writer, NULLPAD) or variable-length (h5py writes a Python str so), in the
+// stored character set — HDF5 does not convert ASCII <-> UTF-8, and h5py writes UTF-8. Returns false
+// with `problem` saying why when `object` has no such attribute or it is not one string.
+bool read_string_attribute(hid_t object, const char* name, std::string& value, std::string& problem) {
+  if (H5Aexists(object, name) <= 0) {
+    problem = "is missing";
+    return false;
+  }
+  Handle attr(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
+  if (!attr.ok() || !holds_one_element(attr.get())) {
+    problem = "is not a single value";
+    return false;
+  }
   Handle type(H5Aget_type(attr.get()), H5Tclose);
-  if (!type.ok() || H5Tget_class(type.get()) != H5T_STRING || H5Tis_variable_str(type.get()) != 0) return "";
-  const size_t n = H5Tget_size(type.get());
-  if (n == 0 || n > 256) return "";
-  std::string value(n, '\0');
+  if (!type.ok() || H5Tget_class(type.get()) != H5T_STRING) {
+    problem = "is not a string";
+    return false;
+  }
+  const H5T_cset_t cset = H5Tget_cset(type.get());
   Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_cset(mem.get(), cset);
+  if (H5Tis_variable_str(type.get()) > 0) {
+    H5Tset_size(mem.get(), H5T_VARIABLE);
+    char* text = nullptr;
+    if (H5Aread(attr.get(), mem.get(), &text) < 0) {
+      problem = "cannot be read";
+      return false;
+    }
+    value = text ? text : "";
+    H5free_memory(text);
+    return true;
+  }
+  const size_t n = H5Tget_size(type.get());
+  if (n == 0 || n > kMaxAttributeBytes) {
+    problem = fmt::format("declares a string of {} bytes (damaged file?)", n);
+    return false;
+  }
+  value.assign(n, '\0');
   H5Tset_size(mem.get(), n);
-  if (H5Aread(attr.get(), mem.get(), value.data()) < 0) return "";
+  H5Tset_strpad(mem.get(), H5T_STR_NULLPAD);
+  if (H5Aread(attr.get(), mem.get(), value.data()) < 0) {
+    problem = "cannot be read";
+    return false;
+  }
   value.resize(strnlen(value.c_str(), n));
-  return value;
+  return true;
+}
+
+// A dataset's `dtype` attribute ("bfloat16" marks uint16 storage as bf16), or "" if it has none.
+std::string stored_dtype_attribute(hid_t dataset) {
+  std::string value, problem;
+  return read_string_attribute(dataset, "dtype", value, problem) ? value : "";
 }
 
 DType classify(hid_t dataset, const std::string& file, const std::string& name) {
@@ -356,34 +395,9 @@ void H5File::set_attribute(const std::string& name, double value) {
 }
 
 std::string H5File::string_attribute(const std::string& name) const {
-  HYDRA_USER_CHECK(has_attribute(name), "{}: attribute '{}' is missing", path_, name);
-  Handle attr(H5Aopen(id_, name.c_str(), H5P_DEFAULT), H5Aclose);
-  HYDRA_USER_CHECK(attr.ok() && holds_one_element(attr.get()), "{}: attribute '{}' is not a single value", path_, name);
-  Handle type(H5Aget_type(attr.get()), H5Tclose);
-  HYDRA_USER_CHECK(H5Tget_class(type.get()) == H5T_STRING, "{}: attribute '{}' is not a string", path_, name);
-  // The memory type takes the stored character set: HDF5 does not convert ASCII <-> UTF-8, and
-  // h5py writes str attributes as variable-length UTF-8.
-  const H5T_cset_t cset = H5Tget_cset(type.get());
-  if (H5Tis_variable_str(type.get()) > 0) {
-    Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(mem.get(), H5T_VARIABLE);
-    H5Tset_cset(mem.get(), cset);
-    char* text = nullptr;
-    HYDRA_USER_CHECK(H5Aread(attr.get(), mem.get(), &text) >= 0, "{}: cannot read attribute '{}'", path_, name);
-    std::string value = text ? text : "";
-    H5free_memory(text);
-    return value;
-  }
-  const size_t n = H5Tget_size(type.get());
-  HYDRA_USER_CHECK(n > 0 && n <= kMaxAttributeBytes, "{}: attribute '{}' declares a string of {} bytes (damaged file?)",
-                   path_, name, n);
-  std::string value(n, '\0');
-  Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(mem.get(), n);
-  H5Tset_strpad(mem.get(), H5T_STR_NULLPAD);
-  H5Tset_cset(mem.get(), cset);
-  HYDRA_USER_CHECK(H5Aread(attr.get(), mem.get(), value.data()) >= 0, "{}: cannot read attribute '{}'", path_, name);
-  value.resize(strnlen(value.c_str(), n));
+  std::string value, problem;
+  HYDRA_USER_CHECK(read_string_attribute(id_, name.c_str(), value, problem), "{}: attribute '{}' {}", path_, name,
+                   problem);
   return value;
 }
 

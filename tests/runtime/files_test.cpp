@@ -1,5 +1,7 @@
 // HDF5 checkpoints and safetensors: round trips, atomic writes, and the errors a user sees for
 // bad files (missing, not HDF5, wrong format, newer version, truncated safetensors).
+#include <hdf5.h>
+
 #include <cstring>
 #include <fstream>
 
@@ -92,6 +94,51 @@ TEST(Checkpoint, BadFilesGiveOneLineErrorsNamingTheFile) {
   }
   EXPECT_NE(error_of([&] { CheckpointReader r(dir.file("plain.h5")); }).find("not a hydrahead checkpoint"),
             std::string::npos);
+}
+
+// Writes every string attribute of a checkpoint as h5py writes a Python str: a variable-length
+// UTF-8 string, on the root (format, config) and on the bf16 dataset (dtype = "bfloat16").
+void write_checkpoint_as_h5py(const std::string& path, const std::vector<uint16_t>& bits) {
+  const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  const hid_t str = H5Tcopy(H5T_C_S1);
+  H5Tset_size(str, H5T_VARIABLE);
+  H5Tset_cset(str, H5T_CSET_UTF8);
+  const hid_t scalar = H5Screate(H5S_SCALAR);
+  auto put_string = [&](hid_t object, const char* name, const char* value) {
+    const hid_t attr = H5Acreate2(object, name, str, scalar, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(H5Awrite(attr, str, &value), 0);
+    H5Aclose(attr);
+  };
+  put_string(file, "format", kCheckpointFormat);
+  put_string(file, "config", "{}");
+  const int64_t version = kCheckpointVersion;
+  const hid_t version_attr = H5Acreate2(file, "format_version", H5T_STD_I64LE, scalar, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(version_attr, H5T_NATIVE_INT64, &version);
+  H5Aclose(version_attr);
+  const hsize_t n = bits.size();
+  const hid_t space = H5Screate_simple(1, &n, nullptr);
+  const hid_t dataset = H5Dcreate2(file, "w", H5T_STD_U16LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(H5Dwrite(dataset, H5T_NATIVE_UINT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, bits.data()), 0);
+  put_string(dataset, "dtype", "bfloat16");
+  H5Dclose(dataset);
+  H5Sclose(space);
+  H5Sclose(scalar);
+  H5Tclose(str);
+  H5Fclose(file);
+}
+
+// At 2fc8691: the root attributes were read, but the dataset's variable-length
+// `dtype` was not, and the bf16 tensor was refused ("unsupported element type (class 0, 2 bytes)").
+TEST(Checkpoint, ReadsBf16WhoseDtypeAttributeIsAVariableLengthString) {
+  TempDir dir;
+  const std::vector<uint16_t> bits = {0x3f80, 0xbf80, 0x4049, 0x0001, 0x7f7f};
+  write_checkpoint_as_h5py(dir.file("h5py.h5"), bits);
+  const CheckpointReader reader(dir.file("h5py.h5"));
+  EXPECT_EQ(reader.config_json(), "{}");
+  ASSERT_EQ(reader.info("w").dtype, DType::bf16);
+  const Tensor w = reader.read("w", DType::bf16);
+  for (size_t i = 0; i < bits.size(); ++i) EXPECT_EQ(w.data_as<bf16>()[i].bits, bits[i]) << i;
 }
 
 void write_safetensors(const std::string& path, const std::string& header, size_t data_bytes) {
