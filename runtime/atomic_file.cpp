@@ -76,11 +76,36 @@ void remove_registered_temporaries() {
   }
 }
 
+// The thread that installed the handlers (main()'s): the one that creates, writes and renames
+// temporaries. 0: not installed.
+std::atomic<long> g_main_thread{0};
+
+long this_thread_id() { return ::syscall(SYS_gettid); }
+
+// Runs on whichever thread the kernel picked. The cleanup runs on the main thread only: there it
+// interrupts the code that creates temporaries, so none can be created (or registered) after the
+// cleanup has looked — on another thread, the main thread would go on while the handler runs. So
+// another thread forwards the signal to the main thread and returns (it runs on until the process
+// ends). The handler stays installed until the cleanup is done: a second signal (timeout and scancel
+// signal a process and then its group) reaches the same handler and is forwarded or merged, never
+// the default action. At 2fc8691 the disposition was reset on entry (SA_RESETHAND), and a second
+// SIGTERM taken by another thread killed the process before the temporary was removed.
 extern "C" void cleanup_signal_handler(int sig) {
   const int saved_errno = errno;
+  const long main_thread = g_main_thread.load(std::memory_order_relaxed);
+  // tgkill fails when the main thread is gone (a forked child, a process ending): clean up here.
+  if (main_thread != 0 && this_thread_id() != main_thread &&
+      ::syscall(SYS_tgkill, static_cast<long>(::getpid()), main_thread, sig) == 0) {
+    errno = saved_errno;
+    return;
+  }
   remove_registered_temporaries();
-  // End as the signal would have (the disposition is back to default: SA_RESETHAND); the signal is
-  // blocked inside the handler, so it is delivered when the handler returns.
+  // End as the signal would have: the default action, and the signal, blocked while this handler
+  // runs, is delivered when it returns.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(sig, &dfl, nullptr);
   ::raise(sig);
   errno = saved_errno;
 }
@@ -119,10 +144,14 @@ void ScopedTemporary::release() {
 }
 
 void install_cleanup_handlers() {
+  g_main_thread.store(this_thread_id(), std::memory_order_relaxed);
   struct sigaction action {};
   action.sa_handler = cleanup_signal_handler;
+  // The three block each other while one is handled on a thread: on the main thread the cleanup is
+  // not re-entered, and the others wait, pending, until it has ended the process.
   sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESETHAND;
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&action.sa_mask, sig);
+  action.sa_flags = 0;
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &action, nullptr);
 }
 

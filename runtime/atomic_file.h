@@ -9,7 +9,9 @@
 // install_cleanup_handlers() makes SIGTERM, SIGINT and SIGHUP (a Slurm time limit, Ctrl-C, a closed
 // terminal) unlink them — async-signal-safe: only unlink/rmdir on paths stored beforehand — and then
 // re-raise the signal with its default action, so the exit status still says which signal ended the
-// process. A kill -9 cannot be caught: the next AtomicFile for the same destination sweeps the
+// process. The cleanup runs on the thread that installed the handlers (main's, which creates the
+// temporaries; another thread that takes the signal forwards it there), and the handlers stay in
+// force until it is done, so a second signal never ends the process half-way. A kill -9 cannot be caught: the next AtomicFile for the same destination sweeps the
 // directory for `.NAME.tmp-PID` left by processes that no longer exist on this host (only that
 // name's pattern, only in that directory; a live PID is never touched).
 //
@@ -46,7 +48,8 @@ class ScopedTemporary {
 };
 
 // SIGTERM, SIGINT, SIGHUP: remove the registered temporaries, then end as the signal would have.
-// Called once by main() (after MPI_Init, so these handlers are the ones in force).
+// Called once by main() (after MPI_Init, so these handlers are the ones in force), on the thread
+// that creates temporaries.
 void install_cleanup_handlers();
 
 // Removes `.BASE.tmp-PID` entries of `directory` (files, or directories with everything in them)

@@ -7,13 +7,18 @@
 //
 // HYDRA_TEST_BINARY=/path/to/hydra runs these against another build (test_util.h), e.g. an older one
 // to see each test fail there.
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -378,6 +383,62 @@ TEST_F(InterruptedWrite, KillDuringACheckpointWriteIsSweptByTheNextWrite) {
   std::vector<std::string> left = temporaries_in(dir_.path());
   std::sort(left.begin(), left.end());
   EXPECT_EQ(left, (std::vector<std::string>{".other.h5.tmp-4999999", ".student.h5.tmp-" + std::to_string(getppid())}));
+}
+
+// Starts `hydra ARGS...` with its output discarded; returns its pid.
+pid_t spawn_hydra(const std::vector<std::string>& args) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int null = open("/dev/null", O_WRONLY);
+    dup2(null, 1);
+    dup2(null, 2);
+    std::vector<char*> argv;
+    const std::string binary = hydra_binary();
+    argv.push_back(const_cast<char*>(binary.c_str()));
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// At 2fc8691: SIGTERM about 2 s into `hydra init --preset qwen3-1.7b --out big.h5` left
+// `.big.h5.tmp-PID` behind in about 1 run of 15 under `timeout`, which signals the process and then
+// its process group (scancel and a terminal's Ctrl-C also reach a process more than once). The
+// handler reset the disposition on entry (SA_RESETHAND), so a second signal taken by another thread
+// of the process (MPI's, the BLAS pool's) while the first was being handled ended the process before
+// the temporary was removed. Two forms at several moments of the write: two SIGTERMs back to back;
+// and one SIGTERM to every thread at once (sent while the process is stopped, so that they arrive
+// together: at 2fc8691 that left the temporary in 8 runs of 10).
+TEST(InterruptedInit, SigtermsAtAnyMomentOfALargeInitLeaveNothing) {
+  TempDir dir;
+  const std::string out = dir.file("big.h5");
+  for (const bool every_thread : {false, true}) {
+    for (const int delay_ms : {400, 800, 1200, 1600, 2000, 2400}) {
+      const pid_t pid = spawn_hydra({"init", "--preset", "qwen3-1.7b", "--out", out});
+      ASSERT_GT(pid, 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      if (every_thread) {
+        kill(pid, SIGSTOP);
+        for (const fs::directory_entry& task : fs::directory_iterator(fmt::format("/proc/{}/task", pid))) {
+          syscall(SYS_tgkill, pid, std::stol(task.path().filename().string()), SIGTERM);
+        }
+        kill(pid, SIGCONT);
+      } else {
+        kill(pid, SIGTERM);
+        kill(pid, SIGTERM);
+      }
+      int status = 0;
+      ASSERT_EQ(waitpid(pid, &status, 0), pid);
+      const std::string form = fmt::format("{} after {} ms", every_thread ? "SIGTERM to every thread" : "two SIGTERMs",
+                                           delay_ms);
+      EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << form << ": status " << status;
+      const std::vector<std::string> left = temporaries_in(dir.path());
+      EXPECT_TRUE(left.empty()) << form << ": " << left.front() << " left behind";
+      for (const fs::directory_entry& e : fs::directory_iterator(dir.path())) fs::remove_all(e.path());
+    }
+  }
 }
 
 TEST(InterruptedTraining, SigtermDuringASaveLeavesNoStepDirectory) {
