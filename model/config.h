@@ -12,6 +12,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "kernels/rope/rope.h"
 #include "runtime/json_integer.h"
 
 namespace hydra {
@@ -28,7 +29,7 @@ struct ModelConfig {
   int64_t head_dim = 0;           // d
   int64_t intermediate_size = 0;  // MLP width
   double rms_norm_eps = 1e-6;
-  double rope_theta = 1e6;
+  double rope_theta = ops::kDefaultRopeTheta;
   bool tie_word_embeddings = false;
 
   // HydraHead only (DESIGN.md §1.2).

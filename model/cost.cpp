@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/delta_rule/delta_rule.h"
 #include "model/model.h"
 #include "model/params.h"
 #include "model/weight_layout.h"
@@ -21,7 +22,7 @@ double causal_attention_flops(int64_t tokens, int64_t heads, int64_t head_dim) {
 }
 
 double delta_rule_flops(int64_t tokens, int64_t heads, int64_t head_dim) {
-  const double d = static_cast<double>(head_dim), c = 64.0;
+  const double d = static_cast<double>(head_dim), c = static_cast<double>(ops::kDeltaRuleChunk);
   return static_cast<double>(tokens) * static_cast<double>(heads) * (6.0 * d * d + 8.0 * c * d);
 }
 
@@ -72,7 +73,7 @@ MemoryEstimate estimate_prefill_memory(const ModelConfig& c, int64_t local_token
     const double fa = t * hfa * d * 4 + hfa * t * 4 + (world > 1 ? 2 * t * gfa * 2 * d * b : 0) + t * H * d * b;
     const double gdn = hg > 0 ? t * 3 * hg * d * b + 2 * t * hg * 4 +        // conv output, β and g
                                     4 * t * hg * d * b + t * hg * 4 +        // W, U, K̃, V' and γ
-                                    (t / 64 + 1) * hg * d * d * b            // chunk states
+                                    (t / static_cast<double>(ops::kDeltaRuleChunk) + 1) * hg * d * d * b  // chunk states
                               : 0;
     const double mlp_rows = std::min<double>(t, static_cast<double>(kMlpTileTokens));
     const double mlp = mlp_rows * (D + 3 * static_cast<double>(c.intermediate_size)) * b;

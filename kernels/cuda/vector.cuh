@@ -1,6 +1,8 @@
 // Vectorised element access for the bandwidth-bound kernels: N consecutive bf16 or fp32 values as
 // fp32, in one access of 2N bytes (bf16, N = 1, 2, 4, 8) or in float4 accesses (fp32, N = 4, 8),
-// and the same on FloatRows (backward.cuh), whose element type is chosen at run time. The caller
+// and the same on FloatRows (backward.cuh), whose element type is chosen at run time. The one home
+// of bf16 words packed from and unpacked to fp32 (unpack_bf16, pack_bf16_word); mma.cuh's pack_bf16
+// is the MMA fragments' pair form. The caller
 // guarantees the alignment (backward.cuh's row_starts_aligned on the host side); a misaligned vector access
 // faults. Included only by .cu files.
 //
@@ -47,19 +49,24 @@ __device__ __forceinline__ void load_bf16(const bf16_t* p, float (&v)[N]) {
   unpack_bf16<N>(load_bf16_word<N>(p), v);
 }
 
+// N fp32 values rounded to nearest bf16, as one word (the inverse of unpack_bf16).
 template <int N>
-__device__ __forceinline__ void store_bf16(bf16_t* p, const float (&v)[N]) {
+__device__ __forceinline__ Bf16Word<N> pack_bf16_word(const float (&v)[N]) {
   static_assert(N == 1 || N == 2 || N == 4 || N == 8, "1, 2, 4 or 8 bf16 values per access");
   if constexpr (N == 1) {
-    *p = __float2bfloat16_rn(v[0]);
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v[0]));
   } else {
-    using Word = std::conditional_t<N == 2, uint32_t, std::conditional_t<N == 4, uint2, uint4>>;
-    Word word;
+    Bf16Word<N> word;
     __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&word);
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) pairs[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    *reinterpret_cast<Word*>(p) = word;
+    return word;
   }
+}
+
+template <int N>
+__device__ __forceinline__ void store_bf16(bf16_t* p, const float (&v)[N]) {
+  *reinterpret_cast<Bf16Word<N>*>(p) = pack_bf16_word<N>(v);
 }
 
 template <int N>

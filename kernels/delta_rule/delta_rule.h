@@ -30,9 +30,14 @@ namespace hydra::ops {
 // passes one after the other to time them apart. launch/ reads it (HYDRA_GDN_PROFILE, README).
 enum class GdnProfile { off, stages, serial_stages };
 
+// The chunk length C of the chunked forms: the GPU kernels are built for it (delta_rule_cuda.cuh,
+// delta_rule_backward.cuh), the memory and FLOP estimates count with it (model/cost.cpp); the CPU
+// forms take any chunk (tests vary it).
+inline constexpr int64_t kDeltaRuleChunk = 64;
+
 struct DeltaRuleParams {
   float scale = 0.0f;  // query scale; 0 means 1/sqrt(dk)
-  int64_t chunk = 64;
+  int64_t chunk = kDeltaRuleChunk;
   // GPU only: the in-GPU split of the sequential pass (0: enough segments to fill the GPU, from
   // the cost model in delta_rule_forward.cu; 1: no split), and the stage timing.
   int segments = 0;

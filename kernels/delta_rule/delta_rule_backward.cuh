@@ -11,11 +11,12 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/delta_rule/delta_rule.h"
 #include "runtime/tensor.h"
 
 namespace hydra::ops::cuda_impl::gdn_bwd {
 
-constexpr int kC = 64;  // chunk
+constexpr int kC = static_cast<int>(kDeltaRuleChunk);  // chunk
 
 // acc[NW/8][4] += op(A)[m0 .. m0+16, 0 .. K) · op(B)[0 .. K, n0 .. n0+NW), one warp.
 //   TA = false: A stored [M][K] (element (m, k) at a[m·lda + k]);  TA = true: A stored [K][M].

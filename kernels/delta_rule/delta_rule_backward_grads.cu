@@ -199,13 +199,11 @@ __global__ void __launch_bounds__(256) gdn_bwd_grads_kernel(const GradArgs a) {
     for (int i = tid; i < D * D / 8; i += 256) {  // 16-byte chunks of both tiles
       const int r = i / (D / 8), c = (i % (D / 8)) * 8;
       const uint4 x = *reinterpret_cast<const uint4*>(ss + r * kLd + c), y = *reinterpret_cast<const uint4*>(sds + r * kLd + c);
-      const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&x);
-      const __nv_bfloat162* yp = reinterpret_cast<const __nv_bfloat162*>(&y);
+      float xf[8], yf[8];
+      cuda::unpack_bf16<8>(x, xf);
+      cuda::unpack_bf16<8>(y, yf);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 xf = __bfloat1622float2(xp[e]), yf = __bfloat1622float2(yp[e]);
-        frob += xf.x * yf.x + xf.y * yf.y;
-      }
+      for (int e = 0; e < 4; ++e) frob += xf[2 * e] * yf[2 * e] + xf[2 * e + 1] * yf[2 * e + 1];
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) frob += __shfl_xor_sync(0xffffffffu, frob, o);

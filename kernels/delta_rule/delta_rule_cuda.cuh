@@ -29,20 +29,20 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/vector.cuh"
+#include "kernels/delta_rule/delta_rule.h"
 
 namespace hydra::ops::cuda_impl::gdn {
 
-constexpr int kChunk = 64;
+constexpr int kChunk = static_cast<int>(kDeltaRuleChunk);
 
 // The 8 bf16 of a 16-byte chunk, each times f (rounded to nearest).
 __device__ __forceinline__ uint4 scaled8(uint4 x, float f) {
-  uint32_t* w = reinterpret_cast<uint32_t*>(&x);
+  float v[8];
+  cuda::unpack_bf16<8>(x, v);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
-    w[i] = cuda::pack_bf16(v.x * f, v.y * f);
-  }
-  return x;
+  for (int i = 0; i < 8; ++i) v[i] *= f;
+  return cuda::pack_bf16_word<8>(v);
 }
 
 struct Rows {  // [T, H, D] bf16 rows or [T, H] f32 gates: element (t, h) at ptr + t·st + h·sh

@@ -309,9 +309,10 @@ __global__ void __launch_bounds__(128 * (D / 64 + 1), 1) gdn_state_kernel(const 
           const float2 b = fb[4 * nt], be = fbe[4 * nt];
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
-            const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&vv[2 * h + h2]));
-            r[4 * nt + 2 * h2] = b.x * v.x - be.x * x[4 * nt + 2 * h2];
-            r[4 * nt + 2 * h2 + 1] = b.y * v.y - be.y * x[4 * nt + 2 * h2 + 1];
+            float v[2];
+            cuda::unpack_bf16<2>(vv[2 * h + h2], v);
+            r[4 * nt + 2 * h2] = b.x * v[0] - be.x * x[4 * nt + 2 * h2];
+            r[4 * nt + 2 * h2 + 1] = b.y * v[1] - be.y * x[4 * nt + 2 * h2 + 1];
           }
         }
       }

@@ -20,11 +20,11 @@
 // at d = 128 measured conv 0.778 / 1.544 ms, q/k backward 0.173 / 0.335 ms: 8 rows (R below) wins
 // in the training step (2.03 vs 2.03–2.04 s at 64K, 5.19 vs 5.20–5.21 s at 128K).
 //
-// Angles: inv_freq_i = exp(−2i ln θ / d) and pos · inv_freq_i in fp64, reduced to [−π, π] in fp64
-// before the fp32 sincos (positions in the millions keep their precision), as kernels/rope does.
+// Angles: kernels/rope/rope_angle.cuh, as kernels/rope forms them.
 #include "kernels/cuda/backward.cuh"
 #include "kernels/cuda/vector.cuh"
 #include "kernels/gdn_qk/gdn_qk.h"
+#include "kernels/rope/rope_angle.cuh"
 
 namespace hydra::ops::cuda_impl {
 namespace {
@@ -55,29 +55,39 @@ struct AngleTable {
   // the block calls it (it synchronises the block).
   __device__ void fill(int64_t my_pos, int rows, int half, double log_theta_over_d) {
     if (threadIdx.x < rows) pos[threadIdx.x] = my_pos;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) inv_freq[i] = exp(-double(2 * i) * log_theta_over_d);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) inv_freq[i] = rope_inv_freq(i, log_theta_over_d);
     __syncthreads();
     for (int at = threadIdx.x; at < rows * half; at += blockDim.x) {
       const int r = at / half, i = at - r * half;
-      const double a = double(pos[r]) * inv_freq[i];
-      const double reduced = a - 6.283185307179586 * rint(a * 0.15915494309189535);
-      float c, s;
-      sincosf(float(reduced), &s, &c);
-      cs[at] = make_float2(c, s);
+      cs[at] = rope_cos_sin(pos[r], inv_freq[i]);
     }
     __syncthreads();
   }
+
+  // Rotates a lane's E pairs (lo[e], hi[e]), elements i .. i + E − 1 of the half of tile row r, by
+  // +angle (sign 1: the forward) or −angle (sign −1: the backward's inverse rotation).
+  template <int E>
+  __device__ __forceinline__ void rotate(int r, int half, int64_t i, float sign, float (&lo)[E], float (&hi)[E]) const {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float2 c_s = cs[r * half + i + e];
+      const float c = c_s.x, s = sign * c_s.y, a = lo[e], b = hi[e];
+      lo[e] = a * c - b * s;
+      hi[e] = b * c + a * s;
+    }
+  }
 };
 
-// A thread's place: blockIdx.x is the tile of R rows, blockIdx.y the block of heads, a half-warp
-// per head, lane j of it owning elements j·E .. j·E + E − 1 of each half.
+// A thread's place, the preamble of both kernels: blockIdx.x is the tile of R rows, blockIdx.y the
+// block of heads, a half-warp per head, lane j of it owning elements i = j·E .. j·E + E − 1 of each half.
 struct HeadLane {
   int j;
-  int64_t t0, first_head, h;
+  int64_t i, t0, first_head, h;
   bool active;  // a real head and elements of it (d/2 < 16·E leaves lanes idle)
 
   __device__ HeadLane(int rows, int e, int heads_per_block, int64_t heads, int half)
       : j(threadIdx.x % kLanes),
+        i(int64_t(j) * e),
         t0(int64_t(blockIdx.x) * rows),
         first_head(int64_t(blockIdx.y) * heads_per_block),
         h(first_head + threadIdx.x / kLanes),
@@ -122,8 +132,8 @@ __global__ void __launch_bounds__(32 * kMaxWarps) gdn_qkv_conv_kernel(ConvArgs p
   const int j = lane.j;
   const int64_t t0 = lane.t0, h = lane.h;
   const bool active = lane.active, qk = h < p.qk_heads;
-  // Columns of the lane's two words: c_lo = h·d + j·E, c_hi = c_lo + d/2.
-  const int64_t c_lo = h * 2 * p.half + j * E, c_hi = c_lo + p.half;
+  // Columns of the lane's two words: c_lo = h·d + i, c_hi = c_lo + d/2.
+  const int64_t c_lo = h * 2 * p.half + lane.i, c_hi = c_lo + p.half;
   cuda::Bf16Word<E> in_lo[R + K - 1], in_hi[R + K - 1];  // in[m]: input row t0 − (K − 1) + m
 #pragma unroll
   for (int m = 0; m < R + K - 1; ++m) {
@@ -184,15 +194,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) gdn_qkv_conv_kernel(ConvArgs p
       lo[e] *= cuda::fast_sigmoid(lo[e]);
       hi[e] *= cuda::fast_sigmoid(hi[e]);
     }
-    if (rotate) {
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        const float2 cs = angles.cs[r * p.half + j * E + e];
-        const float a = lo[e], b = hi[e];
-        lo[e] = a * cs.x - b * cs.y;
-        hi[e] = b * cs.x + a * cs.y;
-      }
-    }
+    if (rotate) angles.rotate<E>(r, p.half, lane.i, 1.0f, lo, hi);
 #pragma unroll
     for (int e = 0; e < E; ++e) ss += lo[e] * lo[e] + hi[e] * hi[e];
     const float inv = rsqrtf(head_sum(ss) + p.eps);  // every head sums; v heads do not use it
@@ -231,8 +233,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) gdn_qk_backward_kernel(Backwar
   constexpr int R = backward_rows<E>();
   __shared__ AngleTable angles;
   const HeadLane lane(R, E, p.heads_per_block, p.heads, p.half);
-  const int j = lane.j;
-  const int64_t t0 = lane.t0, h = lane.h, i = int64_t(j) * E;
+  const int64_t t0 = lane.t0, h = lane.h, i = lane.i;
   const bool active = lane.active;
   cuda::Bf16Word<E> dy_lo[R], dy_hi[R], y_lo[R], y_hi[R];
   float r_of[R];
@@ -264,11 +265,10 @@ __global__ void __launch_bounds__(32 * kMaxWarps) gdn_qk_backward_kernel(Backwar
     if (active && t < p.t_len) {
 #pragma unroll
       for (int e = 0; e < E; ++e) {
-        const float2 cs = angles.cs[r * p.half + j * E + e];
-        const float a = r_of[r] * (dlo[e] - ylo[e] * dot), b = r_of[r] * (dhi[e] - yhi[e] * dot);
-        dlo[e] = a * cs.x + b * cs.y;  // rotation by −angle
-        dhi[e] = b * cs.x - a * cs.y;
+        dlo[e] = r_of[r] * (dlo[e] - ylo[e] * dot);
+        dhi[e] = r_of[r] * (dhi[e] - yhi[e] * dot);
       }
+      angles.rotate<E>(r, p.half, i, -1.0f, dlo, dhi);
       bf16_t* dx = p.dx + t * p.dx_t + h * p.dx_h;
       cuda::store_bf16<E>(dx + i, dlo);
       cuda::store_bf16<E>(dx + i + p.half, dhi);
@@ -369,7 +369,7 @@ void gdn_qkv_conv(const TensorView& out, const TensorView& inv_norm, const Tenso
                    .half = static_cast<int>(d / 2),
                    .heads_per_block = heads_per_block(heads),
                    .w_rows_16b = reinterpret_cast<uintptr_t>(w.data()) % 16 == 0 && w.stride(0) % 4 == 0,
-                   .log_theta_over_d = std::log(params.rope_theta) / double(d),
+                   .log_theta_over_d = rope_log_theta_over_d(params.rope_theta, d),
                    .eps = params.l2_eps};
   switch (k) {
     case 1: launch_conv<1>(p, e); break;
@@ -411,7 +411,7 @@ void gdn_qk_backward(const TensorView& dx, const TensorView& dy, const TensorVie
                        .heads = y.size(1),
                        .half = static_cast<int>(half),
                        .heads_per_block = heads_per_block(y.size(1)),
-                       .log_theta_over_d = std::log(params.rope_theta) / double(params.head_dim)};
+                       .log_theta_over_d = rope_log_theta_over_d(params.rope_theta, params.head_dim)};
   with_lane_elements(e, [&](auto E) {
     const dim3 grid(static_cast<unsigned>((p.t_len + backward_rows<E>() - 1) / backward_rows<E>()),
                     static_cast<unsigned>((p.heads + p.heads_per_block - 1) / p.heads_per_block));

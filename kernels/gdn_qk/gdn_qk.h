@@ -11,6 +11,7 @@
 // the L2 norm's backward written with y and r instead of its input, then the inverse rotation.
 #pragma once
 
+#include "kernels/rope/rope.h"
 #include "runtime/tensor.h"
 
 namespace hydra::ops {
@@ -18,7 +19,7 @@ namespace hydra::ops {
 struct GdnQkParams {
   int64_t qk_heads = 0;  // q and k heads together: the first qk_heads · d columns of the conv output
   int64_t head_dim = 0;  // d
-  double rope_theta = 10000.0;
+  double rope_theta = kDefaultRopeTheta;
   float l2_eps = 1e-6f;
 };
 

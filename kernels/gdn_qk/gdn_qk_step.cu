@@ -9,6 +9,7 @@
 // rows and heads, instead of a launch per row of the sequence kernel (gdn_qk.cu).
 #include "kernels/cuda/common.cuh"
 #include "kernels/gdn_qk/gdn_qk_step.h"
+#include "kernels/rope/rope_angle.cuh"
 
 namespace hydra::ops::cuda_impl {
 namespace {
@@ -66,10 +67,8 @@ __global__ void __launch_bounds__(kMaxThreads) gdn_qkv_conv_step_kernel(const Co
     tail[(halo - 1) * a.channels + c_hi] = x_hi;
   }
   if (head < a.qk_heads) {  // uniform over the block
-    const double angle = double(a.pos[b]) * exp(-double(2 * i) * a.log_theta_over_d);
-    const double reduced = angle - 6.283185307179586 * rint(angle * 0.15915494309189535);
-    float sn, cs;
-    sincosf(float(reduced), &sn, &cs);
+    const float2 cos_sin = rope_cos_sin(a.pos[b], rope_inv_freq(i, a.log_theta_over_d));
+    const float cs = cos_sin.x, sn = cos_sin.y;
     const float r_lo = lo * cs - hi * sn, r_hi = hi * cs + lo * sn;
     lo = r_lo;
     hi = r_hi;
@@ -118,7 +117,7 @@ void gdn_qkv_conv_step(const TensorView& out, const TensorView& inv_norm, const 
                        .slots = slots.defined() ? static_cast<const int32_t*>(slots.data()) : nullptr,
                        .pos = static_cast<const int64_t*>(positions.data()), .channels = channels,
                        .qk_heads = params.qk_heads, .half = static_cast<int>(d / 2), .taps = static_cast<int>(taps),
-                       .log_theta_over_d = std::log(params.rope_theta) / static_cast<double>(d), .eps = params.l2_eps};
+                       .log_theta_over_d = rope_log_theta_over_d(params.rope_theta, d), .eps = params.l2_eps};
   const dim3 grid(static_cast<unsigned>(channels / d), static_cast<unsigned>(rows));
   gdn_qkv_conv_step_kernel<<<grid, static_cast<unsigned>(d / 2), 0, current_stream()>>>(a);
   HYDRA_CUDA_LAUNCH_CHECK();

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "kernels/cuda/backward.cuh"
+#include "kernels/cuda/vector.cuh"
 #include "kernels/loss/loss.h"
 
 namespace hydra::ops::cuda_impl {
@@ -82,11 +83,8 @@ __device__ __forceinline__ void visit(const float* x, int64_t vocab, bool vec, F
 
 __device__ __forceinline__ void store4(float* y, int64_t i, float4 v) { reinterpret_cast<float4*>(y)[i] = v; }
 __device__ __forceinline__ void store4(cuda::bf16_t* y, int64_t i, float4 v) {
-  const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
-  uint2 u;
-  u.x = *reinterpret_cast<const uint32_t*>(&a);
-  u.y = *reinterpret_cast<const uint32_t*>(&b);
-  reinterpret_cast<uint2*>(y)[i] = u;
+  const float f[4] = {v.x, v.y, v.z, v.w};
+  cuda::store_bf16<4>(y + 4 * i, f);
 }
 __device__ __forceinline__ void store1(float* y, float v) { *y = v; }
 __device__ __forceinline__ void store1(cuda::bf16_t* y, float v) { *y = __float2bfloat16_rn(v); }

@@ -1,10 +1,10 @@
-// CUDA RoPE (rotate-half). Angles are formed in fp64 and reduced modulo 2π before the fp32
-// sin/cos, so positions in the millions keep their precision (fp32 angles would be off by
-// ~0.1 rad at 512K). RopeDirection::inverse rotates by −angle (sin negated): the transpose of the
+// CUDA RoPE (rotate-half). Angles as rope_angle.cuh forms them (fp64, reduced to [−π, π] before
+// the fp32 sincos). RopeDirection::inverse rotates by −angle (sin negated): the transpose of the
 // rotation, so the backward of rope is rope of the gradient in that direction.
 // x is bf16 (activations) or fp32 (e.g. the attention backward's fp32 dq/dk accumulators).
 #include "kernels/cuda/common.cuh"
 #include "kernels/rope/rope.h"
+#include "kernels/rope/rope_angle.cuh"
 
 namespace hydra::ops::cuda_impl {
 namespace {
@@ -14,11 +14,8 @@ __global__ void rope_kernel(T* x, int64_t t_len, int64_t heads, int64_t half, in
   const int64_t n = t_len * half;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = idx / half, i = idx % half;
-    const double inv_freq = exp(-double(2 * i) * log_theta_over_d);
-    double angle = fmod(double(pos[t]) * inv_freq, 6.283185307179586);
-    float s, c;
-    sincosf(float(angle), &s, &c);
-    s *= sin_sign;
+    const float2 cs = rope_cos_sin(pos[t], rope_inv_freq(i, log_theta_over_d));
+    const float c = cs.x, s = cs.y * sin_sign;
     for (int64_t h = 0; h < heads; ++h) {
       T* row = x + t * stride_t + h * stride_h;
       const float a = cuda::to_float(row[i]), b = cuda::to_float(row[i + half]);
@@ -34,7 +31,7 @@ void launch_rope(const TensorView& x, const TensorView& positions, const RopePar
   const float sin_sign = params.direction == RopeDirection::inverse ? -1.0f : 1.0f;
   rope_kernel<T><<<cuda::capped_grid((x.size(0) * half + 255) / 256), 256, 0, current_stream()>>>(
       x.data_as<T>(), x.size(0), x.size(1), half, x.stride(0), x.stride(1), positions.data_as<const int64_t>(),
-      std::log(params.theta) / double(x.size(2)), sin_sign);
+      rope_log_theta_over_d(params.theta, x.size(2)), sin_sign);
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 }  // namespace

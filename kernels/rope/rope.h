@@ -12,8 +12,12 @@ namespace hydra::ops {
 // backward: the gradient of rope(x) is rope(dy) with RopeDirection::inverse.
 enum class RopeDirection { forward, inverse };
 
+// The default θ of every RoPE parameter: Qwen3's (the GDN input pass, gdn_qk.h, and ModelConfig,
+// model/config.h, take it from here; a checkpoint's config sets its own).
+inline constexpr double kDefaultRopeTheta = 1e6;
+
 struct RopeParams {
-  double theta = 1e6;
+  double theta = kDefaultRopeTheta;
   RopeDirection direction = RopeDirection::forward;
 };
 
