@@ -1,4 +1,4 @@
-#include "launch/bench_decode.h"
+#include "launch/bench/decode.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,7 +10,7 @@
 #include "kernels/attention/attention_decode.h"
 #include "kernels/delta_rule/delta_rule_step.h"
 #include "kernels/l2norm/l2norm.h"
-#include "launch/bench_util.h"
+#include "launch/bench/util.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/params.h"

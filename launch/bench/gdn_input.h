@@ -1,4 +1,4 @@
-// hydra bench --op gdn-input: the bandwidth-bound kernels around the delta rule (bench_gdn_input.cpp).
+// hydra bench --op gdn-input: the bandwidth-bound kernels around the delta rule (gdn_input.cpp).
 #pragma once
 
 #include <cstdint>

@@ -10,7 +10,7 @@
 // ratio must stay under 1e-2; then the median of --repeat CUDA-event timings. GB/s counts the bytes
 // each must move once (bf16 activations, fp32 norms), beside a device-to-device copy of x measured
 // in the same run (read + write: the bandwidth these kernels can reach).
-#include "launch/bench_gdn_input.h"
+#include "launch/bench/gdn_input.h"
 
 #include <functional>
 
@@ -18,7 +18,7 @@
 #include "kernels/gdn_qk/gdn_qk.h"
 #include "runtime/log.h"
 #if HYDRA_CUDA
-#include "launch/bench_util.h"
+#include "launch/bench/util.h"
 #include "runtime/cuda_memory.h"
 #endif
 

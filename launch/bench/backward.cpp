@@ -1,4 +1,4 @@
-// hydra bench --op attention-bwd | gdn-bwd (see bench_backward.h).
+// hydra bench --op attention-bwd | gdn-bwd (see backward.h).
 //
 // Order: the correctness check first — a small shape (300 tokens, 2 query heads, d as asked; the
 // attention at positions ≥ 1000 with τ on) through the GPU forward and backward and through the
@@ -9,7 +9,7 @@
 // backward 2.5× that (five products instead of two), so forward + backward = 7·T²·d·H. The gated
 // delta rule has no agreed count; its TFLOP/s is nominal: 3 × model/cost.h's forward count
 // (T·H·(6d² + 8·64·d)), the same in anchors.py; compare its milliseconds.
-#include "launch/bench_backward.h"
+#include "launch/bench/backward.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,7 +24,7 @@
 #include "runtime/log.h"
 #include "runtime/random.h"
 #if HYDRA_CUDA
-#include "launch/bench_util.h"
+#include "launch/bench/util.h"
 #include "runtime/cuda_memory.h"
 #endif
 
@@ -120,10 +120,10 @@ nlohmann::json check_gdn(int64_t d) {
 
 }  // namespace
 
-BackwardBenchResult bench_backward(const std::string& op, int64_t t, int64_t h, int64_t kv_heads, int64_t d, int warmup,
+KernelBenchResult bench_backward(const std::string& op, int64_t t, int64_t h, int64_t kv_heads, int64_t d, int warmup,
                                    int repeat, const ops::KernelOptions& kernels) {
 #if HYDRA_CUDA
-  BackwardBenchResult r;
+  KernelBenchResult r;
   if (op == "attention-bwd") {
     r.extra["check_rms_ratio"] = check_attention(d, kernels);
     const int64_t hk = kv_heads > 0 ? kv_heads : h;
