@@ -15,8 +15,9 @@
 // This file also chooses the kernel for a call (resolve_flash_kernel): the warp-specialised Hopper
 // kernel (attention_hopper.cu) for head dim 128 on sm_90 (views TMA can describe), this mma.sync
 // kernel for head dim 64, other GPUs and other views. (An earlier two-warpgroup wgmma kernel without
-// warp specialisation measured 283 TFLOP/s at 32K × 16 heads on an H200 against the Hopper
-// kernel's 656 and was removed: cluster/results/h200-2026-12-01.)
+// warp specialisation was removed: its warpgroups ran in lockstep and the tensor cores idled during
+// the softmax, so it reached well under half the Hopper kernel's rate; cluster/results/h200-2026-11-30
+// and h200-2026-12-01.)
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>

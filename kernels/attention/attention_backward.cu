@@ -19,9 +19,9 @@
 // For d = 128 on Hopper the default is the warp-specialised TMA/wgmma kernel of
 // attention_backward_ws.cuh (same parameters and results; for views TMA can describe and
 // 16-byte-aligned dq rows, other shapes run this kernel); HYDRA_ATTENTION_BWD_KERNEL=mma selects
-// this mma.sync kernel for every shape. (A non-warp-specialised wgmma kernel measured 289 TFLOP/s
-// forward + backward at 32K × 16 heads on an H200 against the warp-specialised one's 360, and was
-// removed: cluster/results/h200-2026-12-01.)
+// this mma.sync kernel for every shape. (A non-warp-specialised wgmma kernel was removed: without a
+// producer warp its loads and softmax left the tensor cores idle, and it was slower than the
+// warp-specialised one in the same job: cluster/results/h200-2026-12-01.)
 // Masking: key j (position k_pos0 + j) contributes to query i (q_pos0 + i) iff k ≤ q when causal;
 // the per-element mask runs only on blocks that touch the diagonal or the ends. A query whose final
 // lse is −inf (no visible key anywhere) gets P = 0.

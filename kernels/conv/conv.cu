@@ -132,10 +132,10 @@ __global__ void __launch_bounds__(256) conv_backward_kernel(ConvBackwardArgs p) 
 // of x and d_out arrive by 16-byte cp.async, double-buffered (the next tile loads while this one is
 // walked), and the tile's dx rows leave through shared memory in 16-byte stores, so the walk's
 // serial dependence never waits on global memory (the one-thread-per-channel walk on global memory
-// ran at ~0.7 TB/s). The halo rows (prefix, d_prefix) keep scalar accesses: they are K − 1 rows of
-// the first split. Measured alone at 64K × 5376 channels (hydrahead-1.7b's GDN, hydra bench --op
-// gdn-input, cluster/results/h200-2026-12-06): 0.89 ms, 0.56 of a device copy's bandwidth; one
-// channel per thread in 32-row tiles of 80 KB (two blocks of 8 warps per SM) took 1.51 ms.
+// was latency-bound, far below the copy bandwidth). The halo rows (prefix, d_prefix) keep scalar
+// accesses: they are K − 1 rows of the first split. Channel pairs in 16-row tiles rather than one
+// channel per thread in 32-row tiles of 80 KB: the smaller tiles let more blocks share an SM, and
+// the pair form was faster alone (hydra bench --op gdn-input; cluster/results/h200-2026-12-06).
 constexpr int kTileRows = 16, kTileChannels = 256, kTileThreads = kTileChannels / 2;
 constexpr int kTileChunks = kTileChannels / 8;  // 16-byte chunks per tile row
 constexpr size_t kTileBytes = size_t{kTileRows} * kTileChannels * 2;

@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kReduceColumns* kReduceRowLanes)
 // finish(c, Σ_split partial[split][c]) in fp64, in a fixed order: thread (x, y) of a 32 × 8 block adds
 // the splits y, y + 8, ... of column x of the block's 32, then the 8 sums are added in order of y.
 // (One thread per column adding all splits in turn ran 8 blocks for 2048 columns: latency-bound,
-// ~0.13 ms per RMSNorm weight gradient of 1024 splits in the 64K training profile.)
+// one of the larger entries of the training profile; cluster/results/h200-2026-12-05.)
 template <class G>
 __global__ void __launch_bounds__(kReduceColumns* kReduceRowLanes)
     column_finish_kernel(const float* partial, int64_t splits, int64_t cols, G finish) {

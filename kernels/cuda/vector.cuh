@@ -7,7 +7,7 @@
 // faults. Included only by .cu files.
 //
 // Why: one warp-wide 16-byte access moves 512 bytes; the same loop with 2-byte scalar loads moves
-// 64 and leaves the memory system waiting on latency (the conv backward ran at ~0.7 TB/s so).
+// 64 and leaves the memory system waiting on latency (the conv backward was latency-bound so).
 #pragma once
 
 #include <cstdint>

@@ -107,7 +107,8 @@ __device__ __forceinline__ void state_tile_io(float (&s)[D / 64][BV / 8][4], flo
 
 // Stage 3: the state gradient, last chunk first. The tiles are fetched one chunk ahead, γ_C with
 // them (cp.async; a plain load there put a memory round trip on every chunk's critical path).
-// Fetching two chunks ahead (3 stages) measured slower (18.5 against 15.6 ms at 512K × 14).
+// Fetching two chunks ahead (3 stages) was slower: the larger CTA fits fewer per SM, and one chunk
+// ahead already hides the fetch (cluster/results/h200-2026-12-02/gdn).
 template <int D, int BV>
 __global__ void __launch_bounds__(128) gdn_bwd_dstate_kernel(const PassArgs a) {
   using S = PassSmem<D, BV>;
@@ -205,11 +206,10 @@ void check_rows(const TensorView& x, const char* what) {
 }
 
 // Stage 3 over prepared chunks. Value tiles of 16 columns when few CTAs would otherwise leave SMs
-// idle, else 32. At 512K × 14 heads 32 columns (56 CTAs, half the re-reads of W, K̃, Q̂) measured
-// 19.7 ms against 16 columns' 15.6: the pass is bound by each CTA's chunk step, not by L2.
-// In training beside the FA backward (each stage-3 CTA holds an SM the attention kernel cannot
-// share) 32 columns measured 5.33 s per 128K step against 16 columns' 5.35 (2026-12-02, run1 of
-// cluster/results/h200-2026-12-05/): within the noise, so the rule stays.
+// idle, else 32. At 512K × 14 heads 32 columns (56 CTAs, half the re-reads of W, K̃, Q̂) were
+// slower than 16: the pass is bound by each CTA's chunk step, not by L2. In training beside the FA
+// backward (each stage-3 CTA holds an SM the attention kernel cannot share) the two widths gave the
+// same step within the noise, so the rule stays (cluster/results/h200-2026-12-05, run1).
 template <int D>
 void state_gradient_pass(const PassArgs& args) {
   auto launch = [&](auto kernel, size_t smem, int bv) {
@@ -269,11 +269,9 @@ void chunked_backward(const TensorView& dq, const TensorView& dk, const TensorVi
     // waits for it before stage 4. Every tensor either touches is allocated before the fork and
     // freed after the join, in stream order. Stage 3 is queued first: its CTAs are the long ones.
     // A stage-3 CTA (136 KB at D = 128) and a stage-2 one (185 KB, one per SM) do not share an SM,
-    // so stage 2 runs beside stage 3 on the SMs stage 3 leaves free (measured at 512K × 14 with the
-    // earlier 108 KB stage-2 CTA: 26.6 ms for the pair against 13.5 + 15.6 one after the other;
-    // with a 2-stage stage 2 of 86 KB, which could share an SM with stage 3, 26–32 ms from run to
-    // run; with the wgmma stage 2, 24.0–26.6 ms against 25.5–27.9 before in the same job,
-    // cluster/results/h200-2026-12-03/gdn_fwd/).
+    // so stage 2 runs beside stage 3 on the SMs stage 3 leaves free. (A smaller stage-2 CTA that
+    // could share an SM with stage 3 made the pair's time vary from run to run and gained nothing
+    // on average: cluster/results/h200-2026-12-03/gdn_fwd.)
     thread_local CudaStream side;
     CudaEvent forked, joined;
     forked.record(current_stream());

@@ -95,7 +95,7 @@ void state_pass(const StatePassArgs& args, int head_dim);
 // states[s+1] = M_s · states[s] (+ add_s), s = 0 .. steps−1, in fp32, states[0] set by the caller.
 // m, add: [≥ steps, H, D, D]; states: [≥ steps + 1, H, D, D], each with contiguous [H, D, D]
 // slices (D = 64 or 128); add null: no addend. (It was a copy and a batched cuBLAS GEMM per step;
-// the training profile showed ~0.2 ms of host time per step with the GPU idle.)
+// the training profile showed the GPU idle while the host issued them; cluster/results/h200-2026-12-04.)
 void fold_maps(const TensorView& m, const TensorView* add, const TensorView& states, int steps);
 
 // DeltaRuleParams::profile: each marked stage's time (CUDA events), printed to stderr at scope exit.

@@ -208,8 +208,8 @@ namespace {
 // with coalesced float4 reads (8 lanes per 128-byte row piece) while the previous chunk is used, and
 // read back conflict-free (row pitch kFoldK + 1). fp32 FMAs over k in order (as a plain fp32 GEMM;
 // the summation order differs from cuBLAS's, the precision does not). A first version read each
-// thread's row of M straight from global memory (32 rows per warp access): 249 µs per 8-step fold
-// at 14 heads in the 64K training profile, against 91 µs for the per-step cuBLAS GEMMs it replaced.
+// thread's row of M straight from global memory (32 rows per warp access, uncoalesced) and was
+// slower than this one (cluster/results/h200-2026-12-05, run1 against final).
 constexpr int kFoldCols = 16, kFoldK = 16;
 
 struct FoldArgs {

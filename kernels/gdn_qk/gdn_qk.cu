@@ -10,15 +10,12 @@
 // once per (row, frequency) into shared memory by the block and read by each of its q/k heads
 // (blocks of v heads alone skip it); the rows' positions are loaded with the inputs.
 //
-// Measured alone on an H200 (hydra bench --op gdn-input, 14 GDN heads, d = 128; the conv covers 42
-// heads; cluster/results/h200-2026-12-06): this form, conv 0.633 ms at 64K (0.53 of a device copy's
-// bandwidth) and 1.257 ms at 128K, q/k backward 0.203 / 0.392 ms (0.83–0.85). Replaced: a warp per
-// (32-row run, head) walking its rows one at a time, 1.04 / 2.03 ms and 0.273 / 0.513 ms (each
-// row's load waited on the last, every head recomputed its rows' angles in fp64, and the warp sum
-// under a per-head branch compiled to a divergent-collective path); a warp per head over 16-row
-// tiles with a position load per angle in the table loop, 0.99 ms (conv at 64K). Tiles of 4 rows
-// at d = 128 measured conv 0.778 / 1.544 ms, q/k backward 0.173 / 0.335 ms: 8 rows (R below) wins
-// in the training step (2.03 vs 2.03–2.04 s at 64K, 5.19 vs 5.20–5.21 s at 128K).
+// It replaced a warp per (32-row run, head) walking its rows one at a time (each row's load waited
+// on the last, every head recomputed its rows' angles in fp64, and the warp sum under a per-head
+// branch compiled to a divergent-collective path) and a warp per head over 16-row tiles with a
+// position load per angle in the table loop; both were slower. Tiles of 8 rows at d = 128
+// (R below) rather than 4: 4-row tiles made the q/k backward faster alone but the conv slower, and
+// the training step no faster. Figures: hydra bench --op gdn-input, cluster/results/h200-2026-12-06.
 //
 // Angles: kernels/rope/rope_angle.cuh, as kernels/rope forms them.
 #include "kernels/cuda/backward.cuh"
