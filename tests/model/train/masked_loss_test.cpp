@@ -3,10 +3,7 @@
 // HydraHead model (mixed FA/GDN layers), and the edge cases: a mask of all ones is no mask, a
 // target outside the mask changes neither the loss nor the gradient, a window with nothing counted
 // gives zero loss and zero gradient without dividing by zero.
-// Tolerance: central differences with h = 1e-5 in float64 have truncation error O(h²·f''') ≈ 1e-9
-// and rounding error ≈ 1e-16/h ≈ 1e-11 relative to the loss; 1e-6 relative to the largest
-// gradient entry checked leaves room for both and still catches a wrong scale (1/T vs 1/count)
-// or a counted row that should not be (errors of order 1e-2).
+// Tolerance: finite_differences.h.
 #include <cmath>
 
 #include "model/model.h"
@@ -15,15 +12,10 @@
 #include "parallel/self_communicator.h"
 #include "runtime/random.h"
 #include "tests/common/test_util.h"
+#include "tests/model/train/finite_differences.h"
 
 namespace hydra::test {
 namespace {
-
-std::vector<int32_t> sequence(int64_t t, int64_t vocab) {
-  std::vector<int32_t> ids(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 131 + 7) % vocab);
-  return ids;
-}
 
 // Counts targets 3, 4, 9, 10, 11 and every 7th: a mask with runs and gaps, position 0 set (never a target).
 std::vector<uint8_t> some_mask(int64_t t) {
@@ -38,12 +30,6 @@ double masked_mean_loss(const ModelConfig& c, const NamedTensors& params, const 
   SelfCommunicator self;
   const train::NamedGradients g = train::next_token_gradients(self, model, ids, mask);
   return g.sums.loss / static_cast<double>(g.sums.tokens);
-}
-
-NamedTensors f64_parameters(const ModelConfig& c, uint64_t seed) {
-  NamedTensors out;
-  for (auto& [name, t] : random_parameters(c, seed)) out.emplace(name, to(t, Device::host, DType::f64));
-  return out;
 }
 
 TEST(MaskedLoss, GradientMatchesFiniteDifferencesOfTheMaskedMean) {
@@ -64,26 +50,8 @@ TEST(MaskedLoss, GradientMatchesFiniteDifferencesOfTheMaskedMean) {
                                           "model.layers.1.self_attn.q_proj.weight", "model.layers.0.mlp.down_proj.weight",
                                           "model.layers.1.self_attn.fa_gate_proj.weight",
                                           "model.layers.0.self_attn.gdn_k_conv.weight"};
-  const RandomStream pick{11, 3};
-  const double h = 1e-5;
-  int checked = 0;
-  for (const std::string& name : names) {
-    ASSERT_TRUE(params.count(name)) << name;
-    const Tensor& grad = g.grads.at(name);
-    double scale = 0;
-    for (int64_t i = 0; i < grad.numel(); ++i) scale = std::max(scale, std::abs(grad.data_as<double>()[i]));
-    for (int k = 0; k < 3; ++k) {
-      const int64_t i = static_cast<int64_t>(pick.bits(static_cast<uint64_t>(checked)) % static_cast<uint64_t>(grad.numel()));
-      NamedTensors plus = params, minus = params;
-      plus[name] = clone(params.at(name));
-      minus[name] = clone(params.at(name));
-      plus[name].data_as<double>()[i] += h;
-      minus[name].data_as<double>()[i] -= h;
-      const double fd = (masked_mean_loss(c, plus, ids, mask) - masked_mean_loss(c, minus, ids, mask)) / (2 * h);
-      EXPECT_NEAR(grad.data_as<double>()[i], fd, 1e-6 * std::max(scale, 1e-3)) << name << "[" << i << "]";
-      ++checked;
-    }
-  }
+  expect_gradients_match_finite_differences(params, g.grads, names, 3, RandomStream{11, 3},
+                                            [&](const NamedTensors& p) { return masked_mean_loss(c, p, ids, mask); });
 }
 
 TEST(MaskedLoss, AllOnesIsNoMaskAndUncountedTargetsDoNotMatter) {

@@ -7,10 +7,8 @@
 //  - distill: KL(p_teacher ‖ p_student) over the counted rows, scaled by 1/count; through
 //    distillation_head (the chunked KL head) and the whole student backward; and the head alone
 //    (distillation_head's d_hidden and lm_head gradient on given hidden states).
-// Tolerance: as tests/model/train/masked_loss_test.cpp — central differences with h = 1e-5 in float64
-// (truncation O(h²) ≈ 1e-10, rounding ≈ 1e-11 relative); 1e-6 relative to the tensor's largest
-// gradient entry still catches a wrong scale, a missing term or a sign (errors of order 1e-2).
-// The align head passes its scale as float (grad_scale / D): ≈ 6e-8 relative, inside the tolerance.
+// Tolerance: finite_differences.h. The align head passes its scale as float (grad_scale / D): ≈ 6e-8
+// relative, inside the tolerance.
 #include <cmath>
 
 #include "model/model.h"
@@ -20,21 +18,10 @@
 #include "parallel/self_communicator.h"
 #include "runtime/random.h"
 #include "tests/common/test_util.h"
+#include "tests/model/train/finite_differences.h"
 
 namespace hydra::test {
 namespace {
-
-std::vector<int32_t> sequence(int64_t t, int64_t vocab) {
-  std::vector<int32_t> ids(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 131 + 7) % vocab);
-  return ids;
-}
-
-NamedTensors f64_parameters(const ModelConfig& c, uint64_t seed) {
-  NamedTensors out;
-  for (auto& [name, t] : random_parameters(c, seed)) out.emplace(name, to(t, Device::host, DType::f64));
-  return out;
-}
 
 class ObjectiveGradient : public ::testing::Test {
  protected:
@@ -73,28 +60,8 @@ class ObjectiveGradient : public ::testing::Test {
     const double loss = mean_loss(which, params_, &grads);
     ASSERT_TRUE(std::isfinite(loss));
     ASSERT_GT(loss, 0.0);
-    const RandomStream pick{31, 4};
-    const double h = 1e-5;
-    int checked = 0;
-    for (const std::string& name : names) {
-      ASSERT_TRUE(params_.count(name) && grads.count(name)) << name;
-      const Tensor& grad = grads.at(name);
-      ASSERT_EQ(count_non_finite(grad), 0) << name;
-      double scale = 0;
-      for (int64_t i = 0; i < grad.numel(); ++i) scale = std::max(scale, std::abs(grad.data_as<double>()[i]));
-      ASSERT_GT(scale, 0.0) << name << ": no gradient at all";
-      for (int k = 0; k < 2; ++k) {
-        const int64_t i = static_cast<int64_t>(pick.bits(static_cast<uint64_t>(checked)) % static_cast<uint64_t>(grad.numel()));
-        NamedTensors plus = params_, minus = params_;
-        plus[name] = clone(params_.at(name));
-        minus[name] = clone(params_.at(name));
-        plus[name].data_as<double>()[i] += h;
-        minus[name].data_as<double>()[i] -= h;
-        const double fd = (mean_loss(which, plus) - mean_loss(which, minus)) / (2 * h);
-        EXPECT_NEAR(grad.data_as<double>()[i], fd, 1e-6 * std::max(scale, 1e-3)) << name << "[" << i << "]";
-        ++checked;
-      }
-    }
+    expect_gradients_match_finite_differences(params_, grads, names, 2, RandomStream{31, 4},
+                                              [&](const NamedTensors& p) { return mean_loss(which, p); });
   }
 
   ModelConfig student_config_;
@@ -167,26 +134,13 @@ TEST_F(ObjectiveGradient, DistillationHeadMatchesFiniteDifferences) {
   }
   // The output projection's gradient, in checkpoint names (lm_head, or the tied embedding).
   const std::string head = student_config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  const Tensor g = student.unpack(grads).at(head);
-  double gtop = 0;
-  for (int64_t i = 0; i < g.numel(); ++i) gtop = std::max(gtop, std::abs(g.data_as<double>()[i]));
-  ASSERT_GT(gtop, 0.0);
-  const RandomStream pick{43, 1};
-  for (int k = 0; k < 6; ++k) {
-    const int64_t i = static_cast<int64_t>(pick.bits(static_cast<uint64_t>(k)) % static_cast<uint64_t>(g.numel()));
-    NamedTensors plus = params_, minus = params_;
-    plus[head] = clone(params_.at(head));
-    minus[head] = clone(params_.at(head));
-    plus[head].data_as<double>()[i] += h;
-    minus[head].data_as<double>()[i] -= h;
-    ModelTensors none;  // no parameter gradient: the loss only
-    const Model sp(student_config_, plus, Device::host, DType::f64), sm(student_config_, minus, Device::host, DType::f64);
-    const double fd = scale *
-                      (train::distillation_head(sp, teacher_, hidden, teacher_hidden, targets, scale, TensorView(), none).loss -
-                       train::distillation_head(sm, teacher_, hidden, teacher_hidden, targets, scale, TensorView(), none).loss) /
-                      (2 * h);
-    EXPECT_NEAR(g.data_as<double>()[i], fd, 1e-6 * gtop) << head << "[" << i << "]";
-  }
+  expect_gradients_match_finite_differences(
+      params_, student.unpack(grads), {head}, 6, RandomStream{43, 1}, [&](const NamedTensors& p) {
+        const Model perturbed(student_config_, p, Device::host, DType::f64);
+        ModelTensors none;  // no parameter gradient: the loss only
+        return scale * train::distillation_head(perturbed, teacher_, hidden, teacher_hidden, targets, scale,
+                                                TensorView(), none).loss;
+      });
 }
 
 }  // namespace
