@@ -289,8 +289,10 @@ TEST_F(Resilience, OutputFolderProblemsAreOneLineErrors) {
   ASSERT_EQ(hydra(base + out + " --steps 2 --save-every -1").exit_code, 0);
   expect_user_error(hydra(base + out + " --steps 2"), "holds the train.jsonl of another run");
   EXPECT_EQ(losses(out).size(), 2u);
-  // The log past a 4 KiB file-size limit (a full disk): the run fails instead of exiting 0.
-  const CommandResult r = run_command("bash -c \"trap '' XFSZ; ulimit -f 4; exec " + hydra_binary() + " " + base +
+  // The log past a 4 KiB file-size limit (a full disk): the run fails instead of exiting 0. Open MPI's
+  // shared-memory files obey the limit too: its dstore and shared-memory transport are switched off.
+  const CommandResult r = run_command("env PMIX_MCA_gds=hash OMPI_MCA_btl=self bash -c \"trap '' XFSZ; ulimit -f 4; exec " +
+                                      hydra_binary() + " " + base +
                                       dir_.file("full") + " --steps 40 --save-every -1\"");
   expect_user_error(r, "train.jsonl failed (disk full");
 }
