@@ -142,8 +142,6 @@ struct TrainOptions {
     HYDRA_USER_CHECK(o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr {} must lie in [0, --lr {}]", o.min_lr, o.lr);
     o.weight_decay = weight_decay.empty() ? d.weight_decay : parse_finite(weight_decay, "--weight-decay");
     HYDRA_USER_CHECK(o.weight_decay >= 0, "--weight-decay {} must not be negative", weight_decay);
-    HYDRA_USER_CHECK(o.lr * o.weight_decay < 1, "--lr {} × --weight-decay {} must be below 1 (the decay multiplies "
-                     "every weight by 1 − lr·wd each step)", o.lr, o.weight_decay);
     if (warmup.empty()) {
       o.warmup = std::min<int64_t>(100, steps / 20);
     } else {
@@ -223,6 +221,10 @@ int run_train(App& app, const std::vector<std::string>& args) {
   c.allow_changed_inputs = opt.allow_changed_inputs;
   if (app.world.rank() == 0) {  // surprising but legal
     if (opt.stop_at > opt.steps) log::warn("--stop-at {} is past --steps {}: the run ends at step {}", opt.stop_at, opt.steps, opt.steps);
+    if (c.optim.lr * c.optim.weight_decay >= 1) {
+      log::warn("--lr {} × --weight-decay {} is 1 or more: the decay multiplies every weight by 1 − lr·wd ≤ 0 each step",
+                c.optim.lr, c.optim.weight_decay);
+    }
     if (opt.save_every > opt.steps) log::warn("--save-every {} is past --steps {}: only the end is saved", opt.save_every, opt.steps);
   }
   c.sp = opt.sp;
