@@ -3,7 +3,7 @@
 # Needs root or sudo for apt-get; does nothing when everything is present.
 set -euo pipefail
 packages=(cmake g++ make pkg-config libopenmpi-dev openmpi-bin libhdf5-dev libboost-program-options-dev
-          libopenblas-dev nlohmann-json3-dev libfmt-dev libgtest-dev)
+          libopenblas-dev nlohmann-json3-dev libfmt-dev libgtest-dev libxxhash-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

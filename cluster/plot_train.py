@@ -10,8 +10,12 @@ RUN_DIR is a --out-dir of hydra train (or a train.jsonl itself). Needs matplotli
 import argparse
 import json
 import os
+import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit("plot_train.py needs matplotlib: pip install matplotlib (or apt-get install python3-matplotlib)")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -49,7 +53,11 @@ def main():
     runs = []
     for spec in a.runs:
         path, _, name = spec.partition("=")
-        runs.append((name or os.path.basename(os.path.normpath(path)), *read_run(path)))
+        # A run is named by its folder (runs/align/train.jsonl: "align"), unless NAME= is given.
+        folder = os.path.normpath(path)
+        if os.path.basename(folder) == "train.jsonl":
+            folder = os.path.dirname(folder) or "."
+        runs.append((name or os.path.basename(os.path.abspath(folder)), *read_run(path)))
     has_layers = any(s and "layer_loss" in s[0] for _, s, _ in runs)
     fig, axes = plt.subplots(1, 2 if has_layers else 1, figsize=(12 if has_layers else 7, 4.5), squeeze=False)
     ax = axes[0][0]

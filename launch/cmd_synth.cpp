@@ -111,12 +111,20 @@ int run_synth(App& app, const std::vector<std::string>& args) {
   nlohmann::json per_kind = nlohmann::json::object();
   for (const synth::Part& p : config.mixture) per_kind[synth::kind_name(p.kind)] = 0;
   for (synth::Kind k : stream.kinds) per_kind[synth::kind_name(k)] = per_kind[synth::kind_name(k)].get<int64_t>() + 1;
-  log::info("synth: wrote {}: {} documents of {} tokens ({} ids), {} answers, mixture {}{}, {:.2f} s", opt.out,
-            config.documents, config.seq_len, stream.ids.size(), stream.answers.size(),
+  // Packed streams (--doc-length) hold documents of varied lengths; the others documents of --seq-len.
+  const std::string shape =
+      stream.document_offsets.empty()
+          ? fmt::format("{} documents of {} tokens", config.documents, config.seq_len)
+          : fmt::format("{} packed documents of {}..{} tokens", stream.document_offsets.size() - 1,
+                        config.doc_length_min, config.doc_length_max);
+  log::info("synth: wrote {}: {} ({} ids), {} answers, mixture {}{}, {:.2f} s", opt.out, shape, stream.ids.size(),
+            stream.answers.size(),
             synth::mixture_string(config.mixture),
             floor >= 0 ? fmt::format(", lm loss floor {:.4f} nats", floor) : std::string(), seconds);
   std::cout << nlohmann::json{{"command", "synth"}, {"out", opt.out}, {"tokens", stream.ids.size()},
-                              {"documents", config.documents}, {"seq_len", config.seq_len}, {"documents_per_kind", per_kind},
+                              {"documents", stream.document_offsets.empty() ? config.documents
+                                                                          : static_cast<int64_t>(stream.document_offsets.size()) - 1},
+                              {"seq_len", config.seq_len}, {"documents_per_kind", per_kind},
                               {"answers", stream.answers.size()},
                               {"counted_targets", stream.loss_mask.empty()
                                                       ? nlohmann::json(nullptr)

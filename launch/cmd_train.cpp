@@ -1,6 +1,9 @@
 // hydra train: the four training stages (DESIGN.md §1.5) — pretrain, align, distill, finetune —
 // on one rank or sequence/data parallel under mpirun (model/train/trainer.h). Parses flags, builds
 // the student (and teacher), checks the memory plan, and hands over to train::run_training.
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -15,8 +18,10 @@
 #include "model/train/trainer.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
+#include "runtime/content_hash.h"
 #include "runtime/log.h"
 #include "runtime/sizes.h"
+#include "runtime/stop_request.h"
 #include "runtime/token_file.h"
 #if HYDRA_CUDA
 #include "runtime/cuda_memory.h"
@@ -54,16 +59,43 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
+// A real number given as text: the whole text, finite (UserError naming the flag otherwise).
+double parse_finite(const std::string& text, const char* flag) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  HYDRA_USER_CHECK(!text.empty() && end == text.c_str() + text.size() && errno == 0 && std::isfinite(v),
+                   "{} {}: not a finite number", flag, text);
+  return v;
+}
+
+// `hydra train ARGS --resume` as a shell line (single-quoted where needed), under mpirun for P > 1.
+std::string resume_command(const std::vector<std::string>& args, int ranks) {
+  std::string line = ranks > 1 ? fmt::format("mpirun -np {} hydra train", ranks) : "hydra train";
+  bool resume = false;
+  for (const std::string& a : args) {
+    resume = resume || a == "--resume";
+    const bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                                                         "-_=.,/:+@%") == std::string::npos;
+    std::string quoted = "'";
+    for (char ch : a) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    line += " " + (plain ? a : quoted + "'");
+  }
+  return resume ? line : line + " --resume";
+}
+
 struct TrainOptions {
   std::string stage;
   ModelSource model;
   std::string teacher;
   std::string data, eval_data, seq_len, out_dir, train = "auto", device = "auto", kept_activations = "auto", eval_niah;
+  // Defaults that depend on the stage or on --steps: empty text = the default (validate() parses).
+  std::string lr, min_lr, warmup, weight_decay;
   int64_t eval_niah_samples = 32;
-  int64_t steps = 0, stop_at = 0, warmup = -1, batch_seqs = 1, grad_accum = 1, save_every = 0, eval_every = 0, eval_windows = 8, keep = 2;
-  double lr = 0, min_lr = -1, weight_decay = -1, grad_clip = 1.0, peak_tflops = 989, nccl_timeout = 600;
+  int64_t steps = 0, stop_at = 0, batch_seqs = 1, grad_accum = 1, save_every = 0, eval_every = 0, eval_windows = 8, keep = 2;
+  double grad_clip = 1.0, peak_tflops = 989, nccl_timeout = 600;
   uint64_t seed = 0;
-  bool resume = false;
+  bool resume = false, allow_changed_inputs = false;
   int sp = 0;
 
   void bind(po::options_description& o) {
@@ -76,10 +108,10 @@ struct TrainOptions {
         ("steps", po::value(&steps)->required(), "optimizer steps (the learning-rate schedule's length)")
         ("stop-at", po::value(&stop_at)->default_value(0), "stop after this step with a checkpoint (0: --steps); continue later with --resume — for runs split over time-limited allocations")
         ("out-dir", po::value(&out_dir)->required(), "checkpoints (step-N/model.h5, state.h5), the 'latest' pointer, train.jsonl")
-        ("lr", po::value(&lr)->default_value(0), "peak learning rate (0: the stage's default: pretrain 1e-3, align 1e-3, distill 1e-4, finetune 2e-5)")
-        ("min-lr", po::value(&min_lr)->default_value(-1), "learning rate at the last step, cosine decay (default: lr / 10)")
-        ("warmup", po::value(&warmup)->default_value(-1), "linear warmup steps (default: 5% of --steps, at most 100)")
-        ("weight-decay", po::value(&weight_decay)->default_value(-1), "AdamW decoupled weight decay, not on norms, gates, A_log, dt_bias, gamma (default: pretrain 0.1, others 0.01)")
+        ("lr", po::value(&lr), "peak learning rate, > 0 (default: the stage's: pretrain 1e-3, align 1e-3, distill 1e-4, finetune 2e-5)")
+        ("min-lr", po::value(&min_lr), "learning rate at the last step, cosine decay, in [0, lr] (default: lr / 10)")
+        ("warmup", po::value(&warmup), "linear warmup steps, in [0, --steps] (default: 5% of --steps, at most 100)")
+        ("weight-decay", po::value(&weight_decay), "AdamW decoupled weight decay, >= 0, not on norms, gates, A_log, dt_bias, gamma (default: pretrain 0.1, others 0.01)")
         ("grad-clip", po::value(&grad_clip)->default_value(1.0), "clip the global gradient norm to this (0: off)")
         ("batch-seqs", po::value(&batch_seqs)->default_value(1), "windows per micro-batch per data-parallel replica, packed into one sequence (each window its own document: the same math as one at a time, one long sequence for the GPU; memory grows with it)")
         ("grad-accum", po::value(&grad_accum)->default_value(1), "micro-batches accumulated per step (the loss is the mean over all their tokens)")
@@ -92,12 +124,34 @@ struct TrainOptions {
         ("eval-niah-samples", po::value(&eval_niah_samples)->default_value(32), "NIAH samples per task and evaluation (depths spread over 0..100; the same samples every time)")
         ("keep", po::value(&keep)->default_value(2), "checkpoints kept in --out-dir (the newest)")
         ("train", po::value(&train)->default_value("auto"), "attention (the attention block only) | all (default: attention for align, all otherwise)")
-        ("resume", po::bool_switch(&resume), "continue the run in --out-dir from its latest checkpoint (same model, data, world layout)")
+        ("resume", po::bool_switch(&resume), "continue the run in --out-dir from its latest checkpoint (same model, data, world layout; the state's checksums and the inputs' contents are verified)")
+        ("allow-changed-inputs", po::bool_switch(&allow_changed_inputs), "with --resume: accept a model, teacher or data file whose contents differ from those the run was trained on (their XXH3 fingerprints are stored in every state.h5)")
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16 weights, fp32 masters), cpu (fp32) or auto")
         ("sp", po::value(&sp)->default_value(0), "ranks per sequence (sequence parallel); world / sp data-parallel replicas (0: all ranks)")
         ("peak-tflops", po::value(&peak_tflops)->default_value(989), "dense bf16 peak per GPU for MFU (989: H100/H200 datasheet); MFU = 3 × the forward FLOPs of the step's windows (layers and, except in align, the LM head over every position) / step time / (ranks × peak)")
         ("kept-activations", po::value(&kept_activations)->default_value("auto"), "what the forward keeps for the backward beyond each layer's input: none | gdn (the GDN outputs: no delta-rule rerun) | gdn+proj (also the fused projection: no in_proj GEMM) | gdn+proj+mlp (also every layer's MLP gate/up: no mlp_in GEMM) | auto (the most that the memory plan fits on every rank, in that order, the MLP's for as many layers as fit)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
+  }
+  // The stage's defaults for the flags left out, and every number checked (finite, in range).
+  train::OptimizerConfig optimizer(train::Stage stage) const {
+    const StageDefaults d = defaults_of(stage);
+    train::OptimizerConfig o;
+    o.lr = lr.empty() ? d.lr : parse_finite(lr, "--lr");
+    HYDRA_USER_CHECK(o.lr > 0, "--lr {} must be above 0", lr);
+    o.min_lr = min_lr.empty() ? o.lr / 10 : parse_finite(min_lr, "--min-lr");
+    HYDRA_USER_CHECK(o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr {} must lie in [0, --lr {}]", o.min_lr, o.lr);
+    o.weight_decay = weight_decay.empty() ? d.weight_decay : parse_finite(weight_decay, "--weight-decay");
+    HYDRA_USER_CHECK(o.weight_decay >= 0, "--weight-decay {} must not be negative", weight_decay);
+    if (warmup.empty()) {
+      o.warmup = std::min<int64_t>(100, steps / 20);
+    } else {
+      const double w = parse_finite(warmup, "--warmup");
+      HYDRA_USER_CHECK(w == std::floor(w) && w >= 0 && w <= static_cast<double>(steps),
+                       "--warmup {} must be a whole number of steps in [0, --steps {}]", warmup, steps);
+      o.warmup = static_cast<int64_t>(w);
+    }
+    o.grad_clip = grad_clip;
+    return o;
   }
   void validate() const {
     model.validate();
@@ -113,8 +167,15 @@ struct TrainOptions {
     for (const std::string& t : split_list(eval_niah)) niah::parse_task(t);
     HYDRA_USER_CHECK(stop_at >= 0, "--stop-at must not be negative");
     HYDRA_USER_CHECK(save_every >= -1, "--save-every must be -1 (never), 0 (at the end) or a step count");
-    HYDRA_USER_CHECK(eval_every >= 0 && grad_clip >= 0 && lr >= 0,
-                     "--eval-every, --grad-clip and --lr must not be negative");
+    HYDRA_USER_CHECK(eval_every >= 0, "--eval-every must not be negative");
+    HYDRA_USER_CHECK(std::isfinite(grad_clip) && grad_clip >= 0, "--grad-clip must be a finite number, 0 or more");
+    HYDRA_USER_CHECK(std::isfinite(peak_tflops) && peak_tflops > 0, "--peak-tflops must be a finite number above 0");
+    HYDRA_USER_CHECK(std::isfinite(nccl_timeout) && nccl_timeout > 0, "--nccl-timeout must be a finite number of seconds above 0");
+    HYDRA_USER_CHECK(eval_every == 0 || !eval_data.empty() || !eval_niah.empty(),
+                     "--eval-every {} needs something to evaluate: --eval-data or --eval-niah", eval_every);
+    HYDRA_USER_CHECK(!allow_changed_inputs || resume, "--allow-changed-inputs goes with --resume");
+    optimizer(train::parse_stage(stage));  // the learning-rate flags
+    require_output_directory(out_dir, "--out-dir");
     HYDRA_USER_CHECK(train == "auto" || train == "all" || train == "attention", "--train must be attention, all or auto");
     HYDRA_USER_CHECK(sp >= 0, "--sp must not be negative");
     HYDRA_USER_CHECK(kept_activations == "auto" || kept_activations == "none" || kept_activations == "gdn" ||
@@ -138,7 +199,6 @@ int run_train(App& app, const std::vector<std::string>& args) {
   opt.validate();
   train::TrainConfig c;
   c.stage = train::parse_stage(opt.stage);
-  const StageDefaults d = defaults_of(c.stage);
   c.data = split_list(opt.data);
   c.eval_data = split_list(opt.eval_data);
   c.seq_len = parse_size(opt.seq_len, "--seq-len");
@@ -155,13 +215,18 @@ int run_train(App& app, const std::vector<std::string>& args) {
   c.keep = opt.keep;
   c.train = opt.train == "all" || (opt.train == "auto" && c.stage != train::Stage::align) ? train::TrainSet::all
                                                                                           : train::TrainSet::attention;
-  c.optim.lr = opt.lr > 0 ? opt.lr : d.lr;
-  c.optim.min_lr = opt.min_lr >= 0 ? opt.min_lr : c.optim.lr / 10;
-  c.optim.weight_decay = opt.weight_decay >= 0 ? opt.weight_decay : d.weight_decay;
-  c.optim.warmup = opt.warmup >= 0 ? opt.warmup : std::min<int64_t>(100, opt.steps / 20);
-  c.optim.grad_clip = opt.grad_clip;
+  c.optim = opt.optimizer(c.stage);
   c.out_dir = opt.out_dir;
   c.resume = opt.resume;
+  c.allow_changed_inputs = opt.allow_changed_inputs;
+  if (app.world.rank() == 0) {  // surprising but legal
+    if (opt.stop_at > opt.steps) log::warn("--stop-at {} is past --steps {}: the run ends at step {}", opt.stop_at, opt.steps, opt.steps);
+    if (c.optim.lr * c.optim.weight_decay >= 1) {
+      log::warn("--lr {} × --weight-decay {} is 1 or more: the decay multiplies every weight by 1 − lr·wd ≤ 0 each step",
+                c.optim.lr, c.optim.weight_decay);
+    }
+    if (opt.save_every > opt.steps) log::warn("--save-every {} is past --steps {}: only the end is saved", opt.save_every, opt.steps);
+  }
   c.sp = opt.sp;
   c.peak_tflops = opt.peak_tflops;
 
@@ -191,6 +256,21 @@ int run_train(App& app, const std::vector<std::string>& args) {
   for (const std::string& f : c.eval_data) {
     inputs.add("evaluation data tokens " + f, std::to_string(token_file_length(f)));
   }
+  // The inputs' contents (XXH3 of each file's bytes, runtime/content_hash.h): a rank with a stale
+  // copy under the same path is named before the first collective, and --resume compares them with
+  // the fingerprints stored in the training state.
+  const auto fingerprint = [&](const std::string& role, const std::string& path) {
+    c.inputs.push_back({role, path, hash_hex(hash_file(path))});
+    inputs.add("contents of the " + role + " " + path, c.inputs.back().hash);
+  };
+  if (opt.model.model_path.empty()) {
+    c.inputs.push_back({"model", opt.model.describe(), opt.model.describe()});
+  } else {
+    fingerprint("model", opt.model.model_path);
+  }
+  if (needs_teacher) fingerprint("teacher", opt.teacher);
+  for (size_t i = 0; i < c.data.size(); ++i) fingerprint(fmt::format("training data {}", i + 1), c.data[i]);
+  for (size_t i = 0; i < c.eval_data.size(); ++i) fingerprint(fmt::format("evaluation data {}", i + 1), c.eval_data[i]);
   agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   train::TrainTopology topology(*world.comm, c.sp);
@@ -232,9 +312,11 @@ int run_train(App& app, const std::vector<std::string>& args) {
   const MemoryEstimate estimate = plan(c.kept);
   check_memory_plan(estimate, world.device, fmt::format("training at --seq-len {} on {} rank(s) per sequence", c.seq_len,
                                                         topology.sp()), app.mpi.local_size());
-  log::info("train: memory plan {} per rank; kept for the backward: GDN outputs {}, projection {}, MLP gate/up in {} "
-            "of {} layers (--kept-activations {})", estimate.describe(), c.kept.gdn_outputs ? "yes" : "no",
-            c.kept.projection ? "yes" : "no", c.kept.mlp_layers, layers, opt.kept_activations);
+  // The CPU path plans no device memory: no "0.0 GiB" plan.
+  log::info("train: {}kept for the backward: GDN outputs {}, projection {}, MLP gate/up in {} of {} layers "
+            "(--kept-activations {})", world.device == Device::cuda ? "memory plan " + estimate.describe() + " per rank; " : "",
+            c.kept.gdn_outputs ? "yes" : "no", c.kept.projection ? "yes" : "no", c.kept.mlp_layers, layers,
+            opt.kept_activations);
   Model student = opt.model.build(world.device, dtype, app.kernels);
   std::optional<Model> teacher;
   if (needs_teacher) {
@@ -244,21 +326,30 @@ int run_train(App& app, const std::vector<std::string>& args) {
   }
   const train::TrainSummary s = train::run_training(c, topology, student, teacher ? &*teacher : nullptr);
   check_device_progress(world);
+  const bool gpu = world.device == Device::cuda;  // MFU is a GPU figure (--peak-tflops)
   if (app.world.rank() == 0) {
-    log::info("train {}: steps {}..{} in {:.1f} s, final loss {:.4f}{}, {:.0f} tokens/s, MFU {:.1f}%, peak memory {:.2f} GiB",
+    log::info("train {}: steps {}..{} in {:.1f} s, final loss {:.4f}{}, {:.0f} tokens/s{}, peak memory {:.2f} GiB",
               opt.stage, s.first_step, s.last_step, s.seconds, s.last_loss,
-              s.last_eval_loss >= 0 ? fmt::format(", eval loss {:.4f}", s.last_eval_loss) : "", s.tokens_per_s,
-              100 * s.mfu, s.peak_memory_gib);
+              s.last_eval_loss ? fmt::format(", eval {} {:.4f}", s.eval_metric, *s.last_eval_loss) : "", s.tokens_per_s,
+              gpu ? fmt::format(", MFU {:.1f}%", 100 * s.mfu) : "", s.peak_memory_gib);
     const nlohmann::json summary = {
         {"command", "train"},  {"stage", opt.stage},           {"model", opt.model.describe()},
         {"ranks", app.world.size()}, {"sp", topology.sp()},   {"device", device_name(world.device)},
         {"seq_len", c.seq_len}, {"first_step", s.first_step},  {"last_step", s.last_step},
-        {"loss", s.last_loss},  {"eval_loss", s.last_eval_loss}, {"seconds", s.seconds},
-        {"tokens_per_s", s.tokens_per_s}, {"mfu", s.mfu},      {"peak_memory_gib", s.peak_memory_gib},
-        {"step_flops", s.step_flops}, {"lm_head_flops", s.lm_head_flops}, {"out_dir", c.out_dir}};
+        {"loss", s.last_loss},
+        {"eval_loss", s.last_eval_loss ? nlohmann::json(*s.last_eval_loss) : nlohmann::json()},
+        {"eval_metric", s.last_eval_loss ? nlohmann::json(s.eval_metric) : nlohmann::json()},
+        {"seconds", s.seconds}, {"tokens_per_s", s.tokens_per_s}, {"mfu", gpu ? nlohmann::json(s.mfu) : nlohmann::json()},
+        {"peak_memory_gib", s.peak_memory_gib}, {"step_flops", s.step_flops}, {"lm_head_flops", s.lm_head_flops},
+        {"out_dir", c.out_dir}, {"stopped", s.stopped}};
     std::cout << summary.dump() << std::endl;
+    if (s.stopped) {
+      log::warn("train: stopped by {} after step {}; saved {}. Continue with:\n  {}", s.stop_reason, s.last_step,
+                s.checkpoint, resume_command(args, app.world.size()));
+    }
   }
-  return 0;
+  // A stop on a signal is no error but not the end either: EX_TEMPFAIL, for scripts to resubmit.
+  return s.stopped ? kExitStoppedBySignal : 0;
 }
 
 }  // namespace hydra

@@ -17,6 +17,7 @@
 #include "launch/cli.h"
 #include "launch/kernel_options.h"
 #include "runtime/atomic_file.h"
+#include "runtime/stop_request.h"
 #include "runtime/fault.h"
 #include "runtime/log.h"
 
@@ -79,7 +80,9 @@ int main(int argc, char** argv) {
               ": " + e.what();
     code = 1;
   }
-  if (code != 0) {
+  // A training run stopped by a signal (runtime/stop_request.h) saved its state on every rank and
+  // returns its own status: no error message, no abort.
+  if (code != 0 && code != hydra::kExitStoppedBySignal) {
     // Bad input usually fails on every rank at once (they all read the same flags and files): rank 0
     // reports at once and its abort ends the others before they print the same line. Another rank
     // waits a moment first, so its line appears only when rank 0 did not fail (an error of its own).
@@ -87,6 +90,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hydra: %s\n", message.c_str());
     std::fflush(stderr);
   }
-  if (code != 0 && world.size() > 1) world.abort(code);  // never returns: ends every rank
+  if (code != 0 && code != hydra::kExitStoppedBySignal && world.size() > 1) world.abort(code);  // never returns: ends every rank
   return code;
 }

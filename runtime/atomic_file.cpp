@@ -143,16 +143,22 @@ void ScopedTemporary::release() {
   slot_ = -1;
 }
 
-void install_cleanup_handlers() {
-  g_main_thread.store(this_thread_id(), std::memory_order_relaxed);
+void install_cleanup_handler(int sig) {
+  // Async-signal-safe (sigaction only): runtime/stop_request.cpp calls it from its handler. Every
+  // signal that may end the process through the cleanup is blocked while one is handled on a thread:
+  // on the main thread the cleanup is not re-entered, and the others wait, pending, until it has
+  // ended the process.
   struct sigaction action {};
   action.sa_handler = cleanup_signal_handler;
-  // The three block each other while one is handled on a thread: on the main thread the cleanup is
-  // not re-entered, and the others wait, pending, until it has ended the process.
   sigemptyset(&action.sa_mask);
-  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&action.sa_mask, sig);
-  action.sa_flags = 0;
-  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &action, nullptr);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR1}) sigaddset(&action.sa_mask, s);
+  action.sa_flags = SA_RESTART;  // a thread that forwards the signal and returns goes on where it was
+  sigaction(sig, &action, nullptr);
+}
+
+void install_cleanup_handlers() {
+  g_main_thread.store(this_thread_id(), std::memory_order_relaxed);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) install_cleanup_handler(sig);
 }
 
 std::vector<std::string> sweep_stale_temporaries(const std::string& directory, const std::string& name,
@@ -323,6 +329,21 @@ void require_writable_destination(const std::string& path, const char* what) {
   HYDRA_USER_CHECK(access(dir.c_str(), W_OK) == 0, "{}: directory {} for the {} is not writable", path,
                    dir.string(), what);
   HYDRA_USER_CHECK(!fs::is_directory(p, ec), "{}: {} path is a directory", path, what);
+}
+
+void require_output_directory(const std::string& path, const char* what) {
+  HYDRA_USER_CHECK(!path.empty(), "no {} given", what);
+  const fs::path p(path);
+  std::error_code ec;
+  HYDRA_USER_CHECK(!fs::exists(p, ec) || fs::is_directory(p, ec), "{} {} is a file, not a directory", what, path);
+  // The nearest ancestor that exists must be a writable directory (the rest is created).
+  fs::path existing = p;
+  while (!existing.empty() && !fs::exists(existing, ec)) existing = existing.parent_path();
+  if (existing.empty()) existing = ".";
+  HYDRA_USER_CHECK(fs::is_directory(existing, ec), "{} {} cannot be created: {} is a file", what, path,
+                   existing.string());
+  HYDRA_USER_CHECK(access(existing.c_str(), W_OK | X_OK) == 0, "{} {} cannot be written: {} ({})", what, path,
+                   existing.string(), std::strerror(errno));
 }
 
 }  // namespace hydra

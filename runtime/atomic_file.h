@@ -49,8 +49,10 @@ class ScopedTemporary {
 
 // SIGTERM, SIGINT, SIGHUP: remove the registered temporaries, then end as the signal would have.
 // Called once by main() (after MPI_Init, so these handlers are the ones in force), on the thread
-// that creates temporaries.
+// that creates temporaries: the cleanup runs there (without this call, on whichever thread).
 void install_cleanup_handlers();
+// The same for one signal (async-signal-safe: runtime/stop_request.cpp calls it from its handler).
+void install_cleanup_handler(int sig);
 
 // Removes `.BASE.tmp-PID` entries of `directory` (files, or directories with everything in them)
 // whose PID is not a live process on this host. BASE is `name`, or with `prefix_match` any name
@@ -119,5 +121,8 @@ void write_text_atomically(const std::string& path, const std::string& text);
 void require_readable_file(const std::string& path, const char* what);
 // Fails with a UserError if the directory that would hold `path` does not exist or is not writable.
 void require_writable_destination(const std::string& path, const char* what);
+// Fails with a UserError if directory `path` could not be used for output: it is a file, lies under
+// a file, or its nearest existing ancestor is not writable (a read-only filesystem included).
+void require_output_directory(const std::string& path, const char* what);
 
 }  // namespace hydra

@@ -19,8 +19,9 @@ const char* spec_text() {
 const std::vector<std::string>& fault_sites() {
   // Every maybe_inject_fault call site: launch/model_source.cpp (load), model/model.cpp (layer),
   // model/model_backward.cpp (backward), model/train/trainer.cpp and model/hf_export.cpp (save),
-  // runtime/atomic_file.cpp (commit: between a write and its rename).
-  static const std::vector<std::string> sites = {"load", "layer", "backward", "save", "commit"};
+  // runtime/atomic_file.cpp (commit: between a write and its rename), model/train/trainer.cpp (step:
+  // at the start of each training step; term@step is a signal to one rank mid-run).
+  static const std::vector<std::string> sites = {"load", "layer", "backward", "save", "commit", "step"};
   return sites;
 }
 

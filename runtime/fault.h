@@ -2,7 +2,8 @@
 // at that site, so tests can check that a failure on one rank ends the whole job with its message
 // and never leaves the others waiting. Sites are named where they are called
 // (launch: "load", model: "layer" in a layer's forward and "backward" in its backward, training:
-// "save", half way through writing a checkpoint, and in `hydra export` after each shard); the
+// "save", half way through writing a checkpoint, and in `hydra export` after each shard; "step" at
+// the start of each training step); the
 // pseudo-site "crash" aborts the process at the first site reached instead of throwing (a rank dying
 // without a message), and "kill@SITE" sends the process SIGKILL at SITE (kill -9 mid-operation),
 // "term@SITE" SIGTERM (a scheduler's time limit mid-operation).

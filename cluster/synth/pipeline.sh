@@ -74,6 +74,7 @@ command -v python3 >/dev/null || { echo "pipeline.sh: python3 is needed (standar
 # ---- profiles --------------------------------------------------------------------------------
 mix="lm:0.3,mqar:0.4,single:0.1,multikey:0.1,multivalue:0.1"  # gpu: more retrieval, below
 eval_seed=1000          # eval-niah's samples; training NIAH documents use a seed derived from synth's
+synth_extra=""          # more hydra synth flags for every stream, e.g. "--recall-tokens 128 --loss answers"
 case "$profile" in
   gpu)
     preset=qwen3-synth; vocab=512; len=256; ft_len=1024; pairs=10
@@ -104,7 +105,7 @@ case "$profile" in
     : "${device:=cpu}"; : "${jobs:=1}"; : "${deadline_s:=0}" ;;
   *) echo "pipeline.sh: --profile must be gpu, cpu or toy (got $profile)" >&2; exit 2 ;;
 esac
-settings="preset vocab len ft_len pairs train_tokens ft_tokens batch ft_batch mix eval_seed eval_mults depths samples
+settings="synth_extra preset vocab len ft_len pairs train_tokens ft_tokens batch ft_batch mix eval_seed eval_mults depths samples
   lm_windows calib_samples lm_samples budget_pretrain budget_align budget_distill budget_finetune steps_pretrain steps_align
   steps_distill steps_finetune lr_pretrain lr_align lr_distill lr_finetune"
 for o in "${overrides[@]}"; do
@@ -178,6 +179,8 @@ echo "[pipeline] profile $profile on $device: $preset, training length $len, fin
 # ---- data ------------------------------------------------------------------------------------
 d="$work/data"
 synth_common=(--vocab "$vocab" --mqar-pairs "$pairs")
+# shellcheck disable=SC2206  # synth_extra is a list of flags, split on spaces
+synth_common+=($synth_extra)
 run_step synth-train "$hydra" synth --task "$mix" --tokens "$train_tokens" --seq-len "$len" --seed 1 --out "$d/train.h5" "${synth_common[@]}"
 run_step synth-heldout "$hydra" synth --task "$mix" --tokens $((len * 64)) --seq-len "$len" --seed 2 --out "$d/heldout_mix.h5" "${synth_common[@]}"
 run_step synth-heldout-lm "$hydra" synth --task lm --tokens $((len * (lm_windows + 1))) --seq-len "$len" --seed 3 --out "$d/heldout_lm.h5" "${synth_common[@]}"
@@ -232,7 +235,7 @@ else
   probe_json=null
 fi
 cat > "$res/plan.json" <<EOF
-{"profile": "$profile", "device": "$device", "preset": "$preset", "vocab": $vocab, "mixture": "$mix",
+{"profile": "$profile", "device": "$device", "preset": "$preset", "vocab": $vocab, "mixture": "$mix", "synth_extra": "$synth_extra",
  "seq_len": $len, "finetune_seq_len": $ft_len, "mqar_pairs": $pairs, "eval_lengths": [$lengths],
  "depths": [$depths], "samples": $samples, "eval_seed": $eval_seed, "jobs": $jobs, "deadline_s": $deadline_s,
  "teacher": "${teacher_in:-pretrained here}",

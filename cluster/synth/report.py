@@ -11,7 +11,9 @@ evals/NAME.niah.jsonl (hydra eval-niah), evals/NAME.lm.json (hydra eval-lm), tra
   niah_heatmaps.svg accuracy by depth x length, one panel per model and task
   loss_curves.svg   training (lines) and held-out (dots) loss of every stage
   claims.md         the paper's claims checked against these numbers (computed, no prose verdicts
-                    beyond the comparison itself)
+                    beyond the comparison itself): every accuracy carries its 95% Wilson interval,
+                    and a comparison "held" only when the intervals are disjoint in its favour,
+                    "did not hold" when disjoint against it, "undecided" when they overlap
 
 Standard library only (json, statistics, re), so it runs on CI machines and the GPU image alike.
 Missing pieces (a step that failed or was cut by the deadline) are reported as missing, never
@@ -99,11 +101,53 @@ def fmt(x, digits=3):
     return f"{x:.{digits}f}"
 
 
-def mean_accuracy(cells, lengths, tasks=TASKS):
+def pooled(cells, lengths, tasks=TASKS):
+    """(correct, samples) over the cells of these tasks and lengths; None when there are none."""
     got = [cells[(t, n)] for t in tasks for n in lengths if (t, n) in cells]
     if not got:
         return None
-    return sum(e["correct"] for e in got) / sum(e["samples"] for e in got)
+    return sum(e["correct"] for e in got), sum(e["samples"] for e in got)
+
+
+def mean_accuracy(cells, lengths, tasks=TASKS):
+    p = pooled(cells, lengths, tasks)
+    return None if p is None or p[1] == 0 else p[0] / p[1]
+
+
+def wilson(correct, samples, z=1.959964):
+    """The 95% Wilson score interval of a binomial proportion (correct of samples)."""
+    if samples <= 0:
+        return None
+    p = correct / samples
+    denom = 1 + z * z / samples
+    centre = (p + z * z / (2 * samples)) / denom
+    half = z * math.sqrt(p * (1 - p) / samples + z * z / (4 * samples * samples)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def interval(cells, lengths, tasks=TASKS):
+    p = pooled(cells, lengths, tasks)
+    return None if p is None else wilson(*p)
+
+
+def fmt_ci(cells, lengths, tasks=TASKS):
+    """'0.83 [0.71, 0.91]' — the pooled accuracy and its 95% Wilson interval."""
+    p = pooled(cells, lengths, tasks)
+    if p is None or p[1] == 0:
+        return "—"
+    lo, hi = wilson(*p)
+    return f"{p[0] / p[1]:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def compare(a, b):
+    """True when interval a lies above b, False when below, None (undecided) when they overlap."""
+    if a is None or b is None:
+        return None
+    if a[0] > b[1]:
+        return True
+    if a[1] < b[0]:
+        return False
+    return "undecided"
 
 
 # ---------------------------------------------------------------------------------- SVG helpers
@@ -259,22 +303,21 @@ def main(res):
         cells = cells_of.get(m, {})
         row = [LABELS[m], f"{i.get('fa_head_count', '?')} / {i.get('gdn_head_count', '?')}",
                str(i.get("kv_cache_per_token", "—")), str(i.get("gdn_state", "—")), fmt(lm[m])]
-        row += [fmt(mean_accuracy(cells, [n]), 2) for n in lengths]
+        row += [fmt_ci(cells, [n]) for n in lengths]
         out.append("| " + " | ".join(row) + " |")
     out += ["", "KV per token: K and V elements each token adds to the cache (2·d per KV head used by an FA head); "
             "GDN state: elements of the fixed recurrent state (d² per GDN head). LM loss: mean next-token loss "
             f"(nats) on held-out language text at length {train_len} (`hydra eval-lm`); the source's own expected "
             f"loss on those windows (the floor no model beats in expectation) is {fmt(floor)}, a uniform guess "
             f"{fmt(math.log(plan['vocab'] - 8) if plan.get('vocab') else None)}. NIAH columns: accuracy over the three "
-            "tasks and all depths.", ""]
+            "tasks and all depths, with the 95% Wilson interval of the pooled samples in brackets.", ""]
     out.append("## NIAH accuracy by task")
     out.append("")
     head = ["model"] + [f"{t} {mult(n)}" for t in TASKS for n in lengths]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in present:
         cells = cells_of.get(m, {})
-        out.append("| " + " | ".join([LABELS[m]] + [fmt(cells[(t, n)]["accuracy"], 2) if (t, n) in cells else "—"
-                                                    for t in TASKS for n in lengths]) + " |")
+        out.append("| " + " | ".join([LABELS[m]] + [fmt_ci(cells, [n], [t]) for t in TASKS for n in lengths]) + " |")
     out += ["", "## FA heads per layer", ""]
     for m in present:
         if info[m] and m != "teacher":
@@ -303,49 +346,57 @@ def main(res):
         f.write("\n".join(out) + "\n")
 
     # ---- claims.md
-    acc = lambda m, ns: mean_accuracy(cells_of.get(m, {}), ns)
+    ci = lambda m, ns: interval(cells_of.get(m, {}), ns)
+    show = lambda m, ns: fmt_ci(cells_of.get(m, {}), ns)
     short = [n for n in lengths if train_len and n <= train_len]
     long_ = [n for n in lengths if train_len and n >= 16 * train_len]
     c = ["# The paper's claims against this run", "",
-         "Computed by cluster/synth/report.py from the numbers in table.md; 'held' means only that the stated "
-         "inequality holds for these numbers (with the sample counts in table.md, small differences are noise).", ""]
+         "Computed by cluster/synth/report.py from the numbers in table.md. Accuracies are pooled over tasks, "
+         "depths and the lengths named, with their 95% Wilson intervals; a comparison **held** when the intervals are "
+         "disjoint in its favour, **did not hold** when disjoint against it, and is **undecided** when they overlap "
+         "(the samples cannot tell the two apart).", ""]
 
     def line(text, ok):
-        verdict = "missing data" if ok is None else ("held" if ok else "did not hold")
+        verdict = {None: "missing data", True: "held", False: "did not hold", "undecided": "undecided"}[ok]
         c.append(f"* **{verdict}** — {text}")
 
-    s_all, r_all = acc("selected", lengths), acc("random", lengths)
     s_lm, r_lm = lm.get("selected"), lm.get("random")
-    line(f"selected heads beat random ones at 7:1: NIAH accuracy (all lengths) selected {fmt(s_all, 3)} vs random "
-         f"{fmt(r_all, 3)}; LM loss {fmt(s_lm)} vs {fmt(r_lm)}",
-         None if s_all is None or r_all is None else s_all > r_all)
+    line(f"selected heads beat random ones at 7:1: NIAH accuracy (all lengths) selected {show('selected', lengths)} vs "
+         f"random {show('random', lengths)}; LM loss {fmt(s_lm)} vs {fmt(r_lm)}",
+         compare(ci("selected", lengths), ci("random", lengths)))
     kv_h = (info.get("selected") or {}).get("kv_cache_per_token")
     kv_l = (info.get("layerwise") or {}).get("kv_cache_per_token")
     kv_t = (info.get("teacher") or {}).get("kv_cache_per_token")
-    l_all = acc("layerwise", lengths)
     ratio = f"{kv_h / kv_l:.2f}" if kv_h and kv_l else "—"
-    close = None if s_all is None or l_all is None else abs(s_all - l_all) <= 0.1
-    line(f"7:1 head-wise is close (within 0.10) to 3:1 layer-wise: {fmt(s_all, 3)} vs {fmt(l_all, 3)}, LM loss "
-         f"{fmt(s_lm)} vs {fmt(lm.get('layerwise'))}", close)
+    # "Close": the head-wise interval reaches within 0.10 of the layer-wise one.
+    s_ci, l_ci = ci("selected", lengths), ci("layerwise", lengths)
+    if s_ci is None or l_ci is None:
+        close = None
+    elif s_ci[1] >= l_ci[0] - 0.1:
+        close = True if s_ci[0] >= l_ci[0] - 0.1 else "undecided"
+    else:
+        close = False
+    line(f"7:1 head-wise is close (within 0.10) to 3:1 layer-wise: {show('selected', lengths)} vs "
+         f"{show('layerwise', lengths)}, LM loss {fmt(s_lm)} vs {fmt(lm.get('layerwise'))}", close)
     # "A quarter of its KV cache": a quarter of the teacher's, which is what 3:1 layer-wise keeps too
-    # (1 of 4 layers); per layer, one FA head of 8 uses one of the G KV heads.
+    # (1 of 4 layers); per layer, one FA head of 8 uses one of the G KV heads. Counted, not sampled.
     ratio_t = f"{kv_h / kv_t:.3f}" if kv_h and kv_t else "—"
     line(f"…while keeping a quarter of the teacher's KV cache: KV elements per token head-wise {kv_h}, teacher {kv_t} "
          f"(ratio {ratio_t}); layer-wise {kv_l} (head-wise / layer-wise {ratio})",
          None if not kv_h or not kv_t else kv_h <= 0.25 * kv_t)
-    t_long = acc("teacher", long_)
     for m in ("selected", "random", "layerwise"):
-        h_long = acc(m, long_)
         line(f"{LABELS[m]} extrapolates where the teacher does not: accuracy at ≥16× the training length "
-             f"{fmt(h_long, 3)} vs teacher {fmt(t_long, 3)} (at ≤1×: {fmt(acc(m, short), 3)} vs {fmt(acc('teacher', short), 3)})",
-             None if h_long is None or t_long is None else h_long > t_long)
-    g_all = acc("gdn", lengths)
-    line(f"FA heads matter: every hybrid beats all-GDN on NIAH: selected {fmt(s_all, 3)}, random {fmt(r_all, 3)}, "
-         f"layer-wise {fmt(l_all, 3)} vs all-GDN {fmt(g_all, 3)}",
-         None if None in (s_all, r_all, l_all, g_all) else min(s_all, r_all, l_all) > g_all)
-    t_short = acc("teacher", short)
-    line(f"the teacher solves the retrieval tasks at its training length: NIAH accuracy at 1× {fmt(t_short, 3)} (≥ 0.9)",
-         None if t_short is None else t_short >= 0.9)
+             f"{show(m, long_)} vs teacher {show('teacher', long_)} (at ≤1×: {show(m, short)} vs {show('teacher', short)})",
+             compare(ci(m, long_), ci("teacher", long_)))
+    g_ci = ci("gdn", lengths)
+    verdicts = [compare(ci(m, lengths), g_ci) for m in ("selected", "random", "layerwise")]
+    every = None if None in verdicts else (True if all(v is True for v in verdicts) else
+                                           (False if any(v is False for v in verdicts) else "undecided"))
+    line(f"FA heads matter: every hybrid beats all-GDN on NIAH: selected {show('selected', lengths)}, random "
+         f"{show('random', lengths)}, layer-wise {show('layerwise', lengths)} vs all-GDN {show('gdn', lengths)}", every)
+    t_ci = ci("teacher", short)
+    line(f"the teacher solves the retrieval tasks at its training length: NIAH accuracy at 1× {show('teacher', short)} "
+         "(≥ 0.9)", None if t_ci is None else (True if t_ci[0] >= 0.9 else (False if t_ci[1] < 0.9 else "undecided")))
     with open(os.path.join(res, "claims.md"), "w") as f:
         f.write("\n".join(c) + "\n")
 

@@ -78,6 +78,14 @@ int64_t row_first(const AttentionParams& p, int64_t i, int64_t kend) {
   return std::clamp<int64_t>(doc_start(p, i) - p.k_position0, 0, kend);
 }
 
+// Keys [begin, kend) that some row of [q0, q0 + bq) may see: packed documents hide the keys before the
+// block's earliest document start, so a block of short documents scores a short key range.
+int64_t block_key_begin(const AttentionParams& p, int64_t q0, int64_t bq, int64_t kend) {
+  int64_t begin = kend;
+  for (int64_t i = 0; i < bq; ++i) begin = std::min(begin, row_first(p, q0 + i, kend));
+  return begin;
+}
+
 template <class T>
 TensorView matrix(std::vector<T>& buf, int64_t rows, int64_t cols) {
   return TensorView(buf.data(), dtype_of<T>(), Device::host, {rows, cols});
@@ -126,7 +134,9 @@ void attention_forward_cpu(const TensorView& out, const TensorView& lse, const T
     for (int64_t q0 = 0; q0 < tq; q0 += kQueryBlock) {
       const int64_t bq = std::min(kQueryBlock, tq - q0);
       const int64_t kend = block_key_end(p, q0, bq, tk);
-      if (kend == 0) {
+      // Scores of keys [kb, kend) only (column j is key kb + j).
+      const int64_t kb = block_key_begin(p, q0, bq, kend), kn = kend - kb;
+      if (kn == 0) {  // no key of this block is visible to these queries
         for (int64_t i = 0; i < bq; ++i) {
           lse_h[q0 + i] = neg_inf;
           std::fill_n(at<T>(out, {q0 + i, h}), dv, T(0));
@@ -138,15 +148,16 @@ void attention_forward_cpu(const TensorView& out, const TensorView& lse, const T
         const T s = query_factor<T>(p, scale, q0 + i);
         for (int64_t c = 0; c < d; ++c) qbuf[i * d + c] = qr[c] * s;
       }
-      const TensorView qv = matrix(qbuf, bq, d), sv = matrix(scores, bq, kend);
-      gemm(sv, qv, kh.narrow(0, 0, kend), GemmParams{.transpose_b = Transpose::yes});
+      const TensorView qv = matrix(qbuf, bq, d), sv = matrix(scores, bq, kn);
+      gemm(sv, qv, kh.narrow(0, kb, kn), GemmParams{.transpose_b = Transpose::yes});
       for (int64_t i = 0; i < bq; ++i) {
-        T* row = scores.data() + i * kend;
-        const int64_t visible = row_visible(p, q0 + i, kend), first = std::min(row_first(p, q0 + i, kend), visible);
+        T* row = scores.data() + i * kn;
+        const int64_t visible = row_visible(p, q0 + i, kend) - kb;
+        const int64_t first = std::min(row_first(p, q0 + i, kend) - kb, visible);
         T m = neg_inf;
         for (int64_t j = first; j < visible; ++j) m = std::max(m, row[j]);
         double l = 0;
-        for (int64_t j = 0; j < kend; ++j) {
+        for (int64_t j = 0; j < kn; ++j) {
           const T e = j >= first && j < visible ? std::exp(row[j] - m) : T(0);
           row[j] = e;
           l += e;
@@ -157,7 +168,7 @@ void attention_forward_cpu(const TensorView& out, const TensorView& lse, const T
         lse_h[q0 + i] = any ? m + static_cast<T>(std::log(l)) : neg_inf;
       }
       const TensorView ov = matrix(obuf, bq, dv);
-      gemm(ov, sv, vh.narrow(0, 0, kend), GemmParams{});
+      gemm(ov, sv, vh.narrow(0, kb, kn), GemmParams{});
       for (int64_t i = 0; i < bq; ++i) std::copy_n(obuf.data() + i * dv, dv, at<T>(out, {q0 + i, h}));
     }
   }
@@ -227,26 +238,29 @@ void attention_backward_cpu(const TensorView& dq, const TensorView& dk, const Te
         factor[i] = query_factor<T>(p, scale, q0 + i);
         for (int64_t c = 0; c < d; ++c) qs[i * d + c] = qr[c] * factor[i];
       }
-      const TensorView qsv = matrix(qs, bq, d), pv = matrix(prob, bq, kend), dpv = matrix(dprob, bq, kend);
+      // Keys [kb, kend) only, as in the forward (column j is key kb + j).
+      const int64_t kb = block_key_begin(p, q0, bq, kend), kn = kend - kb;
+      if (kn == 0) continue;
+      const TensorView qsv = matrix(qs, bq, d), pv = matrix(prob, bq, kn), dpv = matrix(dprob, bq, kn);
       const TensorView dob = d_out.select(1, h).narrow(0, q0, bq);  // [bq, dv]
-      gemm(pv, qsv, kh.narrow(0, 0, kend), GemmParams{.transpose_b = Transpose::yes});
-      gemm(dpv, dob, vh.narrow(0, 0, kend), GemmParams{.transpose_b = Transpose::yes});
+      gemm(pv, qsv, kh.narrow(0, kb, kn), GemmParams{.transpose_b = Transpose::yes});
+      gemm(dpv, dob, vh.narrow(0, kb, kn), GemmParams{.transpose_b = Transpose::yes});
       for (int64_t i = 0; i < bq; ++i) {
-        T* pr = prob.data() + i * kend;
-        T* dpr = dprob.data() + i * kend;
+        T* pr = prob.data() + i * kn;
+        T* dpr = dprob.data() + i * kn;
         const T l = *at<const T>(lse, {h, q0 + i}), dsum = *at<const T>(delta, {h, q0 + i});
-        const int64_t visible = std::isinf(l) && l < 0 ? 0 : row_visible(p, q0 + i, kend);
-        const int64_t first = row_first(p, q0 + i, kend);
-        for (int64_t j = 0; j < kend; ++j) {
+        const int64_t visible = std::isinf(l) && l < 0 ? 0 : row_visible(p, q0 + i, kend) - kb;
+        const int64_t first = row_first(p, q0 + i, kend) - kb;
+        for (int64_t j = 0; j < kn; ++j) {
           const T pij = j >= first && j < visible ? std::exp(pr[j] - l) : T(0);
           pr[j] = pij;
           dpr[j] = pij * (dpr[j] - dsum);  // dS
         }
       }
-      gemm(dvh.narrow(0, 0, kend), pv, dob, GemmParams{.transpose_a = Transpose::yes, .beta = 1.0f});
-      gemm(dkh.narrow(0, 0, kend), dpv, qsv, GemmParams{.transpose_a = Transpose::yes, .beta = 1.0f});
+      gemm(dvh.narrow(0, kb, kn), pv, dob, GemmParams{.transpose_a = Transpose::yes, .beta = 1.0f});
+      gemm(dkh.narrow(0, kb, kn), dpv, qsv, GemmParams{.transpose_a = Transpose::yes, .beta = 1.0f});
       const TensorView dqv = matrix(dqbuf, bq, d);
-      gemm(dqv, dpv, kh.narrow(0, 0, kend), GemmParams{});
+      gemm(dqv, dpv, kh.narrow(0, kb, kn), GemmParams{});
       for (int64_t i = 0; i < bq; ++i) {
         T* row = at<T>(dq, {q0 + i, h});
         for (int64_t c = 0; c < d; ++c) row[c] += factor[i] * dqbuf[i * d + c];

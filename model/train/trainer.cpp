@@ -18,11 +18,13 @@
 #include "model/train/objective.h"
 #include "model/weight_layout.h"
 #include "runtime/atomic_file.h"
+#include "runtime/content_hash.h"
 #include "runtime/fault.h"
 #include "runtime/hdf5_file.h"
 #include "runtime/host_memory.h"
 #include "runtime/log.h"
 #include "runtime/phase_timer.h"
+#include "runtime/stop_request.h"
 #if HYDRA_CUDA
 #include "runtime/cuda_memory.h"
 #endif
@@ -36,20 +38,33 @@ constexpr const char* kStateFormat = "hydrahead-train-state";
 // a run (and of every run) scores the same samples; eval-niah's default seed differs, and synth's
 // training documents use a seed derived from their own (model/train/synth.h), so neither repeats them.
 constexpr uint64_t kNiahEvalSeed = 7919;
-constexpr int64_t kStateVersion = 1;
+// Version 2 added the per-dataset checksums and the inputs' fingerprints; a version-1 state still
+// resumes, unverified (with a warning).
+constexpr int64_t kStateVersion = 2;
+constexpr const char* kChecksums = "checksums";  // the dataset of per-dataset XXH3s in state.h5
 
 std::string step_dir_name(int64_t step) { return fmt::format("step-{:06d}", step); }
 
-// Σ loss and token counts over the ranks (host doubles: exact for counts below 2^53).
-LossSums reduce_sums(Communicator& comm, const LossSums& local) {
-  Tensor buf = Tensor::empty({4}, DType::f64);
+// Σ loss and token counts over the ranks (host doubles: exact for counts below 2^53). With
+// `stop_votes`, the same all-reduce also counts the ranks that received a stop signal
+// (runtime/stop_request.h): every rank gets the same count, so all stop after the same step.
+LossSums reduce_sums(Communicator& comm, const LossSums& local, int* stop_votes = nullptr) {
+  Tensor buf = Tensor::empty({5}, DType::f64);
   double* b = buf.data_as<double>();
   b[0] = local.loss;
   b[1] = static_cast<double>(local.tokens);
   b[2] = local.answer_loss;
   b[3] = static_cast<double>(local.answer_tokens);
+  b[4] = stop_votes && stop_signal() != 0 ? 1.0 : 0.0;
   all_reduce_sum_host(comm, buf);
+  if (stop_votes) *stop_votes = static_cast<int>(b[4]);
   return LossSums{b[0], static_cast<int64_t>(b[1]), b[2], static_cast<int64_t>(b[3])};
+}
+
+// A line of train.jsonl; a failed write (a full disk) ends the run with a UserError.
+void write_log_line(std::ofstream& jsonl, const fs::path& path, const nlohmann::json& line) {
+  jsonl << line.dump() << std::endl;  // flushed: the file is complete after each line
+  HYDRA_USER_CHECK(jsonl.good(), "writing {} failed (disk full or over a file size limit?)", path.string());
 }
 
 // The JSON fields of a loss split into retrieval answers and the rest (null where nothing counted).
@@ -114,20 +129,44 @@ struct Run {
   }
 };
 
-void write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
-                          const AdamW& optimizer, int64_t step, int64_t position) {
+// Writes step-NNNNNN (rank 0) and returns its path; logs a line with its size and the seconds taken.
+std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
+                                 const AdamW& optimizer, int64_t step, int64_t position) {
+  const auto t0 = std::chrono::steady_clock::now();
   const fs::path out(config.out_dir), final_dir = out / step_dir_name(step);
   // The step is written under `.step-NNNNNN.tmp-PID` (the AtomicFile naming, so the same sweep finds
-  // it after a kill -9) and registered for removal on SIGTERM/SIGINT until it is renamed.
+  // it after a kill -9) and registered for removal on SIGTERM/SIGINT until it is renamed; a save
+  // that fails (a full disk) removes it before the error propagates.
   const fs::path temp = temporary_path_for(final_dir.string());
   fs::remove_all(temp);
   ScopedTemporary registration(temp.string(), ScopedTemporary::Kind::directory);
-  fs::create_directories(temp);
+  struct RemoveUnlessRenamed {
+    const fs::path& dir;
+    bool renamed = false;
+    ~RemoveUnlessRenamed() {
+      std::error_code ec;
+      if (!renamed) fs::remove_all(dir, ec);
+    }
+  } cleanup{temp};
+  std::error_code ec;
+  fs::create_directories(temp, ec);
+  HYDRA_USER_CHECK(!ec, "saving step {}: cannot create {}: {}", step, temp.string(), ec.message());
   write_model_checkpoint((temp / "model.h5").string(), student.config(), optimizer.master_parameters());
   maybe_inject_fault("save");
   {
     AtomicFile file((temp / "state.h5").string());
     H5File h5 = H5File::create(file.temp_path());
+    // Every dataset's XXH3 and the inputs' fingerprints, verified by --resume (read_verified_state).
+    // The checksums are a dataset (JSON text as bytes): an attribute is limited to 64 KiB.
+    nlohmann::json checksums = nlohmann::json::object(), inputs = nlohmann::json::object();
+    for (const auto& [name, t] : optimizer.state()) {
+      h5.write(name, t);
+      checksums[name] = hash_hex(hash_tensor(t));
+    }
+    const std::string checksum_text = checksums.dump();
+    h5.write_uint8(kChecksums, {reinterpret_cast<const uint8_t*>(checksum_text.data()), checksum_text.size()});
+    for (const TrainConfig::Input& in : config.inputs) inputs[in.role] = in.hash;
+    h5.set_attribute("inputs", inputs.dump());
     h5.set_attribute("format", std::string(kStateFormat));
     h5.set_attribute("format_version", kStateVersion);
     h5.set_attribute("stage", std::string(stage_name(config.stage)));
@@ -138,14 +177,20 @@ void write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topolo
     h5.set_attribute("world_size", static_cast<int64_t>(const_cast<TrainTopology&>(topology).world().size()));
     h5.set_attribute("sp", static_cast<int64_t>(topology.sp()));
     h5.set_attribute("config", config_to_json(student.config()).dump());
-    for (const auto& [name, t] : optimizer.state()) h5.write(name, t);
     h5.close();
     file.commit();
   }
   if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a re-save of the same step (after a resume)
-  fs::rename(temp, final_dir);
+  fs::rename(temp, final_dir, ec);
+  HYDRA_USER_CHECK(!ec, "saving step {}: cannot rename {} to {}: {}", step, temp.string(), final_dir.string(),
+                   ec.message());
+  cleanup.renamed = true;
   registration.release();
   write_text_atomically((out / "latest").string(), step_dir_name(step) + "\n");
+  uintmax_t bytes = 0;
+  for (const auto& e : fs::directory_iterator(final_dir)) bytes += e.is_regular_file() ? e.file_size() : 0;
+  log::info("saved {} ({:.1f} MiB in {:.1f} s)", final_dir.string(), static_cast<double>(bytes) / (1024.0 * 1024.0),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   // Keep the newest `keep` step directories.
   std::vector<fs::path> steps;
   for (const auto& e : fs::directory_iterator(out)) {
@@ -156,6 +201,7 @@ void write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topolo
   for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(config.keep, 1)) < steps.size(); ++i) {
     if (steps[i] != final_dir) fs::remove_all(steps[i]);
   }
+  return final_dir.string();
 }
 
 // A save interrupted by a crash or kill -9 leaves its temporary step directory (.step-NNNNNN.tmp-PID,
@@ -185,37 +231,132 @@ void truncate_log(const fs::path& path, int64_t last_kept_step) {
   write_text_atomically(path.string(), kept);
 }
 
+// A state.h5 read whole and checked: every dataset against its stored XXH3, finite fp32 values
+// (second moments ≥ 0), attributes in range. Any damage is a UserError naming the file.
+struct VerifiedState {
+  int64_t version = 0, step = 0, position = 0, world = 0, sp = 0, seq_len = 0, seed = 0;
+  std::string stage, config;
+  nlohmann::json inputs;  // role → XXH3 hex (version 2)
+  NamedTensors tensors;
+};
+
+VerifiedState read_verified_state(const std::string& path) {
+  const std::string advice = "(a damaged training state: resume from an older step-NNNNNN by pointing 'latest' at it)";
+  try {
+    require_readable_file(path, "training state");
+    const H5File h5 = H5File::open_read(path);
+    HYDRA_USER_CHECK(h5.has_attribute("format") && h5.string_attribute("format") == kStateFormat,
+                     "{}: not a hydra training state", path);
+    VerifiedState st;
+    st.version = h5.int_attribute("format_version");
+    HYDRA_USER_CHECK(st.version >= 1 && st.version <= kStateVersion, "{}: format_version {} is not one this hydra reads (1..{})",
+                     path, st.version, kStateVersion);
+    st.stage = h5.string_attribute("stage");
+    st.config = h5.string_attribute("config");
+    st.step = h5.int_attribute("step");
+    st.position = h5.int_attribute("data_position");
+    st.world = h5.int_attribute("world_size");
+    st.sp = h5.int_attribute("sp");
+    st.seq_len = h5.int_attribute("seq_len");
+    st.seed = h5.int_attribute("seed");
+    HYDRA_USER_CHECK(st.step >= 1 && st.position >= 0 && st.world >= 1 && st.sp >= 1 && st.world % st.sp == 0 &&
+                         st.seq_len >= 1,
+                     "{}: attributes out of range (step {}, data_position {}, world_size {}, sp {}, seq_len {}) {}", path,
+                     st.step, st.position, st.world, st.sp, st.seq_len, advice);
+    nlohmann::json checksums;
+    if (st.version >= 2) {
+      const std::vector<int64_t> bytes = h5.read_integer_vector(kChecksums);
+      std::string text(bytes.size(), '\0');
+      for (size_t i = 0; i < bytes.size(); ++i) text[i] = static_cast<char>(bytes[i]);
+      checksums = nlohmann::json::parse(text, nullptr, false);
+      st.inputs = nlohmann::json::parse(h5.string_attribute("inputs"), nullptr, false);
+      HYDRA_USER_CHECK(checksums.is_object() && st.inputs.is_object(), "{}: its checksums or inputs are not readable {}",
+                       path, advice);
+    }
+    for (const std::string& name : h5.dataset_names()) {
+      if (name == kChecksums) continue;
+      Tensor t = h5.read(name);
+      HYDRA_USER_CHECK(t.dtype() == DType::f32, "{}: dataset '{}' is {}, not f32 {}", path, name, dtype_name(t.dtype()), advice);
+      if (st.version >= 2) {
+        HYDRA_USER_CHECK(checksums.contains(name) && checksums[name].is_string(), "{}: dataset '{}' has no checksum {}", path,
+                         name, advice);
+        HYDRA_USER_CHECK(checksums[name].get<std::string>() == hash_hex(hash_tensor(t)),
+                         "{}: dataset '{}' does not match its checksum {}", path, name, advice);
+      }
+      const float* v = t.data_as<float>();
+      const bool second_moment = name.rfind("adam_v.", 0) == 0;
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        HYDRA_USER_CHECK(std::isfinite(v[i]) && (!second_moment || v[i] >= 0), "{}: dataset '{}' holds {} at element {} {}",
+                         path, name, v[i], i, advice);
+      }
+      st.tensors.emplace(name, std::move(t));
+    }
+    if (st.version >= 2) {
+      for (const auto& [name, hash] : checksums.items()) {
+        HYDRA_USER_CHECK(st.tensors.count(name) == 1, "{}: dataset '{}' is missing {}", path, name, advice);
+      }
+    }
+    return st;
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    if (what.find(path) != std::string::npos) throw;
+    HYDRA_USER_FAIL("{}: {} {}", path, what, advice);
+  } catch (const std::exception& e) {
+    HYDRA_USER_FAIL("{}: cannot be read ({}) {}", path, e.what(), advice);
+  }
+}
+
 struct ResumePoint {
   int64_t step = 0, position = 0;
 };
 
 ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topology, const Model& student,
-                                AdamW& optimizer) {
+                                AdamW& optimizer, bool lead) {
   const std::string dir = latest_checkpoint(config.out_dir);
   HYDRA_USER_CHECK(!dir.empty(), "--resume: {} holds no checkpoint (no 'latest' pointer)", config.out_dir);
   const std::string path = dir + "/state.h5";
-  const H5File h5 = H5File::open_read(path);
-  HYDRA_USER_CHECK(h5.has_attribute("format") && h5.string_attribute("format") == kStateFormat,
-                   "{}: not a hydra training state", path);
-  const std::string stage = h5.string_attribute("stage");
-  HYDRA_USER_CHECK(stage == stage_name(config.stage), "--resume: {} was saved by stage {}, this run is stage {}", path,
-                   stage, stage_name(config.stage));
-  const int64_t world = h5.int_attribute("world_size"), sp = h5.int_attribute("sp");
-  HYDRA_USER_CHECK(world == topology.world().size() && sp == topology.sp(),
+  const VerifiedState st = read_verified_state(path);
+  HYDRA_USER_CHECK(st.stage == stage_name(config.stage), "--resume: {} was saved by stage {}, this run is stage {}", path,
+                   st.stage, stage_name(config.stage));
+  HYDRA_USER_CHECK(st.world == topology.world().size() && st.sp == topology.sp(),
                    "--resume: {} was saved by {} ranks (sequence groups of {}), this run has {} ranks (groups of {}); "
-                   "resume on the same layout (resharding the optimizer state is not supported)", path, world, sp,
+                   "resume on the same layout (resharding the optimizer state is not supported)", path, st.world, st.sp,
                    topology.world().size(), topology.sp());
-  HYDRA_USER_CHECK(h5.string_attribute("config") == config_to_json(student.config()).dump(),
+  HYDRA_USER_CHECK(st.config == config_to_json(student.config()).dump(),
                    "--resume: {} was saved for another model (its config differs from --model's: {} vs {})", path,
-                   config_from_json(nlohmann::json::parse(h5.string_attribute("config")), path).summary(),
-                   student.config().summary());
-  HYDRA_USER_CHECK(h5.int_attribute("seq_len") == config.seq_len && static_cast<uint64_t>(h5.int_attribute("seed")) == config.seed,
+                   config_from_json(nlohmann::json::parse(st.config), path).summary(), student.config().summary());
+  HYDRA_USER_CHECK(st.seq_len == config.seq_len && static_cast<uint64_t>(st.seed) == config.seed,
                    "--resume: {} was saved with --seq-len {} --seed {}; this run has --seq-len {} --seed {}", path,
-                   h5.int_attribute("seq_len"), h5.int_attribute("seed"), config.seq_len, config.seed);
-  NamedTensors state;
-  for (const std::string& name : h5.dataset_names()) state.emplace(name, h5.read(name));
-  optimizer.load_state(state);
-  return ResumePoint{h5.int_attribute("step"), h5.int_attribute("data_position")};
+                   st.seq_len, st.seed, config.seq_len, config.seed);
+  // The inputs' contents: the same bytes as when the run started, unless the user says the change is meant.
+  if (st.version < 2) {
+    if (lead) log::warn("--resume: {} was written by an older hydra (no checksums, no input fingerprints): not verified", path);
+  } else {
+    std::vector<std::string> changed;
+    for (const TrainConfig::Input& in : config.inputs) {
+      const std::string saved = st.inputs.contains(in.role) && st.inputs[in.role].is_string() ? st.inputs[in.role].get<std::string>() : "";
+      if (saved != in.hash) {
+        changed.push_back(fmt::format("{} {} ({})", in.role, in.path,
+                                      saved.empty() ? "not part of the saved run" : "other contents: XXH3 " + in.hash +
+                                                                                       ", saved " + saved));
+      }
+    }
+    for (const auto& [role, hash] : st.inputs.items()) {
+      bool given = false;
+      for (const TrainConfig::Input& in : config.inputs) given = given || in.role == role;
+      if (!given) changed.push_back(fmt::format("{} (saved, not given now)", role));
+    }
+    if (!changed.empty()) {
+      std::string list;
+      for (const std::string& c : changed) list += (list.empty() ? "" : "; ") + c;
+      HYDRA_USER_CHECK(config.allow_changed_inputs,
+                       "--resume: the inputs differ from those {} was trained on: {}; pass --allow-changed-inputs if "
+                       "the change is meant", dir, list);
+      if (lead) log::warn("--resume with --allow-changed-inputs: {}", list);
+    }
+  }
+  optimizer.load_state(st.tensors);
+  return ResumePoint{st.step, st.position};
 }
 
 }  // namespace
@@ -251,6 +392,25 @@ TrainTopology::TrainTopology(Communicator& world, int sp) : world_(world) {
   }
 }
 
+std::string newest_verified_checkpoint(const std::string& out_dir) {
+  std::vector<fs::path> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && name.rfind("step-", 0) == 0) steps.push_back(e.path());
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  for (const fs::path& dir : steps) {
+    try {
+      read_verified_state((dir / "state.h5").string());
+      return dir.string();
+    } catch (const UserError& e) {
+      log::warn("{}", e.what());
+    }
+  }
+  return "";
+}
+
 std::string latest_checkpoint(const std::string& out_dir) {
   std::ifstream in(fs::path(out_dir) / "latest");
   std::string name;
@@ -270,6 +430,8 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
                    "--stage align trains only the attention block (--train attention)");
   HYDRA_USER_CHECK(config.steps >= 1 && config.batch_seqs >= 1 && config.grad_accum >= 1,
                    "--steps, --batch-seqs and --grad-accum must be at least 1");
+  // From here on SIGTERM/SIGINT/SIGUSR1 ask for a stop after the current step (runtime/stop_request.h).
+  const StopRequestScope stop_scope;
   const TokenWindows data(config.data, config.seq_len, config.seed, mc.vocab_size);
   std::optional<TokenWindows> eval;
   if (!config.eval_data.empty()) eval.emplace(config.eval_data, config.seq_len, 0, mc.vocab_size);
@@ -286,7 +448,7 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
 
   int64_t first_step = 1, position = 0;
   if (config.resume) {
-    const ResumePoint at = load_checkpoint_dir(config, topology, student, optimizer);
+    const ResumePoint at = load_checkpoint_dir(config, topology, student, optimizer, lead);
     first_step = at.step + 1;
     position = at.position;
     HYDRA_USER_CHECK(first_step <= config.steps, "--resume: the checkpoint is at step {}, --steps is {}: nothing to do",
@@ -295,9 +457,24 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
     HYDRA_USER_CHECK(latest_checkpoint(config.out_dir).empty(),
                      "{} already holds a training run (latest: {}); pass --resume to continue it or choose another "
                      "--out-dir", config.out_dir, latest_checkpoint(config.out_dir));
+    // A log without a checkpoint (a run with --save-every -1, or one that failed before its first
+    // save): a fresh run never appends to another run's steps.
+    std::error_code ec;
+    HYDRA_USER_CHECK(fs::file_size(fs::path(config.out_dir) / "train.jsonl", ec) == 0 || ec,
+                     "{} holds the train.jsonl of another run (without a checkpoint); remove it or choose another "
+                     "--out-dir", config.out_dir);
   }
+  // The windows of one step must be distinct windows of the data.
+  const int64_t windows_per_step = config.batch_seqs * config.grad_accum * topology.replicas();
+  HYDRA_USER_CHECK(windows_per_step <= data.count(),
+                   "a step takes {} windows (--batch-seqs {} × --grad-accum {} × {} replica(s)), the data holds {} of "
+                   "{} tokens: a step would train on the same window twice; lower --batch-seqs/--grad-accum or add data",
+                   windows_per_step, config.batch_seqs, config.grad_accum, topology.replicas(), data.count(),
+                   config.seq_len + 1);
   if (lead) {
-    fs::create_directories(config.out_dir);
+    std::error_code ec;
+    fs::create_directories(config.out_dir, ec);
+    HYDRA_USER_CHECK(!ec, "--out-dir {} cannot be created: {}", config.out_dir, ec.message());
     remove_interrupted_saves(config.out_dir);
     if (config.resume) truncate_log(fs::path(config.out_dir) / "train.jsonl", first_step - 1);
   }
@@ -305,7 +482,11 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
   HYDRA_USER_CHECK(last_step >= first_step, "--stop-at {} is before the first step of this run ({})", config.stop_at,
                    first_step);
   std::ofstream jsonl;
-  if (lead) jsonl.open(fs::path(config.out_dir) / "train.jsonl", std::ios::app);
+  const fs::path log_path = fs::path(config.out_dir) / "train.jsonl";
+  if (lead) {
+    jsonl.open(log_path, std::ios::app);
+    HYDRA_USER_CHECK(jsonl.is_open(), "cannot open {} for writing", log_path.string());
+  }
 
   const int64_t per_replica = config.batch_seqs * config.grad_accum, replicas = topology.replicas();
   const int64_t step_tokens = per_replica * replicas * config.seq_len;
@@ -333,8 +514,10 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
               stage_name(config.stage), config.steps, step_tokens, config.batch_seqs, config.seq_len, replicas,
               config.grad_accum, world.size(), topology.sp(), optimizer.trainable_parameters(), parameter_count(mc),
               data.count(), data.tokens(), config.resume ? fmt::format(", resumed at step {}", first_step) : "");
-    log::info("MFU counts {:.1f} TFLOP a step (3 × forward: layers {:.1f}, LM head {:.1f}) against {} TFLOP/s per rank",
-              step_flops / 1e12, (step_flops - lm_head_flops) / 1e12, lm_head_flops / 1e12, config.peak_tflops);
+    if (student.device() == Device::cuda) {  // the CPU path has no meaningful peak: no MFU
+      log::info("MFU counts {:.1f} TFLOP a step (3 × forward: layers {:.1f}, LM head {:.1f}) against {} TFLOP/s per rank",
+                step_flops / 1e12, (step_flops - lm_head_flops) / 1e12, lm_head_flops / 1e12, config.peak_tflops);
+    }
   }
   TrainSummary summary;
   summary.first_step = first_step;
@@ -394,9 +577,10 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
       // Sequence-group ranks each counted their own tokens: the sums are already global.
       summary.last_eval_loss = total.loss / static_cast<double>(std::max<int64_t>(total.tokens, 1));
       const char* metric = config.stage == Stage::distill ? "kl" : config.stage == Stage::align ? "mse" : "cross_entropy";
-      line.update({{"eval_loss", summary.last_eval_loss}, {"eval_metric", metric}, {"windows", n}});
+      summary.eval_metric = metric;
+      line.update({{"eval_loss", *summary.last_eval_loss}, {"eval_metric", metric}, {"windows", n}});
       if (config.stage != Stage::align) line.update(loss_fields(total, "eval_"));
-      if (lead) log::info("eval after step {}: {} {:.4f} over {} windows{}", step, metric, summary.last_eval_loss, n,
+      if (lead) log::info("eval after step {}: {} {:.4f} over {} windows{}", step, metric, *summary.last_eval_loss, n,
                           total.answer_tokens > 0 ? fmt::format(" (answers {:.4f} over {} targets)",
                                                                 total.answer_loss / static_cast<double>(total.answer_tokens),
                                                                 total.answer_tokens)
@@ -404,21 +588,21 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
     }
     evaluate_niah(step, line);
     run.timer = &timer;
-    if (lead) jsonl << line.dump() << std::endl;
+    if (lead) write_log_line(jsonl, log_path, line);
   };
 
   optimizer.zero_grads();  // and again after each step's update, for the next step (below)
   for (int64_t step = first_step; step <= last_step; ++step) {
+    maybe_inject_fault("step");
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t counted = step_count(position);
     if (counted == 0) {  // nothing to learn from: no forward, no update, no division by zero
       if (lead) {
         log::warn("step {}: no target of its {} window(s) is counted (loss_mask); skipped without an update", step,
                   per_replica * replicas);
-        jsonl << nlohmann::json{{"type", "step"}, {"step", step}, {"loss", nullptr}, {"counted_tokens", 0},
-                                {"skipped", "no counted target"}, {"data_position", position + per_replica * replicas}}
-                     .dump()
-              << std::endl;
+        write_log_line(jsonl, log_path,
+                       nlohmann::json{{"type", "step"}, {"step", step}, {"loss", nullptr}, {"counted_tokens", 0},
+                                      {"skipped", "no counted target"}, {"data_position", position + per_replica * replicas}});
       }
       position += per_replica * replicas;
       summary.last_step = step;
@@ -440,13 +624,15 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
     }
     position += per_replica * replicas;
     all_reduce_gradients(world, optimizer.grads());
-    const LossSums total = reduce_sums(world, local);
+    int stop_votes = 0;  // ranks that received a stop signal, the same count on every rank
+    const LossSums total = reduce_sums(world, local, &stop_votes);
     HYDRA_ASSERT(config.stage == Stage::align || total.tokens == counted, "step {}: {} targets counted, {} expected", step,
                  total.tokens, counted);
     const double loss = total.loss / static_cast<double>(std::max<int64_t>(total.tokens, 1));
     const double grad_norm = optimizer.grad_norm();
     if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
-      const std::string last = latest_checkpoint(config.out_dir);
+      // The newest checkpoint whose state verifies (rank 0 reads them; the others name `latest`).
+      const std::string last = lead ? newest_verified_checkpoint(config.out_dir) : latest_checkpoint(config.out_dir);
       HYDRA_USER_FAIL("step {}: the loss is {} (gradient norm {}); stopped before applying the update. The last good "
                       "checkpoint is {} (continue from it with --resume, e.g. with a lower --lr)", step, loss, grad_norm,
                       last.empty() ? "none: no checkpoint was written yet" : last);
@@ -490,15 +676,23 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
       for (size_t i = 0; i < phases.size(); ++i) phase_s[phase_name(static_cast<Phase>(i))] = phases[i];
       line["phases"] = phase_s;
       if (!layer_mean.empty()) line["layer_loss"] = layer_mean;
-      jsonl << line.dump() << std::endl;
+      write_log_line(jsonl, log_path, line);
     }
     if ((config.eval_every > 0 && step % config.eval_every == 0) || step == last_step) evaluate(step);
     // Saves: every --save-every steps, at the end (unless -1), and always at --stop-at (to resume from).
     const bool periodic = config.save_every > 0 && step % config.save_every == 0;
     const bool last = step == last_step && (config.save_every >= 0 || last_step < config.steps);
-    if (periodic || last) {
-      if (lead) write_checkpoint_dir(config, topology, student, optimizer, step, position);
+    // A stop signal on any rank: save this step (whatever --save-every says) and return.
+    const bool stop = stop_votes > 0 && step < last_step;
+    if (periodic || last || stop) {
+      if (lead) summary.checkpoint = write_checkpoint_dir(config, topology, student, optimizer, step, position);
       world.barrier();
+    }
+    if (stop) {
+      summary.stopped = true;
+      summary.checkpoint = (fs::path(config.out_dir) / step_dir_name(step)).string();
+      summary.stop_reason = stop_signal() != 0 ? signal_name(stop_signal()) : "a signal on another rank";
+      break;
     }
   }
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -10,7 +10,8 @@
 //
 // Output directory (DESIGN.md §4):
 //   step-NNNNNN/model.h5   the model (fp32 master weights) as a normal hydra checkpoint
-//   step-NNNNNN/state.h5   optimizer moments and masters, step, data position, seed, world layout
+//   step-NNNNNN/state.h5   optimizer moments and masters, step, data position, seed, world layout,
+//                          the inputs' content fingerprints and an XXH3 checksum per dataset
 //   latest                 the name of the newest complete step-NNNNNN, written last (atomically)
 //   train.jsonl            one JSON line per step (and per evaluation)
 // A step directory is written under a temporary name and renamed when complete, then `latest` is
@@ -19,10 +20,18 @@
 // path. On the GPU a resumed run matches to the kernels' determinism: the attention backward adds
 // dQ with fp32 atomics and the GDN backward accumulates some gradients with atomics, so the last
 // bits of a step can differ between runs (every other reduction has a fixed order).
+//
+// Surviving a cluster (DESIGN.md §1.5 "Interruptions"): run_training holds a StopRequestScope
+// (runtime/stop_request.h), so SIGTERM/SIGINT/SIGUSR1 only raise a flag; each rank adds it to the
+// step's loss all-reduce, so all ranks see the same sum and stop after the same step, which is
+// saved (every rank past the step's update) before the run returns with `stopped` set. --resume
+// verifies the state (checksums, finite values, attributes in range) and compares the inputs'
+// fingerprints with those stored (TrainConfig::inputs) unless allow_changed_inputs.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +73,15 @@ struct TrainConfig {
   int sp = 0;               // ranks per sequence (0: all ranks)
   double peak_tflops = 989; // dense bf16 peak for MFU (H100/H200 datasheet)
   KeptActivations kept;     // ForwardContext::keep (hydra train: what the memory plan fits)
+  // Content fingerprints of the inputs: stored in every state.h5; --resume refuses other values
+  // (or another set of roles) unless allow_changed_inputs.
+  struct Input {
+    std::string role;  // "model", "teacher", "data 1", "eval data 1", ...
+    std::string path;  // for messages
+    std::string hash;  // XXH3 of the file's bytes, hex (runtime/content_hash.h); a preset: its description
+  };
+  std::vector<Input> inputs;
+  bool allow_changed_inputs = false;
 };
 
 // Who runs what. `world` is the communicator of the tensors' device (NCCL on GPUs).
@@ -85,11 +103,17 @@ class TrainTopology {
 
 struct TrainSummary {
   int64_t first_step = 1, last_step = 0;
-  double last_loss = 0, last_eval_loss = -1;
+  double last_loss = 0;
+  std::optional<double> last_eval_loss;  // none without an evaluation loss
+  std::string eval_metric;               // "cross_entropy", "kl" (distill) or "mse" (align)
   std::vector<std::pair<std::string, double>> last_niah_accuracy;  // (task, accuracy) at the last evaluation
   double seconds = 0, tokens_per_s = 0, mfu = 0;
   double step_flops = 0, lm_head_flops = 0;  // what MFU counts per step (all ranks), and its LM-head part
   double peak_memory_gib = 0;
+  // Stopped on a signal before the last step: the checkpoint of last_step was written.
+  bool stopped = false;
+  std::string stop_reason;  // "SIGTERM" (the signal this rank received) or "a signal on another rank"
+  std::string checkpoint;   // the newest step directory written by this run (empty: none)
 };
 
 // Runs the stage. `student` is the model trained (its weights are updated in place); `teacher`
@@ -99,5 +123,9 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
 
 // The step directory `latest` points to (empty when there is none).
 std::string latest_checkpoint(const std::string& out_dir);
+
+// The newest step directory of `out_dir` whose state.h5 verifies (checksums, finite values,
+// attributes in range), or empty. Reads every state it tries: for messages after a failure.
+std::string newest_verified_checkpoint(const std::string& out_dir);
 
 }  // namespace hydra::train
