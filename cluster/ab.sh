@@ -11,7 +11,8 @@
 # the build's binary folder; the environment also holds HYDRA=<bin>/hydra, HYDRA_BIN_DIR=<bin>,
 # AB_LABEL (a or b) and AB_COMMIT. Every run's output goes to OUT/a.log or OUT/b.log (appended,
 # each run under a "== label commit round" line), and one summary line per run to OUT/runs.tsv
-# (label, commit, round, exit status, seconds), which is also printed.
+# (label, commit, round, exit status, seconds), which is also printed. The worktrees and their
+# builds stay for the next run (`git worktree remove DIR` when done).
 #
 # Options:
 #   --out DIR          where the logs go (default: ab-out/ in the current folder)
