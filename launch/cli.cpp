@@ -61,7 +61,10 @@ bool parse_command_line(App& app, const std::string& command, const std::string&
   try {
     po::command_line_parser parser(args);
     parser.options(options);
-    if (positional) parser.positional(*positional);
+    // Without positional arguments of its own, a command refuses any (a stray word is a mistake,
+    // e.g. a path without its flag): boost only checks positionals against a description.
+    const po::positional_options_description none;
+    parser.positional(positional ? *positional : none);
     po::store(parser.run(), vm);
     if (vm.count("help")) {
       if (app.world.rank() == 0) {

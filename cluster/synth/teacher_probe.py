@@ -10,10 +10,11 @@ OUT/commands.sh as run.
         --variants cluster/synth/probe_variants.json
 
 A variants file is a JSON list of
-    {"name": "recall", "lr": 1e-3, "batch": 64, "phases": [
+    {"name": "recall", "lr": 1e-3, "batch": 64, "train": "--min-lr 1e-3 --warmup 50", "phases": [
         {"steps": 800, "synth": "--task recall --recall-tokens 128 --recall-pairs 32 --loss answers"},
         {"steps": 800, "synth": "--task recall:0.4,single:0.2,multikey:0.2,lm:0.2 --recall-tokens 128 --loss answers"}]}
-Shared settings (--vocab, --seq-len, --preset, --eval-every, --tokens) come from the flags. Variants
+"train" (optional) adds hydra train flags to every phase of the variant (e.g. a constant learning
+rate). Shared settings (--vocab, --seq-len, --preset, --eval-every, --tokens) come from the flags. Variants
 run concurrently; a phase that passes the deadline is stopped by `timeout` (its last checkpoint,
 saved every --eval-every steps, stands). Output: OUT/probe.jsonl (one line per variant: per-phase
 NIAH curves, answer-loss curves, steps done, seconds) and a table on stdout.
@@ -68,7 +69,7 @@ def variant(v, a, init, deadline, commands, lock):
                  "--steps", str(ph["steps"]), "--batch-seqs", str(v["batch"]), "--lr", str(v["lr"]),
                  "--save-every", str(a.eval_every), "--keep", "1", "--eval-every", str(a.eval_every),
                  "--eval-niah", "single,multikey", "--eval-niah-samples", str(a.niah_samples),
-                 "--device", a.device, "--out-dir", run_dir]
+                 "--device", a.device, "--out-dir", run_dir, *shlex.split(v.get("train", ""))]
         t0 = time.time()
         rc = run(train, os.path.join(out, f"train{k}.log"), timeout=left, commands=commands, lock=lock)
         rows = []

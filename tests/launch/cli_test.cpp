@@ -65,6 +65,10 @@ TEST_F(Cli, InitInfoForwardWork) {
 TEST_F(Cli, UnknownCommandFlagAndPreset) {
   expect_one_line_error(hydra("frobnicate"), "unknown command 'frobnicate'");
   expect_one_line_error(hydra("forward --modle x.h5"), "unrecognised option '--modle'");
+  // A stray word (here a path without its flag) is refused, not ignored.
+  const std::string stray = dir_.file("stray.h5");
+  expect_one_line_error(hydra("init --preset qwen3-tiny " + model_ + " --out " + stray), "too many positional options");
+  EXPECT_FALSE(fs::exists(stray));
   const std::string out = dir_.file("never.h5");
   expect_one_line_error(hydra("init --preset qwen9 --out " + out), "unknown preset 'qwen9'");
   EXPECT_FALSE(fs::exists(out));
