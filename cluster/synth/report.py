@@ -139,6 +139,18 @@ def fmt_ci(cells, lengths, tasks=TASKS):
     return f"{p[0] / p[1]:.2f} [{lo:.2f}, {hi:.2f}]"
 
 
+def close_to(a, b, margin):
+    """Interval a is at most `margin` below b: True when even a's lowest value is within margin of b's
+    highest, False when a's highest is more than margin below b's lowest, else "undecided"."""
+    if a is None or b is None:
+        return None
+    if a[0] >= b[1] - margin:
+        return True
+    if a[1] < b[0] - margin:
+        return False
+    return "undecided"
+
+
 def compare(a, b):
     """True when interval a lies above b, False when below, None (undecided) when they overlap."""
     if a is None or b is None:
@@ -368,14 +380,7 @@ def main(res):
     kv_l = (info.get("layerwise") or {}).get("kv_cache_per_token")
     kv_t = (info.get("teacher") or {}).get("kv_cache_per_token")
     ratio = f"{kv_h / kv_l:.2f}" if kv_h and kv_l else "—"
-    # "Close": the head-wise interval reaches within 0.10 of the layer-wise one.
-    s_ci, l_ci = ci("selected", lengths), ci("layerwise", lengths)
-    if s_ci is None or l_ci is None:
-        close = None
-    elif s_ci[1] >= l_ci[0] - 0.1:
-        close = True if s_ci[0] >= l_ci[0] - 0.1 else "undecided"
-    else:
-        close = False
+    close = close_to(ci("selected", lengths), ci("layerwise", lengths), 0.1)
     line(f"7:1 head-wise is close (within 0.10) to 3:1 layer-wise: {show('selected', lengths)} vs "
          f"{show('layerwise', lengths)}, LM loss {fmt(s_lm)} vs {fmt(lm.get('layerwise'))}", close)
     # "A quarter of its KV cache": a quarter of the teacher's, which is what 3:1 layer-wise keeps too

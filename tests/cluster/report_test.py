@@ -29,6 +29,9 @@ check(report.wilson(0, 0) is None, "wilson of no samples is not None")
 check(report.compare((0.6, 0.9), (0.1, 0.5)) is True, "disjoint above is not True")
 check(report.compare((0.1, 0.5), (0.6, 0.9)) is False, "disjoint below is not False")
 check(report.compare((0.3, 0.7), (0.5, 0.9)) == "undecided", "overlap is not undecided")
+check(report.close_to((0.0, 0.24), (0.0, 0.24), 0.1) == "undecided", "two wide intervals are not undecided for closeness")
+check(report.close_to((0.98, 1.0), (0.86, 0.93), 0.1) is True, "0.98.. vs ..0.93 is not close within 0.1")
+check(report.close_to((0.1, 0.3), (0.8, 0.9), 0.1) is False, "..0.3 vs 0.8.. is close within 0.1")
 
 
 def cells(path, correct_of, samples):
