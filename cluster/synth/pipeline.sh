@@ -234,18 +234,21 @@ if [[ "$plan_mode" == probe ]]; then
 else
   probe_json=null
 fi
+# A given teacher is not pretrained here: no pretraining stage in the plan.
+pretrain_json="{\"steps\": $steps_pretrain, \"batch_seqs\": $batch, \"seq_len\": $len, \"lr\": $lr_pretrain, \"tokens\": $((steps_pretrain * batch * len))}"
+[[ -n "$teacher_in" ]] && pretrain_json=null
 cat > "$res/plan.json" <<EOF
 {"profile": "$profile", "device": "$device", "preset": "$preset", "vocab": $vocab, "mixture": "$mix", "synth_extra": "$synth_extra",
  "seq_len": $len, "finetune_seq_len": $ft_len, "mqar_pairs": $pairs, "eval_lengths": [$lengths],
  "depths": [$depths], "samples": $samples, "eval_seed": $eval_seed, "jobs": $jobs, "deadline_s": $deadline_s,
  "teacher": "${teacher_in:-pretrained here}",
- "stages": {"pretrain": {"steps": $steps_pretrain, "batch_seqs": $batch, "seq_len": $len, "lr": $lr_pretrain, "tokens": $((steps_pretrain * batch * len))},
+ "stages": {"pretrain": $pretrain_json,
             "align": {"steps": $steps_align, "batch_seqs": $batch, "seq_len": $len, "lr": $lr_align, "tokens": $((steps_align * batch * len))},
             "distill": {"steps": $steps_distill, "batch_seqs": $batch, "seq_len": $len, "lr": $lr_distill, "tokens": $((steps_distill * batch * len))},
             "finetune": {"steps": $steps_finetune, "batch_seqs": $ft_batch, "seq_len": $ft_len, "lr": $lr_finetune, "tokens": $((steps_finetune * ft_batch * ft_len))}},
  "probe": $probe_json}
 EOF
-echo "[pipeline] plan: pretrain $steps_pretrain, align $steps_align, distill $steps_distill, finetune $steps_finetune steps" \
+echo "[pipeline] plan: pretrain $([[ -n "$teacher_in" ]] && echo "none (teacher given)" || echo "$steps_pretrain"), align $steps_align, distill $steps_distill, finetune $steps_finetune steps" \
   | tee -a "$res/logs/pipeline.log"
 
 # ---- evaluation of one model: NIAH at every length, held-out LM loss, its config ----------------
