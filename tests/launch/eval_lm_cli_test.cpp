@@ -9,6 +9,7 @@
 
 #include "runtime/token_file.h"
 #include "tests/common/test_util.h"
+#include "tests/launch/train_log.h"
 
 namespace hydra::test {
 namespace {
@@ -23,22 +24,12 @@ nlohmann::json summary_of(const CommandResult& r) {
   return nlohmann::json::parse(last);
 }
 
-std::vector<int32_t> tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 3;
-  for (auto& id : ids) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    id = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(vocab));
-  }
-  return ids;
-}
-
 TEST(EvalLmCli, MatchesForwardAndRanks) {
   const TempDir dir;
   const std::string h = hydra_binary();
   ASSERT_EQ(run_command(h + " init --preset hydrahead-tiny --seed 3 --out " + dir.file("m.h5")).exit_code, 0);
   const int64_t len = 48;
-  const std::vector<int32_t> all = tokens(3 * len + 1, 256, 1);
+  const std::vector<int32_t> all = random_tokens(3 * len + 1, 256, 1);
   write_token_file(dir.file("all.h5"), all);
   // One window = tokens [k·len, k·len + len]: forward's mean NLL over those len + 1 tokens.
   std::vector<double> per_window;
@@ -75,7 +66,7 @@ TEST(EvalLmCli, RefusesBadInput) {
   const TempDir dir;
   const std::string h = hydra_binary();
   ASSERT_EQ(run_command(h + " init --preset qwen3-tiny --out " + dir.file("m.h5")).exit_code, 0);
-  write_token_file(dir.file("short.h5"), tokens(20, 256, 2));
+  write_token_file(dir.file("short.h5"), random_tokens(20, 256, 2));
   const CommandResult missing = run_command(h + " eval-lm --model " + dir.file("m.h5") + " --data " + dir.file("nope.h5") + " --seq-len 16");
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_NE(missing.output.find("does not exist"), std::string::npos) << missing.output;

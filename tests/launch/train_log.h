@@ -1,4 +1,4 @@
-// Shared by the training CLI tests: a run's train.jsonl lines and losses, and structureless tokens.
+// Shared by the CLI tests: a training run's train.jsonl lines and losses, and structureless tokens.
 #pragma once
 
 #include <cstdint>
