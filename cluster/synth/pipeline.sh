@@ -24,6 +24,9 @@
 #        probe's), so token budgets are equal. A deadline (--deadline-s) bounds every command.
 #   cpu  qwen3-synth-cpu (0.9M parameters, d = 16), length 128, fixed steps, one student at a time.
 #   toy  qwen3-synth-cpu at length 64 and a few steps: the pipeline itself, for CI.
+# The gpu and cpu profiles write answer masks (hydra synth --loss answers): a retrieval document's
+# loss is its answers, a language document's every target (without them the teacher never learned
+# to retrieve: cluster/results/cpu-2026-12-07). --set synth_extra= turns that off.
 #
 # Output: OUT/work (data, checkpoints; not archived) and OUT/results: plan.json, commands.sh (every
 # command as run), timings.jsonl (wall seconds and exit code per step: the device time each took),
@@ -79,6 +82,7 @@ case "$profile" in
   gpu)
     preset=qwen3-synth; vocab=512; len=256; ft_len=1024; pairs=10
     mix="lm:0.2,mqar:0.5,single:0.1,multikey:0.1,multivalue:0.1"
+    synth_extra="--loss answers"   # retrieval documents count their answers only (cluster/results/cpu-2026-12-07)
     train_tokens=32M; ft_tokens=8M; batch=16; ft_batch=4
     plan_mode=probe; budget_pretrain=240; budget_align=15; budget_distill=30; budget_finetune=20
     lr_pretrain=2e-3; lr_align=2e-3; lr_distill=5e-4; lr_finetune=2e-4
@@ -87,6 +91,7 @@ case "$profile" in
     : "${device:=cuda}"; : "${jobs:=4}"; : "${deadline_s:=540}" ;;
   cpu)
     preset=qwen3-synth-cpu; vocab=256; len=128; ft_len=512; pairs=6
+    synth_extra="--loss answers"
     train_tokens=4M; ft_tokens=2M; batch=8; ft_batch=2
     plan_mode=fixed; steps_pretrain=1500; steps_align=60; steps_distill=60; steps_finetune=30
     budget_pretrain=900; budget_align=60; budget_distill=120; budget_finetune=60           # --plan probe

@@ -11,7 +11,7 @@ build/bin/hydra info /tmp/teacher.h5 | head -3
 # Students' streams: the teacher's final mixture, answers counted (language documents count every target).
 cluster/synth/pipeline.sh --profile gpu --out /tmp/synth --teacher /tmp/teacher.h5 --deadline-s 450 \
   --set mix=mqar:0.6,lm:0.1,single:0.15,multikey:0.15 --set pairs=8 --set samples=16 \
-  --set "synth_extra=--loss answers" --archive $OUT/synth.tgz 2>&1 | tail -30
+  --archive $OUT/synth.tgz 2>&1 | tail -30
 left=$(( 590 - ($(date +%s) - T0) ))
 if (( left > 60 )); then
   CONTEXTS=32K,128K,512K BATCHES=1,8 timeout $left cluster/bench/decode_bench.sh build/bin /tmp/decode 2>&1 | tail -20
