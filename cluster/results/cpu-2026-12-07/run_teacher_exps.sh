@@ -48,3 +48,8 @@ $H synth --task mqar --mqar-pairs 8 --value-length 1 --loss answers --tokens 8M 
 MODEL=x9_mqar_anneal/step-000750/model.h5 x x10_mqar8_v1 mqar8v1_8m.h5 3000 1e-3 16 --min-lr 1e-3 --warmup 20 --seed 4   # (stopped at ~667)
 $H synth --task mqar --mqar-pairs 6 --key-length 1 --loss answers --tokens 8M --seq-len 128 --vocab 256 --seed 31 --out mqar6k1_8m.h5
 MODEL=x9_mqar_anneal/step-001200/model.h5 x x11_mqar6_k1 mqar6k1_8m.h5 3000 1e-3 16 --min-lr 1e-3 --warmup 20 --seed 5   # (stopped at ~1325)
+# Recall first (adjacent k v pairs), then NIAH's grammar; recall mixed into the copying model.
+$H synth --task recall --recall-tokens 64 --recall-pairs 16 --loss answers --tokens 4M --seq-len 128 --vocab 256 --seed 41 --out recall_4m.h5
+x x12_recall_phase1 recall_4m.h5 1000 1e-3 16 --min-lr 1e-3 --warmup 50
+MODEL=x12_recall_phase1/step-001000/model.h5 x x12b_recall_then_mqar mqar6_8m.h5 1600 1e-3 16 --min-lr 1e-3 --warmup 50   # (stopped at ~1042)
+MODEL=x9_mqar_anneal/step-001200/model.h5 x x13_mqar_plus_recall rm_8m.h5 2500 1e-3 16 --min-lr 1e-3 --warmup 20 --seed 6   # (stopped at ~2027)
