@@ -2,7 +2,17 @@
 # GPU job 1 (session of 2026-12-04, results label 12-07): the small-model step beside its PyTorch
 # anchor and its per-kernel profile with the GPU's idle gaps; the teacher-recipe probe
 # (cluster/synth/teacher_probe.py, probe_variants.json) with the GPU tests beside it; a packed
-# 128K hydrahead-1.7b step against an unpacked one. Output: $OUT/r1.tgz.
+# 128K hydrahead-1.7b step against an unpacked one. Output: $OUT/r1.tgz (and $OUT/teacher.h5.gz).
+#
+# Carry (the three binaries are 126 MB unstripped, over the 64 MiB carry limit; stripped and xz'd
+# they were 11.7 MiB), built here first with
+#   HYDRA_BUILD_DIR=build cluster/build.sh hydra test_cuda test_parallel_gpu hydra_kernel_profile
+#   rm -rf .device && mkdir -p .device/s/bin .device/s/tests .device/s/lib
+#   strip -o .device/s/bin/hydra build/bin/hydra; cp build/lib/libhydra_kernel_profile.so .device/s/lib/
+#   for t in test_cuda test_parallel_gpu; do strip -o .device/s/tests/$t build/tests/$t; done
+#   tar -C .device/s -cf - bin tests lib | xz -T2 -6 > .device/dev.tar.xz && rm -rf .device/s
+# then: run(carry [".device"], command "mkdir -p build && tar -xJf .device/dev.tar.xz -C build &&
+#   bash cluster/results/h200-2026-12-07/run1.sh").
 set -u
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 H=build/bin/hydra
