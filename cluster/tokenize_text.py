@@ -58,8 +58,9 @@ def main():
         if limit is not None and total >= limit:
             break
     ids = np.concatenate(pieces)[:limit]
-    # Document i is ids[offsets[i]:offsets[i + 1]]; a document cut by --max-tokens ends at the cut,
-    # and empty files make no document (offsets strictly increase).
+    # Document i is ids[offsets[i]:offsets[i + 1]]; a document cut by --max-tokens ends at the cut.
+    # An empty file is its separator alone (a 1-token document), or nothing without a separator
+    # (offsets strictly increase).
     ends = np.minimum(np.cumsum([len(x) for x in pieces]), len(ids))
     offsets = np.unique(np.concatenate([[0], ends])).astype(np.int64)
     vocab = tok.get_vocab_size()
