@@ -53,3 +53,7 @@ $H synth --task recall --recall-tokens 64 --recall-pairs 16 --loss answers --tok
 x x12_recall_phase1 recall_4m.h5 1000 1e-3 16 --min-lr 1e-3 --warmup 50
 MODEL=x12_recall_phase1/step-001000/model.h5 x x12b_recall_then_mqar mqar6_8m.h5 1600 1e-3 16 --min-lr 1e-3 --warmup 50   # (stopped at ~1042)
 MODEL=x9_mqar_anneal/step-001200/model.h5 x x13_mqar_plus_recall rm_8m.h5 2500 1e-3 16 --min-lr 1e-3 --warmup 20 --seed 6   # (stopped at ~2027)
+# Fewer needles (2 a document), from x9's end and from scratch.
+$H synth --task mqar --mqar-pairs 2 --loss answers --tokens 8M --seq-len 128 --vocab 256 --seed 51 --out mqar2_8m.h5
+MODEL=x9_mqar_anneal/step-001200/model.h5 x x14_mqar2_from_x9 mqar2_8m.h5 3000 1e-3 16 --min-lr 1e-3 --warmup 20 --seed 7   # (stopped at ~1517)
+x x15_mqar2_scratch mqar2_8m.h5 3000 1e-3 16 --min-lr 1e-3 --warmup 50   # (stopped at ~1506)
