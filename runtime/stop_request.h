@@ -27,7 +27,7 @@ class StopRequestScope {
 
 // The signal that asked for the stop (0: none so far).
 int stop_signal();
-// "SIGTERM", "SIGINT", "SIGUSR1" or "signal N".
+// "SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP", or "a signal" for any other.
 const char* signal_name(int sig);
 
 }  // namespace hydra

@@ -109,11 +109,6 @@ def pooled(cells, lengths, tasks=TASKS):
     return sum(e["correct"] for e in got), sum(e["samples"] for e in got)
 
 
-def mean_accuracy(cells, lengths, tasks=TASKS):
-    p = pooled(cells, lengths, tasks)
-    return None if p is None or p[1] == 0 else p[0] / p[1]
-
-
 def wilson(correct, samples, z=1.959964):
     """The 95% Wilson score interval of a binomial proportion (correct of samples)."""
     if samples <= 0:

@@ -45,6 +45,18 @@ constexpr const char* kChecksums = "checksums";  // the dataset of per-dataset X
 
 std::string step_dir_name(int64_t step) { return fmt::format("step-{:06d}", step); }
 
+// The step-NNNNNN directories of a run folder, oldest first (none if the folder cannot be read).
+std::vector<fs::path> step_dirs(const fs::path& out_dir) {
+  std::vector<fs::path> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && name.rfind("step-", 0) == 0) steps.push_back(e.path());
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
 // Σ loss and token counts over the ranks (host doubles: exact for counts below 2^53). With
 // `stop_votes`, the same all-reduce also counts the ranks that received a stop signal
 // (runtime/stop_request.h): every rank gets the same count, so all stop after the same step.
@@ -192,12 +204,7 @@ std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology&
   log::info("saved {} ({:.1f} MiB in {:.1f} s)", final_dir.string(), static_cast<double>(bytes) / (1024.0 * 1024.0),
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   // Keep the newest `keep` step directories.
-  std::vector<fs::path> steps;
-  for (const auto& e : fs::directory_iterator(out)) {
-    const std::string name = e.path().filename().string();
-    if (e.is_directory() && name.rfind("step-", 0) == 0) steps.push_back(e.path());
-  }
-  std::sort(steps.begin(), steps.end());
+  const std::vector<fs::path> steps = step_dirs(out);
   for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(config.keep, 1)) < steps.size(); ++i) {
     if (steps[i] != final_dir) fs::remove_all(steps[i]);
   }
@@ -393,13 +400,8 @@ TrainTopology::TrainTopology(Communicator& world, int sp) : world_(world) {
 }
 
 std::string newest_verified_checkpoint(const std::string& out_dir) {
-  std::vector<fs::path> steps;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (e.is_directory() && name.rfind("step-", 0) == 0) steps.push_back(e.path());
-  }
-  std::sort(steps.rbegin(), steps.rend());
+  std::vector<fs::path> steps = step_dirs(out_dir);
+  std::reverse(steps.begin(), steps.end());
   for (const fs::path& dir : steps) {
     try {
       read_verified_state((dir / "state.h5").string());
