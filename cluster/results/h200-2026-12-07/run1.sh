@@ -2,7 +2,7 @@
 # GPU job 1 (session of 2026-12-04, results label 12-07): the small-model step beside its PyTorch
 # anchor and its per-kernel profile with the GPU's idle gaps; the teacher-recipe probe
 # (cluster/synth/teacher_probe.py, probe_variants.json) with the GPU tests beside it; a packed
-# 128K hydrahead-1.7b step against an unpacked one. Output: $OUT/r1.tgz (and $OUT/teacher.h5.gz).
+# 128K hydrahead-1.7b step against an unpacked one. Output: $OUT/r1.tgz (and $OUT/teacher.h5.xz.aa, .ab, ...).
 #
 # Carry (the three binaries are 126 MB unstripped, over the 64 MiB carry limit; stripped and xz'd
 # they were 11.7 MiB), built here first with
@@ -28,12 +28,12 @@ rm -rf /tmp/speed
 HYDRA_KERNEL_PROFILE_HOST=1 CUDA_INJECTION64_PATH=build/lib/libhydra_kernel_profile.so HYDRA_KERNEL_PROFILE=$R/prof_small.tsv \
   timeout 60 $H train --stage pretrain --preset qwen3-synth --data /tmp/speed.h5 --seq-len 256 --batch-seqs 64 --steps 15 --save-every -1 --device cuda --out-dir /tmp/speed > $R/speed_prof.log 2>&1
 el "profile rc $?"
-timeout 120 python3 cluster/bench/small_model_torch.py --batch 64 --seq-len 256 --steps 30 > $R/speed_torch.jsonl 2> $R/speed_torch.err
+timeout 100 python3 cluster/bench/small_model_torch.py --batch 64 --seq-len 256 --steps 30 > $R/speed_torch.jsonl 2> $R/speed_torch.err
 el "torch rc $?"; cat $R/speed_torch.jsonl
 # 2. The probe, with the GPU tests beside it (the probe measures learning, not speed).
 (timeout 400 build/tests/test_cuda > $R/test_cuda.log 2>&1; echo "test_cuda exit $?" >> $R/test_cuda.log) &
-timeout 330 python3 cluster/synth/teacher_probe.py --hydra $H --out /tmp/probe --variants cluster/synth/probe_variants.json \
-  --deadline-s 290 --tokens 24M --eval-every 100 > $R/probe_table.txt 2>&1
+timeout 290 python3 cluster/synth/teacher_probe.py --hydra $H --out /tmp/probe --variants cluster/synth/probe_variants.json \
+  --deadline-s 250 --tokens 24M --eval-every 100 > $R/probe_table.txt 2>&1
 el "probe rc $?"; cat $R/probe_table.txt
 wait
 el "tests done"
@@ -46,7 +46,7 @@ for d in /tmp/probe/*/; do
 done
 tar -czf $OUT/r1.tgz -C /tmp r1
 # The best variant's final model (highest single + multikey accuracy at its last evaluation) comes
-# back as the teacher of the pipeline job (run2.sh carries it as .device/teacher.h5.gz).
+# back as the teacher of the pipeline job (run2.sh carries the parts as .device/teacher.h5.xz.*).
 python3 - <<'PY' > $R/best.txt
 import json
 rows = [json.loads(l) for l in open("/tmp/probe/probe.jsonl")]
@@ -59,7 +59,8 @@ best = max(rows, key=score)
 print(best["name"], score(best), best.get("final_model"))
 PY
 cat $R/best.txt
-gzip -c "$(awk '{print $3}' $R/best.txt)" > $OUT/teacher.h5.gz 2>/dev/null
+# (qwen3-synth's model.h5 is near the 16 MiB a returned file may have: xz, in 15 MiB parts.)
+xz -T8 -9 -c "$(awk '{print $3}' $R/best.txt)" | split -b 15M - $OUT/teacher.h5.xz. 2>/dev/null
 # 3. Packed documents (issue 34): a 128K hydrahead-1.7b finetune step, one stream vs 16 documents of 8K.
 left=$(( 585 - ($(date +%s) - T0) ))
 if (( left > 60 )); then
