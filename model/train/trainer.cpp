@@ -495,9 +495,9 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
   // The gradient is the mean over the step's counted targets (DESIGN.md §1.5): every rank reads the
   // whole data, so each computes the global count of the step's windows itself, before any forward.
   // Alignment matches every position's layer output: loss masks do not apply to it.
-  const bool masked = config.stage != Stage::align && data.masked();
+  // Targets that cross a document boundary never count either, mask or not (data.h counted_targets).
   auto step_count = [&](int64_t position) {
-    if (!masked) return step_tokens;
+    if (config.stage == Stage::align) return step_tokens;
     int64_t n = 0;
     for (int64_t w = 0; w < per_replica * replicas; ++w) n += data.counted_targets(position + w);
     return n;
@@ -640,9 +640,7 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
                       last.empty() ? "none: no checkpoint was written yet" : last);
     }
     const StepStats stats = optimizer.step(step, grad_norm);
-    // The next step's gradients start from zero. Queued here, behind the update's kernels, the ~450
-    // small per-tensor fills are issued while the GPU still works on the update instead of at the
-    // start of the next step, when the GPU would wait for each of them.
+    // The next step's gradients start from zero, queued behind the update (one launch on the GPU).
     optimizer.zero_grads();
     const auto phases = timer.finish();  // waits for the step's work (the update included)
     std::vector<double> layer_mean;  // align: each layer's mean loss over the step's tokens

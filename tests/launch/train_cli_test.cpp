@@ -58,6 +58,28 @@ TEST_F(Train, PretrainMemorisesAWindow) {
   }
 }
 
+// A stream of packed documents without a loss mask (hydra synth --doc-length): the targets that
+// cross a document boundary do not count, and the step divides by the count of those that do
+// (found on an H200: a 128K step of 8K documents stopped at an internal check, 131056 counted vs
+// 131072 expected, because the count was taken as every target when no loss_mask was present).
+TEST_F(Train, PackedDocumentsWithoutAMaskCountOnlyTargetsInsideDocuments) {
+  const std::string data = dir_.file("docs.h5");
+  const CommandResult s = hydra("synth --task lm --tokens 4K --seq-len 64 --vocab 256 --doc-length 16..16 --seed 3 "
+                                "--out " + data);
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  const std::string out = dir_.file("packed");
+  const CommandResult r = hydra("train --stage pretrain --preset qwen3-tiny --data " + data +
+                                " --seq-len 64 --batch-seqs 2 --steps 2 --device cpu --out-dir " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<nlohmann::json> steps = log_lines(out);
+  ASSERT_EQ(steps.size(), 2u);
+  for (const nlohmann::json& line : steps) {
+    // 2 windows of 64 targets, 4 documents of 16 each: the 3 crossings inside a window and the
+    // window's last target (which starts the next document) do not count: 2 × 60.
+    EXPECT_EQ(line["counted_tokens"].get<int64_t>(), 120) << line.dump();
+  }
+}
+
 // Stage "align": only the attention block moves (the MLP, norms outside it and the embeddings stay
 // bit-identical), and every layer's MSE to the teacher goes down.
 TEST_F(Train, AlignTrainsOnlyTheAttentionBlockAndLowersEachLayersError) {
