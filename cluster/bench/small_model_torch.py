@@ -52,9 +52,9 @@ class Layer(nn.Module):
     def forward(self, x, cos, sin):
         b, t, _ = x.shape
         q, k, v = self.qkv(self.n1(x)).split([H * HD, G * HD, G * HD], dim=-1)
-        q = rope(self.qn(q.view(b, t, H, HD)).transpose(1, 2), cos, sin)
-        k = rope(self.kn(k.view(b, t, G, HD)).transpose(1, 2), cos, sin)
-        v = v.view(b, t, G, HD).transpose(1, 2)
+        q = rope(self.qn(q.reshape(b, t, H, HD)).transpose(1, 2), cos, sin)
+        k = rope(self.kn(k.reshape(b, t, G, HD)).transpose(1, 2), cos, sin)
+        v = v.reshape(b, t, G, HD).transpose(1, 2)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         x = x + self.o(a.transpose(1, 2).reshape(b, t, H * HD))
         g, u = self.gu(self.n2(x)).chunk(2, dim=-1)
@@ -74,7 +74,7 @@ class Model(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin)
         logits = self.head(self.norm(x)).float()
-        return F.cross_entropy(logits.view(-1, V), targets.view(-1))
+        return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
 
 
 def run(mode, batch, seq_len, steps, warmup):

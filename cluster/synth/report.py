@@ -226,7 +226,7 @@ def loss_svg(curves, plan):
         y0 = 40 + (si // 2) * (ph + pad)
         data = curves.get(stage, {})
         pts = [p for m in data.values() for k in ("train", "eval") for p in m[k] if math.isfinite(p[1])]
-        st = plan.get("stages", {}).get(stage, {})
+        st = plan.get("stages", {}).get(stage) or {}  # a stage the plan skipped (pretrain with --teacher) is null
         title = f"{stage}: {st.get('steps', '?')} steps × {st.get('batch_seqs', '?')} × {st.get('seq_len', '?')} tokens"
         parts.append(svg_text(x0 + pw / 2, y0 - 6, title, 11, weight="bold"))
         parts.append(f'<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>')

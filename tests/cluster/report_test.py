@@ -44,7 +44,10 @@ def cells(path, correct_of, samples):
 
 with tempfile.TemporaryDirectory() as res:
     os.makedirs(os.path.join(res, "evals"))
-    json.dump({"profile": "test", "seq_len": 256, "eval_lengths": [256, 4096], "depths": [50], "vocab": 512},
+    # With --teacher the plan has no pretraining stage (null): the loss plot must still be drawn.
+    json.dump({"profile": "test", "seq_len": 256, "eval_lengths": [256, 4096], "depths": [50], "vocab": 512,
+               "stages": {"pretrain": None, "align": {"steps": 3, "batch_seqs": 2, "seq_len": 256, "tokens": 1536,
+                                                       "lr": 0.002}}},
               open(os.path.join(res, "plan.json"), "w"))
     # Teacher perfect at 1x; selected 40/40 per length, random 39/40 (overlapping), gdn 0.
     cells(os.path.join(res, "evals", "teacher.niah.jsonl"), lambda t, n: 40 if n == 256 else 0, 40)
@@ -63,6 +66,8 @@ with tempfile.TemporaryDirectory() as res:
     check("**held** — the teacher solves" in verdict("the teacher solves"), "teacher 120/120 at 1x should hold")
     check("**held** — 7:1 head-wise, selected heads extrapolates" in verdict("selected heads extrapolates"),
           "selected 120/120 vs teacher 0/120 at 16x should hold: " + verdict("selected heads extrapolates"))
+    check(os.path.getsize(os.path.join(res, "loss_curves.svg")) > 0, "loss_curves.svg is empty")
+    check("| align | 3 | 2 | 256 | 1536 | 0.002 |" in table, "table lacks the align budget row")
     check("1.00 [0.97, 1.00]" in table, "table lacks the interval of 120/120 (expected '1.00 [0.97, 1.00]')")
 
 for f in failures:
