@@ -69,6 +69,49 @@ void adamw_update(const TensorView& master, const TensorView& m, const TensorVie
                   [&](auto zero) { adamw_cpu<decltype(zero)>(master, m, v, grad, weight, params); });
 }
 
+void adamw_update(std::span<const AdamWSlice> slices, const AdamWParams& params) {
+  if (slices.empty()) return;
+  if (on_cuda({slices[0].master})) {
+#if HYDRA_CUDA
+    for (const AdamWSlice& s : slices) {
+      const int64_t n = s.master.numel();
+      for (const TensorView* t : {&s.master, &s.m, &s.v, &s.grad}) {
+        HYDRA_ASSERT(on_cuda({*t}) && t->dtype() == DType::f32 && t->is_contiguous() && t->numel() == n,
+                     "adamw (list): master, m, v and grad must be contiguous CUDA fp32 blocks of {} elements, got {}",
+                     n, t->shape_string());
+      }
+      HYDRA_ASSERT(!s.weight.defined() || (on_cuda({s.weight}) && s.weight.is_contiguous() && s.weight.numel() == n &&
+                                           (s.weight.dtype() == DType::f32 || s.weight.dtype() == DType::bf16)),
+                   "adamw (list): the weight must be a contiguous CUDA fp32/bf16 block of {} elements", n);
+    }
+    HYDRA_ASSERT(params.step >= 1, "adamw step {} (1-based)", params.step);
+    cuda_impl::adamw_update(slices, params);
+    return;
+#endif
+  }
+  for (const AdamWSlice& s : slices) {
+    AdamWParams p = params;
+    if (!s.decay) p.weight_decay = 0.0f;
+    adamw_update(s.master, s.m, s.v, s.grad, s.weight, p);
+  }
+}
+
+void zero_tensors(std::span<const TensorView> xs) {
+  if (xs.empty()) return;
+  if (on_cuda({xs[0]})) {
+#if HYDRA_CUDA
+    for (const TensorView& x : xs) {
+      HYDRA_ASSERT(on_cuda({x}) && x.dtype() == DType::f32 && x.is_contiguous(),
+                   "zero_tensors: a list of contiguous CUDA fp32 tensors, got {} {}", dtype_name(x.dtype()),
+                   x.shape_string());
+    }
+    cuda_impl::zero_tensors(xs);
+    return;
+#endif
+  }
+  for (const TensorView& x : xs) fill(x, 0.0);
+}
+
 double sum_of_squares(std::span<const TensorView> xs) {
   if (!xs.empty() && on_cuda({xs[0]})) {
 #if HYDRA_CUDA

@@ -5,9 +5,14 @@
 // sum_of_squares: a fixed grid of kSumBlocks blocks whatever the device; each thread sums x² in fp64
 // over a fixed set of elements, each block adds its threads in a fixed tree, and the host adds the
 // block sums in block order. The result is the same on every run and every GPU. A list of tensors
-// is one kernel per tensor into its own slot of one buffer and a single copy back (the optimizer's
-// global norm over ~450 tensors: one synchronisation, not one per tensor).
+// is one launch (blockIdx.y picks the tensor) into one slot per tensor of one buffer and a single
+// copy back: the optimizer's global norm over ~450 tensors is one launch and one synchronisation.
+// The list forms of the update and of the zeroing are one launch each in the same way, over a table
+// of the blocks uploaded for the call (the small model's step had ~120 optimizer launches of a few
+// microseconds each; cluster/results/h200-2026-12-07).
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "kernels/adamw/adamw.h"
@@ -38,9 +43,73 @@ __global__ void adamw_kernel(float* master, float* m, float* v, const float* gra
   }
 }
 
+// One block of the list forms: its buffers and, for the update, its own decay factor.
+struct ListEntry {
+  float* master = nullptr;  // the block (zero_tensors, sum_of_squares: the tensor)
+  float* m = nullptr;
+  float* v = nullptr;
+  const float* grad = nullptr;
+  void* weight = nullptr;   // nullptr, or fp32 / bf16 per weight_bf16
+  int64_t n = 0;
+  int weight_bf16 = 0;
+  float decay = 1.0f;       // 1 − lr·wd of this block
+};
+
+// 1 − lr·wd, formed the same way for the single and the list form (bit-identical results).
+float decay_factor(const AdamWParams& p, bool decay) { return 1.0f - p.lr * (decay ? p.weight_decay : 0.0f); }
+
+__global__ void adamw_list_kernel(const ListEntry* entries, AdamWScalars s) {
+  const ListEntry e = entries[blockIdx.y];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < e.n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = s.grad_scale * e.grad[i];
+    const float mi = s.beta1 * e.m[i] + (1.0f - s.beta1) * g;
+    const float vi = s.beta2 * e.v[i] + (1.0f - s.beta2) * (g * g);
+    e.m[i] = mi;
+    e.v[i] = vi;
+    const float m_hat = mi / s.bias1, v_hat = vi / s.bias2;
+    const float p = e.master[i] * e.decay - s.lr * m_hat / (sqrtf(v_hat) + s.eps);
+    e.master[i] = p;
+    if (e.weight != nullptr) {
+      if (e.weight_bf16) {
+        static_cast<cuda::bf16_t*>(e.weight)[i] = cuda::from_float<cuda::bf16_t>(p);
+      } else {
+        static_cast<float*>(e.weight)[i] = p;
+      }
+    }
+  }
+}
+
+__global__ void zero_list_kernel(const ListEntry* entries) {
+  const ListEntry e = entries[blockIdx.y];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < e.n; i += int64_t(gridDim.x) * blockDim.x) {
+    e.master[i] = 0.0f;
+  }
+}
+
+// The table of a list call in device memory (freed in stream order after the launch that reads it).
+std::shared_ptr<void> upload_entries(const std::vector<ListEntry>& entries) {
+  HYDRA_ASSERT(entries.size() <= 65535, "{} blocks in one list launch (at most 65535)", entries.size());
+  const size_t bytes = entries.size() * sizeof(ListEntry);
+  std::shared_ptr<void> table = cuda_allocate(bytes);
+  cuda_copy_bytes(table.get(), Device::cuda, entries.data(), Device::host, bytes);
+  return table;
+}
+
+// Blocks along x for a list launch: enough for the largest entry (grid-stride beyond 1024 blocks).
+unsigned list_grid_x(const std::vector<ListEntry>& entries) {
+  int64_t most = 1;
+  for (const ListEntry& e : entries) most = std::max(most, e.n);
+  return static_cast<unsigned>(std::clamp<int64_t>((most + 255) / 256, 1, 1024));
+}
+
 constexpr int kSumBlocks = 1024, kSumThreads = 256;
 
-__global__ void __launch_bounds__(kSumThreads) sum_of_squares_kernel(const float* x, int64_t n, double* block_sums) {
+// Block b of tensor blockIdx.y writes block_sums[blockIdx.y·kSumBlocks + b]: the same per-block sums
+// as one launch per tensor.
+__global__ void __launch_bounds__(kSumThreads) sum_of_squares_kernel(const ListEntry* entries, double* block_sums) {
+  const float* x = entries[blockIdx.y].master;
+  const int64_t n = entries[blockIdx.y].n;
+  block_sums += int64_t(blockIdx.y) * kSumBlocks;
   __shared__ double warp_sums[kSumThreads / 32];
   double acc = 0.0;
   for (int64_t i = blockIdx.x * int64_t(kSumThreads) + threadIdx.x; i < n; i += int64_t(kSumBlocks) * kSumThreads) {
@@ -76,7 +145,7 @@ void adamw_update(const TensorView& master, const TensorView& m, const TensorVie
                        params.beta1,
                        params.beta2,
                        params.eps,
-                       1.0f - params.lr * params.weight_decay,
+                       decay_factor(params, true),
                        params.grad_scale,
                        static_cast<float>(1.0 - std::pow(double(params.beta1), double(params.step))),
                        static_cast<float>(1.0 - std::pow(double(params.beta2), double(params.step)))};
@@ -112,18 +181,19 @@ double sum_of_squares(std::span<const TensorView> xs) {
     expect_flat_f32(x, "sum_of_squares x", sizes.back());
   }
   if (xs.empty()) return 0.0;
+  HYDRA_ASSERT(xs.size() <= 65535, "sum_of_squares of {} tensors in one launch (at most 65535)", xs.size());
   const size_t slot_bytes = kSumBlocks * sizeof(double);
   const std::shared_ptr<void> block_sums = cuda_allocate(xs.size() * slot_bytes);
   double* sums = static_cast<double*>(block_sums.get());
+  std::vector<ListEntry> entries(xs.size());
   for (size_t i = 0; i < xs.size(); ++i) {
-    double* slot = sums + i * kSumBlocks;
-    if (sizes[i] == 0) {
-      cuda_memset_zero(slot, slot_bytes);
-      continue;
-    }
-    sum_of_squares_kernel<<<kSumBlocks, kSumThreads, 0, current_stream()>>>(xs[i].data_as<const float>(), sizes[i], slot);
-    HYDRA_CUDA_LAUNCH_CHECK();
+    entries[i].master = sizes[i] == 0 ? nullptr : const_cast<float*>(xs[i].data_as<const float>());
+    entries[i].n = sizes[i];  // an empty tensor's blocks write zeros
   }
+  const std::shared_ptr<void> table = upload_entries(entries);
+  sum_of_squares_kernel<<<dim3(kSumBlocks, static_cast<unsigned>(xs.size())), kSumThreads, 0, current_stream()>>>(
+      static_cast<const ListEntry*>(table.get()), sums);
+  HYDRA_CUDA_LAUNCH_CHECK();
   std::vector<double> host(xs.size() * kSumBlocks);
   cuda_copy_bytes(host.data(), Device::host, sums, Device::cuda, xs.size() * slot_bytes);  // syncs
   double total = 0.0;
@@ -133,6 +203,52 @@ double sum_of_squares(std::span<const TensorView> xs) {
     total += tensor_total;
   }
   return total;
+}
+
+void adamw_update(std::span<const AdamWSlice> slices, const AdamWParams& params) {
+  if (slices.empty()) return;
+  const AdamWScalars s{params.lr,
+                       params.beta1,
+                       params.beta2,
+                       params.eps,
+                       1.0f,  // per block, in the table
+                       params.grad_scale,
+                       static_cast<float>(1.0 - std::pow(double(params.beta1), double(params.step))),
+                       static_cast<float>(1.0 - std::pow(double(params.beta2), double(params.step)))};
+  std::vector<ListEntry> entries;
+  entries.reserve(slices.size());
+  for (const AdamWSlice& sl : slices) {
+    ListEntry e;
+    e.master = sl.master.data_as<float>();
+    e.m = sl.m.data_as<float>();
+    e.v = sl.v.data_as<float>();
+    e.grad = sl.grad.data_as<const float>();
+    e.weight = sl.weight.defined() ? sl.weight.data() : nullptr;
+    e.weight_bf16 = sl.weight.defined() && sl.weight.dtype() == DType::bf16 ? 1 : 0;
+    e.n = sl.master.numel();
+    e.decay = decay_factor(params, sl.decay);
+    entries.push_back(e);
+  }
+  const std::shared_ptr<void> table = upload_entries(entries);
+  adamw_list_kernel<<<dim3(list_grid_x(entries), static_cast<unsigned>(entries.size())), 256, 0, current_stream()>>>(
+      static_cast<const ListEntry*>(table.get()), s);
+  HYDRA_CUDA_LAUNCH_CHECK();
+}
+
+void zero_tensors(std::span<const TensorView> xs) {
+  std::vector<ListEntry> entries;
+  for (const TensorView& x : xs) {
+    if (x.numel() == 0) continue;
+    ListEntry e;
+    e.master = x.data_as<float>();
+    e.n = x.numel();
+    entries.push_back(e);
+  }
+  if (entries.empty()) return;
+  const std::shared_ptr<void> table = upload_entries(entries);
+  zero_list_kernel<<<dim3(list_grid_x(entries), static_cast<unsigned>(entries.size())), 256, 0, current_stream()>>>(
+      static_cast<const ListEntry*>(table.get()));
+  HYDRA_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace hydra::ops::cuda_impl

@@ -88,7 +88,9 @@ AdamW::AdamW(Model& model, OptimizerConfig config, const std::function<bool(cons
 }
 
 void AdamW::zero_grads() {
-  grads_.for_each([](const std::string&, Tensor& g) { fill(g, 0.0f); });
+  std::vector<TensorView> all;
+  grads_.for_each([&](const std::string&, Tensor& g) { all.push_back(g.view()); });
+  ops::zero_tensors(all);  // one launch on the GPU
 }
 
 double AdamW::grad_norm() const {
@@ -102,16 +104,16 @@ StepStats AdamW::step(int64_t step, double grad_norm) {
   stats.grad_norm = grad_norm;
   stats.lr = learning_rate(config_, step);
   if (config_.grad_clip > 0 && stats.grad_norm > config_.grad_clip) stats.clip_scale = config_.grad_clip / stats.grad_norm;
-  for (const Segment& s : segments_) {
-    ops::adamw_update(s.master, s.m, s.v, s.grad, s.weight,
-                      ops::AdamWParams{.lr = static_cast<float>(stats.lr),
-                                       .beta1 = static_cast<float>(config_.beta1),
-                                       .beta2 = static_cast<float>(config_.beta2),
-                                       .eps = static_cast<float>(config_.eps),
-                                       .weight_decay = s.decay ? static_cast<float>(config_.weight_decay) : 0.0f,
-                                       .step = step,
-                                       .grad_scale = static_cast<float>(stats.clip_scale)});
-  }
+  std::vector<ops::AdamWSlice> slices;
+  slices.reserve(segments_.size());
+  for (const Segment& s : segments_) slices.push_back({s.master, s.m, s.v, s.grad, s.weight, s.decay});
+  ops::adamw_update(slices, ops::AdamWParams{.lr = static_cast<float>(stats.lr),
+                                             .beta1 = static_cast<float>(config_.beta1),
+                                             .beta2 = static_cast<float>(config_.beta2),
+                                             .eps = static_cast<float>(config_.eps),
+                                             .weight_decay = static_cast<float>(config_.weight_decay),
+                                             .step = step,
+                                             .grad_scale = static_cast<float>(stats.clip_scale)});  // one launch on the GPU
   return stats;
 }
 

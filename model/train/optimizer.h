@@ -7,7 +7,9 @@
 //
 // Updates run per contiguous segment of a runtime tensor that shares one group: the fused input
 // projection holds gate rows (no decay) beside projection rows (decay), so it is updated in row
-// ranges; its zero padding rows belong to no parameter and are never touched.
+// ranges; its zero padding rows belong to no parameter and are never touched. On the GPU all
+// segments are one launch (ops::adamw_update's list form), as are the zeroing of the gradients and
+// their norm.
 #pragma once
 
 #include <cstdint>

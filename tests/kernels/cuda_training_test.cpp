@@ -188,6 +188,52 @@ TEST(CudaTraining, AdamW) {
   expect_same_bits(a, b, "AdamW master");
 }
 
+// The list form (the optimizer's one launch over its segments): bit for bit the single form on each
+// block, with blocks of different sizes, weight dtypes (bf16, none, fp32) and decay on and off; and
+// zero_tensors zeroes every tensor of a list.
+TEST(CudaTraining, AdamWListIsTheSingleFormOnEachBlock) {
+  HYDRA_REQUIRE_GPU();
+  const std::vector<int64_t> sizes = {100003, 1, 4097, 300};
+  struct Block {
+    Tensor master, m, v, grad, weight;
+  };
+  std::vector<Block> a, b;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
+    for (std::vector<Block>* set : {&a, &b}) {
+      Block blk{gpu(random_tensor({n}, 160 + i), DType::f32), gpu(random_tensor({n}, 170 + i, 0.01f), DType::f32),
+                gpu(random_tensor({n}, 180 + i, 0.001f), DType::f32), gpu(random_tensor({n}, 190 + i, 0.1f), DType::f32),
+                Tensor()};
+      fill(blk.v, 0.001);  // v ≥ 0
+      if (i == 0) blk.weight = Tensor::empty({n}, DType::bf16, Device::cuda);
+      if (i == 2) blk.weight = Tensor::empty({n}, DType::f32, Device::cuda);
+      set->push_back(std::move(blk));
+    }
+  }
+  const ops::AdamWParams p{.lr = 1e-3f, .weight_decay = 0.1f, .step = 3, .grad_scale = 0.7f};
+  std::vector<ops::AdamWSlice> slices;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const bool decay = i % 2 == 0;
+    slices.push_back({a[i].master, a[i].m, a[i].v, a[i].grad, a[i].weight, decay});
+    ops::AdamWParams single = p;
+    if (!decay) single.weight_decay = 0.0f;
+    ops::adamw_update(b[i].master, b[i].m, b[i].v, b[i].grad, b[i].weight, single);
+  }
+  ops::adamw_update(slices, p);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const std::string what = "block " + std::to_string(i);
+    expect_same_bits(a[i].master, b[i].master, what + " master");
+    expect_same_bits(a[i].m, b[i].m, what + " m");
+    expect_same_bits(a[i].v, b[i].v, what + " v");
+    if (a[i].weight.defined()) expect_same_bits(a[i].weight, b[i].weight, what + " weight");
+  }
+  std::vector<TensorView> grads;
+  for (const Block& blk : a) grads.push_back(blk.grad);
+  grads.push_back(Tensor::empty({0}, DType::f32, Device::cuda));
+  ops::zero_tensors(grads);
+  for (size_t i = 0; i < sizes.size(); ++i) EXPECT_EQ(ops::sum_of_squares(a[i].grad), 0.0) << "block " << i << " not zeroed";
+}
+
 TEST(CudaTraining, SumOfSquares) {
   HYDRA_REQUIRE_GPU();
   for (const int64_t n : {int64_t{1}, int64_t{1000003}}) {
