@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # GPU job 2: the synthetic-teacher pipeline (issue 31 item 4) with the teacher job 1's probe chose
-# (.device/teacher.h5.gz, carried), the students evaluated at 1x-64x with 95% Wilson intervals, and
+# (.device/teacher.h5.xz.*, carried), the students evaluated at 1x-64x with 95% Wilson intervals, and
 # claims.md; then, with the time left, the decode benchmark (issue 33). Output: $OUT/synth.tgz,
 # $OUT/decode.tgz.
 set -u
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 T0=$(date +%s)
-gunzip -c .device/teacher.h5.gz > /tmp/teacher.h5 || { echo "no teacher from job 1"; exit 1; }
+cat .device/teacher.h5.xz.* | xz -d > /tmp/teacher.h5 || { echo "no teacher from job 1"; exit 1; }
 build/bin/hydra info /tmp/teacher.h5 | head -3
 # Students' streams: the teacher's final mixture, answers counted (language documents count every target).
 cluster/synth/pipeline.sh --profile gpu --out /tmp/synth --teacher /tmp/teacher.h5 --deadline-s 450 \
