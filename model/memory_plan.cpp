@@ -151,18 +151,17 @@ std::vector<Id> position_bounds(Pass& p) {
   return out;
 }
 
-// parallel/gdn_scan.cpp causal_conv_sequence_parallel (and the backward's halo exchange).
+// parallel/gdn_scan.cpp causal_conv_sequence_parallel (and its backward): the segments' last K−1
+// input rows gathered from every rank, and a segment's halo with another document's rows zeroed;
+// the backward gathers the halo rows' gradients too.
 void conv_halos(Pass& p, int64_t channels, bool backward) {
   if (p.world == 1) return;
   const int64_t halo = p.config.conv_kernel - 1;
-  std::vector<Id> ids{p.tl.hold({{p.nlocal(), halo, channels}, p.dtype}, "conv halo"),
-                      p.tl.hold({{p.world, p.nlocal(), halo, channels}, p.dtype}, "conv halos")};
-  if (backward) {
-    ids.push_back(p.tl.hold({{p.nlocal(), halo, channels}, p.dtype}, "conv halo gradient"));
-    ids.push_back(p.tl.hold({{p.world, p.nlocal(), halo, channels}, p.dtype}, "conv halo gradients"));
-  }
-  const Id masked = p.tl.hold({{halo, channels}, p.dtype}, "masked halo");
-  p.tl.release(masked);
+  const BufferSpec local{{p.nlocal(), halo, channels}, p.dtype}, gathered{{p.world, p.nlocal(), halo, channels}, p.dtype};
+  std::vector<Id> ids{p.tl.hold(local, "conv halo"), p.tl.hold(gathered, "conv halos")};
+  if (backward) ids.push_back(p.tl.hold(local, "conv halo gradient"));
+  p.tl.release(p.tl.hold({{halo, channels}, p.dtype}, "masked halo"));
+  if (backward) ids.push_back(p.tl.hold(gathered, "conv halo gradients"));
   p.release(ids);
 }
 
@@ -302,17 +301,23 @@ void layer_backward(Pass& p, int64_t l, Kept& kept, bool input_gradient) {
     const int64_t hg = lay.h_gdn;
     std::vector<Id> branch{tl.hold(b.d_conv, "d_conv"), tl.hold(b.d_qk, "dq"), tl.hold(b.d_qk, "dk"),
                            tl.hold(b.gate, "dg"), tl.hold(b.gate, "dbeta")};
+    // gdn_sequence_parallel_backward: the state gradient, and its fold over the ranks' segments.
     const BufferSpec state{{hg, d, d}, p.acc};
-    branch.push_back(tl.hold(state, "GDN state gradient"));
+    const int64_t rows = p.segment_rows(), chunks = (rows + ops::kDeltaRuleChunk - 1) / ops::kDeltaRuleChunk;
+    std::vector<Id> scan{tl.hold(state, "GDN state gradient")};
     if (p.world == 1) {
-      branch.push_back(tl.hold(state, "GDN initial state"));
+      scan.push_back(tl.hold(state, "GDN initial state"));
     } else {
-      branch.push_back(tl.hold({{p.nlocal(), hg * d * d}, p.acc}, "GDN local state gradients"));
-      branch.push_back(tl.hold({{p.world, p.nlocal(), hg * d * d}, p.acc}, "GDN gathered state gradients"));
+      scan.push_back(tl.hold({{p.nlocal(), hg * d * d}, p.acc}, "GDN local state gradients"));
+      if (p.cuda()) {  // delta_rule_backward.cu state_backward: prepare and the state gradient's copy
+        std::vector<Id> w{tl.hold_bytes(gdn_prepare_bytes(rows, hg, d, true, true), "GDN state backward workspace"),
+                          tl.hold(state, "GDN state gradient copy")};
+        p.release(w);
+      }
+      scan.push_back(tl.hold({{p.world, p.nlocal(), hg * d * d}, p.acc}, "GDN gathered state gradients"));
     }
-    branch.push_back(tl.hold(state, "GDN zero state"));
+    scan.push_back(tl.hold(state, "GDN zero state"));
     if (p.cuda()) {  // delta_rule_backward.cu: prepare, the chunk states and v_new, and their gradients
-      const int64_t rows = p.segment_rows(), chunks = (rows + ops::kDeltaRuleChunk - 1) / ops::kDeltaRuleChunk;
       const BufferSpec states{{chunks, hg, d, d}, DType::bf16}, vnew{{chunks, hg, ops::kDeltaRuleChunk, d}, DType::bf16};
       std::vector<Id> w{tl.hold_bytes(gdn_prepare_bytes(rows, hg, d, true, true), "GDN backward workspace"),
                         tl.hold(state, "GDN state"), tl.hold(states, "GDN chunk states"), tl.hold(vnew, "GDN v_new"),
@@ -320,6 +325,7 @@ void layer_backward(Pass& p, int64_t l, Kept& kept, bool input_gradient) {
                         tl.hold(vnew, "GDN v_new gradient")};
       p.release(w);
     }
+    p.release(scan);
     conv_halos(p, b.d_conv.shape[1], true);
     p.release(branch);
   }
