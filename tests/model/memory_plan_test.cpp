@@ -154,9 +154,10 @@ TEST(MemoryPlan, PrefillOnTheHost) {
 }
 
 // The GPU plan against peaks measured on one H200 (cuda_memory_stats().peak, which counts the same
-// live tensor bytes): hydra train --stage finetune --preset hydrahead-1.7b (h200-2026-12-04:
-// 115.42 GiB at 64K with the MLP gate/up kept in all 28 layers, 124.94 GiB at 128K with it in 3,
-// auto's choices) and hydra prefill of 512K tokens (22.8 GiB; weights 3.4 GiB).
+// live tensor bytes): hydra train --stage finetune --preset hydrahead-1.7b, h200-2026-12-03 (46.82
+// / 62.74 GiB at 64K / 128K with --kept-activations none, 73.41 / 115.91 GiB with gdn+proj) and
+// h200-2026-12-04 (115.42 GiB at 64K with the MLP gate/up kept in all 28 layers, 124.94 GiB at 128K
+// with it in 3, auto's choices then); hydra prefill of 512K tokens (22.8 GiB; weights 3.4 GiB).
 TEST(MemoryPlan, GpuPlanWithinFivePercentOfTheH200Peaks) {
   const ModelConfig c = preset_config("hydrahead-1.7b");
   const double gib = 1024.0 * 1024.0 * 1024.0;
@@ -165,7 +166,10 @@ TEST(MemoryPlan, GpuPlanWithinFivePercentOfTheH200Peaks) {
     KeptActivations keep;
     double peak_gib;
   };
-  for (const Run& r : {Run{65536, {.gdn_outputs = true, .projection = true, .mlp_layers = 28}, 115.42},
+  const KeptActivations gdn_proj{.gdn_outputs = true, .projection = true};
+  for (const Run& r : {Run{65536, {}, 46.82}, Run{131072, {}, 62.74}, Run{65536, gdn_proj, 73.41},
+                       Run{131072, gdn_proj, 115.91},
+                       Run{65536, {.gdn_outputs = true, .projection = true, .mlp_layers = 28}, 115.42},
                        Run{131072, {.gdn_outputs = true, .projection = true, .mlp_layers = 3}, 124.94}}) {
     const MemoryEstimate m = estimate_training_memory(c, r.tokens, 1, nullptr, Device::cuda, false, r.keep);
     std::cout << r.tokens << " tokens, MLP kept in " << r.keep.mlp_layers << " layers: plan " << m.describe()
