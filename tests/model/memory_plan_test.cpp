@@ -50,12 +50,12 @@ struct Measured {
 enum class Kind { cross_entropy, distill, align };
 
 Measured measure_training(const ModelConfig& c, int64_t t, KeptActivations keep, Kind kind,
-                          const ModelConfig* teacher_config) {
+                          const ModelConfig* teacher_config, DType dtype) {
   const double before = in_use();
   Measured m;
-  Model model(c, random_parameters(c, 3));
+  Model model(c, random_parameters(c, 3), Device::host, dtype);
   std::optional<Model> teacher;
-  if (teacher_config) teacher.emplace(*teacher_config, random_parameters(*teacher_config, 4));
+  if (teacher_config) teacher.emplace(*teacher_config, random_parameters(*teacher_config, 4), Device::host, dtype);
   train::AdamW optimizer(model, {}, [](const std::string&) { return true; });
   m.held = in_use() - before;
   SelfCommunicator comm;
@@ -87,15 +87,17 @@ ModelConfig config_named(const std::string& name) {
   return c;
 }
 
-void check_training(const std::string& preset, int64_t t, KeptActivations keep, Kind kind = Kind::cross_entropy) {
+void check_training(const std::string& preset, int64_t t, KeptActivations keep, Kind kind = Kind::cross_entropy,
+                    DType dtype = DType::f32) {
   const ModelConfig c = config_named(preset);
   const ModelConfig teacher = preset_config("qwen3-tiny");
   const bool with_teacher = kind != Kind::cross_entropy;
-  const Measured m = measure_training(c, t, keep, kind, with_teacher ? &teacher : nullptr);
+  const Measured m = measure_training(c, t, keep, kind, with_teacher ? &teacher : nullptr, dtype);
   const MemoryEstimate plan = estimate_training_memory(c, t, 1, with_teacher ? &teacher : nullptr, Device::host,
-                                                       kind == Kind::align, keep);
-  const std::string what = fmt::format("{} training, {} tokens, kept gdn {} proj {} mlp {}, kind {}", preset, t,
-                                       keep.gdn_outputs, keep.projection, keep.mlp_layers, static_cast<int>(kind));
+                                                       kind == Kind::align, keep, true, dtype);
+  const std::string what = fmt::format("{} {} training, {} tokens, kept gdn {} proj {} mlp {}, kind {}", preset,
+                                       dtype_name(dtype), t, keep.gdn_outputs, keep.projection, keep.mlp_layers,
+                                       static_cast<int>(kind));
   std::cout << fmt::format("{}: plan {:.3f} MiB (held {:.3f}, activations {:.3f}, peak at {}); measured {:.3f} MiB "
                            "(held {:.3f}, activations {:.3f})\n",
                            what, (plan.weights + plan.activations) / kMiB, plan.weights / kMiB, plan.activations / kMiB,
@@ -119,6 +121,10 @@ TEST(MemoryPlan, TrainingStepWithKeptActivations) {
   check_training("hydrahead-tiny", 512, {.gdn_outputs = true, .projection = true, .mlp_layers = 1});
   check_training("hydrahead-tiny", 512, {.gdn_outputs = true, .projection = true, .mlp_layers = 2});
   check_training("qwen3-tiny", 512, {.mlp_layers = 2});
+}
+
+TEST(MemoryPlan, Float64TrainingStep) {  // the gradient checks' element type
+  check_training("hydrahead-tiny", 512, {.gdn_outputs = true}, Kind::cross_entropy, DType::f64);
 }
 
 TEST(MemoryPlan, DistillationAndAlignmentSteps) {

@@ -34,6 +34,17 @@ void expect_plan(double plan, double measured, const std::string& what) {
   EXPECT_EQ(plan, measured) << what;
 }
 
+// `held`: bytes held before the pass (weights, gradients, optimizer state); `peak`: all included.
+void expect_plan(const MemoryEstimate& plan, double held, double peak, const std::string& what) {
+  if (world().rank() == 0) {
+    std::printf("%s: plan %.3f MiB (activations %.3f, at %s), measured %.3f MiB\n", what.c_str(),
+                (plan.weights + plan.activations) / 1048576.0, plan.activations / 1048576.0, plan.peak_at.c_str(),
+                peak / 1048576.0);
+  }
+  expect_plan(plan.weights, held, what + " (held)");
+  expect_plan(plan.activations, peak - held, what + " (activations)");
+}
+
 TEST(MemoryPlan, SequenceParallelTrainingStepAndPrefill) {
   MpiCommunicator& comm = world();
   const int p = comm.size();
@@ -56,14 +67,8 @@ TEST(MemoryPlan, SequenceParallelTrainingStepAndPrefill) {
                                   &optimizer.grads());
       }
       const double peak = static_cast<double>(host_tensor_stats().peak) - before;
-      const MemoryEstimate plan = estimate_training_memory(c, t / p, p, nullptr, Device::host, false);
-      if (comm.rank() == 0) {
-        std::printf("%s training, %lld tokens: plan %.3f MiB (activations %.3f, at %s), measured %.3f MiB\n",
-                    what.c_str(), static_cast<long long>(t), (plan.weights + plan.activations) / 1048576.0,
-                    plan.activations / 1048576.0, plan.peak_at.c_str(), peak / 1048576.0);
-      }
-      expect_plan(plan.weights, held, what + " training (held)");
-      expect_plan(plan.activations, peak - held, what + " training (activations)");
+      expect_plan(estimate_training_memory(c, t / p, p, nullptr, Device::host, false), held, peak,
+                  fmt::format("{} training, {} tokens", what, t));
     }
     {  // a prefill
       const double before = in_use();
@@ -73,14 +78,8 @@ TEST(MemoryPlan, SequenceParallelTrainingStepAndPrefill) {
       host_tensor_reset_peak();
       timed_prefill(comm, layout, model, token_ids(t, c.vocab_size), PrefillRun{});
       const double peak = static_cast<double>(host_tensor_stats().peak) - before;
-      const MemoryEstimate plan = estimate_prefill_memory(c, t / p, p, Device::host, false);
-      if (comm.rank() == 0) {
-        std::printf("%s prefill, %lld tokens: plan %.3f MiB (activations %.3f, at %s), measured %.3f MiB\n",
-                    what.c_str(), static_cast<long long>(t), (plan.weights + plan.activations) / 1048576.0,
-                    plan.activations / 1048576.0, plan.peak_at.c_str(), peak / 1048576.0);
-      }
-      expect_plan(plan.weights, held, what + " prefill (weights)");
-      expect_plan(plan.activations, peak - held, what + " prefill (activations)");
+      expect_plan(estimate_prefill_memory(c, t / p, p, Device::host, false), held, peak,
+                  fmt::format("{} prefill, {} tokens", what, t));
     }
   }
 }
