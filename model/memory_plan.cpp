@@ -62,6 +62,11 @@ LayerBuffers layer_buffers(const ModelConfig& c, const LayerLayout& layout, int6
 
 int64_t loss_chunk_rows(int64_t vocab) { return std::max<int64_t>(1, (int64_t{1} << 29) / std::max<int64_t>(vocab, 1)); }
 
+LossBuffers loss_buffers(const ModelConfig& c, int64_t tokens, DType dtype, DType acc) {
+  const int64_t n = std::max<int64_t>(1, std::min(tokens, loss_chunk_rows(c.vocab_size)));
+  return {.logits = {{n, c.vocab_size}, acc}, .row_loss = {{n}, acc}, .operand = {{n, c.vocab_size}, dtype}};
+}
+
 // ---- MemoryTimeline ----
 
 MemoryTimeline::Id MemoryTimeline::hold_bytes(double bytes, const char* what) {
@@ -433,7 +438,7 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_toke
                                         const ModelConfig* teacher, Device device, bool align, KeptActivations keep,
                                         bool documents, DType host_dtype) {
   const Types ty = types_on(device, host_dtype);
-  const int64_t t = local_tokens, D = c.hidden_size, V = c.vocab_size;
+  const int64_t t = local_tokens, D = c.hidden_size;
   MemoryEstimate m;
   // Weights in the storage type; masters, moments and gradients (AdamW) in acc, every parameter.
   const double optimizer = 4 * runtime_tensor_bytes(c, device, ty.dtype, ty.acc, ty.acc);
@@ -484,15 +489,14 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_toke
     tl.set_stage("loss");
     const Id d_hidden = tl.hold(stream_grad, "d_hidden");
     std::vector<Id> head{tl.hold(stream, "final-normed hidden states")};
-    const int64_t chunk = std::max<int64_t>(1, std::min(t, loss_chunk_rows(V)));
-    const BufferSpec logits{{chunk, V}, ty.acc};
-    if (teacher) head.push_back(tl.hold(logits, "teacher logits"));
+    const LossBuffers loss = loss_buffers(c, t, ty.dtype, ty.acc);
+    if (teacher) head.push_back(tl.hold(loss.logits, "teacher logits"));
     head.push_back(tl.hold_host(rows, "targets on the host"));
     head.push_back(tl.hold(rows, "targets"));
-    head.push_back(tl.hold(logits, "logits"));
-    head.push_back(tl.hold({{chunk}, ty.acc}, "row losses"));
-    if (ty.dtype != ty.acc) head.push_back(tl.hold({{chunk, V}, ty.dtype}, "logit gradient operand"));
-    tl.release(tl.hold_host({{chunk}, DType::f64}, "row losses read back"));
+    head.push_back(tl.hold(loss.logits, "logits"));
+    head.push_back(tl.hold(loss.row_loss, "row losses"));
+    if (ty.dtype != ty.acc) head.push_back(tl.hold(loss.operand, "logit gradient operand"));
+    tl.release(tl.hold_host({loss.row_loss.shape, DType::f64}, "row losses read back"));
     p.release(head);
     if (teacher_hidden) tl.release(*teacher_hidden);
     const Id dx = tl.hold(stream_grad, "dx");

@@ -85,6 +85,16 @@ struct KeptActivations {
 // Qwen3-1.7B), so fewer, larger chunks move less (at 1 GiB chunks that was 75 passes per 128K window).
 int64_t loss_chunk_rows(int64_t vocab);
 
+// The loss head's buffers for T = `tokens` rows (model/train/objective.cpp walks the logits in
+// chunks of n = min(T, loss_chunk_rows(V)) rows; the plan prices the same).
+struct LossBuffers {
+  BufferSpec logits;    // [n, V], acc (a distillation's teacher logits too)
+  BufferSpec row_loss;  // [n], acc
+  BufferSpec operand;   // [n, V], storage type: the logits' gradient as the lm_head GEMM's operand,
+                        // its own buffer only where the storage type is not acc (the CPU reuses the logits)
+};
+LossBuffers loss_buffers(const ModelConfig& config, int64_t tokens, DType dtype, DType acc);
+
 // Live bytes over a replayed pass: hold() what the code allocates, release() what it frees; the
 // peak and where it was reached. Blocks are rounded as the device's allocator rounds them.
 class MemoryTimeline {
