@@ -149,7 +149,7 @@ enum class Mode { plain, save, replay };
 std::vector<Id> position_bounds(Pass& p) {
   if (!p.documents) return {};
   const BufferSpec bound{{p.t * p.world}, DType::i64};
-  const Id hs = p.tl.hold(bound, "document bounds"), he = p.tl.hold(bound, "document bounds");
+  const Id hs = p.tl.hold_host(bound, "document bounds"), he = p.tl.hold_host(bound, "document bounds");
   std::vector<Id> out{p.tl.hold(bound, "document bounds"), p.tl.hold(bound, "document bounds")};
   p.tl.release(hs);
   p.tl.release(he);
