@@ -39,7 +39,7 @@ inline constexpr int64_t kMlpTileTokens = 32768;
 // Every buffer one layer's forward and backward allocate, for T_loc = t rows; `dtype` is the
 // model's (storage), `acc` its accumulator type (Model::acc_dtype()). Physical head order.
 struct LayerBuffers {
-  // Kept for the backward (model.h LayerSaved); proj and x_norm etc. below double as kept copies.
+  // Kept for the backward (model.h LayerSaved); a kept projection is `proj` below.
   BufferSpec input;        // [T, D]: the residual stream entering the layer
   BufferSpec fa_out;       // [T, H_fa, d]: the attention output before the gate, storage type
   BufferSpec fa_lse;       // [H_fa, T], acc
