@@ -20,7 +20,7 @@
 
 #include "launch/cli.h"
 #include "launch/model_source.h"
-#include "model/cost.h"
+#include "model/memory_plan.h"
 #include "model/eval/niah_run.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"

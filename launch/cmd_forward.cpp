@@ -11,7 +11,7 @@
 
 #include "launch/cli.h"
 #include "launch/model_source.h"
-#include "model/cost.h"
+#include "model/memory_plan.h"
 #include "model/nonfinite.h"
 #include "model/prefill.h"
 #include "model/train/objective.h"

@@ -15,6 +15,7 @@
 #include "launch/model_source.h"
 #include "model/generate.h"
 #include "model/kv_cache.h"
+#include "model/memory_plan.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/hdf5_file.h"

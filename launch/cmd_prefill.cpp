@@ -16,6 +16,7 @@
 #include "launch/cli.h"
 #include "launch/model_source.h"
 #include "model/cost.h"
+#include "model/memory_plan.h"
 #include "model/prefill.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
@@ -101,7 +102,7 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
   const int64_t t_local = layout.local_length();
 
   // Memory plan, before any allocation: the GPU's free memory, or the host's on the CPU path.
-  const MemoryEstimate estimate = estimate_prefill_memory(config, t_local, app.world.size(), device);
+  const MemoryEstimate estimate = estimate_prefill_memory(config, t_local, app.world.size(), device, starts.size() > 1);
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
 #endif

@@ -14,6 +14,7 @@
 #include "launch/cli.h"
 #include "launch/model_source.h"
 #include "model/cost.h"
+#include "model/memory_plan.h"
 #include "model/eval/niah.h"
 #include "model/train/trainer.h"
 #include "parallel/device_world.h"

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "model/config.h"
-#include "model/cost.h"
+#include "model/memory_plan.h"
 #include "model/weight_layout.h"
 #include "kernels/kernel_options.h"
 #include "parallel/communicator.h"
@@ -50,7 +50,7 @@ struct ForwardContext {
   LayerObserver* observer = nullptr;
   PhaseTimer* timer = nullptr;                      // per-phase timing (prefill), optional
   std::function<void(int64_t layer)> after_layer = {};  // progress / watchdog hook, optional
-  // Training: what a forward that saves for the backward keeps beyond the minimum (model/cost.h).
+  // Training: what a forward that saves for the backward keeps beyond the minimum (model/memory_plan.h).
   KeptActivations keep = {};
   // Generation (model/kv_cache.h): a prefill forward fills the cache; Model::decode_step reads and
   // extends it. The layer calls its hooks; null: no cache.
@@ -91,8 +91,6 @@ struct ModelTensors {
   void for_each(const std::function<void(const std::string& name, Tensor& tensor)>& visit);
   void for_each(const std::function<void(const std::string& name, const Tensor& tensor)>& visit) const;
 };
-
-inline constexpr int64_t kMlpTileTokens = 32768;
 
 // What a layer's forward keeps for its backward (training). Chosen for memory at 512K tokens:
 //  - input: the residual stream entering the layer [T_loc, D]; the whole layer is recomputed from it;

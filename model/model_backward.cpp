@@ -69,7 +69,8 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
   expect_shape(dx, "layer dx", {{"T_loc", t}, {"D", D}});
   expect_shape(saved.input, "saved layer input", {{"T_loc", t}, {"D", D}});
   maybe_inject_fault("backward");
-  auto empty = [&](std::initializer_list<int64_t> shape, DType dtype) { return Tensor::empty(shape, dtype, device_); };
+  // Every buffer's shape and type: the one description the memory plan prices (model/memory_plan.h).
+  const LayerBuffers b = layer_buffers(config_, layout(layer), t, dtype_, acc);
 
   // ---- Recompute the forward (all but attention itself): the forward's own code, replaying ----
   const TensorView x_in = saved.input;
@@ -84,13 +85,13 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
 
   // ---- MLP backward, in token tiles (recomputing each tile's intermediate) ----
   {
-    const int64_t tile = std::min(t, kMlpTileTokens);
+    const int64_t tile = b.tile_h.shape[0];
     const bool kept_gu = saved.mlp_gate_up.defined();  // KeptActivations::mlp_layers: no mlp_in GEMM here
     if (kept_gu) expect_shape(saved.mlp_gate_up, "kept MLP gate | up", {{"T_loc", t}, {"2I", 2 * I}});
-    Tensor xn = empty({tile, D}, dtype_), h = empty({tile, I}, dtype_);
-    Tensor gu_tile = kept_gu ? Tensor() : empty({tile, 2 * I}, dtype_);
-    Tensor dy = empty({tile, D}, dtype_), dh = empty({tile, I}, dtype_), dgu = empty({tile, 2 * I}, dtype_);
-    Tensor dxn = empty({tile, D}, dtype_);
+    Tensor xn = b.tile_x_norm.empty(device_), h = b.tile_h.empty(device_);
+    Tensor gu_tile = kept_gu ? Tensor() : b.tile_gate_up.empty(device_);
+    Tensor dy = b.tile_dy.empty(device_), dh = b.tile_dh.empty(device_), dgu = b.tile_dgate_up.empty(device_);
+    Tensor dxn = b.tile_dx_norm.empty(device_);
     for (int64_t t0 = 0; t0 < t; t0 += tile) {
       const int64_t n = std::min(tile, t - t0);
       const auto rows = [&](const Tensor& m) { return m.view().narrow(0, 0, n); };
@@ -123,7 +124,7 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
 
   // ---- W_o and the fusion ----
   Tensor dxb = to(dx, device_, dtype_);
-  Tensor d_fused = empty({t, H, d}, dtype_);
+  Tensor d_fused = b.d_heads.empty(device_);
   {
     ScopedPhase phase(timer, Phase::gemm);
     ops::linear_backward(d_fused.view().reshape({t, H * d}), grad_of(grads.o_proj), dxb,
@@ -132,11 +133,11 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
   Tensor d_heads = d_fused;
   if (hydra) {
     ScopedPhase phase(timer, Phase::other);
-    d_heads = empty({t, H, d}, dtype_);
+    d_heads = b.d_heads.empty(device_);
     ops::head_fusion_backward(d_heads, grad_of(grads.fuse_norm), grad_of(grads.fuse_gamma), d_fused, heads,
                               w.fuse_norm, w.fuse_gamma, {norm.eps});
   }
-  Tensor dproj = Tensor::zeros({t, w.in_proj.size(0)}, dtype_, device_);  // padding columns stay zero
+  Tensor dproj = b.d_proj.zeros(device_);  // padding columns stay zero
   const TensorView dpv = dproj.view();
 
   // ---- The FA and GDN branches ----
@@ -148,14 +149,14 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
     Tensor d_attn;  // gradient w.r.t. the attention output, [T, H_fa, d]
     if (hydra) {
       ScopedPhase phase(timer, Phase::other);
-      d_attn = empty({t, hfa, d}, dtype_);
+      d_attn = b.d_attn.empty(device_);
       ops::sigmoid_gate_backward(d_attn.view().reshape({t, hfa * d}), dpv.narrow(1, col.fa_gate, hfa * d),
                                  d_heads.view().reshape({t, H * d}).narrow(1, 0, hfa * d),
                                  saved.fa_out.view().reshape({t, hfa * d}), pv.narrow(1, col.fa_gate, hfa * d));
     } else {
       d_attn = d_heads;
     }
-    Tensor dq = empty({t, hfa, d}, acc), dk = empty({t, gfa, d}, acc), dv = empty({t, gfa, d}, acc);
+    Tensor dq = b.d_fa_q.empty(device_), dk = b.d_fa_kv.empty(device_), dv = b.d_fa_kv.empty(device_);
     ring_attention_backward(context.comm, seq, dq, dk, dv, d_attn, fa_q, fa_k, head_columns(pv, col.fa_v, gfa, d),
                             saved.fa_out, saved.fa_lse, attention, timer);
     ScopedPhase phase(timer, Phase::other);
@@ -170,10 +171,10 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
     copy_into(head_columns(dpv, col.fa_v, gfa, d), dv);
   };
   const auto gdn_branch = [&] {
-    Tensor dconv = empty({t, 3 * hg * d}, dtype_);  // gradient w.r.t. the conv's output: q | k | v
+    Tensor dconv = b.d_conv.empty(device_);  // gradient w.r.t. the conv's output: q | k | v
     const TensorView dq = head_columns(dconv, 0, hg, d), dk = head_columns(dconv, hg * d, hg, d);
-    Tensor dqn = empty({t, hg, d}, dtype_), dkn = empty({t, hg, d}, dtype_);
-    Tensor dg = empty({t, hg}, acc), dbeta = empty({t, hg}, acc);
+    Tensor dqn = b.d_qk.empty(device_), dkn = b.d_qk.empty(device_);
+    Tensor dg = b.gate.empty(device_), dbeta = b.gate.empty(device_);
     const TensorView qn = head_columns(conv, 0, hg, d), kn = head_columns(conv, hg * d, hg, d);
     gdn_sequence_parallel_backward(context.comm, seq, saved.gdn, dqn, dkn, head_columns(dconv, 2 * hg * d, hg, d), dg,
                                    dbeta, d_heads.view().narrow(1, hfa, hg), qn, kn,
@@ -202,7 +203,7 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
   // ---- The fused projection and the input norm ----
   const bool want_input = input_gradient == InputGradient::compute;
   Tensor dxn;
-  if (want_input) dxn = empty({t, D}, dtype_);
+  if (want_input) dxn = b.d_x_norm.empty(device_);
   {
     ScopedPhase phase(timer, Phase::gemm);
     ops::linear_backward(dxn, grad_of(grads.in_proj), dproj, x_norm, w.in_proj);

@@ -97,7 +97,7 @@ void Model::layer_forward(ForwardContext& context, int64_t layer, const Tensor& 
   attention_block(context, layer, positions, x, LayerPass{.save = saved});
   Tensor gate_up;
   if (saved && layer < context.keep.mlp_layers) {
-    gate_up = Tensor::empty({x.size(0), 2 * config_.intermediate_size}, dtype_, device_);
+    gate_up = layer_buffers(config_, layout(layer), x.size(0), dtype_, acc_dtype()).mlp_gate_up.empty(device_);
     saved->mlp_gate_up = gate_up;
   }
   mlp(context, layer, x, gate_up);
@@ -107,7 +107,7 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
                             const LayerPass& pass) const {
   const LayerWeights& w = layers_at(layer);
   const ProjectionColumns& col = layout(layer).columns;
-  const int64_t t = x.size(0), D = config_.hidden_size, H = config_.num_heads, d = config_.head_dim;
+  const int64_t t = x.size(0), H = config_.num_heads, d = config_.head_dim;
   const int64_t hfa = w.h_fa, gfa = w.g_fa, hg = w.h_gdn;
   const bool hydra = config_.is_hydra();
   const LayerSaved* replay = pass.replay;
@@ -122,27 +122,28 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
   HYDRA_ASSERT(!cache || (!replay && !save), "a pass with a generation cache neither saves nor replays");
   PhaseTimer* timer = context.timer;
   const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
-  auto empty = [&](std::initializer_list<int64_t> shape, DType dtype) { return Tensor::empty(shape, dtype, device_); };
+  // Every buffer's shape and type: the one description the memory plan prices (model/memory_plan.h).
+  const LayerBuffers b = layer_buffers(config_, layout(layer), t, dtype_, acc_dtype());
 
-  Tensor x_norm = empty({t, D}, dtype_);
+  Tensor x_norm = b.x_norm.empty(device_);
   {
     ScopedPhase phase(timer, Phase::other);
     ops::rms_norm(x_norm, x, w.input_norm, norm);
   }
   Tensor proj = replay ? replay->proj : Tensor();  // the projection, if the forward kept it
   if (!proj.defined()) {
-    proj = empty({t, w.in_proj.size(0)}, dtype_);
+    proj = b.proj.empty(device_);
     ScopedPhase phase(timer, Phase::gemm);
     ops::linear(proj, x_norm, w.in_proj);
   }
   if (save && hydra && context.keep.projection) save->proj = proj;  // read-only from here on
   const TensorView pv = proj.view();
-  Tensor heads = empty({t, H, d}, dtype_);  // per-head outputs before fusion, physical order: FA, then GDN
+  Tensor heads = b.heads.empty(device_);  // per-head outputs before fusion, physical order: FA, then GDN
 
   Tensor fa_q, fa_k;
   auto fa_branch = [&] {
-    fa_q = empty({t, hfa, d}, dtype_);
-    fa_k = empty({t, gfa, d}, dtype_);
+    fa_q = b.fa_q.empty(device_);
+    fa_k = b.fa_k.empty(device_);
     {
       ScopedPhase phase(timer, Phase::other);
       ops::rms_norm(fa_q, head_columns(pv, col.fa_q, hfa, d), w.q_norm, norm);
@@ -161,13 +162,13 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
     if (replay) {
       attn = replay->fa_out.view();
     } else if (decoding) {  // the new rows against the cache, merged over the ranks
-      o_acc = empty({t, hfa, d}, acc_dtype());
+      o_acc = b.fa_acc.empty(device_);
       cache->attend(context.comm, layer, o_acc, fa_q, fa_k, head_columns(pv, col.fa_v, gfa, d), attention_params(layer),
                     timer);
       attn = o_acc.view();
     } else {
-      o_acc = empty({t, hfa, d}, acc_dtype());
-      Tensor lse = empty({hfa, t}, acc_dtype());
+      o_acc = b.fa_acc.empty(device_);
+      Tensor lse = b.fa_lse.empty(device_);
       ring_attention(context.comm, context.layout, o_acc, lse, fa_q, fa_k, head_columns(pv, col.fa_v, gfa, d),
                      attention_params(layer), timer);
       if (cache) cache->store_kv(layer, fa_k, head_columns(pv, col.fa_v, gfa, d));
@@ -191,8 +192,8 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
   Tensor conv, inv_norm, beta, g;
   auto gdn_branch = [&] {
     // conv + SiLU with the halo, then RoPE and the L2 norm of q and k, in one pass (ops::gdn_qkv_conv).
-    conv = empty({t, 3 * hg * d}, dtype_);
-    inv_norm = empty({t, 2 * hg}, acc_dtype());  // the q/k L2 norms' inverses: their backward needs them
+    conv = b.conv.empty(device_);
+    inv_norm = b.inv_norm.empty(device_);  // the q/k L2 norms' inverses: their backward needs them
     const GdnQkFinish finish{positions, inv_norm, gdn_qk_params(hg)};
     if (decoding) {  // the new rows' conv reads (and advances) the cached tail
       cache->conv_step(layer, conv, inv_norm, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv, gdn_qk_params(hg));
@@ -203,8 +204,8 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
     }
     const TensorView q = head_columns(conv, 0, hg, d), k = head_columns(conv, hg * d, hg, d);
     const TensorView v = head_columns(conv, 2 * hg * d, hg, d);
-    beta = empty({t, hg}, acc_dtype());
-    g = empty({t, hg}, acc_dtype());
+    beta = b.gate.empty(device_);
+    g = b.gate.empty(device_);
     {
       ScopedPhase phase(timer, Phase::gdn);
       ops::gdn_gates(beta, g, pv.narrow(1, col.gdn_b, hg), pv.narrow(1, col.gdn_a, hg), w.a_log, w.dt_bias);
@@ -244,7 +245,7 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
   Tensor fused = heads;
   if (hydra) {
     ScopedPhase phase(timer, Phase::other);
-    if (pass.trace) fused = empty({t, H, d}, dtype_);
+    if (pass.trace) fused = b.heads.empty(device_);
     ops::head_fusion(fused, heads, w.fuse_norm, w.fuse_gamma, {norm.eps});
   }
   if (context.observer) context.observer->on_head_outputs(layer, fused, w.head_of);
@@ -278,11 +279,13 @@ void Model::mlp_tile(ForwardContext& context, int64_t layer, const TensorView& x
 
 void Model::mlp(ForwardContext& context, int64_t layer, const TensorView& x, const TensorView& gate_up) const {
   const LayerWeights& w = layers_at(layer);
-  const int64_t t = x.size(0), I = config_.intermediate_size, tile = std::min(t, kMlpTileTokens);
+  const int64_t t = x.size(0), I = config_.intermediate_size;
   if (gate_up.defined()) expect_shape(gate_up, "kept MLP gate | up", {{"T_loc", t}, {"2I", 2 * I}});
-  Tensor x_norm = Tensor::empty({tile, config_.hidden_size}, dtype_, device_);
-  Tensor gu_tile = gate_up.defined() ? Tensor() : Tensor::empty({tile, 2 * I}, dtype_, device_);
-  Tensor h = Tensor::empty({tile, I}, dtype_, device_);
+  const LayerBuffers b = layer_buffers(config_, layout(layer), t, dtype_, acc_dtype());
+  const int64_t tile = b.tile_h.shape[0];
+  Tensor x_norm = b.tile_x_norm.empty(device_);
+  Tensor gu_tile = gate_up.defined() ? Tensor() : b.tile_gate_up.empty(device_);
+  Tensor h = b.tile_h.empty(device_);
   for (int64_t t0 = 0; t0 < t; t0 += tile) {  // token-local: tiles bound the intermediate's size
     const int64_t n = std::min(tile, t - t0);
     const TensorView xt = x.narrow(0, t0, n), ht = h.view().narrow(0, 0, n);

@@ -4,11 +4,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <string>
 
 namespace hydra {
 namespace {
+
+std::atomic<size_t> g_host_in_use{0};
+std::atomic<size_t> g_host_peak{0};
 
 // The first number in `path` (a cgroup file), or −1 when absent or "max".
 double read_number(const char* path) {
@@ -46,5 +50,18 @@ double host_available_bytes() {
   if (v1_max > 0 && v1_max < 1e18 && v1_used >= 0) available = std::min(available, std::max(0.0, v1_max - v1_used));
   return available;
 }
+
+void note_host_allocation(size_t bytes) {
+  const size_t now = g_host_in_use.fetch_add(bytes) + bytes;
+  size_t peak = g_host_peak.load();
+  while (now > peak && !g_host_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+void note_host_free(size_t bytes) { g_host_in_use.fetch_sub(bytes); }
+
+HostTensorStats host_tensor_stats() { return {g_host_in_use.load(), g_host_peak.load()}; }
+
+void host_tensor_reset_peak() { g_host_peak.store(g_host_in_use.load()); }
 
 }  // namespace hydra

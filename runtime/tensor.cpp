@@ -197,7 +197,12 @@ std::shared_ptr<void> allocate_storage(size_t bytes, Device device) {
                       "use more ranks, fewer ranks per node or a shorter input",
                       bytes, static_cast<double>(bytes) / g, describe_location(), host_available_bytes() / g);
     }
-    return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+    const size_t held = rounded == 0 ? 64 : rounded;
+    note_host_allocation(held);
+    return std::shared_ptr<void>(p, [held](void* q) {
+      std::free(q);
+      note_host_free(held);
+    });
   }
 #if HYDRA_CUDA
   return cuda_allocate(bytes);

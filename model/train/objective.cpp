@@ -26,15 +26,15 @@ struct RowLossSums {
 template <class ToGrad>
 RowLossSums walk_logit_chunks(const Model& model, const TensorView& hidden, const TensorView& d_hidden,
                               ModelTensors& grads, std::span<const uint8_t> answer, ToGrad&& to_grad) {
-  const int64_t t = hidden.size(0), vocab = model.config().vocab_size;
-  const int64_t chunk = std::max<int64_t>(1, std::min(t, loss_chunk_rows(vocab)));
-  const DType acc = model.acc_dtype();
-  Tensor logits = Tensor::empty({chunk, vocab}, acc, model.device());
-  Tensor row_loss = Tensor::empty({chunk}, acc, model.device());
+  const int64_t t = hidden.size(0);
+  // The chunk's shapes: the one description the memory plan prices (model/memory_plan.h).
+  const LossBuffers b = loss_buffers(model.config(), t, model.dtype(), model.acc_dtype());
+  const int64_t chunk = b.logits.shape[0];
+  Tensor logits = b.logits.empty(model.device());
+  Tensor row_loss = b.row_loss.empty(model.device());
   // The gradient as a GEMM operand in the weights' dtype (bf16 on the GPU); on the CPU it is the same buffer.
   const bool backward = d_hidden.defined() || grads.lm_head.defined();
-  Tensor operand =
-      !backward || model.dtype() == acc ? logits : Tensor::empty({chunk, vocab}, model.dtype(), model.device());
+  Tensor operand = !backward || model.dtype() == model.acc_dtype() ? logits : b.operand.empty(model.device());
   RowLossSums sums;
   for (int64_t r0 = 0; r0 < t; r0 += chunk) {
     const int64_t n = std::min(chunk, t - r0);
@@ -95,8 +95,8 @@ LossSums distillation_head(const Model& student, const Model& teacher, const Ten
   HYDRA_ASSERT(teacher.config().vocab_size == student.config().vocab_size, "teacher vocabulary {} vs student {}",
                teacher.config().vocab_size, student.config().vocab_size);
   expect_shape(targets, "targets", {{"T_loc", hidden.size(0)}});
-  const int64_t t = hidden.size(0), chunk = std::max<int64_t>(1, std::min(t, loss_chunk_rows(student.config().vocab_size)));
-  Tensor teacher_logits = Tensor::empty({chunk, student.config().vocab_size}, student.acc_dtype(), student.device());
+  Tensor teacher_logits =
+      loss_buffers(student.config(), hidden.size(0), student.dtype(), student.acc_dtype()).logits.empty(student.device());
   const Tensor host_targets = to(targets, Device::host, DType::i32);
   LossSums sums = count_rows(host_targets, answer);
   const Tensor device_targets = to_device(host_targets, student.device());

@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "model/cost.h"
+#include "model/memory_plan.h"
 #include "model/train/optimizer.h"
 #include "parallel/communicator.h"
 

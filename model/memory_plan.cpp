@@ -1,0 +1,549 @@
+#include "model/memory_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "kernels/delta_rule/delta_rule.h"
+#include "model/params.h"
+#include "runtime/error.h"
+#include "runtime/host_memory.h"
+#if HYDRA_CUDA
+#include "runtime/cuda_memory.h"
+#endif
+
+namespace hydra {
+
+int64_t BufferSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+LayerBuffers layer_buffers(const ModelConfig& c, const LayerLayout& layout, int64_t t, DType dtype, DType acc) {
+  const int64_t D = c.hidden_size, H = c.num_heads, d = c.head_dim, I = c.intermediate_size;
+  const int64_t hfa = layout.h_fa, gfa = layout.g_fa, hg = layout.h_gdn, rows = layout.columns.rows;
+  const int64_t n = std::min(t, kMlpTileTokens);
+  return LayerBuffers{
+      .input = {{t, D}, dtype},
+      .fa_out = {{t, hfa, d}, dtype},
+      .fa_lse = {{hfa, t}, acc},
+      .gdn_out = {{t, hg, d}, dtype},
+      .mlp_gate_up = {{t, 2 * I}, dtype},
+      .x_norm = {{t, D}, dtype},
+      .proj = {{t, rows}, dtype},
+      .heads = {{t, H, d}, dtype},
+      .fa_q = {{t, hfa, d}, dtype},
+      .fa_k = {{t, gfa, d}, dtype},
+      .fa_acc = {{t, hfa, d}, acc},
+      .conv = {{t, 3 * hg * d}, dtype},
+      .inv_norm = {{t, 2 * hg}, acc},
+      .gate = {{t, hg}, acc},
+      .tile_x_norm = {{n, D}, dtype},
+      .tile_gate_up = {{n, 2 * I}, dtype},
+      .tile_h = {{n, I}, dtype},
+      .tile_dy = {{n, D}, dtype},
+      .tile_dh = {{n, I}, dtype},
+      .tile_dgate_up = {{n, 2 * I}, dtype},
+      .tile_dx_norm = {{n, D}, dtype},
+      .dx_operand = {{t, D}, dtype},
+      .d_heads = {{t, H, d}, dtype},
+      .d_proj = {{t, rows}, dtype},
+      .d_attn = {{t, hfa, d}, dtype},
+      .d_fa_q = {{t, hfa, d}, acc},
+      .d_fa_kv = {{t, gfa, d}, acc},
+      .d_conv = {{t, 3 * hg * d}, dtype},
+      .d_qk = {{t, hg, d}, dtype},
+      .d_x_norm = {{t, D}, dtype},
+  };
+}
+
+int64_t loss_chunk_rows(int64_t vocab) { return std::max<int64_t>(1, (int64_t{1} << 29) / std::max<int64_t>(vocab, 1)); }
+
+LossBuffers loss_buffers(const ModelConfig& c, int64_t tokens, DType dtype, DType acc) {
+  const int64_t n = std::max<int64_t>(1, std::min(tokens, loss_chunk_rows(c.vocab_size)));
+  return {.logits = {{n, c.vocab_size}, acc}, .row_loss = {{n}, acc}, .operand = {{n, c.vocab_size}, dtype}};
+}
+
+// ---- MemoryTimeline ----
+
+MemoryTimeline::Id MemoryTimeline::hold_bytes(double bytes, const char* what) {
+  const double block = device_ == Device::host ? 64.0 : 256.0;  // allocate_storage / cuda_allocate rounding
+  const double held = bytes < 0 ? 0.0 : std::max(block, std::ceil(bytes / block) * block);
+  held_.push_back(held);
+  live_ += held;
+  if (live_ > peak_) {
+    peak_ = live_;
+    peak_at_ = stage_.empty() ? std::string(what) : stage_ + ": " + what;
+  }
+  return held_.size() - 1;
+}
+
+MemoryTimeline::Id MemoryTimeline::hold_host(const BufferSpec& buffer, const char* what) {
+  return device_ == Device::host ? hold(buffer, what) : hold_bytes(-1, what);  // nothing on the device
+}
+
+void MemoryTimeline::release(Id id) {
+  HYDRA_ASSERT(id < held_.size() && held_[id] >= 0, "memory plan: buffer {} released twice", id);
+  live_ -= held_[id];
+  held_[id] = -1;
+}
+
+std::string MemoryEstimate::describe() const {
+  const double g = 1024.0 * 1024.0 * 1024.0;
+  return fmt::format("{:.1f} GiB (weights {:.1f}, build {:.1f}, activations {:.1f}{})", total() / g, weights / g,
+                     init_extra / g, activations / g, peak_at.empty() ? "" : " at " + peak_at);
+}
+
+namespace {
+
+using Id = MemoryTimeline::Id;
+
+// The GPU kernels' own workspaces (kernels/delta_rule/*.cu); the CPU reference keeps its
+// per-chunk state in plain vectors, which the host tensor counter does not see.
+// prepare (delta_rule_prepare.cu): γ [C, H, 64] and the factors [C, H, 4, 64] in fp32, T (and P
+// with queries) [C, H, 64, 64] in bf16, for the backward W, K̃, Q̂ [C, H, 64, d] bf16.
+double gdn_prepare_bytes(int64_t rows, int64_t heads, int64_t d, bool queries, bool backward) {
+  const double c = static_cast<double>(ops::kDeltaRuleChunk);
+  const double chunks = std::ceil(static_cast<double>(rows) / c), h = static_cast<double>(heads);
+  return chunks * h * (c * 4 + 4 * c * 4 + (queries ? 2 : 1) * c * c * 2 + (backward ? 3 * c * static_cast<double>(d) * 2 : 0));
+}
+
+struct Pass {
+  const ModelConfig& config;
+  std::vector<LayerLayout> layouts;
+  DType dtype, acc;
+  int64_t t;
+  int world;
+  bool documents;
+  MemoryTimeline& tl;
+  KeptActivations keep;
+
+  Pass(const ModelConfig& c, DType dtype_, DType acc_, int64_t t_, int world_, bool documents_, MemoryTimeline& tl_,
+       KeptActivations keep_ = {})
+      : config(c), dtype(dtype_), acc(acc_), t(t_), world(world_), documents(documents_), tl(tl_), keep(keep_) {
+    for (int64_t l = 0; l < c.num_layers; ++l) layouts.push_back(layer_layout(c, l));
+  }
+  bool cuda() const { return tl.device() == Device::cuda; }
+  LayerBuffers buffers(int64_t l) const { return layer_buffers(config, layouts[static_cast<size_t>(l)], t, dtype, acc); }
+  int nlocal() const { return world > 1 ? 2 : 1; }  // zigzag: two segments per rank
+  int64_t segment_rows() const { return t / nlocal(); }
+  void release(std::vector<Id>& ids) {
+    for (Id id : ids) tl.release(id);
+    ids.clear();
+  }
+};
+
+// What a saving forward keeps for one layer (released after its backward).
+struct Kept {
+  std::vector<Id> ids;
+  bool proj = false, gdn_out = false, gate_up = false;
+};
+
+enum class Mode { plain, save, replay };
+
+// parallel/ring_attention.cpp position_bounds: with packed documents, start/end [T] i64 over the
+// whole sequence, built on the host and copied to the device (held while the ring runs).
+std::vector<Id> position_bounds(Pass& p) {
+  if (!p.documents) return {};
+  const BufferSpec bound{{p.t * p.world}, DType::i64};
+  const Id hs = p.tl.hold_host(bound, "document bounds"), he = p.tl.hold_host(bound, "document bounds");
+  std::vector<Id> out{p.tl.hold(bound, "document bounds"), p.tl.hold(bound, "document bounds")};
+  p.tl.release(hs);
+  p.tl.release(he);
+  return out;
+}
+
+// parallel/gdn_scan.cpp causal_conv_sequence_parallel (and its backward): the segments' last K−1
+// input rows gathered from every rank, and a segment's halo with another document's rows zeroed;
+// the backward gathers the halo rows' gradients too.
+void conv_halos(Pass& p, int64_t channels, bool backward) {
+  if (p.world == 1) return;
+  const int64_t halo = p.config.conv_kernel - 1;
+  const BufferSpec local{{p.nlocal(), halo, channels}, p.dtype}, gathered{{p.world, p.nlocal(), halo, channels}, p.dtype};
+  std::vector<Id> ids{p.tl.hold(local, "conv halo"), p.tl.hold(gathered, "conv halos")};
+  if (backward) ids.push_back(p.tl.hold(local, "conv halo gradient"));
+  p.tl.release(p.tl.hold({{halo, channels}, p.dtype}, "masked halo"));
+  if (backward) ids.push_back(p.tl.hold(gathered, "conv halo gradients"));
+  p.release(ids);
+}
+
+// The GDN forward over this rank's segments (gdn_sequence_parallel, or the backward's recompute).
+void gdn_forward(Pass& p, int64_t hg, bool recompute, Kept* kept) {
+  const int64_t d = p.config.head_dim;
+  const BufferSpec state{{hg, d, d}, p.acc};
+  std::vector<Id> ids{p.tl.hold(state, "GDN state")};
+  if (p.world > 1 && !recompute) {
+    const int64_t map = hg * 2 * d * d;
+    ids.push_back(p.tl.hold({{p.nlocal(), map}, p.acc}, "GDN segment maps"));
+    const Id all = p.tl.hold({{p.world, p.nlocal(), map}, p.acc}, "GDN gathered maps");
+    if (kept) {
+      kept->ids.push_back(all);
+      kept->ids.push_back(p.tl.hold({{p.nlocal(), hg, d, d}, p.acc}, "GDN initial states"));
+    } else {
+      ids.push_back(all);
+    }
+  }
+  if (p.cuda()) {  // delta_rule_forward.cu chunked_fused: prepare with queries, per segment
+    const Id w = p.tl.hold_bytes(gdn_prepare_bytes(p.segment_rows(), hg, d, true, false), "GDN chunk workspace");
+    p.tl.release(w);
+  }
+  p.release(ids);
+}
+
+// The attention block (Model::attention_block). Returns what outlives it: nothing for a plain or
+// saving pass; for a replay the trace, which the layer's backward holds to its end.
+std::vector<Id> attention_block(Pass& p, int64_t l, Mode mode, Kept* kept) {
+  const LayerLayout& lay = p.layouts[static_cast<size_t>(l)];
+  const LayerBuffers b = p.buffers(l);
+  const bool hydra = p.config.is_hydra(), save = mode == Mode::save, replay = mode == Mode::replay;
+  MemoryTimeline& tl = p.tl;
+  std::vector<Id> block{tl.hold(b.x_norm, "x_norm")};
+  if (!(replay && kept->proj)) {
+    const Id proj = tl.hold(b.proj, "projection");
+    if (save && hydra && p.keep.projection) {
+      kept->ids.push_back(proj);
+      kept->proj = true;
+    } else {
+      block.push_back(proj);
+    }
+  }
+  block.push_back(tl.hold(b.heads, "heads"));
+  // The branches in the host order of run_concurrently: GDN (the side work) first.
+  if (lay.h_gdn > 0) {
+    block.push_back(tl.hold(b.conv, "GDN conv"));
+    block.push_back(tl.hold(b.inv_norm, "q/k inverse norms"));
+    if (!replay) conv_halos(p, b.conv.shape[1], false);
+    block.push_back(tl.hold(b.gate, "beta"));
+    block.push_back(tl.hold(b.gate, "g"));
+    if (!(replay && kept->gdn_out)) gdn_forward(p, lay.h_gdn, replay, save ? kept : nullptr);
+    if (save && p.keep.gdn_outputs) {
+      kept->ids.push_back(tl.hold(b.gdn_out, "kept GDN outputs"));
+      kept->gdn_out = true;
+    }
+  }
+  if (lay.h_fa > 0) {
+    block.push_back(tl.hold(b.fa_q, "FA q"));
+    block.push_back(tl.hold(b.fa_k, "FA k"));
+    if (!replay) {
+      std::vector<Id> branch{tl.hold(b.fa_acc, "FA output")};
+      const Id lse = tl.hold(b.fa_lse, "FA lse");
+      std::vector<Id> ring = position_bounds(p);
+      if (p.world > 1) {
+        const BufferSpec kv{{p.t, lay.g_fa, 2 * p.config.head_dim}, p.dtype};
+        ring.push_back(tl.hold(kv, "ring K/V"));
+        ring.push_back(tl.hold(kv, "ring K/V in flight"));
+        if (!p.cuda()) {  // the CPU merges each block from its own output (attention.cpp)
+          const int64_t rows = p.segment_rows();
+          const Id part = tl.hold({{rows, lay.h_fa, p.config.head_dim}, p.acc}, "attention block part");
+          const Id part_lse = tl.hold({{lay.h_fa, rows}, p.acc}, "attention block lse");
+          tl.release(part);
+          tl.release(part_lse);
+        }
+      }
+      p.release(ring);
+      if (save) {
+        kept->ids.push_back(tl.hold(b.fa_out, "kept FA output"));
+        kept->ids.push_back(lse);
+      } else {
+        branch.push_back(lse);
+      }
+      p.release(branch);
+    }
+  }
+  if (hydra && replay) block.push_back(tl.hold(b.heads, "fused heads"));
+  if (!replay) p.release(block);
+  return block;
+}
+
+// Model::mlp: one tile's buffers (the gate/up tile unless the forward keeps it whole).
+void mlp(Pass& p, const LayerBuffers& b, bool kept_gate_up) {
+  std::vector<Id> ids{p.tl.hold(b.tile_x_norm, "MLP tile")};
+  if (!kept_gate_up) ids.push_back(p.tl.hold(b.tile_gate_up, "MLP gate/up tile"));
+  ids.push_back(p.tl.hold(b.tile_h, "MLP tile"));
+  p.release(ids);
+}
+
+// Model::layer_forward.
+void layer_forward(Pass& p, int64_t l, Kept* kept) {
+  const LayerBuffers b = p.buffers(l);
+  p.tl.set_stage(fmt::format("layer {} forward", l));
+  if (kept) kept->ids.push_back(p.tl.hold(b.input, "kept input"));
+  attention_block(p, l, kept ? Mode::save : Mode::plain, kept);
+  if (kept && l < p.keep.mlp_layers) {
+    kept->ids.push_back(p.tl.hold(b.mlp_gate_up, "kept MLP gate/up"));
+    kept->gate_up = true;
+  }
+  mlp(p, b, kept && kept->gate_up);
+}
+
+// Model::layer_backward; releases the layer's kept tensors after it, as sequence_gradients does.
+void layer_backward(Pass& p, int64_t l, Kept& kept, bool input_gradient) {
+  const LayerLayout& lay = p.layouts[static_cast<size_t>(l)];
+  const LayerBuffers b = p.buffers(l);
+  const bool hydra = p.config.is_hydra();
+  MemoryTimeline& tl = p.tl;
+  const int64_t d = p.config.head_dim;
+  tl.set_stage(fmt::format("layer {} backward", l));
+  std::vector<Id> held{tl.hold(b.input, "mid-layer residual")};
+  std::vector<Id> trace = attention_block(p, l, Mode::replay, &kept);
+  {  // the MLP's tiles
+    std::vector<Id> tile{tl.hold(b.tile_x_norm, "MLP tile"), tl.hold(b.tile_h, "MLP tile")};
+    if (!kept.gate_up) tile.push_back(tl.hold(b.tile_gate_up, "MLP gate/up tile"));
+    tile.push_back(tl.hold(b.tile_dy, "MLP tile gradient"));
+    tile.push_back(tl.hold(b.tile_dh, "MLP tile gradient"));
+    tile.push_back(tl.hold(b.tile_dgate_up, "MLP gate/up tile gradient"));
+    tile.push_back(tl.hold(b.tile_dx_norm, "MLP tile gradient"));
+    p.release(tile);
+  }
+  held.push_back(tl.hold(b.dx_operand, "dx operand"));
+  held.push_back(tl.hold(b.d_heads, "d_fused"));
+  if (hydra) held.push_back(tl.hold(b.d_heads, "d_heads"));
+  held.push_back(tl.hold(b.d_proj, "d_proj"));
+  if (lay.h_gdn > 0) {  // the side work first, as in the forward
+    const int64_t hg = lay.h_gdn;
+    std::vector<Id> branch{tl.hold(b.d_conv, "d_conv"), tl.hold(b.d_qk, "dq"), tl.hold(b.d_qk, "dk"),
+                           tl.hold(b.gate, "dg"), tl.hold(b.gate, "dbeta")};
+    // gdn_sequence_parallel_backward: the state gradient, and its fold over the ranks' segments.
+    const BufferSpec state{{hg, d, d}, p.acc};
+    const int64_t rows = p.segment_rows(), chunks = (rows + ops::kDeltaRuleChunk - 1) / ops::kDeltaRuleChunk;
+    std::vector<Id> scan{tl.hold(state, "GDN state gradient")};
+    if (p.world == 1) {
+      scan.push_back(tl.hold(state, "GDN initial state"));
+    } else {
+      scan.push_back(tl.hold({{p.nlocal(), hg * d * d}, p.acc}, "GDN local state gradients"));
+      if (p.cuda()) {  // delta_rule_backward.cu state_backward: prepare and the state gradient's copy
+        std::vector<Id> w{tl.hold_bytes(gdn_prepare_bytes(rows, hg, d, true, true), "GDN state backward workspace"),
+                          tl.hold(state, "GDN state gradient copy")};
+        p.release(w);
+      }
+      scan.push_back(tl.hold({{p.world, p.nlocal(), hg * d * d}, p.acc}, "GDN gathered state gradients"));
+    }
+    scan.push_back(tl.hold(state, "GDN zero state"));
+    if (p.cuda()) {  // delta_rule_backward.cu: prepare, the chunk states and v_new, and their gradients
+      const BufferSpec states{{chunks, hg, d, d}, DType::bf16}, vnew{{chunks, hg, ops::kDeltaRuleChunk, d}, DType::bf16};
+      std::vector<Id> w{tl.hold_bytes(gdn_prepare_bytes(rows, hg, d, true, true), "GDN backward workspace"),
+                        tl.hold(state, "GDN state"), tl.hold(states, "GDN chunk states"), tl.hold(vnew, "GDN v_new"),
+                        tl.hold(state, "GDN state gradient"), tl.hold(states, "GDN chunk state gradients"),
+                        tl.hold(vnew, "GDN v_new gradient")};
+      p.release(w);
+    }
+    p.release(scan);
+    conv_halos(p, b.d_conv.shape[1], true);
+    p.release(branch);
+  }
+  if (lay.h_fa > 0) {
+    std::vector<Id> branch;
+    if (hydra) branch.push_back(tl.hold(b.d_attn, "d_attn"));
+    branch.push_back(tl.hold(b.d_fa_q, "FA dq"));
+    branch.push_back(tl.hold(b.d_fa_kv, "FA dk"));
+    branch.push_back(tl.hold(b.d_fa_kv, "FA dv"));
+    branch.push_back(tl.hold({{lay.h_fa, p.t}, p.acc}, "attention delta"));
+    for (Id id : position_bounds(p)) branch.push_back(id);
+    if (p.world > 1) {
+      const BufferSpec kv{{p.t, lay.g_fa, 2 * d}, p.dtype}, grads{{2, p.t, lay.g_fa, d}, p.acc};
+      branch.push_back(tl.hold(kv, "ring K/V"));
+      branch.push_back(tl.hold(kv, "ring K/V in flight"));
+      branch.push_back(tl.hold(grads, "ring dK/dV"));
+      branch.push_back(tl.hold(grads, "ring dK/dV carried"));
+      branch.push_back(tl.hold(grads, "ring dK/dV in flight"));
+    }
+    p.release(branch);
+  }
+  if (input_gradient) held.push_back(tl.hold(b.d_x_norm, "d_x_norm"));
+  p.release(held);
+  p.release(trace);
+  p.release(kept.ids);
+}
+
+// Model::positions and Model::embed: positions [T] i64 (returned), x [T, D] (returned), the ids'
+// device copy in between.
+std::pair<Id, Id> embed(Pass& p) {
+  const Id pos = p.tl.hold({{p.t}, DType::i64}, "positions");
+  const Id ids = p.tl.hold({{p.t}, DType::i32}, "token ids");
+  const Id x = p.tl.hold({{p.t, p.config.hidden_size}, p.dtype}, "residual stream");
+  p.tl.release(ids);
+  return {pos, x};
+}
+
+// Model::forward (a plain pass): leaves the final-normed hidden states [T, D] held.
+Id plain_forward(Pass& p) {
+  const auto [pos, x] = embed(p);
+  for (int64_t l = 0; l < p.config.num_layers; ++l) layer_forward(p, l, nullptr);
+  p.tl.release(pos);
+  p.tl.set_stage("final norm");
+  const Id hidden = p.tl.hold({{p.t, p.config.hidden_size}, p.dtype}, "final-normed hidden states");
+  p.tl.release(x);
+  return hidden;
+}
+
+// The runtime weights (Model's constructor: GEMM weights in the storage type, the rest in acc),
+// or, with `tensors_dtype`, every tensor in that type (gradients, moments, masters); each tensor
+// rounded as the device's allocator rounds it.
+double runtime_tensor_bytes(const ModelConfig& c, Device device, DType dtype, DType acc,
+                            std::optional<DType> tensors_dtype = {}) {
+  MemoryTimeline tl(device);
+  const DType gemm = tensors_dtype.value_or(dtype), other = tensors_dtype.value_or(acc);
+  tl.hold({{c.vocab_size, c.hidden_size}, gemm}, "embedding");
+  if (!c.tie_word_embeddings) tl.hold({{c.vocab_size, c.hidden_size}, gemm}, "lm_head");
+  tl.hold({{c.hidden_size}, other}, "final norm");
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerLayout layout = layer_layout(c, l);
+    for (int s = 0; s < kSlotCount; ++s) {
+      const Slot slot = static_cast<Slot>(s);
+      std::vector<int64_t> shape = layout.shape(slot, c);
+      if (shape.empty()) continue;
+      const bool is_gemm = slot == Slot::in_proj || slot == Slot::o_proj || slot == Slot::mlp_in || slot == Slot::mlp_down;
+      tl.hold({std::move(shape), is_gemm ? gemm : other}, "layer weight");
+    }
+  }
+  return tl.live();
+}
+
+struct Types {
+  DType dtype, acc;
+};
+Types types_on(Device device, DType host_dtype) {
+  if (device == Device::cuda) return {DType::bf16, DType::f32};
+  return {host_dtype, host_dtype};
+}
+
+}  // namespace
+
+MemoryEstimate estimate_prefill_memory(const ModelConfig& c, int64_t local_tokens, int world, Device device,
+                                       bool documents) {
+  const Types ty = types_on(device, DType::f32);
+  MemoryEstimate m;
+  m.weights = runtime_tensor_bytes(c, device, ty.dtype, ty.acc);
+  // The parameter set the runtime copies are built from: drawn in bf16 on the GPU (a preset) or read
+  // on the host (a checkpoint); f32 on the host.
+  m.init_extra = static_cast<double>(parameter_count(c)) * (device == Device::cuda ? 2.0 : 4.0);
+  MemoryTimeline tl(device);
+  tl.set_stage("prefill");
+  Pass p(c, ty.dtype, ty.acc, local_tokens, world, documents, tl);
+  const Id ids = tl.hold_host({{local_tokens}, DType::i32}, "token ids");
+  const Id hidden = plain_forward(p);
+  tl.set_stage("last logits");
+  const Id logits = tl.hold({{1, c.vocab_size}, DType::f32}, "last position's logits");
+  const Id host = tl.hold_host({{1, c.vocab_size}, DType::f32}, "logits read back");
+  for (Id id : {host, logits, hidden, ids}) tl.release(id);
+  m.activations = tl.peak();
+  m.peak_at = tl.peak_at();
+  return m;
+}
+
+MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_tokens, int ranks_per_sequence,
+                                        const ModelConfig* teacher, Device device, bool align, KeptActivations keep,
+                                        bool documents, DType host_dtype) {
+  const Types ty = types_on(device, host_dtype);
+  const int64_t t = local_tokens, D = c.hidden_size;
+  MemoryEstimate m;
+  // Weights in the storage type; masters, moments and gradients (AdamW) in acc, every parameter.
+  const double optimizer = 4 * runtime_tensor_bytes(c, device, ty.dtype, ty.acc, ty.acc);
+  m.weights = runtime_tensor_bytes(c, device, ty.dtype, ty.acc) + optimizer +
+              (teacher ? runtime_tensor_bytes(*teacher, device, ty.dtype, ty.acc) : 0.0);
+  m.init_extra = std::max(0.0, static_cast<double>(parameter_count(c)) * (device == Device::cuda ? 2.0 : 4.0) -
+                                   optimizer);  // built before the optimizer's state exists
+  MemoryTimeline tl(device);
+  Pass p(c, ty.dtype, ty.acc, t, ranks_per_sequence, documents, tl, keep);
+  const BufferSpec rows{{t}, DType::i32}, stream{{t, D}, ty.dtype}, stream_grad{{t, D}, ty.acc};
+  const Id ids = tl.hold_host(rows, "token ids"), targets = tl.hold_host(rows, "targets");
+  if (align) {  // alignment_gradients
+    HYDRA_ASSERT(teacher, "an alignment plan without a teacher");
+    Pass tp(*teacher, ty.dtype, ty.acc, t, ranks_per_sequence, documents, tl);
+    tl.set_stage("teacher forward");
+    const auto [pos, x] = embed(tp);
+    std::vector<Id> boundary{tl.hold(stream, "teacher boundary")};
+    for (int64_t l = 0; l < teacher->num_layers; ++l) {
+      layer_forward(tp, l, nullptr);
+      boundary.push_back(tl.hold(stream, "teacher boundary"));
+    }
+    std::vector<Id> loss{tl.hold(stream_grad, "alignment gradient"), tl.hold({{t}, ty.acc}, "row losses")};
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const Id y = tl.hold(stream, "layer input");
+      Kept kept;
+      layer_forward(p, l, &kept);
+      const Id target = tl.hold(stream, "layer target");
+      const Id host = tl.hold_host({{t}, DType::f64}, "row losses read back");
+      tl.release(host);
+      tl.release(target);
+      layer_backward(p, l, kept, false);
+      tl.release(y);
+    }
+    p.release(loss);
+    p.release(boundary);
+    tl.release(x);
+    tl.release(pos);
+  } else {  // sequence_gradients
+    std::optional<Id> teacher_hidden;
+    if (teacher) {
+      Pass tp(*teacher, ty.dtype, ty.acc, t, ranks_per_sequence, documents, tl);
+      tl.set_stage("teacher forward");
+      teacher_hidden = plain_forward(tp);
+    }
+    const auto [pos, x] = embed(p);
+    std::vector<Kept> kept(static_cast<size_t>(c.num_layers));
+    for (int64_t l = 0; l < c.num_layers; ++l) layer_forward(p, l, &kept[static_cast<size_t>(l)]);
+    tl.set_stage("loss");
+    const Id d_hidden = tl.hold(stream_grad, "d_hidden");
+    std::vector<Id> head{tl.hold(stream, "final-normed hidden states")};
+    const LossBuffers loss = loss_buffers(c, t, ty.dtype, ty.acc);
+    if (teacher) head.push_back(tl.hold(loss.logits, "teacher logits"));
+    head.push_back(tl.hold_host(rows, "targets on the host"));
+    head.push_back(tl.hold(rows, "targets"));
+    head.push_back(tl.hold(loss.logits, "logits"));
+    head.push_back(tl.hold(loss.row_loss, "row losses"));
+    if (ty.dtype != ty.acc) head.push_back(tl.hold(loss.operand, "logit gradient operand"));
+    tl.release(tl.hold_host({loss.row_loss.shape, DType::f64}, "row losses read back"));
+    p.release(head);
+    if (teacher_hidden) tl.release(*teacher_hidden);
+    const Id dx = tl.hold(stream_grad, "dx");
+    tl.release(d_hidden);
+    for (int64_t l = c.num_layers - 1; l >= 0; --l) layer_backward(p, l, kept[static_cast<size_t>(l)], true);
+    tl.set_stage("embedding backward");
+    tl.release(tl.hold(rows, "token ids"));
+    for (Id id : {dx, x, pos}) tl.release(id);
+  }
+  tl.release(targets);
+  tl.release(ids);
+  m.activations = tl.peak();
+  m.peak_at = tl.peak_at();
+  return m;
+}
+
+namespace {
+struct Available {
+  double bytes = 0;
+  std::string where;
+};
+Available available_memory(Device device, int ranks_on_host) {
+  Available out;
+#if HYDRA_CUDA
+  if (device == Device::cuda) {
+    out.bytes = static_cast<double>(cuda_memory_stats().free_device);
+    out.where = "the GPU";
+  }
+#endif
+  if (device == Device::host) {
+    out.bytes = host_available_bytes() / std::max(1, ranks_on_host);
+    out.where = ranks_on_host > 1 ? fmt::format("each of this host's {} ranks", ranks_on_host) : std::string("this host");
+  }
+  return out;
+}
+}  // namespace
+
+bool fits_memory_plan(const MemoryEstimate& estimate, Device device, int ranks_on_host) {
+  return estimate.total() < 0.95 * available_memory(device, ranks_on_host).bytes;
+}
+
+void check_memory_plan(const MemoryEstimate& estimate, Device device, const std::string& what, int ranks_on_host) {
+  const double g = 1024.0 * 1024.0 * 1024.0;
+  const Available available = available_memory(device, ranks_on_host);
+  HYDRA_USER_CHECK(estimate.total() < 0.95 * available.bytes, "{} needs about {} per rank, but {} has {:.1f} GiB "
+                   "available; use more ranks (on more nodes) or a shorter --seq-len", what, estimate.describe(),
+                   available.where, available.bytes / g);
+}
+
+}  // namespace hydra

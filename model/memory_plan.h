@@ -1,0 +1,157 @@
+// The memory of a training step and of a prefill, described once (after llm.c's activation spec):
+//  - LayerBuffers: the shape and element type of every buffer a layer's passes allocate. The
+//    forward (model_forward.cpp) and the backward (model_backward.cpp) allocate from it, and the
+//    planners price the same entries, so a buffer that changes shape changes the plan with it.
+//  - The planners (memory_plan.cpp) replay the passes' allocations and frees in the order the code
+//    makes them (model_forward.cpp, model_backward.cpp, model/train/objective.cpp, model/prefill.cpp,
+//    parallel/, and on cuda the GDN kernels' own workspaces) on a MemoryTimeline, whose peak is
+//    the estimate: the peak of what the code holds, not a sum of per-phase guesses.
+// Element types follow the device: bf16 storage and fp32 accumulators on cuda, f32 (f64 for
+// gradient checks) on the host; host-only buffers (token rows, the copies read back) count on the
+// host path only. tests/model/memory_plan_test.cpp (and the 2-rank case in tests/parallel/) hold
+// the plans within 5% of the peak that the host tensors' counter (runtime/host_memory.h) measures.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/weight_layout.h"
+#include "runtime/dtype.h"
+#include "runtime/tensor.h"
+
+namespace hydra {
+
+// One buffer: its shape and element type.
+struct BufferSpec {
+  std::vector<int64_t> shape;
+  DType dtype = DType::f32;
+  int64_t numel() const;
+  double bytes() const { return static_cast<double>(numel()) * static_cast<double>(dtype_size(dtype)); }
+  Tensor empty(Device device) const { return Tensor::empty(shape, dtype, device); }
+  Tensor zeros(Device device) const { return Tensor::zeros(shape, dtype, device); }
+};
+
+// Tokens per MLP tile: the MLP's [T, 2I] intermediate never exists whole at long context.
+inline constexpr int64_t kMlpTileTokens = 32768;
+
+// Every buffer one layer's forward and backward allocate, for T_loc = t rows; `dtype` is the
+// model's (storage), `acc` its accumulator type (Model::acc_dtype()). Physical head order.
+struct LayerBuffers {
+  // Kept for the backward (model.h LayerSaved); a kept projection is `proj` below.
+  BufferSpec input;        // [T, D]: the residual stream entering the layer
+  BufferSpec fa_out;       // [T, H_fa, d]: the attention output before the gate, storage type
+  BufferSpec fa_lse;       // [H_fa, T], acc
+  BufferSpec gdn_out;      // [T, H_gdn, d] (KeptActivations::gdn_outputs)
+  BufferSpec mlp_gate_up;  // [T, 2I] (KeptActivations::mlp_layers)
+  // The attention block (every pass).
+  BufferSpec x_norm;       // [T, D]
+  BufferSpec proj;         // [T, rows]: the fused projection, padding rows included
+  BufferSpec heads;        // [T, H, d]: per-head outputs; `fused` (the replay's) has the same shape
+  BufferSpec fa_q, fa_k;   // [T, H_fa, d], [T, G_fa, d]
+  BufferSpec fa_acc;       // [T, H_fa, d], acc: the ring's merged output
+  BufferSpec conv;         // [T, 3·H_gdn·d]
+  BufferSpec inv_norm;     // [T, 2·H_gdn], acc
+  BufferSpec gate;         // [T, H_gdn], acc: β, g (and their gradients)
+  // One MLP token tile (forward, and the backward's recomputation).
+  BufferSpec tile_x_norm, tile_gate_up, tile_h;  // [n, D], [n, 2I], [n, I]
+  // The backward's own.
+  BufferSpec tile_dy, tile_dh, tile_dgate_up, tile_dx_norm;  // [n, D], [n, I], [n, 2I], [n, D]
+  BufferSpec dx_operand;   // [T, D]: dx in the storage type (W_o's GEMM operand)
+  BufferSpec d_heads;      // [T, H, d]: d_fused and d_heads
+  BufferSpec d_proj;       // [T, rows]
+  BufferSpec d_attn;       // [T, H_fa, d]: through the output gate
+  BufferSpec d_fa_q, d_fa_kv;  // [T, H_fa, d], [T, G_fa, d], acc
+  BufferSpec d_conv;       // [T, 3·H_gdn·d]
+  BufferSpec d_qk;         // [T, H_gdn, d]: dq̂, dk̂ before the L2 norm and RoPE
+  BufferSpec d_x_norm;     // [T, D]
+};
+LayerBuffers layer_buffers(const ModelConfig& config, const LayerLayout& layout, int64_t tokens, DType dtype,
+                           DType acc);
+
+// What a forward that saves for the backward (model.h LayerSaved) keeps beyond the minimum, each
+// trading memory for recomputation (ForwardContext::keep; hydra train takes what its memory plan
+// fits on every rank):
+struct KeptActivations {
+  bool gdn_outputs = false;  // the GDN heads' outputs: no delta-rule forward in the backward (T·H_gdn·d per layer)
+  bool projection = false;   // a HydraHead layer's fused projection: no in_proj GEMM in the backward (T·rows)
+  int64_t mlp_layers = 0;    // layers 0..mlp_layers−1 keep the MLP's gate/up: no mlp_in GEMM in their backward (T·2I)
+};
+
+// Rows of a training loss chunk for a vocabulary of `vocab` (model/train/objective.cpp walks the
+// logits in these; the memory plan prices one): the [rows, V] fp32 logits stay near 2 GiB. Each
+// chunk's lm_head gradient GEMM reads and writes the whole fp32 [V, D] gradient (1.2 GB at
+// Qwen3-1.7B), so fewer, larger chunks move less (at 1 GiB chunks that was 75 passes per 128K window).
+int64_t loss_chunk_rows(int64_t vocab);
+
+// The loss head's buffers for T = `tokens` rows (model/train/objective.cpp walks the logits in
+// chunks of n = min(T, loss_chunk_rows(V)) rows; the plan prices the same).
+struct LossBuffers {
+  BufferSpec logits;    // [n, V], acc (a distillation's teacher logits too)
+  BufferSpec row_loss;  // [n], acc
+  BufferSpec operand;   // [n, V], storage type: the logits' gradient as the lm_head GEMM's operand,
+                        // its own buffer only where the storage type is not acc (the CPU reuses the logits)
+};
+LossBuffers loss_buffers(const ModelConfig& config, int64_t tokens, DType dtype, DType acc);
+
+// Live bytes over a replayed pass: hold() what the code allocates, release() what it frees; the
+// peak and where it was reached. Blocks are rounded as the device's allocator rounds them.
+class MemoryTimeline {
+ public:
+  using Id = size_t;
+  explicit MemoryTimeline(Device device) : device_(device) {}
+  Id hold(const BufferSpec& buffer, const char* what) { return hold_bytes(buffer.bytes(), what); }
+  Id hold_bytes(double bytes, const char* what);
+  // A buffer on the host whatever the device (token rows, results read back): counted on the host path only.
+  Id hold_host(const BufferSpec& buffer, const char* what);
+  void release(Id id);
+  void set_stage(std::string stage) { stage_ = std::move(stage); }
+  Device device() const { return device_; }
+  double live() const { return live_; }
+  double peak() const { return peak_; }
+  const std::string& peak_at() const { return peak_at_; }  // "layer 27 backward: d_conv"
+
+ private:
+  Device device_;
+  std::vector<double> held_;
+  double live_ = 0, peak_ = 0;
+  std::string stage_, peak_at_;
+};
+
+struct MemoryEstimate {
+  double weights = 0;      // bytes held for the whole run: weights (a teacher's too), gradients and optimizer state
+  double init_extra = 0;   // beyond `weights` while the model is built: the parameter set it is placed from
+  double activations = 0;  // beyond `weights` at the pass's peak
+  std::string peak_at;     // where the pass peaks
+  double total() const { return weights + (init_extra > activations ? init_extra : activations); }
+  std::string describe() const;  // "22.6 GiB (weights 3.2, build 3.2, activations 19.4 at layer 0: GDN)"
+};
+
+// Per-rank plan for a prefill of `local_tokens` rows on `world` ranks (model/prefill.cpp: the
+// forward, the final norm, the last position's logits): bf16 on cuda; f32 on the host, where the
+// checkpoint's f32 copy (read whole before the model is built) is the transient part. `documents`:
+// the sequence packs several documents (the attention's document bounds, [T] i64 each).
+MemoryEstimate estimate_prefill_memory(const ModelConfig& config, int64_t local_tokens, int world,
+                                       Device device = Device::cuda, bool documents = true);
+
+// Per-rank plan for a training step on `local_tokens` rows (model/train/objective.cpp
+// sequence_gradients, or alignment_gradients with `align`): weights, fp32 masters, moments and
+// gradients of every parameter, the teacher's weights and forward (align/distill), every layer's
+// kept tensors, the loss chunks and one layer's recomputation and backward. Element types: bf16 +
+// fp32 on cuda, `host_dtype` (f32; f64 for gradient checks) on the host. `documents` as above (a
+// micro-batch of several windows packs them as documents).
+MemoryEstimate estimate_training_memory(const ModelConfig& config, int64_t local_tokens, int ranks_per_sequence,
+                                        const ModelConfig* teacher, Device device, bool align,
+                                        KeptActivations keep = {}, bool documents = true,
+                                        DType host_dtype = DType::f32);
+
+// Whether the estimate fits what check_memory_plan allows (95% of the memory this rank can use).
+bool fits_memory_plan(const MemoryEstimate& estimate, Device device, int ranks_on_host = 1);
+
+// Refuses (UserError naming `what` and the estimate) a run whose estimate exceeds the memory this
+// rank can use: the GPU's free memory, or for the CPU path the host's available memory
+// (runtime/host_memory.h) shared by the `ranks_on_host` ranks of this node.
+void check_memory_plan(const MemoryEstimate& estimate, Device device, const std::string& what, int ranks_on_host = 1);
+
+}  // namespace hydra

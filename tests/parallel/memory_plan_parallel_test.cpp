@@ -1,0 +1,88 @@
+// The memory plans (model/memory_plan.h) on P ranks: each rank's measured peak of host tensor
+// bytes (runtime/host_memory.h) in a sequence-parallel training step and prefill against the plan
+// for its T/P rows — the ring's K/V buffers and gradient accumulators, the GDN segment maps and
+// initial states, the conv halos. Exact to the byte, as on one rank (tests/model/memory_plan_test.cpp),
+// and within the 5% the GPU plan is held to.
+#include <cmath>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "model/memory_plan.h"
+#include "model/model.h"
+#include "model/params.h"
+#include "model/prefill.h"
+#include "model/train/objective.h"
+#include "model/train/optimizer.h"
+#include "runtime/host_memory.h"
+#include "tests/common/test_util.h"
+#include "tests/parallel/parallel_test_util.h"
+
+namespace hydra::test {
+namespace {
+
+double in_use() { return static_cast<double>(host_tensor_stats().in_use); }
+
+std::vector<int32_t> token_ids(int64_t t, int64_t vocab) {
+  std::vector<int32_t> ids(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7 + 3) % vocab);
+  return ids;
+}
+
+void expect_plan(double plan, double measured, const std::string& what) {
+  EXPECT_LE(std::abs(plan - measured), 0.05 * measured) << what << ": plan " << plan << ", measured " << measured;
+  EXPECT_EQ(plan, measured) << what;
+}
+
+// `held`: bytes held before the pass (weights, gradients, optimizer state); `peak`: all included.
+void expect_plan(const MemoryEstimate& plan, double held, double peak, const std::string& what) {
+  if (world().rank() == 0) {
+    std::printf("%s: plan %.3f MiB (activations %.3f, at %s), measured %.3f MiB\n", what.c_str(),
+                (plan.weights + plan.activations) / 1048576.0, plan.activations / 1048576.0, plan.peak_at.c_str(),
+                peak / 1048576.0);
+  }
+  expect_plan(plan.weights, held, what + " (held)");
+  expect_plan(plan.activations, peak - held, what + " (activations)");
+}
+
+TEST(MemoryPlan, SequenceParallelTrainingStepAndPrefill) {
+  MpiCommunicator& comm = world();
+  const int p = comm.size();
+  const int64_t t = 2 * p * 96;
+  for (const std::string preset : {"qwen3-tiny", "hydrahead-tiny"}) {
+    const ModelConfig c = preset_config(preset);
+    const std::string what = fmt::format("{} on rank {}/{}", preset, comm.rank(), p);
+    {  // a training step: two windows packed as documents, as hydra train packs --batch-seqs 2
+      const double before = in_use();
+      Model model(c, random_parameters(c, 3));
+      train::AdamW optimizer(model, {}, [](const std::string&) { return true; });
+      const double held = in_use() - before;
+      const SequenceLayout layout = SequenceLayout::zigzag(t, p, comm.rank(), {0, t / 2});
+      const std::vector<int32_t> ids = token_ids(t, c.vocab_size);
+      host_tensor_reset_peak();
+      {
+        const TokenRows rows = layout.token_rows(ids);
+        ForwardContext context{comm, layout};
+        train::sequence_gradients(context, model, rows, train::Objective::cross_entropy, 1.0 / static_cast<double>(t),
+                                  &optimizer.grads());
+      }
+      const double peak = static_cast<double>(host_tensor_stats().peak) - before;
+      expect_plan(estimate_training_memory(c, t / p, p, nullptr, Device::host, false), held, peak,
+                  fmt::format("{} training, {} tokens", what, t));
+    }
+    {  // a prefill
+      const double before = in_use();
+      const Model model(c, random_parameters(c, 5));
+      const double held = in_use() - before;
+      const SequenceLayout layout = SequenceLayout::zigzag(t, p, comm.rank());
+      host_tensor_reset_peak();
+      timed_prefill(comm, layout, model, token_ids(t, c.vocab_size), PrefillRun{});
+      const double peak = static_cast<double>(host_tensor_stats().peak) - before;
+      expect_plan(estimate_prefill_memory(c, t / p, p, Device::host, false), held, peak,
+                  fmt::format("{} prefill, {} tokens", what, t));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hydra::test
