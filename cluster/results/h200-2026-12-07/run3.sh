@@ -3,14 +3,16 @@
 # optimizer's update, zeroing and norm; uploads through a pinned ring without a stream sync; the
 # embedding backward's run bisection), the small-model step beside PyTorch eager/compiled in the same
 # job, its scaling with the batch (fixed per-step cost) and kernel profile; the GPU tests; the packed
-# 128K step (the count fix) against an unpacked one; the export check in PyTorch. Output: $OUT/r3.tgz.
+# 128K step (the count fix) against an unpacked one; the memory plan from the allocations against the
+# measured peaks (64K and 128K training, 512K prefill); the export check in PyTorch. Output: $OUT/r3/.
 # Carry: .device (dev.tar.xz built as in run1.sh's header).
 set -u
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 H=build/bin/hydra
-R=/tmp/r3; mkdir -p $R
+R=$OUT/r3; mkdir -p $R  # written in place: what is there comes back even if the call is cut short
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $R/timeline.txt; }
-left() { echo $(( 585 - ($(date +%s) - T0) )); }
+DEADLINE=${DEADLINE:-585}  # seconds this job may take (lower when less device time is left)
+left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > $R/gpu.txt 2>&1
 # 1. Small-model speed on a quiet GPU. Steady state = median tokens/s of steps 11.. (the first steps
 #    load modules and fill the allocator's pool).
@@ -42,8 +44,19 @@ for data in tok packed8k; do
   rm -rf /tmp/tr
   timeout -k 5 $l $H train --stage finetune --preset hydrahead-1.7b --data /tmp/$data.h5 --seq-len 128K --steps 3 \
     --device cuda --out-dir /tmp/tr --save-every -1 > $R/packed_$data.log 2>&1
-  el "packed $data rc $?"; grep -E "step [0-9]|counted" $R/packed_$data.log | tail -2
+  el "packed $data rc $?"; grep -E "step [0-9]|memory plan|peak memory" $R/packed_$data.log | tail -4
 done
+# 3b. The memory plan from the allocations (issue 30 item 3): plan vs peak at 64K training (128K is
+#     packed_tok above) and a 512K prefill.
+l=$(left)
+if (( l > 120 )); then
+  rm -rf /tmp/tr
+  timeout -k 5 60 $H train --stage finetune --preset hydrahead-1.7b --data /tmp/tok.h5 --seq-len 64K --steps 3 \
+    --device cuda --out-dir /tmp/tr --save-every -1 > $R/memplan_train64k.log 2>&1
+  el "memplan 64K rc $?"; grep -E "memory plan|peak memory" $R/memplan_train64k.log | tail -2
+  timeout -k 5 60 $H prefill --preset hydrahead-1.7b --seq-len 512K --device cuda > $R/memplan_prefill512k.log 2>&1
+  el "memplan prefill 512K rc $?"; grep -E "peak memory|estimate" $R/memplan_prefill512k.log | tail -2
+fi
 # 4. Export (issue 36): exported models in PyTorch against hydra's GPU logits, with the time left.
 l=$(left)
 if (( l > 90 )); then
@@ -51,4 +64,4 @@ if (( l > 90 )); then
   el "export rc $?"; tail -15 $R/export.log
   cp /tmp/export/result.json $R/export_result.json 2>/dev/null
 fi
-tar -czf $OUT/r3.tgz -C /tmp r3 && ls -la $OUT
+ls -la $R
