@@ -26,19 +26,30 @@ struct AdamWScalars {
   float bias1, bias2;                              // 1 − β1^step, 1 − β2^step
 };
 
+// One element's step, the single and the list kernel alike. Every operation is an explicitly
+// rounded intrinsic, so the compiler fuses none of them into an FMA: the two kernels, compiled
+// separately, could otherwise contract the same expression differently (seen on the H200: the
+// masters of the decayed blocks differed in the last bit).
+__device__ __forceinline__ float adamw_element(float& master, float& m, float& v, float grad, float decay,
+                                               const AdamWScalars& s) {
+  const float g = __fmul_rn(s.grad_scale, grad);
+  const float mi = __fadd_rn(__fmul_rn(s.beta1, m), __fmul_rn(1.0f - s.beta1, g));
+  const float vi = __fadd_rn(__fmul_rn(s.beta2, v), __fmul_rn(1.0f - s.beta2, __fmul_rn(g, g)));
+  m = mi;
+  v = vi;
+  const float m_hat = __fdiv_rn(mi, s.bias1), v_hat = __fdiv_rn(vi, s.bias2);
+  const float p = __fsub_rn(__fmul_rn(master, decay),
+                            __fdiv_rn(__fmul_rn(s.lr, m_hat), __fadd_rn(__fsqrt_rn(v_hat), s.eps)));
+  master = p;
+  return p;
+}
+
 // weight: nullptr (no model copy) or [n] of W; it may alias master (W = float).
 template <class W>
 __global__ void adamw_kernel(float* master, float* m, float* v, const float* grad, W* weight, int64_t n,
                              AdamWScalars s) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = s.grad_scale * grad[i];
-    const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * g;
-    const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * (g * g);
-    m[i] = mi;
-    v[i] = vi;
-    const float m_hat = mi / s.bias1, v_hat = vi / s.bias2;
-    const float p = master[i] * s.decay - s.lr * m_hat / (sqrtf(v_hat) + s.eps);
-    master[i] = p;
+    const float p = adamw_element(master[i], m[i], v[i], grad[i], s.decay, s);
     if (weight != nullptr) weight[i] = cuda::from_float<W>(p);
   }
 }
@@ -61,14 +72,7 @@ float decay_factor(const AdamWParams& p, bool decay) { return 1.0f - p.lr * (dec
 __global__ void adamw_list_kernel(const ListEntry* entries, AdamWScalars s) {
   const ListEntry e = entries[blockIdx.y];
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < e.n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = s.grad_scale * e.grad[i];
-    const float mi = s.beta1 * e.m[i] + (1.0f - s.beta1) * g;
-    const float vi = s.beta2 * e.v[i] + (1.0f - s.beta2) * (g * g);
-    e.m[i] = mi;
-    e.v[i] = vi;
-    const float m_hat = mi / s.bias1, v_hat = vi / s.bias2;
-    const float p = e.master[i] * e.decay - s.lr * m_hat / (sqrtf(v_hat) + s.eps);
-    e.master[i] = p;
+    const float p = adamw_element(e.master[i], e.m[i], e.v[i], e.grad[i], e.decay, s);
     if (e.weight != nullptr) {
       if (e.weight_bf16) {
         static_cast<cuda::bf16_t*>(e.weight)[i] = cuda::from_float<cuda::bf16_t>(p);
