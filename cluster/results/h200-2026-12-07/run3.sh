@@ -4,12 +4,16 @@
 # embedding backward's run bisection), the small-model step beside PyTorch eager/compiled in the same
 # job, its scaling with the batch (fixed per-step cost) and kernel profile; the GPU tests; the packed
 # 128K step (the count fix) against an unpacked one; the memory plan from the allocations against the
-# measured peaks (64K and 128K training, 512K prefill); the export check in PyTorch. Output: $OUT/r3/.
-# Carry: .device (dev.tar.xz built as in run1.sh's header).
+# measured peaks (64K and 128K training, 512K prefill); the export check in PyTorch. Output: $OUT/r3.tgz.
+# Carry: .device (dev.tar.xz built as in run1.sh's header). As run for job 3 the results went
+# straight under $OUT/r3 and 8 of 18 files came back; the tarring below was added after it.
 set -u
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 H=build/bin/hydra
-R=$OUT/r3; mkdir -p $R  # written in place: what is there comes back even if the call is cut short
+# The device returns at most 8 files a call (job 3 lost its speed logs and test_cuda.log that way):
+# the folder is tarred into $OUT/r3.tgz after every section, so a call cut short still returns it.
+R=/tmp/r3; mkdir -p $R
+save() { tar -czf $OUT/r3.tgz.tmp -C /tmp r3 && mv $OUT/r3.tgz.tmp $OUT/r3.tgz; }
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $R/timeline.txt; }
 DEADLINE=${DEADLINE:-585}  # seconds this job may take (lower when less device time is left)
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
@@ -32,10 +36,10 @@ el "torch rc $?"; cat $R/speed_torch.jsonl; tail -3 $R/speed_torch.err
 rm -rf /tmp/prof
 CUDA_INJECTION64_PATH=build/lib/libhydra_kernel_profile.so HYDRA_KERNEL_PROFILE=$R/prof_small.tsv \
   timeout 60 $H train --stage pretrain --preset qwen3-synth --data /tmp/speed.h5 --seq-len 256 --batch-seqs 64 --steps 30 --save-every -1 --device cuda --out-dir /tmp/prof > $R/speed_prof.log 2>&1
-el "profile rc $?"; head -3 $R/prof_small.tsv
+el "profile rc $?"; head -3 $R/prof_small.tsv; save
 # 2. The GPU tests (the list-form optimizer test, the embedding backward, the upload ring under everything).
 timeout 200 build/tests/test_cuda > $R/test_cuda.log 2>&1; echo "test_cuda exit $?" >> $R/test_cuda.log
-el "test_cuda"; grep -E "^\[  (PASSED|FAILED)|FAILED|tests? ran|exit" $R/test_cuda.log | tail -20
+el "test_cuda"; grep -E "^\[  (PASSED|FAILED)|FAILED|tests? ran|exit" $R/test_cuda.log | tail -20; save
 # 3. Packed documents (issue 34): a 128K hydrahead-1.7b finetune step, one stream vs 16 documents of 8K.
 $H synth --task lm --tokens 400K --seq-len 131072 --vocab 151936 --seed 1 --out /tmp/tok.h5 > $R/packed_synth.log 2>&1
 $H synth --task lm --tokens 400K --seq-len 131072 --vocab 151936 --doc-length 8192..8192 --seed 1 --out /tmp/packed8k.h5 >> $R/packed_synth.log 2>&1
@@ -57,6 +61,7 @@ if (( l > 120 )); then
   timeout -k 5 60 $H prefill --preset hydrahead-1.7b --seq-len 512K --device cuda > $R/memplan_prefill512k.log 2>&1
   el "memplan prefill 512K rc $?"; grep -E "peak memory|estimate" $R/memplan_prefill512k.log | tail -2
 fi
+save
 # 4. Export (issue 36): exported models in PyTorch against hydra's GPU logits, with the time left.
 l=$(left)
 if (( l > 90 )); then
@@ -64,4 +69,4 @@ if (( l > 90 )); then
   el "export rc $?"; tail -15 $R/export.log
   cp /tmp/export/result.json $R/export_result.json 2>/dev/null
 fi
-ls -la $R
+save; ls -la $OUT
