@@ -3,7 +3,7 @@
 side by side on one GPU (or the CPU), each a curriculum of phases — every phase a `hydra synth`
 stream and a `hydra train --stage pretrain` that starts from the previous phase's model — and
 reads each one's NIAH accuracy at the training length (hydra train --eval-niah, every --eval-every
-steps) and answer loss from its train.jsonl. Every command is a hydra command, written to
+steps; --niah-tasks, default single,multikey) and answer loss from its train.jsonl. Every command is a hydra command, written to
 OUT/commands.sh as run.
 
     python3 cluster/synth/teacher_probe.py --hydra build/bin/hydra --out /tmp/probe --deadline-s 300 \\
@@ -68,7 +68,7 @@ def variant(v, a, init, deadline, commands, lock):
         train = [a.hydra, "train", "--stage", "pretrain", "--model", model, "--data", data, "--seq-len", str(a.seq_len),
                  "--steps", str(ph["steps"]), "--batch-seqs", str(v["batch"]), "--lr", str(v["lr"]),
                  "--save-every", str(a.eval_every), "--keep", "1", "--eval-every", str(a.eval_every),
-                 "--eval-niah", "single,multikey", "--eval-niah-samples", str(a.niah_samples),
+                 "--eval-niah", a.niah_tasks, "--eval-niah-samples", str(a.niah_samples),
                  "--device", a.device, "--out-dir", run_dir, *shlex.split(v.get("train", ""))]
         t0 = time.time()
         rc = run(train, os.path.join(out, f"train{k}.log"), timeout=left, commands=commands, lock=lock)
@@ -83,8 +83,7 @@ def variant(v, a, init, deadline, commands, lock):
             "tokens_per_s": round(sum(r["tokens_per_s"] for r in steps[-20:]) / max(1, len(steps[-20:]))),
             "answer_loss": [[r["step"], round(r["answer_loss"], 4)] for r in steps[:: max(1, len(steps) // 12)]
                             if r.get("answer_loss") is not None],
-            "niah_single": [[r["step"], r.get("niah_single")] for r in evals],
-            "niah_multikey": [[r["step"], r.get("niah_multikey")] for r in evals]})
+            **{f"niah_{task}": [[r["step"], r.get(f"niah_{task}")] for r in evals] for task in a.tasks}})
         nxt = latest_model(run_dir)
         if not nxt or not os.path.exists(nxt):
             break
@@ -104,9 +103,12 @@ def main():
     ap.add_argument("--tokens", default="32M", help="tokens per phase's stream")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--niah-samples", type=int, default=32)
+    ap.add_argument("--niah-tasks", default="single,multikey",
+                    help="NIAH tasks scored while training (hydra train --eval-niah): single, multikey, multivalue")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--deadline-s", type=float, default=300)
     a = ap.parse_args()
+    a.tasks = a.niah_tasks.split(",")
     variants = json.load(open(a.variants))
     os.makedirs(a.out, exist_ok=True)
     deadline = time.time() + a.deadline_s
@@ -129,17 +131,17 @@ def main():
     with open(os.path.join(a.out, "probe.jsonl"), "w") as f:
         for r in results:
             f.write(json.dumps(r) + "\n")
-    print(f"{'variant':<14} {'phase':>5} {'steps':>10} {'tok/s':>9} {'answer loss':>12} {'NIAH single':>12} {'multikey':>9}")
+    print(f"{'variant':<14} {'phase':>5} {'steps':>10} {'tok/s':>9} {'answer loss':>12} "
+          + " ".join(f"{'NIAH ' + t:>14}" for t in a.tasks))
     for r in results:
         for k, ph in enumerate(r["phases"]):
             if "error" in ph:
                 print(f"{r['name']:<14} {k:>5} {ph['error']}")
                 continue
             al = ph["answer_loss"][-1][1] if ph["answer_loss"] else float("nan")
-            ns = ph["niah_single"][-1][1] if ph["niah_single"] else None
-            nm = ph["niah_multikey"][-1][1] if ph["niah_multikey"] else None
+            last = [ph[f"niah_{t}"][-1][1] if ph[f"niah_{t}"] else None for t in a.tasks]
             print(f"{r['name']:<14} {k:>5} {ph['steps_done']:>5}/{ph['steps_planned']:<4} {ph['tokens_per_s']:>9} "
-                  f"{al:>12.3f} {ns if ns is not None else float('nan'):>12.3f} {nm if nm is not None else float('nan'):>9.3f}")
+                  f"{al:>12.3f} " + " ".join(f"{v if v is not None else float('nan'):>14.3f}" for v in last))
 
 
 if __name__ == "__main__":
