@@ -105,27 +105,27 @@ namespace {
 // the host and the DMA is queued on the current stream; the call returns without waiting for the
 // GPU. (Before, every upload from pageable memory was followed by a stream synchronisation: ~25 a
 // training step of the small model — ids, targets, positions, document bounds per layer — each
-// draining the GPU's queue while the host still had the rest of the step to issue.) A region of the
-// ring is reused only once the event recorded behind the copy that read it has completed; uploads
-// above a quarter of the ring take the old path.
+// draining the GPU's queue while the host still had the rest of the step to issue.) Regions are
+// taken in address order; within one pass over the ring a new region lies above every region still
+// being read, so nothing is waited for. Before a pass starts again at the bottom, every copy of the
+// last pass must have completed (its event). The queue of events is kept short by retiring its
+// oldest entry (long complete) beyond kMaxPending, so many tiny uploads (a decode loop's) cost O(1)
+// each. Uploads above a quarter of the ring take the old path.
 class UploadRing {
  public:
   static constexpr size_t kBytes = size_t{32} << 20;
+  static constexpr size_t kMaxPending = 1024;
 
   bool upload(void* dst, const void* src, size_t bytes) {
     if (bytes > kBytes / 4) return false;
     const std::lock_guard<std::mutex> lock(mutex_);
     if (base_ == nullptr) HYDRA_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&base_), kBytes, cudaHostAllocDefault));
     size_t begin = (head_ + 255) / 256 * 256;
-    if (begin + bytes > kBytes) begin = 0;  // wrap
-    const size_t end = begin + bytes;
-    // Copies queued earlier that still read [begin, end): wait for them, oldest first.
-    const auto overlaps = [&](const Pending& p) { return p.begin < end && begin < p.end; };
-    while (std::any_of(pending_.begin(), pending_.end(), overlaps)) {
-      HYDRA_CUDA_CHECK(cudaEventSynchronize(pending_.front().done));
-      free_events_.push_back(pending_.front().done);
-      pending_.pop_front();
+    if (begin + bytes > kBytes) {  // a new pass from the bottom: the last pass's copies must be done
+      while (!pending_.empty()) retire_oldest();
+      begin = 0;
     }
+    while (pending_.size() >= kMaxPending) retire_oldest();
     std::memcpy(base_ + begin, src, bytes);
     cudaStream_t stream = current_stream();
     HYDRA_CUDA_CHECK(cudaMemcpyAsync(dst, base_ + begin, bytes, cudaMemcpyHostToDevice, stream));
@@ -137,20 +137,21 @@ class UploadRing {
       free_events_.pop_back();
     }
     HYDRA_CUDA_CHECK(cudaEventRecord(done, stream));
-    pending_.push_back(Pending{begin, end, done});
-    head_ = end;
+    pending_.push_back(done);
+    head_ = begin + bytes;
     return true;
   }
 
  private:
-  struct Pending {
-    size_t begin = 0, end = 0;
-    cudaEvent_t done = nullptr;
-  };
+  void retire_oldest() {
+    HYDRA_CUDA_CHECK(cudaEventSynchronize(pending_.front()));
+    free_events_.push_back(pending_.front());
+    pending_.pop_front();
+  }
   std::mutex mutex_;
   char* base_ = nullptr;  // pinned, kBytes; kept for the life of the process
   size_t head_ = 0;
-  std::deque<Pending> pending_;
+  std::deque<cudaEvent_t> pending_;  // events behind the copies not yet retired, oldest first
   std::vector<cudaEvent_t> free_events_;
 };
 
