@@ -71,20 +71,17 @@ void adamw_update(const TensorView& master, const TensorView& m, const TensorVie
 
 void adamw_update(std::span<const AdamWSlice> slices, const AdamWParams& params) {
   if (slices.empty()) return;
+  HYDRA_ASSERT(params.step >= 1, "adamw step {} (1-based)", params.step);
+  for (const AdamWSlice& s : slices) {
+    const int64_t n = s.master.numel();
+    expect_flat(s.master, "master", n);
+    expect_flat(s.m, "m", n);
+    expect_flat(s.v, "v", n);
+    expect_flat(s.grad, "grad", n);
+    if (s.weight.defined()) expect_flat(s.weight, "weight", n);
+  }
   if (on_cuda({slices[0].master})) {
 #if HYDRA_CUDA
-    for (const AdamWSlice& s : slices) {
-      const int64_t n = s.master.numel();
-      for (const TensorView* t : {&s.master, &s.m, &s.v, &s.grad}) {
-        HYDRA_ASSERT(on_cuda({*t}) && t->dtype() == DType::f32 && t->is_contiguous() && t->numel() == n,
-                     "adamw (list): master, m, v and grad must be contiguous CUDA fp32 blocks of {} elements, got {}",
-                     n, t->shape_string());
-      }
-      HYDRA_ASSERT(!s.weight.defined() || (on_cuda({s.weight}) && s.weight.is_contiguous() && s.weight.numel() == n &&
-                                           (s.weight.dtype() == DType::f32 || s.weight.dtype() == DType::bf16)),
-                   "adamw (list): the weight must be a contiguous CUDA fp32/bf16 block of {} elements", n);
-    }
-    HYDRA_ASSERT(params.step >= 1, "adamw step {} (1-based)", params.step);
     cuda_impl::adamw_update(slices, params);
     return;
 #endif
@@ -100,11 +97,6 @@ void zero_tensors(std::span<const TensorView> xs) {
   if (xs.empty()) return;
   if (on_cuda({xs[0]})) {
 #if HYDRA_CUDA
-    for (const TensorView& x : xs) {
-      HYDRA_ASSERT(on_cuda({x}) && x.dtype() == DType::f32 && x.is_contiguous(),
-                   "zero_tensors: a list of contiguous CUDA fp32 tensors, got {} {}", dtype_name(x.dtype()),
-                   x.shape_string());
-    }
     cuda_impl::zero_tensors(xs);
     return;
 #endif

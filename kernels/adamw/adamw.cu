@@ -135,6 +135,13 @@ void expect_flat_f32(const TensorView& t, const char* what, int64_t n) {
   HYDRA_ASSERT(t.is_contiguous() && t.numel() == n, "{} must be a contiguous fp32 buffer of {} elements, got {}",
                what, n, t.shape_string());
 }
+// The model's weight copy of an update: undefined, or a contiguous CUDA fp32/bf16 block of n.
+void expect_weight(const TensorView& weight, int64_t n) {
+  HYDRA_ASSERT(!weight.defined() || (weight.device() == Device::cuda && weight.is_contiguous() && weight.numel() == n &&
+                                     (weight.dtype() == DType::f32 || weight.dtype() == DType::bf16)),
+               "AdamW weight must be a contiguous CUDA fp32/bf16 buffer of {} elements, got {} {}", n,
+               dtype_name(weight.dtype()), weight.shape_string());
+}
 }  // namespace
 
 void adamw_update(const TensorView& master, const TensorView& m, const TensorView& v, const TensorView& grad,
@@ -144,6 +151,7 @@ void adamw_update(const TensorView& master, const TensorView& m, const TensorVie
   expect_flat_f32(m, "AdamW m", n);
   expect_flat_f32(v, "AdamW v", n);
   expect_flat_f32(grad, "AdamW grad", n);
+  expect_weight(weight, n);
   HYDRA_ASSERT(params.step >= 1, "AdamW step is 1-based, got {}", params.step);
   const AdamWScalars s{params.lr,
                        params.beta1,
@@ -161,10 +169,6 @@ void adamw_update(const TensorView& master, const TensorView& m, const TensorVie
   if (!weight.defined()) {
     adamw_kernel<float><<<grid, 256, 0, current_stream()>>>(mp, mm, vp, gp, nullptr, n, s);
   } else {
-    HYDRA_ASSERT(weight.device() == Device::cuda && weight.is_contiguous() && weight.numel() == n &&
-                     (weight.dtype() == DType::f32 || weight.dtype() == DType::bf16),
-                 "AdamW weight must be a contiguous CUDA fp32/bf16 buffer of {} elements, got {} {}", n,
-                 dtype_name(weight.dtype()), weight.shape_string());
     if (weight.dtype() == DType::f32) {
       adamw_kernel<float><<<grid, 256, 0, current_stream()>>>(mp, mm, vp, gp, weight.data_as<float>(), n, s);
     } else {
@@ -222,6 +226,12 @@ void adamw_update(std::span<const AdamWSlice> slices, const AdamWParams& params)
   std::vector<ListEntry> entries;
   entries.reserve(slices.size());
   for (const AdamWSlice& sl : slices) {
+    const int64_t n = sl.master.numel();
+    expect_flat_f32(sl.master, "AdamW master", n);
+    expect_flat_f32(sl.m, "AdamW m", n);
+    expect_flat_f32(sl.v, "AdamW v", n);
+    expect_flat_f32(sl.grad, "AdamW grad", n);
+    expect_weight(sl.weight, n);
     ListEntry e;
     e.master = sl.master.data_as<float>();
     e.m = sl.m.data_as<float>();
@@ -229,7 +239,7 @@ void adamw_update(std::span<const AdamWSlice> slices, const AdamWParams& params)
     e.grad = sl.grad.data_as<const float>();
     e.weight = sl.weight.defined() ? sl.weight.data() : nullptr;
     e.weight_bf16 = sl.weight.defined() && sl.weight.dtype() == DType::bf16 ? 1 : 0;
-    e.n = sl.master.numel();
+    e.n = n;
     e.decay = decay_factor(params, sl.decay);
     entries.push_back(e);
   }
@@ -242,6 +252,7 @@ void adamw_update(std::span<const AdamWSlice> slices, const AdamWParams& params)
 void zero_tensors(std::span<const TensorView> xs) {
   std::vector<ListEntry> entries;
   for (const TensorView& x : xs) {
+    expect_flat_f32(x, "zero_tensors x", x.numel());
     if (x.numel() == 0) continue;
     ListEntry e;
     e.master = x.data_as<float>();
