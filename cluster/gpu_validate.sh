@@ -168,7 +168,7 @@ import sys, h5py, numpy as np
 with h5py.File(sys.argv[1], "w") as f:
     f["input_ids"] = np.random.default_rng(1).integers(0, 256, size=4096, dtype=np.int32)
 PY
-  "$bin/hydra" init --preset hydrahead-tiny --seed 3 --out "$out/tiny.h5" > /dev/null 2>&1
+  "$bin/hydra" init --preset hydrahead-tiny --weight-seed 3 --out "$out/tiny.h5" > /dev/null 2>&1
   for dev in cpu cuda; do
     "$bin/hydra" gradients --model "$out/tiny.h5" --input "$out/grad_tokens.h5" --device $dev --out "$out/grads_$dev.h5" 2>&1 | tail -1
   done

@@ -3,10 +3,13 @@
 #include <iostream>
 #include <sstream>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "model/config.h"
+#include "runtime/content_hash.h"
 #include "runtime/error.h"
+#include "runtime/hdf5_file.h"
 
 namespace hydra {
 namespace {
@@ -28,6 +31,18 @@ std::string option_text(const po::variable_value& v) {
   HYDRA_ASSERT(false, "option of a type the agreement check cannot print ({})", a.type().name());
 }
 
+// Boost parses "-1" into a uint64_t option as 2^64 - 1: every unsigned option (seeds) refuses a
+// negative value by the word the user typed.
+void refuse_negative_unsigned(const po::parsed_options& parsed, const po::variables_map& vm) {
+  for (const po::option& o : parsed.options) {
+    const auto it = vm.find(o.string_key);
+    if (it == vm.end() || boost::any_cast<uint64_t>(&it->second.value()) == nullptr) continue;
+    for (const std::string& v : o.value) {
+      HYDRA_USER_CHECK(v.find('-') == std::string::npos, "--{} must be a non-negative integer (got '{}')", o.string_key, v);
+    }
+  }
+}
+
 }  // namespace
 
 const std::vector<Subcommand>& subcommands() {
@@ -39,7 +54,7 @@ const std::vector<Subcommand>& subcommands() {
       {"forward", "run the forward pass: mean next-token NLL, logits (CPU or GPU, sequence parallel under mpirun)", run_forward},
       {"convert", "convert a Qwen3 teacher into a HydraHead model (DESIGN.md §1.3)", run_convert},
       {"prefill", "timed long-context prefill (GPUs or CPU, sequence parallel under mpirun)", run_prefill},
-      {"bench", "benchmark one kernel (gemm, attention, gdn, their backward) against the measured GEMM ceiling", run_bench},
+      {"bench", "benchmark one kernel (gemm, attention, gdn, gdn-input, decode, attention-bwd, gdn-bwd) against the measured GEMM ceiling", run_bench},
       {"eval-niah", "needle-in-a-haystack accuracy by depth x length (sequence parallel under mpirun)", run_eval_niah},
       {"select-heads", "score a Qwen3 teacher's heads and choose the FA heads (DESIGN.md §1.4; jobs spread over ranks)",
        run_select_heads},
@@ -65,7 +80,9 @@ bool parse_command_line(App& app, const std::string& command, const std::string&
     // e.g. a path without its flag): boost only checks positionals against a description.
     const po::positional_options_description none;
     parser.positional(positional ? *positional : none);
-    po::store(parser.run(), vm);
+    const po::parsed_options parsed = parser.run();
+    po::store(parsed, vm);
+    refuse_negative_unsigned(parsed, vm);
     if (vm.count("help")) {
       if (app.world.rank() == 0) {
         std::cout << "usage: hydra " << command << " " << usage << "\n\n" << options << std::flush;
@@ -89,6 +106,22 @@ void agree_on_run(App& app, const RunFingerprint& inputs) {
   for (const FingerprintField& f : inputs.fields()) all.add(f.name, f.value);
   agree_across_ranks(app.world.inner(), all, fmt::format("what to run (hydra {})", app.command));
   app.world.open();
+}
+
+void add_file_datasets(RunFingerprint& fingerprint, const std::string& role, const std::string& path) {
+  const H5File file = H5File::open_read(path);
+  for (const std::string& name : file.dataset_names()) {
+    std::string value;
+    if (file.is_integer_vector(name)) {
+      // Integer vectors (ids, offsets, masks of any width) by value: int32 and int64 ids agree.
+      const std::vector<int64_t> v = file.read_integer_vector(name);
+      value = fmt::format("{} integers, {}", v.size(), hash_hex(hash_bytes(v.data(), v.size() * sizeof(int64_t))));
+    } else {
+      const Tensor t = file.read(name);
+      value = fmt::format("{} {}, {}", dtype_name(t.dtype()), fmt::join(t.shape(), "x"), hash_hex(hash_tensor(t)));
+    }
+    fingerprint.add(fmt::format("{} {}: {}", role, path, name), value);
+  }
 }
 
 void add_model_fields(RunFingerprint& fingerprint, const std::string& name, const ModelConfig& config) {

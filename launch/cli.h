@@ -52,10 +52,18 @@ bool parse_command_line(App& app, const std::string& command, const std::string&
 // difference is a UserError on every rank naming the two ranks and the field (parallel/agreement.h).
 // Opens app.world for collectives.
 void agree_on_run(App& app, const RunFingerprint& inputs);
+// Adds the contents of every root dataset of HDF5 file `path` to a fingerprint, one field per
+// dataset ("ROLE PATH: DATASET" = dtype, shape and XXH3 of its values): the values, not the file's
+// bytes, so two copies written at different times (HDF5 stores timestamps) agree, and a stale
+// prompt_offsets, loss_mask or document_offsets on one node is named before any work.
+void add_file_datasets(RunFingerprint& fingerprint, const std::string& role, const std::string& path);
 // Adds a model config to a fingerprint field by field ("NAME arch", "NAME fa_heads", ...).
 void add_model_fields(RunFingerprint& fingerprint, const std::string& name, const ModelConfig& config);
 // The model's config, and the device and dtype the command places it in.
 void add_model_fields(RunFingerprint& fingerprint, const ModelConfig& config, Device device, DType dtype);
+
+// A device as its --device flag names it ("cpu", "cuda"): the word outputs report.
+inline const char* device_flag_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
 
 // Subcommand entry points (launch/cmd_*.cpp).
 int run_init(App& app, const std::vector<std::string>& args);

@@ -73,6 +73,8 @@ int run_convert(App& app, const std::vector<std::string>& args) {
   add_model_fields(inputs, "teacher", teacher_config);
   add_model_fields(inputs, "student", student);
   if (!calib.empty()) inputs.add_tokens("calibration tokens", calib);
+  if (!calib.empty()) add_file_datasets(inputs, "calibration", opt.calib);
+  add_file_datasets(inputs, "teacher", opt.teacher);
   agree_on_run(app, inputs);
   const bool needs_weights = app.world.rank() == 0 || !calib.empty();
   if (!needs_weights) return 0;

@@ -79,8 +79,9 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
   const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
   RunFingerprint inputs;
   add_model_fields(inputs, config, device, dtype);
-  for (const std::string& f : opt.files()) inputs.add("held-out data tokens " + f, std::to_string(token_file_length(f)));
+  for (const std::string& f : opt.files()) add_file_datasets(inputs, "held-out data", f);  // masks and documents too
   inputs.add("windows", std::to_string(n));
+  opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   Communicator& comm = *world.comm;
@@ -125,7 +126,7 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
                                     {"loss", mean(s[0], tokens)}, {"answer_loss", mean(s[2], answer_tokens)},
                                     {"answer_tokens", answer_tokens},
                                     {"other_loss", mean(s[0] - s[2], tokens - answer_tokens)},
-                                    {"device", device_name(world.device)},
+                                    {"device", device_flag_name(world.device)},
                                     {"ranks", comm.size()},  {"seconds", seconds}};
     std::cout << summary.dump() << std::endl;
     if (!opt.out.empty()) {

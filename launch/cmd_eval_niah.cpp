@@ -55,12 +55,11 @@ struct EvalNiahOptions {
   std::set<std::string> given;  // generator flags given on the command line (they conflict with --dataset)
 
   void bind(po::options_description& o) {
-    // --model/--preset as every command has them (ModelSource); the preset's weight seed is
-    // --weight-seed here because --seed is the task seed.
+    // --model/--preset/--weight-seed as every command has them (ModelSource); --seed is the task seed.
     const auto mark = [this](const char* flag) {
       return [this, flag](const auto&) { given.insert(flag); };
     };
-    model.bind(o, "weight-seed");
+    model.bind(o, ModelSource::OwnSeed::yes);
     o.add_options()
         ("task", po::value(&tasks)->notifier(mark("task")), "single, multikey or multivalue, or a comma list (default single)")
         ("lengths", po::value(&lengths)->notifier(mark("lengths")), "sample lengths in tokens, e.g. 4K,16K,128K,512K (required without --dataset)")
@@ -187,6 +186,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     inputs.add("eval set task", set->task);
     inputs.add("eval set samples", std::to_string(set->samples.size()));
     inputs.add_tokens("eval set tokens", all_ids);
+    add_file_datasets(inputs, "eval set", opt.dataset);  // answers and positions too
     plan = niah::plan_eval_set(set, opt.dataset, config, ranks);
   }
   const int64_t longest = plan.longest, total_samples = plan.total_samples();
@@ -195,6 +195,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
 #endif
   check_memory_plan(estimate_prefill_memory(config, longest / ranks, ranks, device), device,
                     fmt::format("eval-niah at {} tokens on {} rank(s)", longest, ranks), app.mpi.local_size());
+  opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   Communicator& comm = *world.comm;

@@ -51,7 +51,7 @@ int run_export(App& app, const std::vector<std::string>& args) {
   ExportOptions opt;
   po::options_description desc("hydra export");
   opt.bind(desc);
-  if (!parse_command_line(app, "export", "--model FILE.h5 --out DIR [--dtype auto|bf16|f32] [--max-shard-size 5G]", desc,
+  if (!parse_command_line(app, "export", "--model FILE.h5 --out DIR [--dtype auto|bf16|f32] [--max-shard-size 5G] [--tokenizer DIR]", desc,
                           args)) {
     return 0;
   }

@@ -34,7 +34,7 @@ struct ForwardOptions {
   std::string seq_len;
   uint64_t token_seed = 1;
   std::string output;
-  std::string device = "cpu";
+  std::string device = "auto";
   double nccl_timeout = 600;
 
   void bind(po::options_description& o) {
@@ -44,7 +44,7 @@ struct ForwardOptions {
         ("seq-len", po::value(&seq_len), "instead of --input: this many random tokens (accepts 4K, 1M)")
         ("token-seed", po::value(&token_seed)->default_value(1), "seed of the random tokens for --seq-len")
         ("output", po::value(&output), "logits file to write (.h5, dataset logits [T, vocab] float32); rank 0 writes")
-        ("device", po::value(&device)->default_value("cpu"), "cpu (fp32, the reference), cuda (bf16 weights, one GPU per rank) or auto")
+        ("device", po::value(&device)->default_value("auto"), "cpu (fp32, the reference), cuda (bf16 weights, one GPU per rank) or auto (cuda when a GPU is present)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
   }
   void validate() const {
@@ -113,7 +113,9 @@ int run_forward(App& app, const std::vector<std::string>& args) {
     inputs.add("token count", std::to_string(total));
   } else {
     inputs.add_tokens("input tokens", ids);
+    add_file_datasets(inputs, "input", opt.input);  // loss_mask and document_offsets too
   }
+  opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
 
   DeviceWorld world = make_device_world(opt.device, app.mpi, comm, opt.nccl_timeout);
@@ -187,7 +189,7 @@ int run_forward(App& app, const std::vector<std::string>& args) {
                   : "");
     const nlohmann::json summary = {{"command", "forward"},   {"model", opt.model.describe()},
                                     {"tokens", total},        {"ranks", comm.size()},
-                                    {"device", device_name(world.device)},
+                                    {"device", device_flag_name(world.device)},
                                     {"load_s", load_s},       {"forward_s", run_s},
                                     {"tokens_per_s", total / run_s},
                                     {"mean_nll", count > 0 ? nlohmann::json(mean_nll) : nlohmann::json()},

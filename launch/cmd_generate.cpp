@@ -44,15 +44,16 @@ struct GenerateCliOptions {
   double nccl_timeout = 600;
 
   void bind(po::options_description& o) {
-    model.bind(o, "weight-seed");
+    model.bind(o, ModelSource::OwnSeed::yes);
     o.add_options()
         ("prompt", po::value(&prompt)->required(), "prompt file (.h5): input_ids [T]; optional prompt_offsets int64 [N+1] "
-         "split it into N prompts, decoded as a batch")
+         "split it into N prompts, decoded as a batch (a file with document_offsets and no prompt_offsets is refused)")
         ("max-new-tokens", po::value(&max_new_tokens)->required(), "new tokens per prompt (fewer if a stop token comes)")
         ("temperature", po::value(&temperature)->default_value(0.0), "0: greedy (arg-max); > 0: sample at this temperature")
-        ("top-k", po::value(&top_k)->default_value(0), "sample among the k most likely tokens (0: all)")
-        ("top-p", po::value(&top_p)->default_value(1.0), "then among the smallest set holding probability p (1: all)")
-        ("seed", po::value(&seed)->default_value(0), "sampling seed (the same tokens on every rank and every run)")
+        ("top-k", po::value(&top_k)->default_value(0), "sample among the k most likely tokens (0: all; needs --temperature > 0)")
+        ("top-p", po::value(&top_p)->default_value(1.0), "then among the smallest set holding probability p (1: all; needs --temperature > 0)")
+        ("seed", po::value(&seed)->default_value(0), "sampling seed (the same tokens on every rank and every run; the "
+         "weights' seed is --weight-seed)")
         ("stop-token", po::value(&stop_tokens), "comma-separated ids that end a prompt's generation (kept as its last token)")
         ("out", po::value(&out)->required(), "output JSON lines: one per prompt, then a summary (rank 0, atomic)")
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16, one GPU per rank), cpu (fp32) or auto")
@@ -67,6 +68,12 @@ struct GenerateCliOptions {
     HYDRA_USER_CHECK(temperature >= 0.0 && std::isfinite(temperature), "--temperature must be >= 0 (got {})", temperature);
     HYDRA_USER_CHECK(top_k >= 0, "--top-k must be >= 0 (got {})", top_k);
     HYDRA_USER_CHECK(top_p > 0.0 && top_p <= 1.0, "--top-p must be in (0, 1] (got {})", top_p);
+    // Greedy decoding takes the arg-max: a filter of the sampled set would do nothing.
+    HYDRA_USER_CHECK(temperature > 0.0 || (top_k == 0 && top_p == 1.0),
+                     "--top-k and --top-p filter sampling: give --temperature > 0 with them (temperature 0 is greedy)");
+    // Every path names a distinct file: the output replaces its destination.
+    HYDRA_USER_CHECK(!same_file(out, prompt), "--out {} is the prompt file: name another output", out);
+    HYDRA_USER_CHECK(model.model_path.empty() || !same_file(out, model.model_path), "--out {} is the model: name another output", out);
     HYDRA_USER_CHECK(progress == "on" || progress == "off" || progress == "auto", "--progress must be on, off or auto");
     HYDRA_USER_CHECK(nccl_timeout > 0, "--nccl-timeout must be positive");
   }
@@ -100,6 +107,11 @@ std::vector<std::vector<int32_t>> read_prompts(const std::string& path, int64_t 
   const int64_t t = static_cast<int64_t>(ids.size());
   std::vector<int64_t> offsets = {0, t};
   H5File file = H5File::open_read(path);
+  // A packed token file's documents are not prompts unless the file says so: one long prompt of
+  // them all would be a silent misreading.
+  HYDRA_USER_CHECK(file.has_dataset("prompt_offsets") || !file.has_dataset("document_offsets"),
+                   "{}: has document_offsets but no prompt_offsets; generate splits prompts only by prompt_offsets "
+                   "(write the documents' offsets as prompt_offsets to decode each as a prompt)", path);
   if (file.has_dataset("prompt_offsets")) {
     offsets = file.read_integer_vector("prompt_offsets");
     HYDRA_USER_CHECK(offsets.size() >= 2, "{}: prompt_offsets needs N + 1 >= 2 entries (has {})", path, offsets.size());
@@ -116,6 +128,10 @@ std::vector<std::vector<int32_t>> read_prompts(const std::string& path, int64_t 
   return prompts;
 }
 
+// The longest sequence a prompt and its new tokens may make: the runtime's largest tensor dimension
+// (runtime/tensor.h), so the sizes below cannot overflow and the memory plan refuses what does not fit.
+constexpr int64_t kMaxSequence = kMaxElements;
+
 [[maybe_unused]] double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
 }  // namespace
@@ -125,8 +141,8 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   po::options_description desc("hydra generate");
   opt.bind(desc);
   if (!parse_command_line(app, "generate",
-                          "(--model M.h5 | --preset NAME) --prompt P.h5 --max-new-tokens N [--temperature 0] [--top-k K] "
-                          "[--top-p P] [--seed S] [--stop-token ID,...] --out OUT.jsonl [--device cpu|cuda]",
+                          "(--model M.h5 | --preset NAME [--weight-seed W]) --prompt P.h5 --max-new-tokens N [--temperature 0] "
+                          "[--top-k K] [--top-p P] [--seed S] [--stop-token ID,...] --out OUT.jsonl [--device cpu|cuda]",
                           desc, args)) {
     return 0;
   }
@@ -143,6 +159,10 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   int64_t longest_prefill = 0, capacity = 1, total_tokens = 0;
   for (const auto& prompt : prompts) {
     const int64_t len = static_cast<int64_t>(prompt.size());
+    // No overflow in the cache sizes below: the memory plan then refuses what does not fit.
+    HYDRA_USER_CHECK(opt.max_new_tokens <= kMaxSequence - len,
+                     "--max-new-tokens {}: a prompt of {} tokens and its new tokens would exceed {} positions",
+                     opt.max_new_tokens, len, kMaxSequence);
     longest_prefill = std::max(longest_prefill, prefill_length(config, len, p));
     capacity = std::max(capacity, cache_rows_needed(config, len, opt.max_new_tokens, p));
     total_tokens += len;
@@ -157,13 +177,15 @@ int run_generate(App& app, const std::vector<std::string>& args) {
 #endif
   check_memory_plan(estimate, device,
                     fmt::format("generation for {} prompt(s) of {} tokens in all on {} rank(s)", slots, total_tokens, p),
-                    app.mpi.local_size());
+                    app.mpi.local_size(), "use more ranks (on more nodes), fewer or shorter prompts, or fewer --max-new-tokens");
   RunFingerprint inputs;
   add_model_fields(inputs, config, device, dtype);
   std::vector<int32_t> all_ids;
   for (const auto& prompt : prompts) all_ids.insert(all_ids.end(), prompt.begin(), prompt.end());
   inputs.add_tokens("prompt tokens", all_ids);
   inputs.add("prompt count", std::to_string(slots));
+  add_file_datasets(inputs, "prompt file", opt.prompt);  // prompt_offsets too: sizes of every collective
+  opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
 
   DeviceWorld world = make_device_world(opt.device, app.mpi, comm, opt.nccl_timeout);
@@ -215,7 +237,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
       {"model", opt.model.describe()},
       {"arch", arch_name(config.arch)},
       {"ranks", p},
-      {"device", device_name(world.device)},
+      {"device", device_flag_name(world.device)},
       {"prompts", slots},
       {"prompt_tokens", total_tokens},
       {"new_tokens", generated},

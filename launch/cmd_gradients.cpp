@@ -28,7 +28,7 @@ struct GradientsOptions {
   std::string input;
   std::string loss = "ce";
   std::string out;
-  std::string device = "cpu";
+  std::string device = "auto";
   double nccl_timeout = 600;
 
   void bind(po::options_description& o) {
@@ -37,7 +37,7 @@ struct GradientsOptions {
         ("input", po::value(&input)->required(), "token file (.h5 with input_ids [T], int32/int64, T >= 2)")
         ("loss", po::value(&loss)->default_value("ce"), "ce: mean next-token cross-entropy (the only loss with no teacher)")
         ("out", po::value(&out)->required(), "gradient file to write (.h5; attribute loss, one float32 dataset per parameter)")
-        ("device", po::value(&device)->default_value("cpu"), "cpu (fp32, the reference), cuda (bf16 weights, fp32 gradients) or auto")
+        ("device", po::value(&device)->default_value("auto"), "cpu (fp32, the reference), cuda (bf16 weights, fp32 gradients) or auto (cuda when a GPU is present)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
   }
   void validate() const {
@@ -74,6 +74,8 @@ int run_gradients(App& app, const std::vector<std::string>& args) {
   RunFingerprint inputs;
   add_model_fields(inputs, config, device, dtype);
   inputs.add_tokens("input tokens", ids);
+  add_file_datasets(inputs, "input", opt.input);  // loss_mask and document_offsets too
+  opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   const auto t0 = std::chrono::steady_clock::now();
@@ -101,7 +103,7 @@ int run_gradients(App& app, const std::vector<std::string>& args) {
               ids.size(), app.world.size(), device_name(world.device), config.summary(), loss, g.grads.size(), run_s);
     const nlohmann::json summary = {{"command", "gradients"}, {"model", opt.model.describe()},
                                     {"tokens", ids.size()},    {"ranks", app.world.size()},
-                                    {"device", device_name(world.device)}, {"loss", loss},
+                                    {"device", device_flag_name(world.device)}, {"loss", loss},
                                     {"load_s", load_s},        {"gradients_s", run_s},
                                     {"out", opt.out}};
     std::cout << summary.dump() << std::endl;

@@ -13,17 +13,21 @@ namespace {
 struct InitOptions {
   std::string preset;
   uint64_t seed = 0;
+  std::string old_seed;
   std::string out;
   std::string dtype = "f32";
 
   void bind(po::options_description& o) {
     o.add_options()
         ("preset", po::value(&preset)->required(), "shape: qwen3-tiny, hydrahead-tiny, qwen3-1.7b, hydrahead-1.7b, qwen3-synth, qwen3-synth-cpu")
-        ("seed", po::value(&seed)->default_value(0), "random seed (same seed, same weights)")
+        ("weight-seed", po::value(&seed)->default_value(0), "weight seed (same seed, same weights; the name every command uses)")
+        ("seed", po::value(&old_seed), "not taken: the weight seed is --weight-seed")
         ("out", po::value(&out)->required(), "checkpoint to write (.h5), written atomically")
         ("dtype", po::value(&dtype)->default_value("f32"), "stored element type: f32 or bf16");
   }
   void validate() const {
+    HYDRA_USER_CHECK(old_seed.empty(), "--seed is not taken here: the weight seed is --weight-seed (the same name in "
+                     "every command)");
     preset_config(preset);
     HYDRA_USER_CHECK(dtype == "f32" || dtype == "bf16", "--dtype must be f32 or bf16 (got '{}')", dtype);
     require_writable_destination(out, "checkpoint");
@@ -36,7 +40,7 @@ int run_init(App& app, const std::vector<std::string>& args) {
   InitOptions opt;
   po::options_description desc("hydra init");
   opt.bind(desc);
-  if (!parse_command_line(app, "init", "--preset NAME --seed N --out FILE.h5", desc, args)) return 0;
+  if (!parse_command_line(app, "init", "--preset NAME [--weight-seed N] --out FILE.h5 [--dtype f32|bf16]", desc, args)) return 0;
   opt.validate();
   agree_on_run(app, {});
   if (app.world.rank() != 0) return 0;  // one writer

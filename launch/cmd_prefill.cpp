@@ -114,7 +114,9 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
     inputs.add("token count", std::to_string(total));
   } else {
     inputs.add_tokens("input tokens", ids);
+    add_file_datasets(inputs, "input", opt.input);  // loss_mask and document_offsets too
   }
+  opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   Communicator& comm = *world.comm;

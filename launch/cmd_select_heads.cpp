@@ -55,7 +55,7 @@ struct SelectHeadsOptions {
     const auto mark = [this](const char* flag) {
       return [this, flag](const auto&) { generator_flags.insert(flag); };
     };
-    model.bind(o, "weight-seed");  // a Qwen3 teacher whose heads are scored
+    model.bind(o, ModelSource::OwnSeed::yes);  // a Qwen3 teacher whose heads are scored
     o.add_options()
         ("budget", po::value(&budget)->required(), "K: heads that keep full attention, over the whole model (default) or per layer")
         ("per-layer", po::bool_switch(&per_layer), "the budget is K heads in every layer (uniform), not K in total")
@@ -191,6 +191,9 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   for (const std::vector<int32_t>& t : text) text_ids.insert(text_ids.end(), t.begin(), t.end());
   inputs.add_tokens("calibration prompts", prompt_ids);
   inputs.add_tokens("plain text", text_ids);
+  if (!opt.calib.empty()) add_file_datasets(inputs, "calibration set", opt.calib);
+  if (!opt.lm_text.empty()) add_file_datasets(inputs, "plain text", opt.lm_text);
+  opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   Communicator& comm = *world.comm;
@@ -221,9 +224,10 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   report.fa_heads = heads::choose_fa_heads(report.composite.composite, budget);
   const heads::HeadScores& s = report.scores;
   if (!s.total_normalized && comm.rank() == 0) {
-    log::warn("corrupting the needle lowers log p(answer) by only {:.3g} nats on average (< {}): the model does not "
-              "retrieve on these prompts, so 'total' is the raw mean drop in nats, not a fraction",
-              s.total_denominator, heads::kMinLogprobGap);
+    // The mean drop may be negative (corruption raised log p): say which way it went.
+    log::warn("corrupting the needle {} log p(answer) by {:.3g} nats on average (a drop under {} counts as none): the "
+              "model does not retrieve on these prompts, so 'total' is the raw mean drop in nats, not a fraction",
+              s.total_denominator < 0 ? "raises" : "lowers", std::abs(s.total_denominator), heads::kMinLogprobGap);
   }
   int64_t kept = 0;
   for (const auto& l : report.fa_heads) kept += static_cast<int64_t>(l.size());

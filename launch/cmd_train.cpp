@@ -100,7 +100,7 @@ struct TrainOptions {
   int sp = 0;
 
   void bind(po::options_description& o) {
-    model.bind(o, "weight-seed");  // --seed is the data order's
+    model.bind(o, ModelSource::OwnSeed::yes);  // --seed is the data order's
     o.add_options()
         ("stage", po::value(&stage)->required(), "pretrain | align | distill | finetune (defaults per stage below)")
         ("teacher", po::value(&teacher), "teacher checkpoint (align and distill: runs forward in the same process)")
@@ -335,7 +335,7 @@ int run_train(App& app, const std::vector<std::string>& args) {
               gpu ? fmt::format(", MFU {:.1f}%", 100 * s.mfu) : "", s.peak_memory_gib);
     const nlohmann::json summary = {
         {"command", "train"},  {"stage", opt.stage},           {"model", opt.model.describe()},
-        {"ranks", app.world.size()}, {"sp", topology.sp()},   {"device", device_name(world.device)},
+        {"ranks", app.world.size()}, {"sp", topology.sp()},   {"device", device_flag_name(world.device)},
         {"seq_len", c.seq_len}, {"first_step", s.first_step},  {"last_step", s.last_step},
         {"loss", s.last_loss},
         {"eval_loss", s.last_eval_loss ? nlohmann::json(*s.last_eval_loss) : nlohmann::json()},

@@ -24,16 +24,25 @@
 namespace {
 
 void print_usage() {
-  std::cout << "usage: hydra <command> [options]   (hydra <command> --help for its options)\n\ncommands:\n";
+  std::cout << "usage: hydra <command> [options]   (hydra <command> --help for its options; hydra --version)\n\n"
+               "commands:\n";
   for (const auto& c : hydra::subcommands()) std::printf("  %-14s %s\n", c.name.c_str(), c.summary.c_str());
   std::cout << "\nUnder mpirun every command runs sequence-parallel over the ranks; rank 0 writes outputs. Every rank\n"
                "must get the same command line and the same file contents: the ranks check this before they start.\n";
 }
 
 int dispatch(hydra::App& app, int argc, char** argv) {
-  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" || std::string(argv[1]) == "help") {
+  if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" || std::string(argv[1]) == "help")) {
     if (app.world.rank() == 0) print_usage();
-    return argc < 2 ? 2 : 0;
+    return 0;
+  }
+  if (argc >= 2 && std::string(argv[1]) == "--version") {
+    if (app.world.rank() == 0) std::printf("hydra %s (%s build)\n", HYDRA_VERSION, HYDRA_CUDA ? "CUDA" : "CPU-only");
+    return 0;
+  }
+  if (argc < 2) {
+    if (app.world.rank() == 0) print_usage();
+    HYDRA_USER_FAIL("no command given (the commands are listed above)");
   }
   const std::string name = argv[1];
   for (const auto& c : hydra::subcommands()) {

@@ -19,11 +19,14 @@ const std::string& preset_help() {
 
 }  // namespace
 
-void ModelSource::bind(po::options_description& options, const char* seed_flag) {
+void ModelSource::bind(po::options_description& options, OwnSeed own_seed) {
   options.add_options()
       ("model", po::value(&model_path), "hydra checkpoint (.h5) to run")
       ("preset", po::value(&preset), preset_help().c_str())
-      (seed_flag, po::value(&seed)->default_value(0), "weight seed for --preset");
+      ("weight-seed", po::value(&seed)->default_value(0), "weight seed for --preset (the same name in every command)");
+  if (own_seed == OwnSeed::no) {
+    options.add_options()("seed", po::value(&old_seed), "not taken: the weight seed is --weight-seed");
+  }
   bind_allow_nonfinite(options, &allow_nonfinite);
 }
 
@@ -35,6 +38,8 @@ void ModelSource::bind_allow_nonfinite(po::options_description& options, bool* f
 }
 
 void ModelSource::validate() const {
+  HYDRA_USER_CHECK(old_seed.empty(), "--seed is not taken here: the weight seed is --weight-seed (the same name in "
+                   "every command; --seed is a sampling, data or task seed where a command has one)");
   HYDRA_USER_CHECK(model_path.empty() != preset.empty(), "give exactly one of --model FILE.h5 or --preset NAME");
   if (!preset.empty()) {
     preset_config(preset);  // throws for an unknown preset, listing the known ones
@@ -71,6 +76,10 @@ Model ModelSource::build(Device device, DType dtype, const ops::KernelOptions& k
   Model model = placed();
   model.set_kernel_options(kernels);
   return model;
+}
+
+void ModelSource::add_contents(RunFingerprint& fingerprint) const {
+  if (!model_path.empty()) add_file_datasets(fingerprint, "model", model_path);
 }
 
 std::string ModelSource::describe() const {

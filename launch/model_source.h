@@ -1,6 +1,9 @@
 // Where a subcommand's model comes from: a checkpoint (--model FILE.h5) or a preset with random
-// weights (--preset NAME --seed N or --weight-seed N, nothing read from disk: speed runs and demos). Shared by every
-// subcommand that runs a model, with one set of flags and one validation.
+// weights (--preset NAME --weight-seed N, nothing read from disk: speed runs and demos). Shared by
+// every subcommand that runs a model, with one set of flags and one validation. The weights' seed is
+// --weight-seed in every command; --seed, where a command has none of its own, is refused by name
+// (it used to be the weight seed there, while generate, train, eval-niah and select-heads use it for
+// their sampling, data or task seed).
 #pragma once
 
 #include <cstdint>
@@ -14,12 +17,12 @@ namespace hydra {
 struct ModelSource {
   std::string model_path;
   std::string preset;
-  uint64_t seed = 0;
+  uint64_t seed = 0;              // --weight-seed
+  std::string old_seed;           // --seed where the command has no seed of its own: refused
   bool allow_nonfinite = false;  // load a checkpoint whose weights hold NaN/Inf (model/nonfinite.h)
 
-  // `seed_flag` names the preset's weight seed: "seed", or "weight-seed" where a command's own
-  // --seed means something else (a task or data-order seed).
-  void bind(po::options_description& options, const char* seed_flag = "seed");
+  enum class OwnSeed { no, yes };  // yes: the command binds a --seed of its own (sampling, data order)
+  void bind(po::options_description& options, OwnSeed own_seed = OwnSeed::no);
   // --allow-nonfinite alone (commands that bind --model/--preset themselves).
   static void bind_allow_nonfinite(po::options_description& options, bool* flag);
   // Exactly one of --model / --preset; a named preset must exist; the file must be readable.
@@ -33,6 +36,9 @@ struct ModelSource {
   // host and placed.
   Model build(Device device, DType dtype, const ops::KernelOptions& kernels) const;
   std::string describe() const;
+  // The weights for the ranks' agreement: a checkpoint's every dataset (add_file_datasets); a
+  // preset's weights are fixed by its name and --weight-seed, which the options already hold.
+  void add_contents(RunFingerprint& fingerprint) const;
 };
 
 }  // namespace hydra

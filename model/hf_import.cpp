@@ -1,5 +1,6 @@
 #include "model/hf_import.h"
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -138,8 +139,30 @@ LoadedCheckpoint import_hf_checkpoint(const std::string& directory) {
     HYDRA_USER_CHECK(!files.empty(), "{}: no *.safetensors file and no model.safetensors.index.json", directory);
     for (const std::string& f : files) {
       const SafetensorsFile file(f);
-      for (const auto& [name, entry] : file.entries()) file_of[name] = f;
+      for (const auto& [name, entry] : file.entries()) {
+        // Without an index nothing says which copy is meant: directory order would pick one.
+        const auto [it, fresh] = file_of.emplace(name, f);
+        HYDRA_USER_CHECK(fresh, "{}: tensor '{}' is in both {} and {}, and no model.safetensors.index.json says which "
+                         "to use (remove the stale file or add an index)", directory, name,
+                         fs::path(it->second).filename().string(), fs::path(f).filename().string());
+      }
     }
+  }
+  // Every tensor the folder holds is one the config uses: a tensor left over means the config and
+  // the weights disagree (layers dropped, tie_word_embeddings flipped), which must not pass silently.
+  // Rotary inv_freq buffers (older transformers saved them) are recomputed from the config.
+  std::map<std::string, bool> used;
+  for (const ParamSpec& spec : parameter_specs(out.config)) used[spec.name] = true;
+  std::vector<std::string> unused;
+  for (const auto& [name, file] : file_of) {
+    const bool buffer = name.size() >= 21 && name.ends_with("rotary_emb.inv_freq");
+    if (!used.count(name) && !buffer) unused.push_back(name);
+  }
+  const bool tied_copy = out.config.tie_word_embeddings && unused.size() == 1 && unused[0] == "lm_head.weight";
+  if (!unused.empty() && !tied_copy) {
+    HYDRA_USER_FAIL("{}: {} tensor(s) the config does not use, first '{}' (config.json: {} layers, "
+                    "tie_word_embeddings = {}); the config and the weights disagree", directory, unused.size(),
+                    unused.front(), out.config.num_layers, out.config.tie_word_embeddings);
   }
   std::map<std::string, std::unique_ptr<SafetensorsFile>> open;
   for (const ParamSpec& spec : parameter_specs(out.config)) {
@@ -153,6 +176,16 @@ LoadedCheckpoint import_hf_checkpoint(const std::string& directory) {
     HYDRA_USER_CHECK(entry.shape == spec.shape, "{}: tensor '{}' has shape {}, the config needs {}", it->second,
                      spec.name, format_shape(entry.shape), format_shape(spec.shape));
     out.params.emplace(spec.name, file->read(spec.name, DType::f32));
+  }
+  if (tied_copy) {
+    // A tied model saved with its lm_head anyway: accepted only if it is the embedding itself.
+    const auto& file = file_of.at("lm_head.weight");
+    const SafetensorsFile lm(file);
+    const Tensor head = lm.read("lm_head.weight", DType::f32);
+    const Tensor& embed = out.params.at("model.embed_tokens.weight");
+    HYDRA_USER_CHECK(head.nbytes() == embed.nbytes() && std::memcmp(head.data(), embed.data(), head.nbytes()) == 0,
+                     "{}: config.json says tie_word_embeddings = true, but lm_head.weight differs from "
+                     "model.embed_tokens.weight (the config and the weights disagree)", directory);
   }
   validate_parameters(out.config, out.params, directory);
   return out;

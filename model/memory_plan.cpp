@@ -538,12 +538,12 @@ bool fits_memory_plan(const MemoryEstimate& estimate, Device device, int ranks_o
   return estimate.total() < 0.95 * available_memory(device, ranks_on_host).bytes;
 }
 
-void check_memory_plan(const MemoryEstimate& estimate, Device device, const std::string& what, int ranks_on_host) {
+void check_memory_plan(const MemoryEstimate& estimate, Device device, const std::string& what, int ranks_on_host,
+                       const std::string& remedy) {
   const double g = 1024.0 * 1024.0 * 1024.0;
   const Available available = available_memory(device, ranks_on_host);
   HYDRA_USER_CHECK(estimate.total() < 0.95 * available.bytes, "{} needs about {} per rank, but {} has {:.1f} GiB "
-                   "available; use more ranks (on more nodes) or a shorter --seq-len", what, estimate.describe(),
-                   available.where, available.bytes / g);
+                   "available; {}", what, estimate.describe(), available.where, available.bytes / g, remedy);
 }
 
 }  // namespace hydra

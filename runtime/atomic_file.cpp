@@ -331,6 +331,11 @@ void require_writable_destination(const std::string& path, const char* what) {
   HYDRA_USER_CHECK(!fs::is_directory(p, ec), "{}: {} path is a directory", path, what);
 }
 
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return fs::equivalent(a, b, ec) && !ec;
+}
+
 void require_output_directory(const std::string& path, const char* what) {
   HYDRA_USER_CHECK(!path.empty(), "no {} given", what);
   const fs::path p(path);

@@ -331,13 +331,41 @@ void H5File::write(const std::string& name, const TensorView& tensor) {
   }
 }
 
+namespace {
+
+// h5py writes numpy bool as an HDF5 enum {FALSE = 0, TRUE = 1} over a 1-byte integer.
+bool is_bool_enum(hid_t type) {
+  if (H5Tget_class(type) != H5T_ENUM || H5Tget_size(type) != 1 || H5Tget_nmembers(type) != 2) return false;
+  for (unsigned i = 0; i < 2; ++i) {
+    int8_t value = -1;
+    if (H5Tget_member_value(type, i, &value) < 0 || value != static_cast<int8_t>(i)) return false;
+  }
+  return true;
+}
+
+bool is_integer_type(hid_t type) {
+  return (H5Tget_class(type) == H5T_INTEGER && H5Tget_size(type) <= 8) || is_bool_enum(type);
+}
+
+}  // namespace
+
+bool H5File::is_integer_vector(const std::string& name) const {
+  if (!has_dataset(name)) return false;
+  Handle dataset(H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!dataset.ok()) return false;
+  Handle type(H5Dget_type(dataset.get()), H5Tclose);
+  Handle space(H5Dget_space(dataset.get()), H5Sclose);
+  return type.ok() && space.ok() && is_integer_type(type.get()) && H5Sget_simple_extent_ndims(space.get()) == 1;
+}
+
 std::vector<int64_t> H5File::read_integer_vector(const std::string& name) const {
   HYDRA_USER_CHECK(has_dataset(name), "{}: dataset '{}' is missing", path_, name);
   Handle dataset(H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose);
   HYDRA_USER_CHECK(dataset.ok(), "{}: cannot open dataset '{}'", path_, name);
   Handle type(H5Dget_type(dataset.get()), H5Tclose);
-  HYDRA_USER_CHECK(type.ok() && H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_size(type.get()) <= 8,
-                   "{}: dataset '{}' is not an integer dataset", path_, name);
+  HYDRA_USER_CHECK(type.ok() && is_integer_type(type.get()), "{}: dataset '{}' is not an integer (or boolean) dataset",
+                   path_, name);
+  const bool boolean = is_bool_enum(type.get());
   Handle space(H5Dget_space(dataset.get()), H5Sclose);
   HYDRA_USER_CHECK(H5Sget_simple_extent_ndims(space.get()) == 1, "{}: dataset '{}' must be 1-D", path_, name);
   hsize_t n = 0;
@@ -347,7 +375,14 @@ std::vector<int64_t> H5File::read_integer_vector(const std::string& name) const 
   check_fits_in_memory(path_, name, info);
   check_storage(dataset.get(), info, name);
   std::vector<int64_t> values(static_cast<size_t>(n));
-  if (n > 0) {
+  if (n > 0 && boolean) {
+    // HDF5 converts no enum to an integer: read the enum's own bytes (0 or 1 by is_bool_enum).
+    std::vector<int8_t> bytes(static_cast<size_t>(n));
+    Handle memory(H5Tget_native_type(type.get(), H5T_DIR_ASCEND), H5Tclose);
+    HYDRA_USER_CHECK(memory.ok() && H5Dread(dataset.get(), memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()) >= 0,
+                     "{}: reading dataset '{}' failed (truncated file?)", path_, name);
+    std::copy(bytes.begin(), bytes.end(), values.begin());
+  } else if (n > 0) {
     HYDRA_USER_CHECK(H5Dread(dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0,
                      "{}: reading dataset '{}' failed (truncated file?)", path_, name);
   }

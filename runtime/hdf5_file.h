@@ -49,8 +49,11 @@ class H5File {
   void read_into(const std::string& name, const TensorView& out) const;
   void write(const std::string& name, const TensorView& tensor);
   // A 1-D integer dataset of any width and signedness (uint8 masks, int64 offsets), as int64 values
-  // (HDF5 converts; every value of these widths fits). UserError when it is not a 1-D integer dataset.
+  // (HDF5 converts; every value of these widths fits), or a 1-D boolean (h5py's bool: an enum
+  // FALSE = 0, TRUE = 1 over int8) as 0/1. UserError when it is none of these.
   std::vector<int64_t> read_integer_vector(const std::string& name) const;
+  // Whether `name` is a dataset read_integer_vector reads.
+  bool is_integer_vector(const std::string& name) const;
   // A 1-D uint8 dataset (per-token flags such as loss_mask).
   void write_uint8(const std::string& name, std::span<const uint8_t> values);
 

@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
+#include <set>
 #include <cerrno>
 #include <cstring>
 
@@ -74,12 +76,23 @@ void SafetensorsFile::parse_header() {
                    path, header_len, map_size_);
   data_offset_ = 8 + header_len;
   nlohmann::json header;
+  // JSON keeps the last of two equal keys: a tensor named twice would silently read the second.
+  std::set<std::string> names;
+  std::string repeated;
+  const auto no_repeats = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (depth == 1 && event == nlohmann::json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second &&
+        repeated.empty()) {
+      repeated = parsed.get<std::string>();
+    }
+    return true;
+  };
   try {
-    header = nlohmann::json::parse(map_ + 8, map_ + 8 + header_len);
+    header = nlohmann::json::parse(map_ + 8, map_ + 8 + header_len, no_repeats);
   } catch (const nlohmann::json::exception& e) {
     HYDRA_USER_FAIL("{}: not a safetensors file (header is not JSON: {})", path, e.what());
   }
   HYDRA_USER_CHECK(header.is_object(), "{}: not a safetensors file (header is not a JSON object)", path);
+  HYDRA_USER_CHECK(repeated.empty(), "{}: the header names tensor '{}' twice", path, repeated);
   const uint64_t data_size = map_size_ - data_offset_;
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") continue;
@@ -110,6 +123,18 @@ void SafetensorsFile::parse_header() {
                      "{}: truncated safetensors file: tensor '{}' ends at byte {} of a {}-byte data section", path,
                      name, e.end, data_size);
     entries_.emplace(name, std::move(e));
+  }
+  // Each tensor's bytes are its own: overlapping ranges would alias two tensors.
+  std::vector<std::pair<const std::string*, const SafetensorsEntry*>> by_offset;
+  for (const auto& [name, e] : entries_) {
+    if (e.end > e.begin) by_offset.emplace_back(&name, &e);
+  }
+  std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const SafetensorsEntry& prev = *by_offset[i - 1].second;
+    const SafetensorsEntry& next = *by_offset[i].second;
+    HYDRA_USER_CHECK(next.begin >= prev.end, "{}: tensors '{}' [{}, {}) and '{}' [{}, {}) overlap in the data section",
+                     path, *by_offset[i - 1].first, prev.begin, prev.end, *by_offset[i].first, next.begin, next.end);
   }
 }
 

@@ -193,7 +193,7 @@ run_step synth-finetune "$hydra" synth --task "$mix" --tokens "$ft_tokens" --seq
 run_step synth-calib "$hydra" synth --task "$mix" --tokens $((len * 8)) --seq-len "$len" --seed 5 --out "$d/calib.h5" "${synth_common[@]}"
 run_step synth-lmtext "$hydra" synth --task lm --tokens $((len * 8)) --seq-len "$len" --seed 6 --out "$d/lmtext.h5" "${synth_common[@]}"
 if [[ -z "$teacher_in" ]]; then
-  run_step init-teacher "$hydra" init --preset "$preset" --seed 0 --out "$work/models/teacher_init.h5"
+  run_step init-teacher "$hydra" init --preset "$preset" --weight-seed 0 --out "$work/models/teacher_init.h5"
 fi
 
 declare -A spec=([selected]="file:$res/heads.json" [random]="random:1" [layerwise]="layerwise:4" [gdn]="uniform:0")

@@ -115,7 +115,7 @@ def main():
     lock = threading.Lock()
     commands = open(os.path.join(a.out, "commands.sh"), "w")
     init = os.path.join(a.out, "init.h5")
-    if run([a.hydra, "init", "--preset", a.preset, "--seed", "0", "--out", init], os.path.join(a.out, "init.log"),
+    if run([a.hydra, "init", "--preset", a.preset, "--weight-seed", "0", "--out", init], os.path.join(a.out, "init.log"),
            commands=commands, lock=lock) != 0:
         sys.exit("teacher_probe: hydra init failed (see init.log)")
     results = [None] * len(variants)

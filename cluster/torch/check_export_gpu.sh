@@ -35,9 +35,9 @@ start=$SECONDS
 stamp() { echo "[check_export_gpu $((SECONDS - start)) s] $*"; }
 
 stamp "init $HYBRID_PRESET and $TEACHER_PRESET (bf16, random weights)"
-"$BIN" init --preset "$HYBRID_PRESET" --dtype bf16 --seed 1 --out "$W/hybrid.h5" > "$OUT/init_hybrid.log" 2>&1 &
+"$BIN" init --preset "$HYBRID_PRESET" --dtype bf16 --weight-seed 1 --out "$W/hybrid.h5" > "$OUT/init_hybrid.log" 2>&1 &
 p1=$!
-"$BIN" init --preset "$TEACHER_PRESET" --dtype bf16 --seed 2 --out "$W/teacher.h5" > "$OUT/init_teacher.log" 2>&1 &
+"$BIN" init --preset "$TEACHER_PRESET" --dtype bf16 --weight-seed 2 --out "$W/teacher.h5" > "$OUT/init_teacher.log" 2>&1 &
 p2=$!
 wait $p1 || { cat "$OUT/init_hybrid.log"; exit 1; }
 wait $p2 || { cat "$OUT/init_teacher.log"; exit 1; }

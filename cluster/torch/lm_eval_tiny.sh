@@ -54,7 +54,7 @@ EOF
 
 for kind in hybrid:hydrahead-tiny teacher:qwen3-tiny; do
   name=${kind%%:*} preset=${kind#*:}
-  "$BIN" init --preset "$preset" --seed 5 --out "$OUT/$name.h5" > "$OUT/$name-export.log" 2>&1 &&
+  "$BIN" init --preset "$preset" --weight-seed 5 --out "$OUT/$name.h5" > "$OUT/$name-export.log" 2>&1 &&
     "$BIN" export --model "$OUT/$name.h5" --out "$OUT/$name-hf" --tokenizer "$OUT/tok" >> "$OUT/$name-export.log" 2>&1 ||
     { cat "$OUT/$name-export.log"; exit 1; }
 done

@@ -335,7 +335,11 @@ std::vector<std::pair<int32_t, double>> MarkovSource::next_distribution(int32_t 
   return merged;
 }
 
-void SynthConfig::validate() const {
+void SynthConfig::validate() const { validate_length(fmt::format("--seq-len {}", seq_len)); }
+
+// `length_name` names the document length in messages: "--seq-len 256", or for a packed stream its
+// shortest document ("--doc-length 64..200 (its shortest documents, 64 tokens)").
+void SynthConfig::validate_length(const std::string& length_name) const {
   HYDRA_USER_CHECK(!mixture.empty(), "the mixture names no task");
   HYDRA_USER_CHECK(documents >= 1, "the stream needs at least one document (--tokens ≥ --seq-len)");
   HYDRA_USER_CHECK(seq_len >= 2, "--seq-len must be at least 2 (got {})", seq_len);
@@ -345,7 +349,8 @@ void SynthConfig::validate() const {
     SynthConfig shortest = *this;  // every kind must fit the shortest document
     shortest.seq_len = doc_length_min;
     shortest.doc_length_min = shortest.doc_length_max = 0;
-    shortest.validate();
+    shortest.validate_length(fmt::format("--doc-length {}..{} (its shortest documents, {} tokens)", doc_length_min,
+                                         doc_length_max, doc_length_min));
     return;
   }
   const niah::Markers m = niah::markers_for(vocab_size);
@@ -357,8 +362,8 @@ void SynthConfig::validate() const {
     if (is_niah(part.kind)) {
       const niah::TaskParams p = niah_params(*this, part.kind);
       p.validate(vocab_size);
-      HYDRA_USER_CHECK(seq_len >= p.min_length(), "--seq-len {} is too short for {} documents: they need up to {} tokens",
-                       seq_len, kind_name(part.kind), p.min_length());
+      HYDRA_USER_CHECK(seq_len >= p.min_length(), "{} is too short for {} documents: they need up to {} tokens",
+                       length_name, kind_name(part.kind), p.min_length());
     } else if (part.kind == Kind::mqar) {
       HYDRA_USER_CHECK(mqar_pairs >= 1, "--mqar-pairs must be at least 1 (got {})", mqar_pairs);
       HYDRA_USER_CHECK(mqar_queries >= 0 && queries() <= mqar_pairs,
@@ -369,8 +374,8 @@ void SynthConfig::validate() const {
       const int64_t need = mqar_pairs * p.needle_length(p.value_length_max) +
                            queries() * (p.query_length() + p.value_length_max);
       HYDRA_USER_CHECK(seq_len >= need,
-                       "--seq-len {} is too short for mqar documents of {} pairs and {} queries: they need up to {} "
-                       "tokens", seq_len, mqar_pairs, queries(), need);
+                       "{} is too short for mqar documents of {} pairs and {} queries: they need up to {} "
+                       "tokens", length_name, mqar_pairs, queries(), need);
     } else if (part.kind == Kind::recall) {
       HYDRA_USER_CHECK(recall_tokens > 0, "recall documents draw keys and values from reserved ids: set --recall-tokens "
                        "(e.g. {})", std::min<int64_t>(128, (m.content / 4) * 2));
@@ -378,7 +383,7 @@ void SynthConfig::validate() const {
                        "--recall-pairs {} needs at least 2 × {} reserved ids (--recall-tokens is {}) for distinct keys",
                        recall_pairs, recall_pairs, recall_tokens);
       HYDRA_USER_CHECK(seq_len >= 2 * recall_pairs + 2,
-                       "--seq-len {} is too short for recall documents of {} pairs: they need at least {} tokens", seq_len,
+                       "{} is too short for recall documents of {} pairs: they need at least {} tokens", length_name,
                        recall_pairs, 2 * recall_pairs + 2);
     }
   }

@@ -146,8 +146,10 @@ struct SynthConfig {
   int64_t language_content() const;
   // recall documents: pairs, then one query per pair while they fit (at least one).
   int64_t recall_queries() const { return std::min(recall_pairs, (seq_len - 2 * recall_pairs) / 2); }
-  // UserErrors: empty mixture, too small a vocabulary, a document kind that does not fit seq_len.
+  // UserErrors: empty mixture, too small a vocabulary, a document kind that does not fit seq_len
+  // (a packed stream's shortest document, named by its --doc-length).
   void validate() const;
+  void validate_length(const std::string& length_name) const;
 };
 
 struct Span {

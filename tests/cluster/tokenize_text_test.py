@@ -45,7 +45,7 @@ with tempfile.TemporaryDirectory() as d:
             failures.append(f"document_offsets {offsets}, expected [0, 6, 7, 11]")
         # hydra accepts the file as packed documents (a forward over one window of all 11 tokens).
         model = os.path.join(d, "m.h5")
-        subprocess.run([hydra, "init", "--preset", "qwen3-tiny", "--seed", "1", "--out", model], check=True,
+        subprocess.run([hydra, "init", "--preset", "qwen3-tiny", "--weight-seed", "1", "--out", model], check=True,
                        capture_output=True)
         r = subprocess.run([hydra, "eval-lm", "--model", model, "--data", out, "--seq-len", "10", "--windows", "1",
                             "--out", os.path.join(d, "lm.json")], capture_output=True, text=True)

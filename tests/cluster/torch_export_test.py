@@ -68,7 +68,7 @@ def main():
         models = {}
         for preset, dtype in [("qwen3-tiny", "f32"), ("hydrahead-tiny", "f32"), ("hydrahead-tiny", "bf16")]:
             models[f"{preset}-{dtype}"] = tmp / f"{preset}-{dtype}.h5"
-            run(hydra, "init", "--preset", preset, "--seed", "4", "--dtype", dtype, "--out", models[f"{preset}-{dtype}"])
+            run(hydra, "init", "--preset", preset, "--weight-seed", "4", "--dtype", dtype, "--out", models[f"{preset}-{dtype}"])
         models["layerwise"] = tmp / "layerwise.h5"  # layer 0 all-GDN, layer 1 all-FA
         run(hydra, "convert", "--teacher", models["qwen3-tiny-f32"], "--fa-heads", "layerwise:2", "--seed", "2",
             "--out", models["layerwise"])

@@ -50,7 +50,7 @@ TEST_F(Cli, HelpForEveryCommand) {
 
 TEST_F(Cli, InitInfoForwardWork) {
   const std::string out = dir_.file("init.h5");
-  ASSERT_EQ(hydra("init --preset qwen3-tiny --seed 5 --out " + out).exit_code, 0);
+  ASSERT_EQ(hydra("init --preset qwen3-tiny --weight-seed 5 --out " + out).exit_code, 0);
   const CommandResult info = hydra("info " + out + " --tensors");
   EXPECT_EQ(info.exit_code, 0) << info.output;
   EXPECT_NE(info.output.find("qwen3: 2 layers, D=128"), std::string::npos) << info.output;
@@ -151,7 +151,7 @@ TEST_F(Cli, ImportErrorsNameTheFile) {
 
 TEST_F(Cli, ConvertChecksTeacherSpecAndCalibration) {
   const std::string teacher = dir_.file("teacher.h5"), out = dir_.file("student.h5");
-  ASSERT_EQ(hydra("init --preset qwen3-tiny --seed 2 --out " + teacher).exit_code, 0);
+  ASSERT_EQ(hydra("init --preset qwen3-tiny --weight-seed 2 --out " + teacher).exit_code, 0);
   expect_one_line_error(hydra("convert --teacher " + model_ + " --fa-heads uniform:1 --out " + out),
                     "is a hydrahead model; convert needs a Qwen3-shaped teacher");
   expect_one_line_error(hydra("convert --teacher " + teacher + " --fa-heads uniform:5 --out " + out),

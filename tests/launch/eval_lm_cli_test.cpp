@@ -27,7 +27,7 @@ nlohmann::json summary_of(const CommandResult& r) {
 TEST(EvalLmCli, MatchesForwardAndRanks) {
   const TempDir dir;
   const std::string h = hydra_binary();
-  ASSERT_EQ(run_command(h + " init --preset hydrahead-tiny --seed 3 --out " + dir.file("m.h5")).exit_code, 0);
+  ASSERT_EQ(run_command(h + " init --preset hydrahead-tiny --weight-seed 3 --out " + dir.file("m.h5")).exit_code, 0);
   const int64_t len = 48;
   const std::vector<int32_t> all = random_tokens(3 * len + 1, 256, 1);
   write_token_file(dir.file("all.h5"), all);

@@ -58,7 +58,7 @@ class Export : public ::testing::Test {
   // `preset` with random weights (seed 3) in `dtype`, through hydra init as a user makes one.
   std::string init(const std::string& preset, const std::string& dtype) {
     const std::string path = dir_.file(preset + "-" + dtype + ".h5");
-    const CommandResult r = hydra("init --preset " + preset + " --seed 3 --dtype " + dtype + " --out " + path);
+    const CommandResult r = hydra("init --preset " + preset + " --weight-seed 3 --dtype " + dtype + " --out " + path);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return path;
   }

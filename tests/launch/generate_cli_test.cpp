@@ -54,7 +54,7 @@ std::vector<std::vector<int32_t>> tokens_of(const std::vector<nlohmann::json>& l
 TEST(GenerateCli, GreedyEqualsForwardArgmaxAndRanksAgree) {
   const TempDir dir;
   const std::string h = hydra_binary();
-  ASSERT_EQ(run_command(h + " init --preset hydrahead-tiny --seed 4 --out " + dir.file("m.h5")).exit_code, 0);
+  ASSERT_EQ(run_command(h + " init --preset hydrahead-tiny --weight-seed 4 --out " + dir.file("m.h5")).exit_code, 0);
   // Two prompts of 23 and 6 tokens.
   std::vector<int32_t> a = ids_of(23, 1), b = ids_of(6, 2), both = a;
   both.insert(both.end(), b.begin(), b.end());
