@@ -148,6 +148,18 @@ LoadedCheckpoint import_hf_checkpoint(const std::string& directory) {
       }
     }
   }
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> open;
+  for (const ParamSpec& spec : parameter_specs(out.config)) {
+    const auto it = file_of.find(spec.name);
+    HYDRA_USER_CHECK(it != file_of.end(), "{}: tensor '{}' is not in the checkpoint", directory, spec.name);
+    auto& file = open[it->second];
+    if (!file) file = std::make_unique<SafetensorsFile>(it->second);
+    HYDRA_USER_CHECK(file->contains(spec.name), "{}: tensor '{}' is listed in the index but missing", it->second,
+                     spec.name);
+    const SafetensorsEntry& entry = file->entries().at(spec.name);
+    HYDRA_USER_CHECK(entry.shape == spec.shape, "{}: tensor '{}' has shape {}, the config needs {}", it->second,
+                     spec.name, format_shape(entry.shape), format_shape(spec.shape));
+  }
   // Every tensor the folder holds is one the config uses: a tensor left over means the config and
   // the weights disagree (layers dropped, tie_word_embeddings flipped), which must not pass silently.
   // Rotary inv_freq buffers (older transformers saved them) are recomputed from the config.
@@ -164,18 +176,8 @@ LoadedCheckpoint import_hf_checkpoint(const std::string& directory) {
                     "tie_word_embeddings = {}); the config and the weights disagree", directory, unused.size(),
                     unused.front(), out.config.num_layers, out.config.tie_word_embeddings);
   }
-  std::map<std::string, std::unique_ptr<SafetensorsFile>> open;
   for (const ParamSpec& spec : parameter_specs(out.config)) {
-    const auto it = file_of.find(spec.name);
-    HYDRA_USER_CHECK(it != file_of.end(), "{}: tensor '{}' is not in the checkpoint", directory, spec.name);
-    auto& file = open[it->second];
-    if (!file) file = std::make_unique<SafetensorsFile>(it->second);
-    HYDRA_USER_CHECK(file->contains(spec.name), "{}: tensor '{}' is listed in the index but missing", it->second,
-                     spec.name);
-    const SafetensorsEntry& entry = file->entries().at(spec.name);
-    HYDRA_USER_CHECK(entry.shape == spec.shape, "{}: tensor '{}' has shape {}, the config needs {}", it->second,
-                     spec.name, format_shape(entry.shape), format_shape(spec.shape));
-    out.params.emplace(spec.name, file->read(spec.name, DType::f32));
+    out.params.emplace(spec.name, open.at(file_of.at(spec.name))->read(spec.name, DType::f32));
   }
   if (tied_copy) {
     // A tied model saved with its lm_head anyway: accepted only if it is the embedding itself.
