@@ -44,6 +44,7 @@ struct ConvertOptions {
     require_readable_file(teacher, "teacher");
     if (!calib.empty()) require_readable_file(calib, "calibration");
     require_writable_destination(out, "student checkpoint");
+    require_not_an_input(out, {teacher, calib, scores}, "--out");
   }
 };
 

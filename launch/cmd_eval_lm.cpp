@@ -55,6 +55,9 @@ struct EvalLmOptions {
     HYDRA_USER_CHECK(parse_size(seq_len, "--seq-len") >= 1, "--seq-len must be at least 1");
     HYDRA_USER_CHECK(windows >= 0, "--windows must not be negative (0: all)");
     if (!out.empty()) require_writable_destination(out, "summary");
+    std::vector<std::string> inputs = files();
+    inputs.push_back(model.model_path);
+    if (!out.empty()) require_not_an_input(out, inputs, "--out");
   }
 };
 

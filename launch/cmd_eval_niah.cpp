@@ -97,6 +97,8 @@ struct EvalNiahOptions {
     require_writable_destination(out, "results");
     require_writable_destination(out_h5, "HDF5 results");
     HYDRA_USER_CHECK(out_h5 != out, "--out-h5 must differ from --out ({})", out);
+    require_not_an_input(out, {dataset, model.model_path}, "--out");
+    require_not_an_input(out_h5, {dataset, model.model_path}, "--out-h5");
   }
 
   std::vector<int64_t> length_list() const { return parse_size_list(lengths, "--lengths"); }

@@ -53,6 +53,7 @@ struct ForwardOptions {
     if (!input.empty()) require_readable_file(input, "input");
     if (!seq_len.empty()) parse_size(seq_len, "--seq-len");
     if (!output.empty()) require_writable_destination(output, "output");
+    if (!output.empty()) require_not_an_input(output, {input, model.model_path}, "--output");
   }
 };
 

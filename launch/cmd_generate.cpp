@@ -72,8 +72,7 @@ struct GenerateCliOptions {
     HYDRA_USER_CHECK(temperature > 0.0 || (top_k == 0 && top_p == 1.0),
                      "--top-k and --top-p filter sampling: give --temperature > 0 with them (temperature 0 is greedy)");
     // Every path names a distinct file: the output replaces its destination.
-    HYDRA_USER_CHECK(!same_file(out, prompt), "--out {} is the prompt file: name another output", out);
-    HYDRA_USER_CHECK(model.model_path.empty() || !same_file(out, model.model_path), "--out {} is the model: name another output", out);
+    require_not_an_input(out, {prompt, model.model_path}, "--out");
     HYDRA_USER_CHECK(progress == "on" || progress == "off" || progress == "auto", "--progress must be on, off or auto");
     HYDRA_USER_CHECK(nccl_timeout > 0, "--nccl-timeout must be positive");
   }

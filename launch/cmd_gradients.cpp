@@ -46,6 +46,7 @@ struct GradientsOptions {
                      "need a teacher: use hydra train)", loss);
     require_readable_file(input, "input");
     require_writable_destination(out, "gradient output");
+    require_not_an_input(out, {input, model.model_path}, "--out");
   }
 };
 

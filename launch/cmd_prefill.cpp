@@ -67,6 +67,7 @@ struct PrefillOptions {
     HYDRA_USER_CHECK(progress == "on" || progress == "off" || progress == "auto", "--progress must be on, off or auto");
     HYDRA_USER_CHECK(peak_tflops > 0 && nccl_timeout > 0, "--peak-tflops and --nccl-timeout must be positive");
     if (!json_out.empty()) require_writable_destination(json_out, "JSON output");
+    if (!json_out.empty()) require_not_an_input(json_out, {input, model.model_path}, "--json-out");
   }
 };
 

@@ -131,6 +131,7 @@ struct SelectHeadsOptions {
     HYDRA_USER_CHECK(out_h5 != out, "--out-h5 must differ from --out ({})", out);
     require_writable_destination(out, "head-set file");
     require_writable_destination(out_h5, "HDF5 head scores");
+    for (const std::string* o : {&out, &out_h5}) require_not_an_input(*o, {calib, lm_text, model.model_path}, "--out");
   }
 };
 

@@ -84,7 +84,8 @@ struct TrainOptions {
     o.add_options()
         ("stage", po::value(&stage)->required(), "pretrain | align | distill | finetune (defaults per stage below)")
         ("teacher", po::value(&teacher), "teacher checkpoint (align and distill: runs forward in the same process)")
-        ("data", po::value(&data)->required(), "training token files, comma-separated (.h5 with input_ids [N])")
+        ("data", po::value(&data)->required(), "training token files, comma-separated (.h5 with input_ids [N]; an optional "
+         "loss_mask [N] chooses the targets that count, document_offsets [D+1] packs documents that each run as if alone)")
         ("seq-len", po::value(&seq_len)->required(), "tokens per sequence (window); accepts 4K, 128K; a multiple of 2·sp on sp ranks")
         ("steps", po::value(&steps)->required(), "optimizer steps (the learning-rate schedule's length)")
         ("stop-at", po::value(&stop_at)->default_value(0), "stop after this step with a checkpoint (0: --steps); continue later with --resume — for runs split over time-limited allocations")

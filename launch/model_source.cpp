@@ -83,7 +83,7 @@ void ModelSource::add_contents(RunFingerprint& fingerprint) const {
 }
 
 std::string ModelSource::describe() const {
-  return preset.empty() ? model_path : fmt::format("preset {} (seed {})", preset, seed);
+  return preset.empty() ? model_path : fmt::format("preset {} (weight seed {})", preset, seed);
 }
 
 }  // namespace hydra

@@ -336,6 +336,14 @@ bool same_file(const std::string& a, const std::string& b) {
   return fs::equivalent(a, b, ec) && !ec;
 }
 
+void require_not_an_input(const std::string& path, const std::vector<std::string>& inputs, const char* flag) {
+  for (const std::string& input : inputs) {
+    HYDRA_USER_CHECK(input.empty() || !same_file(path, input),
+                     "{} {} is {}, an input of this command: name another output (it would be replaced)", flag, path,
+                     input == path ? "also read" : fmt::format("the same file as {}", input));
+  }
+}
+
 void require_output_directory(const std::string& path, const char* what) {
   HYDRA_USER_CHECK(!path.empty(), "no {} given", what);
   const fs::path p(path);

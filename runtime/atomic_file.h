@@ -124,6 +124,9 @@ void require_writable_destination(const std::string& path, const char* what);
 // Whether two paths name the same file (one file under two spellings, links included); false when
 // either does not exist. An output that is also an input would replace what the command reads.
 bool same_file(const std::string& a, const std::string& b);
+// Fails with a UserError if output `path` is one of `inputs` (empty entries ignored): the output
+// would replace a file the command reads.
+void require_not_an_input(const std::string& path, const std::vector<std::string>& inputs, const char* flag);
 // Fails with a UserError if directory `path` could not be used for output: it is a file, lies under
 // a file, or its nearest existing ancestor is not writable (a read-only filesystem included).
 void require_output_directory(const std::string& path, const char* what);

@@ -84,6 +84,7 @@ class Trainer {
   StageRun stage_run(PhaseTimer* timer) const {
     return StageRun{config_.stage, topology_.sequence(), student_, teacher_, config_.kept, timer};
   }
+  void check_something_counts() const;
   void skip_step(int64_t step);
   StepResult train_step(int64_t step, int64_t counted);
   void log_step(int64_t step, const StepResult& r);
@@ -169,6 +170,13 @@ void Trainer::start() {
                    "{} tokens: a step would train on the same window twice; lower --batch-seqs/--grad-accum or add data",
                    windows_per_step, config_.batch_seqs, config_.grad_accum, replicas_, data_.count(),
                    config_.seq_len + 1);
+  last_step_ = config_.stop_at > 0 ? std::min(config_.stop_at, config_.steps) : config_.steps;
+  HYDRA_USER_CHECK(last_step_ >= first_step_, "--stop-at {} is before the first step of this run ({})", config_.stop_at,
+                   first_step_);
+  check_something_counts();
+  // Every rank has checked the folder before rank 0 writes to it: a skipped first step logs at once,
+  // with no collective before it, and another rank would then find "another run's" train.jsonl.
+  world_.barrier();
   if (lead_) {
     std::error_code ec;
     fs::create_directories(config_.out_dir, ec);
@@ -176,9 +184,6 @@ void Trainer::start() {
     remove_interrupted_saves(config_.out_dir);
     if (config_.resume) truncate_log(log_path_.string(), first_step_ - 1);
   }
-  last_step_ = config_.stop_at > 0 ? std::min(config_.stop_at, config_.steps) : config_.steps;
-  HYDRA_USER_CHECK(last_step_ >= first_step_, "--stop-at {} is before the first step of this run ({})", config_.stop_at,
-                   first_step_);
   if (lead_) {
     jsonl_.open(log_path_, std::ios::app);
     HYDRA_USER_CHECK(jsonl_.is_open(), "cannot open {} for writing", log_path_.string());
@@ -218,6 +223,25 @@ int64_t Trainer::step_count(int64_t position) const {
   int64_t n = 0;
   for (int64_t w = 0; w < per_replica_ * replicas_; ++w) n += data_.counted_targets(position + w);
   return n;
+}
+
+// A run where nothing counts would log loss 0 (or skip every step and save nothing worth having):
+// the steps of this run, and the held-out windows, must count at least one target (loss_mask, and
+// documents longer than one token). Stops at the first that counts: cheap for any usable data.
+void Trainer::check_something_counts() const {
+  if (!stage_.loss_masks) return;
+  bool any = false;
+  for (int64_t step = first_step_, at = position_; step <= last_step_ && !any; ++step, at += per_replica_ * replicas_) {
+    any = step_count(at) > 0;
+  }
+  HYDRA_USER_CHECK(any, "no target counts in the windows of steps {}..{} (the data's loss_mask is 0 there, or its "
+                   "documents are 1 token long): nothing to train on", first_step_, last_step_);
+  if (!eval_) return;
+  const int64_t n = std::min(config_.eval_windows, eval_->count());
+  any = false;
+  for (int64_t i = 0; i < n && !any; ++i) any = eval_->counted_targets_in_order(i) > 0;
+  HYDRA_USER_CHECK(any, "--eval-data: no target counts in its first {} window(s) (loss_mask 0, or documents 1 token "
+                   "long): the held-out loss would be undefined", n);
 }
 
 // A line of train.jsonl (rank 0); a failed write (a full disk) ends the run with a UserError.
@@ -300,7 +324,9 @@ void Trainer::log_step(int64_t step, const StepResult& r) {
             phase(Phase::gemm), phase(Phase::fa), phase(Phase::gdn), phase(Phase::comm), phase(Phase::other));
   nlohmann::json line{{"type", "step"}, {"step", step}, {"loss", r.loss}, {"lr", r.stats.lr}, {"grad_norm", r.grad_norm},
                       {"clip_scale", r.stats.clip_scale}, {"tokens", step_tokens_}, {"step_s", r.seconds},
-                      {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"data_position", position_}};
+                      {"tokens_per_s", tokens_per_s},
+                      {"mfu", student_.device() == Device::cuda ? nlohmann::json(mfu) : nlohmann::json()},  // a GPU figure
+                      {"data_position", position_}};
   if (stage_.logs_answer_split) line.update(loss_fields(r.total, ""));
   // Seconds per phase of the layers (forward, recompute, backward) on rank 0; the loss head and the
   // optimizer are the rest of step_s. Concurrent FA/GDN branches overlap, so phases can sum past it.
@@ -385,6 +411,7 @@ TrainSummary Trainer::run() {
     if (counted == 0) {
       skip_step(step);
       evaluate_if_due(step);
+      if (save_or_stop(step, 0)) break;  // a skipped step saves as any other (the run's last one too)
       continue;
     }
     const StepResult r = train_step(step, counted);

@@ -24,6 +24,7 @@
 #include "runtime/hdf5_file.h"
 #include "runtime/token_file.h"
 #include "tests/common/test_util.h"
+#include "tests/launch/train_log.h"
 
 namespace hydra::test {
 namespace {
@@ -274,8 +275,8 @@ TEST_F(Generate, NegativeSeedsAreRefused) {
 // Before: the prompt file was replaced by the output.
 TEST_F(Generate, OutputOverThePromptIsRefused) {
   const std::string before = read_all(prompt_);
-  expect_clean_error(generate("--max-new-tokens 2 --out " + prompt_), "is the prompt file");
-  expect_clean_error(generate("--max-new-tokens 2 --out " + dir_.file("./p.h5")), "is the prompt file");
+  expect_clean_error(generate("--max-new-tokens 2 --out " + prompt_), "an input of this command");
+  expect_clean_error(generate("--max-new-tokens 2 --out " + dir_.file("./p.h5")), "is the same file as");
   EXPECT_EQ(read_all(prompt_), before);
 }
 
@@ -290,6 +291,77 @@ TEST_F(Generate, FiltersWithoutATemperatureAreRefused) {
   expect_clean_error(generate("--max-new-tokens 2 --top-k 5 --out " + out_), "give --temperature > 0");
   expect_clean_error(generate("--max-new-tokens 2 --top-p 0.5 --out " + out_), "give --temperature > 0");
   EXPECT_EQ(generate("--max-new-tokens 2 --top-k 5 --temperature 0.7 --out " + out_).exit_code, 0);
+}
+
+// ---- Defects 3, 4 and 5: training steps that count nothing ---------------------------------------
+
+// Two windows of 64 tokens (129 ids); `counted_window` (0 or 1) is the only one whose targets count.
+void write_half_masked(const std::string& path, int counted_window) {
+  std::vector<uint8_t> mask(129, 0);
+  for (int i = 1 + 64 * counted_window; i <= 64 + 64 * counted_window; ++i) mask[static_cast<size_t>(i)] = 1;
+  write_token_data(path, random_tokens(129, 256, 5), mask);
+}
+
+std::string train_flags(const std::string& data, const std::string& out_dir, int seed) {
+  return fmt::format("train --stage pretrain --preset hydrahead-tiny --data {} --seq-len 64 --steps 2 --device cpu "
+                     "--seed {} --out-dir {}", data, seed, out_dir);
+}
+
+bool skipped(const std::string& out_dir, int64_t step) {
+  for (const auto& j : log_lines(out_dir)) {
+    if (j.at("step") == step) return j.contains("skipped");
+  }
+  return false;
+}
+
+// Before: the skip path went past the save: exit 0, no checkpoint, no `latest`.
+TEST(TrainSkips, ASkippedLastStepStillSavesTheRun) {
+  const TempDir dir;
+  write_half_masked(dir.file("d.h5"), 0);
+  int last_skipped = 0;
+  for (int seed = 0; seed < 6; ++seed) {  // the window order is the seed's: step 2 is the masked one for some
+    const std::string out = dir.file(fmt::format("run{}", seed));
+    const CommandResult r = hydra(train_flags(dir.file("d.h5"), out, seed));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    last_skipped += skipped(out, 2);
+    EXPECT_TRUE(fs::exists(fs::path(out) / "step-000002" / "model.h5")) << "seed " << seed << "\n" << r.output;
+    EXPECT_EQ(read_all((fs::path(out) / "latest").string()).substr(0, 11), "step-000002") << "seed " << seed;
+  }
+  EXPECT_GT(last_skipped, 0) << "no seed skipped the last step: the case was not met";
+}
+
+// Before: loss 0.0 and exit 0 (and eval_loss 0.0 from --eval-data of such a file).
+TEST(TrainSkips, DataThatCountsNothingIsRefused) {
+  const TempDir dir;
+  write_token_data(dir.file("zero.h5"), random_tokens(129, 256, 5), std::vector<uint8_t>(129, 0));
+  std::vector<int64_t> singles(130);
+  for (size_t i = 0; i < singles.size(); ++i) singles[i] = static_cast<int64_t>(i);
+  write_token_data(dir.file("ones.h5"), random_tokens(129, 256, 5), {}, singles);  // documents of 1 token
+  write_token_file(dir.file("ok.h5"), random_tokens(129, 256, 5));
+  for (const std::string data : {"zero.h5", "ones.h5"}) {
+    SCOPED_TRACE(data);
+    expect_clean_error(hydra(train_flags(dir.file(data), dir.file("run"), 0)), "no target");
+    EXPECT_FALSE(fs::exists(dir.file("run")));
+    expect_clean_error(hydra(train_flags(dir.file("ok.h5"), dir.file("run"), 0) + " --eval-data " + dir.file(data)),
+                       "no target");
+    EXPECT_FALSE(fs::exists(dir.file("run")));
+  }
+}
+
+// Before: 5 of 15 two-rank runs ended "holds the train.jsonl of another run" (rank 0 logged the
+// skipped step 1 before rank 1 checked the folder). A race: several runs, each must pass.
+TEST(TrainSkips, ASkippedFirstStepOnTwoRanksIsNoRace) {
+  const TempDir dir;
+  write_half_masked(dir.file("d.h5"), 1);
+  for (int run = 0; run < 6; ++run) {
+    const std::string out = dir.file(fmt::format("run{}", run));
+    // Seed 3 orders the two windows 0, 1: step 1 is the masked window.
+    const CommandResult r = run_command("timeout 120 " + mpirun(2) + hydra_binary() + " " +
+                                        train_flags(dir.file("d.h5"), out, 3));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(skipped(out, 1)) << "step 1 was not skipped: the case was not met";
+    EXPECT_TRUE(fs::exists(fs::path(out) / "step-000002" / "model.h5"));
+  }
 }
 
 // ---- The new user's list -------------------------------------------------------------------------
@@ -317,6 +389,22 @@ TEST(NewUser, OneNameForTheWeightSeed) {
     return at == std::string::npos ? std::string("?") : out.substr(at, 30);
   };
   EXPECT_EQ(nll(a.output), nll(b.output));
+}
+
+// The README's output rule: an output that names one of the command's inputs is refused, the input kept.
+TEST(NewUser, AnOutputOverAnInputIsRefused) {
+  const TempDir dir;
+  write_token_file(dir.file("t.h5"), tokens(32));
+  const std::string before = read_all(dir.file("t.h5"));
+  const std::string t = dir.file("t.h5");
+  for (const std::string& cmd : std::vector<std::string>{
+           "forward --preset hydrahead-tiny --input " + t + " --output " + t,
+           "gradients --preset hydrahead-tiny --input " + t + " --out " + t,
+           "eval-lm --preset hydrahead-tiny --data " + t + " --seq-len 16 --out " + t}) {
+    SCOPED_TRACE(cmd);
+    expect_clean_error(hydra(cmd), "an input of this command");
+  }
+  EXPECT_EQ(read_all(t), before);
 }
 
 TEST(NewUser, BareHydraAndVersion) {
