@@ -25,6 +25,7 @@
 #include "runtime/log.h"
 #include "runtime/phase_timer.h"
 #include "runtime/stop_request.h"
+#include "runtime/token_identity.h"
 #if HYDRA_CUDA
 #include "runtime/cuda_memory.h"
 #endif
@@ -103,6 +104,59 @@ std::string format_duration(double s) {
   return fmt::format("{}s", t);
 }
 
+// ---- The data's place in the training state (issue 42), apart from the optimizer's ----
+// state.h5 attribute `data_state` (JSON): the run's window position and, for a blend, the windows
+// drawn from each file and the epoch each is in. --resume replays the draws to the position and
+// compares them (other weights or files would resume elsewhere). The inputs' content identities
+// are the attribute `inputs` (TrainConfig::Input).
+constexpr const char* kDataState = "data_state";
+
+// The files of --data (role "training data") or --eval-data ("evaluation data") with their weights
+// and content identities (TrainConfig::inputs, where known: the window index is then cached).
+std::vector<DataSource> data_sources(const TrainConfig& config, const std::vector<std::string>& paths,
+                                     const std::vector<double>& weights, const std::string& role) {
+  std::vector<DataSource> sources;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    std::string identity;
+    for (const TrainConfig::Input& in : config.inputs) {
+      if (in.role == fmt::format("{} {}", role, i + 1) && in.hash.rfind("v", 0) == 0) identity = in.hash;
+    }
+    sources.push_back({paths[i], i < weights.size() ? weights[i] : -1.0, identity});
+  }
+  return sources;
+}
+
+nlohmann::json data_state(const TokenWindows& data, int64_t position) {
+  nlohmann::json state{{"position", position}, {"windows_per_epoch", data.count()}};
+  if (data.blended()) {
+    const std::vector<int64_t> drawn = data.drawn(position);
+    nlohmann::json files = nlohmann::json::array();
+    for (int64_t f = 0; f < data.files(); ++f) {
+      files.push_back({{"path", data.path(f)}, {"weight", data.weights()[static_cast<size_t>(f)]},
+                       {"windows_drawn", drawn[static_cast<size_t>(f)]}});
+    }
+    state["files"] = files;
+  }
+  return state;
+}
+
+// The realised shares of a blend after `position` windows (train.jsonl).
+nlohmann::json data_shares(const TokenWindows& data, int64_t position) {
+  nlohmann::json shares = nlohmann::json::array();
+  for (int64_t d : data.drawn(position)) shares.push_back(static_cast<double>(d) / static_cast<double>(std::max<int64_t>(position, 1)));
+  return shares;
+}
+
+void check_data_state(const std::string& path, const std::string& saved_text, const TokenWindows& data, int64_t position) {
+  const nlohmann::json saved = nlohmann::json::parse(saved_text, nullptr, false);
+  HYDRA_USER_CHECK(saved.is_object(), "{}: its data_state is not readable", path);
+  const nlohmann::json now = data_state(data, position);
+  if (saved.value("files", nlohmann::json()) == now.value("files", nlohmann::json())) return;
+  HYDRA_USER_FAIL("--resume: {} was at {} of the data ({}); the data given now reaches {} there: resume with the same "
+                  "--data files and weights", path, saved.dump(), saved.value("files", nlohmann::json()).dump(),
+                  now.value("files", nlohmann::json()).dump());
+}
+
 struct Run {
   const TrainConfig& config;
   TrainTopology& topology;
@@ -143,7 +197,8 @@ struct Run {
 
 // Writes step-NNNNNN (rank 0) and returns its path; logs a line with its size and the seconds taken.
 std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
-                                 const AdamW& optimizer, int64_t step, int64_t position) {
+                                 const AdamW& optimizer, int64_t step, int64_t position,
+                                 const nlohmann::json& data_position) {
   const auto t0 = std::chrono::steady_clock::now();
   const fs::path out(config.out_dir), final_dir = out / step_dir_name(step);
   // The step is written under `.step-NNNNNN.tmp-PID` (the AtomicFile naming, so the same sweep finds
@@ -184,6 +239,7 @@ std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology&
     h5.set_attribute("stage", std::string(stage_name(config.stage)));
     h5.set_attribute("step", step);
     h5.set_attribute("data_position", position);
+    h5.set_attribute(kDataState, data_position.dump());
     h5.set_attribute("seed", static_cast<int64_t>(config.seed));
     h5.set_attribute("seq_len", config.seq_len);
     h5.set_attribute("world_size", static_cast<int64_t>(const_cast<TrainTopology&>(topology).world().size()));
@@ -243,6 +299,7 @@ void truncate_log(const fs::path& path, int64_t last_kept_step) {
 struct VerifiedState {
   int64_t version = 0, step = 0, position = 0, world = 0, sp = 0, seq_len = 0, seed = 0;
   std::string stage, config;
+  std::string data_state;  // the kDataState attribute ("" in states written before it)
   nlohmann::json inputs;  // role → XXH3 hex (version 2)
   NamedTensors tensors;
 };
@@ -266,6 +323,7 @@ VerifiedState read_verified_state(const std::string& path) {
     st.sp = h5.int_attribute("sp");
     st.seq_len = h5.int_attribute("seq_len");
     st.seed = h5.int_attribute("seed");
+    if (h5.has_attribute(kDataState)) st.data_state = h5.string_attribute(kDataState);
     HYDRA_USER_CHECK(st.step >= 1 && st.position >= 0 && st.world >= 1 && st.sp >= 1 && st.world % st.sp == 0 &&
                          st.seq_len >= 1,
                      "{}: attributes out of range (step {}, data_position {}, world_size {}, sp {}, seq_len {}) {}", path,
@@ -315,6 +373,7 @@ VerifiedState read_verified_state(const std::string& path) {
 
 struct ResumePoint {
   int64_t step = 0, position = 0;
+  std::string state_path, data_state;
 };
 
 ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topology, const Model& student,
@@ -342,10 +401,20 @@ ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topolo
     std::vector<std::string> changed;
     for (const TrainConfig::Input& in : config.inputs) {
       const std::string saved = st.inputs.contains(in.role) && st.inputs[in.role].is_string() ? st.inputs[in.role].get<std::string>() : "";
-      if (saved != in.hash) {
-        changed.push_back(fmt::format("{} {} ({})", in.role, in.path,
-                                      saved.empty() ? "not part of the saved run" : "other contents: XXH3 " + in.hash +
-                                                                                       ", saved " + saved));
+      if (saved == in.hash) continue;
+      const bool identity = in.hash.rfind("v", 0) == 0;  // data: a content identity (runtime/token_identity.h)
+      if (identity && !saved.empty() && saved.rfind("v", 0) != 0) {
+        if (lead) log::warn("--resume: {} stores the XXH3 of the bytes of {} {} (an older hydra), not its content "
+                            "identity: not compared", path, in.role, in.path);
+        continue;
+      }
+      if (saved.empty()) {
+        changed.push_back(fmt::format("{} {} (not part of the saved run)", in.role, in.path));
+      } else if (identity) {
+        changed.push_back(fmt::format("{} {} (other contents: {} differ; now {}, saved {})", in.role, in.path,
+                                      token_identity_difference(in.hash, saved), in.hash, saved));
+      } else {
+        changed.push_back(fmt::format("{} {} (other contents: XXH3 {}, saved {})", in.role, in.path, in.hash, saved));
       }
     }
     for (const auto& [role, hash] : st.inputs.items()) {
@@ -363,7 +432,7 @@ ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topolo
     }
   }
   optimizer.load_state(st.tensors);
-  return ResumePoint{st.step, st.position};
+  return ResumePoint{st.step, st.position, path, st.data_state};
 }
 
 }  // namespace
@@ -434,9 +503,22 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
                    "--steps, --batch-seqs and --grad-accum must be at least 1");
   // From here on SIGTERM/SIGINT/SIGUSR1 ask for a stop after the current step (runtime/stop_request.h).
   const StopRequestScope stop_scope;
-  const TokenWindows data(config.data, config.seq_len, config.seed, mc.vocab_size);
-  std::optional<TokenWindows> eval;
-  if (!config.eval_data.empty()) eval.emplace(config.eval_data, config.seq_len, 0, mc.vocab_size);
+  // Rank 0 builds the window indexes first (one pass over each masked or documented file, cached
+  // under the content identity); the other ranks then read them from the cache instead of making the
+  // same pass at once on the same cores and disk.
+  std::optional<TokenWindows> data_holder, eval;
+  const auto open_data = [&] {
+    data_holder.emplace(data_sources(config, config.data, config.data_weights, "training data"), config.seq_len,
+                        config.seed, mc.vocab_size);
+    if (!config.eval_data.empty()) {
+      eval.emplace(data_sources(config, config.eval_data, config.eval_weights, "evaluation data"), config.seq_len, 0,
+                   mc.vocab_size, false);
+    }
+  };
+  if (lead) open_data();
+  world.barrier();
+  if (!lead) open_data();
+  const TokenWindows& data = *data_holder;
   SequenceLayout::zigzag(config.seq_len, topology.sp(), topology.sequence().rank());  // admissible window length
 
   OptimizerConfig optim = config.optim;
@@ -453,6 +535,7 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
     const ResumePoint at = load_checkpoint_dir(config, topology, student, optimizer, lead);
     first_step = at.step + 1;
     position = at.position;
+    if (!at.data_state.empty()) check_data_state(at.state_path, at.data_state, data, position);
     HYDRA_USER_CHECK(first_step <= config.steps, "--resume: the checkpoint is at step {}, --steps is {}: nothing to do",
                      at.step, config.steps);
   } else {
@@ -492,8 +575,9 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
 
   const int64_t per_replica = config.batch_seqs * config.grad_accum, replicas = topology.replicas();
   const int64_t step_tokens = per_replica * replicas * config.seq_len;
-  // The gradient is the mean over the step's counted targets (DESIGN.md §1.5): every rank reads the
-  // whole data, so each computes the global count of the step's windows itself, before any forward.
+  // The gradient is the mean over the step's counted targets (DESIGN.md §1.5): every rank holds the
+  // windows' counted targets (data.h's index), so each computes the step's global count itself,
+  // before any forward.
   // Alignment matches every position's layer output: loss masks do not apply to it.
   // Targets that cross a document boundary never count either, mask or not (data.h counted_targets).
   auto step_count = [&](int64_t position) {
@@ -569,7 +653,7 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
       // This replica's windows, packed batch_seqs at a time as in training.
       std::vector<Window> batch;
       for (int64_t i = topology.replica(); i < n; i += replicas) {
-        batch.push_back(eval->window_in_order(i));
+        batch.push_back(eval->window_in_order(eval->evaluation_index(i)));
         if (static_cast<int64_t>(batch.size()) == config.batch_seqs || i + replicas >= n) {
           local += run.batch_loss(batch, 1.0, nullptr, nullptr);
           batch.clear();
@@ -593,6 +677,8 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
     if (lead) write_log_line(jsonl, log_path, line);
   };
 
+  StepWindows step_windows(data, {.batch_seqs = config.batch_seqs, .grad_accum = config.grad_accum, .replicas = replicas,
+                                  .replica = topology.replica(), .sp = topology.sp(), .sp_rank = topology.sequence().rank()});
   optimizer.zero_grads();  // and again after each step's update, for the next step (below)
   for (int64_t step = first_step; step <= last_step; ++step) {
     maybe_inject_fault("step");
@@ -615,13 +701,10 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
     LossSums local;
     std::vector<double> layer_loss;
     // Micro-batch m of this replica: windows j = m·batch_seqs … (m+1)·batch_seqs − 1, window j at
-    // data position + j·replicas + replica (the order is the same as one window at a time).
-    for (int64_t m = 0; m < config.grad_accum; ++m) {
-      std::vector<Window> batch;
-      for (int64_t b = 0; b < config.batch_seqs; ++b) {
-        const int64_t j = m * config.batch_seqs + b;
-        batch.push_back(data.window(position + j * replicas + topology.replica()));
-      }
+    // data position + j·replicas + replica (the order is the same as one window at a time), each
+    // holding this rank's rows; the next step's are read meanwhile (data.h StepWindows).
+    const int64_t next = step < last_step ? position + per_replica * replicas : -1;
+    for (const std::vector<Window>& batch : step_windows.take(position, next)) {
       local += run.batch_loss(batch, grad_scale, &optimizer.grads(), &layer_loss);
     }
     position += per_replica * replicas;
@@ -670,6 +753,7 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
                           {"clip_scale", stats.clip_scale}, {"tokens", step_tokens}, {"step_s", step_s},
                           {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"data_position", position}};
       if (config.stage != Stage::align) line.update(loss_fields(total, ""));
+      if (data.blended()) line["data_shares"] = data_shares(data, position);  // realised, over the run so far
       // Seconds per phase of the layers (forward, recompute, backward) on rank 0; the loss head and the
       // optimizer are the rest of step_s. Concurrent FA/GDN branches overlap, so phases can sum past it.
       nlohmann::json phase_s;
@@ -685,7 +769,8 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
     // A stop signal on any rank: save this step (whatever --save-every says) and return.
     const bool stop = stop_votes > 0 && step < last_step;
     if (periodic || last || stop) {
-      if (lead) summary.checkpoint = write_checkpoint_dir(config, topology, student, optimizer, step, position);
+      const nlohmann::json data_position = data_state(data, position);  // every rank: the blend's draws advance alike
+      if (lead) summary.checkpoint = write_checkpoint_dir(config, topology, student, optimizer, step, position, data_position);
       world.barrier();
     }
     if (stop) {
