@@ -1,0 +1,75 @@
+// The training state on disk (DESIGN.md §4) and its I/O: the step directories of a run folder, the
+// state.h5 format (its verification on --resume), the `latest` pointer and the log's truncation.
+//
+//   step-NNNNNN/model.h5   the model (fp32 master weights) as a normal hydra checkpoint
+//   step-NNNNNN/state.h5   optimizer moments and masters, step, data position, seed, world layout,
+//                          the inputs' content fingerprints and an XXH3 checksum per dataset
+//   latest                 the name of the newest complete step-NNNNNN, written last (atomically)
+//   train.jsonl            one JSON line per step (and per evaluation)
+// A step directory is written under a temporary name and renamed when complete, then `latest` is
+// replaced; a crash at any point leaves the previous checkpoint and pointer intact.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/train/data.h"
+#include "model/train/trainer.h"
+
+namespace hydra::train {
+
+// Writes step-NNNNNN of `config.out_dir` (rank 0 only: the model, the optimizer's state and the
+// run's identity: stage, seed, seq_len, world layout, inputs' fingerprints), moves `latest` to it,
+// keeps the newest `config.keep` steps; returns its path and logs its size and the seconds taken.
+// A save that fails (a full disk) removes its temporary directory before the error propagates.
+// `data_position`: data_state() at `position`.
+std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
+                                 const AdamW& optimizer, int64_t step, int64_t position,
+                                 const nlohmann::json& data_position);
+
+// Where a resumed run starts: after `step`, at data position `position`; the state's data_state
+// ("" in states written before it) for check_data_state.
+struct ResumePoint {
+  int64_t step = 0, position = 0;
+  std::string state_path, data_state;
+};
+
+// ---- The data's place in the training state (issue 42), apart from the optimizer's ----
+// state.h5 attribute `data_state` (JSON): the run's window position, the windows per epoch and, for
+// a blend (model/train/data.h), each file's path, weight and windows drawn. --resume replays the
+// blend's draws to the position and compares them: other weights or files would resume elsewhere.
+// (The data's content identities are the attribute `inputs`, TrainConfig::Input.)
+nlohmann::json data_state(const TokenWindows& data, int64_t position);
+// UserError naming `path` when the blend's draws at `position` differ from the saved ones.
+void check_data_state(const std::string& path, const std::string& saved, const TokenWindows& data, int64_t position);
+// The realised share of each blended file over the first `position` windows (train.jsonl).
+nlohmann::json data_shares(const TokenWindows& data, int64_t position);
+
+// --resume: reads and verifies the state `latest` points to (checksums, finite values, attributes in
+// range), checks that it belongs to this run (stage, world layout, model config, seq_len, seed, the
+// inputs' fingerprints unless allow_changed_inputs: UserErrors naming the difference) and loads the
+// optimizer's state. `lead` (rank 0) prints the warnings.
+ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topology, const Model& student,
+                                AdamW& optimizer, bool lead);
+
+// Removes the temporary step directories of saves interrupted by a crash or kill -9 (their process
+// gone); SIGTERM/SIGINT remove their own.
+void remove_interrupted_saves(const std::string& out_dir);
+
+// On --resume, the log keeps the steps up to the checkpoint: steps that ran after it (before the
+// interruption) run again and are logged again, so each step appears once.
+void truncate_log(const std::string& path, int64_t last_kept_step);
+
+// The step directory `latest` points to (empty when there is none).
+std::string latest_checkpoint(const std::string& out_dir);
+
+// The newest step directory of `out_dir` whose state.h5 verifies (checksums, finite values,
+// attributes in range), or empty. Reads every state it tries: for messages after a failure.
+std::string newest_verified_checkpoint(const std::string& out_dir);
+
+// "step-NNNNNN"
+std::string step_dir_name(int64_t step);
+
+}  // namespace hydra::train
