@@ -153,7 +153,7 @@ struct TrainOptions {
         ("keep", po::value(&keep)->default_value(2), "checkpoints kept in --out-dir (the newest)")
         ("train", po::value(&train)->default_value("auto"), "attention (the attention block only) | all (default: attention for align, all otherwise)")
         ("resume", po::bool_switch(&resume), "continue the run in --out-dir from its latest checkpoint (same model, data, world layout; the state's checksums and the inputs' contents are verified)")
-        ("allow-changed-inputs", po::bool_switch(&allow_changed_inputs), "with --resume: accept a model, teacher or data file whose contents differ from those the run was trained on (their XXH3 fingerprints are stored in every state.h5)")
+        ("allow-changed-inputs", po::bool_switch(&allow_changed_inputs), "with --resume: accept a model, teacher or data file whose contents differ from those the run was trained on (the model's and teacher's XXH3 and the data's content identities are stored in every state.h5)")
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16 weights, fp32 masters), cpu (fp32) or auto")
         ("sp", po::value(&sp)->default_value(0), "ranks per sequence (sequence parallel); world / sp data-parallel replicas (0: all ranks)")
         ("peak-tflops", po::value(&peak_tflops)->default_value(989), "dense bf16 peak per GPU for MFU (989: H100/H200 datasheet); MFU = 3 × the forward FLOPs of the step's windows (layers and, except in align, the LM head over every position) / step time / (ranks × peak)")
