@@ -6,8 +6,8 @@ and `hydra select-heads --lm-text`: the model's own Hugging Face tokenizer (toke
 with the `tokenizers` library) encodes the inputs, streamed, on several processes, into shards.
 
 Inputs (any mix):
-  .txt      one document per file (a file larger than --chunk-bytes is encoded in pieces cut at
-            line ends: the tokens at a cut may differ from encoding it whole)
+  .txt      one document per file (a file larger than --chunk-bytes is cut at line ends into pieces
+            of about that size, each its own document)
   .jsonl    one document per line, its --text-field (default "text")
   .parquet  one document per row, its --text-field column (needs pyarrow)
 With --supervised, .jsonl lines are examples, {"prompt": P, "response": R} or {"messages": [{"role",
