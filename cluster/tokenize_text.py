@@ -1,21 +1,44 @@
 #!/usr/bin/env python3
-"""Tokenizes text files into a hydra token file (HDF5, dataset input_ids [N] int32).
+"""Tokenizes text into hydra token files (HDF5: input_ids [N], document_offsets [D+1], loss_mask [N]).
 
 The way real text reaches `hydra train --data`, `hydra forward --input`, `hydra convert --calib`
 and `hydra select-heads --lm-text`: the model's own Hugging Face tokenizer (tokenizer.json, read
-with the `tokenizers` library) encodes each file; files are concatenated in the order given,
-separated by the end-of-text id when the tokenizer has one (--separator overrides it, -1: none).
-With --documents, each file is a document: the file also holds `document_offsets` int64 [N+1]
-(0, ..., T; DESIGN.md §4), so `hydra train` and the other commands run each file as if alone
-(positions restart, attention and the GDN state do not cross a boundary). The separator then
-starts each document after the first (it is part of that document).
+with the `tokenizers` library) encodes the inputs, streamed, on several processes, into shards.
 
-    python3 cluster/tokenize_text.py --tokenizer Qwen3-1.7B/tokenizer.json --out train.h5 a.txt b.txt
-    python3 cluster/tokenize_text.py --tokenizer Qwen3-1.7B/tokenizer.json --out held.h5 --max-tokens 1M c.txt
+Inputs (any mix):
+  .txt      one document per file (a file larger than --chunk-bytes is cut at line ends into pieces
+            of about that size, each its own document)
+  .jsonl    one document per line, its --text-field (default "text")
+  .parquet  one document per row, its --text-field column (needs pyarrow)
+With --supervised, .jsonl lines are examples, {"prompt": P, "response": R} or {"messages": [{"role",
+"content"}, ...]} (chat messages, rendered with the tokenizer folder's chat template when its
+tokenizer_config.json has one (needs jinja2), else "<|im_start|>ROLE\\nCONTENT<|im_end|>\\n"), and
+loss_mask = 1 on the response tokens only (the assistant messages'), so training counts exactly them.
+
+--out FILE.h5 keeps the single-file form: the .txt files concatenated whole into int32 ids, a separator
+between files, --documents for document_offsets, --max-tokens to stop early.
+
+Output (--out DIR): shards DIR/shard-JJJJJ-SSSS.h5, J the input piece (an input file, or a
+--chunk-bytes piece of a large .jsonl/.txt), S the shard within it: each holds whole documents
+(a document longer than --shard-tokens is cut), at most --shard-tokens tokens, with
+  input_ids         the narrowest of uint8/uint16/int32 that holds the vocabulary
+  document_offsets  int64 [D+1]: document d is input_ids[o_d, o_{d+1}) (always written)
+  loss_mask         uint8 [N] (--supervised only)
+and attributes tokenizer, vocab_size; DIR/manifest.json lists the shards, their tokens and
+documents in order (the --data list: hydra train --data "$(jq -r '.shards|join(",")' DIR/manifest.json)").
+The shards are the same whatever --processes; each is written atomically (a .tmp renamed). A
+separator (the tokenizer's <|endoftext|>, </s> or <eos>; --separator overrides, -1: none) ends every
+document (counted with the response in supervised mode: the model learns to stop). Memory per
+process: one shard's ids (4 bytes a token) and one batch of documents.
+
+    python3 cluster/tokenize_text.py --tokenizer Qwen3-1.7B/tokenizer.json --out corpus/ a.txt web.jsonl
+    python3 cluster/tokenize_text.py --tokenizer Qwen3-1.7B/tokenizer.json --out sft/ --supervised chat.jsonl
 
 Needs tokenizers, h5py and numpy.
 """
 import argparse
+import json
+import os
 import sys
 
 
@@ -25,23 +48,212 @@ def parse_size(text):
     return int(text[:-1]) * units[text[-1]] if text and text[-1] in units else int(text)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("files", nargs="+", help="UTF-8 text files")
-    p.add_argument("--tokenizer", required=True, help="the model's tokenizer.json (Hugging Face format)")
-    p.add_argument("--out", required=True, help="token file to write (.h5)")
-    p.add_argument("--separator", type=int, default=None,
-                   help="id between files (default: the tokenizer's <|endoftext|> or </s> if it has one; -1: none)")
-    p.add_argument("--max-tokens", default=None, help="stop after this many tokens (accepts 1M)")
-    p.add_argument("--documents", action="store_true",
-                   help="write document_offsets: each file a document (packed documents, DESIGN.md §3.6)")
-    a = p.parse_args()
+def id_dtype(vocab, np):
+    for dt in (np.uint8, np.uint16, np.int32):
+        if vocab - 1 <= np.iinfo(dt).max:
+            return dt
+    sys.exit(f"tokenize_text: a vocabulary of {vocab} does not fit int32")
+
+
+def pieces_of(files, chunk_bytes):
+    """(file, begin, end) byte ranges: whole files, .jsonl/.txt larger than chunk_bytes cut into pieces
+    whose boundaries are moved to the next line start (the same pieces whatever the process count)."""
+    out = []
+    for path in files:
+        size = os.path.getsize(path)
+        if path.endswith(".parquet") or size <= chunk_bytes:
+            out.append((path, 0, size))
+            continue
+        cuts = [0]
+        with open(path, "rb") as f:
+            at = chunk_bytes
+            while at < size:
+                f.seek(at)
+                f.readline()
+                at = f.tell()
+                if at >= size:
+                    break
+                if at > cuts[-1]:
+                    cuts.append(at)
+                at += chunk_bytes
+        cuts.append(size)
+        out += [(path, a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+    return out
+
+
+def records(path, begin, end, a):
+    """The piece's documents: text (plain) or (prompt_text, response_text) pairs (supervised)."""
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+        for batch in pq.ParquetFile(path).iter_batches(columns=[a.text_field]):
+            for t in batch.column(0).to_pylist():
+                yield t or ""
+        return
+    with open(path, "rb") as f:
+        f.seek(begin)
+        if path.endswith(".jsonl"):
+            line_no = 0
+            while f.tell() < end:
+                line = f.readline()
+                line_no += 1
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise SystemExit(f"tokenize_text: {path} (byte {begin}+, line {line_no}): not JSON: {e}")
+                yield obj
+        else:  # .txt: one document, in pieces of whole lines
+            text = f.read(end - begin).decode("utf-8")
+            yield text
+
+
+class Renderer:
+    """Prompt and response text of a supervised example."""
+
+    def __init__(self, tokenizer_path):
+        self.template = None
+        config = os.path.join(os.path.dirname(os.path.abspath(tokenizer_path)), "tokenizer_config.json")
+        if os.path.exists(config):
+            template = json.load(open(config)).get("chat_template")
+            if template:
+                try:
+                    import jinja2
+                except ImportError:
+                    sys.exit("tokenize_text: the tokenizer has a chat template: pip install jinja2 to render it")
+                self.template = jinja2.Environment().from_string(template)
+
+    def render(self, messages, add_generation_prompt):
+        if self.template is not None:
+            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt)
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+    def segments(self, obj, where):
+        """[(text, counted)]: the example's pieces in order, counted = the response's."""
+        if "prompt" in obj and "response" in obj:
+            return [(obj["prompt"], False), (obj["response"], True)]
+        if "messages" in obj:
+            msgs = obj["messages"]
+            out, done = [], ""
+            for i, m in enumerate(msgs):
+                # The text each message adds to the rendering of those before it.
+                if m.get("role") == "assistant":
+                    head = self.render(msgs[:i], True)
+                    out.append((head[len(done):], False))
+                    full = self.render(msgs[:i + 1], False)
+                    out.append((full[len(head):], True))
+                    done = full
+            rest = self.render(msgs, False)[len(done):]
+            if rest:
+                out.append((rest, False))
+            return out
+        raise SystemExit(f"tokenize_text: {where}: a supervised example needs prompt and response, or messages")
+
+
+def tokenize_piece(job):
+    """Tokenizes one piece into its shards; returns their (path, tokens, documents, counted)."""
+    (index, (path, begin, end)), a = job
+    import h5py
+    import numpy as np
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(a.tokenizer)
+    vocab = tok.get_vocab_size()
+    dtype = id_dtype(vocab, np)
+    renderer = Renderer(a.tokenizer) if a.supervised else None
+    shards, ids, mask, lengths = [], [], [], []
+    held = [0]  # tokens in ids
+
+    def write_shard():
+        if not lengths:
+            return
+        out = os.path.join(a.out, f"shard-{index:05d}-{len(shards):04d}.h5")
+        all_ids = np.concatenate(ids).astype(dtype)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        with h5py.File(out + ".tmp", "w") as f:
+            f.create_dataset("input_ids", data=all_ids)
+            f.create_dataset("document_offsets", data=offsets)
+            counted = 0
+            if a.supervised:
+                m = np.concatenate(mask).astype(np.uint8)
+                f.create_dataset("loss_mask", data=m)
+                counted = int(m.sum())
+            f.attrs["tokenizer"] = os.path.basename(a.tokenizer)
+            f.attrs["vocab_size"] = vocab
+        os.replace(out + ".tmp", out)
+        shards.append((out, len(all_ids), len(lengths), counted))
+        ids.clear(), mask.clear(), lengths.clear()
+        held[0] = 0
+
+    def add(doc_ids, doc_mask):
+        # A document longer than a shard is cut into shard-sized documents.
+        for at in range(0, max(len(doc_ids), 1), a.shard_tokens):
+            part = doc_ids[at:at + a.shard_tokens]
+            if not len(part):
+                return
+            if held[0] + len(part) > a.shard_tokens:
+                write_shard()
+            ids.append(np.asarray(part, dtype=np.int64))
+            if doc_mask is not None:
+                mask.append(np.asarray(doc_mask[at:at + a.shard_tokens], dtype=np.uint8))
+            lengths.append(len(part))
+            held[0] += len(part)
+
+    sep = [a.separator] if a.separator >= 0 else []
+    batch = []
+
+    def flush():
+        if not batch:
+            return
+        if a.supervised:
+            flat = [text for segs in batch for text, _ in segs]
+            enc = tok.encode_batch(flat, add_special_tokens=False) if flat else []
+            k = 0
+            for segs in batch:
+                doc, m = [], []
+                for text, counted in segs:
+                    e = enc[k].ids
+                    k += 1
+                    doc += e
+                    m += [1 if counted else 0] * len(e)
+                doc += sep
+                m += [1] * len(sep)
+                add(doc, m)
+        else:
+            for e in tok.encode_batch(batch, add_special_tokens=False):
+                add(e.ids + sep, None)
+        batch.clear()
+
+    for n, rec in enumerate(records(path, begin, end, a)):
+        where = f"{path} (byte {begin}+, record {n + 1})"
+        if a.supervised:
+            if not isinstance(rec, dict):
+                raise SystemExit(f"tokenize_text: {where}: a supervised example must be a JSON object")
+            batch.append(renderer.segments(rec, where))
+        elif isinstance(rec, dict):
+            if a.text_field not in rec:
+                raise SystemExit(f"tokenize_text: {where}: no '{a.text_field}' field (--text-field)")
+            batch.append(rec[a.text_field])
+        else:
+            batch.append(rec)
+        if len(batch) >= 256:
+            flush()
+    flush()
+    write_shard()
+    return shards
+
+
+def single_file(a):
+    """--out FILE.h5: the text files concatenated in the order given into one int32 file, separated by the
+    separator (before each file after the first), with --documents each file a document; read whole."""
     try:
         import h5py
         import numpy as np
         from tokenizers import Tokenizer
     except ImportError as e:
         sys.exit(f"tokenize_text: {e} (pip install tokenizers h5py numpy)")
+    if a.supervised:
+        sys.exit("tokenize_text: --supervised writes a folder of shards (--out DIR)")
     tok = Tokenizer.from_file(a.tokenizer)
     sep = a.separator
     if sep is None:
@@ -70,11 +282,80 @@ def main():
             f["document_offsets"] = offsets
         f.attrs["tokenizer"] = a.tokenizer
         f.attrs["vocab_size"] = vocab
-    import os
     os.replace(a.out + ".tmp", a.out)
     print(f"tokenize_text: {len(ids)} tokens from {len(pieces)} file(s)"
           f"{f', {len(offsets) - 1} documents' if a.documents else ''}, ids < {int(ids.max()) + 1 if len(ids) else 0} "
           f"(tokenizer vocabulary {vocab}) -> {a.out}")
+    return 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("files", nargs="+", help=".txt, .jsonl or .parquet inputs")
+    p.add_argument("--tokenizer", required=True, help="the model's tokenizer.json (Hugging Face format)")
+    p.add_argument("--out", required=True, help="output folder (created; must not hold shards already)")
+    p.add_argument("--separator", type=int, default=None,
+                   help="id ending every document (default: the tokenizer's <|endoftext|>, </s> or <eos>; -1: none)")
+    p.add_argument("--shard-tokens", default="256M", help="tokens per shard at most (accepts 64M)")
+    p.add_argument("--chunk-bytes", default="256M", help="inputs larger than this are cut into pieces of it (at line ends)")
+    p.add_argument("--processes", type=int, default=os.cpu_count() or 1, help="worker processes")
+    p.add_argument("--text-field", default="text", help="the text of a .jsonl line or a .parquet row")
+    p.add_argument("--supervised", action="store_true",
+                   help=".jsonl of prompt/response or chat messages: loss_mask 1 on the response tokens only")
+    p.add_argument("--max-tokens", default=None, help="--out FILE.h5 only: stop after this many tokens (accepts 1M)")
+    p.add_argument("--documents", action="store_true",
+                   help="--out FILE.h5 only: write document_offsets, each file a document (the folder output always does)")
+    a = p.parse_args()
+    if a.out.endswith(".h5"):
+        return single_file(a)
+    if a.max_tokens or a.documents:
+        sys.exit("tokenize_text: --max-tokens and --documents go with --out FILE.h5 (a folder always has documents)")
+    try:
+        import h5py  # noqa: F401
+        import numpy  # noqa: F401
+        from tokenizers import Tokenizer
+    except ImportError as e:
+        sys.exit(f"tokenize_text: {e} (pip install tokenizers h5py numpy)")
+    for f in a.files:
+        if not os.path.isfile(f):
+            sys.exit(f"tokenize_text: {f}: no such file")
+        if not f.endswith((".txt", ".jsonl", ".parquet")):
+            sys.exit(f"tokenize_text: {f}: not .txt, .jsonl or .parquet")
+        if a.supervised and not f.endswith(".jsonl"):
+            sys.exit(f"tokenize_text: {f}: --supervised reads .jsonl examples")
+    if not os.path.isfile(a.tokenizer):
+        sys.exit(f"tokenize_text: --tokenizer {a.tokenizer}: no such file")
+    a.shard_tokens = parse_size(a.shard_tokens)
+    a.chunk_bytes = parse_size(a.chunk_bytes)
+    if a.shard_tokens < 1 or a.chunk_bytes < 1 or a.processes < 1:
+        sys.exit("tokenize_text: --shard-tokens, --chunk-bytes and --processes must be positive")
+    tok = Tokenizer.from_file(a.tokenizer)
+    if a.separator is None:
+        a.separator = next((tok.token_to_id(t) for t in ("<|endoftext|>", "</s>", "<eos>")
+                            if tok.token_to_id(t) is not None), -1)
+    os.makedirs(a.out, exist_ok=True)
+    if any(n.startswith("shard-") for n in os.listdir(a.out)):
+        sys.exit(f"tokenize_text: {a.out} holds shards already: choose an empty folder")
+    jobs = [((i, piece), a) for i, piece in enumerate(pieces_of(a.files, a.chunk_bytes))]
+    if a.processes > 1 and len(jobs) > 1:
+        import multiprocessing
+        with multiprocessing.get_context("spawn").Pool(min(a.processes, len(jobs))) as pool:
+            results = pool.map(tokenize_piece, jobs, chunksize=1)
+    else:
+        results = [tokenize_piece(j) for j in jobs]
+    shards = [s for r in results for s in r]
+    manifest = {"tokenizer": a.tokenizer, "vocab_size": tok.get_vocab_size(), "supervised": a.supervised,
+                "shards": [s[0] for s in shards], "tokens": [s[1] for s in shards], "documents": [s[2] for s in shards],
+                "counted": [s[3] for s in shards] if a.supervised else None}
+    with open(os.path.join(a.out, "manifest.json.tmp"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    os.replace(os.path.join(a.out, "manifest.json.tmp"), os.path.join(a.out, "manifest.json"))
+    total = sum(manifest["tokens"])
+    counted = f", {sum(manifest['counted'])} counted (loss_mask)" if a.supervised else ""
+    dtype = id_dtype(tok.get_vocab_size(), __import__("numpy")).__name__
+    print(f"tokenize_text: {total} tokens, {sum(manifest['documents'])} documents in {len(shards)} shard(s){counted} "
+          f"(ids {dtype}, vocabulary {tok.get_vocab_size()}) -> {a.out}")
     return 0
 
 

@@ -2,6 +2,9 @@
 // on one rank or sequence/data parallel under mpirun (model/train/trainer.h). Parses flags, builds
 // the student (and teacher), checks the memory plan, and hands over to train::run_training.
 #include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -16,6 +19,7 @@
 #include "model/cost.h"
 #include "model/memory_plan.h"
 #include "model/eval/niah.h"
+#include "model/train/data.h"
 #include "model/train/trainer.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
@@ -24,12 +28,55 @@
 #include "runtime/sizes.h"
 #include "runtime/stop_request.h"
 #include "runtime/token_file.h"
+#include "runtime/token_identity.h"
 #if HYDRA_CUDA
 #include "runtime/cuda_memory.h"
 #endif
 
 namespace hydra {
 namespace {
+
+// The content identity of every data input (runtime/token_identity.h), the same on every rank: rank
+// 0 reads it from its cache, or reads each file once, and broadcasts it (the other ranks checked
+// their copies against rank 0's in the agreement: token_file_sample). Every rank then refuses ids
+// outside the model's vocabulary, before any weight is read.
+void add_data_identities(Communicator& world, std::vector<train::TrainConfig::Input>& inputs, int64_t vocab) {
+  nlohmann::json ids = nlohmann::json::array();
+  if (world.rank() == 0) {
+    for (const train::TrainConfig::Input& in : inputs) {
+      if (!in.hash.empty()) continue;  // the model's and teacher's: fingerprinted already
+      const auto t0 = std::chrono::steady_clock::now();
+      bool reused = false;
+      const TokenFileIdentity id = token_file_identity(in.path, &reused);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::error_code ec;
+      const double gb = static_cast<double>(std::filesystem::file_size(in.path, ec)) / 1e9;
+      log::info("{} {}: content identity {} in {:.2f} s{}", in.role, in.path, reused ? "reused from the cache" : "computed",
+                s, reused ? "" : fmt::format(" ({:.2f} GB, {:.2f} s/GB)", gb, s / std::max(gb, 1e-9)));
+      ids.push_back({id.fingerprint, id.min_id, id.max_id});
+    }
+  }
+  // The JSON text, broadcast as its length and then its bytes (packed into int64s).
+  std::string text = ids.dump();
+  Tensor length = Tensor::empty({1}, DType::i64);
+  length.data_as<int64_t>()[0] = static_cast<int64_t>(text.size());
+  world.broadcast(length, 0);
+  text.resize(static_cast<size_t>(length.data_as<int64_t>()[0]));
+  Tensor bytes = Tensor::zeros({static_cast<int64_t>(text.size() + 7) / 8}, DType::i64);
+  std::memcpy(bytes.data(), text.data(), text.size());
+  world.broadcast(bytes, 0);
+  std::memcpy(text.data(), bytes.data(), text.size());
+  ids = nlohmann::json::parse(text);
+  size_t k = 0;
+  for (train::TrainConfig::Input& in : inputs) {
+    if (!in.hash.empty()) continue;
+    const nlohmann::json& id = ids.at(k++);
+    in.hash = id.at(0).get<std::string>();
+    const int64_t lo = id.at(1).get<int64_t>(), hi = id.at(2).get<int64_t>();
+    HYDRA_USER_CHECK(lo >= 0 && hi < vocab, "{}: holds token ids {}..{}, outside the model's vocabulary [0, {})", in.path,
+                     lo, hi, vocab);
+  }
+}
 
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
@@ -85,7 +132,9 @@ struct TrainOptions {
         ("stage", po::value(&stage)->required(), "pretrain | align | distill | finetune (defaults per stage below)")
         ("teacher", po::value(&teacher), "teacher checkpoint (align and distill: runs forward in the same process)")
         ("data", po::value(&data)->required(), "training token files, comma-separated (.h5 with input_ids [N]; an optional "
-         "loss_mask [N] chooses the targets that count, document_offsets [D+1] packs documents that each run as if alone)")
+         "loss_mask [N] chooses the targets that count, document_offsets [D+1] packs documents that each run as if alone); "
+         "FILE:W gives a file a weight: a blend that draws each file's share of the windows (a file without a weight shares "
+         "1 − the weights given, in proportion to its windows; no weight at all: the files' windows pooled)")
         ("seq-len", po::value(&seq_len)->required(), "tokens per sequence (window); accepts 4K, 128K; a multiple of 2·sp on sp ranks")
         ("steps", po::value(&steps)->required(), "optimizer steps (the learning-rate schedule's length)")
         ("stop-at", po::value(&stop_at)->default_value(0), "stop after this step with a checkpoint (0: --steps); continue later with --resume — for runs split over time-limited allocations")
@@ -100,14 +149,14 @@ struct TrainOptions {
         ("seed", po::value(&seed)->default_value(0), "seed of the data order")
         ("save-every", po::value(&save_every)->default_value(0), "checkpoint every N steps (0: only at the end; -1: never, for benchmarks)")
         ("eval-every", po::value(&eval_every)->default_value(0), "evaluation every N steps (0: only at the end): the loss on --eval-data and the --eval-niah accuracy")
-        ("eval-data", po::value(&eval_data), "held-out token files, comma-separated, for the evaluation loss")
+        ("eval-data", po::value(&eval_data), "held-out token files, comma-separated, for the evaluation loss (FILE:W: a blend, as --data; each file in its own order)")
         ("eval-windows", po::value(&eval_windows)->default_value(8), "windows of --eval-data per evaluation (the first N, always the same)")
         ("eval-niah", po::value(&eval_niah), "NIAH tasks scored at every evaluation at the training length, comma-separated (single, multikey, multivalue): greedy accuracy in train.jsonl")
         ("eval-niah-samples", po::value(&eval_niah_samples)->default_value(32), "NIAH samples per task and evaluation (depths spread over 0..100; the same samples every time)")
         ("keep", po::value(&keep)->default_value(2), "checkpoints kept in --out-dir (the newest)")
         ("train", po::value(&train)->default_value("auto"), "attention (the attention block only) | all (default: attention for align, all otherwise)")
         ("resume", po::bool_switch(&resume), "continue the run in --out-dir from its latest checkpoint (same model, data, world layout; the state's checksums and the inputs' contents are verified)")
-        ("allow-changed-inputs", po::bool_switch(&allow_changed_inputs), "with --resume: accept a model, teacher or data file whose contents differ from those the run was trained on (their XXH3 fingerprints are stored in every state.h5)")
+        ("allow-changed-inputs", po::bool_switch(&allow_changed_inputs), "with --resume: accept a model, teacher or data file whose contents differ from those the run was trained on (the model's and teacher's XXH3 and the data's content identities are stored in every state.h5)")
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16 weights, fp32 masters), cpu (fp32) or auto")
         ("sp", po::value(&sp)->default_value(0), "ranks per sequence (sequence parallel); world / sp data-parallel replicas (0: all ranks)")
         ("peak-tflops", po::value(&peak_tflops)->default_value(989), "dense bf16 peak per GPU for MFU (989: H100/H200 datasheet); MFU = 3 × the forward FLOPs of the step's windows (layers and, except in align, the LM head over every position) / step time / (ranks × peak)")
@@ -139,9 +188,11 @@ struct TrainOptions {
   void validate() const {
     model.validate();
     train::parse_stage(stage);
-    for (const std::string& f : split_list(data)) require_readable_file(f, "training data");
-    HYDRA_USER_CHECK(!split_list(data).empty(), "--data names no file");
-    for (const std::string& f : split_list(eval_data)) require_readable_file(f, "evaluation data");
+    for (const train::DataSource& f : train::parse_data_sources(data, "--data")) require_readable_file(f.path, "training data");
+    HYDRA_USER_CHECK(!train::parse_data_sources(data, "--data").empty(), "--data names no file");
+    for (const train::DataSource& f : train::parse_data_sources(eval_data, "--eval-data")) {
+      require_readable_file(f.path, "evaluation data");
+    }
     if (!teacher.empty()) require_readable_file(teacher, "teacher");
     parse_size(seq_len, "--seq-len");
     HYDRA_USER_CHECK(steps >= 1, "--steps must be at least 1");
@@ -180,8 +231,14 @@ int run_train(App& app, const std::vector<std::string>& args) {
   opt.validate();
   train::TrainConfig c;
   c.stage = train::parse_stage(opt.stage);
-  c.data = split_list(opt.data);
-  c.eval_data = split_list(opt.eval_data);
+  for (const train::DataSource& f : train::parse_data_sources(opt.data, "--data")) {
+    c.data.push_back(f.path);
+    c.data_weights.push_back(f.weight);
+  }
+  for (const train::DataSource& f : train::parse_data_sources(opt.eval_data, "--eval-data")) {
+    c.eval_data.push_back(f.path);
+    c.eval_weights.push_back(f.weight);
+  }
   c.seq_len = parse_size(opt.seq_len, "--seq-len");
   c.steps = opt.steps;
   c.stop_at = opt.stop_at;
@@ -236,7 +293,7 @@ int run_train(App& app, const std::vector<std::string>& args) {
   for (const std::string& f : c.eval_data) {
     inputs.add("evaluation data tokens " + f, std::to_string(token_file_length(f)));
   }
-  // The inputs' contents (XXH3 of each file's bytes, runtime/content_hash.h): a rank with a stale
+  // The model's and teacher's contents (XXH3 of each file's bytes, runtime/content_hash.h): a rank with a stale
   // copy under the same path is named before the first collective, and --resume compares them with
   // the fingerprints stored in the training state.
   const auto fingerprint = [&](const std::string& role, const std::string& path) {
@@ -249,9 +306,15 @@ int run_train(App& app, const std::vector<std::string>& args) {
     fingerprint("model", opt.model.model_path);
   }
   if (needs_teacher) fingerprint("teacher", opt.teacher);
-  for (size_t i = 0; i < c.data.size(); ++i) fingerprint(fmt::format("training data {}", i + 1), c.data[i]);
-  for (size_t i = 0; i < c.eval_data.size(); ++i) fingerprint(fmt::format("evaluation data {}", i + 1), c.eval_data[i]);
+  // The data: each rank checks its own copy cheaply (dataset types and lengths, 16 windows:
+  // runtime/token_identity.h token_file_sample); rank 0 then gives every rank the content identity.
+  std::vector<std::pair<std::string, std::string>> data_roles;  // role, path
+  for (size_t i = 0; i < c.data.size(); ++i) data_roles.emplace_back(fmt::format("training data {}", i + 1), c.data[i]);
+  for (size_t i = 0; i < c.eval_data.size(); ++i) data_roles.emplace_back(fmt::format("evaluation data {}", i + 1), c.eval_data[i]);
+  for (const auto& [role, path] : data_roles) inputs.add("sample of the " + role + " " + path, token_file_sample(path));
   agree_on_run(app, inputs);
+  for (const auto& [role, path] : data_roles) c.inputs.push_back({role, path, ""});
+  add_data_identities(app.world, c.inputs, student_config.vocab_size);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   train::TrainTopology topology(*world.comm, c.sp);
   SequenceLayout::zigzag(c.seq_len, topology.sp(), topology.sequence().rank());  // admissible length?

@@ -389,6 +389,73 @@ std::vector<int64_t> H5File::read_integer_vector(const std::string& name) const 
   return values;
 }
 
+H5File::IntegerVectorInfo H5File::integer_vector_info(const std::string& name) const {
+  HYDRA_USER_CHECK(has_dataset(name), "{}: dataset '{}' is missing", path_, name);
+  Handle dataset(H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  HYDRA_USER_CHECK(dataset.ok(), "{}: cannot open dataset '{}'", path_, name);
+  Handle type(H5Dget_type(dataset.get()), H5Tclose);
+  HYDRA_USER_CHECK(type.ok() && H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_size(type.get()) <= 8,
+                   "{}: dataset '{}' is not an integer dataset", path_, name);
+  Handle space(H5Dget_space(dataset.get()), H5Sclose);
+  HYDRA_USER_CHECK(H5Sget_simple_extent_ndims(space.get()) == 1, "{}: dataset '{}' must be 1-D", path_, name);
+  hsize_t n = 0;
+  HYDRA_USER_CHECK(H5Sget_simple_extent_dims(space.get(), &n, nullptr) >= 0 && n <= static_cast<hsize_t>(kMaxElements),
+                   "{}: cannot read the shape of dataset '{}' (damaged file?)", path_, name);
+  IntegerVectorInfo info;
+  info.length = static_cast<int64_t>(n);
+  info.width = static_cast<int>(H5Tget_size(type.get()));
+  info.is_signed = H5Tget_sign(type.get()) == H5T_SGN_2;
+  // The storage checks of a whole read (sizes agree with the shape, a contiguous block inside the
+  // file), with the stored element type's width.
+  const DType as = info.width == 8 ? DType::i64 : DType::i32;
+  const hsize_t element = static_cast<hsize_t>(info.width);
+  Handle dcpl(H5Dget_create_plist(dataset.get()), H5Pclose);
+  HYDRA_USER_CHECK(dcpl.ok(), "{}: cannot read the layout of dataset '{}' (damaged file?)", path_, name);
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  if (layout == H5D_CONTIGUOUS && n > 0) {
+    const hsize_t stored = H5Dget_storage_size(dataset.get());
+    const haddr_t offset = H5Dget_offset(dataset.get());
+    hsize_t file_size = 0;
+    HYDRA_USER_CHECK(stored == n * element, "{}: dataset '{}' stores {} bytes, its {} elements need {} (damaged or "
+                     "truncated file?)", path_, name, stored, n, n * element);
+    HYDRA_USER_CHECK(offset != HADDR_UNDEF && H5Fget_filesize(id_, &file_size) >= 0 && offset <= file_size &&
+                         stored <= file_size - offset,
+                     "{}: dataset '{}' lies past the end of the file (truncated file?)", path_, name);
+    const bool little = info.width == 1 || H5Tget_order(type.get()) == H5T_ORDER_LE;
+    if (little && H5Pget_nfilters(dcpl.get()) == 0) info.file_offset = static_cast<int64_t>(offset);
+  } else if (layout == H5D_COMPACT) {
+    check_storage(dataset.get(), DatasetInfo{.shape = {info.length}, .dtype = as}, name);
+  }
+  return info;
+}
+
+void H5File::read_range(const std::string& name, int64_t first, int64_t count, int64_t memory_type, void* out) const {
+  if (count == 0) return;
+  Handle dataset(H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  HYDRA_USER_CHECK(dataset.ok(), "{}: cannot open dataset '{}'", path_, name);
+  Handle space(H5Dget_space(dataset.get()), H5Sclose);
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+  HYDRA_ASSERT(first >= 0 && count >= 0 && static_cast<hsize_t>(first + count) <= n, "{}: '{}' [{}, +{}) of {}", path_,
+               name, first, count, n);
+  const hsize_t start[1] = {static_cast<hsize_t>(first)}, size[1] = {static_cast<hsize_t>(count)};
+  HYDRA_USER_CHECK(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start, nullptr, size, nullptr) >= 0,
+                   "{}: cannot select [{}, +{}) of dataset '{}'", path_, first, count, name);
+  Handle memory(H5Screate_simple(1, size, nullptr), H5Sclose);
+  HYDRA_USER_CHECK(H5Dread(dataset.get(), static_cast<hid_t>(memory_type), memory.get(), space.get(), H5P_DEFAULT, out) >= 0,
+                   "{}: reading [{}, +{}) of dataset '{}' failed (truncated file?)", path_, first, count, name);
+}
+
+void H5File::read_integer_range(const std::string& name, int64_t first, std::span<int64_t> out) const {
+  read_range(name, first, static_cast<int64_t>(out.size()), H5T_NATIVE_INT64, out.data());
+}
+void H5File::read_integer_range(const std::string& name, int64_t first, std::span<int32_t> out) const {
+  read_range(name, first, static_cast<int64_t>(out.size()), H5T_NATIVE_INT32, out.data());
+}
+void H5File::read_integer_range(const std::string& name, int64_t first, std::span<uint8_t> out) const {
+  read_range(name, first, static_cast<int64_t>(out.size()), H5T_NATIVE_UINT8, out.data());
+}
+
 void H5File::write_uint8(const std::string& name, std::span<const uint8_t> values) {
   const hsize_t dims[1] = {static_cast<hsize_t>(values.size())};
   Handle space(H5Screate_simple(1, dims, nullptr), H5Sclose);

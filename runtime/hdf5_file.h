@@ -54,6 +54,22 @@ class H5File {
   std::vector<int64_t> read_integer_vector(const std::string& name) const;
   // Whether `name` is a dataset read_integer_vector reads.
   bool is_integer_vector(const std::string& name) const;
+  // A 1-D integer dataset as stored (token files read on demand, runtime/token_file.h).
+  struct IntegerVectorInfo {
+    int64_t length = 0;
+    int width = 0;  // bytes per element: 1, 2, 4 or 8
+    bool is_signed = false;
+    // Where element 0 lies in the file when the values are one unfiltered little-endian block
+    // (contiguous layout): such a dataset can be read with pread, without HDF5 and from any thread.
+    std::optional<int64_t> file_offset;
+  };
+  // UserError when `name` is missing or not a 1-D integer dataset (or its storage is damaged).
+  IntegerVectorInfo integer_vector_info(const std::string& name) const;
+  // Elements [first, first + out.size()) of a 1-D integer dataset, converted by HDF5 (a hyperslab).
+  // Every value of the stored width must fit `out`'s type (the caller checks the stored width).
+  void read_integer_range(const std::string& name, int64_t first, std::span<int64_t> out) const;
+  void read_integer_range(const std::string& name, int64_t first, std::span<int32_t> out) const;
+  void read_integer_range(const std::string& name, int64_t first, std::span<uint8_t> out) const;
   // A 1-D uint8 dataset (per-token flags such as loss_mask).
   void write_uint8(const std::string& name, std::span<const uint8_t> values);
 
@@ -68,6 +84,7 @@ class H5File {
  private:
   H5File(int64_t id, std::string path) : id_(id), path_(std::move(path)) {}
   void check_storage(int64_t dataset, const DatasetInfo& info, const std::string& name) const;
+  void read_range(const std::string& name, int64_t first, int64_t count, int64_t memory_type, void* out) const;
   int64_t id_ = -1;  // hid_t
   std::string path_;
 };

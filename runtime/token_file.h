@@ -1,4 +1,5 @@
-// Token files (DESIGN.md §4): HDF5 with a dataset `input_ids`, int32 or int64, shape [T], and
+// Token files (DESIGN.md §4): HDF5 with a dataset `input_ids`, shape [T], of an integer type (int32 or
+// int64, or narrower: cluster/tokenize_text.py writes uint8/uint16 for small vocabularies), and
 // optional per-token datasets beside it:
 //   loss_mask   [T] integer 0/1 (uint8 as written here): loss_mask[i] = 1 counts the next-token
 //               term whose target is input_ids[i]; position 0 is never a target. Absent: all 1.
@@ -9,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -43,5 +46,44 @@ TokenData read_token_data(const std::string& path, int64_t vocab_size);
 // input_ids, and loss_mask unless `loss_mask` is empty (atomically).
 void write_token_data(const std::string& path, const std::vector<int32_t>& ids, const std::vector<uint8_t>& loss_mask,
                       const std::vector<int64_t>& document_offsets = {});
+
+// A token file read on demand (hydra train, eval-lm: corpora larger than memory). Opening reads the
+// datasets' shapes and types and the answer spans (O(spans)), never a per-token dataset whole: the
+// ids, the loss_mask and the document offsets are read by range, in their stored width. A dataset
+// stored contiguously (h5py's and hydra's default) is read with pread at its offset in the file: no
+// HDF5 call, so any thread may read (the trainer prefetches on one), and nothing is mapped, so the
+// resident memory holds only the ranges read (a memory map would count every page touched).
+// Chunked or compressed datasets are read as HDF5 hyperslabs, from the opening thread only
+// (reads_without_hdf5() says which).
+// Values are checked where read: an id outside [0, vocab), a mask value other than 0/1 or document
+// offsets out of order are a UserError naming the file and the position.
+class TokenReader {
+ public:
+  TokenReader(const std::string& path, int64_t vocab_size);
+  ~TokenReader();
+  TokenReader(TokenReader&&) noexcept;
+  TokenReader& operator=(TokenReader&&) noexcept;
+
+  const std::string& path() const;
+  int64_t length() const;     // tokens
+  bool has_mask() const;
+  bool has_answers() const;
+  bool has_documents() const;
+  int64_t document_offset_count() const;  // N + 1, or 0 without documents
+  bool reads_without_hdf5() const;        // every range read is a pread (thread-safe)
+
+  // Tokens [first, first + out.size()).
+  void read_ids(int64_t first, std::span<int32_t> out) const;
+  void read_mask(int64_t first, std::span<uint8_t> out) const;  // has_mask() only
+  void read_answer_flags(int64_t first, std::span<uint8_t> out) const;  // 1 inside an answer span
+  // document_offsets[first, first + out.size()) (has_documents() only), not checked for order.
+  void read_document_offsets(int64_t first, std::span<int64_t> out) const;
+  // The document offsets o with lo < o ≤ hi, by bisection over the stored offsets (O(log N) reads).
+  std::vector<int64_t> document_offsets_in(int64_t lo, int64_t hi) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
 
 }  // namespace hydra

@@ -45,7 +45,7 @@ LossSums held_out_loss(const StageRun& run, Communicator& world, const TokenWind
   LossSums local;
   std::vector<Window> batch;
   for (int64_t i = share.replica; i < share.windows; i += share.replicas) {
-    batch.push_back(data.window_in_order(i));
+    batch.push_back(data.window_in_order(data.evaluation_index(i)));  // file order, or a blend's draws
     if (static_cast<int64_t>(batch.size()) == share.batch_seqs || i + share.replicas >= share.windows) {
       local += stage_loss(run, batch, 1.0, nullptr);
       batch.clear();

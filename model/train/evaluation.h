@@ -29,7 +29,8 @@ double mean_loss(const LossSums& total);
 // answer_loss, answer_tokens, other_loss, counted_tokens (the means null where nothing counted).
 nlohmann::json loss_fields(const LossSums& total, const std::string& prefix);
 
-// Which held-out windows a rank evaluates: the first `windows` windows in file order, window i on
+// Which held-out windows a rank evaluates: the first `windows` windows in file order (a blend: its
+// first draws, data.h evaluation_index), window i on
 // data-parallel replica i % replicas, packed `batch_seqs` at a time (as training packs them).
 struct HeldOutShare {
   int64_t windows = 0;

@@ -17,6 +17,7 @@
 #include "runtime/fault.h"
 #include "runtime/hdf5_file.h"
 #include "runtime/log.h"
+#include "runtime/token_identity.h"
 
 namespace hydra::train {
 namespace fs = std::filesystem;
@@ -27,6 +28,7 @@ constexpr const char* kStateFormat = "hydrahead-train-state";
 // resumes, unverified (with a warning).
 constexpr int64_t kStateVersion = 2;
 constexpr const char* kChecksums = "checksums";  // the dataset of per-dataset XXH3s in state.h5
+constexpr const char* kDataState = "data_state";  // data_state() as JSON text
 
 // The step-NNNNNN directories of a run folder, oldest first (none if the folder cannot be read).
 std::vector<fs::path> step_dirs(const fs::path& out_dir) {
@@ -45,6 +47,7 @@ std::vector<fs::path> step_dirs(const fs::path& out_dir) {
 struct VerifiedState {
   int64_t version = 0, step = 0, position = 0, world = 0, sp = 0, seq_len = 0, seed = 0;
   std::string stage, config;
+  std::string data_state;  // the kDataState attribute ("" in states written before it)
   nlohmann::json inputs;  // role → XXH3 hex (version 2)
   NamedTensors tensors;
 };
@@ -68,6 +71,7 @@ VerifiedState read_verified_state(const std::string& path) {
     st.sp = h5.int_attribute("sp");
     st.seq_len = h5.int_attribute("seq_len");
     st.seed = h5.int_attribute("seed");
+    if (h5.has_attribute(kDataState)) st.data_state = h5.string_attribute(kDataState);
     HYDRA_USER_CHECK(st.step >= 1 && st.position >= 0 && st.world >= 1 && st.sp >= 1 && st.world % st.sp == 0 &&
                          st.seq_len >= 1,
                      "{}: attributes out of range (step {}, data_position {}, world_size {}, sp {}, seq_len {}) {}", path,
@@ -120,7 +124,8 @@ VerifiedState read_verified_state(const std::string& path) {
 std::string step_dir_name(int64_t step) { return fmt::format("step-{:06d}", step); }
 
 std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
-                                 const AdamW& optimizer, int64_t step, int64_t position) {
+                                 const AdamW& optimizer, int64_t step, int64_t position,
+                                 const nlohmann::json& data_position) {
   const auto t0 = std::chrono::steady_clock::now();
   const fs::path out(config.out_dir), final_dir = out / step_dir_name(step);
   // The step is written under `.step-NNNNNN.tmp-PID` (the AtomicFile naming, so the same sweep finds
@@ -161,6 +166,7 @@ std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology&
     h5.set_attribute("stage", std::string(stage_name(config.stage)));
     h5.set_attribute("step", step);
     h5.set_attribute("data_position", position);
+    h5.set_attribute(kDataState, data_position.dump());
     h5.set_attribute("seed", static_cast<int64_t>(config.seed));
     h5.set_attribute("seq_len", config.seq_len);
     h5.set_attribute("world_size", static_cast<int64_t>(const_cast<TrainTopology&>(topology).world().size()));
@@ -235,10 +241,20 @@ ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topolo
     std::vector<std::string> changed;
     for (const TrainConfig::Input& in : config.inputs) {
       const std::string saved = st.inputs.contains(in.role) && st.inputs[in.role].is_string() ? st.inputs[in.role].get<std::string>() : "";
-      if (saved != in.hash) {
-        changed.push_back(fmt::format("{} {} ({})", in.role, in.path,
-                                      saved.empty() ? "not part of the saved run" : "other contents: XXH3 " + in.hash +
-                                                                                       ", saved " + saved));
+      if (saved == in.hash) continue;
+      const bool identity = in.hash.rfind("v", 0) == 0;  // data: a content identity (runtime/token_identity.h)
+      if (identity && !saved.empty() && saved.rfind("v", 0) != 0) {
+        if (lead) log::warn("--resume: {} stores the XXH3 of the bytes of {} {} (an older hydra), not its content "
+                            "identity: not compared", path, in.role, in.path);
+        continue;
+      }
+      if (saved.empty()) {
+        changed.push_back(fmt::format("{} {} (not part of the saved run)", in.role, in.path));
+      } else if (identity) {
+        changed.push_back(fmt::format("{} {} (other contents: {} differ; now {}, saved {})", in.role, in.path,
+                                      token_identity_difference(in.hash, saved), in.hash, saved));
+      } else {
+        changed.push_back(fmt::format("{} {} (other contents: XXH3 {}, saved {})", in.role, in.path, in.hash, saved));
       }
     }
     for (const auto& [role, hash] : st.inputs.items()) {
@@ -256,7 +272,38 @@ ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topolo
     }
   }
   optimizer.load_state(st.tensors);
-  return ResumePoint{st.step, st.position};
+  return ResumePoint{st.step, st.position, path, st.data_state};
+}
+
+nlohmann::json data_state(const TokenWindows& data, int64_t position) {
+  nlohmann::json state{{"position", position}, {"windows_per_epoch", data.count()}};
+  if (data.blended()) {
+    const std::vector<int64_t> drawn = data.drawn(position);
+    nlohmann::json files = nlohmann::json::array();
+    for (int64_t f = 0; f < data.files(); ++f) {
+      files.push_back({{"path", data.path(f)}, {"weight", data.weights()[static_cast<size_t>(f)]},
+                       {"windows_drawn", drawn[static_cast<size_t>(f)]}});
+    }
+    state["files"] = files;
+  }
+  return state;
+}
+
+void check_data_state(const std::string& path, const std::string& saved_text, const TokenWindows& data, int64_t position) {
+  const nlohmann::json saved = nlohmann::json::parse(saved_text, nullptr, false);
+  HYDRA_USER_CHECK(saved.is_object(), "{}: its data_state is not readable", path);
+  const nlohmann::json now = data_state(data, position).value("files", nlohmann::json());
+  if (saved.value("files", nlohmann::json()) == now) return;
+  HYDRA_USER_FAIL("--resume: {} was at {} of the data ({}); the data given now draws {} there: resume with the same "
+                  "--data files and weights", path, position, saved.value("files", nlohmann::json()).dump(), now.dump());
+}
+
+nlohmann::json data_shares(const TokenWindows& data, int64_t position) {
+  nlohmann::json shares = nlohmann::json::array();
+  for (int64_t d : data.drawn(position)) {
+    shares.push_back(static_cast<double>(d) / static_cast<double>(std::max<int64_t>(position, 1)));
+  }
+  return shares;
 }
 
 std::string newest_verified_checkpoint(const std::string& out_dir) {

@@ -13,6 +13,9 @@
 #include <cstdint>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "model/train/data.h"
 #include "model/train/trainer.h"
 
 namespace hydra::train {
@@ -21,13 +24,28 @@ namespace hydra::train {
 // run's identity: stage, seed, seq_len, world layout, inputs' fingerprints), moves `latest` to it,
 // keeps the newest `config.keep` steps; returns its path and logs its size and the seconds taken.
 // A save that fails (a full disk) removes its temporary directory before the error propagates.
+// `data_position`: data_state() at `position`.
 std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
-                                 const AdamW& optimizer, int64_t step, int64_t position);
+                                 const AdamW& optimizer, int64_t step, int64_t position,
+                                 const nlohmann::json& data_position);
 
-// Where a resumed run starts: after `step`, at data position `position`.
+// Where a resumed run starts: after `step`, at data position `position`; the state's data_state
+// ("" in states written before it) for check_data_state.
 struct ResumePoint {
   int64_t step = 0, position = 0;
+  std::string state_path, data_state;
 };
+
+// ---- The data's place in the training state (issue 42), apart from the optimizer's ----
+// state.h5 attribute `data_state` (JSON): the run's window position, the windows per epoch and, for
+// a blend (model/train/data.h), each file's path, weight and windows drawn. --resume replays the
+// blend's draws to the position and compares them: other weights or files would resume elsewhere.
+// (The data's content identities are the attribute `inputs`, TrainConfig::Input.)
+nlohmann::json data_state(const TokenWindows& data, int64_t position);
+// UserError naming `path` when the blend's draws at `position` differ from the saved ones.
+void check_data_state(const std::string& path, const std::string& saved, const TokenWindows& data, int64_t position);
+// The realised share of each blended file over the first `position` windows (train.jsonl).
+nlohmann::json data_shares(const TokenWindows& data, int64_t position);
 
 // --resume: reads and verifies the state `latest` points to (checksums, finite values, attributes in
 // range), checks that it belongs to this run (stage, world layout, model config, seq_len, seed, the

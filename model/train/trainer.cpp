@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -102,6 +103,7 @@ class Trainer {
   const bool lead_;
   const TokenWindows data_;
   std::optional<TokenWindows> eval_;
+  StepWindows step_windows_;  // this rank's rows of data_'s windows, a step ahead (data.h)
   const NiahEvaluation niah_;
   AdamW optimizer_;
   PhaseTimer timer_;
@@ -113,9 +115,45 @@ class Trainer {
   TrainSummary summary_;
 };
 
-std::optional<TokenWindows> held_out_windows(const TrainConfig& config, int64_t vocab) {
+// The files of --data (role "training data") or --eval-data ("evaluation data") with their weights
+// and content identities (TrainConfig::inputs, where known: the window index is then cached).
+std::vector<DataSource> data_sources(const TrainConfig& config, const std::vector<std::string>& paths,
+                                     const std::vector<double>& weights, const std::string& role) {
+  std::vector<DataSource> sources;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    std::string identity;
+    for (const TrainConfig::Input& in : config.inputs) {
+      if (in.role == fmt::format("{} {}", role, i + 1) && in.hash.rfind("v", 0) == 0) identity = in.hash;
+    }
+    sources.push_back({paths[i], i < weights.size() ? weights[i] : -1.0, identity});
+  }
+  return sources;
+}
+
+// Rank 0 opens the files first: it builds each window index (one pass over a masked or documented
+// file) and caches it under the content identity; the other ranks then read it from the cache
+// instead of making the same pass at once on the same cores and disk.
+TokenWindows rank0_first(Communicator& world, const std::function<TokenWindows()>& open) {
+  std::optional<TokenWindows> w;
+  if (world.rank() == 0) w.emplace(open());
+  world.barrier();
+  if (world.rank() != 0) w.emplace(open());
+  return std::move(*w);
+}
+
+TokenWindows training_windows(const TrainConfig& config, Communicator& world, int64_t vocab) {
+  return rank0_first(world, [&] {
+    return TokenWindows(data_sources(config, config.data, config.data_weights, "training data"), config.seq_len,
+                        config.seed, vocab);
+  });
+}
+
+std::optional<TokenWindows> held_out_windows(const TrainConfig& config, Communicator& world, int64_t vocab) {
   if (config.eval_data.empty()) return std::nullopt;
-  return TokenWindows(config.eval_data, config.seq_len, 0, vocab);
+  return rank0_first(world, [&] {  // each file in its own order
+    return TokenWindows(data_sources(config, config.eval_data, config.eval_weights, "evaluation data"), config.seq_len,
+                        0, vocab, false);
+  });
 }
 
 OptimizerConfig scheduled(OptimizerConfig optim, int64_t steps) {
@@ -131,8 +169,11 @@ Trainer::Trainer(const TrainConfig& config, TrainTopology& topology, Model& stud
       student_(student),
       teacher_(teacher),
       lead_(topology.world().rank() == 0),
-      data_(config.data, config.seq_len, config.seed, student.config().vocab_size),
-      eval_(held_out_windows(config, student.config().vocab_size)),
+      data_(training_windows(config, topology.world(), student.config().vocab_size)),
+      eval_(held_out_windows(config, topology.world(), student.config().vocab_size)),
+      step_windows_(data_, {.batch_seqs = config.batch_seqs, .grad_accum = config.grad_accum,
+                            .replicas = topology.replicas(), .replica = topology.replica(), .sp = topology.sp(),
+                            .sp_rank = topology.sequence().rank()}),
       niah_(niah_evaluation(config.eval_niah_tasks, student.config().vocab_size, config.seq_len, config.eval_niah_samples)),
       optimizer_(student, scheduled(config.optim, config.steps),
                  [&config](const std::string& name) {
@@ -150,6 +191,7 @@ void Trainer::start() {
     const ResumePoint at = load_checkpoint_dir(config_, topology_, student_, optimizer_, lead_);
     first_step_ = at.step + 1;
     position_ = at.position;
+    if (!at.data_state.empty()) check_data_state(at.state_path, at.data_state, data_, position_);
     HYDRA_USER_CHECK(first_step_ <= config_.steps, "--resume: the checkpoint is at step {}, --steps is {}: nothing to do",
                      at.step, config_.steps);
   } else {
@@ -214,8 +256,9 @@ void Trainer::describe() const {
   }
 }
 
-// The gradient is the mean over the step's counted targets (DESIGN.md §1.5): every rank reads the
-// whole data, so each computes the global count of the step's windows itself, before any forward.
+// The gradient is the mean over the step's counted targets (DESIGN.md §1.5): every rank holds the
+// windows' counted targets (data.h's index), so each computes the step's global count itself,
+// before any forward.
 // Targets that cross a document boundary never count, mask or not (data.h counted_targets); a stage
 // without loss masks (alignment) counts every position.
 int64_t Trainer::step_count(int64_t position) const {
@@ -270,13 +313,10 @@ StepResult Trainer::train_step(int64_t step, int64_t counted) {
   LossSums local;
   std::vector<double> layer_loss;
   // Micro-batch m of this replica: windows j = m·batch_seqs … (m+1)·batch_seqs − 1, window j at
-  // data position + j·replicas + replica (the order is the same as one window at a time).
-  for (int64_t m = 0; m < config_.grad_accum; ++m) {
-    std::vector<Window> batch;
-    for (int64_t b = 0; b < config_.batch_seqs; ++b) {
-      const int64_t j = m * config_.batch_seqs + b;
-      batch.push_back(data_.window(position_ + j * replicas_ + topology_.replica()));
-    }
+  // data position + j·replicas + replica (the order is the same as one window at a time), each
+  // holding this rank's rows; the next step's are read meanwhile (data.h StepWindows).
+  const int64_t next = step < last_step_ ? position_ + per_replica_ * replicas_ : -1;
+  for (const std::vector<Window>& batch : step_windows_.take(position_, next)) {
     local += stage_loss(run, batch, grad_scale, &optimizer_.grads(), &layer_loss);
   }
   position_ += per_replica_ * replicas_;
@@ -328,6 +368,7 @@ void Trainer::log_step(int64_t step, const StepResult& r) {
                       {"mfu", student_.device() == Device::cuda ? nlohmann::json(mfu) : nlohmann::json()},  // a GPU figure
                       {"data_position", position_}};
   if (stage_.logs_answer_split) line.update(loss_fields(r.total, ""));
+  if (data_.blended()) line["data_shares"] = data_shares(data_, position_);  // realised, over the run so far
   // Seconds per phase of the layers (forward, recompute, backward) on rank 0; the loss head and the
   // optimizer are the rest of step_s. Concurrent FA/GDN branches overlap, so phases can sum past it.
   nlohmann::json phase_s;
@@ -349,7 +390,10 @@ bool Trainer::save_or_stop(int64_t step, int stop_votes) {
   const bool last = step == last_step_ && (config_.save_every >= 0 || last_step_ < config_.steps);
   const bool stop = stop_votes > 0 && step < last_step_;
   if (periodic || last || stop) {
-    if (lead_) summary_.checkpoint = write_checkpoint_dir(config_, topology_, student_, optimizer_, step, position_);
+    if (lead_) {
+      summary_.checkpoint = write_checkpoint_dir(config_, topology_, student_, optimizer_, step, position_,
+                                                 data_state(data_, position_));
+    }
     world_.barrier();
   }
   if (stop) {

@@ -43,6 +43,8 @@ struct TrainConfig {
   Stage stage = Stage::pretrain;
   std::vector<std::string> data;       // token files
   std::vector<std::string> eval_data;  // token files for the evaluation loss (optional)
+  // Blend weights, one per file (−1: none given; all −1: the files pooled), model/train/data.h.
+  std::vector<double> data_weights, eval_weights;
   int64_t seq_len = 0;
   int64_t steps = 0;        // the schedule's length (warmup, cosine decay)
   int64_t stop_at = 0;      // stop (and checkpoint) after this step; 0: --steps. For runs split over
@@ -70,7 +72,8 @@ struct TrainConfig {
   struct Input {
     std::string role;  // "model", "teacher", "data 1", "eval data 1", ...
     std::string path;  // for messages
-    std::string hash;  // XXH3 of the file's bytes, hex (runtime/content_hash.h); a preset: its description
+    std::string hash;  // the model and teacher: XXH3 of the file's bytes, hex (runtime/content_hash.h); a preset: its
+                       // description; data: its content identity (runtime/token_identity.h)
   };
   std::vector<Input> inputs;
   bool allow_changed_inputs = false;

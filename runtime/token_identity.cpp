@@ -1,0 +1,214 @@
+#include "runtime/token_identity.h"
+
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/atomic_file.h"
+#include "runtime/content_hash.h"
+#include "runtime/error.h"
+#include "runtime/hdf5_file.h"
+#include "runtime/log.h"
+#include "runtime/token_file.h"
+
+namespace hydra {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr int kIdentityVersion = 1;  // of the fingerprint's definition: a cache entry of another is stale
+constexpr int64_t kBlock = int64_t{1} << 22;  // tokens per read (16 MiB of int32 ids)
+
+class Hasher {
+ public:
+  Hasher() : state_(XXH3_createState(), XXH3_freeState) {
+    HYDRA_ASSERT(state_ != nullptr && XXH3_64bits_reset(state_.get()) == XXH_OK, "XXH3 state");
+  }
+  void update(const void* data, size_t bytes) { XXH3_64bits_update(state_.get(), data, bytes); }
+  void text(const std::string& s) { update(s.data(), s.size() + 1); }  // with its NUL: fields stay apart
+  uint64_t digest() const { return XXH3_64bits_digest(state_.get()); }
+
+ private:
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state_;
+};
+
+// "name:absent" or "name:int<width*8>|uint<width*8>:<length>".
+std::string describe(const H5File& file, const std::string& name) {
+  if (!file.has_dataset(name)) return name + ":absent";
+  const H5File::IntegerVectorInfo info = file.integer_vector_info(name);
+  return fmt::format("{}:{}int{}:{}", name, info.is_signed ? "" : "u", info.width * 8, info.length);
+}
+
+struct FileStamp {
+  int64_t size = 0, inode = 0, device = 0, mtime_ns = 0, ctime_ns = 0;
+  nlohmann::json json() const {
+    return {{"size", size}, {"inode", inode}, {"device", device}, {"mtime_ns", mtime_ns}, {"ctime_ns", ctime_ns}};
+  }
+};
+
+FileStamp stamp_of(const std::string& path) {
+  struct stat st {};
+  HYDRA_USER_CHECK(::stat(path.c_str(), &st) == 0, "cannot read {}: {}", path, std::strerror(errno));
+  return FileStamp{static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_ino), static_cast<int64_t>(st.st_dev),
+                   static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
+                   static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec};
+}
+
+}  // namespace
+
+std::string token_identity_cache_dir() {
+  if (const char* dir = std::getenv("HYDRA_CACHE_DIR"); dir && *dir) return dir;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return (fs::path(xdg) / "hydra").string();
+  const char* home = std::getenv("HOME");
+  return (fs::path(home && *home ? home : "/tmp") / ".cache" / "hydra").string();
+}
+
+TokenFileIdentity compute_token_file_identity(const std::string& path) {
+  // The widest vocabulary the int32 ids admit: the range is checked against the model's later.
+  const TokenReader reader(path, int64_t{std::numeric_limits<int32_t>::max()} + 1);
+  const H5File file = H5File::open_read(path);
+  TokenFileIdentity id;
+  id.tokens = reader.length();
+  id.min_id = std::numeric_limits<int64_t>::max();
+  id.max_id = -1;
+  // Each dataset: "<description> <XXH3 of its values>", or "<name>:absent".
+  const auto field = [&](const char* name, const std::function<void(Hasher&)>& values) {
+    if (!id.fingerprint.empty()) id.fingerprint += "; ";
+    id.fingerprint += describe(file, name);
+    if (!file.has_dataset(name)) return;
+    Hasher h;
+    values(h);
+    id.fingerprint += " " + hash_hex(h.digest());
+  };
+  field("input_ids", [&](Hasher& h) {
+    std::vector<int32_t> ids;
+    for (int64_t first = 0; first < reader.length(); first += kBlock) {
+      ids.resize(static_cast<size_t>(std::min(kBlock, reader.length() - first)));
+      reader.read_ids(first, ids);
+      h.update(ids.data(), ids.size() * sizeof(int32_t));
+      const auto [lo, hi] = std::minmax_element(ids.begin(), ids.end());
+      id.min_id = std::min<int64_t>(id.min_id, *lo);
+      id.max_id = std::max<int64_t>(id.max_id, *hi);
+    }
+  });
+  field("loss_mask", [&](Hasher& h) {
+    std::vector<uint8_t> mask;
+    for (int64_t first = 0; first < reader.length(); first += kBlock) {
+      mask.resize(static_cast<size_t>(std::min(kBlock, reader.length() - first)));
+      reader.read_mask(first, mask);
+      h.update(mask.data(), mask.size());
+    }
+  });
+  field("document_offsets", [&](Hasher& h) {
+    std::vector<int64_t> offsets;
+    for (int64_t first = 0; first < reader.document_offset_count(); first += kBlock) {
+      offsets.resize(static_cast<size_t>(std::min(kBlock, reader.document_offset_count() - first)));
+      reader.read_document_offsets(first, offsets);
+      h.update(offsets.data(), offsets.size() * sizeof(int64_t));
+    }
+  });
+  for (const char* name : {"answer_start", "answer_length"}) {
+    field(name, [&](Hasher& h) {
+      const std::vector<int64_t> values = file.read_integer_vector(name);  // O(answers), as the reader holds
+      h.update(values.data(), values.size() * sizeof(int64_t));
+    });
+  }
+  id.fingerprint = fmt::format("v{}; {}", kIdentityVersion, id.fingerprint);
+  return id;
+}
+
+std::string token_identity_difference(const std::string& a, const std::string& b) {
+  // The fields are "; "-separated, each starting with its dataset's name (up to ':').
+  const auto split = [](const std::string& s) {
+    std::vector<std::string> out;
+    for (size_t at = 0; at <= s.size();) {
+      const size_t end = std::min(s.find("; ", at), s.size());
+      out.push_back(s.substr(at, end - at));
+      at = end + 2;
+    }
+    return out;
+  };
+  const std::vector<std::string> fa = split(a), fb = split(b);
+  std::string differ;
+  for (size_t i = 0; i < std::max(fa.size(), fb.size()); ++i) {
+    const std::string x = i < fa.size() ? fa[i] : "", y = i < fb.size() ? fb[i] : "";
+    if (x == y) continue;
+    const std::string& named = x.empty() ? y : x;
+    std::string name = named.substr(0, named.find(':'));
+    if (i == 0) name = "the identity's version";
+    differ += (differ.empty() ? "" : ", ") + name;
+  }
+  return differ;
+}
+
+TokenFileIdentity token_file_identity(const std::string& path, bool* reused) {
+  const std::string absolute = fs::absolute(path).lexically_normal().string();
+  const fs::path entry = fs::path(token_identity_cache_dir()) / "token-identity" /
+                         (hash_hex(hash_bytes(absolute.data(), absolute.size())) + ".json");
+  const FileStamp before = stamp_of(path);
+  const nlohmann::json stamp = before.json();
+  if (reused) *reused = false;
+  {
+    std::ifstream in(entry);
+    const nlohmann::json cached = in ? nlohmann::json::parse(in, nullptr, false) : nlohmann::json();
+    if (cached.is_object() && cached.value("version", 0) == kIdentityVersion && cached.value("path", "") == absolute &&
+        cached.value("stamp", nlohmann::json()) == stamp && cached.contains("fingerprint") &&
+        cached["fingerprint"].is_string()) {
+      if (reused) *reused = true;
+      return TokenFileIdentity{cached["fingerprint"].get<std::string>(), cached.value("tokens", int64_t{0}),
+                               cached.value("min_id", int64_t{0}), cached.value("max_id", int64_t{0})};
+    }
+  }
+  const TokenFileIdentity id = compute_token_file_identity(path);
+  // Cached only when the file did not change while it was read.
+  if (stamp_of(path).json() != stamp) return id;
+  try {
+    std::error_code ec;
+    fs::create_directories(entry.parent_path(), ec);
+    const nlohmann::json out{{"version", kIdentityVersion}, {"path", absolute}, {"stamp", stamp},
+                             {"fingerprint", id.fingerprint}, {"tokens", id.tokens}, {"min_id", id.min_id},
+                             {"max_id", id.max_id}};
+    write_text_atomically(entry.string(), out.dump() + "\n");
+  } catch (const std::exception& e) {
+    log::warn("the content identity of {} is not cached ({}): the next start reads the file again", path, e.what());
+  }
+  return id;
+}
+
+std::string token_file_sample(const std::string& path) {
+  const TokenReader reader(path, int64_t{std::numeric_limits<int32_t>::max()} + 1);
+  const H5File file = H5File::open_read(path);
+  Hasher h;
+  std::string shapes;
+  for (const char* name : {"input_ids", "loss_mask", "document_offsets", "answer_start", "answer_length"}) {
+    shapes += describe(file, name) + " ";
+  }
+  h.text(shapes);
+  constexpr int64_t kSamples = 16, kLength = 4096;
+  const int64_t t = reader.length(), len = std::min(kLength, t);
+  std::vector<int32_t> ids(static_cast<size_t>(len));
+  std::vector<uint8_t> mask(static_cast<size_t>(len));
+  for (int64_t k = 0; k < kSamples; ++k) {
+    const int64_t first = (t - len) * k / (kSamples - 1);  // 0 … t − len: the first and the last tokens included
+    reader.read_ids(first, ids);
+    h.update(ids.data(), ids.size() * sizeof(int32_t));
+    if (reader.has_mask()) {
+      reader.read_mask(first, mask);
+      h.update(mask.data(), mask.size());
+    }
+  }
+  return shapes + hash_hex(h.digest());
+}
+
+}  // namespace hydra

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""cluster/tokenize_text.py at scale (issue 42), under a BPE tokenizer trained here in memory (the
+`tokenizers` package): .jsonl and .txt inputs cut into pieces and shards give the same shards on 1
+and 3 processes; every document is exactly its own encoding plus the separator; ids are stored in
+the narrowest type (uint8 for this vocabulary of < 256); supervised prompt/response and chat
+examples get loss_mask = 1 on exactly the response tokens; `hydra train` on the supervised shards
+counts exactly those tokens. Skipped (exit 77) without tokenizers, numpy and h5py."""
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+hydra, root = sys.argv[1], sys.argv[2]
+try:
+    import h5py
+    import numpy as np
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+except ImportError as e:
+    print(f"skipped: {e}")
+    sys.exit(77)
+
+script = os.path.join(root, "cluster", "tokenize_text.py")
+rng = random.Random(3)
+words = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away", "blue", "sky", "under", "tree", "big"]
+
+
+def sentence(n):
+    return " ".join(rng.choice(words) for _ in range(n))
+
+
+tok = Tokenizer(models.BPE(unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.Whitespace()
+tok.train_from_iterator([sentence(12) for _ in range(400)],
+                        trainers.BpeTrainer(vocab_size=120, special_tokens=["<|endoftext|>", "<unk>"]))
+assert tok.get_vocab_size() <= 256, tok.get_vocab_size()
+sep = tok.token_to_id("<|endoftext|>")
+failures = []
+
+
+def run(args):
+    r = subprocess.run([sys.executable, script] + args, capture_output=True, text=True)
+    print(r.stdout.strip(), r.stderr.strip()[-400:])
+    if r.returncode != 0:
+        failures.append(f"tokenize_text {' '.join(args[-3:])} exited {r.returncode}")
+    return r
+
+
+def shards(out):
+    m = json.load(open(os.path.join(out, "manifest.json")))
+    data = []
+    for path in m["shards"]:
+        with h5py.File(path) as f:
+            data.append({k: f[k][...] for k in f})
+    return m, data
+
+
+with tempfile.TemporaryDirectory() as d:
+    tj = os.path.join(d, "tokenizer.json")
+    tok.save(tj)
+    docs = [sentence(rng.randint(1, 40)) for _ in range(300)]
+    with open(os.path.join(d, "web.jsonl"), "w") as f:
+        for t in docs:
+            f.write(json.dumps({"text": t, "id": 1}) + "\n")
+    book = "\n".join(sentence(10) for _ in range(5))
+    open(os.path.join(d, "book.txt"), "w").write(book)
+    inputs = [os.path.join(d, "web.jsonl"), os.path.join(d, "book.txt")]
+    # Plain text: pieces of 4 KiB (several per .jsonl), shards of at most 700 tokens.
+    outs = {}
+    for procs in (1, 3):
+        out = os.path.join(d, f"plain{procs}")
+        run(["--tokenizer", tj, "--out", out, "--shard-tokens", "700", "--chunk-bytes", "4K", "--processes", str(procs)]
+            + inputs)
+        outs[procs] = shards(out)
+    (m1, s1), (m3, s3) = outs[1], outs[3]
+    if [os.path.basename(p) for p in m1["shards"]] != [os.path.basename(p) for p in m3["shards"]] or any(
+            not np.array_equal(a["input_ids"], b["input_ids"]) or not np.array_equal(a["document_offsets"], b["document_offsets"])
+            for a, b in zip(s1, s3)):
+        failures.append("1 and 3 processes wrote different shards")
+    if len(s1) < 3:
+        failures.append(f"{len(s1)} shard(s): expected several of at most 700 tokens")
+    got = []
+    for s in s1:
+        ids, off = s["input_ids"], s["document_offsets"]
+        if ids.dtype != np.uint8:
+            failures.append(f"ids stored as {ids.dtype}, expected uint8 (vocabulary {tok.get_vocab_size()})")
+        if len(ids) > 700 or off[0] != 0 or off[-1] != len(ids):
+            failures.append(f"a shard of {len(ids)} tokens with offsets {off[0]}..{off[-1]}")
+        got += [ids[a:b].tolist() for a, b in zip(off, off[1:])]
+    want = [tok.encode(t, add_special_tokens=False).ids + [sep] for t in docs + [book]]
+    if got != want:
+        failures.append(f"documents differ from their encodings ({len(got)} vs {len(want)} documents)")
+
+    # Supervised: prompt/response pairs and chat messages (no chat template here: the default rendering).
+    examples, counted = [], 0
+    for i in range(120):
+        if i % 2 == 0:
+            p, r = sentence(rng.randint(1, 15)), sentence(rng.randint(1, 15))
+            examples.append({"prompt": p, "response": r})
+        else:
+            examples.append({"messages": [{"role": "user", "content": sentence(5)},
+                                          {"role": "assistant", "content": sentence(rng.randint(1, 9))},
+                                          {"role": "user", "content": sentence(3)},
+                                          {"role": "assistant", "content": sentence(4)}]})
+    with open(os.path.join(d, "sft.jsonl"), "w") as f:
+        for e in examples:
+            f.write(json.dumps(e) + "\n")
+    sft = os.path.join(d, "sft")
+    run(["--tokenizer", tj, "--out", sft, "--supervised", "--shard-tokens", "100000", "--processes", "2",
+         os.path.join(d, "sft.jsonl")])
+    m, s = shards(sft)
+    ids, mask, off = s[0]["input_ids"], s[0]["loss_mask"], s[0]["document_offsets"]
+    for k, e in enumerate(examples):
+        doc, dm = ids[off[k]:off[k + 1]].tolist(), mask[off[k]:off[k + 1]].tolist()
+        if "prompt" in e:
+            pi = tok.encode(e["prompt"], add_special_tokens=False).ids
+            ri = tok.encode(e["response"], add_special_tokens=False).ids + [sep]
+            if doc != pi + ri or dm != [0] * len(pi) + [1] * len(ri):
+                failures.append(f"example {k}: ids/mask differ from prompt + response")
+                break
+        decoded = [tok.id_to_token(t) for t, c in zip(doc, dm) if c]
+        if "messages" in e:
+            answers = " ".join(msg["content"] for msg in e["messages"] if msg["role"] == "assistant").split()
+            # The counted tokens are the assistant contents (their rendering's end tag and the separator besides).
+            text = tok.decode([t for t, c in zip(doc, dm) if c]).split()
+            if not all(w in text for w in answers) or any(w in text for w in e["messages"][0]["content"].split()
+                                                          if w not in answers):
+                failures.append(f"example {k}: the counted tokens are not the assistant messages: {text}")
+                break
+    counted = int(mask.sum())
+    if m["counted"] != [counted]:
+        failures.append(f"manifest counts {m['counted']}, the mask {counted}")
+    # hydra train counts exactly the response tokens: one step over windows that cover every target
+    # (seq_len = T − 1; position 0 is a prompt token and no document starts with a counted one).
+    t = len(ids)
+    r = subprocess.run([hydra, "train", "--stage", "finetune", "--preset", "qwen3-tiny", "--data", m["shards"][0],
+                        "--seq-len", str(t - 1), "--steps", "1", "--save-every", "-1", "--out-dir",
+                        os.path.join(d, "run")], capture_output=True, text=True,
+                       env=dict(os.environ, HYDRA_CACHE_DIR=os.path.join(d, "cache")))
+    if r.returncode != 0:
+        failures.append(f"hydra train exited {r.returncode}: {r.stderr.strip()[-400:]}")
+    else:
+        step = [json.loads(x) for x in open(os.path.join(d, "run", "train.jsonl")) if '"step"' in x][0]
+        if step["counted_tokens"] != counted:
+            failures.append(f"hydra train counted {step['counted_tokens']} targets, the responses hold {counted}")
+        else:
+            print(f"hydra train counted {counted} targets: the response tokens")
+for f in failures:
+    print("FAIL:", f)
+print(f"tokenize_shards_test: {len(failures)} failure(s)")
+sys.exit(1 if failures else 0)
