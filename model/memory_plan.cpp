@@ -16,12 +16,6 @@
 
 namespace hydra {
 
-int64_t BufferSpec::numel() const {
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  return n;
-}
-
 LayerBuffers layer_buffers(const ModelConfig& c, const LayerLayout& layout, int64_t t, DType dtype, DType acc) {
   const int64_t D = c.hidden_size, H = c.num_heads, d = c.head_dim, I = c.intermediate_size;
   const int64_t hfa = layout.h_fa, gfa = layout.g_fa, hg = layout.h_gdn, rows = layout.columns.rows;

@@ -18,20 +18,11 @@
 
 #include "model/config.h"
 #include "model/weight_layout.h"
+#include "runtime/buffer_spec.h"
 #include "runtime/dtype.h"
 #include "runtime/tensor.h"
 
 namespace hydra {
-
-// One buffer: its shape and element type.
-struct BufferSpec {
-  std::vector<int64_t> shape;
-  DType dtype = DType::f32;
-  int64_t numel() const;
-  double bytes() const { return static_cast<double>(numel()) * static_cast<double>(dtype_size(dtype)); }
-  Tensor empty(Device device) const { return Tensor::empty(shape, dtype, device); }
-  Tensor zeros(Device device) const { return Tensor::zeros(shape, dtype, device); }
-};
 
 // Tokens per MLP tile: the MLP's [T, 2I] intermediate never exists whole at long context.
 inline constexpr int64_t kMlpTileTokens = 32768;
