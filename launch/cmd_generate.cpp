@@ -142,20 +142,21 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   const int p = comm.size();
   HYDRA_USER_CHECK(!opt.cuda_graph || (device == Device::cuda && p == 1),
                    "--cuda-graph needs one rank on the GPU (this run: {} rank(s) on {})", p, device_name(device));
-  // Memory plan: the weights and the longest prefill's working set, plus the cache (every prompt's
-  // slot at the largest per-slot size) and the decode step's logits.
+  // Memory plan (model/memory_plan.h): the longest prefill, the cache and the decode engine's buffers.
   int64_t longest_prefill = 0, capacity = 1, total_tokens = 0;
+  std::vector<int64_t> lengths;
   for (const auto& prompt : prompts) {
     const int64_t len = static_cast<int64_t>(prompt.size());
     longest_prefill = std::max(longest_prefill, prefill_length(config, len, p));
     capacity = std::max(capacity, cache_rows_needed(config, len, opt.max_new_tokens, p));
     total_tokens += len;
+    lengths.push_back(len);
   }
   const int64_t slots = static_cast<int64_t>(prompts.size());
   const KvCacheBytes cache_bytes = kv_cache_bytes(config, dtype, DType::f32);
   const double cache_rank_bytes = static_cast<double>(slots) * (static_cast<double>(capacity) * cache_bytes.per_token + cache_bytes.per_slot);
-  MemoryEstimate estimate = estimate_prefill_memory(config, std::max<int64_t>(longest_prefill / p, 1), p, device);
-  estimate.activations += cache_rank_bytes + static_cast<double>(slots) * static_cast<double>(config.vocab_size) * 8.0;
+  const MemoryEstimate estimate =
+      estimate_generation_memory(config, lengths, opt.max_new_tokens, p, device, opt.temperature > 0);
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());
 #endif

@@ -6,6 +6,7 @@
 
 #include "model/decode_engine.h"
 #include "model/kv_cache.h"
+#include "parallel/gdn_scan.h"
 #include "runtime/log.h"
 
 namespace hydra {
@@ -63,7 +64,8 @@ void prefill_slot(Communicator& comm, const Model& model, KvCache& cache, int64_
 int64_t prefill_length(const ModelConfig& config, int64_t prompt_length, int world_size) {
   const int64_t granularity = SequenceLayout::granularity(world_size);
   const int64_t length = std::max<int64_t>(prompt_length - 1, 0) / granularity * granularity;
-  if (world_size > 1 && has_gdn_heads(config) && length / granularity < config.conv_kernel - 1) return 0;  // segments
+  // Segments of length / granularity tokens must hold the conv halo (parallel/gdn_scan.h).
+  if (has_gdn_heads(config) && !conv_halo_fits(length / granularity, config.conv_kernel - 1, world_size)) return 0;
   return length;
 }
 
