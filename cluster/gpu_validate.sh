@@ -6,7 +6,7 @@
 #   cluster/gpu_validate.sh BIN_DIR OUT_DIR [kernels] [tests] [bench] [anchors] [sweep] [niah] [bwd]
 #
 # BIN_DIR holds hydra, test_cuda and test_parallel_gpu. Stages (default: tests bench anchors sweep niah bwd):
-#   kernels  issue 18 in one stage: the attention and GDN GPU tests (every kernel variant against
+#   kernels  the forward kernels' targets in one stage: the attention and GDN GPU tests (every kernel variant against
 #            the CPU reference), then bench, anchors, the PyTorch layer reference (cluster/bench/
 #            layer_reference.py, one hydrahead-1.7b layer × 28) and hydra prefill at 512K on one GPU;
 #            ends with the compact table of cluster/bench/summary.py
@@ -94,7 +94,7 @@ if has kernels; then
   : > "$out/prefill.jsonl"
   "$bin/hydra" prefill --preset hydrahead-1.7b --seq-len 512K --device cuda --progress off \
     --json-out "$out/prefill.jsonl" > "$out/prefill.log" 2>&1 || echo "prefill 512K FAILED (see prefill.log)"
-  echo "== summary (issue 18 targets)"
+  echo "== summary (forward kernel targets)"
   python3 "$root/cluster/bench/summary.py" "$out/bench.jsonl" "$out/anchors.jsonl" "$out/layer.jsonl" \
     "$out/prefill.jsonl" | tee "$out/summary.md"
 fi

@@ -51,6 +51,7 @@ struct BenchOptions {
   std::string preset;
   std::string contexts = "32K,128K,512K,1M";
   std::string batches = "1,8,32";
+  bool cuda_graph = false;
 
   void bind(po::options_description& o) {
     o.add_options()
@@ -68,7 +69,8 @@ struct BenchOptions {
         ("json-out", po::value(&json_out), "append the JSON line to this file")
         ("preset", po::value(&preset), "decode: the model (random weights), e.g. hydrahead-1.7b or qwen3-1.7b")
         ("contexts", po::value(&contexts)->default_value("32K,128K,512K,1M"), "decode: cached tokens per sequence, a list")
-        ("batches", po::value(&batches)->default_value("1,8,32"), "decode: sequences per step, a list");
+        ("batches", po::value(&batches)->default_value("1,8,32"), "decode: sequences per step, a list")
+        ("cuda-graph", po::bool_switch(&cuda_graph), "decode: replay each step as a CUDA graph (as generate --cuda-graph)");
   }
   // A comma-separated list of sizes (accepts 32K, 1M).
   static std::vector<int64_t> size_list(const std::string& text, const char* flag) {
@@ -107,7 +109,7 @@ int run_bench(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "bench",
                           "--op gemm|attention|gdn|attention-bwd|gdn-bwd|gdn-input [--seq-len 32K --heads 16 --head-dim 128] | "
-                          "--op decode --preset NAME [--contexts 32K,128K,512K,1M --batches 1,8,32]",
+                          "--op decode --preset NAME [--contexts 32K,128K,512K,1M --batches 1,8,32] [--cuda-graph]",
                           desc, args)) {
     return 0;
   }
@@ -119,7 +121,7 @@ int run_bench(App& app, const std::vector<std::string>& args) {
   if (opt.op == "decode") {  // bandwidth-bound: its own ceiling (a device copy), no GEMM
     const DecodeBenchOptions d{.preset = opt.preset, .contexts = BenchOptions::size_list(opt.contexts, "--contexts"),
                                .batches = BenchOptions::size_list(opt.batches, "--batches"), .warmup = opt.warmup,
-                               .repeat = opt.repeat};
+                               .repeat = opt.repeat, .cuda_graph = opt.cuda_graph};
     bench_decode(d, app.kernels, [&](const nlohmann::json& r) {
       if (app.world.rank() != 0) return;
       std::cout << r.dump() << std::endl;

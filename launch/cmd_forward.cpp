@@ -89,14 +89,8 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   const int64_t t_local = layout.local_length(), vocab = config.vocab_size;
   const Device device = resolve_device(opt.device, app.mpi);
   const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
-  // Beyond the prefill: with --output every rank's logits [T_loc, V] float32 (where the model runs,
-  // plus a host copy on the GPU path) and, on rank 0, the assembled [T, V] and one incoming block.
-  const double logits_bytes = opt.output.empty() ? 0.0 : static_cast<double>(t_local) * static_cast<double>(vocab) * 4.0;
-  const double assembly_bytes =
-      !opt.output.empty() && comm.rank() == 0 ? logits_bytes + static_cast<double>(total) * static_cast<double>(vocab) * 4.0 : 0.0;
-  MemoryEstimate estimate = estimate_prefill_memory(config, t_local, comm.size(), device);
-  const double ids_bytes = static_cast<double>(total) * 4.0;  // the whole sequence, on every rank
-  estimate.activations += logits_bytes + (device == Device::host ? assembly_bytes + ids_bytes : 0.0);
+  const MemoryEstimate estimate =
+      estimate_forward_memory(config, total, t_local, comm.size(), comm.rank(), device, !opt.output.empty());
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
 #endif
@@ -104,7 +98,7 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   check_memory_plan(estimate, device, what, app.mpi.local_size());
   if (device == Device::cuda) {
     MemoryEstimate host;
-    host.activations = logits_bytes + assembly_bytes + ids_bytes;
+    host.activations = forward_host_bytes(config, total, t_local, comm.rank(), !opt.output.empty());
     check_memory_plan(host, Device::host, what + " (its logits on the host)", app.mpi.local_size());
   }
   if (opt.input.empty()) ids = random_token_sequence(total, config.vocab_size, opt.token_seed);

@@ -42,6 +42,7 @@ struct GenerateCliOptions {
   std::string device = "auto";
   std::string progress = "auto";
   double nccl_timeout = 600;
+  bool cuda_graph = false;
 
   void bind(po::options_description& o) {
     model.bind(o, ModelSource::OwnSeed::yes);
@@ -58,7 +59,8 @@ struct GenerateCliOptions {
         ("out", po::value(&out)->required(), "output JSON lines: one per prompt, then a summary (rank 0, atomic)")
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16, one GPU per rank), cpu (fp32) or auto")
         ("progress", po::value(&progress)->default_value("auto"), "per-layer prefill progress: on, off, auto (from 64K tokens)")
-        ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
+        ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job")
+        ("cuda-graph", po::bool_switch(&cuda_graph), "replay each decode step as a CUDA graph (one rank on the GPU)");
   }
   void validate() const {
     model.validate();
@@ -141,7 +143,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "generate",
                           "(--model M.h5 | --preset NAME [--weight-seed W]) --prompt P.h5 --max-new-tokens N [--temperature 0] "
-                          "[--top-k K] [--top-p P] [--seed S] [--stop-token ID,...] --out OUT.jsonl [--device cpu|cuda]",
+                          "[--top-k K] [--top-p P] [--seed S] [--stop-token ID,...] --out OUT.jsonl [--device cpu|cuda] [--cuda-graph]",
                           desc, args)) {
     return 0;
   }
@@ -153,9 +155,11 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   const Device device = resolve_device(opt.device, app.mpi);
   const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
   const int p = comm.size();
-  // Memory plan: the weights and the longest prefill's working set, plus the cache (every prompt's
-  // slot at the largest per-slot size) and the decode step's logits.
+  HYDRA_USER_CHECK(!opt.cuda_graph || (device == Device::cuda && p == 1),
+                   "--cuda-graph needs one rank on the GPU (this run: {} rank(s) on {})", p, device_name(device));
+  // Memory plan (model/memory_plan.h): the longest prefill, the cache and the decode engine's buffers.
   int64_t longest_prefill = 0, capacity = 1, total_tokens = 0;
+  std::vector<int64_t> lengths;
   for (const auto& prompt : prompts) {
     const int64_t len = static_cast<int64_t>(prompt.size());
     // No overflow in the cache sizes below: the memory plan then refuses what does not fit.
@@ -165,12 +169,13 @@ int run_generate(App& app, const std::vector<std::string>& args) {
     longest_prefill = std::max(longest_prefill, prefill_length(config, len, p));
     capacity = std::max(capacity, cache_rows_needed(config, len, opt.max_new_tokens, p));
     total_tokens += len;
+    lengths.push_back(len);
   }
   const int64_t slots = static_cast<int64_t>(prompts.size());
   const KvCacheBytes cache_bytes = kv_cache_bytes(config, dtype, DType::f32);
   const double cache_rank_bytes = static_cast<double>(slots) * (static_cast<double>(capacity) * cache_bytes.per_token + cache_bytes.per_slot);
-  MemoryEstimate estimate = estimate_prefill_memory(config, std::max<int64_t>(longest_prefill / p, 1), p, device);
-  estimate.activations += cache_rank_bytes + static_cast<double>(slots) * static_cast<double>(config.vocab_size) * 8.0;
+  const MemoryEstimate estimate =
+      estimate_generation_memory(config, lengths, opt.max_new_tokens, p, device, opt.temperature > 0);
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());
 #endif
@@ -202,7 +207,8 @@ int run_generate(App& app, const std::vector<std::string>& args) {
       .max_new_tokens = opt.max_new_tokens,
       .sampling = {.temperature = opt.temperature, .top_k = opt.top_k, .top_p = opt.top_p, .seed = opt.seed},
       .stop_tokens = stop,
-      .progress = opt.progress == "on" || (opt.progress == "auto" && longest_prefill >= 65536)};
+      .progress = opt.progress == "on" || (opt.progress == "auto" && longest_prefill >= 65536),
+      .cuda_graph = opt.cuda_graph};
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<GeneratedSequence> result = generate(*world.comm, model, prompts, options);
   check_device_progress(world);

@@ -90,24 +90,14 @@ std::string ModelConfig::summary() const {
 }
 
 nlohmann::json config_to_json(const ModelConfig& c) {
-  nlohmann::json j = {
-      {"arch", arch_name(c.arch)},
-      {"vocab_size", c.vocab_size},
-      {"hidden_size", c.hidden_size},
-      {"num_hidden_layers", c.num_layers},
-      {"num_attention_heads", c.num_heads},
-      {"num_key_value_heads", c.num_kv_heads},
-      {"head_dim", c.head_dim},
-      {"intermediate_size", c.intermediate_size},
-      {"rms_norm_eps", c.rms_norm_eps},
-      {"rope_theta", c.rope_theta},
-      {"tie_word_embeddings", c.tie_word_embeddings},
-  };
+  nlohmann::json j = {{"arch", arch_name(c.arch)}};
+  for (const auto& k : kConfigIntegerKeys) j[k.name] = c.*k.field;
+  for (const auto& k : kConfigRealKeys) j[k.name] = c.*k.field;
+  for (const auto& k : kConfigBoolKeys) j[k.name] = c.*k.field;
   if (c.is_hydra()) {
-    j["fa_heads"] = c.fa_heads;
-    j["fa_log_base"] = c.fa_log_base;
-    j["conv_kernel"] = c.conv_kernel;
-    j["l2_norm_eps"] = c.l2_norm_eps;
+    j[kFaHeadsKey] = c.fa_heads;
+    for (const auto& k : kHydraIntegerKeys) j[k.name] = c.*k.field;
+    for (const auto& k : kHydraRealKeys) j[k.name] = c.*k.field;
   }
   return j;
 }
@@ -125,19 +115,12 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
       HYDRA_USER_FAIL("{}: unknown arch '{}' (expected qwen3 or hydrahead)", source, arch);
     }
     const auto integer = [&](const char* key) { return json_integer(j.at(key), fmt::format("{}: {}", source, key)); };
-    c.vocab_size = integer("vocab_size");
-    c.hidden_size = integer("hidden_size");
-    c.num_layers = integer("num_hidden_layers");
-    c.num_heads = integer("num_attention_heads");
-    c.num_kv_heads = integer("num_key_value_heads");
-    c.head_dim = integer("head_dim");
-    c.intermediate_size = integer("intermediate_size");
-    c.rms_norm_eps = j.at("rms_norm_eps").get<double>();
-    c.rope_theta = j.at("rope_theta").get<double>();
-    c.tie_word_embeddings = j.at("tie_word_embeddings").get<bool>();
+    for (const auto& k : kConfigIntegerKeys) c.*k.field = integer(k.name);
+    for (const auto& k : kConfigRealKeys) c.*k.field = j.at(k.name).get<double>();
+    for (const auto& k : kConfigBoolKeys) c.*k.field = j.at(k.name).get<bool>();
     if (c.arch == Arch::hydrahead) {
       // Read before validate(): bound the lists by the layer and head counts before building them.
-      const nlohmann::json& layers = j.at("fa_heads");
+      const nlohmann::json& layers = j.at(kFaHeadsKey);
       HYDRA_USER_CHECK(layers.is_array(), "{}: fa_heads is not a list of lists", source);
       HYDRA_USER_CHECK(c.num_layers > 0 && c.num_layers <= kMaxLayers &&
                            static_cast<int64_t>(layers.size()) == c.num_layers,
@@ -154,9 +137,8 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
         }
         c.fa_heads.push_back(std::move(heads));
       }
-      c.fa_log_base = j.at("fa_log_base").get<double>();
-      c.conv_kernel = integer("conv_kernel");
-      c.l2_norm_eps = j.at("l2_norm_eps").get<double>();
+      for (const auto& k : kHydraRealKeys) c.*k.field = j.at(k.name).get<double>();
+      for (const auto& k : kHydraIntegerKeys) c.*k.field = integer(k.name);
     }
   } catch (const nlohmann::json::exception& e) {
     HYDRA_USER_FAIL("{}: malformed model config ({})", source, e.what());
@@ -202,7 +184,7 @@ ModelConfig qwen3_tiny() {
   return c;
 }
 
-// Teachers trained here on `hydra synth` streams (issue 19): Qwen3 shape, 8 query heads per layer
+// Teachers trained here on `hydra synth` streams (cluster/synth/ pipeline): Qwen3 shape, 8 query heads per layer
 // (so 7:1 is one FA head per layer) in 4 KV groups (Qwen3-1.7B's ratio of 2), 4 layers (so
 // layerwise:4 is the 3:1 hybrid), untied embeddings. qwen3-synth (4.2M parameters, head dim 64,
 // which the GPU kernels take) is sized for a few minutes of one H200; qwen3-synth-cpu (0.5M,

@@ -62,6 +62,38 @@ inline constexpr int64_t kMaxWidth = int64_t{1} << 22;        // hidden_size, in
 inline constexpr int64_t kMaxVocab = int64_t{1} << 31;        // ids are int32: vocab_size <= 2^31 − 1
 inline constexpr double kMaxParameters = 1099511627776.0;     // 2^40
 
+// The config keys that hydra's checkpoint JSON (config_to_json, config_from_json) and an HF
+// config.json (model/hf_export.cpp writes, model/hf_import.cpp reads) share: each key's one
+// spelling and the field it holds. The HydraHead keys are written for a hybrid only.
+template <class T>
+struct ConfigKey {
+  const char* name;
+  T ModelConfig::*field;
+};
+inline constexpr ConfigKey<int64_t> kConfigIntegerKeys[] = {
+    {"vocab_size", &ModelConfig::vocab_size},          {"hidden_size", &ModelConfig::hidden_size},
+    {"num_hidden_layers", &ModelConfig::num_layers},   {"num_attention_heads", &ModelConfig::num_heads},
+    {"num_key_value_heads", &ModelConfig::num_kv_heads}, {"head_dim", &ModelConfig::head_dim},
+    {"intermediate_size", &ModelConfig::intermediate_size}};
+inline constexpr ConfigKey<double> kConfigRealKeys[] = {{"rms_norm_eps", &ModelConfig::rms_norm_eps},
+                                                        {"rope_theta", &ModelConfig::rope_theta}};
+inline constexpr ConfigKey<bool> kConfigBoolKeys[] = {{"tie_word_embeddings", &ModelConfig::tie_word_embeddings}};
+inline constexpr ConfigKey<int64_t> kHydraIntegerKeys[] = {{"conv_kernel", &ModelConfig::conv_kernel}};
+inline constexpr ConfigKey<double> kHydraRealKeys[] = {{"fa_log_base", &ModelConfig::fa_log_base},
+                                                       {"l2_norm_eps", &ModelConfig::l2_norm_eps}};
+inline constexpr const char* kFaHeadsKey = "fa_heads";
+// The key of a field of the tables above (import reads some keys with defaults of its own).
+template <class T, size_t N>
+constexpr const char* config_key_in(const ConfigKey<T> (&keys)[N], T ModelConfig::*field) {
+  for (const ConfigKey<T>& k : keys) {
+    if (k.field == field) return k.name;
+  }
+  return nullptr;
+}
+constexpr const char* config_key(int64_t ModelConfig::*field) { return config_key_in(kConfigIntegerKeys, field); }
+constexpr const char* config_key(double ModelConfig::*field) { return config_key_in(kConfigRealKeys, field); }
+constexpr const char* config_key(bool ModelConfig::*field) { return config_key_in(kConfigBoolKeys, field); }
+
 nlohmann::json config_to_json(const ModelConfig& config);
 // `source` names where the JSON came from, for error messages.
 ModelConfig config_from_json(const nlohmann::json& json, const std::string& source);

@@ -4,8 +4,9 @@
 #include <chrono>
 #include <cmath>
 
-#include "kernels/argmax/argmax.h"
+#include "model/decode_engine.h"
 #include "model/kv_cache.h"
+#include "parallel/gdn_scan.h"
 #include "runtime/log.h"
 
 namespace hydra {
@@ -63,14 +64,15 @@ void prefill_slot(Communicator& comm, const Model& model, KvCache& cache, int64_
 int64_t prefill_length(const ModelConfig& config, int64_t prompt_length, int world_size) {
   const int64_t granularity = SequenceLayout::granularity(world_size);
   const int64_t length = std::max<int64_t>(prompt_length - 1, 0) / granularity * granularity;
-  if (world_size > 1 && has_gdn_heads(config) && length / granularity < config.conv_kernel - 1) return 0;  // segments
+  // Segments of length / granularity tokens must hold the conv halo (parallel/gdn_scan.h).
+  if (has_gdn_heads(config) && !conv_halo_fits(length / granularity, config.conv_kernel - 1, world_size)) return 0;
   return length;
 }
 
 int64_t cache_rows_needed(const ModelConfig& config, int64_t prompt_length, int64_t max_new_tokens, int world_size) {
   const int64_t prefill = prefill_length(config, prompt_length, world_size);
   const int64_t decoded = prompt_length - prefill + max_new_tokens - 1;  // tokens fed to decode steps
-  return prefill / world_size + (decoded + world_size - 1) / world_size;
+  return prefill / world_size + DecodeDealing::most_rows(decoded, world_size);
 }
 
 std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
@@ -106,61 +108,51 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
   }
 
   // 2. Decode: every unfinished sequence feeds its next token each step.
+  const bool greedy_ids = options.sampling.greedy() && !options.keep_logits;  // B ids to the host, not B·V logits
+  DecodeEngine engine(comm, model, cache, {.host_logits = !greedy_ids, .cuda_graph = options.cuda_graph});
   const auto t_decode = Clock::now();
   std::vector<bool> done(static_cast<size_t>(n), false);
   double next_report = 30.0;  // a progress line every 30 s of decoding (rank 0)
   int64_t generated = 0;
+  std::vector<int64_t> rows, choosing;
+  std::vector<int32_t> ids, chosen;
   while (true) {
     if (seconds_since(t_decode) > next_report) {
       log::info("decode: {} of {} new tokens after {:.0f} s ({:.1f} tokens/s)", generated, n * options.max_new_tokens,
                 seconds_since(t_decode), static_cast<double>(generated) / seconds_since(t_decode));
       next_report += 30.0;
     }
-    std::vector<int64_t> rows;
-    std::vector<int32_t> ids;
+    rows.clear();
+    ids.clear();
+    choosing.clear();
     for (int64_t b = 0; b < n; ++b) {
       if (done[static_cast<size_t>(b)]) continue;
       const auto& prompt = prompts[static_cast<size_t>(b)];
       const int64_t pos = cache.tokens(b), len = static_cast<int64_t>(prompt.size());
+      // Rows whose input is the prompt's last token or a new token choose the next one.
+      if (pos + 1 >= len) choosing.push_back(static_cast<int64_t>(rows.size()));
       rows.push_back(b);
       ids.push_back(pos < len ? prompt[static_cast<size_t>(pos)]
                               : out[static_cast<size_t>(b)].tokens[static_cast<size_t>(pos - len)]);
     }
     if (rows.empty()) break;
-    const int64_t batch = static_cast<int64_t>(rows.size());
-    Tensor id_tensor = Tensor::empty({batch}, DType::i32);
-    std::copy(ids.begin(), ids.end(), id_tensor.data_as<int32_t>());
-    ForwardContext context{.comm = comm, .layout = {}, .cache = &cache};  // decode reads no layout
-    cache.begin_decode(rows);
-    const Tensor hidden = model.decode_step(context, id_tensor);
-    // Rows whose input was the prompt's last token or a new token choose the next one.
-    std::vector<int64_t> choosing;
-    for (int64_t i = 0; i < batch; ++i) {
-      const int64_t b = rows[static_cast<size_t>(i)];
-      if (cache.tokens(b) + 1 >= static_cast<int64_t>(prompts[static_cast<size_t>(b)].size())) choosing.push_back(i);
-    }
-    cache.end_decode();
+    engine.step(rows, ids,
+                choosing.empty() ? StepResult::none : (greedy_ids ? StepResult::argmax : StepResult::logits));
     if (choosing.empty()) continue;
-    Tensor logits = Tensor::empty({batch, vocab}, DType::f32, model.device());
-    model.lm_head(logits, hidden);
     const auto nonfinite = [&](int64_t b) {
       HYDRA_USER_FAIL("generate: the logits of prompt {} at position {} are not finite (bad weights?)", b,
                       cache.tokens(b) - 1);
     };
-    std::vector<int32_t> chosen;
-    if (options.sampling.greedy() && !options.keep_logits) {  // B ids to the host, not B·V logits
-      Tensor ids_device = Tensor::empty({batch}, DType::i32, model.device());
-      ops::row_argmax(ids_device, logits);
-      const Tensor best = to(ids_device, Device::host, DType::i32);
+    chosen.clear();
+    if (greedy_ids) {
       for (const int64_t i : choosing) {
-        chosen.push_back(best.data_as<int32_t>()[i]);
+        chosen.push_back(engine.argmax()[static_cast<size_t>(i)]);
         if (chosen.back() < 0) nonfinite(rows[static_cast<size_t>(i)]);
       }
     } else {
-      const Tensor host = to(logits, Device::host, DType::f32);
       for (const int64_t i : choosing) {
         const int64_t b = rows[static_cast<size_t>(i)];
-        const std::span<const float> row(host.data_as<float>() + i * vocab, static_cast<size_t>(vocab));
+        const std::span<const float> row = engine.logits().subspan(static_cast<size_t>(i * vocab), static_cast<size_t>(vocab));
         if (!std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); })) nonfinite(b);
         const uint64_t draw = (static_cast<uint64_t>(b) << 32) | out[static_cast<size_t>(b)].tokens.size();
         chosen.push_back(sample_token(row, options.sampling, draw));

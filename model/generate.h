@@ -12,6 +12,7 @@
 // positions), so a batch shares the reads of the weights. A sequence ends after max_new_tokens new
 // tokens or on a stop token (kept as its last token).
 //
+// The decode steps run on model/decode_engine.h (the engine `hydra bench --op decode` times too).
 // Tokens are chosen from fp32 logits by sample_token (model/sampling.h) on every rank, and rank 0's
 // choice is broadcast each step, so the ranks can never disagree on what they feed next.
 #pragma once
@@ -30,6 +31,7 @@ struct GenerateOptions {
   std::vector<int32_t> stop_tokens = {};
   bool progress = false;      // rank 0 logs a line per layer of each prefill, with an ETA
   bool keep_logits = false;   // keep the logits each new token was chosen from (tests)
+  bool cuda_graph = false;    // replay the decode step as a CUDA graph (one rank on the GPU; model/decode_engine.h)
 };
 
 struct GeneratedSequence {

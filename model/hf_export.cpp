@@ -62,37 +62,24 @@ nlohmann::json hf_config_json(const ModelConfig& c, DType dtype, int64_t max_pos
   // The keys and spelling of a Qwen3 config.json as transformers writes it. rope_theta sits at the
   // top level, which transformers 4.x reads and 5.x converts to its rope_parameters; no rope_scaling
   // key (absent means the default rotary embedding in both, and 5.x warns about the key).
-  nlohmann::json j = {
+  // The model's own keys from the shared table (model/config.h), then the keys only HF has.
+  nlohmann::json j = config_to_json(c);
+  j.erase("arch");
+  j.update({
       {"architectures", {c.is_hydra() ? kHydraHeadArchitecture : "Qwen3ForCausalLM"}},
       {"model_type", c.is_hydra() ? kHydraHeadModelType : "qwen3"},
       {"attention_bias", false},
       {"attention_dropout", 0.0},
-      {"head_dim", c.head_dim},
       {"hidden_act", "silu"},
-      {"hidden_size", c.hidden_size},
       {"initializer_range", 0.02},
-      {"intermediate_size", c.intermediate_size},
       {"max_position_embeddings", max_position_embeddings},
       {"max_window_layers", c.num_layers},
-      {"num_attention_heads", c.num_heads},
-      {"num_hidden_layers", c.num_layers},
-      {"num_key_value_heads", c.num_kv_heads},
-      {"rms_norm_eps", c.rms_norm_eps},
-      {"rope_theta", c.rope_theta},
       {"sliding_window", nullptr},
-      {"tie_word_embeddings", c.tie_word_embeddings},
       {"torch_dtype", dtype == DType::bf16 ? "bfloat16" : "float32"},
       {"use_cache", true},
       {"use_sliding_window", false},
-      {"vocab_size", c.vocab_size},
-  };
-  if (c.is_hydra()) {
-    j["hydrahead_version"] = kHydraHeadExportVersion;
-    j["fa_heads"] = c.fa_heads;
-    j["fa_log_base"] = c.fa_log_base;
-    j["conv_kernel"] = c.conv_kernel;
-    j["l2_norm_eps"] = c.l2_norm_eps;
-  }
+  });
+  if (c.is_hydra()) j["hydrahead_version"] = kHydraHeadExportVersion;
   return j;
 }
 

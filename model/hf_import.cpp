@@ -44,9 +44,9 @@ double rope_theta_of(const nlohmann::json& hf, const std::string& source) {
     const std::string type = value_or<std::string>(*it, "rope_type", value_or<std::string>(*it, "type", "default"));
     HYDRA_USER_CHECK(type == "default", "{}: RoPE type '{}' is not supported (only the default rotary embedding)",
                      source, type);
-    if (it->contains("rope_theta")) return it->at("rope_theta").get<double>();
+    if (it->contains(config_key(&ModelConfig::rope_theta))) return it->at(config_key(&ModelConfig::rope_theta)).get<double>();
   }
-  return value_or<double>(hf, "rope_theta", 10000.0);
+  return value_or<double>(hf, config_key(&ModelConfig::rope_theta), 10000.0);
 }
 
 }  // namespace
@@ -73,7 +73,7 @@ ModelConfig config_from_hf_json(const nlohmann::json& hf, const std::string& sou
                        kHydraHeadExportVersion);
       nlohmann::json own = hf;
       own["arch"] = arch_name(Arch::hydrahead);
-      own["rope_theta"] = rope_theta_of(hf, source);
+      own[config_key(&ModelConfig::rope_theta)] = rope_theta_of(hf, source);
       return config_from_json(own, source);
     }
     c.arch = Arch::qwen3;
@@ -85,16 +85,18 @@ ModelConfig config_from_hf_json(const nlohmann::json& hf, const std::string& sou
       }
       return json_integer(*it, fmt::format("{}: {}", source, key));
     };
-    c.vocab_size = integer("vocab_size", 0, true);
-    c.hidden_size = integer("hidden_size", 0, true);
-    c.num_layers = integer("num_hidden_layers", 0, true);
-    c.num_heads = integer("num_attention_heads", 0, true);
-    c.num_kv_heads = integer("num_key_value_heads", c.num_heads, false);
-    c.head_dim = integer("head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0, false);
-    c.intermediate_size = integer("intermediate_size", 0, true);
-    c.rms_norm_eps = value_or<double>(hf, "rms_norm_eps", 1e-6);
+    // The keys of model/config.h's table; HF's defaults where a key may be absent.
+    const auto required = [&](int64_t ModelConfig::*field) { c.*field = integer(config_key(field), 0, true); };
+    required(&ModelConfig::vocab_size);
+    required(&ModelConfig::hidden_size);
+    required(&ModelConfig::num_layers);
+    required(&ModelConfig::num_heads);
+    c.num_kv_heads = integer(config_key(&ModelConfig::num_kv_heads), c.num_heads, false);
+    c.head_dim = integer(config_key(&ModelConfig::head_dim), c.num_heads > 0 ? c.hidden_size / c.num_heads : 0, false);
+    required(&ModelConfig::intermediate_size);
+    c.rms_norm_eps = value_or<double>(hf, config_key(&ModelConfig::rms_norm_eps), 1e-6);
     c.rope_theta = rope_theta_of(hf, source);
-    c.tie_word_embeddings = value_or<bool>(hf, "tie_word_embeddings", false);
+    c.tie_word_embeddings = value_or<bool>(hf, config_key(&ModelConfig::tie_word_embeddings), false);
   } catch (const nlohmann::json::exception& e) {
     HYDRA_USER_FAIL("{}: missing or malformed field ({})", source, e.what());
   }

@@ -22,29 +22,31 @@ LayerCounts layer_counts(const ModelConfig& config, int64_t layer) {
   return {fa > 0 ? static_cast<int64_t>(config.fa_kv_heads_of(layer).size()) : 0, config.num_heads - fa};
 }
 
-Tensor device_vector(const std::vector<int64_t>& values, DType dtype, Device device) {
-  const int64_t n = static_cast<int64_t>(values.size());
-  Tensor host = Tensor::empty({n}, dtype);
-  for (int64_t i = 0; i < n; ++i) {
-    if (dtype == DType::i32) {
-      host.data_as<int32_t>()[i] = static_cast<int32_t>(values[static_cast<size_t>(i)]);
-    } else {
-      host.data_as<int64_t>()[i] = values[static_cast<size_t>(i)];
-    }
-  }
-  return to_device(host, device);
-}
-
 }  // namespace
+
+std::vector<KvCacheLayerSpec> kv_cache_spec(const ModelConfig& config, int64_t slots, int64_t capacity, DType dtype,
+                                            DType acc_dtype) {
+  const int64_t d = config.head_dim, halo = config.conv_kernel - 1;
+  std::vector<KvCacheLayerSpec> spec;
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const LayerCounts c = layer_counts(config, l);
+    KvCacheLayerSpec s;
+    if (c.kv > 0) s.k = s.v = {{slots, capacity, c.kv, d}, dtype};
+    if (c.gdn > 0) {
+      s.state = {{slots, c.gdn, d, d}, acc_dtype};
+      if (halo > 0) s.conv_tail = {{slots, halo, 3 * c.gdn * d}, dtype};
+    }
+    spec.push_back(s);
+  }
+  return spec;
+}
 
 KvCacheBytes kv_cache_bytes(const ModelConfig& config, DType dtype, DType acc_dtype) {
   KvCacheBytes b;
-  const double d = static_cast<double>(config.head_dim), es = static_cast<double>(dtype_size(dtype));
-  for (int64_t l = 0; l < config.num_layers; ++l) {
-    const LayerCounts c = layer_counts(config, l);
-    b.per_token += 2.0 * static_cast<double>(c.kv) * d * es;
-    b.per_slot += static_cast<double>(c.gdn) * d * d * static_cast<double>(dtype_size(acc_dtype)) +
-                  static_cast<double>(config.conv_kernel - 1) * 3.0 * static_cast<double>(c.gdn) * d * es;
+  for (const KvCacheLayerSpec& s : kv_cache_spec(config, 1, 1, dtype, acc_dtype)) {  // one slot of one row
+    const auto bytes = [](const BufferSpec& x) { return x.exists() ? x.bytes() : 0.0; };
+    b.per_token += bytes(s.k) + bytes(s.v);
+    b.per_slot += bytes(s.state) + bytes(s.conv_tail);
   }
   return b;
 }
@@ -62,19 +64,24 @@ KvCache::KvCache(const Model& model, int64_t slots, int64_t capacity, int world_
       prefilled_(static_cast<size_t>(slots), 0) {
   const ModelConfig& config = model.config();
   HYDRA_ASSERT(slots >= 1 && capacity >= 1, "a cache of {} slots x {} rows", slots, capacity);
-  const int64_t d = config.head_dim;
+  const auto zeros = [&](const BufferSpec& s) { return s.exists() ? s.zeros(device_) : Tensor(); };
+  int64_t most_fa_heads = 0;
+  for (const KvCacheLayerSpec& s : kv_cache_spec(config, slots, capacity, dtype_, acc_)) {
+    layers_.push_back({zeros(s.k), zeros(s.v), zeros(s.state), zeros(s.conv_tail)});
+  }
   for (int64_t l = 0; l < config.num_layers; ++l) {
-    const LayerCounts c = layer_counts(config, l);
-    KvCacheLayer layer;
-    if (c.kv > 0) {
-      layer.k = Tensor::zeros({slots, capacity, c.kv, d}, dtype_, device_);
-      layer.v = Tensor::zeros({slots, capacity, c.kv, d}, dtype_, device_);
+    if (layers_[static_cast<size_t>(l)].k.defined()) {
+      most_fa_heads = std::max(most_fa_heads, config.is_hydra() ? static_cast<int64_t>(config.fa_heads_of(l).size())
+                                                                : config.num_heads);
     }
-    if (c.gdn > 0) {
-      layer.state = Tensor::zeros({slots, c.gdn, d, d}, acc_, device_);
-      if (halo_ > 0) layer.conv_tail = Tensor::zeros({slots, halo_, 3 * c.gdn * d}, dtype_, device_);
-    }
-    layers_.push_back(std::move(layer));
+  }
+  // The step buffer: positions (i64) first, so every part is aligned.
+  step_device_ = Tensor::zeros({5 * slots}, DType::i32, device_);
+  step_host_ = Tensor::zeros({5 * slots}, DType::i32);
+  if (most_fa_heads > 0) part_ = Tensor::empty({slots * most_fa_heads * (config.head_dim + 1)}, acc_, device_);
+  if (world_ > 1 && most_fa_heads > 0) {
+    parts_ = Tensor::empty({world_ * part_.numel()}, acc_, device_);
+    merged_lse_ = Tensor::empty({most_fa_heads * slots}, acc_, device_);
   }
 }
 
@@ -92,10 +99,6 @@ void KvCache::set_filled(int64_t slot, int64_t tokens, int64_t rows) {
   tokens_.at(static_cast<size_t>(slot)) = tokens;
   local_.at(static_cast<size_t>(slot)) = rows;
   prefilled_.at(static_cast<size_t>(slot)) = tokens;
-}
-
-int KvCache::owner_of_token(int64_t slot, int64_t position) const {
-  return static_cast<int>((position - prefilled_[static_cast<size_t>(slot)]) % world_);
 }
 
 void KvCache::begin_prefill(int64_t slot, const SequenceLayout& layout) {
@@ -157,24 +160,39 @@ void KvCache::store_conv_tail(int64_t layer, const TensorView& x) {
 
 void KvCache::begin_decode(std::span<const int64_t> slots) {
   HYDRA_ASSERT(mode_ == Mode::idle && !slots.empty(), "begin_decode of {} rows while busy", slots.size());
+  const int64_t rows = static_cast<int64_t>(slots.size()), n = this->slots();
+  HYDRA_ASSERT(rows <= n, "a decode step of {} rows in a cache of {} slots", rows, n);
   step_slots_.assign(slots.begin(), slots.end());
-  std::vector<int64_t> position, length, append;
-  for (const int64_t slot : step_slots_) {
+  // Host staging, the layout of step_device_: positions i64 [S] | slots | lengths | append i32 [S].
+  int64_t* position = static_cast<int64_t*>(step_host_.data());
+  int32_t* slot_of = step_host_.data_as<int32_t>() + 2 * n;
+  int32_t* length = slot_of + n;
+  int32_t* append = length + n;
+  step_max_length_ = 0;
+  for (int64_t b = 0; b < rows; ++b) {
+    const int64_t slot = step_slots_[static_cast<size_t>(b)];
     const size_t s = static_cast<size_t>(slot);
-    HYDRA_ASSERT(slot >= 0 && slot < this->slots() &&
-                     std::count(step_slots_.begin(), step_slots_.end(), slot) == 1,
-                 "decode rows need distinct slots of {} (slot {})", this->slots(), slot);
-    const bool here = owner_of_token(slot, tokens_[s]) == rank_;
+    HYDRA_ASSERT(slot >= 0 && slot < n && std::count(step_slots_.begin(), step_slots_.end(), slot) == 1,
+                 "decode rows need distinct slots of {} (slot {})", n, slot);
+    const bool here = dealing(slot).owner(tokens_[s]) == rank_;
     HYDRA_ASSERT(!here || local_[s] < capacity_, "slot {}: the cache of {} rows is full", slot, capacity_);
-    position.push_back(tokens_[s]);
-    append.push_back(here ? local_[s] : -1);
-    length.push_back(local_[s] + (here ? 1 : 0));
+    position[b] = tokens_[s];
+    slot_of[b] = static_cast<int32_t>(slot);
+    append[b] = here ? static_cast<int32_t>(local_[s]) : -1;
+    length[b] = static_cast<int32_t>(local_[s] + (here ? 1 : 0));
+    step_max_length_ = std::max<int64_t>(step_max_length_, length[b]);
   }
-  step_max_length_ = *std::max_element(length.begin(), length.end());
-  slots_ = device_vector(step_slots_, DType::i32, device_);
-  positions_ = device_vector(position, DType::i64, device_);
-  lengths_ = device_vector(length, DType::i32, device_);
-  append_ = device_vector(append, DType::i32, device_);
+  if (whole_capacity_) step_max_length_ = capacity_;
+  copy_into(step_device_, step_host_);  // one upload, in place
+  char* base = static_cast<char*>(step_device_.data());
+  const std::array<int64_t, 1> shape{rows};
+  // positions() is a Tensor [B] (the layer's argument): inside a decode engine's step it is the step
+  // arena's block (the same every step, model/decode_engine.h), filled from the step buffer.
+  positions_ = Tensor::empty(shape, DType::i64, device_);
+  copy_into(positions_, TensorView(base, DType::i64, device_, shape));
+  slots_ = TensorView(base + 8 * n, DType::i32, device_, shape);
+  lengths_ = TensorView(base + 12 * n, DType::i32, device_, shape);
+  append_ = TensorView(base + 16 * n, DType::i32, device_, shape);
   mode_ = Mode::decode;
 }
 
@@ -182,7 +200,7 @@ void KvCache::end_decode() {
   HYDRA_ASSERT(mode_ == Mode::decode, "end_decode without a decode step");
   for (const int64_t slot : step_slots_) {
     const size_t s = static_cast<size_t>(slot);
-    if (owner_of_token(slot, tokens_[s]) == rank_) ++local_[s];
+    if (dealing(slot).owner(tokens_[s]) == rank_) ++local_[s];
     ++tokens_[s];
   }
   mode_ = Mode::idle;
@@ -199,16 +217,16 @@ void KvCache::attend(Communicator& comm, int64_t layer, const TensorView& out, c
   }
   // This rank's partial result packed as [out (B·Hq·dv) | lse (Hq·B)], so one all-gather moves both.
   const int64_t n_out = rows * hq * dv, n = n_out + hq * rows;
-  Tensor mine = Tensor::empty({n}, acc_, device_);
-  const TensorView mine_out = mine.view().narrow(0, 0, n_out).reshape({rows, hq, dv});
-  const TensorView mine_lse = mine.view().narrow(0, n_out, hq * rows).reshape({hq, rows});
+  const TensorView mine = part_.view().narrow(0, 0, n);
+  const TensorView mine_out = mine.narrow(0, 0, n_out).reshape({rows, hq, dv});
+  const TensorView mine_lse = mine.narrow(0, n_out, hq * rows).reshape({hq, rows});
   {
     ScopedPhase phase(timer, Phase::fa);
     ops::attention_decode(world_ == 1 ? out : mine_out, mine_lse, q, l.k, l.v, slots_, lengths_, step_max_length_,
                           positions_, params);
   }
   if (world_ == 1) return;
-  Tensor all = Tensor::empty({world_, n}, acc_, device_);
+  const TensorView all = parts_.view().narrow(0, 0, world_ * n);
   {
     ScopedPhase phase(timer, Phase::comm);
     comm.all_gather(mine, all);
@@ -219,7 +237,7 @@ void KvCache::attend(Communicator& comm, int64_t layer, const TensorView& out, c
   const TensorView parts_out(all.data(), acc_, device_, out_shape, out_strides);
   const TensorView parts_lse(static_cast<char*>(all.data()) + n_out * static_cast<int64_t>(dtype_size(acc_)), acc_,
                              device_, lse_shape, lse_strides);
-  Tensor lse = Tensor::empty({hq, rows}, acc_, device_);  // the merged lse (a decode step keeps none)
+  const TensorView lse = merged_lse_.view().narrow(0, 0, hq * rows).reshape({hq, rows});  // a decode step keeps none
   ScopedPhase phase(timer, Phase::fa);
   ops::attention_merge_partials(out, lse, parts_out, parts_lse);
 }

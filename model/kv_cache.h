@@ -36,6 +36,7 @@
 #include "model/config.h"
 #include "parallel/communicator.h"
 #include "parallel/layout.h"
+#include "runtime/buffer_spec.h"
 #include "runtime/phase_timer.h"
 #include "runtime/tensor.h"
 
@@ -49,12 +50,30 @@ struct KvCacheLayer {
   Tensor conv_tail;  // [S, K−1, 3·H_gdn·d] dtype(); undefined without GDN heads or with K = 1
 };
 
-// Sizes of a cache, in bytes.
+// The shapes of a cache, the one description the constructor allocates from and kv_cache_bytes
+// prices: per layer, the buffers of KvCacheLayer (an empty shape: the buffer does not exist).
+struct KvCacheLayerSpec {
+  BufferSpec k, v, state, conv_tail;
+};
+std::vector<KvCacheLayerSpec> kv_cache_spec(const ModelConfig& config, int64_t slots, int64_t capacity, DType dtype,
+                                            DType acc_dtype);
+
+// Sizes of a cache, in bytes (from kv_cache_spec).
 struct KvCacheBytes {
   double per_token = 0;  // K/V of one token over all layers (all ranks together)
   double per_slot = 0;   // GDN states and conv tails of one sequence (replicated on every rank)
 };
 KvCacheBytes kv_cache_bytes(const ModelConfig& config, DType dtype, DType acc_dtype);
+
+// The dealing rule of decode tokens (the one place it is written): the token at position p ≥
+// prefilled of a sequence goes to rank (p − prefilled) mod P, so the ranks' shares of n decode
+// tokens differ by at most one row and the busiest rank keeps ⌈n / P⌉.
+struct DecodeDealing {
+  int64_t prefilled = 0;
+  int world = 1;
+  int owner(int64_t position) const { return static_cast<int>((position - prefilled) % world); }
+  static int64_t most_rows(int64_t tokens, int world) { return (tokens + world - 1) / world; }
+};
 
 class KvCache {
  public:
@@ -81,9 +100,15 @@ class KvCache {
   void end_prefill(Communicator& comm);
 
   // ---- Decode: one row per slot in `slots` (distinct), each the token at position tokens(slot).
+  // The step's rows are written in place into a persistent buffer (one upload a step); its one
+  // tensor, positions(), comes from the step arena when a decode engine runs the step, so a step
+  // allocates nothing after the first and its buffers keep their addresses (a CUDA graph replays them).
   void begin_decode(std::span<const int64_t> slots);
   void end_decode();
   const Tensor& positions() const { return positions_; }  // [B] int64 on the device
+  // Whether attention chunks its keys for the whole capacity instead of the step's longest row:
+  // fixed launch shapes for every step, which a captured CUDA graph needs (model/decode_engine.h).
+  void set_whole_capacity(bool on) { whole_capacity_ = on; }
 
   // ---- Hooks of the layer (model_forward.cpp) ----
   bool decoding() const { return mode_ == Mode::decode; }
@@ -108,8 +133,7 @@ class KvCache {
 
  private:
   enum class Mode { idle, prefill, decode };
-  // The rank a decode token at `position` of `slot` is dealt to.
-  int owner_of_token(int64_t slot, int64_t position) const;
+  DecodeDealing dealing(int64_t slot) const { return {prefilled_[static_cast<size_t>(slot)], world_}; }
 
   Device device_;
   DType dtype_, acc_;
@@ -124,7 +148,15 @@ class KvCache {
   // Decode step in progress: rows' slots, positions, visible local keys and append rows (−1: not here).
   std::vector<int64_t> step_slots_;
   int64_t step_max_length_ = 0;
-  Tensor slots_, positions_, lengths_, append_;  // [B] on the device: int32, int64, int32, int32
+  bool whole_capacity_ = false;
+  // The persistent step buffer [positions i64 [S] | slots i32 [S] | lengths i32 [S] | append i32 [S]]
+  // on the device and its host staging; rows 0..B−1 of each part are the step's.
+  Tensor step_device_, step_host_;
+  Tensor positions_;                             // [B] i64: a copy of step_device_'s positions
+  TensorView slots_, lengths_, append_;          // [B] i32 views of step_device_
+  // attend() with P > 1: this rank's packed partial [B·(H_fa·d + H_fa)], every rank's, the merged
+  // lse: sized for S rows and the layer with the most FA heads, used in place every layer.
+  Tensor part_, parts_, merged_lse_;
 };
 
 }  // namespace hydra

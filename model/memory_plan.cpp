@@ -7,8 +7,13 @@
 #include <fmt/format.h>
 
 #include "kernels/delta_rule/delta_rule.h"
+#include "model/decode_engine.h"
+#include "model/generate.h"
+#include "model/kv_cache.h"
 #include "model/params.h"
 #include "parallel/communicator.h"
+#include "parallel/gdn_scan.h"
+#include "parallel/ring_attention.h"
 #include "runtime/error.h"
 #include "runtime/host_memory.h"
 #if HYDRA_CUDA
@@ -16,12 +21,6 @@
 #endif
 
 namespace hydra {
-
-int64_t BufferSpec::numel() const {
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  return n;
-}
 
 LayerBuffers layer_buffers(const ModelConfig& c, const LayerLayout& layout, int64_t t, DType dtype, DType acc) {
   const int64_t D = c.hidden_size, H = c.num_heads, d = c.head_dim, I = c.intermediate_size;
@@ -102,14 +101,10 @@ namespace {
 
 using Id = MemoryTimeline::Id;
 
-// The GPU kernels' own workspaces (kernels/delta_rule/*.cu); the CPU reference keeps its
-// per-chunk state in plain vectors, which the host tensor counter does not see.
-// prepare (delta_rule_prepare.cu): γ [C, H, 64] and the factors [C, H, 4, 64] in fp32, T (and P
-// with queries) [C, H, 64, 64] in bf16, for the backward W, K̃, Q̂ [C, H, 64, d] bf16.
+// The GPU kernels' own workspaces (kernels/delta_rule/delta_rule.h specs, one block as the plan
+// has always priced them); the CPU reference keeps its per-chunk state in plain vectors.
 double gdn_prepare_bytes(int64_t rows, int64_t heads, int64_t d, bool queries, bool backward) {
-  const double c = static_cast<double>(ops::kDeltaRuleChunk);
-  const double chunks = std::ceil(static_cast<double>(rows) / c), h = static_cast<double>(heads);
-  return chunks * h * (c * 4 + 4 * c * 4 + (queries ? 2 : 1) * c * c * 2 + (backward ? 3 * c * static_cast<double>(d) * 2 : 0));
+  return ops::delta_rule_prepare_buffers(rows, heads, d, queries, backward).bytes();
 }
 
 struct Pass {
@@ -149,7 +144,7 @@ enum class Mode { plain, save, replay };
 // whole sequence, built on the host and copied to the device (held while the ring runs).
 std::vector<Id> position_bounds(Pass& p) {
   if (!p.documents) return {};
-  const BufferSpec bound{{p.t * p.world}, DType::i64};
+  const BufferSpec bound = ring_buffers(p.t * p.world, 0, 0, 0, 0, 0, p.dtype, p.acc).bound;
   const Id hs = p.tl.hold_host(bound, "document bounds"), he = p.tl.hold_host(bound, "document bounds");
   std::vector<Id> out{p.tl.hold(bound, "document bounds"), p.tl.hold(bound, "document bounds")};
   p.tl.release(hs);
@@ -162,27 +157,25 @@ std::vector<Id> position_bounds(Pass& p) {
 // the backward gathers the halo rows' gradients too.
 void conv_halos(Pass& p, int64_t channels, bool backward) {
   if (p.world == 1) return;
-  const int64_t halo = p.config.conv_kernel - 1;
-  const BufferSpec local{{p.nlocal(), halo, channels}, p.dtype}, gathered{{p.world, p.nlocal(), halo, channels}, p.dtype};
-  std::vector<Id> ids{p.tl.hold(local, "conv halo"), p.tl.hold(gathered, "conv halos")};
-  if (backward) ids.push_back(p.tl.hold(local, "conv halo gradient"));
-  p.tl.release(p.tl.hold({{halo, channels}, p.dtype}, "masked halo"));
-  if (backward) ids.push_back(p.tl.hold(gathered, "conv halo gradients"));
+  const ConvHaloBuffers b = conv_halo_buffers(p.world, p.nlocal(), p.config.conv_kernel - 1, channels, p.dtype);
+  std::vector<Id> ids{p.tl.hold(b.halos, "conv halo"), p.tl.hold(b.gathered, "conv halos")};
+  if (backward) ids.push_back(p.tl.hold(b.halos, "conv halo gradient"));
+  p.tl.release(p.tl.hold(b.masked, "masked halo"));
+  if (backward) ids.push_back(p.tl.hold(b.gathered, "conv halo gradients"));
   p.release(ids);
 }
 
 // The GDN forward over this rank's segments (gdn_sequence_parallel, or the backward's recompute).
 void gdn_forward(Pass& p, int64_t hg, bool recompute, Kept* kept) {
   const int64_t d = p.config.head_dim;
-  const BufferSpec state{{hg, d, d}, p.acc};
-  std::vector<Id> ids{p.tl.hold(state, "GDN state")};
+  const GdnScanBuffers scan = gdn_scan_buffers(p.world, p.nlocal(), hg, d, d, p.acc);
+  std::vector<Id> ids{p.tl.hold(scan.state, "GDN state")};
   if (p.world > 1 && !recompute) {
-    const int64_t map = hg * 2 * d * d;
-    ids.push_back(p.tl.hold({{p.nlocal(), map}, p.acc}, "GDN segment maps"));
-    const Id all = p.tl.hold({{p.world, p.nlocal(), map}, p.acc}, "GDN gathered maps");
+    ids.push_back(p.tl.hold(scan.maps, "GDN segment maps"));
+    const Id all = p.tl.hold(scan.gathered_maps, "GDN gathered maps");
     if (kept) {
       kept->ids.push_back(all);
-      kept->ids.push_back(p.tl.hold({{p.nlocal(), hg, d, d}, p.acc}, "GDN initial states"));
+      kept->ids.push_back(p.tl.hold(scan.initial_states, "GDN initial states"));
     } else {
       ids.push_back(all);
     }
@@ -233,7 +226,8 @@ std::vector<Id> attention_block(Pass& p, int64_t l, Mode mode, Kept* kept) {
       const Id lse = tl.hold(b.fa_lse, "FA lse");
       std::vector<Id> ring = position_bounds(p);
       if (p.world > 1) {
-        const BufferSpec kv{{p.t, lay.g_fa, 2 * p.config.head_dim}, p.dtype};
+        const int64_t d = p.config.head_dim;
+        const BufferSpec kv = ring_buffers(p.t * p.world, p.t, lay.h_fa, lay.g_fa, d, d, p.dtype, p.acc).kv;
         ring.push_back(tl.hold(kv, "ring K/V"));
         ring.push_back(tl.hold(kv, "ring K/V in flight"));
         if (!p.cuda()) {  // the CPU merges each block from its own output (attention.cpp)
@@ -308,23 +302,25 @@ void layer_backward(Pass& p, int64_t l, Kept& kept, bool input_gradient) {
     std::vector<Id> branch{tl.hold(b.d_conv, "d_conv"), tl.hold(b.d_qk, "dq"), tl.hold(b.d_qk, "dk"),
                            tl.hold(b.gate, "dg"), tl.hold(b.gate, "dbeta")};
     // gdn_sequence_parallel_backward: the state gradient, and its fold over the ranks' segments.
-    const BufferSpec state{{hg, d, d}, p.acc};
-    const int64_t rows = p.segment_rows(), chunks = (rows + ops::kDeltaRuleChunk - 1) / ops::kDeltaRuleChunk;
+    const GdnScanBuffers spec = gdn_scan_buffers(p.world, p.nlocal(), hg, d, d, p.acc);
+    const BufferSpec& state = spec.state;
+    const int64_t rows = p.segment_rows();
     std::vector<Id> scan{tl.hold(state, "GDN state gradient")};
     if (p.world == 1) {
       scan.push_back(tl.hold(state, "GDN initial state"));
     } else {
-      scan.push_back(tl.hold({{p.nlocal(), hg * d * d}, p.acc}, "GDN local state gradients"));
+      scan.push_back(tl.hold(spec.state_gradients, "GDN local state gradients"));
       if (p.cuda()) {  // delta_rule_backward.cu state_backward: prepare and the state gradient's copy
         std::vector<Id> w{tl.hold_bytes(gdn_prepare_bytes(rows, hg, d, true, true), "GDN state backward workspace"),
                           tl.hold(state, "GDN state gradient copy")};
         p.release(w);
       }
-      scan.push_back(tl.hold({{p.world, p.nlocal(), hg * d * d}, p.acc}, "GDN gathered state gradients"));
+      scan.push_back(tl.hold(spec.gathered_state_gradients, "GDN gathered state gradients"));
     }
     scan.push_back(tl.hold(state, "GDN zero state"));
     if (p.cuda()) {  // delta_rule_backward.cu: prepare, the chunk states and v_new, and their gradients
-      const BufferSpec states{{chunks, hg, d, d}, DType::bf16}, vnew{{chunks, hg, ops::kDeltaRuleChunk, d}, DType::bf16};
+      const ops::DeltaRuleBackwardBuffers chunk = ops::delta_rule_backward_buffers(rows, hg, d);
+      const BufferSpec &states = chunk.states, &vnew = chunk.v_new;
       std::vector<Id> w{tl.hold_bytes(gdn_prepare_bytes(rows, hg, d, true, true), "GDN backward workspace"),
                         tl.hold(state, "GDN state"), tl.hold(states, "GDN chunk states"), tl.hold(vnew, "GDN v_new"),
                         tl.hold(state, "GDN state gradient"), tl.hold(states, "GDN chunk state gradients"),
@@ -341,10 +337,11 @@ void layer_backward(Pass& p, int64_t l, Kept& kept, bool input_gradient) {
     branch.push_back(tl.hold(b.d_fa_q, "FA dq"));
     branch.push_back(tl.hold(b.d_fa_kv, "FA dk"));
     branch.push_back(tl.hold(b.d_fa_kv, "FA dv"));
-    branch.push_back(tl.hold({{lay.h_fa, p.t}, p.acc}, "attention delta"));
+    const RingBuffers ring = ring_buffers(p.t * p.world, p.t, lay.h_fa, lay.g_fa, d, d, p.dtype, p.acc);
+    branch.push_back(tl.hold(ring.delta, "attention delta"));
     for (Id id : position_bounds(p)) branch.push_back(id);
     if (p.world > 1) {
-      const BufferSpec kv{{p.t, lay.g_fa, 2 * d}, p.dtype}, grads{{2, p.t, lay.g_fa, d}, p.acc};
+      const BufferSpec &kv = ring.kv, &grads = ring.kv_gradients;
       branch.push_back(tl.hold(kv, "ring K/V"));
       branch.push_back(tl.hold(kv, "ring K/V in flight"));
       branch.push_back(tl.hold(grads, "ring dK/dV"));
@@ -432,6 +429,46 @@ MemoryEstimate estimate_prefill_memory(const ModelConfig& c, int64_t local_token
   for (Id id : {host, logits, hidden, ids}) tl.release(id);
   m.activations = tl.peak();
   m.peak_at = tl.peak_at();
+  return m;
+}
+
+MemoryEstimate estimate_forward_memory(const ModelConfig& c, int64_t total_tokens, int64_t local_tokens, int world,
+                                       int rank, Device device, bool logits_out, bool documents) {
+  MemoryEstimate m = estimate_prefill_memory(c, local_tokens, world, device, documents);
+  // On the GPU path the device holds the logits; their host copy and the rest: forward_host_bytes.
+  m.activations += device == Device::host ? forward_host_bytes(c, total_tokens, local_tokens, rank, logits_out)
+                                          : forward_logits_bytes(c, local_tokens, logits_out);
+  return m;
+}
+
+double forward_logits_bytes(const ModelConfig& c, int64_t local_tokens, bool logits_out) {
+  return logits_out ? static_cast<double>(local_tokens) * static_cast<double>(c.vocab_size) *
+                          static_cast<double>(dtype_size(DType::f32))
+                    : 0.0;
+}
+
+double forward_host_bytes(const ModelConfig& c, int64_t total_tokens, int64_t local_tokens, int rank, bool logits_out) {
+  const double logits = forward_logits_bytes(c, local_tokens, logits_out);
+  // Rank 0 assembles [T, V] and receives one rank's block at a time; every rank reads all ids [T] i32.
+  const double assembly = logits_out && rank == 0 ? logits + forward_logits_bytes(c, total_tokens, true) : 0.0;
+  return logits + assembly + static_cast<double>(total_tokens) * static_cast<double>(dtype_size(DType::i32));
+}
+
+MemoryEstimate estimate_generation_memory(const ModelConfig& c, const std::vector<int64_t>& prompt_lengths,
+                                          int64_t max_new_tokens, int world, Device device, bool sampled) {
+  const Types ty = types_on(device, DType::f32);
+  int64_t longest_prefill = 0, capacity = 1;
+  for (const int64_t len : prompt_lengths) {
+    longest_prefill = std::max(longest_prefill, prefill_length(c, len, world));
+    capacity = std::max(capacity, cache_rows_needed(c, len, max_new_tokens, world));
+  }
+  const int64_t slots = static_cast<int64_t>(prompt_lengths.size());
+  MemoryEstimate m = estimate_prefill_memory(c, std::max<int64_t>(longest_prefill / world, 1), world, device);
+  double cache = 0;
+  for (const KvCacheLayerSpec& s : kv_cache_spec(c, slots, capacity, ty.dtype, DType::f32)) {
+    for (const BufferSpec* b : {&s.k, &s.v, &s.state, &s.conv_tail}) cache += b->exists() ? b->bytes() : 0.0;
+  }
+  m.activations += cache + decode_engine_buffers(c, slots, sampled).bytes(device);
   return m;
 }
 

@@ -5,11 +5,15 @@
 //  - The planners (memory_plan.cpp) replay the passes' allocations and frees in the order the code
 //    makes them (model_forward.cpp, model_backward.cpp, model/train/objective.cpp, model/prefill.cpp,
 //    parallel/, and on cuda the GDN kernels' own workspaces) on a MemoryTimeline, whose peak is
-//    the estimate: the peak of what the code holds, not a sum of per-phase guesses.
+//    the estimate: the peak of what the code holds, not a sum of per-phase guesses. The buffers of
+//    other files come from the spec functions beside their allocations (ring_buffers,
+//    gdn_scan_buffers, conv_halo_buffers, delta_rule_prepare_buffers, delta_rule_backward_buffers,
+//    kv_cache_spec, decode_engine_buffers); nothing is restated here.
 // Element types follow the device: bf16 storage and fp32 accumulators on cuda, f32 (f64 for
 // gradient checks) on the host; host-only buffers (token rows, the copies read back) count on the
-// host path only. tests/model/memory_plan_test.cpp (and the 2-rank case in tests/parallel/) hold
-// the plans within 5% of the peak that the host tensors' counter (runtime/host_memory.h) measures.
+// host path only. tests/model/memory_plan_test.cpp (and, on P = 1..4 ranks,
+// tests/parallel/memory_plan_parallel_test.cpp) hold the host plans to the byte against the peak
+// that the host tensors' counter (runtime/host_memory.h) measures.
 #pragma once
 
 #include <cstdint>
@@ -19,22 +23,13 @@
 
 #include "model/config.h"
 #include "model/weight_layout.h"
+#include "runtime/buffer_spec.h"
 #include "runtime/dtype.h"
 #include "runtime/tensor.h"
 
 namespace hydra {
 
 class Communicator;
-
-// One buffer: its shape and element type.
-struct BufferSpec {
-  std::vector<int64_t> shape;
-  DType dtype = DType::f32;
-  int64_t numel() const;
-  double bytes() const { return static_cast<double>(numel()) * static_cast<double>(dtype_size(dtype)); }
-  Tensor empty(Device device) const { return Tensor::empty(shape, dtype, device); }
-  Tensor zeros(Device device) const { return Tensor::zeros(shape, dtype, device); }
-};
 
 // Tokens per MLP tile: the MLP's [T, 2I] intermediate never exists whole at long context.
 inline constexpr int64_t kMlpTileTokens = 32768;
@@ -137,6 +132,25 @@ struct MemoryEstimate {
 // the sequence packs several documents (the attention's document bounds, [T] i64 each).
 MemoryEstimate estimate_prefill_memory(const ModelConfig& config, int64_t local_tokens, int world,
                                        Device device = Device::cuda, bool documents = true);
+
+// Per-rank plan for `hydra forward` (launch/cmd_forward.cpp): the prefill of `local_tokens` rows of a
+// `total_tokens` sequence and, with `logits_out`, every rank's fp32 logits [T_loc, V] (plus, on the
+// host path, rank 0's assembled [T, V] with one incoming block, and the whole sequence's ids [T] i32
+// that every rank reads).
+MemoryEstimate estimate_forward_memory(const ModelConfig& config, int64_t total_tokens, int64_t local_tokens, int world,
+                                       int rank, Device device, bool logits_out, bool documents = true);
+// Its parts: this rank's logits [T_loc, V] f32 (0 without logits_out), and what the command holds
+// on the host whatever the device (the logits or their copy, rank 0's assembly, the ids).
+double forward_logits_bytes(const ModelConfig& config, int64_t local_tokens, bool logits_out);
+double forward_host_bytes(const ModelConfig& config, int64_t total_tokens, int64_t local_tokens, int rank,
+                          bool logits_out);
+
+// Per-rank plan for `hydra generate` (model/generate.h) of prompts of `prompt_lengths` tokens with up
+// to `max_new_tokens` each on `world` ranks: the longest prompt's prefill, the cache (kv_cache_spec,
+// every slot at the largest per-slot row count) and the decode engine's persistent buffers
+// (decode_engine_buffers). `sampled`: the engine keeps the host copy of the logits.
+MemoryEstimate estimate_generation_memory(const ModelConfig& config, const std::vector<int64_t>& prompt_lengths,
+                                          int64_t max_new_tokens, int world, Device device, bool sampled);
 
 // Per-rank plan for a training step on `local_tokens` rows (model/train/objective.cpp
 // sequence_gradients, or alignment_gradients with `align`): weights, fp32 masters, moments and

@@ -1,24 +1,9 @@
 #include "model/model.h"
 #include "model/nonfinite.h"
 
-#include <cmath>
-#include <numeric>
-
 #include <nlohmann/json.hpp>
 
-#include "kernels/elementwise/elementwise.h"
-#include "kernels/embedding/embedding.h"
-#include "kernels/fusion/fusion.h"
-#include "kernels/gdn_gates/gdn_gates.h"
-#include "kernels/matmul/matmul.h"
-#include "kernels/rmsnorm/rmsnorm.h"
-#include "kernels/rope/rope.h"
-#include "kernels/swiglu/swiglu.h"
 #include "model/params.h"
-#include "parallel/gdn_scan.h"
-#include "parallel/ring_attention.h"
-#include "runtime/concurrency.h"
-#include "runtime/fault.h"
 
 namespace hydra {
 namespace {

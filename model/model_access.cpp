@@ -1,8 +1,8 @@
 // Read access to a placed Model's weights, for interpretability (head selection).
 //
-// Why a file of its own: model.cpp holds the forward pass and weight placement and changes with
-// the GPU path; these accessors only expose what is already placed, so they live apart and do not
-// depend on how the forward pass is organised. Everything returned is in the runtime layout
+// Why a file of its own: model.cpp places the weights and model_forward.cpp / model_backward.cpp
+// run the passes, and both change with the GPU path; these accessors only expose what is already
+// placed, so they live apart and do not depend on how the passes are organised. Everything returned is in the runtime layout
 // (model/model.h header): fused input projections, heads in physical order (FA first; for a Qwen3
 // teacher the identity), on device() in dtype() (norm weights f32).
 #include <algorithm>

@@ -7,6 +7,22 @@
 #include "kernels/elementwise/elementwise.h"
 
 namespace hydra {
+GdnScanBuffers gdn_scan_buffers(int world, int nlocal, int64_t heads, int64_t dk, int64_t dv, DType acc) {
+  const int64_t map_size = heads * (dk * dk + dk * dv), state_size = heads * dk * dv;
+  return {.state = {{heads, dk, dv}, acc},
+          .maps = {{nlocal, map_size}, acc},
+          .gathered_maps = {{world, nlocal, map_size}, acc},
+          .initial_states = {{nlocal, heads, dk, dv}, acc},
+          .state_gradients = {{nlocal, state_size}, acc},
+          .gathered_state_gradients = {{world, nlocal, state_size}, acc}};
+}
+
+ConvHaloBuffers conv_halo_buffers(int world, int nlocal, int64_t halo, int64_t channels, DType dtype) {
+  return {.halos = {{nlocal, halo, channels}, dtype},
+          .gathered = {{world, nlocal, halo, channels}, dtype},
+          .masked = {{halo, channels}, dtype}};
+}
+
 namespace {
 
 // The entry of global segment `segment` in a buffer gathered over ranks, [P, n_local, ...]: its
@@ -101,7 +117,8 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
   const int nlocal = static_cast<int>(local.size());
 
   const DType acc = accumulator_dtype(k.dtype(), device);
-  Tensor state = Tensor::empty({heads, dk, dv}, acc, device);
+  const GdnScanBuffers spec = gdn_scan_buffers(layout.world_size(), nlocal, heads, dk, dv, acc);
+  Tensor state = spec.state.empty(device);
   if (layout.world_size() == 1) {
     ScopedPhase phase(timer, Phase::gdn);
     fill(state, 0.0f);
@@ -110,8 +127,7 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
     return;
   }
   // 1. Maps of the owned segments: slot [j] = (M [H, dk, dk], S_ext [H, dk, dv]) flattened.
-  const int64_t map_size = heads * (dk * dk + dk * dv);
-  Tensor mine = Tensor::zeros({nlocal, map_size}, acc, device);
+  Tensor mine = spec.maps.zeros(device);
   const int last_segment = layout.num_segments() - 1;
   std::optional<ScopedPhase> phase(std::in_place, timer, Phase::gdn);
   for (int j = 0; j < nlocal; ++j) {
@@ -136,7 +152,7 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
                                 params);
   }
   // 2. One collective: every rank gets every segment's map.
-  Tensor all = Tensor::empty({layout.world_size(), nlocal, map_size}, acc, device);
+  Tensor all = spec.gathered_maps.empty(device);
   phase.reset();
   phase.emplace(timer, Phase::comm);
   comm.all_gather(mine, all);
@@ -145,7 +161,7 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
   auto map_of = [&](int segment) { return gathered_slot(layout, all, segment); };
   if (saved) {
     saved->maps = all;
-    saved->state0 = Tensor::empty({nlocal, heads, dk, dv}, acc, device);
+    saved->state0 = spec.initial_states.empty(device);
   }
   // 3. Fold the prefix for each owned segment, then run its chunks from the true initial state.
   for (int j = 0; j < nlocal; ++j) {
@@ -190,17 +206,18 @@ void causal_conv_sequence_parallel(Communicator& comm, const SequenceLayout& lay
     for (const Segment& s : local) conv(s, TensorView());
     return;
   }
-  HYDRA_USER_CHECK(layout.segment_length() >= halo,
+  HYDRA_USER_CHECK(conv_halo_fits(layout.segment_length(), halo, layout.world_size()),
                    "segments of {} token(s) are shorter than the conv halo ({} rows); use a longer sequence or "
                    "fewer ranks", layout.segment_length(), halo);
   const int nlocal = static_cast<int>(local.size());
-  Tensor mine = Tensor::empty({nlocal, halo, channels}, x.dtype(), x.device());
+  const ConvHaloBuffers spec = conv_halo_buffers(layout.world_size(), nlocal, halo, channels, x.dtype());
+  Tensor mine = spec.halos.empty(x.device());
   std::optional<ScopedPhase> phase(std::in_place, timer, Phase::gdn);
   for (int j = 0; j < nlocal; ++j) {
     const Segment& s = local[j];
     copy_into(mine.view().select(0, j), x.narrow(0, s.local_offset + s.length - halo, halo));
   }
-  Tensor all = Tensor::empty({layout.world_size(), nlocal, halo, channels}, x.dtype(), x.device());
+  Tensor all = spec.gathered.empty(x.device());
   phase.reset();
   phase.emplace(timer, Phase::comm);
   comm.all_gather(mine, all);
@@ -245,10 +262,11 @@ void gdn_sequence_parallel_backward(Communicator& comm, const SequenceLayout& la
   const DType acc = accumulator_dtype(k.dtype(), device);
   const std::vector<Segment>& local = layout.local_segments();
   const int nlocal = static_cast<int>(local.size());
-  Tensor d_state = Tensor::empty({heads, dkh, dvh}, acc, device);
+  const GdnScanBuffers spec = gdn_scan_buffers(layout.world_size(), nlocal, heads, dkh, dvh, acc);
+  Tensor d_state = spec.state.empty(device);
   if (layout.world_size() == 1) {
     ScopedPhase phase(timer, Phase::gdn);
-    Tensor state0 = Tensor::zeros({heads, dkh, dvh}, acc, device);
+    Tensor state0 = spec.state.zeros(device);
     fill(d_state, 0.0f);
     chunked_backward_over_runs(runs_of(layout, local[0]), dq, dk, dv, dg, dbeta, d_state, d_out, q, k, v, g, beta,
                                state0, params);
@@ -257,8 +275,7 @@ void gdn_sequence_parallel_backward(Communicator& comm, const SequenceLayout& la
   HYDRA_ASSERT(saved.state0.defined() && saved.maps.defined(), "GDN backward over {} ranks without the forward's maps",
                layout.world_size());
   // 1. Each owned segment's own state gradient dS_loc (nothing arriving from later segments).
-  const int64_t state_size = heads * dkh * dvh;
-  Tensor mine = Tensor::empty({nlocal, state_size}, acc, device);
+  Tensor mine = spec.state_gradients.empty(device);
   std::optional<ScopedPhase> phase(std::in_place, timer, Phase::gdn);
   for (int j = 0; j < nlocal; ++j) {
     const Segment& s = local[j];
@@ -272,7 +289,7 @@ void gdn_sequence_parallel_backward(Communicator& comm, const SequenceLayout& la
     }
   }
   // 2. One collective: every rank gets every segment's dS_loc.
-  Tensor all = Tensor::empty({layout.world_size(), nlocal, state_size}, acc, device);
+  Tensor all = spec.gathered_state_gradients.empty(device);
   phase.reset();
   phase.emplace(timer, Phase::comm);
   comm.all_gather(mine, all);
@@ -328,26 +345,27 @@ void causal_conv_sequence_parallel_backward(Communicator& comm, const SequenceLa
   }
   const int nlocal = static_cast<int>(local.size());
   // The forward's halos again (each segment's last K−1 input rows), gathered.
-  Tensor mine = Tensor::empty({nlocal, halo, channels}, x.dtype(), x.device());
+  const ConvHaloBuffers spec = conv_halo_buffers(layout.world_size(), nlocal, halo, channels, x.dtype());
+  Tensor mine = spec.halos.empty(x.device());
   std::optional<ScopedPhase> phase(std::in_place, timer, Phase::gdn);
   for (int j = 0; j < nlocal; ++j) {
     const Segment& s = local[j];
     copy_into(mine.view().select(0, j), x.narrow(0, s.local_offset + s.length - halo, halo));
   }
-  Tensor all = Tensor::empty({layout.world_size(), nlocal, halo, channels}, x.dtype(), x.device());
+  Tensor all = spec.gathered.empty(x.device());
   phase.reset();
   phase.emplace(timer, Phase::comm);
   comm.all_gather(mine, all);
   phase.reset();
   phase.emplace(timer, Phase::gdn);
   // Each segment's backward, with the gradient of the halo rows it read kept for their owner.
-  Tensor d_halo = Tensor::zeros({nlocal, halo, channels}, dx.dtype(), dx.device());
+  Tensor d_halo = spec.halos.zeros(dx.device());
   for (int j = 0; j < nlocal; ++j) {
     const Segment& s = local[j];
     const TensorView prefix = s.index > 0 ? gathered_slot(layout, all, s.index - 1) : TensorView();
     conv_backward(s, prefix, s.index > 0 ? d_halo.view().select(0, j) : TensorView());
   }
-  Tensor d_all = Tensor::empty({layout.world_size(), nlocal, halo, channels}, dx.dtype(), dx.device());
+  Tensor d_all = spec.gathered.empty(dx.device());
   phase.reset();
   phase.emplace(timer, Phase::comm);
   comm.all_gather(d_halo, d_all);

@@ -16,6 +16,7 @@
 #include "kernels/gdn_qk/gdn_qk.h"
 #include "parallel/communicator.h"
 #include "parallel/layout.h"
+#include "runtime/buffer_spec.h"
 #include "runtime/phase_timer.h"
 
 namespace hydra {
@@ -27,6 +28,35 @@ struct GdnSaved {
   Tensor state0;  // [n_local, H, dk, dv]
   Tensor maps;    // [P, n_local, H·(dk·dk + dk·dv)]: (M, S_ext) of every segment, as gathered
 };
+
+// The buffers of the sequence-parallel GDN scan (allocated from this spec; the memory plan,
+// model/memory_plan.cpp, prices the same) on `world` ranks owning `nlocal` segments each, H heads,
+// dk × dv states in the accumulator type:
+struct GdnScanBuffers {
+  BufferSpec state;            // [H, dk, dv]: the running state (forward), its gradient (backward)
+  BufferSpec maps;             // [n_local, H·(dk·dk + dk·dv)]: this rank's segment maps (M, S_ext)
+  BufferSpec gathered_maps;    // [P, n_local, H·(dk·dk + dk·dv)]: every segment's (GdnSaved::maps)
+  BufferSpec initial_states;   // [n_local, H, dk, dv]: GdnSaved::state0
+  BufferSpec state_gradients;  // [n_local, H·dk·dv]: the backward's own gradient dS_loc per segment
+  BufferSpec gathered_state_gradients;  // [P, n_local, H·dk·dv]
+};
+GdnScanBuffers gdn_scan_buffers(int world, int nlocal, int64_t heads, int64_t dk, int64_t dv, DType acc);
+
+// The conv halo (causal_conv_sequence_parallel and its backward): each owned segment's last K−1
+// input rows of C channels, every rank's gathered, and a halo with another document's rows zeroed;
+// the backward gathers the halo rows' gradients in the same shapes.
+struct ConvHaloBuffers {
+  BufferSpec halos;     // [n_local, K−1, C]
+  BufferSpec gathered;  // [P, n_local, K−1, C]
+  BufferSpec masked;    // [K−1, C]
+};
+ConvHaloBuffers conv_halo_buffers(int world, int nlocal, int64_t halo, int64_t channels, DType dtype);
+// Whether segments of `segment_length` tokens can pass a conv halo of `halo` rows between `world`
+// ranks (every segment must hold a whole halo); the one statement of the rule, which the conv checks
+// and generation's prefill length (model/generate.cpp) obeys.
+inline bool conv_halo_fits(int64_t segment_length, int64_t halo, int world) {
+  return world == 1 || halo == 0 || segment_length >= halo;
+}
 
 // `timer` (optional): GDN compute as Phase::gdn, the collectives as Phase::comm.
 // out [T_loc, H, dv]; q, k [T_loc, H, dk]; v [T_loc, H, dv]; g, beta [T_loc, H]; local row order.

@@ -7,6 +7,15 @@
 #include "kernels/elementwise/elementwise.h"
 
 namespace hydra {
+
+RingBuffers ring_buffers(int64_t total, int64_t t_local, int64_t hq, int64_t hk, int64_t d, int64_t dv, DType dtype,
+                         DType acc) {
+  return {.bound = {{total}, DType::i64},
+          .kv = {{t_local, hk, d + dv}, dtype},
+          .kv_gradients = {{2, t_local, hk, d}, acc},
+          .delta = {{hq, t_local}, acc}};
+}
+
 namespace {
 
 // Every global position's document start and end on `device` (int64 [T]), from which each
@@ -18,7 +27,8 @@ struct PositionBounds {
 PositionBounds position_bounds(const SequenceLayout& layout, Device device) {
   if (!layout.has_documents()) return {};
   const int64_t t = layout.total_length();
-  Tensor start = Tensor::empty({t}, DType::i64), end = Tensor::empty({t}, DType::i64);
+  const BufferSpec bound = ring_buffers(t, 0, 0, 0, 0, 0, DType::f32, DType::f32).bound;
+  Tensor start = bound.empty(Device::host), end = bound.empty(Device::host);
   const std::vector<int64_t>& starts = layout.document_starts();
   for (size_t d = 0; d < starts.size(); ++d) {
     const int64_t b = starts[d], e = d + 1 < starts.size() ? starts[d + 1] : t;
@@ -77,8 +87,8 @@ void ring_attention(Communicator& comm, const SequenceLayout& layout, const Tens
   }
 
   // K/V travel together: buffer [T_loc, Hk, d + dv], K in the first d columns of each head row.
-  Tensor buffers[2] = {Tensor::empty({t_local, hk, d + dv}, dtype, device),
-                       Tensor::empty({t_local, hk, d + dv}, dtype, device)};
+  const BufferSpec kv = ring_buffers(layout.total_length(), t_local, q.size(1), hk, d, dv, dtype, DType::f32).kv;
+  Tensor buffers[2] = {kv.empty(device), kv.empty(device)};
   {
     ScopedPhase phase(timer, Phase::other);
     copy_into(buffers[0].view().narrow(2, 0, d), k);
@@ -134,7 +144,8 @@ void ring_attention_backward(Communicator& comm, const SequenceLayout& layout, c
   const int64_t hq = q.size(1), hk = k.size(1), d = k.size(2);
   const Device device = q.device();
   const DType acc = dq.dtype();
-  Tensor delta = Tensor::empty({hq, t_local}, acc, device);
+  const RingBuffers spec = ring_buffers(layout.total_length(), t_local, hq, hk, d, d, k.dtype(), acc);
+  Tensor delta = spec.delta.empty(device);
   {
     ScopedPhase phase(timer, Phase::fa);
     ops::attention_backward_prepare(delta, d_out, out);
@@ -156,10 +167,9 @@ void ring_attention_backward(Communicator& comm, const SequenceLayout& layout, c
   // K/V travel as in the forward ([T_loc, Hk, 2d], K first). Their gradient accumulators travel one
   // step behind in [2, T_loc, Hk, d] buffers (dK, dV): `fresh` takes this rank's contribution to the
   // held keys, `carried[0]` the accumulator received for them, `carried[1]` the next one in flight.
-  Tensor kv[2] = {Tensor::empty({t_local, hk, 2 * d}, k.dtype(), device),
-                  Tensor::empty({t_local, hk, 2 * d}, k.dtype(), device)};
-  Tensor fresh = Tensor::empty({2, t_local, hk, d}, acc, device);
-  Tensor carried[2] = {Tensor::zeros({2, t_local, hk, d}, acc, device), Tensor::empty({2, t_local, hk, d}, acc, device)};
+  Tensor kv[2] = {spec.kv.empty(device), spec.kv.empty(device)};
+  Tensor fresh = spec.kv_gradients.empty(device);
+  Tensor carried[2] = {spec.kv_gradients.zeros(device), spec.kv_gradients.empty(device)};
   {
     ScopedPhase phase(timer, Phase::other);
     copy_into(kv[0].view().narrow(2, 0, d), k);

@@ -12,9 +12,23 @@
 #include "kernels/attention/attention.h"
 #include "parallel/communicator.h"
 #include "parallel/layout.h"
+#include "runtime/buffer_spec.h"
 #include "runtime/phase_timer.h"
 
 namespace hydra {
+
+// The buffers the ring allocates, from which ring_attention and its backward allocate and the
+// memory plan (model/memory_plan.cpp) prices: `total` tokens of the whole sequence, t_local of them
+// here, Hq query and Hk KV heads of size d (dv = d in the backward), `dtype` the K/V storage type.
+struct RingBuffers {
+  BufferSpec bound;         // [T] i64: each of the documents' start and end per position (packed documents),
+                            // built on the host and copied to the device
+  BufferSpec kv;            // [T_loc, Hk, d + dv] dtype: the K/V held, and the K/V in flight
+  BufferSpec kv_gradients;  // [2, T_loc, Hk, d] acc: the backward's dK/dV, fresh, carried and in flight
+  BufferSpec delta;         // [Hq, T_loc] acc: the backward's rowsum(d_out ⊙ out)
+};
+RingBuffers ring_buffers(int64_t total, int64_t t_local, int64_t hq, int64_t hk, int64_t d, int64_t dv, DType dtype,
+                         DType acc);
 
 // out [T_loc, Hq, dv], lse [Hq, T_loc] (fp32: the merge accumulators); q [T_loc, Hq, d], k [T_loc, Hk, d], v [T_loc, Hk, dv], all in
 // local row order. `params` gives scale, causality, τ and the GQA map; positions come from `layout`.

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -45,7 +46,7 @@ __global__ void fill_bf16(__nv_bfloat16* p, int64_t n, float v) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = b;
 }
 
-int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 132 * 16)); }
+int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, int64_t{16} * cuda_sm_count())); }
 
 }  // namespace
 
@@ -64,6 +65,19 @@ void cuda_set_device(int device) {
   ErrorContext context = error_context();
   context.device = device;
   set_error_context(context);
+}
+
+int cuda_sm_count() {
+  static std::array<std::atomic<int>, 64> cache{};  // 0: not queried yet
+  int device = 0;
+  HYDRA_CUDA_CHECK(cudaGetDevice(&device));
+  std::atomic<int>& slot = cache[static_cast<size_t>(device) % cache.size()];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n == 0) {
+    HYDRA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    slot.store(n, std::memory_order_relaxed);
+  }
+  return n;
 }
 
 std::shared_ptr<void> cuda_allocate(size_t bytes) {
@@ -317,7 +331,7 @@ void launch_convert_rows(void* dst, const void* src, const Rows& r) {
   };
   const bool vector = aligned(dst, r.dst_stride, sizeof(D)) && aligned(src, r.src_stride, sizeof(S));
   const int64_t blocks = r.rows * ((r.cols + kConvertCols - 1) / kConvertCols);
-  convert_rows<D, S><<<static_cast<int>(std::min<int64_t>(blocks, 132 * 32)), kConvertThreads, 0, current_stream()>>>(
+  convert_rows<D, S><<<static_cast<int>(std::min<int64_t>(blocks, int64_t{32} * cuda_sm_count())), kConvertThreads, 0, current_stream()>>>(
       static_cast<D*>(dst), static_cast<const S*>(src), r, vector);
 }
 }  // namespace

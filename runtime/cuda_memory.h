@@ -25,6 +25,10 @@ int cuda_device_count();
 // Binds this process to `device` and records it in the error context.
 void cuda_set_device(int device);
 
+// Streaming multiprocessors of the current device (queried once per device, then cached): what
+// grid sizes are capped by, here and in the kernels (kernels/cuda/common.cuh sm_count).
+int cuda_sm_count();
+
 std::shared_ptr<void> cuda_allocate(size_t bytes);
 void cuda_memset_zero(void* ptr, size_t bytes);
 void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);

@@ -17,7 +17,7 @@ const char* spec_text() {
 }  // namespace
 
 const std::vector<std::string>& fault_sites() {
-  // Every maybe_inject_fault call site: launch/model_source.cpp (load), model/model.cpp (layer),
+  // Every maybe_inject_fault call site: launch/model_source.cpp (load), model/model_forward.cpp (layer),
   // model/model_backward.cpp (backward), model/train/trainer.cpp and model/hf_export.cpp (save),
   // runtime/atomic_file.cpp (commit: between a write and its rename), model/train/trainer.cpp (step:
   // at the start of each training step; term@step is a signal to one rank mid-run).

@@ -13,6 +13,7 @@ namespace {
 
 std::atomic<size_t> g_host_in_use{0};
 std::atomic<size_t> g_host_peak{0};
+std::atomic<size_t> g_host_allocations{0};
 
 // The first number in `path` (a cgroup file), or −1 when absent or "max".
 double read_number(const char* path) {
@@ -52,6 +53,7 @@ double host_available_bytes() {
 }
 
 void note_host_allocation(size_t bytes) {
+  g_host_allocations.fetch_add(1);
   const size_t now = g_host_in_use.fetch_add(bytes) + bytes;
   size_t peak = g_host_peak.load();
   while (now > peak && !g_host_peak.compare_exchange_weak(peak, now)) {
@@ -60,7 +62,7 @@ void note_host_allocation(size_t bytes) {
 
 void note_host_free(size_t bytes) { g_host_in_use.fetch_sub(bytes); }
 
-HostTensorStats host_tensor_stats() { return {g_host_in_use.load(), g_host_peak.load()}; }
+HostTensorStats host_tensor_stats() { return {g_host_in_use.load(), g_host_peak.load(), g_host_allocations.load()}; }
 
 void host_tensor_reset_peak() { g_host_peak.store(g_host_in_use.load()); }
 

@@ -21,6 +21,7 @@ double host_available_bytes();
 struct HostTensorStats {
   size_t in_use = 0;
   size_t peak = 0;
+  size_t allocations = 0;  // blocks handed out since the process started (never reset)
 };
 HostTensorStats host_tensor_stats();
 void host_tensor_reset_peak();

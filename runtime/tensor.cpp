@@ -1,6 +1,7 @@
 #include "runtime/tensor.h"
 
 #include "runtime/host_memory.h"
+#include "runtime/step_arena.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -188,6 +189,7 @@ std::string format_shape(std::span<const int64_t> shape) {
 }
 
 std::shared_ptr<void> allocate_storage(size_t bytes, Device device) {
+  if (StepArena* arena = StepArena::active()) return arena->take(bytes, device);  // a repeated step's block
   if (device == Device::host) {
     const size_t rounded = ((bytes + 63) / 64) * 64;
     void* p = rounded < bytes ? nullptr : std::aligned_alloc(64, rounded == 0 ? 64 : rounded);

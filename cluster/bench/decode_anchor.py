@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch anchors for hydra's decode step (issue 33), one layer of each model, on the same GPU in the
+"""PyTorch anchors for hydra's decode step, one layer of each model, on the same GPU in the
 same job as `hydra bench --op decode`:
 
   - attention of one new query row per sequence against a bf16 cache of `context` keys with

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The decode benchmark of issue 33 as one device job on one H200 (about 3 minutes):
+# The decode benchmark as one device job on one H200 (about 3 minutes):
 #   1. hydra bench --op decode for hydrahead-1.7b and qwen3-1.7b (random weights, random caches: no
 #      prefill) at 32K, 128K, 512K and 1M cached tokens, batches 1, 8 and 32: ms per step (= per
 #      generated token at batch 1), tokens/s, cache bytes per token and in all, peak memory, GB/s

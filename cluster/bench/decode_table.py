@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The decode benchmark's table (cluster/bench/decode_bench.sh): `hydra bench --op decode` lines beside
-the PyTorch anchors of cluster/bench/decode_anchor.py, then the targets of issue 33.
+the PyTorch anchors of cluster/bench/decode_anchor.py, then the decode targets.
 
   decode_table.py DECODE.jsonl [ANCHORS.jsonl]
 
@@ -75,7 +75,7 @@ def main(argv):
     def verdict(ok):
         return "not measured" if ok is None else ("PASS" if ok else "MISS")
 
-    print("\nTargets (issue 33, one H200):")
+    print("\nTargets (one H200):")
     print(f"- hybrid 512K batch 1 <= 3.2 ms/token: {fmt(hy and hy['ms_per_step'])} ms: {verdict(hy and hy['ms_per_step'] <= 3.2)}")
     print(f"- teacher 512K batch 1 <= 18 ms/token: {fmt(te and te['ms_per_step'])} ms: {verdict(te and te['ms_per_step'] <= 18)}")
     ratio = te['ms_per_step'] / hy['ms_per_step'] if hy and te else None

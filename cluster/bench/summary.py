@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The compact table of issue 18's targets from one job's JSON lines (same GPU, same job):
+"""The compact table of the forward kernels' targets from one job's JSON lines (same GPU, same job):
 
   FA forward, causal d=128:   hydra TFLOP/s / SDPA-cuDNN TFLOP/s        target ≥ 1.0 on every shape
   GDN forward, 14 heads:      hydra ms / flash-linear-attention ms       target ≤ 0.6
   hydrahead-1.7b 512K prefill: hydra s / (PyTorch layer ms × 28)          target ≤ 0.6
-  FA forward + backward:      hydra TFLOP/s / SDPA-cuDNN TFLOP/s         target ≥ 0.85 (issue 15)
+  FA forward + backward:      hydra TFLOP/s / SDPA-cuDNN TFLOP/s         target ≥ 0.85 (backward kernels)
   GDN forward + backward:     hydra ms / flash-linear-attention ms       target ≤ 1.0
 
     python3 cluster/bench/summary.py bench.jsonl anchors.jsonl [layer.jsonl prefill.jsonl]

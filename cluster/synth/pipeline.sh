@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The HydraHead pipeline end to end on a teacher trained here (issue 19), every step a `hydra`
+# The HydraHead pipeline end to end on a teacher trained here, every step a `hydra`
 # command: synthetic data (hydra synth) -> pretrain a Qwen3-shaped teacher (hydra train --stage
 # pretrain) -> select-heads -> convert -> align -> distill -> long-context finetune -> eval-niah and
 # eval-lm, for four students with equal token budgets per stage:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compares `hydra forward --device cuda` logits with PyTorch on the same exported folders (issue 36).
+"""Compares `hydra forward --device cuda` logits with PyTorch on the same exported folders.
 
     python3 cluster/torch/check_export_gpu.py --tokens TOKENS.h5 \
         --hybrid HYBRID_DIR HYBRID_LOGITS.h5 --teacher TEACHER_DIR TEACHER_LOGITS.h5 [--out result.json]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 check of `hydra export` (issue 36): exported models run in PyTorch give hydra's GPU logits.
+# The H200 check of `hydra export`: exported models run in PyTorch give hydra's GPU logits.
 #
 #   cluster/torch/check_export_gpu.sh BUILD/bin/hydra OUT_DIR [TOKENS]
 #

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/attention/attention_mask.h"
+#include "kernels/attention/attention_tau.h"
 #include "kernels/common.h"
 #include "kernels/matmul/matmul.h"
 
@@ -53,7 +54,7 @@ int64_t doc_start(const AttentionParams& p, int64_t i) {
 template <class T>
 T query_factor(const AttentionParams& p, T scale, int64_t i) {
   const int64_t position = mask::tau_position(p.q_position0 + i, doc_start(p, i));
-  const double tau = p.tau_log_base > 0 ? log_position_scale(position, p.tau_log_base) : 1.0;
+  const double tau = tau_f64(position, p.tau_log_base);
   return static_cast<T>(static_cast<double>(scale) * tau);
 }
 
@@ -109,10 +110,6 @@ const char* attention_backward_kernel_name(AttentionBackwardKernel kernel) {
     case AttentionBackwardKernel::mma: return "mma";
   }
   return "?";
-}
-
-double log_position_scale(int64_t position, double log_base) {
-  return std::log(static_cast<double>(position) + log_base) / std::log(log_base);
 }
 
 namespace {

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "kernels/attention/attention.h"
+#include "kernels/attention/attention_tau.h"
 #include "kernels/attention/flash_common.cuh"
 #include "kernels/attention/flash_softmax.cuh"
 #include "kernels/cuda/common.cuh"
@@ -224,7 +225,7 @@ void attention_forward(const TensorView& out, const TensorView& lse, const Tenso
   const float scale = params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(d));
   p.scale_log2 = scale * 1.4426950408889634f;
   p.tau_base = static_cast<float>(params.tau_log_base);
-  p.inv_log_tau_base = params.tau_log_base > 0 ? static_cast<float>(1.0 / std::log(params.tau_log_base)) : 0.0f;
+  p.inv_log_tau_base = inverse_log_tau_base(params.tau_log_base);
   p.causal = params.causality == Causality::causal;
   p.merge = params.output == AttentionOutput::merge;
   p.q_doc_start = nullptr;

@@ -82,9 +82,6 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
                         const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lse,
                         const TensorView& delta, const AttentionParams& params);
 
-// τ(position) for log base a.
-double log_position_scale(int64_t position, double log_base);
-
 #if HYDRA_CUDA
 namespace cuda_impl {  // attention.cu: flash attention forward with fused merge
 void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/attention/attention.h"
+#include "kernels/attention/attention_tau.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 
@@ -74,7 +75,7 @@ inline BwdParams make_bwd_params(const TensorView& dq, const TensorView& dk, con
   p.scale = params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(d));
   p.scale_log2 = p.scale * 1.4426950408889634f;
   p.tau_base = static_cast<float>(params.tau_log_base);
-  p.inv_log_tau_base = params.tau_log_base > 0 ? static_cast<float>(1.0 / std::log(params.tau_log_base)) : 0.0f;
+  p.inv_log_tau_base = inverse_log_tau_base(params.tau_log_base);
   p.causal = params.causality == Causality::causal;
   p.q_doc_start = params.q_document_start.defined() ? params.q_document_start.data_as<const int64_t>() : nullptr;
   p.k_doc_end = params.k_document_end.defined() ? params.k_document_end.data_as<const int64_t>() : nullptr;
@@ -105,7 +106,7 @@ __device__ __forceinline__ void bwd_cp_async_4(uint32_t dst, const void* src, in
 
 // τ at a global position (1 when off), as the forward's row scale.
 __device__ __forceinline__ float bwd_tau(const BwdParams& p, int64_t pos) {
-  return p.tau_base > 0.0f ? logf(float(pos) + p.tau_base) * p.inv_log_tau_base : 1.0f;
+  return tau_f32(pos, p.tau_base, p.inv_log_tau_base);
 }
 
 // One past the last query row that may see a key of the block [k0, k0 + cols): the end of the last

@@ -1,5 +1,6 @@
 // Dispatchers and CPU references of the decode-step attention ops (attention_decode.h).
 #include "kernels/attention/attention_decode.h"
+#include "kernels/attention/attention_tau.h"
 
 #include <algorithm>
 #include <cmath>
@@ -32,7 +33,7 @@ void check_index_vector(const TensorView& v, const char* what, int64_t rows) {
 double query_factor(const AttentionParams& p, double scale, const TensorView& positions, int64_t b) {
   if (p.tau_log_base <= 0) return scale;
   const int64_t pos = *static_cast<const int64_t*>(positions.element_ptr({b}));
-  return scale * log_position_scale(pos, p.tau_log_base);
+  return scale * tau_f64(pos, p.tau_log_base);
 }
 
 template <class T>

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/attention/attention_decode.h"
+#include "kernels/attention/attention_tau.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/vector.cuh"
 
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(32 * kWarps) attention_decode_split_kernel(con
 
   // The query rows of the group, pre-scaled into the exp2 domain.
   double factor = a.scale;
-  if (a.tau_log_base > 0) factor *= log(double(a.positions[b]) + a.tau_log_base) / log(a.tau_log_base);
+  if (a.tau_log_base > 0) factor *= tau_f64(a.positions[b], a.tau_log_base);
   const float qscale = float(factor) * kLog2e;
   float q[G][8];
 #pragma unroll

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/attention/attention_mask.h"
+#include "kernels/attention/attention_tau.h"
 #include "kernels/cuda/common.cuh"
 
 namespace hydra::ops::cuda_impl {
@@ -63,8 +64,7 @@ __device__ __forceinline__ int flash_key_begin(const FlashParams& p, int q0) {
 // The base-2 score scale of query row `row`: softmax scale · log2(e) · τ(position within its document).
 __device__ __forceinline__ float flash_row_scale(const FlashParams& p, int row) {
   const int64_t pos = mask::tau_position(p.q_pos0 + row, flash_doc_start(p, row));
-  const float tau = p.tau_base > 0.0f ? logf(float(pos) + p.tau_base) * p.inv_log_tau_base : 1.0f;
-  return p.scale_log2 * tau;
+  return p.scale_log2 * tau_f32(pos, p.tau_base, p.inv_log_tau_base);
 }
 
 // Epilogue for a thread holding rows row0 and row1 (= row0 + 8) of the block and, for each

@@ -50,19 +50,8 @@ __device__ __forceinline__ float fast_sigmoid(float x) {
   return y;
 }
 
-// Streaming multiprocessors of the current device (queried once per device, then cached).
-inline int sm_count() {
-  static std::array<std::atomic<int>, 64> cache{};  // 0: not queried yet
-  int device = 0;
-  HYDRA_CUDA_CHECK(cudaGetDevice(&device));
-  std::atomic<int>& slot = cache[static_cast<size_t>(device) % cache.size()];
-  int n = slot.load(std::memory_order_relaxed);
-  if (n == 0) {
-    HYDRA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    slot.store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
+// Streaming multiprocessors of the current device (runtime/cuda_memory.h: queried once per device).
+inline int sm_count() { return cuda_sm_count(); }
 
 // A grid of `blocks` capped to a few waves (32 CTAs per SM); kernels loop (grid-stride) over the rest.
 inline int capped_grid(int64_t blocks) {

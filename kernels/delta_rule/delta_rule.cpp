@@ -122,6 +122,28 @@ DType check_host(const TensorView* out, const TensorView* state, const TensorVie
 
 }  // namespace
 
+DeltaRulePrepareBuffers delta_rule_prepare_buffers(int64_t rows, int64_t heads, int64_t d, bool queries, bool backward) {
+  const int64_t c = kDeltaRuleChunk, chunks = (rows + c - 1) / c;
+  DeltaRulePrepareBuffers b{.gamma = {{chunks, heads, c}, DType::f32},
+                            .factors = {{chunks, heads, 4, c}, DType::f32},
+                            .t = {{chunks, heads, c, c}, DType::bf16},
+                            .p = {},
+                            .tile = {}};
+  if (queries) b.p = {{chunks, heads, c, c}, DType::bf16};
+  if (backward) b.tile = {{chunks, heads, c, d}, DType::bf16};
+  return b;
+}
+
+double DeltaRulePrepareBuffers::bytes() const {
+  const auto of = [](const BufferSpec& s) { return s.exists() ? s.bytes() : 0.0; };
+  return of(gamma) + of(factors) + of(t) + of(p) + 3 * of(tile);
+}
+
+DeltaRuleBackwardBuffers delta_rule_backward_buffers(int64_t rows, int64_t heads, int64_t d) {
+  const int64_t c = kDeltaRuleChunk, chunks = (rows + c - 1) / c;
+  return {.states = {{chunks, heads, d, d}, DType::bf16}, .v_new = {{chunks, heads, c, d}, DType::bf16}};
+}
+
 void delta_rule_recurrent(const TensorView& out, const TensorView& state, const TensorView& q, const TensorView& k,
                           const TensorView& v, const TensorView& g, const TensorView& beta,
                           const DeltaRuleParams& params) {

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "runtime/buffer_spec.h"
 #include "runtime/tensor.h"
 
 namespace hydra::ops {
@@ -34,6 +35,26 @@ enum class GdnProfile { off, stages, serial_stages };
 // delta_rule_backward.cuh), the memory and FLOP estimates count with it (model/cost.cpp); the CPU
 // forms take any chunk (tests vary it).
 inline constexpr int64_t kDeltaRuleChunk = 64;
+
+// The GPU kernels' own workspaces (allocated in delta_rule_prepare.cu and delta_rule_backward.cu from
+// these specs; the memory plan, model/memory_plan.cpp, prices the same). The CPU reference keeps its
+// per-chunk state in plain vectors instead. For `rows` rows of `heads` heads of size d, in chunks of
+// C = kDeltaRuleChunk rows:
+struct DeltaRulePrepareBuffers {
+  BufferSpec gamma;          // [chunks, H, C] fp32: the decay prefix
+  BufferSpec factors;        // [chunks, H, 4, C] fp32
+  BufferSpec t;              // [chunks, H, C, C] bf16: the chunk's triangular solve
+  BufferSpec p;              // [chunks, H, C, C] bf16: with queries only
+  BufferSpec tile;           // [chunks, H, C, d] bf16: each of W, K̃, Q̂ (the backward's only)
+  double bytes() const;      // every buffer that exists, the backward's three tiles included
+};
+DeltaRulePrepareBuffers delta_rule_prepare_buffers(int64_t rows, int64_t heads, int64_t d, bool queries, bool backward);
+// delta_rule_backward.cu: the chunk states and v_new the backward recomputes, and their gradients.
+struct DeltaRuleBackwardBuffers {
+  BufferSpec states;  // [chunks, H, d, d] bf16 (and the gradient's)
+  BufferSpec v_new;   // [chunks, H, C, d] bf16 (and the gradient's)
+};
+DeltaRuleBackwardBuffers delta_rule_backward_buffers(int64_t rows, int64_t heads, int64_t d);
 
 struct DeltaRuleParams {
   float scale = 0.0f;  // query scale; 0 means 1/sqrt(dk)

@@ -245,15 +245,16 @@ void chunked_backward(const TensorView& dq, const TensorView& dk, const TensorVi
   const gdn::ChunkPrep p = gdn::prepare(q, k, g, beta, scale, gdn::PrepareFor::backward);
   times.mark("prepare");
   Tensor state = clone(state0);  // the pass reads and overwrites it; a contiguous fp32 copy
-  Tensor states = Tensor::empty({chunks, heads, D, D}, DType::bf16, Device::cuda);
-  Tensor vnew = Tensor::empty({chunks, heads, kC, D}, DType::bf16, Device::cuda);
+  const DeltaRuleBackwardBuffers spec = delta_rule_backward_buffers(t_len, heads, D);
+  Tensor states = spec.states.empty(Device::cuda);
+  Tensor vnew = spec.v_new.empty(Device::cuda);
   auto stage2 = [&] {
     gdn::sequential_pass(p, TensorView(), state, q, k, v, beta, scale, 0,
                          gdn::StatePassRecord{states.data_as<bf16_t>(), vnew.data_as<bf16_t>()}, nullptr);
   };
   Tensor dstate = clone(d_state);
-  Tensor dstates = Tensor::empty({chunks, heads, D, D}, DType::bf16, Device::cuda);
-  Tensor dvnew = Tensor::empty({chunks, heads, kC, D}, DType::bf16, Device::cuda);
+  Tensor dstates = spec.states.empty(Device::cuda);
+  Tensor dvnew = spec.v_new.empty(Device::cuda);
   const PassArgs bwd = pass_args(p, d_out, dstate.data_as<float>(), dstates.data_as<bf16_t>(), dvnew.data_as<bf16_t>());
   if (serial) {
     stage2();

@@ -312,14 +312,15 @@ ChunkPrep prepare(const TensorView& q, const TensorView& k, const TensorView& g,
   const int64_t t_len = k.size(0), heads = k.size(1);
   ChunkPrep prep;
   prep.chunks = static_cast<int>((t_len + kC - 1) / kC);
-  prep.gamma = Tensor::empty({prep.chunks, heads, kC}, DType::f32, Device::cuda);
-  prep.factors = Tensor::empty({prep.chunks, heads, 4, kC}, DType::f32, Device::cuda);
-  prep.t = Tensor::empty({prep.chunks, heads, kC, kC}, DType::bf16, Device::cuda);
-  if (q.defined()) prep.p = Tensor::empty({prep.chunks, heads, kC, kC}, DType::bf16, Device::cuda);
-  if (use == PrepareFor::backward) {
-    HYDRA_ASSERT(q.defined(), "GDN prepare: the backward's tiles need the queries");
-    for (Tensor* x : {&prep.w, &prep.kt, &prep.qh})
-      *x = Tensor::empty({prep.chunks, heads, kC, k.size(2)}, DType::bf16, Device::cuda);
+  const bool backward = use == PrepareFor::backward;
+  HYDRA_ASSERT(!backward || q.defined(), "GDN prepare: the backward's tiles need the queries");
+  const DeltaRulePrepareBuffers spec = delta_rule_prepare_buffers(t_len, heads, k.size(2), q.defined(), backward);
+  prep.gamma = spec.gamma.empty(Device::cuda);
+  prep.factors = spec.factors.empty(Device::cuda);
+  prep.t = spec.t.empty(Device::cuda);
+  if (spec.p.exists()) prep.p = spec.p.empty(Device::cuda);
+  if (spec.tile.exists()) {
+    for (Tensor* x : {&prep.w, &prep.kt, &prep.qh}) *x = spec.tile.empty(Device::cuda);
   }
   if (k.size(2) == 128) {
     launch_prepare<128>(q, k, g, beta, scale, prep);

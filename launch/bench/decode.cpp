@@ -6,11 +6,11 @@
 
 #include "runtime/error.h"
 #if HYDRA_CUDA
-#include "kernels/argmax/argmax.h"
 #include "kernels/attention/attention_decode.h"
 #include "kernels/delta_rule/delta_rule_step.h"
 #include "kernels/l2norm/l2norm.h"
 #include "launch/bench/util.h"
+#include "model/decode_engine.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/params.h"
@@ -24,6 +24,7 @@ namespace hydra {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kStepReserveBytes = 0.5 * kGiB;  // a decode step's own tensors, with room to spare
 
 // Random K/V (N(0, 1)) in every row of every slot, random small GDN states and conv tails.
 void fill_random(KvCache& cache, const ModelConfig& config, uint64_t seed) {
@@ -103,7 +104,9 @@ nlohmann::json run_cell(const Model& model, int64_t context, int64_t batch, cons
   const KvCacheBytes bytes = kv_cache_bytes(config, DType::bf16, DType::f32);
   const int64_t steps = opt.warmup + opt.repeat, capacity = context + steps;
   const double cache_bytes = static_cast<double>(batch) * (static_cast<double>(capacity) * bytes.per_token + bytes.per_slot);
-  const double work_bytes = static_cast<double>(batch) * static_cast<double>(config.vocab_size) * 8.0 + 0.5 * kGiB;
+  // The engine's buffers and, unplanned, the step's own tensors (the layer buffers of B rows and the
+  // attention's split-KV partials: megabytes at these batches) under a fixed reserve.
+  const double work_bytes = decode_engine_buffers(config, batch, false).bytes(Device::cuda) + kStepReserveBytes;
   nlohmann::json j = {{"command", "bench"}, {"op", "decode"}, {"model", opt.preset}, {"arch", arch_name(config.arch)},
                       {"context", context}, {"batch", batch}, {"cache_bytes_per_token", bytes.per_token},
                       {"cache_bytes_per_sequence", bytes.per_slot}, {"cache_gib", cache_bytes / kGiB}};
@@ -122,26 +125,24 @@ nlohmann::json run_cell(const Model& model, int64_t context, int64_t batch, cons
   SelfCommunicator self(Device::cuda);
   std::vector<int64_t> slots(static_cast<size_t>(batch));
   std::iota(slots.begin(), slots.end(), int64_t{0});
-  Tensor ids = Tensor::empty({batch}, DType::i32);
-  for (int64_t b = 0; b < batch; ++b) ids.data_as<int32_t>()[b] = static_cast<int32_t>((b * 7919 + 1) % config.vocab_size);
-  Tensor logits = Tensor::empty({batch, config.vocab_size}, DType::f32, Device::cuda);
-  Tensor next = Tensor::empty({batch}, DType::i32, Device::cuda);
+  std::vector<int32_t> ids(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) ids[static_cast<size_t>(b)] = static_cast<int32_t>((b * 7919 + 1) % config.vocab_size);
+  // The step generate runs (model/decode_engine.h): the greedy tokens feed the next step.
+  DecodeEngine engine(self, model, cache, {.cuda_graph = opt.cuda_graph});
   std::vector<double> ms;
   for (int64_t step = 0; step < steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    cache.begin_decode(slots);
-    ForwardContext context_{.comm = self, .layout = {}, .cache = &cache};
-    const Tensor hidden = model.decode_step(context_, ids);
-    cache.end_decode();
-    model.lm_head(logits, hidden);
-    ops::row_argmax(next, logits);
-    copy_into(ids, next);  // the greedy tokens feed the next step (a device-to-host copy: the step's end)
+    engine.step(slots, ids, StepResult::argmax);
+    const std::span<const int32_t> next = engine.argmax();  // read back on the host: the step's end
     const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (step >= opt.warmup) ms.push_back(t);
     for (int64_t b = 0; b < batch; ++b) {
-      HYDRA_ASSERT(ids.data_as<int32_t>()[b] >= 0, "decode bench: non-finite logits at step {}", step);
+      HYDRA_ASSERT(next[static_cast<size_t>(b)] >= 0, "decode bench: non-finite logits at step {}", step);
     }
+    std::copy(next.begin(), next.end(), ids.begin());
   }
+  j["cuda_graph"] = opt.cuda_graph;
+  j["step_arena_mib"] = engine.arena_bytes() / 1048576.0;
   std::sort(ms.begin(), ms.end());
   const double step_ms = ms[ms.size() / 2];
   // One layer's kernels alone (CUDA events): the anchors measure the same two ops in PyTorch.

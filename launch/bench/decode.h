@@ -1,8 +1,9 @@
 // hydra bench --op decode: generation speed of a whole model on one GPU at long context, without a
 // prefill: every slot's cache is filled with random K/V and GDN states (speed does not depend on the
-// values), then greedy decode steps are timed (wall clock per step, the host's work included: the
-// step uploads its row vectors, runs every layer through Model::decode_step, forms the logits and
-// their arg-max on the GPU and brings the ids back). Per (context, batch) cell it reports ms per
+// values), then greedy decode steps are timed: the step `hydra generate` runs (model/decode_engine.h),
+// wall clock per step, the host's work included (the step writes its rows into the persistent step
+// buffers, runs every layer through Model::decode_step, forms the logits and their arg-max on the GPU
+// and brings the ids back; with --cuda-graph, after two steps, one graph launch instead). Per (context, batch) cell it reports ms per
 // step (= ms per generated token at batch 1), tokens/s, cache bytes per token and in all, peak
 // memory; and, for the anchors of cluster/bench/decode_anchor.py, one layer's decode attention
 // (ops::attention_decode over the FA KV heads' cache) and one layer's GDN step
@@ -31,6 +32,7 @@ struct DecodeBenchOptions {
   int warmup = 3;
   int repeat = 10;
   uint64_t seed = 1;
+  bool cuda_graph = false;  // the step replayed as a CUDA graph (model/decode_engine.h)
 };
 
 // Runs every (context, batch) cell in order, calling `emit` with one JSON object per cell (measured

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs the README's CPU training recipe exactly as written (issue 32): the shell lines between
+"""Runs the README's CPU training recipe exactly as written: the shell lines between
 `<!-- readme-recipe: cpu-training -->` and `<!-- /readme-recipe -->`, in a fresh directory, with the
 built hydra first on PATH, under `bash -euo pipefail`. Fails if the block is missing, a line fails,
 a run leaves no checkpoint, or the NIAH and generation outputs do not hold what the README says.

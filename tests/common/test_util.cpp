@@ -4,18 +4,46 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
 
+#include "model/model.h"
+#include "parallel/self_communicator.h"
 #include "runtime/random.h"
 #if HYDRA_CUDA
 #include "runtime/cuda_memory.h"
 #endif
 
 namespace hydra::test {
+
+Tensor gpu(const TensorView& host_f32, DType dtype) { return to(host_f32, Device::cuda, dtype); }
+Tensor host(const TensorView& t) { return to(t, Device::host, DType::f32); }
+
+Tensor int32_vector(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::i32);
+  std::copy(v.begin(), v.end(), t.data_as<int32_t>());
+  return t;
+}
+
+Tensor int64_vector(const std::vector<int64_t>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::i64);
+  std::copy(v.begin(), v.end(), t.data_as<int64_t>());
+  return t;
+}
+
+Tensor full_logits(const Model& model, const std::vector<int32_t>& ids) {
+  SelfCommunicator self;
+  const int64_t t = static_cast<int64_t>(ids.size());
+  ForwardContext context{self, SequenceLayout::zigzag(t, 1, 0)};
+  const Tensor hidden = model.forward(context, TensorView(const_cast<int32_t*>(ids.data()), DType::i32, Device::host, {t}));
+  Tensor logits = Tensor::empty({t, model.config().vocab_size}, DType::f32);
+  model.lm_head(logits, hidden);
+  return logits;
+}
 
 Tensor random_tensor(std::span<const int64_t> shape, uint64_t seed, float scale) {
   Tensor t = Tensor::empty(shape, DType::f32);

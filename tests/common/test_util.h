@@ -13,7 +13,21 @@
 
 #include "runtime/tensor.h"
 
+namespace hydra {
+class Model;
+}  // namespace hydra
+
 namespace hydra::test {
+
+// GPU-vs-CPU tests: a device copy (bf16 unless said otherwise) and a host f32 copy.
+Tensor gpu(const TensorView& host_f32, DType dtype = DType::bf16);
+Tensor host(const TensorView& t);
+// Small host index vectors (slots, lengths, positions).
+Tensor int32_vector(const std::vector<int32_t>& v);
+Tensor int64_vector(const std::vector<int64_t>& v);
+// Logits [T, V] f32 of a full forward over `ids` on one process without a cache: what decode and
+// generation are held to.
+Tensor full_logits(const Model& model, const std::vector<int32_t>& ids);
 
 // Host f32 tensor with N(0, scale²) entries drawn from `seed` (counter-based: reproducible).
 Tensor random_tensor(std::initializer_list<int64_t> shape, uint64_t seed, float scale = 1.0f);

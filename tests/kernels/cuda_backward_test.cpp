@@ -29,8 +29,6 @@
 namespace hydra::test {
 namespace {
 
-Tensor gpu(const TensorView& host_f32, DType dtype = DType::bf16) { return to(host_f32, Device::cuda, dtype); }
-Tensor host(const TensorView& t) { return to(t, Device::host, DType::f32); }
 
 // Two results (device or host, bf16 or fp32) hold the same values bit for bit.
 void expect_same_bits(const TensorView& a, const TensorView& b, const std::string& what) {

@@ -1,4 +1,4 @@
-// The decode-step CUDA kernels (generation, issue 33) against their CPU references, on inputs
+// The decode-step CUDA kernels (generation) against their CPU references, on inputs
 // rounded to bf16 first (the reference sees what the GPU holds). SKIPPED without a GPU.
 // Tolerances (max |err| / max |ref| unless said):
 //  - attention_decode: 2e-3 on out, 1e-4 absolute on lse — bf16 q/K/V as on both sides, fp32
@@ -26,20 +26,6 @@
 namespace hydra::test {
 namespace {
 
-Tensor gpu(const TensorView& host_f32, DType dtype = DType::bf16) { return to(host_f32, Device::cuda, dtype); }
-Tensor host(const TensorView& t) { return to(t, Device::host, DType::f32); }
-
-Tensor int32_vector(const std::vector<int32_t>& v) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::i32);
-  std::copy(v.begin(), v.end(), t.data_as<int32_t>());
-  return t;
-}
-
-Tensor int64_vector(const std::vector<int64_t>& v) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::i64);
-  std::copy(v.begin(), v.end(), t.data_as<int64_t>());
-  return t;
-}
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   double m = 0;

@@ -20,8 +20,6 @@
 namespace hydra::test {
 namespace {
 
-Tensor gpu(const TensorView& host_f32, DType dtype = DType::bf16) { return to(host_f32, Device::cuda, dtype); }
-Tensor host(const TensorView& t) { return to(t, Device::host, DType::f32); }
 
 double rms_ratio(const TensorView& actual, const TensorView& expected) {
   const Tensor a = host(actual), e = host(expected);

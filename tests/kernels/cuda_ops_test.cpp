@@ -34,8 +34,6 @@
 namespace hydra::test {
 namespace {
 
-Tensor gpu(const TensorView& host_f32, DType dtype = DType::bf16) { return to(host_f32, Device::cuda, dtype); }
-Tensor host(const TensorView& t) { return to(t, Device::host, DType::f32); }
 
 TEST(CudaRuntime, StridedCopiesAndConversions) {
   HYDRA_REQUIRE_GPU();

@@ -1,4 +1,4 @@
-// The decode-step ops (generation, issue 33) on the CPU against the sequence forms they replace:
+// The decode-step ops (generation) on the CPU against the sequence forms they replace:
 //   delta_rule_step      T steps = delta_rule_recurrent over T tokens (outputs and final state);
 //   attention_decode     = attention_forward of the same query at its position (causal, τ), for a
 //                          cache whose rows are permuted and spread over slots;
@@ -20,18 +20,6 @@ namespace hydra::test {
 namespace {
 
 constexpr double kTol = 1e-5;
-
-Tensor int32_vector(const std::vector<int32_t>& v) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::i32);
-  std::copy(v.begin(), v.end(), t.data_as<int32_t>());
-  return t;
-}
-
-Tensor int64_vector(const std::vector<int64_t>& v) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::i64);
-  std::copy(v.begin(), v.end(), t.data_as<int64_t>());
-  return t;
-}
 
 TEST(DeltaRuleStep, StepsEqualTheRecurrentForm) {
   const int64_t t = 9, h = 3, dk = 8, dv = 12;

@@ -1,4 +1,4 @@
-// The three forms of the gated delta rule must agree (DESIGN.md §1.2, issue 3):
+// The three forms of the gated delta rule must agree (DESIGN.md §1.2):
 //  recurrent (fp64 oracle) vs chunked (WY/UT) on odd lengths and chunk sizes; the segment map
 //  reproduces the chunked final state for any initial state; splitting a sequence anywhere and
 //  carrying the state reproduces the unsplit run; maps compose.

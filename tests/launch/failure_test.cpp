@@ -1,5 +1,5 @@
 // A failure on one rank ends the whole mpirun job within seconds with a non-zero exit and the
-// message (issue 4): an exception mid-forward, a model file that fails to open on one rank, and a
+// message: an exception mid-forward, a model file that fails to open on one rank, and a
 // rank that dies without a word (abort). HYDRA_INJECT_FAULT (runtime/fault.h) plants the failure.
 #include "model/model.h"
 #include "model/params.h"

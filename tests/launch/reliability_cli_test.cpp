@@ -1,4 +1,4 @@
-// The failure cases of issue 14, each as a user meets it: inputs that disagree across ranks, values
+// The failure cases a user can meet (bad input, interrupted writes), each as a user meets it: inputs that disagree across ranks, values
 // that overflow the readers, runaway configs, full disks, interrupted writes, runs that cannot fit in
 // memory, non-finite weights, bad fault specs. Every case must end within seconds, exit 2 with a
 // one-line error that names the problem, and leave no partial output. Multi-rank cases run under
@@ -441,7 +441,7 @@ TEST(InterruptedInit, SigtermsAtAnyMomentOfALargeInitLeaveNothing) {
   }
 }
 
-// Since issue 32 a first SIGTERM asks training to save and stop after the step (runtime/stop_request.h):
+// Since training saves on a signal, a first SIGTERM asks training to save and stop after the step (runtime/stop_request.h):
 // here it arrives during step 1's save, which completes; step 2 then stops the run and saves, and the
 // SIGTERM of that save (a second signal) ends the process at once, removing the step being written.
 TEST(InterruptedTraining, SigtermDuringASaveLeavesNoStepDirectory) {

@@ -1,4 +1,4 @@
-// hydra train on a cluster (issue 32), as a user meets it: a signal before the time limit saves the
+// hydra train on a cluster, as a user meets it: a signal before the time limit saves the
 // last completed step and exits 75 (every rank agreeing, even when one rank alone was signalled);
 // ranks holding other bytes under the same path are named before the first collective; --resume
 // refuses other inputs and a damaged state; invalid numbers, unusable --out-dir and a log that cannot

@@ -17,6 +17,9 @@ TEST(Cost, TeacherFlopsAreTheDenseFormula) {
   EXPECT_DOUBLE_EQ(f.attention, L * 2 * t * t * d * H);
   EXPECT_EQ(f.gdn, 0.0);
   EXPECT_DOUBLE_EQ(f.total(), f.gemm + f.attention);
+  // Independently: a dense decoder's GEMMs cost 2 FLOPs per non-embedding parameter per token, and
+  // the Qwen3-1.7B model card gives "Number of Parameters (Non-Embedding): 1.4B" (rounded to 0.1B).
+  EXPECT_NEAR(f.gemm / (2 * t), 1.4e9, 0.05e9);
 }
 
 TEST(Cost, HybridFlopsCountEachBranchOnce) {
@@ -28,9 +31,13 @@ TEST(Cost, HybridFlopsCountEachBranchOnce) {
   EXPECT_DOUBLE_EQ(f.gemm, L * 2 * t * D * (rows + 16 * d + 3 * I));
   EXPECT_DOUBLE_EQ(f.attention, L * 2 * t * t * d * hfa);
   EXPECT_DOUBLE_EQ(f.gdn, L * t * hg * (6 * d * d + 8 * 64 * d));
-  // What hydra prefill reported for this shape on the H200 (its JSON line).
-  EXPECT_NEAR(f.gemm, 1.602572557221888e15, 1e3);
-  EXPECT_NEAR(f.attention, 3.940649673949184e15, 1e3);
+  // Independently of the fused layout: the hybrid drops the k/v rows of the 7 KV groups only GDN
+  // heads read ((8 − 1) · 2 · d) and adds per GDN head its own k, v (2d), a, b (2) and, for the FA
+  // heads, the output gate (H_fa · d): 2 FLOPs per weight per token against the teacher's GEMMs.
+  const FlopCount teacher = prefill_flops(preset_config("qwen3-1.7b"), 524288);
+  EXPECT_DOUBLE_EQ(f.gemm - teacher.gemm, L * 2 * t * D * (-(8 - 1) * 2 * d + hg * (2 * d + 2) + hfa * d));
+  // and attention only in the FA heads: 2 of the teacher's 16.
+  EXPECT_DOUBLE_EQ(f.attention, teacher.attention * 2 / 16);
 }
 
 TEST(Cost, TrainingCountsTheLmHeadOverEveryPosition) {

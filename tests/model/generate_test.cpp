@@ -1,4 +1,4 @@
-// Generation on one CPU process (issue 33): decode with the cache is exact against recomputation.
+// Generation on one CPU process: decode with the cache is exact against recomputation.
 // Greedy tokens equal the arg-max of a full forward over prompt + generated tokens, and the logits
 // each token was chosen from equal that forward's logits at its position, for the teacher, a
 // HydraHead model and a layer-wise hybrid, with prompts of different lengths decoded as a batch.
@@ -18,16 +18,6 @@ namespace hydra::test {
 namespace {
 
 constexpr double kTol = 2e-5;
-
-Tensor full_logits(const Model& model, const std::vector<int32_t>& ids) {
-  SelfCommunicator self;
-  const int64_t t = static_cast<int64_t>(ids.size());
-  ForwardContext context{self, SequenceLayout::zigzag(t, 1, 0)};
-  const Tensor hidden = model.forward(context, TensorView(const_cast<int32_t*>(ids.data()), DType::i32, Device::host, {t}));
-  Tensor logits = Tensor::empty({t, model.config().vocab_size}, DType::f32);
-  model.lm_head(logits, hidden);
-  return logits;
-}
 
 std::vector<int32_t> prompt_of(int64_t n, int64_t vocab, uint64_t salt) {
   std::vector<int32_t> ids(static_cast<size_t>(n));

@@ -1,7 +1,7 @@
 // Parity with HF transformers' Qwen3ForCausalLM: every fixture written by
 // tests/fixtures/gen_hf_qwen3_fixtures.py is imported through the HF importer (single-file,
 // sharded, fp32/bf16/fp16 storage; GQA and MHA; tied and untied) and run through hydra's CPU forward.
-// Tolerance 1e-4 relative (issue 2): both sides compute in fp32; measured differences are ~1e-6.
+// Tolerance 1e-4 relative (the import's acceptance bound): both sides compute in fp32; measured differences are ~1e-6.
 #include <filesystem>
 
 #include "model/hf_import.h"

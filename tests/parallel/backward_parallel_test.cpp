@@ -1,4 +1,4 @@
-// The sequence-parallel backward ops (issue 17) against the single-process backward of the same
+// The sequence-parallel backward ops (distributed fine-tuning) against the single-process backward of the same
 // global inputs, under mpirun with P = 1..4 (zigzag layout, segments that cross chunk boundaries):
 //  - ring attention: dK/dV accumulators travel the ring and must arrive home after P hops holding
 //    every rank's contribution; the lengths mix full, partial (zigzag halves), diagonal and empty

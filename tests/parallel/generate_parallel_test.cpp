@@ -1,4 +1,4 @@
-// Generation over P CPU ranks (issue 33) against one process: the sequence-parallel prefill with a
+// Generation over P CPU ranks against one process: the sequence-parallel prefill with a
 // distributed cache (each rank keeps its zigzag rows, decode tokens dealt round robin, partial
 // attention merged by log-sum-exp across ranks) gives the same tokens as one rank and the logits
 // each token was chosen from agree to 1e-5 relative (fp32; only summation order differs). Teacher,

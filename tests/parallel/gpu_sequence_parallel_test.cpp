@@ -1,5 +1,5 @@
-// Sequence parallelism across GPUs (issue 6): NCCL ring attention, GDN map exchange and conv halo,
-// whole-model logits and generation (issue 33) on P GPUs against one GPU, one rank per GPU. Every rank computes the
+// Sequence parallelism across GPUs (the multi-GPU prefill): NCCL ring attention, GDN map exchange and conv halo,
+// whole-model logits and generation on P GPUs against one GPU, one rank per GPU. Every rank computes the
 // single-GPU reference on its own GPU and compares its zigzag rows. Tolerance: bf16 (2e-2 for the
 // ops, whose single- and multi-GPU runs differ only in summation order and bf16 roundings of
 // partial results; 5e-2 of the largest logit for whole models over 64K tokens).
@@ -56,7 +56,6 @@ Tensor local_rows(const SequenceLayout& layout, const TensorView& global) {
   return out;
 }
 
-Tensor host(const TensorView& t) { return to(t, Device::host, DType::f32); }
 
 // The agreement check over NCCL (what eval-niah runs per sample on GPUs): buffers staged through the
 // device, the same message as on CPU ranks.
@@ -166,7 +165,7 @@ TEST(GpuSequenceParallel, LayerwiseHybridEqualsOneGpu) {
   expect_model_matches_one_gpu(c, 16384, "layer-wise 3:1 hybrid");
 }
 
-// Generation over P GPUs (issue 33: the NCCL decode collective, the distributed bf16 cache) against
+// Generation over P GPUs (the NCCL decode collective, the distributed bf16 cache) against
 // one GPU: the first new token's logits of each prompt (prompt only, so both runs see the same
 // input) within bf16 (5e-2 of the largest logit), and the ranks agree on the tokens (rank 0's
 // choice is broadcast). Prompts of 4097 and 300 tokens: prefills of several segments per rank.

@@ -1,4 +1,4 @@
-// Sequence- and data-parallel gradients equal one process's (issue 17). Under mpirun with P ranks:
+// Sequence- and data-parallel gradients equal one process's. Under mpirun with P ranks:
 //  - every parameter's gradient of the mean next-token loss of one sequence spread over the P
 //    ranks (zigzag layout: ring-attention backward for the FA heads, the GDN state-gradient fold
 //    across segments, conv halo gradients) equals the gradient the same rank computes alone;

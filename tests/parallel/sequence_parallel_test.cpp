@@ -1,4 +1,4 @@
-// Sequence parallelism across MPI ranks (DESIGN.md §3, issue 4). Every rank builds the same global
+// Sequence parallelism across MPI ranks (DESIGN.md §3). Every rank builds the same global
 // inputs from a seed, runs the distributed op on its zigzag rows, and compares them with the same
 // rows of a single-process run it computes itself. Runs under mpirun with P = 1, 2, 3, 4.
 // Tolerance 1e-5 relative (fp32; only summation order differs between the layouts).

@@ -1,7 +1,7 @@
 // The align and distill objectives' gradients (model/train/objective.h) held to central finite
 // differences of the same losses in float64, on a tiny HydraHead student (mixed FA/GDN layers) with a
 // tiny Qwen3 teacher of the same shape. Before this, these objectives were only checked by "the loss
-// goes down" (issue 30, item 8).
+// goes down".
 //  - align: L = Σ_l Σ_t ‖y_s,l(t) − y_t,l(t)‖² / D, scaled by 1/T; every layer's backward stops at
 //    its input, so each student layer's weights see only their own layer's term.
 //  - distill: KL(p_teacher ‖ p_student) over the counted rows, scaled by 1/count; through

@@ -1,0 +1,90 @@
+// The decode step of generation, one engine for every caller (DESIGN.md §1.6): `hydra generate`
+// (model/generate.cpp) and `hydra bench --op decode` (launch/bench/decode.cpp) run the same step,
+// so the benchmark times the loop users run.
+//
+// A step: the cache writes the rows' slots, positions and dealing into its persistent step buffer
+// (KvCache::begin_decode, one upload), the ids go into this engine's persistent id buffer, and the
+// model's decode step, the lm_head and the arg-max run inside a StepArena (runtime/step_arena.h), so
+// every tensor the layers allocate takes the same block every step: after the first step of a
+// batch size, a step allocates nothing (tests/model/decode_engine_test.cpp counts), and every buffer
+// keeps its address. Results land in persistent buffers: the arg-max ids [B] and, on request, the
+// fp32 logits [B, V] on the host.
+//
+// With cuda_graph (P = 1 on the GPU): the first step of a batch size runs eagerly (its blocks are
+// allocated), the second is captured as a CUDA graph (runtime/cuda_graph.h) and launched, and later
+// steps of that batch size only write their inputs and launch the graph. The cache then chunks its
+// attention keys for the whole capacity (KvCache::set_whole_capacity), the one launch parameter that
+// would otherwise change from step to step; the eager warm-up step uses the same, so graph and eager
+// steps run the same kernels (tests/model/cuda_generate_test.cpp holds them bit-identical).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "model/kv_cache.h"
+#include "model/model.h"
+#include "runtime/cuda_graph.h"
+#include "runtime/step_arena.h"
+
+namespace hydra {
+
+struct DecodeEngineOptions {
+  bool host_logits = false;  // keep a host buffer for StepResult::logits (sampling, kept logits)
+  bool cuda_graph = false;   // capture and replay the step (P = 1 on the GPU only)
+};
+
+// The engine's persistent buffers for a cache of `slots` slots (the constructor allocates from this;
+// the generation plan, model/memory_plan.h, prices it).
+struct DecodeEngineBuffers {
+  BufferSpec ids;          // [S] i32, on the device and on the host
+  BufferSpec logits;       // [S, V] f32 on the device
+  BufferSpec best;         // [S] i32, on the device and on the host
+  BufferSpec host_logits;  // [S, V] f32 on the host (host_logits only)
+  double bytes(Device device) const;  // all of them (each once on the CPU path: device = host)
+};
+DecodeEngineBuffers decode_engine_buffers(const ModelConfig& config, int64_t slots, bool host_logits);
+
+// What a step leaves besides the extended caches.
+enum class StepResult {
+  none,    // nothing: the rows only feed the cache (prompt tokens before the last)
+  argmax,  // the arg-max of each row's fp32 logits (−1: non-finite), argmax()
+  logits,  // the fp32 logits on the host, logits() (needs host_logits)
+};
+
+class DecodeEngine {
+ public:
+  // Steps of at most cache.slots() rows over `comm` (the communicator the cache's ranks share).
+  DecodeEngine(Communicator& comm, const Model& model, KvCache& cache, DecodeEngineOptions options = {});
+
+  // One decode step: row b feeds token ids[b] to slot slots[b] (distinct) at position
+  // cache.tokens(slots[b]). Collective over comm.
+  void step(std::span<const int64_t> slots, std::span<const int32_t> ids, StepResult result);
+  std::span<const int32_t> argmax() const;  // [B] of the last StepResult::argmax step
+  std::span<const float> logits() const;    // [B·V] of the last StepResult::logits step
+
+  // Tensor blocks the last step allocated: 0 once a batch size has run a step.
+  size_t fresh_blocks() const { return arena_.fresh_blocks(); }
+  double arena_bytes() const { return arena_.bytes(); }
+  bool graph_launched() const { return graph_launched_; }  // the last step replayed a CUDA graph
+
+ private:
+  // The device work of a step of `batch` rows, from the id buffer to the result buffers.
+  void run(int64_t batch, StepResult result) const;
+
+  Communicator& comm_;
+  const Model& model_;
+  KvCache& cache_;
+  DecodeEngineOptions options_;
+  int64_t batch_ = 0;
+  Tensor ids_, ids_host_;        // [S] i32 on the device / host: the step's token ids
+  Tensor logits_;                // [S, V] f32 on the device
+  Tensor best_, best_host_;      // [S] i32 on the device / host: the rows' arg-max
+  Tensor logits_host_;           // [S, V] f32 (host_logits)
+  StepArena arena_;
+  CudaGraph graph_;
+  int64_t graph_batch_ = 0;      // the batch size graph_ was captured for (0: none)
+  int64_t warm_batch_ = 0;       // the batch size the arena last ran eagerly
+  bool graph_launched_ = false;
+};
+
+}  // namespace hydra

@@ -1,0 +1,16 @@
+// runtime/cuda_graph.h in a build without CUDA: nothing can be captured (the commands refuse
+// --cuda-graph on the CPU before any work, so reaching these is a programming error).
+#include "runtime/cuda_graph.h"
+
+#include "runtime/error.h"
+
+namespace hydra {
+
+CudaGraph::~CudaGraph() = default;
+void CudaGraph::reset() {}
+void CudaGraph::capture(const std::function<void()>&) {
+  HYDRA_ASSERT(false, "CUDA graph capture in a build without CUDA (HYDRA_CUDA=OFF)");
+}
+void CudaGraph::launch() const { HYDRA_ASSERT(false, "CUDA graph launch in a build without CUDA (HYDRA_CUDA=OFF)"); }
+
+}  // namespace hydra

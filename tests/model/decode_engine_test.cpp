@@ -1,0 +1,102 @@
+// The decode engine (model/decode_engine.h) on the CPU: after the first step of a batch size a step
+// allocates no tensor (the host tensor counter of runtime/host_memory.h and the arena's own count),
+// a smaller batch reuses the blocks too, and the engine's steps give the logits of a full forward
+// over the same tokens (decode equals recompute). The step arena's rules on their own: the n-th
+// allocation of a step takes the n-th block when it fits, a larger one gets a fresh block.
+#include <numeric>
+
+#include "model/decode_engine.h"
+#include "model/params.h"
+#include "parallel/self_communicator.h"
+#include "runtime/host_memory.h"
+#include "runtime/step_arena.h"
+#include "tests/common/test_util.h"
+
+namespace hydra::test {
+namespace {
+
+TEST(StepArena, ReusesBlocksInAllocationOrderAndReplacesWhatDoesNotFit) {
+  StepArena arena;
+  std::vector<void*> first;
+  {
+    StepArenaScope scope(arena);
+    first.push_back(Tensor::empty({16}, DType::f32).data());
+    first.push_back(Tensor::empty({4}, DType::i32).data());
+  }
+  EXPECT_EQ(arena.fresh_blocks(), 2u);
+  EXPECT_NE(first[0], first[1]) << "blocks are never shared within a step";
+  const size_t allocations = host_tensor_stats().allocations;
+  {
+    StepArenaScope scope(arena);
+    EXPECT_EQ(Tensor::empty({8}, DType::f32).data(), first[0]) << "a smaller tensor fits the first block";
+    EXPECT_EQ(Tensor::empty({4}, DType::i32).data(), first[1]);
+  }
+  EXPECT_EQ(arena.fresh_blocks(), 0u);
+  EXPECT_EQ(host_tensor_stats().allocations, allocations);
+  {
+    StepArenaScope scope(arena);
+    EXPECT_EQ(Tensor::empty({16}, DType::f32).data(), first[0]);
+    (void)Tensor::empty({64}, DType::i32);  // larger than the second block
+    (void)Tensor::empty({1}, DType::f32);   // a third allocation
+  }
+  EXPECT_EQ(arena.fresh_blocks(), 2u);
+  EXPECT_EQ(arena.blocks(), 3u);
+  EXPECT_EQ(host_tensor_stats().allocations, allocations + 2);
+  // Outside a step, allocation is ordinary again.
+  EXPECT_NE(Tensor::empty({16}, DType::f32).data(), first[0]);
+}
+
+// Logits [V] at the last position of a full forward over `ids` (no cache).
+std::vector<float> recompute_last_logits(const Model& model, const std::vector<int32_t>& ids) {
+  const Tensor logits = full_logits(model, ids);
+  const int64_t t = logits.size(0), vocab = logits.size(1);
+  return {logits.data_as<float>() + (t - 1) * vocab, logits.data_as<float>() + t * vocab};
+}
+
+TEST(DecodeEngine, StepsAfterTheFirstAllocateNothingAndEqualRecompute) {
+  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
+    const ModelConfig config = preset_config(preset);
+    const Model model(config, random_parameters(config, 5));
+    SelfCommunicator self;
+    const int64_t slots = 3, steps = 6, vocab = config.vocab_size;
+    KvCache cache(model, slots, steps, 1, 0);
+    DecodeEngine engine(self, model, cache, {.host_logits = true});
+    std::vector<std::vector<int32_t>> fed(static_cast<size_t>(slots));
+    std::vector<int64_t> rows(static_cast<size_t>(slots));
+    std::iota(rows.begin(), rows.end(), int64_t{0});
+    size_t allocations = 0;
+    for (int64_t step = 0; step < steps; ++step) {
+      if (step == 4) rows.pop_back();  // a finished sequence: a smaller batch
+      std::vector<int32_t> ids;
+      for (const int64_t b : rows) ids.push_back(static_cast<int32_t>((step * 37 + b * 11 + 3) % vocab));
+      engine.step(rows, ids, step % 2 == 0 ? StepResult::logits : StepResult::argmax);
+      const size_t now = host_tensor_stats().allocations;
+      if (step == 0) {
+        EXPECT_GT(engine.fresh_blocks(), 0u) << preset << ": the first step allocates the arena";
+      } else {
+        EXPECT_EQ(engine.fresh_blocks(), 0u) << preset << " step " << step;
+        EXPECT_EQ(now, allocations) << preset << " step " << step << ": host tensors allocated inside a step";
+      }
+      allocations = now;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        auto& seq = fed[static_cast<size_t>(rows[i])];
+        seq.push_back(ids[i]);
+        const std::vector<float> want = recompute_last_logits(model, seq);
+        if (step % 2 == 0) {
+          const std::span<const float> got = engine.logits().subspan(i * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+          for (int64_t v = 0; v < vocab; ++v) {
+            ASSERT_NEAR(got[static_cast<size_t>(v)], want[static_cast<size_t>(v)], 1e-4 * (1 + std::abs(want[static_cast<size_t>(v)])))
+                << preset << " step " << step << " row " << i << " logit " << v;
+          }
+        } else {
+          EXPECT_EQ(engine.argmax()[i], std::max_element(want.begin(), want.end()) - want.begin())
+              << preset << " step " << step << " row " << i;
+        }
+      }
+      allocations = host_tensor_stats().allocations;  // the recompute above allocates; not the step's
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hydra::test
