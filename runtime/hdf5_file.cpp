@@ -394,8 +394,8 @@ H5File::IntegerVectorInfo H5File::integer_vector_info(const std::string& name) c
   Handle dataset(H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose);
   HYDRA_USER_CHECK(dataset.ok(), "{}: cannot open dataset '{}'", path_, name);
   Handle type(H5Dget_type(dataset.get()), H5Tclose);
-  HYDRA_USER_CHECK(type.ok() && H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_size(type.get()) <= 8,
-                   "{}: dataset '{}' is not an integer dataset", path_, name);
+  HYDRA_USER_CHECK(type.ok() && is_integer_type(type.get()), "{}: dataset '{}' is not an integer (or boolean) dataset",
+                   path_, name);
   Handle space(H5Dget_space(dataset.get()), H5Sclose);
   HYDRA_USER_CHECK(H5Sget_simple_extent_ndims(space.get()) == 1, "{}: dataset '{}' must be 1-D", path_, name);
   hsize_t n = 0;
@@ -404,7 +404,8 @@ H5File::IntegerVectorInfo H5File::integer_vector_info(const std::string& name) c
   IntegerVectorInfo info;
   info.length = static_cast<int64_t>(n);
   info.width = static_cast<int>(H5Tget_size(type.get()));
-  info.is_signed = H5Tget_sign(type.get()) == H5T_SGN_2;
+  // A boolean's bytes are 0 or 1 (is_bool_enum): read as an unsigned byte.
+  info.is_signed = !is_bool_enum(type.get()) && H5Tget_sign(type.get()) == H5T_SGN_2;
   // The storage checks of a whole read (sizes agree with the shape, a contiguous block inside the
   // file), with the stored element type's width.
   const DType as = info.width == 8 ? DType::i64 : DType::i32;
@@ -442,6 +443,20 @@ void H5File::read_range(const std::string& name, int64_t first, int64_t count, i
   HYDRA_USER_CHECK(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start, nullptr, size, nullptr) >= 0,
                    "{}: cannot select [{}, +{}) of dataset '{}'", path_, first, count, name);
   Handle memory(H5Screate_simple(1, size, nullptr), H5Sclose);
+  Handle type(H5Dget_type(dataset.get()), H5Tclose);
+  if (type.ok() && is_bool_enum(type.get())) {
+    // HDF5 converts no enum to an integer: read the enum's own bytes (0 or 1) and widen them.
+    std::vector<uint8_t> bytes(static_cast<size_t>(count));
+    Handle native(H5Tget_native_type(type.get(), H5T_DIR_ASCEND), H5Tclose);
+    HYDRA_USER_CHECK(native.ok() && H5Dread(dataset.get(), native.get(), memory.get(), space.get(), H5P_DEFAULT,
+                                            bytes.data()) >= 0,
+                     "{}: reading [{}, +{}) of dataset '{}' failed (truncated file?)", path_, first, count, name);
+    const auto widen = [&](auto* to) { std::copy(bytes.begin(), bytes.end(), to); };
+    if (memory_type == static_cast<int64_t>(H5T_NATIVE_INT64)) widen(static_cast<int64_t*>(out));
+    else if (memory_type == static_cast<int64_t>(H5T_NATIVE_INT32)) widen(static_cast<int32_t*>(out));
+    else widen(static_cast<uint8_t*>(out));
+    return;
+  }
   HYDRA_USER_CHECK(H5Dread(dataset.get(), static_cast<hid_t>(memory_type), memory.get(), space.get(), H5P_DEFAULT, out) >= 0,
                    "{}: reading [{}, +{}) of dataset '{}' failed (truncated file?)", path_, first, count, name);
 }

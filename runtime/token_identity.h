@@ -1,4 +1,4 @@
-// The content identity of a token file (issue 42): what a training run is bound to is the tokens
+// The content identity of a token file: what a training run is bound to is the tokens
 // and their flags, not the file's bytes. HDF5 writes object timestamps and layout choices into a
 // file, so the same data written twice (the same command and seed) differs in a few bytes; an XXH3
 // of the bytes made --resume refuse it and a node with its own copy fail the ranks' agreement.

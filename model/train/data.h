@@ -14,7 +14,7 @@
 // own (with the boundaries inside it), so it runs exactly as if alone (DESIGN.md §3.6) while the
 // GPU sees one long sequence instead of one launch sequence per window.
 //
-// Nothing is read whole (issue 42): the window index (file, offset, counted targets: 4 bytes a window)
+// Nothing is read whole: the window index (file, offset, counted targets: 4 bytes a window)
 // is built from the files' shapes and, for masked or documented files, one streamed pass over
 // loss_mask and document_offsets; a window's ids and flags are read when a step needs them
 // (runtime/token_file.h TokenReader), and a rank reads only the token ranges its zigzag rows need
@@ -53,7 +53,7 @@ struct PackedBatch {
 };
 PackedBatch pack_windows(const std::vector<Window>& windows);
 
-// Blends (issue 42): `--data a.h5:0.7,b.h5,c.h5:0.1`. Without any weight the files' windows are
+// Blends: `--data a.h5:0.7,b.h5,c.h5:0.1`. Without any weight the files' windows are
 // pooled (one permutation of all of them per epoch, as above). With weights, window n of the run
 // comes from the file whose share is furthest behind its weight (Megatron's blending: the file d
 // maximising w_d·(n + 1) − drawn_d, the lowest index on a tie), so after every window each file's

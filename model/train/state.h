@@ -36,7 +36,7 @@ struct ResumePoint {
   std::string state_path, data_state;
 };
 
-// ---- The data's place in the training state (issue 42), apart from the optimizer's ----
+// ---- The data's place in the training state, apart from the optimizer's ----
 // state.h5 attribute `data_state` (JSON): the run's window position, the windows per epoch and, for
 // a blend (model/train/data.h), each file's path, weight and windows drawn. --resume replays the
 // blend's draws to the position and compares them: other weights or files would resume elsewhere.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""cluster/tokenize_text.py at scale (issue 42), under a BPE tokenizer trained here in memory (the
+"""cluster/tokenize_text.py at scale, under a BPE tokenizer trained here in memory (the
 `tokenizers` package): .jsonl and .txt inputs cut into pieces and shards give the same shards on 1
 and 3 processes; every document is exactly its own encoding plus the separator; ids are stored in
 the narrowest type (uint8 for this vocabulary of < 256); supervised prompt/response and chat

@@ -1,4 +1,4 @@
-// Bad input on the newer surfaces (issue 47), each case as a user meets it through the hydra binary:
+// Bad input on the newer surfaces, each case as a user meets it through the hydra binary:
 // ranks that read different prompt offsets, masks or documents under the same path (each rank
 // started in its own directory, a stale copy on one node); HF folders whose weights and config
 // disagree; generate's flags at their limits; the spelling of the weights' seed; the bare command.
@@ -428,10 +428,10 @@ TEST(NewUser, SynthDocLengthMessageNamesDocLength) {
 // h5py writes numpy bool as an HDF5 enum {FALSE, TRUE} over int8: a loss_mask of it counts as 0/1.
 TEST(NewUser, BooleanLossMaskIsRead) {
   const TempDir dir;
-  std::vector<uint8_t> mask(64, 1);
+  std::vector<uint8_t> mask(129, 1);
   for (size_t i = 0; i < mask.size(); i += 4) mask[i] = 0;
-  write_token_data(dir.file("u8.h5"), tokens(64), mask);
-  write_token_file(dir.file("bool.h5"), tokens(64));
+  write_token_data(dir.file("u8.h5"), tokens(129), mask);
+  write_token_file(dir.file("bool.h5"), tokens(129));
   {
     const hid_t f = H5Fopen(dir.file("bool.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
     const hid_t type = H5Tenum_create(H5T_NATIVE_INT8);
@@ -454,6 +454,13 @@ TEST(NewUser, BooleanLossMaskIsRead) {
   ASSERT_EQ(a.exit_code, 0) << a.output;
   EXPECT_EQ(a.output.substr(a.output.find("\"mean_nll\"")).substr(0, 40),
             b.output.substr(b.output.find("\"mean_nll\"")).substr(0, 40));
+  // Training reads the mask window by window in its stored width (runtime/token_file.h): the same losses.
+  const CommandResult ta = hydra(train_flags(dir.file("bool.h5"), dir.file("run_bool"), 1));
+  const CommandResult tb = hydra(train_flags(dir.file("u8.h5"), dir.file("run_u8"), 1));
+  ASSERT_EQ(ta.exit_code, 0) << ta.output;
+  ASSERT_EQ(tb.exit_code, 0) << tb.output;
+  EXPECT_EQ(losses(dir.file("run_bool")), losses(dir.file("run_u8")));
+  EXPECT_EQ(losses(dir.file("run_bool")).size(), 2u);
 }
 
 }  // namespace

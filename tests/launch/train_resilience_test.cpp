@@ -170,7 +170,7 @@ TEST_F(Resilience, ResumeRefusesOtherInputsUnlessAllowed) {
   EXPECT_NE(r.output.find("--allow-changed-inputs"), std::string::npos) << r.output;
 }
 
-// Issue 47 item 9 (and 42): data regenerated with the same command and seed is other bytes (HDF5
+// Data regenerated with the same command and seed is other bytes (HDF5
 // stores object times) but the same contents: --resume continues without any flag. Other contents
 // are refused, naming the file and the datasets that differ.
 TEST_F(Resilience, RegeneratedDataResumesOtherDataIsNamed) {

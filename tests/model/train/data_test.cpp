@@ -1,4 +1,4 @@
-// Training windows read on demand (issue 42): every window, flag and counted target equal to the
+// Training windows read on demand: every window, flag and counted target equal to the
 // whole-file reading (the reference below is the reader this replaced, kept here as the oracle);
 // a rank's partial windows give exactly its rows; the read-ahead changes nothing; the content
 // identity ignores what HDF5 writes around the data, names the dataset that differs, and its cache
