@@ -142,8 +142,23 @@ struct Run {
 };
 
 // Writes step-NNNNNN (rank 0) and returns its path; logs a line with its size and the seconds taken.
+// What a checkpoint holds: the master weights (model.h5) and the optimizer state (state.h5).
+struct SavedState {
+  NamedTensors masters, state;
+};
+
+// The checkpoint's tensors on rank 0: with a sharded optimizer every rank takes part in gathering
+// them (collective); replicated, rank 0 holds them already and the others return nothing.
+SavedState state_to_save(const AdamW& optimizer, bool lead) {
+  SavedState saved;
+  if (optimizer.zero() == Zero::replicated && !lead) return saved;
+  saved.masters = optimizer.master_parameters(lead);
+  saved.state = optimizer.state(lead);
+  return saved;
+}
+
 std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
-                                 const AdamW& optimizer, int64_t step, int64_t position) {
+                                 const SavedState& saved, int64_t step, int64_t position) {
   const auto t0 = std::chrono::steady_clock::now();
   const fs::path out(config.out_dir), final_dir = out / step_dir_name(step);
   // The step is written under `.step-NNNNNN.tmp-PID` (the AtomicFile naming, so the same sweep finds
@@ -163,7 +178,7 @@ std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology&
   std::error_code ec;
   fs::create_directories(temp, ec);
   HYDRA_USER_CHECK(!ec, "saving step {}: cannot create {}: {}", step, temp.string(), ec.message());
-  write_model_checkpoint((temp / "model.h5").string(), student.config(), optimizer.master_parameters());
+  write_model_checkpoint((temp / "model.h5").string(), student.config(), saved.masters);
   maybe_inject_fault("save");
   {
     AtomicFile file((temp / "state.h5").string());
@@ -171,7 +186,7 @@ std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology&
     // Every dataset's XXH3 and the inputs' fingerprints, verified by --resume (read_verified_state).
     // The checksums are a dataset (JSON text as bytes): an attribute is limited to 64 KiB.
     nlohmann::json checksums = nlohmann::json::object(), inputs = nlohmann::json::object();
-    for (const auto& [name, t] : optimizer.state()) {
+    for (const auto& [name, t] : saved.state) {
       h5.write(name, t);
       checksums[name] = hash_hex(hash_tensor(t));
     }
@@ -444,7 +459,7 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
   const auto trainable = [&](const std::string& name) {
     return config.train == TrainSet::all || param_traits(name).attention_block;
   };
-  AdamW optimizer(student, optim, trainable);
+  AdamW optimizer(student, optim, trainable, &topology.world(), config.zero);
   PhaseTimer timer(student.device());
   Run run{config, topology, student, teacher, optimizer, &timer};
 
@@ -625,7 +640,7 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
       local += run.batch_loss(batch, grad_scale, &optimizer.grads(), &layer_loss);
     }
     position += per_replica * replicas;
-    all_reduce_gradients(world, optimizer.grads());
+    optimizer.reduce_gradients();  // all-reduced (--zero 0) or reduce-scattered into the owners (--zero 1)
     int stop_votes = 0;  // ranks that received a stop signal, the same count on every rank
     const LossSums total = reduce_sums(world, local, &stop_votes);
     HYDRA_ASSERT(config.stage == Stage::align || total.tokens == counted, "step {}: {} targets counted, {} expected", step,
@@ -685,7 +700,8 @@ TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Mo
     // A stop signal on any rank: save this step (whatever --save-every says) and return.
     const bool stop = stop_votes > 0 && step < last_step;
     if (periodic || last || stop) {
-      if (lead) summary.checkpoint = write_checkpoint_dir(config, topology, student, optimizer, step, position);
+      const SavedState saved = state_to_save(optimizer, lead);
+      if (lead) summary.checkpoint = write_checkpoint_dir(config, topology, student, saved, step, position);
       world.barrier();
     }
     if (stop) {
