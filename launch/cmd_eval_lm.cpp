@@ -1,9 +1,9 @@
 // hydra eval-lm: held-out language-model loss — the mean next-token cross-entropy over the first N
 // windows of token files, cut exactly as `hydra train --eval-data` cuts them (model/train/data.h:
-// seq_len + 1 tokens, stride seq_len) and computed by the same loss head (model/train/objective.h),
-// so a model's figure here equals its training run's evaluation loss on the same files and length.
-// One sequence is spread over all ranks (zigzag layout); the token-weighted sums are reduced
-// across them. Rank 0 prints the summary line and a JSON line, and writes --out when given.
+// seq_len + 1 tokens, stride seq_len) and computed by the trainer's own evaluation
+// (model/train/evaluation.h held_out_loss, the pretrain stage's objective), so a model's figure here
+// equals its training run's evaluation loss on the same files and length. One window at a time is
+// spread over all ranks (zigzag layout); the token-weighted sums are reduced across them. Rank 0 prints the summary line and a JSON line, and writes --out when given.
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -14,7 +14,7 @@
 #include "launch/cli.h"
 #include "launch/model_source.h"
 #include "model/train/data.h"
-#include "model/train/objective.h"
+#include "model/train/evaluation.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
@@ -86,47 +86,30 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
   Communicator& comm = *world.comm;
   const Model model = opt.model.build(device, dtype, app.kernels);
   const auto t0 = std::chrono::steady_clock::now();
-  train::LossSums local;
-  for (int64_t i = 0; i < n; ++i) {
-    const train::Window window = data.window_in_order(i);
-    // The window's own layout: the document boundaries that fall inside it (DESIGN.md §3.6).
-    const SequenceLayout window_layout =
-        SequenceLayout::zigzag(seq_len, app.world.size(), app.world.rank(), window.document_starts);
-    const TokenRows w = window_layout.token_rows(window.ids, window.flags());  // T + 1 tokens; loss_mask's rows get −1
-    ForwardContext context{.comm = comm, .layout = window_layout};
-    local += train::sequence_gradients(context, model, w, train::Objective::cross_entropy, 1.0, nullptr);
-  }
-  // Each rank summed its own tokens: one reduction gives the global token-weighted mean.
-  Tensor sums = Tensor::empty({4}, DType::f64);
-  double* s = sums.data_as<double>();
-  s[0] = local.loss;
-  s[1] = static_cast<double>(local.tokens);
-  s[2] = local.answer_loss;
-  s[3] = static_cast<double>(local.answer_tokens);
-  all_reduce_sum_host(comm, sums);
+  // Every rank is one sequence group (one window at a time over all ranks), one replica.
+  const train::StageRun run{.stage = train::Stage::pretrain, .sequence = comm, .student = model, .teacher = nullptr};
+  const train::LossSums total = train::held_out_loss(run, comm, data, {.windows = n});
   check_device_progress(world);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const int64_t tokens = static_cast<int64_t>(s[1]), answer_tokens = static_cast<int64_t>(s[3]);
-  // null where nothing was counted (a mask that counts no target of these windows)
-  auto mean = [](double sum, int64_t n) { return n > 0 ? nlohmann::json(sum / static_cast<double>(n)) : nlohmann::json(); };
+  const int64_t tokens = total.tokens, answer_tokens = total.answer_tokens;
   if (app.world.rank() == 0) {
     if (tokens == 0) {
       log::warn("eval-lm: the loss_mask counts no target of these {} windows: no loss to report", n);
     } else {
       log::info("eval-lm: {} windows of {} tokens ({} targets counted), mean next-token loss {:.4f} nats{} ({:.1f} s)", n,
-                seq_len, tokens, s[0] / static_cast<double>(tokens),
+                seq_len, tokens, train::mean_loss(total),
                 answer_tokens > 0 ? fmt::format(", retrieval answers {:.4f} over {} targets",
-                                                s[2] / static_cast<double>(answer_tokens), answer_tokens)
+                                                total.answer_loss / static_cast<double>(answer_tokens), answer_tokens)
                                   : "",
                 seconds);
     }
-    const nlohmann::json summary = {{"command", "eval-lm"}, {"model", opt.model.describe()}, {"data", opt.data},
-                                    {"seq_len", seq_len},    {"windows", n},  {"tokens", tokens},
-                                    {"loss", mean(s[0], tokens)}, {"answer_loss", mean(s[2], answer_tokens)},
-                                    {"answer_tokens", answer_tokens},
-                                    {"other_loss", mean(s[0] - s[2], tokens - answer_tokens)},
-                                    {"device", device_name(world.device)},
-                                    {"ranks", comm.size()},  {"seconds", seconds}};
+    // null where nothing was counted (a mask that counts no target of these windows)
+    nlohmann::json summary = {{"command", "eval-lm"}, {"model", opt.model.describe()}, {"data", opt.data},
+                              {"seq_len", seq_len},    {"windows", n},  {"tokens", tokens},
+                              {"loss", tokens > 0 ? nlohmann::json(train::mean_loss(total)) : nlohmann::json()},
+                              {"device", device_name(world.device)},
+                              {"ranks", comm.size()},  {"seconds", seconds}};
+    summary.update(train::loss_fields(total, ""));  // answer_loss, answer_tokens, other_loss, counted_tokens
     std::cout << summary.dump() << std::endl;
     if (!opt.out.empty()) {
       AtomicFile file(opt.out);

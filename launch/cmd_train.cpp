@@ -31,26 +31,6 @@
 namespace hydra {
 namespace {
 
-// Per-stage defaults (chosen for the stage's job; each overridable by its flag):
-//   pretrain  lr 1e-3 → 1e-4, weight decay 0.1: a model from `hydra init`, trained from scratch;
-//   align     lr 1e-3 → 1e-4, weight decay 0.01, attention block only: new GDN/FA parameters learn
-//             their layer's function fast, nothing else moves;
-//   distill   lr 1e-4 → 1e-5, weight decay 0.01: the whole student, near its aligned start;
-//   finetune  lr 2e-5 → 2e-6, weight decay 0.01: long sequences, a converted model.
-// All: warmup 5% of --steps (at most 100), gradient clip 1.0, AdamW β 0.9/0.95, ε 1e-8.
-struct StageDefaults {
-  double lr, min_lr, weight_decay;
-};
-StageDefaults defaults_of(train::Stage stage) {
-  switch (stage) {
-    case train::Stage::pretrain: return {1e-3, 1e-4, 0.1};
-    case train::Stage::align: return {1e-3, 1e-4, 0.01};
-    case train::Stage::distill: return {1e-4, 1e-5, 0.01};
-    case train::Stage::finetune: return {2e-5, 2e-6, 0.01};
-  }
-  return {1e-4, 1e-5, 0.01};
-}
-
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream in(s);
@@ -135,9 +115,10 @@ struct TrainOptions {
         ("kept-activations", po::value(&kept_activations)->default_value("auto"), "what the forward keeps for the backward beyond each layer's input: none | gdn (the GDN outputs: no delta-rule rerun) | gdn+proj (also the fused projection: no in_proj GEMM) | gdn+proj+mlp (also every layer's MLP gate/up: no mlp_in GEMM) | auto (the most that the memory plan fits on every rank, in that order, the MLP's for as many layers as fit)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
   }
-  // The stage's defaults for the flags left out, and every number checked (finite, in range).
+  // The stage's defaults (model/train/stage.cpp) for the flags left out, and every number checked
+  // (finite, in range). All stages: warmup 5% of --steps (at most 100), AdamW β 0.9/0.95, ε 1e-8.
   train::OptimizerConfig optimizer(train::Stage stage) const {
-    const StageDefaults d = defaults_of(stage);
+    const train::StageTraits& d = train::stage_traits(stage);
     train::OptimizerConfig o;
     o.lr = lr.empty() ? d.lr : parse_finite(lr, "--lr");
     HYDRA_USER_CHECK(o.lr > 0, "--lr {} must be above 0", lr);
@@ -182,9 +163,7 @@ struct TrainOptions {
     HYDRA_USER_CHECK(train == "auto" || train == "all" || train == "attention", "--train must be attention, all or auto");
     HYDRA_USER_CHECK(sp >= 0, "--sp must not be negative");
     HYDRA_USER_CHECK(zero == "auto" || zero == "0" || zero == "1", "--zero must be 0, 1 or auto (got '{}')", zero);
-    HYDRA_USER_CHECK(kept_activations == "auto" || kept_activations == "none" || kept_activations == "gdn" ||
-                         kept_activations == "gdn+proj" || kept_activations == "gdn+proj+mlp",
-                     "--kept-activations must be none, gdn, gdn+proj, gdn+proj+mlp or auto (got '{}')", kept_activations);
+    parse_kept_policy(kept_activations);
   }
 };
 
@@ -217,8 +196,8 @@ int run_train(App& app, const std::vector<std::string>& args) {
   c.eval_niah_tasks = split_list(opt.eval_niah);
   c.eval_niah_samples = opt.eval_niah_samples;
   c.keep = opt.keep;
-  c.train = opt.train == "all" || (opt.train == "auto" && c.stage != train::Stage::align) ? train::TrainSet::all
-                                                                                          : train::TrainSet::attention;
+  const train::StageTraits& stage = train::stage_traits(c.stage);
+  c.train = opt.train == "all" ? train::TrainSet::all : opt.train == "attention" ? train::TrainSet::attention : stage.trains;
   c.optim = opt.optimizer(c.stage);
   c.out_dir = opt.out_dir;
   c.resume = opt.resume;
@@ -237,9 +216,8 @@ int run_train(App& app, const std::vector<std::string>& args) {
 
   // Cheap checks before any weight is read: configs, their compatibility, the layout.
   const ModelConfig student_config = opt.model.config();
-  const bool needs_teacher = c.stage == train::Stage::align || c.stage == train::Stage::distill;
-  HYDRA_USER_CHECK(!needs_teacher || !opt.teacher.empty(), "--stage {} needs --teacher TEACHER.h5", opt.stage);
-  HYDRA_USER_CHECK(needs_teacher || opt.teacher.empty(), "--stage {} takes no --teacher", opt.stage);
+  train::check_teacher(c.stage, !opt.teacher.empty());
+  const bool needs_teacher = stage.needs_teacher;
   std::optional<ModelConfig> teacher_config;
   if (needs_teacher) {
     teacher_config = read_model_config(opt.teacher);
@@ -247,9 +225,9 @@ int run_train(App& app, const std::vector<std::string>& args) {
     HYDRA_USER_CHECK(t.vocab_size == student_config.vocab_size && t.hidden_size == student_config.hidden_size,
                      "teacher {} ({}) and student ({}) differ in vocabulary or hidden size", opt.teacher, t.summary(),
                      student_config.summary());
-    HYDRA_USER_CHECK(c.stage != train::Stage::align || t.num_layers == student_config.num_layers,
-                     "align needs as many teacher layers as student layers: teacher {} has {}, the student {}", opt.teacher,
-                     t.num_layers, student_config.num_layers);
+    HYDRA_USER_CHECK(!stage.teacher_layers_match || t.num_layers == student_config.num_layers,
+                     "{} needs as many teacher layers as student layers: teacher {} has {}, the student {}", stage.name,
+                     opt.teacher, t.num_layers, student_config.num_layers);
   }
   const Device device = resolve_device(opt.device, app.mpi);
   const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
@@ -280,40 +258,15 @@ int run_train(App& app, const std::vector<std::string>& args) {
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   train::TrainTopology topology(*world.comm, c.sp);
   SequenceLayout::zigzag(c.seq_len, topology.sp(), topology.sequence().rank());  // admissible length?
-  const auto plan = [&](KeptActivations keep) {
+  const auto plan = [&](const KeptActivations& keep) {
     // A micro-batch's windows run packed as one sequence: batch_seqs · seq_len tokens over sp ranks.
     return estimate_training_memory(student_config, c.batch_seqs * c.seq_len / topology.sp(), topology.sp(),
                                     teacher_config ? &*teacher_config : nullptr, world.device,
-                                    c.stage == train::Stage::align, keep);
+                                    stage.objective == train::StageObjective::alignment, keep);
   };
-  // Keeping activations spares the backward recomputation: the GDN outputs (a delta-rule forward per
-  // layer) first, the projection (an in_proj GEMM per layer) second, then the MLP's gate/up (an
-  // mlp_in GEMM, the largest, but also the most memory: T·2I per layer) for as many layers as fit.
-  // --kept-activations auto takes the first candidate that fits on every rank (one all-reduce of
-  // the misfits, so all ranks choose the same).
   const int64_t layers = student_config.num_layers;
-  std::vector<KeptActivations> options;
-  for (int64_t n = layers; n >= 1; --n) options.push_back({.gdn_outputs = true, .projection = true, .mlp_layers = n});
-  options.push_back({.gdn_outputs = true, .projection = true});
-  options.push_back({.gdn_outputs = true});
-  options.push_back({});
-  if (opt.kept_activations == "auto") {
-    Tensor misfits = Tensor::empty({static_cast<int64_t>(options.size())}, DType::f64);
-    for (size_t i = 0; i < options.size(); ++i) {
-      misfits.data_as<double>()[i] = fits_memory_plan(plan(options[i]), world.device, app.mpi.local_size()) ? 0.0 : 1.0;
-    }
-    all_reduce_sum_host(*world.comm, misfits);
-    c.kept = options.back();
-    for (size_t i = 0; i < options.size(); ++i) {
-      if (misfits.data_as<double>()[i] == 0.0) {
-        c.kept = options[i];
-        break;
-      }
-    }
-  } else {
-    const std::string& k = opt.kept_activations;
-    c.kept = k == "gdn+proj+mlp" ? options.front() : k == "gdn+proj" ? options[layers] : k == "gdn" ? options[layers + 1] : options.back();
-  }
+  c.kept = choose_kept_activations(parse_kept_policy(opt.kept_activations), layers, plan, world.device,
+                                   app.mpi.local_size(), *world.comm);
   const MemoryEstimate estimate = plan(c.kept);
   check_memory_plan(estimate, world.device, fmt::format("training at --seq-len {} on {} rank(s) per sequence", c.seq_len,
                                                         topology.sp()), app.mpi.local_size());

@@ -8,6 +8,7 @@
 
 #include "kernels/delta_rule/delta_rule.h"
 #include "model/params.h"
+#include "parallel/communicator.h"
 #include "runtime/error.h"
 #include "runtime/host_memory.h"
 #if HYDRA_CUDA
@@ -545,4 +546,41 @@ void check_memory_plan(const MemoryEstimate& estimate, Device device, const std:
                    available.where, available.bytes / g);
 }
 
+KeptPolicy parse_kept_policy(const std::string& name) {
+  if (name == "none") return KeptPolicy::none;
+  if (name == "gdn") return KeptPolicy::gdn;
+  if (name == "gdn+proj") return KeptPolicy::gdn_proj;
+  if (name == "gdn+proj+mlp") return KeptPolicy::gdn_proj_mlp;
+  if (name == "auto") return KeptPolicy::most_that_fits;
+  HYDRA_USER_FAIL("--kept-activations must be none, gdn, gdn+proj, gdn+proj+mlp or auto (got '{}')", name);
+}
+
+KeptActivations choose_kept_activations(KeptPolicy policy, int64_t layers,
+                                        const std::function<MemoryEstimate(const KeptActivations&)>& plan,
+                                        Device device, int ranks_on_host, Communicator& comm) {
+  const KeptActivations gdn{.gdn_outputs = true}, gdn_proj{.gdn_outputs = true, .projection = true};
+  switch (policy) {
+    case KeptPolicy::none: return {};
+    case KeptPolicy::gdn: return gdn;
+    case KeptPolicy::gdn_proj: return gdn_proj;
+    case KeptPolicy::gdn_proj_mlp: return {.gdn_outputs = true, .projection = true, .mlp_layers = layers};
+    case KeptPolicy::most_that_fits: break;
+  }
+  std::vector<KeptActivations> candidates;  // most kept first
+  for (int64_t n = layers; n >= 1; --n) candidates.push_back({.gdn_outputs = true, .projection = true, .mlp_layers = n});
+  candidates.push_back(gdn_proj);
+  candidates.push_back(gdn);
+  candidates.push_back({});
+  Tensor misfits = Tensor::empty({static_cast<int64_t>(candidates.size())}, DType::f64);
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    misfits.data_as<double>()[i] = fits_memory_plan(plan(candidates[i]), device, ranks_on_host) ? 0.0 : 1.0;
+  }
+  all_reduce_sum_host(comm, misfits);  // every rank sees every rank's misfits: all choose the same
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (misfits.data_as<double>()[i] == 0.0) return candidates[i];
+  }
+  return candidates.back();
+}
+
 }  // namespace hydra
+

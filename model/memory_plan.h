@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,8 @@
 #include "runtime/tensor.h"
 
 namespace hydra {
+
+class Communicator;
 
 // One buffer: its shape and element type.
 struct BufferSpec {
@@ -153,5 +156,27 @@ bool fits_memory_plan(const MemoryEstimate& estimate, Device device, int ranks_o
 // rank can use: the GPU's free memory, or for the CPU path the host's available memory
 // (runtime/host_memory.h) shared by the `ranks_on_host` ranks of this node.
 void check_memory_plan(const MemoryEstimate& estimate, Device device, const std::string& what, int ranks_on_host = 1);
+
+// What a training forward keeps (hydra train --kept-activations, or any caller of run_training).
+// Keeping activations spares the backward recomputation: the GDN outputs (a delta-rule forward per
+// layer) first, the projection (an in_proj GEMM per layer) second, then the MLP's gate/up (an mlp_in
+// GEMM, the largest, but also the most memory: T·2I per layer) for as many layers as fit.
+enum class KeptPolicy {
+  none,            // only what the backward cannot do without
+  gdn,             // the GDN outputs
+  gdn_proj,        // and the fused projection
+  gdn_proj_mlp,    // and every layer's MLP gate/up
+  most_that_fits,  // the first of the above, most kept first (the MLP's for as many layers as fit),
+                   // whose plan fits on every rank
+};
+KeptPolicy parse_kept_policy(const std::string& name);  // none, gdn, gdn+proj, gdn+proj+mlp, auto; UserError otherwise
+
+// The activations to keep under `policy` for a model of `layers` layers. `plan` prices a training
+// step keeping a candidate (estimate_training_memory with the run's shapes); most_that_fits tries
+// the candidates in order and takes the first that fits_memory_plan on every rank of `comm` (one
+// all-reduce of the misfits, so all ranks choose the same; collective), or none when none fits.
+KeptActivations choose_kept_activations(KeptPolicy policy, int64_t layers,
+                                        const std::function<MemoryEstimate(const KeptActivations&)>& plan,
+                                        Device device, int ranks_on_host, Communicator& comm);
 
 }  // namespace hydra

@@ -8,16 +8,13 @@
 // over all ranks is the gradient of the global token-weighted mean), and the sequence group's
 // communicator for the model's own collectives.
 //
-// Output directory (DESIGN.md §4):
-//   step-NNNNNN/model.h5   the model (fp32 master weights) as a normal hydra checkpoint
-//   step-NNNNNN/state.h5   optimizer moments and masters, step, data position, seed, world layout,
-//                          the inputs' content fingerprints and an XXH3 checksum per dataset
-//   latest                 the name of the newest complete step-NNNNNN, written last (atomically)
-//   train.jsonl            one JSON line per step (and per evaluation)
-// A step directory is written under a temporary name and renamed when complete, then `latest` is
-// replaced; a crash at any point leaves the previous checkpoint and pointer intact. --resume
-// continues from `latest` and reproduces the losses of an uninterrupted run bit for bit on the CPU
-// path. On the GPU a resumed run matches to the kernels' determinism: the attention backward adds
+// The parts (DESIGN.md §1.5): stage.h (what each stage needs, trains, computes and logs), state.h
+// (the output directory: step-NNNNNN/{model,state}.h5, `latest`, train.jsonl; the state format and
+// its verification), evaluation.h (the held-out loss and NIAH accuracy, shared with eval-lm), and
+// trainer.cpp (the run's preparation, the step loop, the evaluation/save/stop policies).
+//
+// --resume continues from `latest` and reproduces the losses of an uninterrupted run bit for bit on
+// the CPU path. On the GPU a resumed run matches to the kernels' determinism: the attention backward adds
 // dQ with fp32 atomics and the GDN backward accumulates some gradients with atomics, so the last
 // bits of a step can differ between runs (every other reduction has a fixed order).
 //
@@ -37,15 +34,10 @@
 
 #include "model/memory_plan.h"
 #include "model/train/optimizer.h"
+#include "model/train/stage.h"
 #include "parallel/communicator.h"
 
 namespace hydra::train {
-
-enum class Stage { pretrain, align, distill, finetune };
-Stage parse_stage(const std::string& name);  // UserError for unknown names
-const char* stage_name(Stage stage);
-
-enum class TrainSet { all, attention };
 
 struct TrainConfig {
   Stage stage = Stage::pretrain;
@@ -66,7 +58,7 @@ struct TrainConfig {
   std::vector<std::string> eval_niah_tasks;
   int64_t eval_niah_samples = 32;
   int64_t keep = 2;         // step directories kept
-  TrainSet train = TrainSet::all;
+  TrainSet train = TrainSet::all;  // stage_traits(stage).trains unless the caller chooses
   OptimizerConfig optim;
   std::string out_dir;
   bool resume = false;
@@ -118,15 +110,9 @@ struct TrainSummary {
 };
 
 // Runs the stage. `student` is the model trained (its weights are updated in place); `teacher`
-// (align, distill) runs forward only. Collective over topology.world(); rank 0 prints and writes.
+// (the stages that need one: stage_traits) runs forward only. Collective over topology.world();
+// rank 0 prints and writes.
 TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Model& student,
                           const Model* teacher);
-
-// The step directory `latest` points to (empty when there is none).
-std::string latest_checkpoint(const std::string& out_dir);
-
-// The newest step directory of `out_dir` whose state.h5 verifies (checksums, finite values,
-// attributes in range), or empty. Reads every state it tries: for messages after a failure.
-std::string newest_verified_checkpoint(const std::string& out_dir);
 
 }  // namespace hydra::train

@@ -1,0 +1,67 @@
+// The training state on disk (DESIGN.md §4) and its I/O: the step directories of a run folder, the
+// state.h5 format (its verification on --resume), the `latest` pointer and the log's truncation.
+//
+//   step-NNNNNN/model.h5   the model (fp32 master weights) as a normal hydra checkpoint
+//   step-NNNNNN/state.h5   optimizer moments and masters, step, data position, seed, world layout,
+//                          the inputs' content fingerprints and an XXH3 checksum per dataset
+//   latest                 the name of the newest complete step-NNNNNN, written last (atomically)
+//   train.jsonl            one JSON line per step (and per evaluation)
+// A step directory is written under a temporary name and renamed when complete, then `latest` is
+// replaced; a crash at any point leaves the previous checkpoint and pointer intact.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/train/trainer.h"
+
+namespace hydra::train {
+
+// What a checkpoint holds: the master weights (model.h5) and the optimizer state (state.h5).
+struct SavedState {
+  NamedTensors masters, state;
+};
+
+// The checkpoint's tensors, on rank 0 (`lead`): with a sharded optimizer (--zero 1) every rank takes
+// part in gathering them (collective); replicated, rank 0 holds them already and the others return
+// at once with nothing.
+SavedState state_to_save(const AdamW& optimizer, bool lead);
+
+// Writes step-NNNNNN of `config.out_dir` (rank 0 only: the model, the optimizer's state and the
+// run's identity: stage, seed, seq_len, world layout, inputs' fingerprints), moves `latest` to it,
+// keeps the newest `config.keep` steps; returns its path and logs its size and the seconds taken.
+// A save that fails (a full disk) removes its temporary directory before the error propagates.
+std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
+                                 const SavedState& saved, int64_t step, int64_t position);
+
+// Where a resumed run starts: after `step`, at data position `position`.
+struct ResumePoint {
+  int64_t step = 0, position = 0;
+};
+
+// --resume: reads and verifies the state `latest` points to (checksums, finite values, attributes in
+// range), checks that it belongs to this run (stage, world layout, model config, seq_len, seed, the
+// inputs' fingerprints unless allow_changed_inputs: UserErrors naming the difference) and loads the
+// optimizer's state. `lead` (rank 0) prints the warnings.
+ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topology, const Model& student,
+                                AdamW& optimizer, bool lead);
+
+// Removes the temporary step directories of saves interrupted by a crash or kill -9 (their process
+// gone); SIGTERM/SIGINT remove their own.
+void remove_interrupted_saves(const std::string& out_dir);
+
+// On --resume, the log keeps the steps up to the checkpoint: steps that ran after it (before the
+// interruption) run again and are logged again, so each step appears once.
+void truncate_log(const std::string& path, int64_t last_kept_step);
+
+// The step directory `latest` points to (empty when there is none).
+std::string latest_checkpoint(const std::string& out_dir);
+
+// The newest step directory of `out_dir` whose state.h5 verifies (checksums, finite values,
+// attributes in range), or empty. Reads every state it tries: for messages after a failure.
+std::string newest_verified_checkpoint(const std::string& out_dir);
+
+// "step-NNNNNN"
+std::string step_dir_name(int64_t step);
+
+}  // namespace hydra::train
