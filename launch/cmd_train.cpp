@@ -106,7 +106,7 @@ struct TrainOptions {
         ("eval-niah-samples", po::value(&eval_niah_samples)->default_value(32), "NIAH samples per task and evaluation (depths spread over 0..100; the same samples every time)")
         ("keep", po::value(&keep)->default_value(2), "checkpoints kept in --out-dir (the newest)")
         ("train", po::value(&train)->default_value("auto"), "attention (the attention block only) | all (default: attention for align, all otherwise)")
-        ("resume", po::bool_switch(&resume), "continue the run in --out-dir from its latest checkpoint (same model, data, world layout; the state's checksums and the inputs' contents are verified)")
+        ("resume", po::bool_switch(&resume), "continue the run in --out-dir from its latest checkpoint (same model and data; another world size or --sp needs the same windows per step, --batch-seqs × --grad-accum × replicas; the state's checksums and the inputs' contents are verified)")
         ("allow-changed-inputs", po::bool_switch(&allow_changed_inputs), "with --resume: accept a model, teacher or data file whose contents differ from those the run was trained on (their XXH3 fingerprints are stored in every state.h5)")
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16 weights, fp32 masters), cpu (fp32) or auto")
         ("sp", po::value(&sp)->default_value(0), "ranks per sequence (sequence parallel); world / sp data-parallel replicas (0: all ranks)")

@@ -2,7 +2,8 @@
 // state.h5 format (its verification on --resume), the `latest` pointer and the log's truncation.
 //
 //   step-NNNNNN/model.h5   the model (fp32 master weights) as a normal hydra checkpoint
-//   step-NNNNNN/state.h5   optimizer moments and masters, step, data position, seed, world layout,
+//   step-NNNNNN/state.h5   optimizer moments and masters, step, data position, seed, world layout
+//                          and windows per step (batch_seqs, grad_accum, replicas),
 //                          the inputs' content fingerprints and an XXH3 checksum per dataset
 //   latest                 the name of the newest complete step-NNNNNN, written last (atomically)
 //   train.jsonl            one JSON line per step (and per evaluation)
@@ -40,9 +41,10 @@ struct ResumePoint {
 };
 
 // --resume: reads and verifies the state `latest` points to (checksums, finite values, attributes in
-// range), checks that it belongs to this run (stage, world layout, model config, seq_len, seed, the
-// inputs' fingerprints unless allow_changed_inputs: UserErrors naming the difference) and loads the
-// optimizer's state. `lead` (rank 0) prints the warnings.
+// range), checks that it belongs to this run (stage, windows per step — the world size and --sp may
+// differ —, model config, seq_len, seed, the inputs' fingerprints unless allow_changed_inputs:
+// UserErrors naming the difference) and loads the optimizer's state. `lead` (rank 0) prints the
+// warnings.
 ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topology, const Model& student,
                                 AdamW& optimizer, bool lead);
 
