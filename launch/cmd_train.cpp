@@ -117,6 +117,7 @@ struct TrainOptions {
   ModelSource model;
   std::string teacher;
   std::string data, eval_data, seq_len, out_dir, train = "auto", device = "auto", kept_activations = "auto", eval_niah;
+  std::string zero = "auto";
   // Defaults that depend on the stage or on --steps: empty text = the default (validate() parses).
   std::string lr, min_lr, warmup, weight_decay;
   int64_t eval_niah_samples = 32;
@@ -155,10 +156,11 @@ struct TrainOptions {
         ("eval-niah-samples", po::value(&eval_niah_samples)->default_value(32), "NIAH samples per task and evaluation (depths spread over 0..100; the same samples every time)")
         ("keep", po::value(&keep)->default_value(2), "checkpoints kept in --out-dir (the newest)")
         ("train", po::value(&train)->default_value("auto"), "attention (the attention block only) | all (default: attention for align, all otherwise)")
-        ("resume", po::bool_switch(&resume), "continue the run in --out-dir from its latest checkpoint (same model, data, world layout; the state's checksums and the inputs' contents are verified)")
+        ("resume", po::bool_switch(&resume), "continue the run in --out-dir from its latest checkpoint (same model and data; another world size or --sp needs the same windows per step, --batch-seqs × --grad-accum × replicas; the state's checksums and the inputs' contents are verified)")
         ("allow-changed-inputs", po::bool_switch(&allow_changed_inputs), "with --resume: accept a model, teacher or data file whose contents differ from those the run was trained on (the model's and teacher's XXH3 and the data's content identities are stored in every state.h5)")
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16 weights, fp32 masters), cpu (fp32) or auto")
         ("sp", po::value(&sp)->default_value(0), "ranks per sequence (sequence parallel); world / sp data-parallel replicas (0: all ranks)")
+        ("zero", po::value(&zero)->default_value("auto"), "optimizer state: 1 spreads the fp32 masters and AdamW moments over all ranks (ZeRO-1: 12/W bytes a trained parameter per rank; gradients reduce-scattered, weights all-gathered), 0 keeps all of it on every rank (all-reduced gradients); auto: 1 on more than one rank")
         ("peak-tflops", po::value(&peak_tflops)->default_value(989), "dense bf16 peak per GPU for MFU (989: H100/H200 datasheet); MFU = 3 × the forward FLOPs of the step's windows (layers and, except in align, the LM head over every position) / step time / (ranks × peak)")
         ("kept-activations", po::value(&kept_activations)->default_value("auto"), "what the forward keeps for the backward beyond each layer's input: none | gdn (the GDN outputs: no delta-rule rerun) | gdn+proj (also the fused projection: no in_proj GEMM) | gdn+proj+mlp (also every layer's MLP gate/up: no mlp_in GEMM) | auto (the most that the memory plan fits on every rank, in that order, the MLP's for as many layers as fit)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
@@ -212,6 +214,7 @@ struct TrainOptions {
     require_output_directory(out_dir, "--out-dir");
     HYDRA_USER_CHECK(train == "auto" || train == "all" || train == "attention", "--train must be attention, all or auto");
     HYDRA_USER_CHECK(sp >= 0, "--sp must not be negative");
+    HYDRA_USER_CHECK(zero == "auto" || zero == "0" || zero == "1", "--zero must be 0, 1 or auto (got '{}')", zero);
     parse_kept_policy(kept_activations);
   }
 };
@@ -266,6 +269,7 @@ int run_train(App& app, const std::vector<std::string>& args) {
     if (opt.save_every > opt.steps) log::warn("--save-every {} is past --steps {}: only the end is saved", opt.save_every, opt.steps);
   }
   c.sp = opt.sp;
+  c.zero = opt.zero == "0" || (opt.zero == "auto" && app.world.size() == 1) ? train::Zero::replicated : train::Zero::sharded;
   c.peak_tflops = opt.peak_tflops;
 
   // Cheap checks before any weight is read: configs, their compatibility, the layout.
@@ -353,6 +357,7 @@ int run_train(App& app, const std::vector<std::string>& args) {
     const nlohmann::json summary = {
         {"command", "train"},  {"stage", opt.stage},           {"model", opt.model.describe()},
         {"ranks", app.world.size()}, {"sp", topology.sp()},   {"device", device_flag_name(world.device)},
+        {"zero", c.zero == train::Zero::sharded ? 1 : 0},
         {"seq_len", c.seq_len}, {"first_step", s.first_step},  {"last_step", s.last_step},
         {"loss", s.last_loss},
         {"eval_loss", s.last_eval_loss ? nlohmann::json(*s.last_eval_loss) : nlohmann::json()},

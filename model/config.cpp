@@ -168,6 +168,25 @@ ModelConfig qwen3_1_7b() {
   return c;
 }
 
+// Qwen3-4B and Qwen3-8B (their config.json shapes): 36 layers of 32 query heads in 8 KV groups,
+// head dim 128; 4B ties its embeddings, 8B does not.
+ModelConfig qwen3_4b() {
+  ModelConfig c = qwen3_1_7b();
+  c.hidden_size = 2560;
+  c.num_layers = 36;
+  c.num_heads = 32;
+  c.intermediate_size = 9728;
+  return c;
+}
+
+ModelConfig qwen3_8b() {
+  ModelConfig c = qwen3_4b();
+  c.hidden_size = 4096;
+  c.intermediate_size = 12288;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
 ModelConfig qwen3_tiny() {
   ModelConfig c;
   c.arch = Arch::qwen3;
@@ -222,12 +241,15 @@ ModelConfig as_hydra(ModelConfig c, std::vector<std::vector<int>> fa_heads) {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"qwen3-tiny", "hydrahead-tiny", "qwen3-1.7b", "hydrahead-1.7b", "qwen3-synth", "qwen3-synth-cpu"};
+  return {"qwen3-tiny",   "hydrahead-tiny", "qwen3-1.7b",   "hydrahead-1.7b", "qwen3-4b",
+          "hydrahead-4b", "qwen3-8b",       "hydrahead-8b", "qwen3-synth",    "qwen3-synth-cpu"};
 }
 
 ModelConfig preset_config(const std::string& name) {
   if (name == "qwen3-tiny") return qwen3_tiny();
   if (name == "qwen3-1.7b") return qwen3_1_7b();
+  if (name == "qwen3-4b") return qwen3_4b();
+  if (name == "qwen3-8b") return qwen3_8b();
   if (name == "qwen3-synth") return qwen3_synth();
   if (name == "qwen3-synth-cpu") return qwen3_synth_cpu();
   if (name == "hydrahead-tiny") {
@@ -235,10 +257,13 @@ ModelConfig preset_config(const std::string& name) {
     // layer 1 has two FA heads sharing one group, so GQA sharing is exercised.
     return as_hydra(qwen3_tiny(), {{1}, {2, 3}});
   }
-  if (name == "hydrahead-1.7b") {
-    // DESIGN.md §5: 2 FA heads per layer (7:1), the lowest indices (uniform:2 without scores).
-    ModelConfig c = qwen3_1_7b();
-    return as_hydra(c, std::vector<std::vector<int>>(static_cast<size_t>(c.num_layers), {0, 1}));
+  if (name == "hydrahead-1.7b" || name == "hydrahead-4b" || name == "hydrahead-8b") {
+    // DESIGN.md §5: one FA head in 8 per layer (7:1), the lowest indices (uniform without scores):
+    // 2 of 16 at 1.7B, 4 of 32 at 4B and 8B.
+    const ModelConfig c = name == "hydrahead-1.7b" ? qwen3_1_7b() : name == "hydrahead-4b" ? qwen3_4b() : qwen3_8b();
+    std::vector<int> fa(static_cast<size_t>(c.num_heads / 8));
+    for (size_t i = 0; i < fa.size(); ++i) fa[i] = static_cast<int>(i);
+    return as_hydra(c, std::vector<std::vector<int>>(static_cast<size_t>(c.num_layers), fa));
   }
   std::string known;
   for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;

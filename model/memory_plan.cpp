@@ -172,12 +172,10 @@ void gdn_forward(Pass& p, int64_t hg, bool recompute, Kept* kept) {
   std::vector<Id> ids{p.tl.hold(scan.state, "GDN state")};
   if (p.world > 1 && !recompute) {
     ids.push_back(p.tl.hold(scan.maps, "GDN segment maps"));
-    const Id all = p.tl.hold(scan.gathered_maps, "GDN gathered maps");
-    if (kept) {
-      kept->ids.push_back(all);
+    ids.push_back(p.tl.hold(scan.gathered_maps, "GDN gathered maps"));
+    if (kept) {  // the own segments' M and initial states: nothing that grows with the rank count
+      kept->ids.push_back(p.tl.hold(scan.kept_maps, "GDN kept maps"));
       kept->ids.push_back(p.tl.hold(scan.initial_states, "GDN initial states"));
-    } else {
-      ids.push_back(all);
     }
   }
   if (p.cuda()) {  // delta_rule_forward.cu chunked_fused: prepare with queries, per segment
@@ -309,13 +307,14 @@ void layer_backward(Pass& p, int64_t l, Kept& kept, bool input_gradient) {
     if (p.world == 1) {
       scan.push_back(tl.hold(state, "GDN initial state"));
     } else {
-      scan.push_back(tl.hold(spec.state_gradients, "GDN local state gradients"));
+      // Each local segment's state gradient beside its kept M, gathered together.
+      scan.push_back(tl.hold(spec.state_gradients, "GDN local state gradients and maps"));
       if (p.cuda()) {  // delta_rule_backward.cu state_backward: prepare and the state gradient's copy
         std::vector<Id> w{tl.hold_bytes(gdn_prepare_bytes(rows, hg, d, true, true), "GDN state backward workspace"),
                           tl.hold(state, "GDN state gradient copy")};
         p.release(w);
       }
-      scan.push_back(tl.hold(spec.gathered_state_gradients, "GDN gathered state gradients"));
+      scan.push_back(tl.hold(spec.gathered_state_gradients, "GDN gathered state gradients and maps"));
     }
     scan.push_back(tl.hold(state, "GDN zero state"));
     if (p.cuda()) {  // delta_rule_backward.cu: prepare, the chunk states and v_new, and their gradients

@@ -97,9 +97,10 @@ struct ModelTensors {
 //  - fa_out, fa_lse: the FA heads' attention output (before the gate) [T_loc, H_fa, d] and its
 //    log-sum-exp [H_fa, T_loc]; attention is the one part whose recomputation would cost as much as
 //    the rest of the layer, and its output is only H_fa·d values per token (2 of 16 heads at 7:1);
-//  - gdn: with several ranks, each local segment's initial state and the gathered segment maps
-//    (d×d per head and segment), so the backward's reverse fold needs no forward collective. The GDN
-//    chunk states themselves are recomputed in the backward.
+//  - gdn: with several ranks, each local segment's initial state and its own transition M (d×d per
+//    head and local segment: the same bytes at any rank count); the backward gathers the later
+//    segments' M with its state gradients. The GDN chunk states themselves are recomputed in the
+//    backward.
 struct LayerSaved {
   Tensor input;   // [T_loc, D], dtype()
   Tensor fa_out;  // [T_loc, H_fa, d], dtype()

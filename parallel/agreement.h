@@ -72,6 +72,10 @@ class AgreementGate final : public Communicator {
     check();
     inner_.all_reduce_sum(buffer);
   }
+  void reduce_scatter_sum(const TensorView& send, const TensorView& recv) override {
+    check();
+    inner_.reduce_scatter_sum(send, recv);
+  }
   void broadcast(const TensorView& buffer, int root) override {
     check();
     inner_.broadcast(buffer, root);

@@ -39,6 +39,9 @@ class Communicator {
   virtual void all_gather(const TensorView& send, const TensorView& recv) = 0;
   // buffer ← Σ over ranks (f32 or integer types).
   virtual void all_reduce_sum(const TensorView& buffer) = 0;
+  // recv [n] ← Σ over ranks of row `rank()` of every rank's `send` [P, n] (f32/f64): the reduction
+  // of a buffer cut into P equal parts, each rank receiving its own part (ZeRO's gradient step).
+  virtual void reduce_scatter_sum(const TensorView& send, const TensorView& recv) = 0;
   virtual void broadcast(const TensorView& buffer, int root) = 0;
   virtual void barrier() = 0;
   // The ranks that pass the same `color` form a new communicator on the same device, ranked by

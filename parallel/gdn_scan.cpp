@@ -8,13 +8,14 @@
 
 namespace hydra {
 GdnScanBuffers gdn_scan_buffers(int world, int nlocal, int64_t heads, int64_t dk, int64_t dv, DType acc) {
-  const int64_t map_size = heads * (dk * dk + dk * dv), state_size = heads * dk * dv;
+  const int64_t map_size = heads * (dk * dk + dk * dv), m_size = heads * dk * dk, state_size = heads * dk * dv;
   return {.state = {{heads, dk, dv}, acc},
           .maps = {{nlocal, map_size}, acc},
           .gathered_maps = {{world, nlocal, map_size}, acc},
+          .kept_maps = {{nlocal, m_size}, acc},
           .initial_states = {{nlocal, heads, dk, dv}, acc},
-          .state_gradients = {{nlocal, state_size}, acc},
-          .gathered_state_gradients = {{world, nlocal, state_size}, acc}};
+          .state_gradients = {{nlocal, state_size + m_size}, acc},
+          .gathered_state_gradients = {{world, nlocal, state_size + m_size}, acc}};
 }
 
 ConvHaloBuffers conv_halo_buffers(int world, int nlocal, int64_t halo, int64_t channels, DType dtype) {
@@ -160,7 +161,10 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
   phase.emplace(timer, Phase::gdn);
   auto map_of = [&](int segment) { return gathered_slot(layout, all, segment); };
   if (saved) {
-    saved->maps = all;
+    // The backward needs the initial states and the M of later segments: each rank keeps its own
+    // segments' M only (S_ext is not needed), and the backward gathers them again.
+    saved->maps = spec.kept_maps.empty(device);
+    copy_into(saved->maps, mine.view().narrow(1, 0, heads * dk * dk));
     saved->state0 = spec.initial_states.empty(device);
   }
   // 3. Fold the prefix for each owned segment, then run its chunks from the true initial state.
@@ -274,12 +278,15 @@ void gdn_sequence_parallel_backward(Communicator& comm, const SequenceLayout& la
   }
   HYDRA_ASSERT(saved.state0.defined() && saved.maps.defined(), "GDN backward over {} ranks without the forward's maps",
                layout.world_size());
-  // 1. Each owned segment's own state gradient dS_loc (nothing arriving from later segments).
+  // 1. Each owned segment's own state gradient dS_loc (nothing arriving from later segments), with
+  //    the segment's M beside it: slot [j] = (dS_loc [H, dk, dv], M [H, dk, dk]).
+  const int64_t state_size = heads * dkh * dvh, m_size = heads * dkh * dkh;
   Tensor mine = spec.state_gradients.empty(device);
+  copy_into(mine.view().narrow(1, state_size, m_size), saved.maps);
   std::optional<ScopedPhase> phase(std::in_place, timer, Phase::gdn);
   for (int j = 0; j < nlocal; ++j) {
     const Segment& s = local[j];
-    const TensorView loc = mine.view().select(0, j).reshape({heads, dkh, dvh});
+    const TensorView loc = mine.view().select(0, j).narrow(0, 0, state_size).reshape({heads, dkh, dvh});
     fill(loc, 0.0f);
     // Only the run before the segment's first document start reads its initial state.
     const Run first = runs_of(layout, s).front();
@@ -288,7 +295,7 @@ void gdn_sequence_parallel_backward(Communicator& comm, const SequenceLayout& la
                                      rows_of(g, first), rows_of(beta, first), params);
     }
   }
-  // 2. One collective: every rank gets every segment's dS_loc.
+  // 2. One collective: every rank gets every segment's dS_loc and M.
   Tensor all = spec.gathered_state_gradients.empty(device);
   phase.reset();
   phase.emplace(timer, Phase::comm);
@@ -297,17 +304,17 @@ void gdn_sequence_parallel_backward(Communicator& comm, const SequenceLayout& la
   phase.emplace(timer, Phase::gdn);
   // 3. Fold the suffix for each owned segment (reverse order, transposed maps), then its backward.
   const int last = layout.num_segments() - 1;
-  const int64_t m_size = heads * dkh * dkh;
   for (int j = 0; j < nlocal; ++j) {
     const Segment& s = local[j];
     fill(d_state, 0.0f);
     for (int i = last; i > s.index; --i) {  // d_state = dS_in(i) = M_iᵀ dS_in(i+1) + dS_loc(i)
-      const TensorView loc = gathered_slot(layout, all, i).reshape({heads, dkh, dvh});
+      const TensorView slot = gathered_slot(layout, all, i);
+      const TensorView loc = slot.narrow(0, 0, state_size).reshape({heads, dkh, dvh});
       if (i == last) {
         copy_into(d_state, loc);  // the last segment's map is never needed (nor computed)
         continue;
       }
-      const TensorView m = gathered_slot(layout, saved.maps, i).narrow(0, 0, m_size).reshape({heads, dkh, dkh});
+      const TensorView m = slot.narrow(0, state_size, m_size).reshape({heads, dkh, dkh});
       ops::delta_rule_apply_map_transposed(d_state, m, loc);
     }
     chunked_backward_over_runs(runs_of(layout, s), dq, dk, dv, dg, dbeta, d_state, d_out, q, k, v, g, beta,

@@ -22,11 +22,12 @@
 namespace hydra {
 
 // What the sequence-parallel GDN forward keeps for its backward (model.h LayerSaved): each local
-// segment's true initial state and the gathered segment maps, fp32. Undefined with one rank (the
-// initial state is zero and there is nothing to fold).
+// segment's true initial state and its own transition M, fp32 — nothing that grows with the rank
+// count (the backward gathers the later segments' M with its state gradients, one collective).
+// Undefined with one rank (the initial state is zero and there is nothing to fold).
 struct GdnSaved {
   Tensor state0;  // [n_local, H, dk, dv]
-  Tensor maps;    // [P, n_local, H·(dk·dk + dk·dv)]: (M, S_ext) of every segment, as gathered
+  Tensor maps;    // [n_local, H·dk·dk]: M of each local segment (zero for the last global segment)
 };
 
 // The buffers of the sequence-parallel GDN scan (allocated from this spec; the memory plan,
@@ -35,10 +36,11 @@ struct GdnSaved {
 struct GdnScanBuffers {
   BufferSpec state;            // [H, dk, dv]: the running state (forward), its gradient (backward)
   BufferSpec maps;             // [n_local, H·(dk·dk + dk·dv)]: this rank's segment maps (M, S_ext)
-  BufferSpec gathered_maps;    // [P, n_local, H·(dk·dk + dk·dv)]: every segment's (GdnSaved::maps)
+  BufferSpec gathered_maps;    // [P, n_local, H·(dk·dk + dk·dv)]: every segment's, during the forward
+  BufferSpec kept_maps;        // [n_local, H·dk·dk]: the own segments' M, kept for the backward (GdnSaved::maps)
   BufferSpec initial_states;   // [n_local, H, dk, dv]: GdnSaved::state0
-  BufferSpec state_gradients;  // [n_local, H·dk·dv]: the backward's own gradient dS_loc per segment
-  BufferSpec gathered_state_gradients;  // [P, n_local, H·dk·dv]
+  BufferSpec state_gradients;  // [n_local, H·(dk·dv + dk·dk)]: the backward's own dS_loc per segment, M beside it
+  BufferSpec gathered_state_gradients;  // [P, n_local, H·(dk·dv + dk·dk)]
 };
 GdnScanBuffers gdn_scan_buffers(int world, int nlocal, int64_t heads, int64_t dk, int64_t dv, DType acc);
 
@@ -77,9 +79,9 @@ void gdn_sequence_parallel_recompute(const SequenceLayout& layout, const GdnSave
 // Backward of gdn_sequence_parallel (DESIGN.md §1.5): the state gradient crosses segments in reverse.
 //   1. each rank computes, per owned segment, dS_loc = the gradient its outputs send into the
 //      segment's initial state with nothing arriving from later segments (delta_rule_state_backward);
-//   2. one all-gather of the dS_loc;
-//   3. each rank folds the suffix for its segments in fp32 with the transposed maps kept by the
-//      forward: dS_in(j) = M_jᵀ dS_in(j+1) + dS_loc(j), so segment i's final state receives
+//   2. one all-gather of the dS_loc, each beside its segment's M (kept by the forward);
+//   3. each rank folds the suffix for its segments in fp32 with the transposed maps:
+//      dS_in(j) = M_jᵀ dS_in(j+1) + dS_loc(j), so segment i's final state receives
 //      dS_out(i) = dS_in(i+1); then runs the chunked backward of each owned segment from its kept
 //      initial state with that incoming state gradient.
 // dq, dk [T_loc, H, dk], dv [T_loc, H, dv], dg, dbeta [T_loc, H] are overwritten.

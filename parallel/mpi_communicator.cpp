@@ -101,6 +101,15 @@ void MpiCommunicator::all_reduce_sum(const TensorView& buffer) {
   HYDRA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buffer.data(), count_of(buffer), mpi_type(buffer.dtype()), MPI_SUM, comm_));
 }
 
+void MpiCommunicator::reduce_scatter_sum(const TensorView& send, const TensorView& recv) {
+  HYDRA_ASSERT(send.numel() == recv.numel() * size_ && send.dtype() == recv.dtype() && recv.dtype() != DType::bf16,
+               "reduce_scatter_sum: send {} / recv {} ({}) on {} ranks", send.shape_string(), recv.shape_string(),
+               dtype_name(recv.dtype()), size_);
+  count_of(send);
+  HYDRA_MPI_CHECK(MPI_Reduce_scatter_block(send.data(), recv.data(), count_of(recv), mpi_type(recv.dtype()), MPI_SUM,
+                                           comm_));
+}
+
 void MpiCommunicator::broadcast(const TensorView& buffer, int root) {
   HYDRA_MPI_CHECK(MPI_Bcast(buffer.data(), count_of(buffer), mpi_type(buffer.dtype()), root, comm_));
 }

@@ -43,6 +43,7 @@ class MpiCommunicator final : public Communicator {
                                             int src) override;
   void all_gather(const TensorView& send, const TensorView& recv) override;
   void all_reduce_sum(const TensorView& buffer) override;
+  void reduce_scatter_sum(const TensorView& send, const TensorView& recv) override;
   void broadcast(const TensorView& buffer, int root) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;

@@ -118,6 +118,16 @@ void NcclCommunicator::all_reduce_sum(const TensorView& buffer) {
   current_after(stream());
 }
 
+void NcclCommunicator::reduce_scatter_sum(const TensorView& send, const TensorView& recv) {
+  expect_device_buffer(send);
+  expect_device_buffer(recv);
+  HYDRA_ASSERT(send.numel() == recv.numel() * size_ && send.dtype() == recv.dtype(), "reduce_scatter_sum sizes");
+  order_after_current(stream());
+  HYDRA_NCCL_CHECK(ncclReduceScatter(send.data(), recv.data(), static_cast<size_t>(recv.numel()),
+                                     nccl_type(recv.dtype()), ncclSum, impl_->comm, stream()));
+  current_after(stream());
+}
+
 void NcclCommunicator::broadcast(const TensorView& buffer, int root) {
   expect_device_buffer(buffer);
   order_after_current(stream());

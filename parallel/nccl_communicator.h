@@ -36,6 +36,7 @@ class NcclCommunicator final : public Communicator {
                                             int src) override;
   void all_gather(const TensorView& send, const TensorView& recv) override;
   void all_reduce_sum(const TensorView& buffer) override;
+  void reduce_scatter_sum(const TensorView& send, const TensorView& recv) override;
   void broadcast(const TensorView& buffer, int root) override;
   void barrier() override;
   // A new NCCL communicator bootstrapped over the split of this one's bootstrap (which it owns).

@@ -3,7 +3,10 @@
 #include <cmath>
 #include <numbers>
 
+#include <algorithm>
+
 #include "kernels/adamw/adamw.h"
+#include "model/train/objective.h"
 #include "model/weight_layout.h"
 
 namespace hydra::train {
@@ -20,33 +23,44 @@ double learning_rate(const OptimizerConfig& c, int64_t step) {
   return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
-AdamW::AdamW(Model& model, OptimizerConfig config, const std::function<bool(const std::string&)>& trainable)
-    : model_(model), config_(config) {
+AdamW::AdamW(Model& model, OptimizerConfig config, const std::function<bool(const std::string&)>& trainable,
+             Communicator* world, Zero zero)
+    : model_(model), config_(config), trainable_(trainable), world_(world), zero_(zero) {
   const DType acc = model.acc_dtype();
-  master_ = model.zeros_like_weights(acc, trainable);
-  m_ = model.zeros_like_weights(acc, trainable);
-  v_ = model.zeros_like_weights(acc, trainable);
+  HYDRA_ASSERT(!world || world->size() == 1 || world->device() == model.device(),
+               "the optimizer's communicator ({}) works on another device than the model", world ? world->name() : "");
+  if (!sharded()) {
+    master_ = model.zeros_like_weights(acc, trainable);
+    m_ = model.zeros_like_weights(acc, trainable);
+    v_ = model.zeros_like_weights(acc, trainable);
+  } else {  // no whole state: layers of undefined tensors, so the segments below get undefined views
+    for (ModelTensors* t : {&master_, &m_, &v_}) t->layers.resize(static_cast<size_t>(model.config().num_layers));
+  }
   grads_ = model.zeros_like_weights(acc, trainable);
-  // Masters start as the model's weights (exact on the CPU; bf16 values widened on the GPU).
   ModelTensors& weights = model.mutable_weights();
+  // Segments are keyed on the gradient tensors (allocated for every trainable tensor); the master
+  // and moment views exist only when replicated (an empty tensor gives an undefined view).
   auto add = [&](Tensor& w, Tensor& master, Tensor& m, Tensor& v, Tensor& g, int64_t begin, int64_t count, bool decay) {
-    if (!master.defined()) return;
-    Segment s{flat(master).narrow(0, begin, count), flat(m).narrow(0, begin, count), flat(v).narrow(0, begin, count),
-              flat(g).narrow(0, begin, count), flat(w).narrow(0, begin, count), decay, master.data()};
+    if (!g.defined()) return;
+    const auto part = [&](const Tensor& t) { return t.defined() ? flat(t).narrow(0, begin, count) : TensorView(); };
+    Segment s{part(master), part(m), part(v), part(g), part(w), decay, g.data()};
     // Merge with the previous segment when it continues it in the same tensor and group.
     if (!segments_.empty()) {
       Segment& last = segments_.back();
-      const size_t es = last.master.element_size();
+      const size_t es = last.grad.element_size();
       if (last.tensor == s.tensor && last.decay == decay &&
-          static_cast<char*>(last.master.data()) + last.master.numel() * es == s.master.data()) {
-        const int64_t n = last.master.numel() + count;
-        const auto grow = [&](const TensorView& v) { return TensorView(v.data(), v.dtype(), v.device(), {n}); };
+          static_cast<char*>(last.grad.data()) + last.grad.numel() * es == s.grad.data()) {
+        const int64_t n = last.grad.numel() + count;
+        const auto grow = [&](const TensorView& v) {
+          return v.defined() ? TensorView(v.data(), v.dtype(), v.device(), {n}) : v;
+        };
         last = Segment{grow(last.master), grow(last.m), grow(last.v), grow(last.grad), grow(last.weight), decay, s.tensor};
         trainable_count_ += count;
         return;
       }
     }
     segments_.push_back(s);
+    offsets_.push_back(trainable_count_);
     trainable_count_ += count;
   };
   auto whole = [&](Tensor& w, Tensor& master, Tensor& m, Tensor& v, Tensor& g, const std::string& name) {
@@ -84,7 +98,101 @@ AdamW::AdamW(Model& model, OptimizerConfig config, const std::function<bool(cons
       });
     }
   }
-  for (const Segment& s : segments_) copy_into(s.master, s.weight);
+  if (!sharded()) {
+    // Masters start as the model's weights (exact on the CPU; bf16 values widened on the GPU).
+    for (const Segment& s : segments_) copy_into(s.master, s.weight);
+    own_end_ = trainable_count_;
+    return;
+  }
+  // ZeRO-1: this rank's contiguous range of the flat space, its state, and the update's slices.
+  const int64_t p = world_->size(), r = world_->rank(), n = trainable_count_;
+  shard_stride_ = (n + p - 1) / p;
+  own_begin_ = std::min(n, r * shard_stride_);
+  own_end_ = std::min(n, (r + 1) * shard_stride_);
+  const int64_t own = std::max<int64_t>(own_end_ - own_begin_, 1);
+  // Buckets: a collective moves W·b elements beside a b-element own part; (W + 1)·b stays within
+  // the largest trainable tensor (and 32M elements), so a bucket costs no more than one tensor.
+  int64_t largest = 1;
+  grads_.for_each([&](const std::string&, Tensor& g) { largest = std::max(largest, g.numel()); });
+  bucket_ = std::clamp<int64_t>(std::min<int64_t>(largest, int64_t{1} << 25) / (p + 1), 1, std::max<int64_t>(shard_stride_, 1));
+  shard_master_ = Tensor::zeros({own}, acc, model.device());
+  shard_m_ = Tensor::zeros({own}, acc, model.device());
+  shard_v_ = Tensor::zeros({own}, acc, model.device());
+  for_pieces(own_begin_, own_end_, [&](size_t i, int64_t begin, int64_t count) {
+    const Segment& s = segments_[i];
+    const int64_t at = begin - offsets_[i], local = begin - own_begin_;
+    ops::AdamWSlice slice{shard_master_.view().narrow(0, local, count), shard_m_.view().narrow(0, local, count),
+                          shard_v_.view().narrow(0, local, count), s.grad.narrow(0, at, count),
+                          s.weight.narrow(0, at, count), s.decay};
+    copy_into(slice.master, slice.weight);  // the own masters start as the model's weights
+    shard_slices_.push_back(slice);
+  });
+}
+
+void AdamW::for_pieces(int64_t begin, int64_t end, const std::function<void(size_t, int64_t, int64_t)>& f) const {
+  end = std::min(end, trainable_count_);
+  if (begin >= end) return;
+  // The segment holding `begin`: the last whose offset is ≤ begin.
+  size_t i = static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), begin) - offsets_.begin()) - 1;
+  for (int64_t at = begin; at < end; ++i) {
+    const int64_t count = std::min(end, offsets_[i] + segments_[i].grad.numel()) - at;
+    f(i, at, count);
+    at += count;
+  }
+}
+
+void AdamW::all_gather_flat(const FlatView& src, const FlatView& dst, DType dtype) const {
+  const int64_t p = world_->size(), r = world_->rank();
+  const Device device = model_.device();
+  // Bucket k: rank q contributes its flat range [q·S + k, q·S + k + b); the gathered [W, b] rows land
+  // at the same ranges on every rank. The last rank's range past N is padding, sent but never read.
+  Tensor send = Tensor::zeros({bucket_}, dtype, device), recv = Tensor::empty({p * bucket_}, dtype, device);
+  for (int64_t k = 0; k < shard_stride_; k += bucket_) {
+    const int64_t b = std::min(bucket_, shard_stride_ - k);
+    const int64_t mine = r * shard_stride_ + k;
+    for_pieces(mine, mine + b, [&](size_t i, int64_t begin, int64_t count) {
+      copy_into(send.view().narrow(0, begin - mine, count), src(i, begin, count));
+    });
+    world_->all_gather(send.view().narrow(0, 0, b), recv.view().narrow(0, 0, p * b).reshape({p, b}));
+    for (int64_t q = 0; q < p; ++q) {
+      if (q == r) continue;  // already in place
+      const int64_t theirs = q * shard_stride_ + k;
+      for_pieces(theirs, theirs + b, [&](size_t i, int64_t begin, int64_t count) {
+        copy_into(dst(i, begin, count), recv.view().narrow(0, q * b + begin - theirs, count));
+      });
+    }
+  }
+}
+
+std::vector<TensorView> AdamW::segment_views(ModelTensors& whole) const {
+  // `whole` has the layout of grads_: each segment is the same range of the same slot.
+  std::vector<const Tensor*> g;
+  std::vector<Tensor*> w;
+  grads_.for_each([&](const std::string&, const Tensor& t) { g.push_back(&t); });
+  whole.for_each([&](const std::string&, Tensor& t) { w.push_back(&t); });
+  HYDRA_ASSERT(g.size() == w.size(), "{} gradient tensors, {} state tensors", g.size(), w.size());
+  std::vector<TensorView> views;
+  for (const Segment& s : segments_) {
+    size_t j = 0;
+    while (j < g.size() && g[j]->data() != s.tensor) ++j;
+    HYDRA_ASSERT(j < g.size(), "a segment outside the gradient tensors");
+    const int64_t at = (static_cast<const char*>(s.grad.data()) - static_cast<const char*>(g[j]->data())) /
+                       static_cast<int64_t>(s.grad.element_size());
+    views.push_back(flat(*w[j]).narrow(0, at, s.grad.numel()));
+  }
+  return views;
+}
+
+ModelTensors AdamW::gathered(const Tensor& shard) const {
+  ModelTensors whole = model_.zeros_like_weights(model_.acc_dtype(), trainable_);
+  const std::vector<TensorView> views = segment_views(whole);
+  const FlatView dst = [&](size_t i, int64_t begin, int64_t count) { return views[i].narrow(0, begin - offsets_[i], count); };
+  const FlatView src = [&](size_t, int64_t begin, int64_t count) { return shard.view().narrow(0, begin - own_begin_, count); };
+  for_pieces(own_begin_, own_end_, [&](size_t i, int64_t begin, int64_t count) {
+    copy_into(dst(i, begin, count), src(i, begin, count));
+  });
+  all_gather_flat(src, dst, model_.acc_dtype());
+  return whole;
 }
 
 void AdamW::zero_grads() {
@@ -93,10 +201,51 @@ void AdamW::zero_grads() {
   ops::zero_tensors(all);  // one launch on the GPU
 }
 
-double AdamW::grad_norm() const {
+void AdamW::reduce_gradients() {
+  if (!world_ || world_->size() == 1) return;
+  if (!sharded()) {
+    all_reduce_gradients(*world_, grads_);
+    return;
+  }
+  // Bucket k: row q of the [W, b] send buffer is this rank's gradient over rank q's flat range
+  // [q·S + k, q·S + k + b) (zero past N); the reduce-scatter leaves the sum of row r, this rank's
+  // own range, which goes back into grads() where the update reads it.
+  const int64_t p = world_->size(), r = world_->rank();
+  const DType acc = model_.acc_dtype();
+  const Device device = model_.device();
+  Tensor send = Tensor::empty({p * bucket_}, acc, device), recv = Tensor::empty({bucket_}, acc, device);
+  for (int64_t k = 0; k < shard_stride_; k += bucket_) {
+    const int64_t b = std::min(bucket_, shard_stride_ - k);
+    if ((p - 1) * shard_stride_ + k + b > trainable_count_) {  // the last rank's row reaches past N: zero it all
+      const TensorView all[] = {send.view().narrow(0, 0, p * b)};
+      ops::zero_tensors(all);
+    }
+    for (int64_t q = 0; q < p; ++q) {
+      const int64_t theirs = q * shard_stride_ + k;
+      for_pieces(theirs, theirs + b, [&](size_t i, int64_t begin, int64_t count) {
+        copy_into(send.view().narrow(0, q * b + begin - theirs, count),
+                  segments_[i].grad.narrow(0, begin - offsets_[i], count));
+      });
+    }
+    world_->reduce_scatter_sum(send.view().narrow(0, 0, p * b).reshape({p, b}), recv.view().narrow(0, 0, b));
+    const int64_t mine = r * shard_stride_ + k;
+    for_pieces(mine, mine + b, [&](size_t i, int64_t begin, int64_t count) {
+      copy_into(segments_[i].grad.narrow(0, begin - offsets_[i], count), recv.view().narrow(0, begin - mine, count));
+    });
+  }
+}
+
+double AdamW::grad_norm() {
   std::vector<TensorView> grads;
-  for (const Segment& s : segments_) grads.push_back(s.grad);
-  return std::sqrt(ops::sum_of_squares(grads));  // one synchronisation for all segments
+  if (!sharded()) {
+    for (const Segment& s : segments_) grads.push_back(s.grad);
+    return std::sqrt(ops::sum_of_squares(grads));  // one synchronisation for all segments
+  }
+  for (const ops::AdamWSlice& s : shard_slices_) grads.push_back(s.grad);
+  Tensor sum = Tensor::empty({1}, DType::f64);
+  sum.data_as<double>()[0] = ops::sum_of_squares(grads);  // the own range's
+  all_reduce_sum_host(*world_, sum);
+  return std::sqrt(sum.data_as<double>()[0]);
 }
 
 StepStats AdamW::step(int64_t step, double grad_norm) {
@@ -105,8 +254,12 @@ StepStats AdamW::step(int64_t step, double grad_norm) {
   stats.lr = learning_rate(config_, step);
   if (config_.grad_clip > 0 && stats.grad_norm > config_.grad_clip) stats.clip_scale = config_.grad_clip / stats.grad_norm;
   std::vector<ops::AdamWSlice> slices;
-  slices.reserve(segments_.size());
-  for (const Segment& s : segments_) slices.push_back({s.master, s.m, s.v, s.grad, s.weight, s.decay});
+  if (sharded()) {
+    slices = shard_slices_;  // the own range: its masters, moments, reduced gradient and the model's weights there
+  } else {
+    slices.reserve(segments_.size());
+    for (const Segment& s : segments_) slices.push_back({s.master, s.m, s.v, s.grad, s.weight, s.decay});
+  }
   ops::adamw_update(slices, ops::AdamWParams{.lr = static_cast<float>(stats.lr),
                                              .beta1 = static_cast<float>(config_.beta1),
                                              .beta2 = static_cast<float>(config_.beta2),
@@ -114,11 +267,29 @@ StepStats AdamW::step(int64_t step, double grad_norm) {
                                              .weight_decay = static_cast<float>(config_.weight_decay),
                                              .step = step,
                                              .grad_scale = static_cast<float>(stats.clip_scale)});  // one launch on the GPU
+  if (sharded()) {
+    // Every owner's updated weights to every rank (on the GPU the collectives queue behind the update).
+    const FlatView weights = [&](size_t i, int64_t begin, int64_t count) {
+      return segments_[i].weight.narrow(0, begin - offsets_[i], count);
+    };
+    all_gather_flat(weights, weights, segments_.front().weight.dtype());
+  }
   return stats;
 }
 
-NamedTensors AdamW::state() const {
+NamedTensors AdamW::state(bool wanted) const {
   NamedTensors out;
+  if (sharded()) {
+    // One kind at a time, so at most one whole copy on the device beside the host output.
+    for (const auto& [prefix, shard] : {std::pair<const char*, const Tensor*>{"master.", &shard_master_},
+                                        {"adam_m.", &shard_m_}, {"adam_v.", &shard_v_}}) {
+      const ModelTensors whole = gathered(*shard);
+      if (!wanted) continue;
+      for (auto& [name, t] : model_.unpack(whole)) out.emplace(prefix + name, std::move(t));
+    }
+    return out;
+  }
+  if (!wanted) return out;
   for (const auto& [prefix, tensors] : {std::pair<const char*, const ModelTensors*>{"master.", &master_},
                                         {"adam_m.", &m_}, {"adam_v.", &v_}}) {
     for (auto& [name, t] : model_.unpack(*tensors)) out.emplace(prefix + name, std::move(t));
@@ -127,24 +298,50 @@ NamedTensors AdamW::state() const {
 }
 
 void AdamW::load_state(const NamedTensors& state) {
-  for (const auto& [prefix, tensors] : {std::pair<const char*, ModelTensors*>{"master.", &master_}, {"adam_m.", &m_},
-                                        {"adam_v.", &v_}}) {
+  // Checks the state holds every tensor of this model and packs it into the runtime layout.
+  const auto pack = [&](const char* prefix, ModelTensors& into) {
     NamedTensors part;
-    for (const auto& [name, t] : model_.unpack(*tensors)) {
+    for (const auto& [name, t] : model_.unpack(into)) {
       const auto it = state.find(prefix + name);
       HYDRA_USER_CHECK(it != state.end(), "training state lacks '{}{}' (saved for another model or stage?)", prefix, name);
       HYDRA_USER_CHECK(it->second.numel() == t.numel(), "training state '{}{}' has shape {}, the model needs {}", prefix,
                        name, it->second.shape_string(), t.shape_string());
       part.emplace(name, it->second);
     }
-    model_.pack(part, *tensors);
+    model_.pack(part, into);
+  };
+  if (!sharded()) {
+    for (const auto& [prefix, tensors] : {std::pair<const char*, ModelTensors*>{"master.", &master_}, {"adam_m.", &m_},
+                                          {"adam_v.", &v_}}) {
+      pack(prefix, *tensors);
+    }
+    for (const Segment& s : segments_) copy_into(s.weight, s.master);
+    return;
   }
-  for (const Segment& s : segments_) copy_into(s.weight, s.master);
+  // Sharded: each kind packed whole (a temporary), of which this rank keeps its own range, whatever
+  // world the state was saved on; the weights come from the whole masters, as replicated, so no
+  // collective is needed.
+  for (const auto& [prefix, shard] : {std::pair<const char*, Tensor*>{"master.", &shard_master_},
+                                      {"adam_m.", &shard_m_}, {"adam_v.", &shard_v_}}) {
+    ModelTensors whole = model_.zeros_like_weights(model_.acc_dtype(), trainable_);
+    pack(prefix, whole);
+    const std::vector<TensorView> views = segment_views(whole);
+    if (std::string(prefix) == "master.") {
+      for (size_t i = 0; i < segments_.size(); ++i) copy_into(segments_[i].weight, views[i]);
+    }
+    for_pieces(own_begin_, own_end_, [&](size_t i, int64_t begin, int64_t count) {
+      copy_into(shard->view().narrow(0, begin - own_begin_, count), views[i].narrow(0, begin - offsets_[i], count));
+    });
+  }
 }
 
-NamedTensors AdamW::master_parameters() const {
+NamedTensors AdamW::master_parameters(bool wanted) const {
+  if (!wanted) {
+    if (sharded()) gathered(shard_master_);  // this rank's part of the collective
+    return {};
+  }
   NamedTensors out = model_.unpack(model_.weights());
-  for (auto& [name, t] : model_.unpack(master_)) out[name] = std::move(t);
+  for (auto& [name, t] : model_.unpack(sharded() ? gathered(shard_master_) : master_)) out[name] = std::move(t);
   return out;
 }
 

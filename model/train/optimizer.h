@@ -10,6 +10,16 @@
 // ranges; its zero padding rows belong to no parameter and are never touched. On the GPU all
 // segments are one launch (ops::adamw_update's list form), as are the zeroing of the gradients and
 // their norm.
+//
+// ZeRO-1 (Zero::sharded, DESIGN.md §1.5): the trainable elements, segment after segment, form one
+// flat index space of N elements; rank r of the world owns the contiguous range [r·S, (r+1)·S) ∩
+// [0, N), S = ⌈N/W⌉, and holds the fp32 masters and both moments of that range only (12·N/W bytes
+// instead of 12·N). Every rank still accumulates the whole gradient (its tokens' contributions);
+// reduce_gradients() reduce-scatters it into the owners in buckets (each rank's part of a bucket
+// a contiguous run of the flat space, so one collective moves W·b elements), grad_norm() adds the
+// owners' sums of squares, step() updates the own range and all-gathers the model's weights back
+// in the same buckets. The replicated form (Zero::replicated, --zero 0) all-reduces every gradient
+// tensor and updates everything on every rank, as before.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +27,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/adamw/adamw.h"
 #include "model/model.h"
+#include "parallel/communicator.h"
 
 namespace hydra::train {
 
@@ -40,39 +52,80 @@ struct StepStats {
   double lr = 0;
 };
 
+// Where the masters and moments live: every rank holds all of them (--zero 0), or each rank its
+// 1/W of them (--zero 1, ZeRO-1).
+enum class Zero { replicated = 0, sharded = 1 };
+
 class AdamW {
  public:
   // `trainable(name)` decides per checkpoint parameter name; weights of `model` are updated in place.
-  AdamW(Model& model, OptimizerConfig config, const std::function<bool(const std::string&)>& trainable);
+  // `world` (the communicator of the model's device; null: a world of one) is where the gradients
+  // are reduced and, with Zero::sharded, where the state is spread. Collective over `world`.
+  AdamW(Model& model, OptimizerConfig config, const std::function<bool(const std::string&)>& trainable,
+        Communicator* world = nullptr, Zero zero = Zero::replicated);
 
   // Gradient accumulators in the runtime layout (acc dtype), undefined for frozen tensors.
   ModelTensors& grads() { return grads_; }
   void zero_grads();
-  // The global L2 norm of grads() (call after the cross-rank reduction; every rank gets the same).
-  double grad_norm() const;
-  // One update with the gradient in grads(), whose norm (grad_norm()) the caller has checked; `step`
-  // is 1-based. Returns what it applied.
+  // Sums every rank's grads() over the world (collective): replicated, each tensor all-reduced;
+  // sharded, reduce-scattered so that only this rank's own range holds the sum afterwards.
+  void reduce_gradients();
+  // The global L2 norm of the reduced gradient, the same on every rank (collective when sharded:
+  // the owners' sums of squares added over the world).
+  double grad_norm();
+  // One update with the reduced gradient, whose norm (grad_norm()) the caller has checked; `step`
+  // is 1-based. Collective when sharded (the weights are all-gathered). Returns what it applied.
   StepStats step(int64_t step, double grad_norm);
 
   // The state (checkpoint names, host f32): "master.NAME", "adam_m.NAME", "adam_v.NAME" for each
-  // trainable parameter. load_state() restores it exactly and rewrites the model's weights.
-  NamedTensors state() const;
+  // trainable parameter. load_state() restores it exactly and rewrites the model's weights. Both
+  // are collective when sharded (state() gathers the shards, one kind at a time through a whole
+  // copy on the device; load_state() takes this rank's range of the whole state, so a state saved
+  // on any world size loads on any other). `wanted` false: this rank only takes part in the
+  // gathering and gets nothing back (no host copy).
+  NamedTensors state(bool wanted = true) const;
   void load_state(const NamedTensors& state);
-  // The master weights as a checkpoint (every parameter: frozen ones from the model).
-  NamedTensors master_parameters() const;
+  // The master weights as a checkpoint (every parameter: frozen ones from the model). Collective
+  // when sharded, as state().
+  NamedTensors master_parameters(bool wanted = true) const;
   int64_t trainable_parameters() const { return trainable_count_; }
+  Zero zero() const { return zero_; }
+  // This rank's flat range of the trainable elements [begin, end) (everything when replicated).
+  std::pair<int64_t, int64_t> own_range() const { return {own_begin_, own_end_}; }
 
  private:
   struct Segment {
-    TensorView master, m, v, grad, weight;  // flat [n] views of one contiguous range (owned by the ModelTensors)
+    TensorView master, m, v, grad, weight;  // flat [n] views of one contiguous range (owned by the ModelTensors);
+                                            // master, m, v undefined when sharded
     bool decay = true;
     const void* tensor = nullptr;  // the runtime tensor the views belong to (segments merge only within one)
   };
+  // A view of the flat range [begin, begin + count), which lies within segment `segment`.
+  using FlatView = std::function<TensorView(size_t segment, int64_t begin, int64_t count)>;
+  // Calls f(segment, begin, count) for the pieces of the flat range [begin, end) ∩ [0, N).
+  void for_pieces(int64_t begin, int64_t end, const std::function<void(size_t, int64_t, int64_t)>& f) const;
+  // Every rank's own range of `src` lands in `dst` on every rank (bucketed all-gathers, `dtype`).
+  void all_gather_flat(const FlatView& src, const FlatView& dst, DType dtype) const;
+  // The flat view of each segment's range within `whole` (a ModelTensors in the layout of grads_).
+  std::vector<TensorView> segment_views(ModelTensors& whole) const;
+  // A sharded kind of state (masters, m or v) as whole tensors on every rank, gathered from the owners.
+  ModelTensors gathered(const Tensor& shard) const;
+  bool sharded() const { return zero_ == Zero::sharded && world_ && world_->size() > 1; }
+
   Model& model_;
   OptimizerConfig config_;
-  ModelTensors master_, m_, v_, grads_;
+  std::function<bool(const std::string&)> trainable_;
+  Communicator* world_ = nullptr;
+  Zero zero_ = Zero::replicated;
+  ModelTensors master_, m_, v_, grads_;  // master_, m_, v_ empty when sharded
   std::vector<Segment> segments_;
+  std::vector<int64_t> offsets_;  // flat index of each segment's first element
   int64_t trainable_count_ = 0;
+  // Sharded: the flat range this rank owns, the per-rank stride S, the bucket's per-rank length,
+  // and the state of the own range with its update slices.
+  int64_t own_begin_ = 0, own_end_ = 0, shard_stride_ = 0, bucket_ = 0;
+  Tensor shard_master_, shard_m_, shard_v_;  // [own_end − own_begin] acc
+  std::vector<ops::AdamWSlice> shard_slices_;
 };
 
 }  // namespace hydra::train

@@ -46,6 +46,8 @@ std::vector<fs::path> step_dirs(const fs::path& out_dir) {
 // (second moments ≥ 0), attributes in range. Any damage is a UserError naming the file.
 struct VerifiedState {
   int64_t version = 0, step = 0, position = 0, world = 0, sp = 0, seq_len = 0, seed = 0;
+  // The global batch (absent in states written before resharding, 0 then): windows per step = batch_seqs × grad_accum × replicas.
+  int64_t batch_seqs = 0, grad_accum = 0, replicas = 0;
   std::string stage, config;
   std::string data_state;  // the kDataState attribute ("" in states written before it)
   nlohmann::json inputs;  // role → XXH3 hex (version 2)
@@ -72,6 +74,14 @@ VerifiedState read_verified_state(const std::string& path) {
     st.seq_len = h5.int_attribute("seq_len");
     st.seed = h5.int_attribute("seed");
     if (h5.has_attribute(kDataState)) st.data_state = h5.string_attribute(kDataState);
+    if (h5.has_attribute("batch_seqs")) {
+      st.batch_seqs = h5.int_attribute("batch_seqs");
+      st.grad_accum = h5.int_attribute("grad_accum");
+      st.replicas = h5.int_attribute("replicas");
+      HYDRA_USER_CHECK(st.batch_seqs >= 1 && st.grad_accum >= 1 && st.replicas >= 1,
+                       "{}: attributes out of range (batch_seqs {}, grad_accum {}, replicas {}) {}", path, st.batch_seqs,
+                       st.grad_accum, st.replicas, advice);
+    }
     HYDRA_USER_CHECK(st.step >= 1 && st.position >= 0 && st.world >= 1 && st.sp >= 1 && st.world % st.sp == 0 &&
                          st.seq_len >= 1,
                      "{}: attributes out of range (step {}, data_position {}, world_size {}, sp {}, seq_len {}) {}", path,
@@ -123,8 +133,16 @@ VerifiedState read_verified_state(const std::string& path) {
 
 std::string step_dir_name(int64_t step) { return fmt::format("step-{:06d}", step); }
 
+SavedState state_to_save(const AdamW& optimizer, bool lead) {
+  SavedState saved;
+  if (optimizer.zero() == Zero::replicated && !lead) return saved;
+  saved.masters = optimizer.master_parameters(lead);
+  saved.state = optimizer.state(lead);
+  return saved;
+}
+
 std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
-                                 const AdamW& optimizer, int64_t step, int64_t position,
+                                 const SavedState& saved, int64_t step, int64_t position,
                                  const nlohmann::json& data_position) {
   const auto t0 = std::chrono::steady_clock::now();
   const fs::path out(config.out_dir), final_dir = out / step_dir_name(step);
@@ -145,7 +163,7 @@ std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology&
   std::error_code ec;
   fs::create_directories(temp, ec);
   HYDRA_USER_CHECK(!ec, "saving step {}: cannot create {}: {}", step, temp.string(), ec.message());
-  write_model_checkpoint((temp / "model.h5").string(), student.config(), optimizer.master_parameters());
+  write_model_checkpoint((temp / "model.h5").string(), student.config(), saved.masters);
   maybe_inject_fault("save");
   {
     AtomicFile file((temp / "state.h5").string());
@@ -153,7 +171,7 @@ std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology&
     // Every dataset's XXH3 and the inputs' fingerprints, verified by --resume (read_verified_state).
     // The checksums are a dataset (JSON text as bytes): an attribute is limited to 64 KiB.
     nlohmann::json checksums = nlohmann::json::object(), inputs = nlohmann::json::object();
-    for (const auto& [name, t] : optimizer.state()) {
+    for (const auto& [name, t] : saved.state) {
       h5.write(name, t);
       checksums[name] = hash_hex(hash_tensor(t));
     }
@@ -171,6 +189,10 @@ std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology&
     h5.set_attribute("seq_len", config.seq_len);
     h5.set_attribute("world_size", static_cast<int64_t>(const_cast<TrainTopology&>(topology).world().size()));
     h5.set_attribute("sp", static_cast<int64_t>(topology.sp()));
+    // The global batch: a resume on another world size or --sp must take the same windows per step.
+    h5.set_attribute("batch_seqs", config.batch_seqs);
+    h5.set_attribute("grad_accum", config.grad_accum);
+    h5.set_attribute("replicas", static_cast<int64_t>(topology.replicas()));
     h5.set_attribute("config", config_to_json(student.config()).dump());
     h5.close();
     file.commit();
@@ -224,10 +246,28 @@ ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topolo
   const VerifiedState st = read_verified_state(path);
   HYDRA_USER_CHECK(st.stage == stage_name(config.stage), "--resume: {} was saved by stage {}, this run is stage {}", path,
                    st.stage, stage_name(config.stage));
-  HYDRA_USER_CHECK(st.world == topology.world().size() && st.sp == topology.sp(),
-                   "--resume: {} was saved by {} ranks (sequence groups of {}), this run has {} ranks (groups of {}); "
-                   "resume on the same layout (resharding the optimizer state is not supported)", path, st.world, st.sp,
-                   topology.world().size(), topology.sp());
+  // Another world size or --sp resumes the same run when a step takes the same windows: the step's
+  // windows are data positions [position, position + windows) whatever the layout (trainer.h), and
+  // the optimizer's state is whole in state.h5 (each rank takes its range: AdamW::load_state).
+  const int64_t windows = config.batch_seqs * config.grad_accum * topology.replicas();
+  if (st.batch_seqs == 0) {  // saved before the global batch was recorded: only the same layout
+    HYDRA_USER_CHECK(st.world == topology.world().size() && st.sp == topology.sp(),
+                     "--resume: {} was saved by {} ranks (sequence groups of {}) by an older hydra, which did not record "
+                     "the global batch; this run has {} ranks (groups of {}): resume on the saved layout", path, st.world,
+                     st.sp, topology.world().size(), topology.sp());
+  } else {
+    const int64_t saved_windows = st.batch_seqs * st.grad_accum * st.replicas;
+    HYDRA_USER_CHECK(saved_windows == windows,
+                     "--resume: {} was saved with {} windows per step (--batch-seqs {} × --grad-accum {} × {} replica(s) "
+                     "of {} ranks with --sp {}); this run takes {} (--batch-seqs {} × --grad-accum {} × {} replica(s) of {} "
+                     "ranks with --sp {}): choose --batch-seqs/--grad-accum so that a step takes {} windows", path,
+                     saved_windows, st.batch_seqs, st.grad_accum, st.replicas, st.world, st.sp, windows, config.batch_seqs,
+                     config.grad_accum, topology.replicas(), topology.world().size(), topology.sp(), saved_windows);
+    if (lead && (st.world != topology.world().size() || st.sp != topology.sp())) {
+      log::info("--resume: {} was saved by {} ranks (--sp {}), continued on {} ranks (--sp {}) with the same {} windows "
+                "per step", dir, st.world, st.sp, topology.world().size(), topology.sp(), windows);
+    }
+  }
   HYDRA_USER_CHECK(st.config == config_to_json(student.config()).dump(),
                    "--resume: {} was saved for another model (its config differs from --model's: {} vs {})", path,
                    config_from_json(nlohmann::json::parse(st.config), path).summary(), student.config().summary());

@@ -2,7 +2,8 @@
 // state.h5 format (its verification on --resume), the `latest` pointer and the log's truncation.
 //
 //   step-NNNNNN/model.h5   the model (fp32 master weights) as a normal hydra checkpoint
-//   step-NNNNNN/state.h5   optimizer moments and masters, step, data position, seed, world layout,
+//   step-NNNNNN/state.h5   optimizer moments and masters, step, data position, seed, world layout
+//                          and windows per step (batch_seqs, grad_accum, replicas),
 //                          the inputs' content fingerprints and an XXH3 checksum per dataset
 //   latest                 the name of the newest complete step-NNNNNN, written last (atomically)
 //   train.jsonl            one JSON line per step (and per evaluation)
@@ -20,13 +21,23 @@
 
 namespace hydra::train {
 
+// What a checkpoint holds: the master weights (model.h5) and the optimizer state (state.h5).
+struct SavedState {
+  NamedTensors masters, state;
+};
+
+// The checkpoint's tensors, on rank 0 (`lead`): with a sharded optimizer (--zero 1) every rank takes
+// part in gathering them (collective); replicated, rank 0 holds them already and the others return
+// at once with nothing.
+SavedState state_to_save(const AdamW& optimizer, bool lead);
+
 // Writes step-NNNNNN of `config.out_dir` (rank 0 only: the model, the optimizer's state and the
 // run's identity: stage, seed, seq_len, world layout, inputs' fingerprints), moves `latest` to it,
 // keeps the newest `config.keep` steps; returns its path and logs its size and the seconds taken.
 // A save that fails (a full disk) removes its temporary directory before the error propagates.
 // `data_position`: data_state() at `position`.
 std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
-                                 const AdamW& optimizer, int64_t step, int64_t position,
+                                 const SavedState& saved, int64_t step, int64_t position,
                                  const nlohmann::json& data_position);
 
 // Where a resumed run starts: after `step`, at data position `position`; the state's data_state
@@ -48,9 +59,10 @@ void check_data_state(const std::string& path, const std::string& saved, const T
 nlohmann::json data_shares(const TokenWindows& data, int64_t position);
 
 // --resume: reads and verifies the state `latest` points to (checksums, finite values, attributes in
-// range), checks that it belongs to this run (stage, world layout, model config, seq_len, seed, the
-// inputs' fingerprints unless allow_changed_inputs: UserErrors naming the difference) and loads the
-// optimizer's state. `lead` (rank 0) prints the warnings.
+// range), checks that it belongs to this run (stage, windows per step — the world size and --sp may
+// differ —, model config, seq_len, seed, the inputs' fingerprints unless allow_changed_inputs:
+// UserErrors naming the difference) and loads the optimizer's state. `lead` (rank 0) prints the
+// warnings.
 ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topology, const Model& student,
                                 AdamW& optimizer, bool lead);
 

@@ -178,7 +178,8 @@ Trainer::Trainer(const TrainConfig& config, TrainTopology& topology, Model& stud
       optimizer_(student, scheduled(config.optim, config.steps),
                  [&config](const std::string& name) {
                    return config.train == TrainSet::all || param_traits(name).attention_block;
-                 }),
+                 },
+                 &topology.world(), config.zero),
       timer_(student.device()),
       per_replica_(config.batch_seqs * config.grad_accum),
       replicas_(topology.replicas()),
@@ -320,7 +321,7 @@ StepResult Trainer::train_step(int64_t step, int64_t counted) {
     local += stage_loss(run, batch, grad_scale, &optimizer_.grads(), &layer_loss);
   }
   position_ += per_replica_ * replicas_;
-  all_reduce_gradients(world_, optimizer_.grads());
+  optimizer_.reduce_gradients();  // all-reduced (--zero 0) or reduce-scattered into the owners (--zero 1)
   StepResult r;
   r.total = reduce_loss_sums(world_, local, &r.stop_votes);
   HYDRA_ASSERT(!stage_.loss_masks || r.total.tokens == counted, "step {}: {} targets counted, {} expected", step,
@@ -390,8 +391,9 @@ bool Trainer::save_or_stop(int64_t step, int stop_votes) {
   const bool last = step == last_step_ && (config_.save_every >= 0 || last_step_ < config_.steps);
   const bool stop = stop_votes > 0 && step < last_step_;
   if (periodic || last || stop) {
+    const SavedState saved = state_to_save(optimizer_, lead_);  // collective with --zero 1
     if (lead_) {
-      summary_.checkpoint = write_checkpoint_dir(config_, topology_, student_, optimizer_, step, position_,
+      summary_.checkpoint = write_checkpoint_dir(config_, topology_, student_, saved, step, position_,
                                                  data_state(data_, position_));
     }
     world_.barrier();

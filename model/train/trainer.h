@@ -65,6 +65,7 @@ struct TrainConfig {
   std::string out_dir;
   bool resume = false;
   int sp = 0;               // ranks per sequence (0: all ranks)
+  Zero zero = Zero::sharded;  // optimizer state spread over the world (ZeRO-1) or on every rank
   double peak_tflops = 989; // dense bf16 peak for MFU (H100/H200 datasheet)
   KeptActivations kept;     // ForwardContext::keep (hydra train: what the memory plan fits)
   // Content fingerprints of the inputs: stored in every state.h5; --resume refuses other values

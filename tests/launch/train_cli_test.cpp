@@ -251,6 +251,71 @@ TEST_F(Train, SequenceAndDataParallelRunsMatchOneRank) {
   }
 }
 
+// ZeRO-1 through the command (issue 43): on 4 ranks, --zero 1 (the default there) and --zero 0 give
+// the same 20 losses to 1e-6 relative, as one sequence group and as 2 replicas of --sp 2; the
+// sharded state is gathered into the checkpoint, whose masters agree to fp32 summation order (see
+// tests/parallel/zero_parallel_test.cpp for the bound). A bad value is refused before any work.
+TEST_F(Train, ShardedOptimizerMatchesReplicated) {
+  const std::string model = write_model("hydrahead-tiny", 13), data = write_tokens("data.h5", 48 * 64 + 1, 14);
+  const std::string common = "train --stage pretrain --model " + model + " --data " + data +
+                             " --seq-len 64 --steps 20 --device cpu --seed 3 --batch-seqs 2";
+  for (const std::string sp : {"4", "2"}) {
+    std::vector<double> l[2];
+    NamedTensors w[2];
+    for (int zero : {0, 1}) {
+      const std::string out = dir_.file("zero" + std::to_string(zero) + "-sp" + sp);
+      const std::string flag = zero == 0 ? " --zero 0" : "";  // 1 is the default on 4 ranks
+      const CommandResult r = run_command(mpirun(4) + " " + hydra_binary() + " " + common + " --sp " + sp + flag +
+                                          " --out-dir " + out);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      l[zero] = losses(out);
+      ASSERT_EQ(l[zero].size(), 20u);
+      w[zero] = read_model_checkpoint(out + "/step-000020/model.h5").params;
+    }
+    for (size_t i = 0; i < l[0].size(); ++i) EXPECT_NEAR(l[1][i], l[0][i], 1e-6 * l[0][i]) << "--sp " << sp << ", step " << i + 1;
+    for (const auto& [name, t] : w[0]) EXPECT_LT(norm_rel_error(w[1].at(name), t), 1e-4) << "--sp " << sp << ": " << name;
+  }
+  expect_user_error(hydra(common + " --zero 2 --out-dir " + dir_.file("bad")), "--zero must be 0, 1 or auto");
+}
+
+// Resume on another world size (issue 43): a 4-rank run stopped after step 3 continues on 2 ranks
+// (--sp 2) and on 1 rank with the same 2 windows per step, and steps 4..6 give the uninterrupted
+// 4-rank run's losses to fp32 summation order (the state is whole in state.h5; each rank takes its
+// range). A resume whose step takes another number of windows is refused with both counts.
+TEST_F(Train, ResumeOnAnotherWorldSize) {
+  const std::string model = write_model("hydrahead-tiny", 15), data = write_tokens("data.h5", 16 * 64 + 1, 16);
+  const std::string common = "train --stage pretrain --model " + model + " --data " + data +
+                             " --seq-len 64 --steps 6 --device cpu --seed 7 --batch-seqs 2";
+  const std::string whole = dir_.file("whole"), cut = dir_.file("cut");
+  ASSERT_EQ(run_command(mpirun(4) + " " + hydra_binary() + " " + common + " --out-dir " + whole).exit_code, 0);
+  const std::vector<double> expected = losses(whole);
+  ASSERT_EQ(expected.size(), 6u);
+  const CommandResult first = run_command(mpirun(4) + " " + hydra_binary() + " " + common + " --stop-at 3 --out-dir " + cut);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  struct Continuation {
+    int ranks;
+    std::string flags, name;
+  };
+  for (const Continuation& c : {Continuation{2, "--sp 2", "on2"}, Continuation{1, "", "on1"}}) {
+    const std::string out = dir_.file(c.name);
+    fs::copy(cut, out, fs::copy_options::recursive);
+    const std::string launch = c.ranks > 1 ? mpirun(c.ranks) + " " : "";
+    const CommandResult r = run_command(launch + hydra_binary() + " " + common + " " + c.flags + " --resume --out-dir " + out);
+    ASSERT_EQ(r.exit_code, 0) << c.name << "\n" << r.output;
+    const std::vector<double> l = losses(out);
+    ASSERT_EQ(l.size(), 6u) << c.name;
+    for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(l[i], expected[i], 1e-5 * expected[i]) << c.name << ", step " << i + 1;
+  }
+  // 2 ranks as 2 replicas of one (--sp 1): 4 windows a step, not 2.
+  const std::string refused = dir_.file("refused");
+  fs::copy(cut, refused, fs::copy_options::recursive);
+  const CommandResult r =
+      run_command(mpirun(2) + " " + hydra_binary() + " " + common + " --sp 1 --resume --out-dir " + refused);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("was saved with 2 windows per step"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("this run takes 4"), std::string::npos) << r.output;
+}
+
 // A rank that fails in the middle of a step (an exception in its backward, or dying without a
 // word) ends every rank within seconds, with the message, and no checkpoint is written.
 TEST_F(Train, RankFailingMidStepEndsTheJob) {

@@ -43,6 +43,21 @@ TEST(Presets, AllValidateAndUnknownOnesAreListed) {
             std::string::npos);
 }
 
+// Qwen3-4B and -8B (issue 43): the published sizes (4.02B tied, 8.19B untied, from their config.json
+// shapes), and the hydraheads built from them keep one FA head in 8 per layer, as hydrahead-1.7b.
+TEST(Presets, FourAndEightBillionShapes) {
+  EXPECT_NEAR(static_cast<double>(parameter_count(preset_config("qwen3-4b"))), 4.022e9, 0.005e9);
+  EXPECT_NEAR(static_cast<double>(parameter_count(preset_config("qwen3-8b"))), 8.191e9, 0.005e9);
+  EXPECT_TRUE(preset_config("qwen3-4b").tie_word_embeddings);
+  EXPECT_FALSE(preset_config("qwen3-8b").tie_word_embeddings);
+  for (const std::string name : {"hydrahead-4b", "hydrahead-8b"}) {
+    const ModelConfig c = preset_config(name);
+    EXPECT_EQ(c.num_layers, 36) << name;
+    EXPECT_EQ(c.num_heads, 32) << name;
+    for (int64_t l = 0; l < c.num_layers; ++l) EXPECT_EQ(c.fa_heads_of(l), (std::vector<int>{0, 1, 2, 3})) << name;
+  }
+}
+
 TEST(Params, InitIsSeededAndOrderIndependent) {
   const ModelConfig c = preset_config("hydrahead-tiny");
   const NamedTensors a = random_parameters(c, 7), b = random_parameters(c, 7), other = random_parameters(c, 8);

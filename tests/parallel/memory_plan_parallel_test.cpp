@@ -14,6 +14,7 @@
 #include "model/prefill.h"
 #include "model/train/objective.h"
 #include "model/train/optimizer.h"
+#include "parallel/gdn_scan.h"
 #include "runtime/host_memory.h"
 #include "tests/common/test_util.h"
 #include "tests/parallel/parallel_test_util.h"
@@ -82,6 +83,31 @@ TEST(MemoryPlan, SequenceParallelTrainingStepAndPrefill) {
                   fmt::format("{} prefill, {} tokens", what, t));
     }
   }
+}
+
+// What a GDN layer keeps for its backward across ranks (GdnSaved, issue 43): its local segments'
+// initial states and M, from the host live-byte counter — 2 segments × H·(dk·dv + dk·dk) fp32 at
+// any P ≥ 2 for the same tokens per rank, so the bytes at P = 2 and P = 8 (CTest runs this suite
+// at P = 1..4 and 8) are the same number; before issue 43 every rank kept [P, 2, H·(dk² + dk·dv)].
+TEST(MemoryPlan, GdnKeptBytesIndependentOfRankCount) {
+  MpiCommunicator& comm = world();
+  const int p = comm.size();
+  if (p == 1) GTEST_SKIP() << "one rank keeps no GDN maps";
+  const int64_t h = 2, dk = 16, dv = 16, per_rank = 2 * 48, t = per_rank * p;
+  const SequenceLayout layout = SequenceLayout::zigzag(t, p, comm.rank());
+  ASSERT_EQ(layout.local_length(), per_rank);
+  const Tensor q = random_tensor({per_rank, h, dk}, 31), k = random_tensor({per_rank, h, dk}, 32);
+  const Tensor v = random_tensor({per_rank, h, dv}, 33), g = uniform_tensor({per_rank, h}, 34, -0.3f, 0.0f);
+  const Tensor beta = uniform_tensor({per_rank, h}, 35, 0.0f, 1.0f);
+  Tensor out = Tensor::empty({per_rank, h, dv}, DType::f32);
+  GdnSaved saved;
+  const double before = in_use();
+  gdn_sequence_parallel(comm, layout, out, q, k, v, g, beta, {}, nullptr, &saved);
+  const double kept = in_use() - before;
+  const double expected = 2.0 * static_cast<double>(h * (dk * dv + dk * dk)) * 4;  // 64-byte multiples here
+  EXPECT_EQ(kept, expected) << "GDN bytes kept for the backward on " << p << " ranks";
+  if (comm.rank() == 0) std::printf("GDN kept bytes per rank and layer at P=%d: %.0f (%lld tokens per rank)\n", p, kept,
+                                    static_cast<long long>(per_rank));
 }
 
 }  // namespace
