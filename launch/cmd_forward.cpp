@@ -87,7 +87,7 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank(), starts);
   const int64_t t_local = layout.local_length(), vocab = config.vocab_size;
   const Device device = resolve_device(opt.device, app.mpi);
-  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  const DType dtype = storage_dtype(device);
   // Beyond the prefill: with --output every rank's logits [T_loc, V] float32 (where the model runs,
   // plus a host copy on the GPU path) and, on rank 0, the assembled [T, V] and one incoming block.
   const double logits_bytes = opt.output.empty() ? 0.0 : static_cast<double>(t_local) * static_cast<double>(vocab) * 4.0;

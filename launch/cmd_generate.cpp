@@ -136,7 +136,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   const std::vector<std::vector<int32_t>> prompts = read_prompts(opt.prompt, config.vocab_size);
   const std::vector<int32_t> stop = parse_stop_tokens(opt.stop_tokens, config.vocab_size);
   const Device device = resolve_device(opt.device, app.mpi);
-  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  const DType dtype = storage_dtype(device);
   const int p = comm.size();
   // Memory plan: the weights and the longest prefill's working set, plus the cache (every prompt's
   // slot at the largest per-slot size) and the decode step's logits.
