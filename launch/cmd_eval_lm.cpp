@@ -79,7 +79,7 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
   const train::TokenWindows data(opt.files(), seq_len, 0, config.vocab_size);
   const int64_t n = opt.windows == 0 ? data.count() : std::min(opt.windows, data.count());
   const Device device = resolve_device(opt.device, app.mpi);
-  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  const DType dtype = storage_dtype(device);
   RunFingerprint inputs;
   add_model_fields(inputs, config, device, dtype);
   for (const std::string& f : opt.files()) add_file_datasets(inputs, "held-out data", f);  // masks and documents too

@@ -167,7 +167,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   const int ranks = app.world.size();
   // GPU: bf16 weights; CPU: the fp32 reference path.
   const Device device = resolve_device(opt.device, app.mpi);
-  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  const DType dtype = storage_dtype(device);
 
   // Plan every cell and check every input before the weights are read.
   niah::Report report;

@@ -88,7 +88,7 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank(), starts);
   const int64_t t_local = layout.local_length(), vocab = config.vocab_size;
   const Device device = resolve_device(opt.device, app.mpi);
-  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  const DType dtype = storage_dtype(device);
   const MemoryEstimate estimate =
       estimate_forward_memory(config, total, t_local, comm.size(), comm.rank(), device, !opt.output.empty());
 #if HYDRA_CUDA

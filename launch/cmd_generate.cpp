@@ -153,7 +153,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   const std::vector<std::vector<int32_t>> prompts = read_prompts(opt.prompt, config.vocab_size);
   const std::vector<int32_t> stop = parse_stop_tokens(opt.stop_tokens, config.vocab_size);
   const Device device = resolve_device(opt.device, app.mpi);
-  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  const DType dtype = storage_dtype(device);
   const int p = comm.size();
   HYDRA_USER_CHECK(!opt.cuda_graph || (device == Device::cuda && p == 1),
                    "--cuda-graph needs one rank on the GPU (this run: {} rank(s) on {})", p, device_name(device));

@@ -71,7 +71,7 @@ int run_gradients(App& app, const std::vector<std::string>& args) {
                    opt.input, ids.size() - 1);
   SequenceLayout::zigzag(static_cast<int64_t>(ids.size()), app.world.size(), app.world.rank());  // length check first
   const Device device = resolve_device(opt.device, app.mpi);
-  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  const DType dtype = storage_dtype(device);
   RunFingerprint inputs;
   add_model_fields(inputs, config, device, dtype);
   inputs.add_tokens("input tokens", ids);

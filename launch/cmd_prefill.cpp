@@ -98,7 +98,7 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
       if (s < total) starts.push_back(s);
   }
   const Device device = resolve_device(opt.device, app.mpi);
-  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  const DType dtype = storage_dtype(device);
   const SequenceLayout layout = SequenceLayout::zigzag(total, app.world.size(), app.world.rank(), starts);
   const int64_t t_local = layout.local_length();
 

@@ -181,7 +181,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
 
   // GPU: bf16 weights; CPU: the fp32 reference path.
   const Device device = resolve_device(opt.device, app.mpi);
-  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  const DType dtype = storage_dtype(device);
   RunFingerprint inputs;
   add_model_fields(inputs, config, device, dtype);
   std::vector<int32_t> prompt_ids, text_ids;

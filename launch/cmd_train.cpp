@@ -288,7 +288,7 @@ int run_train(App& app, const std::vector<std::string>& args) {
                      opt.teacher, t.num_layers, student_config.num_layers);
   }
   const Device device = resolve_device(opt.device, app.mpi);
-  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  const DType dtype = storage_dtype(device);
   RunFingerprint inputs;
   add_model_fields(inputs, student_config, device, dtype);
   if (needs_teacher) add_model_fields(inputs, "teacher", read_model_config(opt.teacher));

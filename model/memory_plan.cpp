@@ -403,7 +403,7 @@ struct Types {
   DType dtype, acc;
 };
 Types types_on(Device device, DType host_dtype) {
-  if (device == Device::cuda) return {DType::bf16, DType::f32};
+  if (device == Device::cuda) return {storage_dtype(device), DType::f32};
   return {host_dtype, host_dtype};
 }
 

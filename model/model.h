@@ -124,13 +124,31 @@ struct AttentionTrace {
   Tensor fused;         // [T_loc, H, d]: what W_o reads (the teacher: heads itself)
 };
 
-// How one pass of a layer runs (model_forward.cpp): plain (all null), saving for the backward
-// (`save`), or the backward's recomputation (`replay` + `trace`), which reruns neither attention nor
-// the GDN scan's collective.
+// How one pass of a layer runs (model_forward.cpp), named by the door that runs it:
+enum class LayerMode {
+  forward,  // x ← layer(x): inference, evaluation, a teacher
+  save,     // the same, and what the backward needs goes into a LayerSaved (training)
+  replay,   // the backward's recomputation from a LayerSaved, returning its AttentionTrace; reruns
+            // neither attention nor the GDN scan's collective
+  prefill,  // a forward that also fills context.cache (generation, model/kv_cache.h)
+  decode,   // one row per sequence against context.cache, which it reads and extends; the
+            // context's layout is not read (the cache holds the positions)
+};
+const char* layer_mode_name(LayerMode mode);
+
+// A layer pass: its mode and what that mode reads or writes (the rest null). Built by the named
+// constructors, so a mode always comes with its tensors.
 struct LayerPass {
-  LayerSaved* save = nullptr;
-  const LayerSaved* replay = nullptr;
-  AttentionTrace* trace = nullptr;
+  LayerMode mode = LayerMode::forward;
+  LayerSaved* save = nullptr;          // save
+  const LayerSaved* replay = nullptr;  // replay
+  AttentionTrace* trace = nullptr;     // replay
+  static LayerPass forward() { return {}; }
+  static LayerPass saving(LayerSaved& saved) { return {.mode = LayerMode::save, .save = &saved}; }
+  static LayerPass replaying(const LayerSaved& saved, AttentionTrace& trace) {
+    return {.mode = LayerMode::replay, .replay = &saved, .trace = &trace};
+  }
+  static LayerPass with_cache(LayerMode mode) { return {.mode = mode}; }  // prefill or decode
 };
 
 // Whether weights holding NaN or Inf may load (read_model_checkpoint, Model::load).
@@ -185,9 +203,16 @@ class Model {
   Tensor embed(const TensorView& ids) const;                      // residual stream [T_loc, D]
   // RoPE positions [T_loc] int64: global positions, restarting at every packed document's start.
   Tensor positions(const SequenceLayout& layout) const;
-  // x [T_loc, D] ← layer(x) in place; `saved` (optional) receives what the backward needs.
+  // One layer: x [T_loc, D] ← layer(x) in place (LayerMode::forward, or save when `saved` is given:
+  // it receives what the backward needs). A cache pass goes through run_layers.
   void layer_forward(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x,
                      LayerSaved* saved = nullptr) const;
+  // The layer loop every door shares (forward, prefill, decode, the training forward): x [T_loc, D]
+  // ([B, D] decoding) through every layer in `mode` (forward, save, prefill or decode); with save,
+  // saved[l] receives what layer l's backward needs. After each layer: hook(l), then
+  // context.after_layer(l).
+  void run_layers(ForwardContext& context, LayerMode mode, const Tensor& positions, const TensorView& x,
+                  std::span<LayerSaved> saved = {}, const std::function<void(int64_t layer)>& hook = {}) const;
   Tensor final_norm(const TensorView& x) const;                   // [T_loc, D]
 
   // ---- Backward (model_backward.cpp) ----
@@ -237,6 +262,10 @@ class Model {
   TensorView head_output_projection(int64_t layer, int64_t head) const;
 
  private:
+  // One layer in the pass's mode: the attention block, then the MLP (keeping its gate/up when saving
+  // and context.keep says so).
+  void run_layer(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x,
+                 const LayerPass& pass) const;
   // x [T_loc, D] += W_o fusion(heads): the attention block of a teacher or HydraHead layer, the one
   // implementation that every pass runs (LayerPass; model_forward.cpp).
   void attention_block(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x,

@@ -1,8 +1,8 @@
 // The backward pass of the model, one layer at a time (DESIGN.md §1.5).
 //
 // What is saved and what is recomputed is decided in model.h (LayerSaved): a layer's backward
-// first reruns the forward's own code from the saved input (Model::attention_block with a replaying
-// LayerPass, model_forward.cpp) — norms, the fused projection unless kept, the FA heads' q/k
+// first reruns the forward's own code from the saved input (Model::attention_block in
+// LayerMode::replay, model_forward.cpp) — norms, the fused projection unless kept, the FA heads' q/k
 // (attention itself is not rerun: its output and log-sum-exp were kept), the GDN conv with RoPE and
 // the L2 norm fused in, the gates, the chunked delta rule from the kept segment initial states
 // unless the GDN outputs were kept, the fusion and the residual after attention; each MLP tile's
@@ -29,17 +29,13 @@
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
 #include "kernels/swiglu/swiglu.h"
+#include "model/layer_parts.h"
 #include "model/model.h"
 #include "parallel/gdn_scan.h"
 #include "parallel/ring_attention.h"
 
 namespace hydra {
 namespace {
-
-// A view of columns [begin, begin + heads·d) of a [T, N] matrix as [T, heads, d].
-TensorView head_columns(const TensorView& m, int64_t begin, int64_t heads, int64_t d) {
-  return m.narrow(1, begin, heads * d).split_dim(1, heads, d);
-}
 
 const TensorView& grad_of(const Tensor& t) { return t.view(); }  // undefined: frozen, not computed
 
@@ -76,7 +72,7 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
   const TensorView x_in = saved.input;
   Tensor x_mid = clone(x_in);  // the residual stream after attention, before the MLP
   AttentionTrace trace;
-  attention_block(context, layer, positions, x_mid, LayerPass{.replay = &saved, .trace = &trace});
+  attention_block(context, layer, positions, x_mid, LayerPass::replaying(saved, trace));
   const Tensor &x_norm = trace.x_norm, &proj = trace.proj, &heads = trace.heads, &fused = trace.fused;
   const Tensor &fa_q = trace.fa_q, &fa_k = trace.fa_k, &conv = trace.conv, &inv_norm = trace.inv_norm;
   const Tensor &beta = trace.beta, &g = trace.g;
@@ -143,7 +139,7 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
   // ---- The FA and GDN branches ----
   // Independent, as in the forward: they read the recomputed forward and d_heads, write disjoint
   // columns of dproj and disjoint parameter gradients. On the GPU the GDN branch runs on a side
-  // stream under the FA ring (run_concurrently); its host code runs first, so the collectives of
+  // stream under the FA ring (run_branches); its host code runs first, so the collectives of
   // both branches reach the communicator's stream in the same order on every rank.
   const auto fa_branch = [&] {
     Tensor d_attn;  // gradient w.r.t. the attention output, [T, H_fa, d]
@@ -192,13 +188,7 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
                                            grad_of(grads.conv), dconv, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv,
                                            timer);
   };
-  if (hfa > 0 && hg > 0) {
-    run_concurrently(device_, kernels_.branches, fa_branch, gdn_branch);
-  } else if (hfa > 0) {
-    fa_branch();
-  } else if (hg > 0) {
-    gdn_branch();
-  }
+  run_branches(device_, kernels_.branches, hfa, hg, fa_branch, gdn_branch);
 
   // ---- The fused projection and the input norm ----
   const bool want_input = input_gradient == InputGradient::compute;

@@ -1,6 +1,6 @@
 // One decode step of generation (model.h Model::decode_step, DESIGN.md §1.6): the rows of the step
-// (one new token per sequence) go through the same layer as every forward (attention_block and the
-// MLP, model_forward.cpp), which reads and extends the cache because context.cache is decoding. The
+// (one new token per sequence) go through the same layer loop as every forward (run_layers,
+// model_forward.cpp) in LayerMode::decode, which reads and extends the cache. The
 // step's token-local work is replicated on every rank; only FA attention is split over the ranks'
 // caches (model/kv_cache.h).
 #include "model/kv_cache.h"
@@ -17,11 +17,7 @@ Tensor Model::decode_step(ForwardContext& context, const TensorView& ids) const 
     ScopedPhase phase(context.timer, Phase::other);
     x = embed(ids);
   }
-  for (int64_t l = 0; l < config_.num_layers; ++l) {
-    attention_block(context, l, positions, x, LayerPass{});
-    mlp(context, l, x);
-    if (context.after_layer) context.after_layer(l);
-  }
+  run_layers(context, LayerMode::decode, positions, x);
   ScopedPhase phase(context.timer, Phase::other);
   return final_norm(x);
 }

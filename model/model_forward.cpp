@@ -1,13 +1,15 @@
 // The forward pass of the model (DESIGN.md §1.1, §1.2): the one implementation of a layer that every
-// caller runs — inference, the training forward that saves for the backward, and the backward's
-// recomputation (model_backward.cpp), which differ only in the LayerPass they hand in:
-//   plain        x ← layer(x);
+// caller runs, in one of the modes of model.h LayerMode:
+//   forward      x ← layer(x);
 //   save         the same, and what the backward needs goes into a LayerSaved (model.h);
-//   replay       the backward's recomputation from a LayerSaved: attention is not rerun (its output
-//                and log-sum-exp were kept), the GDN outputs come from the kept segment initial
-//                states (no collective) or were kept whole, the projection may have been kept; the
-//                intermediates the backward reads go into an AttentionTrace.
-// So a change to the layer (a cache write, a document reset) is made here once.
+//   replay       the backward's recomputation from a LayerSaved (model_backward.cpp): attention is
+//                not rerun (its output and log-sum-exp were kept), the GDN outputs come from the kept
+//                segment initial states (no collective) or were kept whole, the projection may have
+//                been kept; the intermediates the backward reads go into an AttentionTrace;
+//   prefill      a forward that also stores the K/V rows, conv tails and GDN states into the cache;
+//   decode       one row per sequence against the cache (model_decode.cpp).
+// Every door runs the layers through run_layers (forward, prefill, decode, the training forward),
+// so a change to the layer (a cache write, a document reset) is made here once.
 #include <algorithm>
 
 #include "kernels/elementwise/elementwise.h"
@@ -19,6 +21,7 @@
 #include "kernels/rope/rope.h"
 #include "kernels/swiglu/swiglu.h"
 #include "model/kv_cache.h"
+#include "model/layer_parts.h"
 #include "model/model.h"
 #include "parallel/gdn_scan.h"
 #include "parallel/ring_attention.h"
@@ -28,12 +31,34 @@
 namespace hydra {
 namespace {
 
-// A view of columns [begin, begin + heads·d) of a [T, N] matrix as [T, heads, d].
-TensorView head_columns(const TensorView& m, int64_t begin, int64_t heads, int64_t d) {
-  return m.narrow(1, begin, heads * d).split_dim(1, heads, d);
+// The pass's tensors are those of its mode, and a cache is there exactly when the mode uses one
+// (decoding when the mode decodes): checked once per layer, so the layer's code reads the mode.
+void check_pass(const LayerPass& pass, const ForwardContext& context, int64_t layer) {
+  const bool saves = pass.mode == LayerMode::save, replays = pass.mode == LayerMode::replay;
+  const bool caches = pass.mode == LayerMode::prefill || pass.mode == LayerMode::decode;
+  HYDRA_ASSERT(saves == (pass.save != nullptr) && replays == (pass.replay != nullptr && pass.trace != nullptr) &&
+                   (replays || pass.trace == nullptr),
+               "layer {}: a {} pass with the wrong tensors", layer, layer_mode_name(pass.mode));
+  HYDRA_ASSERT(caches == (context.cache != nullptr), "layer {}: a {} pass {} a generation cache", layer,
+               layer_mode_name(pass.mode), caches ? "without" : "with");
+  HYDRA_ASSERT(!caches || context.cache->decoding() == (pass.mode == LayerMode::decode),
+               "layer {}: a {} pass on a cache that is {}decoding", layer, layer_mode_name(pass.mode),
+               context.cache->decoding() ? "" : "not ");
+  HYDRA_ASSERT(!(saves && context.observer), "a forward that saves for the backward cannot be observed (patched)");
 }
 
 }  // namespace
+
+const char* layer_mode_name(LayerMode mode) {
+  switch (mode) {
+    case LayerMode::forward: return "forward";
+    case LayerMode::save: return "save";
+    case LayerMode::replay: return "replay";
+    case LayerMode::prefill: return "prefill";
+    case LayerMode::decode: return "decode";
+  }
+  return "?";
+}
 
 ops::AttentionParams Model::attention_params(int64_t layer) const {
   return ops::AttentionParams{.tau_log_base = config_.is_hydra() ? config_.fa_log_base : 0.0,
@@ -81,24 +106,42 @@ Tensor Model::forward_residual(ForwardContext& context, const TensorView& ids) c
     ScopedPhase phase(context.timer, Phase::other);
     x = embed(ids);
   }
+  run_layers(context, context.cache ? LayerMode::prefill : LayerMode::forward, pos, x);
+  return x;
+}
+
+void Model::run_layers(ForwardContext& context, LayerMode mode, const Tensor& positions, const TensorView& x,
+                       std::span<LayerSaved> saved, const std::function<void(int64_t layer)>& hook) const {
+  HYDRA_ASSERT(mode != LayerMode::replay, "run_layers runs forward modes; a replay is one layer's backward");
+  HYDRA_ASSERT((mode == LayerMode::save) == (static_cast<int64_t>(saved.size()) == config_.num_layers),
+               "a {} pass over {} layers with {} saved slots", layer_mode_name(mode), config_.num_layers, saved.size());
   for (int64_t l = 0; l < config_.num_layers; ++l) {
-    layer_forward(context, l, pos, x);
+    const LayerPass pass = mode == LayerMode::save ? LayerPass::saving(saved[static_cast<size_t>(l)])
+                           : mode == LayerMode::forward ? LayerPass::forward()
+                                                        : LayerPass::with_cache(mode);
+    run_layer(context, l, positions, x, pass);
+    if (hook) hook(l);
     if (context.after_layer) context.after_layer(l);
   }
-  return x;
 }
 
 void Model::layer_forward(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x,
                           LayerSaved* saved) const {
-  expect_shape(x, "residual stream", {{"T_loc", context.layout.local_length()}, {"D", config_.hidden_size}});
-  HYDRA_ASSERT(!(saved && context.observer), "a forward that saves for the backward cannot be observed (patched)");
+  run_layer(context, layer, positions, x, saved ? LayerPass::saving(*saved) : LayerPass::forward());
+}
+
+void Model::run_layer(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x,
+                      const LayerPass& pass) const {
+  if (pass.mode != LayerMode::decode) {  // a decode step's rows are the cache's, not the layout's
+    expect_shape(x, "residual stream", {{"T_loc", context.layout.local_length()}, {"D", config_.hidden_size}});
+  }
   maybe_inject_fault("layer");
-  if (saved) saved->input = clone(x);
-  attention_block(context, layer, positions, x, LayerPass{.save = saved});
+  if (pass.mode == LayerMode::save) pass.save->input = clone(x);
+  attention_block(context, layer, positions, x, pass);
   Tensor gate_up;
-  if (saved && layer < context.keep.mlp_layers) {
+  if (pass.mode == LayerMode::save && layer < context.keep.mlp_layers) {
     gate_up = layer_buffers(config_, layout(layer), x.size(0), dtype_, acc_dtype()).mlp_gate_up.empty(device_);
-    saved->mlp_gate_up = gate_up;
+    pass.save->mlp_gate_up = gate_up;
   }
   mlp(context, layer, x, gate_up);
 }
@@ -110,16 +153,14 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
   const int64_t t = x.size(0), H = config_.num_heads, d = config_.head_dim;
   const int64_t hfa = w.h_fa, gfa = w.g_fa, hg = w.h_gdn;
   const bool hydra = config_.is_hydra();
-  const LayerSaved* replay = pass.replay;
-  LayerSaved* save = pass.save;
-  HYDRA_ASSERT(!(replay && save), "a layer pass either saves or replays");
-  HYDRA_ASSERT(!replay || pass.trace, "a replay (the backward's recomputation) returns its intermediates");
-  HYDRA_ASSERT(hfa == 0 || !replay || replay->fa_out.defined(), "layer {}: replay without the forward's attention output",
-               layer);
+  check_pass(pass, context, layer);
+  const LayerMode mode = pass.mode;
+  const LayerSaved* replay = pass.replay;  // replay
+  LayerSaved* save = pass.save;            // save
+  HYDRA_ASSERT(hfa == 0 || mode != LayerMode::replay || replay->fa_out.defined(),
+               "layer {}: replay without the forward's attention output", layer);
   // Generation (model/kv_cache.h): a prefill stores into context.cache, a decode step reads it.
-  KvCache* cache = context.cache;
-  const bool decoding = cache && cache->decoding();
-  HYDRA_ASSERT(!cache || (!replay && !save), "a pass with a generation cache neither saves nor replays");
+  KvCache* cache = context.cache;  // prefill, decode
   PhaseTimer* timer = context.timer;
   const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
   // Every buffer's shape and type: the one description the memory plan prices (model/memory_plan.h).
@@ -130,13 +171,13 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
     ScopedPhase phase(timer, Phase::other);
     ops::rms_norm(x_norm, x, w.input_norm, norm);
   }
-  Tensor proj = replay ? replay->proj : Tensor();  // the projection, if the forward kept it
+  Tensor proj = mode == LayerMode::replay ? replay->proj : Tensor();  // the projection, if the forward kept it
   if (!proj.defined()) {
     proj = b.proj.empty(device_);
     ScopedPhase phase(timer, Phase::gemm);
     ops::linear(proj, x_norm, w.in_proj);
   }
-  if (save && hydra && context.keep.projection) save->proj = proj;  // read-only from here on
+  if (mode == LayerMode::save && hydra && context.keep.projection) save->proj = proj;  // read-only from here on
   const TensorView pv = proj.view();
   Tensor heads = b.heads.empty(device_);  // per-head outputs before fusion, physical order: FA, then GDN
 
@@ -159,21 +200,21 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
     // keeps (the MLP's gate/up) is what the backward would have recomputed.
     TensorView attn;
     Tensor o_acc;
-    if (replay) {
+    if (mode == LayerMode::replay) {
       attn = replay->fa_out.view();
-    } else if (decoding) {  // the new rows against the cache, merged over the ranks
+    } else if (mode == LayerMode::decode) {  // the new rows against the cache, merged over the ranks
       o_acc = b.fa_acc.empty(device_);
       cache->attend(context.comm, layer, o_acc, fa_q, fa_k, head_columns(pv, col.fa_v, gfa, d), attention_params(layer),
                     timer);
       attn = o_acc.view();
-    } else {
+    } else {  // forward, save, prefill: ring attention over the sequence
       o_acc = b.fa_acc.empty(device_);
       Tensor lse = b.fa_lse.empty(device_);
       ring_attention(context.comm, context.layout, o_acc, lse, fa_q, fa_k, head_columns(pv, col.fa_v, gfa, d),
                      attention_params(layer), timer);
-      if (cache) cache->store_kv(layer, fa_k, head_columns(pv, col.fa_v, gfa, d));
+      if (mode == LayerMode::prefill) cache->store_kv(layer, fa_k, head_columns(pv, col.fa_v, gfa, d));
       attn = o_acc.view();
-      if (save) {
+      if (mode == LayerMode::save) {
         ScopedPhase phase(timer, Phase::other);
         save->fa_out = to(o_acc, device_, dtype_);
         save->fa_lse = lse;
@@ -195,12 +236,12 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
     conv = b.conv.empty(device_);
     inv_norm = b.inv_norm.empty(device_);  // the q/k L2 norms' inverses: their backward needs them
     const GdnQkFinish finish{positions, inv_norm, gdn_qk_params(hg)};
-    if (decoding) {  // the new rows' conv reads (and advances) the cached tail
+    if (mode == LayerMode::decode) {  // the new rows' conv reads (and advances) the cached tail
       cache->conv_step(layer, conv, inv_norm, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv, gdn_qk_params(hg));
     } else {
       causal_conv_sequence_parallel(context.comm, context.layout, conv, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv,
                                     timer, &finish);
-      if (cache) cache->store_conv_tail(layer, pv.narrow(1, col.gdn_qkv, 3 * hg * d));
+      if (mode == LayerMode::prefill) cache->store_conv_tail(layer, pv.narrow(1, col.gdn_qkv, 3 * hg * d));
     }
     const TensorView q = head_columns(conv, 0, hg, d), k = head_columns(conv, hg * d, hg, d);
     const TensorView v = head_columns(conv, 2 * hg * d, hg, d);
@@ -211,41 +252,32 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
       ops::gdn_gates(beta, g, pv.narrow(1, col.gdn_b, hg), pv.narrow(1, col.gdn_a, hg), w.a_log, w.dt_bias);
     }
     const TensorView out = heads.view().narrow(1, hfa, hg);
-    if (replay && replay->gdn_out.defined()) {  // kept by the forward (KeptActivations::gdn_outputs)
+    if (mode == LayerMode::replay && replay->gdn_out.defined()) {  // kept by the forward (KeptActivations::gdn_outputs)
       ScopedPhase phase(timer, Phase::gdn);
       copy_into(out, replay->gdn_out);
-    } else if (decoding) {
+    } else if (mode == LayerMode::decode) {
       ScopedPhase phase(timer, Phase::gdn);
       cache->gdn_step(layer, out, q, k, v, g, beta, delta_rule_params());
-    } else if (replay) {
+    } else if (mode == LayerMode::replay) {
       gdn_sequence_parallel_recompute(context.layout, replay->gdn, out, q, k, v, g, beta, delta_rule_params(), timer);
-    } else {
+    } else {  // forward, save, prefill: the sequence-parallel scan (a prefill keeps the final state)
       gdn_sequence_parallel(context.comm, context.layout, out, q, k, v, g, beta, delta_rule_params(), timer,
-                            save ? &save->gdn : nullptr, cache ? cache->final_state(layer) : TensorView());
-      if (save && context.keep.gdn_outputs) {
+                            mode == LayerMode::save ? &save->gdn : nullptr,
+                            mode == LayerMode::prefill ? cache->final_state(layer) : TensorView());
+      if (mode == LayerMode::save && context.keep.gdn_outputs) {
         ScopedPhase phase(timer, Phase::gdn);
         save->gdn_out = clone(out);
       }
     }
   };
 
-  // The branches are independent (DESIGN.md §3.5): on the GPU the GDN branch runs on a side stream
-  // while the FA ring's transfers and attention run on this one. Collectives of both branches go
-  // through the communicator's own stream in the host order (GDN first), the same on every rank, so
-  // the overlap cannot reorder them across ranks.
-  if (hfa > 0 && hg > 0) {
-    run_concurrently(device_, kernels_.branches, fa_branch, gdn_branch);
-  } else if (hfa > 0) {
-    fa_branch();
-  } else if (hg > 0) {
-    gdn_branch();
-  }
+  run_branches(device_, kernels_.branches, hfa, hg, fa_branch, gdn_branch);  // concurrent on the GPU (layer_parts.h)
 
   // Fusion (HydraHead), in place unless the backward reads the unfused heads too.
   Tensor fused = heads;
   if (hydra) {
     ScopedPhase phase(timer, Phase::other);
-    if (pass.trace) fused = b.heads.empty(device_);
+    if (mode == LayerMode::replay) fused = b.heads.empty(device_);
     ops::head_fusion(fused, heads, w.fuse_norm, w.fuse_gamma, {norm.eps});
   }
   if (context.observer) context.observer->on_head_outputs(layer, fused, w.head_of);
@@ -253,7 +285,7 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
     ScopedPhase phase(timer, Phase::gemm);
     ops::linear(x, fused.view().reshape({t, H * d}), w.o_proj, ops::Accumulate::yes);
   }
-  if (pass.trace) {
+  if (mode == LayerMode::replay) {
     *pass.trace = AttentionTrace{.x_norm = std::move(x_norm), .proj = std::move(proj), .fa_q = std::move(fa_q),
                                  .fa_k = std::move(fa_k), .conv = std::move(conv), .inv_norm = std::move(inv_norm),
                                  .beta = std::move(beta), .g = std::move(g), .heads = std::move(heads),

@@ -40,6 +40,11 @@ constexpr std::string_view dtype_name(DType t) {
   return "?";
 }
 
+// The type a model's weights and activations are stored in on a device, the one rule every command
+// and the memory plan follow: bf16 on the GPU (DESIGN.md §2), f32 on the host (the reference; the
+// gradient checks that run in f64 choose it themselves).
+constexpr DType storage_dtype(Device device) { return device == Device::cuda ? DType::bf16 : DType::f32; }
+
 // The type partial results accumulate in: fp32 on the GPU (DESIGN.md §2), the storage type on the
 // host (f32, or f64 in gradient checks).
 constexpr DType accumulator_dtype(DType storage, Device device) { return device == Device::cuda ? DType::f32 : storage; }

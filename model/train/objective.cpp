@@ -132,10 +132,7 @@ LossSums sequence_gradients(ForwardContext& context, const Model& model, const T
   const Tensor positions = model.positions(context.layout);
   Tensor x = model.embed(ids);
   std::vector<LayerSaved> saved(static_cast<size_t>(layers));
-  for (int64_t l = 0; l < layers; ++l) {
-    model.layer_forward(context, l, positions, x, &saved[static_cast<size_t>(l)]);
-    if (context.after_layer) context.after_layer(l);
-  }
+  model.run_layers(context, LayerMode::save, positions, x, saved);
   Tensor d_hidden = Tensor::zeros({t, D}, model.acc_dtype(), model.device());
   LossSums sums;
   {
@@ -169,10 +166,7 @@ LossSums alignment_gradients(ForwardContext& context, const Model& student, cons
   std::vector<Tensor> boundary;
   Tensor x = teacher.embed(ids);
   boundary.push_back(clone(x));
-  for (int64_t l = 0; l < layers; ++l) {
-    teacher.layer_forward(context, l, positions, x);
-    boundary.push_back(clone(x));
-  }
+  teacher.run_layers(context, LayerMode::forward, positions, x, {}, [&](int64_t) { boundary.push_back(clone(x)); });
   if (layer_loss) layer_loss->assign(static_cast<size_t>(layers), 0.0);
   LossSums sums;
   sums.tokens = t;
