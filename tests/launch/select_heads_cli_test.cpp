@@ -128,7 +128,7 @@ TEST_F(SelectHeads, PerLayerBudgetPutsKHeadsInEveryLayer) {
 }
 
 TEST_F(SelectHeads, PlantedHeadFromAnEvalSetOnTwoRanks) {
-  const SelectRun r = select(2, "needle", "--model " + needle_model_ + " --calib " + needle_set_ + " --budget 1 --lm-length 32");
+  const SelectRun r = select(2, "needle-heads", "--model " + needle_model_ + " --calib " + needle_set_ + " --budget 1 --lm-length 32");
   ASSERT_EQ(r.result.exit_code, 0) << r.result.output;
   EXPECT_EQ(r.heads["fa_heads"], json::parse("[[], [2]]"));
   EXPECT_NEAR(r.heads["scores"]["total"][1][2].get<double>(), 1.0, 0.05);
