@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <random>
 
 #include "model/model.h"
@@ -200,6 +202,11 @@ std::string fixture_dir() { return HYDRA_FIXTURE_DIR; }
 std::string mpirun(int ranks) {
   return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " HYDRA_MPIEXEC
          " --oversubscribe -np " + std::to_string(ranks) + " ";
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 }  // namespace hydra::test

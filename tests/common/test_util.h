@@ -66,6 +66,8 @@ struct CommandResult {
 };
 // Runs a shell command, capturing its output.
 CommandResult run_command(const std::string& command);
+// The bytes of a file ("" when it cannot be read).
+std::string read_all(const std::string& path);
 // Path of the built hydra binary (set by CMake; HYDRA_TEST_BINARY overrides it, to run the CLI
 // tests against another build) and of the test fixtures.
 std::string hydra_binary();

@@ -68,11 +68,6 @@ void write_prompts(const std::string& path, const std::vector<int32_t>& ids, con
   file.close();
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // ---- Defects 1 and 2: every dataset a command reads enters the ranks' agreement ------------------
 
 class PerRankFiles : public ::testing::Test {

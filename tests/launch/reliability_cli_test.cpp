@@ -70,11 +70,6 @@ std::vector<std::string> temporaries_in(const fs::path& dir) {
   return out;
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // ---- Inputs that disagree across ranks -----------------------------------------------------------
 
 class RankAgreement : public ::testing::Test {

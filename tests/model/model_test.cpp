@@ -10,16 +10,6 @@
 namespace hydra::test {
 namespace {
 
-Tensor run_logits(const Model& model, const std::vector<int32_t>& ids) {
-  SelfCommunicator self;
-  const int64_t t = static_cast<int64_t>(ids.size());
-  ForwardContext context{self, SequenceLayout::zigzag(t, 1, 0)};
-  const Tensor hidden = model.forward(context, TensorView(const_cast<int32_t*>(ids.data()), DType::i32, Device::host, {t}));
-  Tensor logits = Tensor::empty({t, model.config().vocab_size}, DType::f32);
-  model.lm_head(logits, hidden);
-  return logits;
-}
-
 std::vector<int32_t> some_ids(int64_t n, int64_t vocab) {
   std::vector<int32_t> ids(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 2654435761u) % vocab);
@@ -158,13 +148,13 @@ TEST(Forward, HydraAndLayerwiseHybridsAreFiniteAndDeterministic) {
   for (const ModelConfig& c : {preset_config("hydrahead-tiny"), hybrid}) {
     const Model model(c, random_parameters(c, 11));
     const std::vector<int32_t> ids = some_ids(77, c.vocab_size);
-    const Tensor a = run_logits(model, ids), b = run_logits(model, ids);
+    const Tensor a = full_logits(model, ids), b = full_logits(model, ids);
     EXPECT_EQ(count_non_finite(a), 0);
     EXPECT_EQ(max_rel_error(a, b), 0.0) << "forward must be deterministic";
     // Causality: changing the last token leaves every earlier position's logits unchanged.
     std::vector<int32_t> changed = ids;
     changed.back() = (changed.back() + 1) % static_cast<int32_t>(c.vocab_size);
-    const Tensor d = run_logits(model, changed);
+    const Tensor d = full_logits(model, changed);
     EXPECT_EQ(max_rel_error(d.view().narrow(0, 0, 76), a.view().narrow(0, 0, 76)), 0.0);
     EXPECT_GT(max_rel_error(d.view().narrow(0, 76, 1), a.view().narrow(0, 76, 1)), 1e-4);
   }

@@ -17,11 +17,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 void write_through(AtomicFile& f, const std::string& text) { std::ofstream(f.temp_path()) << text; }
 
 int entries(const fs::path& dir) {
