@@ -209,4 +209,9 @@ std::string read_all(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+CommandResult hydra_per_rank_dirs(const TempDir& dir, const std::string& args) {
+  return run_command("timeout 120 " + mpirun(2) + "sh -c 'cd " + dir.path().string() +
+                     "/r$OMPI_COMM_WORLD_RANK && exec " + hydra_binary() + " " + args + "'");
+}
+
 }  // namespace hydra::test

@@ -93,5 +93,8 @@ Tensor rounded_to_bf16(const TensorView& t);
 
 // `mpirun` prefix for P ranks with the flags a root-run container needs (oversubscribe etc.).
 std::string mpirun(int ranks);
+// `args` on 2 ranks, rank r started in DIR/rR (files given by relative path are that rank's own:
+// a different file behind the same path on each rank).
+CommandResult hydra_per_rank_dirs(const TempDir& dir, const std::string& args);
 
 }  // namespace hydra::test

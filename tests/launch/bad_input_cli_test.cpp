@@ -31,12 +31,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// `args` on 2 ranks, rank r started in DIR/rR (files given by relative path are that rank's own).
-CommandResult hydra_per_rank_dirs(const TempDir& dir, const std::string& args) {
-  return run_command("timeout 120 " + mpirun(2) + "sh -c 'cd " + dir.path().string() +
-                     "/r$OMPI_COMM_WORLD_RANK && exec " + hydra_binary() + " " + args + "'");
-}
-
 // A user error that came as one line, quickly, and was no internal error or crash.
 void expect_clean_error(const CommandResult& r, const std::string& needle) {
   expect_user_error(r, needle);

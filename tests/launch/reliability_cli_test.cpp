@@ -42,12 +42,6 @@ constexpr double kSeconds = 30.0;
 // hydra ARGS under a 120 s timeout (a hang ends as exit 124).
 CommandResult hydra_timed(const std::string& args) { return run_command("timeout 120 " + hydra_binary() + " " + args); }
 
-// `args` on 2 ranks, rank r started in DIR/rR (files given by relative path are that rank's own).
-CommandResult hydra_per_rank_dirs(const TempDir& dir, const std::string& args) {
-  return run_command("timeout 120 " + mpirun(2) + "sh -c 'cd " + dir.path().string() +
-                     "/r$OMPI_COMM_WORLD_RANK && exec " + hydra_binary() + " " + args + "'");
-}
-
 // A user error (test_util's expect_user_error) that also came quickly and was no internal error.
 void expect_clean_error(const CommandResult& r, const std::string& needle) {
   expect_user_error(r, needle);
