@@ -17,11 +17,12 @@ else
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-# The Python side of the tests (cluster/tokenize_text.py and its token files): h5py, numpy and the
-# Hugging Face `tokenizers` package, from PyPI into the python3 the tests run. Without them those
+# The Python side of the tests (cluster/tokenize_text.py and its token files): h5py, numpy, the
+# Hugging Face `tokenizers` package, pyarrow (.parquet inputs) and jinja2 (chat templates), from PyPI
+# into the python3 the tests run. Without them those
 # tests report "Not Run" (skipped); a failed install is a warning, not a failed build.
-if command -v python3 >/dev/null && ! python3 -c "import h5py, numpy, tokenizers" 2>/dev/null; then
-  echo "install_deps: installing the tests' Python packages (h5py numpy tokenizers)"
-  python3 -m pip install -q h5py numpy tokenizers >/dev/null 2>&1 ||
-    echo "install_deps: warning: pip could not install h5py/numpy/tokenizers; the tokenize tests will be skipped"
+if command -v python3 >/dev/null && ! python3 -c "import h5py, numpy, tokenizers, pyarrow, jinja2" 2>/dev/null; then
+  echo "install_deps: installing the tests' Python packages (h5py numpy tokenizers pyarrow jinja2)"
+  python3 -m pip install -q h5py numpy tokenizers pyarrow jinja2 >/dev/null 2>&1 ||
+    echo "install_deps: warning: pip could not install h5py/numpy/tokenizers/pyarrow/jinja2; the tokenize tests (or their parquet and chat-template cases) will be skipped"
 fi

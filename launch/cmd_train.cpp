@@ -38,16 +38,18 @@ namespace {
 
 // The content identity of every data input (runtime/token_identity.h), the same on every rank: rank
 // 0 reads it from its cache, or reads each file once, and broadcasts it (the other ranks checked
-// their copies against rank 0's in the agreement: token_file_sample). Every rank then refuses ids
-// outside the model's vocabulary, before any weight is read.
-void add_data_identities(Communicator& world, std::vector<train::TrainConfig::Input>& inputs, int64_t vocab) {
+// their copies against rank 0's in the agreement: token_file_sample); a computed identity's pass also
+// counts the windows of --seq-len and caches them, so the data loader does not read the file again.
+// Every rank then refuses ids outside the model's vocabulary, before any weight is read.
+void add_data_identities(Communicator& world, std::vector<train::TrainConfig::Input>& inputs, int64_t vocab,
+                         int64_t seq_len) {
   nlohmann::json ids = nlohmann::json::array();
   if (world.rank() == 0) {
     for (const train::TrainConfig::Input& in : inputs) {
       if (!in.hash.empty()) continue;  // the model's and teacher's: fingerprinted already
       const auto t0 = std::chrono::steady_clock::now();
       bool reused = false;
-      const TokenFileIdentity id = token_file_identity(in.path, &reused);
+      const TokenFileIdentity id = token_file_identity(in.path, &reused, seq_len);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::error_code ec;
       const double gb = static_cast<double>(std::filesystem::file_size(in.path, ec)) / 1e9;
@@ -318,7 +320,7 @@ int run_train(App& app, const std::vector<std::string>& args) {
   for (const auto& [role, path] : data_roles) inputs.add("sample of the " + role + " " + path, token_file_sample(path));
   agree_on_run(app, inputs);
   for (const auto& [role, path] : data_roles) c.inputs.push_back({role, path, ""});
-  add_data_identities(app.world, c.inputs, student_config.vocab_size);
+  add_data_identities(app.world, c.inputs, student_config.vocab_size, c.seq_len);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   train::TrainTopology topology(*world.comm, c.sp);
   SequenceLayout::zigzag(c.seq_len, topology.sp(), topology.sequence().rank());  // admissible length?

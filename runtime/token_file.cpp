@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <numeric>
 #include <optional>
 #include <cerrno>
 #include <cstring>
@@ -327,6 +328,86 @@ std::vector<int64_t> TokenReader::document_offsets_in(int64_t lo, int64_t hi) co
     found.push_back(v);
   }
   return found;
+}
+
+namespace {
+
+// A file's document_offsets in order, read in blocks, each offset checked to exceed the one before.
+class OffsetStream {
+ public:
+  OffsetStream(const TokenReader& file, const std::function<void(std::span<const int64_t>)>& hook)
+      : file_(file), hook_(hook) {}
+  // The next offset, or -1 past the last.
+  int64_t peek() {
+    if (at_ == static_cast<int64_t>(block_.size())) {
+      const int64_t first = read_, n = std::min<int64_t>(kBlock, file_.document_offset_count() - first);
+      if (n <= 0) return -1;
+      block_.resize(static_cast<size_t>(n));
+      file_.read_document_offsets(first, block_);
+      read_ += n;
+      at_ = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t v = block_[static_cast<size_t>(i)];
+        HYDRA_USER_CHECK(v > last_, "{}: document_offsets[{}] = {} does not exceed document_offsets[{}] = {} "
+                         "(documents must be non-empty, in order)", file_.path(), first + i, v, first + i - 1, last_);
+        last_ = v;
+      }
+      if (hook_) hook_(block_);
+    }
+    return block_[static_cast<size_t>(at_)];
+  }
+  void pop() {
+    if (peek() != -1) ++at_;
+  }
+
+ private:
+  static constexpr int64_t kBlock = int64_t{1} << 20;
+  const TokenReader& file_;
+  const std::function<void(std::span<const int64_t>)>& hook_;
+  std::vector<int64_t> block_;
+  int64_t at_ = 0, read_ = 0, last_ = -1;
+};
+
+}  // namespace
+
+std::vector<int32_t> count_window_targets(const TokenReader& file, int64_t seq_len, const TokenFlagHooks& hooks,
+                                          int64_t block_tokens) {
+  HYDRA_ASSERT(seq_len >= 0 && block_tokens >= 1, "count_window_targets: seq_len {}, blocks of {}", seq_len, block_tokens);
+  const int64_t t = file.length(), windows = seq_len > 0 ? (t - 1) / seq_len : 0;
+  const bool masked = file.has_mask();
+  // Without a mask every target counts; with one, the sums are accumulated block by block.
+  std::vector<int32_t> counted(static_cast<size_t>(windows), masked ? 0 : static_cast<int32_t>(seq_len));
+  // A target at position p (1 ≤ p) belongs to window (p − 1)/seq_len, when that window exists.
+  const auto window_of = [&](int64_t p) { return seq_len > 0 && p >= 1 ? (p - 1) / seq_len : windows; };
+  OffsetStream offsets(file, hooks.offsets);
+  const int64_t kBlock = block_tokens;
+  std::vector<uint8_t> mask;
+  // Blocks of the stream [a, e): the mask's sums, then the document starts b in [a, e) (their mask
+  // values are in this block).
+  for (int64_t a = 0; a < t; a += kBlock) {
+    const int64_t e = std::min(t, a + kBlock);
+    if (masked) {
+      mask.resize(static_cast<size_t>(e - a));
+      file.read_mask(a, mask);  // values checked 0/1 where read
+      if (hooks.mask) hooks.mask(mask);
+      for (int64_t p = std::max<int64_t>(a, 1); p < e;) {
+        const int64_t w = window_of(p);
+        if (w >= windows) break;
+        const int64_t end = std::min(e, (w + 1) * seq_len + 1);  // the window's last target + 1
+        counted[static_cast<size_t>(w)] +=
+            static_cast<int32_t>(std::accumulate(mask.begin() + (p - a), mask.begin() + (end - a), int64_t{0}));
+        p = end;
+      }
+    }
+    if (!file.has_documents()) continue;
+    for (int64_t b = offsets.peek(); b != -1 && b < e; b = offsets.peek()) {
+      const int64_t w = window_of(b);
+      if (w < windows) counted[static_cast<size_t>(w)] -= masked ? mask[static_cast<size_t>(b - a)] : 1;
+      offsets.pop();
+    }
+  }
+  while (offsets.peek() != -1) offsets.pop();  // the last offset (T), checked and hooked like the others
+  return counted;
 }
 
 }  // namespace hydra

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -85,5 +86,21 @@ class TokenReader {
   struct State;
   std::unique_ptr<State> s_;
 };
+
+// One streamed pass over a token file's loss_mask and document_offsets (blocks of 16M tokens, bounded
+// memory), in file order, each block shown to the hooks as read — the content identity
+// (runtime/token_identity.h) hashes them in the same pass that counts the windows' targets, so a first
+// start reads the file once. The offsets are checked for order (a UserError naming the position).
+// With seq_len > 0 it returns the counted targets of every window of seq_len tokens at offsets 0,
+// seq_len, 2·seq_len, … ((T − 1)/seq_len of them: window w's targets are the tokens (w·L, w·L + L]):
+// Σ loss_mask over those targets, less the targets at a document start inside them (a document's first
+// token is never predicted from the one before). With seq_len = 0 it returns nothing (hooks only).
+struct TokenFlagHooks {
+  std::function<void(std::span<const uint8_t>)> mask;       // the loss_mask, [0, T) in order
+  std::function<void(std::span<const int64_t>)> offsets;    // document_offsets, [0, N + 1) in order
+};
+// `block_tokens`: the tokens read at a time (tests use small blocks to cross their boundaries).
+std::vector<int32_t> count_window_targets(const TokenReader& file, int64_t seq_len, const TokenFlagHooks& hooks = {},
+                                          int64_t block_tokens = int64_t{1} << 24);
 
 }  // namespace hydra

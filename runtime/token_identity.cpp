@@ -74,7 +74,8 @@ std::string token_identity_cache_dir() {
   return (fs::path(home && *home ? home : "/tmp") / ".cache" / "hydra").string();
 }
 
-TokenFileIdentity compute_token_file_identity(const std::string& path) {
+TokenFileIdentity compute_token_file_identity(const std::string& path, int64_t window_seq_len,
+                                              std::vector<int32_t>* window_index) {
   // The widest vocabulary the int32 ids admit: the range is checked against the model's later.
   const TokenReader reader(path, int64_t{std::numeric_limits<int32_t>::max()} + 1);
   const H5File file = H5File::open_read(path);
@@ -82,50 +83,78 @@ TokenFileIdentity compute_token_file_identity(const std::string& path) {
   id.tokens = reader.length();
   id.min_id = std::numeric_limits<int64_t>::max();
   id.max_id = -1;
+  Hasher ids_hash, mask_hash, offsets_hash;
+  std::vector<int32_t> ids;
+  for (int64_t first = 0; first < reader.length(); first += kBlock) {
+    ids.resize(static_cast<size_t>(std::min(kBlock, reader.length() - first)));
+    reader.read_ids(first, ids);
+    ids_hash.update(ids.data(), ids.size() * sizeof(int32_t));
+    const auto [lo, hi] = std::minmax_element(ids.begin(), ids.end());
+    id.min_id = std::min<int64_t>(id.min_id, *lo);
+    id.max_id = std::max<int64_t>(id.max_id, *hi);
+  }
+  // The mask and the offsets in one pass that also counts the windows' targets when asked.
+  TokenFlagHooks hooks;
+  hooks.mask = [&](std::span<const uint8_t> m) { mask_hash.update(m.data(), m.size()); };
+  hooks.offsets = [&](std::span<const int64_t> o) { offsets_hash.update(o.data(), o.size() * sizeof(int64_t)); };
+  const bool flagged = reader.has_mask() || reader.has_documents();
+  std::vector<int32_t> index = count_window_targets(reader, flagged && window_index ? window_seq_len : 0, hooks);
+  if (window_index) *window_index = flagged ? std::move(index) : std::vector<int32_t>{};
   // Each dataset: "<description> <XXH3 of its values>", or "<name>:absent".
-  const auto field = [&](const char* name, const std::function<void(Hasher&)>& values) {
+  const auto field = [&](const char* name, const Hasher& h) {
     if (!id.fingerprint.empty()) id.fingerprint += "; ";
     id.fingerprint += describe(file, name);
-    if (!file.has_dataset(name)) return;
-    Hasher h;
-    values(h);
-    id.fingerprint += " " + hash_hex(h.digest());
+    if (file.has_dataset(name)) id.fingerprint += " " + hash_hex(h.digest());
   };
-  field("input_ids", [&](Hasher& h) {
-    std::vector<int32_t> ids;
-    for (int64_t first = 0; first < reader.length(); first += kBlock) {
-      ids.resize(static_cast<size_t>(std::min(kBlock, reader.length() - first)));
-      reader.read_ids(first, ids);
-      h.update(ids.data(), ids.size() * sizeof(int32_t));
-      const auto [lo, hi] = std::minmax_element(ids.begin(), ids.end());
-      id.min_id = std::min<int64_t>(id.min_id, *lo);
-      id.max_id = std::max<int64_t>(id.max_id, *hi);
-    }
-  });
-  field("loss_mask", [&](Hasher& h) {
-    std::vector<uint8_t> mask;
-    for (int64_t first = 0; first < reader.length(); first += kBlock) {
-      mask.resize(static_cast<size_t>(std::min(kBlock, reader.length() - first)));
-      reader.read_mask(first, mask);
-      h.update(mask.data(), mask.size());
-    }
-  });
-  field("document_offsets", [&](Hasher& h) {
-    std::vector<int64_t> offsets;
-    for (int64_t first = 0; first < reader.document_offset_count(); first += kBlock) {
-      offsets.resize(static_cast<size_t>(std::min(kBlock, reader.document_offset_count() - first)));
-      reader.read_document_offsets(first, offsets);
-      h.update(offsets.data(), offsets.size() * sizeof(int64_t));
-    }
-  });
+  field("input_ids", ids_hash);
+  field("loss_mask", mask_hash);
+  field("document_offsets", offsets_hash);
   for (const char* name : {"answer_start", "answer_length"}) {
-    field(name, [&](Hasher& h) {
+    Hasher h;
+    if (file.has_dataset(name)) {
       const std::vector<int64_t> values = file.read_integer_vector(name);  // O(answers), as the reader holds
       h.update(values.data(), values.size() * sizeof(int64_t));
-    });
+    }
+    field(name, h);
   }
   id.fingerprint = fmt::format("v{}; {}", kIdentityVersion, id.fingerprint);
   return id;
+}
+
+namespace {
+std::string window_index_entry(const std::string& identity, int64_t seq_len) {
+  const std::string key = fmt::format("{} seq_len {}", identity, seq_len);
+  return (fs::path(token_identity_cache_dir()) / "token-index" / (hash_hex(hash_bytes(key.data(), key.size())) + ".i32"))
+      .string();
+}
+}  // namespace
+
+std::optional<std::vector<int32_t>> load_window_index(const std::string& identity, int64_t seq_len, int64_t windows) {
+  const std::string entry = window_index_entry(identity, seq_len);
+  std::error_code ec;
+  if (fs::file_size(entry, ec) != static_cast<uintmax_t>(windows) * 4 || ec) return std::nullopt;
+  std::vector<int32_t> index(static_cast<size_t>(windows));
+  std::ifstream in(entry, std::ios::binary);
+  if (!in || !in.read(reinterpret_cast<char*>(index.data()), windows * 4)) return std::nullopt;
+  if (!std::all_of(index.begin(), index.end(), [&](int32_t c) { return c >= 0 && c <= seq_len; })) return std::nullopt;
+  return index;
+}
+
+void store_window_index(const std::string& identity, int64_t seq_len, const std::vector<int32_t>& index,
+                        const std::string& file_for_messages) {
+  const std::string entry = window_index_entry(identity, seq_len);
+  try {
+    fs::create_directories(fs::path(entry).parent_path());
+    AtomicFile out(entry);
+    {
+      std::ofstream o(out.temp_path(), std::ios::binary);
+      o.write(reinterpret_cast<const char*>(index.data()), static_cast<std::streamsize>(index.size() * 4));
+      HYDRA_USER_CHECK(o.good(), "writing {} failed", out.temp_path());
+    }
+    out.commit();
+  } catch (const std::exception& e) {
+    log::warn("the window index of {} is not cached ({}): the next start counts it again", file_for_messages, e.what());
+  }
 }
 
 std::string token_identity_difference(const std::string& a, const std::string& b) {
@@ -152,7 +181,7 @@ std::string token_identity_difference(const std::string& a, const std::string& b
   return differ;
 }
 
-TokenFileIdentity token_file_identity(const std::string& path, bool* reused) {
+TokenFileIdentity token_file_identity(const std::string& path, bool* reused, int64_t window_seq_len) {
   const std::string absolute = fs::absolute(path).lexically_normal().string();
   const fs::path entry = fs::path(token_identity_cache_dir()) / "token-identity" /
                          (hash_hex(hash_bytes(absolute.data(), absolute.size())) + ".json");
@@ -170,9 +199,11 @@ TokenFileIdentity token_file_identity(const std::string& path, bool* reused) {
                                cached.value("min_id", int64_t{0}), cached.value("max_id", int64_t{0})};
     }
   }
-  const TokenFileIdentity id = compute_token_file_identity(path);
+  std::vector<int32_t> index;
+  const TokenFileIdentity id = compute_token_file_identity(path, window_seq_len, &index);
   // Cached only when the file did not change while it was read.
   if (stamp_of(path).json() != stamp) return id;
+  if (!index.empty()) store_window_index(id.fingerprint, window_seq_len, index, path);
   try {
     std::error_code ec;
     fs::create_directories(entry.parent_path(), ec);

@@ -20,7 +20,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace hydra {
 
@@ -30,15 +32,29 @@ struct TokenFileIdentity {
   int64_t min_id = 0, max_id = 0;
 };
 
-// One streamed pass over the file (UserError naming the file when it cannot be read).
-TokenFileIdentity compute_token_file_identity(const std::string& path);
+// One streamed pass over the file (UserError naming the file when it cannot be read). With
+// `window_seq_len` > 0 and a masked or documented file, the same pass counts the targets of every
+// window of that length (runtime/token_file.h count_window_targets) into `window_index`: a first
+// start reads the file once for both.
+TokenFileIdentity compute_token_file_identity(const std::string& path, int64_t window_seq_len = 0,
+                                              std::vector<int32_t>* window_index = nullptr);
 
 // The datasets whose fields differ between two fingerprints, comma-separated ("" when equal).
 std::string token_identity_difference(const std::string& a, const std::string& b);
 
 // The cached identity when the cache entry is fresh (see above), else computed and cached.
-// `reused`: whether the cache answered.
-TokenFileIdentity token_file_identity(const std::string& path, bool* reused = nullptr);
+// `reused`: whether the cache answered. With `window_seq_len` > 0, a computed identity's pass also
+// builds the window index of that length for a masked or documented file and caches it (below), so
+// the data loader finds it there instead of reading the mask again.
+TokenFileIdentity token_file_identity(const std::string& path, bool* reused = nullptr, int64_t window_seq_len = 0);
+
+// The window index cache: counted targets per window of a file's windows of `seq_len` tokens, under
+// token_identity_cache_dir()/token-index/, keyed by the content identity and seq_len (equal contents
+// give the same index, so an entry is never stale; a wrong-sized or out-of-range entry is ignored).
+std::optional<std::vector<int32_t>> load_window_index(const std::string& identity, int64_t seq_len, int64_t windows);
+// Written atomically; an unwritable cache is a warning (the next start counts again).
+void store_window_index(const std::string& identity, int64_t seq_len, const std::vector<int32_t>& index,
+                        const std::string& file_for_messages);
 
 // A cheap check that two copies hold the same data (each rank of a job computes it on its own copy,
 // and the ranks compare): the datasets' types and lengths and XXH3 of 16 windows of 4096 tokens

@@ -4,12 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 
-#include <filesystem>
-#include <fstream>
-
-#include "runtime/atomic_file.h"
-#include "runtime/content_hash.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 #include "runtime/random.h"
@@ -17,43 +13,6 @@
 #include "runtime/token_identity.h"
 
 namespace hydra::train {
-namespace {
-
-// A file's document_offsets in order, read in blocks (the index pass): each offset is checked to
-// exceed the one before.
-class OffsetStream {
- public:
-  explicit OffsetStream(const TokenReader& file) : file_(file) {}
-  // The next offset, or -1 past the last.
-  int64_t peek() {
-    if (at_ == static_cast<int64_t>(block_.size())) {
-      const int64_t first = read_ + 0, n = std::min<int64_t>(kBlock, file_.document_offset_count() - first);
-      if (n <= 0) return -1;
-      block_.resize(static_cast<size_t>(n));
-      file_.read_document_offsets(first, block_);
-      read_ += n;
-      at_ = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t v = block_[static_cast<size_t>(i)];
-        HYDRA_USER_CHECK(v > last_, "{}: document_offsets[{}] = {} does not exceed document_offsets[{}] = {} "
-                         "(documents must be non-empty, in order)", file_.path(), first + i, v, first + i - 1, last_);
-        last_ = v;
-      }
-    }
-    return block_[static_cast<size_t>(at_)];
-  }
-  void pop() {
-    if (peek() != -1) ++at_;
-  }
-
- private:
-  static constexpr int64_t kBlock = int64_t{1} << 20;
-  const TokenReader& file_;
-  std::vector<int64_t> block_;
-  int64_t at_ = 0, read_ = 0, last_ = -1;
-};
-
-}  // namespace
 
 TokenWindows::TokenWindows(const std::vector<std::string>& files, int64_t seq_len, uint64_t seed, int64_t vocab)
     : seq_len_(seq_len), seed_(seed) {
@@ -81,73 +40,24 @@ void TokenWindows::build_index(const std::vector<std::string>& identities) {
                                    [](const TokenReader& f) { return f.has_mask() || f.has_documents(); });
   counted_.clear();
   if (!flagged) return;
-  const int64_t seq_len = seq_len_;
-  // The counted targets of every window: Σ loss_mask over its targets 1..seq_len, less the targets
-  // that cross a document boundary b in (offset, offset + seq_len] (counted_within_documents), from
-  // one streamed pass over each file's mask and offsets (blocks of ~16M tokens).
-  counted_.assign(static_cast<size_t>(windows_), static_cast<int32_t>(seq_len));
-  const int64_t block_windows = std::max<int64_t>(1, (int64_t{16} << 20) / seq_len);
-  std::vector<uint8_t> mask;
+  // The counted targets of every window (runtime/token_file.h count_window_targets): from the cache
+  // when the file's content identity is known and its index of this length was counted before (by the
+  // identity's own pass on a first start), else one streamed pass over the mask and offsets.
+  counted_.assign(static_cast<size_t>(windows_), static_cast<int32_t>(seq_len_));
   for (size_t f = 0; f < files_.size(); ++f) {
     const TokenReader& file = files_[f];
     if (!file.has_mask() && !file.has_documents()) continue;
-    int32_t* index = counted_.data() + first_window_[f];
     const int64_t nw = first_window_[f + 1] - first_window_[f];
-    std::string cached;  // the cache entry of this file's index, when its identity is known
-    if (f < identities.size() && !identities[f].empty()) {
-      const std::string key = fmt::format("{} seq_len {}", identities[f], seq_len);
-      cached = (std::filesystem::path(token_identity_cache_dir()) / "token-index" /
-                (hash_hex(hash_bytes(key.data(), key.size())) + ".i32")).string();
-      std::ifstream in(cached, std::ios::binary);
-      std::error_code ec;
-      if (in && std::filesystem::file_size(cached, ec) == static_cast<uintmax_t>(nw) * 4 &&
-          in.read(reinterpret_cast<char*>(index), nw * 4) &&
-          std::all_of(index, index + nw, [&](int32_t c) { return c >= 0 && c <= seq_len; })) {
-        continue;
-      }
+    const std::string identity = f < identities.size() ? identities[f] : "";
+    std::optional<std::vector<int32_t>> index;
+    if (!identity.empty()) index = load_window_index(identity, seq_len_, nw);
+    if (!index) {
+      index = count_window_targets(file, seq_len_);
+      if (!identity.empty()) store_window_index(identity, seq_len_, *index, file.path());
     }
-    OffsetStream offsets(file);
-    if (file.has_documents()) offsets.pop();  // offsets[0] = 0 starts the first window's document
-    for (int64_t w0 = 0; w0 < nw; w0 += block_windows) {
-      const int64_t w1 = std::min(nw, w0 + block_windows), base = w0 * seq_len;
-      if (file.has_mask()) {
-        mask.resize(static_cast<size_t>((w1 - w0) * seq_len + 1));
-        file.read_mask(base, mask);
-      }
-      const auto m = [&](int64_t pos) { return file.has_mask() ? int64_t{mask[static_cast<size_t>(pos - base)]} : 1; };
-      for (int64_t w = w0; w < w1; ++w) {
-        const int64_t off = w * seq_len;
-        int64_t c = seq_len;
-        if (file.has_mask()) {
-          const uint8_t* p = mask.data() + (off + 1 - base);
-          c = std::accumulate(p, p + seq_len, int64_t{0});  // values checked 0/1 by read_mask
-        }
-        if (file.has_documents()) {
-          for (int64_t b = offsets.peek(); b != -1 && b <= off + seq_len; b = offsets.peek()) {
-            c -= m(b);  // b > off: the boundaries up to off belonged to the windows before
-            offsets.pop();
-          }
-        }
-        index[w] = static_cast<int32_t>(c);
-      }
-    }
-    if (file.has_documents()) {  // the rest of the offsets, checked for order like the others
-      while (offsets.peek() != -1) offsets.pop();
-    }
-    if (!cached.empty()) {  // a cache that cannot be written only costs this pass next time
-      try {
-        std::filesystem::create_directories(std::filesystem::path(cached).parent_path());
-        AtomicFile out(cached);
-        {
-          std::ofstream o(out.temp_path(), std::ios::binary);
-          o.write(reinterpret_cast<const char*>(index), nw * 4);
-          HYDRA_USER_CHECK(o.good(), "writing {} failed", out.temp_path());
-        }
-        out.commit();
-      } catch (const std::exception& e) {
-        log::warn("the window index of {} is not cached ({})", file.path(), e.what());
-      }
-    }
+    HYDRA_ASSERT(static_cast<int64_t>(index->size()) == nw, "{}: {} windows counted, {} expected", file.path(),
+                 index->size(), nw);
+    std::copy(index->begin(), index->end(), counted_.begin() + first_window_[f]);
   }
 }
 

@@ -3,8 +3,11 @@
 `tokenizers` package): .jsonl and .txt inputs cut into pieces and shards give the same shards on 1
 and 3 processes; every document is exactly its own encoding plus the separator; ids are stored in
 the narrowest type (uint8 for this vocabulary of < 256); supervised prompt/response and chat
-examples get loss_mask = 1 on exactly the response tokens; `hydra train` on the supervised shards
-counts exactly those tokens. Skipped (exit 77) without tokenizers, numpy and h5py."""
+examples get loss_mask = 1 on exactly the response tokens, also when the tokenizer folder has a
+chat template (rendered with jinja2); a .parquet input gives the documents its .jsonl twin gives;
+`hydra train` on the supervised shards counts exactly those tokens. Skipped (exit 77) without
+tokenizers, numpy and h5py; the parquet and chat-template cases say so when pyarrow or jinja2 is
+missing (cluster/install_deps.sh installs both)."""
 import json
 import os
 import random
@@ -128,6 +131,66 @@ with tempfile.TemporaryDirectory() as d:
                                                           if w not in answers):
                 failures.append(f"example {k}: the counted tokens are not the assistant messages: {text}")
                 break
+    # .parquet: the same documents as the .jsonl (one per row of the text column).
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        print("parquet case SKIPPED: pyarrow is not installed")
+    else:
+        pq.write_table(pa.table({"text": docs, "id": list(range(len(docs)))}), os.path.join(d, "web.parquet"),
+                       row_group_size=64)
+        pout = os.path.join(d, "parquet")
+        run(["--tokenizer", tj, "--out", pout, "--shard-tokens", "700", os.path.join(d, "web.parquet")])
+        _, ps = shards(pout)
+        pdocs = [s["input_ids"][a:b].tolist() for s in ps for a, b in zip(s["document_offsets"], s["document_offsets"][1:])]
+        if pdocs != want[:len(docs)]:
+            failures.append(f"the .parquet input gave other documents than its .jsonl twin ({len(pdocs)} vs {len(docs)})")
+        else:
+            print(f"parquet: {len(pdocs)} documents equal to the .jsonl's")
+
+    # A chat template in the tokenizer's folder (tokenizer_config.json): the rendering is the
+    # template's, and the counted tokens are the assistant turns with the template's closing tag.
+    try:
+        import jinja2  # noqa: F401
+    except ImportError:
+        print("chat-template case SKIPPED: jinja2 is not installed")
+    else:
+        tdir = os.path.join(d, "templated")
+        os.makedirs(tdir)
+        tags = ["<user>", "</user>", "<assistant>", "</assistant>"]
+        ttok = Tokenizer(models.BPE(unk_token="<unk>"))
+        ttok.pre_tokenizer = pre_tokenizers.Whitespace()
+        ttok.train_from_iterator([" ".join(tags) + " " + sentence(12) for _ in range(400)],
+                                 trainers.BpeTrainer(vocab_size=160, special_tokens=["<|endoftext|>", "<unk>"]))
+        ttok.save(os.path.join(tdir, "tokenizer.json"))
+        template = ("{% for m in messages %}<{{ m.role }}> {{ m.content }} </{{ m.role }}> {% endfor %}"
+                    "{% if add_generation_prompt %}<assistant> {% endif %}")
+        json.dump({"chat_template": template}, open(os.path.join(tdir, "tokenizer_config.json"), "w"))
+        chats = [e for e in examples if "messages" in e]
+        with open(os.path.join(d, "chat.jsonl"), "w") as f:
+            for e in chats:
+                f.write(json.dumps(e) + "\n")
+        cout = os.path.join(d, "chat")
+        run(["--tokenizer", os.path.join(tdir, "tokenizer.json"), "--out", cout, "--supervised",
+             os.path.join(d, "chat.jsonl")])
+        _, cs = shards(cout)
+        cids, cmask, coff = cs[0]["input_ids"], cs[0]["loss_mask"], cs[0]["document_offsets"]
+        tsep = ttok.token_to_id("<|endoftext|>")
+        for k, e in enumerate(chats):
+            doc, dm = cids[coff[k]:coff[k + 1]].tolist(), cmask[coff[k]:coff[k + 1]].tolist()
+            rendered = jinja2.Environment().from_string(template).render(messages=e["messages"], add_generation_prompt=False)
+            squeeze = lambda text: "".join(text.split())  # noqa: E731 (the tokenizer's decode spaces its tokens)
+            if squeeze(ttok.decode([t for t in doc if t != tsep])) != squeeze(rendered):
+                failures.append(f"chat example {k}: the tokens are not the template's rendering")
+                break
+            counted_text = squeeze(ttok.decode([t for t, c in zip(doc, dm) if c and t != tsep]))
+            expected = "".join(squeeze(m["content"]) + "</assistant>" for m in e["messages"] if m["role"] == "assistant")
+            if counted_text != expected:
+                failures.append(f"chat example {k}: counted {counted_text!r}, expected {expected!r}")
+                break
+        else:
+            print(f"chat template: {len(chats)} examples rendered by the template, the assistant turns counted")
     counted = int(mask.sum())
     if m["counted"] != [counted]:
         failures.append(f"manifest counts {m['counted']}, the mask {counted}")

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "model/train/data.h"
@@ -356,6 +357,55 @@ TEST(TokenIdentity, CacheIsReusedOnlyWhileTheFileIsUnchanged) {
   const TokenFileIdentity third = token_file_identity(dir.file("a.h5"), &reused);
   EXPECT_FALSE(reused);
   EXPECT_EQ(token_identity_difference(first.fingerprint, third.fingerprint), "input_ids");
+  unsetenv("HYDRA_CACHE_DIR");
+}
+
+// The window index from one streamed pass: equal whatever the block size (blocks that cut windows and
+// fall on document starts), and the hooks see the mask and the offsets exactly once, in order.
+TEST(TokenIdentity, WindowCountsAreTheSameInAnyBlocksAndTheHooksSeeEveryValueOnce) {
+  TempDir dir;
+  const Corpus c = make_corpus(1234, 9, true, true);
+  write_token_data(dir.file("a.h5"), c.ids, c.mask, c.offsets);
+  const TokenReader reader(dir.file("a.h5"), kVocab);
+  const TokenWindows windows({dir.file("a.h5")}, 16, 5, kVocab);
+  for (const int64_t block : {int64_t{1}, int64_t{7}, int64_t{16}, int64_t{17}, int64_t{1000}, int64_t{1} << 24}) {
+    std::vector<uint8_t> mask;
+    std::vector<int64_t> offsets;
+    TokenFlagHooks hooks;
+    hooks.mask = [&](std::span<const uint8_t> m) { mask.insert(mask.end(), m.begin(), m.end()); };
+    hooks.offsets = [&](std::span<const int64_t> o) { offsets.insert(offsets.end(), o.begin(), o.end()); };
+    const std::vector<int32_t> counted = count_window_targets(reader, 16, hooks, block);
+    ASSERT_EQ(static_cast<int64_t>(counted.size()), windows.count()) << "blocks of " << block;
+    for (int64_t i = 0; i < windows.count(); ++i) {
+      EXPECT_EQ(counted[static_cast<size_t>(i)], windows.counted_targets_in_order(i)) << "blocks of " << block << ", window " << i;
+    }
+    EXPECT_EQ(mask, c.mask) << "blocks of " << block;
+    EXPECT_EQ(offsets, c.offsets) << "blocks of " << block;
+  }
+}
+
+// A first start reads the file once: the identity's pass leaves the window index of the run's
+// --seq-len in the cache, equal to a count of its own, and the loader takes it from there (an entry
+// doctored within range is what the loader reports: it did not count again).
+TEST(TokenIdentity, IdentityPassCachesTheWindowIndexTheLoaderUses) {
+  TempDir dir;
+  ASSERT_EQ(setenv("HYDRA_CACHE_DIR", dir.file("cache").c_str(), 1), 0);
+  const Corpus c = make_corpus(2000, 10, true, true);
+  write_token_data(dir.file("a.h5"), c.ids, c.mask, c.offsets);
+  bool reused = true;
+  const TokenFileIdentity id = token_file_identity(dir.file("a.h5"), &reused, 16);
+  EXPECT_FALSE(reused);
+  const int64_t nw = (2000 - 1) / 16;
+  const std::optional<std::vector<int32_t>> cached = load_window_index(id.fingerprint, 16, nw);
+  ASSERT_TRUE(cached.has_value());
+  EXPECT_EQ(*cached, count_window_targets(TokenReader(dir.file("a.h5"), kVocab), 16));
+  EXPECT_FALSE(load_window_index(id.fingerprint, 32, (2000 - 1) / 32).has_value());  // only the length asked for
+  std::vector<int32_t> doctored = *cached;
+  doctored[3] = doctored[3] == 0 ? 1 : 0;
+  store_window_index(id.fingerprint, 16, doctored, "a.h5");
+  const TokenWindows loader(std::vector<DataSource>{{dir.file("a.h5"), -1.0, id.fingerprint}}, 16, 5, kVocab, false);
+  EXPECT_EQ(loader.counted_targets_in_order(3), doctored[3]);
+  EXPECT_EQ(loader.counted_targets_in_order(4), (*cached)[4]);
   unsetenv("HYDRA_CACHE_DIR");
 }
 
