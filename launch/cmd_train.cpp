@@ -301,9 +301,10 @@ int run_train(App& app, const std::vector<std::string>& args) {
   }
   // The model's and teacher's contents (XXH3 of each file's bytes, runtime/content_hash.h): a rank with a stale
   // copy under the same path is named before the first collective, and --resume compares them with
-  // the fingerprints stored in the training state.
+  // the fingerprints stored in the training state. Every rank hashes its own copy (a model is read
+  // whole anyway), once: the hash is cached by the file's stamp (runtime/token_identity.h).
   const auto fingerprint = [&](const std::string& role, const std::string& path) {
-    c.inputs.push_back({role, path, hash_hex(hash_file(path))});
+    c.inputs.push_back({role, path, hash_hex(cached_file_hash(path))});
     inputs.add("contents of the " + role + " " + path, c.inputs.back().hash);
   };
   if (opt.model.model_path.empty()) {

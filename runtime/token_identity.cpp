@@ -181,40 +181,80 @@ std::string token_identity_difference(const std::string& a, const std::string& b
   return differ;
 }
 
-TokenFileIdentity token_file_identity(const std::string& path, bool* reused, int64_t window_seq_len) {
+namespace {
+
+// The cache entry of `kind` ("token-identity", "file-hash") for a file: a JSON object with the
+// file's absolute path and stamp and the cached fields.
+struct CacheEntry {
+  fs::path path;
+  std::string absolute;
+  nlohmann::json stamp;
+};
+
+CacheEntry cache_entry(const std::string& kind, const std::string& path) {
   const std::string absolute = fs::absolute(path).lexically_normal().string();
-  const fs::path entry = fs::path(token_identity_cache_dir()) / "token-identity" /
-                         (hash_hex(hash_bytes(absolute.data(), absolute.size())) + ".json");
-  const FileStamp before = stamp_of(path);
-  const nlohmann::json stamp = before.json();
+  return CacheEntry{fs::path(token_identity_cache_dir()) / kind / (hash_hex(hash_bytes(absolute.data(), absolute.size())) + ".json"),
+                    absolute, stamp_of(path).json()};
+}
+
+// The cached fields when the entry is fresh (same version, path and stamp), else null.
+nlohmann::json read_cache(const CacheEntry& e) {
+  std::ifstream in(e.path);
+  nlohmann::json cached = in ? nlohmann::json::parse(in, nullptr, false) : nlohmann::json();
+  const bool fresh = cached.is_object() && cached.value("version", 0) == kIdentityVersion &&
+                     cached.value("path", "") == e.absolute && cached.value("stamp", nlohmann::json()) == e.stamp;
+  return fresh ? cached : nlohmann::json();
+}
+
+// Written only when the file did not change while it was read (its stamp still the one read first).
+void write_cache(const CacheEntry& e, const std::string& path, nlohmann::json fields) {
+  if (stamp_of(path).json() != e.stamp) return;
+  try {
+    std::error_code ec;
+    fs::create_directories(e.path.parent_path(), ec);
+    fields["version"] = kIdentityVersion;
+    fields["path"] = e.absolute;
+    fields["stamp"] = e.stamp;
+    write_text_atomically(e.path.string(), fields.dump() + "\n");
+  } catch (const std::exception& ex) {
+    log::warn("the fingerprint of {} is not cached ({}): the next start reads the file again", path, ex.what());
+  }
+}
+
+}  // namespace
+
+TokenFileIdentity token_file_identity(const std::string& path, bool* reused, int64_t window_seq_len) {
+  const CacheEntry entry = cache_entry("token-identity", path);
   if (reused) *reused = false;
-  {
-    std::ifstream in(entry);
-    const nlohmann::json cached = in ? nlohmann::json::parse(in, nullptr, false) : nlohmann::json();
-    if (cached.is_object() && cached.value("version", 0) == kIdentityVersion && cached.value("path", "") == absolute &&
-        cached.value("stamp", nlohmann::json()) == stamp && cached.contains("fingerprint") &&
-        cached["fingerprint"].is_string()) {
-      if (reused) *reused = true;
-      return TokenFileIdentity{cached["fingerprint"].get<std::string>(), cached.value("tokens", int64_t{0}),
-                               cached.value("min_id", int64_t{0}), cached.value("max_id", int64_t{0})};
-    }
+  if (const nlohmann::json cached = read_cache(entry); cached.contains("fingerprint") && cached["fingerprint"].is_string()) {
+    if (reused) *reused = true;
+    return TokenFileIdentity{cached["fingerprint"].get<std::string>(), cached.value("tokens", int64_t{0}),
+                             cached.value("min_id", int64_t{0}), cached.value("max_id", int64_t{0})};
   }
   std::vector<int32_t> index;
   const TokenFileIdentity id = compute_token_file_identity(path, window_seq_len, &index);
-  // Cached only when the file did not change while it was read.
-  if (stamp_of(path).json() != stamp) return id;
+  if (stamp_of(path).json() != entry.stamp) return id;  // changed while read: neither is cached
   if (!index.empty()) store_window_index(id.fingerprint, window_seq_len, index, path);
-  try {
-    std::error_code ec;
-    fs::create_directories(entry.parent_path(), ec);
-    const nlohmann::json out{{"version", kIdentityVersion}, {"path", absolute}, {"stamp", stamp},
-                             {"fingerprint", id.fingerprint}, {"tokens", id.tokens}, {"min_id", id.min_id},
-                             {"max_id", id.max_id}};
-    write_text_atomically(entry.string(), out.dump() + "\n");
-  } catch (const std::exception& e) {
-    log::warn("the content identity of {} is not cached ({}): the next start reads the file again", path, e.what());
-  }
+  write_cache(entry, path, {{"fingerprint", id.fingerprint}, {"tokens", id.tokens}, {"min_id", id.min_id},
+                            {"max_id", id.max_id}});
   return id;
+}
+
+uint64_t cached_file_hash(const std::string& path, bool* reused) {
+  const CacheEntry entry = cache_entry("file-hash", path);
+  if (reused) *reused = false;
+  if (const nlohmann::json cached = read_cache(entry); cached.contains("xxh3") && cached["xxh3"].is_string()) {
+    const std::string hex = cached["xxh3"].get<std::string>();
+    char* stop = nullptr;
+    const uint64_t h = std::strtoull(hex.c_str(), &stop, 16);
+    if (hex.size() == 16 && stop == hex.c_str() + hex.size()) {
+      if (reused) *reused = true;
+      return h;
+    }
+  }
+  const uint64_t h = hash_file(path);
+  write_cache(entry, path, {{"xxh3", hash_hex(h)}});
+  return h;
 }
 
 std::string token_file_sample(const std::string& path) {

@@ -61,6 +61,11 @@ void store_window_index(const std::string& identity, int64_t seq_len, const std:
 // (ids and mask) spread over the file, its first and last. Reads ~0.4 MB whatever the file's size.
 std::string token_file_sample(const std::string& path);
 
+// XXH3 of a file's bytes (runtime/content_hash.h hash_file: what the model and teacher are bound to),
+// cached like the identity above (token_identity_cache_dir()/file-hash/, the same five-field stamp),
+// so a repeated start or a --resume does not read a large model once more per rank to hash it.
+uint64_t cached_file_hash(const std::string& path, bool* reused = nullptr);
+
 // The directory of the cache (created on demand).
 std::string token_identity_cache_dir();
 

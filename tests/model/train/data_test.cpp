@@ -16,6 +16,7 @@
 
 #include "model/train/data.h"
 #include "parallel/layout.h"
+#include "runtime/content_hash.h"
 #include "runtime/hdf5_file.h"
 #include "runtime/random.h"
 #include "runtime/token_file.h"
@@ -357,6 +358,16 @@ TEST(TokenIdentity, CacheIsReusedOnlyWhileTheFileIsUnchanged) {
   const TokenFileIdentity third = token_file_identity(dir.file("a.h5"), &reused);
   EXPECT_FALSE(reused);
   EXPECT_EQ(token_identity_difference(first.fingerprint, third.fingerprint), "input_ids");
+  // The byte hash of a file (the model's), cached the same way.
+  const uint64_t bytes = cached_file_hash(dir.file("a.h5"), &reused);
+  EXPECT_FALSE(reused);
+  EXPECT_EQ(bytes, hash_file(dir.file("a.h5")));
+  EXPECT_EQ(cached_file_hash(dir.file("a.h5"), &reused), bytes);
+  EXPECT_TRUE(reused);
+  write_token_data(dir.file("a.h5"), c.ids, {}, {});
+  std::filesystem::last_write_time(dir.file("a.h5"), old - std::chrono::hours(2));
+  EXPECT_EQ(cached_file_hash(dir.file("a.h5"), &reused), hash_file(dir.file("a.h5")));
+  EXPECT_FALSE(reused);
   unsetenv("HYDRA_CACHE_DIR");
 }
 
