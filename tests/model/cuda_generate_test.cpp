@@ -142,9 +142,12 @@ TEST(CudaGenerate, DecodeBenchMeasuresAndSkipsWhatCannotFit) {
   for (const auto& c : cells) {
     if (c.at("context").get<int64_t>() == 4096) {
       EXPECT_GT(c.at("ms_per_step").get<double>(), 0.0);
-      EXPECT_NEAR(c.at("tokens_per_s").get<double>(), c.at("batch").get<double>() * 1000.0 / c.at("ms_per_step").get<double>(), 1e-6);
-      EXPECT_EQ(c.at("cache_bytes_per_token").get<double>(), 2.0 * 2 * 64 * 2);  // 2 layers, one KV head, bf16
-      EXPECT_GT(c.at("peak_memory_gib").get<double>(), 0.0);
+      EXPECT_GT(c.at("tokens_per_s").get<double>(), 0.0);
+      // From the preset's shape, not the benchmark's formula: K and V of one KV head of 64 in each
+      // of the 2 layers, bf16.
+      EXPECT_EQ(c.at("cache_bytes_per_token").get<double>(), 2.0 * 2 * 64 * 2);
+      // The measured peak holds at least the cache itself (4096 tokens a sequence, batch sequences).
+      EXPECT_GE(c.at("peak_memory_gib").get<double>() * 1073741824.0, 4096.0 * c.at("batch").get<double>() * 2 * 2 * 64 * 2);
     } else {
       EXPECT_TRUE(c.contains("skipped")) << c.dump();
     }
