@@ -26,9 +26,12 @@ import re
 import statistics
 import sys
 
-MODELS = ["teacher", "selected", "random", "layerwise", "gdn"]
+# The default plan's students have names the claims below know; a plan's other students are listed
+# under their own names and head specs (plan.json "students").
+MODELS = ["teacher", "selected", "random", "layerwise", "gdn", "allfa"]
 LABELS = {"teacher": "teacher (Qwen3, all FA)", "selected": "7:1 head-wise, selected heads",
-          "random": "7:1 head-wise, random heads", "layerwise": "3:1 layer-wise", "gdn": "all-GDN"}
+          "random": "7:1 head-wise, random heads", "layerwise": "3:1 layer-wise", "gdn": "all-GDN",
+          "allfa": "all-FA student"}
 SHORT = {"teacher": "teacher", "selected": "7:1 selected", "random": "7:1 random", "layerwise": "3:1 layer-wise",
          "gdn": "all-GDN"}
 TASKS = ["single", "multikey", "multivalue"]
@@ -272,14 +275,17 @@ def main(res):
     lengths = [int(x) for x in plan.get("eval_lengths", [])]
     depths = [int(x) for x in plan.get("depths", [])]
     train_len = plan.get("seq_len")
+    models = ["teacher"] + [s["name"] for s in plan.get("students", [])] if plan.get("students") else MODELS
+    for s in plan.get("students", []):
+        LABELS.setdefault(s["name"], f"{s['name']} ({os.path.basename(s['heads'])}, {s['fusion']}, seed {s['seed']})")
     info, cells_of, lm = {}, {}, {}
-    for m in MODELS:
+    for m in models:
         info[m] = parse_info(os.path.join(res, "models", f"{m}.info.txt"))
         if os.path.exists(os.path.join(res, "evals", f"{m}.niah.jsonl")):
             cells_of[m] = niah_cells(os.path.join(res, "evals", f"{m}.niah.jsonl"))
         j = read_json(os.path.join(res, "evals", f"{m}.lm.json"))
         lm[m] = j["loss"] if j else None
-    present = [m for m in MODELS if info[m] or m in cells_of]
+    present = [m for m in models if info[m] or m in cells_of]
     floor = None  # the language's own expected loss on the held-out windows (hydra synth's summary line)
     log = os.path.join(res, "logs", "synth-heldout-lm.log")
     if os.path.exists(log):
@@ -287,7 +293,7 @@ def main(res):
             if line.startswith("{"):
                 floor = json.loads(line).get("lm_loss_floor")
     curves = {}
-    for m in MODELS:
+    for m in models:
         for stage in STAGES:
             rows = read_jsonl(os.path.join(res, "train", f"{m}-{stage}.jsonl"))
             if rows:
@@ -411,7 +417,7 @@ def main(res):
                "timings": timings}
     with open(os.path.join(res, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1, default=lambda x: None)
-    complete = all(m in cells_of and lm[m] is not None for m in MODELS)
+    complete = all(m in cells_of and lm[m] is not None for m in models)
     print("\n".join(out[:len(present) + 7]))
     print("\n".join(c[4:]))
     print(f"report: wrote table.md, claims.md, niah_heatmaps.svg, loss_curves.svg, summary.json in {res}"
