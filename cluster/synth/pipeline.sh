@@ -139,7 +139,10 @@ for o in "${overrides[@]}"; do
 done
 if [[ -n "$plan_override" ]]; then
   [[ "$plan_override" == probe || "$plan_override" == fixed ]] || { echo "pipeline.sh: --plan must be probe or fixed" >&2; exit 2; }
-  [[ "$plan_override" == fixed && "$profile" == gpu ]] && { echo "pipeline.sh: the gpu profile has no fixed steps" >&2; exit 2; }
+  [[ "$plan_override" == fixed && "$profile" == gpu && ( -z "${steps_align:-}" || -z "${steps_distill:-}" || -z "${steps_finetune:-}" ) ]] &&
+    { echo "pipeline.sh: the gpu profile has no fixed steps: give them (--set steps_align=N --set steps_distill=N --set steps_finetune=N)" >&2; exit 2; }
+  [[ "$plan_override" == fixed && -z "$teacher_in" && -z "${steps_pretrain:-}" ]] &&
+    { echo "pipeline.sh: --plan fixed without --teacher needs --set steps_pretrain=N" >&2; exit 2; }
   plan_mode="$plan_override"
 fi
 lengths=""
@@ -283,7 +286,7 @@ else
   probe_json=null
 fi
 # A given teacher is not pretrained here: no pretraining stage in the plan.
-pretrain_json="{\"steps\": $steps_pretrain, \"batch_seqs\": $batch, \"seq_len\": $len, \"lr\": $lr_pretrain, \"tokens\": $((steps_pretrain * batch * len))}"
+pretrain_json="{\"steps\": ${steps_pretrain:-0}, \"batch_seqs\": $batch, \"seq_len\": $len, \"lr\": $lr_pretrain, \"tokens\": $((${steps_pretrain:-0} * batch * len))}"
 [[ -n "$teacher_in" ]] && pretrain_json=null
 cat > "$res/plan.json" <<EOF
 {"profile": "$profile", "device": "$device", "preset": "$preset", "vocab": $vocab, "mixture": "$mix", "synth_extra": "$synth_extra",
@@ -368,6 +371,8 @@ run_step select-heads "$hydra" select-heads --model "$teacher" --budget 1 --per-
 # ---- students ----------------------------------------------------------------------------------
 student_chain() {
   local s="$1" m="$work/models/student-$s.h5" seed="${seed_of[$1]}" curves="${curves_of[$1]}" flags
+  # Head sets named by rank (same-layer:N, other-layer:N) become files now that heads.json exists.
+  spec[$s]=$(python3 "$plan_py" resolve "${spec[$s]}" --results "$res") || return
   mapfile -t flags < <(convert_flags "$s")
   run_step "convert-$s" "$hydra" convert --teacher "$teacher" "${flags[@]}" --calib "$d/calib.h5" --seed "$seed" --out "$m" || return
   if [[ "$curves" == true ]]; then

@@ -20,8 +20,14 @@ training length and the held-out losses at each quarter of every stage, hydra tr
   selected          the per-layer heads select-heads chose (file:RESULTS/heads.json, --budget 1 --per-layer);
   top-global:K, bottom-global:K   ranked by select-heads' composite scores (--scores heads.json is added);
   all-fa            every head full attention (uniform:H): the all-FA student, through the same stages;
-  each-head[@L1,L2] one student per head of the listed layers (all layers without @), named
-                    NAME-L.H, each a file: set with that one head: the single-head landscape.
+  each-head[@L1,L2][/H1,H2]  one student per head of the listed layers (all without @) and heads (all
+                    without /), named NAME-L.H, each a file: set with that one head: the single-head
+                    landscape (a fixed subset of head indices is a fair sample of it: heads are
+                    exchangeable before training);
+  same-layer:N      the N-th best head (composite) of the layer that holds the model's best head
+                    (same-layer:2: another head of the retrieval layer), one head in all;
+  other-layer:N     the N-th best head outside that layer (other-layer:1: the best head elsewhere).
+The last two are resolved from heads.json once select-heads has run (plan.py resolve).
 
   plan.py check PLAN                          validate (one line per problem, exit 2)
   plan.py students PLAN --layers L --heads H --results DIR
@@ -29,6 +35,8 @@ training length and the held-out losses at each quarter of every stage, hydra tr
                                               name, --fa-heads spec, --scores file or -, fusion, seed, curves
   plan.py probe-spec SPEC --heads H           a head set of the same cost for the step-time probe
                                               (one that needs no select-heads output)
+  plan.py resolve SPEC --results DIR          same-layer:N / other-layer:N -> file:DIR/head_sets/SPEC.json
+                                              from DIR/heads.json (other specs unchanged)
 Standard library only.
 """
 import argparse
@@ -38,6 +46,7 @@ import re
 import sys
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+EACH_HEAD = re.compile(r"^each-head(@(\d+(,\d+)*))?(/(\d+(,\d+)*))?$")
 FUSIONS = ("scale_norm", "norm", "scale", "concat", "gate")
 KINDS = ("uniform", "random", "random-global", "top-global", "bottom-global", "layerwise", "file")
 
@@ -71,9 +80,10 @@ def problems(plan):
         heads = s.get("heads")
         if not isinstance(heads, str):
             out.append(f"{where} ({name}): 'heads' must be a string")
-        elif not (heads in ("selected", "all-fa") or re.match(r"^each-head(@\d+(,\d+)*)?$", heads)
+        elif not (heads in ("selected", "all-fa") or EACH_HEAD.match(heads) or re.match(r"^(same|other)-layer:[1-9]\d*$", heads)
                   or heads.split(":", 1)[0] in KINDS and ":" in heads):
-            out.append(f"{where} ({name}): heads {heads!r} is not selected, all-fa, each-head[@L,...] or a --fa-heads spec")
+            out.append(f"{where} ({name}): heads {heads!r} is not selected, all-fa, each-head[@L,...][/H,...], "
+                       "same-layer:N, other-layer:N or a --fa-heads spec")
         if s.get("fusion", "scale_norm") not in FUSIONS:
             out.append(f"{where} ({name}): fusion {s.get('fusion')!r} is not one of {', '.join(FUSIONS)}")
         seed = s.get("seed", 1)
@@ -114,14 +124,19 @@ def expand(plan, layers, heads, results):
     for s in plan["students"]:
         fusion, seed, curves = s.get("fusion", "scale_norm"), s.get("seed", 1), s.get("curves", True)
         spec, scores = s["heads"], "-"
-        if spec.startswith("each-head"):
-            which = [int(x) for x in spec.split("@", 1)[1].split(",")] if "@" in spec else list(range(layers))
+        m = EACH_HEAD.match(spec)
+        if m:
+            which = [int(x) for x in m.group(2).split(",")] if m.group(2) else list(range(layers))
+            which_heads = [int(x) for x in m.group(5).split(",")] if m.group(5) else list(range(heads))
             bad = [l for l in which if not 0 <= l < layers]
             if bad:
                 sys.exit(f"plan.py: student {s['name']}: each-head names layers {bad}, the model has 0..{layers - 1}")
+            bad = [h for h in which_heads if not 0 <= h < heads]
+            if bad:
+                sys.exit(f"plan.py: student {s['name']}: each-head names heads {bad}, the model has 0..{heads - 1}")
             os.makedirs(os.path.join(results, "head_sets"), exist_ok=True)
             for l in which:
-                for h in range(heads):
+                for h in which_heads:
                     path = os.path.join(results, "head_sets", f"{l}.{h}.json")
                     write_heads_file(path, layers, heads, [(l, h)])
                     rows.append((f"{s['name']}-{l}.{h}", f"file:{path}", "-", fusion, seed, curves))
@@ -140,9 +155,33 @@ def expand(plan, layers, heads, results):
     return rows
 
 
+def resolve(spec, results):
+    """same-layer:N / other-layer:N as a file: set from results/heads.json; other specs unchanged."""
+    m = re.match(r"^(same|other)-layer:(\d+)$", spec)
+    if not m:
+        return spec
+    path = os.path.join(results, "heads.json")
+    try:
+        with open(path) as f:
+            composite = json.load(f)["scores"]["composite"]
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"plan.py: {spec} needs select-heads' scores.composite in {path}: {e}")
+    layers, heads = len(composite), len(composite[0])
+    ranked = sorted(((composite[l][h], l, h) for l in range(layers) for h in range(heads)), key=lambda x: (-x[0], x[1], x[2]))
+    top_layer = ranked[0][1]
+    pool = [(l, h) for _, l, h in ranked if (l == top_layer) == (m.group(1) == "same")]
+    n = int(m.group(2))
+    if not 1 <= n <= len(pool):
+        sys.exit(f"plan.py: {spec}: there are {len(pool)} such heads")
+    os.makedirs(os.path.join(results, "head_sets"), exist_ok=True)
+    out = os.path.join(results, "head_sets", f"{spec.replace(':', '-')}.json")
+    write_heads_file(out, layers, heads, [pool[n - 1]])
+    return f"file:{out}"
+
+
 def probe_spec(spec, heads):
     """A head set with the same number of FA heads that needs no select-heads output."""
-    if spec.startswith("each-head") or "/head_sets/" in spec:
+    if spec.startswith("each-head") or "/head_sets/" in spec or re.match(r"^(same|other)-layer:", spec):
         return "random-global:1"
     if spec == "selected" or spec.startswith("file:"):
         return "uniform:1"
@@ -166,6 +205,9 @@ def main(argv):
     st.add_argument("--results", required=True)
     ps = sub.add_parser("settings")
     ps.add_argument("plan")
+    rs = sub.add_parser("resolve")
+    rs.add_argument("spec")
+    rs.add_argument("--results", required=True)
     pr = sub.add_parser("probe-spec")
     pr.add_argument("spec")
     pr.add_argument("--heads", type=int, required=True)
@@ -178,6 +220,8 @@ def main(argv):
     elif a.cmd == "settings":
         for k, v in load(a.plan).get("settings", {}).items():
             print(f"{k}={v}")
+    elif a.cmd == "resolve":
+        print(resolve(a.spec, a.results))
     elif a.cmd == "probe-spec":
         print(probe_spec(a.spec, a.heads))
     return 0
