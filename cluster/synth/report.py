@@ -15,6 +15,14 @@ evals/NAME.niah.jsonl (hydra eval-niah), evals/NAME.lm.json (hydra eval-lm), tra
                     and a comparison "held" only when the intervals are disjoint in its favour,
                     "did not hold" when disjoint against it, "undecided" when they overlap
 
+  decisions.md      (decide.py) the plan's arms compared item by item on the NIAH items all models
+                    share: Δ accuracy with a 95% paired-bootstrap interval (McNemar's exact p for
+                    single models), seeds and random draws aggregated, per length band (inside /
+                    outside the finetune length), depths 0–75 apart from depth 100, per task the
+                    teacher solves, verdicts against an equivalence margin; decisions.json
+  budget_accuracy.svg, head_score_accuracy.svg   accuracy vs FA budget (selected / random / bottom)
+                    and single-head accuracy vs head score (Spearman ρ)
+
 Standard library only (json, statistics, re), so it runs on CI machines and the GPU image alike.
 Missing pieces (a step that failed or was cut by the deadline) are reported as missing, never
 invented. Exit status 0 when every model has its evaluations, 1 otherwise.
@@ -25,6 +33,9 @@ import os
 import re
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import decide  # noqa: E402  (beside this file)
 
 # The default plan's students have names the claims below know; a plan's other students are listed
 # under their own names and head specs (plan.json "students").
@@ -406,6 +417,11 @@ def main(res):
     with open(os.path.join(res, "claims.md"), "w") as f:
         f.write("\n".join(c) + "\n")
 
+    # ---- decisions.md: paired comparisons of the plan's arms (decide.py)
+    items_of = {m: decide.read_items(os.path.join(res, "evals", f"{m}.niah.jsonl")) for m in models}
+    decisions = decide.decide(res, plan, models, items_of.get("teacher", {}), items_of,
+                              read_json(os.path.join(res, "heads.json")))
+
     # ---- plots and summary
     with open(os.path.join(res, "niah_heatmaps.svg"), "w") as f:
         f.write(heatmaps_svg(present, cells_of, lengths, depths, plan))
@@ -420,7 +436,9 @@ def main(res):
     complete = all(m in cells_of and lm[m] is not None for m in models)
     print("\n".join(out[:len(present) + 7]))
     print("\n".join(c[4:]))
-    print(f"report: wrote table.md, claims.md, niah_heatmaps.svg, loss_curves.svg, summary.json in {res}"
+    print("\n".join(decisions[6:]))
+    print(f"report: wrote table.md, claims.md, decisions.md, decisions.json, niah_heatmaps.svg, loss_curves.svg, "
+          f"budget_accuracy.svg, head_score_accuracy.svg, summary.json in {res}"
           f"{'' if complete else ' (some models lack evaluations)'}")
     return 0 if complete else 1
 
