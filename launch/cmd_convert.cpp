@@ -31,13 +31,16 @@ struct ConvertOptions {
         ("teacher", po::value(&teacher)->required(), "Qwen3 teacher checkpoint (.h5, from hydra import or init)")
         ("fa-heads", po::value(&fa_heads)->required(),
          "which heads keep full attention: uniform:K (K per layer), random:K (K per layer drawn from --seed), "
-         "layerwise:EVERY (every EVERY-th layer all-FA, layerwise:4 = 3:1 hybrid) or file:PATH (hydra select-heads output)")
-        ("scores", po::value(&scores), "with uniform:K: rank heads by scores.composite of this head-set file "
-                                       "instead of taking the lowest indices")
+         "random-global:K[@DRAW] (K heads anywhere in the model, drawn from --seed or DRAW), top-global:K / bottom-global:K "
+         "(the K highest / lowest --scores across all layers; a layer may get none), layerwise:EVERY[@OFFSET] "
+         "(layer l all-FA when l % EVERY == OFFSET, default EVERY-1: layerwise:4 = 3:1 hybrid) or file:PATH "
+         "(hydra select-heads output)")
+        ("scores", po::value(&scores), "head-set file whose scores.composite ranks the heads: required by top-global:K "
+                                       "and bottom-global:K; with uniform:K, the K best per layer instead of the lowest indices")
         ("out", po::value(&out)->required(), "HydraHead checkpoint to write (.h5), written atomically")
         ("calib", po::value(&calib), "calibration tokens (.h5 input_ids): set each head's gamma to the RMS of "
                                      "the teacher's head output over them (else gamma = 1)")
-        ("seed", po::value(&seed)->default_value(0), "seed of the new GDN parameters (w_a, w_b, A_log, dt_bias) and of --fa-heads random:K");
+        ("seed", po::value(&seed)->default_value(0), "seed of the new GDN parameters (w_a, w_b, A_log, dt_bias) and of --fa-heads random:K / random-global:K");
     ModelSource::bind_allow_nonfinite(o, &allow_nonfinite);
   }
   void validate() const {

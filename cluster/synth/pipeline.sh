@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# The HydraHead pipeline end to end on a teacher trained here, every step a `hydra`
+# The HydraHead pipeline end to end on a teacher trained here (or given), every step a `hydra`
 # command: synthetic data (hydra synth) -> pretrain a Qwen3-shaped teacher (hydra train --stage
 # pretrain) -> select-heads -> convert -> align -> distill -> long-context finetune -> eval-niah and
-# eval-lm, for four students with equal token budgets per stage:
+# eval-lm, for the students of an experiment plan (--plan-file, cluster/synth/plan.py says the
+# format), all with equal token budgets per stage. The default plan (cluster/synth/plans/default.json):
 #   selected   7:1 head-wise, the heads select-heads chose (--budget 1 --per-layer)
 #   random     7:1 head-wise, one random head per layer (--fa-heads random:1)
 #   layerwise  3:1 layer-wise (--fa-heads layerwise:4)
 #   gdn        all-GDN (--fa-heads uniform:0)
-# The teacher and every student are evaluated on NIAH single/multikey/multivalue at 1x, 4x, 16x
-# and 64x the training length and on the held-out language-model loss; cluster/synth/report.py
-# turns the results folder into a table, NIAH heatmaps, loss curves and a claims check.
+#   allfa      every head full attention, converted and trained through the same stages
+# The teacher and every student are evaluated on NIAH (eval_tasks, default single/multikey/multivalue)
+# at eval_mults times the training length and depths, and on the held-out language-model loss. A
+# student with curves (the plan's default) is also scored after conversion and at every quarter of
+# every stage: NIAH at the stage's training length (hydra train --eval-niah, curve_tasks,
+# curve_samples, in train/NAME-STAGE.jsonl) and the LM loss of each quarter's checkpoint
+# (curves/NAME-STAGE-STEP.lm.json). cluster/synth/report.py turns the results folder into tables,
+# plots and claims with paired statistics.
 #
 #   cluster/synth/pipeline.sh --profile gpu --out /tmp/synth --archive $OUT/synth-results.tar.gz
 #   cluster/synth/pipeline.sh --profile cpu --out /tmp/synth-cpu        # the 2-core CPU, ~45 min
 #   cluster/synth/pipeline.sh --profile toy --out /tmp/synth-toy        # CTest: minutes, no accuracy
+#   cluster/synth/pipeline.sh --profile gpu --teacher T.h5 --plan-file cluster/synth/plans/ablation_call1.json ...
 #
 # Profiles fix the model, lengths, data and budgets (printed into results/plan.json):
 #   gpu  qwen3-synth (4.2M parameters, d = 64), training length 256, finetune 1024, on one GPU.
@@ -45,12 +52,14 @@ jobs=""
 deadline_s=""
 teacher_in=""
 plan_override=""
+plan_file="$root/cluster/synth/plans/default.json"
 overrides=()
 usage() {
   sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "flags: --profile gpu|cpu|toy --out DIR [--archive FILE.tar.gz] [--hydra BIN] [--device cuda|cpu]"
   echo "       [--jobs N (students side by side)] [--deadline-s S (0: none)] [--teacher FILE.h5 (skip pretraining)]"
   echo "       [--plan probe|fixed (override the profile's: probe turns its second budgets into steps)]"
+  echo "       [--plan-file PLAN.json (the students; default cluster/synth/plans/default.json; see cluster/synth/plan.py)]"
   echo "       [--set NAME=VALUE ... (override a profile setting, e.g. --set budget_pretrain=300 --set mix=lm:0.5,mqar:0.5)]"
 }
 while (($#)); do
@@ -64,6 +73,7 @@ while (($#)); do
     --deadline-s) deadline_s="$2"; shift 2 ;;
     --teacher) teacher_in="$2"; shift 2 ;;
     --plan) plan_override="$2"; shift 2 ;;
+    --plan-file) plan_file="$2"; shift 2 ;;
     --set) overrides+=("$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "pipeline.sh: unknown flag $1" >&2; usage >&2; exit 2 ;;
@@ -73,11 +83,17 @@ done
 [[ -x "$hydra" ]] || { echo "pipeline.sh: $hydra is not an executable (build first, or pass --hydra)" >&2; exit 2; }
 [[ -z "$teacher_in" || -r "$teacher_in" ]] || { echo "pipeline.sh: --teacher $teacher_in is not readable" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "pipeline.sh: python3 is needed (standard library only)" >&2; exit 2; }
+plan_py="$root/cluster/synth/plan.py"
+[[ -r "$plan_file" ]] || { echo "pipeline.sh: --plan-file $plan_file is not readable" >&2; exit 2; }
+python3 "$plan_py" check "$plan_file" || exit 2
 
 # ---- profiles --------------------------------------------------------------------------------
 mix="lm:0.3,mqar:0.4,single:0.1,multikey:0.1,multivalue:0.1"  # gpu: more retrieval, below
 eval_seed=1000          # eval-niah's samples; training NIAH documents use a seed derived from synth's
 synth_extra=""          # more hydra synth flags for every stream, e.g. "--recall-tokens 128 --loss answers"
+eval_tasks=single,multikey,multivalue   # eval-niah's tasks for the final evaluation
+curve_tasks=single,multikey             # NIAH tasks of the stage curves (hydra train --eval-niah)
+curve_samples=16                        # their samples per task and evaluation
 case "$profile" in
   gpu)
     preset=qwen3-synth; vocab=512; len=256; ft_len=1024; pairs=10
@@ -106,13 +122,16 @@ case "$profile" in
     budget_pretrain=3; budget_align=2; budget_distill=2; budget_finetune=2   # --plan probe (CTest)
     lr_pretrain=2e-3; lr_align=2e-3; lr_distill=5e-4; lr_finetune=2e-4
     eval_mults="1 4"; depths=0,100; samples=1; lm_windows=2
-    calib_samples=2; lm_samples=1
+    calib_samples=2; lm_samples=1; curve_samples=2
     : "${device:=cpu}"; : "${jobs:=1}"; : "${deadline_s:=0}" ;;
   *) echo "pipeline.sh: --profile must be gpu, cpu or toy (got $profile)" >&2; exit 2 ;;
 esac
 settings="synth_extra preset vocab len ft_len pairs train_tokens ft_tokens batch ft_batch mix eval_seed eval_mults depths samples
   lm_windows calib_samples lm_samples budget_pretrain budget_align budget_distill budget_finetune steps_pretrain steps_align
-  steps_distill steps_finetune lr_pretrain lr_align lr_distill lr_finetune"
+  steps_distill steps_finetune lr_pretrain lr_align lr_distill lr_finetune eval_tasks curve_tasks curve_samples"
+# The plan's settings first, then --set: the command line wins.
+mapfile -t plan_settings < <(python3 "$plan_py" settings "$plan_file")
+overrides=("${plan_settings[@]}" "${overrides[@]}")
 for o in "${overrides[@]}"; do
   name="${o%%=*}"
   [[ "$o" == *=* && " $(echo $settings) " == *" $name "* ]] || { echo "pipeline.sh: --set $o: not NAME=VALUE with NAME one of: $(echo $settings)" >&2; exit 2; }
@@ -120,16 +139,19 @@ for o in "${overrides[@]}"; do
 done
 if [[ -n "$plan_override" ]]; then
   [[ "$plan_override" == probe || "$plan_override" == fixed ]] || { echo "pipeline.sh: --plan must be probe or fixed" >&2; exit 2; }
-  [[ "$plan_override" == fixed && "$profile" == gpu ]] && { echo "pipeline.sh: the gpu profile has no fixed steps" >&2; exit 2; }
+  [[ "$plan_override" == fixed && "$profile" == gpu && ( -z "${steps_align:-}" || -z "${steps_distill:-}" || -z "${steps_finetune:-}" ) ]] &&
+    { echo "pipeline.sh: the gpu profile has no fixed steps: give them (--set steps_align=N --set steps_distill=N --set steps_finetune=N)" >&2; exit 2; }
+  [[ "$plan_override" == fixed && -z "$teacher_in" && -z "${steps_pretrain:-}" ]] &&
+    { echo "pipeline.sh: --plan fixed without --teacher needs --set steps_pretrain=N" >&2; exit 2; }
   plan_mode="$plan_override"
 fi
-students="selected random layerwise gdn"
 lengths=""
+n_depths=$(echo "$depths" | tr ',' '\n' | grep -c .)
 for m in $eval_mults; do lengths="${lengths:+$lengths,}$((len * m))"; done
 
 work="$out/work"
 res="$out/results"
-mkdir -p "$work/data" "$work/runs" "$work/models" "$res/logs" "$res/train" "$res/evals" "$res/models" || exit 2
+mkdir -p "$work/data" "$work/runs" "$work/models" "$res/logs" "$res/train" "$res/evals" "$res/models" "$res/curves" || exit 2
 : > "$res/timings.jsonl"
 printf '#!/usr/bin/env bash\n# Every command of this run, in the order started (concurrent steps interleave).\n' > "$res/commands.sh"
 start_epoch=$(date +%s.%N)
@@ -196,8 +218,27 @@ if [[ -z "$teacher_in" ]]; then
   run_step init-teacher "$hydra" init --preset "$preset" --weight-seed 0 --out "$work/models/teacher_init.h5"
 fi
 
-declare -A spec=([selected]="file:$res/heads.json" [random]="random:1" [layerwise]="layerwise:4" [gdn]="uniform:0")
-declare -A probe_spec=([selected]="uniform:1" [random]="random:1" [layerwise]="layerwise:4" [gdn]="uniform:0")
+# ---- the plan's students, expanded for the teacher's shape (layers, heads) ------------------------
+shape_of="${teacher_in:-$work/models/teacher_init.h5}"
+read -r n_layers n_heads < <("$hydra" info "$shape_of" 2>/dev/null | sed -n 's/^ *qwen3: \([0-9]*\) layers, .*H=\([0-9]*\),.*/\1 \2/p')
+[[ -n "${n_layers:-}" && -n "${n_heads:-}" ]] || { echo "pipeline.sh: cannot read the layer and head counts of $shape_of (hydra info)" >&2; exit 1; }
+cp "$plan_file" "$res/plan_file.json"
+python3 "$plan_py" students "$plan_file" --layers "$n_layers" --heads "$n_heads" --results "$res" > "$res/students.tsv" || exit 2
+students=""
+declare -A spec scores_of fusion_of seed_of curves_of
+while IFS=$'\t' read -r s_name s_spec s_scores s_fusion s_seed s_curves; do
+  students="$students $s_name"
+  spec[$s_name]="$s_spec"; scores_of[$s_name]="$s_scores"; fusion_of[$s_name]="$s_fusion"
+  seed_of[$s_name]="$s_seed"; curves_of[$s_name]="$s_curves"
+done < "$res/students.tsv"
+echo "[pipeline] plan $(basename "$plan_file"): $(wc -l < "$res/students.tsv") students" | tee -a "$res/logs/pipeline.log"
+# hydra convert's flags for a student: the head set, its score file, a fusion other than the default.
+convert_flags() {
+  local s="$1" f=(--fa-heads "${spec[$s]}")
+  [[ "${scores_of[$s]}" != - ]] && f+=(--scores "${scores_of[$s]}")
+  [[ "${fusion_of[$s]}" != scale_norm ]] && f+=(--fusion "${fusion_of[$s]}")
+  printf '%s\n' "${f[@]}"
+}
 
 # ---- plan: stage budgets in seconds -> steps (gpu), or fixed steps --------------------------------
 if [[ "$plan_mode" == probe ]]; then
@@ -208,17 +249,22 @@ if [[ "$plan_mode" == probe ]]; then
       --steps 6 --batch-seqs "$batch" --save-every -1 --out-dir "$work/runs/probe-pretrain" --device "$device"
     t_pretrain=$(probe_step_s "$work/runs/probe-pretrain")
   fi
-  # Probes run `jobs` at a time, as the students will.
+  # Probes: the plan's first `jobs` students (head sets of the same size that need no select-heads
+  # output), run `jobs` at a time, as the students will.
+  probe_students=$(echo $students | tr ' ' '\n' | head -n "$jobs" | tr '\n' ' ')
   throttle() { while (($(jobs -rp | wc -l) >= jobs)); do wait -n; done; }
-  for s in $students; do
+  for s in $probe_students; do
     throttle
-    run_step "probe-convert-$s" "$hydra" convert --teacher "$pinit" --fa-heads "${probe_spec[$s]}" --seed 1 \
+    pspec=$(python3 "$plan_py" probe-spec "${spec[$s]}" --heads "$n_heads")
+    pflags=(--fa-heads "$pspec")
+    [[ "${fusion_of[$s]}" != scale_norm ]] && pflags+=(--fusion "${fusion_of[$s]}")
+    run_step "probe-convert-$s" "$hydra" convert --teacher "$pinit" "${pflags[@]}" --seed 1 \
       --out "$work/models/probe-$s.h5" &
   done
   wait
   declare -A t_stage
   for stage in align distill finetune; do
-    for s in $students; do
+    for s in $probe_students; do
       throttle
       if [[ $stage == finetune ]]; then dd=("$d/finetune.h5" "$ft_len" "$ft_batch"); teach=(); else dd=("$d/train.h5" "$len" "$batch"); teach=(--teacher "$pinit"); fi
       run_step "probe-$stage-$s" "$hydra" train --stage "$stage" --model "$work/models/probe-$s.h5" "${teach[@]}" \
@@ -226,7 +272,7 @@ if [[ "$plan_mode" == probe ]]; then
         --out-dir "$work/runs/probe-$stage-$s" --device "$device" &
     done
     wait
-    t_stage[$stage]=$(max_finite $(for s in $students; do probe_step_s "$work/runs/probe-$stage-$s"; done))
+    t_stage[$stage]=$(max_finite $(for s in $probe_students; do probe_step_s "$work/runs/probe-$stage-$s"; done))
   done
   # A budget over the probe's step time; 1 step where the probe failed (its log says why).
   steps_of() { python3 -c "import math,sys; t=float('$2'); print(max(1, int($1 / t)) if math.isfinite(t) and t > 0 else 1)"; }
@@ -240,12 +286,15 @@ else
   probe_json=null
 fi
 # A given teacher is not pretrained here: no pretraining stage in the plan.
-pretrain_json="{\"steps\": $steps_pretrain, \"batch_seqs\": $batch, \"seq_len\": $len, \"lr\": $lr_pretrain, \"tokens\": $((steps_pretrain * batch * len))}"
+pretrain_json="{\"steps\": ${steps_pretrain:-0}, \"batch_seqs\": $batch, \"seq_len\": $len, \"lr\": $lr_pretrain, \"tokens\": $((${steps_pretrain:-0} * batch * len))}"
 [[ -n "$teacher_in" ]] && pretrain_json=null
 cat > "$res/plan.json" <<EOF
 {"profile": "$profile", "device": "$device", "preset": "$preset", "vocab": $vocab, "mixture": "$mix", "synth_extra": "$synth_extra",
  "seq_len": $len, "finetune_seq_len": $ft_len, "mqar_pairs": $pairs, "eval_lengths": [$lengths],
  "depths": [$depths], "samples": $samples, "eval_seed": $eval_seed, "jobs": $jobs, "deadline_s": $deadline_s,
+ "eval_tasks": "$eval_tasks", "curve_tasks": "$curve_tasks", "curve_samples": $curve_samples,
+ "plan_file": "$(basename "$plan_file")", "students": [$(for s in $students; do printf '{"name":"%s","heads":"%s","fusion":"%s","seed":%s,"curves":%s},' "$s" "${spec[$s]}" "${fusion_of[$s]}" "${seed_of[$s]}" "${curves_of[$s]}"; done | sed 's/,$//')],
+ "model_shape": {"layers": $n_layers, "heads": $n_heads},
  "teacher": "${teacher_in:-pretrained here}",
  "stages": {"pretrain": $pretrain_json,
             "align": {"steps": $steps_align, "batch_seqs": $batch, "seq_len": $len, "lr": $lr_align, "tokens": $((steps_align * batch * len))},
@@ -263,22 +312,37 @@ evaluate() {
   "$hydra" info "$model" > "$res/models/$name.info.txt" 2>&1
   run_step "eval-lm-$name" "$hydra" eval-lm --model "$model" --data "$d/heldout_lm.h5" --seq-len "$len" \
     --windows "$lm_windows" --device "$device" --out "$res/evals/$name.lm.json"
-  run_step "eval-niah-$name" "$hydra" eval-niah --model "$model" --task single,multikey,multivalue --lengths "$lengths" \
+  run_step "eval-niah-$name" "$hydra" eval-niah --model "$model" --task "$eval_tasks" --lengths "$lengths" \
     --depths "$depths" --samples "$samples" --seed "$eval_seed" --device "$device" --out "$res/evals/$name.niah.jsonl"
 }
 
-# A training stage; copies its train.jsonl into the results.
+# A training stage; copies its train.jsonl into the results. SEED is the data order; CURVES true
+# scores NIAH at the stage's length at every quarter (in train.jsonl) and keeps each quarter's
+# checkpoint for its LM loss (curves/NAME-STAGE-STEP.lm.json).
 train_stage() {
-  local name="$1" stage="$2" model="$3" teacher="$4" data="$5" seq="$6" steps="$7" bs="$8" lr="$9"
-  local dir="$work/runs/$name-$stage" teach=() save=()
+  local name="$1" stage="$2" model="$3" teacher="$4" data="$5" seq="$6" steps="$7" bs="$8" lr="$9" seed="${10:-0}" curves="${11:-false}"
+  local dir="$work/runs/$name-$stage" teach=() save=() quarter=$(( steps / 4 > 0 ? steps / 4 : 1 )) keep=1 niah=()
   [[ "$teacher" != - ]] && teach=(--teacher "$teacher")
   # Pretraining saves along the way: if the deadline cuts it, the pipeline goes on from the last save.
-  [[ "$stage" == pretrain ]] && save=(--save-every "$(( steps / 4 > 0 ? steps / 4 : 1 ))")
+  [[ "$stage" == pretrain ]] && save=(--save-every "$quarter")
+  if [[ "$curves" == true ]]; then
+    save=(--save-every "$quarter"); keep=8
+    niah=(--eval-niah "$curve_tasks" --eval-niah-samples "$curve_samples")
+  fi
   run_step "$stage-$name" "$hydra" train --stage "$stage" --model "$model" "${teach[@]}" --data "$data" \
-    --eval-data "$d/heldout_mix.h5" --eval-windows 8 --eval-every "$(( steps / 4 > 0 ? steps / 4 : 1 ))" \
-    --seq-len "$seq" --steps "$steps" --batch-seqs "$bs" --lr "$lr" "${save[@]}" --keep 1 --out-dir "$dir" --device "$device"
+    --eval-data "$d/heldout_mix.h5" --eval-windows 8 --eval-every "$quarter" "${niah[@]}" --seed "$seed" \
+    --seq-len "$seq" --steps "$steps" --batch-seqs "$bs" --lr "$lr" "${save[@]}" --keep "$keep" --out-dir "$dir" --device "$device"
   local rc=$?
   [[ -r "$dir/train.jsonl" ]] && cp "$dir/train.jsonl" "$res/train/$name-$stage.jsonl"
+  if [[ "$curves" == true ]]; then
+    local c
+    for c in "$dir"/step-*/model.h5; do
+      [[ -r "$c" ]] || continue
+      local step_name; step_name=$(basename "$(dirname "$c")")
+      run_step "curve-lm-$name-$stage-$step_name" "$hydra" eval-lm --model "$c" --data "$d/heldout_lm.h5" --seq-len "$len" \
+        --windows "$lm_windows" --device "$device" --out "$res/curves/$name-$stage-$step_name.lm.json"
+    done
+  fi
   return $rc
 }
 
@@ -306,11 +370,21 @@ run_step select-heads "$hydra" select-heads --model "$teacher" --budget 1 --per-
 
 # ---- students ----------------------------------------------------------------------------------
 student_chain() {
-  local s="$1" m="$work/models/student-$s.h5"
-  run_step "convert-$s" "$hydra" convert --teacher "$teacher" --fa-heads "${spec[$s]}" --calib "$d/calib.h5" --seed 1 --out "$m" || return
-  train_stage "$s" align "$m" "$teacher" "$d/train.h5" "$len" "$steps_align" "$batch" "$lr_align" || return
-  train_stage "$s" distill "$(final_model "$work/runs/$s-align")" "$teacher" "$d/train.h5" "$len" "$steps_distill" "$batch" "$lr_distill" || return
-  train_stage "$s" finetune "$(final_model "$work/runs/$s-distill")" - "$d/finetune.h5" "$ft_len" "$steps_finetune" "$ft_batch" "$lr_finetune" || return
+  local s="$1" m="$work/models/student-$s.h5" seed="${seed_of[$1]}" curves="${curves_of[$1]}" flags
+  # Head sets named by rank (same-layer:N, other-layer:N) become files now that heads.json exists.
+  spec[$s]=$(python3 "$plan_py" resolve "${spec[$s]}" --results "$res") || return
+  mapfile -t flags < <(convert_flags "$s")
+  run_step "convert-$s" "$hydra" convert --teacher "$teacher" "${flags[@]}" --calib "$d/calib.h5" --seed "$seed" --out "$m" || return
+  if [[ "$curves" == true ]]; then
+    # The curves' first point: the converted student before any training.
+    run_step "curve-lm-$s-convert" "$hydra" eval-lm --model "$m" --data "$d/heldout_lm.h5" --seq-len "$len" \
+      --windows "$lm_windows" --device "$device" --out "$res/curves/$s-convert.lm.json"
+    run_step "curve-niah-$s-convert" "$hydra" eval-niah --model "$m" --task "$curve_tasks" --lengths "$len" \
+      --depths "$depths" --samples "$(( (curve_samples + n_depths - 1) / n_depths ))" --seed "$eval_seed" --device "$device" --out "$res/curves/$s-convert.niah.jsonl"
+  fi
+  train_stage "$s" align "$m" "$teacher" "$d/train.h5" "$len" "$steps_align" "$batch" "$lr_align" "$seed" "$curves" || return
+  train_stage "$s" distill "$(final_model "$work/runs/$s-align")" "$teacher" "$d/train.h5" "$len" "$steps_distill" "$batch" "$lr_distill" "$seed" "$curves" || return
+  train_stage "$s" finetune "$(final_model "$work/runs/$s-distill")" - "$d/finetune.h5" "$ft_len" "$steps_finetune" "$ft_batch" "$lr_finetune" "$seed" "$curves" || return
   evaluate "$s" "$(final_model "$work/runs/$s-finetune")"
 }
 for s in $students; do

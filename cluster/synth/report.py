@@ -15,6 +15,14 @@ evals/NAME.niah.jsonl (hydra eval-niah), evals/NAME.lm.json (hydra eval-lm), tra
                     and a comparison "held" only when the intervals are disjoint in its favour,
                     "did not hold" when disjoint against it, "undecided" when they overlap
 
+  decisions.md      (decide.py) the plan's arms compared item by item on the NIAH items all models
+                    share: Δ accuracy with a 95% paired-bootstrap interval (McNemar's exact p for
+                    single models), seeds and random draws aggregated, per length band (inside /
+                    outside the finetune length), depths 0–75 apart from depth 100, per task the
+                    teacher solves, verdicts against an equivalence margin; decisions.json
+  budget_accuracy.svg, head_score_accuracy.svg   accuracy vs FA budget (selected / random / bottom)
+                    and single-head accuracy vs head score (Spearman ρ)
+
 Standard library only (json, statistics, re), so it runs on CI machines and the GPU image alike.
 Missing pieces (a step that failed or was cut by the deadline) are reported as missing, never
 invented. Exit status 0 when every model has its evaluations, 1 otherwise.
@@ -26,9 +34,15 @@ import re
 import statistics
 import sys
 
-MODELS = ["teacher", "selected", "random", "layerwise", "gdn"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import decide  # noqa: E402  (beside this file)
+
+# The default plan's students have names the claims below know; a plan's other students are listed
+# under their own names and head specs (plan.json "students").
+MODELS = ["teacher", "selected", "random", "layerwise", "gdn", "allfa"]
 LABELS = {"teacher": "teacher (Qwen3, all FA)", "selected": "7:1 head-wise, selected heads",
-          "random": "7:1 head-wise, random heads", "layerwise": "3:1 layer-wise", "gdn": "all-GDN"}
+          "random": "7:1 head-wise, random heads", "layerwise": "3:1 layer-wise", "gdn": "all-GDN",
+          "allfa": "all-FA student"}
 SHORT = {"teacher": "teacher", "selected": "7:1 selected", "random": "7:1 random", "layerwise": "3:1 layer-wise",
          "gdn": "all-GDN"}
 TASKS = ["single", "multikey", "multivalue"]
@@ -272,14 +286,17 @@ def main(res):
     lengths = [int(x) for x in plan.get("eval_lengths", [])]
     depths = [int(x) for x in plan.get("depths", [])]
     train_len = plan.get("seq_len")
+    models = ["teacher"] + [s["name"] for s in plan.get("students", [])] if plan.get("students") else MODELS
+    for s in plan.get("students", []):
+        LABELS.setdefault(s["name"], f"{s['name']} ({os.path.basename(s['heads'])}, {s['fusion']}, seed {s['seed']})")
     info, cells_of, lm = {}, {}, {}
-    for m in MODELS:
+    for m in models:
         info[m] = parse_info(os.path.join(res, "models", f"{m}.info.txt"))
         if os.path.exists(os.path.join(res, "evals", f"{m}.niah.jsonl")):
             cells_of[m] = niah_cells(os.path.join(res, "evals", f"{m}.niah.jsonl"))
         j = read_json(os.path.join(res, "evals", f"{m}.lm.json"))
         lm[m] = j["loss"] if j else None
-    present = [m for m in MODELS if info[m] or m in cells_of]
+    present = [m for m in models if info[m] or m in cells_of]
     floor = None  # the language's own expected loss on the held-out windows (hydra synth's summary line)
     log = os.path.join(res, "logs", "synth-heldout-lm.log")
     if os.path.exists(log):
@@ -287,7 +304,7 @@ def main(res):
             if line.startswith("{"):
                 floor = json.loads(line).get("lm_loss_floor")
     curves = {}
-    for m in MODELS:
+    for m in models:
         for stage in STAGES:
             rows = read_jsonl(os.path.join(res, "train", f"{m}-{stage}.jsonl"))
             if rows:
@@ -400,6 +417,11 @@ def main(res):
     with open(os.path.join(res, "claims.md"), "w") as f:
         f.write("\n".join(c) + "\n")
 
+    # ---- decisions.md: paired comparisons of the plan's arms (decide.py)
+    items_of = {m: decide.read_items(os.path.join(res, "evals", f"{m}.niah.jsonl")) for m in models}
+    decisions = decide.decide(res, plan, models, items_of.get("teacher", {}), items_of,
+                              read_json(os.path.join(res, "heads.json")))
+
     # ---- plots and summary
     with open(os.path.join(res, "niah_heatmaps.svg"), "w") as f:
         f.write(heatmaps_svg(present, cells_of, lengths, depths, plan))
@@ -411,10 +433,12 @@ def main(res):
                "timings": timings}
     with open(os.path.join(res, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1, default=lambda x: None)
-    complete = all(m in cells_of and lm[m] is not None for m in MODELS)
+    complete = all(m in cells_of and lm[m] is not None for m in models)
     print("\n".join(out[:len(present) + 7]))
     print("\n".join(c[4:]))
-    print(f"report: wrote table.md, claims.md, niah_heatmaps.svg, loss_curves.svg, summary.json in {res}"
+    print("\n".join(decisions[6:]))
+    print(f"report: wrote table.md, claims.md, decisions.md, decisions.json, niah_heatmaps.svg, loss_curves.svg, "
+          f"budget_accuracy.svg, head_score_accuracy.svg, summary.json in {res}"
           f"{'' if complete else ' (some models lack evaluations)'}")
     return 0 if complete else 1
 

@@ -1,6 +1,7 @@
 // Conversion (DESIGN.md §1.3): migrated tensors are bit-identical copies, GDN K/V rows are their KV
 // group's rows, new parameters follow their distributions and the seed, γ equals the measured RMS
 // of each teacher head's output, and head-set specs resolve as documented.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -191,6 +192,79 @@ TEST(FaHeadSpecs, ResolveAsDocumented) {
             std::string::npos);
   EXPECT_NE(error_of([&] { student_config(preset_config("hydrahead-tiny"), {{0}, {1}}); }).find("teacher must be a qwen3"),
             std::string::npos);
+}
+
+// Head sets over the whole model: exact sets for a known score file, the seed's draw, bad specs.
+TEST(FaHeadSpecs, GlobalSetsOverTheWholeModel) {
+  ModelConfig tc = teacher_config();  // 6 heads per layer
+  tc.num_layers = 4;
+  TempDir dir;
+  FaHeadsFile f;
+  f.fa_heads.assign(4, {});
+  // composite[l][h]: layer 2 holds the three highest; layer 0 the two lowest; ties at 0.5 in layers 1 and 3.
+  f.scores["composite"] = {{-2.0, 0.1, 0.2, -1.0, 0.3, 0.4},
+                           {0.5, 0.6, 0.7, 0.8, 0.9, 0.5},
+                           {3.0, 1.0, 2.0, 5.0, 0.95, 0.96},
+                           {0.5, 0.55, 0.65, 0.75, 0.85, 0.45}};
+  const std::string scores = dir.file("scores.json");
+  write_fa_heads_file(scores, tc, f);
+  using Sets = std::vector<std::vector<int>>;
+  EXPECT_EQ(resolve_fa_heads("top-global:1", tc, scores), (Sets{{}, {}, {3}, {}}));
+  EXPECT_EQ(resolve_fa_heads("top-global:4", tc, scores), (Sets{{}, {}, {0, 1, 2, 3}, {}}));
+  EXPECT_EQ(resolve_fa_heads("top-global:7", tc, scores), (Sets{{}, {4}, {0, 1, 2, 3, 4, 5}, {}}));
+  EXPECT_EQ(resolve_fa_heads("bottom-global:2", tc, scores), (Sets{{0, 3}, {}, {}, {}}));
+  // 0.45 (3,5) < then 0.5 at (1,0), (1,5), (3,0): ties keep the lower (layer, head).
+  EXPECT_EQ(resolve_fa_heads("bottom-global:8", tc, scores), (Sets{{0, 1, 2, 3, 4, 5}, {0}, {}, {5}}));
+  EXPECT_EQ(resolve_fa_heads("top-global:0", tc, scores), (Sets{{}, {}, {}, {}}));
+  EXPECT_EQ(resolve_fa_heads("top-global:24", tc, scores), resolve_fa_heads("uniform:6", tc, ""));
+  // random-global:K: K distinct heads anywhere, a function of the seed alone.
+  const Sets r = resolve_fa_heads("random-global:5", tc, "", 11);
+  EXPECT_EQ(r, resolve_fa_heads("random-global:5", tc, "", 11));
+  EXPECT_NE(r, resolve_fa_heads("random-global:5", tc, "", 12));
+  size_t count = 0;
+  for (const auto& heads : r) {
+    count += heads.size();
+    EXPECT_TRUE(std::is_sorted(heads.begin(), heads.end()));
+    EXPECT_EQ(std::adjacent_find(heads.begin(), heads.end()), heads.end());
+  }
+  EXPECT_EQ(count, 5u);
+  EXPECT_EQ(resolve_fa_heads("random-global:5@11", tc, "", 3), r);  // @DRAW replaces the seed
+  // Over many seeds a single head lands in every (layer, head) about equally often (uniform draw):
+  // 2400 draws, 24 cells, expected 100 each; a binomial's 5-sigma band is 100 +- 49.
+  std::vector<int> hits(24, 0);
+  for (uint64_t seed = 0; seed < 2400; ++seed) {
+    const Sets one = resolve_fa_heads("random-global:1", tc, "", seed);
+    for (size_t l = 0; l < one.size(); ++l)
+      for (int h : one[l]) ++hits[l * 6 + static_cast<size_t>(h)];
+  }
+  for (size_t c = 0; c < hits.size(); ++c) EXPECT_TRUE(hits[c] > 51 && hits[c] < 149) << "cell " << c << ": " << hits[c];
+  // layerwise:EVERY@OFFSET places the FA layer; layerwise:EVERY stays at EVERY-1.
+  EXPECT_EQ(resolve_fa_heads("layerwise:2@0", tc, "")[0].size(), 6u);
+  EXPECT_EQ(resolve_fa_heads("layerwise:2@0", tc, "")[1].size(), 0u);
+  EXPECT_EQ(resolve_fa_heads("layerwise:2@0", tc, "")[2].size(), 6u);
+  EXPECT_EQ(resolve_fa_heads("layerwise:4@2", tc, ""), (Sets{{}, {}, {0, 1, 2, 3, 4, 5}, {}}));
+  EXPECT_EQ(resolve_fa_heads("layerwise:4", tc, ""), resolve_fa_heads("layerwise:4@3", tc, ""));
+  // Bad specs: one line naming the problem.
+  const auto fails_with = [&](const std::string& spec, const std::string& scores_path, const std::string& text) {
+    const std::string e = error_of([&] { resolve_fa_heads(spec, tc, scores_path); });
+    EXPECT_NE(e.find(text), std::string::npos) << spec << ": " << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << spec << ": " << e;
+  };
+  fails_with("top-global:2", "", "ranks heads by score: give --scores FILE");
+  fails_with("bottom-global:1", "", "ranks heads by score: give --scores FILE");
+  fails_with("top-global:25", scores, "a budget of 25 FA heads over the whole model is not in 0..24 (4 layers x 6 heads)");
+  fails_with("random-global:-1", "", "not in 0..24");
+  fails_with("random-global:two", "", "K must be an integer");
+  fails_with("random-global:2", scores, "--scores only applies to");
+  fails_with("layerwise:4@4", "", "OFFSET must be in 0..3");
+  fails_with("random-global:2@-3", "", "DRAW must be 0 or more");
+  fails_with("random-global:2@x", "", "DRAW must be an integer");
+  fails_with("layerwise:4@", "", "OFFSET must be an integer");
+  fails_with("layerwise:5@0", "", "EVERY must be in 1..4");
+  FaHeadsFile no_scores;
+  no_scores.fa_heads.assign(4, {});
+  write_fa_heads_file(dir.file("plain.json"), tc, no_scores);
+  fails_with("top-global:1", dir.file("plain.json"), "no scores.composite to rank heads by");
 }
 
 }  // namespace

@@ -1,0 +1,269 @@
+"""The ablation plan's decisions (called by cluster/synth/report.py): paired comparisons on the NIAH
+items every model shares, arms with several training seeds or random draws aggregated, claims per
+length band and per task the teacher solves, an equivalence margin, the statistic and its 95%
+interval beside each verdict. Writes decisions.md, decisions.json, budget_accuracy.svg (accuracy vs
+the FA budget: selected / random / bottom) and head_score_accuracy.svg (each single-head student's
+accuracy vs its head's composite score, Spearman ρ).
+
+Arms. Students of the plan with the same head spec and fusion but another training seed are one
+arm (`random-global:K@D` with any draw D counts as `random-global:K`); the students an `each-head`
+entry expanded into form the single-head landscape, whose members are heads: a random head's
+distribution, measured exactly rather than drawn.
+
+Bands. inside = evaluation lengths up to the finetune length, outside = longer; depths 0–75
+("needle in the haystack") apart from depth 100 (the needle right before the question, which a
+recurrent state alone can answer); tasks = those the teacher solves at its training length
+(accuracy ≥ 0.9), all tasks when it solves none (said in the output).
+Standard library only.
+"""
+import json
+import math
+import os
+import re
+
+import stats
+
+MARGIN = 0.05  # equivalence margin on the accuracy difference (absolute)
+
+
+def read_items(path):
+    """{(task, length, depth, sample): 0/1} from hydra eval-niah's per-sample lines."""
+    items = {}
+    if not os.path.exists(path):
+        return items
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                if r.get("type") == "sample":
+                    items[(r["task"], int(r["length"]), int(r["depth"]), int(r["sample"]))] = 1 if r["correct"] else 0
+    return items
+
+
+def arm_key(student):
+    heads = student["heads"]
+    heads = re.sub(r"^(random-global:\d+)@\d+$", r"\1", heads)
+    if heads.startswith("file:") and heads.endswith("/heads.json"):
+        heads = "selected"  # select-heads' per-layer choice (plan.json records the run's absolute path)
+    return f"{heads}|{student['fusion']}"
+
+
+def band_items(all_items, tasks, lengths, depths):
+    return {k for k in all_items if k[0] in tasks and k[1] in lengths and k[2] in depths}
+
+
+def fmt_cmp(r):
+    if r is None:
+        return "no shared items"
+    s = f"{r['acc_a']:.3f} vs {r['acc_b']:.3f}, Δ {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}], {r['items']} items"
+    if "p_mcnemar" in r:
+        s += f", McNemar b={r['b']} c={r['c']} p={r['p_mcnemar']:.3g}"
+    else:
+        s += f", paired bootstrap over items × members ({r['members_a']} vs {r['members_b']})"
+    return s
+
+
+def svg_open(width, height, title):
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">',
+            '<rect width="100%" height="100%" fill="white"/>', text(width / 2, 20, title, 13, "bold")]
+
+
+def text(x, y, s, size=11, weight="normal", anchor="middle"):
+    s = str(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" font-weight="{weight}" '
+            f'font-family="sans-serif">{s}</text>')
+
+
+def axes(parts, x0, y0, w, h, xs, xlabel, ylabel):
+    parts.append(f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="none" stroke="#444"/>')
+    for v in (0, 0.5, 1):
+        parts.append(text(x0 - 6, y0 + h - v * h + 3, f"{v:.1f}", 9, anchor="end"))
+    for label, x in xs:
+        parts.append(text(x, y0 + h + 14, label, 9))
+    parts.append(text(x0 + w / 2, y0 + h + 28, xlabel, 10))
+    parts.append(text(x0 - 32, y0 - 8, ylabel, 10, anchor="start"))
+
+
+def decide(res, plan, models, teacher_items, items_of, heads_json, margin=MARGIN):
+    students = plan.get("students", [])
+    lengths = [int(x) for x in plan.get("eval_lengths", [])]
+    depths = [int(x) for x in plan.get("depths", [])]
+    ft = int(plan.get("finetune_seq_len") or 0)
+    train_len = int(plan.get("seq_len") or 0)
+    inside = [n for n in lengths if n <= ft]
+    outside = [n for n in lengths if n > ft]
+    haystack = [d for d in depths if d < 100]
+    all_tasks = sorted({k[0] for k in teacher_items} | {k[0] for it in items_of.values() for k in it})
+    solved = []
+    for t in all_tasks:
+        got = [v for k, v in teacher_items.items() if k[0] == t and k[1] == train_len]
+        if got and sum(got) / len(got) >= 0.9:
+            solved.append(t)
+    tasks = solved or all_tasks
+    tasks_note = (f"tasks the teacher solves at its training length (≥ 0.9): {', '.join(solved)}" if solved else
+                  f"the teacher solves no task at its training length (≥ 0.9): all tasks ({', '.join(all_tasks)}) are used")
+
+    # Arms: students with one head spec and fusion, any seed / draw; the each-head landscape.
+    arms, landscape, head_of = {}, [], {}
+    for s in students:
+        if s["name"] not in items_of or not items_of[s["name"]]:
+            continue
+        m = re.search(r"/head_sets/(\d+)\.(\d+)\.json$", s["heads"])
+        if m:
+            landscape.append(s["name"])
+            head_of[s["name"]] = (int(m.group(1)), int(m.group(2)))
+            continue
+        arms.setdefault(arm_key(s), []).append(s["name"])
+    members = lambda names: [items_of[n] for n in names]
+    find = lambda heads, fusion="scale_norm": arms.get(f"{heads}|{fusion}")
+    selected_heads = "selected"
+    bands = [("inside, depths 0–75", inside, haystack), ("outside, depths 0–75", outside, haystack),
+             ("inside, depth 100", inside, [100]), ("outside, depth 100", outside, [100])]
+    rows, lines = [], []
+
+    def compare_one(question, a_label, a_names, b_label, b_names, band, lens, deps, tl):
+        universe = band_items(teacher_items or items_of[a_names[0]], tl, lens, deps)
+        r = stats.paired_difference(members(a_names), members(b_names), items=universe)
+        v = stats.verdict(r["lo"], r["hi"], margin) if r else "missing data"
+        v = v.replace("A better", f"{a_label} better").replace("B better", f"{b_label} better")
+        rows.append({"question": question, "a": a_label, "b": b_label, "band": band, "tasks": tl, "verdict": v,
+                     **(r or {})})
+        lines.append(f"| {question} | {a_label} vs {b_label} | {band} | {fmt_cmp(r)} | **{v}** |")
+
+    def compare(question, a_label, a_names, b_label, b_names, band_list=bands, task_list=None):
+        if not a_names or not b_names:
+            return
+        for band, lens, deps in band_list:
+            compare_one(question, a_label, a_names, b_label, b_names, band, lens, deps, task_list or tasks)
+            if task_list is None and len(tasks) > 1 and band == "outside, depths 0–75":
+                for t in tasks:  # the claim per task the teacher solves
+                    compare_one(question, a_label, a_names, b_label, b_names, f"{band}, {t}", lens, deps, [t])
+
+    # E1: the selected head vs a random one (the landscape), and the landscape's Spearman ρ.
+    sel1 = find("top-global:1")
+    if sel1 and landscape:
+        compare("E1 selected vs random head", f"top-global:1 ({len(sel1)} seeds)", sel1,
+                f"random head ({len(landscape)} heads)", landscape)
+    # E2: dose-response.
+    for k in sorted({int(m.group(1)) for key in arms for m in [re.match(r"^top-global:(\d+)\|", key)] if m}):
+        top = find(f"top-global:{k}")
+        if k == 1:
+            continue
+        compare(f"E2 K={k}", f"top-global:{k}", top, f"random-global:{k} ({len(find(f'random-global:{k}') or [])} draws)",
+                find(f"random-global:{k}"))
+        compare(f"E2 K={k}", f"top-global:{k}", top, f"bottom-global:{k}", find(f"bottom-global:{k}"))
+    # F: fusion variants against scale_norm at 7:1 selected.
+    base = find(selected_heads, "scale_norm")
+    for fusion in ("concat", "gate", "norm", "scale"):
+        other = find(selected_heads, fusion)
+        if base and other:
+            per_length = [(f"{n // train_len}×, depths 0–100", [n], depths) for n in lengths]
+            compare(f"F scale_norm vs {fusion}", f"scale_norm ({len(base)} seeds)", base, f"{fusion} ({len(other)} seeds)", other,
+                    band_list=(per_length if fusion == "concat" else bands[:2]))
+    # L: 7:1 head-wise vs every layer-wise placement and the all-FA student; the default plan's pairs.
+    headwise = base
+    n_heads = (plan.get("model_shape") or {}).get("heads")
+    for key, names in sorted(arms.items()):
+        heads = key.split("|")[0]
+        if heads.startswith("layerwise:") or heads == "uniform:0" or heads == f"uniform:{n_heads}":
+            label = "all-GDN" if heads == "uniform:0" else ("all-FA" if heads == f"uniform:{n_heads}" else heads)
+            compare("L head-wise vs " + label, "7:1 head-wise", headwise, label, names)
+    rand = find("random:1")
+    if headwise and rand:
+        compare("selected vs random:1", "7:1 selected", headwise, "7:1 random:1", rand)
+
+    # Plots: accuracy vs FA budget; single-head accuracy vs head score.
+    def accuracy(names, lens):
+        if not names:
+            return None
+        universe = band_items(teacher_items or items_of[names[0]], tasks, lens, haystack)
+        vals = [v for n in names for k, v in items_of[n].items() if k in universe]
+        return sum(vals) / len(vals) if vals else None
+
+    budget = {"selected": {}, "random": {}, "bottom": {}}
+    for key, names in arms.items():
+        m = re.match(r"^(top|random|bottom)-global:(\d+)\|scale_norm$", key)
+        if m:
+            budget[{"top": "selected", "random": "random", "bottom": "bottom"}[m.group(1)]][int(m.group(2))] = names
+    if landscape:
+        budget["random"].setdefault(1, landscape)
+    spear = None
+    points = []
+    if landscape and heads_json and "scores" in heads_json:
+        comp = heads_json["scores"]["composite"]
+        for n in landscape:
+            l, h = head_of[n]
+            points.append((comp[l][h], accuracy([n], outside or lengths), n))
+        pts = [(x, y) for x, y, _ in points if y is not None]
+        if len(pts) >= 3:
+            spear = stats.spearman([p[0] for p in pts], [p[1] for p in pts])
+    with open(os.path.join(res, "budget_accuracy.svg"), "w") as f:
+        f.write(budget_svg(budget, accuracy, inside, outside))
+    with open(os.path.join(res, "head_score_accuracy.svg"), "w") as f:
+        f.write(scatter_svg(points, spear))
+
+    out = ["# Decisions: paired comparisons on shared NIAH items", "",
+           f"Every model answered the same items (eval-niah seed {plan.get('eval_seed')}: task × length × depth × sample). "
+           "Δ = accuracy of A − B over the items of the band; the 95% interval is a paired bootstrap (2000 resamples of the "
+           "items, and of the training seeds / random draws / heads within an arm that has several); McNemar's exact p "
+           f"is given where both arms are one model. Verdict: A or B better when the interval excludes 0; **equivalent** "
+           f"when it lies within ±{margin:g} (the equivalence margin); **undecided** otherwise.", "",
+           f"Bands: inside = lengths ≤ the finetune length {ft} ({', '.join(map(str, inside))}), outside = longer "
+           f"({', '.join(map(str, outside)) or 'none'}); depths 0–75 apart from depth 100. Tasks: {tasks_note}.", "",
+           "| question | A vs B | band | A vs B accuracy, Δ [95%], items, test | verdict |", "|---|---|---|---|---|"]
+    out += lines or ["| — | no comparison of this plan's arms had data | | | |"]
+    if spear:
+        out += ["", f"Single-head landscape ({len(points)} students): Spearman ρ of head score (composite) vs accuracy "
+                f"outside the finetune length, depths 0–75 = {spear[0]:.3f} [{spear[1]:.3f}, {spear[2]:.3f}] (95% bootstrap over heads)."]
+    out += ["", "Plots: budget_accuracy.svg (accuracy at depths 0–75 vs FA heads in the model), head_score_accuracy.svg."]
+    with open(os.path.join(res, "decisions.md"), "w") as f:
+        f.write("\n".join(out) + "\n")
+    with open(os.path.join(res, "decisions.json"), "w") as f:
+        json.dump({"margin": margin, "tasks": tasks, "inside": inside, "outside": outside, "comparisons": rows,
+                   "spearman": spear, "landscape": [{"name": n, "score": x, "accuracy": y} for x, y, n in points]}, f, indent=1)
+    return out
+
+
+def budget_svg(budget, accuracy, inside, outside):
+    w, h, pad = 300, 200, 60
+    parts = svg_open(2 * (w + pad) + pad, h + 110, "NIAH accuracy (depths 0–75) vs FA heads in the model")
+    colors = {"selected": "#d62728", "random": "#1f77b4", "bottom": "#7f7f7f"}
+    ks = sorted({k for v in budget.values() for k in v}) or [1]
+    for pi, (label, lens) in enumerate((("inside the finetune length", inside), ("outside", outside))):
+        x0, y0 = pad + pi * (w + pad), 50
+        sx = lambda k: x0 + (ks.index(k) + 0.5) / len(ks) * w
+        axes(parts, x0, y0, w, h, [(k, sx(k)) for k in ks], f"FA heads (K) — {label}", "accuracy")
+        for li, (series, by_k) in enumerate(budget.items()):
+            pts = [(sx(k), accuracy(names, lens)) for k, names in sorted(by_k.items())]
+            pts = [(x, y0 + h - a * h) for x, a in pts if a is not None]
+            if len(pts) > 1:
+                parts.append(f'<polyline points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in pts)}" fill="none" '
+                             f'stroke="{colors[series]}" stroke-width="1.5"/>')
+            for x, y in pts:
+                parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{colors[series]}"/>')
+            parts.append(f'<rect x="{x0 + 8}" y="{y0 + 8 + li * 14}" width="10" height="3" fill="{colors[series]}"/>')
+            parts.append(text(x0 + 22, y0 + 13 + li * 14, series, 9, anchor="start"))
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def scatter_svg(points, spear):
+    w, h, pad = 420, 260, 60
+    title = "Single-head students: accuracy outside the finetune length (depths 0–75) vs head score"
+    if spear:
+        title += f" — Spearman ρ {spear[0]:.2f} [{spear[1]:.2f}, {spear[2]:.2f}]"
+    parts = svg_open(w + 2 * pad, h + 100, title)
+    pts = [(x, y, n) for x, y, n in points if y is not None and math.isfinite(x)]
+    x0, y0 = pad, 50
+    if not pts:
+        axes(parts, x0, y0, w, h, [], "head score (composite)", "accuracy")
+        parts.append(text(x0 + w / 2, y0 + h / 2, "no single-head students", 11))
+    else:
+        lo, hi = min(p[0] for p in pts), max(p[0] for p in pts)
+        hi = hi if hi > lo else lo + 1
+        sx = lambda v: x0 + (v - lo) / (hi - lo) * w
+        axes(parts, x0, y0, w, h, [(f"{lo:.3g}", x0), (f"{hi:.3g}", x0 + w)], "head score (composite)", "accuracy")
+        for x, y, n in pts:
+            parts.append(f'<circle cx="{sx(x):.1f}" cy="{y0 + h - y * h:.1f}" r="4" fill="#1f77b4" opacity="0.7"><title>{n}</title></circle>')
+    parts.append("</svg>")
+    return "\n".join(parts)
