@@ -8,10 +8,10 @@
 #           length every 100 steps), packs it into CARRY_OUT/teacher.h5.xz.* (parts under 15 MiB),
 #           then runs plans/ablation_call1.json (E1, E3) through cluster/synth/pipeline.sh with
 #           stage budgets in seconds turned into steps by probes, and writes those step counts to
-#           CARRY_OUT/ablation_steps.env.
+#           CARRY_OUT/ablation_steps.env and select-heads' output (with group patching) to CARRY_OUT/heads.json.
 #   call 2  unpacks the teacher and the step counts from CARRY_IN (what call 1 left in $OUT, carried
-#           back as .device/), and runs plans/ablation_call2.json (F, L, E2) with the same steps, so
-#           every student of both calls has the same token budget.
+#           back as .device/), and runs plans/ablation_call2.json (F, L, E2) with the same steps and
+#           head scores (no second select-heads), so every student of both calls has the same token budget.
 # Both: the pipeline's results (tables, evaluations with every sample, curves, logs, commands) go to
 # RESULTS/callN/, which gpu_job.sh tars into $OUT. A command past the deadline is skipped and
 # recorded; the results are written either way.
@@ -98,12 +98,13 @@ else
   # ---- call 2: call 1's teacher and step counts --------------------------------------------------
   ls "$carry_in"/teacher.h5.xz.* > /dev/null 2>&1 || { el "no teacher in $carry_in (teacher.h5.xz.* from call 1)"; exit 1; }
   [[ -r "$carry_in/ablation_steps.env" ]] || { el "no $carry_in/ablation_steps.env from call 1"; exit 1; }
+  [[ -r "$carry_in/heads.json" ]] || { el "no $carry_in/heads.json from call 1"; exit 1; }
   teacher="$work/teacher.h5"
   cat "$carry_in"/teacher.h5.xz.* | xz -d > "$teacher" || { el "unpacking the teacher failed"; exit 1; }
   mkdir -p "$results/teacher"
   sha256sum "$teacher" | cut -c1-64 > "$results/teacher/teacher.sha256"
   el "teacher unpacked, sha256 $(cut -c1-16 "$results/teacher/teacher.sha256")"
-  plan_file="$plan2" plan_flags=(--plan fixed)
+  plan_file="$plan2" plan_flags=(--plan fixed --heads "$carry_in/heads.json")
   while IFS= read -r line; do
     [[ "$line" =~ ^steps_(align|distill|finetune)=[0-9]+$ ]] || { el "bad line in ablation_steps.env: $line"; exit 1; }
     plan_flags+=(--set "$line")
@@ -129,6 +130,7 @@ for s in ("align", "distill", "finetune"):
     print(f"steps_{s}={stages[s]['steps']}")
 EOF
   cp "$carry_out/ablation_steps.env" "$results/"
+  cp "$work/pipeline/results/heads.json" "$carry_out/heads.json" || { el "no heads.json for call 2"; rc=1; }
 fi
 wait
 el "done, rc $rc"

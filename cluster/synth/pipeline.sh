@@ -51,6 +51,7 @@ device=""
 jobs=""
 deadline_s=""
 teacher_in=""
+heads_in=""
 plan_override=""
 plan_file="$root/cluster/synth/plans/default.json"
 overrides=()
@@ -59,6 +60,7 @@ usage() {
   echo "flags: --profile gpu|cpu|toy --out DIR [--archive FILE.tar.gz] [--hydra BIN] [--device cuda|cpu]"
   echo "       [--jobs N (students side by side)] [--deadline-s S (0: none)] [--teacher FILE.h5 (skip pretraining)]"
   echo "       [--plan probe|fixed (override the profile's: probe turns its second budgets into steps)]"
+  echo "       [--heads HEADS.json (select-heads' output for this --teacher: skip head selection)]"
   echo "       [--plan-file PLAN.json (the students; default cluster/synth/plans/default.json; see cluster/synth/plan.py)]"
   echo "       [--set NAME=VALUE ... (override a profile setting, e.g. --set budget_pretrain=300 --set mix=lm:0.5,mqar:0.5)]"
 }
@@ -72,6 +74,7 @@ while (($#)); do
     --jobs) jobs="$2"; shift 2 ;;
     --deadline-s) deadline_s="$2"; shift 2 ;;
     --teacher) teacher_in="$2"; shift 2 ;;
+    --heads) heads_in="$2"; shift 2 ;;
     --plan) plan_override="$2"; shift 2 ;;
     --plan-file) plan_file="$2"; shift 2 ;;
     --set) overrides+=("$2"); shift 2 ;;
@@ -82,6 +85,7 @@ done
 [[ -n "$out" ]] || { echo "pipeline.sh: --out DIR is required" >&2; exit 2; }
 [[ -x "$hydra" ]] || { echo "pipeline.sh: $hydra is not an executable (build first, or pass --hydra)" >&2; exit 2; }
 [[ -z "$teacher_in" || -r "$teacher_in" ]] || { echo "pipeline.sh: --teacher $teacher_in is not readable" >&2; exit 2; }
+[[ -z "$heads_in" || ( -r "$heads_in" && -n "$teacher_in" ) ]] || { echo "pipeline.sh: --heads $heads_in must be a readable file, with --teacher (the model it scored)" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "pipeline.sh: python3 is needed (standard library only)" >&2; exit 2; }
 plan_py="$root/cluster/synth/plan.py"
 [[ -r "$plan_file" ]] || { echo "pipeline.sh: --plan-file $plan_file is not readable" >&2; exit 2; }
@@ -364,9 +368,15 @@ else
 fi
 
 # ---- head selection ----------------------------------------------------------------------------
-run_step select-heads "$hydra" select-heads --model "$teacher" --budget 1 --per-layer --calib-task single \
-  --calib-length "$len" --calib-samples "$calib_samples" --lm-text "$d/lmtext.h5" --lm-length "$len" \
-  --lm-samples "$lm_samples" --seed 7 --device cpu --out "$res/heads.json"
+# Group patching (a whole layer; all heads of a layer but one) shows whether the retrieval heads are
+# redundant; the concentration of the direct effect goes into heads.json either way.
+if [[ -n "$heads_in" ]]; then
+  cp "$heads_in" "$res/heads.json" && echo "[pipeline] select-heads: given ($heads_in)" | tee -a "$res/logs/pipeline.log"
+else
+  run_step select-heads "$hydra" select-heads --model "$teacher" --budget 1 --per-layer --calib-task single \
+    --calib-length "$len" --calib-samples "$calib_samples" --lm-text "$d/lmtext.h5" --lm-length "$len" \
+    --lm-samples "$lm_samples" --seed 7 --group-patching --device cpu --out "$res/heads.json"
+fi
 
 # ---- students ----------------------------------------------------------------------------------
 student_chain() {

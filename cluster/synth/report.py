@@ -351,6 +351,16 @@ def main(res):
         sel = heads["selection"]
         out.append(f"* select-heads: log p(answer) clean {fmt(sel.get('logprob_clean'))}, corrupted "
                    f"{fmt(sel.get('logprob_corrupt'))}; total effect normalised: {sel.get('total_normalized')}")
+        conc = sel.get("concentration")
+        if conc:
+            out.append(f"* the teacher's concentration (positive direct effect): effective heads {fmt(conc['effective_heads'], 2)}; "
+                       f"per-layer share {[round(x, 3) for x in conc['layer_share']]}; top-k share "
+                       + ", ".join(f"{k}: {v:.3f}" for k, v in conc["top_share"].items()))
+        groups = sel.get("groups")
+        if groups:
+            out.append(f"* group patching (total effect): whole layer {[round(x, 3) for x in groups['layer_total']]}; "
+                       f"every head of a layer but one, per layer (min, max): "
+                       f"{[(round(min(r), 3), round(max(r), 3)) for r in groups['all_but_one']]}")
     out += ["", "## Budgets (equal for every student)", "", "| stage | steps | windows per step | tokens per window | tokens | peak lr |",
             "|---|---|---|---|---|---|"]
     for stage in STAGES:

@@ -63,6 +63,7 @@ def main(hydra, root):
         parts = sorted(f for f in os.listdir(out1) if f.startswith("teacher.h5.xz."))
         check(len(parts) >= 1, f"call 1 left no teacher parts: {os.listdir(out1)}")
         check(os.path.exists(os.path.join(out1, "ablation_steps.env")), "call 1 left no ablation_steps.env")
+        check(os.path.exists(os.path.join(out1, "heads.json")), "call 1 left no heads.json")
         probe = [json.loads(l) for l in open(os.path.join(r1, "teacher", "probe.jsonl"))]
         check(len(probe) == 1 and all(p.get("steps_done") == p.get("steps_planned") for p in probe[0]["phases"]),
               f"teacher phases {probe}")
@@ -88,6 +89,13 @@ def main(hydra, root):
             cells = [json.loads(l) for l in open(os.path.join(res, "evals", f"{want[k][0]}.niah.jsonl"))]
             check(any(c.get("type") == "cell" for c in cells), f"call {k}: NIAH cells")
         res1 = os.path.join(r1, "call1")
+        # Call 2 used call 1's head scores (no second select-heads); they carry the concentration and group effects.
+        h1, h2 = (json.load(open(os.path.join(r, f"call{k}", "heads.json"))) for k, r in ((1, r1), (2, r2)))
+        check(h1 == h2, "call 2's heads.json is call 1's")
+        check("select-heads" not in {t["step"] for t in map(json.loads, open(os.path.join(r2, "call2", "timings.jsonl")))},
+              "call 2 ran select-heads again")
+        check(len(h1["selection"]["groups"]["layer_total"]) == 4 and len(h1["selection"]["concentration"]["layer_share"]) == 4,
+              f"heads.json groups / concentration {h1['selection'].get('groups')}")
         composite = json.load(open(os.path.join(res1, "heads.json")))["scores"]["composite"]
         ranked = sorted(((composite[l][h], l, h) for l in range(4) for h in range(8)), key=lambda x: (-x[0], x[1], x[2]))
         info = {s: fa_heads(os.path.join(res1, "models", f"{s}.info.txt")) for s in want[1]}
