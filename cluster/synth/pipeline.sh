@@ -98,6 +98,7 @@ synth_extra=""          # more hydra synth flags for every stream, e.g. "--recal
 eval_tasks=single,multikey,multivalue   # eval-niah's tasks for the final evaluation
 curve_tasks=single,multikey             # NIAH tasks of the stage curves (hydra train --eval-niah)
 curve_samples=16                        # their samples per task and evaluation
+select_ranks=1                          # select-heads' CPU ranks (mpirun -np N when > 1: its head jobs are dealt over the ranks)
 case "$profile" in
   gpu)
     preset=qwen3-synth; vocab=512; len=256; ft_len=1024; pairs=10
@@ -107,7 +108,7 @@ case "$profile" in
     plan_mode=probe; budget_pretrain=240; budget_align=15; budget_distill=30; budget_finetune=20
     lr_pretrain=2e-3; lr_align=2e-3; lr_distill=5e-4; lr_finetune=2e-4
     eval_mults="1 4 16 64"; depths=0,25,50,75,100; samples=4; lm_windows=64
-    calib_samples=8; lm_samples=2
+    calib_samples=8; lm_samples=2; select_ranks=8   # the GPU machine has 16 CPU cores
     : "${device:=cuda}"; : "${jobs:=4}"; : "${deadline_s:=540}" ;;
   cpu)
     preset=qwen3-synth-cpu; vocab=256; len=128; ft_len=512; pairs=6
@@ -132,7 +133,7 @@ case "$profile" in
 esac
 settings="synth_extra preset vocab len ft_len pairs train_tokens ft_tokens batch ft_batch mix eval_seed eval_mults depths samples
   lm_windows calib_samples lm_samples budget_pretrain budget_align budget_distill budget_finetune steps_pretrain steps_align
-  steps_distill steps_finetune lr_pretrain lr_align lr_distill lr_finetune eval_tasks curve_tasks curve_samples"
+  steps_distill steps_finetune lr_pretrain lr_align lr_distill lr_finetune eval_tasks curve_tasks curve_samples select_ranks"
 # The plan's settings first, then --set: the command line wins.
 mapfile -t plan_settings < <(python3 "$plan_py" settings "$plan_file")
 overrides=("${plan_settings[@]}" "${overrides[@]}")
@@ -373,9 +374,16 @@ fi
 if [[ -n "$heads_in" ]]; then
   cp "$heads_in" "$res/heads.json" && echo "[pipeline] select-heads: given ($heads_in)" | tee -a "$res/logs/pipeline.log"
 else
-  run_step select-heads "$hydra" select-heads --model "$teacher" --budget 1 --per-layer --calib-task single \
-    --calib-length "$len" --calib-samples "$calib_samples" --lm-text "$d/lmtext.h5" --lm-length "$len" \
-    --lm-samples "$lm_samples" --seed 7 --group-patching --device cpu --out "$res/heads.json"
+  select_args=(select-heads --model "$teacher" --budget 1 --per-layer --calib-task single
+    --calib-length "$len" --calib-samples "$calib_samples" --lm-text "$d/lmtext.h5" --lm-length "$len"
+    --lm-samples "$lm_samples" --seed 7 --group-patching --device cpu --out "$res/heads.json")
+  # On several CPU ranks when asked (the scores do not depend on the rank count); one rank if that fails.
+  if ((select_ranks > 1)) && command -v mpirun > /dev/null; then
+    run_step select-heads mpirun --oversubscribe -np "$select_ranks" "$hydra" "${select_args[@]}" ||
+      run_step select-heads-1rank "$hydra" "${select_args[@]}"
+  else
+    run_step select-heads "$hydra" "${select_args[@]}"
+  fi
 fi
 
 # ---- students ----------------------------------------------------------------------------------

@@ -379,7 +379,7 @@ def main(res):
         if conc:
             out.append(f"* the teacher's concentration (positive direct effect): effective heads {fmt(conc['effective_heads'], 2)}; "
                        f"per-layer share {[round(x, 3) for x in conc['layer_share']]}; top-k share "
-                       + ", ".join(f"{k}: {v:.3f}" for k, v in conc["top_share"].items()))
+                       + ", ".join(f"{k}: {v:.3f}" for k, v in sorted(conc["top_share"].items(), key=lambda kv: int(kv[0]))))
         groups = sel.get("groups")
         if groups:
             out.append(f"* group patching (total effect): whole layer {[round(x, 3) for x in groups['layer_total']]}; "

@@ -70,6 +70,8 @@ check("p_mcnemar" not in r, "no McNemar p for arms of several members")
 r = stats.paired_difference([{1: 1, 2: 1}], [{2: 0, 3: 0}])
 check(r["items"] == 1 and r["diff"] == 1, f"shared items only {r}")
 check(stats.paired_difference([{1: 1}], [{2: 0}]) is None, "no shared item: None")
+r = stats.paired_difference([{1: 1}], [{1: 1}])
+check(r["lo"] == -1.0 and r["hi"] == 1.0, f"one item: the interval is the whole [-1, 1] {r}")
 
 # ---- Spearman with ties: ranks x = [1, 2.5, 2.5, 4] against [1, 2, 3, 4] -> 4.5 / sqrt(4.5 * 5).
 rho, lo, hi = stats.spearman([1, 2, 2, 3], [1, 2, 3, 4])

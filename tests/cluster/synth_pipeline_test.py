@@ -98,6 +98,8 @@ def main(hydra, root):
                       f"{name} {stage}: curve points {evals}")
         # The training seed reaches hydra train and convert (top2 has seed 2, the rest 1).
         commands = open(os.path.join(res, "commands.sh")).read()
+        check("mpirun --oversubscribe -np 2 " in commands and "select-heads-1rank" not in timings,
+              "select-heads on the plan's 2 ranks (select_ranks)")
         check(re.search(r"train --stage align --model \S*student-top2\.h5 .*--seed 2 ", commands) is not None, "top2: train --seed 2")
         check(re.search(r"convert --teacher \S+ --fa-heads top-global:2 --scores \S+heads\.json .*--seed 2 ", commands) is not None,
               "top2: convert --scores heads.json --seed 2")
