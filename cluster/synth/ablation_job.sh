@@ -122,6 +122,26 @@ rc=$?
 el "pipeline rc $rc"; tail -5 "$results/pipeline.log"
 rm -rf "$results/call$call"
 cp -r "$work/pipeline/results" "$results/call$call"
+# What comes back is one tarball of at most 16 MiB (gpu_job.sh tars $results): the eval-niah HDF5
+# copies go (every sample is in the .niah.jsonl beside them), every command's log keeps its last 60
+# lines (the full ones stay on the device), and if the tarball would still pass 14 MiB, the training
+# logs keep every 10th step line (all evaluation lines stay). Each cut is written to ablation.log.
+c="$results/call$call"
+rm -f "$c"/evals/*.niah.h5 "$c"/curves/*.niah.h5
+for f in "$c"/logs/*.log; do [[ -f "$f" ]] && tail -n 60 "$f" > "$f.tail" && mv "$f.tail" "$f"; done
+size=$(tar -czf - -C "$results" . | wc -c)
+if ((size > 14 * 1024 * 1024)); then
+  for f in "$c"/train/*.jsonl; do
+    python3 - "$f" <<'EOF2'
+import json, sys
+rows = [l for l in open(sys.argv[1]) if l.strip()]
+keep = [l for l in rows if json.loads(l).get("type") != "step" or json.loads(l).get("step", 0) % 10 == 0]
+open(sys.argv[1], "w").writelines(keep)
+EOF2
+  done
+  el "results were $size bytes compressed: training logs thinned to every 10th step ($(tar -czf - -C "$results" . | wc -c) bytes now)"
+fi
+el "results: $(tar -czf - -C "$results" . | wc -c) bytes compressed"
 if [[ "$call" == 1 ]]; then
   python3 - "$work/pipeline/results/plan.json" > "$carry_out/ablation_steps.env" <<'EOF' || { el "no step counts for call 2"; rc=1; }
 import json, sys

@@ -412,7 +412,8 @@ def main(res):
          "Computed by cluster/synth/report.py from the numbers in table.md. Accuracies are pooled over tasks, "
          "depths and the lengths named, with their 95% Wilson intervals; a comparison **held** when the intervals are "
          "disjoint in its favour, **did not hold** when disjoint against it, and is **undecided** when they overlap "
-         "(the samples cannot tell the two apart).", ""]
+         "(the samples cannot tell the two apart). Interval overlap is a weak test of unpaired samples; the paired "
+         "comparisons on shared items in decisions.md are the ones to decide by where both exist.", ""]
 
     def line(text, ok):
         verdict = {None: "missing data", True: "held", False: "did not hold", "undecided": "undecided"}[ok]
