@@ -19,6 +19,7 @@
 #   bash cluster/synth/ablation_job.sh --call 1 --results DIR [--profile gpu|toy] [--hydra BIN] [--device cuda|cpu]
 #        [--carry-in DIR (default .device)] [--carry-out DIR (default $OUT)] [--deadline-s S (default 540)]
 #        [--plan1 FILE] [--plan2 FILE] [--jobs N] [--test-cuda BIN (run beside the teacher)]
+# After both calls: cluster/synth/merge_results.py OUT r1/call1 r2/call2 && cluster/synth/report.py OUT.
 # The toy profile (qwen3-synth-cpu, a few steps) is the same job on the CPU: CTest synth_ablation_job.toy.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -107,6 +107,19 @@ def main(hydra, root):
         check(info["e3-other"][other[0]] == [other[1]] and sum(map(len, info["e3-other"])) == 1, f"e3-other {info['e3-other']} vs {other}")
         check(info["e1-head-1.5"] == [[], [5], [], []], f"e1-head-1.5 {info['e1-head-1.5']}")
         check(os.path.exists(os.path.join(r1, "test_cuda.log")) is False, "no test_cuda without --test-cuda")
+        # The two calls merged into one report: comparisons across the calls (E1 from call 1, L from call 2).
+        merged = os.path.join(tmp, "merged")
+        m = subprocess.run([sys.executable, os.path.join(root, "cluster/synth/merge_results.py"), merged, res1, os.path.join(r2, "call2")],
+                           capture_output=True, text=True)
+        check(m.returncode == 0, f"merge_results: {m.stdout}{m.stderr}")
+        subprocess.run([sys.executable, os.path.join(root, "cluster/synth/report.py"), merged], capture_output=True, text=True)
+        d = json.load(open(os.path.join(merged, "decisions.json")))
+        questions = {c["question"] for c in d["comparisons"]}
+        check(any(q.startswith("E1") for q in questions) and any(q.startswith("L head-wise vs all-FA") for q in questions),
+              f"merged decisions {sorted(questions)}")
+        again = subprocess.run([sys.executable, os.path.join(root, "cluster/synth/merge_results.py"), os.path.join(tmp, "m2"), res1, res1],
+                               capture_output=True, text=True)
+        check(again.returncode == 2 and "appear in more than one folder" in again.stderr, f"a folder merged twice: {again.stderr}")
     print(f"{0 if failures else 1} passed, {1 if failures else 0} failed")
     return 1 if failures else 0
 
