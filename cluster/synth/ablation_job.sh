@@ -26,7 +26,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 call="" results="" profile=gpu hydra="${H:-$root/build/bin/hydra}" device="" carry_in=.device carry_out="${OUT:-}"
 deadline_s=540 plan1="$root/cluster/synth/plans/ablation_call1.json" plan2="$root/cluster/synth/plans/ablation_call2.json"
 jobs="" test_cuda="" toy_sets=()
-usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --call) call="$2"; shift 2 ;;
