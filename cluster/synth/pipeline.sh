@@ -56,7 +56,7 @@ plan_override=""
 plan_file="$root/cluster/synth/plans/default.json"
 overrides=()
 usage() {
-  sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,42p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "flags: --profile gpu|cpu|toy --out DIR [--archive FILE.tar.gz] [--hydra BIN] [--device cuda|cpu]"
   echo "       [--jobs N (students side by side)] [--deadline-s S (0: none)] [--teacher FILE.h5 (skip pretraining)]"
   echo "       [--plan probe|fixed (override the profile's: probe turns its second budgets into steps)]"
