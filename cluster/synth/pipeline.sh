@@ -37,8 +37,9 @@
 #
 # Output: OUT/work (data, checkpoints; not archived) and OUT/results: plan.json, commands.sh (every
 # command as run), timings.jsonl (wall seconds and exit code per step: the device time each took),
-# logs/, train/ (train.jsonl of every stage), evals/, models/ (hydra info of every model), heads.*,
-# and what report.py writes. A failed or timed-out step is recorded and the rest goes on (a later
+# logs/, train/ (train.jsonl of every stage), evals/, curves/, models/ (hydra info of every model),
+# heads.*, head_sets/, plan_file.json and students.tsv (the plan as given and as expanded), and what
+# report.py writes. A failed or timed-out step is recorded and the rest goes on (a later
 # step that needs its output fails in turn); the report and the archive are always written.
 set -uo pipefail
 
@@ -56,7 +57,7 @@ plan_override=""
 plan_file="$root/cluster/synth/plans/default.json"
 overrides=()
 usage() {
-  sed -n '2,42p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,43p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "flags: --profile gpu|cpu|toy --out DIR [--archive FILE.tar.gz] [--hydra BIN] [--device cuda|cpu]"
   echo "       [--jobs N (students side by side)] [--deadline-s S (0: none)] [--teacher FILE.h5 (skip pretraining)]"
   echo "       [--plan probe|fixed (override the profile's: probe turns its second budgets into steps)]"
