@@ -126,6 +126,27 @@ with tempfile.TemporaryDirectory() as res:
         body = open(os.path.join(res, svg)).read()
         check(body.count("<circle") >= 2, f"{svg}: points drawn")
 
+# ---- decide(): F's interaction — gate equal to scale_norm inside, worse outside: the gap grows outside.
+with tempfile.TemporaryDirectory() as res:
+    lengths, depths = [64, 256], [0, 50, 100]
+    keys = [(t, n, d, s) for t in ("single",) for n in lengths for d in depths for s in range(40)]
+    items_of = {"teacher": {k: 1 for k in keys}}
+    students = []
+    for seed in (1, 2):
+        students.append({"name": f"sn{seed}", "heads": "file:/r/heads.json", "fusion": "scale_norm", "seed": seed, "curves": False})
+        items_of[f"sn{seed}"] = {k: 1 for k in keys}
+        students.append({"name": f"g{seed}", "heads": "file:/r/heads.json", "fusion": "gate", "seed": seed, "curves": False})
+        items_of[f"g{seed}"] = {k: (1 if k[1] == 64 or k[3] % 2 else 0) for k in keys}
+    plan = {"students": students, "eval_lengths": lengths, "depths": depths, "finetune_seq_len": 128, "seq_len": 64,
+            "eval_seed": 1, "model_shape": {"layers": 1, "heads": 2}}
+    decide.decide(res, plan, ["teacher"] + [s["name"] for s in students], items_of["teacher"], items_of, None)
+    rows = {(c["question"], c["band"]): c for c in json.load(open(os.path.join(res, "decisions.json")))["comparisons"]}
+    inter = rows.get(("F scale_norm vs gate: interaction", "outside − inside, depths 0–75"))
+    check(inter is not None and close(inter["diff"], 0.5, 1e-12) and inter["verdict"] == "the gap grows outside",
+          f"interaction {inter}")
+    inside_row = rows.get(("F scale_norm vs gate", "inside, depths 0–75"))
+    check(inside_row is not None and inside_row["diff"] == 0 and inside_row["verdict"].startswith("equivalent"), f"inside {inside_row}")
+
 # ---- plan.py: every mistake named on one line; expansions exact.
 bad = {"students": [{"name": "a", "heads": "selected"}, {"name": "a", "heads": "uniform:1"},
                     {"name": "b c", "heads": "x"}, {"name": "d", "heads": "uniform:1", "fusion": "mean"},
