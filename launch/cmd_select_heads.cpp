@@ -49,6 +49,7 @@ struct SelectHeadsOptions {
   std::string out, out_h5;
   std::string device = "auto";
   double nccl_timeout = 600;
+  bool group_patching = false;
   std::set<std::string> generator_flags;  // given on the command line; they conflict with --calib
 
   void bind(po::options_description& o) {
@@ -71,6 +72,8 @@ struct SelectHeadsOptions {
         ("out", po::value(&out)->required(), "head-set file (.json) for hydra convert --fa-heads file:PATH, written by rank 0")
         ("out-h5", po::value(&out_h5), "HDF5 copy of the scores (default: --out with .json replaced by .h5)")
         ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present): one GPU per rank")
+        ("group-patching", po::bool_switch(&group_patching), "also patch groups of heads: every head of a layer, and every "
+                                                             "head of a layer but one ((L + L*H) * prompts more forwards)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
     ModelSource::bind_allow_nonfinite(o, &model.allow_nonfinite);
   }
@@ -208,6 +211,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
             config.summary(), jobs, prompts.size(), text.size(), lm_length, comm.size(), load_s);
 
   heads::ScoringOptions scoring;
+  scoring.group_patching = opt.group_patching;
   scoring.on_layer_done = [&](const heads::ScoringProgress& p) {
     const double left = p.jobs_done > 0 ? p.seconds / static_cast<double>(p.jobs_done) * static_cast<double>(p.jobs - p.jobs_done) : 0;
     log::info("select-heads: layer {}/{} scored ({}/{} of rank 0's heads, {:.1f} s, about {:.0f} s left)", p.layer + 1,
@@ -232,7 +236,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   }
   int64_t kept = 0;
   for (const auto& l : report.fa_heads) kept += static_cast<int64_t>(l.size());
-  const nlohmann::ordered_json selection = {
+  nlohmann::ordered_json selection = {
       {"tool", "hydra select-heads"},
       {"model", report.model},
       {"budget", budget.heads},
@@ -248,6 +252,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
       {"logit_diff_corrupt", s.logit_diff_corrupt},
       {"lm_nll_clean", s.lm_nll_clean},
       {"scales", {{"total", report.composite.scale_total}, {"direct", report.composite.scale_direct}, {"lm", report.composite.scale_lm}}}};
+  selection.update(heads::concentration_json(s));
   report.selection_json = selection.dump();
   if (comm.rank() == 0) {
     AtomicCommitGroup outputs;  // heads.json and heads.h5 appear together or not at all

@@ -8,10 +8,10 @@
 #           length every 100 steps), packs it into CARRY_OUT/teacher.h5.xz.* (parts under 15 MiB),
 #           then runs plans/ablation_call1.json (E1, E3) through cluster/synth/pipeline.sh with
 #           stage budgets in seconds turned into steps by probes, and writes those step counts to
-#           CARRY_OUT/ablation_steps.env.
+#           CARRY_OUT/ablation_steps.env and select-heads' output (with group patching) to CARRY_OUT/heads.json.
 #   call 2  unpacks the teacher and the step counts from CARRY_IN (what call 1 left in $OUT, carried
-#           back as .device/), and runs plans/ablation_call2.json (F, L, E2) with the same steps, so
-#           every student of both calls has the same token budget.
+#           back as .device/), and runs plans/ablation_call2.json (F, L, E2) with the same steps and
+#           head scores (no second select-heads), so every student of both calls has the same token budget.
 # Both: the pipeline's results (tables, evaluations with every sample, curves, logs, commands) go to
 # RESULTS/callN/, which gpu_job.sh tars into $OUT. A command past the deadline is skipped and
 # recorded; the results are written either way.
@@ -19,13 +19,14 @@
 #   bash cluster/synth/ablation_job.sh --call 1 --results DIR [--profile gpu|toy] [--hydra BIN] [--device cuda|cpu]
 #        [--carry-in DIR (default .device)] [--carry-out DIR (default $OUT)] [--deadline-s S (default 540)]
 #        [--plan1 FILE] [--plan2 FILE] [--jobs N] [--test-cuda BIN (run beside the teacher)]
+# After both calls: cluster/synth/merge_results.py OUT r1/call1 r2/call2 && cluster/synth/report.py OUT.
 # The toy profile (qwen3-synth-cpu, a few steps) is the same job on the CPU: CTest synth_ablation_job.toy.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 call="" results="" profile=gpu hydra="${H:-$root/build/bin/hydra}" device="" carry_in=.device carry_out="${OUT:-}"
 deadline_s=540 plan1="$root/cluster/synth/plans/ablation_call1.json" plan2="$root/cluster/synth/plans/ablation_call2.json"
 jobs="" test_cuda="" toy_sets=()
-usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --call) call="$2"; shift 2 ;;
@@ -98,12 +99,13 @@ else
   # ---- call 2: call 1's teacher and step counts --------------------------------------------------
   ls "$carry_in"/teacher.h5.xz.* > /dev/null 2>&1 || { el "no teacher in $carry_in (teacher.h5.xz.* from call 1)"; exit 1; }
   [[ -r "$carry_in/ablation_steps.env" ]] || { el "no $carry_in/ablation_steps.env from call 1"; exit 1; }
+  [[ -r "$carry_in/heads.json" ]] || { el "no $carry_in/heads.json from call 1"; exit 1; }
   teacher="$work/teacher.h5"
   cat "$carry_in"/teacher.h5.xz.* | xz -d > "$teacher" || { el "unpacking the teacher failed"; exit 1; }
   mkdir -p "$results/teacher"
   sha256sum "$teacher" | cut -c1-64 > "$results/teacher/teacher.sha256"
   el "teacher unpacked, sha256 $(cut -c1-16 "$results/teacher/teacher.sha256")"
-  plan_file="$plan2" plan_flags=(--plan fixed)
+  plan_file="$plan2" plan_flags=(--plan fixed --heads "$carry_in/heads.json")
   while IFS= read -r line; do
     [[ "$line" =~ ^steps_(align|distill|finetune)=[0-9]+$ ]] || { el "bad line in ablation_steps.env: $line"; exit 1; }
     plan_flags+=(--set "$line")
@@ -121,6 +123,26 @@ rc=$?
 el "pipeline rc $rc"; tail -5 "$results/pipeline.log"
 rm -rf "$results/call$call"
 cp -r "$work/pipeline/results" "$results/call$call"
+# What comes back is one tarball of at most 16 MiB (gpu_job.sh tars $results): the eval-niah HDF5
+# copies go (every sample is in the .niah.jsonl beside them), every command's log keeps its last 60
+# lines (the full ones stay on the device), and if the tarball would still pass 14 MiB, the training
+# logs keep every 10th step line (all evaluation lines stay). Each cut is written to ablation.log.
+c="$results/call$call"
+rm -f "$c"/evals/*.niah.h5 "$c"/curves/*.niah.h5
+for f in "$c"/logs/*.log; do [[ -f "$f" ]] && tail -n 60 "$f" > "$f.tail" && mv "$f.tail" "$f"; done
+size=$(tar -czf - -C "$results" . | wc -c)
+if ((size > 14 * 1024 * 1024)); then
+  for f in "$c"/train/*.jsonl; do
+    python3 - "$f" <<'EOF2'
+import json, sys
+rows = [l for l in open(sys.argv[1]) if l.strip()]
+keep = [l for l in rows if json.loads(l).get("type") != "step" or json.loads(l).get("step", 0) % 10 == 0]
+open(sys.argv[1], "w").writelines(keep)
+EOF2
+  done
+  el "results were $size bytes compressed: training logs thinned to every 10th step ($(tar -czf - -C "$results" . | wc -c) bytes now)"
+fi
+el "results: $(tar -czf - -C "$results" . | wc -c) bytes compressed"
 if [[ "$call" == 1 ]]; then
   python3 - "$work/pipeline/results/plan.json" > "$carry_out/ablation_steps.env" <<'EOF' || { el "no step counts for call 2"; rc=1; }
 import json, sys
@@ -129,6 +151,7 @@ for s in ("align", "distill", "finetune"):
     print(f"steps_{s}={stages[s]['steps']}")
 EOF
   cp "$carry_out/ablation_steps.env" "$results/"
+  cp "$work/pipeline/results/heads.json" "$carry_out/heads.json" || { el "no heads.json for call 2"; rc=1; }
 fi
 wait
 el "done, rc $rc"

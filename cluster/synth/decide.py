@@ -10,6 +10,9 @@ arm (`random-global:K@D` with any draw D counts as `random-global:K`); the stude
 entry expanded into form the single-head landscape, whose members are heads: a random head's
 distribution, measured exactly rather than drawn.
 
+F adds the interaction of scale_norm vs gate with the band: Δ outside − Δ inside (normal interval,
+the two bootstrap standard errors in quadrature).
+
 Bands. inside = evaluation lengths up to the finetune length, outside = longer; depths 0–75
 ("needle in the haystack") apart from depth 100 (the needle right before the question, which a
 recurrent state alone can answer); tasks = those the teacher solves at its training length
@@ -139,6 +142,25 @@ def decide(res, plan, models, teacher_items, items_of, heads_json, margin=MARGIN
                 for t in tasks:  # the claim per task the teacher solves
                     compare_one(question, a_label, a_names, b_label, b_names, f"{band}, {t}", lens, deps, [t])
 
+    def interaction(question, a_names, b_names):
+        """(Δ outside − Δ inside) at depths 0–75: does the gap between A and B change beyond the finetune
+        length? The two Δ come from disjoint items, so their standard errors (bootstrap interval / 3.92)
+        add in quadrature; normal 95% interval."""
+        d = []
+        for lens in (outside, inside):
+            universe = band_items(teacher_items or items_of[a_names[0]], tasks, lens, haystack)
+            d.append(stats.paired_difference(members(a_names), members(b_names), items=universe))
+        if None in d:
+            return
+        est = d[0]["diff"] - d[1]["diff"]
+        se = math.hypot((d[0]["hi"] - d[0]["lo"]) / 3.92, (d[1]["hi"] - d[1]["lo"]) / 3.92)
+        lo, hi = est - 1.96 * se, est + 1.96 * se
+        v = stats.verdict(lo, hi, margin).replace("A better", "the gap grows outside").replace("B better", "the gap shrinks outside")
+        rows.append({"question": question, "band": "outside − inside, depths 0–75", "diff": est, "lo": lo, "hi": hi,
+                     "verdict": v, "tasks": tasks})
+        lines.append(f"| {question} | Δ outside − Δ inside | depths 0–75 | {d[0]['diff']:+.3f} − {d[1]['diff']:+.3f} = {est:+.3f} "
+                     f"[{lo:+.3f}, {hi:+.3f}] (normal, bootstrap SEs in quadrature) | **{v}** |")
+
     # E1: the selected head vs a random one (the landscape), and the landscape's Spearman ρ.
     sel1 = find("top-global:1")
     if sel1 and landscape:
@@ -160,6 +182,8 @@ def decide(res, plan, models, teacher_items, items_of, heads_json, margin=MARGIN
             per_length = [(f"{n // train_len}×, depths 0–100", [n], depths) for n in lengths]
             compare(f"F scale_norm vs {fusion}", f"scale_norm ({len(base)} seeds)", base, f"{fusion} ({len(other)} seeds)", other,
                     band_list=(per_length if fusion == "concat" else bands[:2]))
+            if fusion == "gate":
+                interaction(f"F scale_norm vs {fusion}: interaction", base, other)
     # L: 7:1 head-wise vs every layer-wise placement and the all-FA student; the default plan's pairs.
     headwise = base
     n_heads = (plan.get("model_shape") or {}).get("heads")

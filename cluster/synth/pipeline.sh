@@ -37,8 +37,9 @@
 #
 # Output: OUT/work (data, checkpoints; not archived) and OUT/results: plan.json, commands.sh (every
 # command as run), timings.jsonl (wall seconds and exit code per step: the device time each took),
-# logs/, train/ (train.jsonl of every stage), evals/, models/ (hydra info of every model), heads.*,
-# and what report.py writes. A failed or timed-out step is recorded and the rest goes on (a later
+# logs/, train/ (train.jsonl of every stage), evals/, curves/, models/ (hydra info of every model),
+# heads.*, head_sets/, plan_file.json and students.tsv (the plan as given and as expanded), and what
+# report.py writes. A failed or timed-out step is recorded and the rest goes on (a later
 # step that needs its output fails in turn); the report and the archive are always written.
 set -uo pipefail
 
@@ -51,14 +52,16 @@ device=""
 jobs=""
 deadline_s=""
 teacher_in=""
+heads_in=""
 plan_override=""
 plan_file="$root/cluster/synth/plans/default.json"
 overrides=()
 usage() {
-  sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,43p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "flags: --profile gpu|cpu|toy --out DIR [--archive FILE.tar.gz] [--hydra BIN] [--device cuda|cpu]"
   echo "       [--jobs N (students side by side)] [--deadline-s S (0: none)] [--teacher FILE.h5 (skip pretraining)]"
   echo "       [--plan probe|fixed (override the profile's: probe turns its second budgets into steps)]"
+  echo "       [--heads HEADS.json (select-heads' output for this --teacher: skip head selection)]"
   echo "       [--plan-file PLAN.json (the students; default cluster/synth/plans/default.json; see cluster/synth/plan.py)]"
   echo "       [--set NAME=VALUE ... (override a profile setting, e.g. --set budget_pretrain=300 --set mix=lm:0.5,mqar:0.5)]"
 }
@@ -72,6 +75,7 @@ while (($#)); do
     --jobs) jobs="$2"; shift 2 ;;
     --deadline-s) deadline_s="$2"; shift 2 ;;
     --teacher) teacher_in="$2"; shift 2 ;;
+    --heads) heads_in="$2"; shift 2 ;;
     --plan) plan_override="$2"; shift 2 ;;
     --plan-file) plan_file="$2"; shift 2 ;;
     --set) overrides+=("$2"); shift 2 ;;
@@ -82,6 +86,7 @@ done
 [[ -n "$out" ]] || { echo "pipeline.sh: --out DIR is required" >&2; exit 2; }
 [[ -x "$hydra" ]] || { echo "pipeline.sh: $hydra is not an executable (build first, or pass --hydra)" >&2; exit 2; }
 [[ -z "$teacher_in" || -r "$teacher_in" ]] || { echo "pipeline.sh: --teacher $teacher_in is not readable" >&2; exit 2; }
+[[ -z "$heads_in" || ( -r "$heads_in" && -n "$teacher_in" ) ]] || { echo "pipeline.sh: --heads $heads_in must be a readable file, with --teacher (the model it scored)" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "pipeline.sh: python3 is needed (standard library only)" >&2; exit 2; }
 plan_py="$root/cluster/synth/plan.py"
 [[ -r "$plan_file" ]] || { echo "pipeline.sh: --plan-file $plan_file is not readable" >&2; exit 2; }
@@ -94,6 +99,7 @@ synth_extra=""          # more hydra synth flags for every stream, e.g. "--recal
 eval_tasks=single,multikey,multivalue   # eval-niah's tasks for the final evaluation
 curve_tasks=single,multikey             # NIAH tasks of the stage curves (hydra train --eval-niah)
 curve_samples=16                        # their samples per task and evaluation
+select_ranks=1                          # select-heads' CPU ranks (mpirun -np N when > 1: its head jobs are dealt over the ranks)
 case "$profile" in
   gpu)
     preset=qwen3-synth; vocab=512; len=256; ft_len=1024; pairs=10
@@ -103,7 +109,7 @@ case "$profile" in
     plan_mode=probe; budget_pretrain=240; budget_align=15; budget_distill=30; budget_finetune=20
     lr_pretrain=2e-3; lr_align=2e-3; lr_distill=5e-4; lr_finetune=2e-4
     eval_mults="1 4 16 64"; depths=0,25,50,75,100; samples=4; lm_windows=64
-    calib_samples=8; lm_samples=2
+    calib_samples=8; lm_samples=2; select_ranks=8   # the GPU machine has 16 CPU cores
     : "${device:=cuda}"; : "${jobs:=4}"; : "${deadline_s:=540}" ;;
   cpu)
     preset=qwen3-synth-cpu; vocab=256; len=128; ft_len=512; pairs=6
@@ -128,7 +134,7 @@ case "$profile" in
 esac
 settings="synth_extra preset vocab len ft_len pairs train_tokens ft_tokens batch ft_batch mix eval_seed eval_mults depths samples
   lm_windows calib_samples lm_samples budget_pretrain budget_align budget_distill budget_finetune steps_pretrain steps_align
-  steps_distill steps_finetune lr_pretrain lr_align lr_distill lr_finetune eval_tasks curve_tasks curve_samples"
+  steps_distill steps_finetune lr_pretrain lr_align lr_distill lr_finetune eval_tasks curve_tasks curve_samples select_ranks"
 # The plan's settings first, then --set: the command line wins.
 mapfile -t plan_settings < <(python3 "$plan_py" settings "$plan_file")
 overrides=("${plan_settings[@]}" "${overrides[@]}")
@@ -364,9 +370,22 @@ else
 fi
 
 # ---- head selection ----------------------------------------------------------------------------
-run_step select-heads "$hydra" select-heads --model "$teacher" --budget 1 --per-layer --calib-task single \
-  --calib-length "$len" --calib-samples "$calib_samples" --lm-text "$d/lmtext.h5" --lm-length "$len" \
-  --lm-samples "$lm_samples" --seed 7 --device cpu --out "$res/heads.json"
+# Group patching (a whole layer; all heads of a layer but one) shows whether the retrieval heads are
+# redundant; the concentration of the direct effect goes into heads.json either way.
+if [[ -n "$heads_in" ]]; then
+  cp "$heads_in" "$res/heads.json" && echo "[pipeline] select-heads: given ($heads_in)" | tee -a "$res/logs/pipeline.log"
+else
+  select_args=(select-heads --model "$teacher" --budget 1 --per-layer --calib-task single
+    --calib-length "$len" --calib-samples "$calib_samples" --lm-text "$d/lmtext.h5" --lm-length "$len"
+    --lm-samples "$lm_samples" --seed 7 --group-patching --device cpu --out "$res/heads.json")
+  # On several CPU ranks when asked (the scores do not depend on the rank count); one rank if that fails.
+  if ((select_ranks > 1)) && command -v mpirun > /dev/null; then
+    run_step select-heads mpirun --oversubscribe -np "$select_ranks" "$hydra" "${select_args[@]}" ||
+      run_step select-heads-1rank "$hydra" "${select_args[@]}"
+  else
+    run_step select-heads "$hydra" "${select_args[@]}"
+  fi
+fi
 
 # ---- students ----------------------------------------------------------------------------------
 student_chain() {

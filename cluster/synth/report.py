@@ -22,6 +22,8 @@ evals/NAME.niah.jsonl (hydra eval-niah), evals/NAME.lm.json (hydra eval-lm), tra
                     teacher solves, verdicts against an equivalence margin; decisions.json
   budget_accuracy.svg, head_score_accuracy.svg   accuracy vs FA budget (selected / random / bottom)
                     and single-head accuracy vs head score (Spearman ρ)
+  stage_curves.md, stage_curves.svg   (curves.py) NIAH and LM loss of the students with curves after
+                    conversion and at every checkpoint of every stage
 
 Standard library only (json, statistics, re), so it runs on CI machines and the GPU image alike.
 Missing pieces (a step that failed or was cut by the deadline) are reported as missing, never
@@ -35,7 +37,8 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import decide  # noqa: E402  (beside this file)
+import curves as stage_curves  # noqa: E402  (beside this file)
+import decide  # noqa: E402
 
 # The default plan's students have names the claims below know; a plan's other students are listed
 # under their own names and head specs (plan.json "students").
@@ -100,10 +103,11 @@ def niah_cells(path):
         if c.get("type") != "cell":
             continue
         key = (c["task"], int(c["length"]))
-        e = cells.setdefault(key, {"samples": 0, "correct": 0, "by_depth": {}})
+        e = cells.setdefault(key, {"samples": 0, "correct": 0, "by_depth": {}, "depth_counts": {}})
         e["samples"] += int(c["samples"])
         e["correct"] += int(c["correct"])
         e["by_depth"][int(c["depth"])] = float(c["accuracy"])
+        e["depth_counts"][int(c["depth"])] = (int(c["correct"]), int(c["samples"]))
     for e in cells.values():
         e["accuracy"] = e["correct"] / e["samples"] if e["samples"] else float("nan")
     return cells
@@ -137,6 +141,17 @@ def wilson(correct, samples, z=1.959964):
 def interval(cells, lengths, tasks=TASKS):
     p = pooled(cells, lengths, tasks)
     return None if p is None else wilson(*p)
+
+
+def fmt_ci_depths(cells, lengths, depths, tasks=TASKS):
+    """fmt_ci over the given depths only."""
+    got = [cells[(t, n)]["depth_counts"][d] for t in tasks for n in lengths if (t, n) in cells
+           for d in depths if d in cells[(t, n)]["depth_counts"]]
+    correct, samples = sum(g[0] for g in got), sum(g[1] for g in got)
+    if samples == 0:
+        return "—"
+    lo, hi = wilson(correct, samples)
+    return f"{correct / samples:.2f} [{lo:.2f}, {hi:.2f}]"
 
 
 def fmt_ci(cells, lengths, tasks=TASKS):
@@ -335,6 +350,15 @@ def main(res):
             f"loss on those windows (the floor no model beats in expectation) is {fmt(floor)}, a uniform guess "
             f"{fmt(math.log(plan['vocab'] - 8) if plan.get('vocab') else None)}. NIAH columns: accuracy over the three "
             "tasks and all depths, with the 95% Wilson interval of the pooled samples in brackets.", ""]
+    out.append("## NIAH at depths 0–75 and, apart, at depth 100 (the needle right before the question)")
+    out.append("")
+    low = [d for d in depths if d < 100]
+    head = ["model"] + [f"{mult(n)} {band}" for n in lengths for band in ("0–75", "100")]
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in present:
+        cells = cells_of.get(m, {})
+        out.append("| " + " | ".join([LABELS[m]] + [fmt_ci_depths(cells, [n], ds) for n in lengths for ds in (low, [100])]) + " |")
+    out += ["", "A recurrent state alone answers at depth 100; retrieval over the context shows at depths 0–75.", ""]
     out.append("## NIAH accuracy by task")
     out.append("")
     head = ["model"] + [f"{t} {mult(n)}" for t in TASKS for n in lengths]
@@ -351,6 +375,16 @@ def main(res):
         sel = heads["selection"]
         out.append(f"* select-heads: log p(answer) clean {fmt(sel.get('logprob_clean'))}, corrupted "
                    f"{fmt(sel.get('logprob_corrupt'))}; total effect normalised: {sel.get('total_normalized')}")
+        conc = sel.get("concentration")
+        if conc:
+            out.append(f"* the teacher's concentration (positive direct effect): effective heads {fmt(conc['effective_heads'], 2)}; "
+                       f"per-layer share {[round(x, 3) for x in conc['layer_share']]}; top-k share "
+                       + ", ".join(f"{k}: {v:.3f}" for k, v in sorted(conc["top_share"].items(), key=lambda kv: int(kv[0]))))
+        groups = sel.get("groups")
+        if groups:
+            out.append(f"* group patching (total effect): whole layer {[round(x, 3) for x in groups['layer_total']]}; "
+                       f"every head of a layer but one, per layer (min, max): "
+                       f"{[(round(min(r), 3), round(max(r), 3)) for r in groups['all_but_one']]}")
     out += ["", "## Budgets (equal for every student)", "", "| stage | steps | windows per step | tokens per window | tokens | peak lr |",
             "|---|---|---|---|---|---|"]
     for stage in STAGES:
@@ -378,7 +412,8 @@ def main(res):
          "Computed by cluster/synth/report.py from the numbers in table.md. Accuracies are pooled over tasks, "
          "depths and the lengths named, with their 95% Wilson intervals; a comparison **held** when the intervals are "
          "disjoint in its favour, **did not hold** when disjoint against it, and is **undecided** when they overlap "
-         "(the samples cannot tell the two apart).", ""]
+         "(the samples cannot tell the two apart). Interval overlap is a weak test of unpaired samples; the paired "
+         "comparisons on shared items in decisions.md are the ones to decide by where both exist.", ""]
 
     def line(text, ok):
         verdict = {None: "missing data", True: "held", False: "did not hold", "undecided": "undecided"}[ok]
@@ -422,6 +457,9 @@ def main(res):
     decisions = decide.decide(res, plan, models, items_of.get("teacher", {}), items_of,
                               read_json(os.path.join(res, "heads.json")))
 
+    # ---- stage curves (curves.py)
+    stage_curves.write(res, plan)
+
     # ---- plots and summary
     with open(os.path.join(res, "niah_heatmaps.svg"), "w") as f:
         f.write(heatmaps_svg(present, cells_of, lengths, depths, plan))
@@ -438,7 +476,7 @@ def main(res):
     print("\n".join(c[4:]))
     print("\n".join(decisions[6:]))
     print(f"report: wrote table.md, claims.md, decisions.md, decisions.json, niah_heatmaps.svg, loss_curves.svg, "
-          f"budget_accuracy.svg, head_score_accuracy.svg, summary.json in {res}"
+          f"budget_accuracy.svg, head_score_accuracy.svg, stage_curves.md, stage_curves.svg, summary.json in {res}"
           f"{'' if complete else ' (some models lack evaluations)'}")
     return 0 if complete else 1
 

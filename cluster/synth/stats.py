@@ -82,8 +82,8 @@ def paired_difference(arm_a, arm_b, items=None, resamples=2000, seed=12345):
     boots.sort()
     # Never narrower than ±3/n around the estimate: with no discordant item among n the bootstrap
     # collapses to a point, yet a discordance rate up to 3/n is still plausible (the rule of three).
-    lo = min(boots[int(0.025 * resamples)], diff - 3 / n)
-    hi = max(boots[min(resamples - 1, int(0.975 * resamples))], diff + 3 / n)
+    lo = max(-1.0, min(boots[int(0.025 * resamples)], diff - 3 / n))
+    hi = min(1.0, max(boots[min(resamples - 1, int(0.975 * resamples))], diff + 3 / n))
     out = {"diff": diff, "lo": lo, "hi": hi,
            "items": n, "acc_a": _mean(a), "acc_b": _mean(b), "members_a": len(arm_a), "members_b": len(arm_b)}
     if len(arm_a) == 1 and len(arm_b) == 1:

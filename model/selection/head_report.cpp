@@ -28,6 +28,18 @@ const char* mode_name(BudgetMode mode) { return mode == BudgetMode::per_layer ? 
 
 }  // namespace
 
+nlohmann::ordered_json concentration_json(const HeadScores& scores) {
+  const Concentration c = concentration(scores.direct);
+  nlohmann::ordered_json top = nlohmann::ordered_json::object();
+  for (const auto& [k, share] : c.top_share) top[std::to_string(k)] = share;
+  nlohmann::ordered_json out = {{"concentration", {{"layer_share", c.layer_share},
+                                                   {"top_share", top},
+                                                   {"effective_heads", c.effective_heads},
+                                                   {"positive_direct", c.positive_total}}}};
+  if (scores.groups) out["groups"] = {{"layer_total", scores.layer_total}, {"all_but_one", scores.all_but_one}};
+  return out;
+}
+
 void write_heads_json(const std::string& path, const SelectionReport& report) {
   FaHeadsFile file;
   file.fa_heads = report.fa_heads;
@@ -35,6 +47,7 @@ void write_heads_json(const std::string& path, const SelectionReport& report) {
                  {"total", report.scores.total},
                  {"direct", report.scores.direct},
                  {"lm", report.scores.lm}};
+  if (report.scores.groups) file.scores["all_but_one"] = report.scores.all_but_one;
   file.selection_json = report.selection_json;
   write_fa_heads_file(path, report.config, file);
 }
@@ -61,6 +74,7 @@ void write_heads_h5(const std::string& path, const SelectionReport& report) {
   for (int64_t l = 0; l < L; ++l)
     for (int h : report.fa_heads[static_cast<size_t>(l)]) mask.data_as<int32_t>()[l * H + h] = 1;
   file.write("fa_mask", mask);
+  if (report.scores.groups) file.write("all_but_one", grid_tensor(report.scores.all_but_one));
   file.close();
   out.commit();
 }
@@ -93,6 +107,23 @@ std::string format_heads_table(const SelectionReport& report, int64_t top) {
     const auto [l, h] = order[static_cast<size_t>(k)];
     text += fmt::format("           {:>5} {:>4} {:>10.4f} {:>10.4g} {:>10.4g} {:>10.4g}\n", l, h, c[l][h],
                         report.scores.total[l][h], report.scores.direct[l][h], report.scores.lm[l][h]);
+  }
+  const Concentration k = concentration(report.scores.direct);
+  text += fmt::format("concentration of the positive direct effect ({:.4g} in all): effective heads {:.2f} of {}; top-k share",
+                      k.positive_total, k.effective_heads, L * H);
+  for (const auto& [n, share] : k.top_share) text += fmt::format(" {}:{:.3f}", n, share);
+  text += "\nper-layer share:";
+  for (int64_t l = 0; l < L; ++l) text += fmt::format(" {}:{:.3f}", l, k.layer_share[static_cast<size_t>(l)]);
+  text += "\n";
+  if (report.scores.groups) {
+    text += "group patching (total effect): whole layer";
+    for (int64_t l = 0; l < L; ++l) text += fmt::format(" {}:{:.3f}", l, report.scores.layer_total[static_cast<size_t>(l)]);
+    text += "\n  all heads of the layer but one (rows: layers, columns: the head left clean)\n";
+    for (int64_t l = 0; l < L; ++l) {
+      text += fmt::format("{:>6}", l);
+      for (int64_t h = 0; h < H; ++h) text += fmt::format(" {:>8.3f}", report.scores.all_but_one[l][h]);
+      text += "\n";
+    }
   }
   return text;
 }

@@ -59,21 +59,25 @@ class RowRecorder final : public LayerObserver {
   std::vector<Tensor> rows_;
 };
 
-// Replaces one head's output at rows [start, start + count) of one layer with cached rows.
+// Replaces some heads' outputs at rows [start, start + count) of one layer with cached rows.
 class HeadPatcher final : public LayerObserver {
  public:
-  HeadPatcher(int64_t layer, int64_t head, int64_t start, const Tensor& cached)  // cached [count, H, d], model order
-      : layer_(layer), head_(head), start_(start), cached_(cached) {}
+  HeadPatcher(int64_t layer, std::vector<int64_t> heads, int64_t start, const Tensor& cached)  // cached [count, H, d], model order
+      : layer_(layer), heads_(std::move(heads)), start_(start), cached_(cached) {}
   void on_head_outputs(int64_t layer, const TensorView& o, std::span<const int> head_of) override {
     if (layer != layer_) return;
-    const int64_t p = std::find(head_of.begin(), head_of.end(), static_cast<int>(head_)) - head_of.begin();
     edit_host_f32(o, [&](const TensorView& h) {
-      copy_into(h.narrow(0, start_, cached_.size(0)).select(1, p), cached_.view().select(1, head_));
+      for (int64_t head : heads_) {
+        const int64_t p = std::find(head_of.begin(), head_of.end(), static_cast<int>(head)) - head_of.begin();
+        copy_into(h.narrow(0, start_, cached_.size(0)).select(1, p), cached_.view().select(1, head));
+      }
     });
   }
 
  private:
-  int64_t layer_, head_, start_;
+  int64_t layer_;
+  std::vector<int64_t> heads_;
+  int64_t start_;
   const Tensor& cached_;
 };
 
@@ -306,7 +310,7 @@ HeadScores score_heads(const Model& teacher, Communicator& world, std::span<cons
       const Tensor w_o = to(teacher.head_output_projection(l, h), Device::host, DType::f32);  // [D, d]
       for (size_t i = 0; i < prompts.size(); ++i) {
         const CalibrationPrompt& p = prompts[i];
-        HeadPatcher patch(l, h, p.patch_start, caches[i].corrupted[static_cast<size_t>(l)]);
+        HeadPatcher patch(l, {h}, p.patch_start, caches[i].corrupted[static_cast<size_t>(l)]);
         const AnswerEval patched = evaluate_answer(teacher, run_forward(teacher, local, p.clean, &patch), p,
                                                    fmt::format("calibration prompt {} with head ({}, {}) patched", i, l, h));
         drop[l][h] += caches[i].logprob_clean - patched.logprob;
@@ -326,11 +330,33 @@ HeadScores score_heads(const Model& teacher, Communicator& world, std::span<cons
     }
   }
 
-  // 3. Every rank gets every job's sums: [3, L, H] values as f32 (hi, lo) pairs; one rank per slot.
-  Tensor buffer = Tensor::zeros({3, L, H, 2}, DType::f32);
+  // 2b. Group patching: job (l, g), g = H for the whole layer, else every head of l but g; spread
+  // over the ranks like the single-head jobs. layer_drop is stored in column 0 of its grid.
+  Grid group_drop = zeros(L, H), layer_drop = zeros(L, H);
+  if (options.group_patching) {
+    for (int64_t l = 0; l < L; ++l) {
+      for (int64_t g = 0; g <= H; ++g) {
+        if ((l * (H + 1) + g) % ranks != rank) continue;
+        std::vector<int64_t> patched;
+        for (int64_t h = 0; h < H; ++h)
+          if (h != g) patched.push_back(h);
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          const CalibrationPrompt& p = prompts[i];
+          HeadPatcher patch(l, patched, p.patch_start, caches[i].corrupted[static_cast<size_t>(l)]);
+          const AnswerEval e = evaluate_answer(teacher, run_forward(teacher, local, p.clean, &patch), p,
+                                               fmt::format("calibration prompt {} with {} heads of layer {} patched", i,
+                                                           patched.size(), l));
+          (g == H ? layer_drop[l][0] : group_drop[l][g]) += caches[i].logprob_clean - e.logprob;
+        }
+      }
+    }
+  }
+
+  // 3. Every rank gets every job's sums: [5, L, H] values as f32 (hi, lo) pairs; one rank per slot.
+  Tensor buffer = Tensor::zeros({5, L, H, 2}, DType::f32);
   float* b = buffer.data_as<float>();
-  const Grid* grids[3] = {&drop, &direct, &lm_drop};
-  for (int64_t g = 0; g < 3; ++g) {
+  const Grid* grids[5] = {&drop, &direct, &lm_drop, &group_drop, &layer_drop};
+  for (int64_t g = 0; g < 5; ++g) {
     for (int64_t l = 0; l < L; ++l) {
       for (int64_t h = 0; h < H; ++h) {
         const double v = (*grids[g])[l][h];
@@ -360,6 +386,11 @@ HeadScores score_heads(const Model& teacher, Communicator& world, std::span<cons
   out.total = zeros(L, H);
   out.direct = zeros(L, H);
   out.lm = zeros(L, H);
+  out.groups = options.group_patching;
+  if (out.groups) {
+    out.all_but_one = zeros(L, H);
+    out.layer_total.assign(static_cast<size_t>(L), 0.0);
+  }
   for (int64_t l = 0; l < L; ++l) {
     for (int64_t h = 0; h < H; ++h) {
       const auto value = [&](int64_t g) {
@@ -368,9 +399,14 @@ HeadScores score_heads(const Model& teacher, Communicator& world, std::span<cons
       out.total[l][h] = value(0) / n / total_scale;
       out.direct[l][h] = value(1) / n;
       out.lm[l][h] = predictions > 0 ? value(2) / static_cast<double>(predictions) : 0.0;
+      if (options.group_patching) out.all_but_one[l][h] = value(3) / n / total_scale;
+    }
+    if (options.group_patching) {
+      out.layer_total[static_cast<size_t>(l)] = (static_cast<double>(b[((4 * L + l) * H) * 2]) + b[((4 * L + l) * H) * 2 + 1]) / n / total_scale;
     }
   }
-  out.forwards = ranks * (2 * out.prompts + out.lm_sequences) + L * H * (out.prompts + out.lm_sequences);
+  out.forwards = ranks * (2 * out.prompts + out.lm_sequences) + L * H * (out.prompts + out.lm_sequences) +
+                 (options.group_patching ? L * (H + 1) * out.prompts : 0);
   // The scores are the same on every rank (all-reduced), so every rank takes this branch together;
   // each locates the first non-finite stage on its own (whole prompts in a world of one, as scored).
   const auto finite = [](double v) { return std::isfinite(v); };
@@ -379,6 +415,35 @@ HeadScores score_heads(const Model& teacher, Communicator& world, std::span<cons
     for (const auto& row : *g) all_finite = all_finite && std::all_of(row.begin(), row.end(), finite);
   }
   if (!all_finite) fail_nonfinite(teacher, local, prompts.front().clean, "select-heads: the head scores are");
+  return out;
+}
+
+Concentration concentration(const Grid& direct) {
+  Concentration out;
+  std::vector<double> positive;
+  for (const auto& row : direct) {
+    double layer = 0;
+    for (double v : row) {
+      positive.push_back(std::max(v, 0.0));
+      layer += positive.back();
+    }
+    out.layer_share.push_back(layer);
+    out.positive_total += layer;
+  }
+  const double total = out.positive_total;
+  for (double& s : out.layer_share) s = total > 0 ? s / total : 0.0;
+  std::sort(positive.begin(), positive.end(), std::greater<>());
+  const int n = static_cast<int>(positive.size());
+  double running = 0;
+  for (int k = 1; k <= n; ++k) {
+    running += positive[static_cast<size_t>(k - 1)];
+    if ((k & (k - 1)) == 0 || k == n) out.top_share.emplace_back(k, total > 0 ? running / total : 0.0);
+  }
+  double entropy = 0;
+  for (double v : positive) {
+    if (v > 0) entropy -= v / total * std::log(v / total);
+  }
+  out.effective_heads = total > 0 ? std::exp(entropy) : 0.0;
   return out;
 }
 

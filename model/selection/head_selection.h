@@ -37,6 +37,13 @@
 //    max |s| over heads (a score that is 0 everywhere contributes nothing), so the weights compare
 //    like with like. Signed: a head whose effect is negative (it works against the answer) is not
 //    what the FA budget should buy. Defaults 1, 1, 0.5 (retrieval first, then general ability).
+//  groups (optional, ScoringOptions::group_patching): the total effect of patching several heads of
+//    a layer at once, normalised like total: layer_total(l) patches all H heads of layer l,
+//    all_but_one(l,h) every head of layer l except h. Heads that are redundant (each alone enough)
+//    have total ≈ 0 one by one but layer_total ≈ 1 and all_but_one(l,h) ≈ 0: head h alone retrieves.
+//  concentration (of the positive direct effect, no forwards): per-layer share Σ_h max(direct,0) of
+//    the layer over the model's; the top-k share (the k largest over the sum); the effective number
+//    of heads exp(−Σ p log p), p = max(direct,0) / Σ max(direct,0) (1: one head; L·H: all equal).
 //  FA sets: global top-K of composite over all (l, h) (ties: lower layer, then lower head), or
 //    per layer the top K of the layer (ties: lower head); a layer may end up with no FA head.
 // A head whose W_o slice is zero has total = direct = lm = 0 exactly: its output enters nothing.
@@ -81,6 +88,9 @@ struct HeadScores {
   double logit_diff_clean = 0, logit_diff_corrupt = 0;  // means over prompts of Σ_j logit(a_j) − logit(a'_j)
   double lm_nll_clean = 0;                               // mean next-token NLL of the plain text, nats
   int64_t forwards = 0;                                  // forward passes run, all ranks together
+  bool groups = false;                                   // group patching ran (the two below are filled)
+  std::vector<double> layer_total;                       // [L] every head of the layer patched (header)
+  Grid all_but_one;                                      // [L][H] every head of layer l but h patched
 };
 
 struct ScoringProgress {
@@ -92,7 +102,18 @@ struct ScoringProgress {
 
 struct ScoringOptions {
   std::function<void(const ScoringProgress&)> on_layer_done;  // optional, called on every rank
+  bool group_patching = false;  // also layer_total and all_but_one: (L + L·H)·N more forwards
 };
+
+// How concentrated the positive direct effect is (header comment). All zero when no head has a
+// positive direct effect (effective_heads then 0).
+struct Concentration {
+  std::vector<double> layer_share;               // [L], sums to 1
+  std::vector<std::pair<int, double>> top_share;  // (k, share of the k largest heads) for k = 1, 2, 4, ... < L·H, and L·H
+  double effective_heads = 0;                     // exp(entropy)
+  double positive_total = 0;                      // Σ max(direct, 0)
+};
+Concentration concentration(const Grid& direct);
 
 // Scores every head of `teacher` (arch qwen3). Collective over `world`: every rank passes the same
 // prompts and text; every rank returns the same scores. `lm_text` may be empty (lm = 0). A

@@ -63,6 +63,7 @@ def main(hydra, root):
         parts = sorted(f for f in os.listdir(out1) if f.startswith("teacher.h5.xz."))
         check(len(parts) >= 1, f"call 1 left no teacher parts: {os.listdir(out1)}")
         check(os.path.exists(os.path.join(out1, "ablation_steps.env")), "call 1 left no ablation_steps.env")
+        check(os.path.exists(os.path.join(out1, "heads.json")), "call 1 left no heads.json")
         probe = [json.loads(l) for l in open(os.path.join(r1, "teacher", "probe.jsonl"))]
         check(len(probe) == 1 and all(p.get("steps_done") == p.get("steps_planned") for p in probe[0]["phases"]),
               f"teacher phases {probe}")
@@ -88,6 +89,13 @@ def main(hydra, root):
             cells = [json.loads(l) for l in open(os.path.join(res, "evals", f"{want[k][0]}.niah.jsonl"))]
             check(any(c.get("type") == "cell" for c in cells), f"call {k}: NIAH cells")
         res1 = os.path.join(r1, "call1")
+        # Call 2 used call 1's head scores (no second select-heads); they carry the concentration and group effects.
+        h1, h2 = (json.load(open(os.path.join(r, f"call{k}", "heads.json"))) for k, r in ((1, r1), (2, r2)))
+        check(h1 == h2, "call 2's heads.json is call 1's")
+        check("select-heads" not in {t["step"] for t in map(json.loads, open(os.path.join(r2, "call2", "timings.jsonl")))},
+              "call 2 ran select-heads again")
+        check(len(h1["selection"]["groups"]["layer_total"]) == 4 and len(h1["selection"]["concentration"]["layer_share"]) == 4,
+              f"heads.json groups / concentration {h1['selection'].get('groups')}")
         composite = json.load(open(os.path.join(res1, "heads.json")))["scores"]["composite"]
         ranked = sorted(((composite[l][h], l, h) for l in range(4) for h in range(8)), key=lambda x: (-x[0], x[1], x[2]))
         info = {s: fa_heads(os.path.join(res1, "models", f"{s}.info.txt")) for s in want[1]}
@@ -99,6 +107,19 @@ def main(hydra, root):
         check(info["e3-other"][other[0]] == [other[1]] and sum(map(len, info["e3-other"])) == 1, f"e3-other {info['e3-other']} vs {other}")
         check(info["e1-head-1.5"] == [[], [5], [], []], f"e1-head-1.5 {info['e1-head-1.5']}")
         check(os.path.exists(os.path.join(r1, "test_cuda.log")) is False, "no test_cuda without --test-cuda")
+        # The two calls merged into one report: comparisons across the calls (E1 from call 1, L from call 2).
+        merged = os.path.join(tmp, "merged")
+        m = subprocess.run([sys.executable, os.path.join(root, "cluster/synth/merge_results.py"), merged, res1, os.path.join(r2, "call2")],
+                           capture_output=True, text=True)
+        check(m.returncode == 0, f"merge_results: {m.stdout}{m.stderr}")
+        subprocess.run([sys.executable, os.path.join(root, "cluster/synth/report.py"), merged], capture_output=True, text=True)
+        d = json.load(open(os.path.join(merged, "decisions.json")))
+        questions = {c["question"] for c in d["comparisons"]}
+        check(any(q.startswith("E1") for q in questions) and any(q.startswith("L head-wise vs all-FA") for q in questions),
+              f"merged decisions {sorted(questions)}")
+        again = subprocess.run([sys.executable, os.path.join(root, "cluster/synth/merge_results.py"), os.path.join(tmp, "m2"), res1, res1],
+                               capture_output=True, text=True)
+        check(again.returncode == 2 and "appear in more than one folder" in again.stderr, f"a folder merged twice: {again.stderr}")
     print(f"{0 if failures else 1} passed, {1 if failures else 0} failed")
     return 1 if failures else 0
 

@@ -70,6 +70,8 @@ check("p_mcnemar" not in r, "no McNemar p for arms of several members")
 r = stats.paired_difference([{1: 1, 2: 1}], [{2: 0, 3: 0}])
 check(r["items"] == 1 and r["diff"] == 1, f"shared items only {r}")
 check(stats.paired_difference([{1: 1}], [{2: 0}]) is None, "no shared item: None")
+r = stats.paired_difference([{1: 1}], [{1: 1}])
+check(r["lo"] == -1.0 and r["hi"] == 1.0, f"one item: the interval is the whole [-1, 1] {r}")
 
 # ---- Spearman with ties: ranks x = [1, 2.5, 2.5, 4] against [1, 2, 3, 4] -> 4.5 / sqrt(4.5 * 5).
 rho, lo, hi = stats.spearman([1, 2, 2, 3], [1, 2, 3, 4])
@@ -123,6 +125,27 @@ with tempfile.TemporaryDirectory() as res:
     for svg in ("budget_accuracy.svg", "head_score_accuracy.svg"):
         body = open(os.path.join(res, svg)).read()
         check(body.count("<circle") >= 2, f"{svg}: points drawn")
+
+# ---- decide(): F's interaction — gate equal to scale_norm inside, worse outside: the gap grows outside.
+with tempfile.TemporaryDirectory() as res:
+    lengths, depths = [64, 256], [0, 50, 100]
+    keys = [(t, n, d, s) for t in ("single",) for n in lengths for d in depths for s in range(40)]
+    items_of = {"teacher": {k: 1 for k in keys}}
+    students = []
+    for seed in (1, 2):
+        students.append({"name": f"sn{seed}", "heads": "file:/r/heads.json", "fusion": "scale_norm", "seed": seed, "curves": False})
+        items_of[f"sn{seed}"] = {k: 1 for k in keys}
+        students.append({"name": f"g{seed}", "heads": "file:/r/heads.json", "fusion": "gate", "seed": seed, "curves": False})
+        items_of[f"g{seed}"] = {k: (1 if k[1] == 64 or k[3] % 2 else 0) for k in keys}
+    plan = {"students": students, "eval_lengths": lengths, "depths": depths, "finetune_seq_len": 128, "seq_len": 64,
+            "eval_seed": 1, "model_shape": {"layers": 1, "heads": 2}}
+    decide.decide(res, plan, ["teacher"] + [s["name"] for s in students], items_of["teacher"], items_of, None)
+    rows = {(c["question"], c["band"]): c for c in json.load(open(os.path.join(res, "decisions.json")))["comparisons"]}
+    inter = rows.get(("F scale_norm vs gate: interaction", "outside − inside, depths 0–75"))
+    check(inter is not None and close(inter["diff"], 0.5, 1e-12) and inter["verdict"] == "the gap grows outside",
+          f"interaction {inter}")
+    inside_row = rows.get(("F scale_norm vs gate", "inside, depths 0–75"))
+    check(inside_row is not None and inside_row["diff"] == 0 and inside_row["verdict"].startswith("equivalent"), f"inside {inside_row}")
 
 # ---- plan.py: every mistake named on one line; expansions exact.
 bad = {"students": [{"name": "a", "heads": "selected"}, {"name": "a", "heads": "uniform:1"},

@@ -98,6 +98,8 @@ def main(hydra, root):
                       f"{name} {stage}: curve points {evals}")
         # The training seed reaches hydra train and convert (top2 has seed 2, the rest 1).
         commands = open(os.path.join(res, "commands.sh")).read()
+        check("mpirun --oversubscribe -np 2 " in commands and "select-heads-1rank" not in timings,
+              "select-heads on the plan's 2 ranks (select_ranks)")
         check(re.search(r"train --stage align --model \S*student-top2\.h5 .*--seed 2 ", commands) is not None, "top2: train --seed 2")
         check(re.search(r"convert --teacher \S+ --fa-heads top-global:2 --scores \S+heads\.json .*--seed 2 ", commands) is not None,
               "top2: convert --scores heads.json --seed 2")
@@ -137,10 +139,19 @@ def main(hydra, root):
         table = open(os.path.join(res, "table.md")).read()
         for label in ("teacher (Qwen3, all FA)", "selected heads", "top2 (top-global:2", "all-GDN", "all-FA student"):
             check(label in table, f"table.md lacks {label}")
-        for svg in ("niah_heatmaps.svg", "loss_curves.svg"):
+        for svg in ("niah_heatmaps.svg", "loss_curves.svg", "stage_curves.svg"):
             tree = ET.parse(os.path.join(res, svg))
             shapes = [e for e in tree.iter() if e.tag.endswith(("rect", "polyline", "circle"))]
             check(len(shapes) > 20, f"{svg}: {len(shapes)} shapes")
+        check("at depths 0–75 and, apart, at depth 100" in table, "table.md lacks the depth-100 split")
+        # Stage curves: converted, then every checkpoint of the three stages, for the two students with curves.
+        curve_rows = [l for l in open(os.path.join(res, "stage_curves.md")) if l.startswith("| selected |") or l.startswith("| allfa |")]
+        n_points = 1 + sum(len(set(range(max(1, plan["stages"][st]["steps"] // 4), plan["stages"][st]["steps"] + 1,
+                                         max(1, plan["stages"][st]["steps"] // 4))) | {plan["stages"][st]["steps"]})
+                           for st in ("align", "distill", "finetune"))
+        check(len(curve_rows) == 2 * n_points and all("—" not in r.split("|")[4] for r in curve_rows),
+              f"stage_curves.md: {len(curve_rows)} rows, want {2 * n_points}")
+        check("decisions" in open(os.path.join(res, "decisions.md")).read().lower(), "decisions.md")
         summary = json.load(open(os.path.join(res, "summary.json")))
         check(set(summary["models"]) == set(models), f"summary.json models {list(summary['models'])}")
         check("held" in open(os.path.join(res, "claims.md")).read(), "claims.md has no verdicts")

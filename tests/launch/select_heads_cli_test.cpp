@@ -72,12 +72,19 @@ class SelectHeads : public ::testing::Test {
 constexpr const char* kSmall = " --calib-length 128 --calib-samples 3 --lm-length 64 ";
 
 TEST_F(SelectHeads, OneAndTwoRanksAgreeAndConvertReadsTheFile) {
-  const SelectRun a = select(0, "np1", "--model " + teacher_ + " --budget 3" + kSmall);
-  const SelectRun b = select(2, "np2", "--model " + teacher_ + " --budget 3" + kSmall);
+  // With group patching: its jobs are spread over the ranks too, and the two runs must agree on them.
+  const SelectRun a = select(0, "np1", "--model " + teacher_ + " --budget 3 --group-patching" + kSmall);
+  const SelectRun b = select(2, "np2", "--model " + teacher_ + " --budget 3 --group-patching" + kSmall);
   ASSERT_EQ(a.result.exit_code, 0) << a.result.output;
   ASSERT_EQ(b.result.exit_code, 0) << b.result.output;
   EXPECT_NE(a.result.output.find("layer 2/2 scored"), std::string::npos) << "progress line";
-  for (const char* score : {"composite", "total", "direct", "lm"}) {
+  EXPECT_NE(a.result.output.find("effective heads"), std::string::npos) << "the concentration in the report";
+  const auto la = a.heads["selection"]["groups"]["layer_total"].get<std::vector<double>>();
+  const auto lb = b.heads["selection"]["groups"]["layer_total"].get<std::vector<double>>();
+  ASSERT_EQ(la.size(), 2u);
+  for (size_t l = 0; l < la.size(); ++l) EXPECT_NEAR(la[l], lb[l], 1e-4) << "layer_total " << l;
+  EXPECT_EQ(b.heads["selection"]["concentration"]["layer_share"].size(), 2u);
+  for (const char* score : {"composite", "total", "direct", "lm", "all_but_one"}) {
     const auto x = a.heads["scores"][score].get<std::vector<std::vector<double>>>();
     const auto y = b.heads["scores"][score].get<std::vector<std::vector<double>>>();
     ASSERT_EQ(x.size(), 2u);

@@ -5,6 +5,10 @@
 //  - the direct effect equals a readout computed here by hand from the checkpoint's tensors and the
 //    head outputs captured by the test's own observer (plain loops, fp64), and the total and lm
 //    scores of a head equal a patched / mean-ablated forward run by the test itself;
+//  - group patching (a whole layer; all heads of a layer but one) equals the test's own patched
+//    forwards, and on the needle-head model it finds the one head that suffices; the concentration
+//    of the direct effect (per-layer share, top-k share, effective heads) on hand-computed grids and
+//    on the planted head;
 //  - composite normalisation, budgets (global and per layer, ties) and the head-set file that
 //    `hydra convert --fa-heads file:PATH` reads.
 #include <cmath>
@@ -71,6 +75,21 @@ struct Overwrite final : LayerObserver {
   }
 };
 
+// Overwrites several heads of one layer at rows [from, T) with `source` rows.
+struct OverwriteHeads final : LayerObserver {
+  int64_t layer, from;
+  std::vector<int64_t> heads;
+  const Tensor* source = nullptr;  // [T, H, d]
+  void on_head_outputs(int64_t l, const TensorView& o, std::span<const int>) override {
+    if (l != layer) return;
+    for (int64_t head : heads)
+      for (int64_t t = from; t < o.size(0); ++t) {
+        float* row = static_cast<float*>(o.element_ptr({t, head}));
+        for (int64_t k = 0; k < o.size(2); ++k) row[k] = static_cast<const float*>(source->view().element_ptr({t, head}))[k];
+      }
+  }
+};
+
 TEST(HeadSelection, PlantedNeedleHeadRanksFirst) {
   const NeedleHeadModel m = make_needle_head_model();
   const Model model(m.config, m.params);
@@ -109,6 +128,56 @@ TEST(HeadSelection, PlantedNeedleHeadRanksFirst) {
   EXPECT_EQ(fa, (std::vector<std::vector<int>>{{}, {2}}));
 }
 
+// The planted head alone retrieves: patching its whole layer undoes retrieval, patching every head
+// of the layer but the planted one leaves it intact; the direct effect is concentrated in it.
+TEST(HeadSelection, GroupPatchingAndConcentrationFindTheOneHeadThatSuffices) {
+  const NeedleHeadModel m = make_needle_head_model();
+  const Model model(m.config, m.params);
+  SelfCommunicator self;
+  heads::ScoringOptions groups;
+  groups.group_patching = true;
+  const heads::HeadScores s =
+      heads::score_heads(model, self, needle_prompts(), heads::random_text(m.config.vocab_size, 3, 32, 2), groups);
+  ASSERT_TRUE(s.groups && s.total_normalized);
+  const int64_t pl = m.planted_layer, ph = m.planted_head;
+  EXPECT_NEAR(s.layer_total[pl], 1.0, 0.05);
+  EXPECT_NEAR(s.all_but_one[pl][ph], 0.0, 0.05);
+  for (int64_t h = 0; h < m.config.num_heads; ++h) {
+    if (h != ph) EXPECT_NEAR(s.all_but_one[pl][h], 1.0, 0.05) << h;
+  }
+  EXPECT_EQ(s.forwards, 2 * 3 + 2 + 2 * 4 * (3 + 2) + 2 * 5 * 3);
+  const heads::Concentration c = heads::concentration(s.direct);
+  EXPECT_GT(c.layer_share[pl], 0.9);
+  EXPECT_GT(c.top_share.front().second, 0.8);
+  EXPECT_EQ(c.top_share.front().first, 1);
+  EXPECT_LT(c.effective_heads, 1.5);
+  // The JSON that heads.json carries.
+  const nlohmann::ordered_json j = heads::concentration_json(s);
+  EXPECT_EQ(j["groups"]["all_but_one"].size(), 2u);
+  EXPECT_DOUBLE_EQ(j["concentration"]["effective_heads"].get<double>(), c.effective_heads);
+}
+
+// Concentration by hand: positive parts {2, 0 | 1, 1}, sum 4.
+TEST(HeadSelection, ConcentrationOfTheDirectEffect) {
+  const heads::Concentration c = heads::concentration({{2.0, -1.0}, {1.0, 1.0}});
+  EXPECT_DOUBLE_EQ(c.positive_total, 4.0);
+  EXPECT_EQ(c.layer_share, (std::vector<double>{0.5, 0.5}));
+  ASSERT_EQ(c.top_share.size(), 3u);  // k = 1, 2, 4
+  EXPECT_EQ(c.top_share[0], (std::pair<int, double>{1, 0.5}));
+  EXPECT_EQ(c.top_share[1], (std::pair<int, double>{2, 0.75}));
+  EXPECT_EQ(c.top_share[2], (std::pair<int, double>{4, 1.0}));
+  EXPECT_NEAR(c.effective_heads, std::exp(-(0.5 * std::log(0.5) + 2 * 0.25 * std::log(0.25))), 1e-12);
+  EXPECT_NEAR(heads::concentration({{1.0, 1.0, 1.0}, {1.0, 1.0, 1.0}}).effective_heads, 6.0, 1e-12);
+  const heads::Concentration none = heads::concentration({{-1.0, 0.0}});
+  EXPECT_EQ(none.effective_heads, 0.0);
+  EXPECT_EQ(none.layer_share, (std::vector<double>{0.0}));
+  // top_share lists k = 1, 2, 4, ... and the full count: 6 heads -> 1, 2, 4, 6.
+  const auto six = heads::concentration({{1, 2, 3}, {4, 5, 6}}).top_share;
+  ASSERT_EQ(six.size(), 4u);
+  EXPECT_EQ(six[3].first, 6);
+  EXPECT_NEAR(six[0].second, 6.0 / 21.0, 1e-12);
+}
+
 TEST(HeadSelection, HeadWithZeroOutputProjectionHasExactlyZeroEffect) {
   const NeedleHeadModel m = make_needle_head_model();
   const Model model(m.config, m.params);
@@ -134,7 +203,9 @@ TEST(HeadSelection, DirectEffectEqualsHandReadoutAndTotalAndLmEqualHandPatching)
   const std::vector<CalibrationPrompt> prompts = heads::generated_prompts(task, c.vocab_size, 4, 96, 2);
   const auto text = heads::random_text(c.vocab_size, 8, 40, 2);
   SelfCommunicator self;
-  const heads::HeadScores s = heads::score_heads(model, self, prompts, text);
+  heads::ScoringOptions groups;
+  groups.group_patching = true;
+  const heads::HeadScores s = heads::score_heads(model, self, prompts, text, groups);
 
   const auto f = [&](const std::string& name) { return params.at(name).data_as<const float>(); };
   const auto rms_norm = [&](std::vector<double> x, const float* w) {
@@ -225,6 +296,27 @@ TEST(HeadSelection, DirectEffectEqualsHandReadoutAndTotalAndLmEqualHandPatching)
   const double total = gap / n >= heads::kMinLogprobGap ? drop / gap : drop / n;
   EXPECT_NEAR(s.total[pl][ph], total, 1e-5 + 1e-4 * std::abs(total));
   EXPECT_NE(total, 0.0);
+
+  // Group patching of layer pl by the test's own forwards: every head, and every head but ph.
+  ASSERT_TRUE(s.groups);
+  for (const bool all : {true, false}) {
+    double group_drop = 0;
+    for (const CalibrationPrompt& p : prompts) {
+      Capture corrupt;
+      run(model, p.corrupted, &corrupt);
+      OverwriteHeads patch;
+      patch.layer = pl;
+      patch.from = p.patch_start;
+      patch.source = &corrupt.o[pl];
+      for (int64_t h = 0; h < H; ++h)
+        if (all || h != ph) patch.heads.push_back(h);
+      group_drop += answer_logprob(model, run(model, p.clean, nullptr), p) - answer_logprob(model, run(model, p.clean, &patch), p);
+    }
+    const double expected = gap / n >= heads::kMinLogprobGap ? group_drop / gap : group_drop / n;
+    const double got = all ? s.layer_total[pl] : s.all_but_one[pl][ph];
+    EXPECT_NEAR(got, expected, 1e-5 + 1e-4 * std::abs(expected)) << (all ? "whole layer" : "all but one");
+    EXPECT_NE(expected, 0.0);
+  }
 
   std::vector<double> mean(static_cast<size_t>(d), 0.0);
   for (const auto& ids : text) {
