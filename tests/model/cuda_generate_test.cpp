@@ -31,10 +31,25 @@ std::vector<int32_t> prompt_of(int64_t n, int64_t vocab, uint64_t salt) {
   return ids;
 }
 
+void expect_gpu_decode_matches_cpu(const ModelConfig& c, const std::string& preset);
+
 TEST(CudaGenerate, GreedyDecodeMatchesCpuWithinBf16) {
   HYDRA_REQUIRE_GPU();
-  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
-    const ModelConfig c = preset_config(preset);
+  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) expect_gpu_decode_matches_cpu(preset_config(preset), preset);
+}
+
+// Every fusion variant: the decode step's fusion (the gate from the decoded row's own x̂).
+TEST(CudaFusion, GreedyDecodeMatchesCpuForEveryVariant) {
+  HYDRA_REQUIRE_GPU();
+  for (const ops::Fusion fusion : ops::kFusions) {
+    ModelConfig c = preset_config("hydrahead-tiny");
+    c.fusion = fusion;
+    expect_gpu_decode_matches_cpu(c, std::string("hydrahead-tiny fusion ") + ops::fusion_name(fusion));
+  }
+}
+
+void expect_gpu_decode_matches_cpu(const ModelConfig& c, const std::string& preset) {
+  {
     const NamedTensors params = random_parameters(c, 8);
     NamedTensors rounded;
     for (const auto& [name, t] : params) rounded.emplace(name, rounded_to_bf16(t));
