@@ -23,6 +23,7 @@ struct ConvertOptions {
   std::string scores;
   std::string out;
   std::string calib;
+  std::string fusion = "scale_norm";
   uint64_t seed = 0;
   bool allow_nonfinite = false;
 
@@ -39,11 +40,17 @@ struct ConvertOptions {
                                        "and bottom-global:K; with uniform:K, the K best per layer instead of the lowest indices")
         ("out", po::value(&out)->required(), "HydraHead checkpoint to write (.h5), written atomically")
         ("calib", po::value(&calib), "calibration tokens (.h5 input_ids): set each head's gamma to the RMS of "
-                                     "the teacher's head output over them (else gamma = 1)")
+                                     "the teacher's head output over them, for --fusion scale to that RMS over "
+                                     "the student head's own (else gamma = 1)")
+        ("fusion", po::value(&fusion)->default_value("scale_norm"),
+         "how head outputs are fused before W_o: scale_norm (gamma * RMSNorm(o; w)), norm (RMSNorm(o; w)), "
+         "scale (gamma * o), concat (o, as the teacher) or gate (2 sigmoid(u . x_norm + b) * gamma * RMSNorm(o; w), "
+         "u and b start at 0)")
         ("seed", po::value(&seed)->default_value(0), "seed of the new GDN parameters (w_a, w_b, A_log, dt_bias) and of --fa-heads random:K / random-global:K");
     ModelSource::bind_allow_nonfinite(o, &allow_nonfinite);
   }
   void validate() const {
+    ops::fusion_from_name(fusion, "--fusion");
     require_readable_file(teacher, "teacher");
     if (!calib.empty()) require_readable_file(calib, "calibration");
     require_writable_destination(out, "student checkpoint");
@@ -57,7 +64,7 @@ int run_convert(App& app, const std::vector<std::string>& args) {
   ConvertOptions opt;
   po::options_description desc("hydra convert");
   opt.bind(desc);
-  if (!parse_command_line(app, "convert", "--teacher FILE.h5 --fa-heads SPEC --out FILE.h5 [--calib TOKENS.h5] [--seed N] [--scores FILE]",
+  if (!parse_command_line(app, "convert", "--teacher FILE.h5 --fa-heads SPEC --out FILE.h5 [--fusion NAME] [--calib TOKENS.h5] [--seed N] [--scores FILE]",
                           desc, args)) {
     return 0;
   }
@@ -67,7 +74,8 @@ int run_convert(App& app, const std::vector<std::string>& args) {
   HYDRA_USER_CHECK(teacher_config.arch == Arch::qwen3,
                    "{}: is a {} model; convert needs a Qwen3-shaped teacher (hydra import / hydra init --preset qwen3-*)",
                    opt.teacher, arch_name(teacher_config.arch));
-  const ModelConfig student = student_config(teacher_config, resolve_fa_heads(opt.fa_heads, teacher_config, opt.scores, opt.seed));
+  const ModelConfig student = student_config(teacher_config, resolve_fa_heads(opt.fa_heads, teacher_config, opt.scores, opt.seed),
+                                             ops::fusion_from_name(opt.fusion, "--fusion"));
   std::vector<int32_t> calib;
   if (!opt.calib.empty()) {
     calib = read_token_file(opt.calib, teacher_config.vocab_size);
@@ -95,18 +103,33 @@ int run_convert(App& app, const std::vector<std::string>& args) {
       for (double g : layer) finite = finite && std::isfinite(g);
     }
     if (!finite) fail_nonfinite(model, app.world, calib, "convert: the teacher's head RMS (gamma) over --calib is");
+    if (student.fusion == ops::Fusion::scale) {
+      // γ_h = teacher RMS / the student head's own RMS, layer by layer in one forward of the student
+      // with γ = 1 over the same tokens on every rank.
+      const Model unscaled(student, convert_parameters(teacher.config, teacher.params, student, opt.seed, {}));
+      gamma = calibrate_scale_gamma(unscaled, app.world, calib, gamma);
+      for (const auto& layer : gamma) {
+        for (double g : layer) finite = finite && std::isfinite(g);
+      }
+      if (!finite) fail_nonfinite(unscaled, app.world, calib, "convert: the scale fusion's gamma over --calib is");
+    }
   }
   if (app.world.rank() != 0) return 0;
   const NamedTensors params = convert_parameters(teacher.config, teacher.params, student, opt.seed, gamma);
   write_model_checkpoint(opt.out, student, params);
   int64_t fa = 0;
   for (const auto& l : student.fa_heads) fa += static_cast<int64_t>(l.size());
-  log::info("converted {} -> {}: {} FA heads and {} GDN heads over {} layers ({}), gamma {}", opt.teacher, opt.out, fa,
-            student.num_layers * student.num_heads - fa, student.num_layers, opt.fa_heads,
-            gamma.empty() ? std::string("= 1") : fmt::format("from {} calibration tokens", calib.size()));
+  log::info("converted {} -> {}: {} FA heads and {} GDN heads over {} layers ({}), fusion {}, gamma {}", opt.teacher,
+            opt.out, fa, student.num_layers * student.num_heads - fa, student.num_layers, opt.fa_heads,
+            ops::fusion_name(student.fusion),
+            !ops::fusion_has_gamma(student.fusion) ? std::string("none (this fusion has no gamma)")
+            : gamma.empty()                        ? std::string("= 1")
+                                                   : fmt::format("from {} calibration tokens", calib.size()));
   for (int64_t l = 0; l < student.num_layers; ++l) {
     log::info("  layer {:>3}: FA heads [{}]{}", l, fmt::join(student.fa_heads_of(l), ", "),
-              gamma.empty() ? std::string() : fmt::format(", gamma [{:.4g}]", fmt::join(gamma[l], ", ")));
+              gamma.empty() || !ops::fusion_has_gamma(student.fusion)
+                  ? std::string()
+                  : fmt::format(", gamma [{:.4g}]", fmt::join(gamma[l], ", ")));
   }
   return 0;
 }

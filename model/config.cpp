@@ -55,6 +55,8 @@ void ModelConfig::validate() const {
                    "{}), more than the 2^40 this runtime takes", params, num_layers, hidden_size, vocab_size);
   if (arch == Arch::qwen3) {
     HYDRA_USER_CHECK(fa_heads.empty(), "config: a qwen3 config has no fa_heads");
+    HYDRA_USER_CHECK(fusion == ops::Fusion::scale_norm, "config: a qwen3 teacher has no fusion (got fusion {})",
+                     ops::fusion_name(fusion));
     return;
   }
   HYDRA_USER_CHECK(static_cast<int64_t>(fa_heads.size()) == num_layers,
@@ -84,7 +86,8 @@ std::string ModelConfig::summary() const {
   if (is_hydra()) {
     int64_t fa = 0;
     for (const auto& l : fa_heads) fa += static_cast<int64_t>(l.size());
-    s += fmt::format(", {} FA / {} GDN heads in total", fa, num_layers * num_heads - fa);
+    s += fmt::format(", {} FA / {} GDN heads in total, fusion {}", fa, num_layers * num_heads - fa,
+                     ops::fusion_name(fusion));
   }
   return s;
 }
@@ -98,6 +101,7 @@ nlohmann::json config_to_json(const ModelConfig& c) {
     j[kFaHeadsKey] = c.fa_heads;
     for (const auto& k : kHydraIntegerKeys) j[k.name] = c.*k.field;
     for (const auto& k : kHydraRealKeys) j[k.name] = c.*k.field;
+    j[kFusionKey] = ops::fusion_name(c.fusion);
   }
   return j;
 }
@@ -139,6 +143,10 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
       }
       for (const auto& k : kHydraRealKeys) c.*k.field = j.at(k.name).get<double>();
       for (const auto& k : kHydraIntegerKeys) c.*k.field = integer(k.name);
+      if (j.contains(kFusionKey)) {
+        HYDRA_USER_CHECK(j.at(kFusionKey).is_string(), "{}: {} is not a string", source, kFusionKey);
+        c.fusion = ops::fusion_from_name(j.at(kFusionKey).get<std::string>(), fmt::format("{}: config", source));
+      }
     }
   } catch (const nlohmann::json::exception& e) {
     HYDRA_USER_FAIL("{}: malformed model config ({})", source, e.what());

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "kernels/fusion/fusion.h"
 #include "kernels/rope/rope.h"
 #include "runtime/json_integer.h"
 
@@ -37,6 +38,7 @@ struct ModelConfig {
   double fa_log_base = 362.0;              // a in tau(i) = ln(i + a) / ln(a)
   int64_t conv_kernel = 4;                 // K of the GDN short convolution
   double l2_norm_eps = 1e-6;               // GDN q/k L2 norm epsilon
+  ops::Fusion fusion = ops::Fusion::scale_norm;  // how head outputs are fused before W_o (kernels/fusion)
 
   int64_t group_size() const { return num_heads / num_kv_heads; }  // H / G
   int64_t kv_head_of(int64_t head) const { return head / group_size(); }
@@ -82,6 +84,10 @@ inline constexpr ConfigKey<int64_t> kHydraIntegerKeys[] = {{"conv_kernel", &Mode
 inline constexpr ConfigKey<double> kHydraRealKeys[] = {{"fa_log_base", &ModelConfig::fa_log_base},
                                                        {"l2_norm_eps", &ModelConfig::l2_norm_eps}};
 inline constexpr const char* kFaHeadsKey = "fa_heads";
+// The fusion variant: "fusion" in a checkpoint's config, "hydrahead_fusion" in an exported config.json;
+// absent in either (files written before the variants existed): scale_norm.
+inline constexpr const char* kFusionKey = "fusion";
+inline constexpr const char* kHfFusionKey = "hydrahead_fusion";
 // The key of a field of the tables above (import reads some keys with defaults of its own).
 template <class T, size_t N>
 constexpr const char* config_key_in(const ConfigKey<T> (&keys)[N], T ModelConfig::*field) {

@@ -6,12 +6,14 @@
 
 namespace hydra {
 
-ModelConfig student_config(const ModelConfig& teacher, const std::vector<std::vector<int>>& fa_heads) {
+ModelConfig student_config(const ModelConfig& teacher, const std::vector<std::vector<int>>& fa_heads,
+                           ops::Fusion fusion) {
   HYDRA_USER_CHECK(teacher.arch == Arch::qwen3, "the teacher must be a qwen3 checkpoint (got a {} model)",
                    arch_name(teacher.arch));
   ModelConfig s = teacher;
   s.arch = Arch::hydrahead;
   s.fa_heads = fa_heads;
+  s.fusion = fusion;
   s.validate();
   return s;
 }
@@ -41,6 +43,47 @@ class HeadSquareSums final : public LayerObserver {
   int64_t heads_;
 };
 
+// γ of the `scale` fusion, layer by layer in one forward of a student whose γ are 1: at each layer the
+// heads' own RMS over all ranks' tokens gives γ_h = teacher RMS / own RMS, and the head outputs are
+// scaled by it in place, so the later layers see the calibrated stream and match in turn.
+class ScaleCalibration final : public LayerObserver {
+ public:
+  ScaleCalibration(Communicator& comm, const std::vector<std::vector<double>>& teacher_rms, int64_t tokens)
+      : comm_(comm), teacher_rms_(teacher_rms), gamma_(teacher_rms), tokens_(tokens) {}
+  void on_head_outputs(int64_t layer, const TensorView& o, std::span<const int> head_of) override {
+    Tensor host = to(o, Device::host, DType::f32);  // [T, H, d]
+    const int64_t t = host.size(0), heads = host.size(1), d = host.size(2);
+    Tensor sums = Tensor::zeros({heads}, DType::f32);
+    for (int64_t p = 0; p < heads; ++p) {
+      double s = 0;
+      for (int64_t i = 0; i < t; ++i) {
+        const float* row = static_cast<const float*>(host.view().element_ptr({i, p}));
+        for (int64_t c = 0; c < d; ++c) s += static_cast<double>(row[c]) * row[c];
+      }
+      sums.data_as<float>()[p] = static_cast<float>(s);
+    }
+    comm_.all_reduce_sum(sums);  // every rank reaches every layer: the same collectives in the same order
+    for (int64_t p = 0; p < heads; ++p) {
+      const int h = head_of[static_cast<size_t>(p)];
+      const double own = std::sqrt(sums.data_as<float>()[p] / static_cast<double>(tokens_ * d));
+      const double g = own > 0 ? teacher_rms_[layer][h] / own : 1.0;  // a head of zeros keeps γ = 1
+      gamma_[layer][h] = g;
+      for (int64_t i = 0; i < t; ++i) {
+        float* row = static_cast<float*>(host.view().element_ptr({i, p}));
+        for (int64_t c = 0; c < d; ++c) row[c] = static_cast<float>(row[c] * g);
+      }
+    }
+    copy_into(o, to(host, o.device(), o.dtype()));
+  }
+  const std::vector<std::vector<double>>& gamma() const { return gamma_; }
+
+ private:
+  Communicator& comm_;
+  const std::vector<std::vector<double>>& teacher_rms_;
+  std::vector<std::vector<double>> gamma_;  // [L][H]
+  int64_t tokens_;
+};
+
 Tensor constant(std::initializer_list<int64_t> shape, float value) {
   Tensor t = Tensor::empty(shape, DType::f32);
   fill(t, value);
@@ -64,6 +107,20 @@ std::vector<std::vector<double>> measure_head_rms(const Model& teacher, Communic
     for (int64_t h = 0; h < c.num_heads; ++h)
       rms[l][h] = std::sqrt(sums.sums().data_as<float>()[l * c.num_heads + h] / static_cast<double>(total * c.head_dim));
   return rms;
+}
+
+std::vector<std::vector<double>> calibrate_scale_gamma(const Model& student, Communicator& comm,
+                                                       const std::vector<int32_t>& tokens,
+                                                       const std::vector<std::vector<double>>& teacher_rms) {
+  const ModelConfig& c = student.config();
+  HYDRA_ASSERT(c.is_hydra() && c.fusion == ops::Fusion::scale, "scale calibration of a {} model with fusion {}",
+               arch_name(c.arch), ops::fusion_name(c.fusion));
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
+  ScaleCalibration calibration(comm, teacher_rms, total);
+  ForwardContext context{comm, layout, &calibration};
+  student.forward(context, layout.token_rows(tokens).ids);
+  return calibration.gamma();
 }
 
 NamedTensors convert_parameters(const ModelConfig& teacher_config, const NamedTensors& teacher,
@@ -113,6 +170,8 @@ NamedTensors convert_parameters(const ModelConfig& teacher_config, const NamedTe
       out.emplace(name, std::move(t));
     } else if (param == "fuse_norm.weight") {
       out.emplace(name, constant({H, d}, 1.0f));
+    } else if (param == "fuse_gate.weight" || param == "fuse_gate.bias") {
+      out.emplace(name, Tensor::zeros(spec.shape, DType::f32));  // 2σ(0) = 1: the gate starts open, as scale_norm
     } else if (param == "fuse_gamma") {
       Tensor g = constant({H}, 1.0f);
       if (!gamma.empty()) {

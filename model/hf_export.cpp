@@ -65,6 +65,10 @@ nlohmann::json hf_config_json(const ModelConfig& c, DType dtype, int64_t max_pos
   // The model's own keys from the shared table (model/config.h), then the keys only HF has.
   nlohmann::json j = config_to_json(c);
   j.erase("arch");
+  if (j.contains(kFusionKey)) {  // a hybrid's fusion under its exported name
+    j[kHfFusionKey] = j[kFusionKey];
+    j.erase(kFusionKey);
+  }
   j.update({
       {"architectures", {c.is_hydra() ? kHydraHeadArchitecture : "Qwen3ForCausalLM"}},
       {"model_type", c.is_hydra() ? kHydraHeadModelType : "qwen3"},

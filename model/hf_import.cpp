@@ -74,6 +74,8 @@ ModelConfig config_from_hf_json(const nlohmann::json& hf, const std::string& sou
       nlohmann::json own = hf;
       own["arch"] = arch_name(Arch::hydrahead);
       own[config_key(&ModelConfig::rope_theta)] = rope_theta_of(hf, source);
+      own.erase(kFusionKey);  // the fusion is read under its exported name only (absent: scale_norm)
+      if (hf.contains(kHfFusionKey)) own[kFusionKey] = hf.at(kHfFusionKey);
       return config_from_json(own, source);
     }
     c.arch = Arch::qwen3;
@@ -153,7 +155,8 @@ LoadedCheckpoint import_hf_checkpoint(const std::string& directory) {
   std::map<std::string, std::unique_ptr<SafetensorsFile>> open;
   for (const ParamSpec& spec : parameter_specs(out.config)) {
     const auto it = file_of.find(spec.name);
-    HYDRA_USER_CHECK(it != file_of.end(), "{}: tensor '{}' is not in the checkpoint", directory, spec.name);
+    HYDRA_USER_CHECK(it != file_of.end(), "{}: tensor '{}' is not in the checkpoint{}", directory, spec.name,
+                     fusion_note(out.config, spec.name));
     auto& file = open[it->second];
     if (!file) file = std::make_unique<SafetensorsFile>(it->second);
     HYDRA_USER_CHECK(file->contains(spec.name), "{}: tensor '{}' is listed in the index but missing", it->second,
@@ -175,8 +178,9 @@ LoadedCheckpoint import_hf_checkpoint(const std::string& directory) {
   const bool tied_copy = out.config.tie_word_embeddings && unused.size() == 1 && unused[0] == "lm_head.weight";
   if (!unused.empty() && !tied_copy) {
     HYDRA_USER_FAIL("{}: {} tensor(s) the config does not use, first '{}' (config.json: {} layers, "
-                    "tie_word_embeddings = {}); the config and the weights disagree", directory, unused.size(),
-                    unused.front(), out.config.num_layers, out.config.tie_word_embeddings);
+                    "tie_word_embeddings = {}){}; the config and the weights disagree", directory, unused.size(),
+                    unused.front(), out.config.num_layers, out.config.tie_word_embeddings,
+                    fusion_note(out.config, unused.front()));
   }
   for (const ParamSpec& spec : parameter_specs(out.config)) {
     out.params.emplace(spec.name, open.at(file_of.at(spec.name))->read(spec.name, DType::f32));

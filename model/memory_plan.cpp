@@ -246,7 +246,7 @@ std::vector<Id> attention_block(Pass& p, int64_t l, Mode mode, Kept* kept) {
       p.release(branch);
     }
   }
-  if (hydra && replay) block.push_back(tl.hold(b.heads, "fused heads"));
+  if (hydra && p.config.fusion != ops::Fusion::concat && replay) block.push_back(tl.hold(b.heads, "fused heads"));
   if (!replay) p.release(block);
   return block;
 }
@@ -293,8 +293,13 @@ void layer_backward(Pass& p, int64_t l, Kept& kept, bool input_gradient) {
   }
   held.push_back(tl.hold(b.dx_operand, "dx operand"));
   held.push_back(tl.hold(b.d_heads, "d_fused"));
-  if (hydra) held.push_back(tl.hold(b.d_heads, "d_heads"));
-  held.push_back(tl.hold(b.d_proj, "d_proj"));
+  held.push_back(tl.hold(b.d_proj, "d_proj"));  // the fusion gate's logit gradients are columns of it
+  if (hydra && p.config.fusion != ops::Fusion::concat) held.push_back(tl.hold(b.d_heads, "d_heads"));
+  const BufferSpec fusion_scratch = ops::head_fusion_backward_scratch(b.d_heads.shape[0], p.config.num_heads, p.config.fusion);
+  if (hydra && p.cuda() && p.config.fusion != ops::Fusion::concat && fusion_scratch.exists()) {
+    std::vector<Id> rows{tl.hold(fusion_scratch, "fusion row scalars")};  // fusion.cu: the other variants'
+    p.release(rows);
+  }
   if (lay.h_gdn > 0) {  // the side work first, as in the forward
     const int64_t hg = lay.h_gdn;
     std::vector<Id> branch{tl.hold(b.d_conv, "d_conv"), tl.hold(b.d_qk, "dq"), tl.hold(b.d_qk, "dk"),

@@ -43,6 +43,7 @@ Tensor& LayerWeights::slot(Slot s) {
     case Slot::post_norm: return post_norm;
     case Slot::mlp_in: return mlp_in;
     case Slot::mlp_down: return mlp_down;
+    case Slot::fuse_gate_bias: return fuse_gate_bias;
   }
   HYDRA_ASSERT(false, "unknown slot {}", static_cast<int>(s));
   return input_norm;

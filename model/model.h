@@ -65,8 +65,9 @@ struct LayerWeights {
   Tensor q_norm, k_norm;         // [d] (teacher, or FA heads)
   Tensor conv;                   // [3·H_gdn·d, K]: q, k, v channels
   Tensor a_log, dt_bias;         // [H_gdn]
-  Tensor fuse_norm;              // [H, d], physical order
-  Tensor fuse_gamma;             // [H], physical order
+  Tensor fuse_norm;              // [H, d], physical order (fusions with a norm)
+  Tensor fuse_gamma;             // [H], physical order (fusions with a γ)
+  Tensor fuse_gate_bias;         // [H], physical order (the fusion gate; its u are rows of in_proj)
   Tensor o_proj;                 // [D, H·d], columns in physical order
   Tensor mlp_in;                 // [2I, D]: gate rows then up rows
   Tensor mlp_down;               // [D, I]

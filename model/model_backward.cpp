@@ -126,15 +126,20 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
     ops::linear_backward(d_fused.view().reshape({t, H * d}), grad_of(grads.o_proj), dxb,
                          fused.view().reshape({t, H * d}), w.o_proj);
   }
-  Tensor d_heads = d_fused;
-  if (hydra) {
-    ScopedPhase phase(timer, Phase::other);
-    d_heads = b.d_heads.empty(device_);
-    ops::head_fusion_backward(d_heads, grad_of(grads.fuse_norm), grad_of(grads.fuse_gamma), d_fused, heads,
-                              w.fuse_norm, w.fuse_gamma, {norm.eps});
-  }
   Tensor dproj = b.d_proj.zeros(device_);  // padding columns stay zero
   const TensorView dpv = dproj.view();
+  Tensor d_heads = d_fused;
+  if (hydra && config_.fusion != ops::Fusion::concat) {  // concat: the identity
+    ScopedPhase phase(timer, Phase::other);
+    d_heads = b.d_heads.empty(device_);
+    // The gate's logit gradient goes to its columns of dproj: the in_proj backward below takes it
+    // on to u and to x̂.
+    const ops::FusionTensors fusion_grads{.weight = grad_of(grads.fuse_norm), .gamma = grad_of(grads.fuse_gamma),
+                                          .gate = col.fuse_gate >= 0 ? dpv.narrow(1, col.fuse_gate, H) : TensorView(),
+                                          .gate_bias = grad_of(grads.fuse_gate_bias)};
+    ops::head_fusion_backward(d_heads, fusion_grads, d_fused, heads, fusion_tensors(w, pv, col),
+                              {norm.eps, config_.fusion});
+  }
 
   // ---- The FA and GDN branches ----
   // Independent, as in the forward: they read the recomputed forward and d_heads, write disjoint

@@ -273,12 +273,13 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
 
   run_branches(device_, kernels_.branches, hfa, hg, fa_branch, gdn_branch);  // concurrent on the GPU (layer_parts.h)
 
-  // Fusion (HydraHead), in place unless the backward reads the unfused heads too.
+  // Fusion (HydraHead), in place unless the backward reads the unfused heads too; concat is the
+  // identity (W_o reads the heads themselves).
   Tensor fused = heads;
-  if (hydra) {
+  if (hydra && config_.fusion != ops::Fusion::concat) {
     ScopedPhase phase(timer, Phase::other);
     if (mode == LayerMode::replay) fused = b.heads.empty(device_);
-    ops::head_fusion(fused, heads, w.fuse_norm, w.fuse_gamma, {norm.eps});
+    ops::head_fusion(fused, heads, fusion_tensors(w, pv, col), {norm.eps, config_.fusion});
   }
   if (context.observer) context.observer->on_head_outputs(layer, fused, w.head_of);
   {

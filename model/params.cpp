@@ -43,8 +43,12 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
         specs.push_back({p + "self_attn.gdn_A_log", {hg}, Init::a_log});
         specs.push_back({p + "self_attn.gdn_dt_bias", {hg}, Init::dt_bias});
       }
-      specs.push_back({p + "self_attn.fuse_norm.weight", {H, d}, Init::norm_weight});
-      specs.push_back({p + "self_attn.fuse_gamma", {H}, Init::ones});
+      if (ops::fusion_has_norm(c.fusion)) specs.push_back({p + "self_attn.fuse_norm.weight", {H, d}, Init::norm_weight});
+      if (ops::fusion_has_gamma(c.fusion)) specs.push_back({p + "self_attn.fuse_gamma", {H}, Init::ones});
+      if (ops::fusion_has_gate(c.fusion)) {
+        specs.push_back({p + "self_attn.fuse_gate.weight", {H, D}, Init::normal});
+        specs.push_back({p + "self_attn.fuse_gate.bias", {H}, Init::small_normal});
+      }
     }
     specs.push_back({p + "self_attn.o_proj.weight", {D, H * d}, Init::normal});
     specs.push_back({p + "post_attention_layernorm.weight", {D}, Init::norm_weight});
@@ -81,12 +85,17 @@ NamedTensors random_parameters(const ModelConfig& config, uint64_t seed, Device 
   return tensors;
 }
 
+std::string fusion_note(const ModelConfig& config, const std::string& name) {
+  if (!config.is_hydra() || name.find(".self_attn.fuse_") == std::string::npos) return "";
+  return fmt::format(" (the config's fusion is {})", ops::fusion_name(config.fusion));
+}
+
 void validate_parameters(const ModelConfig& config, const NamedTensors& tensors, const std::string& source) {
   std::set<std::string> expected;
   for (const ParamSpec& spec : parameter_specs(config)) {
     expected.insert(spec.name);
     const auto it = tensors.find(spec.name);
-    HYDRA_USER_CHECK(it != tensors.end(), "{}: tensor '{}' is missing", source, spec.name);
+    HYDRA_USER_CHECK(it != tensors.end(), "{}: tensor '{}' is missing{}", source, spec.name, fusion_note(config, spec.name));
     const TensorView shape_of_spec(nullptr, DType::f32, Device::host, spec.shape);
     HYDRA_USER_CHECK(std::equal(spec.shape.begin(), spec.shape.end(), it->second.shape().begin(),
                                 it->second.shape().end()),
@@ -94,7 +103,8 @@ void validate_parameters(const ModelConfig& config, const NamedTensors& tensors,
                      it->second.shape_string(), shape_of_spec.shape_string());
   }
   for (const auto& [name, tensor] : tensors) {
-    HYDRA_USER_CHECK(expected.count(name), "{}: unexpected tensor '{}' for this config", source, name);
+    HYDRA_USER_CHECK(expected.count(name), "{}: unexpected tensor '{}' for this config{}", source, name,
+                     fusion_note(config, name));
   }
 }
 

@@ -9,7 +9,9 @@
 //   self_attn.gdn_k_proj/gdn_v_proj.weight [H_gdn·d, D]   per GDN head K/V
 //   self_attn.gdn_q_conv/gdn_k_conv/gdn_v_conv.weight [H_gdn·d, K]   depthwise conv taps
 //   self_attn.gdn_a_proj/gdn_b_proj.weight [H_gdn, D], self_attn.gdn_A_log/gdn_dt_bias [H_gdn]
-//   self_attn.fuse_norm.weight [H, d], self_attn.fuse_gamma [H]   fusion, original head order
+//   self_attn.fuse_norm.weight [H, d], self_attn.fuse_gamma [H]   fusion, original head order; the
+//     variants (kernels/fusion/fusion.h) without a norm lack fuse_norm, those without a γ fuse_gamma;
+//   self_attn.fuse_gate.weight [H, D], self_attn.fuse_gate.bias [H]   the fusion gate (gate only)
 //   self_attn.o_proj.weight [D, H·d]
 // Tensors of a branch a layer does not have (no FA heads, or no GDN heads) are absent.
 #pragma once
@@ -76,6 +78,10 @@ NamedTensors random_parameters(const ModelConfig& config, uint64_t seed, Device 
 void validate_parameters(const ModelConfig& config, const NamedTensors& tensors, const std::string& source);
 
 int64_t parameter_count(const ModelConfig& config);
+
+// " (the config's fusion is NAME)" for a fusion tensor of a hybrid, else "": for messages about a
+// tensor that is missing or left over, whose cause may be a checkpoint of another fusion variant.
+std::string fusion_note(const ModelConfig& config, const std::string& name);
 
 #if HYDRA_CUDA
 // params_init.cu: the GPU initialiser behind init_parameter for CUDA tensors.

@@ -33,6 +33,7 @@ const char* slot_name(Slot slot) {
     case Slot::post_norm: return "post_norm";
     case Slot::mlp_in: return "mlp_in";
     case Slot::mlp_down: return "mlp_down";
+    case Slot::fuse_gate_bias: return "fuse_gate_bias";
   }
   return "?";
 }
@@ -41,10 +42,11 @@ std::string runtime_name(int64_t layer, Slot slot) { return fmt::format("layers.
 
 ParamTraits param_traits(const std::string& name) {
   ParamTraits t;
-  // Norm weights, the gates (the FA output gate and the GDN β / decay projections), A_log, dt_bias
-  // and γ: no weight decay (DESIGN.md §1.5).
+  // Norm weights, the gates (the FA output gate, the GDN β / decay projections and the fusion gate's
+  // u and b), A_log, dt_bias and γ: no weight decay (DESIGN.md §1.5).
   for (const char* suffix : {"norm.weight", "layernorm.weight", "fa_gate_proj.weight", "gdn_a_proj.weight",
-                             "gdn_b_proj.weight", "gdn_A_log", "gdn_dt_bias", "fuse_gamma"}) {
+                             "gdn_b_proj.weight", "gdn_A_log", "gdn_dt_bias", "fuse_gamma", "fuse_gate.weight",
+                             "fuse_gate.bias"}) {
     if (ends_with(name, suffix)) t.weight_decay = false;
   }
   t.attention_block = name.find(".self_attn.") != std::string::npos;
@@ -62,8 +64,9 @@ std::vector<int64_t> LayerLayout::shape(Slot slot, const ModelConfig& c) const {
     case Slot::conv: return h_gdn > 0 ? std::vector<int64_t>{3 * h_gdn * d, c.conv_kernel} : std::vector<int64_t>{};
     case Slot::a_log:
     case Slot::dt_bias: return h_gdn > 0 ? std::vector<int64_t>{h_gdn} : std::vector<int64_t>{};
-    case Slot::fuse_norm: return hydra ? std::vector<int64_t>{H, d} : std::vector<int64_t>{};
-    case Slot::fuse_gamma: return hydra ? std::vector<int64_t>{H} : std::vector<int64_t>{};
+    case Slot::fuse_norm: return hydra && ops::fusion_has_norm(c.fusion) ? std::vector<int64_t>{H, d} : std::vector<int64_t>{};
+    case Slot::fuse_gamma: return hydra && ops::fusion_has_gamma(c.fusion) ? std::vector<int64_t>{H} : std::vector<int64_t>{};
+    case Slot::fuse_gate_bias: return hydra && ops::fusion_has_gate(c.fusion) ? std::vector<int64_t>{H} : std::vector<int64_t>{};
     case Slot::o_proj: return {D, H * d};
     case Slot::mlp_in: return {2 * I, D};
     case Slot::mlp_down: return {D, I};
@@ -155,12 +158,20 @@ LayerLayout layer_layout(const ModelConfig& c, int64_t l) {
     add("self_attn.gdn_A_log", Slot::a_log, 0, 0, 0, hg);
     add("self_attn.gdn_dt_bias", Slot::dt_bias, 0, 0, 0, hg);
   }
+  if (ops::fusion_has_gate(c.fusion)) {
+    col.fuse_gate = at;
+    at += H;
+  }
   col.used = at;
   col.rows = padded(at);
   for (int64_t pos = 0; pos < H; ++pos) {  // fusion and W_o follow the physical head order
     const int64_t h = out.head_of[static_cast<size_t>(pos)];
-    add("self_attn.fuse_norm.weight", Slot::fuse_norm, 0, h, pos, 1);
-    add("self_attn.fuse_gamma", Slot::fuse_gamma, 0, h, pos, 1);
+    if (ops::fusion_has_norm(c.fusion)) add("self_attn.fuse_norm.weight", Slot::fuse_norm, 0, h, pos, 1);
+    if (ops::fusion_has_gamma(c.fusion)) add("self_attn.fuse_gamma", Slot::fuse_gamma, 0, h, pos, 1);
+    if (ops::fusion_has_gate(c.fusion)) {
+      add("self_attn.fuse_gate.weight", Slot::in_proj, 0, h, col.fuse_gate + pos, 1);
+      add("self_attn.fuse_gate.bias", Slot::fuse_gate_bias, 0, h, pos, 1);
+    }
     add("self_attn.o_proj.weight", Slot::o_proj, 1, h * d, pos * d, d);
   }
   return out;

@@ -9,7 +9,8 @@
 //  - one fused input projection, rows
 //      qwen3:      [W_q (H·d) | W_k (G·d) | W_v (G·d)]
 //      hydrahead:  [W_q FA (H_fa·d) | W_k (G_fa·d) | W_v (G_fa·d) | W_fgate (H_fa·d) |
-//                   W_q GDN (H_gdn·d) | W_kl (H_gdn·d) | W_vl (H_gdn·d) | w_a (H_gdn) | w_b (H_gdn)]
+//                   W_q GDN (H_gdn·d) | W_kl (H_gdn·d) | W_vl (H_gdn·d) | w_a (H_gdn) | w_b (H_gdn) |
+//                   u (H, physical order; fusion gate only)]
 //    zero-padded to a multiple of 64 rows so every column block of its output starts 16-byte aligned
 //    on the GPU (the padding rows stay zero: their gradient is zero and never applied);
 //  - the MLP's gate and up projections stacked [2I, D]; the three GDN conv weights stacked [3·H_gdn·d, K].
@@ -35,14 +36,15 @@ enum class Slot : uint8_t {
   conv,        // [3·H_gdn·d, K]   q, k, v channels
   a_log,       // [H_gdn]
   dt_bias,     // [H_gdn]
-  fuse_norm,   // [H, d]   physical order (HydraHead)
-  fuse_gamma,  // [H]
+  fuse_norm,   // [H, d]   physical order (HydraHead; fusions with a norm)
+  fuse_gamma,  // [H]      (fusions with a γ)
   o_proj,      // [D, H·d] columns in physical order
   post_norm,   // [D]
   mlp_in,      // [2I, D]  gate rows then up rows
   mlp_down,    // [D, I]
+  fuse_gate_bias,  // [H]   physical order (HydraHead, fusion gate); the gate's u are rows of in_proj
 };
-inline constexpr int kSlotCount = 13;
+inline constexpr int kSlotCount = 14;
 const char* slot_name(Slot slot);
 
 // Which optimizer group a parameter belongs to (DESIGN.md §1.5): norms, gates, A_log, dt_bias and γ take no
@@ -66,6 +68,7 @@ struct Piece {
 struct ProjectionColumns {
   int64_t fa_q = -1, fa_k = -1, fa_v = -1, fa_gate = -1;  // FA (all heads of the teacher)
   int64_t gdn_qkv = -1, gdn_a = -1, gdn_b = -1;           // GDN: q|k|v channels, then a, b
+  int64_t fuse_gate = -1;                                 // the fusion gate's logits u_h·x̂, H (physical order)
   int64_t used = 0;                                       // rows before the padding
   int64_t rows = 0;                                       // padded to kProjectionAlign
 };

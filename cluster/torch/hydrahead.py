@@ -23,7 +23,10 @@ ln(i + a)/ln(a) multiplying the scores, causal SDPA, output gate σ(W_fgate x̂)
 depthwise conv (K taps) + SiLU on q, k, v; RoPE on q, k; L2 norm; β = σ(w_b·x̂); g = −e^{A_log}
 softplus(w_a·x̂ + dt_bias); the gated delta rule (flash-linear-attention's chunk_gated_delta_rule
 when importable and on CUDA, else the token-by-token loop below, state in float32 or float64).
-Every head: y_h = γ_h RMSNorm(o_h; w_fuse[h]); then W_o, the residual, and the SwiGLU MLP.
+Every head is fused by the config's `hydrahead_fusion` (absent: scale_norm): scale_norm y_h = γ_h
+RMSNorm(o_h; w_fuse[h]); norm y_h = RMSNorm(o_h; w_fuse[h]); scale y_h = γ_h o_h; concat y_h = o_h;
+gate y_h = 2σ(u_h·x̂ + b_h) γ_h RMSNorm(o_h; w_fuse[h]) (x̂ the layer input after input_layernorm);
+then W_o, the residual, and the SwiGLU MLP.
 
 Left padding (transformers' convention for batched generation) is exact: padded positions add
 nothing to any state (their q/k/v rows are zeroed before the conv, β = 0 and g = 0 there, and FA
@@ -98,7 +101,9 @@ def read_folder(folder) -> tuple[dict, dict]:
 
 _DEFAULTS = dict(vocab_size=256, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  head_dim=64, intermediate_size=256, rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
-                 fa_heads=None, fa_log_base=362.0, conv_kernel=4, l2_norm_eps=1e-6, max_position_embeddings=131072)
+                 fa_heads=None, fa_log_base=362.0, conv_kernel=4, l2_norm_eps=1e-6, max_position_embeddings=131072,
+                 hydrahead_fusion="scale_norm")
+FUSIONS = ("scale_norm", "norm", "scale", "concat", "gate")
 
 _ConfigBase = PretrainedConfig if HAVE_TRANSFORMERS else object
 
@@ -133,6 +138,8 @@ class HydraHeadConfig(_ConfigBase):
         theta = rope.get("rope_theta", d.get("rope_theta", 10000.0)) if isinstance(rope, dict) else d.get("rope_theta")
         keep = {k: d[k] for k in _DEFAULTS if k in d}
         keep["rope_theta"] = theta
+        if keep.get("hydrahead_fusion", "scale_norm") not in FUSIONS:
+            raise ValueError(f"hydrahead_fusion {keep['hydrahead_fusion']!r} is not one of {', '.join(FUSIONS)}")
         return cls(**keep)
 
 
@@ -256,10 +263,14 @@ class Attention(nn.Module):
             self.gdn_a_proj, self.gdn_b_proj = _linear(n, D), _linear(n, D)
             self.gdn_A_log = nn.Parameter(torch.zeros(n))
             self.gdn_dt_bias = nn.Parameter(torch.zeros(n))
-        if not self.teacher:
+        self.fusion = None if self.teacher else c.hydrahead_fusion
+        if self.fusion in ("scale_norm", "norm", "gate"):
             self.fuse_norm = nn.Module()
             self.fuse_norm.weight = nn.Parameter(torch.ones(H, d))
+        if self.fusion in ("scale_norm", "scale", "gate"):
             self.fuse_gamma = nn.Parameter(torch.ones(H))
+        if self.fusion == "gate":
+            self.fuse_gate = nn.Linear(D, H, bias=True)
 
     def forward(self, xn, pos, valid, cache: Optional[dict]):
         c, B, T = self.c, xn.shape[0], xn.shape[1]
@@ -315,8 +326,14 @@ class Attention(nn.Module):
             o = o.to(xn.dtype)
             for i, h in enumerate(self.gdn):
                 heads[h] = o[:, :, i]
-        if not self.teacher:  # §1.2 fusion: y_h = γ_h · RMSNorm(o_h; w_fuse[h])
-            heads = [self.fuse_gamma[h].to(xn.dtype) * rms_norm(heads[h], self.fuse_norm.weight[h], eps) for h in range(H)]
+        if self.fusion is not None:  # §1.2 fusion, the config's variant
+            if hasattr(self, "fuse_norm"):  # RMSNorm(o_h; w_fuse[h])
+                heads = [rms_norm(heads[h], self.fuse_norm.weight[h], eps) for h in range(H)]
+            if hasattr(self, "fuse_gamma"):  # γ_h ·
+                heads = [self.fuse_gamma[h].to(xn.dtype) * heads[h] for h in range(H)]
+            if self.fusion == "gate":  # 2σ(u_h·x̂ + b_h) ·, per token
+                gate = 2 * torch.sigmoid(self.fuse_gate(xn))  # [B, T, H]
+                heads = [gate[:, :, h, None] * heads[h] for h in range(H)]
         return self.o_proj(torch.stack(heads, 2).reshape(B, T, H * d))
 
 

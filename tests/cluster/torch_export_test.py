@@ -3,8 +3,9 @@
 
     python3 tests/cluster/torch_export_test.py BUILD/bin/hydra SOURCE_DIR
 
-For a Qwen3 teacher and HydraHead hybrids (hydrahead-tiny with random weights, f32 and bf16, and a
-layer-wise hybrid from `hydra convert` with an all-GDN and an all-FA layer), the logits of
+For a Qwen3 teacher and HydraHead hybrids (hydrahead-tiny with random weights, f32 and bf16, a
+layer-wise hybrid from `hydra convert` with an all-GDN and an all-FA layer, and a converted student of
+each other fusion variant, its fusion tensors perturbed), the logits of
 cluster/torch/hydrahead.py equal `hydra forward --output` (CPU, fp32) to 1e-4 of the largest logit;
 a sharded export loads to the same model; left padding, the generation cache and transformers'
 `generate` are checked against plain forwards; with transformers installed,
@@ -72,6 +73,18 @@ def main():
         models["layerwise"] = tmp / "layerwise.h5"  # layer 0 all-GDN, layer 1 all-FA
         run(hydra, "convert", "--teacher", models["qwen3-tiny-f32"], "--fa-heads", "layerwise:2", "--seed", "2",
             "--out", models["layerwise"])
+        # Every fusion variant but the default (hydrahead-tiny above), on mixed FA/GDN layers; the
+        # fusion tensors are made non-trivial in the checkpoint (convert starts u, b at 0, w_fuse at 1).
+        rng = np.random.default_rng(7)
+        for fusion in ("norm", "scale", "concat", "gate"):
+            models[f"fusion-{fusion}"] = tmp / f"fusion-{fusion}.h5"
+            run(hydra, "convert", "--teacher", models["qwen3-tiny-f32"], "--fa-heads", "uniform:1", "--seed", "2",
+                "--fusion", fusion, "--out", models[f"fusion-{fusion}"])
+            with h5py.File(models[f"fusion-{fusion}"], "r+") as f:
+                for name in f:
+                    if ".self_attn.fuse_" in name:
+                        data = f[name][...]
+                        f[name][...] = (data + rng.normal(0, 0.5, size=data.shape)).astype(data.dtype)
         for name, model in models.items():
             folder = tmp / f"{name}-hf"
             run(hydra, "export", "--model", model, "--out", folder)
@@ -91,7 +104,7 @@ def main():
         ok &= check("sharded export vs one file (hydrahead.py)", a, models["hydrahead-tiny-f32"][2], 0.0)
 
         # Left padding, the cache, generate: against plain forwards of the same module.
-        for name in ("qwen3-tiny-f32", "hydrahead-tiny-f32", "layerwise"):
+        for name in ("qwen3-tiny-f32", "hydrahead-tiny-f32", "layerwise", "fusion-gate", "fusion-concat"):
             m = hydrahead.load_model(models[name][0], dtype=torch.float32)
             ok &= check_generation(name, m, ids)
 

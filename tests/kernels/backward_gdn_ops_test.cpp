@@ -144,26 +144,58 @@ TEST(Backward, GdnGates) {
   expect_gradient(d_dt, dt_bias, loss, "gdn_gates d_dt_bias");
 }
 
-TEST(Backward, HeadFusion) {
+// Every fusion variant (kernels/fusion/fusion.h): d_o and each of its tensors' gradients against
+// finite differences; the gate's logits a column slice of a wider matrix, as in the model's
+// projection. d_o written over d_y gives the same values.
+class BackwardFusion : public ::testing::TestWithParam<ops::Fusion> {};
+
+TEST_P(BackwardFusion, HeadFusion) {
+  const ops::Fusion fusion = GetParam();
   const int64_t t = 5, h = 3, d = 8;
-  Tensor o = random64({t, h, d}, 13), w = uniform64({h, d}, 14, 0.5, 1.5), gamma = uniform64({h}, 15, 0.2, 2.0);
-  Tensor r = random64({t, h, d}, 16);
-  const ops::HeadFusionParams params{.eps = 1e-3f};
+  Tensor o = random64({t, h, d}, 13), r = random64({t, h, d}, 16);
+  Tensor w = uniform64({h, d}, 14, 0.5, 1.5), gamma = uniform64({h}, 15, 0.2, 2.0);
+  Tensor wide = random64({t, h + 4}, 17), bias = random64({h}, 18);
+  ops::FusionTensors p;
+  if (ops::fusion_has_norm(fusion)) p.weight = w.view();
+  if (ops::fusion_has_gamma(fusion)) p.gamma = gamma.view();
+  if (ops::fusion_has_gate(fusion)) {
+    p.gate = wide.view().narrow(1, 2, h);
+    p.gate_bias = bias.view();
+  }
+  const ops::HeadFusionParams params{.eps = 1e-3f, .fusion = fusion};
   auto loss = [&] {
     Tensor y = Tensor::empty({t, h, d}, DType::f64);
-    ops::head_fusion(y, o, w, gamma, params);
+    ops::head_fusion(y, o, p, params);
     return weighted_sum(y, r);
   };
   Tensor d_o = Tensor::empty({t, h, d}, DType::f64), dw = Tensor::zeros({h, d}, DType::f64);
-  Tensor dgamma = Tensor::zeros({h}, DType::f64);
-  ops::head_fusion_backward(d_o, dw, dgamma, r, o, w, gamma, params);
-  expect_gradient(d_o, o, loss, "head_fusion d_o");
-  expect_gradient(dw, w, loss, "head_fusion d_weight");
-  expect_gradient(dgamma, gamma, loss, "head_fusion d_gamma");
+  Tensor dgamma = Tensor::zeros({h}, DType::f64), dbias = Tensor::zeros({h}, DType::f64);
+  Tensor dwide = Tensor::zeros({t, h + 4}, DType::f64);
+  ops::FusionTensors g;
+  if (p.weight.defined()) g.weight = dw.view();
+  if (p.gamma.defined()) g.gamma = dgamma.view();
+  if (p.gate.defined()) {
+    g.gate = dwide.view().narrow(1, 2, h);
+    g.gate_bias = dbias.view();
+  }
+  ops::head_fusion_backward(d_o, g, r, o, p, params);
+  const std::string name = std::string("head_fusion ") + ops::fusion_name(fusion);
+  expect_gradient(d_o, o, loss, name + " d_o");
+  if (p.weight.defined()) expect_gradient(dw, w, loss, name + " d_weight");
+  if (p.gamma.defined()) expect_gradient(dgamma, gamma, loss, name + " d_gamma");
+  if (p.gate.defined()) {
+    expect_gradient(dwide, wide, loss, name + " d_gate (the logits' columns; the others stay 0)");
+    expect_gradient(dbias, bias, loss, name + " d_gate_bias");
+  }
   Tensor in_place = clone(r);
-  ops::head_fusion_backward(in_place, Tensor(), Tensor(), in_place, o, w, gamma, params);
+  ops::head_fusion_backward(in_place, {}, in_place, o, p, params);
   EXPECT_EQ(relative_error(in_place, d_o), 0.0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Variants, BackwardFusion, ::testing::ValuesIn(ops::kFusions),
+                         [](const ::testing::TestParamInfo<ops::Fusion>& info) {
+                           return std::string(ops::fusion_name(info.param));
+                         });
 
 }  // namespace
 }  // namespace hydra::test

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "kernels/conv/conv.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/embedding/embedding.h"
@@ -120,26 +122,93 @@ TEST(CudaBackward, HeadFusion) {
     const Tensor w = random_tensor({h, d}, 52), gamma = random_tensor({h}, 53);
     const Tensor dw0 = random_tensor({h, d}, 54), dg0 = random_tensor({h}, 55);
     Tensor do_ref = Tensor::empty({t, h, d}, DType::f32), dw_ref = clone(dw0), dg_ref = clone(dg0);
-    ops::head_fusion_backward(do_ref, dw_ref, dg_ref, dy, heads_of(ow), w, gamma, eps);
+    ops::head_fusion_backward(do_ref, {.weight = dw_ref, .gamma = dg_ref}, dy, heads_of(ow), {.weight = w, .gamma = gamma}, eps);
 
     const Tensor gow = gpu(ow), gw = gpu(w, DType::f32), gg = gpu(gamma, DType::f32);
     // fp32 d_o.
     Tensor gdo = Tensor::empty({t, h, d}, DType::f32, Device::cuda), gdw = gpu(dw0, DType::f32),
            gdg = gpu(dg0, DType::f32);
-    ops::head_fusion_backward(gdo, gdw, gdg, gpu(dy), heads_of(gow), gw, gg, eps);
+    ops::head_fusion_backward(gdo, {.weight = gdw, .gamma = gdg}, gpu(dy), heads_of(gow), {.weight = gw, .gamma = gg}, eps);
     expect_close(host(gdo), do_ref, 1e-4, what + " d_o fp32");
     expect_close(host(gdw), dw_ref, 1e-4, what + " d_weight");
     expect_close(host(gdg), dg_ref, 1e-4, what + " d_gamma");
     // bf16 d_o written over d_y: the parameter gradients read d_y first, so they have the same bits.
     Tensor gdy = gpu(dy), gdw2 = gpu(dw0, DType::f32), gdg2 = gpu(dg0, DType::f32);
-    ops::head_fusion_backward(gdy, gdw2, gdg2, gdy, heads_of(gow), gw, gg, eps);
+    ops::head_fusion_backward(gdy, {.weight = gdw2, .gamma = gdg2}, gdy, heads_of(gow), {.weight = gw, .gamma = gg}, eps);
     expect_close(host(gdy), do_ref, 1e-2, what + " d_o over d_y");
     expect_same_bits(gdw, gdw2, what + " d_weight");
     expect_same_bits(gdg, gdg2, what + " d_gamma");
     // Without parameter gradients (a frozen fusion): d_o alone.
     Tensor gdo3 = Tensor::empty({t, h, d}, DType::f32, Device::cuda);
-    ops::head_fusion_backward(gdo3, TensorView(), TensorView(), gpu(dy), heads_of(gow), gw, gg, eps);
+    ops::head_fusion_backward(gdo3, {}, gpu(dy), heads_of(gow), {.weight = gw, .gamma = gg}, eps);
     expect_same_bits(gdo, gdo3, what + " d_o without parameter gradients");
+  }
+}
+
+// Every fusion variant's forward and backward against the CPU path on the same bf16-rounded inputs:
+// o a column slice of a wider matrix (as the model's head buffer), the gate's logits a column slice
+// of a wider bf16 matrix (the projection). Tolerances: the forward 1e-2 (bf16 output); d_o in fp32
+// and the fp32 parameter gradients 1e-4 (fp32 sums against the CPU's fp64); the gate's logit
+// gradient 1e-2 (stored in bf16, as in the projection's gradient); d_o over d_y (bf16) 1e-2, and
+// the parameter gradients then have the same bits (read before d_o is written). Three heads of 64,
+// and 16 × 128 (the 1.7B preset's heads).
+TEST(CudaFusion, VariantsMatchCpu) {
+  HYDRA_REQUIRE_GPU();
+  for (const ops::Fusion fusion : ops::kFusions) {
+    struct Case {
+      int64_t t, h, d;
+    };
+    for (const Case c : {Case{300, 3, 64}, Case{700, 16, 128}}) {
+      const int64_t t = c.t, h = c.h, d = c.d;
+      const std::string what = fmt::format("fusion {} T={} H={} d={}", ops::fusion_name(fusion), t, h, d);
+      const ops::HeadFusionParams params{1e-6f, fusion};
+      const Tensor ow = rounded_to_bf16(random_tensor({t, (h + 1) * d}, 60, 2.0f));
+      const auto heads_of = [&](const TensorView& wide) { return wide.narrow(1, d, h * d).split_dim(1, h, d); };
+      const Tensor sw = rounded_to_bf16(random_tensor({t, h + 5}, 61, 2.0f));
+      const auto gate_of = [&](const TensorView& wide) { return wide.narrow(1, 3, h); };
+      const Tensor dy = rounded_to_bf16(random_tensor({t, h, d}, 62));
+      const Tensor w = random_tensor({h, d}, 63), gamma = random_tensor({h}, 64), bias = random_tensor({h}, 65);
+      const auto tensors = [&](const TensorView& ww, const TensorView& gg, const TensorView& s, const TensorView& b) {
+        ops::FusionTensors p;
+        if (ops::fusion_has_norm(fusion)) p.weight = ww;
+        if (ops::fusion_has_gamma(fusion)) p.gamma = gg;
+        if (ops::fusion_has_gate(fusion)) p.gate = s, p.gate_bias = b;
+        return p;
+      };
+      const ops::FusionTensors cpu_p = tensors(w, gamma, gate_of(sw), bias);
+      const Tensor gow = gpu(ow), gsw = gpu(sw), gw = gpu(w, DType::f32), gg = gpu(gamma, DType::f32),
+                   gb = gpu(bias, DType::f32);
+      const ops::FusionTensors gpu_p = tensors(gw, gg, gate_of(gsw), gb);
+      // Forward.
+      Tensor y_ref = Tensor::empty({t, h, d}, DType::f32), gy = Tensor::empty({t, h, d}, DType::bf16, Device::cuda);
+      ops::head_fusion(y_ref, heads_of(ow), cpu_p, params);
+      ops::head_fusion(gy, heads_of(gow), gpu_p, params);
+      expect_close(host(gy), y_ref, 1e-2, what + " forward");
+      // Backward: fp32 d_o, every gradient the variant has, starting from non-zero accumulators.
+      const Tensor dw0 = random_tensor({h, d}, 66), dg0 = random_tensor({h}, 67), db0 = random_tensor({h}, 68);
+      Tensor do_ref = Tensor::empty({t, h, d}, DType::f32), dw_ref = clone(dw0), dg_ref = clone(dg0), db_ref = clone(db0);
+      Tensor ds_ref = Tensor::zeros({t, h + 5}, DType::f32);
+      ops::head_fusion_backward(do_ref, tensors(dw_ref, dg_ref, gate_of(ds_ref), db_ref), dy, heads_of(ow), cpu_p, params);
+      Tensor gdo = Tensor::empty({t, h, d}, DType::f32, Device::cuda), gdw = gpu(dw0, DType::f32),
+             gdg = gpu(dg0, DType::f32), gdb = gpu(db0, DType::f32);
+      Tensor gds = Tensor::zeros({t, h + 5}, DType::bf16, Device::cuda);
+      ops::head_fusion_backward(gdo, tensors(gdw, gdg, gate_of(gds), gdb), gpu(dy), heads_of(gow), gpu_p, params);
+      expect_close(host(gdo), do_ref, 1e-4, what + " d_o fp32");
+      if (ops::fusion_has_norm(fusion)) expect_close(host(gdw), dw_ref, 1e-4, what + " d_weight");
+      if (ops::fusion_has_gamma(fusion)) expect_close(host(gdg), dg_ref, 1e-4, what + " d_gamma");
+      if (ops::fusion_has_gate(fusion)) {
+        expect_close(host(gds), ds_ref, 1e-2, what + " d_gate (the logits' columns; the others stay 0)");
+        expect_close(host(gdb), db_ref, 1e-4, what + " d_gate_bias");
+      }
+      // bf16 d_o written over d_y.
+      Tensor gdy = gpu(dy), gdw2 = gpu(dw0, DType::f32), gdg2 = gpu(dg0, DType::f32), gdb2 = gpu(db0, DType::f32);
+      Tensor gds2 = Tensor::zeros({t, h + 5}, DType::bf16, Device::cuda);
+      ops::head_fusion_backward(gdy, tensors(gdw2, gdg2, gate_of(gds2), gdb2), gdy, heads_of(gow), gpu_p, params);
+      expect_close(host(gdy), do_ref, 1e-2, what + " d_o over d_y");
+      if (ops::fusion_has_norm(fusion)) expect_same_bits(gdw, gdw2, what + " d_weight");
+      if (ops::fusion_has_gamma(fusion)) expect_same_bits(gdg, gdg2, what + " d_gamma");
+      if (ops::fusion_has_gate(fusion)) expect_same_bits(gdb, gdb2, what + " d_gate_bias");
+    }
   }
 }
 

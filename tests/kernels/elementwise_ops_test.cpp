@@ -153,21 +153,49 @@ TEST_P(HeadOps, L2NormAndPerHeadRmsNormOnStridedHeads) {
   expect_close(wide.view().narrow(1, 0, d), untouched, 0.0, "columns outside the head block");
 }
 
-TEST_P(HeadOps, HeadFusion) {
+// Every fusion variant against its formula (kernels/fusion/fusion.h), the gate's logits a column
+// slice of a wider matrix.
+TEST_P(HeadOps, HeadFusionVariants) {
   const auto [t, h, d] = GetParam();
   Tensor o = random_tensor({t, h, d}, 12, 4.0f), w = random_tensor({h, d}, 13), gamma = random_tensor({h}, 14);
-  Tensor y = Tensor::empty({t, h, d}, DType::f32), ref = Tensor::empty({t, h, d}, DType::f32);
-  for (int64_t i = 0; i < t; ++i)
-    for (int64_t k = 0; k < h; ++k) {
-      const float* x = o.data_as<float>() + (i * h + k) * d;
-      double ss = 0;
-      for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(x[j]) * x[j];
-      for (int64_t j = 0; j < d; ++j)
-        ref.data_as<float>()[(i * h + k) * d + j] = static_cast<float>(
-            gamma.data_as<float>()[k] * w.data_as<float>()[k * d + j] * x[j] / std::sqrt(ss / d + 1e-6));
+  Tensor wide = random_tensor({t, h + 3}, 15, 2.0f), bias = random_tensor({h}, 16);
+  const TensorView s = wide.view().narrow(1, 1, h);
+  for (const ops::Fusion fusion : ops::kFusions) {
+    const bool norm = ops::fusion_has_norm(fusion), scaled = ops::fusion_has_gamma(fusion);
+    const bool gated = ops::fusion_has_gate(fusion);
+    Tensor y = Tensor::empty({t, h, d}, DType::f32), ref = Tensor::empty({t, h, d}, DType::f32);
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t k = 0; k < h; ++k) {
+        const float* x = o.data_as<float>() + (i * h + k) * d;
+        double ss = 0;
+        for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(x[j]) * x[j];
+        const double logit = static_cast<double>(*static_cast<const float*>(s.element_ptr({i, k}))) + bias.data_as<float>()[k];
+        const double c = (scaled ? gamma.data_as<float>()[k] : 1.0) * (gated ? 2.0 / (1.0 + std::exp(-logit)) : 1.0);
+        for (int64_t j = 0; j < d; ++j) {
+          const double n = norm ? w.data_as<float>()[k * d + j] * x[j] / std::sqrt(ss / d + 1e-6) : x[j];
+          ref.data_as<float>()[(i * h + k) * d + j] = static_cast<float>(c * n);
+        }
+      }
+    ops::FusionTensors p;
+    if (norm) p.weight = w.view();
+    if (scaled) p.gamma = gamma.view();
+    if (gated) {
+      p.gate = s;
+      p.gate_bias = bias.view();
     }
-  ops::head_fusion(y, o, w, gamma, {1e-6f});
-  expect_close(y, ref, kTol, "head_fusion");
+    ops::head_fusion(y, o, p, {1e-6f, fusion});
+    expect_close(y, ref, kTol, std::string("head_fusion ") + ops::fusion_name(fusion));
+  }
+}
+
+TEST(HeadFusion, NamesRoundTripAndUnknownNameIsAUserError) {
+  for (const ops::Fusion f : ops::kFusions) EXPECT_EQ(ops::fusion_from_name(ops::fusion_name(f), "test"), f);
+  try {
+    ops::fusion_from_name("gated", "--fusion");
+    FAIL() << "an unknown fusion name was accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "--fusion: unknown fusion 'gated' (expected scale_norm, norm, scale, concat or gate)");
+  }
 }
 
 TEST(GdnGates, MatchFormula) {

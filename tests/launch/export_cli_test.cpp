@@ -174,6 +174,62 @@ TEST_F(Export, HybridFolderCarriesHeadSetsAndGdnSettings) {
   EXPECT_EQ(file.entries().at("model.layers.0.self_attn.fuse_norm.weight").shape, (std::vector<int64_t>{4, 64}));
 }
 
+// Each fusion variant, as hydra convert --fusion writes it: hydra info names it, the export carries
+// it as hydrahead_fusion with the variant's tensors, and import gives the checkpoint back bit for
+// bit; a folder without the key imports as scale_norm. An unknown name is refused in one line.
+TEST_F(Export, FusionVariantsConvertExportAndImport) {
+  const std::string teacher = init("qwen3-tiny", "f32");
+  for (const ops::Fusion fusion : ops::kFusions) {
+    const std::string name = ops::fusion_name(fusion);
+    SCOPED_TRACE(name);
+    const std::string model = dir_.file("s-" + name + ".h5"), out = dir_.file("s-" + name + "-hf");
+    const CommandResult c = hydra("convert --teacher " + teacher + " --fa-heads uniform:1 --fusion " + name + " --out " + model);
+    ASSERT_EQ(c.exit_code, 0) << c.output;
+    EXPECT_NE(c.output.find("fusion " + name), std::string::npos) << c.output;
+    const CommandResult info = hydra("info " + model);
+    EXPECT_NE(info.output.find("fusion " + name), std::string::npos) << info.output;
+    ASSERT_EQ(hydra("export --model " + model + " --out " + out).exit_code, 0);
+    const nlohmann::json cfg = read_json(fs::path(out) / "config.json");
+    EXPECT_EQ(cfg["hydrahead_fusion"], name);
+    EXPECT_FALSE(cfg.contains("fusion"));
+    const SafetensorsFile file((fs::path(out) / "model.safetensors").string());
+    EXPECT_EQ(file.entries().count("model.layers.0.self_attn.fuse_gamma"), ops::fusion_has_gamma(fusion) ? 1u : 0u);
+    EXPECT_EQ(file.entries().count("model.layers.0.self_attn.fuse_norm.weight"), ops::fusion_has_norm(fusion) ? 1u : 0u);
+    if (ops::fusion_has_gate(fusion)) {
+      EXPECT_EQ(file.entries().at("model.layers.0.self_attn.fuse_gate.weight").shape, (std::vector<int64_t>{4, 128}));
+      EXPECT_EQ(file.entries().at("model.layers.1.self_attn.fuse_gate.bias").shape, (std::vector<int64_t>{4}));
+    }
+    const std::string back = dir_.file("s-" + name + "-back.h5");
+    const CommandResult i = hydra("import --hf " + out + " --out " + back);
+    ASSERT_EQ(i.exit_code, 0) << i.output;
+    expect_identical_checkpoints(model, back);
+    if (fusion == ops::Fusion::scale_norm) {  // written before the variants existed: no key
+      nlohmann::json old = cfg;
+      old.erase("hydrahead_fusion");
+      std::ofstream(fs::path(out) / "config.json") << old.dump();
+      const std::string older = dir_.file("s-older.h5");
+      ASSERT_EQ(hydra("import --hf " + out + " --out " + older).exit_code, 0);
+      expect_identical_checkpoints(model, older);
+    }
+    if (fusion == ops::Fusion::gate) {  // a gate folder that says scale_norm: its tensors do not match
+      nlohmann::json wrong = cfg;
+      wrong["hydrahead_fusion"] = "scale_norm";
+      std::ofstream(fs::path(out) / "config.json") << wrong.dump();
+      const CommandResult r = hydra("import --hf " + out + " --out " + dir_.file("wrong.h5"));
+      EXPECT_EQ(r.exit_code, 2) << r.output;
+      EXPECT_NE(r.output.find("self_attn.fuse_gate."), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("(the config's fusion is scale_norm)"), std::string::npos) << r.output;
+    }
+  }
+  const CommandResult bad = hydra("convert --teacher " + teacher + " --fa-heads uniform:1 --fusion gated --out " +
+                                  dir_.file("bad.h5"));
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--fusion: unknown fusion 'gated' (expected scale_norm, norm, scale, concat or gate)"),
+            std::string::npos)
+      << bad.output;
+  EXPECT_FALSE(fs::exists(dir_.file("bad.h5")));
+}
+
 // f32 -> bf16 rounds to nearest, ties to even: values with known bf16 bits, then every tensor.
 TEST_F(Export, Bf16RoundsToNearestEven) {
   const ModelConfig c = preset_config("qwen3-tiny");

@@ -149,6 +149,77 @@ TEST(Convert, GammaIsTheTeachersMeasuredHeadRms) {
   EXPECT_EQ(max_rel_error(a, b), 0.0);
 }
 
+// Each fusion variant's student has its tensors and no others; the gate's u and b start at 0, so a
+// converted gate student computes what the scale_norm student does.
+TEST(Convert, FusionVariantsHaveTheirTensorsAndGateStartsAsScaleNorm) {
+  const ModelConfig tc = teacher_config();
+  const NamedTensors teacher = random_parameters(tc, 3);
+  const std::vector<std::vector<int>> heads = {{4}, {0, 1, 2, 3, 4, 5}, {}};
+  std::map<ops::Fusion, Tensor> logits;
+  std::vector<int32_t> tokens(40);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 31 + 7) % tc.vocab_size);
+  for (const ops::Fusion fusion : ops::kFusions) {
+    const ModelConfig sc = student_config(tc, heads, fusion);
+    EXPECT_EQ(sc.fusion, fusion);
+    const NamedTensors s = convert_parameters(tc, teacher, sc, 9, {});
+    for (int64_t l = 0; l < tc.num_layers; ++l) {
+      const std::string p = layer_prefix(l) + "self_attn.";
+      EXPECT_EQ(s.count(p + "fuse_norm.weight") > 0, ops::fusion_has_norm(fusion)) << ops::fusion_name(fusion);
+      EXPECT_EQ(s.count(p + "fuse_gamma") > 0, ops::fusion_has_gamma(fusion)) << ops::fusion_name(fusion);
+      EXPECT_EQ(s.count(p + "fuse_gate.weight") > 0, ops::fusion_has_gate(fusion)) << ops::fusion_name(fusion);
+      EXPECT_EQ(s.count(p + "fuse_gate.bias") > 0, ops::fusion_has_gate(fusion)) << ops::fusion_name(fusion);
+      if (ops::fusion_has_gate(fusion)) {
+        EXPECT_EQ(s.at(p + "fuse_gate.weight").shape_string(), fmt::format("[{}, {}]", tc.num_heads, tc.hidden_size));
+        EXPECT_EQ(s.at(p + "fuse_gate.bias").shape_string(), fmt::format("[{}]", tc.num_heads));
+        for (const char* name : {"fuse_gate.weight", "fuse_gate.bias"}) {
+          const Tensor& t = s.at(p + name);
+          for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.data_as<float>()[i], 0.0f) << p + name;
+        }
+      }
+    }
+    logits[fusion] = full_logits(Model(sc, s), tokens);
+    EXPECT_EQ(count_non_finite(logits[fusion]), 0) << ops::fusion_name(fusion);
+  }
+  // fp32, the same arithmetic but for the gate's factor 2σ(0) = 1 and a wider projection GEMM.
+  expect_close(logits[ops::Fusion::gate], logits[ops::Fusion::scale_norm], 1e-6, "gate student vs scale_norm student");
+  EXPECT_GT(max_rel_error(logits[ops::Fusion::concat], logits[ops::Fusion::scale_norm]), 1e-3)
+      << "the variants compute different models";
+  // A checkpoint whose tensors are another variant's is refused, naming the fusion.
+  const ModelConfig gate = student_config(tc, heads, ops::Fusion::gate);
+  const NamedTensors plain = convert_parameters(tc, teacher, student_config(tc, heads), 9, {});
+  EXPECT_EQ(error_of([&] { validate_parameters(gate, plain, "s.h5"); }),
+            "s.h5: tensor 'model.layers.0.self_attn.fuse_gate.weight' is missing (the config's fusion is gate)");
+  const ModelConfig concat = student_config(tc, heads, ops::Fusion::concat);
+  EXPECT_EQ(error_of([&] { validate_parameters(concat, plain, "s.h5"); }),
+            "s.h5: unexpected tensor 'model.layers.0.self_attn.fuse_gamma' for this config (the config's fusion is concat)");
+}
+
+// `scale`: γ_h = the teacher's head RMS over the student's own, layer by layer, so every scaled
+// head output has the teacher's RMS over the calibration tokens.
+TEST(Convert, ScaleGammaMatchesTheTeachersHeadScale) {
+  const ModelConfig tc = teacher_config();
+  const NamedTensors teacher = random_parameters(tc, 4);
+  std::vector<int32_t> tokens(150);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 31 + 7) % tc.vocab_size);
+  SelfCommunicator self;
+  const auto teacher_rms = measure_head_rms(Model(tc, teacher), self, tokens);
+  const ModelConfig sc = student_config(tc, resolve_fa_heads("uniform:2", tc, ""), ops::Fusion::scale);
+  const Model unscaled(sc, convert_parameters(tc, teacher, sc, 1, {}));
+  const auto own = measure_head_rms(unscaled, self, tokens);
+  const auto gamma = calibrate_scale_gamma(unscaled, self, tokens, teacher_rms);
+  const NamedTensors s = convert_parameters(tc, teacher, sc, 1, gamma);
+  CaptureHeads capture;  // the scaled student's fused outputs
+  ForwardContext context{self, SequenceLayout::zigzag(150, 1, 0), &capture};
+  Model(sc, s).forward(context, TensorView(tokens.data(), DType::i32, Device::host, {150}));
+  for (int64_t l = 0; l < tc.num_layers; ++l)
+    for (int h = 0; h < tc.num_heads; ++h) {
+      const double expected = teacher_rms[l][h];
+      EXPECT_GT(std::abs(own[l][h] - expected), 1e-3 * expected) << "the student's own scale differs (γ is not trivially 1)";
+      EXPECT_NEAR(s.at(layer_prefix(l) + "self_attn.fuse_gamma").data_as<float>()[h], gamma[l][h], 1e-6 * gamma[l][h]);
+      EXPECT_NEAR(capture.rms.at({l, h}), expected, 1e-4 * expected) << "layer " << l << " head " << h;
+    }
+}
+
 TEST(FaHeadSpecs, ResolveAsDocumented) {
   ModelConfig tc = teacher_config();
   tc.num_layers = 8;

@@ -31,53 +31,66 @@ std::vector<int32_t> prompt_of(int64_t n, int64_t vocab, uint64_t salt) {
   return ids;
 }
 
+void expect_gpu_decode_matches_cpu(const ModelConfig& c, const std::string& preset);
+
 TEST(CudaGenerate, GreedyDecodeMatchesCpuWithinBf16) {
   HYDRA_REQUIRE_GPU();
-  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
-    const ModelConfig c = preset_config(preset);
-    const NamedTensors params = random_parameters(c, 8);
-    NamedTensors rounded;
-    for (const auto& [name, t] : params) rounded.emplace(name, rounded_to_bf16(t));
-    const Model cpu(c, rounded), gpu(c, params, Device::cuda, DType::bf16);
-    SelfCommunicator self(Device::cuda);
-    const std::vector<std::vector<int32_t>> prompts = {prompt_of(300, c.vocab_size, 1), prompt_of(5, c.vocab_size, 2),
-                                                       prompt_of(77, c.vocab_size, 3)};
-    const GenerateOptions options{.max_new_tokens = 12, .keep_logits = true};
-    const auto out = generate(self, gpu, prompts, options);
-    const int64_t vocab = c.vocab_size;
-    double worst = 0;
-    for (size_t b = 0; b < prompts.size(); ++b) {
-      ASSERT_EQ(out[b].tokens.size(), 12u);
-      std::vector<int32_t> seq = prompts[b];
-      seq.insert(seq.end(), out[b].tokens.begin(), out[b].tokens.end() - 1);
-      const Tensor ref = full_logits(cpu, seq);
-      const int64_t t0 = static_cast<int64_t>(prompts[b].size()) - 1;
-      for (size_t i = 0; i < out[b].tokens.size(); ++i) {
-        const float* r = ref.data_as<float>() + (t0 + static_cast<int64_t>(i)) * vocab;
-        Tensor want = Tensor::empty({vocab}, DType::f32), got = Tensor::empty({vocab}, DType::f32);
-        std::copy_n(r, vocab, want.data_as<float>());
-        std::copy_n(out[b].logits.data() + i * vocab, vocab, got.data_as<float>());
-        const double err = max_rel_error(got, want);
-        worst = std::max(worst, err);
-        expect_close(got, want, 5e-2, fmt::format("{} prompt {} token {}", preset, b, i));
-        std::vector<float> sorted(r, r + vocab);
-        std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-        const double top = *std::max_element(r, r + vocab, [](float x, float y) { return std::abs(x) < std::abs(y); });
-        if (sorted[0] - sorted[1] > 5e-2 * std::abs(top)) {
-          EXPECT_EQ(out[b].tokens[i], std::max_element(r, r + vocab) - r) << preset << " prompt " << b << " token " << i;
-        }
+  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) expect_gpu_decode_matches_cpu(preset_config(preset), preset);
+}
+
+// Every fusion variant: the decode step's fusion (the gate from the decoded row's own x̂).
+TEST(CudaFusion, GreedyDecodeMatchesCpuForEveryVariant) {
+  HYDRA_REQUIRE_GPU();
+  for (const ops::Fusion fusion : ops::kFusions) {
+    ModelConfig c = preset_config("hydrahead-tiny");
+    c.fusion = fusion;
+    expect_gpu_decode_matches_cpu(c, std::string("hydrahead-tiny fusion ") + ops::fusion_name(fusion));
+  }
+}
+
+void expect_gpu_decode_matches_cpu(const ModelConfig& c, const std::string& preset) {
+  const NamedTensors params = random_parameters(c, 8);
+  NamedTensors rounded;
+  for (const auto& [name, t] : params) rounded.emplace(name, rounded_to_bf16(t));
+  const Model cpu(c, rounded), gpu(c, params, Device::cuda, DType::bf16);
+  SelfCommunicator self(Device::cuda);
+  const std::vector<std::vector<int32_t>> prompts = {prompt_of(300, c.vocab_size, 1), prompt_of(5, c.vocab_size, 2),
+                                                     prompt_of(77, c.vocab_size, 3)};
+  const GenerateOptions options{.max_new_tokens = 12, .keep_logits = true};
+  const auto out = generate(self, gpu, prompts, options);
+  const int64_t vocab = c.vocab_size;
+  double worst = 0;
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    ASSERT_EQ(out[b].tokens.size(), 12u);
+    std::vector<int32_t> seq = prompts[b];
+    seq.insert(seq.end(), out[b].tokens.begin(), out[b].tokens.end() - 1);
+    const Tensor ref = full_logits(cpu, seq);
+    const int64_t t0 = static_cast<int64_t>(prompts[b].size()) - 1;
+    for (size_t i = 0; i < out[b].tokens.size(); ++i) {
+      const float* r = ref.data_as<float>() + (t0 + static_cast<int64_t>(i)) * vocab;
+      Tensor want = Tensor::empty({vocab}, DType::f32), got = Tensor::empty({vocab}, DType::f32);
+      std::copy_n(r, vocab, want.data_as<float>());
+      std::copy_n(out[b].logits.data() + i * vocab, vocab, got.data_as<float>());
+      const double err = max_rel_error(got, want);
+      worst = std::max(worst, err);
+      expect_close(got, want, 5e-2, fmt::format("{} prompt {} token {}", preset, b, i));
+      std::vector<float> sorted(r, r + vocab);
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      const double top = *std::max_element(r, r + vocab, [](float x, float y) { return std::abs(x) < std::abs(y); });
+      if (sorted[0] - sorted[1] > 5e-2 * std::abs(top)) {
+        EXPECT_EQ(out[b].tokens[i], std::max_element(r, r + vocab) - r) << preset << " prompt " << b << " token " << i;
       }
     }
-    std::printf("%s: GPU decode vs CPU forward logits, max rel error %.3g\n", preset.c_str(), worst);
-    // Batched slots do not mix: each prompt alone gives the batch's first logits row (the same
-    // prompt; GEMMs of another row count may round differently, so to bf16 tolerance, not bits).
-    for (size_t b = 0; b < prompts.size(); ++b) {
-      const auto alone = generate(self, gpu, {prompts[b]}, {.max_new_tokens = 1, .keep_logits = true});
-      Tensor a = Tensor::empty({vocab}, DType::f32), t = Tensor::empty({vocab}, DType::f32);
-      std::copy_n(alone[0].logits.data(), vocab, a.data_as<float>());
-      std::copy_n(out[b].logits.data(), vocab, t.data_as<float>());
-      expect_close(a, t, 2e-2, fmt::format("{} prompt {} alone vs in the batch", preset, b));
-    }
+  }
+  std::printf("%s: GPU decode vs CPU forward logits, max rel error %.3g\n", preset.c_str(), worst);
+  // Batched slots do not mix: each prompt alone gives the batch's first logits row (the same
+  // prompt; GEMMs of another row count may round differently, so to bf16 tolerance, not bits).
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const auto alone = generate(self, gpu, {prompts[b]}, {.max_new_tokens = 1, .keep_logits = true});
+    Tensor a = Tensor::empty({vocab}, DType::f32), t = Tensor::empty({vocab}, DType::f32);
+    std::copy_n(alone[0].logits.data(), vocab, a.data_as<float>());
+    std::copy_n(out[b].logits.data(), vocab, t.data_as<float>());
+    expect_close(a, t, 2e-2, fmt::format("{} prompt {} alone vs in the batch", preset, b));
   }
 }
 

@@ -32,22 +32,33 @@ double argmax_agreement(const Tensor& a, const Tensor& b) {
   return static_cast<double>(same) / static_cast<double>(t);
 }
 
+void expect_gpu_logits_match_cpu(const ModelConfig& c, const std::string& name) {
+  const NamedTensors params = random_parameters(c, 5);
+  // The CPU reference sees the weights the GPU holds: rounded to bf16.
+  NamedTensors rounded;
+  for (const auto& [n, t] : params) rounded.emplace(n, rounded_to_bf16(t));
+  const Model cpu(c, rounded), gpu(c, params, Device::cuda, DType::bf16);
+  std::vector<int32_t> ids(333);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 131 + 7) % c.vocab_size);
+  const Tensor a = logits_on(gpu, ids), b = logits_on(cpu, ids);
+  const double err = max_rel_error(a, b), agree = argmax_agreement(a, b);
+  std::printf("%s: GPU vs CPU logits max rel error %.3g, arg-max agreement %.3f\n", name.c_str(), err, agree);
+  expect_close(a, b, 5e-2, name);
+  EXPECT_GE(agree, 0.95) << name;
+}
+
 TEST(CudaModel, GpuLogitsMatchCpuPath) {
   HYDRA_REQUIRE_GPU();
-  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
-    const ModelConfig c = preset_config(preset);
-    const NamedTensors params = random_parameters(c, 5);
-    // The CPU reference sees the weights the GPU holds: rounded to bf16.
-    NamedTensors rounded;
-    for (const auto& [name, t] : params) rounded.emplace(name, rounded_to_bf16(t));
-    const Model cpu(c, rounded), gpu(c, params, Device::cuda, DType::bf16);
-    std::vector<int32_t> ids(333);
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 131 + 7) % c.vocab_size);
-    const Tensor a = logits_on(gpu, ids), b = logits_on(cpu, ids);
-    const double err = max_rel_error(a, b), agree = argmax_agreement(a, b);
-    std::printf("%s: GPU vs CPU logits max rel error %.3g, arg-max agreement %.3f\n", preset.c_str(), err, agree);
-    expect_close(a, b, 5e-2, preset);
-    EXPECT_GE(agree, 0.95) << preset;
+  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) expect_gpu_logits_match_cpu(preset_config(preset), preset);
+}
+
+// Every fusion variant (kernels/fusion/fusion.cu) in the whole model, at the tolerances above.
+TEST(CudaFusion, GpuLogitsMatchCpuPathForEveryVariant) {
+  HYDRA_REQUIRE_GPU();
+  for (const ops::Fusion fusion : ops::kFusions) {
+    ModelConfig c = preset_config("hydrahead-tiny");
+    c.fusion = fusion;
+    expect_gpu_logits_match_cpu(c, std::string("hydrahead-tiny fusion ") + ops::fusion_name(fusion));
   }
 }
 
@@ -61,6 +72,37 @@ TEST(CudaModel, GpuLogitsMatchCpuPath) {
 // signs, so its relative error is that of the terms times ‖terms‖ / |sum|. A wrong kernel, a
 // missed accumulation or a stale buffer gives O(1). hydrahead-tiny (FA and GDN heads in every
 // layer, head dim 64), a layer-wise hybrid with d = 128 (the wgmma kernels) and qwen3-tiny.
+void expect_gpu_gradients_match_cpu(const ModelConfig& c, const std::string& name) {
+  const NamedTensors params = random_parameters(c, 17);
+  NamedTensors rounded;
+  for (const auto& [n, t] : params) rounded.emplace(n, rounded_to_bf16(t));
+  const Model cpu(c, rounded), gpu(c, params, Device::cuda, DType::bf16);
+  std::vector<int32_t> ids(300);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 211 + 5) % c.vocab_size);
+  SelfCommunicator host_comm, device_comm(Device::cuda);
+  const train::NamedGradients a = train::next_token_gradients(device_comm, gpu, ids);
+  const train::NamedGradients b = train::next_token_gradients(host_comm, cpu, ids);
+  ASSERT_EQ(a.sums.tokens, b.sums.tokens);
+  EXPECT_NEAR(a.sums.loss, b.sums.loss, 1e-3 * std::abs(b.sums.loss)) << name;
+  ASSERT_EQ(a.grads.size(), b.grads.size()) << name;
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [n, g] : b.grads) {
+    ASSERT_TRUE(a.grads.count(n)) << name << ": " << n;
+    ASSERT_EQ(count_non_finite(a.grads.at(n)), 0) << name << ": " << n;
+    const double err = norm_rel_error(a.grads.at(n), g);
+    // Per-head scalars summed over every token (A_log, dt_bias, the fusion gate's bias): terms of
+    // both signs, so the sum's relative error is larger than its terms'.
+    const bool gate_scalar = n.find("gdn_A_log") != std::string::npos || n.find("gdn_dt_bias") != std::string::npos ||
+                             n.find("fuse_gate.bias") != std::string::npos;
+    EXPECT_LT(err, gate_scalar ? 1e-1 : 5e-2) << name << ": gradient of " << n;
+    if (err > worst) worst = err, worst_name = n;
+  }
+  std::printf("%s: GPU vs CPU loss %.6f vs %.6f, worst gradient RMS ratio %.3g (%s) over %zu tensors\n", name.c_str(),
+              a.sums.loss / static_cast<double>(a.sums.tokens), b.sums.loss / static_cast<double>(b.sums.tokens), worst,
+              worst_name.c_str(), b.grads.size());
+}
+
 TEST(CudaModel, GpuGradientsMatchCpuPath) {
   HYDRA_REQUIRE_GPU();
   ModelConfig wide = preset_config("qwen3-tiny");
@@ -70,31 +112,18 @@ TEST(CudaModel, GpuGradientsMatchCpuPath) {
   wide.fa_heads = {{0, 1, 2, 3}, {}};
   for (const auto& [name, c] : std::vector<std::pair<std::string, ModelConfig>>{
            {"hydrahead-tiny", preset_config("hydrahead-tiny")}, {"layer-wise d128", wide}, {"qwen3-tiny", preset_config("qwen3-tiny")}}) {
-    const NamedTensors params = random_parameters(c, 17);
-    NamedTensors rounded;
-    for (const auto& [n, t] : params) rounded.emplace(n, rounded_to_bf16(t));
-    const Model cpu(c, rounded), gpu(c, params, Device::cuda, DType::bf16);
-    std::vector<int32_t> ids(300);
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 211 + 5) % c.vocab_size);
-    SelfCommunicator host_comm, device_comm(Device::cuda);
-    const train::NamedGradients a = train::next_token_gradients(device_comm, gpu, ids);
-    const train::NamedGradients b = train::next_token_gradients(host_comm, cpu, ids);
-    ASSERT_EQ(a.sums.tokens, b.sums.tokens);
-    EXPECT_NEAR(a.sums.loss, b.sums.loss, 1e-3 * std::abs(b.sums.loss)) << name;
-    ASSERT_EQ(a.grads.size(), b.grads.size()) << name;
-    double worst = 0;
-    std::string worst_name;
-    for (const auto& [n, g] : b.grads) {
-      ASSERT_TRUE(a.grads.count(n)) << name << ": " << n;
-      ASSERT_EQ(count_non_finite(a.grads.at(n)), 0) << name << ": " << n;
-      const double err = norm_rel_error(a.grads.at(n), g);
-      const bool gate_scalar = n.find("gdn_A_log") != std::string::npos || n.find("gdn_dt_bias") != std::string::npos;
-      EXPECT_LT(err, gate_scalar ? 1e-1 : 5e-2) << name << ": gradient of " << n;
-      if (err > worst) worst = err, worst_name = n;
-    }
-    std::printf("%s: GPU vs CPU loss %.6f vs %.6f, worst gradient RMS ratio %.3g (%s) over %zu tensors\n", name.c_str(),
-                a.sums.loss / static_cast<double>(a.sums.tokens), b.sums.loss / static_cast<double>(b.sums.tokens),
-                worst, worst_name.c_str(), b.grads.size());
+    expect_gpu_gradients_match_cpu(c, name);
+  }
+}
+
+// Every fusion variant but the default (above): the variants' row kernels and reductions, and the
+// gate's logit gradient through the projection's backward.
+TEST(CudaFusion, GpuGradientsMatchCpuPathForEveryVariant) {
+  HYDRA_REQUIRE_GPU();
+  for (const ops::Fusion fusion : {ops::Fusion::norm, ops::Fusion::scale, ops::Fusion::concat, ops::Fusion::gate}) {
+    ModelConfig c = preset_config("hydrahead-tiny");
+    c.fusion = fusion;
+    expect_gpu_gradients_match_cpu(c, std::string("hydrahead-tiny fusion ") + ops::fusion_name(fusion));
   }
 }
 

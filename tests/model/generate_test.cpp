@@ -64,6 +64,14 @@ TEST(Generate, TeacherGreedyDecodeEqualsFullForward) { expect_decode_equals_reco
 TEST(Generate, HydraHeadGreedyDecodeEqualsFullForward) {
   expect_decode_equals_recomputation(preset_config("hydrahead-tiny"), "hydrahead-tiny");
 }
+// Every fusion variant (the gate reads the decoded row's own x̂).
+TEST(Generate, FusionVariantsGreedyDecodeEqualsFullForward) {
+  for (const ops::Fusion fusion : ops::kFusions) {
+    ModelConfig c = preset_config("hydrahead-tiny");
+    c.fusion = fusion;
+    expect_decode_equals_recomputation(c, std::string("hydrahead-tiny fusion ") + ops::fusion_name(fusion));
+  }
+}
 TEST(Generate, LayerwiseHybridGreedyDecodeEqualsFullForward) {
   expect_decode_equals_recomputation(layerwise_hybrid(), "layer-wise hybrid");
 }

@@ -16,6 +16,7 @@ TEST(HydraReference, LogitsMatchIndependentTorchImplementation) {
   const Model model = Model::load(dir + "/model.h5");
   EXPECT_EQ(model.config().fa_heads_of(0), (std::vector<int>{0, 3}));
   EXPECT_TRUE(model.config().fa_heads_of(1).empty());
+  EXPECT_EQ(model.config().fusion, ops::Fusion::scale_norm) << "a config without a fusion key (written before the variants)";
   const H5File ref = H5File::open_read(dir + "/reference.h5");
   const Tensor ids = to(ref.read("input_ids"), Device::host, DType::i32), expected = ref.read("logits");
   const int64_t t = ids.size(0);

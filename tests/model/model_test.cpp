@@ -84,6 +84,32 @@ TEST(Config, JsonRoundTripAndValidation) {
   EXPECT_NE(error_of([&] { config_from_json(bad, "m.h5"); }).find("not a multiple"), std::string::npos);
 }
 
+// The fusion variant travels in the config ("fusion"); a config without it (older files) is
+// scale_norm; an unknown name or a teacher with a fusion is refused by name; a teacher's JSON has
+// no key.
+TEST(Config, FusionRoundTripsAndDefaultsToScaleNorm) {
+  for (const ops::Fusion fusion : ops::kFusions) {
+    ModelConfig c = preset_config("hydrahead-tiny");
+    c.fusion = fusion;
+    const nlohmann::json j = config_to_json(c);
+    EXPECT_EQ(j.at("fusion"), ops::fusion_name(fusion));
+    EXPECT_EQ(config_from_json(j, "test").fusion, fusion);
+    EXPECT_NE(c.summary().find(std::string("fusion ") + ops::fusion_name(fusion)), std::string::npos) << c.summary();
+  }
+  nlohmann::json j = config_to_json(preset_config("hydrahead-tiny"));
+  j.erase("fusion");
+  EXPECT_EQ(config_from_json(j, "old.h5").fusion, ops::Fusion::scale_norm);
+  j["fusion"] = "gating";
+  EXPECT_EQ(error_of([&] { config_from_json(j, "m.h5"); }),
+            "m.h5: config: unknown fusion 'gating' (expected scale_norm, norm, scale, concat or gate)");
+  j["fusion"] = 3;
+  EXPECT_EQ(error_of([&] { config_from_json(j, "m.h5"); }), "m.h5: fusion is not a string");
+  EXPECT_FALSE(config_to_json(preset_config("qwen3-tiny")).contains("fusion"));
+  ModelConfig teacher = preset_config("qwen3-tiny");
+  teacher.fusion = ops::Fusion::gate;
+  EXPECT_NE(error_of([&] { teacher.validate(); }).find("a qwen3 teacher has no fusion"), std::string::npos);
+}
+
 TEST(HfConfig, AcceptsOldAndNewTransformersLayouts) {
   const nlohmann::json old_style = {{"model_type", "qwen3"}, {"vocab_size", 100}, {"hidden_size", 64},
                                     {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},

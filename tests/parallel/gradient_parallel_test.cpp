@@ -88,6 +88,16 @@ TEST(Gradients, LayerwiseHybridEqualSingleProcessF64) {
   expect_sequence_parallel_equal_single(layerwise_hybrid(), DType::f64, 1e-10, "layer-wise hybrid f64");
 }
 
+// Every fusion variant but the default (which the tests above run): the gate's logit gradients
+// reach u and x̂ through the projection's backward on each rank's own rows.
+TEST(Gradients, FusionVariantsEqualSingleProcessF64) {
+  for (const ops::Fusion fusion : {ops::Fusion::gate, ops::Fusion::concat, ops::Fusion::norm, ops::Fusion::scale}) {
+    ModelConfig c = preset_config("hydrahead-tiny");
+    c.fusion = fusion;
+    expect_sequence_parallel_equal_single(c, DType::f64, 1e-10, std::string("hydrahead-tiny fusion ") + ops::fusion_name(fusion));
+  }
+}
+
 TEST(Gradients, TeacherEqualSingleProcessF64) {
   expect_sequence_parallel_equal_single(preset_config("qwen3-tiny"), DType::f64, 1e-10, "qwen3-tiny f64");
 }
