@@ -55,10 +55,11 @@ TEST(LearningRate, MinLrEqualToLrIsConstant) {
 
 // Whether a checkpoint parameter takes weight decay, as DESIGN.md §1.5 states it: not the norms
 // (RMSNorm weights, q/k norms, the fusion norm), not the gates (the FA output gate, the GDN β and
-// decay projections), not A_log, dt_bias and γ; every other matrix (and the embedding) does.
+// decay projections, the fusion gate's u and b), not A_log, dt_bias and γ; every other matrix (and
+// the embedding) does.
 bool expected_to_decay(const std::string& name) {
   for (const char* no : {"norm.weight", "fa_gate_proj.weight", "gdn_a_proj.weight", "gdn_b_proj.weight",
-                         "gdn_A_log", "gdn_dt_bias", "fuse_gamma"}) {
+                         "gdn_A_log", "gdn_dt_bias", "fuse_gamma", "fuse_gate.weight", "fuse_gate.bias"}) {
     const std::string suffix(no);
     if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) return false;
   }
@@ -66,8 +67,7 @@ bool expected_to_decay(const std::string& name) {
 }
 
 // One AdamW step with zero gradients on `preset`; checks every parameter against its group.
-void check_decay_groups(const std::string& preset, const std::function<bool(const std::string&)>& trainable) {
-  const ModelConfig c = preset_config(preset);
+void check_decay_groups(const ModelConfig& c, const std::function<bool(const std::string&)>& trainable) {
   const NamedTensors before = random_parameters(c, 7);
   Model model(c, before, Device::host, DType::f32);
   const OptimizerConfig oc{.lr = 0.1, .min_lr = 0.1, .warmup = 0, .total_steps = 1, .weight_decay = 0.5};
@@ -98,10 +98,22 @@ void check_decay_groups(const std::string& preset, const std::function<bool(cons
   EXPECT_GT(kept, 0);
 }
 
+void check_decay_groups(const std::string& preset, const std::function<bool(const std::string&)>& trainable) {
+  check_decay_groups(preset_config(preset), trainable);
+}
+
 TEST(WeightDecayGroups, HydraHeadDecaysMatricesNotNormsGatesOrGdnScalars) {
   // hydrahead-tiny: FA and GDN heads in one fused projection, so gate rows (no decay) sit beside
   // projection rows (decay) in one runtime tensor, and the fusion's norm and γ.
   check_decay_groups("hydrahead-tiny", [](const std::string&) { return true; });
+}
+
+// The fusion gate: its u are rows of the fused projection (no decay, beside rows that decay), b a
+// runtime tensor of its own.
+TEST(WeightDecayGroups, FusionGateTakesNoDecay) {
+  ModelConfig c = preset_config("hydrahead-tiny");
+  c.fusion = ops::Fusion::gate;
+  check_decay_groups(c, [](const std::string&) { return true; });
 }
 
 TEST(WeightDecayGroups, Qwen3TeacherShape) {
