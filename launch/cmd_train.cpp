@@ -122,6 +122,7 @@ struct TrainOptions {
   std::string lr, min_lr, warmup, weight_decay;
   int64_t eval_niah_samples = 32;
   int64_t steps = 0, stop_at = 0, batch_seqs = 1, grad_accum = 1, save_every = 0, eval_every = 0, eval_windows = 8, keep = 2;
+  double save_timeout = 0;
   double grad_clip = 1.0, peak_tflops = 989, nccl_timeout = 600;
   uint64_t seed = 0;
   bool resume = false, allow_changed_inputs = false;
@@ -155,6 +156,7 @@ struct TrainOptions {
         ("eval-niah", po::value(&eval_niah), "NIAH tasks scored at every evaluation at the training length, comma-separated (single, multikey, multivalue): greedy accuracy in train.jsonl")
         ("eval-niah-samples", po::value(&eval_niah_samples)->default_value(32), "NIAH samples per task and evaluation (depths spread over 0..100; the same samples every time)")
         ("keep", po::value(&keep)->default_value(2), "checkpoints kept in --out-dir (the newest)")
+        ("save-timeout", po::value(&save_timeout)->default_value(0), "seconds a checkpoint's save may take before the job ends (every rank writes its shard at once; 0: 120 s + the largest rank's bytes at 20 MB/s)")
         ("train", po::value(&train)->default_value("auto"), "attention (the attention block only) | all (default: attention for align, all otherwise)")
         ("resume", po::bool_switch(&resume), "continue the run in --out-dir from its latest checkpoint (same model and data; another world size or --sp needs the same windows per step, --batch-seqs × --grad-accum × replicas; the state's checksums and the inputs' contents are verified)")
         ("allow-changed-inputs", po::bool_switch(&allow_changed_inputs), "with --resume: accept a model, teacher or data file whose contents differ from those the run was trained on (the model's and teacher's XXH3 and the data's content identities are stored in every state.h5)")
@@ -202,6 +204,7 @@ struct TrainOptions {
                      "--batch-seqs, --grad-accum, --keep, --eval-windows and --eval-niah-samples must be at least 1");
     for (const std::string& t : split_list(eval_niah)) niah::parse_task(t);
     HYDRA_USER_CHECK(stop_at >= 0, "--stop-at must not be negative");
+    HYDRA_USER_CHECK(std::isfinite(save_timeout) && save_timeout >= 0, "--save-timeout must be 0 (sized to the save) or a number of seconds");
     HYDRA_USER_CHECK(save_every >= -1, "--save-every must be -1 (never), 0 (at the end) or a step count");
     HYDRA_USER_CHECK(eval_every >= 0, "--eval-every must not be negative");
     HYDRA_USER_CHECK(std::isfinite(grad_clip) && grad_clip >= 0, "--grad-clip must be a finite number, 0 or more");
@@ -254,6 +257,7 @@ int run_train(App& app, const std::vector<std::string>& args) {
   c.eval_niah_tasks = split_list(opt.eval_niah);
   c.eval_niah_samples = opt.eval_niah_samples;
   c.keep = opt.keep;
+  c.save_timeout = opt.save_timeout;
   const train::StageTraits& stage = train::stage_traits(c.stage);
   c.train = opt.train == "all" ? train::TrainSet::all : opt.train == "attention" ? train::TrainSet::attention : stage.trains;
   c.optim = opt.optimizer(c.stage);

@@ -7,6 +7,7 @@
 
 #include "kernels/adamw/adamw.h"
 #include "model/train/objective.h"
+#include "runtime/content_hash.h"
 #include "model/weight_layout.h"
 
 namespace hydra::train {
@@ -355,6 +356,62 @@ NamedTensors AdamW::master_parameters(bool wanted) const {
   NamedTensors out = model_.unpack(model_.weights());
   for (auto& [name, t] : model_.unpack(sharded() ? gathered(shard_master_) : master_)) out[name] = std::move(t);
   return out;
+}
+
+Tensor AdamW::own_state(Kind kind) const {
+  const int64_t own = own_end_ - own_begin_;
+  Tensor out = Tensor::empty({own}, model_.acc_dtype(), Device::host);
+  if (sharded()) {
+    const Tensor& shard = kind == Kind::master ? shard_master_ : kind == Kind::m ? shard_m_ : shard_v_;
+    if (own > 0) copy_into(out.view(), shard.view().narrow(0, 0, own));
+    return out;
+  }
+  for_pieces(own_begin_, own_end_, [&](size_t i, int64_t begin, int64_t count) {
+    const Segment& s = segments_[i];
+    const TensorView& whole = kind == Kind::master ? s.master : kind == Kind::m ? s.m : s.v;
+    copy_into(out.view().narrow(0, begin - own_begin_, count), whole.narrow(0, begin - offsets_[i], count));
+  });
+  return out;
+}
+
+void AdamW::load_flat_state(const std::function<void(Kind, int64_t, const TensorView&)>& read) {
+  const DType acc = model_.acc_dtype();
+  if (sharded()) {
+    const int64_t own = own_end_ - own_begin_;
+    for (const auto& [kind, shard] : {std::pair<Kind, Tensor*>{Kind::master, &shard_master_}, {Kind::m, &shard_m_},
+                                      {Kind::v, &shard_v_}}) {
+      if (own == 0) continue;
+      Tensor host = Tensor::empty({own}, acc, Device::host);
+      read(kind, own_begin_, host.view());
+      copy_into(shard->view().narrow(0, 0, own), host.view());
+    }
+    // The own weights from the own masters, then every owner's to every rank.
+    for (const ops::AdamWSlice& s : shard_slices_) copy_into(s.weight, s.master);
+    const FlatView weights = [&](size_t i, int64_t begin, int64_t count) {
+      return segments_[i].weight.narrow(0, begin - offsets_[i], count);
+    };
+    all_gather_flat(weights, weights, segments_.front().weight.dtype());
+    return;
+  }
+  Tensor host = Tensor::empty({std::max<int64_t>(trainable_count_, 1)}, acc, Device::host);
+  for (const Kind kind : {Kind::master, Kind::m, Kind::v}) {
+    read(kind, 0, host.view().narrow(0, 0, trainable_count_));
+    for (size_t i = 0; i < segments_.size(); ++i) {
+      const Segment& s = segments_[i];
+      const TensorView& whole = kind == Kind::master ? s.master : kind == Kind::m ? s.m : s.v;
+      copy_into(whole, host.view().narrow(0, offsets_[i], whole.numel()));
+    }
+  }
+  for (const Segment& s : segments_) copy_into(s.weight, s.master);
+}
+
+uint64_t AdamW::flat_layout_hash() const {
+  std::vector<int64_t> table;
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    table.insert(table.end(), {offsets_[i], segments_[i].grad.numel(), segments_[i].decay ? 1 : 0});
+  }
+  table.push_back(trainable_count_);
+  return hash_bytes(table.data(), table.size() * sizeof(int64_t));
 }
 
 }  // namespace hydra::train

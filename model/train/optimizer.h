@@ -93,6 +93,20 @@ class AdamW {
   // when sharded, as state().
   NamedTensors master_parameters(bool wanted = true) const;
   int64_t trainable_parameters() const { return trainable_count_; }
+
+  // ---- The flat state, range by range (checkpoint shards: model/train/shards.h) ----
+  enum class Kind { master, m, v };
+  // This rank's own range [own_begin, own_end) of one kind, a host copy in the accumulation dtype
+  // (both forms; no collective).
+  Tensor own_state(Kind kind) const;
+  // Restores the state from flat ranges saved on any world size: read(kind, begin, out) fills
+  // `out` (host, accumulation dtype) with the saved elements [begin, begin + out.numel()). Sharded,
+  // each rank reads its own range and the weights are all-gathered (collective); replicated, every
+  // rank reads the whole range. The model's weights are rewritten from the masters.
+  void load_flat_state(const std::function<void(Kind, int64_t, const TensorView&)>& read);
+  // XXH3 of the flat space's cut into segments (each one's length, offset and weight-decay group):
+  // equal for two optimizers whose flat spaces mean the same parameters in the same order.
+  uint64_t flat_layout_hash() const;
   Zero zero() const { return zero_; }
   // This rank's flat range of the trainable elements [begin, end) (everything in a world of one).
   std::pair<int64_t, int64_t> own_range() const { return {own_begin_, own_end_}; }

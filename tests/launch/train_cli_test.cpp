@@ -280,8 +280,8 @@ TEST_F(Train, ShardedOptimizerMatchesReplicated) {
 
 // Resume on another world size (issue 43): a 4-rank run stopped after step 3 continues on 2 ranks
 // (--sp 2) and on 1 rank with the same 2 windows per step, and steps 4..6 give the uninterrupted
-// 4-rank run's losses to fp32 summation order (the state is whole in state.h5; each rank takes its
-// range). A resume whose step takes another number of windows is refused with both counts.
+// 4-rank run's losses to fp32 summation order (4 shards re-cut on load: each rank reads the shards
+// its range overlaps; tests/parallel/checkpoint_parallel_test.cpp holds the float64 form to 1e-10). A resume whose step takes another number of windows is refused with both counts.
 TEST_F(Train, ResumeOnAnotherWorldSize) {
   const std::string model = write_model("hydrahead-tiny", 15), data = write_tokens("data.h5", 16 * 64 + 1, 16);
   const std::string common = "train --stage pretrain --model " + model + " --data " + data +
