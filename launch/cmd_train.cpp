@@ -162,7 +162,7 @@ struct TrainOptions {
         ("allow-changed-inputs", po::bool_switch(&allow_changed_inputs), "with --resume: accept a model, teacher or data file whose contents differ from those the run was trained on (the model's and teacher's XXH3 and the data's content identities are stored in every state.h5)")
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16 weights, fp32 masters), cpu (fp32) or auto")
         ("sp", po::value(&sp)->default_value(0), "ranks per sequence (sequence parallel); world / sp data-parallel replicas (0: all ranks)")
-        ("zero", po::value(&zero)->default_value("auto"), "optimizer state: 1 spreads the fp32 masters and AdamW moments over all ranks (ZeRO-1: 12/W bytes a trained parameter per rank; gradients reduce-scattered, weights all-gathered), 0 keeps all of it on every rank (all-reduced gradients); auto: 1 on more than one rank")
+        ("zero", po::value(&zero)->default_value("auto"), "optimizer state: 1 spreads the fp32 masters and AdamW moments over all ranks (ZeRO-1: 12/W bytes a trained parameter per rank; gradients reduce-scattered, weights all-gathered), 0 keeps all of it on every rank (its gradients summed in the same order: the same numbers, bit for bit on the CPU); auto: 1 on more than one rank")
         ("peak-tflops", po::value(&peak_tflops)->default_value(989), "dense bf16 peak per GPU for MFU (989: H100/H200 datasheet); MFU = 3 × the forward FLOPs of the step's windows (layers and, except in align, the LM head over every position) / step time / (ranks × peak)")
         ("kept-activations", po::value(&kept_activations)->default_value("auto"), "what the forward keeps for the backward beyond each layer's input: none | gdn (the GDN outputs: no delta-rule rerun) | gdn+proj (also the fused projection: no in_proj GEMM) | gdn+proj+mlp (also every layer's MLP gate/up: no mlp_in GEMM) | auto (the most that the memory plan fits on every rank, in that order, the MLP's for as many layers as fit)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
@@ -330,7 +330,8 @@ int run_train(App& app, const std::vector<std::string>& args) {
     // A micro-batch's windows run packed as one sequence: batch_seqs · seq_len tokens over sp ranks.
     return estimate_training_memory(student_config, c.batch_seqs * c.seq_len / topology.sp(), topology.sp(),
                                     teacher_config ? &*teacher_config : nullptr, world.device,
-                                    stage.objective == train::StageObjective::alignment, keep);
+                                    stage.objective == train::StageObjective::alignment, keep, true, DType::f32,
+                                    c.zero == train::Zero::sharded ? topology.world().size() : 1);
   };
   const int64_t layers = student_config.num_layers;
   c.kept = choose_kept_activations(parse_kept_policy(opt.kept_activations), layers, plan, world.device,

@@ -1,4 +1,5 @@
-// The training state's format and I/O (state.h). state.h5 holds every optimizer tensor (f32) with an
+// The training state's checks and I/O (state.h): the step folders, --resume, and the older single-file
+// form: state.h5 holds every optimizer tensor (f32) with an
 // XXH3 per dataset and the run's identity as attributes; --resume reads it whole and verifies it
 // before any tensor is loaded.
 #include "model/train/state.h"

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/memory_plan.h"
 #include "model/model.h"
 #include "model/params.h"
 #include "model/train/objective.h"
@@ -188,6 +189,7 @@ TEST(Zero, OptimizerBytesPerRank) {
   const double held = static_cast<double>(host_tensor_stats().in_use) - before - grad_bytes;
   if (p == 1) {  // a world of one holds the replicated state: whole tensors, padding rows included
     EXPECT_EQ(held, 3 * grad_bytes) << "optimizer state of a world of one";
+    EXPECT_EQ(optimizer_bytes(config, Device::host, DType::f32, 1), grad_bytes + held) << "the memory plan's optimizer";
     return;
   }
   const double rounding = 3 * 64;  // three blocks: masters, m, v
@@ -205,6 +207,14 @@ TEST(Zero, OptimizerBytesPerRank) {
   const double step_peak = static_cast<double>(host_tensor_stats().peak) - settled;
   EXPECT_LE(held + std::max(reduce_peak, step_peak), 12 * std::ceil(n / p) + largest + rounding + 2 * 64)
       << "state " << held << " + buckets " << std::max(reduce_peak, step_peak) << " bytes";
+  // The training memory plan prices the same bytes: gradients, this rank's shard and the buckets
+  // (the last rank's shard is shorter: the plan prices the first ranks').
+  const double plan = optimizer_bytes(config, Device::host, DType::f32, p);
+  const double measured = grad_bytes + held + std::max(reduce_peak, step_peak);
+  if (comm.rank() + 1 < p) {
+    EXPECT_EQ(plan, measured) << "the memory plan's optimizer bytes";
+  }
+  EXPECT_LE(measured, plan) << "the memory plan's optimizer bytes";
   if (comm.rank() == 0) {
     std::printf("optimizer bytes per rank, P=%d, N=%.0f: state %.0f (12N/P = %.0f), buckets %.0f (largest tensor %.0f)\n",
                 p, n, held, 12 * n / p, std::max(reduce_peak, step_peak), largest);
