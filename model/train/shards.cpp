@@ -35,8 +35,8 @@ double wall_clock_s() {
 std::string shard_name(int rank, int world) { return fmt::format("shard-{:05d}-of-{:05d}.h5", rank, world); }
 
 // This rank's part of the save: its shard (rank 0 also model.h5), as a report for rank 0.
-nlohmann::json write_own_part(const fs::path& temp, const TrainConfig& config, int rank, int world, const Model& student,
-                              const AdamW& optimizer, int64_t step, int64_t position) {
+nlohmann::json write_own_part(const fs::path& temp, int rank, int world, const Model& student, const AdamW& optimizer,
+                              int64_t step, int64_t position) {
   nlohmann::json report{{"rank", rank}};
   report["write_start"] = wall_clock_s();
   std::error_code ec;
@@ -74,7 +74,6 @@ nlohmann::json write_own_part(const fs::path& temp, const TrainConfig& config, i
     report["model"] = {{"file", "model.h5"}, {"bytes", fs::file_size(temp / "model.h5")},
                        {"xxh3", hash_hex(hash_file((temp / "model.h5").string()))}};
   }
-  (void)config;
   return report;
 }
 
@@ -217,7 +216,7 @@ std::string write_sharded_checkpoint(const TrainConfig& config, TrainTopology& t
   } cleanup{temp, lead};
   nlohmann::json report;
   try {
-    report = write_own_part(temp, config, world.rank(), world.size(), student, optimizer, step, position);
+    report = write_own_part(temp, world.rank(), world.size(), student, optimizer, step, position);
   } catch (const std::exception& e) {  // reported to rank 0, which fails the save on every rank
     report = {{"rank", world.rank()}, {"error", e.what()}};
   }
