@@ -70,6 +70,7 @@ int run_init(App& app, const std::vector<std::string>& args);
 int run_import(App& app, const std::vector<std::string>& args);
 int run_export(App& app, const std::vector<std::string>& args);
 int run_info(App& app, const std::vector<std::string>& args);
+int run_plan(App& app, const std::vector<std::string>& args);
 int run_forward(App& app, const std::vector<std::string>& args);
 int run_convert(App& app, const std::vector<std::string>& args);
 int run_prefill(App& app, const std::vector<std::string>& args);

@@ -124,6 +124,7 @@ struct TrainOptions {
   std::string lr, min_lr, warmup, weight_decay;
   int64_t eval_niah_samples = 32;
   int64_t steps = 0, stop_at = 0, batch_seqs = 1, grad_accum = 1, save_every = 0, eval_every = 0, eval_windows = 8, keep = 2;
+  double save_timeout = 0;
   double grad_clip = 1.0, peak_tflops = 989, nccl_timeout = 600;
   uint64_t seed = 0;
   bool resume = false, allow_changed_inputs = false;
@@ -157,12 +158,13 @@ struct TrainOptions {
         ("eval-niah", po::value(&eval_niah), "NIAH tasks scored at every evaluation at the training length, comma-separated (single, multikey, multivalue): greedy accuracy in train.jsonl")
         ("eval-niah-samples", po::value(&eval_niah_samples)->default_value(32), "NIAH samples per task and evaluation (depths spread over 0..100; the same samples every time)")
         ("keep", po::value(&keep)->default_value(2), "checkpoints kept in --out-dir (the newest)")
+        ("save-timeout", po::value(&save_timeout)->default_value(0), "seconds a checkpoint's save may take before the job ends (every rank writes its shard at once; 0: 120 s + the largest rank's bytes at 20 MB/s)")
         ("train", po::value(&train)->default_value("auto"), "attention (the attention block only) | all (default: attention for align, all otherwise)")
         ("resume", po::bool_switch(&resume), "continue the run in --out-dir from its latest checkpoint (same model and data; another world size or --sp needs the same windows per step, --batch-seqs × --grad-accum × replicas; the state's checksums and the inputs' contents are verified)")
         ("allow-changed-inputs", po::bool_switch(&allow_changed_inputs), "with --resume: accept a model, teacher or data file whose contents differ from those the run was trained on (the model's and teacher's XXH3 and the data's content identities are stored in every state.h5)")
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16 weights, fp32 masters), cpu (fp32) or auto")
         ("sp", po::value(&sp)->default_value(0), "ranks per sequence (sequence parallel); world / sp data-parallel replicas (0: all ranks)")
-        ("zero", po::value(&zero)->default_value("auto"), "optimizer state: 1 spreads the fp32 masters and AdamW moments over all ranks (ZeRO-1: 12/W bytes a trained parameter per rank; gradients reduce-scattered, weights all-gathered), 0 keeps all of it on every rank (all-reduced gradients); auto: 1 on more than one rank")
+        ("zero", po::value(&zero)->default_value("auto"), "optimizer state: 1 spreads the fp32 masters and AdamW moments over all ranks (ZeRO-1: 12/W bytes a trained parameter per rank; gradients reduce-scattered, weights all-gathered), 0 keeps all of it on every rank (its gradients summed in the same order: the same numbers, bit for bit on the CPU); auto: 1 on more than one rank")
         ("peak-tflops", po::value(&peak_tflops)->default_value(989), "dense bf16 peak per GPU for MFU (989: H100/H200 datasheet); MFU = 3 × the forward FLOPs of the step's windows (layers and, except in align, the LM head over every position) / step time / (ranks × peak)")
         ("kept-activations", po::value(&kept_activations)->default_value("auto"), "what the forward keeps for the backward beyond each layer's input: none | gdn (the GDN outputs: no delta-rule rerun) | gdn+proj (also the fused projection: no in_proj GEMM) | gdn+proj+mlp (also every layer's MLP gate/up: no mlp_in GEMM) | auto (the most that the memory plan fits on every rank, in that order, the MLP's for as many layers as fit)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
@@ -204,6 +206,7 @@ struct TrainOptions {
                      "--batch-seqs, --grad-accum, --keep, --eval-windows and --eval-niah-samples must be at least 1");
     for (const std::string& t : split_list(eval_niah)) niah::parse_task(t);
     HYDRA_USER_CHECK(stop_at >= 0, "--stop-at must not be negative");
+    HYDRA_USER_CHECK(std::isfinite(save_timeout) && save_timeout >= 0, "--save-timeout must be 0 (sized to the save) or a number of seconds");
     HYDRA_USER_CHECK(save_every >= -1, "--save-every must be -1 (never), 0 (at the end) or a step count");
     HYDRA_USER_CHECK(eval_every >= 0, "--eval-every must not be negative");
     HYDRA_USER_CHECK(std::isfinite(grad_clip) && grad_clip >= 0, "--grad-clip must be a finite number, 0 or more");
@@ -256,6 +259,7 @@ int run_train(App& app, const std::vector<std::string>& args) {
   c.eval_niah_tasks = split_list(opt.eval_niah);
   c.eval_niah_samples = opt.eval_niah_samples;
   c.keep = opt.keep;
+  c.save_timeout = opt.save_timeout;
   const train::StageTraits& stage = train::stage_traits(c.stage);
   c.train = opt.train == "all" ? train::TrainSet::all : opt.train == "attention" ? train::TrainSet::attention : stage.trains;
   c.optim = opt.optimizer(c.stage);
@@ -329,7 +333,8 @@ int run_train(App& app, const std::vector<std::string>& args) {
     // A micro-batch's windows run packed as one sequence: batch_seqs · seq_len tokens over sp ranks.
     return estimate_training_memory(student_config, c.batch_seqs * c.seq_len / topology.sp(), topology.sp(),
                                     teacher_config ? &*teacher_config : nullptr, world.device,
-                                    stage.objective == train::StageObjective::alignment, keep);
+                                    stage.objective == train::StageObjective::alignment, keep, true, DType::f32,
+                                    c.zero == train::Zero::sharded ? topology.world().size() : 1);
   };
   const int64_t layers = student_config.num_layers;
   c.kept = choose_kept_activations(parse_kept_policy(opt.kept_activations), layers, plan, world.device,

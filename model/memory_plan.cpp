@@ -476,14 +476,41 @@ MemoryEstimate estimate_generation_memory(const ModelConfig& c, const std::vecto
   return m;
 }
 
+double optimizer_bytes(const ModelConfig& c, Device device, DType host_dtype, int optimizer_shards) {
+  const Types ty = types_on(device, host_dtype);
+  // Gradients in acc, every parameter, on every rank (each accumulates its tokens' contributions).
+  const double whole = runtime_tensor_bytes(c, device, ty.dtype, ty.acc, ty.acc);
+  if (optimizer_shards <= 1) return 4 * whole;  // masters and both moments too
+  // ZeRO-1 (model/train/optimizer.cpp): this rank's ⌈N/W⌉ of the flat masters and both moments,
+  // and the buckets a step allocates (W·b send + b receive within the largest tensor and 32M elements).
+  const int64_t n = parameter_count(c), w = optimizer_shards;
+  int64_t largest = c.vocab_size * c.hidden_size;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerLayout layout = layer_layout(c, l);
+    for (int s = 0; s < kSlotCount; ++s) {
+      int64_t count = 1;
+      for (const int64_t d : layout.shape(static_cast<Slot>(s), c)) count *= d;
+      largest = std::max(largest, count);
+    }
+  }
+  const int64_t stride = (n + w - 1) / w;
+  const int64_t bucket = std::clamp<int64_t>(std::min<int64_t>(largest, int64_t{1} << 25) / (w + 1), 1, stride);
+  MemoryTimeline tl(device);
+  for (int i = 0; i < 3; ++i) tl.hold({{stride}, ty.acc}, "optimizer shard");
+  tl.hold({{w * bucket}, ty.acc}, "bucket sent");
+  tl.hold({{bucket}, ty.acc}, "bucket received");
+  return whole + tl.live();
+}
+
 MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_tokens, int ranks_per_sequence,
                                         const ModelConfig* teacher, Device device, bool align, KeptActivations keep,
-                                        bool documents, DType host_dtype) {
+                                        bool documents, DType host_dtype, int optimizer_shards) {
   const Types ty = types_on(device, host_dtype);
   const int64_t t = local_tokens, D = c.hidden_size;
   MemoryEstimate m;
-  // Weights in the storage type; masters, moments and gradients (AdamW) in acc, every parameter.
-  const double optimizer = 4 * runtime_tensor_bytes(c, device, ty.dtype, ty.acc, ty.acc);
+  // Weights in the storage type; gradients, masters and moments (AdamW) in acc.
+  const double optimizer = optimizer_bytes(c, device, host_dtype, optimizer_shards);
+  m.optimizer = optimizer;
   m.weights = runtime_tensor_bytes(c, device, ty.dtype, ty.acc) + optimizer +
               (teacher ? runtime_tensor_bytes(*teacher, device, ty.dtype, ty.acc) : 0.0);
   m.init_extra = std::max(0.0, static_cast<double>(parameter_count(c)) * (device == Device::cuda ? 2.0 : 4.0) -
@@ -576,15 +603,17 @@ Available available_memory(Device device, int ranks_on_host) {
 }
 }  // namespace
 
+bool fits_in(const MemoryEstimate& estimate, double bytes) { return estimate.total() < 0.95 * bytes; }
+
 bool fits_memory_plan(const MemoryEstimate& estimate, Device device, int ranks_on_host) {
-  return estimate.total() < 0.95 * available_memory(device, ranks_on_host).bytes;
+  return fits_in(estimate, available_memory(device, ranks_on_host).bytes);
 }
 
 void check_memory_plan(const MemoryEstimate& estimate, Device device, const std::string& what, int ranks_on_host,
                        const std::string& remedy) {
   const double g = 1024.0 * 1024.0 * 1024.0;
   const Available available = available_memory(device, ranks_on_host);
-  HYDRA_USER_CHECK(estimate.total() < 0.95 * available.bytes, "{} needs about {} per rank, but {} has {:.1f} GiB "
+  HYDRA_USER_CHECK(fits_in(estimate, available.bytes), "{} needs about {} per rank, but {} has {:.1f} GiB "
                    "available; {}", what, estimate.describe(), available.where, available.bytes / g, remedy);
 }
 

@@ -119,6 +119,7 @@ class MemoryTimeline {
 
 struct MemoryEstimate {
   double weights = 0;      // bytes held for the whole run: weights (a teacher's too), gradients and optimizer state
+  double optimizer = 0;    // of which gradients, masters and moments (training plans; 0 elsewhere)
   double init_extra = 0;   // beyond `weights` while the model is built: the parameter set it is placed from
   double activations = 0;  // beyond `weights` at the pass's peak
   std::string peak_at;     // where the pass peaks
@@ -153,18 +154,25 @@ MemoryEstimate estimate_generation_memory(const ModelConfig& config, const std::
                                           int64_t max_new_tokens, int world, Device device, bool sampled);
 
 // Per-rank plan for a training step on `local_tokens` rows (model/train/objective.cpp
-// sequence_gradients, or alignment_gradients with `align`): weights, fp32 masters, moments and
-// gradients of every parameter, the teacher's weights and forward (align/distill), every layer's
-// kept tensors, the loss chunks and one layer's recomputation and backward. Element types: bf16 +
-// fp32 on cuda, `host_dtype` (f32; f64 for gradient checks) on the host. `documents` as above (a
-// micro-batch of several windows packs them as documents).
+// sequence_gradients, or alignment_gradients with `align`): weights, the gradients of every
+// parameter, the fp32 masters and moments (whole with `optimizer_shards` 1; with ZeRO-1 over W ranks,
+// this rank's ⌈N/W⌉ of each plus the reduce-scatter/all-gather bucket: model/train/optimizer.h),
+// the teacher's weights and forward (align/distill), every layer's kept tensors, the loss chunks
+// and one layer's recomputation and backward. Element types: bf16 + fp32 on cuda, `host_dtype`
+// (f32; f64 for gradient checks) on the host. `documents` as above (a micro-batch of several
+// windows packs them as documents).
 MemoryEstimate estimate_training_memory(const ModelConfig& config, int64_t local_tokens, int ranks_per_sequence,
                                         const ModelConfig* teacher, Device device, bool align,
                                         KeptActivations keep = {}, bool documents = true,
-                                        DType host_dtype = DType::f32);
+                                        DType host_dtype = DType::f32, int optimizer_shards = 1);
+// The optimizer's bytes per rank in that plan: gradients (whole), masters and both moments (whole,
+// or this rank's share of `optimizer_shards` ranks) and, sharded, the collectives' bucket.
+double optimizer_bytes(const ModelConfig& config, Device device, DType host_dtype, int optimizer_shards);
 
 // Whether the estimate fits what check_memory_plan allows (95% of the memory this rank can use).
 bool fits_memory_plan(const MemoryEstimate& estimate, Device device, int ranks_on_host = 1);
+// The same rule for a memory of `bytes` (hydra plan: a GPU of a given size).
+bool fits_in(const MemoryEstimate& estimate, double bytes);
 
 // Refuses (UserError naming `what` and the estimate) a run whose estimate exceeds the memory this
 // rank can use: the GPU's free memory, or for the CPU path the host's available memory

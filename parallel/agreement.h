@@ -88,6 +88,14 @@ class AgreementGate final : public Communicator {
     check();
     return inner_.split(color, key);
   }
+  std::vector<std::string> gather_text(const std::string& text, double timeout_s, const std::string& what) override {
+    check();
+    return inner_.gather_text(text, timeout_s, what);
+  }
+  std::string broadcast_text(const std::string& text, double timeout_s, const std::string& what) override {
+    check();
+    return inner_.broadcast_text(text, timeout_s, what);
+  }
   [[noreturn]] void abort(int exit_code) override {
     inner_.abort(exit_code);
     std::_Exit(exit_code);  // not reached: the inner abort does not return

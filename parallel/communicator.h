@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/tensor.h"
 
@@ -48,6 +49,14 @@ class Communicator {
   // `key` (MPI_Comm_split; a new NCCL communicator over the split bootstrap). Collective.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   [[noreturn]] virtual void abort(int exit_code) = 0;
+
+  // Host text messages with their own time limit, apart from the collectives (and from NCCL's
+  // watchdog): a checkpoint's shards report to rank 0, which answers every rank. gather_text
+  // returns every rank's `text` in rank order on rank 0 (empty elsewhere); broadcast_text returns
+  // rank 0's `text` on every rank. A rank silent for `timeout_s` seconds is a UserError naming it
+  // and `what` (its rank then ends the job); the host polls, so a slow disk costs no collective.
+  virtual std::vector<std::string> gather_text(const std::string& text, double timeout_s, const std::string& what) = 0;
+  virtual std::string broadcast_text(const std::string& text, double timeout_s, const std::string& what) = 0;
 
   // Blocking point-to-point helpers built on start_send_recv where convenient.
   virtual void send(const TensorView& buffer, int dst) = 0;

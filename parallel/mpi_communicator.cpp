@@ -1,7 +1,10 @@
 #include "parallel/mpi_communicator.h"
 
+#include <chrono>
 #include <climits>
 #include <cstdio>
+#include <functional>
+#include <thread>
 
 namespace hydra {
 namespace {
@@ -39,6 +42,44 @@ class MpiTransfer final : public Transfer {
 };
 
 constexpr int kRingTag = 17;
+constexpr int kTextTag = 29;  // gather_text / broadcast_text: apart from the ring's messages
+
+// Polls until `ready()` or `timeout_s` has passed (false then); a short sleep between polls keeps
+// a waiting rank off the cores its peers write with.
+bool poll_until(const std::function<bool()>& ready, double timeout_s) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+// Receives the text message from `src` if one has arrived (MPI_Iprobe, then its size).
+bool try_receive_text(MPI_Comm comm, int src, std::string& out) {
+  int flag = 0;
+  MPI_Status status;
+  HYDRA_MPI_CHECK(MPI_Iprobe(src, kTextTag, comm, &flag, &status));
+  if (!flag) return false;
+  int count = 0;
+  HYDRA_MPI_CHECK(MPI_Get_count(&status, MPI_CHAR, &count));
+  out.assign(static_cast<size_t>(count), '\0');
+  HYDRA_MPI_CHECK(MPI_Recv(out.data(), count, MPI_CHAR, src, kTextTag, comm, MPI_STATUS_IGNORE));
+  return true;
+}
+
+// Posts `text` to `dst` and waits (polling) for the send to complete.
+void send_text(MPI_Comm comm, const std::string& text, int dst, double timeout_s, const std::string& what) {
+  HYDRA_ASSERT(text.size() <= INT_MAX, "a text message of {} bytes", text.size());
+  MPI_Request request = MPI_REQUEST_NULL;
+  HYDRA_MPI_CHECK(MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, dst, kTextTag, comm, &request));
+  const bool sent = poll_until([&] {
+    int done = 0;
+    HYDRA_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    return done != 0;
+  }, timeout_s);
+  HYDRA_USER_CHECK(sent, "{}: rank {} took no message within {:.0f} s", what, dst, timeout_s);
+}
 
 }  // namespace
 
@@ -126,6 +167,45 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
   auto out = std::make_unique<MpiCommunicator>(sub);
   out->owned_ = true;
+  return out;
+}
+
+std::vector<std::string> MpiCommunicator::gather_text(const std::string& text, double timeout_s,
+                                                      const std::string& what) {
+  if (rank_ != 0) {
+    send_text(comm_, text, 0, timeout_s, what);
+    return {};
+  }
+  std::vector<std::string> texts(static_cast<size_t>(size_));
+  std::vector<bool> arrived(static_cast<size_t>(size_), false);
+  texts[0] = text;
+  arrived[0] = true;
+  int missing = size_ - 1;
+  const bool all = poll_until([&] {
+    for (int q = 1; q < size_; ++q) {
+      if (!arrived[static_cast<size_t>(q)] && try_receive_text(comm_, q, texts[static_cast<size_t>(q)])) {
+        arrived[static_cast<size_t>(q)] = true;
+        --missing;
+      }
+    }
+    return missing == 0;
+  }, timeout_s);
+  if (!all) {
+    std::string silent;
+    for (int q = 1; q < size_; ++q) silent += arrived[static_cast<size_t>(q)] ? "" : (silent.empty() ? "" : ", ") + std::to_string(q);
+    HYDRA_USER_FAIL("{}: rank(s) {} did not report within {:.0f} s", what, silent, timeout_s);
+  }
+  return texts;
+}
+
+std::string MpiCommunicator::broadcast_text(const std::string& text, double timeout_s, const std::string& what) {
+  if (rank_ == 0) {
+    for (int q = 1; q < size_; ++q) send_text(comm_, text, q, timeout_s, what);
+    return text;
+  }
+  std::string out;
+  HYDRA_USER_CHECK(poll_until([&] { return try_receive_text(comm_, 0, out); }, timeout_s),
+                   "{}: no word from rank 0 within {:.0f} s", what, timeout_s);
   return out;
 }
 

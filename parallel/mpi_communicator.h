@@ -47,6 +47,8 @@ class MpiCommunicator final : public Communicator {
   void broadcast(const TensorView& buffer, int root) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
+  std::vector<std::string> gather_text(const std::string& text, double timeout_s, const std::string& what) override;
+  std::string broadcast_text(const std::string& text, double timeout_s, const std::string& what) override;
   [[noreturn]] void abort(int exit_code) override;
   void send(const TensorView& buffer, int dst) override;
   void recv(const TensorView& buffer, int src) override;

@@ -41,6 +41,13 @@ class NcclCommunicator final : public Communicator {
   void barrier() override;
   // A new NCCL communicator bootstrapped over the split of this one's bootstrap (which it owns).
   std::unique_ptr<Communicator> split(int color, int key) override;
+  // Host messages go over the bootstrap (MPI), outside NCCL's watchdog.
+  std::vector<std::string> gather_text(const std::string& text, double timeout_s, const std::string& what) override {
+    return bootstrap_.gather_text(text, timeout_s, what);
+  }
+  std::string broadcast_text(const std::string& text, double timeout_s, const std::string& what) override {
+    return bootstrap_.broadcast_text(text, timeout_s, what);
+  }
   [[noreturn]] void abort(int exit_code) override;
   void send(const TensorView& buffer, int dst) override;
   void recv(const TensorView& buffer, int src) override;

@@ -34,6 +34,8 @@ class SelfCommunicator final : public Communicator {
   void broadcast(const TensorView&, int root) override { HYDRA_ASSERT(root == 0, "broadcast from rank {}", root); }
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SelfCommunicator>(device_); }
+  std::vector<std::string> gather_text(const std::string& text, double, const std::string&) override { return {text}; }
+  std::string broadcast_text(const std::string& text, double, const std::string&) override { return text; }
   [[noreturn]] void abort(int exit_code) override {
     std::fflush(nullptr);
     std::_Exit(exit_code);

@@ -110,7 +110,16 @@ extern "C" void cleanup_signal_handler(int sig) {
   errno = saved_errno;
 }
 
-bool process_alive(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH; }
+// A zombie (killed, not yet reaped: a job launcher's children re-parented to an init that reaps
+// late) still answers kill(pid, 0) but will never finish its write: /proc says 'Z' (or 'X').
+bool process_alive(long pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return true;  // no /proc: trust kill()
+  const size_t paren = text.rfind(") ");
+  return paren == std::string::npos || paren + 2 >= text.size() || (text[paren + 2] != 'Z' && text[paren + 2] != 'X');
+}
 
 }  // namespace
 

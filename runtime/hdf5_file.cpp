@@ -313,6 +313,7 @@ void H5File::write(const std::string& name, const TensorView& tensor) {
   const hid_t file_type = src->dtype() == DType::f32    ? H5T_IEEE_F32LE
                           : src->dtype() == DType::bf16 ? H5T_STD_U16LE
                           : src->dtype() == DType::i32  ? H5T_STD_I32LE
+                          : src->dtype() == DType::f64  ? H5T_IEEE_F64LE
                                                         : H5T_STD_I64LE;
   Handle dataset(H5Dcreate2(id_, name.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                  H5Dclose);

@@ -7,6 +7,7 @@
 
 #include "kernels/adamw/adamw.h"
 #include "model/train/objective.h"
+#include "runtime/content_hash.h"
 #include "model/weight_layout.h"
 
 namespace hydra::train {
@@ -98,23 +99,25 @@ AdamW::AdamW(Model& model, OptimizerConfig config, const std::function<bool(cons
       });
     }
   }
-  if (!sharded()) {
-    // Masters start as the model's weights (exact on the CPU; bf16 values widened on the GPU).
-    for (const Segment& s : segments_) copy_into(s.master, s.weight);
-    own_end_ = trainable_count_;
-    return;
-  }
-  // ZeRO-1: this rank's contiguous range of the flat space, its state, and the update's slices.
-  const int64_t p = world_->size(), r = world_->rank(), n = trainable_count_;
+  // The flat space cut into the world's ranges: rank r owns [r·S, (r+1)·S) ∩ [0, N). Both forms cut
+  // it (the replicated form reduces its gradients through the same ranges, so that both add the
+  // ranks' gradients in one order); a world of one owns everything.
+  const int64_t p = world_ ? world_->size() : 1, r = world_ ? world_->rank() : 0, n = trainable_count_;
   shard_stride_ = (n + p - 1) / p;
   own_begin_ = std::min(n, r * shard_stride_);
   own_end_ = std::min(n, (r + 1) * shard_stride_);
-  const int64_t own = std::max<int64_t>(own_end_ - own_begin_, 1);
   // Buckets: a collective moves W·b elements beside a b-element own part; (W + 1)·b stays within
   // the largest trainable tensor (and 32M elements), so a bucket costs no more than one tensor.
   int64_t largest = 1;
   grads_.for_each([&](const std::string&, Tensor& g) { largest = std::max(largest, g.numel()); });
   bucket_ = std::clamp<int64_t>(std::min<int64_t>(largest, int64_t{1} << 25) / (p + 1), 1, std::max<int64_t>(shard_stride_, 1));
+  if (!sharded()) {
+    // Masters start as the model's weights (exact on the CPU; bf16 values widened on the GPU).
+    for (const Segment& s : segments_) copy_into(s.master, s.weight);
+    return;
+  }
+  // ZeRO-1: this rank's state of its own range, and the update's slices.
+  const int64_t own = std::max<int64_t>(own_end_ - own_begin_, 1);
   shard_master_ = Tensor::zeros({own}, acc, model.device());
   shard_m_ = Tensor::zeros({own}, acc, model.device());
   shard_v_ = Tensor::zeros({own}, acc, model.device());
@@ -203,10 +206,6 @@ void AdamW::zero_grads() {
 
 void AdamW::reduce_gradients() {
   if (!world_ || world_->size() == 1) return;
-  if (!sharded()) {
-    all_reduce_gradients(*world_, grads_);
-    return;
-  }
   // Bucket k: row q of the [W, b] send buffer is this rank's gradient over rank q's flat range
   // [q·S + k, q·S + k + b) (zero past N); the reduce-scatter leaves the sum of row r, this rank's
   // own range, which goes back into grads() where the update reads it.
@@ -233,17 +232,31 @@ void AdamW::reduce_gradients() {
       copy_into(segments_[i].grad.narrow(0, begin - offsets_[i], count), recv.view().narrow(0, begin - mine, count));
     });
   }
+  if (sharded()) return;
+  // Replicated: every rank needs the whole sum. The owners' sums are all-gathered in the same
+  // buckets, so each element is the sum the sharded form computes, added in the same order
+  // (an all-reduce would add them in its own order: the two forms would differ in the last bits).
+  const FlatView grads = [&](size_t i, int64_t begin, int64_t count) {
+    return segments_[i].grad.narrow(0, begin - offsets_[i], count);
+  };
+  all_gather_flat(grads, grads, acc);
+}
+
+std::vector<TensorView> AdamW::own_gradients() const {
+  std::vector<TensorView> grads;
+  for_pieces(own_begin_, own_end_, [&](size_t i, int64_t begin, int64_t count) {
+    grads.push_back(segments_[i].grad.narrow(0, begin - offsets_[i], count));
+  });
+  return grads;
 }
 
 double AdamW::grad_norm() {
-  std::vector<TensorView> grads;
-  if (!sharded()) {
-    for (const Segment& s : segments_) grads.push_back(s.grad);
-    return std::sqrt(ops::sum_of_squares(grads));  // one synchronisation for all segments
-  }
-  for (const ops::AdamWSlice& s : shard_slices_) grads.push_back(s.grad);
+  // The own range's sum of squares (one synchronisation for all its pieces), added over the world:
+  // the same pieces and the same additions in both forms.
+  const double own = ops::sum_of_squares(own_gradients());
+  if (!world_ || world_->size() == 1) return std::sqrt(own);
   Tensor sum = Tensor::empty({1}, DType::f64);
-  sum.data_as<double>()[0] = ops::sum_of_squares(grads);  // the own range's
+  sum.data_as<double>()[0] = own;
   all_reduce_sum_host(*world_, sum);
   return std::sqrt(sum.data_as<double>()[0]);
 }
@@ -343,6 +356,62 @@ NamedTensors AdamW::master_parameters(bool wanted) const {
   NamedTensors out = model_.unpack(model_.weights());
   for (auto& [name, t] : model_.unpack(sharded() ? gathered(shard_master_) : master_)) out[name] = std::move(t);
   return out;
+}
+
+Tensor AdamW::own_state(Kind kind) const {
+  const int64_t own = own_end_ - own_begin_;
+  Tensor out = Tensor::empty({own}, model_.acc_dtype(), Device::host);
+  if (sharded()) {
+    const Tensor& shard = kind == Kind::master ? shard_master_ : kind == Kind::m ? shard_m_ : shard_v_;
+    if (own > 0) copy_into(out.view(), shard.view().narrow(0, 0, own));
+    return out;
+  }
+  for_pieces(own_begin_, own_end_, [&](size_t i, int64_t begin, int64_t count) {
+    const Segment& s = segments_[i];
+    const TensorView& whole = kind == Kind::master ? s.master : kind == Kind::m ? s.m : s.v;
+    copy_into(out.view().narrow(0, begin - own_begin_, count), whole.narrow(0, begin - offsets_[i], count));
+  });
+  return out;
+}
+
+void AdamW::load_flat_state(const std::function<void(Kind, int64_t, const TensorView&)>& read) {
+  const DType acc = model_.acc_dtype();
+  if (sharded()) {
+    const int64_t own = own_end_ - own_begin_;
+    for (const auto& [kind, shard] : {std::pair<Kind, Tensor*>{Kind::master, &shard_master_}, {Kind::m, &shard_m_},
+                                      {Kind::v, &shard_v_}}) {
+      if (own == 0) continue;
+      Tensor host = Tensor::empty({own}, acc, Device::host);
+      read(kind, own_begin_, host.view());
+      copy_into(shard->view().narrow(0, 0, own), host.view());
+    }
+    // The own weights from the own masters, then every owner's to every rank.
+    for (const ops::AdamWSlice& s : shard_slices_) copy_into(s.weight, s.master);
+    const FlatView weights = [&](size_t i, int64_t begin, int64_t count) {
+      return segments_[i].weight.narrow(0, begin - offsets_[i], count);
+    };
+    all_gather_flat(weights, weights, segments_.front().weight.dtype());
+    return;
+  }
+  Tensor host = Tensor::empty({std::max<int64_t>(trainable_count_, 1)}, acc, Device::host);
+  for (const Kind kind : {Kind::master, Kind::m, Kind::v}) {
+    read(kind, 0, host.view().narrow(0, 0, trainable_count_));
+    for (size_t i = 0; i < segments_.size(); ++i) {
+      const Segment& s = segments_[i];
+      const TensorView& whole = kind == Kind::master ? s.master : kind == Kind::m ? s.m : s.v;
+      copy_into(whole, host.view().narrow(0, offsets_[i], whole.numel()));
+    }
+  }
+  for (const Segment& s : segments_) copy_into(s.weight, s.master);
+}
+
+uint64_t AdamW::flat_layout_hash() const {
+  std::vector<int64_t> table;
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    table.insert(table.end(), {offsets_[i], segments_[i].grad.numel(), segments_[i].decay ? 1 : 0});
+  }
+  table.push_back(trainable_count_);
+  return hash_bytes(table.data(), table.size() * sizeof(int64_t));
 }
 
 }  // namespace hydra::train

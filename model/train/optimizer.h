@@ -18,8 +18,12 @@
 // reduce_gradients() reduce-scatters it into the owners in buckets (each rank's part of a bucket
 // a contiguous run of the flat space, so one collective moves W·b elements), grad_norm() adds the
 // owners' sums of squares, step() updates the own range and all-gathers the model's weights back
-// in the same buckets. The replicated form (Zero::replicated, --zero 0) all-reduces every gradient
-// tensor and updates everything on every rank, as before.
+// in the same buckets. The replicated form (Zero::replicated, --zero 0) holds the whole state on
+// every rank and updates everything there; its gradients go through the same bucketed
+// reduce-scatter, then an all-gather of the sums, and its norm adds the same per-rank sums of
+// squares: both forms add the ranks' contributions in one order, so they agree bit for bit (an
+// all-reduce per tensor adds them in another order, which Adam's 1/sqrt(v) turned into 2e-5
+// relative differences of fp32 weights over 20 steps).
 #pragma once
 
 #include <cstdint>
@@ -67,8 +71,8 @@ class AdamW {
   // Gradient accumulators in the runtime layout (acc dtype), undefined for frozen tensors.
   ModelTensors& grads() { return grads_; }
   void zero_grads();
-  // Sums every rank's grads() over the world (collective): replicated, each tensor all-reduced;
-  // sharded, reduce-scattered so that only this rank's own range holds the sum afterwards.
+  // Sums every rank's grads() over the world (collective): reduce-scattered in buckets so that this
+  // rank's own range holds the sum; replicated, the sums are then all-gathered into every range.
   void reduce_gradients();
   // The global L2 norm of the reduced gradient, the same on every rank (collective when sharded:
   // the owners' sums of squares added over the world).
@@ -89,8 +93,22 @@ class AdamW {
   // when sharded, as state().
   NamedTensors master_parameters(bool wanted = true) const;
   int64_t trainable_parameters() const { return trainable_count_; }
+
+  // ---- The flat state, range by range (checkpoint shards: model/train/shards.h) ----
+  enum class Kind { master, m, v };
+  // This rank's own range [own_begin, own_end) of one kind, a host copy in the accumulation dtype
+  // (both forms; no collective).
+  Tensor own_state(Kind kind) const;
+  // Restores the state from flat ranges saved on any world size: read(kind, begin, out) fills
+  // `out` (host, accumulation dtype) with the saved elements [begin, begin + out.numel()). Sharded,
+  // each rank reads its own range and the weights are all-gathered (collective); replicated, every
+  // rank reads the whole range. The model's weights are rewritten from the masters.
+  void load_flat_state(const std::function<void(Kind, int64_t, const TensorView&)>& read);
+  // XXH3 of the flat space's cut into segments (each one's length, offset and weight-decay group):
+  // equal for two optimizers whose flat spaces mean the same parameters in the same order.
+  uint64_t flat_layout_hash() const;
   Zero zero() const { return zero_; }
-  // This rank's flat range of the trainable elements [begin, end) (everything when replicated).
+  // This rank's flat range of the trainable elements [begin, end) (everything in a world of one).
   std::pair<int64_t, int64_t> own_range() const { return {own_begin_, own_end_}; }
 
  private:
@@ -108,6 +126,8 @@ class AdamW {
   void all_gather_flat(const FlatView& src, const FlatView& dst, DType dtype) const;
   // The flat view of each segment's range within `whole` (a ModelTensors in the layout of grads_).
   std::vector<TensorView> segment_views(ModelTensors& whole) const;
+  // The reduced gradient's pieces over this rank's own range.
+  std::vector<TensorView> own_gradients() const;
   // A sharded kind of state (masters, m or v) as whole tensors on every rank, gathered from the owners.
   ModelTensors gathered(const Tensor& shard) const;
   bool sharded() const { return zero_ == Zero::sharded && world_ && world_->size() > 1; }
@@ -121,8 +141,8 @@ class AdamW {
   std::vector<Segment> segments_;
   std::vector<int64_t> offsets_;  // flat index of each segment's first element
   int64_t trainable_count_ = 0;
-  // Sharded: the flat range this rank owns, the per-rank stride S, the bucket's per-rank length,
-  // and the state of the own range with its update slices.
+  // The flat range this rank owns, the per-rank stride S and the bucket's per-rank length (both
+  // forms); sharded, the state of the own range with its update slices.
   int64_t own_begin_ = 0, own_end_ = 0, shard_stride_ = 0, bucket_ = 0;
   Tensor shard_master_, shard_m_, shard_v_;  // [own_end − own_begin] acc
   std::vector<ops::AdamWSlice> shard_slices_;

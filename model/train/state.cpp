@@ -1,4 +1,5 @@
-// The training state's format and I/O (state.h). state.h5 holds every optimizer tensor (f32) with an
+// The training state's checks and I/O (state.h): the step folders, --resume, and the older single-file
+// form: state.h5 holds every optimizer tensor (f32) with an
 // XXH3 per dataset and the run's identity as attributes; --resume reads it whole and verifies it
 // before any tensor is loaded.
 #include "model/train/state.h"
@@ -30,27 +31,9 @@ constexpr int64_t kStateVersion = 2;
 constexpr const char* kChecksums = "checksums";  // the dataset of per-dataset XXH3s in state.h5
 constexpr const char* kDataState = "data_state";  // data_state() as JSON text
 
-// The step-NNNNNN directories of a run folder, oldest first (none if the folder cannot be read).
-std::vector<fs::path> step_dirs(const fs::path& out_dir) {
-  std::vector<fs::path> steps;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (e.is_directory() && name.rfind("step-", 0) == 0) steps.push_back(e.path());
-  }
-  std::sort(steps.begin(), steps.end());
-  return steps;
-}
-
 // A state.h5 read whole and checked: every dataset against its stored XXH3, finite fp32 values
 // (second moments ≥ 0), attributes in range. Any damage is a UserError naming the file.
-struct VerifiedState {
-  int64_t version = 0, step = 0, position = 0, world = 0, sp = 0, seq_len = 0, seed = 0;
-  // The global batch (absent in states written before resharding, 0 then): windows per step = batch_seqs × grad_accum × replicas.
-  int64_t batch_seqs = 0, grad_accum = 0, replicas = 0;
-  std::string stage, config;
-  std::string data_state;  // the kDataState attribute ("" in states written before it)
-  nlohmann::json inputs;  // role → XXH3 hex (version 2)
+struct VerifiedState : SavedRun {
   NamedTensors tensors;
 };
 
@@ -133,87 +116,15 @@ VerifiedState read_verified_state(const std::string& path) {
 
 std::string step_dir_name(int64_t step) { return fmt::format("step-{:06d}", step); }
 
-SavedState state_to_save(const AdamW& optimizer, bool lead) {
-  SavedState saved;
-  if (optimizer.zero() == Zero::replicated && !lead) return saved;
-  saved.masters = optimizer.master_parameters(lead);
-  saved.state = optimizer.state(lead);
-  return saved;
-}
-
-std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
-                                 const SavedState& saved, int64_t step, int64_t position,
-                                 const nlohmann::json& data_position) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const fs::path out(config.out_dir), final_dir = out / step_dir_name(step);
-  // The step is written under `.step-NNNNNN.tmp-PID` (the AtomicFile naming, so the same sweep finds
-  // it after a kill -9) and registered for removal on SIGTERM/SIGINT until it is renamed; a save
-  // that fails (a full disk) removes it before the error propagates.
-  const fs::path temp = temporary_path_for(final_dir.string());
-  fs::remove_all(temp);
-  ScopedTemporary registration(temp.string(), ScopedTemporary::Kind::directory);
-  struct RemoveUnlessRenamed {
-    const fs::path& dir;
-    bool renamed = false;
-    ~RemoveUnlessRenamed() {
-      std::error_code ec;
-      if (!renamed) fs::remove_all(dir, ec);
-    }
-  } cleanup{temp};
+std::vector<std::string> step_directories(const std::string& out_dir) {
+  std::vector<std::string> steps;
   std::error_code ec;
-  fs::create_directories(temp, ec);
-  HYDRA_USER_CHECK(!ec, "saving step {}: cannot create {}: {}", step, temp.string(), ec.message());
-  write_model_checkpoint((temp / "model.h5").string(), student.config(), saved.masters);
-  maybe_inject_fault("save");
-  {
-    AtomicFile file((temp / "state.h5").string());
-    H5File h5 = H5File::create(file.temp_path());
-    // Every dataset's XXH3 and the inputs' fingerprints, verified by --resume (read_verified_state).
-    // The checksums are a dataset (JSON text as bytes): an attribute is limited to 64 KiB.
-    nlohmann::json checksums = nlohmann::json::object(), inputs = nlohmann::json::object();
-    for (const auto& [name, t] : saved.state) {
-      h5.write(name, t);
-      checksums[name] = hash_hex(hash_tensor(t));
-    }
-    const std::string checksum_text = checksums.dump();
-    h5.write_uint8(kChecksums, {reinterpret_cast<const uint8_t*>(checksum_text.data()), checksum_text.size()});
-    for (const TrainConfig::Input& in : config.inputs) inputs[in.role] = in.hash;
-    h5.set_attribute("inputs", inputs.dump());
-    h5.set_attribute("format", std::string(kStateFormat));
-    h5.set_attribute("format_version", kStateVersion);
-    h5.set_attribute("stage", std::string(stage_name(config.stage)));
-    h5.set_attribute("step", step);
-    h5.set_attribute("data_position", position);
-    h5.set_attribute(kDataState, data_position.dump());
-    h5.set_attribute("seed", static_cast<int64_t>(config.seed));
-    h5.set_attribute("seq_len", config.seq_len);
-    h5.set_attribute("world_size", static_cast<int64_t>(const_cast<TrainTopology&>(topology).world().size()));
-    h5.set_attribute("sp", static_cast<int64_t>(topology.sp()));
-    // The global batch: a resume on another world size or --sp must take the same windows per step.
-    h5.set_attribute("batch_seqs", config.batch_seqs);
-    h5.set_attribute("grad_accum", config.grad_accum);
-    h5.set_attribute("replicas", static_cast<int64_t>(topology.replicas()));
-    h5.set_attribute("config", config_to_json(student.config()).dump());
-    h5.close();
-    file.commit();
+  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && name.rfind("step-", 0) == 0) steps.push_back(e.path().string());
   }
-  if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a re-save of the same step (after a resume)
-  fs::rename(temp, final_dir, ec);
-  HYDRA_USER_CHECK(!ec, "saving step {}: cannot rename {} to {}: {}", step, temp.string(), final_dir.string(),
-                   ec.message());
-  cleanup.renamed = true;
-  registration.release();
-  write_text_atomically((out / "latest").string(), step_dir_name(step) + "\n");
-  uintmax_t bytes = 0;
-  for (const auto& e : fs::directory_iterator(final_dir)) bytes += e.is_regular_file() ? e.file_size() : 0;
-  log::info("saved {} ({:.1f} MiB in {:.1f} s)", final_dir.string(), static_cast<double>(bytes) / (1024.0 * 1024.0),
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  // Keep the newest `keep` step directories.
-  const std::vector<fs::path> steps = step_dirs(out);
-  for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(config.keep, 1)) < steps.size(); ++i) {
-    if (steps[i] != final_dir) fs::remove_all(steps[i]);
-  }
-  return final_dir.string();
+  std::sort(steps.begin(), steps.end());
+  return steps;
 }
 
 void remove_interrupted_saves(const std::string& out_dir) {
@@ -242,13 +153,19 @@ ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topolo
                                 AdamW& optimizer, bool lead) {
   const std::string dir = latest_checkpoint(config.out_dir);
   HYDRA_USER_CHECK(!dir.empty(), "--resume: {} holds no checkpoint (no 'latest' pointer)", config.out_dir);
-  const std::string path = dir + "/state.h5";
-  const VerifiedState st = read_verified_state(path);
+  // A step written by every rank (a manifest and shards), or an older run's single state.h5 (read
+  // whole: every rank takes its range of it).
+  const bool sharded = has_manifest(dir);
+  const std::string path = sharded ? (fs::path(dir) / kManifestName).string() : dir + "/state.h5";
+  VerifiedState old_state;
+  if (!sharded) old_state = read_verified_state(path);
+  const SavedRun st = sharded ? read_manifest(dir) : static_cast<const SavedRun&>(old_state);
   HYDRA_USER_CHECK(st.stage == stage_name(config.stage), "--resume: {} was saved by stage {}, this run is stage {}", path,
                    st.stage, stage_name(config.stage));
   // Another world size or --sp resumes the same run when a step takes the same windows: the step's
   // windows are data positions [position, position + windows) whatever the layout (trainer.h), and
-  // the optimizer's state is whole in state.h5 (each rank takes its range: AdamW::load_state).
+  // the optimizer's state is re-cut on load (each rank reads its range: load_sharded_state, or
+  // AdamW::load_state from a whole state.h5).
   const int64_t windows = config.batch_seqs * config.grad_accum * topology.replicas();
   if (st.batch_seqs == 0) {  // saved before the global batch was recorded: only the same layout
     HYDRA_USER_CHECK(st.world == topology.world().size() && st.sp == topology.sp(),
@@ -311,7 +228,11 @@ ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topolo
       if (lead) log::warn("--resume with --allow-changed-inputs: {}", list);
     }
   }
-  optimizer.load_state(st.tensors);
+  if (sharded) {
+    load_sharded_state(dir, optimizer);
+  } else {
+    optimizer.load_state(old_state.tensors);
+  }
   return ResumePoint{st.step, st.position, path, st.data_state};
 }
 
@@ -347,12 +268,16 @@ nlohmann::json data_shares(const TokenWindows& data, int64_t position) {
 }
 
 std::string newest_verified_checkpoint(const std::string& out_dir) {
-  std::vector<fs::path> steps = step_dirs(out_dir);
+  std::vector<std::string> steps = step_directories(out_dir);
   std::reverse(steps.begin(), steps.end());
-  for (const fs::path& dir : steps) {
+  for (const std::string& dir : steps) {
     try {
-      read_verified_state((dir / "state.h5").string());
-      return dir.string();
+      if (has_manifest(dir)) {
+        verify_sharded_checkpoint(dir);
+      } else {
+        read_verified_state(dir + "/state.h5");
+      }
+      return dir;
     } catch (const UserError& e) {
       log::warn("{}", e.what());
     }

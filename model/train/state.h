@@ -1,44 +1,31 @@
 // The training state on disk (DESIGN.md §4) and its I/O: the step directories of a run folder, the
-// state.h5 format (its verification on --resume), the `latest` pointer and the log's truncation.
+// checks on --resume, the `latest` pointer and the log's truncation.
 //
-//   step-NNNNNN/model.h5   the model (fp32 master weights) as a normal hydra checkpoint
-//   step-NNNNNN/state.h5   optimizer moments and masters, step, data position, seed, world layout
-//                          and windows per step (batch_seqs, grad_accum, replicas),
-//                          the inputs' content fingerprints and an XXH3 checksum per dataset
+//   step-NNNNNN/           written by every rank at once (model/train/shards.h): one shard file per
+//                          rank, model.h5, and manifest.json (the run's identity, the data
+//                          position, sizes and checksums) written last by rank 0
 //   latest                 the name of the newest complete step-NNNNNN, written last (atomically)
 //   train.jsonl            one JSON line per step (and per evaluation)
 // A step directory is written under a temporary name and renamed when complete, then `latest` is
 // replaced; a crash at any point leaves the previous checkpoint and pointer intact.
+// Older runs' step folders (model.h5 and one state.h5 holding the whole optimizer state by
+// checkpoint names, with an XXH3 per dataset) still resume: read_verified_state below.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "model/train/data.h"
+#include "model/train/shards.h"
 #include "model/train/trainer.h"
 
 namespace hydra::train {
 
-// What a checkpoint holds: the master weights (model.h5) and the optimizer state (state.h5).
-struct SavedState {
-  NamedTensors masters, state;
-};
-
-// The checkpoint's tensors, on rank 0 (`lead`): with a sharded optimizer (--zero 1) every rank takes
-// part in gathering them (collective); replicated, rank 0 holds them already and the others return
-// at once with nothing.
-SavedState state_to_save(const AdamW& optimizer, bool lead);
-
-// Writes step-NNNNNN of `config.out_dir` (rank 0 only: the model, the optimizer's state and the
-// run's identity: stage, seed, seq_len, world layout, inputs' fingerprints), moves `latest` to it,
-// keeps the newest `config.keep` steps; returns its path and logs its size and the seconds taken.
-// A save that fails (a full disk) removes its temporary directory before the error propagates.
-// `data_position`: data_state() at `position`.
-std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
-                                 const SavedState& saved, int64_t step, int64_t position,
-                                 const nlohmann::json& data_position);
+// The step-NNNNNN directories of a run folder, oldest first (none if the folder cannot be read).
+std::vector<std::string> step_directories(const std::string& out_dir);
 
 // Where a resumed run starts: after `step`, at data position `position`; the state's data_state
 // ("" in states written before it) for check_data_state.
@@ -58,8 +45,9 @@ void check_data_state(const std::string& path, const std::string& saved, const T
 // The realised share of each blended file over the first `position` windows (train.jsonl).
 nlohmann::json data_shares(const TokenWindows& data, int64_t position);
 
-// --resume: reads and verifies the state `latest` points to (checksums, finite values, attributes in
-// range), checks that it belongs to this run (stage, windows per step — the world size and --sp may
+// --resume: reads and verifies the state `latest` points to (a manifest and the shards this rank
+// needs, or an older run's state.h5: checksums, finite values, attributes in range), checks that it
+// belongs to this run (stage, windows per step — the world size and --sp may
 // differ —, model config, seq_len, seed, the inputs' fingerprints unless allow_changed_inputs:
 // UserErrors naming the difference) and loads the optimizer's state. `lead` (rank 0) prints the
 // warnings.
@@ -77,7 +65,7 @@ void truncate_log(const std::string& path, int64_t last_kept_step);
 // The step directory `latest` points to (empty when there is none).
 std::string latest_checkpoint(const std::string& out_dir);
 
-// The newest step directory of `out_dir` whose state.h5 verifies (checksums, finite values,
+// The newest step directory of `out_dir` whose state verifies (checksums, finite values,
 // attributes in range), or empty. Reads every state it tries: for messages after a failure.
 std::string newest_verified_checkpoint(const std::string& out_dir);
 

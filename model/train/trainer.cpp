@@ -391,12 +391,10 @@ bool Trainer::save_or_stop(int64_t step, int stop_votes) {
   const bool last = step == last_step_ && (config_.save_every >= 0 || last_step_ < config_.steps);
   const bool stop = stop_votes > 0 && step < last_step_;
   if (periodic || last || stop) {
-    const SavedState saved = state_to_save(optimizer_, lead_);  // collective with --zero 1
-    if (lead_) {
-      summary_.checkpoint = write_checkpoint_dir(config_, topology_, student_, saved, step, position_,
-                                                 data_state(data_, position_));
-    }
-    world_.barrier();
+    // Every rank writes its shard at once; the ranks meet through host messages with the save's
+    // own limit, so none waits in a collective while another writes (shards.h).
+    summary_.checkpoint = write_sharded_checkpoint(config_, topology_, student_, optimizer_, step, position_,
+                                                   data_state(data_, position_));
   }
   if (stop) {
     summary_.stopped = true;

@@ -9,8 +9,8 @@
 // communicator for the model's own collectives.
 //
 // The parts (DESIGN.md §1.5): stage.h (what each stage needs, trains, computes and logs), state.h
-// (the output directory: step-NNNNNN/{model,state}.h5, `latest`, train.jsonl; the state format and
-// its verification), evaluation.h (the held-out loss and NIAH accuracy, shared with eval-lm), and
+// (the output directory: step-NNNNNN/, `latest`, train.jsonl; the checks on --resume), shards.h
+// (the step folder written by every rank: shards, model.h5, manifest; re-cut on load), evaluation.h (the held-out loss and NIAH accuracy, shared with eval-lm), and
 // trainer.cpp (the run's preparation, the step loop, the evaluation/save/stop policies).
 //
 // --resume continues from `latest` and reproduces the losses of an uninterrupted run bit for bit on
@@ -60,6 +60,7 @@ struct TrainConfig {
   std::vector<std::string> eval_niah_tasks;
   int64_t eval_niah_samples = 32;
   int64_t keep = 2;         // step directories kept
+  double save_timeout = 0;  // seconds a checkpoint's save may take (0: 120 s + the largest writer's bytes at 20 MB/s)
   TrainSet train = TrainSet::all;  // stage_traits(stage).trains unless the caller chooses
   OptimizerConfig optim;
   std::string out_dir;

@@ -87,7 +87,8 @@ TEST_F(Resilience, SigtermSavesTheLastStepAndTheResumeEndsLikeAnUninterruptedRun
   EXPECT_NE(r.output.find("stopped by SIGTERM after step"), std::string::npos) << r.output;
   const std::string step = latest_of(cut);
   ASSERT_FALSE(step.empty()) << "no checkpoint after the signal\n" << r.output;
-  EXPECT_TRUE(fs::exists(fs::path(cut) / step / "state.h5"));
+  EXPECT_TRUE(fs::exists(fs::path(cut) / step / "manifest.json"));
+  EXPECT_TRUE(fs::exists(fs::path(cut) / step / "shard-00000-of-00001.h5"));
   EXPECT_NE(r.output.find("saved " + (fs::path(cut) / step).string() + " ("), std::string::npos) << r.output;
   const size_t stopped_at = losses(cut).size();
   EXPECT_GE(stopped_at, 1u);
@@ -225,7 +226,7 @@ TEST_F(Resilience, DamagedStateIsAOneLineErrorNamingIt) {
   const std::string model = write_model("m.h5", "hydrahead-tiny", 1), data = write_tokens("d.h5", 4 * 64 + 1, 2);
   const std::string common = "train --stage pretrain --model " + model + " --data " + data +
                              " --seq-len 64 --steps 4 --device cpu --out-dir ";
-  const std::string master = "master.model.embed_tokens.weight";
+  const std::string master = "master";
   struct Damage {
     std::string name, needle;
     std::function<void(const std::string&)> apply;
@@ -233,8 +234,8 @@ TEST_F(Resilience, DamagedStateIsAOneLineErrorNamingIt) {
   const std::vector<Damage> cases = {
       {"finite", "does not match its checksum", [&](const std::string& p) { poke_dataset(p, master, 0.25f); }},
       {"nan", "does not match its checksum", [&](const std::string& p) { poke_dataset(p, master, std::nanf("")); }},
-      {"step", "attributes out of range", [&](const std::string& p) { poke_attribute(p, "step", -3); }},
-      {"ff", "state.h5", [&](const std::string& p) {
+      {"step", "the manifest names [0, ", [&](const std::string& p) { poke_attribute(p, "step", -3); }},
+      {"ff", "shard-00000-of-00001.h5", [&](const std::string& p) {
          const auto size = fs::file_size(p);
          std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
          f.seekp(static_cast<std::streamoff>(size / 2));
@@ -242,7 +243,7 @@ TEST_F(Resilience, DamagedStateIsAOneLineErrorNamingIt) {
          f.write(ff.data(), static_cast<std::streamsize>(ff.size()));
        }}};
   for (const Damage& d : cases) {
-    const std::string out = dir_.file("out-" + d.name), state = out + "/step-000002/state.h5";
+    const std::string out = dir_.file("out-" + d.name), state = out + "/step-000002/shard-00000-of-00001.h5";
     ASSERT_EQ(hydra(common + out + " --stop-at 2").exit_code, 0);
     d.apply(state);
     const CommandResult r = hydra(common + out + " --resume");
@@ -316,6 +317,88 @@ TEST_F(Resilience, CpuOutputHasNoMeaninglessFigures) {
   ASSERT_EQ(d.exit_code, 0) << d.output;
   EXPECT_NE(d.output.find("eval kl "), std::string::npos) << d.output;
   EXPECT_EQ(nlohmann::json::parse(d.output.substr(d.output.rfind("{\"command\""))).at("eval_metric"), "kl");
+}
+
+// ---- Checkpoints written by every rank (model/train/shards.h) ------------------------------------
+
+nlohmann::json manifest_of(const std::string& step_dir) {
+  return nlohmann::json::parse(read_all((fs::path(step_dir) / "manifest.json").string()));
+}
+
+// Four ranks write their shards at once: the manifest holds 4 shards covering the state once, and
+// their write intervals (wall clock, as each rank reported them) overlap: the latest start comes
+// before the earliest end. The shards of a 4.2M-parameter model (12.6 MB each) take long enough to
+// write that ranks taking turns would not overlap. The saved line names each rank's interval.
+TEST_F(Resilience, FourRanksWriteTheirShardsAtOnce) {
+  const std::string model = write_model("m.h5", "qwen3-synth", 3), data = write_tokens("d.h5", 4 * 64 + 1, 4);
+  const std::string out = dir_.file("out");
+  const CommandResult r = run_command("timeout 300 " + mpirun(4) + hydra_binary() + " train --stage pretrain --model " +
+                                      model + " --data " + data + " --seq-len 64 --steps 1 --device cpu --out-dir " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json m = manifest_of(out + "/step-000001");
+  ASSERT_EQ(m.at("shards").size(), 4u) << m.dump(1);
+  double latest_start = 0, earliest_end = 1e300;
+  int64_t at = 0;
+  for (const nlohmann::json& s : m.at("shards")) {
+    EXPECT_EQ(s.at("begin").get<int64_t>(), at);
+    at = s.at("end").get<int64_t>();
+    EXPECT_TRUE(fs::exists(out + "/step-000001/" + s.at("file").get<std::string>()));
+    latest_start = std::max(latest_start, s.at("write_start").get<double>());
+    earliest_end = std::min(earliest_end, s.at("write_end").get<double>());
+  }
+  EXPECT_EQ(at, m.at("trainable").get<int64_t>());
+  EXPECT_LT(latest_start, earliest_end) << "the shards were written one after another:\n" << m.at("shards").dump(1);
+  EXPECT_NE(r.output.find("shards written at s after the save began: rank 0 "), std::string::npos) << r.output;
+  // model.h5 stays a plain checkpoint every command reads.
+  EXPECT_EQ(run_command(hydra_binary() + " info --model " + out + "/step-000001/model.h5").exit_code, 0);
+}
+
+// A rank killed half way through writing its shard (kill -9, HYDRA_INJECT_FAULT=2:kill@save) ends
+// the job within seconds; `latest` still names the previous step, which resumes: the run then ends
+// with the uninterrupted run's losses, bit for bit, and no temporary folder is left.
+TEST_F(Resilience, RankKilledMidSaveLeavesThePreviousStepLoadable) {
+  const std::string model = write_model("m.h5", "hydrahead-tiny", 6), data = write_tokens("d.h5", 16 * 64 + 1, 7);
+  const std::string common = " train --stage pretrain --model " + model + " --data " + data +
+                             " --seq-len 64 --steps 6 --device cpu --seed 4 --out-dir ";
+  const std::string whole = dir_.file("whole"), cut = dir_.file("cut");
+  ASSERT_EQ(run_command("timeout 300 " + mpirun(4) + hydra_binary() + common + whole).exit_code, 0);
+  ASSERT_EQ(run_command("timeout 300 " + mpirun(4) + hydra_binary() + common + cut + " --stop-at 2").exit_code, 0);
+  const CommandResult killed = run_command("HYDRA_INJECT_FAULT=2:kill@save timeout 300 " + mpirun(4) + hydra_binary() +
+                                           common + cut + " --resume --stop-at 4");
+  EXPECT_NE(killed.exit_code, 0) << killed.output;
+  EXPECT_NE(killed.exit_code, 124) << "a rank was left waiting\n" << killed.output;
+  EXPECT_EQ(latest_of(cut), "step-000002") << killed.output;
+  EXPECT_FALSE(fs::exists(cut + "/step-000004")) << killed.output;
+  const CommandResult resumed = run_command("timeout 300 " + mpirun(4) + hydra_binary() + common + cut + " --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  // The unfinished step's temporary folder is gone: removed by rank 0 when mpirun's SIGTERM reached
+  // it, or swept by the resumed run (its writer's PID gone).
+  for (const auto& e : fs::directory_iterator(cut)) {
+    EXPECT_EQ(e.path().filename().string().rfind(".step-", 0), std::string::npos) << "left behind: " << e.path() << "\n"
+                                                                                  << resumed.output;
+  }
+  EXPECT_EQ(losses(cut), losses(whole));
+}
+
+// A full disk while the shard is written (a 4 MiB file-size limit; the shard is 6.5 MB): one line
+// naming the step and the problem, exit 2, no temporary folder left, `latest` unchanged; the run
+// then resumes from the previous step.
+TEST_F(Resilience, FullDiskDuringASaveKeepsThePreviousCheckpoint) {
+  const std::string model = write_model("m.h5", "hydrahead-tiny", 8), data = write_tokens("d.h5", 4 * 64 + 1, 9);
+  const std::string base = "train --stage pretrain --model " + model + " --data " + data +
+                           " --seq-len 64 --steps 3 --device cpu --out-dir ";
+  const std::string out = dir_.file("out");
+  ASSERT_EQ(hydra(base + out + " --stop-at 1").exit_code, 0);
+  const CommandResult r = run_command("env PMIX_MCA_gds=hash OMPI_MCA_btl=self bash -c \"trap '' XFSZ; ulimit -f 4096; exec " +
+                                      hydra_binary() + " " + base + out + " --resume\"");
+  expect_user_error(r, "saving step 3 failed: ");
+  EXPECT_NE(r.output.find("the previous checkpoint ('latest') is unchanged"), std::string::npos) << r.output;
+  EXPECT_EQ(latest_of(out), "step-000001");
+  for (const auto& e : fs::directory_iterator(out)) {
+    EXPECT_EQ(e.path().filename().string().rfind(".step-", 0), std::string::npos) << "left behind: " << e.path();
+  }
+  ASSERT_EQ(hydra(base + out + " --resume").exit_code, 0);
+  EXPECT_EQ(latest_of(out), "step-000003");
 }
 
 }  // namespace

@@ -206,6 +206,28 @@ TEST(MemoryPlan, GpuPlanWithinFivePercentOfTheH200Peaks) {
   EXPECT_GT(estimate_training_memory(c, 65536, 1, nullptr, Device::host, false).weights, plain.weights);
 }
 
+// ZeRO-1 in the training plan: the fp32 masters and moments (12 bytes a parameter) spread over W
+// ranks, the gradients (4 bytes) whole on each. hydrahead-8b (8.19B parameters): replicated, the
+// optimizer alone is 16 bytes a parameter (over 120 GiB, more than an H200 holds); over 8 ranks
+// 4 + 12/8 bytes a parameter plus one bucket, and the whole plan's weights term falls by as much.
+TEST(MemoryPlan, ShardedOptimizerInTheTrainingPlan) {
+  const ModelConfig c = preset_config("hydrahead-8b");
+  const double n = static_cast<double>(parameter_count(c)), gib = 1024.0 * 1024.0 * 1024.0;
+  const double replicated = optimizer_bytes(c, Device::cuda, DType::f32, 1);
+  const double sharded = optimizer_bytes(c, Device::cuda, DType::f32, 8);
+  EXPECT_GT(replicated, 16 * n);
+  EXPECT_GT(replicated / gib, 120.0);
+  EXPECT_GT(sharded, (4 + 12.0 / 8) * n);
+  EXPECT_LT(sharded, (4 + 12.0 / 8) * n + 4 * 32 * 1048576.0 + 1e8) << "more than a 32M-element bucket and padding";
+  const MemoryEstimate one = estimate_training_memory(c, 8192, 1, nullptr, Device::cuda, false);
+  const MemoryEstimate eight =
+      estimate_training_memory(c, 8192, 1, nullptr, Device::cuda, false, {}, true, DType::f32, 8);
+  EXPECT_EQ(one.optimizer, replicated);
+  EXPECT_EQ(eight.optimizer, sharded);
+  EXPECT_DOUBLE_EQ(one.weights - eight.weights, replicated - sharded);
+  EXPECT_EQ(one.activations, eight.activations);
+}
+
 TEST(MemoryPlan, RefusesWhatDoesNotFitWithTheEstimate) {
   MemoryEstimate huge;
   huge.activations = 1e18;  // an exabyte: more than any host has

@@ -22,10 +22,12 @@ TEST(Checkpoint, RoundTripKeepsValuesTypesAndAttributes) {
   Tensor ids = Tensor::empty({4}, DType::i64);
   for (int i = 0; i < 4; ++i) ids.data_as<int64_t>()[i] = int64_t{1} << (30 + i);
   tensors.emplace("ids", ids);
+  // float64 (the training shards of the CPU's fp64 mode): stored as float64, not as int64 bits.
+  tensors.emplace("wide", to(random_tensor({5}, 3), Device::host, DType::f64));
   write_checkpoint(dir.file("c.h5"), R"({"x": 1})", tensors);
   const CheckpointReader reader(dir.file("c.h5"));
   EXPECT_EQ(reader.config_json(), R"({"x": 1})");
-  EXPECT_EQ(reader.names(), (std::vector<std::string>{"a.weight", "b", "ids"}));
+  EXPECT_EQ(reader.names(), (std::vector<std::string>{"a.weight", "b", "ids", "wide"}));
   EXPECT_EQ(reader.info("b").dtype, DType::bf16);
   expect_close(reader.read("a.weight", DType::f32), tensors.at("a.weight"), 0.0, "f32 round trip");
   const Tensor b = reader.read("b", DType::bf16);
@@ -33,6 +35,9 @@ TEST(Checkpoint, RoundTripKeepsValuesTypesAndAttributes) {
   const H5File raw = H5File::open_read(dir.file("c.h5"));
   const Tensor ids_back = raw.read("ids");
   for (int i = 0; i < 4; ++i) EXPECT_EQ(ids_back.data_as<int64_t>()[i], ids.data_as<int64_t>()[i]);
+  const Tensor wide = raw.read("wide");
+  ASSERT_EQ(wide.dtype(), DType::f64);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(wide.data_as<double>()[i], tensors.at("wide").data_as<double>()[i]);
 }
 
 TEST(Checkpoint, FailedWriteLeavesExistingFileAndNoTemporary) {

@@ -1,0 +1,142 @@
+// hydra plan: what fits where. For a preset or a checkpoint's config and a world of 1..N GPUs of M
+// bytes each, the per-rank memory of a training step and of a prefill by part, and the longest
+// sequence that fits each — from the memory plans `hydra train` and `hydra prefill` enforce
+// (model/memory_plan.h: estimate_training_memory with the same arguments cmd_train passes, at the
+// minimum kept activations; estimate_prefill_memory as cmd_prefill calls it for one document), and
+// the same rule (a plan fits below 95% of the memory). Nothing is allocated; one process.
+#include <functional>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "launch/cli.h"
+#include "model/memory_plan.h"
+#include "model/model.h"
+#include "model/params.h"
+#include "parallel/layout.h"
+#include "runtime/sizes.h"
+
+namespace hydra {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr int64_t kSearchCap = int64_t{1} << 27;  // 128M tokens: the longest length looked for
+
+struct PlanOptions {
+  std::string preset, model, gpu_memory = "80G", zero = "auto";
+  int gpus = 8, sp = 0;
+  int64_t batch_seqs = 1;
+  bool json = false;
+};
+
+// The longest length k·granule (k ≤ limit) whose plan fits `usable` bytes, or 0.
+int64_t longest_fitting(int64_t granule, double usable, const std::function<MemoryEstimate(int64_t)>& plan) {
+  int64_t lo = 0, hi = kSearchCap / granule;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits_in(plan(mid * granule), usable)) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo * granule;
+}
+
+// A longest length for the table: "none", or "≥128M" where the search stopped at its cap.
+std::string length_text(int64_t len, int64_t granule) {
+  if (len == 0) return "none";
+  return (len + granule > kSearchCap ? "≥" : "") + format_size(len);
+}
+
+nlohmann::json parts(const MemoryEstimate& m, int64_t seq_len) {
+  return {{"seq_len", seq_len},
+          {"weights_gib", (m.weights - m.optimizer) / kGiB},
+          {"optimizer_gib", m.optimizer / kGiB},
+          {"activations_gib", std::max(m.activations, m.init_extra) / kGiB},
+          {"total_gib", m.total() / kGiB},
+          {"peak_at", m.activations >= m.init_extra ? m.peak_at : "building the model"}};
+}
+
+nlohmann::json plan_rows(const ModelConfig& config, const std::vector<int>& worlds, double gpu_bytes, int sp_flag,
+                         const std::string& zero, int64_t batch_seqs) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const int w : worlds) {
+    const int sp = sp_flag == 0 ? w : std::min(sp_flag, w);
+    if (w % sp != 0) continue;
+    const int shards = zero == "0" || (zero == "auto" && w == 1) ? 1 : w;
+    // hydra train: batch_seqs windows of seq_len over sp ranks, packed as documents.
+    const auto train = [&](int64_t seq_len) {
+      return estimate_training_memory(config, batch_seqs * seq_len / sp, sp, nullptr, Device::cuda, false, {}, true,
+                                      DType::f32, shards);
+    };
+    // hydra prefill: one document of seq_len tokens over every rank.
+    const auto prefill = [&](int64_t seq_len) { return estimate_prefill_memory(config, seq_len / w, w, Device::cuda, false); };
+    const int64_t train_len = longest_fitting(SequenceLayout::granularity(sp), gpu_bytes, train);
+    const int64_t prefill_len = longest_fitting(SequenceLayout::granularity(w), gpu_bytes, prefill);
+    const int64_t train_shown = std::max<int64_t>(train_len, SequenceLayout::granularity(sp));
+    const int64_t prefill_shown = std::max<int64_t>(prefill_len, SequenceLayout::granularity(w));
+    rows.push_back({{"gpus", w}, {"sp", sp}, {"replicas", w / sp}, {"zero", shards > 1 ? 1 : 0},
+                    {"train_longest", train_len}, {"prefill_longest", prefill_len},
+                    {"train_text", length_text(train_len, SequenceLayout::granularity(sp))},
+                    {"prefill_text", length_text(prefill_len, SequenceLayout::granularity(w))},
+                    {"train", parts(train(train_shown), train_shown)}, {"prefill", parts(prefill(prefill_shown), prefill_shown)}});
+  }
+  return rows;
+}
+
+}  // namespace
+
+int run_plan(App& app, const std::vector<std::string>& args) {
+  PlanOptions opt;
+  po::options_description desc("hydra plan");
+  desc.add_options()
+      ("preset", po::value(&opt.preset), "model shape: a preset name (hydra init --help lists them)")
+      ("model", po::value(&opt.model), "model shape: a checkpoint's config (instead of --preset)")
+      ("gpus", po::value(&opt.gpus)->default_value(8), "the largest world: rows for 1, 2, 4, … GPUs up to this many (at most 64)")
+      ("gpu-memory", po::value(&opt.gpu_memory)->default_value("80G"), "memory of one GPU (80G for an H100, 141G for an H200)")
+      ("sp", po::value(&opt.sp)->default_value(0), "ranks per sequence in training (0: all ranks, as hydra train)")
+      ("zero", po::value(&opt.zero)->default_value("auto"), "optimizer state over the ranks: 1, 0 or auto (1 on more than one rank), as hydra train")
+      ("batch-seqs", po::value(&opt.batch_seqs)->default_value(1), "windows per micro-batch, as hydra train")
+      ("json", po::bool_switch(&opt.json), "print the rows as JSON instead of a table");
+  if (!parse_command_line(app, "plan", "--preset NAME | --model FILE.h5 [--gpus N] [--gpu-memory 141G] [--sp S] [--zero 0|1|auto] [--json]",
+                          desc, args)) {
+    return 0;
+  }
+  HYDRA_USER_CHECK(opt.preset.empty() != opt.model.empty(), "give one of --preset and --model");
+  HYDRA_USER_CHECK(opt.gpus >= 1 && opt.gpus <= 64, "--gpus {} must be in 1..64", opt.gpus);
+  HYDRA_USER_CHECK(opt.sp >= 0, "--sp {} must be 0 (all ranks) or a rank count", opt.sp);
+  HYDRA_USER_CHECK(opt.zero == "0" || opt.zero == "1" || opt.zero == "auto", "--zero must be 0, 1 or auto");
+  HYDRA_USER_CHECK(opt.batch_seqs >= 1, "--batch-seqs must be at least 1");
+  const double gpu_bytes = static_cast<double>(parse_size(opt.gpu_memory, "--gpu-memory"));
+  const ModelConfig config = opt.preset.empty() ? read_model_config(opt.model) : preset_config(opt.preset);
+  agree_on_run(app, {});
+  if (app.world.rank() != 0) return 0;
+  std::vector<int> worlds;
+  for (int w = 1; w < opt.gpus; w *= 2) worlds.push_back(w);
+  worlds.push_back(opt.gpus);
+  const nlohmann::json rows = plan_rows(config, worlds, gpu_bytes, opt.sp, opt.zero, opt.batch_seqs);
+  if (opt.json) {
+    std::cout << nlohmann::json{{"model", opt.preset.empty() ? opt.model : opt.preset},
+                                {"parameters", parameter_count(config)}, {"gpu_memory_gib", gpu_bytes / kGiB},
+                                {"rows", rows}}.dump(1) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("{}: {} parameters, GPUs of {:.0f} GiB (a plan fits below 95%); per rank, GiB\n",
+                           opt.preset.empty() ? opt.model : opt.preset, parameter_count(config), gpu_bytes / kGiB);
+  std::cout << "  GPUs  sp  ZeRO | train: longest  weights optimizer activations | prefill: longest  weights activations\n";
+  for (const nlohmann::json& r : rows) {
+    const nlohmann::json &t = r["train"], &p = r["prefill"];
+    std::cout << fmt::format("  {:>4} {:>3} {:>5} | {:>14} {:>8.1f} {:>9.1f} {:>11.1f} | {:>16} {:>8.1f} {:>11.1f}\n",
+                             r["gpus"].get<int>(), r["sp"].get<int>(), r["zero"].get<int>(),
+                             r["train_text"].get<std::string>(), t["weights_gib"].get<double>(),
+                             t["optimizer_gib"].get<double>(), t["activations_gib"].get<double>(),
+                             r["prefill_text"].get<std::string>(), p["weights_gib"].get<double>(),
+                             p["activations_gib"].get<double>());
+  }
+  std::cout << "  (weights/optimizer/activations at the longest length that fits; 'none': not even the shortest)\n";
+  return 0;
+}
+
+}  // namespace hydra

@@ -1,0 +1,72 @@
+// hydra plan: its rows come from the memory plans hydra train and hydra prefill apply. The 1-GPU row
+// of hydrahead-8b on 141 GiB GPUs is recomputed here through estimate_training_memory /
+// estimate_prefill_memory with the arguments cmd_train and cmd_prefill pass: the printed figures are
+// those plans, the longest lengths fit under the commands' rule (below 95%) and one granule more
+// does not. ZeRO shows as the optimizer falling with the GPUs; bad input is a one-line error.
+#include <nlohmann/json.hpp>
+
+#include "model/memory_plan.h"
+#include "model/params.h"
+#include "parallel/layout.h"
+#include "tests/common/test_util.h"
+
+namespace hydra::test {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+TEST(Plan, OneGpuRowsAreTheCommandsPlans) {
+  const CommandResult r = hydra("plan --preset hydrahead-8b --gpus 8 --gpu-memory 141G --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json plan = nlohmann::json::parse(r.output);
+  const nlohmann::json& rows = plan.at("rows");
+  ASSERT_EQ(rows.size(), 4u) << r.output;  // 1, 2, 4, 8 GPUs
+  const ModelConfig c = preset_config("hydrahead-8b");
+  const double gpu = 141 * kGiB;
+  const nlohmann::json& one = rows[0];
+  ASSERT_EQ(one.at("gpus"), 1);
+  // Training on one GPU: no ZeRO (a world of one), sp 1, one window of seq_len.
+  const auto train = [&](int64_t t, int shards, int sp) {
+    return estimate_training_memory(c, t / sp, sp, nullptr, Device::cuda, false, {}, true, DType::f32, shards);
+  };
+  const int64_t t1 = one.at("train_longest").get<int64_t>();
+  if (t1 > 0) {
+    EXPECT_TRUE(fits_in(train(t1, 1, 1), gpu));
+    EXPECT_FALSE(fits_in(train(t1 + SequenceLayout::granularity(1), 1, 1), gpu));
+    EXPECT_DOUBLE_EQ(one.at("train").at("total_gib").get<double>(), train(t1, 1, 1).total() / kGiB);
+  } else {  // the 8B model's 16 bytes a parameter of optimizer alone leave no room on one GPU
+    EXPECT_FALSE(fits_in(train(SequenceLayout::granularity(1), 1, 1), gpu));
+  }
+  EXPECT_DOUBLE_EQ(one.at("train").at("optimizer_gib").get<double>(), optimizer_bytes(c, Device::cuda, DType::f32, 1) / kGiB);
+  const int64_t p1 = one.at("prefill_longest").get<int64_t>();
+  ASSERT_GT(p1, 0);
+  EXPECT_TRUE(fits_in(estimate_prefill_memory(c, p1, 1, Device::cuda, false), gpu));
+  EXPECT_FALSE(fits_in(estimate_prefill_memory(c, p1 + SequenceLayout::granularity(1), 1, Device::cuda, false), gpu));
+  EXPECT_DOUBLE_EQ(one.at("prefill").at("total_gib").get<double>(),
+                   estimate_prefill_memory(c, p1, 1, Device::cuda, false).total() / kGiB);
+  // ZeRO over the world: the optimizer per rank falls with the GPUs, and on 8 the 8B model trains.
+  const nlohmann::json& eight = rows[3];
+  EXPECT_EQ(eight.at("gpus"), 8);
+  EXPECT_EQ(eight.at("zero"), 1);
+  EXPECT_DOUBLE_EQ(eight.at("train").at("optimizer_gib").get<double>(), optimizer_bytes(c, Device::cuda, DType::f32, 8) / kGiB);
+  EXPECT_LT(eight.at("train").at("optimizer_gib").get<double>(), one.at("train").at("optimizer_gib").get<double>() / 2);
+  EXPECT_GT(eight.at("train_longest").get<int64_t>(), 0);
+  const int64_t t8 = eight.at("train_longest").get<int64_t>();
+  EXPECT_TRUE(fits_in(train(t8, 8, 8), gpu));
+  EXPECT_FALSE(fits_in(train(t8 + SequenceLayout::granularity(8), 8, 8), gpu));
+  // The table form prints the same rows.
+  const CommandResult table = hydra("plan --preset hydrahead-8b --gpus 8 --gpu-memory 141G");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("GPUs of 141 GiB"), std::string::npos) << table.output;
+}
+
+TEST(Plan, BadInputIsAOneLineError) {
+  expect_user_error(hydra("plan --gpus 8"), "give one of --preset and --model");
+  expect_user_error(hydra("plan --preset hydrahead-8b --gpus 65"), "--gpus 65 must be in 1..64");
+  expect_user_error(hydra("plan --preset hydrahead-8b --zero 2"), "--zero must be 0, 1 or auto");
+  expect_user_error(hydra("plan --preset nonesuch"), "unknown preset 'nonesuch'");
+  expect_user_error(hydra("plan --preset hydrahead-8b --gpu-memory lots"), "--gpu-memory");
+}
+
+}  // namespace
+}  // namespace hydra::test
