@@ -1,8 +1,10 @@
 // hydra eval-niah: needle-in-a-haystack accuracy by depth × length, sequence-parallel over the
-// MPI ranks. Every rank generates (or reads) the same samples; each sample is one prefill over the
-// zigzag layout and is scored by teacher forcing (model/eval/niah.h says why that is the greedy
-// verdict); beyond the forward, the ranks exchange only two small all-reduces of the answer rows'
-// verdicts per sample. Tasks come from the built-in token-space generator
+// MPI ranks. The world is cut into sequence groups of --sp ranks (parallel/sequence_groups.h; 0:
+// one group of all ranks); each group takes whole samples in a fixed assignment (model/eval/niah_run.h)
+// and each sample is one prefill over its group's zigzag layout, scored by teacher forcing
+// (model/eval/niah.h says why that is the greedy verdict); beyond the forward, a group's ranks
+// exchange only two small all-reduces of the answer rows' verdicts per sample, and one gather per
+// round of samples brings the groups' results to rank 0, which writes them in plan order. Tasks come from the built-in token-space generator
 // (--task/--lengths/--depths/--samples/--seed) or from an HDF5 eval set (--dataset, model/eval/niah_set.h).
 // Outputs (model/eval/niah_report.h): JSON lines (--out), an HDF5 copy (--out-h5, default: --out with
 // .jsonl/.json replaced by .h5, or .h5 appended), the accuracy table on stdout, a progress line per
@@ -23,6 +25,7 @@
 #include "model/memory_plan.h"
 #include "model/eval/niah_run.h"
 #include "parallel/device_world.h"
+#include "parallel/sequence_groups.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
 #include "runtime/sizes.h"
@@ -52,6 +55,7 @@ struct EvalNiahOptions {
   std::string out, out_h5;
   std::string device = "auto";
   double nccl_timeout = 600;
+  int sp = 0;
   std::set<std::string> given;  // generator flags given on the command line (they conflict with --dataset)
 
   void bind(po::options_description& o) {
@@ -73,6 +77,7 @@ struct EvalNiahOptions {
         ("dataset", po::value(&dataset), "instead of the generator: an HDF5 NIAH eval set (cluster/niah/build_niah_set.py)")
         ("out", po::value(&out)->required(), "results as JSON lines (per sample and per cell), written by rank 0")
         ("out-h5", po::value(&out_h5), "HDF5 copy of the results (default: --out with .jsonl replaced by .h5)")
+        ("sp", po::value(&sp)->default_value(0), "ranks per sample (sequence parallel): world / sp groups score different samples side by side (0: all ranks on every sample); each length needs 2·sp segments")
         ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present): one GPU per rank")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
     ModelSource::bind_allow_nonfinite(o, &model.allow_nonfinite);
@@ -158,13 +163,14 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "eval-niah",
                           "(--model FILE.h5 | --preset NAME) (--lengths 4K,16K,... [--task single|multikey|multivalue] "
-                          "[--depths 0,10,...,100] [--samples N] [--seed S] | --dataset SET.h5) --out RESULTS.jsonl",
+                          "[--depths 0,10,...,100] [--samples N] [--seed S] | --dataset SET.h5) [--sp N] --out RESULTS.jsonl",
                           desc, args)) {
     return 0;
   }
   opt.validate();
   const ModelConfig config = opt.model.config();
   const int ranks = app.world.size();
+  const int sp = SequenceGroups::resolve_sp(opt.sp, ranks);  // ranks per sample
   // GPU: bf16 weights; CPU: the fp32 reference path.
   const Device device = resolve_device(opt.device, app.mpi);
   const DType dtype = storage_dtype(device);
@@ -179,7 +185,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   if (opt.dataset.empty()) {
     report.source = "builtin";
     report.seed = opt.seed;
-    plan = niah::plan_generated(opt.task_params(), opt.length_list(), opt.depth_list(), opt.samples, opt.seed, config, ranks);
+    plan = niah::plan_generated(opt.task_params(), opt.length_list(), opt.depth_list(), opt.samples, opt.seed, config, sp);
   } else {
     const auto set = std::make_shared<const niah::EvalSet>(niah::read_eval_set(opt.dataset, config.vocab_size));
     report.source = opt.dataset;
@@ -189,27 +195,28 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     inputs.add("eval set samples", std::to_string(set->samples.size()));
     inputs.add_tokens("eval set tokens", all_ids);
     add_file_datasets(inputs, "eval set", opt.dataset);  // answers and positions too
-    plan = niah::plan_eval_set(set, opt.dataset, config, ranks);
+    plan = niah::plan_eval_set(set, opt.dataset, config, sp);
   }
   const int64_t longest = plan.longest, total_samples = plan.total_samples();
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
 #endif
-  check_memory_plan(estimate_prefill_memory(config, longest / ranks, ranks, device), device,
-                    fmt::format("eval-niah at {} tokens on {} rank(s)", longest, ranks), app.mpi.local_size());
+  check_memory_plan(estimate_prefill_memory(config, longest / sp, sp, device), device,
+                    fmt::format("eval-niah at {} tokens on {} rank(s) per sample", longest, sp), app.mpi.local_size());
   opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   Communicator& comm = *world.comm;
+  SequenceGroups groups(comm, sp);
 
   const auto t0 = Clock::now();
   const Model model = opt.model.build(device, dtype, app.kernels);
   const double load_s = seconds_since(t0);
-  log::info("eval-niah: {} — {} cells, {} samples on {} rank(s), weights loaded in {:.2f} s", config.summary(),
-            plan.cells.size(), total_samples, comm.size(), load_s);
+  log::info("eval-niah: {} — {} cells, {} samples on {} rank(s) ({} group(s) of {}), weights loaded in {:.2f} s",
+            config.summary(), plan.cells.size(), total_samples, comm.size(), groups.replicas(), sp, load_s);
 
   const auto t1 = Clock::now();
-  const niah::EvalTotals totals = niah::run_plan(model, comm, plan, report, [&](const niah::Report& so_far) {
+  const niah::EvalTotals totals = niah::run_plan(model, groups, plan, report, [&](const niah::Report& so_far) {
     if (comm.rank() != 0) return;  // rewritten after every cell: a run that dies keeps its finished cells
     AtomicCommitGroup outputs;     // the JSON lines and the HDF5 copy change together or not at all
     niah::write_jsonl(opt.out, so_far);
@@ -222,7 +229,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     const double accuracy = totals.accuracy(), mean_logprob = totals.mean_logprob();
     const nlohmann::ordered_json summary = {
         {"command", "eval-niah"}, {"model", report.model},      {"source", report.source},
-        {"tasks", report.tasks},  {"ranks", comm.size()},       {"cells", plan.cells.size()},
+        {"tasks", report.tasks},  {"ranks", comm.size()},       {"sp", sp}, {"cells", plan.cells.size()},
         {"samples", total_samples}, {"accuracy", accuracy},
         {"mean_logprob", std::isfinite(mean_logprob) ? nlohmann::ordered_json(mean_logprob) : nlohmann::ordered_json(nullptr)},
         {"load_s", load_s},       {"eval_s", run_s},            {"out", opt.out},

@@ -21,6 +21,7 @@
 #include "model/selection/head_selection.h"
 #include "model/eval/niah_set.h"
 #include "parallel/device_world.h"
+#include "parallel/sequence_groups.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
 #include "runtime/sizes.h"
@@ -49,6 +50,7 @@ struct SelectHeadsOptions {
   std::string out, out_h5;
   std::string device = "auto";
   double nccl_timeout = 600;
+  int sp = 1;
   std::set<std::string> generator_flags;  // given on the command line; they conflict with --calib
 
   void bind(po::options_description& o) {
@@ -70,6 +72,7 @@ struct SelectHeadsOptions {
         ("lm-samples", po::value(&lm_samples)->default_value(lm_samples), "plain-text sequences (0: no lm score; needs an lm weight of 0)")
         ("out", po::value(&out)->required(), "head-set file (.json) for hydra convert --fa-heads file:PATH, written by rank 0")
         ("out-h5", po::value(&out_h5), "HDF5 copy of the scores (default: --out with .json replaced by .h5)")
+        ("sp", po::value(&sp)->default_value(1), "ranks per sequence (sequence parallel): world / sp groups score different heads side by side (default 1: every rank alone, the fastest for prompts that fit one rank; 0: all ranks on every sequence); prompt and text lengths need 2·sp segments")
         ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present): one GPU per rank")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
     ModelSource::bind_allow_nonfinite(o, &model.allow_nonfinite);
@@ -143,7 +146,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "select-heads",
                           "(--model TEACHER.h5 | --preset NAME) --budget K [--per-layer] [--weights T,D,LM] "
-                          "[--calib SET.h5 | --calib-length N --calib-samples N] [--lm-text TOKENS.h5] --out heads.json",
+                          "[--calib SET.h5 | --calib-length N --calib-samples N] [--lm-text TOKENS.h5] [--sp N] --out heads.json",
                           desc, args)) {
     return 0;
   }
@@ -179,6 +182,17 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
     text = heads::random_text(config.vocab_size, opt.seed, lm_length, opt.lm_samples);
   }
 
+  // A sequence group of sp ranks must split every prompt and text sequence (2·sp segments).
+  const int sp = SequenceGroups::resolve_sp(opt.sp, app.world.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    try {
+      SequenceLayout::zigzag(prompts[i].length(), sp, 0);
+    } catch (const UserError& e) {
+      HYDRA_USER_FAIL("calibration prompt {}: {}", i, e.what());
+    }
+  }
+  if (!text.empty()) SequenceLayout::zigzag(lm_length, sp, 0);
+
   // GPU: bf16 weights; CPU: the fp32 reference path.
   const Device device = resolve_device(opt.device, app.mpi);
   const DType dtype = storage_dtype(device);
@@ -198,6 +212,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   Communicator& comm = *world.comm;
+  SequenceGroups groups(comm, sp);
 
   const auto t0 = Clock::now();
   const Model model = opt.model.build(device, dtype, app.kernels);
@@ -219,7 +234,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   report.config = config;
   report.budget = budget;
   report.weights = weights;
-  report.scores = heads::score_heads(model, comm, prompts, text, scoring);
+  report.scores = heads::score_heads(model, groups, prompts, text, scoring);
   const double score_s = seconds_since(t1);
   report.composite = heads::composite_scores(report.scores, weights);
   report.fa_heads = heads::choose_fa_heads(report.composite.composite, budget);
@@ -256,7 +271,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
     outputs.commit();
     std::cout << heads::format_heads_table(report);
     const nlohmann::ordered_json summary = {
-        {"command", "select-heads"}, {"model", report.model},          {"ranks", comm.size()},
+        {"command", "select-heads"}, {"model", report.model},          {"ranks", comm.size()}, {"sp", sp},
         {"layers", config.num_layers}, {"heads", config.num_heads},   {"budget", budget.heads},
         {"mode", opt.per_layer ? "per_layer" : "global"},             {"fa_heads", kept},
         {"prompts", s.prompts},      {"lm_sequences", s.lm_sequences}, {"logprob_clean", s.logprob_clean},

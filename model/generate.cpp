@@ -87,6 +87,11 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
     capacity = std::max(capacity, cache_rows_needed(config, static_cast<int64_t>(p.size()), options.max_new_tokens,
                                                     comm.size()));
   }
+  HYDRA_ASSERT(options.prompt_numbers.empty() || static_cast<int64_t>(options.prompt_numbers.size()) == n,
+               "generate: {} prompt numbers for {} prompts", options.prompt_numbers.size(), n);
+  const auto number = [&](int64_t b) {
+    return options.prompt_numbers.empty() ? b : options.prompt_numbers[static_cast<size_t>(b)];
+  };
   KvCache cache(model, n, capacity, comm.size(), comm.rank());
   std::vector<GeneratedSequence> out(static_cast<size_t>(n));
 
@@ -102,7 +107,7 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
     comm.barrier();
     seq.prefill_s = seconds_since(t0);
     if (options.progress || seq.prefill_s > 1.0) {
-      log::info("prefill of prompt {}/{}: {} of {} tokens in {:.3f} s", b + 1, n, seq.prefilled, prompt.size(),
+      log::info("prefill of prompt {} ({}/{} here): {} of {} tokens in {:.3f} s", number(b), b + 1, n, seq.prefilled, prompt.size(),
                 seq.prefill_s);
     }
   }
@@ -140,7 +145,7 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
                 choosing.empty() ? StepResult::none : (greedy_ids ? StepResult::argmax : StepResult::logits));
     if (choosing.empty()) continue;
     const auto nonfinite = [&](int64_t b) {
-      HYDRA_USER_FAIL("generate: the logits of prompt {} at position {} are not finite (bad weights?)", b,
+      HYDRA_USER_FAIL("generate: the logits of prompt {} at position {} are not finite (bad weights?)", number(b),
                       cache.tokens(b) - 1);
     };
     chosen.clear();
@@ -154,7 +159,7 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
         const int64_t b = rows[static_cast<size_t>(i)];
         const std::span<const float> row = engine.logits().subspan(static_cast<size_t>(i * vocab), static_cast<size_t>(vocab));
         if (!std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); })) nonfinite(b);
-        const uint64_t draw = (static_cast<uint64_t>(b) << 32) | out[static_cast<size_t>(b)].tokens.size();
+        const uint64_t draw = (static_cast<uint64_t>(number(b)) << 32) | out[static_cast<size_t>(b)].tokens.size();
         chosen.push_back(sample_token(row, options.sampling, draw));
         if (options.keep_logits) {
           auto& kept = out[static_cast<size_t>(b)].logits;

@@ -32,6 +32,10 @@ struct GenerateOptions {
   bool progress = false;      // rank 0 logs a line per layer of each prefill, with an ETA
   bool keep_logits = false;   // keep the logits each new token was chosen from (tests)
   bool cuda_graph = false;    // replay the decode step as a CUDA graph (one rank on the GPU; model/decode_engine.h)
+  // Each prompt's number: its sampling stream and its name in messages (empty: its index in
+  // `prompts`). hydra generate --sp passes the prompt's index in the whole prompt file, so a prompt
+  // draws the same tokens whichever sequence group runs it, beside whichever other prompts.
+  std::vector<int64_t> prompt_numbers = {};
 };
 
 struct GeneratedSequence {

@@ -1,10 +1,14 @@
 // Running a NIAH evaluation (what `hydra eval-niah` does, callable from tests): a plan of cells —
 // task × length × depth, from the built-in generator or from an eval set — checked in full before
-// any weight is read, then the cells run in order, one sequence-parallel prefill per sample.
+// any weight is read, then the samples run, one sequence-parallel prefill per sample.
 //
-// Every rank holds its own copy of every sample (generated from the seed, or read from the set);
-// before a sample's collectives the ranks check that their copies agree (parallel/agreement.h), as
-// the command does for its inputs. A non-finite log-probability ends the run on every rank, naming
+// Sequence groups (parallel/sequence_groups.h, --sp): the samples of every cell, in plan order, are
+// numbered k = 0, 1, ...; they run in rounds of G (the number of groups), sample k on group k mod G,
+// each over its sp ranks. After each round one gather brings every group's results to every rank,
+// so rank 0 adds each cell to the report in plan order the moment its last sample is in; the
+// results are those of one group of all ranks (--sp W), sample for sample. Each rank generates (or
+// reads from the set) only its group's samples; before a sample's collectives the group's ranks
+// check that their copies agree (parallel/agreement.h), as the command does for its inputs. A non-finite log-probability ends the run on every rank, naming
 // the first stage of the forward that produced it (model/nonfinite.h).
 #pragma once
 
@@ -17,6 +21,7 @@
 #include "model/eval/niah.h"
 #include "model/eval/niah_report.h"
 #include "model/eval/niah_set.h"
+#include "parallel/sequence_groups.h"
 
 namespace hydra::niah {
 
@@ -35,8 +40,8 @@ struct EvalPlan {
 };
 
 // Every (task, length, depth) cell of the generator, `samples` each. UserError for a length too
-// short for its task, or one the zigzag layout over `ranks` cannot split (or, for a HydraHead
-// model on several ranks, whose segments are shorter than the conv halo).
+// short for its task, or one the zigzag layout over `ranks` (the ranks of a sequence group) cannot
+// split (or, for a HydraHead model on several ranks, whose segments are shorter than the conv halo).
 EvalPlan plan_generated(const std::vector<TaskParams>& tasks, const std::vector<int64_t>& lengths,
                         const std::vector<int64_t>& depths, int64_t samples, uint64_t seed, const ModelConfig& config,
                         int ranks);
@@ -52,10 +57,11 @@ struct EvalTotals {
   double mean_logprob() const { return samples > 0 ? logprob / static_cast<double>(samples) : 0.0; }
 };
 
-// Runs every cell of `plan`, adding each finished cell to `report` (its tasks and cells_total are
-// set here) and calling `after_cell(report)` on every rank (the command writes its files there, on
-// rank 0). Collective over `comm`; every rank returns the same totals.
-EvalTotals run_plan(const Model& model, Communicator& comm, const EvalPlan& plan, Report& report,
+// Runs every cell of `plan` over `groups` (header comment), adding each finished cell to `report`
+// (its tasks and cells_total are set here) and calling `after_cell(report)` on every rank (the
+// command writes its files there, on rank 0). Collective over groups.world(); every rank returns
+// the same totals and holds the same report.
+EvalTotals run_plan(const Model& model, SequenceGroups& groups, const EvalPlan& plan, Report& report,
                     const std::function<void(const Report&)>& after_cell);
 
 }  // namespace hydra::niah

@@ -141,7 +141,7 @@ SavedState state_to_save(const AdamW& optimizer, bool lead) {
   return saved;
 }
 
-std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
+std::string write_checkpoint_dir(const TrainConfig& config, const SequenceGroups& topology, const Model& student,
                                  const SavedState& saved, int64_t step, int64_t position,
                                  const nlohmann::json& data_position) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -187,7 +187,7 @@ std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology&
     h5.set_attribute(kDataState, data_position.dump());
     h5.set_attribute("seed", static_cast<int64_t>(config.seed));
     h5.set_attribute("seq_len", config.seq_len);
-    h5.set_attribute("world_size", static_cast<int64_t>(const_cast<TrainTopology&>(topology).world().size()));
+    h5.set_attribute("world_size", static_cast<int64_t>(const_cast<SequenceGroups&>(topology).world().size()));
     h5.set_attribute("sp", static_cast<int64_t>(topology.sp()));
     // The global batch: a resume on another world size or --sp must take the same windows per step.
     h5.set_attribute("batch_seqs", config.batch_seqs);
@@ -238,7 +238,7 @@ void truncate_log(const std::string& path, int64_t last_kept_step) {
   write_text_atomically(path, kept);
 }
 
-ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topology, const Model& student,
+ResumePoint load_checkpoint_dir(const TrainConfig& config, SequenceGroups& topology, const Model& student,
                                 AdamW& optimizer, bool lead) {
   const std::string dir = latest_checkpoint(config.out_dir);
   HYDRA_USER_CHECK(!dir.empty(), "--resume: {} holds no checkpoint (no 'latest' pointer)", config.out_dir);

@@ -36,7 +36,7 @@ SavedState state_to_save(const AdamW& optimizer, bool lead);
 // keeps the newest `config.keep` steps; returns its path and logs its size and the seconds taken.
 // A save that fails (a full disk) removes its temporary directory before the error propagates.
 // `data_position`: data_state() at `position`.
-std::string write_checkpoint_dir(const TrainConfig& config, const TrainTopology& topology, const Model& student,
+std::string write_checkpoint_dir(const TrainConfig& config, const SequenceGroups& topology, const Model& student,
                                  const SavedState& saved, int64_t step, int64_t position,
                                  const nlohmann::json& data_position);
 
@@ -63,7 +63,7 @@ nlohmann::json data_shares(const TokenWindows& data, int64_t position);
 // differ —, model config, seq_len, seed, the inputs' fingerprints unless allow_changed_inputs:
 // UserErrors naming the difference) and loads the optimizer's state. `lead` (rank 0) prints the
 // warnings.
-ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topology, const Model& student,
+ResumePoint load_checkpoint_dir(const TrainConfig& config, SequenceGroups& topology, const Model& student,
                                 AdamW& optimizer, bool lead);
 
 // Removes the temporary step directories of saves interrupted by a crash or kill -9 (their process

@@ -117,6 +117,48 @@ TEST(GenerateCli, GreedyEqualsForwardArgmaxAndRanksAgree) {
   EXPECT_TRUE(stopped[0].at("stopped").get<bool>());
 }
 
+// --sp 2 on 4 ranks: prompts 0, 2, 4 on one group and 1, 3 on the other, each decoded as a batch
+// there; the file's order and the tokens are those of --sp 4, greedy and sampled (each prompt
+// keeps its own sampling stream), and of one rank.
+TEST(GenerateCli, SequenceGroupsGiveTheWholeWorldsTokens) {
+  const TempDir dir;
+  const std::string h = hydra_binary();
+  ASSERT_EQ(run_command(h + " init --preset hydrahead-tiny --weight-seed 4 --out " + dir.file("m.h5")).exit_code, 0);
+  std::vector<int32_t> all;
+  std::vector<int64_t> offsets = {0};
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<int32_t> p = ids_of(17 + 5 * i, 10 + i);
+    all.insert(all.end(), p.begin(), p.end());
+    offsets.push_back(static_cast<int64_t>(all.size()));
+  }
+  write_prompts(dir.file("p.h5"), all, offsets);
+  const std::string args = " generate --model " + dir.file("m.h5") + " --prompt " + dir.file("p.h5") +
+                           " --max-new-tokens 4 --device cpu";
+  for (const std::string mode : {std::string(""), std::string(" --temperature 0.9 --top-k 40 --seed 3")}) {
+    const CommandResult one = run_command(h + args + mode + " --out " + dir.file("one.jsonl"));
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    const CommandResult whole = run_command(mpirun(4) + " " + h + args + mode + " --sp 4 --out " + dir.file("sp4.jsonl"));
+    ASSERT_EQ(whole.exit_code, 0) << whole.output;
+    const CommandResult halves = run_command(mpirun(4) + " " + h + args + mode + " --sp 2 --out " + dir.file("sp2.jsonl"));
+    ASSERT_EQ(halves.exit_code, 0) << halves.output;
+    const auto lines = json_lines(dir.file("sp2.jsonl"));
+    ASSERT_EQ(lines.size(), 6u);
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_EQ(lines[i].at("prompt_index").get<int>(), i);
+      EXPECT_EQ(lines[i].at("prompt_tokens").get<int64_t>(), 17 + 5 * i);
+      EXPECT_EQ(lines[i].at("tokens").size(), 4u);
+    }
+    EXPECT_EQ(lines.back().at("sp").get<int>(), 2);
+    EXPECT_EQ(lines.back().at("ranks").get<int>(), 4);
+    EXPECT_EQ(lines.back().at("new_tokens").get<int>(), 20);
+    EXPECT_EQ(tokens_of(lines), tokens_of(json_lines(dir.file("sp4.jsonl")))) << mode;
+    EXPECT_EQ(tokens_of(lines), tokens_of(json_lines(dir.file("one.jsonl")))) << mode;
+  }
+  const CommandResult bad = run_command(mpirun(4) + " " + h + args + " --sp 3 --out " + dir.file("bad.jsonl"));
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--sp 3 must divide the number of ranks (4)"), std::string::npos) << bad.output;
+}
+
 TEST(GenerateCli, RefusesBadInputBeforeAnyWork) {
   const TempDir dir;
   const std::string h = hydra_binary();

@@ -1,5 +1,5 @@
 // hydra eval-niah as a user runs it, at small lengths: one rank and `mpirun -np 2` give the same
-// per-sample verdicts and log-probabilities; the JSON lines, the HDF5 copy, the table and the
+// per-sample verdicts and log-probabilities, and so do sequence groups (--sp 1, 2, 4 on 4 ranks); the JSON lines, the HDF5 copy, the table and the
 // summary agree with each other; an HDF5 eval set of the generator's samples (--dataset) gives
 // the generator's results; bad input is refused before any work, leaving no output file.
 #include <filesystem>
@@ -147,6 +147,32 @@ TEST_F(EvalNiah, DatasetOfTheGeneratorsSamplesGivesItsResults) {
   EXPECT_EQ(from_set.summary["source"], dir_->file("set.h5"));
 }
 
+// --sp 2 on 4 ranks: two groups take alternate samples (3 per cell, so rounds straddle cells) and
+// rank 0 writes them in plan order: the same samples, verdicts and cells as --sp 4 and as --sp 1.
+TEST_F(EvalNiah, SequenceGroupsGiveTheWholeWorldsResults) {
+  const std::string args = "--lengths 256,512 --depths 0,50,100 --samples 3 --seed 5 --task single,multivalue";
+  const EvalRun whole = eval(4, "sp4", args + " --sp 4"), halves = eval(4, "sp2", args + " --sp 2"),
+                ones = eval(4, "sp1", args + " --sp 1");
+  for (const EvalRun* run : {&whole, &halves, &ones}) {
+    ASSERT_EQ(run->result.exit_code, 0) << run->result.output;
+    EXPECT_EQ(run->lines.size(), 12u + 36u);
+    EXPECT_EQ(run->summary["ranks"], 4);
+    EXPECT_EQ(run->summary["samples"], 36);
+  }
+  EXPECT_EQ(whole.summary["sp"], 4);
+  EXPECT_EQ(halves.summary["sp"], 2);
+  expect_same_samples(whole, halves);
+  expect_same_samples(whole, ones);
+  // The same order of lines: each cell line after its own samples, with their counts.
+  for (size_t i = 0; i < whole.lines.size(); ++i) {
+    EXPECT_EQ(whole.lines[i]["type"], halves.lines[i]["type"]) << i;
+    EXPECT_EQ(whole.lines[i]["task"], halves.lines[i]["task"]) << i;
+    EXPECT_EQ(whole.lines[i].value("sample", -1), halves.lines[i].value("sample", -1)) << i;
+    EXPECT_EQ(whole.lines[i]["correct"], halves.lines[i]["correct"]) << i;
+  }
+  EXPECT_EQ(whole.summary["accuracy"], halves.summary["accuracy"]);
+}
+
 TEST_F(EvalNiah, BadInputIsRefusedBeforeWork) {
   const auto refused = [&](int ranks, const std::string& args, const std::string& needle) {
     const EvalRun r = eval(ranks, "bad", args);
@@ -165,6 +191,9 @@ TEST_F(EvalNiah, BadInputIsRefusedBeforeWork) {
   refused(0, "--dataset " + model_ + " --lengths 256", "--lengths configures the built-in generator");
   refused(0, "--dataset " + model_, "not a NIAH eval set");
   refused(2, "--lengths 258", "sequence length 258 is not divisible by 2P = 4");
+  // A group of --sp ranks needs 2·sp segments, as the whole world does without --sp.
+  refused(4, "--lengths 258 --sp 2", "sequence length 258 is not divisible by 2P = 4");
+  refused(4, "--lengths 256 --sp 3", "--sp 3 must divide the number of ranks (4)");
   refused(3, "--dataset " + fixture_dir() + "/niah/greedy_set.h5",
           "greedy_set.h5: sample 0: sequence length 64 is not divisible by 2P = 6");
   const CommandResult help = run_command(hydra_binary() + " eval-niah --help");
