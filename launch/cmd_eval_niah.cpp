@@ -2,10 +2,12 @@
 // MPI ranks. The world is cut into sequence groups of --sp ranks (parallel/sequence_groups.h; 0:
 // one group of all ranks); each group takes whole samples in a fixed assignment (model/eval/niah_run.h)
 // and each sample is one prefill over its group's zigzag layout, scored by teacher forcing
-// (model/eval/niah.h says why that is the greedy verdict); beyond the forward, a group's ranks
+// (model/eval/niah.h says why that is the greedy verdict) or, with --score generate, by greedy
+// decoding of the answer with the cache (model/generate.h); beyond the forward, a group's ranks
 // exchange only two small all-reduces of the answer rows' verdicts per sample, and one gather per
-// round of samples brings the groups' results to rank 0, which writes them in plan order. Tasks come from the built-in token-space generator
-// (--task/--lengths/--depths/--samples/--seed) or from an HDF5 eval set (--dataset, model/eval/niah_set.h).
+// round of samples brings the groups' results to rank 0, which writes them in plan order. Tasks
+// come from the built-in token-space generator (--task/--lengths/--depths/--samples/--seed) or from
+// an HDF5 eval set (--dataset, model/eval/niah_set.h).
 // Outputs (model/eval/niah_report.h): JSON lines (--out), an HDF5 copy (--out-h5, default: --out with
 // .jsonl/.json replaced by .h5, or .h5 appended), the accuracy table on stdout, a progress line per
 // cell on stderr, and a final one-line JSON summary on stdout.
@@ -56,6 +58,7 @@ struct EvalNiahOptions {
   std::string device = "auto";
   double nccl_timeout = 600;
   int sp = 0;
+  std::string score = "teacher-forced";
   std::set<std::string> given;  // generator flags given on the command line (they conflict with --dataset)
 
   void bind(po::options_description& o) {
@@ -77,6 +80,7 @@ struct EvalNiahOptions {
         ("dataset", po::value(&dataset), "instead of the generator: an HDF5 NIAH eval set (cluster/niah/build_niah_set.py)")
         ("out", po::value(&out)->required(), "results as JSON lines (per sample and per cell), written by rank 0")
         ("out-h5", po::value(&out_h5), "HDF5 copy of the results (default: --out with .jsonl replaced by .h5)")
+        ("score", po::value(&score)->default_value(score), "teacher-forced (one prefill per sample: the greedy verdict, model/eval/niah.h) or generate (greedy decoding of the answer with the cache, as hydra generate does; also the recall of multivalue answers from the generated text)")
         ("sp", po::value(&sp)->default_value(0), "ranks per sample (sequence parallel): world / sp groups score different samples side by side (0: all ranks on every sample); each length needs 2·sp segments")
         ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present): one GPU per rank")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
@@ -98,6 +102,7 @@ struct EvalNiahOptions {
       for (int64_t l : length_list()) HYDRA_USER_CHECK(l >= 1, "--lengths: {} is not a length", l);
       task_params();  // parses --task and --value-length
     }
+    niah::parse_scoring(score);
     if (out_h5.empty()) out_h5 = default_h5_path(out);
     require_writable_destination(out, "results");
     require_writable_destination(out_h5, "HDF5 results");
@@ -163,7 +168,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "eval-niah",
                           "(--model FILE.h5 | --preset NAME) (--lengths 4K,16K,... [--task single|multikey|multivalue] "
-                          "[--depths 0,10,...,100] [--samples N] [--seed S] | --dataset SET.h5) [--sp N] --out RESULTS.jsonl",
+                          "[--depths 0,10,...,100] [--samples N] [--seed S] | --dataset SET.h5) [--score teacher-forced|generate] [--sp N] --out RESULTS.jsonl",
                           desc, args)) {
     return 0;
   }
@@ -201,8 +206,14 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
 #endif
-  check_memory_plan(estimate_prefill_memory(config, longest / sp, sp, device), device,
-                    fmt::format("eval-niah at {} tokens on {} rank(s) per sample", longest, sp), app.mpi.local_size());
+  const niah::Scoring scoring = niah::parse_scoring(opt.score);
+  // Generation: the prompt's prefill, the cache and the decode engine (the answer is at most a few
+  // dozen tokens; the longest sample bounds the cache).
+  check_memory_plan(scoring == niah::Scoring::generate
+                        ? estimate_generation_memory(config, {longest}, plan.longest_answer, sp, device, false)
+                        : estimate_prefill_memory(config, longest / sp, sp, device),
+                    device, fmt::format("eval-niah at {} tokens on {} rank(s) per sample", longest, sp),
+                    app.mpi.local_size());
   opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
@@ -222,7 +233,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     niah::write_jsonl(opt.out, so_far);
     niah::write_results_h5(opt.out_h5, so_far);
     outputs.commit();
-  });
+  }, scoring);
   const double run_s = seconds_since(t1);
   if (comm.rank() == 0) {
     std::cout << niah::format_table(report);
@@ -230,7 +241,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     const nlohmann::ordered_json summary = {
         {"command", "eval-niah"}, {"model", report.model},      {"source", report.source},
         {"tasks", report.tasks},  {"ranks", comm.size()},       {"sp", sp}, {"cells", plan.cells.size()},
-        {"samples", total_samples}, {"accuracy", accuracy},
+        {"samples", total_samples}, {"score", report.scoring}, {"accuracy", accuracy}, {"mean_recall", totals.mean_recall()},
         {"mean_logprob", std::isfinite(mean_logprob) ? nlohmann::ordered_json(mean_logprob) : nlohmann::ordered_json(nullptr)},
         {"load_s", load_s},       {"eval_s", run_s},            {"out", opt.out},
         {"out_h5", opt.out_h5}};

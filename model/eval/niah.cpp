@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 
+#include "model/generate.h"
 #include "runtime/random.h"
 
 namespace hydra::niah {
@@ -301,6 +302,56 @@ AnswerScore evaluate_sample(const Model& model, Communicator& comm, const Sample
   ForwardContext context{comm, layout};
   const Tensor hidden = model.forward(context, ids);
   return score_answer_rows(model, comm, layout, hidden, sample.answer_start, sample.answer());
+}
+
+std::string scoring_name(Scoring scoring) { return scoring == Scoring::generate ? "generate" : "teacher-forced"; }
+
+Scoring parse_scoring(const std::string& name) {
+  if (name == "teacher-forced") return Scoring::teacher_forced;
+  if (name == "generate") return Scoring::generate;
+  HYDRA_USER_FAIL("--score: unknown scoring '{}' (use teacher-forced or generate)", name);
+}
+
+AnswerScore generate_answer(const Model& model, Communicator& comm, const Sample& sample) {
+  const std::span<const int32_t> answer = sample.answer();
+  const int64_t n = static_cast<int64_t>(answer.size()), vocab = model.config().vocab_size;
+  HYDRA_ASSERT(n >= 1 && sample.answer_start >= 1, "answer {}+{}", sample.answer_start, n);
+  const std::vector<std::vector<int32_t>> prompt = {
+      std::vector<int32_t>(sample.ids.begin(), sample.ids.begin() + sample.answer_start)};
+  // Greedy (temperature 0): the arg-max with ties to the lowest id, the rule score_token uses.
+  const std::vector<GeneratedSequence> out =
+      generate(comm, model, prompt, GenerateOptions{.max_new_tokens = n, .keep_logits = true});
+  const GeneratedSequence& seq = out.front();
+  HYDRA_ASSERT(static_cast<int64_t>(seq.tokens.size()) == n && static_cast<int64_t>(seq.logits.size()) == n * vocab,
+               "generation of {} tokens gave {} tokens, {} logits", n, seq.tokens.size(), seq.logits.size());
+  std::vector<double> logprobs;
+  for (int64_t j = 0; j < n; ++j) {
+    const std::span<const float> row(seq.logits.data() + j * vocab, static_cast<size_t>(vocab));
+    logprobs.push_back(score_token(row, seq.tokens[static_cast<size_t>(j)]).logprob);
+  }
+  return combine(seq.tokens, logprobs, answer);
+}
+
+std::vector<std::vector<int32_t>> answer_items(std::span<const int32_t> answer, int32_t separator) {
+  std::vector<std::vector<int32_t>> items(1);
+  for (int32_t t : answer) {
+    if (separator >= 0 && t == separator) {
+      items.emplace_back();
+    } else {
+      items.back().push_back(t);
+    }
+  }
+  std::erase_if(items, [](const std::vector<int32_t>& item) { return item.empty(); });
+  return items;
+}
+
+double item_recall(std::span<const int32_t> output, const std::vector<std::vector<int32_t>>& items) {
+  if (items.empty()) return 1.0;
+  int64_t found = 0;
+  for (const std::vector<int32_t>& item : items) {
+    found += std::search(output.begin(), output.end(), item.begin(), item.end()) != output.end() ? 1 : 0;
+  }
+  return static_cast<double>(found) / static_cast<double>(items.size());
 }
 
 }  // namespace hydra::niah

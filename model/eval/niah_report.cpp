@@ -26,6 +26,7 @@ ordered_json sample_json(const Report& r, const SampleResult& s) {
                       {"depth", s.depth},
                       {"sample", s.index},
                       {"correct", s.correct},
+                      {"recall", s.recall},
                       {"logprob", number_or_null(s.logprob)},
                       {"answer_start", s.answer_start},
                       {"answer_length", s.answer.size()},
@@ -43,6 +44,7 @@ ordered_json cell_json(const Report& r, const CellResult& c) {
                       {"samples", c.samples},
                       {"correct", c.correct},
                       {"accuracy", c.accuracy()},
+                      {"mean_recall", c.mean_recall},
                       {"mean_logprob", number_or_null(c.mean_logprob)},
                       {"seconds", c.seconds}};
 }
@@ -91,6 +93,7 @@ void write_results_h5(const std::string& path, const Report& report) {
   file.set_attribute("source", report.source);
   file.set_attribute("ranks", int64_t{report.ranks});
   file.set_attribute("seed", static_cast<int64_t>(report.seed));
+  file.set_attribute("scoring", report.scoring);
   file.set_attribute("tasks", nlohmann::json(report.tasks).dump());
   file.set_attribute("cells_done", static_cast<int64_t>(report.cells.size()));
   file.set_attribute("cells_total", report.cells_total);
@@ -102,6 +105,7 @@ void write_results_h5(const std::string& path, const Report& report) {
   file.write("sample_answer_start", column(s, DType::i64, [](const SampleResult& x) { return x.answer_start; }));
   file.write("sample_needle_position", column(s, DType::i64, [](const SampleResult& x) { return x.needle_position; }));
   file.write("sample_correct", column(s, DType::i32, [](const SampleResult& x) { return x.correct ? 1 : 0; }));
+  file.write("sample_recall", column(s, DType::f32, [](const SampleResult& x) { return x.recall; }));
   file.write("sample_logprob", column(s, DType::f32, [](const SampleResult& x) { return x.logprob; }));
   file.write("sample_seconds", column(s, DType::f32, [](const SampleResult& x) { return x.seconds; }));
   std::vector<int64_t> offset{0};
@@ -122,6 +126,7 @@ void write_results_h5(const std::string& path, const Report& report) {
   file.write("cell_samples", column(c, DType::i64, [](const CellResult& x) { return x.samples; }));
   file.write("cell_correct", column(c, DType::i64, [](const CellResult& x) { return x.correct; }));
   file.write("cell_accuracy", column(c, DType::f32, [](const CellResult& x) { return x.accuracy(); }));
+  file.write("cell_mean_recall", column(c, DType::f32, [](const CellResult& x) { return x.mean_recall; }));
   file.write("cell_mean_logprob", column(c, DType::f32, [](const CellResult& x) { return x.mean_logprob; }));
   file.write("cell_seconds", column(c, DType::f32, [](const CellResult& x) { return x.seconds; }));
   file.close();

@@ -1,5 +1,6 @@
 #include "model/eval/niah_run.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -60,6 +61,8 @@ EvalPlan plan_generated(const std::vector<TaskParams>& tasks, const std::vector<
   }
   for (size_t t = 0; t < tasks.size(); ++t) {
     plan.tasks.push_back(task_name(tasks[t].task));
+    plan.item_separator.push_back(tasks[t].task == Task::multivalue ? markers_for(vocab).sep : -1);
+    plan.longest_answer = std::max(plan.longest_answer, tasks[t].max_answer_length());
     for (int64_t length : lengths) {
       for (int64_t depth : depths) {
         const TaskParams p = tasks[t];
@@ -76,12 +79,14 @@ EvalPlan plan_eval_set(std::shared_ptr<const EvalSet> set, const std::string& so
                        int ranks) {
   EvalPlan plan;
   plan.tasks.push_back(set->task);
+  plan.item_separator.push_back(-1);  // natural-language answers: one item (no marker ids)
   std::map<std::pair<int64_t, int64_t>, size_t> cell_of;  // (length, depth) -> cell index
   auto members = std::make_shared<std::vector<std::vector<size_t>>>();
   for (size_t i = 0; i < set->samples.size(); ++i) {
     const Sample& s = set->samples[i];
     check_length_for_ranks(static_cast<int64_t>(s.ids.size()), config, ranks, fmt::format("{}: sample {}: ", source, i));
     plan.longest = std::max(plan.longest, static_cast<int64_t>(s.ids.size()));
+    plan.longest_answer = std::max(plan.longest_answer, s.answer_length);
     const auto [it, fresh] = cell_of.try_emplace({s.length, s.depth}, plan.cells.size());
     if (fresh) {
       plan.cells.push_back(CellPlan{0, s.length, s.depth, 0, {}});
@@ -98,12 +103,13 @@ EvalPlan plan_eval_set(std::shared_ptr<const EvalSet> set, const std::string& so
 
 namespace {
 
-// One scored sample as the doubles a group sends in the gather: correct, logprob, seconds, length,
+// One scored sample as the doubles a group sends in the gather: correct, logprob, recall, seconds, length,
 // depth, index, answer_start, needle_position, n, answer [n], predicted [n]. Ids and counts are
 // below 2^53, so the doubles hold them exactly.
 std::vector<double> pack(const SampleResult& r) {
   std::vector<double> v = {r.correct ? 1.0 : 0.0,
                            r.logprob,
+                           r.recall,
                            r.seconds,
                            static_cast<double>(r.length),
                            static_cast<double>(r.depth),
@@ -117,32 +123,34 @@ std::vector<double> pack(const SampleResult& r) {
 }
 
 SampleResult unpack(const std::vector<double>& v, int task) {
-  HYDRA_ASSERT(v.size() >= 9, "a gathered NIAH result of {} values", v.size());
-  const size_t n = static_cast<size_t>(v[8]);
-  HYDRA_ASSERT(v.size() == 9 + 2 * n, "a gathered NIAH result of {} values for an answer of {}", v.size(), n);
+  HYDRA_ASSERT(v.size() >= 10, "a gathered NIAH result of {} values", v.size());
+  const size_t n = static_cast<size_t>(v[9]);
+  HYDRA_ASSERT(v.size() == 10 + 2 * n, "a gathered NIAH result of {} values for an answer of {}", v.size(), n);
   const auto ids = [&](size_t first) {
     std::vector<int32_t> out(n);
     for (size_t j = 0; j < n; ++j) out[j] = static_cast<int32_t>(v[first + j]);
     return out;
   };
   return SampleResult{.task = task,
-                      .length = static_cast<int64_t>(v[3]),
-                      .depth = static_cast<int64_t>(v[4]),
-                      .index = static_cast<int64_t>(v[5]),
-                      .answer_start = static_cast<int64_t>(v[6]),
-                      .needle_position = static_cast<int64_t>(v[7]),
+                      .length = static_cast<int64_t>(v[4]),
+                      .depth = static_cast<int64_t>(v[5]),
+                      .index = static_cast<int64_t>(v[6]),
+                      .answer_start = static_cast<int64_t>(v[7]),
+                      .needle_position = static_cast<int64_t>(v[8]),
                       .correct = v[0] != 0,
+                      .recall = v[2],
                       .logprob = v[1],
-                      .seconds = v[2],
-                      .answer = ids(9),
-                      .predicted = ids(9 + n)};
+                      .seconds = v[3],
+                      .answer = ids(10),
+                      .predicted = ids(10 + n)};
 }
 
 }  // namespace
 
 EvalTotals run_plan(const Model& model, SequenceGroups& groups, const EvalPlan& plan, Report& report,
-                    const std::function<void(const Report&)>& after_cell) {
+                    const std::function<void(const Report&)>& after_cell, Scoring scoring) {
   report.tasks = plan.tasks;
+  report.scoring = scoring_name(scoring);
   report.cells_total = static_cast<int64_t>(plan.cells.size());
   Communicator& comm = groups.sequence();
   // Sample k of the run is sample item[k].second of cell item[k].first.
@@ -170,7 +178,8 @@ EvalTotals run_plan(const Model& model, SequenceGroups& groups, const EvalPlan& 
       fields.add_tokens("sample tokens", sample.ids);
       fields.add("answer span", fmt::format("{} + {}", sample.answer_start, sample.answer_length));
       agree_across_ranks(comm, fields, which);
-      const AnswerScore score = evaluate_sample(model, comm, sample);
+      const AnswerScore score = scoring == Scoring::generate ? generate_answer(model, comm, sample)
+                                                             : evaluate_sample(model, comm, sample);
       if (!std::isfinite(score.logprob)) {  // all-reduced over the group: its ranks take this branch together
         // An error on a group's ranks ends the job on every rank (launch/main.cpp): no group waits in the gather.
         fail_nonfinite(model, comm, sample.ids, fmt::format("eval-niah: the answer's log-probability in {} is", which));
@@ -183,6 +192,9 @@ EvalTotals run_plan(const Model& model, SequenceGroups& groups, const EvalPlan& 
                                .answer_start = sample.answer_start,
                                .needle_position = sample.needle_position,
                                .correct = score.correct,
+                               .recall = item_recall(score.predicted, answer_items(answer, plan.item_separator.empty()
+                                                                                                 ? -1
+                                                                                                 : plan.item_separator[static_cast<size_t>(cell.task)])),
                                .logprob = score.logprob,
                                .seconds = seconds_since(sample_start),
                                .answer = std::vector<int32_t>(answer.begin(), answer.end()),
@@ -200,12 +212,14 @@ EvalTotals run_plan(const Model& model, SequenceGroups& groups, const EvalPlan& 
       for (const SampleResult& r : rows) {
         result.correct += r.correct ? 1 : 0;
         result.mean_logprob += r.logprob / static_cast<double>(cell.samples);
+        result.mean_recall += r.recall / static_cast<double>(cell.samples);
       }
       result.seconds = seconds_since(cell_start);
       cell_start = Clock::now();
       totals.samples += cell.samples;
       totals.correct += result.correct;
       totals.logprob += result.mean_logprob * static_cast<double>(cell.samples);
+      totals.recall += result.mean_recall * static_cast<double>(cell.samples);
       report.add_cell(result, std::move(rows));
       rows.clear();
       log::info("niah {} length {} depth {}%: accuracy {:.3f} ({}/{}), mean logprob {:.3f}, {:.2f} s [cell {}/{}]",

@@ -34,8 +34,10 @@ struct CellPlan {
 
 struct EvalPlan {
   std::vector<std::string> tasks;  // task names
+  std::vector<int32_t> item_separator;  // per task: the id between an answer's items (−1: one item; niah.h answer_items)
   std::vector<CellPlan> cells;
   int64_t longest = 0;  // tokens of the longest sample (sizes the memory plan)
+  int64_t longest_answer = 1;  // tokens of the longest answer (sizes generation's cache)
   int64_t total_samples() const;
 };
 
@@ -52,16 +54,19 @@ EvalPlan plan_eval_set(std::shared_ptr<const EvalSet> set, const std::string& so
 
 struct EvalTotals {
   int64_t samples = 0, correct = 0;
+  double recall = 0;   // summed over the samples
   double logprob = 0;  // summed over the samples
   double accuracy() const { return samples > 0 ? static_cast<double>(correct) / static_cast<double>(samples) : 0.0; }
   double mean_logprob() const { return samples > 0 ? logprob / static_cast<double>(samples) : 0.0; }
+  double mean_recall() const { return samples > 0 ? recall / static_cast<double>(samples) : 0.0; }
 };
 
-// Runs every cell of `plan` over `groups` (header comment), adding each finished cell to `report`
+// Runs every cell of `plan` over `groups` (header comment), each sample scored by `scoring`
+// (model/eval/niah.h: teacher forcing in one prefill, or greedy generation with the cache), adding each finished cell to `report`
 // (its tasks and cells_total are set here) and calling `after_cell(report)` on every rank (the
 // command writes its files there, on rank 0). Collective over groups.world(); every rank returns
 // the same totals and holds the same report.
 EvalTotals run_plan(const Model& model, SequenceGroups& groups, const EvalPlan& plan, Report& report,
-                    const std::function<void(const Report&)>& after_cell);
+                    const std::function<void(const Report&)>& after_cell, Scoring scoring = Scoring::teacher_forced);
 
 }  // namespace hydra::niah

@@ -173,6 +173,33 @@ TEST_F(EvalNiah, SequenceGroupsGiveTheWholeWorldsResults) {
   EXPECT_EQ(whole.summary["accuracy"], halves.summary["accuracy"]);
 }
 
+// --score generate (greedy decoding of each answer with the cache) on 2 groups of 2 ranks: the
+// teacher-forced verdict on every sample, the same first token, and the recall fields.
+TEST_F(EvalNiah, GenerationScoringGivesTheTeacherForcedVerdicts) {
+  const std::string args = std::string(kGrid) + " --task single,multivalue --sp 2";
+  const EvalRun tf = eval(4, "tf", args), gen = eval(4, "gen", args + " --score generate");
+  ASSERT_EQ(tf.result.exit_code, 0) << tf.result.output;
+  ASSERT_EQ(gen.result.exit_code, 0) << gen.result.output;
+  EXPECT_EQ(tf.summary["score"], "teacher-forced");
+  EXPECT_EQ(gen.summary["score"], "generate");
+  const std::vector<json> x = of_type(tf, "sample"), y = of_type(gen, "sample");
+  ASSERT_EQ(x.size(), 24u);
+  ASSERT_EQ(y.size(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(x[i]["correct"], y[i]["correct"]) << i;
+    EXPECT_EQ(x[i]["predicted"][0], y[i]["predicted"][0]) << i << ": both the arg-max after the prompt";
+    EXPECT_EQ(y[i]["predicted"].size(), y[i]["answer"].size()) << i;
+    const double recall = y[i]["recall"].get<double>();
+    EXPECT_GE(recall, 0.0);
+    EXPECT_LE(recall, 1.0);
+    if (y[i]["correct"].get<bool>()) {
+      EXPECT_EQ(recall, 1.0) << i;
+    }
+  }
+  EXPECT_EQ(H5File::open_read(dir_->file("gen.h5")).string_attribute("scoring"), "generate");
+  EXPECT_EQ(H5File::open_read(dir_->file("gen.h5")).read("sample_recall").numel(), 24);
+}
+
 TEST_F(EvalNiah, BadInputIsRefusedBeforeWork) {
   const auto refused = [&](int ranks, const std::string& args, const std::string& needle) {
     const EvalRun r = eval(ranks, "bad", args);
@@ -186,6 +213,7 @@ TEST_F(EvalNiah, BadInputIsRefusedBeforeWork) {
   refused(0, "--lengths 256 --depths 0,101", "--depths: 101 is outside 0..100");
   refused(0, "--lengths 16", "--lengths: 16 is too short for NIAH task single");
   refused(0, "--lengths 256 --samples 0", "--samples must be at least 1");
+  refused(0, "--lengths 256 --score greedy", "--score: unknown scoring 'greedy'");
   refused(0, "--lengths 256 --value-length 3..1", "value length 3..1");
   refused(0, "--depths 50", "give --lengths");
   refused(0, "--dataset " + model_ + " --lengths 256", "--lengths configures the built-in generator");
