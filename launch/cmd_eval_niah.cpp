@@ -53,6 +53,7 @@ struct EvalNiahOptions {
   int64_t key_length = 2;
   int64_t distractors = 3;
   int64_t values = 3;
+  niah::TaskParams ruler;  // the RULER families' knobs (model/eval/ruler.h), RULER's defaults
   std::string dataset;
   std::string out, out_h5;
   std::string device = "auto";
@@ -68,7 +69,7 @@ struct EvalNiahOptions {
     };
     model.bind(o, ModelSource::OwnSeed::yes);
     o.add_options()
-        ("task", po::value(&tasks)->notifier(mark("task")), "single, multikey or multivalue, or a comma list (default single)")
+        ("task", po::value(&tasks)->notifier(mark("task")), "NIAH single, multikey, multivalue; RULER multiquery, vartrack, cwe (common words), fwe (frequent words); or a comma list (default single)")
         ("lengths", po::value(&lengths)->notifier(mark("lengths")), "sample lengths in tokens, e.g. 4K,16K,128K,512K (required without --dataset)")
         ("depths", po::value(&depths)->notifier(mark("depths")), "needle depths in percent (default 0,10,...,100)")
         ("samples", po::value(&samples)->notifier(mark("samples")), "samples per cell (default 4)")
@@ -77,6 +78,15 @@ struct EvalNiahOptions {
         ("key-length", po::value(&key_length)->notifier(mark("key-length")), "key length in tokens (default 2)")
         ("distractors", po::value(&distractors)->notifier(mark("distractors")), "multikey: needles with other keys (default 3)")
         ("values", po::value(&values)->notifier(mark("values")), "multivalue: values of the queried key (default 3)")
+        ("queries", po::value(&ruler.queries)->notifier(mark("queries")), "multiquery: keys asked in one query, all values answered (default 4)")
+        ("chains", po::value(&ruler.chains)->notifier(mark("chains")), "vartrack: chains of assignments VAR x = v, VAR y = x, ... (default 1)")
+        ("hops", po::value(&ruler.hops)->notifier(mark("hops")), "vartrack: assignments after the first in each chain (default 4)")
+        ("common-words", po::value(&ruler.common_words)->notifier(mark("common-words")), "cwe: the common words to answer (default 10)")
+        ("common-freq", po::value(&ruler.common_freq)->notifier(mark("common-freq")), "cwe: occurrences of each common word (default 30)")
+        ("uncommon-freq", po::value(&ruler.uncommon_freq)->notifier(mark("uncommon-freq")), "cwe: occurrences of each other word, as many as fit (default 3)")
+        ("zipf-alpha", po::value(&ruler.zipf_alpha)->notifier(mark("zipf-alpha")), "fwe: exponent of the Zipf law of the words (default 2.0)")
+        ("fwe-words", po::value(&ruler.fwe_words)->notifier(mark("fwe-words")), "fwe: distinct words (default 0: a quarter of the occurrences)")
+        ("top-words", po::value(&ruler.top_words)->notifier(mark("top-words")), "fwe: the most frequent words to answer (default 3)")
         ("dataset", po::value(&dataset), "instead of the generator: an HDF5 NIAH eval set (cluster/niah/build_niah_set.py)")
         ("out", po::value(&out)->required(), "results as JSON lines (per sample and per cell), written by rank 0")
         ("out-h5", po::value(&out_h5), "HDF5 copy of the results (default: --out with .jsonl replaced by .h5)")
@@ -124,7 +134,7 @@ struct EvalNiahOptions {
     vmin = a[0];
     vmax = b[0];
     for (const std::string& name : split_list(tasks)) {
-      niah::TaskParams p;
+      niah::TaskParams p = ruler;
       p.task = niah::parse_task(name);
       p.key_length = key_length;
       p.value_length_min = vmin;
@@ -237,6 +247,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   const double run_s = seconds_since(t1);
   if (comm.rank() == 0) {
     std::cout << niah::format_table(report);
+    std::cout << niah::format_ruler_table(report);
     const double accuracy = totals.accuracy(), mean_logprob = totals.mean_logprob();
     const nlohmann::ordered_json summary = {
         {"command", "eval-niah"}, {"model", report.model},      {"source", report.source},

@@ -115,7 +115,10 @@ struct SelectHeadsOptions {
       }
     } else {
       HYDRA_USER_CHECK(calib_samples >= 1, "--calib-samples must be at least 1 (got {})", calib_samples);
-      niah::parse_task(calib_task);
+      const niah::Task t = niah::parse_task(calib_task);
+      // The corrupted twins change the queried needles' values (model/selection/head_calibration.h): NIAH's tasks.
+      HYDRA_USER_CHECK(t == niah::Task::single || t == niah::Task::multikey || t == niah::Task::multivalue,
+                       "--calib-task {}: calibration prompts are NIAH's single, multikey or multivalue", calib_task);
       parse_size(calib_length, "--calib-length");
     }
     HYDRA_USER_CHECK(parse_size(lm_length, "--lm-length") >= 2, "--lm-length must be at least 2 tokens");

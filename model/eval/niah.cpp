@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 
+#include "model/eval/ruler.h"
 #include "model/generate.h"
 #include "runtime/random.h"
 
@@ -52,15 +53,20 @@ std::string task_name(Task task) {
     case Task::single: return "single";
     case Task::multikey: return "multikey";
     case Task::multivalue: return "multivalue";
+    case Task::multiquery: return "multiquery";
+    case Task::vartrack: return "vartrack";
+    case Task::cwe: return "cwe";
+    case Task::fwe: return "fwe";
   }
   return "?";
 }
 
 Task parse_task(const std::string& name) {
-  for (Task t : {Task::single, Task::multikey, Task::multivalue}) {
+  for (Task t : {Task::single, Task::multikey, Task::multivalue, Task::multiquery, Task::vartrack, Task::cwe, Task::fwe}) {
     if (task_name(t) == name) return t;
   }
-  HYDRA_USER_FAIL("unknown NIAH task '{}' (known tasks: single, multikey, multivalue)", name);
+  HYDRA_USER_FAIL("unknown NIAH task '{}' (known tasks: single, multikey, multivalue, multiquery, vartrack, cwe, fwe)",
+                  name);
 }
 
 Markers markers_for(int64_t vocab_size) {
@@ -78,15 +84,21 @@ int64_t TaskParams::num_needles() const {
     case Task::single: return 1;
     case Task::multikey: return 1 + distractors;
     case Task::multivalue: return values;
+    case Task::multiquery: return queries;
+    case Task::vartrack: return chains * (hops + 1);
+    case Task::cwe:
+    case Task::fwe: return 0;
   }
   return 1;
 }
 
 int64_t TaskParams::max_answer_length() const {
+  if (task != Task::single && task != Task::multikey && task != Task::multivalue) return ruler_max_answer_length(*this);
   return task == Task::multivalue ? values * value_length_max + (values - 1) : value_length_max;
 }
 
 int64_t TaskParams::min_length() const {
+  if (task != Task::single && task != Task::multikey && task != Task::multivalue) return ruler_min_length(*this);
   return num_needles() * needle_length(value_length_max) + query_length() + max_answer_length();
 }
 
@@ -97,6 +109,13 @@ void TaskParams::validate(int64_t vocab_size) const {
   if (task == Task::multikey) HYDRA_USER_CHECK(distractors >= 1, "multikey needs at least 1 distractor (got {})", distractors);
   if (task == Task::multivalue) HYDRA_USER_CHECK(values >= 2, "multivalue needs at least 2 values (got {})", values);
   const Markers m = markers_for(vocab_size);
+  if (task != Task::single && task != Task::multikey && task != Task::multivalue) {
+    HYDRA_USER_CHECK(task == Task::cwe || task == Task::fwe || count_sequences(m.content, value_length_min) >= 2 * num_needles(),
+                     "{} content tokens are too few to draw {} distinct values of {}+ tokens", m.content, num_needles(),
+                     value_length_min);
+    ruler_validate(*this, m);
+    return;
+  }
   // Distinct keys and values are drawn by rejection; half the space free keeps that quick.
   const int64_t needed = 2 * num_needles();
   HYDRA_USER_CHECK(count_sequences(m.content, key_length) >= needed && count_sequences(m.content, value_length_min) >= needed,
@@ -114,6 +133,9 @@ Sample generate_sample(const TaskParams& params, int64_t vocab_size, uint64_t se
                    "length {} is too short for NIAH task {}: its needles, query and answer need up to {} tokens",
                    length, name, params.min_length());
   const Markers m = markers_for(vocab_size);
+  if (params.task != Task::single && params.task != Task::multikey && params.task != Task::multivalue) {
+    return generate_ruler_sample(params, m, seed, length, depth, index);
+  }
   const std::string cell_key = fmt::format("{}/{}/{}", name, length, index);
   Draws draw(seed, hash_name("niah/" + cell_key));
   const RandomStream filler{seed, hash_name("niah-filler/" + cell_key)};

@@ -65,7 +65,9 @@
 
 namespace hydra::niah {
 
-enum class Task { single, multikey, multivalue };
+// single, multikey, multivalue: NIAH (header comment); multiquery, vartrack, cwe, fwe: RULER's
+// other families in the same token space (model/eval/ruler.h).
+enum class Task { single, multikey, multivalue, multiquery, vartrack, cwe, fwe };
 
 std::string task_name(Task task);
 // UserError listing the known tasks.
@@ -90,6 +92,16 @@ struct TaskParams {
   int64_t value_length_max = 4;
   int64_t distractors = 3;  // multikey: needles with other keys
   int64_t values = 3;       // multivalue: values of the queried key
+  // RULER families (model/eval/ruler.h), with RULER's defaults.
+  int64_t queries = 4;        // multiquery: keys asked in one query
+  int64_t chains = 1;         // vartrack: chains of assignments
+  int64_t hops = 4;           // vartrack: assignments after the first in each chain
+  int64_t common_words = 10;  // cwe: words to answer
+  int64_t common_freq = 30;   // cwe: occurrences of each common word
+  int64_t uncommon_freq = 3;  // cwe: occurrences of each other word
+  double zipf_alpha = 2.0;    // fwe: exponent of the word distribution
+  int64_t fwe_words = 0;      // fwe: distinct words (0: a quarter of the occurrences)
+  int64_t top_words = 3;      // fwe: words to answer
 
   int64_t num_needles() const;
   int64_t needle_length(int64_t value_length) const { return 3 + key_length + value_length; }

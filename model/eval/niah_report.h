@@ -65,5 +65,9 @@ void write_jsonl(const std::string& path, const Report& report);
 void write_results_h5(const std::string& path, const Report& report);
 // Accuracy per task: rows depth, columns length, with a mean row and column.
 std::string format_table(const Report& report);
+// RULER's summary table: rows tasks, columns lengths, each entry the mean recall in percent over
+// the task's samples at that length (all depths; RULER's score), an average row over the tasks and
+// an average column over the lengths.
+std::string format_ruler_table(const Report& report);
 
 }  // namespace hydra::niah

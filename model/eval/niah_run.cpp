@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 
+#include "model/eval/ruler.h"
 #include "model/nonfinite.h"
 #include "parallel/agreement.h"
 #include "runtime/log.h"
@@ -61,10 +62,13 @@ EvalPlan plan_generated(const std::vector<TaskParams>& tasks, const std::vector<
   }
   for (size_t t = 0; t < tasks.size(); ++t) {
     plan.tasks.push_back(task_name(tasks[t].task));
-    plan.item_separator.push_back(tasks[t].task == Task::multivalue ? markers_for(vocab).sep : -1);
+    // Every multi-item answer (multivalue and the RULER families) joins its items by SEP.
+    const bool one_item = tasks[t].task == Task::single || tasks[t].task == Task::multikey;
+    plan.item_separator.push_back(one_item ? -1 : markers_for(vocab).sep);
     plan.longest_answer = std::max(plan.longest_answer, tasks[t].max_answer_length());
     for (int64_t length : lengths) {
-      for (int64_t depth : depths) {
+      // cwe and fwe place nothing at a depth: one cell per length (depth 0).
+      for (int64_t depth : task_has_depth(tasks[t].task) ? depths : std::vector<int64_t>{0}) {
         const TaskParams p = tasks[t];
         plan.cells.push_back(CellPlan{static_cast<int>(t), length, depth, samples, [p, vocab, seed, length, depth](int64_t i) {
                                         return generate_sample(p, vocab, seed, length, depth, i);

@@ -200,6 +200,37 @@ TEST_F(EvalNiah, GenerationScoringGivesTheTeacherForcedVerdicts) {
   EXPECT_EQ(H5File::open_read(dir_->file("gen.h5")).read("sample_recall").numel(), 24);
 }
 
+// RULER's families in one job beside NIAH's: cwe and fwe get one cell per length, every sample a
+// recall, and rank 0 prints RULER's table (tasks by lengths, average row); 2 groups of 1 rank
+// give one process's samples.
+TEST_F(EvalNiah, RulerFamiliesRunBesideNiahAndPrintTheirTable) {
+  const std::string args = "--lengths 256,512 --depths 0,100 --samples 2 --seed 4 --task single,multiquery,vartrack,cwe,fwe "
+                           "--common-words 4 --common-freq 6 --uncommon-freq 2 --hops 2";
+  const EvalRun one = eval(0, "ruler1", args), two = eval(2, "ruler2", args + " --sp 1"),
+                gen = eval(2, "ruler3", args + " --sp 1 --score generate");
+  ASSERT_EQ(one.result.exit_code, 0) << one.result.output;
+  ASSERT_EQ(two.result.exit_code, 0) << two.result.output;
+  ASSERT_EQ(gen.result.exit_code, 0) << gen.result.output;
+  const int64_t cells = 3 * 2 * 2 + 2 * 2;  // three tasks with depths, two without
+  EXPECT_EQ(one.summary["cells"], cells);
+  EXPECT_EQ(one.summary["samples"], 2 * cells);
+  expect_same_samples(one, two);
+  const std::vector<json> x = of_type(one, "sample"), y = of_type(gen, "sample");
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(x[i]["correct"], y[i]["correct"]) << i;
+    EXPECT_EQ(x[i]["predicted"][0], y[i]["predicted"][0]) << i;
+    EXPECT_GE(y[i]["recall"].get<double>(), 0.0);
+    EXPECT_LE(y[i]["recall"].get<double>(), 1.0);
+  }
+  for (const json& j : of_type(one, "cell")) {
+    if (j["task"] == "cwe" || j["task"] == "fwe") EXPECT_EQ(j["depth"], 0);
+  }
+  const std::string& out = one.result.output;
+  EXPECT_NE(out.find("RULER score (mean recall, %): tasks (rows) by length (columns)"), std::string::npos) << out;
+  for (const char* row : {"multiquery", "vartrack", "cwe", "fwe", "avg"}) EXPECT_NE(out.find(std::string("\n") + row), std::string::npos) << row;
+}
+
 TEST_F(EvalNiah, BadInputIsRefusedBeforeWork) {
   const auto refused = [&](int ranks, const std::string& args, const std::string& needle) {
     const EvalRun r = eval(ranks, "bad", args);
@@ -214,6 +245,8 @@ TEST_F(EvalNiah, BadInputIsRefusedBeforeWork) {
   refused(0, "--lengths 16", "--lengths: 16 is too short for NIAH task single");
   refused(0, "--lengths 256 --samples 0", "--samples must be at least 1");
   refused(0, "--lengths 256 --score greedy", "--score: unknown scoring 'greedy'");
+  refused(0, "--lengths 256 --task cwe", "--lengths: 256 is too short for NIAH task cwe");
+  refused(0, "--lengths 4K --task fwe --zipf-alpha -1", "--zipf-alpha must be positive");
   refused(0, "--lengths 256 --value-length 3..1", "value length 3..1");
   refused(0, "--depths 50", "give --lengths");
   refused(0, "--dataset " + model_ + " --lengths 256", "--lengths configures the built-in generator");
