@@ -3,7 +3,8 @@
 // steps, greedy or seeded sampling. With --sp N the world is cut into sequence groups of N ranks
 // (parallel/sequence_groups.h): prompt b runs on group b mod groups, each group decoding its
 // prompts as one batch; each prompt keeps its own sampling stream (its index in the file), and one
-// gather brings every group's tokens to rank 0. Writes one JSON line per prompt, in file order, and
+// gather brings every group's tokens to rank 0. Writes one JSON line per prompt, in file order
+// (with --logprobs K: each new token's log-probability and its K most likely alternatives), and
 // a summary line (rank 0, atomically). Inputs are checked before any work: token ids against the model's vocabulary, prompt
 // offsets that partition the ids into non-empty prompts, stop ids, the sampling flags, the memory plan.
 #include <algorithm>
@@ -48,6 +49,7 @@ struct GenerateCliOptions {
   double nccl_timeout = 600;
   bool cuda_graph = false;
   int sp = 0;
+  int64_t logprobs = 0;
 
   void bind(po::options_description& o) {
     model.bind(o, ModelSource::OwnSeed::yes);
@@ -65,6 +67,7 @@ struct GenerateCliOptions {
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16, one GPU per rank), cpu (fp32) or auto")
         ("progress", po::value(&progress)->default_value("auto"), "per-layer prefill progress: on, off, auto (from 64K tokens)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job")
+        ("logprobs", po::value(&logprobs)->default_value(0), "K > 0: write each new token's log-probability and the K most likely alternatives with theirs (from the logits it was chosen from; max 100)")
         ("sp", po::value(&sp)->default_value(0), "ranks per prompt (sequence parallel): world / sp groups generate for different prompts side by side, prompt b on group b mod groups (0: all ranks on every prompt)")
         ("cuda-graph", po::bool_switch(&cuda_graph), "replay each decode step as a CUDA graph (one rank per prompt on the GPU: one rank, or --sp 1)");
   }
@@ -76,6 +79,7 @@ struct GenerateCliOptions {
     HYDRA_USER_CHECK(temperature >= 0.0 && std::isfinite(temperature), "--temperature must be >= 0 (got {})", temperature);
     HYDRA_USER_CHECK(top_k >= 0, "--top-k must be >= 0 (got {})", top_k);
     HYDRA_USER_CHECK(top_p > 0.0 && top_p <= 1.0, "--top-p must be in (0, 1] (got {})", top_p);
+    HYDRA_USER_CHECK(logprobs >= 0 && logprobs <= 100, "--logprobs must be in 0..100 (got {})", logprobs);
     // Greedy decoding takes the arg-max: a filter of the sampled set would do nothing.
     HYDRA_USER_CHECK(temperature > 0.0 || (top_k == 0 && top_p == 1.0),
                      "--top-k and --top-p filter sampling: give --temperature > 0 with them (temperature 0 is greedy)");
@@ -149,7 +153,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "generate",
                           "(--model M.h5 | --preset NAME [--weight-seed W]) --prompt P.h5 --max-new-tokens N [--temperature 0] "
-                          "[--top-k K] [--top-p P] [--seed S] [--stop-token ID,...] [--sp N] --out OUT.jsonl [--device cpu|cuda] [--cuda-graph]",
+                          "[--top-k K] [--top-p P] [--seed S] [--stop-token ID,...] [--logprobs K] [--sp N] --out OUT.jsonl [--device cpu|cuda] [--cuda-graph]",
                           desc, args)) {
     return 0;
   }
@@ -238,18 +242,24 @@ int run_generate(App& app, const std::vector<std::string>& args) {
       .sampling = {.temperature = opt.temperature, .top_k = opt.top_k, .top_p = opt.top_p, .seed = opt.seed},
       .stop_tokens = stop,
       .progress = opt.progress == "on" || (opt.progress == "auto" && longest_prefill >= 65536),
+      .top_logprobs = opt.logprobs,
       .cuda_graph = opt.cuda_graph,
       .prompt_numbers = numbers};
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<GeneratedSequence> local;
   if (!mine.empty()) local = generate(groups.sequence(), model, mine, options);
   check_device_progress(world);
-  // Every group's sequences to every rank: per sequence [n, tokens (n), prefilled, prefill_s, decode_s, stopped].
+  // Every group's sequences to every rank: per sequence [n, tokens (n), prefilled, prefill_s, decode_s,
+  // stopped], then with --logprobs K per token [log p, K × (id, log p)].
   std::vector<double> packed;
   for (const GeneratedSequence& seq : local) {
     packed.push_back(static_cast<double>(seq.tokens.size()));
     packed.insert(packed.end(), seq.tokens.begin(), seq.tokens.end());
     packed.insert(packed.end(), {static_cast<double>(seq.prefilled), seq.prefill_s, seq.decode_s, seq.stopped ? 1.0 : 0.0});
+    for (size_t j = 0; j < seq.logprobs.size(); ++j) {
+      packed.push_back(seq.logprobs[j]);
+      for (const auto& [id, lp] : seq.top[j]) packed.insert(packed.end(), {static_cast<double>(id), lp});
+    }
   }
   const std::vector<std::vector<double>> gathered = groups.gather(packed);
   std::vector<GeneratedSequence> result(static_cast<size_t>(slots));
@@ -268,6 +278,13 @@ int run_generate(App& app, const std::vector<std::string>& args) {
       seq.decode_s = v[at + 2];
       seq.stopped = v[at + 3] != 0;
       at += 4;
+      const size_t k = static_cast<size_t>(std::min<int64_t>(opt.logprobs, config.vocab_size));
+      for (size_t j = 0; opt.logprobs > 0 && j < n; ++j) {
+        HYDRA_ASSERT(at + 1 + 2 * k <= v.size(), "group {}'s gathered log-probabilities of prompt {} are cut short", g, b);
+        seq.logprobs.push_back(v[at++]);
+        seq.top.emplace_back();
+        for (size_t i = 0; i < k; ++i, at += 2) seq.top.back().emplace_back(static_cast<int32_t>(v[at]), v[at + 1]);
+      }
     }
     HYDRA_ASSERT(at == v.size(), "group {} sent {} values, {} read", g, v.size(), at);
   }
@@ -284,7 +301,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
     const GeneratedSequence& seq = result[b];
     generated += static_cast<int64_t>(seq.tokens.size());
     decode_s = std::max(decode_s, seq.decode_s);
-    const nlohmann::json line = {
+    nlohmann::json line = {
         {"prompt_index", b},
         {"tokens", seq.tokens},
         {"prompt_tokens", prompts[b].size()},
@@ -293,6 +310,16 @@ int run_generate(App& app, const std::vector<std::string>& args) {
         {"decode_s", seq.decode_s},
         {"decode_tokens_per_s", seq.decode_s > 0 ? static_cast<double>(seq.tokens.size()) / seq.decode_s : 0.0},
         {"stopped", seq.stopped}};
+    if (opt.logprobs > 0) {  // per new token: log p, and [id, log p] of the K most likely
+      line["logprobs"] = seq.logprobs;
+      nlohmann::json top = nlohmann::json::array();
+      for (const auto& alternatives : seq.top) {
+        nlohmann::json step = nlohmann::json::array();
+        for (const auto& [id, lp] : alternatives) step.push_back({id, lp});
+        top.push_back(std::move(step));
+      }
+      line["top_logprobs"] = std::move(top);
+    }
     text += line.dump() + "\n";
   }
   const nlohmann::json summary = {
