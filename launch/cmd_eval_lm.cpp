@@ -2,8 +2,11 @@
 // windows of token files, cut exactly as `hydra train --eval-data` cuts them (model/train/data.h:
 // seq_len + 1 tokens, stride seq_len) and computed by the trainer's own evaluation
 // (model/train/evaluation.h held_out_loss, the pretrain stage's objective), so a model's figure here
-// equals its training run's evaluation loss on the same files and length. One window at a time is
-// spread over all ranks (zigzag layout); the token-weighted sums are reduced across them. Rank 0 prints the summary line and a JSON line, and writes --out when given.
+// equals its training run's evaluation loss on the same files and length. The world is cut into
+// sequence groups of --sp ranks (parallel/sequence_groups.h; 0: one group of all ranks); window i
+// runs on group i mod groups, spread over its ranks (zigzag layout), as training's replicas share
+// the held-out windows; the token-weighted sums are reduced across all ranks. Rank 0 prints the
+// summary line and a JSON line, and writes --out when given.
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -16,6 +19,7 @@
 #include "model/train/data.h"
 #include "model/train/evaluation.h"
 #include "parallel/device_world.h"
+#include "parallel/sequence_groups.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
 #include "runtime/sizes.h"
@@ -29,14 +33,16 @@ struct EvalLmOptions {
   std::string data, seq_len, out, device = "auto";
   int64_t windows = 16;
   double nccl_timeout = 600;
+  int sp = 0;
 
   void bind(po::options_description& o) {
     model.bind(o);
     o.add_options()
         ("data", po::value(&data)->required(), "held-out token files, comma-separated (.h5 with input_ids [N])")
-        ("seq-len", po::value(&seq_len)->required(), "tokens per window (accepts 4K); a multiple of 2·ranks under mpirun")
+        ("seq-len", po::value(&seq_len)->required(), "tokens per window (accepts 4K); a multiple of 2·sp under mpirun")
         ("windows", po::value(&windows)->default_value(16), "windows evaluated: the first N in file order (0: all)")
         ("out", po::value(&out), "also write the JSON summary to this file (rank 0, atomically)")
+        ("sp", po::value(&sp)->default_value(0), "ranks per window (sequence parallel): world / sp groups evaluate different windows side by side (0: all ranks on every window)")
         ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
   }
@@ -68,14 +74,15 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
   po::options_description desc("hydra eval-lm");
   opt.bind(desc);
   if (!parse_command_line(app, "eval-lm",
-                          "(--model FILE.h5 | --preset NAME) --data TOKENS.h5[,MORE.h5] --seq-len N [--windows N] [--out FILE.json]",
+                          "(--model FILE.h5 | --preset NAME) --data TOKENS.h5[,MORE.h5] --seq-len N [--windows N] [--sp N] [--out FILE.json]",
                           desc, args)) {
     return 0;
   }
   opt.validate();
   const int64_t seq_len = parse_size(opt.seq_len, "--seq-len");
   const ModelConfig config = opt.model.config();
-  const SequenceLayout layout = SequenceLayout::zigzag(seq_len, app.world.size(), app.world.rank());  // admissible length?
+  const int sp = SequenceGroups::resolve_sp(opt.sp, app.world.size());
+  SequenceLayout::zigzag(seq_len, sp, 0);  // admissible length for a group?
   const train::TokenWindows data(opt.files(), seq_len, 0, config.vocab_size);
   const int64_t n = opt.windows == 0 ? data.count() : std::min(opt.windows, data.count());
   const Device device = resolve_device(opt.device, app.mpi);
@@ -88,11 +95,13 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
   agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   Communicator& comm = *world.comm;
+  SequenceGroups groups(comm, sp);
   const Model model = opt.model.build(device, dtype, app.kernels);
   const auto t0 = std::chrono::steady_clock::now();
-  // Every rank is one sequence group (one window at a time over all ranks), one replica.
-  const train::StageRun run{.stage = train::Stage::pretrain, .sequence = comm, .student = model, .teacher = nullptr};
-  const train::LossSums total = train::held_out_loss(run, comm, data, {.windows = n});
+  // Window i on group i mod groups, one window at a time over the group's ranks.
+  const train::StageRun run{.stage = train::Stage::pretrain, .sequence = groups.sequence(), .student = model, .teacher = nullptr};
+  const train::LossSums total = train::held_out_loss(
+      run, comm, data, {.windows = n, .batch_seqs = 1, .replica = groups.replica(), .replicas = groups.replicas()});
   check_device_progress(world);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int64_t tokens = total.tokens, answer_tokens = total.answer_tokens;
@@ -112,7 +121,7 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
                               {"seq_len", seq_len},    {"windows", n},  {"tokens", tokens},
                               {"loss", tokens > 0 ? nlohmann::json(train::mean_loss(total)) : nlohmann::json()},
                               {"device", device_flag_name(world.device)},
-                              {"ranks", comm.size()},  {"seconds", seconds}};
+                              {"ranks", comm.size()},  {"sp", sp}, {"seconds", seconds}};
     summary.update(train::loss_fields(total, ""));  // answer_loss, answer_tokens, other_loss, counted_tokens
     std::cout << summary.dump() << std::endl;
     if (!opt.out.empty()) {

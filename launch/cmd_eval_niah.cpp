@@ -1,9 +1,13 @@
 // hydra eval-niah: needle-in-a-haystack accuracy by depth × length, sequence-parallel over the
-// MPI ranks. Every rank generates (or reads) the same samples; each sample is one prefill over the
-// zigzag layout and is scored by teacher forcing (model/eval/niah.h says why that is the greedy
-// verdict); beyond the forward, the ranks exchange only two small all-reduces of the answer rows'
-// verdicts per sample. Tasks come from the built-in token-space generator
-// (--task/--lengths/--depths/--samples/--seed) or from an HDF5 eval set (--dataset, model/eval/niah_set.h).
+// MPI ranks. The world is cut into sequence groups of --sp ranks (parallel/sequence_groups.h; 0:
+// one group of all ranks); each group takes whole samples in a fixed assignment (model/eval/niah_run.h)
+// and each sample is one prefill over its group's zigzag layout, scored by teacher forcing
+// (model/eval/niah.h says why that is the greedy verdict) or, with --score generate, by greedy
+// decoding of the answer with the cache (model/generate.h); beyond the forward, a group's ranks
+// exchange only two small all-reduces of the answer rows' verdicts per sample, and one gather per
+// round of samples brings the groups' results to rank 0, which writes them in plan order. Tasks
+// come from the built-in token-space generator (--task/--lengths/--depths/--samples/--seed) or from
+// an HDF5 eval set (--dataset, model/eval/niah_set.h).
 // Outputs (model/eval/niah_report.h): JSON lines (--out), an HDF5 copy (--out-h5, default: --out with
 // .jsonl/.json replaced by .h5, or .h5 appended), the accuracy table on stdout, a progress line per
 // cell on stderr, and a final one-line JSON summary on stdout.
@@ -23,6 +27,7 @@
 #include "model/memory_plan.h"
 #include "model/eval/niah_run.h"
 #include "parallel/device_world.h"
+#include "parallel/sequence_groups.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
 #include "runtime/sizes.h"
@@ -48,10 +53,13 @@ struct EvalNiahOptions {
   int64_t key_length = 2;
   int64_t distractors = 3;
   int64_t values = 3;
+  niah::TaskParams ruler;  // the RULER families' knobs (model/eval/ruler.h), RULER's defaults
   std::string dataset;
   std::string out, out_h5;
   std::string device = "auto";
   double nccl_timeout = 600;
+  int sp = 0;
+  std::string score = "teacher-forced";
   std::set<std::string> given;  // generator flags given on the command line (they conflict with --dataset)
 
   void bind(po::options_description& o) {
@@ -61,7 +69,7 @@ struct EvalNiahOptions {
     };
     model.bind(o, ModelSource::OwnSeed::yes);
     o.add_options()
-        ("task", po::value(&tasks)->notifier(mark("task")), "single, multikey or multivalue, or a comma list (default single)")
+        ("task", po::value(&tasks)->notifier(mark("task")), "NIAH single, multikey, multivalue; RULER multiquery, vartrack, cwe (common words), fwe (frequent words); or a comma list (default single)")
         ("lengths", po::value(&lengths)->notifier(mark("lengths")), "sample lengths in tokens, e.g. 4K,16K,128K,512K (required without --dataset)")
         ("depths", po::value(&depths)->notifier(mark("depths")), "needle depths in percent (default 0,10,...,100)")
         ("samples", po::value(&samples)->notifier(mark("samples")), "samples per cell (default 4)")
@@ -70,9 +78,20 @@ struct EvalNiahOptions {
         ("key-length", po::value(&key_length)->notifier(mark("key-length")), "key length in tokens (default 2)")
         ("distractors", po::value(&distractors)->notifier(mark("distractors")), "multikey: needles with other keys (default 3)")
         ("values", po::value(&values)->notifier(mark("values")), "multivalue: values of the queried key (default 3)")
+        ("queries", po::value(&ruler.queries)->notifier(mark("queries")), "multiquery: keys asked in one query, all values answered (default 4)")
+        ("chains", po::value(&ruler.chains)->notifier(mark("chains")), "vartrack: chains of assignments VAR x = v, VAR y = x, ... (default 1)")
+        ("hops", po::value(&ruler.hops)->notifier(mark("hops")), "vartrack: assignments after the first in each chain (default 4)")
+        ("common-words", po::value(&ruler.common_words)->notifier(mark("common-words")), "cwe: the common words to answer (default 10)")
+        ("common-freq", po::value(&ruler.common_freq)->notifier(mark("common-freq")), "cwe: occurrences of each common word (default 30)")
+        ("uncommon-freq", po::value(&ruler.uncommon_freq)->notifier(mark("uncommon-freq")), "cwe: occurrences of each other word, as many as fit (default 3)")
+        ("zipf-alpha", po::value(&ruler.zipf_alpha)->notifier(mark("zipf-alpha")), "fwe: exponent of the Zipf law of the words (default 2.0)")
+        ("fwe-words", po::value(&ruler.fwe_words)->notifier(mark("fwe-words")), "fwe: distinct words (default 0: a quarter of the occurrences)")
+        ("top-words", po::value(&ruler.top_words)->notifier(mark("top-words")), "fwe: the most frequent words to answer (default 3)")
         ("dataset", po::value(&dataset), "instead of the generator: an HDF5 NIAH eval set (cluster/niah/build_niah_set.py)")
         ("out", po::value(&out)->required(), "results as JSON lines (per sample and per cell), written by rank 0")
         ("out-h5", po::value(&out_h5), "HDF5 copy of the results (default: --out with .jsonl replaced by .h5)")
+        ("score", po::value(&score)->default_value(score), "teacher-forced (one prefill per sample: the greedy verdict, model/eval/niah.h) or generate (greedy decoding of the answer with the cache, as hydra generate does; also the recall of multivalue answers from the generated text)")
+        ("sp", po::value(&sp)->default_value(0), "ranks per sample (sequence parallel): world / sp groups score different samples side by side (0: all ranks on every sample); each length needs 2·sp segments")
         ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present): one GPU per rank")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
     ModelSource::bind_allow_nonfinite(o, &model.allow_nonfinite);
@@ -93,6 +112,7 @@ struct EvalNiahOptions {
       for (int64_t l : length_list()) HYDRA_USER_CHECK(l >= 1, "--lengths: {} is not a length", l);
       task_params();  // parses --task and --value-length
     }
+    niah::parse_scoring(score);
     if (out_h5.empty()) out_h5 = default_h5_path(out);
     require_writable_destination(out, "results");
     require_writable_destination(out_h5, "HDF5 results");
@@ -114,7 +134,7 @@ struct EvalNiahOptions {
     vmin = a[0];
     vmax = b[0];
     for (const std::string& name : split_list(tasks)) {
-      niah::TaskParams p;
+      niah::TaskParams p = ruler;
       p.task = niah::parse_task(name);
       p.key_length = key_length;
       p.value_length_min = vmin;
@@ -158,13 +178,14 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "eval-niah",
                           "(--model FILE.h5 | --preset NAME) (--lengths 4K,16K,... [--task single|multikey|multivalue] "
-                          "[--depths 0,10,...,100] [--samples N] [--seed S] | --dataset SET.h5) --out RESULTS.jsonl",
+                          "[--depths 0,10,...,100] [--samples N] [--seed S] | --dataset SET.h5) [--score teacher-forced|generate] [--sp N] --out RESULTS.jsonl",
                           desc, args)) {
     return 0;
   }
   opt.validate();
   const ModelConfig config = opt.model.config();
   const int ranks = app.world.size();
+  const int sp = SequenceGroups::resolve_sp(opt.sp, ranks);  // ranks per sample
   // GPU: bf16 weights; CPU: the fp32 reference path.
   const Device device = resolve_device(opt.device, app.mpi);
   const DType dtype = storage_dtype(device);
@@ -179,7 +200,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   if (opt.dataset.empty()) {
     report.source = "builtin";
     report.seed = opt.seed;
-    plan = niah::plan_generated(opt.task_params(), opt.length_list(), opt.depth_list(), opt.samples, opt.seed, config, ranks);
+    plan = niah::plan_generated(opt.task_params(), opt.length_list(), opt.depth_list(), opt.samples, opt.seed, config, sp);
   } else {
     const auto set = std::make_shared<const niah::EvalSet>(niah::read_eval_set(opt.dataset, config.vocab_size));
     report.source = opt.dataset;
@@ -189,41 +210,49 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     inputs.add("eval set samples", std::to_string(set->samples.size()));
     inputs.add_tokens("eval set tokens", all_ids);
     add_file_datasets(inputs, "eval set", opt.dataset);  // answers and positions too
-    plan = niah::plan_eval_set(set, opt.dataset, config, ranks);
+    plan = niah::plan_eval_set(set, opt.dataset, config, sp);
   }
   const int64_t longest = plan.longest, total_samples = plan.total_samples();
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
 #endif
-  check_memory_plan(estimate_prefill_memory(config, longest / ranks, ranks, device), device,
-                    fmt::format("eval-niah at {} tokens on {} rank(s)", longest, ranks), app.mpi.local_size());
+  const niah::Scoring scoring = niah::parse_scoring(opt.score);
+  // Generation: the prompt's prefill, the cache and the decode engine (the answer is at most a few
+  // dozen tokens; the longest sample bounds the cache).
+  check_memory_plan(scoring == niah::Scoring::generate
+                        ? estimate_generation_memory(config, {longest}, plan.longest_answer, sp, device, false)
+                        : estimate_prefill_memory(config, longest / sp, sp, device),
+                    device, fmt::format("eval-niah at {} tokens on {} rank(s) per sample", longest, sp),
+                    app.mpi.local_size());
   opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   Communicator& comm = *world.comm;
+  SequenceGroups groups(comm, sp);
 
   const auto t0 = Clock::now();
   const Model model = opt.model.build(device, dtype, app.kernels);
   const double load_s = seconds_since(t0);
-  log::info("eval-niah: {} — {} cells, {} samples on {} rank(s), weights loaded in {:.2f} s", config.summary(),
-            plan.cells.size(), total_samples, comm.size(), load_s);
+  log::info("eval-niah: {} — {} cells, {} samples on {} rank(s) ({} group(s) of {}), weights loaded in {:.2f} s",
+            config.summary(), plan.cells.size(), total_samples, comm.size(), groups.replicas(), sp, load_s);
 
   const auto t1 = Clock::now();
-  const niah::EvalTotals totals = niah::run_plan(model, comm, plan, report, [&](const niah::Report& so_far) {
+  const niah::EvalTotals totals = niah::run_plan(model, groups, plan, report, [&](const niah::Report& so_far) {
     if (comm.rank() != 0) return;  // rewritten after every cell: a run that dies keeps its finished cells
     AtomicCommitGroup outputs;     // the JSON lines and the HDF5 copy change together or not at all
     niah::write_jsonl(opt.out, so_far);
     niah::write_results_h5(opt.out_h5, so_far);
     outputs.commit();
-  });
+  }, scoring);
   const double run_s = seconds_since(t1);
   if (comm.rank() == 0) {
     std::cout << niah::format_table(report);
+    std::cout << niah::format_ruler_table(report);
     const double accuracy = totals.accuracy(), mean_logprob = totals.mean_logprob();
     const nlohmann::ordered_json summary = {
         {"command", "eval-niah"}, {"model", report.model},      {"source", report.source},
-        {"tasks", report.tasks},  {"ranks", comm.size()},       {"cells", plan.cells.size()},
-        {"samples", total_samples}, {"accuracy", accuracy},
+        {"tasks", report.tasks},  {"ranks", comm.size()},       {"sp", sp}, {"cells", plan.cells.size()},
+        {"samples", total_samples}, {"score", report.scoring}, {"accuracy", accuracy}, {"mean_recall", totals.mean_recall()},
         {"mean_logprob", std::isfinite(mean_logprob) ? nlohmann::ordered_json(mean_logprob) : nlohmann::ordered_json(nullptr)},
         {"load_s", load_s},       {"eval_s", run_s},            {"out", opt.out},
         {"out_h5", opt.out_h5}};

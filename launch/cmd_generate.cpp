@@ -1,7 +1,11 @@
 // hydra generate: new tokens for one prompt or a batch (model/generate.h): a sequence-parallel
 // prefill of each prompt over the ranks, a distributed cache (model/kv_cache.h) and batched decode
-// steps, greedy or seeded sampling. Writes one JSON line per prompt and a summary line (rank 0,
-// atomically). Inputs are checked before any work: token ids against the model's vocabulary, prompt
+// steps, greedy or seeded sampling. With --sp N the world is cut into sequence groups of N ranks
+// (parallel/sequence_groups.h): prompt b runs on group b mod groups, each group decoding its
+// prompts as one batch; each prompt keeps its own sampling stream (its index in the file), and one
+// gather brings every group's tokens to rank 0. Writes one JSON line per prompt, in file order
+// (with --logprobs K: each new token's log-probability and its K most likely alternatives), and
+// a summary line (rank 0, atomically). Inputs are checked before any work: token ids against the model's vocabulary, prompt
 // offsets that partition the ids into non-empty prompts, stop ids, the sampling flags, the memory plan.
 #include <algorithm>
 #include <chrono>
@@ -17,6 +21,7 @@
 #include "model/kv_cache.h"
 #include "model/memory_plan.h"
 #include "parallel/device_world.h"
+#include "parallel/sequence_groups.h"
 #include "runtime/atomic_file.h"
 #include "runtime/hdf5_file.h"
 #include "runtime/host_memory.h"
@@ -43,6 +48,8 @@ struct GenerateCliOptions {
   std::string progress = "auto";
   double nccl_timeout = 600;
   bool cuda_graph = false;
+  int sp = 0;
+  int64_t logprobs = 0;
 
   void bind(po::options_description& o) {
     model.bind(o, ModelSource::OwnSeed::yes);
@@ -60,7 +67,9 @@ struct GenerateCliOptions {
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16, one GPU per rank), cpu (fp32) or auto")
         ("progress", po::value(&progress)->default_value("auto"), "per-layer prefill progress: on, off, auto (from 64K tokens)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job")
-        ("cuda-graph", po::bool_switch(&cuda_graph), "replay each decode step as a CUDA graph (one rank on the GPU)");
+        ("logprobs", po::value(&logprobs)->default_value(0), "K > 0: write each new token's log-probability and the K most likely alternatives with theirs (from the logits it was chosen from; max 100)")
+        ("sp", po::value(&sp)->default_value(0), "ranks per prompt (sequence parallel): world / sp groups generate for different prompts side by side, prompt b on group b mod groups (0: all ranks on every prompt)")
+        ("cuda-graph", po::bool_switch(&cuda_graph), "replay each decode step as a CUDA graph (one rank per prompt on the GPU: one rank, or --sp 1)");
   }
   void validate() const {
     model.validate();
@@ -70,6 +79,7 @@ struct GenerateCliOptions {
     HYDRA_USER_CHECK(temperature >= 0.0 && std::isfinite(temperature), "--temperature must be >= 0 (got {})", temperature);
     HYDRA_USER_CHECK(top_k >= 0, "--top-k must be >= 0 (got {})", top_k);
     HYDRA_USER_CHECK(top_p > 0.0 && top_p <= 1.0, "--top-p must be in (0, 1] (got {})", top_p);
+    HYDRA_USER_CHECK(logprobs >= 0 && logprobs <= 100, "--logprobs must be in 0..100 (got {})", logprobs);
     // Greedy decoding takes the arg-max: a filter of the sampled set would do nothing.
     HYDRA_USER_CHECK(temperature > 0.0 || (top_k == 0 && top_p == 1.0),
                      "--top-k and --top-p filter sampling: give --temperature > 0 with them (temperature 0 is greedy)");
@@ -143,7 +153,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "generate",
                           "(--model M.h5 | --preset NAME [--weight-seed W]) --prompt P.h5 --max-new-tokens N [--temperature 0] "
-                          "[--top-k K] [--top-p P] [--seed S] [--stop-token ID,...] --out OUT.jsonl [--device cpu|cuda] [--cuda-graph]",
+                          "[--top-k K] [--top-p P] [--seed S] [--stop-token ID,...] [--logprobs K] [--sp N] --out OUT.jsonl [--device cpu|cuda] [--cuda-graph]",
                           desc, args)) {
     return 0;
   }
@@ -154,12 +164,15 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   const std::vector<int32_t> stop = parse_stop_tokens(opt.stop_tokens, config.vocab_size);
   const Device device = resolve_device(opt.device, app.mpi);
   const DType dtype = storage_dtype(device);
-  const int p = comm.size();
+  const int ranks = comm.size();
+  const int p = SequenceGroups::resolve_sp(opt.sp, ranks);  // ranks per prompt
+  const int groups_count = ranks / p;
   HYDRA_USER_CHECK(!opt.cuda_graph || (device == Device::cuda && p == 1),
-                   "--cuda-graph needs one rank on the GPU (this run: {} rank(s) on {})", p, device_name(device));
-  // Memory plan (model/memory_plan.h): the longest prefill, the cache and the decode engine's buffers.
-  int64_t longest_prefill = 0, capacity = 1, total_tokens = 0;
-  std::vector<int64_t> lengths;
+                   "--cuda-graph needs one rank per prompt on the GPU (this run: {} rank(s) per prompt on {})", p,
+                   device_name(device));
+  // Memory plan (model/memory_plan.h) of every group (its prompts: b mod groups): the longest
+  // prefill, the cache and the decode engine's buffers. Every rank checks every group, so all refuse together.
+  int64_t longest_prefill = 0, total_tokens = 0;
   for (const auto& prompt : prompts) {
     const int64_t len = static_cast<int64_t>(prompt.size());
     // No overflow in the cache sizes below: the memory plan then refuses what does not fit.
@@ -167,21 +180,34 @@ int run_generate(App& app, const std::vector<std::string>& args) {
                      "--max-new-tokens {}: a prompt of {} tokens and its new tokens would exceed {} positions",
                      opt.max_new_tokens, len, kMaxSequence);
     longest_prefill = std::max(longest_prefill, prefill_length(config, len, p));
-    capacity = std::max(capacity, cache_rows_needed(config, len, opt.max_new_tokens, p));
     total_tokens += len;
-    lengths.push_back(len);
   }
   const int64_t slots = static_cast<int64_t>(prompts.size());
   const KvCacheBytes cache_bytes = kv_cache_bytes(config, dtype, DType::f32);
-  const double cache_rank_bytes = static_cast<double>(slots) * (static_cast<double>(capacity) * cache_bytes.per_token + cache_bytes.per_slot);
-  const MemoryEstimate estimate =
-      estimate_generation_memory(config, lengths, opt.max_new_tokens, p, device, opt.temperature > 0);
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());
 #endif
-  check_memory_plan(estimate, device,
-                    fmt::format("generation for {} prompt(s) of {} tokens in all on {} rank(s)", slots, total_tokens, p),
-                    app.mpi.local_size(), "use more ranks (on more nodes), fewer or shorter prompts, or fewer --max-new-tokens");
+  double cache_rank_bytes = 0;  // the largest over the groups
+  MemoryEstimate estimate;      // this rank's group's
+  for (int g = 0; g < groups_count; ++g) {
+    std::vector<int64_t> lengths;
+    int64_t capacity = 1, group_tokens = 0;
+    for (int64_t b = g; b < slots; b += groups_count) {
+      const int64_t len = static_cast<int64_t>(prompts[static_cast<size_t>(b)].size());
+      capacity = std::max(capacity, cache_rows_needed(config, len, opt.max_new_tokens, p));
+      lengths.push_back(len);
+      group_tokens += len;
+    }
+    if (lengths.empty()) continue;  // more groups than prompts
+    const int64_t group_slots = static_cast<int64_t>(lengths.size());
+    cache_rank_bytes = std::max(cache_rank_bytes, static_cast<double>(group_slots) * (static_cast<double>(capacity) * cache_bytes.per_token + cache_bytes.per_slot));
+    const MemoryEstimate e = estimate_generation_memory(config, lengths, opt.max_new_tokens, p, device, opt.temperature > 0);
+    if (g == comm.rank() / p) estimate = e;
+    check_memory_plan(e, device,
+                      fmt::format("generation for {} prompt(s) of {} tokens in all on {} rank(s){}", group_slots,
+                                  group_tokens, p, groups_count > 1 ? fmt::format(" (sequence group {})", g) : ""),
+                      app.mpi.local_size(), "use more ranks (on more nodes), fewer or shorter prompts, or fewer --max-new-tokens");
+  }
   RunFingerprint inputs;
   add_model_fields(inputs, config, device, dtype);
   std::vector<int32_t> all_ids;
@@ -193,25 +219,75 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   agree_on_run(app, inputs);
 
   DeviceWorld world = make_device_world(opt.device, app.mpi, comm, opt.nccl_timeout);
+  SequenceGroups groups(*world.comm, p);
   const auto t_load = std::chrono::steady_clock::now();
   const Model model = opt.model.build(device, dtype, app.kernels);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-  log::info("generate: {} prompt(s), {} tokens in all, up to {} new each, {} rank(s) on {}, {}; cache {:.1f} KiB per "
-            "token + {:.1f} MiB per sequence, {} per rank planned", slots, total_tokens, opt.max_new_tokens, p,
-            device_name(world.device), config.summary(), cache_bytes.per_token / 1024.0,
+  log::info("generate: {} prompt(s), {} tokens in all, up to {} new each, {} rank(s) ({} group(s) of {}) on {}, {}; "
+            "cache {:.1f} KiB per token + {:.1f} MiB per sequence, {} per rank planned", slots, total_tokens,
+            opt.max_new_tokens, ranks, groups.replicas(), p, device_name(world.device), config.summary(), cache_bytes.per_token / 1024.0,
             cache_bytes.per_slot / 1048576.0, estimate.describe());
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_reset_peak();
 #endif
+  // This group's prompts: b ≡ group (mod groups), each keeping its file index as its number.
+  std::vector<std::vector<int32_t>> mine;
+  std::vector<int64_t> numbers;
+  for (int64_t b = groups.replica(); b < slots; b += groups.replicas()) {
+    mine.push_back(prompts[static_cast<size_t>(b)]);
+    numbers.push_back(b);
+  }
   const GenerateOptions options{
       .max_new_tokens = opt.max_new_tokens,
       .sampling = {.temperature = opt.temperature, .top_k = opt.top_k, .top_p = opt.top_p, .seed = opt.seed},
       .stop_tokens = stop,
       .progress = opt.progress == "on" || (opt.progress == "auto" && longest_prefill >= 65536),
-      .cuda_graph = opt.cuda_graph};
+      .top_logprobs = opt.logprobs,
+      .cuda_graph = opt.cuda_graph,
+      .prompt_numbers = numbers};
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<GeneratedSequence> result = generate(*world.comm, model, prompts, options);
+  std::vector<GeneratedSequence> local;
+  if (!mine.empty()) local = generate(groups.sequence(), model, mine, options);
   check_device_progress(world);
+  // Every group's sequences to every rank: per sequence [n, tokens (n), prefilled, prefill_s, decode_s,
+  // stopped], then with --logprobs K per token [log p, K × (id, log p)].
+  std::vector<double> packed;
+  for (const GeneratedSequence& seq : local) {
+    packed.push_back(static_cast<double>(seq.tokens.size()));
+    packed.insert(packed.end(), seq.tokens.begin(), seq.tokens.end());
+    packed.insert(packed.end(), {static_cast<double>(seq.prefilled), seq.prefill_s, seq.decode_s, seq.stopped ? 1.0 : 0.0});
+    for (size_t j = 0; j < seq.logprobs.size(); ++j) {
+      packed.push_back(seq.logprobs[j]);
+      for (const auto& [id, lp] : seq.top[j]) packed.insert(packed.end(), {static_cast<double>(id), lp});
+    }
+  }
+  const std::vector<std::vector<double>> gathered = groups.gather(packed);
+  std::vector<GeneratedSequence> result(static_cast<size_t>(slots));
+  for (int g = 0; g < groups.replicas(); ++g) {
+    const std::vector<double>& v = gathered[static_cast<size_t>(g)];
+    size_t at = 0;
+    for (int64_t b = g; b < slots; b += groups.replicas()) {
+      GeneratedSequence& seq = result[static_cast<size_t>(b)];
+      HYDRA_ASSERT(at < v.size(), "group {}'s gathered sequences end before prompt {}", g, b);
+      const size_t n = static_cast<size_t>(v[at++]);
+      HYDRA_ASSERT(at + n + 4 <= v.size(), "group {}'s gathered sequence {} is cut short", g, b);
+      for (size_t j = 0; j < n; ++j) seq.tokens.push_back(static_cast<int32_t>(v[at + j]));
+      at += n;
+      seq.prefilled = static_cast<int64_t>(v[at]);
+      seq.prefill_s = v[at + 1];
+      seq.decode_s = v[at + 2];
+      seq.stopped = v[at + 3] != 0;
+      at += 4;
+      const size_t k = static_cast<size_t>(std::min<int64_t>(opt.logprobs, config.vocab_size));
+      for (size_t j = 0; opt.logprobs > 0 && j < n; ++j) {
+        HYDRA_ASSERT(at + 1 + 2 * k <= v.size(), "group {}'s gathered log-probabilities of prompt {} are cut short", g, b);
+        seq.logprobs.push_back(v[at++]);
+        seq.top.emplace_back();
+        for (size_t i = 0; i < k; ++i, at += 2) seq.top.back().emplace_back(static_cast<int32_t>(v[at]), v[at + 1]);
+      }
+    }
+    HYDRA_ASSERT(at == v.size(), "group {} sent {} values, {} read", g, v.size(), at);
+  }
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double peak_gib = host_peak_memory_gib();
 #if HYDRA_CUDA
@@ -225,7 +301,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
     const GeneratedSequence& seq = result[b];
     generated += static_cast<int64_t>(seq.tokens.size());
     decode_s = std::max(decode_s, seq.decode_s);
-    const nlohmann::json line = {
+    nlohmann::json line = {
         {"prompt_index", b},
         {"tokens", seq.tokens},
         {"prompt_tokens", prompts[b].size()},
@@ -234,6 +310,16 @@ int run_generate(App& app, const std::vector<std::string>& args) {
         {"decode_s", seq.decode_s},
         {"decode_tokens_per_s", seq.decode_s > 0 ? static_cast<double>(seq.tokens.size()) / seq.decode_s : 0.0},
         {"stopped", seq.stopped}};
+    if (opt.logprobs > 0) {  // per new token: log p, and [id, log p] of the K most likely
+      line["logprobs"] = seq.logprobs;
+      nlohmann::json top = nlohmann::json::array();
+      for (const auto& alternatives : seq.top) {
+        nlohmann::json step = nlohmann::json::array();
+        for (const auto& [id, lp] : alternatives) step.push_back({id, lp});
+        top.push_back(std::move(step));
+      }
+      line["top_logprobs"] = std::move(top);
+    }
     text += line.dump() + "\n";
   }
   const nlohmann::json summary = {
@@ -241,7 +327,8 @@ int run_generate(App& app, const std::vector<std::string>& args) {
       {"command", "generate"},
       {"model", opt.model.describe()},
       {"arch", arch_name(config.arch)},
-      {"ranks", p},
+      {"ranks", ranks},
+      {"sp", p},
       {"device", device_flag_name(world.device)},
       {"prompts", slots},
       {"prompt_tokens", total_tokens},

@@ -21,6 +21,7 @@
 #include "model/selection/head_selection.h"
 #include "model/eval/niah_set.h"
 #include "parallel/device_world.h"
+#include "parallel/sequence_groups.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
 #include "runtime/sizes.h"
@@ -50,6 +51,7 @@ struct SelectHeadsOptions {
   std::string device = "auto";
   double nccl_timeout = 600;
   bool group_patching = false;
+  int sp = 1;
   std::set<std::string> generator_flags;  // given on the command line; they conflict with --calib
 
   void bind(po::options_description& o) {
@@ -71,6 +73,7 @@ struct SelectHeadsOptions {
         ("lm-samples", po::value(&lm_samples)->default_value(lm_samples), "plain-text sequences (0: no lm score; needs an lm weight of 0)")
         ("out", po::value(&out)->required(), "head-set file (.json) for hydra convert --fa-heads file:PATH, written by rank 0")
         ("out-h5", po::value(&out_h5), "HDF5 copy of the scores (default: --out with .json replaced by .h5)")
+        ("sp", po::value(&sp)->default_value(1), "ranks per sequence (sequence parallel): world / sp groups score different heads side by side (default 1: every rank alone, the fastest for prompts that fit one rank; 0: all ranks on every sequence); prompt and text lengths need 2·sp segments")
         ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present): one GPU per rank")
         ("group-patching", po::bool_switch(&group_patching), "also patch groups of heads: every head of a layer, and every "
                                                              "head of a layer but one ((L + L*H) * prompts more forwards)")
@@ -115,7 +118,10 @@ struct SelectHeadsOptions {
       }
     } else {
       HYDRA_USER_CHECK(calib_samples >= 1, "--calib-samples must be at least 1 (got {})", calib_samples);
-      niah::parse_task(calib_task);
+      const niah::Task t = niah::parse_task(calib_task);
+      // The corrupted twins change the queried needles' values (model/selection/head_calibration.h): NIAH's tasks.
+      HYDRA_USER_CHECK(t == niah::Task::single || t == niah::Task::multikey || t == niah::Task::multivalue,
+                       "--calib-task {}: calibration prompts are NIAH's single, multikey or multivalue", calib_task);
       parse_size(calib_length, "--calib-length");
     }
     HYDRA_USER_CHECK(parse_size(lm_length, "--lm-length") >= 2, "--lm-length must be at least 2 tokens");
@@ -146,7 +152,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "select-heads",
                           "(--model TEACHER.h5 | --preset NAME) --budget K [--per-layer] [--weights T,D,LM] "
-                          "[--calib SET.h5 | --calib-length N --calib-samples N] [--lm-text TOKENS.h5] --out heads.json",
+                          "[--calib SET.h5 | --calib-length N --calib-samples N] [--lm-text TOKENS.h5] [--sp N] [--group-patching] --out heads.json",
                           desc, args)) {
     return 0;
   }
@@ -182,6 +188,17 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
     text = heads::random_text(config.vocab_size, opt.seed, lm_length, opt.lm_samples);
   }
 
+  // A sequence group of sp ranks must split every prompt and text sequence (2·sp segments).
+  const int sp = SequenceGroups::resolve_sp(opt.sp, app.world.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    try {
+      SequenceLayout::zigzag(prompts[i].length(), sp, 0);
+    } catch (const UserError& e) {
+      HYDRA_USER_FAIL("calibration prompt {}: {}", i, e.what());
+    }
+  }
+  if (!text.empty()) SequenceLayout::zigzag(lm_length, sp, 0);
+
   // GPU: bf16 weights; CPU: the fp32 reference path.
   const Device device = resolve_device(opt.device, app.mpi);
   const DType dtype = storage_dtype(device);
@@ -201,6 +218,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   agree_on_run(app, inputs);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
   Communicator& comm = *world.comm;
+  SequenceGroups groups(comm, sp);
 
   const auto t0 = Clock::now();
   const Model model = opt.model.build(device, dtype, app.kernels);
@@ -223,7 +241,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   report.config = config;
   report.budget = budget;
   report.weights = weights;
-  report.scores = heads::score_heads(model, comm, prompts, text, scoring);
+  report.scores = heads::score_heads(model, groups, prompts, text, scoring);
   const double score_s = seconds_since(t1);
   report.composite = heads::composite_scores(report.scores, weights);
   report.fa_heads = heads::choose_fa_heads(report.composite.composite, budget);
@@ -261,7 +279,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
     outputs.commit();
     std::cout << heads::format_heads_table(report);
     const nlohmann::ordered_json summary = {
-        {"command", "select-heads"}, {"model", report.model},          {"ranks", comm.size()},
+        {"command", "select-heads"}, {"model", report.model},          {"ranks", comm.size()}, {"sp", sp},
         {"layers", config.num_layers}, {"heads", config.num_heads},   {"budget", budget.heads},
         {"mode", opt.per_layer ? "per_layer" : "global"},             {"fa_heads", kept},
         {"prompts", s.prompts},      {"lm_sequences", s.lm_sequences}, {"logprob_clean", s.logprob_clean},

@@ -22,10 +22,11 @@ struct SynthOptions {
   int64_t recall_tokens = 0, recall_pairs = 16;
   uint64_t seed = 0;
   synth::LanguageParams language;
+  niah::TaskParams ruler;  // the RULER families' knobs (model/eval/ruler.h), as eval-niah takes them
 
   void bind(po::options_description& o) {
     o.add_options()
-        ("task", po::value(&task)->required(), "mixture KIND[:WEIGHT],...: lm, mqar, recall, single, multikey, multivalue (e.g. lm:0.4,mqar:0.3,single:0.1,multikey:0.1,multivalue:0.1); weights are normalised")
+        ("task", po::value(&task)->required(), "mixture KIND[:WEIGHT],...: lm, mqar, recall, single, multikey, multivalue, multiquery, vartrack, cwe, fwe (the last four: eval-niah's RULER families, one sample per document; e.g. lm:0.4,mqar:0.3,single:0.1,multikey:0.1,multivalue:0.1); weights are normalised")
         ("tokens", po::value(&tokens)->required(), "stream size: floor(N / seq-len) documents of seq-len tokens (accepts 4M)")
         ("seq-len", po::value(&seq_len)->required(), "document length: the training length (hydra train --seq-len)")
         ("vocab", po::value(&vocab)->required(), "vocabulary size of the model (the top 8 ids are NIAH markers)")
@@ -40,6 +41,15 @@ struct SynthOptions {
         ("value-length", po::value(&value_length)->default_value("2..4"), "retrieval values, tokens: N or MIN..MAX (as eval-niah)")
         ("distractors", po::value(&distractors)->default_value(3), "multikey: needles with other keys")
         ("values", po::value(&values)->default_value(3), "multivalue: values of the queried key")
+        ("queries", po::value(&ruler.queries)->default_value(ruler.queries), "multiquery: keys asked in one query (as eval-niah)")
+        ("chains", po::value(&ruler.chains)->default_value(ruler.chains), "vartrack: chains of assignments (as eval-niah)")
+        ("hops", po::value(&ruler.hops)->default_value(ruler.hops), "vartrack: assignments after the first in each chain (as eval-niah)")
+        ("common-words", po::value(&ruler.common_words)->default_value(ruler.common_words), "cwe: common words to answer (as eval-niah)")
+        ("common-freq", po::value(&ruler.common_freq)->default_value(ruler.common_freq), "cwe: occurrences of each common word (as eval-niah)")
+        ("uncommon-freq", po::value(&ruler.uncommon_freq)->default_value(ruler.uncommon_freq), "cwe: occurrences of each other word (as eval-niah)")
+        ("zipf-alpha", po::value(&ruler.zipf_alpha)->default_value(ruler.zipf_alpha), "fwe: Zipf exponent of the words (as eval-niah)")
+        ("fwe-words", po::value(&ruler.fwe_words)->default_value(ruler.fwe_words), "fwe: distinct words, 0: a quarter of the occurrences (as eval-niah)")
+        ("top-words", po::value(&ruler.top_words)->default_value(ruler.top_words), "fwe: most frequent words to answer (as eval-niah)")
         ("mqar-pairs", po::value(&mqar_pairs)->default_value(8), "mqar: key-value needles per document")
         ("mqar-queries", po::value(&mqar_queries)->default_value(0), "mqar: queries per document (0: one per pair)")
         ("recall-tokens", po::value(&recall_tokens)->default_value(0), "content ids reserved for recall keys (lower half) and values (upper half), taken from the top of the content range and removed from the language; recall documents need it")
@@ -57,6 +67,7 @@ struct SynthOptions {
     c.vocab_size = vocab;
     c.seed = seed;
     c.language = language;
+    c.retrieval = ruler;
     c.retrieval.key_length = key_length;
     const size_t dots = value_length.find("..");
     const std::string lo = dots == std::string::npos ? value_length : value_length.substr(0, dots);

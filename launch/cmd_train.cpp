@@ -156,7 +156,7 @@ struct TrainOptions {
         ("eval-data", po::value(&eval_data), "held-out token files, comma-separated, for the evaluation loss (FILE:W: a blend, as --data; each file in its own order)")
         ("eval-windows", po::value(&eval_windows)->default_value(8), "windows of --eval-data per evaluation (the first N, always the same)")
         ("eval-niah", po::value(&eval_niah), "NIAH tasks scored at every evaluation at the training length, comma-separated (single, multikey, multivalue): greedy accuracy in train.jsonl")
-        ("eval-niah-samples", po::value(&eval_niah_samples)->default_value(32), "NIAH samples per task and evaluation (depths spread over 0..100; the same samples every time)")
+        ("eval-niah-samples", po::value(&eval_niah_samples)->default_value(32), "NIAH samples per task and evaluation (depths spread over 0..100; the same samples every time), split over the data-parallel replicas")
         ("keep", po::value(&keep)->default_value(2), "checkpoints kept in --out-dir (the newest)")
         ("save-timeout", po::value(&save_timeout)->default_value(0), "seconds a checkpoint's save may take before the job ends (every rank writes its shard at once; 0: 120 s + the largest rank's bytes at 20 MB/s)")
         ("train", po::value(&train)->default_value("auto"), "attention (the attention block only) | all (default: attention for align, all otherwise)")
@@ -327,7 +327,7 @@ int run_train(App& app, const std::vector<std::string>& args) {
   for (const auto& [role, path] : data_roles) c.inputs.push_back({role, path, ""});
   add_data_identities(app.world, c.inputs, student_config.vocab_size, c.seq_len);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
-  train::TrainTopology topology(*world.comm, c.sp);
+  SequenceGroups topology(*world.comm, c.sp);
   SequenceLayout::zigzag(c.seq_len, topology.sp(), topology.sequence().rank());  // admissible length?
   const auto plan = [&](const KeptActivations& keep) {
     // A micro-batch's windows run packed as one sequence: batch_seqs · seq_len tokens over sp ranks.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
+#include <span>
 
 #include "model/decode_engine.h"
 #include "model/kv_cache.h"
@@ -59,6 +61,24 @@ void prefill_slot(Communicator& comm, const Model& model, KvCache& cache, int64_
   cache.end_prefill(comm);
 }
 
+// log p(token) and the k most likely ids of one row of logits (finite), log-softmax in fp64.
+void record_logprobs(std::span<const float> row, int32_t token, int64_t k, GeneratedSequence& seq) {
+  const float peak = *std::max_element(row.begin(), row.end());
+  double sum = 0;
+  for (float x : row) sum += std::exp(static_cast<double>(x) - peak);
+  const double log_norm = static_cast<double>(peak) + std::log(sum);
+  seq.logprobs.push_back(static_cast<double>(row[static_cast<size_t>(token)]) - log_norm);
+  std::vector<int32_t> ids(row.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  const size_t kk = std::min(static_cast<size_t>(k), row.size());
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<long>(kk), ids.end(), [&](int32_t a, int32_t b) {
+    return row[static_cast<size_t>(a)] > row[static_cast<size_t>(b)] || (row[static_cast<size_t>(a)] == row[static_cast<size_t>(b)] && a < b);
+  });
+  std::vector<std::pair<int32_t, double>> top;
+  for (size_t i = 0; i < kk; ++i) top.emplace_back(ids[i], static_cast<double>(row[static_cast<size_t>(ids[i])]) - log_norm);
+  seq.top.push_back(std::move(top));
+}
+
 }  // namespace
 
 int64_t prefill_length(const ModelConfig& config, int64_t prompt_length, int world_size) {
@@ -87,6 +107,11 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
     capacity = std::max(capacity, cache_rows_needed(config, static_cast<int64_t>(p.size()), options.max_new_tokens,
                                                     comm.size()));
   }
+  HYDRA_ASSERT(options.prompt_numbers.empty() || static_cast<int64_t>(options.prompt_numbers.size()) == n,
+               "generate: {} prompt numbers for {} prompts", options.prompt_numbers.size(), n);
+  const auto number = [&](int64_t b) {
+    return options.prompt_numbers.empty() ? b : options.prompt_numbers[static_cast<size_t>(b)];
+  };
   KvCache cache(model, n, capacity, comm.size(), comm.rank());
   std::vector<GeneratedSequence> out(static_cast<size_t>(n));
 
@@ -102,13 +127,14 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
     comm.barrier();
     seq.prefill_s = seconds_since(t0);
     if (options.progress || seq.prefill_s > 1.0) {
-      log::info("prefill of prompt {}/{}: {} of {} tokens in {:.3f} s", b + 1, n, seq.prefilled, prompt.size(),
+      log::info("prefill of prompt {} ({}/{} here): {} of {} tokens in {:.3f} s", number(b), b + 1, n, seq.prefilled, prompt.size(),
                 seq.prefill_s);
     }
   }
 
   // 2. Decode: every unfinished sequence feeds its next token each step.
-  const bool greedy_ids = options.sampling.greedy() && !options.keep_logits;  // B ids to the host, not B·V logits
+  // B ids to the host, not B·V logits, unless the logits themselves are wanted.
+  const bool greedy_ids = options.sampling.greedy() && !options.keep_logits && options.top_logprobs == 0;
   DecodeEngine engine(comm, model, cache, {.host_logits = !greedy_ids, .cuda_graph = options.cuda_graph});
   const auto t_decode = Clock::now();
   std::vector<bool> done(static_cast<size_t>(n), false);
@@ -140,7 +166,7 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
                 choosing.empty() ? StepResult::none : (greedy_ids ? StepResult::argmax : StepResult::logits));
     if (choosing.empty()) continue;
     const auto nonfinite = [&](int64_t b) {
-      HYDRA_USER_FAIL("generate: the logits of prompt {} at position {} are not finite (bad weights?)", b,
+      HYDRA_USER_FAIL("generate: the logits of prompt {} at position {} are not finite (bad weights?)", number(b),
                       cache.tokens(b) - 1);
     };
     chosen.clear();
@@ -154,8 +180,9 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
         const int64_t b = rows[static_cast<size_t>(i)];
         const std::span<const float> row = engine.logits().subspan(static_cast<size_t>(i * vocab), static_cast<size_t>(vocab));
         if (!std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); })) nonfinite(b);
-        const uint64_t draw = (static_cast<uint64_t>(b) << 32) | out[static_cast<size_t>(b)].tokens.size();
+        const uint64_t draw = (static_cast<uint64_t>(number(b)) << 32) | out[static_cast<size_t>(b)].tokens.size();
         chosen.push_back(sample_token(row, options.sampling, draw));
+        if (options.top_logprobs > 0) record_logprobs(row, chosen.back(), options.top_logprobs, out[static_cast<size_t>(b)]);
         if (options.keep_logits) {
           auto& kept = out[static_cast<size_t>(b)].logits;
           kept.insert(kept.end(), row.begin(), row.end());

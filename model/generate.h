@@ -31,7 +31,12 @@ struct GenerateOptions {
   std::vector<int32_t> stop_tokens = {};
   bool progress = false;      // rank 0 logs a line per layer of each prefill, with an ETA
   bool keep_logits = false;   // keep the logits each new token was chosen from (tests)
+  int64_t top_logprobs = 0;   // > 0: each new token's log-probability and the K most likely alternatives (hydra generate --logprobs K)
   bool cuda_graph = false;    // replay the decode step as a CUDA graph (one rank on the GPU; model/decode_engine.h)
+  // Each prompt's number: its sampling stream and its name in messages (empty: its index in
+  // `prompts`). hydra generate --sp passes the prompt's index in the whole prompt file, so a prompt
+  // draws the same tokens whichever sequence group runs it, beside whichever other prompts.
+  std::vector<int64_t> prompt_numbers = {};
 };
 
 struct GeneratedSequence {
@@ -41,6 +46,10 @@ struct GeneratedSequence {
   double prefill_s = 0;         // its wall time (every rank, a barrier on each side)
   double decode_s = 0;          // from the first decode step to the step that ended the sequence
   std::vector<float> logits;    // [tokens.size(), V] with keep_logits
+  // With top_logprobs = K: per new token, log p(token) and the K most likely ids with their log p
+  // (descending; ties to the lower id), from the fp32 logits it was chosen from (log-softmax in fp64).
+  std::vector<double> logprobs;                               // [tokens.size()]
+  std::vector<std::vector<std::pair<int32_t, double>>> top;  // [tokens.size()][K]
 };
 
 // Tokens of a prompt of `prompt_length` the sequence-parallel prefill takes on `world_size` ranks:

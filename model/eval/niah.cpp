@@ -5,6 +5,8 @@
 #include <limits>
 #include <numeric>
 
+#include "model/eval/ruler.h"
+#include "model/generate.h"
 #include "runtime/random.h"
 
 namespace hydra::niah {
@@ -51,15 +53,20 @@ std::string task_name(Task task) {
     case Task::single: return "single";
     case Task::multikey: return "multikey";
     case Task::multivalue: return "multivalue";
+    case Task::multiquery: return "multiquery";
+    case Task::vartrack: return "vartrack";
+    case Task::cwe: return "cwe";
+    case Task::fwe: return "fwe";
   }
   return "?";
 }
 
 Task parse_task(const std::string& name) {
-  for (Task t : {Task::single, Task::multikey, Task::multivalue}) {
+  for (Task t : {Task::single, Task::multikey, Task::multivalue, Task::multiquery, Task::vartrack, Task::cwe, Task::fwe}) {
     if (task_name(t) == name) return t;
   }
-  HYDRA_USER_FAIL("unknown NIAH task '{}' (known tasks: single, multikey, multivalue)", name);
+  HYDRA_USER_FAIL("unknown NIAH task '{}' (known tasks: single, multikey, multivalue, multiquery, vartrack, cwe, fwe)",
+                  name);
 }
 
 Markers markers_for(int64_t vocab_size) {
@@ -77,15 +84,21 @@ int64_t TaskParams::num_needles() const {
     case Task::single: return 1;
     case Task::multikey: return 1 + distractors;
     case Task::multivalue: return values;
+    case Task::multiquery: return queries;
+    case Task::vartrack: return chains * (hops + 1);
+    case Task::cwe:
+    case Task::fwe: return 0;
   }
   return 1;
 }
 
 int64_t TaskParams::max_answer_length() const {
+  if (task != Task::single && task != Task::multikey && task != Task::multivalue) return ruler_max_answer_length(*this);
   return task == Task::multivalue ? values * value_length_max + (values - 1) : value_length_max;
 }
 
 int64_t TaskParams::min_length() const {
+  if (task != Task::single && task != Task::multikey && task != Task::multivalue) return ruler_min_length(*this);
   return num_needles() * needle_length(value_length_max) + query_length() + max_answer_length();
 }
 
@@ -96,6 +109,13 @@ void TaskParams::validate(int64_t vocab_size) const {
   if (task == Task::multikey) HYDRA_USER_CHECK(distractors >= 1, "multikey needs at least 1 distractor (got {})", distractors);
   if (task == Task::multivalue) HYDRA_USER_CHECK(values >= 2, "multivalue needs at least 2 values (got {})", values);
   const Markers m = markers_for(vocab_size);
+  if (task != Task::single && task != Task::multikey && task != Task::multivalue) {
+    HYDRA_USER_CHECK(task == Task::cwe || task == Task::fwe || count_sequences(m.content, value_length_min) >= 2 * num_needles(),
+                     "{} content tokens are too few to draw {} distinct values of {}+ tokens", m.content, num_needles(),
+                     value_length_min);
+    ruler_validate(*this, m);
+    return;
+  }
   // Distinct keys and values are drawn by rejection; half the space free keeps that quick.
   const int64_t needed = 2 * num_needles();
   HYDRA_USER_CHECK(count_sequences(m.content, key_length) >= needed && count_sequences(m.content, value_length_min) >= needed,
@@ -113,6 +133,9 @@ Sample generate_sample(const TaskParams& params, int64_t vocab_size, uint64_t se
                    "length {} is too short for NIAH task {}: its needles, query and answer need up to {} tokens",
                    length, name, params.min_length());
   const Markers m = markers_for(vocab_size);
+  if (params.task != Task::single && params.task != Task::multikey && params.task != Task::multivalue) {
+    return generate_ruler_sample(params, m, seed, length, depth, index);
+  }
   const std::string cell_key = fmt::format("{}/{}/{}", name, length, index);
   Draws draw(seed, hash_name("niah/" + cell_key));
   const RandomStream filler{seed, hash_name("niah-filler/" + cell_key)};
@@ -301,6 +324,56 @@ AnswerScore evaluate_sample(const Model& model, Communicator& comm, const Sample
   ForwardContext context{comm, layout};
   const Tensor hidden = model.forward(context, ids);
   return score_answer_rows(model, comm, layout, hidden, sample.answer_start, sample.answer());
+}
+
+std::string scoring_name(Scoring scoring) { return scoring == Scoring::generate ? "generate" : "teacher-forced"; }
+
+Scoring parse_scoring(const std::string& name) {
+  if (name == "teacher-forced") return Scoring::teacher_forced;
+  if (name == "generate") return Scoring::generate;
+  HYDRA_USER_FAIL("--score: unknown scoring '{}' (use teacher-forced or generate)", name);
+}
+
+AnswerScore generate_answer(const Model& model, Communicator& comm, const Sample& sample) {
+  const std::span<const int32_t> answer = sample.answer();
+  const int64_t n = static_cast<int64_t>(answer.size()), vocab = model.config().vocab_size;
+  HYDRA_ASSERT(n >= 1 && sample.answer_start >= 1, "answer {}+{}", sample.answer_start, n);
+  const std::vector<std::vector<int32_t>> prompt = {
+      std::vector<int32_t>(sample.ids.begin(), sample.ids.begin() + sample.answer_start)};
+  // Greedy (temperature 0): the arg-max with ties to the lowest id, the rule score_token uses.
+  const std::vector<GeneratedSequence> out =
+      generate(comm, model, prompt, GenerateOptions{.max_new_tokens = n, .keep_logits = true});
+  const GeneratedSequence& seq = out.front();
+  HYDRA_ASSERT(static_cast<int64_t>(seq.tokens.size()) == n && static_cast<int64_t>(seq.logits.size()) == n * vocab,
+               "generation of {} tokens gave {} tokens, {} logits", n, seq.tokens.size(), seq.logits.size());
+  std::vector<double> logprobs;
+  for (int64_t j = 0; j < n; ++j) {
+    const std::span<const float> row(seq.logits.data() + j * vocab, static_cast<size_t>(vocab));
+    logprobs.push_back(score_token(row, seq.tokens[static_cast<size_t>(j)]).logprob);
+  }
+  return combine(seq.tokens, logprobs, answer);
+}
+
+std::vector<std::vector<int32_t>> answer_items(std::span<const int32_t> answer, int32_t separator) {
+  std::vector<std::vector<int32_t>> items(1);
+  for (int32_t t : answer) {
+    if (separator >= 0 && t == separator) {
+      items.emplace_back();
+    } else {
+      items.back().push_back(t);
+    }
+  }
+  std::erase_if(items, [](const std::vector<int32_t>& item) { return item.empty(); });
+  return items;
+}
+
+double item_recall(std::span<const int32_t> output, const std::vector<std::vector<int32_t>>& items) {
+  if (items.empty()) return 1.0;
+  int64_t found = 0;
+  for (const std::vector<int32_t>& item : items) {
+    found += std::search(output.begin(), output.end(), item.begin(), item.end()) != output.end() ? 1 : 0;
+  }
+  return static_cast<double>(found) / static_cast<double>(items.size());
 }
 
 }  // namespace hydra::niah

@@ -45,6 +45,14 @@
 // (−1, log-probability NaN) and fails. The equality is exact in the math; in floats, a prefill and a token-by-token decode may sum in other
 // orders, so a near-tie could flip — the prefill is this runtime's reference computation.
 // Only the n rows that are needed go through lm_head (never [T, V] logits at long T).
+//
+// Scoring by generation (eval-niah --score generate): the prompt ids[0, a) is prefilled and n new
+// tokens are decoded greedily with the cache (model/generate.h, the decode engine), exactly as a
+// user's `hydra generate` would; the verdict is "the generated tokens are the answer". By the
+// argument above it equals the teacher-forced verdict up to float summation order (a test holds
+// them to each other on every sample). Recall: the answer's items (multivalue: its values, split at
+// SEP; otherwise the whole answer) and the fraction of them that occur as contiguous runs in the
+// output, in any order — RULER's string_match_all, on token ids (item_recall).
 #pragma once
 
 #include <cstdint>
@@ -57,7 +65,9 @@
 
 namespace hydra::niah {
 
-enum class Task { single, multikey, multivalue };
+// single, multikey, multivalue: NIAH (header comment); multiquery, vartrack, cwe, fwe: RULER's
+// other families in the same token space (model/eval/ruler.h).
+enum class Task { single, multikey, multivalue, multiquery, vartrack, cwe, fwe };
 
 std::string task_name(Task task);
 // UserError listing the known tasks.
@@ -82,6 +92,16 @@ struct TaskParams {
   int64_t value_length_max = 4;
   int64_t distractors = 3;  // multikey: needles with other keys
   int64_t values = 3;       // multivalue: values of the queried key
+  // RULER families (model/eval/ruler.h), with RULER's defaults.
+  int64_t queries = 4;        // multiquery: keys asked in one query
+  int64_t chains = 1;         // vartrack: chains of assignments
+  int64_t hops = 4;           // vartrack: assignments after the first in each chain
+  int64_t common_words = 10;  // cwe: words to answer
+  int64_t common_freq = 30;   // cwe: occurrences of each common word
+  int64_t uncommon_freq = 3;  // cwe: occurrences of each other word
+  double zipf_alpha = 2.0;    // fwe: exponent of the word distribution
+  int64_t fwe_words = 0;      // fwe: distinct words (0: a quarter of the occurrences)
+  int64_t top_words = 3;      // fwe: words to answer
 
   int64_t num_needles() const;
   int64_t needle_length(int64_t value_length) const { return 3 + key_length + value_length; }
@@ -174,5 +194,20 @@ AnswerScore score_answer_rows(const Model& model, Communicator& comm, const Sequ
 
 // One sample end to end: this rank's ids, the forward pass, the distributed scorer. Collective.
 AnswerScore evaluate_sample(const Model& model, Communicator& comm, const Sample& sample);
+
+enum class Scoring { teacher_forced, generate };
+std::string scoring_name(Scoring scoring);
+// "teacher-forced" or "generate"; UserError otherwise.
+Scoring parse_scoring(const std::string& name);
+
+// One sample scored by generation (header comment): predicted = the n greedy tokens, correct = they
+// are the answer, logprob = Σ log p of the generated tokens (the answer's log-probability when the
+// verdict is correct). Collective over `comm` (every rank returns the same score).
+AnswerScore generate_answer(const Model& model, Communicator& comm, const Sample& sample);
+
+// The items of an answer: split at `separator` (a marker id), or the whole answer (separator < 0).
+std::vector<std::vector<int32_t>> answer_items(std::span<const int32_t> answer, int32_t separator);
+// The fraction of `items` that occur as contiguous runs in `output`, in any order (1 for no items).
+double item_recall(std::span<const int32_t> output, const std::vector<std::vector<int32_t>>& items);
 
 }  // namespace hydra::niah

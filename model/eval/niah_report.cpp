@@ -1,5 +1,6 @@
 #include "model/eval/niah_report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -26,6 +27,7 @@ ordered_json sample_json(const Report& r, const SampleResult& s) {
                       {"depth", s.depth},
                       {"sample", s.index},
                       {"correct", s.correct},
+                      {"recall", s.recall},
                       {"logprob", number_or_null(s.logprob)},
                       {"answer_start", s.answer_start},
                       {"answer_length", s.answer.size()},
@@ -43,6 +45,7 @@ ordered_json cell_json(const Report& r, const CellResult& c) {
                       {"samples", c.samples},
                       {"correct", c.correct},
                       {"accuracy", c.accuracy()},
+                      {"mean_recall", c.mean_recall},
                       {"mean_logprob", number_or_null(c.mean_logprob)},
                       {"seconds", c.seconds}};
 }
@@ -91,6 +94,7 @@ void write_results_h5(const std::string& path, const Report& report) {
   file.set_attribute("source", report.source);
   file.set_attribute("ranks", int64_t{report.ranks});
   file.set_attribute("seed", static_cast<int64_t>(report.seed));
+  file.set_attribute("scoring", report.scoring);
   file.set_attribute("tasks", nlohmann::json(report.tasks).dump());
   file.set_attribute("cells_done", static_cast<int64_t>(report.cells.size()));
   file.set_attribute("cells_total", report.cells_total);
@@ -102,6 +106,7 @@ void write_results_h5(const std::string& path, const Report& report) {
   file.write("sample_answer_start", column(s, DType::i64, [](const SampleResult& x) { return x.answer_start; }));
   file.write("sample_needle_position", column(s, DType::i64, [](const SampleResult& x) { return x.needle_position; }));
   file.write("sample_correct", column(s, DType::i32, [](const SampleResult& x) { return x.correct ? 1 : 0; }));
+  file.write("sample_recall", column(s, DType::f32, [](const SampleResult& x) { return x.recall; }));
   file.write("sample_logprob", column(s, DType::f32, [](const SampleResult& x) { return x.logprob; }));
   file.write("sample_seconds", column(s, DType::f32, [](const SampleResult& x) { return x.seconds; }));
   std::vector<int64_t> offset{0};
@@ -122,10 +127,63 @@ void write_results_h5(const std::string& path, const Report& report) {
   file.write("cell_samples", column(c, DType::i64, [](const CellResult& x) { return x.samples; }));
   file.write("cell_correct", column(c, DType::i64, [](const CellResult& x) { return x.correct; }));
   file.write("cell_accuracy", column(c, DType::f32, [](const CellResult& x) { return x.accuracy(); }));
+  file.write("cell_mean_recall", column(c, DType::f32, [](const CellResult& x) { return x.mean_recall; }));
   file.write("cell_mean_logprob", column(c, DType::f32, [](const CellResult& x) { return x.mean_logprob; }));
   file.write("cell_seconds", column(c, DType::f32, [](const CellResult& x) { return x.seconds; }));
   file.close();
   out.commit();
+}
+
+std::string format_ruler_table(const Report& report) {
+  std::set<int64_t> lengths;
+  for (const CellResult& c : report.cells) lengths.insert(c.length);
+  if (lengths.empty()) return "";
+  // [task][length] -> (Σ recall over samples, samples)
+  std::vector<std::map<int64_t, std::pair<double, int64_t>>> sums(report.tasks.size());
+  for (const CellResult& c : report.cells) {
+    auto& e = sums[static_cast<size_t>(c.task)][c.length];
+    e.first += c.mean_recall * static_cast<double>(c.samples);
+    e.second += c.samples;
+  }
+  size_t width = 7;
+  for (const std::string& t : report.tasks) width = std::max(width, t.size());
+  std::string text = "RULER score (mean recall, %): tasks (rows) by length (columns)\n";
+  text += fmt::format("{:<{}}", "task", width);
+  for (int64_t l : lengths) text += fmt::format(" {:>7}", format_size(l));
+  text += fmt::format(" {:>7}\n", "avg");
+  std::map<int64_t, std::pair<double, int64_t>> column;  // length -> (Σ task scores, tasks)
+  double all = 0;
+  int64_t rows = 0;
+  const auto entry = [](double v) { return fmt::format(" {:>7.1f}", 100 * v); };
+  for (size_t t = 0; t < report.tasks.size(); ++t) {
+    if (sums[t].empty()) continue;
+    text += fmt::format("{:<{}}", report.tasks[t], width);
+    double row = 0;
+    int64_t cols = 0;
+    for (int64_t l : lengths) {
+      const auto it = sums[t].find(l);
+      if (it == sums[t].end() || it->second.second == 0) {
+        text += fmt::format(" {:>7}", "-");
+        continue;
+      }
+      const double score = it->second.first / static_cast<double>(it->second.second);
+      text += entry(score);
+      row += score;
+      ++cols;
+      column[l].first += score;
+      ++column[l].second;
+    }
+    text += entry(cols ? row / static_cast<double>(cols) : 0.0) + "\n";
+    all += cols ? row / static_cast<double>(cols) : 0.0;
+    ++rows;
+  }
+  text += fmt::format("{:<{}}", "avg", width);
+  for (int64_t l : lengths) {
+    const auto [sum, n] = column[l];
+    text += n ? entry(sum / static_cast<double>(n)) : fmt::format(" {:>7}", "-");
+  }
+  text += entry(rows ? all / static_cast<double>(rows) : 0.0) + "\n";
+  return text;
 }
 
 std::string format_table(const Report& report) {

@@ -1,9 +1,11 @@
 #include "model/eval/niah_run.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
 
+#include "model/eval/ruler.h"
 #include "model/nonfinite.h"
 #include "parallel/agreement.h"
 #include "runtime/log.h"
@@ -60,8 +62,13 @@ EvalPlan plan_generated(const std::vector<TaskParams>& tasks, const std::vector<
   }
   for (size_t t = 0; t < tasks.size(); ++t) {
     plan.tasks.push_back(task_name(tasks[t].task));
+    // Every multi-item answer (multivalue and the RULER families) joins its items by SEP.
+    const bool one_item = tasks[t].task == Task::single || tasks[t].task == Task::multikey;
+    plan.item_separator.push_back(one_item ? -1 : markers_for(vocab).sep);
+    plan.longest_answer = std::max(plan.longest_answer, tasks[t].max_answer_length());
     for (int64_t length : lengths) {
-      for (int64_t depth : depths) {
+      // cwe and fwe place nothing at a depth: one cell per length (depth 0).
+      for (int64_t depth : task_has_depth(tasks[t].task) ? depths : std::vector<int64_t>{0}) {
         const TaskParams p = tasks[t];
         plan.cells.push_back(CellPlan{static_cast<int>(t), length, depth, samples, [p, vocab, seed, length, depth](int64_t i) {
                                         return generate_sample(p, vocab, seed, length, depth, i);
@@ -76,12 +83,14 @@ EvalPlan plan_eval_set(std::shared_ptr<const EvalSet> set, const std::string& so
                        int ranks) {
   EvalPlan plan;
   plan.tasks.push_back(set->task);
+  plan.item_separator.push_back(-1);  // natural-language answers: one item (no marker ids)
   std::map<std::pair<int64_t, int64_t>, size_t> cell_of;  // (length, depth) -> cell index
   auto members = std::make_shared<std::vector<std::vector<size_t>>>();
   for (size_t i = 0; i < set->samples.size(); ++i) {
     const Sample& s = set->samples[i];
     check_length_for_ranks(static_cast<int64_t>(s.ids.size()), config, ranks, fmt::format("{}: sample {}: ", source, i));
     plan.longest = std::max(plan.longest, static_cast<int64_t>(s.ids.size()));
+    plan.longest_answer = std::max(plan.longest_answer, s.answer_length);
     const auto [it, fresh] = cell_of.try_emplace({s.length, s.depth}, plan.cells.size());
     if (fresh) {
       plan.cells.push_back(CellPlan{0, s.length, s.depth, 0, {}});
@@ -96,18 +105,75 @@ EvalPlan plan_eval_set(std::shared_ptr<const EvalSet> set, const std::string& so
   return plan;
 }
 
-EvalTotals run_plan(const Model& model, Communicator& comm, const EvalPlan& plan, Report& report,
-                    const std::function<void(const Report&)>& after_cell) {
+namespace {
+
+// One scored sample as the doubles a group sends in the gather: correct, logprob, recall, seconds, length,
+// depth, index, answer_start, needle_position, n, answer [n], predicted [n]. Ids and counts are
+// below 2^53, so the doubles hold them exactly.
+std::vector<double> pack(const SampleResult& r) {
+  std::vector<double> v = {r.correct ? 1.0 : 0.0,
+                           r.logprob,
+                           r.recall,
+                           r.seconds,
+                           static_cast<double>(r.length),
+                           static_cast<double>(r.depth),
+                           static_cast<double>(r.index),
+                           static_cast<double>(r.answer_start),
+                           static_cast<double>(r.needle_position),
+                           static_cast<double>(r.answer.size())};
+  v.insert(v.end(), r.answer.begin(), r.answer.end());
+  v.insert(v.end(), r.predicted.begin(), r.predicted.end());
+  return v;
+}
+
+SampleResult unpack(const std::vector<double>& v, int task) {
+  HYDRA_ASSERT(v.size() >= 10, "a gathered NIAH result of {} values", v.size());
+  const size_t n = static_cast<size_t>(v[9]);
+  HYDRA_ASSERT(v.size() == 10 + 2 * n, "a gathered NIAH result of {} values for an answer of {}", v.size(), n);
+  const auto ids = [&](size_t first) {
+    std::vector<int32_t> out(n);
+    for (size_t j = 0; j < n; ++j) out[j] = static_cast<int32_t>(v[first + j]);
+    return out;
+  };
+  return SampleResult{.task = task,
+                      .length = static_cast<int64_t>(v[4]),
+                      .depth = static_cast<int64_t>(v[5]),
+                      .index = static_cast<int64_t>(v[6]),
+                      .answer_start = static_cast<int64_t>(v[7]),
+                      .needle_position = static_cast<int64_t>(v[8]),
+                      .correct = v[0] != 0,
+                      .recall = v[2],
+                      .logprob = v[1],
+                      .seconds = v[3],
+                      .answer = ids(10),
+                      .predicted = ids(10 + n)};
+}
+
+}  // namespace
+
+EvalTotals run_plan(const Model& model, SequenceGroups& groups, const EvalPlan& plan, Report& report,
+                    const std::function<void(const Report&)>& after_cell, Scoring scoring) {
   report.tasks = plan.tasks;
+  report.scoring = scoring_name(scoring);
   report.cells_total = static_cast<int64_t>(plan.cells.size());
-  EvalTotals totals;
+  Communicator& comm = groups.sequence();
+  // Sample k of the run is sample item[k].second of cell item[k].first.
+  std::vector<std::pair<size_t, int64_t>> item;
   for (size_t c = 0; c < plan.cells.size(); ++c) {
-    const CellPlan& cell = plan.cells[c];
-    const std::string& task = plan.tasks[static_cast<size_t>(cell.task)];
-    const auto cell_start = Clock::now();
-    CellResult result{.task = cell.task, .length = cell.length, .depth = cell.depth, .samples = cell.samples};
-    std::vector<SampleResult> rows;
-    for (int64_t i = 0; i < cell.samples; ++i) {
+    for (int64_t i = 0; i < plan.cells[c].samples; ++i) item.emplace_back(c, i);
+  }
+  const int64_t total = static_cast<int64_t>(item.size()), width = groups.replicas();
+  EvalTotals totals;
+  size_t next_cell = 0;                     // the first cell not yet in the report
+  std::vector<SampleResult> rows;           // its samples gathered so far
+  auto cell_start = Clock::now();
+  for (int64_t round = 0; round * width < total; ++round) {
+    std::vector<double> mine;  // this group's result of the round (empty: no sample left for it)
+    const int64_t k = round * width + groups.replica();
+    if (k < total) {
+      const auto [c, i] = item[static_cast<size_t>(k)];
+      const CellPlan& cell = plan.cells[c];
+      const std::string& task = plan.tasks[static_cast<size_t>(cell.task)];
       const Sample sample = cell.sample(i);
       const auto sample_start = Clock::now();
       const std::string which =
@@ -116,34 +182,56 @@ EvalTotals run_plan(const Model& model, Communicator& comm, const EvalPlan& plan
       fields.add_tokens("sample tokens", sample.ids);
       fields.add("answer span", fmt::format("{} + {}", sample.answer_start, sample.answer_length));
       agree_across_ranks(comm, fields, which);
-      const AnswerScore score = evaluate_sample(model, comm, sample);
-      if (!std::isfinite(score.logprob)) {  // all-reduced: every rank takes this branch together
+      const AnswerScore score = scoring == Scoring::generate ? generate_answer(model, comm, sample)
+                                                             : evaluate_sample(model, comm, sample);
+      if (!std::isfinite(score.logprob)) {  // all-reduced over the group: its ranks take this branch together
+        // An error on a group's ranks ends the job on every rank (launch/main.cpp): no group waits in the gather.
         fail_nonfinite(model, comm, sample.ids, fmt::format("eval-niah: the answer's log-probability in {} is", which));
       }
       const std::span<const int32_t> answer = sample.answer();
-      rows.push_back(SampleResult{.task = cell.task,
-                                  .length = sample.length,
-                                  .depth = sample.depth,
-                                  .index = sample.index,
-                                  .answer_start = sample.answer_start,
-                                  .needle_position = sample.needle_position,
-                                  .correct = score.correct,
-                                  .logprob = score.logprob,
-                                  .seconds = seconds_since(sample_start),
-                                  .answer = std::vector<int32_t>(answer.begin(), answer.end()),
-                                  .predicted = score.predicted});
-      result.correct += score.correct ? 1 : 0;
-      result.mean_logprob += score.logprob / static_cast<double>(cell.samples);
+      mine = pack(SampleResult{.task = cell.task,
+                               .length = sample.length,
+                               .depth = sample.depth,
+                               .index = sample.index,
+                               .answer_start = sample.answer_start,
+                               .needle_position = sample.needle_position,
+                               .correct = score.correct,
+                               .recall = item_recall(score.predicted, answer_items(answer, plan.item_separator.empty()
+                                                                                                 ? -1
+                                                                                                 : plan.item_separator[static_cast<size_t>(cell.task)])),
+                               .logprob = score.logprob,
+                               .seconds = seconds_since(sample_start),
+                               .answer = std::vector<int32_t>(answer.begin(), answer.end()),
+                               .predicted = score.predicted});
     }
-    result.seconds = seconds_since(cell_start);
-    totals.samples += cell.samples;
-    totals.correct += result.correct;
-    totals.logprob += result.mean_logprob * static_cast<double>(cell.samples);
-    report.add_cell(result, std::move(rows));
-    log::info("niah {} length {} depth {}%: accuracy {:.3f} ({}/{}), mean logprob {:.3f}, {:.2f} s [cell {}/{}]", task,
-              format_size(cell.length), cell.depth, result.accuracy(), result.correct, result.samples,
-              result.mean_logprob, result.seconds, c + 1, plan.cells.size());
-    if (after_cell) after_cell(report);
+    // Every group's result of the round, in sample order; cells complete in plan order.
+    const std::vector<std::vector<double>> gathered = groups.gather(mine);
+    for (int64_t g = 0; g < width && round * width + g < total; ++g) {
+      const size_t c = item[static_cast<size_t>(round * width + g)].first;
+      HYDRA_ASSERT(c == next_cell, "NIAH sample of cell {} gathered while cell {} is open", c, next_cell);
+      rows.push_back(unpack(gathered[static_cast<size_t>(g)], plan.cells[c].task));
+      const CellPlan& cell = plan.cells[c];
+      if (static_cast<int64_t>(rows.size()) < cell.samples) continue;
+      CellResult result{.task = cell.task, .length = cell.length, .depth = cell.depth, .samples = cell.samples};
+      for (const SampleResult& r : rows) {
+        result.correct += r.correct ? 1 : 0;
+        result.mean_logprob += r.logprob / static_cast<double>(cell.samples);
+        result.mean_recall += r.recall / static_cast<double>(cell.samples);
+      }
+      result.seconds = seconds_since(cell_start);
+      cell_start = Clock::now();
+      totals.samples += cell.samples;
+      totals.correct += result.correct;
+      totals.logprob += result.mean_logprob * static_cast<double>(cell.samples);
+      totals.recall += result.mean_recall * static_cast<double>(cell.samples);
+      report.add_cell(result, std::move(rows));
+      rows.clear();
+      log::info("niah {} length {} depth {}%: accuracy {:.3f} ({}/{}), mean logprob {:.3f}, {:.2f} s [cell {}/{}]",
+                plan.tasks[static_cast<size_t>(cell.task)], format_size(cell.length), cell.depth, result.accuracy(),
+                result.correct, result.samples, result.mean_logprob, result.seconds, c + 1, plan.cells.size());
+      ++next_cell;
+      if (after_cell) after_cell(report);
+    }
   }
   return totals;
 }

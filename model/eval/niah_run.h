@@ -1,10 +1,14 @@
 // Running a NIAH evaluation (what `hydra eval-niah` does, callable from tests): a plan of cells —
 // task × length × depth, from the built-in generator or from an eval set — checked in full before
-// any weight is read, then the cells run in order, one sequence-parallel prefill per sample.
+// any weight is read, then the samples run, one sequence-parallel prefill per sample.
 //
-// Every rank holds its own copy of every sample (generated from the seed, or read from the set);
-// before a sample's collectives the ranks check that their copies agree (parallel/agreement.h), as
-// the command does for its inputs. A non-finite log-probability ends the run on every rank, naming
+// Sequence groups (parallel/sequence_groups.h, --sp): the samples of every cell, in plan order, are
+// numbered k = 0, 1, ...; they run in rounds of G (the number of groups), sample k on group k mod G,
+// each over its sp ranks. After each round one gather brings every group's results to every rank,
+// so rank 0 adds each cell to the report in plan order the moment its last sample is in; the
+// results are those of one group of all ranks (--sp W), sample for sample. Each rank generates (or
+// reads from the set) only its group's samples; before a sample's collectives the group's ranks
+// check that their copies agree (parallel/agreement.h), as the command does for its inputs. A non-finite log-probability ends the run on every rank, naming
 // the first stage of the forward that produced it (model/nonfinite.h).
 #pragma once
 
@@ -17,6 +21,7 @@
 #include "model/eval/niah.h"
 #include "model/eval/niah_report.h"
 #include "model/eval/niah_set.h"
+#include "parallel/sequence_groups.h"
 
 namespace hydra::niah {
 
@@ -29,14 +34,16 @@ struct CellPlan {
 
 struct EvalPlan {
   std::vector<std::string> tasks;  // task names
+  std::vector<int32_t> item_separator;  // per task: the id between an answer's items (−1: one item; niah.h answer_items)
   std::vector<CellPlan> cells;
   int64_t longest = 0;  // tokens of the longest sample (sizes the memory plan)
+  int64_t longest_answer = 1;  // tokens of the longest answer (sizes generation's cache)
   int64_t total_samples() const;
 };
 
 // Every (task, length, depth) cell of the generator, `samples` each. UserError for a length too
-// short for its task, or one the zigzag layout over `ranks` cannot split (or, for a HydraHead
-// model on several ranks, whose segments are shorter than the conv halo).
+// short for its task, or one the zigzag layout over `ranks` (the ranks of a sequence group) cannot
+// split (or, for a HydraHead model on several ranks, whose segments are shorter than the conv halo).
 EvalPlan plan_generated(const std::vector<TaskParams>& tasks, const std::vector<int64_t>& lengths,
                         const std::vector<int64_t>& depths, int64_t samples, uint64_t seed, const ModelConfig& config,
                         int ranks);
@@ -47,15 +54,19 @@ EvalPlan plan_eval_set(std::shared_ptr<const EvalSet> set, const std::string& so
 
 struct EvalTotals {
   int64_t samples = 0, correct = 0;
+  double recall = 0;   // summed over the samples
   double logprob = 0;  // summed over the samples
   double accuracy() const { return samples > 0 ? static_cast<double>(correct) / static_cast<double>(samples) : 0.0; }
   double mean_logprob() const { return samples > 0 ? logprob / static_cast<double>(samples) : 0.0; }
+  double mean_recall() const { return samples > 0 ? recall / static_cast<double>(samples) : 0.0; }
 };
 
-// Runs every cell of `plan`, adding each finished cell to `report` (its tasks and cells_total are
-// set here) and calling `after_cell(report)` on every rank (the command writes its files there, on
-// rank 0). Collective over `comm`; every rank returns the same totals.
-EvalTotals run_plan(const Model& model, Communicator& comm, const EvalPlan& plan, Report& report,
-                    const std::function<void(const Report&)>& after_cell);
+// Runs every cell of `plan` over `groups` (header comment), each sample scored by `scoring`
+// (model/eval/niah.h: teacher forcing in one prefill, or greedy generation with the cache), adding each finished cell to `report`
+// (its tasks and cells_total are set here) and calling `after_cell(report)` on every rank (the
+// command writes its files there, on rank 0). Collective over groups.world(); every rank returns
+// the same totals and holds the same report.
+EvalTotals run_plan(const Model& model, SequenceGroups& groups, const EvalPlan& plan, Report& report,
+                    const std::function<void(const Report&)>& after_cell, Scoring scoring = Scoring::teacher_forced);
 
 }  // namespace hydra::niah

@@ -13,7 +13,7 @@
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/swiglu/swiglu.h"
 #include "model/nonfinite.h"
-#include "parallel/self_communicator.h"
+#include "parallel/sequence_groups.h"
 
 namespace hydra::heads {
 namespace {
@@ -40,36 +40,56 @@ void edit_host_f32(const TensorView& o, F&& edit) {
   if (holder.defined()) copy_into(o, holder);
 }
 
-// Records, for every layer, rows [start, start + count) of every head's output, host f32
-// [count, H, d] in model head order.
+// Which local rows of a sequence-parallel forward hold global positions [start, start + count):
+// pairs (local row, position − start). Zigzag segments are contiguous runs of positions.
+std::vector<std::pair<int64_t, int64_t>> local_rows_in(const SequenceLayout& layout, int64_t start, int64_t count) {
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  for (const Segment& seg : layout.local_segments()) {
+    const int64_t lo = std::max(seg.start, start), hi = std::min(seg.start + seg.length, start + count);
+    for (int64_t pos = lo; pos < hi; ++pos) rows.emplace_back(seg.local_offset + pos - seg.start, pos - start);
+  }
+  return rows;
+}
+
+// Records, for every layer, the rows of positions [start, start + count) of every head's output
+// that this rank holds, host f32 [count, H, d] in model head order (rows held by the sequence
+// group's other ranks stay zero).
 class RowRecorder final : public LayerObserver {
  public:
-  RowRecorder(int64_t layers, int64_t start, int64_t count) : start_(start), count_(count), rows_(static_cast<size_t>(layers)) {}
+  RowRecorder(int64_t layers, const SequenceLayout& layout, int64_t start, int64_t count)
+      : count_(count), rows_at_(local_rows_in(layout, start, count)), rows_(static_cast<size_t>(layers)) {}
   void on_head_outputs(int64_t layer, const TensorView& o, std::span<const int> head_of) override {
     Tensor holder;
-    const TensorView src = host_f32(o.narrow(0, start_, count_), holder);
-    Tensor out = Tensor::empty(src.shape(), DType::f32);
-    for (size_t p = 0; p < head_of.size(); ++p) copy_into(out.view().select(1, head_of[p]), src.select(1, static_cast<int64_t>(p)));
+    const TensorView src = host_f32(o, holder);
+    Tensor out = Tensor::zeros({count_, src.size(1), src.size(2)}, DType::f32);
+    for (const auto& [row, at] : rows_at_) {
+      for (size_t p = 0; p < head_of.size(); ++p) {
+        copy_into(out.view().select(0, at).select(0, head_of[p]), src.select(0, row).select(0, static_cast<int64_t>(p)));
+      }
+    }
     rows_[static_cast<size_t>(layer)] = std::move(out);
   }
   std::vector<Tensor>& rows() { return rows_; }
 
  private:
-  int64_t start_, count_;
+  int64_t count_;
+  std::vector<std::pair<int64_t, int64_t>> rows_at_;
   std::vector<Tensor> rows_;
 };
 
-// Replaces some heads' outputs at rows [start, start + count) of one layer with cached rows.
+// Replaces some heads' outputs at positions [start, start + count) of one layer with cached rows
+// (this rank's rows of them).
 class HeadPatcher final : public LayerObserver {
  public:
-  HeadPatcher(int64_t layer, std::vector<int64_t> heads, int64_t start, const Tensor& cached)  // cached [count, H, d], model order
-      : layer_(layer), heads_(std::move(heads)), start_(start), cached_(cached) {}
+  HeadPatcher(int64_t layer, std::vector<int64_t> heads, const SequenceLayout& layout, int64_t start,
+              const Tensor& cached)  // cached [count, H, d], model order
+      : layer_(layer), heads_(std::move(heads)), rows_at_(local_rows_in(layout, start, cached.size(0))), cached_(cached) {}
   void on_head_outputs(int64_t layer, const TensorView& o, std::span<const int> head_of) override {
     if (layer != layer_) return;
     edit_host_f32(o, [&](const TensorView& h) {
       for (int64_t head : heads_) {
         const int64_t p = std::find(head_of.begin(), head_of.end(), static_cast<int>(head)) - head_of.begin();
-        copy_into(h.narrow(0, start_, cached_.size(0)).select(1, p), cached_.view().select(1, head));
+        for (const auto& [row, at] : rows_at_) copy_into(h.select(0, row).select(0, p), cached_.view().select(0, at).select(0, head));
       }
     });
   }
@@ -77,7 +97,7 @@ class HeadPatcher final : public LayerObserver {
  private:
   int64_t layer_;
   std::vector<int64_t> heads_;
-  int64_t start_;
+  std::vector<std::pair<int64_t, int64_t>> rows_at_;
   const Tensor& cached_;
 };
 
@@ -124,19 +144,30 @@ class HeadOutputSums final : public LayerObserver {
   std::vector<std::vector<std::vector<double>>> sums_;
 };
 
-// One whole sequence in a world of one: final-normed hidden [T, D] on the model's device.
-// The forward over `ids` on this rank alone; returns the residual stream before the final norm
-// [T, D] (the normed hidden state is model.final_norm of it).
-Tensor run_forward_residual(const Model& model, Communicator& local, const std::vector<int32_t>& ids, LayerObserver* observer) {
+// One sequence over the sequence group `seq` (zigzag layout; a world of one runs it whole): this
+// rank's rows of the residual stream before the final norm [T_loc, D] (the normed hidden state is
+// model.final_norm of it), and the layout that says which positions they are.
+struct LocalRows {
+  SequenceLayout layout;
+  Tensor rows;  // [T_loc, D]
+};
+
+LocalRows run_forward_residual(const Model& model, Communicator& seq, const std::vector<int32_t>& ids, LayerObserver* observer) {
   const int64_t total = static_cast<int64_t>(ids.size());
-  const SequenceLayout layout = SequenceLayout::zigzag(total, 1, 0);
-  const TensorView view(const_cast<int32_t*>(ids.data()), DType::i32, Device::host, {total});
-  ForwardContext context{.comm = local, .layout = layout, .observer = observer};
-  return model.forward_residual(context, view);
+  LocalRows out{SequenceLayout::zigzag(total, seq.size(), seq.rank()), {}};
+  Tensor local = Tensor::empty({out.layout.local_length()}, DType::i32);  // [T_loc], local order
+  for (const Segment& s : out.layout.local_segments()) {
+    std::copy_n(ids.begin() + s.start, s.length, local.data_as<int32_t>() + s.local_offset);
+  }
+  ForwardContext context{.comm = seq, .layout = out.layout, .observer = observer};
+  out.rows = model.forward_residual(context, local.view());
+  return out;
 }
 
-Tensor run_forward(const Model& model, Communicator& local, const std::vector<int32_t>& ids, LayerObserver* observer) {
-  return model.final_norm(run_forward_residual(model, local, ids, observer));
+LocalRows run_forward(const Model& model, Communicator& seq, const std::vector<int32_t>& ids, LayerObserver* observer) {
+  LocalRows out = run_forward_residual(model, seq, ids, observer);
+  out.rows = model.final_norm(out.rows);
+  return out;
 }
 
 // logits [n, V] of hidden rows [first, first + n), host f32.
@@ -151,15 +182,26 @@ struct AnswerEval {
   double logit_diff = 0;  // Σ_j logit(a_j) − logit(a'_j)
 };
 
-AnswerEval evaluate_answer(const Model& model, const Tensor& hidden, const CalibrationPrompt& p, const std::string& what) {
-  const Tensor logits = row_logits(model, hidden, p.answer_start - 1, p.answer_length);
+// The answer rows a−1+j are scored by the ranks that hold them; one all-reduce of [2, n] (one
+// owner per slot, exact) gives every rank of the group every row, summed over j in order.
+AnswerEval evaluate_answer(const Model& model, Communicator& seq, const LocalRows& hidden, const CalibrationPrompt& p,
+                           const std::string& what) {
   const std::span<const int32_t> answer = p.answer();
+  const int64_t vocab = model.config().vocab_size, n = p.answer_length;
+  Tensor rows = Tensor::zeros({2, n}, DType::f64);
+  double* r = rows.data_as<double>();
+  for (const auto& [row, j] : local_rows_in(hidden.layout, p.answer_start - 1, n)) {
+    const Tensor logits = row_logits(model, hidden.rows, row, 1);
+    const std::span<const float> values(logits.data_as<const float>(), static_cast<size_t>(vocab));
+    r[j] = niah::score_token(values, answer[static_cast<size_t>(j)]).logprob;
+    r[n + j] = static_cast<double>(values[static_cast<size_t>(answer[static_cast<size_t>(j)])]) -
+               values[static_cast<size_t>(p.corrupted_answer[static_cast<size_t>(j)])];
+  }
+  if (seq.size() > 1) all_reduce_sum_host(seq, rows);
   AnswerEval e;
-  e.logprob = niah::score_answer(logits, answer).logprob;
-  const int64_t vocab = model.config().vocab_size;
-  for (int64_t j = 0; j < p.answer_length; ++j) {
-    const float* row = logits.data_as<const float>() + j * vocab;
-    e.logit_diff += static_cast<double>(row[answer[static_cast<size_t>(j)]]) - row[p.corrupted_answer[static_cast<size_t>(j)]];
+  for (int64_t j = 0; j < n; ++j) {
+    e.logprob += r[j];
+    e.logit_diff += r[n + j];
   }
   HYDRA_USER_CHECK(std::isfinite(e.logprob) && std::isfinite(e.logit_diff),
                    "{}: the answer's log-probability is not finite ({}); the checkpoint's weights or activations are "
@@ -168,47 +210,55 @@ AnswerEval evaluate_answer(const Model& model, const Tensor& hidden, const Calib
   return e;
 }
 
-// Σ over t < T−1 of −log p(ids[t+1] | ids[..t]) from hidden [T, D], lm_head in row chunks.
-double sequence_nll(const Model& model, const Tensor& hidden, const std::vector<int32_t>& ids, const std::string& what) {
+// Σ over t < T−1 of −log p(ids[t+1] | ids[..t]) from this rank's hidden rows, lm_head in row
+// chunks, summed over the group (one all-reduce). Every rank of the group returns the sum.
+double sequence_nll(const Model& model, Communicator& seq, const LocalRows& hidden, const std::vector<int32_t>& ids,
+                    const std::string& what) {
   const int64_t total = static_cast<int64_t>(ids.size()), vocab = model.config().vocab_size;
   constexpr int64_t kChunk = 256;  // rows per lm_head call: bounds the [rows, V] logits buffer
-  double nll = 0;
-  for (int64_t t0 = 0; t0 < total - 1; t0 += kChunk) {
-    const int64_t n = std::min(kChunk, total - 1 - t0);
-    const Tensor logits = row_logits(model, hidden, t0, n);
-    for (int64_t r = 0; r < n; ++r) {
-      const niah::TokenScore s = niah::score_token({logits.data_as<const float>() + r * vocab, static_cast<size_t>(vocab)},
-                                                   ids[static_cast<size_t>(t0 + r + 1)]);
-      nll -= s.logprob;
+  Tensor nll = Tensor::zeros({1}, DType::f64);
+  for (const Segment& seg : hidden.layout.local_segments()) {
+    const int64_t predicting = std::min(seg.length, total - 1 - seg.start);  // rows with a next token
+    for (int64_t t0 = 0; t0 < predicting; t0 += kChunk) {
+      const int64_t n = std::min(kChunk, predicting - t0);
+      const Tensor logits = row_logits(model, hidden.rows, seg.local_offset + t0, n);
+      for (int64_t r = 0; r < n; ++r) {
+        const niah::TokenScore s = niah::score_token({logits.data_as<const float>() + r * vocab, static_cast<size_t>(vocab)},
+                                                     ids[static_cast<size_t>(seg.start + t0 + r + 1)]);
+        nll.data_as<double>()[0] -= s.logprob;
+      }
     }
   }
-  HYDRA_USER_CHECK(std::isfinite(nll), "{}: the next-token log-likelihood is not finite", what);
-  return nll;
+  if (seq.size() > 1) all_reduce_sum_host(seq, nll);
+  HYDRA_USER_CHECK(std::isfinite(nll.data_as<double>()[0]), "{}: the next-token log-likelihood is not finite", what);
+  return nll.data_as<double>()[0];
 }
 
-// What every rank computes once per prompt: the caches and the direct-effect readout vectors.
+// What every sequence group computes once per prompt: the caches and the direct-effect readout
+// vectors (each rank: of the rows it holds).
 struct PromptCache {
-  std::vector<Tensor> clean, corrupted;  // per layer: host f32 [R, H, d], rows [patch_start, T), model order
+  std::vector<Tensor> clean, corrupted;  // per layer: host f32 [R, H, d], rows [patch_start, T), model order; this rank's rows
   double logprob_clean = 0, logprob_corrupt = 0;
   double logit_diff_clean = 0, logit_diff_corrupt = 0;
-  // For answer positions p_j with a_j ≠ a'_j: the row in the caches and
+  // For answer positions p_j with a_j ≠ a'_j that this rank holds: the row in the caches and
   // r_j = w_final ⊙ (U[a_j] − U[a'_j]) / rms_clean(p_j), fp64 [D].
   std::vector<int64_t> readout_rows;
   std::vector<std::vector<double>> readout;
 };
 
-PromptCache build_prompt_cache(const Model& model, Communicator& local, const CalibrationPrompt& p, size_t index) {
+PromptCache build_prompt_cache(const Model& model, Communicator& seq, const CalibrationPrompt& p, size_t index) {
   const ModelConfig& c = model.config();
   const int64_t rows = p.length() - p.patch_start, D = c.hidden_size;
   HYDRA_ASSERT(p.patch_start >= 0 && p.patch_start <= p.answer_start - 1 && p.corrupted.size() == p.clean.size(),
                "calibration prompt {}: patch start {} after answer {}", index, p.patch_start, p.answer_start);
   PromptCache cache;
   const std::string what = fmt::format("calibration prompt {}", index);
-  RowRecorder clean_rec(c.num_layers, p.patch_start, rows), corrupt_rec(c.num_layers, p.patch_start, rows);
-  const Tensor residual = run_forward_residual(model, local, p.clean, &clean_rec);
-  const Tensor hidden = model.final_norm(residual);
-  const AnswerEval clean = evaluate_answer(model, hidden, p, what);
-  const AnswerEval corrupt = evaluate_answer(model, run_forward(model, local, p.corrupted, &corrupt_rec), p, what + " (corrupted)");
+  const SequenceLayout layout = SequenceLayout::zigzag(p.length(), seq.size(), seq.rank());
+  RowRecorder clean_rec(c.num_layers, layout, p.patch_start, rows), corrupt_rec(c.num_layers, layout, p.patch_start, rows);
+  const LocalRows residual = run_forward_residual(model, seq, p.clean, &clean_rec);
+  const AnswerEval clean = evaluate_answer(model, seq, {residual.layout, model.final_norm(residual.rows)}, p, what);
+  const AnswerEval corrupt =
+      evaluate_answer(model, seq, run_forward(model, seq, p.corrupted, &corrupt_rec), p, what + " (corrupted)");
   cache.clean = std::move(clean_rec.rows());
   cache.corrupted = std::move(corrupt_rec.rows());
   cache.logprob_clean = clean.logprob;
@@ -216,15 +266,15 @@ PromptCache build_prompt_cache(const Model& model, Communicator& local, const Ca
   cache.logit_diff_clean = clean.logit_diff;
   cache.logit_diff_corrupt = corrupt.logit_diff;
 
-  // The final residual (before the final norm) at the answer-predicting positions.
+  // The final residual (before the final norm) at the answer-predicting positions this rank holds.
   const int64_t first = p.answer_start - 1 - p.patch_start, n = p.answer_length;
-  const Tensor x = to(residual.view().narrow(0, p.answer_start - 1, n), Device::host, DType::f32);  // [n, D]
   const Tensor w_final = to(model.final_norm_weight(), Device::host, DType::f32);
   const float* w = w_final.data_as<const float>();
-  for (int64_t j = 0; j < n; ++j) {
+  for (const auto& [row, j] : local_rows_in(residual.layout, p.answer_start - 1, n)) {
     const int32_t a = p.answer()[static_cast<size_t>(j)], b = p.corrupted_answer[static_cast<size_t>(j)];
     if (a == b) continue;  // the logit difference is identically zero
-    const float* xr = x.data_as<const float>() + j * D;
+    const Tensor x = to(residual.rows.view().select(0, row), Device::host, DType::f32);  // [D]
+    const float* xr = x.data_as<const float>();
     double mean_sq = 0;
     for (int64_t k = 0; k < D; ++k) mean_sq += static_cast<double>(xr[k]) * xr[k];
     const double rms = std::sqrt(mean_sq / static_cast<double>(D) + c.rms_norm_eps);
@@ -240,7 +290,8 @@ PromptCache build_prompt_cache(const Model& model, Communicator& local, const Ca
   return cache;
 }
 
-// direct(l, h) of one prompt: Σ_j r_j · W_o,h (o_clean − o_corrupt)(p_j); w_o [D, d] host f32.
+// direct(l, h) of one prompt: Σ_j r_j · W_o,h (o_clean − o_corrupt)(p_j) over the rows this rank
+// holds (the group's ranks' parts add up to the whole); w_o [D, d] host f32.
 double direct_effect(const PromptCache& cache, int64_t layer, int64_t head, const Tensor& w_o) {
   const int64_t D = w_o.size(0), d = w_o.size(1);
   const float* w = w_o.data_as<const float>();
@@ -264,7 +315,7 @@ double direct_effect(const PromptCache& cache, int64_t layer, int64_t head, cons
 
 }  // namespace
 
-HeadScores score_heads(const Model& teacher, Communicator& world, std::span<const CalibrationPrompt> prompts,
+HeadScores score_heads(const Model& teacher, SequenceGroups& groups, std::span<const CalibrationPrompt> prompts,
                        std::span<const std::vector<int32_t>> lm_text, const ScoringOptions& options) {
   const ModelConfig& c = teacher.config();
   HYDRA_USER_CHECK(c.arch == Arch::qwen3, "head selection scores a Qwen3 teacher's heads; this model is {}",
@@ -272,32 +323,42 @@ HeadScores score_heads(const Model& teacher, Communicator& world, std::span<cons
   HYDRA_USER_CHECK(!prompts.empty(), "head selection needs at least one calibration prompt");
   const int64_t L = c.num_layers, H = c.num_heads, d = c.head_dim;
   const auto start = Clock::now();
-  SelfCommunicator local(teacher.device());
+  Communicator& seq = groups.sequence();
 
-  // 1. Caches: every rank, every prompt and every text sequence.
+  // 1. Caches: every group, every prompt and every text sequence.
   std::vector<PromptCache> caches;
-  for (size_t i = 0; i < prompts.size(); ++i) caches.push_back(build_prompt_cache(teacher, local, prompts[i], i));
+  for (size_t i = 0; i < prompts.size(); ++i) caches.push_back(build_prompt_cache(teacher, seq, prompts[i], i));
   HeadOutputSums sums(L, H, d);
   std::vector<double> nll_clean;
   int64_t text_positions = 0, predictions = 0;
   for (size_t m = 0; m < lm_text.size(); ++m) {
     HYDRA_ASSERT(lm_text[m].size() >= 2, "plain-text sequence {} of {} tokens", m, lm_text[m].size());
-    const Tensor hidden = run_forward(teacher, local, lm_text[m], &sums);
-    nll_clean.push_back(sequence_nll(teacher, hidden, lm_text[m], fmt::format("plain-text sequence {}", m)));
+    const LocalRows hidden = run_forward(teacher, seq, lm_text[m], &sums);
+    nll_clean.push_back(sequence_nll(teacher, seq, hidden, lm_text[m], fmt::format("plain-text sequence {}", m)));
     text_positions += static_cast<int64_t>(lm_text[m].size());
     predictions += static_cast<int64_t>(lm_text[m].size()) - 1;
   }
+  // The group's sums of its rows (one all-reduce of [L, H, d]), then the means.
+  Tensor summed = Tensor::empty({L, H, d}, DType::f64);
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t h = 0; h < H; ++h) {
+      const std::vector<double>& v = sums.sums()[static_cast<size_t>(l)][static_cast<size_t>(h)];
+      std::copy(v.begin(), v.end(), summed.data_as<double>() + (l * H + h) * d);
+    }
+  }
+  if (seq.size() > 1) all_reduce_sum_host(seq, summed);
   std::vector<std::vector<std::vector<float>>> means(static_cast<size_t>(L), std::vector<std::vector<float>>(static_cast<size_t>(H)));
   for (int64_t l = 0; l < L; ++l) {
     for (int64_t h = 0; h < H; ++h) {
-      for (double s : sums.sums()[static_cast<size_t>(l)][static_cast<size_t>(h)]) {
+      for (int64_t k = 0; k < d; ++k) {
+        const double s = summed.data_as<double>()[(l * H + h) * d + k];
         means[l][h].push_back(text_positions > 0 ? static_cast<float>(s / static_cast<double>(text_positions)) : 0.0f);
       }
     }
   }
 
-  // 2. This rank's (layer, head) jobs.
-  const int rank = world.rank(), ranks = world.size();
+  // 2. This group's (layer, head) jobs.
+  const int rank = groups.replica(), ranks = groups.replicas();
   int64_t my_jobs = 0;
   for (int64_t j = 0; j < L * H; ++j) my_jobs += j % ranks == rank ? 1 : 0;
   Grid drop = zeros(L, H), direct = zeros(L, H), lm_drop = zeros(L, H);
@@ -310,16 +371,17 @@ HeadScores score_heads(const Model& teacher, Communicator& world, std::span<cons
       const Tensor w_o = to(teacher.head_output_projection(l, h), Device::host, DType::f32);  // [D, d]
       for (size_t i = 0; i < prompts.size(); ++i) {
         const CalibrationPrompt& p = prompts[i];
-        HeadPatcher patch(l, {h}, p.patch_start, caches[i].corrupted[static_cast<size_t>(l)]);
-        const AnswerEval patched = evaluate_answer(teacher, run_forward(teacher, local, p.clean, &patch), p,
+        const SequenceLayout layout = SequenceLayout::zigzag(p.length(), seq.size(), seq.rank());
+        HeadPatcher patch(l, {h}, layout, p.patch_start, caches[i].corrupted[static_cast<size_t>(l)]);
+        const AnswerEval patched = evaluate_answer(teacher, seq, run_forward(teacher, seq, p.clean, &patch), p,
                                                    fmt::format("calibration prompt {} with head ({}, {}) patched", i, l, h));
         drop[l][h] += caches[i].logprob_clean - patched.logprob;
         direct[l][h] += direct_effect(caches[i], l, h, w_o);
       }
       for (size_t m = 0; m < lm_text.size(); ++m) {
         HeadMeanAblator ablate(l, h, means[l][h]);
-        const Tensor hidden = run_forward(teacher, local, lm_text[m], &ablate);
-        lm_drop[l][h] += sequence_nll(teacher, hidden, lm_text[m],
+        const LocalRows hidden = run_forward(teacher, seq, lm_text[m], &ablate);
+        lm_drop[l][h] += sequence_nll(teacher, seq, hidden, lm_text[m],
                                       fmt::format("plain-text sequence {} with head ({}, {}) ablated", m, l, h)) -
                          nll_clean[m];
       }
@@ -331,7 +393,7 @@ HeadScores score_heads(const Model& teacher, Communicator& world, std::span<cons
   }
 
   // 2b. Group patching: job (l, g), g = H for the whole layer, else every head of l but g; spread
-  // over the ranks like the single-head jobs. layer_drop is stored in column 0 of its grid.
+  // over the groups like the single-head jobs. layer_drop is stored in column 0 of its grid.
   Grid group_drop = zeros(L, H), layer_drop = zeros(L, H);
   if (options.group_patching) {
     for (int64_t l = 0; l < L; ++l) {
@@ -342,8 +404,9 @@ HeadScores score_heads(const Model& teacher, Communicator& world, std::span<cons
           if (h != g) patched.push_back(h);
         for (size_t i = 0; i < prompts.size(); ++i) {
           const CalibrationPrompt& p = prompts[i];
-          HeadPatcher patch(l, patched, p.patch_start, caches[i].corrupted[static_cast<size_t>(l)]);
-          const AnswerEval e = evaluate_answer(teacher, run_forward(teacher, local, p.clean, &patch), p,
+          const SequenceLayout layout = SequenceLayout::zigzag(p.length(), seq.size(), seq.rank());
+          HeadPatcher patch(l, patched, layout, p.patch_start, caches[i].corrupted[static_cast<size_t>(l)]);
+          const AnswerEval e = evaluate_answer(teacher, seq, run_forward(teacher, seq, p.clean, &patch), p,
                                                fmt::format("calibration prompt {} with {} heads of layer {} patched", i,
                                                            patched.size(), l));
           (g == H ? layer_drop[l][0] : group_drop[l][g]) += caches[i].logprob_clean - e.logprob;
@@ -352,11 +415,20 @@ HeadScores score_heads(const Model& teacher, Communicator& world, std::span<cons
     }
   }
 
-  // 3. Every rank gets every job's sums: [5, L, H] values as f32 (hi, lo) pairs; one rank per slot.
+  // The direct effects: each rank of a group summed the rows it holds; the group's sums (f64).
+  if (seq.size() > 1) {
+    Tensor parts = Tensor::empty({L, H}, DType::f64);
+    for (int64_t l = 0; l < L; ++l) std::copy(direct[l].begin(), direct[l].end(), parts.data_as<double>() + l * H);
+    all_reduce_sum_host(seq, parts);
+    for (int64_t l = 0; l < L; ++l) std::copy_n(parts.data_as<double>() + l * H, H, direct[l].begin());
+  }
+
+  // 3. Every rank gets every job's sums: [5, L, H] values as f32 (hi, lo) pairs; one rank per slot
+  // (the rank 0 of the group that ran the job).
   Tensor buffer = Tensor::zeros({5, L, H, 2}, DType::f32);
   float* b = buffer.data_as<float>();
   const Grid* grids[5] = {&drop, &direct, &lm_drop, &group_drop, &layer_drop};
-  for (int64_t g = 0; g < 5; ++g) {
+  for (int64_t g = 0; g < 5 && groups.group_lead(); ++g) {
     for (int64_t l = 0; l < L; ++l) {
       for (int64_t h = 0; h < H; ++h) {
         const double v = (*grids[g])[l][h];
@@ -366,7 +438,7 @@ HeadScores score_heads(const Model& teacher, Communicator& world, std::span<cons
       }
     }
   }
-  all_reduce_sum_host(world, buffer);
+  all_reduce_sum_host(groups.world(), buffer);
 
   HeadScores out;
   out.prompts = static_cast<int64_t>(prompts.size());
@@ -408,13 +480,13 @@ HeadScores score_heads(const Model& teacher, Communicator& world, std::span<cons
   out.forwards = ranks * (2 * out.prompts + out.lm_sequences) + L * H * (out.prompts + out.lm_sequences) +
                  (options.group_patching ? L * (H + 1) * out.prompts : 0);
   // The scores are the same on every rank (all-reduced), so every rank takes this branch together;
-  // each locates the first non-finite stage on its own (whole prompts in a world of one, as scored).
+  // each group locates the first non-finite stage (over its ranks, as scored).
   const auto finite = [](double v) { return std::isfinite(v); };
   bool all_finite = finite(out.logprob_clean) && finite(out.logprob_corrupt) && finite(out.lm_nll_clean);
   for (const Grid* g : {&out.total, &out.direct, &out.lm}) {
     for (const auto& row : *g) all_finite = all_finite && std::all_of(row.begin(), row.end(), finite);
   }
-  if (!all_finite) fail_nonfinite(teacher, local, prompts.front().clean, "select-heads: the head scores are");
+  if (!all_finite) fail_nonfinite(teacher, seq, prompts.front().clean, "select-heads: the head scores are");
   return out;
 }
 

@@ -48,16 +48,19 @@
 //    per layer the top K of the layer (ties: lower head); a layer may end up with no FA head.
 // A head whose W_o slice is zero has total = direct = lm = 0 exactly: its output enters nothing.
 //
-// Work. Every rank builds the same inputs and runs, per prompt, one clean and one corrupted forward
-// that record every layer's head outputs at the patched positions (the caches), and one clean
-// forward per plain-text sequence (baseline NLL and the ablation means). The (layer, head) jobs
-// j = l·H + h are then spread round-robin over the ranks (j mod P); a job runs N patched and M
-// ablated forwards and the direct readouts. Each rank runs whole sequences in a world of one
-// (SelfCommunicator on the model's device): jobs need no communication, so the work scales with P
-// until P = L·H; calibration prompts are short (a few K tokens), where sequence parallelism would
-// mostly add latency. The duplicated cache forwards (2N + M per rank) are small next to the
-// L·H·(N + M)/P job forwards. One all-reduce at the end gives every rank every score (each slot
-// has one non-zero contribution, sent as an f32 hi/lo pair, so the sum reproduces the value).
+// Work. The world is cut into sequence groups of sp ranks (parallel/sequence_groups.h; select-heads
+// --sp, default 1: every rank alone). Every group builds the same inputs and runs, per prompt, one
+// clean and one corrupted forward that record every layer's head outputs at the patched positions
+// (the caches: each rank the rows it holds), and one clean forward per plain-text sequence
+// (baseline NLL and the ablation means, summed over the group). The (layer, head) jobs j = l·H + h
+// are then spread round-robin over the G groups (j mod G); a job runs N patched and M ablated
+// forwards and the direct readouts (each rank over the rows it holds, summed over the group). With
+// sp = 1 (the default) jobs need no communication, so the work scales with P until P = L·H;
+// calibration prompts are short (a few K tokens), where sequence parallelism mostly adds latency;
+// sp > 1 is for prompts too long for one rank. The duplicated cache forwards (2N + M per group)
+// are small next to the L·H·(N + M)/G job forwards. One all-reduce at the end gives every rank
+// every score (each slot has one non-zero contribution, from rank 0 of the group that ran the job,
+// sent as an f32 hi/lo pair, so the sum reproduces the value).
 // Effects of different heads are not additive, so each patched head needs its own forward. What
 // would save the most: a forward that starts at layer l from a cached residual (patching layer l
 // cannot change layers < l), about half the job cost on average; Model::layer_forward is that entry
@@ -71,6 +74,7 @@
 
 #include "model/selection/head_calibration.h"
 #include "model/model.h"
+#include "parallel/sequence_groups.h"
 
 namespace hydra::heads {
 
@@ -87,7 +91,7 @@ struct HeadScores {
   bool total_normalized = false;                         // D ≥ kMinLogprobGap
   double logit_diff_clean = 0, logit_diff_corrupt = 0;  // means over prompts of Σ_j logit(a_j) − logit(a'_j)
   double lm_nll_clean = 0;                               // mean next-token NLL of the plain text, nats
-  int64_t forwards = 0;                                  // forward passes run, all ranks together
+  int64_t forwards = 0;                                  // forward passes run, all sequence groups together
   bool groups = false;                                   // group patching ran (the two below are filled)
   std::vector<double> layer_total;                       // [L] every head of the layer patched (header)
   Grid all_but_one;                                      // [L][H] every head of layer l but h patched
@@ -115,11 +119,12 @@ struct Concentration {
 };
 Concentration concentration(const Grid& direct);
 
-// Scores every head of `teacher` (arch qwen3). Collective over `world`: every rank passes the same
-// prompts and text; every rank returns the same scores. `lm_text` may be empty (lm = 0). A
+// Scores every head of `teacher` (arch qwen3). Collective over groups.world(): every rank passes
+// the same prompts and text (each of a length the zigzag layout over sp ranks admits); every rank
+// returns the same scores. `lm_text` may be empty (lm = 0). A
 // non-finite score ends the run on every rank, naming the first stage of the forward that turns
 // non-finite on the first prompt (model/nonfinite.h).
-HeadScores score_heads(const Model& teacher, Communicator& world, std::span<const CalibrationPrompt> prompts,
+HeadScores score_heads(const Model& teacher, SequenceGroups& groups, std::span<const CalibrationPrompt> prompts,
                        std::span<const std::vector<int32_t>> lm_text, const ScoringOptions& options = {});
 
 struct ScoreWeights {

@@ -66,21 +66,27 @@ NiahEvaluation niah_evaluation(const std::vector<std::string>& task_names, int64
   return eval;
 }
 
-std::vector<NiahScore> niah_scores(const Model& model, Communicator& sequence, const NiahEvaluation& eval) {
-  std::vector<NiahScore> scores;
-  const int64_t vocab = model.config().vocab_size;
-  for (const niah::TaskParams& p : eval.tasks) {
-    int64_t correct = 0;
-    double logprob = 0;
-    for (int64_t i = 0; i < eval.samples; ++i) {
+std::vector<NiahScore> niah_scores(const Model& model, SequenceGroups& groups, const NiahEvaluation& eval) {
+  const int64_t vocab = model.config().vocab_size, tasks = static_cast<int64_t>(eval.tasks.size());
+  // [tasks, 2]: this group's correct answers and summed log-probability per task (group rank 0 only).
+  Tensor sums = Tensor::zeros({tasks, 2}, DType::f64);
+  for (int64_t t = 0; t < tasks; ++t) {
+    const niah::TaskParams& p = eval.tasks[static_cast<size_t>(t)];
+    for (int64_t i = groups.replica(); i < eval.samples; i += groups.replicas()) {
       const int64_t depth = eval.samples > 1 ? 100 * i / (eval.samples - 1) : 50;
       const niah::Sample sample = niah::generate_sample(p, vocab, kNiahEvalSeed, eval.seq_len, depth, i);
-      const niah::AnswerScore score = niah::evaluate_sample(model, sequence, sample);
-      correct += score.correct ? 1 : 0;
-      logprob += score.logprob;
+      const niah::AnswerScore score = niah::evaluate_sample(model, groups.sequence(), sample);
+      if (!groups.group_lead()) continue;  // every rank of the group holds the same score
+      sums.data_as<double>()[2 * t] += score.correct ? 1 : 0;
+      sums.data_as<double>()[2 * t + 1] += score.logprob;
     }
-    const double n = static_cast<double>(eval.samples);
-    scores.push_back({niah::task_name(p.task), static_cast<double>(correct) / n, logprob / n});
+  }
+  all_reduce_sum_host(groups.world(), sums);
+  std::vector<NiahScore> scores;
+  const double n = static_cast<double>(eval.samples);
+  for (int64_t t = 0; t < tasks; ++t) {
+    scores.push_back({niah::task_name(eval.tasks[static_cast<size_t>(t)].task), sums.data_as<double>()[2 * t] / n,
+                      sums.data_as<double>()[2 * t + 1] / n});
   }
   return scores;
 }

@@ -13,6 +13,7 @@
 
 #include "model/eval/niah.h"
 #include "model/train/stage.h"
+#include "parallel/sequence_groups.h"
 
 namespace hydra::train {
 
@@ -58,7 +59,9 @@ struct NiahScore {
   double accuracy = 0;      // greedy answers right / samples
   double mean_logprob = 0;  // the answers' log-probability, mean over samples
 };
-// Every sample scored on the sequence group `sequence` (each group scores all of them). Collective.
-std::vector<NiahScore> niah_scores(const Model& model, Communicator& sequence, const NiahEvaluation& eval);
+// Every sample scored once: sample i of each task on sequence group i mod groups (the replicas split
+// the samples instead of repeating them), the counts and log-probabilities summed over the groups.
+// Every rank returns the same scores. Collective over groups.world().
+std::vector<NiahScore> niah_scores(const Model& model, SequenceGroups& groups, const NiahEvaluation& eval);
 
 }  // namespace hydra::train

@@ -80,7 +80,7 @@ nlohmann::json write_own_part(const fs::path& temp, int rank, int world, const M
 // Rank 0, once every rank reported: the manifest (last, atomically), the rename, `latest`, pruning.
 // Throws a UserError naming the rank whose part failed.
 void finish_save(const fs::path& temp, const fs::path& final_dir, const std::vector<std::string>& reports,
-                 const TrainConfig& config, TrainTopology& topology, const Model& student, const AdamW& optimizer,
+                 const TrainConfig& config, SequenceGroups& topology, const Model& student, const AdamW& optimizer,
                  int64_t step, int64_t position, const nlohmann::json& data_position, double started) {
   nlohmann::json shards = nlohmann::json::array(), model;
   for (const std::string& text : reports) {
@@ -189,7 +189,7 @@ double save_time_limit(double configured, double largest_writer_bytes) {
   return 120.0 + largest_writer_bytes / 20e6;
 }
 
-std::string write_sharded_checkpoint(const TrainConfig& config, TrainTopology& topology, const Model& student,
+std::string write_sharded_checkpoint(const TrainConfig& config, SequenceGroups& topology, const Model& student,
                                      const AdamW& optimizer, int64_t step, int64_t position,
                                      const nlohmann::json& data_position) {
   Communicator& world = topology.world();

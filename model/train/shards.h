@@ -55,7 +55,7 @@ double save_time_limit(double configured, double largest_writer_bytes);
 // Every rank: writes step `step` of `config.out_dir` as above and returns the step folder (on every
 // rank). `data_position`: data_state() at `position`. Host messages with the save's limit; a
 // failure on any rank is a UserError on every rank.
-std::string write_sharded_checkpoint(const TrainConfig& config, TrainTopology& topology, const Model& student,
+std::string write_sharded_checkpoint(const TrainConfig& config, SequenceGroups& topology, const Model& student,
                                      const AdamW& optimizer, int64_t step, int64_t position,
                                      const nlohmann::json& data_position);
 

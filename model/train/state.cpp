@@ -149,7 +149,7 @@ void truncate_log(const std::string& path, int64_t last_kept_step) {
   write_text_atomically(path, kept);
 }
 
-ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topology, const Model& student,
+ResumePoint load_checkpoint_dir(const TrainConfig& config, SequenceGroups& topology, const Model& student,
                                 AdamW& optimizer, bool lead) {
   const std::string dir = latest_checkpoint(config.out_dir);
   HYDRA_USER_CHECK(!dir.empty(), "--resume: {} holds no checkpoint (no 'latest' pointer)", config.out_dir);

@@ -51,7 +51,7 @@ nlohmann::json data_shares(const TokenWindows& data, int64_t position);
 // differ —, model config, seq_len, seed, the inputs' fingerprints unless allow_changed_inputs:
 // UserErrors naming the difference) and loads the optimizer's state. `lead` (rank 0) prints the
 // warnings.
-ResumePoint load_checkpoint_dir(const TrainConfig& config, TrainTopology& topology, const Model& student,
+ResumePoint load_checkpoint_dir(const TrainConfig& config, SequenceGroups& topology, const Model& student,
                                 AdamW& optimizer, bool lead);
 
 // Removes the temporary step directories of saves interrupted by a crash or kill -9 (their process

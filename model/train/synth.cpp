@@ -35,7 +35,7 @@ int64_t invert(const std::vector<double>& cdf, double u) {
 
 niah::TaskParams niah_params(const SynthConfig& c, Kind kind) {
   niah::TaskParams p = c.retrieval;
-  p.task = kind == Kind::single ? niah::Task::single : kind == Kind::multikey ? niah::Task::multikey : niah::Task::multivalue;
+  p.task = niah::parse_task(kind_name(kind));  // the same names
   return p;
 }
 
@@ -47,7 +47,7 @@ niah::TaskParams mqar_params(const SynthConfig& c) {
   return p;
 }
 
-bool is_niah(Kind kind) { return kind == Kind::single || kind == Kind::multikey || kind == Kind::multivalue; }
+bool is_niah(Kind kind) { return kind != Kind::lm && kind != Kind::mqar && kind != Kind::recall; }
 
 // Language filler continued across interruptions: the chain state is the last two filler tokens.
 class Filler {
@@ -196,6 +196,10 @@ std::string kind_name(Kind kind) {
     case Kind::multikey: return "multikey";
     case Kind::multivalue: return "multivalue";
     case Kind::recall: return "recall";
+    case Kind::multiquery: return "multiquery";
+    case Kind::vartrack: return "vartrack";
+    case Kind::cwe: return "cwe";
+    case Kind::fwe: return "fwe";
   }
   return "?";
 }
@@ -214,7 +218,8 @@ Kind parse_kind(const std::string& name) {
   for (Kind k : kAllKinds) {
     if (kind_name(k) == name) return k;
   }
-  HYDRA_USER_FAIL("unknown synth task '{}' (known: lm, mqar, recall, single, multikey, multivalue)", name);
+  HYDRA_USER_FAIL("unknown synth task '{}' (known: lm, mqar, recall, single, multikey, multivalue, multiquery, vartrack, "
+                  "cwe, fwe)", name);
 }
 
 std::vector<Part> parse_mixture(const std::string& spec) {
@@ -422,7 +427,11 @@ Document generate_document(const SynthConfig& config, const MarkovSource& langua
     case Kind::recall: return recall_document(config, language, index);
     case Kind::single:
     case Kind::multikey:
-    case Kind::multivalue: return niah_document(config, kind, index);
+    case Kind::multivalue:
+    case Kind::multiquery:
+    case Kind::vartrack:
+    case Kind::cwe:
+    case Kind::fwe: return niah_document(config, kind, index);
   }
   HYDRA_ASSERT(false, "unknown document kind");
   return {};

@@ -67,8 +67,10 @@
 namespace hydra::synth {
 
 // document_kind in a stream file indexes this list (recall was appended to keep the others' indices).
-enum class Kind { lm, mqar, single, multikey, multivalue, recall };
-inline constexpr Kind kAllKinds[] = {Kind::lm, Kind::mqar, Kind::single, Kind::multikey, Kind::multivalue, Kind::recall};
+// multiquery, vartrack, cwe, fwe: eval-niah's RULER families (model/eval/ruler.h), one sample per document.
+enum class Kind { lm, mqar, single, multikey, multivalue, recall, multiquery, vartrack, cwe, fwe };
+inline constexpr Kind kAllKinds[] = {Kind::lm,         Kind::mqar,       Kind::single,   Kind::multikey, Kind::multivalue,
+                                     Kind::recall,     Kind::multiquery, Kind::vartrack, Kind::cwe,      Kind::fwe};
 bool is_retrieval(Kind kind);  // every kind but lm
 
 // Which targets a stream's loss_mask counts: all (no mask written) or, in retrieval documents, only

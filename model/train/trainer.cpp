@@ -49,7 +49,7 @@ std::string format_duration(double s) {
 }
 
 // The checks that need no data read: the stage's inputs, the counts, the window length's layout.
-void check_config(const TrainConfig& config, TrainTopology& topology, const Model* teacher) {
+void check_config(const TrainConfig& config, SequenceGroups& topology, const Model* teacher) {
   const StageTraits& stage = stage_traits(config.stage);
   check_teacher(config.stage, teacher != nullptr);
   HYDRA_USER_CHECK(!stage.only_that_set || config.train == stage.trains,
@@ -75,7 +75,7 @@ struct StepResult {
 // One run of run_training: the state the step loop and its policies share.
 class Trainer {
  public:
-  Trainer(const TrainConfig& config, TrainTopology& topology, Model& student, const Model* teacher);
+  Trainer(const TrainConfig& config, SequenceGroups& topology, Model& student, const Model* teacher);
   TrainSummary run();
 
  private:
@@ -96,7 +96,7 @@ class Trainer {
 
   const TrainConfig& config_;
   const StageTraits& stage_;
-  TrainTopology& topology_;
+  SequenceGroups& topology_;
   Communicator& world_;
   Model& student_;
   const Model* teacher_;
@@ -161,7 +161,7 @@ OptimizerConfig scheduled(OptimizerConfig optim, int64_t steps) {
   return optim;
 }
 
-Trainer::Trainer(const TrainConfig& config, TrainTopology& topology, Model& student, const Model* teacher)
+Trainer::Trainer(const TrainConfig& config, SequenceGroups& topology, Model& student, const Model* teacher)
     : config_(config),
       stage_(stage_traits(config.stage)),
       topology_(topology),
@@ -406,7 +406,7 @@ bool Trainer::save_or_stop(int64_t step, int stop_votes) {
 
 // The held-out loss (--eval-data: the stage's metric over the first --eval-windows windows, packed
 // --batch-seqs at a time as in training, each replica its share) and the NIAH accuracy (--eval-niah:
-// each sequence group scores every sample); one "eval" line in train.jsonl.
+// the replicas split the samples); one "eval" line in train.jsonl.
 void Trainer::evaluate(int64_t step) {
   if (!eval_ && niah_.tasks.empty()) return;
   nlohmann::json line{{"type", "eval"}, {"step", step}};
@@ -430,7 +430,7 @@ void Trainer::evaluate(int64_t step) {
   if (!niah_.tasks.empty()) {
     summary_.last_niah_accuracy.clear();
     std::string text;
-    for (const NiahScore& s : niah_scores(student_, topology_.sequence(), niah_)) {
+    for (const NiahScore& s : niah_scores(student_, topology_, niah_)) {
       summary_.last_niah_accuracy.emplace_back(s.task, s.accuracy);
       line["niah_" + s.task] = s.accuracy;
       line["niah_" + s.task + "_logprob"] = s.mean_logprob;
@@ -479,21 +479,7 @@ TrainSummary Trainer::run() {
 
 }  // namespace
 
-TrainTopology::TrainTopology(Communicator& world, int sp) : world_(world) {
-  const int p = world.size();
-  if (sp == 0) sp = p;
-  HYDRA_USER_CHECK(sp >= 1 && p % sp == 0, "--sp {} must divide the number of ranks ({})", sp, p);
-  replicas_ = p / sp;
-  replica_ = world.rank() / sp;
-  if (sp == p) {
-    sequence_ = &world;
-  } else {
-    owned_ = world.split(replica_, world.rank());
-    sequence_ = owned_.get();
-  }
-}
-
-TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Model& student, const Model* teacher) {
+TrainSummary run_training(const TrainConfig& config, SequenceGroups& topology, Model& student, const Model* teacher) {
   check_config(config, topology, teacher);
   // From here on SIGTERM/SIGINT/SIGUSR1 ask for a stop after the current step (runtime/stop_request.h).
   const StopRequestScope stop_scope;

@@ -3,7 +3,7 @@
 //
 // One code path for every world: the ranks are split into sequence-parallel groups of `sp` ranks
 // (one sequence spread over a group, zigzag layout) and world/sp data-parallel replicas (each on
-// its own windows). Every cross-rank step goes through TrainTopology: the gradient and loss
+// its own windows). Every cross-rank step goes through SequenceGroups (parallel/sequence_groups.h): the gradient and loss
 // reductions over the world (each rank's gradients hold only its tokens' contributions, so the sum
 // over all ranks is the gradient of the global token-weighted mean), and the sequence group's
 // communicator for the model's own collectives.
@@ -36,6 +36,7 @@
 #include "model/train/optimizer.h"
 #include "model/train/stage.h"
 #include "parallel/communicator.h"
+#include "parallel/sequence_groups.h"
 
 namespace hydra::train {
 
@@ -81,23 +82,6 @@ struct TrainConfig {
   bool allow_changed_inputs = false;
 };
 
-// Who runs what. `world` is the communicator of the tensors' device (NCCL on GPUs).
-class TrainTopology {
- public:
-  TrainTopology(Communicator& world, int sp);
-  Communicator& world() { return world_; }
-  Communicator& sequence() { return *sequence_; }
-  int replica() const { return replica_; }
-  int replicas() const { return replicas_; }
-  int sp() const { return sequence_->size(); }
-
- private:
-  Communicator& world_;
-  std::unique_ptr<Communicator> owned_;
-  Communicator* sequence_ = nullptr;
-  int replica_ = 0, replicas_ = 1;
-};
-
 struct TrainSummary {
   int64_t first_step = 1, last_step = 0;
   double last_loss = 0;
@@ -116,7 +100,7 @@ struct TrainSummary {
 // Runs the stage. `student` is the model trained (its weights are updated in place); `teacher`
 // (the stages that need one: stage_traits) runs forward only. Collective over topology.world();
 // rank 0 prints and writes.
-TrainSummary run_training(const TrainConfig& config, TrainTopology& topology, Model& student,
+TrainSummary run_training(const TrainConfig& config, SequenceGroups& topology, Model& student,
                           const Model* teacher);
 
 }  // namespace hydra::train

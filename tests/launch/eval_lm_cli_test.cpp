@@ -58,6 +58,17 @@ TEST(EvalLmCli, MatchesForwardAndRanks) {
   const nlohmann::json j2 = summary_of(two);
   EXPECT_EQ(j2.at("ranks").get<int64_t>(), 2);
   EXPECT_NEAR(j2.at("loss").get<double>(), j3.at("loss").get<double>(), 1e-5 * j3.at("loss").get<double>());
+  // Sequence groups on 4 ranks: --sp 2 (window i on group i mod 2) and --sp 1 give --sp 4's loss.
+  for (const int sp : {4, 2, 1}) {
+    const CommandResult g = run_command(mpirun(4) + " " + h + " eval-lm --model " + dir.file("m.h5") + " --data " +
+                                        dir.file("all.h5") + " --seq-len 48 --windows 0 --device cpu --sp " + std::to_string(sp));
+    ASSERT_EQ(g.exit_code, 0) << g.output;
+    const nlohmann::json jg = summary_of(g);
+    EXPECT_EQ(jg.at("sp").get<int>(), sp);
+    EXPECT_EQ(jg.at("tokens").get<int64_t>(), 3 * len);
+    // fp32 forwards over other layouts; the sums differ only in rounding.
+    EXPECT_NEAR(jg.at("loss").get<double>(), j3.at("loss").get<double>(), 1e-5 * j3.at("loss").get<double>()) << sp;
+  }
   // The --out file holds the summary.
   EXPECT_EQ(summary_of(CommandResult{0, run_command("cat " + dir.file("one.json")).output, 0}).at("loss"), j1.at("loss"));
 }

@@ -3,6 +3,8 @@
 // no cache); 2 ranks under mpirun give the same tokens as 1, greedy and sampled; the JSON lines hold
 // what the issue asks; bad input is one error line before any work and leaves no output.
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <fstream>
 #include <sstream>
 
@@ -115,6 +117,116 @@ TEST(GenerateCli, GreedyEqualsForwardArgmaxAndRanksAgree) {
   const auto want = std::vector<int32_t>(generated[0].begin(), first + 1);
   EXPECT_EQ(stopped[0].at("tokens").get<std::vector<int32_t>>(), want);
   EXPECT_TRUE(stopped[0].at("stopped").get<bool>());
+}
+
+// --sp 2 on 4 ranks: prompts 0, 2, 4 on one group and 1, 3 on the other, each decoded as a batch
+// there; the file's order and the tokens are those of --sp 4, greedy and sampled (each prompt
+// keeps its own sampling stream), and of one rank.
+TEST(GenerateCli, SequenceGroupsGiveTheWholeWorldsTokens) {
+  const TempDir dir;
+  const std::string h = hydra_binary();
+  ASSERT_EQ(run_command(h + " init --preset hydrahead-tiny --weight-seed 4 --out " + dir.file("m.h5")).exit_code, 0);
+  std::vector<int32_t> all;
+  std::vector<int64_t> offsets = {0};
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<int32_t> p = ids_of(17 + 5 * i, 10 + i);
+    all.insert(all.end(), p.begin(), p.end());
+    offsets.push_back(static_cast<int64_t>(all.size()));
+  }
+  write_prompts(dir.file("p.h5"), all, offsets);
+  const std::string args = " generate --model " + dir.file("m.h5") + " --prompt " + dir.file("p.h5") +
+                           " --max-new-tokens 4 --device cpu";
+  for (const std::string mode : {std::string(""), std::string(" --temperature 0.9 --top-k 40 --seed 3")}) {
+    const CommandResult one = run_command(h + args + mode + " --out " + dir.file("one.jsonl"));
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    const CommandResult whole = run_command(mpirun(4) + " " + h + args + mode + " --sp 4 --out " + dir.file("sp4.jsonl"));
+    ASSERT_EQ(whole.exit_code, 0) << whole.output;
+    const CommandResult halves = run_command(mpirun(4) + " " + h + args + mode + " --sp 2 --out " + dir.file("sp2.jsonl"));
+    ASSERT_EQ(halves.exit_code, 0) << halves.output;
+    const auto lines = json_lines(dir.file("sp2.jsonl"));
+    ASSERT_EQ(lines.size(), 6u);
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_EQ(lines[i].at("prompt_index").get<int>(), i);
+      EXPECT_EQ(lines[i].at("prompt_tokens").get<int64_t>(), 17 + 5 * i);
+      EXPECT_EQ(lines[i].at("tokens").size(), 4u);
+    }
+    EXPECT_EQ(lines.back().at("sp").get<int>(), 2);
+    EXPECT_EQ(lines.back().at("ranks").get<int>(), 4);
+    EXPECT_EQ(lines.back().at("new_tokens").get<int>(), 20);
+    EXPECT_EQ(tokens_of(lines), tokens_of(json_lines(dir.file("sp4.jsonl")))) << mode;
+    EXPECT_EQ(tokens_of(lines), tokens_of(json_lines(dir.file("one.jsonl")))) << mode;
+  }
+  const CommandResult bad = run_command(mpirun(4) + " " + h + args + " --sp 3 --out " + dir.file("bad.jsonl"));
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--sp 3 must divide the number of ranks (4)"), std::string::npos) << bad.output;
+}
+
+// --logprobs K: each new token's log-probability is the log-softmax of hydra forward's logits at
+// its position (prompt + the tokens before it), the top K are the K largest of that row in order,
+// greedy's token is the first of them; --sp 2 on 4 ranks writes the same numbers.
+TEST(GenerateCli, LogprobsAreTheForwardsLogSoftmax) {
+  const TempDir dir;
+  const std::string h = hydra_binary();
+  ASSERT_EQ(run_command(h + " init --preset hydrahead-tiny --weight-seed 5 --out " + dir.file("m.h5")).exit_code, 0);
+  const std::vector<int32_t> a = ids_of(19, 3), b = ids_of(9, 4);
+  std::vector<int32_t> both = a;
+  both.insert(both.end(), b.begin(), b.end());
+  write_prompts(dir.file("p.h5"), both, {0, 19, 28});
+  const std::string args = " generate --model " + dir.file("m.h5") + " --prompt " + dir.file("p.h5") +
+                           " --max-new-tokens 4 --device cpu --logprobs 3";
+  const CommandResult one = run_command(h + args + " --out " + dir.file("one.jsonl"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto lines = json_lines(dir.file("one.jsonl"));
+  ASSERT_EQ(lines.size(), 3u);
+  const std::vector<std::vector<int32_t>> prompts = {a, b};
+  for (size_t p = 0; p < 2; ++p) {
+    const auto tokens = lines[p].at("tokens").get<std::vector<int32_t>>();
+    const auto lps = lines[p].at("logprobs").get<std::vector<double>>();
+    const auto top = lines[p].at("top_logprobs");
+    ASSERT_EQ(lps.size(), tokens.size());
+    ASSERT_EQ(top.size(), tokens.size());
+    std::vector<int32_t> seq = prompts[p];
+    seq.insert(seq.end(), tokens.begin(), tokens.end() - 1);
+    write_token_file(dir.file("seq.h5"), seq);
+    const CommandResult f = run_command(h + " forward --model " + dir.file("m.h5") + " --input " + dir.file("seq.h5") +
+                                        " --output " + dir.file("logits.h5"));
+    ASSERT_EQ(f.exit_code, 0) << f.output;
+    const Tensor logits = H5File::open_read(dir.file("logits.h5")).read("logits");
+    const int64_t vocab = logits.size(1), t0 = static_cast<int64_t>(prompts[p].size()) - 1;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      const float* row = logits.data_as<float>() + (t0 + static_cast<int64_t>(i)) * vocab;
+      const float peak = *std::max_element(row, row + vocab);
+      double sum = 0;
+      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - peak);
+      const double log_norm = peak + std::log(sum);
+      // fp32 forward (prefill) against fp32 decode steps: agreement to ~1e-5 in log-probability.
+      EXPECT_NEAR(lps[i], row[tokens[i]] - log_norm, 1e-4) << "prompt " << p << " token " << i;
+      ASSERT_EQ(top[i].size(), 3u);
+      EXPECT_EQ(top[i][0][0].get<int32_t>(), tokens[i]) << "greedy takes the most likely";
+      EXPECT_DOUBLE_EQ(top[i][0][1].get<double>(), lps[i]);
+      std::vector<int32_t> order(static_cast<size_t>(vocab));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return row[x] > row[y]; });
+      for (size_t k = 0; k < 3; ++k) {
+        EXPECT_EQ(top[i][k][0].get<int32_t>(), order[k]) << "prompt " << p << " token " << i << " rank " << k;
+        EXPECT_NEAR(top[i][k][1].get<double>(), row[order[k]] - log_norm, 1e-4);
+        if (k > 0) EXPECT_LE(top[i][k][1].get<double>(), top[i][k - 1][1].get<double>());
+      }
+    }
+  }
+  const CommandResult groups = run_command(mpirun(4) + " " + h + args + " --sp 2 --out " + dir.file("sp2.jsonl"));
+  ASSERT_EQ(groups.exit_code, 0) << groups.output;
+  const auto grouped = json_lines(dir.file("sp2.jsonl"));
+  for (size_t p = 0; p < 2; ++p) {
+    EXPECT_EQ(grouped[p].at("tokens"), lines[p].at("tokens"));
+    const auto x = lines[p].at("logprobs").get<std::vector<double>>(), y = grouped[p].at("logprobs").get<std::vector<double>>();
+    ASSERT_EQ(x.size(), y.size());
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], y[i], 1e-4);
+  }
+  const CommandResult bad = run_command(h + " generate --model " + dir.file("m.h5") + " --prompt " + dir.file("p.h5") +
+                                        " --max-new-tokens 4 --device cpu --logprobs 101 --out " + dir.file("bad.jsonl"));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find("--logprobs must be in 0..100"), std::string::npos) << bad.output;
 }
 
 TEST(GenerateCli, RefusesBadInputBeforeAnyWork) {

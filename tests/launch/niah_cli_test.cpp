@@ -1,5 +1,5 @@
 // hydra eval-niah as a user runs it, at small lengths: one rank and `mpirun -np 2` give the same
-// per-sample verdicts and log-probabilities; the JSON lines, the HDF5 copy, the table and the
+// per-sample verdicts and log-probabilities, and so do sequence groups (--sp 1, 2, 4 on 4 ranks); the JSON lines, the HDF5 copy, the table and the
 // summary agree with each other; an HDF5 eval set of the generator's samples (--dataset) gives
 // the generator's results; bad input is refused before any work, leaving no output file.
 #include <filesystem>
@@ -147,6 +147,90 @@ TEST_F(EvalNiah, DatasetOfTheGeneratorsSamplesGivesItsResults) {
   EXPECT_EQ(from_set.summary["source"], dir_->file("set.h5"));
 }
 
+// --sp 2 on 4 ranks: two groups take alternate samples (3 per cell, so rounds straddle cells) and
+// rank 0 writes them in plan order: the same samples, verdicts and cells as --sp 4 and as --sp 1.
+TEST_F(EvalNiah, SequenceGroupsGiveTheWholeWorldsResults) {
+  const std::string args = "--lengths 256,512 --depths 0,50,100 --samples 3 --seed 5 --task single,multivalue";
+  const EvalRun whole = eval(4, "sp4", args + " --sp 4"), halves = eval(4, "sp2", args + " --sp 2"),
+                ones = eval(4, "sp1", args + " --sp 1");
+  for (const EvalRun* run : {&whole, &halves, &ones}) {
+    ASSERT_EQ(run->result.exit_code, 0) << run->result.output;
+    EXPECT_EQ(run->lines.size(), 12u + 36u);
+    EXPECT_EQ(run->summary["ranks"], 4);
+    EXPECT_EQ(run->summary["samples"], 36);
+  }
+  EXPECT_EQ(whole.summary["sp"], 4);
+  EXPECT_EQ(halves.summary["sp"], 2);
+  expect_same_samples(whole, halves);
+  expect_same_samples(whole, ones);
+  // The same order of lines: each cell line after its own samples, with their counts.
+  for (size_t i = 0; i < whole.lines.size(); ++i) {
+    EXPECT_EQ(whole.lines[i]["type"], halves.lines[i]["type"]) << i;
+    EXPECT_EQ(whole.lines[i]["task"], halves.lines[i]["task"]) << i;
+    EXPECT_EQ(whole.lines[i].value("sample", -1), halves.lines[i].value("sample", -1)) << i;
+    EXPECT_EQ(whole.lines[i]["correct"], halves.lines[i]["correct"]) << i;
+  }
+  EXPECT_EQ(whole.summary["accuracy"], halves.summary["accuracy"]);
+}
+
+// --score generate (greedy decoding of each answer with the cache) on 2 groups of 2 ranks: the
+// teacher-forced verdict on every sample, the same first token, and the recall fields.
+TEST_F(EvalNiah, GenerationScoringGivesTheTeacherForcedVerdicts) {
+  const std::string args = std::string(kGrid) + " --task single,multivalue --sp 2";
+  const EvalRun tf = eval(4, "tf", args), gen = eval(4, "gen", args + " --score generate");
+  ASSERT_EQ(tf.result.exit_code, 0) << tf.result.output;
+  ASSERT_EQ(gen.result.exit_code, 0) << gen.result.output;
+  EXPECT_EQ(tf.summary["score"], "teacher-forced");
+  EXPECT_EQ(gen.summary["score"], "generate");
+  const std::vector<json> x = of_type(tf, "sample"), y = of_type(gen, "sample");
+  ASSERT_EQ(x.size(), 24u);
+  ASSERT_EQ(y.size(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(x[i]["correct"], y[i]["correct"]) << i;
+    EXPECT_EQ(x[i]["predicted"][0], y[i]["predicted"][0]) << i << ": both the arg-max after the prompt";
+    EXPECT_EQ(y[i]["predicted"].size(), y[i]["answer"].size()) << i;
+    const double recall = y[i]["recall"].get<double>();
+    EXPECT_GE(recall, 0.0);
+    EXPECT_LE(recall, 1.0);
+    if (y[i]["correct"].get<bool>()) {
+      EXPECT_EQ(recall, 1.0) << i;
+    }
+  }
+  EXPECT_EQ(H5File::open_read(dir_->file("gen.h5")).string_attribute("scoring"), "generate");
+  EXPECT_EQ(H5File::open_read(dir_->file("gen.h5")).read("sample_recall").numel(), 24);
+}
+
+// RULER's families in one job beside NIAH's: cwe and fwe get one cell per length, every sample a
+// recall, and rank 0 prints RULER's table (tasks by lengths, average row); 2 groups of 1 rank
+// give one process's samples.
+TEST_F(EvalNiah, RulerFamiliesRunBesideNiahAndPrintTheirTable) {
+  const std::string args = "--lengths 256,512 --depths 0,100 --samples 2 --seed 4 --task single,multiquery,vartrack,cwe,fwe "
+                           "--common-words 4 --common-freq 6 --uncommon-freq 2 --hops 2";
+  const EvalRun one = eval(0, "ruler1", args), two = eval(2, "ruler2", args + " --sp 1"),
+                gen = eval(2, "ruler3", args + " --sp 1 --score generate");
+  ASSERT_EQ(one.result.exit_code, 0) << one.result.output;
+  ASSERT_EQ(two.result.exit_code, 0) << two.result.output;
+  ASSERT_EQ(gen.result.exit_code, 0) << gen.result.output;
+  const int64_t cells = 3 * 2 * 2 + 2 * 2;  // three tasks with depths, two without
+  EXPECT_EQ(one.summary["cells"], cells);
+  EXPECT_EQ(one.summary["samples"], 2 * cells);
+  expect_same_samples(one, two);
+  const std::vector<json> x = of_type(one, "sample"), y = of_type(gen, "sample");
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(x[i]["correct"], y[i]["correct"]) << i;
+    EXPECT_EQ(x[i]["predicted"][0], y[i]["predicted"][0]) << i;
+    EXPECT_GE(y[i]["recall"].get<double>(), 0.0);
+    EXPECT_LE(y[i]["recall"].get<double>(), 1.0);
+  }
+  for (const json& j : of_type(one, "cell")) {
+    if (j["task"] == "cwe" || j["task"] == "fwe") EXPECT_EQ(j["depth"], 0);
+  }
+  const std::string& out = one.result.output;
+  EXPECT_NE(out.find("RULER score (mean recall, %): tasks (rows) by length (columns)"), std::string::npos) << out;
+  for (const char* row : {"multiquery", "vartrack", "cwe", "fwe", "avg"}) EXPECT_NE(out.find(std::string("\n") + row), std::string::npos) << row;
+}
+
 TEST_F(EvalNiah, BadInputIsRefusedBeforeWork) {
   const auto refused = [&](int ranks, const std::string& args, const std::string& needle) {
     const EvalRun r = eval(ranks, "bad", args);
@@ -160,11 +244,17 @@ TEST_F(EvalNiah, BadInputIsRefusedBeforeWork) {
   refused(0, "--lengths 256 --depths 0,101", "--depths: 101 is outside 0..100");
   refused(0, "--lengths 16", "--lengths: 16 is too short for NIAH task single");
   refused(0, "--lengths 256 --samples 0", "--samples must be at least 1");
+  refused(0, "--lengths 256 --score greedy", "--score: unknown scoring 'greedy'");
+  refused(0, "--lengths 256 --task cwe", "--lengths: 256 is too short for NIAH task cwe");
+  refused(0, "--lengths 4K --task fwe --zipf-alpha -1", "--zipf-alpha must be positive");
   refused(0, "--lengths 256 --value-length 3..1", "value length 3..1");
   refused(0, "--depths 50", "give --lengths");
   refused(0, "--dataset " + model_ + " --lengths 256", "--lengths configures the built-in generator");
   refused(0, "--dataset " + model_, "not a NIAH eval set");
   refused(2, "--lengths 258", "sequence length 258 is not divisible by 2P = 4");
+  // A group of --sp ranks needs 2·sp segments, as the whole world does without --sp.
+  refused(4, "--lengths 258 --sp 2", "sequence length 258 is not divisible by 2P = 4");
+  refused(4, "--lengths 256 --sp 3", "--sp 3 must divide the number of ranks (4)");
   refused(3, "--dataset " + fixture_dir() + "/niah/greedy_set.h5",
           "greedy_set.h5: sample 0: sequence length 64 is not divisible by 2P = 6");
   const CommandResult help = run_command(hydra_binary() + " eval-niah --help");

@@ -143,6 +143,37 @@ TEST_F(SelectHeads, PlantedHeadFromAnEvalSetOnTwoRanks) {
   EXPECT_EQ(r.heads["scores"]["total"][0][1], 0.0) << "the zero-W_o head";
 }
 
+// Sequence groups (--sp): 4 ranks as 2 groups of 2 and 1 group of 4 run each prompt and text
+// sequence split over their ranks (the caches, patches, readouts and NLL sums each rank's rows) and
+// give one process's scores: the planted head, the zero head, every other head.
+TEST_F(SelectHeads, SequenceGroupsGiveOneProcesssScores) {
+  const std::string args = "--model " + needle_model_ + " --calib " + needle_set_ + " --budget 1 --lm-length 32";
+  const SelectRun one = select(0, "sp-one", args);
+  ASSERT_EQ(one.result.exit_code, 0) << one.result.output;
+  for (const int sp : {2, 4}) {
+    const SelectRun r = select(4, "sp" + std::to_string(sp), args + " --sp " + std::to_string(sp));
+    ASSERT_EQ(r.result.exit_code, 0) << r.result.output;
+    EXPECT_EQ(r.summary["sp"], sp);
+    EXPECT_EQ(r.heads["fa_heads"], one.heads["fa_heads"]);
+    for (const char* score : {"composite", "total", "direct", "lm"}) {
+      const auto x = one.heads["scores"][score].get<std::vector<std::vector<double>>>();
+      const auto y = r.heads["scores"][score].get<std::vector<std::vector<double>>>();
+      ASSERT_EQ(x.size(), y.size());
+      for (size_t l = 0; l < x.size(); ++l) {
+        for (size_t h = 0; h < x[l].size(); ++h) {
+          // fp32 forwards over other layouts: the sums differ in rounding only.
+          EXPECT_NEAR(x[l][h], y[l][h], 1e-4 * std::max(1.0, std::abs(x[l][h]))) << score << " " << l << "," << h << " sp " << sp;
+        }
+      }
+    }
+    EXPECT_EQ(r.heads["scores"]["total"][0][1], 0.0) << "the zero-W_o head";
+  }
+  const SelectRun bad = select(4, "sp-bad", "--model " + teacher_ + " --budget 3 --calib-length 130 --calib-samples 2 --lm-length 64 --sp 2");
+  EXPECT_EQ(bad.result.exit_code, 2) << bad.result.output;
+  EXPECT_NE(bad.result.output.find("calibration prompt 0: sequence length 130 is not divisible by 2P = 4"), std::string::npos)
+      << bad.result.output;
+}
+
 TEST_F(SelectHeads, BadInputIsRefusedBeforeAnyWork) {
   const auto refused = [&](const std::string& args, const std::string& message) {
     const std::string out = dir_->file("bad.json");

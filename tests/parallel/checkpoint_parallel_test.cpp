@@ -52,7 +52,7 @@ void train(Communicator& comm, const Run& run) {
   c.sp = run.sp;
   c.optim.lr = 3e-3;
   c.optim.grad_clip = 1.5;
-  train::TrainTopology topology(comm, run.sp);
+  SequenceGroups topology(comm, run.sp);
   train::run_training(c, topology, student, nullptr);
 }
 

@@ -125,7 +125,7 @@ void expect_data_times_sequence_parallel_equal_single(Masked masked) {
   MpiCommunicator& comm = world();
   const int p = comm.size();
   const int sp = p % 2 == 0 ? p / 2 : 1;
-  train::TrainTopology topology(comm, sp);
+  SequenceGroups topology(comm, sp);
   ASSERT_EQ(topology.replicas() * topology.sp(), p);
   const ModelConfig config = preset_config("hydrahead-tiny");
   const Model model(config, random_parameters(config, 32), Device::host, DType::f64);

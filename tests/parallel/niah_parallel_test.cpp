@@ -5,11 +5,16 @@
 //    the hand-computed verdict and log-probability.
 //  - A random HydraHead model: every rank's P-rank result equals the single-process result it
 //    computes itself (same arg-max tokens; log-probability within 1e-4, fp32 summation order).
+//  - Sequence groups (parallel/sequence_groups.h): gather gives every rank each group's values;
+//    the in-training NIAH evaluation split over the groups (every sp dividing P) scores each sample
+//    once and equals the one-process result.
 #include <set>
 
 #include "model/eval/niah.h"
+#include "model/train/evaluation.h"
 #include "model/params.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/sequence_groups.h"
 #include "parallel/self_communicator.h"
 #include "tests/common/known_argmax_model.h"
 #include "tests/common/test_util.h"
@@ -78,6 +83,51 @@ TEST(NiahParallel, RandomHydraModelMatchesOneProcess) {
     EXPECT_EQ(many.correct, one.correct);
     EXPECT_NEAR(many.logprob, one.logprob, 1e-4);
     EXPECT_TRUE(std::isfinite(one.logprob));
+  }
+}
+
+TEST(SequenceGroups, GatherGivesEveryRankEachGroupsValues) {
+  MpiCommunicator& comm = world();
+  for (int sp = 1; sp <= comm.size(); ++sp) {
+    if (comm.size() % sp != 0) continue;
+    SequenceGroups groups(comm, sp);
+    EXPECT_EQ(groups.replicas(), comm.size() / sp);
+    EXPECT_EQ(groups.replica(), comm.rank() / sp);
+    EXPECT_EQ(groups.sp(), sp);
+    // Group g sends g values g·100 + j (none for g = 0): lengths differ; only the lead's count.
+    std::vector<double> mine;
+    for (int j = 0; j < groups.replica(); ++j) mine.push_back(groups.replica() * 100.0 + j + 0.25);
+    if (!groups.group_lead()) mine.assign(3, -1.0);  // ignored
+    const std::vector<std::vector<double>> all = groups.gather(mine);
+    ASSERT_EQ(static_cast<int>(all.size()), groups.replicas());
+    for (int g = 0; g < groups.replicas(); ++g) {
+      ASSERT_EQ(static_cast<int>(all[static_cast<size_t>(g)].size()), g) << "sp " << sp;
+      for (int j = 0; j < g; ++j) EXPECT_EQ(all[static_cast<size_t>(g)][static_cast<size_t>(j)], g * 100.0 + j + 0.25);
+    }
+  }
+}
+
+TEST(SequenceGroups, TrainingNiahEvaluationSplitsTheSamples) {
+  MpiCommunicator& comm = world();
+  const ModelConfig c = preset_config("hydrahead-tiny");
+  const Model model(c, random_parameters(c, 6));
+  const train::NiahEvaluation eval = train::niah_evaluation({"single", "multivalue"}, c.vocab_size, 48, 5);
+  SelfCommunicator self;
+  SequenceGroups alone(self, 0);
+  const std::vector<train::NiahScore> one = train::niah_scores(model, alone, eval);
+  ASSERT_EQ(one.size(), 2u);
+  for (int sp = 1; sp <= comm.size(); ++sp) {
+    if (comm.size() % sp != 0) continue;
+    SequenceGroups groups(comm, sp);
+    const std::vector<train::NiahScore> split = train::niah_scores(model, groups, eval);
+    ASSERT_EQ(split.size(), one.size());
+    for (size_t t = 0; t < one.size(); ++t) {
+      EXPECT_EQ(split[t].task, one[t].task);
+      EXPECT_EQ(split[t].accuracy, one[t].accuracy) << "sp " << sp;
+      // Each of the 5 samples counted once: a repeated or missing sample would move the mean by ~1 nat.
+      EXPECT_NEAR(split[t].mean_logprob, one[t].mean_logprob, 1e-4) << "sp " << sp << " task " << one[t].task;
+      EXPECT_TRUE(std::isfinite(one[t].mean_logprob));
+    }
   }
 }
 

@@ -41,7 +41,7 @@ struct Trained {
 };
 
 // `steps` steps of one optimizer: replica r of the topology trains on window step·R + r.
-Trained train_steps(train::TrainTopology& topology, Model& model, train::AdamW& optimizer, int64_t t, int steps) {
+Trained train_steps(SequenceGroups& topology, Model& model, train::AdamW& optimizer, int64_t t, int steps) {
   Communicator& seq = topology.sequence();
   const SequenceLayout layout = SequenceLayout::zigzag(t, seq.size(), seq.rank());
   const int replicas = topology.replicas();
@@ -83,7 +83,7 @@ void expect_close(const NamedTensors& actual, const NamedTensors& expected, doub
 // `tol` bounds the losses; `tensor_tol` the gradient norms, weights and state (see the header).
 void expect_zero_equals_replicated(DType dtype, double tol, double tensor_tol, int sp) {
   MpiCommunicator& comm = world();
-  train::TrainTopology topology(comm, sp);
+  SequenceGroups topology(comm, sp);
   const ModelConfig config = preset_config("hydrahead-tiny");
   const NamedTensors params = random_parameters(config, 43);
   Model replicated_model(config, params, Device::host, dtype), sharded_model(config, params, Device::host, dtype);
@@ -145,7 +145,7 @@ TEST(Zero, ShardedEqualsReplicatedDataParallelF32) {
 // back: both forms then hold the same state and weights, bit for bit.
 TEST(Zero, StateMovesBetweenFormsExactly) {
   MpiCommunicator& comm = world();
-  train::TrainTopology topology(comm, comm.size());
+  SequenceGroups topology(comm, comm.size());
   const ModelConfig config = preset_config("hydrahead-tiny");
   const NamedTensors params = random_parameters(config, 44);
   Model a_model(config, params, Device::host, DType::f32), b_model(config, params, Device::host, DType::f32);
@@ -170,7 +170,7 @@ TEST(Zero, StateMovesBetweenFormsExactly) {
 TEST(Zero, OptimizerBytesPerRank) {
   MpiCommunicator& comm = world();
   const int p = comm.size();
-  train::TrainTopology topology(comm, p);
+  SequenceGroups topology(comm, p);
   const ModelConfig config = preset_config("hydrahead-tiny");
   Model model(config, random_parameters(config, 45), Device::host, DType::f32);
   // allocate_storage rounds each block up to 64 bytes (runtime/tensor.h): the bounds allow that.

@@ -60,10 +60,11 @@ TEST(NiahRun, ARetrievingModelScoresOneAndTheCallbackSeesEveryCell) {
   }
   plan.longest = 96;
   SelfCommunicator comm;
+  SequenceGroups groups(comm, 0);
   niah::Report report;
   std::vector<size_t> seen;
   const niah::EvalTotals totals =
-      niah::run_plan(model, comm, plan, report, [&](const niah::Report& r) { seen.push_back(r.cells.size()); });
+      niah::run_plan(model, groups, plan, report, [&](const niah::Report& r) { seen.push_back(r.cells.size()); });
   EXPECT_EQ(seen, (std::vector<size_t>{1, 2, 3}));
   EXPECT_EQ(report.cells_total, 3);
   ASSERT_EQ(report.cells.size(), 3u);
@@ -81,8 +82,9 @@ TEST(NiahRun, VerdictsAreThoseOfEvaluateSample) {
   niah::TaskParams single;
   const niah::EvalPlan plan = niah::plan_generated({single}, {64}, {0, 100}, 2, 5, c, 1);
   SelfCommunicator comm;
+  SequenceGroups groups(comm, 0);
   niah::Report report;
-  const niah::EvalTotals totals = niah::run_plan(model, comm, plan, report, {});
+  const niah::EvalTotals totals = niah::run_plan(model, groups, plan, report, {});
   ASSERT_EQ(report.samples.size(), 4u);
   double logprob = 0;
   for (size_t i = 0; i < report.samples.size(); ++i) {

@@ -281,6 +281,109 @@ TEST(NiahScore, KnownArgmaxModelPassesAndFailsAsComputedByHand) {
   }
 }
 
+// The generated answer's tokens agree with the teacher-forced arg-maxes up to and including the
+// first mismatch; after it they may differ (generation feeds its own token, not the reference).
+void expect_same_until_first_miss(const niah::AnswerScore& tf, const niah::AnswerScore& gen, std::span<const int32_t> answer,
+                                  const std::string& what) {
+  ASSERT_EQ(tf.predicted.size(), answer.size()) << what;
+  ASSERT_EQ(gen.predicted.size(), answer.size()) << what;
+  EXPECT_EQ(tf.correct, gen.correct) << what;
+  for (size_t j = 0; j < answer.size(); ++j) {
+    EXPECT_EQ(gen.predicted[j], tf.predicted[j]) << what << " token " << j;
+    if (tf.predicted[j] != answer[j]) break;
+  }
+}
+
+// Scoring by generation (greedy decoding with the cache) on the model whose arg-max is known: the
+// hand-computed verdicts of the teacher-forced test above, and log p of the generated tokens.
+TEST(NiahScore, GenerationGivesTheTeacherForcedVerdicts) {
+  SelfCommunicator self;
+  const Sample s = chain_sample(48);
+  const int64_t n = s.answer_length;
+  const std::vector<int32_t> answer(s.answer().begin(), s.answer().end());
+  {
+    KnownArgmaxModel m = make_known_argmax_model(chain_for(s));
+    const Model model(m.config, m.params);
+    const niah::AnswerScore g = niah::generate_answer(model, self, s);
+    EXPECT_TRUE(g.correct);
+    EXPECT_EQ(g.predicted, answer);
+    EXPECT_NEAR(g.logprob, static_cast<double>(n) * m.logprob_hit(), 1e-5);
+    expect_same_until_first_miss(niah::evaluate_sample(model, self, s), g, answer, "chain");
+  }
+  {
+    // answer[1] is followed by a wrong token: generation continues from it (next[wrong] = 0).
+    std::vector<int32_t> next = chain_for(s);
+    const int32_t wrong = s.answer()[2] == 1 ? 2 : 1;
+    next[static_cast<size_t>(s.answer()[1])] = wrong;
+    KnownArgmaxModel m = make_known_argmax_model(next);
+    const Model model(m.config, m.params);
+    const niah::AnswerScore g = niah::generate_answer(model, self, s);
+    EXPECT_FALSE(g.correct);
+    EXPECT_EQ(g.predicted[0], answer[0]);
+    EXPECT_EQ(g.predicted[1], answer[1]);
+    EXPECT_EQ(g.predicted[2], wrong);
+    if (n > 3) {
+      EXPECT_EQ(g.predicted[3], next[static_cast<size_t>(wrong)]);
+    }
+    EXPECT_NEAR(g.logprob, static_cast<double>(n) * m.logprob_hit(), 1e-5) << "every generated token is the arg-max";
+    expect_same_until_first_miss(niah::evaluate_sample(model, self, s), g, answer, "broken chain");
+  }
+  for (int32_t rival : {int32_t{0}, int32_t{55}}) {
+    // A tie at the first answer position: generation takes the lower id, as teacher forcing does.
+    if (rival == answer[0]) continue;
+    KnownArgmaxModel m = make_known_argmax_model(chain_for(s));
+    m.set_logit(s.ids[s.answer_start - 1], rival, 0.5f);
+    const Model model(m.config, m.params);
+    const niah::AnswerScore g = niah::generate_answer(model, self, s);
+    EXPECT_EQ(g.correct, rival > answer[0]) << "rival " << rival;
+    EXPECT_EQ(g.predicted[0], std::min(rival, answer[0]));
+    expect_same_until_first_miss(niah::evaluate_sample(model, self, s), g, answer, "tie " + std::to_string(rival));
+  }
+}
+
+// Every task's samples, on a model that answers some of them (the chain of one sample) and a random
+// HydraHead model: the two scorings give the same verdict on every sample.
+TEST(NiahScore, GenerationAndTeacherForcingAgreeOnEverySample) {
+  SelfCommunicator self;
+  const Sample first = chain_sample(48);
+  KnownArgmaxModel m = make_known_argmax_model(chain_for(first));
+  const Model known(m.config, m.params);
+  const ModelConfig c = preset_config("hydrahead-tiny");
+  const Model random(c, random_parameters(c, 9));
+  int64_t correct = 0;
+  for (const Model* model : {&known, &random}) {
+    for (Task task : {Task::single, Task::multikey, Task::multivalue}) {
+      for (int64_t i = 0; i < 4; ++i) {
+        const Sample s = niah::generate_sample(params_for(task), model->config().vocab_size, 5, 64, 25 * i, i);
+        const std::vector<int32_t> answer(s.answer().begin(), s.answer().end());
+        const niah::AnswerScore tf = niah::evaluate_sample(*model, self, s), g = niah::generate_answer(*model, self, s);
+        expect_same_until_first_miss(tf, g, answer, niah::task_name(task) + " sample " + std::to_string(i));
+        correct += g.correct ? 1 : 0;
+      }
+    }
+    const Sample s = first;
+    const niah::AnswerScore g = niah::generate_answer(*model, self, s), tf = niah::evaluate_sample(*model, self, s);
+    expect_same_until_first_miss(tf, g, std::vector<int32_t>(s.answer().begin(), s.answer().end()), "chain sample");
+    correct += g.correct ? 1 : 0;
+  }
+  EXPECT_GE(correct, 1) << "the chain sample passes on the known model";
+}
+
+TEST(NiahScore, RecallCountsTheAnswersItemsInAnyOrder) {
+  const std::vector<int32_t> answer = {3, 4, 90, 5, 90, 6, 7};  // v1 SEP v2 SEP v3 with SEP = 90
+  const auto items = niah::answer_items(answer, 90);
+  ASSERT_EQ(items.size(), 3u);
+  EXPECT_EQ(items[1], std::vector<int32_t>{5});
+  EXPECT_EQ(niah::answer_items(answer, -1).size(), 1u);
+  EXPECT_DOUBLE_EQ(niah::item_recall(answer, items), 1.0);
+  EXPECT_DOUBLE_EQ(niah::item_recall(std::vector<int32_t>{6, 7, 90, 3, 4, 90, 5}, items), 1.0) << "order-free";
+  EXPECT_DOUBLE_EQ(niah::item_recall(std::vector<int32_t>{3, 4, 90, 1, 90, 6, 1}, items), 1.0 / 3.0) << "v3 cut";
+  EXPECT_DOUBLE_EQ(niah::item_recall(std::vector<int32_t>{4, 3}, items), 0.0) << "items are runs, not sets";
+  EXPECT_DOUBLE_EQ(niah::item_recall(std::vector<int32_t>{}, {}), 1.0);
+  EXPECT_EQ(niah::parse_scoring("generate"), niah::Scoring::generate);
+  EXPECT_NE(error_of([] { niah::parse_scoring("greedy"); }).find("unknown scoring 'greedy'"), std::string::npos);
+}
+
 TEST(NiahScore, VerdictsMatchHfGreedyGeneration) {
   // The answers of tests/fixtures/niah/greedy_set.h5 were produced by transformers' generate
   // (greedy, KV cache) on this checkpoint, every third one corrupted. Log-probabilities: HF teacher

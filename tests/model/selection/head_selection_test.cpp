@@ -96,7 +96,8 @@ TEST(HeadSelection, PlantedNeedleHeadRanksFirst) {
   const std::vector<CalibrationPrompt> prompts = needle_prompts();
   const auto text = heads::random_text(m.config.vocab_size, 3, 32, 2);
   SelfCommunicator self;
-  const heads::HeadScores s = heads::score_heads(model, self, prompts, text);
+  SequenceGroups alone(self, 0);
+  const heads::HeadScores s = heads::score_heads(model, alone, prompts, text);
   // The model retrieves: the clean answer is near-certain, the corrupted prompt states another value.
   EXPECT_GT(s.logprob_clean, -0.1);
   EXPECT_LT(s.logprob_corrupt, -5.0);
@@ -134,10 +135,11 @@ TEST(HeadSelection, GroupPatchingAndConcentrationFindTheOneHeadThatSuffices) {
   const NeedleHeadModel m = make_needle_head_model();
   const Model model(m.config, m.params);
   SelfCommunicator self;
-  heads::ScoringOptions groups;
-  groups.group_patching = true;
+  SequenceGroups alone(self, 0);
+  heads::ScoringOptions options;
+  options.group_patching = true;
   const heads::HeadScores s =
-      heads::score_heads(model, self, needle_prompts(), heads::random_text(m.config.vocab_size, 3, 32, 2), groups);
+      heads::score_heads(model, alone, needle_prompts(), heads::random_text(m.config.vocab_size, 3, 32, 2), options);
   ASSERT_TRUE(s.groups && s.total_normalized);
   const int64_t pl = m.planted_layer, ph = m.planted_head;
   EXPECT_NEAR(s.layer_total[pl], 1.0, 0.05);
@@ -182,8 +184,9 @@ TEST(HeadSelection, HeadWithZeroOutputProjectionHasExactlyZeroEffect) {
   const NeedleHeadModel m = make_needle_head_model();
   const Model model(m.config, m.params);
   SelfCommunicator self;
+  SequenceGroups alone(self, 0);
   const heads::HeadScores s =
-      heads::score_heads(model, self, needle_prompts(), heads::random_text(m.config.vocab_size, 3, 32, 2));
+      heads::score_heads(model, alone, needle_prompts(), heads::random_text(m.config.vocab_size, 3, 32, 2));
   EXPECT_EQ(s.total[m.zero_layer][m.zero_head], 0.0);
   EXPECT_EQ(s.direct[m.zero_layer][m.zero_head], 0.0);
   EXPECT_EQ(s.lm[m.zero_layer][m.zero_head], 0.0);
@@ -203,9 +206,10 @@ TEST(HeadSelection, DirectEffectEqualsHandReadoutAndTotalAndLmEqualHandPatching)
   const std::vector<CalibrationPrompt> prompts = heads::generated_prompts(task, c.vocab_size, 4, 96, 2);
   const auto text = heads::random_text(c.vocab_size, 8, 40, 2);
   SelfCommunicator self;
-  heads::ScoringOptions groups;
-  groups.group_patching = true;
-  const heads::HeadScores s = heads::score_heads(model, self, prompts, text, groups);
+  SequenceGroups alone(self, 0);
+  heads::ScoringOptions options;
+  options.group_patching = true;
+  const heads::HeadScores s = heads::score_heads(model, alone, prompts, text, options);
 
   const auto f = [&](const std::string& name) { return params.at(name).data_as<const float>(); };
   const auto rms_norm = [&](std::vector<double> x, const float* w) {
@@ -413,8 +417,9 @@ TEST(HeadSelection, RefusesAHydraHeadModel) {
   const ModelConfig c = preset_config("hydrahead-tiny");
   const Model model(c, random_parameters(c, 1));
   SelfCommunicator self;
+  SequenceGroups alone(self, 0);
   const std::vector<CalibrationPrompt> prompts = needle_prompts();
-  EXPECT_NE(error_of([&] { heads::score_heads(model, self, prompts, {}); }).find("Qwen3 teacher"), std::string::npos);
+  EXPECT_NE(error_of([&] { heads::score_heads(model, alone, prompts, {}); }).find("Qwen3 teacher"), std::string::npos);
 }
 
 }  // namespace

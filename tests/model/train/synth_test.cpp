@@ -69,7 +69,11 @@ TEST(Synth, ExactProportionsShuffledBySeed) {
 }
 
 TEST(Synth, DeterministicFromTheSeeds) {
-  const synth::SynthConfig c = base_config(kAll, 60);
+  synth::SynthConfig c = base_config(kAll, 60);
+  c.retrieval.common_words = 4;  // the RULER kinds (cwe, fwe) at 192 tokens
+  c.retrieval.common_freq = 5;
+  c.retrieval.uncommon_freq = 2;
+  c.retrieval.top_words = 2;
   const synth::Stream a = synth::generate_stream(c), b = synth::generate_stream(c);
   EXPECT_EQ(a.ids, b.ids);
   EXPECT_EQ(a.kinds, b.kinds);
@@ -314,6 +318,43 @@ TEST(Synth, NiahDocumentsAreEvalNiahSamplesWithTheirAnswerInContext) {
     std::sort(at.begin(), at.end());
     EXPECT_GT(at.back() - at.front(), k == Kind::multivalue ? c.seq_len / 4 : c.seq_len / 2) << synth::kind_name(k);
   }
+}
+
+// The RULER families as training documents: each is eval-niah's sample of its kind (with synth's
+// seed and a depth drawn per document), its answer span the sample's, and a stream of them is
+// written whole (the mixture parser and the length check know the kinds).
+TEST(Synth, RulerFamilyDocumentsAreEvalNiahSamples) {
+  synth::SynthConfig c = base_config("multiquery,vartrack,cwe,fwe", 8);
+  c.seq_len = 256;              // fwe's shortest sample is 202 tokens
+  c.retrieval.common_freq = 5;  // cwe at 256 tokens
+  c.retrieval.uncommon_freq = 2;
+  c.retrieval.common_words = 4;
+  c.validate_length("--seq-len 256");
+  const niah::Markers m = niah::markers_for(c.vocab_size);
+  const synth::MarkovSource language(c.language, m.content);
+  for (Kind k : {Kind::multiquery, Kind::vartrack, Kind::cwe, Kind::fwe}) {
+    niah::TaskParams p = c.retrieval;
+    p.task = niah::parse_task(synth::kind_name(k));
+    for (int64_t index = 0; index < 5; ++index) {
+      const synth::Document d = synth::generate_document(c, language, k, index);
+      ASSERT_EQ(static_cast<int64_t>(d.ids.size()), c.seq_len) << synth::kind_name(k);
+      ASSERT_EQ(d.answers.size(), 1u);
+      const synth::Span a = d.answers[0];
+      EXPECT_EQ(a.start + a.length, c.seq_len);
+      EXPECT_EQ(d.ids[static_cast<size_t>(a.start) - 1], m.is) << "the query ends with IS";
+      EXPECT_LE(a.length, p.max_answer_length());
+      // Some depth (0 for cwe and fwe, which have none) reproduces the document from synth's seed.
+      const uint64_t niah_seed = mix64(c.seed ^ hash_name("synth"));
+      bool found = false;
+      for (int64_t depth = 0; depth <= 100 && !found; ++depth) {
+        found = niah::generate_sample(p, c.vocab_size, niah_seed, c.seq_len, depth, index).ids == d.ids;
+      }
+      EXPECT_TRUE(found) << synth::kind_name(k) << " " << index;
+    }
+  }
+  synth::SynthConfig tight = c;
+  tight.retrieval.common_freq = 60;
+  EXPECT_NE(error_of([&] { tight.validate_length("--seq-len 256"); }).find("too short for cwe documents"), std::string::npos);
 }
 
 // Entropy in nats of counts.
