@@ -251,7 +251,7 @@ TEST_F(Train, SequenceAndDataParallelRunsMatchOneRank) {
   }
 }
 
-// ZeRO-1 through the command (issue 43): on 4 ranks, --zero 1 (the default there) and --zero 0 give
+// ZeRO-1 through the command: on 4 ranks, --zero 1 (the default there) and --zero 0 give
 // the same 20 losses and final weights to 1e-6 relative, as one sequence group and as 2 replicas
 // of --sp 2 (both forms add the ranks' gradients in one order: tests/parallel/zero_parallel_test.cpp).
 // A bad value is refused before any work.
@@ -278,7 +278,7 @@ TEST_F(Train, ShardedOptimizerMatchesReplicated) {
   expect_user_error(hydra(common + " --zero 2 --out-dir " + dir_.file("bad")), "--zero must be 0, 1 or auto");
 }
 
-// Resume on another world size (issue 43): a 4-rank run stopped after step 3 continues on 2 ranks
+// Resume on another world size: a 4-rank run stopped after step 3 continues on 2 ranks
 // (--sp 2) and on 1 rank with the same 2 windows per step, and steps 4..6 give the uninterrupted
 // 4-rank run's losses to fp32 summation order (4 shards re-cut on load: each rank reads the shards
 // its range overlaps; tests/parallel/checkpoint_parallel_test.cpp holds the float64 form to 1e-10). A resume whose step takes another number of windows is refused with both counts.

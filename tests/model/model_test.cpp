@@ -33,7 +33,7 @@ TEST(Presets, AllValidateAndUnknownOnesAreListed) {
             std::string::npos);
 }
 
-// Qwen3-4B and -8B (issue 43): the published sizes (4.02B tied, 8.19B untied, from their config.json
+// Qwen3-4B and -8B (the sharded-state shapes): the published sizes (4.02B tied, 8.19B untied, from their config.json
 // shapes), and the hydraheads built from them keep one FA head in 8 per layer, as hydrahead-1.7b.
 TEST(Presets, FourAndEightBillionShapes) {
   EXPECT_NEAR(static_cast<double>(parameter_count(preset_config("qwen3-4b"))), 4.022e9, 0.005e9);

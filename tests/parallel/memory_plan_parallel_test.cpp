@@ -85,10 +85,10 @@ TEST(MemoryPlan, SequenceParallelTrainingStepAndPrefill) {
   }
 }
 
-// What a GDN layer keeps for its backward across ranks (GdnSaved, issue 43): its local segments'
+// What a GDN layer keeps for its backward across ranks (GdnSaved): its local segments'
 // initial states and M, from the host live-byte counter — 2 segments × H·(dk·dv + dk·dk) fp32 at
 // any P ≥ 2 for the same tokens per rank, so the bytes at P = 2 and P = 8 (CTest runs this suite
-// at P = 1..4 and 8) are the same number; before issue 43 every rank kept [P, 2, H·(dk² + dk·dv)].
+// at P = 1..4 and 8) are the same number; before the maps were made independent of P every rank kept [P, 2, H·(dk² + dk·dv)].
 TEST(MemoryPlan, GdnKeptBytesIndependentOfRankCount) {
   MpiCommunicator& comm = world();
   const int p = comm.size();

@@ -1,4 +1,4 @@
-// ZeRO-1 (issue 43): the optimizer state spread over the world equals the replicated optimizer.
+// ZeRO-1: the optimizer state spread over the world equals the replicated optimizer.
 // Under mpirun with P = 1..4 ranks, two copies of one model train side by side for 20 steps on the
 // same windows — one with --zero 0 (every gradient tensor all-reduced, every rank updating every
 // parameter), one with --zero 1 (gradients reduce-scattered into the owners in buckets, each rank
