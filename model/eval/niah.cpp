@@ -10,14 +10,14 @@
 #include "runtime/random.h"
 
 namespace hydra::niah {
-namespace {
 
-// content^power, saturating (only compared against small counts).
 int64_t count_sequences(int64_t content, int64_t power) {
   int64_t n = 1;
   for (int64_t i = 0; i < power && n < (int64_t{1} << 40); ++i) n *= content;
   return n;
 }
+
+namespace {
 
 template <class T>
 bool contains(const std::vector<T>& list, const T& x) {

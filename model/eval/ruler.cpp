@@ -7,13 +7,6 @@
 namespace hydra::niah {
 namespace {
 
-// content^power, saturating (only compared against small counts).
-int64_t count_sequences(int64_t content, int64_t power) {
-  int64_t n = 1;
-  for (int64_t i = 0; i < power && n < (int64_t{1} << 40); ++i) n *= content;
-  return n;
-}
-
 int64_t word_slot(const TaskParams& p) { return p.key_length + 1; }  // a word and the SEP after it
 
 int64_t query_length(const TaskParams& p) {

@@ -29,6 +29,10 @@
 
 namespace hydra::niah {
 
+// content^power, saturating at 2^40 (only compared against small counts): how many distinct
+// sequences of `power` tokens a vocabulary of `content` tokens holds (the generators' capacity checks).
+int64_t count_sequences(int64_t content, int64_t power);
+
 // The shortest sample of a RULER family task (the longest items), its longest answer, and the
 // UserErrors for impossible knobs. Called by TaskParams for these tasks.
 int64_t ruler_min_length(const TaskParams& p);
