@@ -32,12 +32,16 @@ double argmax_agreement(const Tensor& a, const Tensor& b) {
   return static_cast<double>(same) / static_cast<double>(t);
 }
 
-void expect_gpu_logits_match_cpu(const ModelConfig& c, const std::string& name) {
-  const NamedTensors params = random_parameters(c, 5);
-  // The CPU reference sees the weights the GPU holds: rounded to bf16.
+// The weights the GPU holds, for the CPU reference: every tensor rounded to bf16.
+NamedTensors bf16_rounded(const NamedTensors& params) {
   NamedTensors rounded;
   for (const auto& [n, t] : params) rounded.emplace(n, rounded_to_bf16(t));
-  const Model cpu(c, rounded), gpu(c, params, Device::cuda, DType::bf16);
+  return rounded;
+}
+
+void expect_gpu_logits_match_cpu(const ModelConfig& c, const std::string& name) {
+  const NamedTensors params = random_parameters(c, 5);
+  const Model cpu(c, bf16_rounded(params)), gpu(c, params, Device::cuda, DType::bf16);
   std::vector<int32_t> ids(333);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 131 + 7) % c.vocab_size);
   const Tensor a = logits_on(gpu, ids), b = logits_on(cpu, ids);
@@ -74,9 +78,7 @@ TEST(CudaFusion, GpuLogitsMatchCpuPathForEveryVariant) {
 // layer, head dim 64), a layer-wise hybrid with d = 128 (the wgmma kernels) and qwen3-tiny.
 void expect_gpu_gradients_match_cpu(const ModelConfig& c, const std::string& name) {
   const NamedTensors params = random_parameters(c, 17);
-  NamedTensors rounded;
-  for (const auto& [n, t] : params) rounded.emplace(n, rounded_to_bf16(t));
-  const Model cpu(c, rounded), gpu(c, params, Device::cuda, DType::bf16);
+  const Model cpu(c, bf16_rounded(params)), gpu(c, params, Device::cuda, DType::bf16);
   std::vector<int32_t> ids(300);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 211 + 5) % c.vocab_size);
   SelfCommunicator host_comm, device_comm(Device::cuda);
@@ -180,9 +182,7 @@ TEST(CudaModel, PackedDocumentsGradientsMatchCpuPath) {
   for (const auto& [name, c] : std::vector<std::pair<std::string, ModelConfig>>{
            {"hydrahead-tiny", preset_config("hydrahead-tiny")}, {"layer-wise d128", wide}, {"qwen3-tiny", preset_config("qwen3-tiny")}}) {
     const NamedTensors params = random_parameters(c, 19);
-    NamedTensors rounded;
-    for (const auto& [n, t] : params) rounded.emplace(n, rounded_to_bf16(t));
-    const Model cpu(c, rounded), gpu(c, params, Device::cuda, DType::bf16);
+    const Model cpu(c, bf16_rounded(params)), gpu(c, params, Device::cuda, DType::bf16);
     std::vector<int32_t> ids(300);
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 211 + 5) % c.vocab_size);
     SelfCommunicator host_comm, device_comm(Device::cuda);
