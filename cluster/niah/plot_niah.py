@@ -9,9 +9,14 @@ columns lengths, each cell annotated with its value. Several result files may be
 per length range run separately); a later file's cell replaces an earlier one with the same
 (task, length, depth).
 
+`--ruler` draws RULER's picture instead: the score hydra prints in its RULER table (mean recall in
+percent over every sample of a task at a length, all depths together) against the context length,
+one line per task and a thick line for the average over the tasks, as RULER's length curves.
+
 Usage:
-    python3 cluster/niah/plot_niah.py results.jsonl --out niah.png [--metric accuracy|mean_logprob]
-        [--title "Qwen3-1.7B HydraHead 7:1"]
+    python3 cluster/niah/plot_niah.py results.jsonl --out niah.png
+        [--metric accuracy|mean_recall|mean_logprob] [--title "Qwen3-1.7B HydraHead 7:1"]
+    python3 cluster/niah/plot_niah.py ruler.jsonl --ruler --out ruler.png
 
 Needs: matplotlib (the Agg backend: no display), numpy.
 """
@@ -56,19 +61,78 @@ def read_cells(paths):
     return cells
 
 
+def save(fig, out):
+    """Writes the PNG under a temporary name and renames it: a reader never sees half a file."""
+    directory = os.path.dirname(os.path.abspath(out))
+    temp = os.path.join(directory, f".{os.path.basename(out)}.tmp-{os.getpid()}.png")
+    try:
+        fig.savefig(temp, dpi=150)
+        os.replace(temp, out)
+    finally:
+        if os.path.exists(temp):
+            os.remove(temp)
+
+
+def ruler_scores(cells):
+    """{task: {length: mean recall}} weighted by samples, as model/eval/niah_report.cpp's RULER table."""
+    sums = {}
+    for (task, length, _), row in cells.items():
+        total, samples = sums.setdefault(task, {}).get(length, (0.0, 0))
+        recall = row.get("mean_recall")
+        if recall is None:
+            raise SystemExit(f"plot_niah: the cell ({task}, {length}) has no mean_recall (written by an older hydra?)")
+        sums[task][length] = (total + recall * row["samples"], samples + row["samples"])
+    return {t: {l: total / samples for l, (total, samples) in by.items() if samples > 0} for t, by in sums.items()}
+
+
+TASK_ORDER = ("single", "multikey", "multivalue", "multiquery", "vartrack", "cwe", "fwe")
+
+
+def task_key(task):
+    return (TASK_ORDER.index(task) if task in TASK_ORDER else len(TASK_ORDER), task)
+
+
+def plot_ruler(cells, title):
+    scores = ruler_scores(cells)
+    tasks = sorted(scores, key=task_key)
+    lengths = sorted({l for by in scores.values() for l in by})
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), layout="constrained")
+    for task in tasks:
+        xs = [l for l in lengths if l in scores[task]]
+        ax.plot(xs, [100 * scores[task][l] for l in xs], marker="o", linewidth=1.2, label=task)
+    average = [(l, np.mean([scores[t][l] for t in tasks if l in scores[t]])) for l in lengths]
+    ax.plot([l for l, _ in average], [100 * v for _, v in average], color="black", linewidth=2.6, marker="s",
+            label="average")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [format_length(l) for l in lengths])
+    ax.minorticks_off()
+    ax.set_ylim(-3, 103)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("score (mean recall, %)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_title(title or "RULER score by length")
+    return fig, tasks
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("results", nargs="+", help="JSON lines written by hydra eval-niah --out")
     p.add_argument("--out", required=True, help="PNG to write")
-    p.add_argument("--metric", default="accuracy", choices=("accuracy", "mean_logprob"))
+    p.add_argument("--metric", default="accuracy", choices=("accuracy", "mean_recall", "mean_logprob"))
+    p.add_argument("--ruler", action="store_true", help="RULER's curves: mean recall by length, one line per task")
     p.add_argument("--title", default="", help="figure title")
     args = p.parse_args()
 
     cells = read_cells(args.results)
-    tasks = sorted({t for t, _, _ in cells}, key=lambda t: ("single", "multikey", "multivalue", t).index(t)
-                   if t in ("single", "multikey", "multivalue") else 3)
+    if args.ruler:
+        fig, tasks = plot_ruler(cells, args.title)
+        save(fig, args.out)
+        print(json.dumps({"command": "plot_niah", "kind": "ruler", "tasks": tasks, "cells": len(cells), "out": args.out}))
+        return 0
+    tasks = sorted({t for t, _, _ in cells}, key=task_key)
     fig, axes = plt.subplots(1, len(tasks), figsize=(1.5 + 5.2 * len(tasks), 5.0), squeeze=False, layout="constrained")
-    accuracy = args.metric == "accuracy"
+    accuracy = args.metric in ("accuracy", "mean_recall")  # both in [0, 1]
     image = None
     for k, (ax, task) in enumerate(zip(axes[0], tasks)):
         lengths = sorted({l for t, l, _ in cells if t == task})
@@ -101,14 +165,7 @@ def main():
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.85, label=args.metric.replace("_", " "))
     if args.title:
         fig.suptitle(args.title)
-    directory = os.path.dirname(os.path.abspath(args.out))
-    temp = os.path.join(directory, f".{os.path.basename(args.out)}.tmp-{os.getpid()}.png")
-    try:
-        fig.savefig(temp, dpi=150)
-        os.replace(temp, args.out)
-    finally:
-        if os.path.exists(temp):
-            os.remove(temp)
+    save(fig, args.out)
     print(json.dumps({"command": "plot_niah", "tasks": tasks, "cells": len(cells), "out": args.out}))
 
 
