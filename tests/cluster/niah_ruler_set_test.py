@@ -8,8 +8,9 @@ most, in order of first occurrence; the coded text's most frequent words, most f
 the answer in the file, split at the set's item_separator (the id of ","); `hydra eval-niah
 --dataset` reads each set on a random hydrahead-tiny without error, with one cell per (length,
 depth) (cwe and fwe: per length), reports the file's answers, and scores recall item by item: the
-fraction of the file's items found in its predicted tokens, recomputed here. Skipped (exit 77)
-without tokenizers, numpy and h5py."""
+fraction of the file's items found in its predicted tokens, recomputed here; impossible requests (a
+length too short, too few words, too few distinct fwe words) are one line and write nothing.
+Skipped (exit 77) without tokenizers, numpy and h5py."""
 import json
 import os
 import random
@@ -158,6 +159,19 @@ with tempfile.TemporaryDirectory() as d:
             check(abs(j["recall"] - found / len(items)) < 1e-12,
                   f"{task}: recall {j['recall']} is the fraction of the {len(items)} items predicted ({found})")
         print(f"{task}: {len(answers)} samples checked")
+
+    # Impossible requests: one line naming the problem, no set written.
+    tiny_words = os.path.join(d, "three.txt")
+    with open(tiny_words, "w") as f:
+        f.write("kalo\nmira\nsito\n")
+    base = [sys.executable, script, "--tokenizer", tj, "--haystack", os.path.join(d, "hay.txt"), "--samples", "1"]
+    for args, needle in ((["--task", "vartrack", "--lengths", "48"], "length 48 is too short"),
+                         (["--task", "cwe", "--lengths", "512", "--words", tiny_words], "the pool has 3"),
+                         (["--task", "fwe", "--lengths", "512", "--fwe-words", "2"], "--fwe-words 0 or > --top-words")):
+        out = os.path.join(d, "refused.h5")
+        r = subprocess.run(base + args + ["--out", out], capture_output=True, text=True)
+        check(r.returncode != 0 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1 and not os.path.exists(out),
+              f"refused: {needle!r} (exit {r.returncode}: {r.stderr.strip()[-300:]!r})")
 
 if failures:
     print(f"{len(failures)} failure(s)")

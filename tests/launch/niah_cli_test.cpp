@@ -1,7 +1,7 @@
 // hydra eval-niah as a user runs it, at small lengths: one rank and `mpirun -np 2` give the same
 // per-sample verdicts and log-probabilities, and so do sequence groups (--sp 1, 2, 4 on 4 ranks); the JSON lines, the HDF5 copy, the table and the
 // summary agree with each other; an HDF5 eval set of the generator's samples (--dataset) gives
-// the generator's results; bad input is refused before any work, leaving no output file.
+// the generator's results, recall included when the set names its item separator; bad input is refused before any work, leaving no output file.
 #include <filesystem>
 #include <fstream>
 
