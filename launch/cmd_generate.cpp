@@ -192,6 +192,9 @@ int run_generate(App& app, const std::vector<std::string>& args) {
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());
 #endif
+  // The decode engine keeps the logits on the host whenever tokens are not the device's arg-max
+  // (model/generate.cpp): sampling, a repetition penalty, log-probabilities.
+  const bool host_logits = opt.temperature > 0 || opt.repetition_penalty != 1.0 || opt.logprobs > 0;
   double cache_rank_bytes = 0;  // the largest over the groups
   MemoryEstimate estimate;      // this rank's group's
   for (int g = 0; g < groups_count; ++g) {
@@ -206,7 +209,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
     if (lengths.empty()) continue;  // more groups than prompts
     const int64_t group_slots = static_cast<int64_t>(lengths.size());
     cache_rank_bytes = std::max(cache_rank_bytes, static_cast<double>(group_slots) * (static_cast<double>(capacity) * cache_bytes.per_token + cache_bytes.per_slot));
-    const MemoryEstimate e = estimate_generation_memory(config, lengths, opt.max_new_tokens, p, device, opt.temperature > 0);
+    const MemoryEstimate e = estimate_generation_memory(config, lengths, opt.max_new_tokens, p, device, host_logits);
     if (g == comm.rank() / p) estimate = e;
     check_memory_plan(e, device,
                       fmt::format("generation for {} prompt(s) of {} tokens in all on {} rank(s){}", group_slots,
