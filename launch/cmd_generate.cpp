@@ -1,6 +1,6 @@
 // hydra generate: new tokens for one prompt or a batch (model/generate.h): a sequence-parallel
 // prefill of each prompt over the ranks, a distributed cache (model/kv_cache.h) and batched decode
-// steps, greedy or seeded sampling. With --sp N the world is cut into sequence groups of N ranks
+// steps, greedy or seeded sampling, optionally after a repetition penalty. With --sp N the world is cut into sequence groups of N ranks
 // (parallel/sequence_groups.h): prompt b runs on group b mod groups, each group decoding its
 // prompts as one batch; each prompt keeps its own sampling stream (its index in the file), and one
 // gather brings every group's tokens to rank 0. Writes one JSON line per prompt, in file order
@@ -9,6 +9,7 @@
 // offsets that partition the ids into non-empty prompts, stop ids, the sampling flags, the memory plan.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -50,6 +51,7 @@ struct GenerateCliOptions {
   bool cuda_graph = false;
   int sp = 0;
   int64_t logprobs = 0;
+  double repetition_penalty = 1.0;
 
   void bind(po::options_description& o) {
     model.bind(o, ModelSource::OwnSeed::yes);
@@ -67,7 +69,8 @@ struct GenerateCliOptions {
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16, one GPU per rank), cpu (fp32) or auto")
         ("progress", po::value(&progress)->default_value("auto"), "per-layer prefill progress: on, off, auto (from 64K tokens)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job")
-        ("logprobs", po::value(&logprobs)->default_value(0), "K > 0: write each new token's log-probability and the K most likely alternatives with theirs (from the logits it was chosen from; max 100)")
+        ("repetition-penalty", po::value(&repetition_penalty)->default_value(1.0), "F > 0: before greedy or sampling, the logit of every id already in the prompt or generated is divided by F if positive, multiplied by F if negative (CTRL's rule, as transformers applies it; 1: off)")
+        ("logprobs", po::value(&logprobs)->default_value(0), "K > 0: write each new token's log-probability and the K most likely alternatives with theirs (the model's, before --temperature and --repetition-penalty; max 100)")
         ("sp", po::value(&sp)->default_value(0), "ranks per prompt (sequence parallel): world / sp groups generate for different prompts side by side, prompt b on group b mod groups (0: all ranks on every prompt)")
         ("cuda-graph", po::bool_switch(&cuda_graph), "replay each decode step as a CUDA graph (one rank per prompt on the GPU: one rank, or --sp 1)");
   }
@@ -80,6 +83,8 @@ struct GenerateCliOptions {
     HYDRA_USER_CHECK(top_k >= 0, "--top-k must be >= 0 (got {})", top_k);
     HYDRA_USER_CHECK(top_p > 0.0 && top_p <= 1.0, "--top-p must be in (0, 1] (got {})", top_p);
     HYDRA_USER_CHECK(logprobs >= 0 && logprobs <= 100, "--logprobs must be in 0..100 (got {})", logprobs);
+    HYDRA_USER_CHECK(repetition_penalty > 0.0 && std::isfinite(repetition_penalty),
+                     "--repetition-penalty must be a finite number > 0 (got {}; 1 is off)", repetition_penalty);
     // Greedy decoding takes the arg-max: a filter of the sampled set would do nothing.
     HYDRA_USER_CHECK(temperature > 0.0 || (top_k == 0 && top_p == 1.0),
                      "--top-k and --top-p filter sampling: give --temperature > 0 with them (temperature 0 is greedy)");
@@ -153,7 +158,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "generate",
                           "(--model M.h5 | --preset NAME [--weight-seed W]) --prompt P.h5 --max-new-tokens N [--temperature 0] "
-                          "[--top-k K] [--top-p P] [--seed S] [--stop-token ID,...] [--logprobs K] [--sp N] --out OUT.jsonl [--device cpu|cuda] [--cuda-graph]",
+                          "[--top-k K] [--top-p P] [--seed S] [--repetition-penalty F] [--stop-token ID,...] [--logprobs K] [--sp N] --out OUT.jsonl [--device cpu|cuda] [--cuda-graph]",
                           desc, args)) {
     return 0;
   }
@@ -187,6 +192,9 @@ int run_generate(App& app, const std::vector<std::string>& args) {
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());
 #endif
+  // The decode engine keeps the logits on the host whenever tokens are not the device's arg-max
+  // (model/generate.cpp): sampling, a repetition penalty, log-probabilities.
+  const bool host_logits = opt.temperature > 0 || opt.repetition_penalty != 1.0 || opt.logprobs > 0;
   double cache_rank_bytes = 0;  // the largest over the groups
   MemoryEstimate estimate;      // this rank's group's
   for (int g = 0; g < groups_count; ++g) {
@@ -201,7 +209,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
     if (lengths.empty()) continue;  // more groups than prompts
     const int64_t group_slots = static_cast<int64_t>(lengths.size());
     cache_rank_bytes = std::max(cache_rank_bytes, static_cast<double>(group_slots) * (static_cast<double>(capacity) * cache_bytes.per_token + cache_bytes.per_slot));
-    const MemoryEstimate e = estimate_generation_memory(config, lengths, opt.max_new_tokens, p, device, opt.temperature > 0);
+    const MemoryEstimate e = estimate_generation_memory(config, lengths, opt.max_new_tokens, p, device, host_logits);
     if (g == comm.rank() / p) estimate = e;
     check_memory_plan(e, device,
                       fmt::format("generation for {} prompt(s) of {} tokens in all on {} rank(s){}", group_slots,
@@ -239,7 +247,8 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   }
   const GenerateOptions options{
       .max_new_tokens = opt.max_new_tokens,
-      .sampling = {.temperature = opt.temperature, .top_k = opt.top_k, .top_p = opt.top_p, .seed = opt.seed},
+      .sampling = {.temperature = opt.temperature, .top_k = opt.top_k, .top_p = opt.top_p, .seed = opt.seed,
+                   .repetition_penalty = opt.repetition_penalty},
       .stop_tokens = stop,
       .progress = opt.progress == "on" || (opt.progress == "auto" && longest_prefill >= 65536),
       .top_logprobs = opt.logprobs,
@@ -334,6 +343,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
       {"prompt_tokens", total_tokens},
       {"new_tokens", generated},
       {"temperature", opt.temperature},
+      {"repetition_penalty", opt.repetition_penalty},
       {"cache_bytes_per_token", cache_bytes.per_token},
       {"cache_bytes_per_sequence", cache_bytes.per_slot},
       {"cache_bytes_per_rank", cache_rank_bytes},

@@ -134,7 +134,14 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
 
   // 2. Decode: every unfinished sequence feeds its next token each step.
   // B ids to the host, not B·V logits, unless the logits themselves are wanted.
-  const bool greedy_ids = options.sampling.greedy() && !options.keep_logits && options.top_logprobs == 0;
+  const double penalty = options.sampling.repetition_penalty;
+  const bool greedy_ids = options.sampling.greedy() && penalty == 1.0 && !options.keep_logits && options.top_logprobs == 0;
+  // With a repetition penalty: each sequence's distinct ids so far (prompt, then every new token).
+  std::vector<SeenTokens> seen;
+  if (penalty != 1.0) {
+    for (const auto& prompt : prompts) seen.emplace_back(prompt);
+  }
+  std::vector<float> penalized;  // [V]: the row a token is chosen from, when a penalty changes it
   DecodeEngine engine(comm, model, cache, {.host_logits = !greedy_ids, .cuda_graph = options.cuda_graph});
   const auto t_decode = Clock::now();
   std::vector<bool> done(static_cast<size_t>(n), false);
@@ -181,7 +188,14 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
         const std::span<const float> row = engine.logits().subspan(static_cast<size_t>(i * vocab), static_cast<size_t>(vocab));
         if (!std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); })) nonfinite(b);
         const uint64_t draw = (static_cast<uint64_t>(number(b)) << 32) | out[static_cast<size_t>(b)].tokens.size();
-        chosen.push_back(sample_token(row, options.sampling, draw));
+        if (penalty != 1.0) {
+          penalized.assign(row.begin(), row.end());
+          apply_repetition_penalty(penalized, seen[static_cast<size_t>(b)].ids(), penalty);
+          chosen.push_back(sample_token(penalized, options.sampling, draw));
+        } else {
+          chosen.push_back(sample_token(row, options.sampling, draw));
+        }
+        // The model's own log-probabilities and logits (before temperature and penalty).
         if (options.top_logprobs > 0) record_logprobs(row, chosen.back(), options.top_logprobs, out[static_cast<size_t>(b)]);
         if (options.keep_logits) {
           auto& kept = out[static_cast<size_t>(b)].logits;
@@ -194,6 +208,7 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
       const int64_t b = rows[static_cast<size_t>(choosing[c])];
       GeneratedSequence& seq = out[static_cast<size_t>(b)];
       seq.tokens.push_back(chosen[c]);
+      if (!seen.empty()) seen[static_cast<size_t>(b)].add(chosen[c]);
       ++generated;
       seq.stopped = std::find(options.stop_tokens.begin(), options.stop_tokens.end(), chosen[c]) != options.stop_tokens.end();
       if (seq.stopped || static_cast<int64_t>(seq.tokens.size()) == options.max_new_tokens) {

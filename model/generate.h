@@ -14,7 +14,10 @@
 //
 // The decode steps run on model/decode_engine.h (the engine `hydra bench --op decode` times too).
 // Tokens are chosen from fp32 logits by sample_token (model/sampling.h) on every rank, and rank 0's
-// choice is broadcast each step, so the ranks can never disagree on what they feed next.
+// choice is broadcast each step, so the ranks can never disagree on what they feed next. A repetition
+// penalty (SamplingParams::repetition_penalty) first rescales, in a copy of the row, the logits of the
+// ids the sequence holds (its whole prompt and its new tokens so far); kept logits and log-probabilities
+// are the model's own, before the penalty and the temperature.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +50,8 @@ struct GeneratedSequence {
   double decode_s = 0;          // from the first decode step to the step that ended the sequence
   std::vector<float> logits;    // [tokens.size(), V] with keep_logits
   // With top_logprobs = K: per new token, log p(token) and the K most likely ids with their log p
-  // (descending; ties to the lower id), from the fp32 logits it was chosen from (log-softmax in fp64).
+  // (descending; ties to the lower id), from the model's fp32 logits at its position (log-softmax in
+  // fp64; before any temperature or repetition penalty).
   std::vector<double> logprobs;                               // [tokens.size()]
   std::vector<std::vector<std::pair<int32_t, double>>> top;  // [tokens.size()][K]
 };

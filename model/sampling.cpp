@@ -55,4 +55,25 @@ int32_t sample_token(std::span<const float> logits, const SamplingParams& params
   return ids[static_cast<size_t>(keep - 1)];  // rounding at the very end of the cumulative sum
 }
 
+void apply_repetition_penalty(std::span<float> logits, std::span<const int32_t> seen, double penalty) {
+  HYDRA_ASSERT(penalty > 0.0, "repetition penalty {} (must be > 0)", penalty);
+  if (penalty == 1.0) return;
+  const float f = static_cast<float>(penalty);
+  for (const int32_t id : seen) {
+    HYDRA_ASSERT(id >= 0 && static_cast<size_t>(id) < logits.size(), "seen token {} outside [0, {})", id, logits.size());
+    float& x = logits[static_cast<size_t>(id)];
+    x = x < 0.0f ? x * f : x / f;
+  }
+}
+
+SeenTokens::SeenTokens(std::span<const int32_t> ids) : ids_(ids.begin(), ids.end()) {
+  std::sort(ids_.begin(), ids_.end());
+  ids_.erase(std::unique(ids_.begin(), ids_.end()), ids_.end());
+}
+
+void SeenTokens::add(int32_t id) {
+  const auto at = std::lower_bound(ids_.begin(), ids_.end(), id);
+  if (at == ids_.end() || *at != id) ids_.insert(at, id);
+}
+
 }  // namespace hydra

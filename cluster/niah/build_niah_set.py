@@ -3,7 +3,7 @@
 
 Why this exists: the built-in NIAH generator (model/eval/niah.h) works in token space, which is right
 for random-weight smoke runs and tests but says little about a real checkpoint (an imported Qwen3).
-This tool builds the same three tasks from text, with the checkpoint's Hugging Face
+This tool builds the same tasks (NIAH's three and RULER's other four) from text, with the checkpoint's Hugging Face
 `tokenizer.json` (the `tokenizers` library), and writes the HDF5 eval-set format that the C++ side
 reads (model/eval/niah_set.h, format "hydrahead-niah-set" v1). The C++ side never tokenizes.
 
@@ -39,11 +39,19 @@ needles' points are drawn from a random.Random seeded by "seed/task/length/index
 of one (task, length, index) at different depths share keys, values and haystack and differ in
 where the primary needle sits (and, for multivalue, in the order of the answer's values).
 
+RULER's other families (--task multiquery, vartrack, cwe, fwe; RULER's templates, with eval-niah
+--task's knobs: --queries, --chains, --hops, --common-words, --common-freq, --uncommon-freq,
+--zipf-alpha, --fwe-words, --top-words) are built by cluster/niah/ruler_text.py (its docstring gives
+each layout). Their answers are lists: the set's item_separator attribute (the id of ",") lets
+eval-niah score recall item by item, order-free, beside the exact match.
+
 Usage (the tokenizer.json of the checkpoint you evaluate):
     python3 cluster/niah/build_niah_set.py --tokenizer Qwen3-1.7B/tokenizer.json \\
         --haystack essays.txt --task single --lengths 4K,16K,64K --depths 0,25,50,75,100 \\
         --samples 4 --seed 0 --out niah_single.h5
     mpirun -np 8 build/bin/hydra eval-niah --model qwen3.h5 --dataset niah_single.h5 --out r.jsonl
+    python3 cluster/niah/build_niah_set.py --tokenizer Qwen3-1.7B/tokenizer.json --haystack essays.txt \
+        --task vartrack --hops 4 --lengths 4K,16K --depths 0,50,100 --samples 4 --out vt.h5
 
 Needs: tokenizers, h5py, numpy.
 """
@@ -61,7 +69,8 @@ from tokenizers import Tokenizer
 
 FORMAT = "hydrahead-niah-set"
 FORMAT_VERSION = 1
-TASKS = ("single", "multikey", "multivalue")
+NIAH_TASKS = ("single", "multikey", "multivalue")
+TASKS = NIAH_TASKS + ("multiquery", "vartrack", "cwe", "fwe")  # the last four: cluster/niah/ruler_text.py
 
 ADJECTIVES = (
     "amber ancient bitter brave calm clever crimson curious distant eager fierce gentle golden hidden "
@@ -231,7 +240,7 @@ def build_sample(pieces, hay, starts, args, length, depth, index):
     return ids, answer_start, len(answer), primary_position
 
 
-def write_set(path, task, source, vocab_size, samples):
+def write_set(path, task, source, vocab_size, samples, item_separator=None):
     """Writes the eval set atomically: a temporary file in the target directory, then a rename."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, temp = tempfile.mkstemp(prefix=".niah-", suffix=".h5.tmp", dir=directory)
@@ -243,6 +252,8 @@ def write_set(path, task, source, vocab_size, samples):
             f.attrs["task"] = task
             f.attrs["source"] = source
             f.attrs["tokenizer_vocab_size"] = np.int64(vocab_size)
+            if item_separator is not None:  # answers of several items (model/eval/niah_set.h)
+                f.attrs["item_separator"] = np.int64(item_separator)
             f["input_ids"] = np.concatenate([np.asarray(s["ids"], dtype=np.int32) for s in samples])
             f["sample_offset"] = np.concatenate([[0], np.cumsum([len(s["ids"]) for s in samples])]).astype(np.int64)
             for name in ("answer_start", "answer_length", "length", "depth", "sample_index", "needle_position"):
@@ -267,6 +278,17 @@ def main():
     p.add_argument("--distractors", type=int, default=3, help="multikey: needles with other keys")
     p.add_argument("--values", type=int, default=3, help="multivalue: values of the queried key")
     p.add_argument("--digits", type=int, default=7, help="digits of each value")
+    # RULER families (cluster/niah/ruler_text.py), with eval-niah's flags and defaults.
+    p.add_argument("--queries", type=int, default=4, help="multiquery: keys asked in one query, all values answered")
+    p.add_argument("--chains", type=int, default=1, help="vartrack: chains of assignments")
+    p.add_argument("--hops", type=int, default=4, help="vartrack: assignments after the first in each chain")
+    p.add_argument("--common-words", type=int, default=10, help="cwe: the common words to answer")
+    p.add_argument("--common-freq", type=int, default=30, help="cwe: occurrences of each common word")
+    p.add_argument("--uncommon-freq", type=int, default=3, help="cwe: occurrences of each other word, as many as fit")
+    p.add_argument("--words", help="cwe: word list, one a line (default: the haystack's distinct lowercase words)")
+    p.add_argument("--zipf-alpha", type=float, default=2.0, help="fwe: exponent of the Zipf law of the words")
+    p.add_argument("--fwe-words", type=int, default=0, help="fwe: distinct words (0: a quarter of the occurrences)")
+    p.add_argument("--top-words", type=int, default=3, help="fwe: the most frequent words to answer")
     p.add_argument("--out", required=True, help="eval set to write (.h5)")
     p.add_argument("--preview", action="store_true", help="print the decoded end of the first sample")
     args = p.parse_args()
@@ -279,6 +301,13 @@ def main():
         raise SystemExit("build_niah_set: need --samples >= 1, --digits >= 1, --distractors >= 1, --values >= 2")
     if args.distractors + 1 > len(ADJECTIVES) * len(NOUNS) // 2 or args.values > 9 * 10 ** (args.digits - 1) // 2:
         raise SystemExit("build_niah_set: too many needles for the distinct keys/values available")
+    if (args.queries < 1 or args.chains < 1 or args.hops < 1 or args.common_words < 1 or args.uncommon_freq < 1
+            or args.common_freq <= args.uncommon_freq or args.top_words < 1 or args.zipf_alpha <= 0
+            or (args.fwe_words and args.fwe_words <= args.top_words)):
+        raise SystemExit("build_niah_set: need --queries, --chains, --hops, --common-words, --uncommon-freq, --top-words "
+                         ">= 1, --common-freq > --uncommon-freq, --zipf-alpha > 0, --fwe-words 0 or > --top-words")
+    if args.words and not os.path.isfile(args.words):
+        raise SystemExit(f"build_niah_set: --words {args.words}: no such file")
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise SystemExit(f"build_niah_set: {args.out}: the output directory does not exist")
     tokenizer = Tokenizer.from_file(args.tokenizer)
@@ -287,17 +316,29 @@ def main():
     pieces = TextPieces(tokenizer, args.task)
     hay, starts = haystack_tokens(pieces, text, max(lengths) + 2048)  # room to end on a sentence
 
-    samples = []
-    for length in lengths:
-        for depth in depths:
-            for index in range(args.samples):
-                ids, answer_start, answer_length, needle = build_sample(pieces, hay, starts, args, length, depth, index)
-                samples.append(dict(ids=ids, answer_start=answer_start, answer_length=answer_length, length=length,
-                                    depth=depth, sample_index=index, needle_position=needle))
+    samples, separator = [], None
+    if args.task in NIAH_TASKS:
+        for length in lengths:
+            for depth in depths:
+                for index in range(args.samples):
+                    ids, answer_start, answer_length, needle = build_sample(pieces, hay, starts, args, length, depth, index)
+                    samples.append(dict(ids=ids, answer_start=answer_start, answer_length=answer_length, length=length,
+                                        depth=depth, sample_index=index, needle_position=needle))
+    else:
+        import ruler_text
+        items = ruler_text.Items(pieces)
+        separator = items.separator
+        pool = ruler_text.word_pool(args, text) if args.task == "cwe" else None
+        for length in lengths:
+            # cwe and fwe place nothing at a depth: one cell per length (depth 0), as eval-niah --task.
+            for depth in depths if ruler_text.HAS_DEPTH[args.task] else [0]:
+                for index in range(args.samples):
+                    sample, _ = ruler_text.build_family(pieces, items, hay, starts, pool, args, length, depth, index)
+                    samples.append(dict(sample, length=length, depth=depth, sample_index=index))
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     source = (f"build_niah_set.py tokenizer={os.path.basename(args.tokenizer)} "
               f"haystack={os.path.basename(args.haystack)} seed={args.seed}")
-    write_set(args.out, args.task, source, vocab_size, samples)
+    write_set(args.out, args.task, source, vocab_size, samples, separator)
     if args.preview:
         first = samples[0]
         tail = first["ids"][max(0, first["answer_start"] - 40):]
@@ -305,7 +346,7 @@ def main():
         print("answer:", repr(tokenizer.decode(first["ids"][first["answer_start"]:])), file=sys.stderr)
     print(json.dumps({"command": "build_niah_set", "task": args.task, "samples": len(samples),
                       "tokens": sum(len(s["ids"]) for s in samples), "max_id": int(max(max(s["ids"]) for s in samples)),
-                      "tokenizer_vocab_size": vocab_size, "out": args.out}))
+                      "tokenizer_vocab_size": vocab_size, "item_separator": separator, "out": args.out}))
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ EvalPlan plan_eval_set(std::shared_ptr<const EvalSet> set, const std::string& so
                        int ranks) {
   EvalPlan plan;
   plan.tasks.push_back(set->task);
-  plan.item_separator.push_back(-1);  // natural-language answers: one item (no marker ids)
+  plan.item_separator.push_back(set->item_separator);  // the set's own (−1: one item)
   std::map<std::pair<int64_t, int64_t>, size_t> cell_of;  // (length, depth) -> cell index
   auto members = std::make_shared<std::vector<std::vector<size_t>>>();
   for (size_t i = 0; i < set->samples.size(); ++i) {

@@ -54,6 +54,7 @@ void write_eval_set(const std::string& path, const EvalSet& set) {
   file.set_attribute("format_version", kEvalSetVersion);
   file.set_attribute("task", set.task);
   file.set_attribute("source", set.source);
+  if (set.item_separator >= 0) file.set_attribute("item_separator", static_cast<int64_t>(set.item_separator));
   file.write("input_ids", TensorView(ids.data(), DType::i32, Device::host, {static_cast<int64_t>(ids.size())}));
   file.write("sample_offset", i64_tensor(offset));
   file.write("answer_start", i64_tensor(start));
@@ -78,6 +79,12 @@ EvalSet read_eval_set(const std::string& path, int64_t vocab_size) {
   set.task = file.has_attribute("task") ? file.string_attribute("task") : "";
   HYDRA_USER_CHECK(!set.task.empty(), "{}: NIAH eval set has no 'task' attribute", path);
   set.source = file.has_attribute("source") ? file.string_attribute("source") : "";
+  if (file.has_attribute("item_separator")) {
+    const int64_t sep = file.int_attribute("item_separator");
+    HYDRA_USER_CHECK(sep >= -1 && sep < vocab_size,
+                     "{}: item_separator {} is outside the model's vocabulary [0, {}) (−1: one item)", path, sep, vocab_size);
+    set.item_separator = static_cast<int32_t>(sep);
+  }
 
   const std::vector<int64_t> offset = read_ints(file, "sample_offset", -1);
   HYDRA_USER_CHECK(offset.size() >= 2, "{}: 'sample_offset' needs N + 1 ≥ 2 entries (got {})", path, offset.size());

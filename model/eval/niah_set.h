@@ -7,7 +7,10 @@
 // to share). Format "hydrahead-niah-set", version 1 — samples are ragged, concatenated:
 //   root attributes  format = "hydrahead-niah-set", format_version = 1 (int),
 //                    task (string: the label of every cell, e.g. "single"),
-//                    source (string, optional: what built it)
+//                    source (string, optional: what built it),
+//                    item_separator (int, optional: the id between an answer's items, so recall
+//                    counts each item present in the output in any order, niah.h answer_items;
+//                    absent or −1: the answer is one item)
 //   input_ids        [Σ T_i]  int32 or int64   all samples' token ids, one after the other
 //   sample_offset    [N + 1]  int32 or int64   sample i is input_ids[sample_offset[i] : sample_offset[i+1]];
 //                                              sample_offset[0] = 0, last = Σ T_i, increasing
@@ -34,6 +37,7 @@ inline constexpr int64_t kEvalSetVersion = 1;
 struct EvalSet {
   std::string task;    // the cell label
   std::string source;  // informational
+  int32_t item_separator = -1;  // the id between an answer's items (−1: one item)
   std::vector<Sample> samples;
 };
 

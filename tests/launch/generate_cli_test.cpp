@@ -229,6 +229,80 @@ TEST(GenerateCli, LogprobsAreTheForwardsLogSoftmax) {
   EXPECT_NE(bad.output.find("--logprobs must be in 0..100"), std::string::npos) << bad.output;
 }
 
+// --repetition-penalty F: greedy without it repeats a token (prompt 0 here; checked); with a large F
+// every seen logit ends below the unseen ones (positive ones divided towards 0, negative ones pushed
+// down), so the new tokens are all distinct and none is in the prompt; each is the arg-max of hydra
+// forward's logits at its position after the penalty over the prompt and the tokens before it
+// (computed here from the rule); 2 ranks, and --sp 2 on 4 ranks, give the same tokens, also sampled.
+TEST(GenerateCli, RepetitionPenaltyStopsRepeats) {
+  const TempDir dir;
+  const std::string h = hydra_binary();
+  ASSERT_EQ(run_command(h + " init --preset hydrahead-tiny --weight-seed 4 --out " + dir.file("m.h5")).exit_code, 0);
+  const std::vector<int32_t> a = ids_of(13, 1), b = ids_of(7, 2);
+  std::vector<int32_t> both = a;
+  both.insert(both.end(), b.begin(), b.end());
+  write_prompts(dir.file("p.h5"), both, {0, 13, 20});
+  const std::string args = " generate --model " + dir.file("m.h5") + " --prompt " + dir.file("p.h5") +
+                           " --max-new-tokens 12 --device cpu";
+  const CommandResult plain = run_command(h + args + " --out " + dir.file("plain.jsonl"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const auto free_run = tokens_of(json_lines(dir.file("plain.jsonl")));
+  const std::vector<std::vector<int32_t>> prompts = {a, b};
+  const auto repeats = [&](size_t p, const std::vector<int32_t>& tokens) {
+    std::vector<int32_t> seen = prompts[p];
+    for (const int32_t t : tokens) {
+      if (std::find(seen.begin(), seen.end(), t) != seen.end()) return true;
+      seen.push_back(t);
+    }
+    return false;
+  };
+  ASSERT_TRUE(repeats(0, free_run[0])) << "this model's greedy continuation of prompt 0 should repeat a token";
+  const double penalty = 1000.0;
+  const std::string with = " --repetition-penalty 1000";
+  const CommandResult one = run_command(h + args + with + " --out " + dir.file("one.jsonl"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto lines = json_lines(dir.file("one.jsonl"));
+  EXPECT_EQ(lines.back().at("repetition_penalty").get<double>(), penalty);
+  const auto penalized = tokens_of(lines);
+  ASSERT_EQ(penalized.size(), 2u);
+  for (size_t p = 0; p < 2; ++p) {
+    ASSERT_EQ(penalized[p].size(), 12u);
+    EXPECT_FALSE(repeats(p, penalized[p])) << "prompt " << p << ": a token repeats despite the penalty";
+    std::vector<int32_t> seq = prompts[p];
+    seq.insert(seq.end(), penalized[p].begin(), penalized[p].end() - 1);
+    write_token_file(dir.file("seq.h5"), seq);
+    const CommandResult f = run_command(h + " forward --model " + dir.file("m.h5") + " --input " + dir.file("seq.h5") +
+                                        " --output " + dir.file("logits.h5"));
+    ASSERT_EQ(f.exit_code, 0) << f.output;
+    const Tensor logits = H5File::open_read(dir.file("logits.h5")).read("logits");
+    const int64_t vocab = logits.size(1), t0 = static_cast<int64_t>(prompts[p].size()) - 1;
+    for (size_t i = 0; i < penalized[p].size(); ++i) {
+      const float* r = logits.data_as<float>() + (t0 + static_cast<int64_t>(i)) * vocab;
+      std::vector<float> row(r, r + vocab);
+      std::vector<bool> seen(static_cast<size_t>(vocab), false);
+      for (size_t j = 0; j < prompts[p].size() + i; ++j) seen[static_cast<size_t>(seq[j])] = true;
+      for (int64_t v = 0; v < vocab; ++v) {
+        float& x = row[static_cast<size_t>(v)];
+        if (seen[static_cast<size_t>(v)]) x = x < 0 ? x * static_cast<float>(penalty) : x / static_cast<float>(penalty);
+      }
+      EXPECT_EQ(penalized[p][i], std::max_element(row.begin(), row.end()) - row.begin()) << "prompt " << p << " token " << i;
+    }
+  }
+  EXPECT_NE(penalized[0], free_run[0]);
+  const CommandResult two = run_command(mpirun(2) + " " + h + args + with + " --out " + dir.file("two.jsonl"));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_EQ(tokens_of(json_lines(dir.file("two.jsonl"))), penalized);
+  const CommandResult groups = run_command(mpirun(4) + " " + h + args + with + " --sp 2 --out " + dir.file("sp2.jsonl"));
+  ASSERT_EQ(groups.exit_code, 0) << groups.output;
+  EXPECT_EQ(tokens_of(json_lines(dir.file("sp2.jsonl"))), penalized);
+  const std::string sampled = " --repetition-penalty 1.5 --temperature 0.9 --top-k 40 --seed 2 --out ";
+  const CommandResult s1 = run_command(h + args + sampled + dir.file("s1.jsonl"));
+  ASSERT_EQ(s1.exit_code, 0) << s1.output;
+  const CommandResult s4 = run_command(mpirun(4) + " " + h + args + " --sp 2" + sampled + dir.file("s4.jsonl"));
+  ASSERT_EQ(s4.exit_code, 0) << s4.output;
+  EXPECT_EQ(tokens_of(json_lines(dir.file("s1.jsonl"))), tokens_of(json_lines(dir.file("s4.jsonl"))));
+}
+
 TEST(GenerateCli, RefusesBadInputBeforeAnyWork) {
   const TempDir dir;
   const std::string h = hydra_binary();
@@ -261,6 +335,8 @@ TEST(GenerateCli, RefusesBadInputBeforeAnyWork) {
   refuse("--prompt " + dir.file("ok.h5") + " --max-new-tokens 0" + out, "--max-new-tokens");
   refuse("--prompt " + dir.file("ok.h5") + " --max-new-tokens 3 --top-p 0" + out, "--top-p");
   refuse("--prompt " + dir.file("ok.h5") + " --max-new-tokens 3 --temperature -1" + out, "--temperature");
+  refuse("--prompt " + dir.file("ok.h5") + " --max-new-tokens 3 --repetition-penalty 0" + out, "--repetition-penalty");
+  refuse("--prompt " + dir.file("ok.h5") + " --max-new-tokens 3 --repetition-penalty inf" + out, "--repetition-penalty");
   refuse("--prompt " + dir.file("nope.h5") + " --max-new-tokens 3" + out, "nope.h5");
 }
 

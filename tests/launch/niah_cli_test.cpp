@@ -1,7 +1,7 @@
 // hydra eval-niah as a user runs it, at small lengths: one rank and `mpirun -np 2` give the same
 // per-sample verdicts and log-probabilities, and so do sequence groups (--sp 1, 2, 4 on 4 ranks); the JSON lines, the HDF5 copy, the table and the
 // summary agree with each other; an HDF5 eval set of the generator's samples (--dataset) gives
-// the generator's results; bad input is refused before any work, leaving no output file.
+// the generator's results, recall included when the set names its item separator; bad input is refused before any work, leaving no output file.
 #include <filesystem>
 #include <fstream>
 
@@ -145,6 +145,37 @@ TEST_F(EvalNiah, DatasetOfTheGeneratorsSamplesGivesItsResults) {
   EXPECT_EQ(from_set.lines.size(), builtin.lines.size());
   expect_same_samples(builtin, from_set);
   EXPECT_EQ(from_set.summary["source"], dir_->file("set.h5"));
+}
+
+// A set of a RULER family's samples with the SEP marker as its item_separator scores recall item by
+// item as the generator's run does (order-free); without the attribute the answer is one item.
+TEST_F(EvalNiah, DatasetWithItemSeparatorGivesTheFamilysRecall) {
+  for (const char* task : {"multiquery", "vartrack"}) {
+    niah::EvalSet set{.task = task, .source = "test", .item_separator = niah::markers_for(256).sep, .samples = {}};
+    niah::TaskParams p;
+    p.task = niah::parse_task(task);
+    p.hops = 2;
+    for (int64_t depth : {0, 100}) {
+      for (int64_t i = 0; i < 2; ++i) set.samples.push_back(niah::generate_sample(p, 256, 3, 256, depth, i));
+    }
+    niah::write_eval_set(dir_->file("ruler_items.h5"), set);
+    EXPECT_EQ(niah::read_eval_set(dir_->file("ruler_items.h5"), 256).item_separator, set.item_separator);
+    const EvalRun builtin = eval(0, "ruler_builtin", std::string("--lengths 256 --depths 0,100 --samples 2 --seed 3 --hops 2 --task ") + task),
+                  from_set = eval(0, "ruler_set", "--dataset " + dir_->file("ruler_items.h5"));
+    ASSERT_EQ(builtin.result.exit_code, 0) << builtin.result.output;
+    ASSERT_EQ(from_set.result.exit_code, 0) << from_set.result.output;
+    expect_same_samples(builtin, from_set);
+    const std::vector<json> x = of_type(builtin, "sample"), y = of_type(from_set, "sample");
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i]["recall"], y[i]["recall"]) << task << " sample " << i;
+    // Read as one item, a recall can only be 0 or 1.
+    set.item_separator = -1;
+    niah::write_eval_set(dir_->file("ruler_items_one.h5"), set);
+    const EvalRun whole = eval(0, "ruler_one_item", "--dataset " + dir_->file("ruler_items_one.h5"));
+    ASSERT_EQ(whole.result.exit_code, 0) << whole.result.output;
+    for (const json& j : of_type(whole, "sample")) {
+      EXPECT_TRUE(j["recall"].get<double>() == 0.0 || j["recall"].get<double>() == 1.0) << task;
+    }
+  }
 }
 
 // --sp 2 on 4 ranks: two groups take alternate samples (3 per cell, so rounds straddle cells) and

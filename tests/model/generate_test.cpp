@@ -6,6 +6,7 @@
 // Tolerance 2e-5 relative on logits: fp32, and the decode path sums in another order than the
 // prefill (the GDN step against the chunked form, attention over the cache against the causal pass).
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "model/generate.h"
@@ -76,6 +77,39 @@ TEST(Generate, LayerwiseHybridGreedyDecodeEqualsFullForward) {
   expect_decode_equals_recomputation(layerwise_hybrid(), "layer-wise hybrid");
 }
 
+// A repetition penalty: each token is the arg-max of the full forward's logits at its position after
+// the penalty over the ids of the prompt and the tokens before it; the kept logits are the model's.
+TEST(Generate, RepetitionPenaltyEqualsPenalizedRecomputation) {
+  const ModelConfig config = preset_config("hydrahead-tiny");
+  const Model model(config, random_parameters(config, 8));
+  SelfCommunicator self;
+  const std::vector<std::vector<int32_t>> prompts = {prompt_of(14, config.vocab_size, 7), prompt_of(4, config.vocab_size, 8)};
+  const double penalty = 3.0;
+  const auto out = generate(self, model, prompts,
+                            {.max_new_tokens = 8, .sampling = {.repetition_penalty = penalty}, .keep_logits = true});
+  const auto plain = generate(self, model, prompts, {.max_new_tokens = 8});
+  const int64_t vocab = config.vocab_size;
+  bool changed = false;
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    changed = changed || out[b].tokens != plain[b].tokens;
+    std::vector<int32_t> all = prompts[b];
+    all.insert(all.end(), out[b].tokens.begin(), out[b].tokens.end() - 1);
+    const Tensor ref = full_logits(model, all);
+    const int64_t t0 = static_cast<int64_t>(prompts[b].size()) - 1;
+    for (size_t i = 0; i < out[b].tokens.size(); ++i) {
+      const float* r = ref.data_as<float>() + (t0 + static_cast<int64_t>(i)) * vocab;
+      std::vector<float> row(r, r + vocab);
+      const SeenTokens seen(std::span<const int32_t>(all.data(), prompts[b].size() + i));
+      apply_repetition_penalty(row, seen.ids(), penalty);
+      EXPECT_EQ(out[b].tokens[i], std::max_element(row.begin(), row.end()) - row.begin()) << "prompt " << b << " token " << i;
+      for (int64_t v = 0; v < vocab; ++v) {
+        EXPECT_NEAR(out[b].logits[i * static_cast<size_t>(vocab) + static_cast<size_t>(v)], r[v], kTol * (1 + std::abs(r[v])));
+      }
+    }
+  }
+  EXPECT_TRUE(changed) << "a penalty of 3 changed no token: the test shows nothing";
+}
+
 TEST(Generate, BatchEqualsPromptsAlone) {
   const ModelConfig config = preset_config("hydrahead-tiny");
   const Model model(config, random_parameters(config, 6));
@@ -144,6 +178,36 @@ TEST(Generate, CacheBytesPerToken) {
   EXPECT_EQ(t.per_token, 8 * h.per_token);
   EXPECT_EQ(h.per_slot, 28.0 * (14 * 128 * 128 * 4 + 3 * 3 * 14 * 128 * 2));
   EXPECT_EQ(t.per_slot, 0.0);
+}
+
+// The penalty in closed form: seen ids' positive logits / F, negative × F, zero and unseen untouched;
+// the seen set is the distinct ids, so a repeated id is penalized once.
+TEST(Sampling, RepetitionPenaltyClosedForm) {
+  const std::vector<float> base = {2.0f, -1.5f, 0.0f, 3.0f, -0.25f, 1.0f};
+  const SeenTokens seen(std::vector<int32_t>{4, 0, 1, 0, 2, 4});
+  EXPECT_EQ(std::vector<int32_t>(seen.ids().begin(), seen.ids().end()), (std::vector<int32_t>{0, 1, 2, 4}));
+  std::vector<float> row = base;
+  apply_repetition_penalty(row, seen.ids(), 2.0);
+  EXPECT_EQ(row, (std::vector<float>{1.0f, -3.0f, 0.0f, 3.0f, -0.5f, 1.0f}));
+  // F < 1 raises them instead; 1 changes nothing.
+  row = base;
+  apply_repetition_penalty(row, seen.ids(), 0.5);
+  EXPECT_EQ(row, (std::vector<float>{4.0f, -0.75f, 0.0f, 3.0f, -0.125f, 1.0f}));
+  row = base;
+  apply_repetition_penalty(row, seen.ids(), 1.0);
+  EXPECT_EQ(row, base);
+  // Greedy after the penalty: with 0 seen, its 3.5 / 2 = 1.75 falls below 2's 2.0; with 2 seen too
+  // (added twice, kept once), 1.75 beats 2's 1.0 and 1's 1.0.
+  SeenTokens grown(std::vector<int32_t>{0});
+  row = {3.5f, 1.0f, 2.0f};
+  apply_repetition_penalty(row, grown.ids(), 2.0);
+  EXPECT_EQ(sample_token(row, {}, 0), 2) << "1.75 < 2.0";
+  grown.add(2);
+  grown.add(2);
+  EXPECT_EQ(grown.ids().size(), 2u);
+  row = {3.5f, 1.0f, 2.0f};
+  apply_repetition_penalty(row, grown.ids(), 2.0);
+  EXPECT_EQ(sample_token(row, {}, 0), 0) << "1.75 > 1.0";
 }
 
 TEST(Sampling, GreedyFiltersAndSeeds) {

@@ -3,7 +3,8 @@
 // attention merged by log-sum-exp across ranks) gives the same tokens as one rank and the logits
 // each token was chosen from agree to 1e-5 relative (fp32; only summation order differs). Teacher,
 // HydraHead and a layer-wise hybrid; a batch of prompts whose lengths leave prompt tails of every
-// size to the decode steps (and one too short for any prefill on these ranks); greedy and sampled.
+// size to the decode steps (and one too short for any prefill on these ranks); greedy and sampled,
+// with and without a repetition penalty.
 // Runs under mpirun with P = 1, 2, 3, 4.
 #include <algorithm>
 
@@ -61,6 +62,12 @@ TEST(Generate, HydraHeadOnRanksEqualsOneProcess) {
   expect_parallel_generation_equals_single(preset_config("hydrahead-tiny"),
                                            {.temperature = 0.8, .top_k = 40, .top_p = 0.95, .seed = 11},
                                            "hydrahead-tiny sampled");
+  // A repetition penalty: every rank penalizes the same ids of the same replicated logits.
+  expect_parallel_generation_equals_single(preset_config("hydrahead-tiny"), {.repetition_penalty = 2.5},
+                                           "hydrahead-tiny greedy with a repetition penalty");
+  expect_parallel_generation_equals_single(preset_config("hydrahead-tiny"),
+                                           {.temperature = 0.8, .top_k = 40, .seed = 11, .repetition_penalty = 1.3},
+                                           "hydrahead-tiny sampled with a repetition penalty");
 }
 
 TEST(Generate, LayerwiseHybridOnRanksEqualsOneProcess) {

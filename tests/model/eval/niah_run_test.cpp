@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "model/eval/niah_set.h"
 #include "model/params.h"
 #include "parallel/self_communicator.h"
 #include "tests/common/needle_head_model.h"
@@ -74,6 +75,50 @@ TEST(NiahRun, ARetrievingModelScoresOneAndTheCallbackSeesEveryCell) {
   EXPECT_EQ(totals.correct, 6);
   EXPECT_DOUBLE_EQ(totals.accuracy(), 1.0);
   EXPECT_LT(totals.mean_logprob(), 0.0);
+}
+
+// An eval set's item_separator splits each answer into items for recall: the retrieving model
+// predicts the needle's value at every answer position, so of the answer [value, SEP, other value]
+// it finds the first item and not the second: recall 1/2 read with the separator, 0 as one item.
+TEST(NiahRun, EvalSetItemSeparatorSplitsTheAnswerForRecall) {
+  const NeedleHeadModel m = make_needle_head_model();
+  const Model model(m.config, m.params);
+  const int32_t sep = niah::markers_for(48).sep;
+  auto set = std::make_shared<niah::EvalSet>();
+  set->task = "two-items";
+  set->item_separator = sep;
+  for (int64_t i = 0; i < 2; ++i) {
+    niah::Sample s = needle_head_sample(94, 20 + 30 * i, 30, 11 + i);  // its answer: the value 30
+    s.ids.insert(s.ids.end(), {sep, 31});
+    s.answer_length = 3;
+    s.length = 96;
+    s.depth = 50;
+    s.index = i;
+    set->samples.push_back(s);
+  }
+  TempDir dir;
+  for (const int32_t separator : {sep, -1}) {
+    set->item_separator = separator;
+    niah::write_eval_set(dir.file("set.h5"), *set);
+    const auto back = std::make_shared<const niah::EvalSet>(niah::read_eval_set(dir.file("set.h5"), 48));
+    EXPECT_EQ(back->item_separator, separator);
+    const niah::EvalPlan plan = niah::plan_eval_set(back, "set.h5", m.config, 1);
+    EXPECT_EQ(plan.item_separator, (std::vector<int32_t>{separator}));
+    SelfCommunicator comm;
+    SequenceGroups groups(comm, 0);
+    niah::Report report;
+    niah::run_plan(model, groups, plan, report, {});
+    ASSERT_EQ(report.samples.size(), 2u);
+    for (const auto& r : report.samples) {
+      EXPECT_EQ(r.predicted, (std::vector<int32_t>{30, 30, 30})) << "the model retrieves the needle's value";
+      EXPECT_FALSE(r.correct);
+      EXPECT_DOUBLE_EQ(r.recall, separator >= 0 ? 0.5 : 0.0) << "separator " << separator;
+    }
+  }
+  // An item_separator outside the vocabulary is refused by name.
+  set->item_separator = 47;
+  niah::write_eval_set(dir.file("set.h5"), *set);
+  EXPECT_NE(error_of([&] { niah::read_eval_set(dir.file("set.h5"), 40); }).find("item_separator 47"), std::string::npos);
 }
 
 TEST(NiahRun, VerdictsAreThoseOfEvaluateSample) {
