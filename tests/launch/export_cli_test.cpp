@@ -2,7 +2,8 @@
 // sharding, export -> import bit for bit for teacher and hybrid in f32 and bf16, and bad folders
 // and interrupted exports answered with one line and no partial output. The PyTorch side (the
 // module in cluster/torch/ and transformers' Qwen3ForCausalLM on the same folders) is
-// tests/cluster/torch_export_test.py.
+// tests/cluster/torch_export_test.py; transformers alone opening the folders (trust_remote_code) is
+// tests/cluster/hf_remote_code_test.py.
 #include <cstring>
 #include <filesystem>
 #include <fstream>
