@@ -1,5 +1,7 @@
 #include "model/hf_export.h"
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -140,7 +142,10 @@ nlohmann::json generation_config_json(const std::string& directory) {
   const auto id_of = [&](const std::string& key, const std::string& text) -> int64_t {
     if (config.contains("added_tokens_decoder") && config["added_tokens_decoder"].is_object()) {
       for (const auto& [id, entry] : config["added_tokens_decoder"].items()) {
-        if (entry.is_object() && entry.value("content", "") == text) return std::stoll(id);
+        if (!entry.is_object() || entry.value("content", "") != text) continue;
+        HYDRA_USER_CHECK(!id.empty() && id.size() <= 18 && std::all_of(id.begin(), id.end(), ::isdigit),
+                         "{}: tokenizer_config.json added_tokens_decoder key '{}' is not a token id", directory, id);
+        return std::stoll(id);
       }
     }
     if (!tokenizer_read) {

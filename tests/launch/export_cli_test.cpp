@@ -369,6 +369,11 @@ TEST_F(Export, GenerationConfigFromTheTokenizer) {
                               tokenizer("tok-undefined", undefined, tok)),
                         "tokenizer_config.json names eos_token '<|end|>', which neither its added_tokens_decoder nor "
                         "tokenizer.json defines");
+  nlohmann::json bad_key = config;
+  bad_key["added_tokens_decoder"] = {{"one", {{"content", "<s>"}}}};
+  expect_one_line_error(hydra("export --model " + model + " --out " + dir_.file("x") + " --tokenizer " +
+                              tokenizer("tok-bad-key", bad_key, tok)),
+                        "tokenizer_config.json added_tokens_decoder key 'one' is not a token id");
   const std::string outside = tokenizer("tok-outside", config, tok);
   std::ofstream(fs::path(outside) / "generation_config.json") << R"({"eos_token_id": [2, 300]})";
   expect_one_line_error(hydra("export --model " + model + " --out " + dir_.file("x") + " --tokenizer " + outside),
