@@ -143,7 +143,8 @@ nlohmann::json generation_config_json(const std::string& directory) {
     if (config.contains("added_tokens_decoder") && config["added_tokens_decoder"].is_object()) {
       for (const auto& [id, entry] : config["added_tokens_decoder"].items()) {
         if (!entry.is_object() || entry.value("content", "") != text) continue;
-        HYDRA_USER_CHECK(!id.empty() && id.size() <= 18 && std::all_of(id.begin(), id.end(), ::isdigit),
+        const bool digits = std::all_of(id.begin(), id.end(), [](unsigned char ch) { return std::isdigit(ch) != 0; });
+        HYDRA_USER_CHECK(!id.empty() && id.size() <= 18 && digits,
                          "{}: tokenizer_config.json added_tokens_decoder key '{}' is not a token id", directory, id);
         return std::stoll(id);
       }
@@ -167,8 +168,8 @@ nlohmann::json generation_config_json(const std::string& directory) {
         }
       }
     }
-    HYDRA_USER_FAIL("{}: tokenizer_config.json names {} '{}', which neither its added_tokens_decoder nor tokenizer.json "
-                    "defines", directory, key, text);
+    HYDRA_USER_FAIL("{}: tokenizer_config.json names {} '{}', which neither its added_tokens_decoder nor "
+                    "tokenizer.json defines", directory, key, text);
   };
   try {
     for (const char* name : {"bos", "eos", "pad"}) {
@@ -309,7 +310,8 @@ HfExportResult export_hf_checkpoint(const std::string& checkpoint, const std::st
       std::ofstream out(temp / kHydraHeadModelingFile, std::ios::binary);
       out.write(code.data(), static_cast<std::streamsize>(code.size()));
       out.flush();
-      HYDRA_USER_CHECK(out.good(), "{}: writing failed (disk full?)", destination_of((temp / kHydraHeadModelingFile).string()));
+      HYDRA_USER_CHECK(out.good(), "{}: writing failed (disk full?)",
+                       destination_of((temp / kHydraHeadModelingFile).string()));
       result.files.push_back(kHydraHeadModelingFile);
     }
     if (!generation.is_null()) {
