@@ -27,7 +27,7 @@ struct ExportOptions {
   void bind(po::options_description& o) {
     o.add_options()
         ("model", po::value(&model)->required(), "hydra checkpoint to export (.h5): a Qwen3 teacher or a HydraHead hybrid")
-        ("out", po::value(&out)->required(), "folder to create (absent or empty); written under a temporary name and renamed when complete")
+        ("out", po::value(&out)->required(), "folder to create (absent or empty): config.json, safetensors and, for a hybrid, hydrahead.py (its modeling code, which transformers runs with trust_remote_code=True); written under a temporary name and renamed when complete")
         ("dtype", po::value(&dtype)->default_value("auto"), "tensor type: bf16 (f32 rounded to nearest even), f32, or auto (bf16 if the checkpoint stores bf16, else f32)")
         ("max-shard-size", po::value(&max_shard_size)->default_value("5G"), "largest safetensors file (K/M/G = 2^10/2^20/2^30 bytes); above it: model-0000i-of-0000n shards and model.safetensors.index.json")
         ("max-position-embeddings", po::value(&max_positions)->default_value("128K"), "context length written to config.json for HF tools (lm-eval-harness truncates to it); hydra itself has no limit")
