@@ -1,6 +1,7 @@
 // hydra export: a hydra checkpoint to a Hugging Face style folder (config.json + safetensors) that
-// transformers (Qwen3 teachers) and cluster/torch/hydrahead.py (teachers and hybrids) load, and
-// `hydra import --hf` reads back bit for bit (model/hf_export.h, DESIGN.md §4).
+// transformers loads (Qwen3 teachers natively, hybrids with trust_remote_code through the folder's
+// copy of cluster/torch/hydrahead.py), and `hydra import --hf` reads back bit for bit
+// (model/hf_export.h, DESIGN.md §4).
 #include <nlohmann/json.hpp>
 
 #include <iostream>
@@ -26,11 +27,11 @@ struct ExportOptions {
   void bind(po::options_description& o) {
     o.add_options()
         ("model", po::value(&model)->required(), "hydra checkpoint to export (.h5): a Qwen3 teacher or a HydraHead hybrid")
-        ("out", po::value(&out)->required(), "folder to create (absent or empty); written under a temporary name and renamed when complete")
+        ("out", po::value(&out)->required(), "folder to create (absent or empty): config.json, safetensors and, for a hybrid, hydrahead.py (its modeling code, which transformers runs with trust_remote_code=True); written under a temporary name and renamed when complete")
         ("dtype", po::value(&dtype)->default_value("auto"), "tensor type: bf16 (f32 rounded to nearest even), f32, or auto (bf16 if the checkpoint stores bf16, else f32)")
         ("max-shard-size", po::value(&max_shard_size)->default_value("5G"), "largest safetensors file (K/M/G = 2^10/2^20/2^30 bytes); above it: model-0000i-of-0000n shards and model.safetensors.index.json")
         ("max-position-embeddings", po::value(&max_positions)->default_value("128K"), "context length written to config.json for HF tools (lm-eval-harness truncates to it); hydra itself has no limit")
-        ("tokenizer", po::value(&tokenizer), "folder whose tokenizer files (tokenizer.json, tokenizer_config.json, ..., generation_config.json) are copied into the export")
+        ("tokenizer", po::value(&tokenizer), "folder whose tokenizer files (tokenizer.json, tokenizer_config.json, ...) are copied into the export, with a generation_config.json holding the tokenizer's bos/eos/pad ids (the folder's own generation_config.json kept and completed)")
         ("allow-nonfinite", po::bool_switch(&allow_nonfinite), "export weights that hold NaN or Inf instead of refusing them");
   }
   void validate() const {
@@ -40,7 +41,10 @@ struct ExportOptions {
     HYDRA_USER_CHECK(parse_size(max_shard_size, "--max-shard-size") > 0, "--max-shard-size must be positive");
     HYDRA_USER_CHECK(parse_size(max_positions, "--max-position-embeddings") > 0,
                      "--max-position-embeddings must be positive");
-    if (!tokenizer.empty()) tokenizer_files_in(tokenizer);
+    if (!tokenizer.empty()) {
+      tokenizer_files_in(tokenizer);
+      generation_config_json(tokenizer);  // its special tokens resolve (the ids are checked against the model's vocabulary later)
+    }
     check_export_destination(out);
   }
 };

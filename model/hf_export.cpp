@@ -1,5 +1,7 @@
 #include "model/hf_export.h"
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -59,31 +61,42 @@ void write_json(const fs::path& path, const nlohmann::json& json) {
 }  // namespace
 
 nlohmann::json hf_config_json(const ModelConfig& c, DType dtype, int64_t max_position_embeddings) {
-  // The keys and spelling of a Qwen3 config.json as transformers writes it. rope_theta sits at the
-  // top level, which transformers 4.x reads and 5.x converts to its rope_parameters; no rope_scaling
-  // key (absent means the default rotary embedding in both, and 5.x warns about the key).
-  // The model's own keys from the shared table (model/config.h), then the keys only HF has.
+  // The keys and spelling of a Qwen3 config.json as transformers writes it, for transformers 4.51
+  // (the first with Qwen3) to 5.x: `dtype` and `rope_parameters` are 5.x's keys (4.56 on reads
+  // `dtype` too); `torch_dtype` and a top-level `rope_theta` are what 4.x reads (5.x accepts both
+  // and converts them). No rope_scaling key (absent means the default rotary embedding in both, and
+  // 5.x warns about the key). The model's own keys from the shared table (model/config.h), then the
+  // keys only HF has.
   nlohmann::json j = config_to_json(c);
   j.erase("arch");
   if (j.contains(kFusionKey)) {  // a hybrid's fusion under its exported name
     j[kHfFusionKey] = j[kFusionKey];
     j.erase(kFusionKey);
   }
+  const char* dtype_key = dtype == DType::bf16 ? "bfloat16" : "float32";
   j.update({
       {"architectures", {c.is_hydra() ? kHydraHeadArchitecture : "Qwen3ForCausalLM"}},
       {"model_type", c.is_hydra() ? kHydraHeadModelType : "qwen3"},
       {"attention_bias", false},
       {"attention_dropout", 0.0},
+      {"dtype", dtype_key},
       {"hidden_act", "silu"},
       {"initializer_range", 0.02},
       {"max_position_embeddings", max_position_embeddings},
       {"max_window_layers", c.num_layers},
+      {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "default"}}},
       {"sliding_window", nullptr},
-      {"torch_dtype", dtype == DType::bf16 ? "bfloat16" : "float32"},
+      {"torch_dtype", dtype_key},
       {"use_cache", true},
       {"use_sliding_window", false},
   });
-  if (c.is_hydra()) j["hydrahead_version"] = kHydraHeadExportVersion;
+  if (c.is_hydra()) {
+    j["hydrahead_version"] = kHydraHeadExportVersion;
+    // transformers' trust_remote_code: the classes in the folder's hydrahead.py.
+    const std::string module = fs::path(kHydraHeadModelingFile).stem().string();
+    j["auto_map"] = {{"AutoConfig", module + ".HydraHeadConfig"},
+                     {"AutoModelForCausalLM", module + "." + kHydraHeadArchitecture}};
+  }
   return j;
 }
 
@@ -92,8 +105,7 @@ std::vector<std::string> tokenizer_files_in(const std::string& directory) {
   HYDRA_USER_CHECK(fs::is_directory(directory, ec), "{}: tokenizer folder does not exist", directory);
   std::vector<std::string> found;
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                           "merges.txt", "added_tokens.json", "tokenizer.model", "chat_template.jinja",
-                           "generation_config.json"}) {
+                           "merges.txt", "added_tokens.json", "tokenizer.model", "chat_template.jinja"}) {
     if (fs::is_regular_file(fs::path(directory) / name, ec)) found.push_back(name);
   }
   const bool has_tokenizer = std::any_of(found.begin(), found.end(), [](const std::string& f) {
@@ -102,6 +114,100 @@ std::vector<std::string> tokenizer_files_in(const std::string& directory) {
   HYDRA_USER_CHECK(has_tokenizer, "{}: no tokenizer.json, tokenizer_config.json or tokenizer.model in the tokenizer folder",
                    directory);
   return found;
+}
+
+nlohmann::json generation_config_json(const std::string& directory) {
+  const fs::path dir(directory);
+  const auto read = [&](const char* name) {
+    const fs::path path = dir / name;
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) return nlohmann::json();
+    std::ifstream in(path);
+    try {
+      nlohmann::json j = nlohmann::json::parse(in);
+      HYDRA_USER_CHECK(j.is_object(), "{}: not a JSON object", path.string());
+      return j;
+    } catch (const nlohmann::json::exception& e) {
+      HYDRA_USER_FAIL("{}: not valid JSON ({})", path.string(), e.what());
+    }
+  };
+  nlohmann::json generation = read("generation_config.json");
+  if (generation.is_null()) generation = nlohmann::json::object();
+  const nlohmann::json config = read("tokenizer_config.json");
+  nlohmann::json tokenizer;  // tokenizer.json, parsed only if a token is not in added_tokens_decoder
+  bool tokenizer_read = false;
+
+  // tokenizer_config.json names a special token by its text ("<|endoftext|>", or an AddedToken
+  // object with "content"); its id comes from the added tokens, else from the model's vocabulary.
+  const auto id_of = [&](const std::string& key, const std::string& text) -> int64_t {
+    if (config.contains("added_tokens_decoder") && config["added_tokens_decoder"].is_object()) {
+      for (const auto& [id, entry] : config["added_tokens_decoder"].items()) {
+        if (!entry.is_object() || entry.value("content", "") != text) continue;
+        const bool digits = std::all_of(id.begin(), id.end(), [](unsigned char ch) { return std::isdigit(ch) != 0; });
+        HYDRA_USER_CHECK(!id.empty() && id.size() <= 18 && digits,
+                         "{}: tokenizer_config.json added_tokens_decoder key '{}' is not a token id", directory, id);
+        return std::stoll(id);
+      }
+    }
+    if (!tokenizer_read) {
+      tokenizer = read("tokenizer.json");
+      tokenizer_read = true;
+    }
+    if (tokenizer.is_object()) {
+      for (const auto& entry : tokenizer.value("added_tokens", nlohmann::json::array())) {
+        if (entry.is_object() && entry.value("content", "") == text && entry.contains("id")) {
+          return entry["id"].get<int64_t>();
+        }
+      }
+      const nlohmann::json vocab = tokenizer.contains("model") ? tokenizer["model"].value("vocab", nlohmann::json())
+                                                                 : nlohmann::json();
+      if (vocab.is_object() && vocab.contains(text)) return vocab[text].get<int64_t>();
+      if (vocab.is_array()) {  // Unigram: [[piece, score], ...], the id is the index
+        for (size_t i = 0; i < vocab.size(); ++i) {
+          if (vocab[i].is_array() && !vocab[i].empty() && vocab[i][0] == text) return static_cast<int64_t>(i);
+        }
+      }
+    }
+    HYDRA_USER_FAIL("{}: tokenizer_config.json names {} '{}', which neither its added_tokens_decoder nor "
+                    "tokenizer.json defines", directory, key, text);
+  };
+  try {
+    for (const char* name : {"bos", "eos", "pad"}) {
+      const std::string key = fmt::format("{}_token", name), id_key = fmt::format("{}_token_id", name);
+      if (generation.contains(id_key) && !generation[id_key].is_null()) continue;  // the folder's own wins
+      if (!config.is_object() || !config.contains(key)) continue;
+      const nlohmann::json& token = config[key];
+      std::string text;
+      if (token.is_string()) {
+        text = token.get<std::string>();
+      } else if (token.is_object() && token.contains("content") && token["content"].is_string()) {
+        text = token["content"].get<std::string>();
+      } else {
+        HYDRA_USER_CHECK(token.is_null(), "{}: tokenizer_config.json {} is neither a string nor a token object",
+                         directory, key);
+        continue;
+      }
+      generation[id_key] = id_of(key, text);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    HYDRA_USER_FAIL("{}: malformed tokenizer file ({})", directory, e.what());
+  }
+  if (generation.empty()) return nullptr;
+  return generation;
+}
+
+void check_generation_ids(const nlohmann::json& generation, int64_t vocab_size, const std::string& source) {
+  if (!generation.is_object()) return;
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"}) {
+    if (!generation.contains(key) || generation[key].is_null()) continue;
+    const nlohmann::json ids = generation[key].is_array() ? generation[key] : nlohmann::json::array({generation[key]});
+    for (const nlohmann::json& id : ids) {
+      HYDRA_USER_CHECK(id.is_number_integer(), "{}: {} {} is not a token id", source, key, id.dump());
+      const int64_t v = id.get<int64_t>();
+      HYDRA_USER_CHECK(v >= 0 && v < vocab_size, "{}: {} {} is outside the model's vocabulary [0, {})", source, key, v,
+                       vocab_size);
+    }
+  }
 }
 
 void check_export_destination(const std::string& out_dir) {
@@ -126,7 +232,11 @@ HfExportResult export_hf_checkpoint(const std::string& checkpoint, const std::st
   HYDRA_USER_CHECK(options.max_shard_bytes > 0, "the shard size must be positive (got {})", options.max_shard_bytes);
   check_export_destination(out_dir);
   std::vector<std::string> tokenizer;
-  if (!options.tokenizer_dir.empty()) tokenizer = tokenizer_files_in(options.tokenizer_dir);
+  nlohmann::json generation;
+  if (!options.tokenizer_dir.empty()) {
+    tokenizer = tokenizer_files_in(options.tokenizer_dir);
+    generation = generation_config_json(options.tokenizer_dir);
+  }
 
   // Every check on the checkpoint before anything is written: names, shapes, stored types.
   const CheckpointReader reader(checkpoint);
@@ -148,6 +258,7 @@ HfExportResult export_hf_checkpoint(const std::string& checkpoint, const std::st
   for (const std::string& name : reader.names()) {
     HYDRA_USER_CHECK(expected.count(name), "{}: unexpected tensor '{}' for this config", checkpoint, name);
   }
+  check_generation_ids(generation, result.config.vocab_size, options.tokenizer_dir + " (the tokenizer)");
   result.dtype = options.dtype.value_or(all_bf16 ? DType::bf16 : DType::f32);
   HYDRA_USER_CHECK(result.dtype == DType::f32 || result.dtype == DType::bf16, "export dtype must be f32 or bf16");
 
@@ -194,6 +305,19 @@ HfExportResult export_hf_checkpoint(const std::string& checkpoint, const std::st
     }
     write_json(temp / "config.json", hf_config_json(result.config, result.dtype, options.max_position_embeddings));
     result.files.push_back("config.json");
+    if (result.config.is_hydra()) {  // the modeling code transformers' trust_remote_code imports
+      const std::string_view code = hf_modeling_code();
+      std::ofstream out(temp / kHydraHeadModelingFile, std::ios::binary);
+      out.write(code.data(), static_cast<std::streamsize>(code.size()));
+      out.flush();
+      HYDRA_USER_CHECK(out.good(), "{}: writing failed (disk full?)",
+                       destination_of((temp / kHydraHeadModelingFile).string()));
+      result.files.push_back(kHydraHeadModelingFile);
+    }
+    if (!generation.is_null()) {
+      write_json(temp / "generation_config.json", generation);
+      result.files.push_back("generation_config.json");
+    }
     for (const std::string& f : tokenizer) {
       fs::copy_file(fs::path(options.tokenizer_dir) / f, temp / f, ec);
       HYDRA_USER_CHECK(!ec, "{}: cannot copy into the export ({})", (fs::path(options.tokenizer_dir) / f).string(),

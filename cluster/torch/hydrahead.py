@@ -4,17 +4,25 @@
 The reference a Python user can read: every line of the forward is DESIGN.md §1.1-1.2 written
 with torch ops (it is not a translation of hydra's kernels).
 
-    from hydrahead import load_model
-    model = load_model("export-dir", dtype=torch.bfloat16, device="cuda")
+    from transformers import AutoModelForCausalLM                       # no import of this file needed:
+    model = AutoModelForCausalLM.from_pretrained("export-dir", trust_remote_code=True, dtype=torch.bfloat16)
     logits = model(input_ids).logits                                   # [B, T, V]
     out = model.generate(input_ids, max_new_tokens=32, do_sample=False)  # transformers' generate
 
+    from hydrahead import load_model                                   # or with this file on sys.path
+    model = load_model("export-dir", dtype=torch.bfloat16, device="cuda")
+
 The folder is what `hydra export` writes: config.json (model_type "hydrahead" or "qwen3") and
 model.safetensors or shards with model.safetensors.index.json, tensors named as in hydra's
-checkpoints (model/params.h). With transformers installed the classes are a PretrainedConfig /
-PreTrainedModel + GenerationMixin pair registered with AutoConfig / AutoModelForCausalLM, so
-transformers' `generate` and lm-eval-harness's `hf` model (cluster/torch/lm_eval_hydra.py) use
-them; without it, a plain nn.Module with a greedy `generate`.
+checkpoints (model/params.h). A hybrid's folder also holds this file as hydrahead.py (hydra is
+built with it compiled in, model/embed_text.cmake, so an edit here reaches exports after a rebuild)
+and config.json's auto_map names its classes: transformers' trust_remote_code imports it from the
+folder. It therefore imports nothing but the standard library, torch and transformers (and
+safetensors, flash-linear-attention when present). With transformers installed the classes are a
+PretrainedConfig / PreTrainedModel + GenerationMixin pair registered with AutoConfig /
+AutoModelForCausalLM, so transformers' `generate` (stopping on the folder's generation_config.json
+eos ids) and lm-eval-harness's `hf` model (cluster/torch/lm_eval_hydra.py) use them; without it, a
+plain nn.Module with a greedy `generate`.
 
 Conventions (DESIGN.md §1): positions are 0-based over the whole sequence (left padding does not
 count: a row's first real token is position 0); RoPE is rotate-half, pairing channels c and c + d/2
@@ -47,7 +55,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 try:  # transformers is optional: generate() and lm-eval-harness need it, the forward does not
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
+    from transformers import (AutoConfig, AutoModelForCausalLM, GenerationConfig, GenerationMixin, PretrainedConfig,
+                              PreTrainedModel)
     from transformers.modeling_outputs import CausalLMOutputWithPast
     HAVE_TRANSFORMERS = True
 except ImportError:  # pragma: no cover - exercised where transformers is absent
@@ -113,8 +122,20 @@ class HydraHeadConfig(_ConfigBase):
     model_type = MODEL_TYPE
 
     def __init__(self, **kwargs):
+        # transformers 5 writes rope_theta inside rope_parameters (hydra export writes both places):
+        # the nested value wins, as in transformers and hydra import.
+        rope = kwargs.get("rope_parameters")
+        if isinstance(rope, dict):
+            if rope.get("rope_type", rope.get("type", "default")) != "default":
+                raise ValueError(f"rope_parameters {rope} is not the default rotary embedding (the only one hydra has)")
+            if "rope_theta" in rope:
+                kwargs["rope_theta"] = rope["rope_theta"]
+        version = kwargs.pop("hydrahead_version", None)
+        if version is not None and version > EXPORT_VERSION:
+            raise ValueError(f"hydrahead_version {version} is newer than this module ({EXPORT_VERSION})")
         own = {k: kwargs.pop(k, v) for k, v in _DEFAULTS.items()}
-        kwargs.pop("hydrahead_version", None)
+        if own["hydrahead_fusion"] not in FUSIONS:
+            raise ValueError(f"hydrahead_fusion {own['hydrahead_fusion']!r} is not one of {', '.join(FUSIONS)}")
         self.arch = "hydrahead" if own["fa_heads"] is not None else "qwen3"
         for k, v in own.items():
             setattr(self, k, v)
@@ -127,19 +148,14 @@ class HydraHeadConfig(_ConfigBase):
     @classmethod
     def from_json_dict(cls, d: dict) -> "HydraHeadConfig":
         kind = d.get("model_type")
-        if kind == MODEL_TYPE:
-            if d.get("hydrahead_version", 0) > EXPORT_VERSION:
-                raise ValueError(f"hydrahead_version {d['hydrahead_version']} is newer than this module ({EXPORT_VERSION})")
-        elif kind == "qwen3":
+        if kind == "qwen3":
             d = {k: v for k, v in d.items() if k not in ("fa_heads",)}
-        else:
+        elif kind != MODEL_TYPE:
             raise ValueError(f"model_type {kind!r} is not a hydra export (expected 'hydrahead' or 'qwen3')")
-        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-        theta = rope.get("rope_theta", d.get("rope_theta", 10000.0)) if isinstance(rope, dict) else d.get("rope_theta")
         keep = {k: d[k] for k in _DEFAULTS if k in d}
-        keep["rope_theta"] = theta
-        if keep.get("hydrahead_fusion", "scale_norm") not in FUSIONS:
-            raise ValueError(f"hydrahead_fusion {keep['hydrahead_fusion']!r} is not one of {', '.join(FUSIONS)}")
+        for k in ("rope_parameters", "hydrahead_version"):  # read (and checked) by __init__
+            if k in d:
+                keep[k] = d[k]
         return cls(**keep)
 
 
@@ -503,7 +519,11 @@ class HydraHeadForCausalLM(*_ModelBase):
         if isinstance(device_map, dict) and device_map:
             device = next(iter(device_map.values()))
             device = f"cuda:{device}" if isinstance(device, int) else device
-        return load_model(folder, dtype=want, device=device or "cpu", model_class=cls)
+        model = load_model(folder, dtype=want, device=device or "cpu", model_class=cls)
+        if HAVE_TRANSFORMERS and (Path(folder) / "generation_config.json").is_file():
+            # the tokenizer's bos/eos/pad ids (hydra export --tokenizer), which generate() stops on
+            model.generation_config = GenerationConfig.from_pretrained(folder)
+        return model
 
 
 def load_model(folder, dtype=None, device="cpu", model_class=None):
@@ -526,8 +546,12 @@ def load_model(folder, dtype=None, device="cpu", model_class=None):
     return model.to(device=device, dtype=dtype or stored).eval()
 
 
-if HAVE_TRANSFORMERS:
-    try:  # so AutoModelForCausalLM.from_pretrained(folder) and lm-eval's "hf" model find the class
+# Imported by hand (sys.path): registered, so AutoModelForCausalLM.from_pretrained(folder) and lm-eval's
+# "hf" model find the class. Imported by transformers from an export's folder (trust_remote_code, a
+# module under transformers_modules): not registered, since a registered class counts as local code
+# and would then serve every later folder in the process instead of each folder's own hydrahead.py.
+if HAVE_TRANSFORMERS and not __name__.startswith("transformers_modules"):
+    try:
         AutoConfig.register(MODEL_TYPE, HydraHeadConfig)
         AutoModelForCausalLM.register(HydraHeadConfig, HydraHeadForCausalLM)
     except ValueError:  # registered already (module imported twice under different names)

@@ -2,7 +2,8 @@
 // sharding, export -> import bit for bit for teacher and hybrid in f32 and bf16, and bad folders
 // and interrupted exports answered with one line and no partial output. The PyTorch side (the
 // module in cluster/torch/ and transformers' Qwen3ForCausalLM on the same folders) is
-// tests/cluster/torch_export_test.py.
+// tests/cluster/torch_export_test.py; transformers alone opening the folders (trust_remote_code) is
+// tests/cluster/hf_remote_code_test.py.
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -93,7 +94,10 @@ TEST_F(Export, RoundTripIsBitIdentical) {
       ASSERT_EQ(e.exit_code, 0) << e.output;
       EXPECT_NE(e.output.find(std::string("\"dtype\":\"") + (dtype == "bf16" ? "bfloat16" : "float32")), std::string::npos)
           << e.output;
-      EXPECT_EQ(entries_of(out), (std::vector<std::string>{"config.json", "model.safetensors"}));
+      const std::vector<std::string> files =
+          preset == "qwen3-tiny" ? std::vector<std::string>{"config.json", "model.safetensors"}
+                                 : std::vector<std::string>{"config.json", "hydrahead.py", "model.safetensors"};
+      EXPECT_EQ(entries_of(out), files);
       const std::string back = dir_.file(preset + "-" + dtype + "-back.h5");
       const CommandResult i = hydra("import --hf " + out + " --dtype " + dtype + " --out " + back);
       ASSERT_EQ(i.exit_code, 0) << i.output;
@@ -122,6 +126,11 @@ TEST_F(Export, TeacherFolderHasQwen3NamesAndKeys) {
   }
   EXPECT_FALSE(cfg.contains("fa_heads"));
   EXPECT_EQ(cfg["rope_theta"].get<double>(), c.rope_theta);
+  // transformers 5's keys beside the 4.x ones; no remote code for a teacher (transformers has Qwen3).
+  EXPECT_EQ(cfg["dtype"], "float32");
+  EXPECT_EQ(cfg["rope_parameters"], (nlohmann::json{{"rope_theta", c.rope_theta}, {"rope_type", "default"}}));
+  EXPECT_FALSE(cfg.contains("auto_map"));
+  EXPECT_FALSE(fs::exists(fs::path(out) / "hydrahead.py"));
 
   const std::string path = (fs::path(out) / "model.safetensors").string();
   const SafetensorsFile file(path);
@@ -167,7 +176,19 @@ TEST_F(Export, HybridFolderCarriesHeadSetsAndGdnSettings) {
   EXPECT_EQ(cfg["conv_kernel"], c.conv_kernel);
   EXPECT_EQ(cfg["l2_norm_eps"].get<double>(), c.l2_norm_eps);
   EXPECT_EQ(cfg["torch_dtype"], "bfloat16");
+  EXPECT_EQ(cfg["dtype"], "bfloat16");
   EXPECT_EQ(cfg["max_position_embeddings"], 1 << 20);
+  // The modeling code for transformers' trust_remote_code: the source tree's PyTorch model, byte for
+  // byte (the binary carries it), and auto_map naming its classes.
+  EXPECT_EQ(cfg["auto_map"], (nlohmann::json{{"AutoConfig", "hydrahead.HydraHeadConfig"},
+                                             {"AutoModelForCausalLM", "hydrahead.HydraHeadForCausalLM"}}));
+  const auto contents = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  const std::string source = contents(fs::path(fixture_dir()) / ".." / ".." / "cluster" / "torch" / "hydrahead.py");
+  EXPECT_GT(source.size(), 10000u);
+  EXPECT_TRUE(contents(fs::path(out) / "hydrahead.py") == source) << "the folder's hydrahead.py is not cluster/torch's";
   const SafetensorsFile file((fs::path(out) / "model.safetensors").string());
   EXPECT_EQ(file.entries().at("model.layers.1.self_attn.gdn_q_conv.weight").dtype, "BF16");
   EXPECT_EQ(file.entries().at("model.layers.1.self_attn.gdn_q_conv.weight").shape, (std::vector<int64_t>{2 * 64, 4}));
@@ -296,6 +317,70 @@ TEST_F(Export, CopiesTokenizerFiles) {
   fs::remove(tok + "/tokenizer.json");
   expect_one_line_error(hydra("export --model " + model + " --out " + dir_.file("x") + " --tokenizer " + tok),
                         "no tokenizer.json, tokenizer_config.json or tokenizer.model in the tokenizer folder");
+  EXPECT_FALSE(fs::exists(dir_.file("x")));
+}
+
+// generation_config.json from --tokenizer: bos/eos/pad ids resolved through tokenizer_config.json's
+// added_tokens_decoder, tokenizer.json's added tokens and its vocabulary; the folder's own
+// generation_config.json kept and completed; tokens the tokenizer does not define and ids outside
+// the model's vocabulary refused in one line before anything is written.
+TEST_F(Export, GenerationConfigFromTheTokenizer) {
+  const std::string model = init("hydrahead-tiny", "f32");
+  const auto tokenizer = [&](const std::string& name, const nlohmann::json& config, const nlohmann::json& tok) {
+    const fs::path dir = dir_.path() / name;
+    fs::create_directories(dir);
+    std::ofstream(dir / "tokenizer_config.json") << config.dump();
+    std::ofstream(dir / "tokenizer.json") << tok.dump();
+    return dir.string();
+  };
+  const nlohmann::json tok = {{"added_tokens", {{{"id", 2}, {"content", "</s>"}}}},
+                              {"model", {{"type", "BPE"}, {"vocab", {{"<pad>", 0}, {"a", 3}, {"b", 4}}}}}};
+  const nlohmann::json config = {
+      {"bos_token", "<s>"},
+      {"eos_token", {{"content", "</s>"}, {"__type", "AddedToken"}}},
+      {"pad_token", "<pad>"},
+      {"unk_token", nullptr},
+      {"added_tokens_decoder", {{"1", {{"content", "<s>"}, {"special", true}}}}}};
+  const auto exported = [&](const std::string& name, const std::string& dir) {
+    const std::string out = dir_.file(name);
+    const CommandResult r = hydra("export --model " + model + " --out " + out + " --tokenizer " + dir);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return out;
+  };
+  // bos from added_tokens_decoder, eos from tokenizer.json's added tokens, pad from the vocabulary.
+  std::string out = exported("gen-hf", tokenizer("tok", config, tok));
+  EXPECT_EQ(read_json(fs::path(out) / "generation_config.json"),
+            (nlohmann::json{{"bos_token_id", 1}, {"eos_token_id", 2}, {"pad_token_id", 0}}));
+  EXPECT_EQ(entries_of(out), (std::vector<std::string>{"config.json", "generation_config.json", "hydrahead.py",
+                                                       "model.safetensors", "tokenizer.json", "tokenizer_config.json"}));
+  // The folder's own file wins where it has a value; the rest is filled in.
+  const std::string own = tokenizer("tok-own", config, tok);
+  std::ofstream(fs::path(own) / "generation_config.json") << R"({"eos_token_id": [4, 2], "temperature": 0.6})";
+  out = exported("gen-own-hf", own);
+  EXPECT_EQ(read_json(fs::path(out) / "generation_config.json"),
+            (nlohmann::json{{"bos_token_id", 1}, {"eos_token_id", {4, 2}}, {"pad_token_id", 0}, {"temperature", 0.6}}));
+  // No special tokens anywhere: no generation_config.json.
+  out = exported("gen-none-hf", tokenizer("tok-none", {{"model_max_length", 512}}, tok));
+  EXPECT_FALSE(fs::exists(fs::path(out) / "generation_config.json"));
+
+  nlohmann::json undefined = config;
+  undefined["eos_token"] = "<|end|>";
+  expect_one_line_error(hydra("export --model " + model + " --out " + dir_.file("x") + " --tokenizer " +
+                              tokenizer("tok-undefined", undefined, tok)),
+                        "tokenizer_config.json names eos_token '<|end|>', which neither its added_tokens_decoder nor "
+                        "tokenizer.json defines");
+  nlohmann::json bad_key = config;
+  bad_key["added_tokens_decoder"] = {{"one", {{"content", "<s>"}}}};
+  expect_one_line_error(hydra("export --model " + model + " --out " + dir_.file("x") + " --tokenizer " +
+                              tokenizer("tok-bad-key", bad_key, tok)),
+                        "tokenizer_config.json added_tokens_decoder key 'one' is not a token id");
+  const std::string outside = tokenizer("tok-outside", config, tok);
+  std::ofstream(fs::path(outside) / "generation_config.json") << R"({"eos_token_id": [2, 300]})";
+  expect_one_line_error(hydra("export --model " + model + " --out " + dir_.file("x") + " --tokenizer " + outside),
+                        "eos_token_id 300 is outside the model's vocabulary [0, 256)");
+  std::ofstream(fs::path(outside) / "generation_config.json") << "{not json";
+  expect_one_line_error(hydra("export --model " + model + " --out " + dir_.file("x") + " --tokenizer " + outside),
+                        "generation_config.json: not valid JSON");
   EXPECT_FALSE(fs::exists(dir_.file("x")));
 }
 
