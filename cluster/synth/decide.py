@@ -211,16 +211,24 @@ def decide(res, plan, models, teacher_items, items_of, heads_json, margin=MARGIN
             budget[{"top": "selected", "random": "random", "bottom": "bottom"}[m.group(1)]][int(m.group(2))] = names
     if landscape:
         budget["random"].setdefault(1, landscape)
-    spear = None
-    points = []
+    # The landscape's ρ outside the finetune length (the paper's claim: the chosen head extrapolates)
+    # and inside it (where a small model that never extrapolates still ranks its heads).
+    spear, spear_inside = None, None
+    points, points_inside = [], []
     if landscape and heads_json and "scores" in heads_json:
         comp = heads_json["scores"]["composite"]
         for n in landscape:
             l, h = head_of[n]
             points.append((comp[l][h], accuracy([n], outside or lengths), n))
-        pts = [(x, y) for x, y, _ in points if y is not None]
-        if len(pts) >= 3:
-            spear = stats.spearman([p[0] for p in pts], [p[1] for p in pts])
+            points_inside.append((comp[l][h], accuracy([n], inside), n))
+        for pts, which in ((points, "outside"), (points_inside, "inside")):
+            pairs = [(x, y) for x, y, _ in pts if y is not None]
+            if len(pairs) >= 3:
+                rho = stats.spearman([p[0] for p in pairs], [p[1] for p in pairs])
+                if which == "outside":
+                    spear = rho
+                else:
+                    spear_inside = rho
     with open(os.path.join(res, "budget_accuracy.svg"), "w") as f:
         f.write(budget_svg(budget, accuracy, inside, outside))
     with open(os.path.join(res, "head_score_accuracy.svg"), "w") as f:
@@ -236,15 +244,18 @@ def decide(res, plan, models, teacher_items, items_of, heads_json, margin=MARGIN
            f"({', '.join(map(str, outside)) or 'none'}); depths 0–75 apart from depth 100. Tasks: {tasks_note}.", "",
            "| question | A vs B | band | A vs B accuracy, Δ [95%], items, test | verdict |", "|---|---|---|---|---|"]
     out += lines or ["| — | no comparison of this plan's arms had data | | | |"]
-    if spear:
-        out += ["", f"Single-head landscape ({len(points)} students): Spearman ρ of head score (composite) vs accuracy "
-                f"outside the finetune length, depths 0–75 = {spear[0]:.3f} [{spear[1]:.3f}, {spear[2]:.3f}] (95% bootstrap over heads)."]
+    for rho, band in ((spear, "outside"), (spear_inside, "inside")):
+        if rho:
+            out += ["", f"Single-head landscape ({len(points)} students): Spearman ρ of head score (composite) vs accuracy "
+                    f"{band} the finetune length, depths 0–75 = {rho[0]:.3f} [{rho[1]:.3f}, {rho[2]:.3f}] (95% bootstrap over heads)."]
     out += ["", "Plots: budget_accuracy.svg (accuracy at depths 0–75 vs FA heads in the model), head_score_accuracy.svg."]
     with open(os.path.join(res, "decisions.md"), "w") as f:
         f.write("\n".join(out) + "\n")
     with open(os.path.join(res, "decisions.json"), "w") as f:
         json.dump({"margin": margin, "tasks": tasks, "inside": inside, "outside": outside, "comparisons": rows,
-                   "spearman": spear, "landscape": [{"name": n, "score": x, "accuracy": y} for x, y, n in points]}, f, indent=1)
+                   "spearman": spear, "spearman_inside": spear_inside,
+                   "landscape": [{"name": n, "score": x, "accuracy": y, "accuracy_inside": yi}
+                                 for (x, y, n), (_, yi, _) in zip(points, points_inside)]}, f, indent=1)
     return out
 
 
