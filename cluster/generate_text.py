@@ -26,8 +26,9 @@ Output (--out, written atomically): one JSON line per prompt, in input order —
 — then hydra generate's summary line ("summary": true). hydra's log and summary go to stderr; stdout
 gets one JSON line (command, prompts, prompt_tokens, new_tokens, out) for scripts.
 
-Checked before any work, each one line: a missing tokenizer.json, model or prompt file, an empty
-prompt (empty text or no ids), a prompt whose ids the model's vocabulary does not hold, and a prompt
+Checked before any work, each one line: a missing tokenizer.json, model or prompt file, a chat
+message without a role, a chat template that does not parse or refuses the messages (its
+raise_exception), an empty prompt (empty text or no ids), a prompt whose ids the model's vocabulary does not hold, and a prompt
 that with --max-new-tokens exceeds the model's limit (--max-length, else the folder's config.json
 max_position_embeddings or tokenizer_config.json model_max_length when set).
 
@@ -115,7 +116,7 @@ def read_prompts(a, renderer):
                 if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
                     out.append((obj["prompt"], False, n))
                 elif isinstance(obj, dict) and isinstance(obj.get("messages"), list) and obj["messages"]:
-                    out.append((renderer.render(obj["messages"], True), True, n))
+                    out.append((renderer.render(obj["messages"], True, f"{path}: line {n}"), True, n))
                 else:
                     fail(f"{path}: line {n} needs a \"prompt\" string or a non-empty \"messages\" list")
     elif path.endswith(".txt"):
@@ -196,7 +197,7 @@ def main():
     tok_path = tokenizer_file(a)
     folder = os.path.dirname(tok_path)
     tok = Tokenizer.from_file(tok_path)
-    prompts = read_prompts(a, Renderer(tok_path))
+    prompts = read_prompts(a, Renderer(tok_path, fail))
     vocab, limit = model_vocab(a.model), model_limit(a, folder)
     encoded = []
     for text, chat, line in prompts:

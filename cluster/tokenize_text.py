@@ -108,24 +108,59 @@ def records(path, begin, end, a):
             yield text
 
 
-class Renderer:
-    """Prompt and response text of a supervised example."""
+def fail(message):
+    """This tool's one-line error."""
+    raise SystemExit(f"tokenize_text: {message}")
 
-    def __init__(self, tokenizer_path):
+
+class Renderer:
+    """Prompt and response text of a supervised example. `fail(message)` reports an error in the
+    calling tool's own words (its name first, its exit code) and does not return."""
+
+    def __init__(self, tokenizer_path, fail):
+        self.fail = fail
         self.template = None
         config = os.path.join(os.path.dirname(os.path.abspath(tokenizer_path)), "tokenizer_config.json")
         if os.path.exists(config):
-            template = json.load(open(config)).get("chat_template")
+            try:
+                with open(config) as f:
+                    template = json.load(f).get("chat_template")
+            except (OSError, ValueError, AttributeError) as e:
+                fail(f"{config}: not a JSON object ({e})")
             if template:
                 try:
                     import jinja2
                 except ImportError:
-                    sys.exit("tokenize_text: the tokenizer has a chat template: pip install jinja2 to render it")
-                self.template = jinja2.Environment().from_string(template)
+                    fail("the tokenizer has a chat template: pip install jinja2 to render it")
+                env = jinja2.Environment()
 
-    def render(self, messages, add_generation_prompt):
+                def raise_exception(message):  # as transformers' apply_chat_template: the template's own refusal
+                    raise jinja2.TemplateError(message)
+
+                env.globals["raise_exception"] = raise_exception
+                try:
+                    self.template = env.from_string(template)
+                except jinja2.TemplateError as e:
+                    fail(f"{config}: its chat_template does not parse ({type(e).__name__}: {e})")
+
+    def check(self, messages, where):
+        """Messages are a list of objects with a "role" string (and a "content" string without a template)."""
+        if not isinstance(messages, list):
+            self.fail(f"{where}: \"messages\" must be a list")
+        for m in messages:
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                    and (self.template is not None or isinstance(m.get("content"), str))):
+                needs = "a \"role\" string" + (" and a \"content\" string" if self.template is None else "")
+                self.fail(f"{where}: every message needs {needs} (got {json.dumps(m)[:80]})")
+
+    def render(self, messages, add_generation_prompt, where):
+        self.check(messages, where)
         if self.template is not None:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt)
+            import jinja2
+            try:
+                return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt)
+            except (jinja2.TemplateError, TypeError, ValueError) as e:
+                self.fail(f"{where}: the chat template fails on these messages ({type(e).__name__}: {e})")
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
@@ -135,20 +170,21 @@ class Renderer:
             return [(obj["prompt"], False), (obj["response"], True)]
         if "messages" in obj:
             msgs = obj["messages"]
+            self.check(msgs, where)
             out, done = [], ""
             for i, m in enumerate(msgs):
                 # The text each message adds to the rendering of those before it.
                 if m.get("role") == "assistant":
-                    head = self.render(msgs[:i], True)
+                    head = self.render(msgs[:i], True, where)
                     out.append((head[len(done):], False))
-                    full = self.render(msgs[:i + 1], False)
+                    full = self.render(msgs[:i + 1], False, where)
                     out.append((full[len(head):], True))
                     done = full
-            rest = self.render(msgs, False)[len(done):]
+            rest = self.render(msgs, False, where)[len(done):]
             if rest:
                 out.append((rest, False))
             return out
-        raise SystemExit(f"tokenize_text: {where}: a supervised example needs prompt and response, or messages")
+        self.fail(f"{where}: a supervised example needs prompt and response, or messages")
 
 
 def tokenize_piece(job):
@@ -160,7 +196,7 @@ def tokenize_piece(job):
     tok = Tokenizer.from_file(a.tokenizer)
     vocab = tok.get_vocab_size()
     dtype = id_dtype(vocab, np)
-    renderer = Renderer(a.tokenizer) if a.supervised else None
+    renderer = Renderer(a.tokenizer, fail) if a.supervised else None
     shards, ids, mask, lengths = [], [], [], []
     held = [0]  # tokens in ids
 

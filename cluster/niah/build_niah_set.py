@@ -16,11 +16,17 @@ A sample of exactly `length` tokens, in token space (pieces are tokenized separa
   query      "\\nWhat is the special magic number for <key>? The special magic number for <key> is"
              (multivalue: "... What are all the special magic numbers for <key>? The special magic
              numbers for <key> are")
-  answer     " <value>."  (multivalue: " <v1>, <v2>, <v3>." in context order); query and answer are
-             tokenized together and split at the answer's first character, so the answer tokens
-             are the ones the model would produce after the query. The answer is scored token by
-             token by teacher forcing (exact match under greedy decoding), so it includes the
-             final period: a model that stops the number early fails.
+  answer     " <value>."; query and answer are tokenized together and split at the answer's first
+             character, so the answer tokens are the ones the model would produce after the query.
+             The answer is scored token by token by teacher forcing (exact match under greedy
+             decoding), so it includes the final period: a model that stops the number early fails.
+             multivalue: " <v1>, <v2>, <v3>" in context order, each value tokenized alone with its
+             leading space and the values joined by the id of ",", written as the set's
+             item_separator, so eval-niah scores recall value by value in any order (RULER's
+             string_match_all) beside the exact match. It has no final period: the period would
+             join the last value's item, and a model listing the values in another order would
+             lose that value. single and multikey answers are one item (no item_separator), as
+             in eval-niah's token-space tasks.
   keys       "<adjective>-<noun>" from built-in word lists (RULER style), distinct per sample;
   values     7-digit numbers (--digits), distinct per sample.
 
@@ -42,8 +48,8 @@ where the primary needle sits (and, for multivalue, in the order of the answer's
 RULER's other families (--task multiquery, vartrack, cwe, fwe; RULER's templates, with eval-niah
 --task's knobs: --queries, --chains, --hops, --common-words, --common-freq, --uncommon-freq,
 --zipf-alpha, --fwe-words, --top-words) are built by cluster/niah/ruler_text.py (its docstring gives
-each layout). Their answers are lists: the set's item_separator attribute (the id of ",") lets
-eval-niah score recall item by item, order-free, beside the exact match.
+each layout). Their answers are lists, as multivalue's: the set's item_separator attribute (the id of
+",") lets eval-niah score recall item by item, order-free, beside the exact match.
 
 Usage (the tokenizer.json of the checkpoint you evaluate):
     python3 cluster/niah/build_niah_set.py --tokenizer Qwen3-1.7B/tokenizer.json \\
@@ -103,12 +109,35 @@ def parse_list(text, parse, what):
         raise SystemExit(f"build_niah_set: {what}: '{text}' is not a comma-separated list")
 
 
+class Items:
+    """An answer of several items: each tokenized alone (leading space), joined by the separator id,
+    the id of "," (the set's item_separator)."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+        sep = pieces.ids(",")
+        if len(sep) != 1:
+            raise SystemExit(f"build_niah_set: ',' is {len(sep)} tokens in this tokenizer; task {pieces.task} needs it "
+                             "as one token (its answers' item separator)")
+        self.separator = sep[0]
+
+    def answer(self, items):
+        ids = []
+        for k, item in enumerate(items):
+            item_ids = self.pieces.ids(" " + item)
+            if self.separator in item_ids:
+                raise SystemExit(f"build_niah_set: the answer item {item!r} holds the separator ','")
+            ids += ([self.separator] if k else []) + item_ids
+        return ids
+
+
 class TextPieces:
     """The tokenized pieces of one task: instruction, needles, query + answer, and the haystack."""
 
     def __init__(self, tokenizer, task):
         self.tok = tokenizer
         self.task = task
+        self.items = Items(self) if task != "single" and task != "multikey" else None  # list answers
 
     def encode(self, text):
         return self.tok.encode(text, add_special_tokens=False)
@@ -134,10 +163,9 @@ class TextPieces:
         if self.task == "multivalue":
             query = (f"\nWhat are all the special magic numbers for {key}? The special magic numbers for {key} "
                      "are")
-            answer = " " + ", ".join(values) + "."
-        else:
-            query = f"\nWhat is the special magic number for {key}? The special magic number for {key} is"
-            answer = f" {values[0]}."
+            return self.ids(query), self.items.answer(values)
+        query = f"\nWhat is the special magic number for {key}? The special magic number for {key} is"
+        answer = f" {values[0]}."
         enc = self.encode(query + answer)
         boundary = len(query)
         split = next((i for i, (start, _) in enumerate(enc.offsets) if start >= boundary), len(enc.ids))
@@ -202,27 +230,20 @@ def build_sample(pieces, hay, starts, args, length, depth, index):
     fractions = [rng.random() for _ in range(n_needles - 1)]  # the other needles' points, as fractions of F
     instruction = pieces.instruction()
     fixed = len(instruction) + sum(len(n) for n in needles)
-    # Multivalue answers list the values in context order, which depends on F, which depends on the
-    # answer's token count: iterate to the fixed point (one or two rounds).
+    # The answer's token count does not depend on the order of multivalue's values (each is tokenized
+    # alone), so F is known before the needles are placed; the answer then lists them in context order.
     query, answer = pieces.query_and_answer(keys[0], values if args.task == "multivalue" else values[:1])
     fill = length - fixed - len(query) - len(answer)
-    for _ in range(8):
-        if fill < 0:
-            raise SystemExit(f"build_niah_set: length {length} is too short for task {args.task}: the instruction, "
-                             f"needles, query and answer take {length - fill} tokens")
-        points = [round(depth * fill / 100)] + [min(fill, int(f * (fill + 1))) for f in fractions]
-        text_window, window_starts = window(hay, starts, fill)
-        points = [snap(p, fill, window_starts) for p in points]
-        tie = -1 if depth <= 50 else 1
-        order = sorted(range(n_needles), key=lambda j: (points[j], tie if j == 0 else 0, j))
-        ordered_values = [values[j] for j in order] if args.task == "multivalue" else values[:1]
-        query, answer = pieces.query_and_answer(keys[0], ordered_values)
-        new_fill = length - fixed - len(query) - len(answer)
-        if new_fill == fill:
-            break
-        fill = new_fill
-    else:
-        raise SystemExit(f"build_niah_set: could not fit sample {index} of length {length} exactly")
+    if fill < 0:
+        raise SystemExit(f"build_niah_set: length {length} is too short for task {args.task}: the instruction, "
+                         f"needles, query and answer take {length - fill} tokens")
+    points = [round(depth * fill / 100)] + [min(fill, int(f * (fill + 1))) for f in fractions]
+    text_window, window_starts = window(hay, starts, fill)
+    points = [snap(p, fill, window_starts) for p in points]
+    tie = -1 if depth <= 50 else 1
+    order = sorted(range(n_needles), key=lambda j: (points[j], tie if j == 0 else 0, j))
+    if args.task == "multivalue":
+        query, answer = pieces.query_and_answer(keys[0], [values[j] for j in order])
     ids = list(instruction)
     cursor = 0
     primary_position = -1
@@ -316,7 +337,8 @@ def main():
     pieces = TextPieces(tokenizer, args.task)
     hay, starts = haystack_tokens(pieces, text, max(lengths) + 2048)  # room to end on a sentence
 
-    samples, separator = [], None
+    samples = []
+    separator = pieces.items.separator if pieces.items else None  # list answers: multivalue and RULER's four
     if args.task in NIAH_TASKS:
         for length in lengths:
             for depth in depths:
@@ -326,14 +348,12 @@ def main():
                                         depth=depth, sample_index=index, needle_position=needle))
     else:
         import ruler_text
-        items = ruler_text.Items(pieces)
-        separator = items.separator
         pool = ruler_text.word_pool(args, text) if args.task == "cwe" else None
         for length in lengths:
             # cwe and fwe place nothing at a depth: one cell per length (depth 0), as eval-niah --task.
             for depth in depths if ruler_text.HAS_DEPTH[args.task] else [0]:
                 for index in range(args.samples):
-                    sample, _ = ruler_text.build_family(pieces, items, hay, starts, pool, args, length, depth, index)
+                    sample, _ = ruler_text.build_family(pieces, pieces.items, hay, starts, pool, args, length, depth, index)
                     samples.append(dict(sample, length=length, depth=depth, sample_index=index))
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     source = (f"build_niah_set.py tokenizer={os.path.basename(args.tokenizer)} "

@@ -39,27 +39,6 @@ FAMILIES = ("multiquery", "vartrack", "cwe", "fwe")
 HAS_DEPTH = {"multiquery": True, "vartrack": True, "cwe": False, "fwe": False}
 
 
-class Items:
-    """An answer of several items: each tokenized alone (leading space), joined by the separator id."""
-
-    def __init__(self, pieces):
-        self.pieces = pieces
-        sep = pieces.ids(",")
-        if len(sep) != 1:
-            raise SystemExit(f"build_niah_set: ',' is {len(sep)} tokens in this tokenizer; the RULER families need "
-                             "it as one token (their answers' item separator)")
-        self.separator = sep[0]
-
-    def answer(self, items):
-        ids = []
-        for k, item in enumerate(items):
-            item_ids = self.pieces.ids(" " + item)
-            if self.separator in item_ids:
-                raise SystemExit(f"build_niah_set: the answer item {item!r} holds the separator ','")
-            ids += ([self.separator] if k else []) + item_ids
-        return ids
-
-
 def join_words(words):
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 

@@ -10,7 +10,8 @@ chat rendered with the folder's template), on one process and under mpirun -np 2
 --logprobs K gives K alternatives per token, the greedy token first; --stop ends at a token (text
 without it); --repetition-penalty and the sampling flags reach hydra (the tokens are hydra generate's
 own with those flags on the prompt file the script wrote); bad input (no tokenizer.json, an empty prompt, a prompt over the
-model's limit) is one line, exit 2, before any work, and leaves no output. Skipped (exit 77) without
+model's limit, an unknown --stop text, a chat message without a role, a chat template that does not parse or fails)
+is one line in this tool's name, exit 2, before any work, and leaves no output. Skipped (exit 77) without
 tokenizers, h5py and numpy; the chat case says so without jinja2."""
 import json
 import os
@@ -165,17 +166,33 @@ with tempfile.TemporaryDirectory() as d:
     shutil.copytree(folder, limited)
     with open(os.path.join(limited, "config.json"), "w") as f:
         json.dump({"max_position_embeddings": 8}, f)
+    # The chat renderer (shared with tokenize_text.py) speaks as this tool: a message without a role, a
+    # chat template that does not parse, one that fails on the messages.
+    roleless = os.path.join(d, "roleless.jsonl")
+    with open(roleless, "w") as f:
+        f.write(json.dumps({"messages": [{"role": "user", "content": "alpha"}, {"content": "bravo"}]}) + "\n")
+    renderer_cases = [(["--model", model, "--prompts", roleless], "line 1: every message needs a \"role\" string")]
+    if have_jinja:
+        for name, template, needle in (("unparsed", "{% for m in messages %}", "its chat_template does not parse"),
+                                       ("undefined", "{{ messages[0].content.nothing() }}", "the chat template fails"),
+                                       ("raising", "{{ raise_exception('only one user turn, please') }}",
+                                        "(TemplateError: only one user turn, please)")):
+            broken = os.path.join(d, name)
+            shutil.copytree(folder, broken)
+            with open(os.path.join(broken, "tokenizer_config.json"), "w") as f:
+                json.dump({"chat_template": template}, f)
+            renderer_cases.append((["--model", os.path.join(broken, "model.h5"), "--prompts", prompts], needle))
     bad = [sys.executable, script, "--hydra", "/nonexistent/hydra", "--device", "cpu", "--max-new-tokens", "6"]
-    for args, needle in (
+    for args, needle in [
             (["--model", os.path.join(bare, "model.h5"), "--prompts", prompts], "no tokenizer.json"),
             (["--model", model, "--prompts", empty], "prompt 1 (line 2) is empty"),
             (["--model", os.path.join(limited, "model.h5"), "--prompts", prompts], "exceed the model's limit of 8"),
-            (["--model", model, "--prompts", prompts, "--stop", "zulu"], "'zulu' is not one token")):
+            (["--model", model, "--prompts", prompts, "--stop", "zulu"], "'zulu' is not one token")] + renderer_cases:
         out = os.path.join(d, "refused.jsonl")
         r = run(bad + args + ["--out", out])
         err = r.stderr.strip()
-        check(r.returncode == 2 and needle in err and len(err.splitlines()) == 1 and not os.path.exists(out),
-              f"refused in one line: {needle!r} (exit {r.returncode}: {err!r})")
+        check(r.returncode == 2 and err.startswith("generate_text: ") and needle in err and len(err.splitlines()) == 1
+              and not os.path.exists(out), f"refused in one line: {needle!r} (exit {r.returncode}: {err!r})")
 
 if failures:
     print(f"{len(failures)} failure(s)")

@@ -191,6 +191,19 @@ with tempfile.TemporaryDirectory() as d:
                 break
         else:
             print(f"chat template: {len(chats)} examples rendered by the template, the assistant turns counted")
+    # A malformed chat is one line in this tool's name (the renderer is shared with generate_text.py)
+    # and writes nothing.
+    bad_chat = os.path.join(d, "bad_chat.jsonl")
+    with open(bad_chat, "w") as f:
+        f.write(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"content": "no role"}]}) + "\n")
+    r = subprocess.run([sys.executable, script, "--tokenizer", tj, "--out", os.path.join(d, "bad_out"), "--supervised",
+                        bad_chat], capture_output=True, text=True)
+    err = r.stderr.strip()
+    if not (r.returncode != 0 and err.startswith("tokenize_text: ") and "every message needs a \"role\" string" in err
+            and len(err.splitlines()) == 1 and not os.path.exists(os.path.join(d, "bad_out", "manifest.json"))):
+        failures.append(f"a message without a role: exit {r.returncode}, {err[-300:]!r}")
+    else:
+        print(f"a message without a role: {err}")
     counted = int(mask.sum())
     if m["counted"] != [counted]:
         failures.append(f"manifest counts {m['counted']}, the mask {counted}")

@@ -1,20 +1,25 @@
 #!/usr/bin/env python3
-"""cluster/niah/build_niah_set.py's RULER families in natural language (multiquery, vartrack, cwe,
-fwe), under a BPE tokenizer trained here in memory (the `tokenizers` package, Metaspace, so decoding
-gives the text back): every sample is exactly its length; its answer, read back from the decoded
-text by construction (the needles' numbers of the queried keys in query order; every variable whose
-chain of VAR statements reaches the queried value, in chain order; the list's words that occur
-most, in order of first occurrence; the coded text's most frequent words, most frequent first), is
-the answer in the file, split at the set's item_separator (the id of ","); `hydra eval-niah
---dataset` reads each set on a random hydrahead-tiny without error, with one cell per (length,
-depth) (cwe and fwe: per length), reports the file's answers, and scores recall item by item: the
-fraction of the file's items found in its predicted tokens, recomputed here; impossible requests (a
-length too short, too few words, too few distinct fwe words) are one line and write nothing.
-Skipped (exit 77) without tokenizers, numpy and h5py."""
+"""cluster/niah/build_niah_set.py's tasks in natural language (NIAH's single, multikey, multivalue and
+RULER's multiquery, vartrack, cwe, fwe), under a BPE tokenizer trained here in memory (the
+`tokenizers` package, Metaspace, so decoding gives the text back): every sample is exactly its
+length; its answer, read back from the decoded text by construction (the queried key's number and
+period; multivalue: the key's numbers in context order; the needles' numbers of the queried keys in
+query order; every variable whose chain of VAR statements reaches the queried value, in chain order;
+the list's words that occur most, in order of first occurrence; the coded text's most frequent
+words, most frequent first), is the answer in the file, split at the set's item_separator (the id of
+","; single and multikey have none: one item); `hydra eval-niah --dataset` reads each set on a random
+hydrahead-tiny without error, with one cell per (length, depth) (cwe and fwe: per length), reports
+the file's answers, and scores recall item by item: the fraction of the file's items found in its
+predicted tokens, recomputed here (multivalue also with each answer's first value overwritten by
+the token the model predicts there: that value counts, so recall is at least 1/values, where one
+item would score 0); impossible
+requests (a length too short, too few words, too few distinct fwe words) are one line and write
+nothing. Skipped (exit 77) without tokenizers, numpy and h5py."""
 import json
 import os
 import random
 import re
+import shutil
 import string
 import subprocess
 import sys
@@ -51,14 +56,19 @@ tok.train_from_iterator(sentences, trainers.BpeTrainer(vocab_size=240, special_t
 assert tok.get_vocab_size() <= 256, tok.get_vocab_size()
 SEP = tok.token_to_id(",")
 LENGTHS, DEPTHS = [512, 1024], [0, 50, 100]
-KNOBS = {"multiquery": ["--queries", "3", "--digits", "5"], "vartrack": ["--chains", "2", "--hops", "2", "--digits", "5"],
+KNOBS = {"single": ["--digits", "5"], "multikey": ["--distractors", "3", "--digits", "5"],
+         "multivalue": ["--values", "3", "--digits", "5"],
+         "multiquery": ["--queries", "3", "--digits", "5"], "vartrack": ["--chains", "2", "--hops", "2", "--digits", "5"],
          "cwe": ["--common-words", "4", "--common-freq", "6", "--uncommon-freq", "2"], "fwe": ["--top-words", "3"]}
 
 
-def items_of(answer):
+LISTS = ("multivalue", "multiquery", "vartrack", "cwe", "fwe")  # the tasks whose answers are lists
+
+
+def items_of(answer, sep=SEP):
     out, cur = [], []
     for t in answer:
-        if t == SEP:
+        if t == sep:
             out.append(cur)
             cur = []
         else:
@@ -68,6 +78,17 @@ def items_of(answer):
 
 def expected(task, context):
     """The answer items as strings, found in the decoded prompt by construction."""
+    if task in ("single", "multikey"):
+        key = re.search(r"What is the special magic number for (.+?)\? ", context).group(1)
+        needles = re.findall(r"The special magic number for ([a-z]+-[a-z]+) is (\d+)\.", context)
+        check(len(needles) == (4 if task == "multikey" else 1) and len({k for k, _ in needles}) == len(needles),
+              f"{task}: {len(needles)} needles with distinct keys")
+        return [v + "." for k, v in needles if k == key]
+    if task == "multivalue":
+        key = re.search(r"What are all the special magic numbers for (.+?)\? ", context).group(1)
+        needles = re.findall(r"One of the special magic numbers for ([a-z]+-[a-z]+) is (\d+)\.", context)
+        check(len(needles) == 3 and all(k == key for k, _ in needles), "multivalue: three needles of the key")
+        return [v for _, v in needles]
     if task == "multiquery":
         keys = re.search(r"What are the special magic numbers for (.+?)\? ", context).group(1)
         keys = re.split(r", | and ", keys)
@@ -125,8 +146,9 @@ with tempfile.TemporaryDirectory() as d:
             ids, offsets = f["input_ids"][...], f["sample_offset"][...]
             starts, counts = f["answer_start"][...], f["answer_length"][...]
             lengths, depths = f["length"][...], f["depth"][...]
-            check(f.attrs["task"] == task and int(f.attrs["item_separator"]) == SEP, f"{task}: task and item_separator")
-        cells = len(LENGTHS) * (len(DEPTHS) if task in ("multiquery", "vartrack") else 1)
+            sep = int(f.attrs["item_separator"]) if "item_separator" in f.attrs else -1
+            check(f.attrs["task"] == task and sep == (SEP if task in LISTS else -1), f"{task}: task and item_separator {sep}")
+        cells = len(LENGTHS) * (len(DEPTHS) if task not in ("cwe", "fwe") else 1)
         check(len(starts) == 2 * cells, f"{task}: {2 * cells} samples (got {len(starts)})")
         answers = []
         for i in range(len(starts)):
@@ -136,7 +158,7 @@ with tempfile.TemporaryDirectory() as d:
             check(a + n == len(sample), f"{task} sample {i}: the answer ends the sample")
             answer = sample[a:a + n]
             answers.append(answer)
-            got = [tok.decode(item).strip() for item in items_of(answer)]
+            got = [tok.decode(item).strip() for item in items_of(answer, sep)]
             want = expected(task, tok.decode(sample[:a]))
             check(got == want, f"{task} sample {i} (length {lengths[i]}, depth {depths[i]}): answer {got}, "
                                f"by construction {want}")
@@ -153,12 +175,37 @@ with tempfile.TemporaryDirectory() as d:
         check(len(samples) == len(answers), f"{task}: every sample scored")
         for j, answer in zip(samples, answers):
             check(j["answer"] == answer, f"{task}: the scorer's answer is the file's")
-            items = items_of(answer)
+            items = items_of(answer, sep)
             pred = j["predicted"]
             found = sum(any(pred[k:k + len(it)] == it for k in range(len(pred) - len(it) + 1)) for it in items)
             check(abs(j["recall"] - found / len(items)) < 1e-12,
                   f"{task}: recall {j['recall']} is the fraction of the {len(items)} items predicted ({found})")
-        print(f"{task}: {len(answers)} samples checked")
+        print(f"{task}: {len(answers)} samples checked, recalls {sorted({j['recall'] for j in samples})}")
+        if task == "multivalue":
+            # The random model finds no value, so recall is 0 read either way. The same file with each
+            # answer's first value and separator overwritten by [p, SEP], p the token the model predicts
+            # after the prompt (which the overwrite does not change): the item [p] is found, so
+            # recall >= 1/items read item by item; read as one item it would be 0 (or 1).
+            doctored = os.path.join(d, "multivalue_doctored.h5")
+            shutil.copy(out, doctored)
+            with h5py.File(doctored, "r+") as f:
+                for i, j in enumerate(samples):
+                    at = int(offsets[i] + starts[i])
+                    f["input_ids"][at:at + 2] = [j["predicted"][0], SEP]
+            r = subprocess.run([hydra, "eval-niah", "--model", model, "--dataset", doctored, "--device", "cpu", "--out", res],
+                               capture_output=True, text=True)
+            if check(r.returncode == 0, f"multivalue (doctored): eval-niah exits 0: {r.stderr[-800:]}"):
+                with open(res) as f:
+                    again = [j for j in map(json.loads, filter(str.strip, f)) if j.get("type") == "sample"]
+                for j in again:
+                    items = items_of(j["answer"], sep)
+                    pred = j["predicted"]
+                    found = sum(any(pred[k:k + len(it)] == it for k in range(len(pred) - len(it) + 1)) for it in items)
+                    check(pred[0] == j["answer"][0] and found >= 1 and len(items) > 1
+                          and abs(j["recall"] - found / len(items)) < 1e-12,
+                          f"multivalue (doctored): recall {j['recall']} counts the predicted first item ({found} of "
+                          f"{len(items)} items found)")
+                print(f"multivalue (doctored): recalls {sorted({j['recall'] for j in again})}")
 
     # Impossible requests: one line naming the problem, no set written.
     tiny_words = os.path.join(d, "three.txt")
