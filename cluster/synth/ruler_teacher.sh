@@ -11,7 +11,12 @@
 # family's knobs with K_<family>="..." in the environment (the same flags go to synth and eval-niah).
 #
 #   ruler_teacher.sh --out DIR [--hydra BIN] [--init MODEL.h5|scratch] [--families LIST] [--steps N]
-#                    [--lengths 128,512] [--samples N] [--jobs J]
+#                    [--lengths 128,256,512] [--samples N] [--train-tokens 2M] [--jobs J]
+#
+# --init: the model training starts from; default the CPU NIAH teacher of
+# cluster/results/synth-cpu-2026-12-07 (it copies a needle's value). From scratch (`scratch`) nothing
+# is learned in 600 steps (cwe recall below chance); cluster/results/cpu-2026-12-05-ruler has the runs.
+# The defaults are that folder's runs t1-t4 (its commands.sh is the record of what ran).
 #
 # DIR/<family>/: train.h5, heldout.h5 (data), run/ (hydra train: train.jsonl, checkpoints),
 # evals/<family>.{tf,generate}.jsonl (eval-niah), chance.jsonl; DIR/table.md and DIR/table.json.
@@ -19,7 +24,8 @@
 # families run side by side.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-H=build-cpu/bin/hydra OUT= INIT=scratch FAMILIES=multiquery,vartrack,cwe,fwe STEPS=600 LENGTHS=128,512 SAMPLES=100 JOBS=2
+H=build-cpu/bin/hydra OUT= INIT=$here/../results/synth-cpu-2026-12-07/teacher.h5 FAMILIES=multiquery,vartrack,cwe,fwe
+STEPS=600 LENGTHS=128,256,512 SAMPLES=100 JOBS=2 TRAIN_TOKENS=2M
 while [ $# -gt 0 ]; do
   case $1 in
     --out) OUT=$2; shift 2;;
@@ -29,8 +35,9 @@ while [ $# -gt 0 ]; do
     --steps) STEPS=$2; shift 2;;
     --lengths) LENGTHS=$2; shift 2;;
     --samples) SAMPLES=$2; shift 2;;
+    --train-tokens) TRAIN_TOKENS=$2; shift 2;;
     --jobs) JOBS=$2; shift 2;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0;;
     *) echo "ruler_teacher.sh: unknown argument '$1' (see --help)" >&2; exit 2;;
   esac
 done
@@ -59,9 +66,9 @@ family() {  # the whole recipe for one family
   local cell=(--depths 0 --samples "$SAMPLES")  # cwe and fwe have no depth
   case $f in multiquery|vartrack) cell=(--depths 0,25,50,75,100 --samples $(( (SAMPLES + 4) / 5 )));; esac
   mkdir -p "$d/evals"
-  "$H" synth --task "$f" "${knobs[@]}" --loss answers --tokens $((STEPS * 16 * train_len + train_len)) \
+  "$H" synth --task "$f" "${knobs[@]}" --loss answers --tokens "$TRAIN_TOKENS" \
     --seq-len "$train_len" --vocab 256 --seed 11 --out "$d/train.h5" > "$d/synth.log" 2>&1
-  "$H" synth --task "$f" "${knobs[@]}" --loss answers --tokens $((32 * train_len)) --seq-len "$train_len" \
+  "$H" synth --task "$f" "${knobs[@]}" --loss answers --tokens 16K --seq-len "$train_len" \
     --vocab 256 --seed 12 --out "$d/heldout.h5" >> "$d/synth.log" 2>&1
   for L in "${lens[@]}"; do  # streams of the eval lengths, for the chance levels only
     "$H" synth --task "$f" "${knobs[@]}" --tokens $((400 * L)) --seq-len "$L" --vocab 256 --seed 77 \
@@ -71,7 +78,7 @@ family() {  # the whole recipe for one family
   rm -rf "$d/run"
   "$H" train --stage pretrain "${src[@]}" --seq-len "$train_len" --batch-seqs 16 --data "$d/train.h5" \
     --eval-data "$d/heldout.h5" --eval-windows 32 --eval-every 100 --steps "$STEPS" --lr 1e-3 --min-lr 1e-3 \
-    --warmup $((STEPS < 20 ? STEPS : 20)) --keep 1 --out-dir "$d/run" > "$d/train.log" 2>&1
+    --warmup $((STEPS < 20 ? STEPS : 20)) --save-every 300 --keep 4 --out-dir "$d/run" > "$d/train.log" 2>&1
   local model
   model=$(ls -d "$d"/run/step-*/ | tail -1)model.h5
   for sc in teacher-forced generate; do

@@ -36,7 +36,7 @@ with tempfile.TemporaryDirectory() as d:
     check(bad.returncode == 2 and "unknown family 'bogus'" in bad.stderr, f"bad family: {bad.returncode} {bad.stderr}")
     check(not os.path.exists(out), "nothing written for a bad argument")
     r = subprocess.run(["bash", script, "--out", out, "--hydra", hydra, "--steps", "2", "--samples", "5",
-                        "--lengths", "128,256", "--jobs", "2"], capture_output=True, text=True)
+                        "--lengths", "128,256", "--train-tokens", "8K", "--jobs", "2"], capture_output=True, text=True)
     print(r.stdout[-3000:], r.stderr[-3000:])
     check(r.returncode == 0, f"exit {r.returncode}")
     if r.returncode == 0:
