@@ -56,6 +56,28 @@ TEST(SynthCli, WritesTheStreamTheLibraryMakes) {
   EXPECT_NE(ids, read_token_file(dir.file("c.h5"), 512));
 }
 
+// The file says how it was made: the RULER families' knobs reach its config attribute.
+TEST(SynthCli, ConfigRecordsTheRulerKnobs) {
+  const TempDir dir;
+  const CommandResult r = hydra(
+      "--task multiquery,vartrack,cwe,fwe --tokens 2K --seq-len 128 --vocab 256 --key-length 1 --queries 2 --chains 2 "
+      "--hops 1 --common-words 3 --common-freq 6 --uncommon-freq 2 --zipf-alpha 1.5 --fwe-words 20 --top-words 2 --out " +
+      dir.file("r.h5"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json c =
+      nlohmann::json::parse(H5File::open_read(dir.file("r.h5")).string_attribute("config")).at("retrieval");
+  EXPECT_EQ(c.at("key_length").get<int64_t>(), 1);
+  EXPECT_EQ(c.at("queries").get<int64_t>(), 2);
+  EXPECT_EQ(c.at("chains").get<int64_t>(), 2);
+  EXPECT_EQ(c.at("hops").get<int64_t>(), 1);
+  EXPECT_EQ(c.at("common_words").get<int64_t>(), 3);
+  EXPECT_EQ(c.at("common_freq").get<int64_t>(), 6);
+  EXPECT_EQ(c.at("uncommon_freq").get<int64_t>(), 2);
+  EXPECT_EQ(c.at("zipf_alpha").get<double>(), 1.5);
+  EXPECT_EQ(c.at("fwe_words").get<int64_t>(), 20);
+  EXPECT_EQ(c.at("top_words").get<int64_t>(), 2);
+}
+
 TEST(SynthCli, RefusesBadFlags) {
   const TempDir dir;
   const auto refused = [&](const std::string& flags, const std::string& needle) {
