@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/attention/attention.h"
 #include "kernels/delta_rule/delta_rule.h"
 #include "model/decode_engine.h"
 #include "model/generate.h"
@@ -264,10 +265,11 @@ std::vector<Id> attention_block(Pass& p, int64_t l, Mode mode, Kept* kept) {
         const BufferSpec kv = ring_buffers(p.t * p.world, p.t, lay.h_fa, lay.g_fa, d, d, p.dtype, p.acc).kv;
         ring.push_back(tl.hold(kv, workspaces, "ring K/V"));
         ring.push_back(tl.hold(kv, workspaces, "ring K/V in flight"));
-        if (!p.cuda()) {  // the CPU merges each block from its own output (attention.cpp)
-          const int64_t rows = p.segment_rows();
-          const Id part = tl.hold({{rows, lay.h_fa, p.config.head_dim}, p.acc}, workspaces, "attention block part");
-          const Id part_lse = tl.hold({{lay.h_fa, rows}, p.acc}, workspaces, "attention block lse");
+        if (!p.cuda()) {  // the CPU merges each (query segment, key segment) block from its own output
+          const ops::AttentionMergeBuffers merge =
+              ops::attention_merge_buffers(p.segment_rows(), lay.h_fa, p.config.head_dim, p.acc);
+          const Id part = tl.hold(merge.part, workspaces, "attention block part");
+          const Id part_lse = tl.hold(merge.part_lse, workspaces, "attention block lse");
           tl.release(part);
           tl.release(part_lse);
         }

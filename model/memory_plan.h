@@ -8,8 +8,8 @@
 //    the estimate: the peak of what the code holds, not a sum of per-phase guesses. Each hold names
 //    its MemoryPart (activations, workspaces, GDN maps, ...), and the estimate carries every part's
 //    bytes at that peak, which add up to it (hydra plan prints them). The buffers of other files
-//    come from the spec functions beside their allocations (ring_buffers, gdn_scan_buffers,
-//    conv_halo_buffers, delta_rule_prepare_buffers, delta_rule_backward_buffers,
+//    come from the spec functions beside their allocations (ring_buffers, attention_merge_buffers,
+//    gdn_scan_buffers, conv_halo_buffers, delta_rule_prepare_buffers, delta_rule_backward_buffers,
 //    kv_cache_spec, decode_engine_buffers); nothing is restated here.
 // Element types follow the device: bf16 storage and fp32 accumulators on cuda, f32 (f64 for
 // gradient checks) on the host; host-only buffers (token rows, the copies read back) count on the
