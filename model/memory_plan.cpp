@@ -79,6 +79,8 @@ double allocated_bytes(Device device, double bytes) {
 }
 }  // namespace
 
+static_assert(static_cast<int>(MemoryPart::outputs) + 1 == kMemoryPartCount, "one count of the parts");
+
 const char* memory_part_name(MemoryPart part) {
   switch (part) {
     case MemoryPart::activations: return "activations";
