@@ -51,7 +51,7 @@ const std::vector<Subcommand>& subcommands() {
       {"import", "convert a Hugging Face folder (Qwen3, or a hydra export) to a hydra checkpoint", run_import},
       {"export", "write a checkpoint as a Hugging Face folder (config.json + safetensors) for PyTorch tools", run_export},
       {"info", "print a checkpoint's config and parameter summary", run_info},
-      {"plan", "what fits where: per-rank training and prefill memory and the longest sequences on 1..N GPUs", run_plan},
+      {"plan", "what fits where: per-rank training and prefill memory by part and the longest sequences on 1..N GPUs", run_plan},
       {"forward", "run the forward pass: mean next-token NLL, logits (CPU or GPU, sequence parallel under mpirun)", run_forward},
       {"convert", "convert a Qwen3 teacher into a HydraHead model (DESIGN.md §1.3)", run_convert},
       {"prefill", "timed long-context prefill (GPUs or CPU, sequence parallel under mpirun)", run_prefill},

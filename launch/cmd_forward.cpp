@@ -98,7 +98,7 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   check_memory_plan(estimate, device, what, app.mpi.local_size());
   if (device == Device::cuda) {
     MemoryEstimate host;
-    host.activations = forward_host_bytes(config, total, t_local, comm.rank(), !opt.output.empty());
+    host.add(MemoryPart::outputs, forward_host_bytes(config, total, t_local, comm.rank(), !opt.output.empty()));
     check_memory_plan(host, Device::host, what + " (its logits on the host)", app.mpi.local_size());
   }
   if (opt.input.empty()) ids = random_token_sequence(total, config.vocab_size, opt.token_seed);

@@ -1,5 +1,6 @@
 // hydra plan: what fits where. For a preset or a checkpoint's config and a world of 1..N GPUs of M
-// bytes each, the per-rank memory of a training step and of a prefill by part, and the longest
+// bytes each, the per-rank memory of a training step and of a prefill by part (weights, optimizer,
+// and the pass's peak as activations, workspaces and GDN maps: MemoryPart), and the longest
 // sequence that fits each — from the memory plans `hydra train` and `hydra prefill` enforce
 // (model/memory_plan.h: estimate_training_memory with the same arguments cmd_train passes, at the
 // minimum kept activations; estimate_prefill_memory as cmd_prefill calls it for one document), and
@@ -50,13 +51,22 @@ std::string length_text(int64_t len, int64_t granule) {
   return (len + granule > kSearchCap ? "≥" : "") + format_size(len);
 }
 
+// One plan by part, in GiB: weights (the model; a training plan's `weights` less its optimizer),
+// the optimizer (gradients, this rank's masters and moments, the bucket), and the pass's peak split
+// into activations, workspaces and GDN maps (they sum to `peak_gib`); the build's parameter set
+// beside them, since the total takes the larger of the peak and the build.
 nlohmann::json parts(const MemoryEstimate& m, int64_t seq_len) {
+  const bool build = m.init_extra > m.activations;
   return {{"seq_len", seq_len},
           {"weights_gib", (m.weights - m.optimizer) / kGiB},
           {"optimizer_gib", m.optimizer / kGiB},
-          {"activations_gib", std::max(m.activations, m.init_extra) / kGiB},
+          {"activations_gib", m.part(MemoryPart::activations) / kGiB},
+          {"workspaces_gib", m.part(MemoryPart::workspaces) / kGiB},
+          {"gdn_maps_gib", m.part(MemoryPart::gdn_maps) / kGiB},
+          {"peak_gib", m.activations / kGiB},
+          {"build_gib", m.init_extra / kGiB},
           {"total_gib", m.total() / kGiB},
-          {"peak_at", m.activations >= m.init_extra ? m.peak_at : "building the model"}};
+          {"peak_at", build ? "building the model" : m.peak_at}};
 }
 
 nlohmann::json plan_rows(const ModelConfig& config, const std::vector<int>& worlds, double gpu_bytes, int sp_flag,
@@ -125,17 +135,26 @@ int run_plan(App& app, const std::vector<std::string>& args) {
   }
   std::cout << fmt::format("{}: {} parameters, GPUs of {:.0f} GiB (a plan fits below 95%); per rank, GiB\n",
                            opt.preset.empty() ? opt.model : opt.preset, parameter_count(config), gpu_bytes / kGiB);
-  std::cout << "  GPUs  sp  ZeRO | train: longest  weights optimizer activations | prefill: longest  weights activations\n";
+  std::cout << "                 |                           train                            |"
+               "                      prefill\n";
+  std::cout << "  GPUs  sp  ZeRO |   longest weights optim activ  work   GDN build  total |"
+               "   longest weights activ  work   GDN build  total\n";
+  const auto gib = [](const nlohmann::json& part, const char* key) { return part[key].get<double>(); };
   for (const nlohmann::json& r : rows) {
     const nlohmann::json &t = r["train"], &p = r["prefill"];
-    std::cout << fmt::format("  {:>4} {:>3} {:>5} | {:>14} {:>8.1f} {:>9.1f} {:>11.1f} | {:>16} {:>8.1f} {:>11.1f}\n",
+    std::cout << fmt::format("  {:>4} {:>3} {:>5} | {:>9} {:>7.1f} {:>5.1f} {:>5.1f} {:>5.1f} {:>5.1f} {:>5.1f} {:>6.1f} |"
+                             " {:>9} {:>7.1f} {:>5.1f} {:>5.1f} {:>5.1f} {:>5.1f} {:>6.1f}\n",
                              r["gpus"].get<int>(), r["sp"].get<int>(), r["zero"].get<int>(),
-                             r["train_text"].get<std::string>(), t["weights_gib"].get<double>(),
-                             t["optimizer_gib"].get<double>(), t["activations_gib"].get<double>(),
-                             r["prefill_text"].get<std::string>(), p["weights_gib"].get<double>(),
-                             p["activations_gib"].get<double>());
+                             r["train_text"].get<std::string>(), gib(t, "weights_gib"), gib(t, "optimizer_gib"),
+                             gib(t, "activations_gib"), gib(t, "workspaces_gib"), gib(t, "gdn_maps_gib"),
+                             gib(t, "build_gib"), gib(t, "total_gib"), r["prefill_text"].get<std::string>(),
+                             gib(p, "weights_gib"), gib(p, "activations_gib"), gib(p, "workspaces_gib"),
+                             gib(p, "gdn_maps_gib"), gib(p, "build_gib"), gib(p, "total_gib"));
   }
-  std::cout << "  (weights/optimizer/activations at the longest length that fits; 'none': not even the shortest)\n";
+  std::cout << "  (at the longest length that fits; 'none': not even the shortest, shown at the shortest. optim:\n"
+               "  gradients, this rank's masters and moments, the bucket; activ + work + GDN: the pass's peak by\n"
+               "  part (activations, workspaces, GDN maps); build: the parameter set while the model is built;\n"
+               "  total = weights + optim + the larger of the peak and the build)\n";
   return 0;
 }
 

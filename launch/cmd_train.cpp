@@ -224,19 +224,9 @@ struct TrainOptions {
   }
 };
 
-}  // namespace
-
-int run_train(App& app, const std::vector<std::string>& args) {
-  TrainOptions opt;
-  po::options_description desc("hydra train");
-  opt.bind(desc);
-  if (!parse_command_line(app, "train",
-                          "--stage pretrain|align|distill|finetune (--model STUDENT.h5 | --preset NAME) [--teacher TEACHER.h5] "
-                          "--data TOKENS.h5[,MORE.h5] --seq-len N --steps S --out-dir DIR [options]",
-                          desc, args)) {
-    return 0;
-  }
-  opt.validate();
+// The run's configuration from the flags (validated already); warns (rank 0) about what is legal
+// but likely a mistake.
+train::TrainConfig train_config(const TrainOptions& opt, Communicator& world) {
   train::TrainConfig c;
   c.stage = train::parse_stage(opt.stage);
   for (const train::DataSource& f : train::parse_data_sources(opt.data, "--data")) {
@@ -266,7 +256,7 @@ int run_train(App& app, const std::vector<std::string>& args) {
   c.out_dir = opt.out_dir;
   c.resume = opt.resume;
   c.allow_changed_inputs = opt.allow_changed_inputs;
-  if (app.world.rank() == 0) {  // surprising but legal
+  if (world.rank() == 0) {  // surprising but legal
     if (opt.stop_at > opt.steps) log::warn("--stop-at {} is past --steps {}: the run ends at step {}", opt.stop_at, opt.steps, opt.steps);
     if (c.optim.lr * c.optim.weight_decay >= 1) {
       log::warn("--lr {} × --weight-decay {} is 1 or more: the decay multiplies every weight by 1 − lr·wd ≤ 0 each step",
@@ -275,29 +265,35 @@ int run_train(App& app, const std::vector<std::string>& args) {
     if (opt.save_every > opt.steps) log::warn("--save-every {} is past --steps {}: only the end is saved", opt.save_every, opt.steps);
   }
   c.sp = opt.sp;
-  c.zero = opt.zero == "0" || (opt.zero == "auto" && app.world.size() == 1) ? train::Zero::replicated : train::Zero::sharded;
+  c.zero = opt.zero == "0" || (opt.zero == "auto" && world.size() == 1) ? train::Zero::replicated : train::Zero::sharded;
   c.peak_tflops = opt.peak_tflops;
+  return c;
+}
 
-  // Cheap checks before any weight is read: configs, their compatibility, the layout.
-  const ModelConfig student_config = opt.model.config();
-  train::check_teacher(c.stage, !opt.teacher.empty());
-  const bool needs_teacher = stage.needs_teacher;
-  std::optional<ModelConfig> teacher_config;
-  if (needs_teacher) {
-    teacher_config = read_model_config(opt.teacher);
-    const ModelConfig& t = *teacher_config;
-    HYDRA_USER_CHECK(t.vocab_size == student_config.vocab_size && t.hidden_size == student_config.hidden_size,
-                     "teacher {} ({}) and student ({}) differ in vocabulary or hidden size", opt.teacher, t.summary(),
-                     student_config.summary());
-    HYDRA_USER_CHECK(!stage.teacher_layers_match || t.num_layers == student_config.num_layers,
-                     "{} needs as many teacher layers as student layers: teacher {} has {}, the student {}", stage.name,
-                     opt.teacher, t.num_layers, student_config.num_layers);
-  }
-  const Device device = resolve_device(opt.device, app.mpi);
-  const DType dtype = storage_dtype(device);
+// The teacher's config where the stage needs one (cheap: no weight is read), checked against the
+// student's.
+std::optional<ModelConfig> read_teacher_config(const TrainOptions& opt, const train::StageTraits& stage,
+                                          const ModelConfig& student) {
+  train::check_teacher(stage.stage, !opt.teacher.empty());
+  if (!stage.needs_teacher) return std::nullopt;
+  const ModelConfig t = read_model_config(opt.teacher);
+  HYDRA_USER_CHECK(t.vocab_size == student.vocab_size && t.hidden_size == student.hidden_size,
+                   "teacher {} ({}) and student ({}) differ in vocabulary or hidden size", opt.teacher, t.summary(),
+                   student.summary());
+  HYDRA_USER_CHECK(!stage.teacher_layers_match || t.num_layers == student.num_layers,
+                   "{} needs as many teacher layers as student layers: teacher {} has {}, the student {}", stage.name,
+                   opt.teacher, t.num_layers, student.num_layers);
+  return t;
+}
+
+// Every rank agrees on the run's inputs before any weight is read: the model's fields, the data's
+// token counts and samples, the model's and teacher's contents; then the data's content identities
+// (add_data_identities). Fills c.inputs, which --resume compares with the stored state.
+void agree_on_inputs(App& app, const TrainOptions& opt, train::TrainConfig& c, const ModelConfig& student,
+                     const std::optional<ModelConfig>& teacher, Device device) {
   RunFingerprint inputs;
-  add_model_fields(inputs, student_config, device, dtype);
-  if (needs_teacher) add_model_fields(inputs, "teacher", read_model_config(opt.teacher));
+  add_model_fields(inputs, student, device, storage_dtype(device));
+  if (teacher) add_model_fields(inputs, "teacher", *teacher);
   // The data: each file's token count (cheap: the dataset's shape; the streams are read later).
   for (const std::string& f : c.data) inputs.add("training data tokens " + f, std::to_string(token_file_length(f)));
   for (const std::string& f : c.eval_data) {
@@ -316,7 +312,7 @@ int run_train(App& app, const std::vector<std::string>& args) {
   } else {
     fingerprint("model", opt.model.model_path);
   }
-  if (needs_teacher) fingerprint("teacher", opt.teacher);
+  if (teacher) fingerprint("teacher", opt.teacher);
   // The data: each rank checks its own copy cheaply (dataset types and lengths, 16 windows:
   // runtime/token_identity.h token_file_sample); rank 0 then gives every rank the content identity.
   std::vector<std::pair<std::string, std::string>> data_roles;  // role, path
@@ -325,18 +321,22 @@ int run_train(App& app, const std::vector<std::string>& args) {
   for (const auto& [role, path] : data_roles) inputs.add("sample of the " + role + " " + path, token_file_sample(path));
   agree_on_run(app, inputs);
   for (const auto& [role, path] : data_roles) c.inputs.push_back({role, path, ""});
-  add_data_identities(app.world, c.inputs, student_config.vocab_size, c.seq_len);
-  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
-  SequenceGroups topology(*world.comm, c.sp);
-  SequenceLayout::zigzag(c.seq_len, topology.sp(), topology.sequence().rank());  // admissible length?
+  add_data_identities(app.world, c.inputs, student.vocab_size, c.seq_len);
+}
+
+// The kept activations (--kept-activations: the most the memory plan fits on every rank, for
+// auto) into c.kept, and the plan checked against the memory this rank can use; logged.
+void plan_memory(App& app, const TrainOptions& opt, train::TrainConfig& c, SequenceGroups& topology,
+                 const ModelConfig& student, const std::optional<ModelConfig>& teacher, DeviceWorld& world) {
+  const train::StageTraits& stage = train::stage_traits(c.stage);
   const auto plan = [&](const KeptActivations& keep) {
     // A micro-batch's windows run packed as one sequence: batch_seqs · seq_len tokens over sp ranks.
-    return estimate_training_memory(student_config, c.batch_seqs * c.seq_len / topology.sp(), topology.sp(),
-                                    teacher_config ? &*teacher_config : nullptr, world.device,
+    return estimate_training_memory(student, c.batch_seqs * c.seq_len / topology.sp(), topology.sp(),
+                                    teacher ? &*teacher : nullptr, world.device,
                                     stage.objective == train::StageObjective::alignment, keep, true, DType::f32,
                                     c.zero == train::Zero::sharded ? topology.world().size() : 1);
   };
-  const int64_t layers = student_config.num_layers;
+  const int64_t layers = student.num_layers;
   c.kept = choose_kept_activations(parse_kept_policy(opt.kept_activations), layers, plan, world.device,
                                    app.mpi.local_size(), *world.comm);
   const MemoryEstimate estimate = plan(c.kept);
@@ -347,38 +347,70 @@ int run_train(App& app, const std::vector<std::string>& args) {
             "(--kept-activations {})", world.device == Device::cuda ? "memory plan " + estimate.describe() + " per rank; " : "",
             c.kept.gdn_outputs ? "yes" : "no", c.kept.projection ? "yes" : "no", c.kept.mlp_layers, layers,
             opt.kept_activations);
+}
+
+// The run's last lines (rank 0): the summary line, its JSON, and how to continue a stopped run.
+void report_run(App& app, const TrainOptions& opt, const std::vector<std::string>& args, const train::TrainConfig& c,
+            const SequenceGroups& topology, Device device, const train::TrainSummary& s) {
+  if (app.world.rank() != 0) return;
+  const bool gpu = device == Device::cuda;  // MFU is a GPU figure (--peak-tflops)
+  log::info("train {}: steps {}..{} in {:.1f} s, final loss {:.4f}{}, {:.0f} tokens/s{}, peak memory {:.2f} GiB",
+            opt.stage, s.first_step, s.last_step, s.seconds, s.last_loss,
+            s.last_eval_loss ? fmt::format(", eval {} {:.4f}", s.eval_metric, *s.last_eval_loss) : "", s.tokens_per_s,
+            gpu ? fmt::format(", MFU {:.1f}%", 100 * s.mfu) : "", s.peak_memory_gib);
+  const nlohmann::json summary = {
+      {"command", "train"},  {"stage", opt.stage},           {"model", opt.model.describe()},
+      {"ranks", app.world.size()}, {"sp", topology.sp()},   {"device", device_flag_name(device)},
+      {"zero", c.zero == train::Zero::sharded ? 1 : 0},
+      {"seq_len", c.seq_len}, {"first_step", s.first_step},  {"last_step", s.last_step},
+      {"loss", s.last_loss},
+      {"eval_loss", s.last_eval_loss ? nlohmann::json(*s.last_eval_loss) : nlohmann::json()},
+      {"eval_metric", s.last_eval_loss ? nlohmann::json(s.eval_metric) : nlohmann::json()},
+      {"seconds", s.seconds}, {"tokens_per_s", s.tokens_per_s}, {"mfu", gpu ? nlohmann::json(s.mfu) : nlohmann::json()},
+      {"peak_memory_gib", s.peak_memory_gib}, {"step_flops", s.step_flops}, {"lm_head_flops", s.lm_head_flops},
+      {"out_dir", c.out_dir}, {"stopped", s.stopped}};
+  std::cout << summary.dump() << std::endl;
+  if (s.stopped) {
+    log::warn("train: stopped by {} after step {}; saved {}. Continue with:\n  {}", s.stop_reason, s.last_step,
+              s.checkpoint, resume_command(args, app.world.size()));
+  }
+}
+
+}  // namespace
+
+int run_train(App& app, const std::vector<std::string>& args) {
+  TrainOptions opt;
+  po::options_description desc("hydra train");
+  opt.bind(desc);
+  if (!parse_command_line(app, "train",
+                          "--stage pretrain|align|distill|finetune (--model STUDENT.h5 | --preset NAME) [--teacher TEACHER.h5] "
+                          "--data TOKENS.h5[,MORE.h5] --seq-len N --steps S --out-dir DIR [options]",
+                          desc, args)) {
+    return 0;
+  }
+  opt.validate();
+  train::TrainConfig c = train_config(opt, app.world);
+  // Cheap checks before any weight is read: configs, their compatibility, the inputs, the layout.
+  const ModelConfig student_config = opt.model.config();
+  const std::optional<ModelConfig> teacher_config = read_teacher_config(opt, train::stage_traits(c.stage), student_config);
+  const Device device = resolve_device(opt.device, app.mpi);
+  agree_on_inputs(app, opt, c, student_config, teacher_config, device);
+  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+  SequenceGroups topology(*world.comm, c.sp);
+  SequenceLayout::zigzag(c.seq_len, topology.sp(), topology.sequence().rank());  // admissible length?
+  plan_memory(app, opt, c, topology, student_config, teacher_config, world);
+  // The models: the student, and the teacher where the stage runs one in the same process.
+  const DType dtype = storage_dtype(device);
   Model student = opt.model.build(world.device, dtype, app.kernels);
   std::optional<Model> teacher;
-  if (needs_teacher) {
+  if (teacher_config) {
     teacher.emplace(Model::load(opt.teacher, world.device, dtype,
                                 opt.model.allow_nonfinite ? NonFinite::allow : NonFinite::refuse));
     teacher->set_kernel_options(app.kernels);
   }
   const train::TrainSummary s = train::run_training(c, topology, student, teacher ? &*teacher : nullptr);
   check_device_progress(world);
-  const bool gpu = world.device == Device::cuda;  // MFU is a GPU figure (--peak-tflops)
-  if (app.world.rank() == 0) {
-    log::info("train {}: steps {}..{} in {:.1f} s, final loss {:.4f}{}, {:.0f} tokens/s{}, peak memory {:.2f} GiB",
-              opt.stage, s.first_step, s.last_step, s.seconds, s.last_loss,
-              s.last_eval_loss ? fmt::format(", eval {} {:.4f}", s.eval_metric, *s.last_eval_loss) : "", s.tokens_per_s,
-              gpu ? fmt::format(", MFU {:.1f}%", 100 * s.mfu) : "", s.peak_memory_gib);
-    const nlohmann::json summary = {
-        {"command", "train"},  {"stage", opt.stage},           {"model", opt.model.describe()},
-        {"ranks", app.world.size()}, {"sp", topology.sp()},   {"device", device_flag_name(world.device)},
-        {"zero", c.zero == train::Zero::sharded ? 1 : 0},
-        {"seq_len", c.seq_len}, {"first_step", s.first_step},  {"last_step", s.last_step},
-        {"loss", s.last_loss},
-        {"eval_loss", s.last_eval_loss ? nlohmann::json(*s.last_eval_loss) : nlohmann::json()},
-        {"eval_metric", s.last_eval_loss ? nlohmann::json(s.eval_metric) : nlohmann::json()},
-        {"seconds", s.seconds}, {"tokens_per_s", s.tokens_per_s}, {"mfu", gpu ? nlohmann::json(s.mfu) : nlohmann::json()},
-        {"peak_memory_gib", s.peak_memory_gib}, {"step_flops", s.step_flops}, {"lm_head_flops", s.lm_head_flops},
-        {"out_dir", c.out_dir}, {"stopped", s.stopped}};
-    std::cout << summary.dump() << std::endl;
-    if (s.stopped) {
-      log::warn("train: stopped by {} after step {}; saved {}. Continue with:\n  {}", s.stop_reason, s.last_step,
-                s.checkpoint, resume_command(args, app.world.size()));
-    }
-  }
+  report_run(app, opt, args, c, topology, world.device, s);
   // A stop on a signal is no error but not the end either: EX_TEMPFAIL, for scripts to resubmit.
   return s.stopped ? kExitStoppedBySignal : 0;
 }

@@ -35,7 +35,7 @@ DecodeEngine::DecodeEngine(Communicator& comm, const Model& model, KvCache& cach
 }
 
 void DecodeEngine::run(int64_t batch, StepResult result) const {
-  ForwardContext context{.comm = comm_, .layout = {}, .cache = &cache_};  // decode reads no layout
+  ForwardContext context{.comm = comm_, .cache = &cache_};
   const Tensor hidden = model_.decode_step(context, ids_.view().narrow(0, 0, batch));
   if (result == StepResult::none) return;
   const TensorView logits = logits_.view().narrow(0, 0, batch);

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/attention/attention.h"
 #include "kernels/delta_rule/delta_rule.h"
 #include "model/decode_engine.h"
 #include "model/generate.h"
@@ -69,37 +70,73 @@ LossBuffers loss_buffers(const ModelConfig& c, int64_t tokens, DType dtype, DTyp
 
 // ---- MemoryTimeline ----
 
-MemoryTimeline::Id MemoryTimeline::hold_bytes(double bytes, const char* what) {
-  const double block = device_ == Device::host ? 64.0 : 256.0;  // allocate_storage / cuda_allocate rounding
-  const double held = bytes < 0 ? 0.0 : std::max(block, std::ceil(bytes / block) * block);
-  held_.push_back(held);
+namespace {
+// A buffer's bytes as the device's allocator rounds them (allocate_storage: 64-byte blocks, at least
+// one; cuda_allocate: 256); a negative size is no buffer.
+double allocated_bytes(Device device, double bytes) {
+  const double block = device == Device::host ? 64.0 : 256.0;
+  return bytes < 0 ? 0.0 : std::max(block, std::ceil(bytes / block) * block);
+}
+}  // namespace
+
+static_assert(static_cast<int>(MemoryPart::outputs) + 1 == kMemoryPartCount, "one count of the parts");
+
+const char* memory_part_name(MemoryPart part) {
+  switch (part) {
+    case MemoryPart::activations: return "activations";
+    case MemoryPart::workspaces: return "workspaces";
+    case MemoryPart::gdn_maps: return "GDN maps";
+    case MemoryPart::cache: return "cache";
+    case MemoryPart::outputs: return "outputs";
+  }
+  return "?";
+}
+
+MemoryTimeline::Id MemoryTimeline::hold_bytes(double bytes, MemoryPart part, const char* what) {
+  const double held = allocated_bytes(device_, bytes);
+  held_.push_back({held, part});
   live_ += held;
+  live_parts_[static_cast<size_t>(part)] += held;
   if (live_ > peak_) {
     peak_ = live_;
+    peak_parts_ = live_parts_;
     peak_at_ = stage_.empty() ? std::string(what) : stage_ + ": " + what;
   }
   return held_.size() - 1;
 }
 
-MemoryTimeline::Id MemoryTimeline::hold_host(const BufferSpec& buffer, const char* what) {
-  return device_ == Device::host ? hold(buffer, what) : hold_bytes(-1, what);  // nothing on the device
+MemoryTimeline::Id MemoryTimeline::hold_host(const BufferSpec& buffer, MemoryPart part, const char* what) {
+  return device_ == Device::host ? hold(buffer, part, what) : hold_bytes(-1, part, what);  // nothing on the device
 }
 
 void MemoryTimeline::release(Id id) {
-  HYDRA_ASSERT(id < held_.size() && held_[id] >= 0, "memory plan: buffer {} released twice", id);
-  live_ -= held_[id];
-  held_[id] = -1;
+  HYDRA_ASSERT(id < held_.size() && held_[id].bytes >= 0, "memory plan: buffer {} released twice", id);
+  live_ -= held_[id].bytes;
+  live_parts_[static_cast<size_t>(held_[id].part)] -= held_[id].bytes;
+  held_[id].bytes = -1;
+}
+
+void MemoryEstimate::add(MemoryPart p, double bytes) {
+  activations += bytes;
+  parts[static_cast<size_t>(p)] += bytes;
 }
 
 std::string MemoryEstimate::describe() const {
   const double g = 1024.0 * 1024.0 * 1024.0;
-  return fmt::format("{:.1f} GiB (weights {:.1f}, build {:.1f}, activations {:.1f}{})", total() / g, weights / g,
-                     init_extra / g, activations / g, peak_at.empty() ? "" : " at " + peak_at);
+  std::string by_part;
+  for (int i = 0; i < kMemoryPartCount; ++i) {
+    if (parts[static_cast<size_t>(i)] <= 0) continue;
+    by_part += fmt::format("{}{} {:.1f}", by_part.empty() ? ": " : ", ", memory_part_name(static_cast<MemoryPart>(i)),
+                           parts[static_cast<size_t>(i)] / g);
+  }
+  return fmt::format("{:.1f} GiB (weights {:.1f}, build {:.1f}, peak {:.1f}{}{})", total() / g, weights / g,
+                     init_extra / g, activations / g, by_part, peak_at.empty() ? "" : ", at " + peak_at);
 }
 
 namespace {
 
 using Id = MemoryTimeline::Id;
+using enum MemoryPart;  // every hold below names its part
 
 // The GPU kernels' own workspaces (kernels/delta_rule/delta_rule.h specs, one block as the plan
 // has always priced them); the CPU reference keeps its per-chunk state in plain vectors.
@@ -145,8 +182,9 @@ enum class Mode { plain, save, replay };
 std::vector<Id> position_bounds(Pass& p) {
   if (!p.documents) return {};
   const BufferSpec bound = ring_buffers(p.t * p.world, 0, 0, 0, 0, 0, p.dtype, p.acc).bound;
-  const Id hs = p.tl.hold_host(bound, "document bounds"), he = p.tl.hold_host(bound, "document bounds");
-  std::vector<Id> out{p.tl.hold(bound, "document bounds"), p.tl.hold(bound, "document bounds")};
+  const Id hs = p.tl.hold_host(bound, workspaces, "document bounds");
+  const Id he = p.tl.hold_host(bound, workspaces, "document bounds");
+  std::vector<Id> out{p.tl.hold(bound, workspaces, "document bounds"), p.tl.hold(bound, workspaces, "document bounds")};
   p.tl.release(hs);
   p.tl.release(he);
   return out;
@@ -158,10 +196,10 @@ std::vector<Id> position_bounds(Pass& p) {
 void conv_halos(Pass& p, int64_t channels, bool backward) {
   if (p.world == 1) return;
   const ConvHaloBuffers b = conv_halo_buffers(p.world, p.nlocal(), p.config.conv_kernel - 1, channels, p.dtype);
-  std::vector<Id> ids{p.tl.hold(b.halos, "conv halo"), p.tl.hold(b.gathered, "conv halos")};
-  if (backward) ids.push_back(p.tl.hold(b.halos, "conv halo gradient"));
-  p.tl.release(p.tl.hold(b.masked, "masked halo"));
-  if (backward) ids.push_back(p.tl.hold(b.gathered, "conv halo gradients"));
+  std::vector<Id> ids{p.tl.hold(b.halos, gdn_maps, "conv halo"), p.tl.hold(b.gathered, gdn_maps, "conv halos")};
+  if (backward) ids.push_back(p.tl.hold(b.halos, gdn_maps, "conv halo gradient"));
+  p.tl.release(p.tl.hold(b.masked, gdn_maps, "masked halo"));
+  if (backward) ids.push_back(p.tl.hold(b.gathered, gdn_maps, "conv halo gradients"));
   p.release(ids);
 }
 
@@ -169,17 +207,18 @@ void conv_halos(Pass& p, int64_t channels, bool backward) {
 void gdn_forward(Pass& p, int64_t hg, bool recompute, Kept* kept) {
   const int64_t d = p.config.head_dim;
   const GdnScanBuffers scan = gdn_scan_buffers(p.world, p.nlocal(), hg, d, d, p.acc);
-  std::vector<Id> ids{p.tl.hold(scan.state, "GDN state")};
+  std::vector<Id> ids{p.tl.hold(scan.state, gdn_maps, "GDN state")};
   if (p.world > 1 && !recompute) {
-    ids.push_back(p.tl.hold(scan.maps, "GDN segment maps"));
-    ids.push_back(p.tl.hold(scan.gathered_maps, "GDN gathered maps"));
+    ids.push_back(p.tl.hold(scan.maps, gdn_maps, "GDN segment maps"));
+    ids.push_back(p.tl.hold(scan.gathered_maps, gdn_maps, "GDN gathered maps"));
     if (kept) {  // the own segments' M and initial states: nothing that grows with the rank count
-      kept->ids.push_back(p.tl.hold(scan.kept_maps, "GDN kept maps"));
-      kept->ids.push_back(p.tl.hold(scan.initial_states, "GDN initial states"));
+      kept->ids.push_back(p.tl.hold(scan.kept_maps, gdn_maps, "GDN kept maps"));
+      kept->ids.push_back(p.tl.hold(scan.initial_states, gdn_maps, "GDN initial states"));
     }
   }
   if (p.cuda()) {  // delta_rule_forward.cu chunked_fused: prepare with queries, per segment
-    const Id w = p.tl.hold_bytes(gdn_prepare_bytes(p.segment_rows(), hg, d, true, false), "GDN chunk workspace");
+    const double bytes = gdn_prepare_bytes(p.segment_rows(), hg, d, true, false);
+    const Id w = p.tl.hold_bytes(bytes, workspaces, "GDN chunk workspace");
     p.tl.release(w);
   }
   p.release(ids);
@@ -192,9 +231,9 @@ std::vector<Id> attention_block(Pass& p, int64_t l, Mode mode, Kept* kept) {
   const LayerBuffers b = p.buffers(l);
   const bool hydra = p.config.is_hydra(), save = mode == Mode::save, replay = mode == Mode::replay;
   MemoryTimeline& tl = p.tl;
-  std::vector<Id> block{tl.hold(b.x_norm, "x_norm")};
+  std::vector<Id> block{tl.hold(b.x_norm, activations, "x_norm")};
   if (!(replay && kept->proj)) {
-    const Id proj = tl.hold(b.proj, "projection");
+    const Id proj = tl.hold(b.proj, activations, "projection");
     if (save && hydra && p.keep.projection) {
       kept->ids.push_back(proj);
       kept->proj = true;
@@ -202,43 +241,44 @@ std::vector<Id> attention_block(Pass& p, int64_t l, Mode mode, Kept* kept) {
       block.push_back(proj);
     }
   }
-  block.push_back(tl.hold(b.heads, "heads"));
+  block.push_back(tl.hold(b.heads, activations, "heads"));
   // The branches in the host order of run_concurrently: GDN (the side work) first.
   if (lay.h_gdn > 0) {
-    block.push_back(tl.hold(b.conv, "GDN conv"));
-    block.push_back(tl.hold(b.inv_norm, "q/k inverse norms"));
+    block.push_back(tl.hold(b.conv, activations, "GDN conv"));
+    block.push_back(tl.hold(b.inv_norm, activations, "q/k inverse norms"));
     if (!replay) conv_halos(p, b.conv.shape[1], false);
-    block.push_back(tl.hold(b.gate, "beta"));
-    block.push_back(tl.hold(b.gate, "g"));
+    block.push_back(tl.hold(b.gate, activations, "beta"));
+    block.push_back(tl.hold(b.gate, activations, "g"));
     if (!(replay && kept->gdn_out)) gdn_forward(p, lay.h_gdn, replay, save ? kept : nullptr);
     if (save && p.keep.gdn_outputs) {
-      kept->ids.push_back(tl.hold(b.gdn_out, "kept GDN outputs"));
+      kept->ids.push_back(tl.hold(b.gdn_out, activations, "kept GDN outputs"));
       kept->gdn_out = true;
     }
   }
   if (lay.h_fa > 0) {
-    block.push_back(tl.hold(b.fa_q, "FA q"));
-    block.push_back(tl.hold(b.fa_k, "FA k"));
+    block.push_back(tl.hold(b.fa_q, activations, "FA q"));
+    block.push_back(tl.hold(b.fa_k, activations, "FA k"));
     if (!replay) {
-      std::vector<Id> branch{tl.hold(b.fa_acc, "FA output")};
-      const Id lse = tl.hold(b.fa_lse, "FA lse");
+      std::vector<Id> branch{tl.hold(b.fa_acc, activations, "FA output")};
+      const Id lse = tl.hold(b.fa_lse, activations, "FA lse");
       std::vector<Id> ring = position_bounds(p);
       if (p.world > 1) {
         const int64_t d = p.config.head_dim;
         const BufferSpec kv = ring_buffers(p.t * p.world, p.t, lay.h_fa, lay.g_fa, d, d, p.dtype, p.acc).kv;
-        ring.push_back(tl.hold(kv, "ring K/V"));
-        ring.push_back(tl.hold(kv, "ring K/V in flight"));
-        if (!p.cuda()) {  // the CPU merges each block from its own output (attention.cpp)
-          const int64_t rows = p.segment_rows();
-          const Id part = tl.hold({{rows, lay.h_fa, p.config.head_dim}, p.acc}, "attention block part");
-          const Id part_lse = tl.hold({{lay.h_fa, rows}, p.acc}, "attention block lse");
+        ring.push_back(tl.hold(kv, workspaces, "ring K/V"));
+        ring.push_back(tl.hold(kv, workspaces, "ring K/V in flight"));
+        if (!p.cuda()) {  // the CPU merges each (query segment, key segment) block from its own output
+          const ops::AttentionMergeBuffers merge =
+              ops::attention_merge_buffers(p.segment_rows(), lay.h_fa, p.config.head_dim, p.acc);
+          const Id part = tl.hold(merge.part, workspaces, "attention block part");
+          const Id part_lse = tl.hold(merge.part_lse, workspaces, "attention block lse");
           tl.release(part);
           tl.release(part_lse);
         }
       }
       p.release(ring);
       if (save) {
-        kept->ids.push_back(tl.hold(b.fa_out, "kept FA output"));
+        kept->ids.push_back(tl.hold(b.fa_out, activations, "kept FA output"));
         kept->ids.push_back(lse);
       } else {
         branch.push_back(lse);
@@ -246,16 +286,18 @@ std::vector<Id> attention_block(Pass& p, int64_t l, Mode mode, Kept* kept) {
       p.release(branch);
     }
   }
-  if (hydra && p.config.fusion != ops::Fusion::concat && replay) block.push_back(tl.hold(b.heads, "fused heads"));
+  if (hydra && p.config.fusion != ops::Fusion::concat && replay) {
+    block.push_back(tl.hold(b.heads, activations, "fused heads"));
+  }
   if (!replay) p.release(block);
   return block;
 }
 
 // Model::mlp: one tile's buffers (the gate/up tile unless the forward keeps it whole).
 void mlp(Pass& p, const LayerBuffers& b, bool kept_gate_up) {
-  std::vector<Id> ids{p.tl.hold(b.tile_x_norm, "MLP tile")};
-  if (!kept_gate_up) ids.push_back(p.tl.hold(b.tile_gate_up, "MLP gate/up tile"));
-  ids.push_back(p.tl.hold(b.tile_h, "MLP tile"));
+  std::vector<Id> ids{p.tl.hold(b.tile_x_norm, activations, "MLP tile")};
+  if (!kept_gate_up) ids.push_back(p.tl.hold(b.tile_gate_up, activations, "MLP gate/up tile"));
+  ids.push_back(p.tl.hold(b.tile_h, activations, "MLP tile"));
   p.release(ids);
 }
 
@@ -263,10 +305,10 @@ void mlp(Pass& p, const LayerBuffers& b, bool kept_gate_up) {
 void layer_forward(Pass& p, int64_t l, Kept* kept) {
   const LayerBuffers b = p.buffers(l);
   p.tl.set_stage(fmt::format("layer {} forward", l));
-  if (kept) kept->ids.push_back(p.tl.hold(b.input, "kept input"));
+  if (kept) kept->ids.push_back(p.tl.hold(b.input, activations, "kept input"));
   attention_block(p, l, kept ? Mode::save : Mode::plain, kept);
   if (kept && l < p.keep.mlp_layers) {
-    kept->ids.push_back(p.tl.hold(b.mlp_gate_up, "kept MLP gate/up"));
+    kept->ids.push_back(p.tl.hold(b.mlp_gate_up, activations, "kept MLP gate/up"));
     kept->gate_up = true;
   }
   mlp(p, b, kept && kept->gate_up);
@@ -280,55 +322,58 @@ void layer_backward(Pass& p, int64_t l, Kept& kept, bool input_gradient) {
   MemoryTimeline& tl = p.tl;
   const int64_t d = p.config.head_dim;
   tl.set_stage(fmt::format("layer {} backward", l));
-  std::vector<Id> held{tl.hold(b.input, "mid-layer residual")};
+  std::vector<Id> held{tl.hold(b.input, activations, "mid-layer residual")};
   std::vector<Id> trace = attention_block(p, l, Mode::replay, &kept);
   {  // the MLP's tiles
-    std::vector<Id> tile{tl.hold(b.tile_x_norm, "MLP tile"), tl.hold(b.tile_h, "MLP tile")};
-    if (!kept.gate_up) tile.push_back(tl.hold(b.tile_gate_up, "MLP gate/up tile"));
-    tile.push_back(tl.hold(b.tile_dy, "MLP tile gradient"));
-    tile.push_back(tl.hold(b.tile_dh, "MLP tile gradient"));
-    tile.push_back(tl.hold(b.tile_dgate_up, "MLP gate/up tile gradient"));
-    tile.push_back(tl.hold(b.tile_dx_norm, "MLP tile gradient"));
+    std::vector<Id> tile{tl.hold(b.tile_x_norm, activations, "MLP tile"), tl.hold(b.tile_h, activations, "MLP tile")};
+    if (!kept.gate_up) tile.push_back(tl.hold(b.tile_gate_up, activations, "MLP gate/up tile"));
+    tile.push_back(tl.hold(b.tile_dy, activations, "MLP tile gradient"));
+    tile.push_back(tl.hold(b.tile_dh, activations, "MLP tile gradient"));
+    tile.push_back(tl.hold(b.tile_dgate_up, activations, "MLP gate/up tile gradient"));
+    tile.push_back(tl.hold(b.tile_dx_norm, activations, "MLP tile gradient"));
     p.release(tile);
   }
-  held.push_back(tl.hold(b.dx_operand, "dx operand"));
-  held.push_back(tl.hold(b.d_heads, "d_fused"));
-  held.push_back(tl.hold(b.d_proj, "d_proj"));  // the fusion gate's logit gradients are columns of it
-  if (hydra && p.config.fusion != ops::Fusion::concat) held.push_back(tl.hold(b.d_heads, "d_heads"));
+  held.push_back(tl.hold(b.dx_operand, activations, "dx operand"));
+  held.push_back(tl.hold(b.d_heads, activations, "d_fused"));
+  held.push_back(tl.hold(b.d_proj, activations, "d_proj"));  // the fusion gate's logit gradients are columns of it
+  if (hydra && p.config.fusion != ops::Fusion::concat) held.push_back(tl.hold(b.d_heads, activations, "d_heads"));
   const BufferSpec fusion_scratch = ops::head_fusion_backward_scratch(b.d_heads.shape[0], p.config.num_heads, p.config.fusion);
   if (hydra && p.cuda() && p.config.fusion != ops::Fusion::concat && fusion_scratch.exists()) {
-    std::vector<Id> rows{tl.hold(fusion_scratch, "fusion row scalars")};  // fusion.cu: the other variants'
+    std::vector<Id> rows{tl.hold(fusion_scratch, workspaces, "fusion row scalars")};  // fusion.cu: the other variants'
     p.release(rows);
   }
   if (lay.h_gdn > 0) {  // the side work first, as in the forward
     const int64_t hg = lay.h_gdn;
-    std::vector<Id> branch{tl.hold(b.d_conv, "d_conv"), tl.hold(b.d_qk, "dq"), tl.hold(b.d_qk, "dk"),
-                           tl.hold(b.gate, "dg"), tl.hold(b.gate, "dbeta")};
+    std::vector<Id> branch{tl.hold(b.d_conv, activations, "d_conv"), tl.hold(b.d_qk, activations, "dq"),
+                           tl.hold(b.d_qk, activations, "dk"),
+                           tl.hold(b.gate, activations, "dg"), tl.hold(b.gate, activations, "dbeta")};
     // gdn_sequence_parallel_backward: the state gradient, and its fold over the ranks' segments.
     const GdnScanBuffers spec = gdn_scan_buffers(p.world, p.nlocal(), hg, d, d, p.acc);
     const BufferSpec& state = spec.state;
     const int64_t rows = p.segment_rows();
-    std::vector<Id> scan{tl.hold(state, "GDN state gradient")};
+    std::vector<Id> scan{tl.hold(state, gdn_maps, "GDN state gradient")};
     if (p.world == 1) {
-      scan.push_back(tl.hold(state, "GDN initial state"));
+      scan.push_back(tl.hold(state, gdn_maps, "GDN initial state"));
     } else {
       // Each local segment's state gradient beside its kept M, gathered together.
-      scan.push_back(tl.hold(spec.state_gradients, "GDN local state gradients and maps"));
+      scan.push_back(tl.hold(spec.state_gradients, gdn_maps, "GDN local state gradients and maps"));
       if (p.cuda()) {  // delta_rule_backward.cu state_backward: prepare and the state gradient's copy
-        std::vector<Id> w{tl.hold_bytes(gdn_prepare_bytes(rows, hg, d, true, true), "GDN state backward workspace"),
-                          tl.hold(state, "GDN state gradient copy")};
+        const double prepare = gdn_prepare_bytes(rows, hg, d, true, true);
+        std::vector<Id> w{tl.hold_bytes(prepare, workspaces, "GDN state backward workspace"),
+                          tl.hold(state, workspaces, "GDN state gradient copy")};
         p.release(w);
       }
-      scan.push_back(tl.hold(spec.gathered_state_gradients, "GDN gathered state gradients and maps"));
+      scan.push_back(tl.hold(spec.gathered_state_gradients, gdn_maps, "GDN gathered state gradients and maps"));
     }
-    scan.push_back(tl.hold(state, "GDN zero state"));
+    scan.push_back(tl.hold(state, gdn_maps, "GDN zero state"));
     if (p.cuda()) {  // delta_rule_backward.cu: prepare, the chunk states and v_new, and their gradients
       const ops::DeltaRuleBackwardBuffers chunk = ops::delta_rule_backward_buffers(rows, hg, d);
       const BufferSpec &states = chunk.states, &vnew = chunk.v_new;
-      std::vector<Id> w{tl.hold_bytes(gdn_prepare_bytes(rows, hg, d, true, true), "GDN backward workspace"),
-                        tl.hold(state, "GDN state"), tl.hold(states, "GDN chunk states"), tl.hold(vnew, "GDN v_new"),
-                        tl.hold(state, "GDN state gradient"), tl.hold(states, "GDN chunk state gradients"),
-                        tl.hold(vnew, "GDN v_new gradient")};
+      std::vector<Id> w{tl.hold_bytes(gdn_prepare_bytes(rows, hg, d, true, true), workspaces, "GDN backward workspace"),
+                        tl.hold(state, workspaces, "GDN state"), tl.hold(states, workspaces, "GDN chunk states"),
+                        tl.hold(vnew, workspaces, "GDN v_new"), tl.hold(state, workspaces, "GDN state gradient"),
+                        tl.hold(states, workspaces, "GDN chunk state gradients"),
+                        tl.hold(vnew, workspaces, "GDN v_new gradient")};
       p.release(w);
     }
     p.release(scan);
@@ -337,24 +382,24 @@ void layer_backward(Pass& p, int64_t l, Kept& kept, bool input_gradient) {
   }
   if (lay.h_fa > 0) {
     std::vector<Id> branch;
-    if (hydra) branch.push_back(tl.hold(b.d_attn, "d_attn"));
-    branch.push_back(tl.hold(b.d_fa_q, "FA dq"));
-    branch.push_back(tl.hold(b.d_fa_kv, "FA dk"));
-    branch.push_back(tl.hold(b.d_fa_kv, "FA dv"));
+    if (hydra) branch.push_back(tl.hold(b.d_attn, activations, "d_attn"));
+    branch.push_back(tl.hold(b.d_fa_q, activations, "FA dq"));
+    branch.push_back(tl.hold(b.d_fa_kv, activations, "FA dk"));
+    branch.push_back(tl.hold(b.d_fa_kv, activations, "FA dv"));
     const RingBuffers ring = ring_buffers(p.t * p.world, p.t, lay.h_fa, lay.g_fa, d, d, p.dtype, p.acc);
-    branch.push_back(tl.hold(ring.delta, "attention delta"));
+    branch.push_back(tl.hold(ring.delta, workspaces, "attention delta"));
     for (Id id : position_bounds(p)) branch.push_back(id);
     if (p.world > 1) {
       const BufferSpec &kv = ring.kv, &grads = ring.kv_gradients;
-      branch.push_back(tl.hold(kv, "ring K/V"));
-      branch.push_back(tl.hold(kv, "ring K/V in flight"));
-      branch.push_back(tl.hold(grads, "ring dK/dV"));
-      branch.push_back(tl.hold(grads, "ring dK/dV carried"));
-      branch.push_back(tl.hold(grads, "ring dK/dV in flight"));
+      branch.push_back(tl.hold(kv, workspaces, "ring K/V"));
+      branch.push_back(tl.hold(kv, workspaces, "ring K/V in flight"));
+      branch.push_back(tl.hold(grads, workspaces, "ring dK/dV"));
+      branch.push_back(tl.hold(grads, workspaces, "ring dK/dV carried"));
+      branch.push_back(tl.hold(grads, workspaces, "ring dK/dV in flight"));
     }
     p.release(branch);
   }
-  if (input_gradient) held.push_back(tl.hold(b.d_x_norm, "d_x_norm"));
+  if (input_gradient) held.push_back(tl.hold(b.d_x_norm, activations, "d_x_norm"));
   p.release(held);
   p.release(trace);
   p.release(kept.ids);
@@ -363,9 +408,9 @@ void layer_backward(Pass& p, int64_t l, Kept& kept, bool input_gradient) {
 // Model::positions and Model::embed: positions [T] i64 (returned), x [T, D] (returned), the ids'
 // device copy in between.
 std::pair<Id, Id> embed(Pass& p) {
-  const Id pos = p.tl.hold({{p.t}, DType::i64}, "positions");
-  const Id ids = p.tl.hold({{p.t}, DType::i32}, "token ids");
-  const Id x = p.tl.hold({{p.t, p.config.hidden_size}, p.dtype}, "residual stream");
+  const Id pos = p.tl.hold({{p.t}, DType::i64}, activations, "positions");
+  const Id ids = p.tl.hold({{p.t}, DType::i32}, activations, "token ids");
+  const Id x = p.tl.hold({{p.t, p.config.hidden_size}, p.dtype}, activations, "residual stream");
   p.tl.release(ids);
   return {pos, x};
 }
@@ -376,7 +421,7 @@ Id plain_forward(Pass& p) {
   for (int64_t l = 0; l < p.config.num_layers; ++l) layer_forward(p, l, nullptr);
   p.tl.release(pos);
   p.tl.set_stage("final norm");
-  const Id hidden = p.tl.hold({{p.t, p.config.hidden_size}, p.dtype}, "final-normed hidden states");
+  const Id hidden = p.tl.hold({{p.t, p.config.hidden_size}, p.dtype}, activations, "final-normed hidden states");
   p.tl.release(x);
   return hidden;
 }
@@ -386,11 +431,12 @@ Id plain_forward(Pass& p) {
 // rounded as the device's allocator rounds it.
 double runtime_tensor_bytes(const ModelConfig& c, Device device, DType dtype, DType acc,
                             std::optional<DType> tensors_dtype = {}) {
-  MemoryTimeline tl(device);
   const DType gemm = tensors_dtype.value_or(dtype), other = tensors_dtype.value_or(acc);
-  tl.hold({{c.vocab_size, c.hidden_size}, gemm}, "embedding");
-  if (!c.tie_word_embeddings) tl.hold({{c.vocab_size, c.hidden_size}, gemm}, "lm_head");
-  tl.hold({{c.hidden_size}, other}, "final norm");
+  double total = 0;
+  const auto add = [&](const BufferSpec& b) { total += allocated_bytes(device, b.bytes()); };
+  add({{c.vocab_size, c.hidden_size}, gemm});  // the embedding
+  if (!c.tie_word_embeddings) add({{c.vocab_size, c.hidden_size}, gemm});  // lm_head
+  add({{c.hidden_size}, other});  // the final norm
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerLayout layout = layer_layout(c, l);
     for (int s = 0; s < kSlotCount; ++s) {
@@ -398,10 +444,10 @@ double runtime_tensor_bytes(const ModelConfig& c, Device device, DType dtype, DT
       std::vector<int64_t> shape = layout.shape(slot, c);
       if (shape.empty()) continue;
       const bool is_gemm = slot == Slot::in_proj || slot == Slot::o_proj || slot == Slot::mlp_in || slot == Slot::mlp_down;
-      tl.hold({std::move(shape), is_gemm ? gemm : other}, "layer weight");
+      add({std::move(shape), is_gemm ? gemm : other});
     }
   }
-  return tl.live();
+  return total;
 }
 
 struct Types {
@@ -425,13 +471,14 @@ MemoryEstimate estimate_prefill_memory(const ModelConfig& c, int64_t local_token
   MemoryTimeline tl(device);
   tl.set_stage("prefill");
   Pass p(c, ty.dtype, ty.acc, local_tokens, world, documents, tl);
-  const Id ids = tl.hold_host({{local_tokens}, DType::i32}, "token ids");
+  const Id ids = tl.hold_host({{local_tokens}, DType::i32}, activations, "token ids");
   const Id hidden = plain_forward(p);
   tl.set_stage("last logits");
-  const Id logits = tl.hold({{1, c.vocab_size}, DType::f32}, "last position's logits");
-  const Id host = tl.hold_host({{1, c.vocab_size}, DType::f32}, "logits read back");
+  const Id logits = tl.hold({{1, c.vocab_size}, DType::f32}, workspaces, "last position's logits");
+  const Id host = tl.hold_host({{1, c.vocab_size}, DType::f32}, workspaces, "logits read back");
   for (Id id : {host, logits, hidden, ids}) tl.release(id);
   m.activations = tl.peak();
+  m.parts = tl.peak_parts();
   m.peak_at = tl.peak_at();
   return m;
 }
@@ -440,8 +487,9 @@ MemoryEstimate estimate_forward_memory(const ModelConfig& c, int64_t total_token
                                        int rank, Device device, bool logits_out, bool documents) {
   MemoryEstimate m = estimate_prefill_memory(c, local_tokens, world, device, documents);
   // On the GPU path the device holds the logits; their host copy and the rest: forward_host_bytes.
-  m.activations += device == Device::host ? forward_host_bytes(c, total_tokens, local_tokens, rank, logits_out)
-                                          : forward_logits_bytes(c, local_tokens, logits_out);
+  m.add(MemoryPart::outputs, device == Device::host
+                                 ? forward_host_bytes(c, total_tokens, local_tokens, rank, logits_out)
+                                 : forward_logits_bytes(c, local_tokens, logits_out));
   return m;
 }
 
@@ -472,7 +520,7 @@ MemoryEstimate estimate_generation_memory(const ModelConfig& c, const std::vecto
   for (const KvCacheLayerSpec& s : kv_cache_spec(c, slots, capacity, ty.dtype, DType::f32)) {
     for (const BufferSpec* b : {&s.k, &s.v, &s.state, &s.conv_tail}) cache += b->exists() ? b->bytes() : 0.0;
   }
-  m.activations += cache + decode_engine_buffers(c, slots, sampled).bytes(device);
+  m.add(MemoryPart::cache, cache + decode_engine_buffers(c, slots, sampled).bytes(device));
   return m;
 }
 
@@ -495,11 +543,10 @@ double optimizer_bytes(const ModelConfig& c, Device device, DType host_dtype, in
   }
   const int64_t stride = (n + w - 1) / w;
   const int64_t bucket = std::clamp<int64_t>(std::min<int64_t>(largest, int64_t{1} << 25) / (w + 1), 1, stride);
-  MemoryTimeline tl(device);
-  for (int i = 0; i < 3; ++i) tl.hold({{stride}, ty.acc}, "optimizer shard");
-  tl.hold({{w * bucket}, ty.acc}, "bucket sent");
-  tl.hold({{bucket}, ty.acc}, "bucket received");
-  return whole + tl.live();
+  const double shard = allocated_bytes(device, BufferSpec{{stride}, ty.acc}.bytes());  // masters, m, v: one each
+  const double sent = allocated_bytes(device, BufferSpec{{w * bucket}, ty.acc}.bytes());
+  const double received = allocated_bytes(device, BufferSpec{{bucket}, ty.acc}.bytes());
+  return whole + 3 * shard + sent + received;
 }
 
 MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_tokens, int ranks_per_sequence,
@@ -518,24 +565,25 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_toke
   MemoryTimeline tl(device);
   Pass p(c, ty.dtype, ty.acc, t, ranks_per_sequence, documents, tl, keep);
   const BufferSpec rows{{t}, DType::i32}, stream{{t, D}, ty.dtype}, stream_grad{{t, D}, ty.acc};
-  const Id ids = tl.hold_host(rows, "token ids"), targets = tl.hold_host(rows, "targets");
+  const Id ids = tl.hold_host(rows, activations, "token ids"), targets = tl.hold_host(rows, activations, "targets");
   if (align) {  // alignment_gradients
     HYDRA_ASSERT(teacher, "an alignment plan without a teacher");
     Pass tp(*teacher, ty.dtype, ty.acc, t, ranks_per_sequence, documents, tl);
     tl.set_stage("teacher forward");
     const auto [pos, x] = embed(tp);
-    std::vector<Id> boundary{tl.hold(stream, "teacher boundary")};
+    std::vector<Id> boundary{tl.hold(stream, activations, "teacher boundary")};
     for (int64_t l = 0; l < teacher->num_layers; ++l) {
       layer_forward(tp, l, nullptr);
-      boundary.push_back(tl.hold(stream, "teacher boundary"));
+      boundary.push_back(tl.hold(stream, activations, "teacher boundary"));
     }
-    std::vector<Id> loss{tl.hold(stream_grad, "alignment gradient"), tl.hold({{t}, ty.acc}, "row losses")};
+    std::vector<Id> loss{tl.hold(stream_grad, activations, "alignment gradient"),
+                         tl.hold({{t}, ty.acc}, workspaces, "row losses")};
     for (int64_t l = 0; l < c.num_layers; ++l) {
-      const Id y = tl.hold(stream, "layer input");
+      const Id y = tl.hold(stream, activations, "layer input");
       Kept kept;
       layer_forward(p, l, &kept);
-      const Id target = tl.hold(stream, "layer target");
-      const Id host = tl.hold_host({{t}, DType::f64}, "row losses read back");
+      const Id target = tl.hold(stream, activations, "layer target");
+      const Id host = tl.hold_host({{t}, DType::f64}, workspaces, "row losses read back");
       tl.release(host);
       tl.release(target);
       layer_backward(p, l, kept, false);
@@ -556,28 +604,29 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t local_toke
     std::vector<Kept> kept(static_cast<size_t>(c.num_layers));
     for (int64_t l = 0; l < c.num_layers; ++l) layer_forward(p, l, &kept[static_cast<size_t>(l)]);
     tl.set_stage("loss");
-    const Id d_hidden = tl.hold(stream_grad, "d_hidden");
-    std::vector<Id> head{tl.hold(stream, "final-normed hidden states")};
+    const Id d_hidden = tl.hold(stream_grad, activations, "d_hidden");
+    std::vector<Id> head{tl.hold(stream, activations, "final-normed hidden states")};
     const LossBuffers loss = loss_buffers(c, t, ty.dtype, ty.acc);
-    if (teacher) head.push_back(tl.hold(loss.logits, "teacher logits"));
-    head.push_back(tl.hold_host(rows, "targets on the host"));
-    head.push_back(tl.hold(rows, "targets"));
-    head.push_back(tl.hold(loss.logits, "logits"));
-    head.push_back(tl.hold(loss.row_loss, "row losses"));
-    if (ty.dtype != ty.acc) head.push_back(tl.hold(loss.operand, "logit gradient operand"));
-    tl.release(tl.hold_host({loss.row_loss.shape, DType::f64}, "row losses read back"));
+    if (teacher) head.push_back(tl.hold(loss.logits, workspaces, "teacher logits"));
+    head.push_back(tl.hold_host(rows, activations, "targets on the host"));
+    head.push_back(tl.hold(rows, activations, "targets"));
+    head.push_back(tl.hold(loss.logits, workspaces, "logits"));
+    head.push_back(tl.hold(loss.row_loss, workspaces, "row losses"));
+    if (ty.dtype != ty.acc) head.push_back(tl.hold(loss.operand, workspaces, "logit gradient operand"));
+    tl.release(tl.hold_host({loss.row_loss.shape, DType::f64}, workspaces, "row losses read back"));
     p.release(head);
     if (teacher_hidden) tl.release(*teacher_hidden);
-    const Id dx = tl.hold(stream_grad, "dx");
+    const Id dx = tl.hold(stream_grad, activations, "dx");
     tl.release(d_hidden);
     for (int64_t l = c.num_layers - 1; l >= 0; --l) layer_backward(p, l, kept[static_cast<size_t>(l)], true);
     tl.set_stage("embedding backward");
-    tl.release(tl.hold(rows, "token ids"));
+    tl.release(tl.hold(rows, activations, "token ids"));
     for (Id id : {dx, x, pos}) tl.release(id);
   }
   tl.release(targets);
   tl.release(ids);
   m.activations = tl.peak();
+  m.parts = tl.peak_parts();
   m.peak_at = tl.peak_at();
   return m;
 }

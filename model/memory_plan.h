@@ -5,8 +5,10 @@
 //  - The planners (memory_plan.cpp) replay the passes' allocations and frees in the order the code
 //    makes them (model_forward.cpp, model_backward.cpp, model/train/objective.cpp, model/prefill.cpp,
 //    parallel/, and on cuda the GDN kernels' own workspaces) on a MemoryTimeline, whose peak is
-//    the estimate: the peak of what the code holds, not a sum of per-phase guesses. The buffers of
-//    other files come from the spec functions beside their allocations (ring_buffers,
+//    the estimate: the peak of what the code holds, not a sum of per-phase guesses. Each hold names
+//    its MemoryPart (activations, workspaces, GDN maps, ...), and the estimate carries every part's
+//    bytes at that peak, which add up to it (hydra plan prints them). The buffers of other files
+//    come from the spec functions beside their allocations (ring_buffers, attention_merge_buffers,
 //    gdn_scan_buffers, conv_halo_buffers, delta_rule_prepare_buffers, delta_rule_backward_buffers,
 //    kv_cache_spec, decode_engine_buffers); nothing is restated here.
 // Element types follow the device: bf16 storage and fp32 accumulators on cuda, f32 (f64 for
@@ -16,6 +18,7 @@
 // that the host tensors' counter (runtime/host_memory.h) measures.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -93,26 +96,49 @@ struct LossBuffers {
 };
 LossBuffers loss_buffers(const ModelConfig& config, int64_t tokens, DType dtype, DType acc);
 
+// What a held buffer is, for the plan's parts (hydra plan prints them): every hold is tagged with
+// one at its source, and the timeline records each part's bytes at the peak, so the parts add up to
+// the peak exactly.
+enum class MemoryPart {
+  activations,  // the residual stream, token rows, kept tensors and a layer's own buffers (LayerBuffers)
+  workspaces,   // the ops' scratch: ring K/V and dK/dV, document bounds, attention merge parts and delta,
+                // the delta-rule kernels' workspaces, the fusion's row scalars, the loss head's logit chunks
+  gdn_maps,     // the GDN scan (gdn_scan_buffers): states, segment maps (gathered and kept), folded initial
+                // states, state gradients; and the conv halos (conv_halo_buffers)
+  cache,        // generation: the K/V and GDN cache and the decode engine's persistent buffers
+  outputs,      // hydra forward: the logits it returns (and, on the host, their assembly and the ids)
+};
+inline constexpr int kMemoryPartCount = 5;
+const char* memory_part_name(MemoryPart part);  // "activations", "workspaces", "GDN maps", "cache", "outputs"
+using MemoryParts = std::array<double, kMemoryPartCount>;  // bytes, indexed by MemoryPart
+
 // Live bytes over a replayed pass: hold() what the code allocates, release() what it frees; the
-// peak and where it was reached. Blocks are rounded as the device's allocator rounds them.
+// peak, where it was reached and what each part held then. Blocks are rounded as the device's
+// allocator rounds them.
 class MemoryTimeline {
  public:
   using Id = size_t;
   explicit MemoryTimeline(Device device) : device_(device) {}
-  Id hold(const BufferSpec& buffer, const char* what) { return hold_bytes(buffer.bytes(), what); }
-  Id hold_bytes(double bytes, const char* what);
+  Id hold(const BufferSpec& buffer, MemoryPart part, const char* what) { return hold_bytes(buffer.bytes(), part, what); }
+  Id hold_bytes(double bytes, MemoryPart part, const char* what);
   // A buffer on the host whatever the device (token rows, results read back): counted on the host path only.
-  Id hold_host(const BufferSpec& buffer, const char* what);
+  Id hold_host(const BufferSpec& buffer, MemoryPart part, const char* what);
   void release(Id id);
   void set_stage(std::string stage) { stage_ = std::move(stage); }
   Device device() const { return device_; }
   double live() const { return live_; }
   double peak() const { return peak_; }
+  const MemoryParts& peak_parts() const { return peak_parts_; }  // each part's bytes at the peak; they sum to peak()
   const std::string& peak_at() const { return peak_at_; }  // "layer 27 backward: d_conv"
 
  private:
+  struct Held {
+    double bytes;  // < 0: released
+    MemoryPart part;
+  };
   Device device_;
-  std::vector<double> held_;
+  std::vector<Held> held_;
+  MemoryParts live_parts_{}, peak_parts_{};
   double live_ = 0, peak_ = 0;
   std::string stage_, peak_at_;
 };
@@ -121,10 +147,15 @@ struct MemoryEstimate {
   double weights = 0;      // bytes held for the whole run: weights (a teacher's too), gradients and optimizer state
   double optimizer = 0;    // of which gradients, masters and moments (training plans; 0 elsewhere)
   double init_extra = 0;   // beyond `weights` while the model is built: the parameter set it is placed from
-  double activations = 0;  // beyond `weights` at the pass's peak
+  double activations = 0;  // beyond `weights` at the pass's peak: everything the pass holds, the sum of `parts`
+  MemoryParts parts{};     // `activations` by part (MemoryPart) at that peak
   std::string peak_at;     // where the pass peaks
+  double part(MemoryPart p) const { return parts[static_cast<size_t>(p)]; }
+  // A buffer held through the whole pass (a command's outputs, the cache): on top of the peak, in its part.
+  void add(MemoryPart p, double bytes);
   double total() const { return weights + (init_extra > activations ? init_extra : activations); }
-  std::string describe() const;  // "22.6 GiB (weights 3.2, build 3.2, activations 19.4 at layer 0: GDN)"
+  // "22.6 GiB (weights 3.2, build 3.2, peak 19.4: activations 12.1, workspaces 4.0, GDN maps 3.3, at layer 0 forward: GDN conv)"
+  std::string describe() const;
 };
 
 // Per-rank plan for a prefill of `local_tokens` rows on `world` ranks (model/prefill.cpp: the

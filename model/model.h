@@ -17,6 +17,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -44,9 +45,12 @@ class LayerObserver {
   virtual void on_head_outputs(int64_t layer, const TensorView& o, std::span<const int> head_of) = 0;
 };
 
+// What a pass runs on. Every mode but decode reads the sequence's layout over the ranks; a decode
+// step's rows are the cache's (KvCache::begin_decode), so its context has none (run_layers checks
+// that the layout is there exactly when the mode is not LayerMode::decode).
 struct ForwardContext {
   Communicator& comm;
-  SequenceLayout layout;
+  std::optional<SequenceLayout> layout = {};
   LayerObserver* observer = nullptr;
   PhaseTimer* timer = nullptr;                      // per-phase timing (prefill), optional
   std::function<void(int64_t layer)> after_layer = {};  // progress / watchdog hook, optional
@@ -55,6 +59,8 @@ struct ForwardContext {
   // Generation (model/kv_cache.h): a prefill forward fills the cache; Model::decode_step reads and
   // extends it. The layer calls its hooks; null: no cache.
   KvCache* cache = nullptr;
+  // The layout, for the modes that read one (HYDRA_ASSERT that there is one).
+  const SequenceLayout& sequence() const;
 };
 
 // The runtime tensors of one layer (model/weight_layout.h), or their gradients (same shapes, in

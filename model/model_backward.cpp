@@ -55,7 +55,7 @@ void Model::layer_backward(ForwardContext& context, int64_t layer, const Tensor&
                            const TensorView& dx, LayerWeights& grads, InputGradient input_gradient) const {
   const LayerWeights& w = layers_at(layer);
   const ProjectionColumns& col = layout(layer).columns;
-  const SequenceLayout& seq = context.layout;
+  const SequenceLayout& seq = context.sequence();
   PhaseTimer* timer = context.timer;
   const int64_t t = seq.local_length(), D = config_.hidden_size, H = config_.num_heads, d = config_.head_dim;
   const int64_t I = config_.intermediate_size, hfa = w.h_fa, gfa = w.g_fa, hg = w.h_gdn;

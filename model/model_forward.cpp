@@ -49,6 +49,11 @@ void check_pass(const LayerPass& pass, const ForwardContext& context, int64_t la
 
 }  // namespace
 
+const SequenceLayout& ForwardContext::sequence() const {
+  HYDRA_ASSERT(layout.has_value(), "a pass that reads the sequence layout was given none (only decode runs without)");
+  return *layout;
+}
+
 const char* layer_mode_name(LayerMode mode) {
   switch (mode) {
     case LayerMode::forward: return "forward";
@@ -95,7 +100,7 @@ Tensor Model::forward(ForwardContext& context, const TensorView& ids) const {
 }
 
 Tensor Model::forward_residual(ForwardContext& context, const TensorView& ids) const {
-  const SequenceLayout& layout = context.layout;
+  const SequenceLayout& layout = context.sequence();
   expect_shape(ids, "token ids", {{"T_loc", layout.local_length()}});
   HYDRA_ASSERT(context.comm.size() == layout.world_size() && context.comm.rank() == layout.rank(),
                "layout for rank {}/{} used on rank {}/{}", layout.rank(), layout.world_size(), context.comm.rank(),
@@ -113,6 +118,9 @@ Tensor Model::forward_residual(ForwardContext& context, const TensorView& ids) c
 void Model::run_layers(ForwardContext& context, LayerMode mode, const Tensor& positions, const TensorView& x,
                        std::span<LayerSaved> saved, const std::function<void(int64_t layer)>& hook) const {
   HYDRA_ASSERT(mode != LayerMode::replay, "run_layers runs forward modes; a replay is one layer's backward");
+  HYDRA_ASSERT(context.layout.has_value() == (mode != LayerMode::decode),
+               "a {} pass {} a sequence layout (decode has none, every other mode one)", layer_mode_name(mode),
+               context.layout ? "with" : "without");
   HYDRA_ASSERT((mode == LayerMode::save) == (static_cast<int64_t>(saved.size()) == config_.num_layers),
                "a {} pass over {} layers with {} saved slots", layer_mode_name(mode), config_.num_layers, saved.size());
   for (int64_t l = 0; l < config_.num_layers; ++l) {
@@ -132,8 +140,8 @@ void Model::layer_forward(ForwardContext& context, int64_t layer, const Tensor& 
 
 void Model::run_layer(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x,
                       const LayerPass& pass) const {
-  if (pass.mode != LayerMode::decode) {  // a decode step's rows are the cache's, not the layout's
-    expect_shape(x, "residual stream", {{"T_loc", context.layout.local_length()}, {"D", config_.hidden_size}});
+  if (pass.mode != LayerMode::decode) {  // a decode step's rows are the cache's, not a layout's
+    expect_shape(x, "residual stream", {{"T_loc", context.sequence().local_length()}, {"D", config_.hidden_size}});
   }
   maybe_inject_fault("layer");
   if (pass.mode == LayerMode::save) pass.save->input = clone(x);
@@ -210,7 +218,7 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
     } else {  // forward, save, prefill: ring attention over the sequence
       o_acc = b.fa_acc.empty(device_);
       Tensor lse = b.fa_lse.empty(device_);
-      ring_attention(context.comm, context.layout, o_acc, lse, fa_q, fa_k, head_columns(pv, col.fa_v, gfa, d),
+      ring_attention(context.comm, context.sequence(), o_acc, lse, fa_q, fa_k, head_columns(pv, col.fa_v, gfa, d),
                      attention_params(layer), timer);
       if (mode == LayerMode::prefill) cache->store_kv(layer, fa_k, head_columns(pv, col.fa_v, gfa, d));
       attn = o_acc.view();
@@ -239,7 +247,7 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
     if (mode == LayerMode::decode) {  // the new rows' conv reads (and advances) the cached tail
       cache->conv_step(layer, conv, inv_norm, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv, gdn_qk_params(hg));
     } else {
-      causal_conv_sequence_parallel(context.comm, context.layout, conv, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv,
+      causal_conv_sequence_parallel(context.comm, context.sequence(), conv, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv,
                                     timer, &finish);
       if (mode == LayerMode::prefill) cache->store_conv_tail(layer, pv.narrow(1, col.gdn_qkv, 3 * hg * d));
     }
@@ -259,9 +267,9 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
       ScopedPhase phase(timer, Phase::gdn);
       cache->gdn_step(layer, out, q, k, v, g, beta, delta_rule_params());
     } else if (mode == LayerMode::replay) {
-      gdn_sequence_parallel_recompute(context.layout, replay->gdn, out, q, k, v, g, beta, delta_rule_params(), timer);
+      gdn_sequence_parallel_recompute(context.sequence(), replay->gdn, out, q, k, v, g, beta, delta_rule_params(), timer);
     } else {  // forward, save, prefill: the sequence-parallel scan (a prefill keeps the final state)
-      gdn_sequence_parallel(context.comm, context.layout, out, q, k, v, g, beta, delta_rule_params(), timer,
+      gdn_sequence_parallel(context.comm, context.sequence(), out, q, k, v, g, beta, delta_rule_params(), timer,
                             mode == LayerMode::save ? &save->gdn : nullptr,
                             mode == LayerMode::prefill ? cache->final_state(layer) : TensorView());
       if (mode == LayerMode::save && context.keep.gdn_outputs) {

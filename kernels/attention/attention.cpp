@@ -279,7 +279,8 @@ void attention_forward(const TensorView& out, const TensorView& lse, const Tenso
   }
   if (p.output == AttentionOutput::merge) {
     // CPU: compute this block on its own, then merge; the CUDA kernel merges in its epilogue.
-    Tensor part = Tensor::empty(out.shape(), out.dtype()), part_lse = Tensor::empty(lse.shape(), lse.dtype());
+    const AttentionMergeBuffers spec = attention_merge_buffers(out.size(0), out.size(1), out.size(2), out.dtype());
+    Tensor part = spec.part.empty(Device::host), part_lse = spec.part_lse.empty(Device::host);
     AttentionParams fresh = p;
     fresh.output = AttentionOutput::overwrite;
     attention_forward(part, part_lse, q, k, v, fresh);
@@ -288,6 +289,10 @@ void attention_forward(const TensorView& out, const TensorView& lse, const Tenso
   }
   with_host_float({{out, "out"}, {lse, "lse"}, {q, "q"}, {k, "k"}, {v, "v"}},
                   [&](auto zero) { attention_forward_cpu<decltype(zero)>(out, lse, q, k, v, p); });
+}
+
+AttentionMergeBuffers attention_merge_buffers(int64_t tq, int64_t hq, int64_t dv, DType acc) {
+  return {.part = {{tq, hq, dv}, acc}, .part_lse = {{hq, tq}, acc}};
 }
 
 void attention_merge(const TensorView& out, const TensorView& lse, const TensorView& part_out,

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <span>
 
+#include "runtime/buffer_spec.h"
 #include "runtime/tensor.h"
 
 namespace hydra::ops {
@@ -60,6 +61,16 @@ struct AttentionParams {
 // merge accumulator), d = dv ∈ {64, 128}, rows 16-byte aligned.
 void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                        const TensorView& v, const AttentionParams& params);
+
+// What attention_forward with AttentionOutput::merge allocates on the host: the CPU computes the
+// block on its own into these, then merges them (attention_merge); the CUDA kernel merges in its
+// epilogue and allocates nothing. For out [Tq, Hq, dv] of type `acc` (the ring's merge
+// accumulator); the memory plan prices the same (model/memory_plan.cpp).
+struct AttentionMergeBuffers {
+  BufferSpec part;      // [Tq, Hq, dv], acc
+  BufferSpec part_lse;  // [Hq, Tq], acc
+};
+AttentionMergeBuffers attention_merge_buffers(int64_t tq, int64_t hq, int64_t dv, DType acc);
 
 // Merges a partial result into the running one, in place: (out, lse) ← merge((out, lse), (part_out, part_lse)).
 // out/part_out [Tq, Hq, dv], lse/part_lse [Hq, Tq].

@@ -117,7 +117,7 @@ LossSums sequence_gradients(ForwardContext& context, const Model& model, const T
   HYDRA_ASSERT(objective != Objective::distillation || teacher, "distillation without a teacher");
   const TensorView ids = rows.ids, targets = rows.targets;
   const std::span<const uint8_t> answer = rows.answer;
-  const int64_t t = context.layout.local_length(), D = model.config().hidden_size;
+  const int64_t t = context.sequence().local_length(), D = model.config().hidden_size;
   const int64_t layers = model.config().num_layers;
   Tensor teacher_hidden;
   if (objective == Objective::distillation) teacher_hidden = teacher->forward(context, ids);
@@ -129,7 +129,7 @@ LossSums sequence_gradients(ForwardContext& context, const Model& model, const T
                : distillation_head(model, *teacher, hidden, teacher_hidden, targets, grad_scale, TensorView(), none,
                                    answer);
   }
-  const Tensor positions = model.positions(context.layout);
+  const Tensor positions = model.positions(context.sequence());
   Tensor x = model.embed(ids);
   std::vector<LayerSaved> saved(static_cast<size_t>(layers));
   model.run_layers(context, LayerMode::save, positions, x, saved);
@@ -157,11 +157,11 @@ LossSums sequence_gradients(ForwardContext& context, const Model& model, const T
 LossSums alignment_gradients(ForwardContext& context, const Model& student, const Model& teacher,
                              const TensorView& ids, double grad_scale, ModelTensors* grads,
                              std::vector<double>* layer_loss) {
-  const int64_t t = context.layout.local_length(), D = student.config().hidden_size;
+  const int64_t t = context.sequence().local_length(), D = student.config().hidden_size;
   const int64_t layers = student.config().num_layers;
   HYDRA_ASSERT(teacher.config().num_layers == layers && teacher.config().hidden_size == D,
                "alignment of a {}-layer student with a {}-layer teacher", layers, teacher.config().num_layers);
-  const Tensor positions = teacher.positions(context.layout);
+  const Tensor positions = teacher.positions(context.sequence());
   // The teacher's residual stream at every layer boundary: boundary[l] enters layer l.
   std::vector<Tensor> boundary;
   Tensor x = teacher.embed(ids);

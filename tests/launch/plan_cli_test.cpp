@@ -2,7 +2,8 @@
 // of hydrahead-8b on 141 GiB GPUs is recomputed here through estimate_training_memory /
 // estimate_prefill_memory with the arguments cmd_train and cmd_prefill pass: the printed figures are
 // those plans, the longest lengths fit under the commands' rule (below 95%) and one granule more
-// does not. ZeRO shows as the optimizer falling with the GPUs; bad input is a one-line error.
+// does not, and each part (weights, optimizer, the peak's activations, workspaces and GDN maps) is
+// the plan's. ZeRO shows as the optimizer falling with the GPUs; bad input is a one-line error.
 #include <nlohmann/json.hpp>
 
 #include "model/memory_plan.h"
@@ -14,6 +15,25 @@ namespace hydra::test {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// A row's parts (GiB) are the plan's at the length shown: weights, optimizer, and the peak by part,
+// which add up to it.
+void expect_parts(const nlohmann::json& shown, const MemoryEstimate& m, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_DOUBLE_EQ(shown.at("weights_gib").get<double>(), (m.weights - m.optimizer) / kGiB);
+  EXPECT_DOUBLE_EQ(shown.at("optimizer_gib").get<double>(), m.optimizer / kGiB);
+  EXPECT_DOUBLE_EQ(shown.at("activations_gib").get<double>(), m.part(MemoryPart::activations) / kGiB);
+  EXPECT_DOUBLE_EQ(shown.at("workspaces_gib").get<double>(), m.part(MemoryPart::workspaces) / kGiB);
+  EXPECT_DOUBLE_EQ(shown.at("gdn_maps_gib").get<double>(), m.part(MemoryPart::gdn_maps) / kGiB);
+  EXPECT_DOUBLE_EQ(shown.at("peak_gib").get<double>(), m.activations / kGiB);
+  EXPECT_DOUBLE_EQ(shown.at("build_gib").get<double>(), m.init_extra / kGiB);
+  EXPECT_DOUBLE_EQ(shown.at("total_gib").get<double>(), m.total() / kGiB);
+  EXPECT_NEAR(shown.at("activations_gib").get<double>() + shown.at("workspaces_gib").get<double>() +
+                  shown.at("gdn_maps_gib").get<double>(),
+              shown.at("peak_gib").get<double>(), 1e-9);
+  EXPECT_GT(shown.at("activations_gib").get<double>(), 0);
+  EXPECT_GT(shown.at("workspaces_gib").get<double>(), 0);
+}
 
 TEST(Plan, OneGpuRowsAreTheCommandsPlans) {
   const CommandResult r = hydra("plan --preset hydrahead-8b --gpus 8 --gpu-memory 141G --json");
@@ -38,12 +58,15 @@ TEST(Plan, OneGpuRowsAreTheCommandsPlans) {
     EXPECT_FALSE(fits_in(train(SequenceLayout::granularity(1), 1, 1), gpu));
   }
   EXPECT_DOUBLE_EQ(one.at("train").at("optimizer_gib").get<double>(), optimizer_bytes(c, Device::cuda, DType::f32, 1) / kGiB);
+  const int64_t t1_shown = one.at("train").at("seq_len").get<int64_t>();
+  expect_parts(one.at("train"), train(t1_shown, 1, 1), "1 GPU training");
   const int64_t p1 = one.at("prefill_longest").get<int64_t>();
   ASSERT_GT(p1, 0);
   EXPECT_TRUE(fits_in(estimate_prefill_memory(c, p1, 1, Device::cuda, false), gpu));
   EXPECT_FALSE(fits_in(estimate_prefill_memory(c, p1 + SequenceLayout::granularity(1), 1, Device::cuda, false), gpu));
   EXPECT_DOUBLE_EQ(one.at("prefill").at("total_gib").get<double>(),
                    estimate_prefill_memory(c, p1, 1, Device::cuda, false).total() / kGiB);
+  expect_parts(one.at("prefill"), estimate_prefill_memory(c, p1, 1, Device::cuda, false), "1 GPU prefill");
   // ZeRO over the world: the optimizer per rank falls with the GPUs, and on 8 the 8B model trains.
   const nlohmann::json& eight = rows[3];
   EXPECT_EQ(eight.at("gpus"), 8);
@@ -54,10 +77,17 @@ TEST(Plan, OneGpuRowsAreTheCommandsPlans) {
   const int64_t t8 = eight.at("train_longest").get<int64_t>();
   EXPECT_TRUE(fits_in(train(t8, 8, 8), gpu));
   EXPECT_FALSE(fits_in(train(t8 + SequenceLayout::granularity(8), 8, 8), gpu));
+  expect_parts(eight.at("train"), train(t8, 8, 8), "8 GPU training");
+  EXPECT_GT(eight.at("train").at("gdn_maps_gib").get<double>(), 0) << "kept GDN maps on 8 ranks";
+  const int64_t p8 = eight.at("prefill_longest").get<int64_t>();
+  expect_parts(eight.at("prefill"), estimate_prefill_memory(c, p8 / 8, 8, Device::cuda, false), "8 GPU prefill");
   // The table form prints the same rows.
   const CommandResult table = hydra("plan --preset hydrahead-8b --gpus 8 --gpu-memory 141G");
   ASSERT_EQ(table.exit_code, 0) << table.output;
   EXPECT_NE(table.output.find("GPUs of 141 GiB"), std::string::npos) << table.output;
+  for (const char* column : {"weights optim activ  work   GDN build  total", "weights activ  work   GDN build  total"}) {
+    EXPECT_NE(table.output.find(column), std::string::npos) << table.output;
+  }
 }
 
 TEST(Plan, BadInputIsAOneLineError) {

@@ -13,12 +13,14 @@
 
 #include <fmt/format.h>
 
+#include "kernels/delta_rule/delta_rule.h"
 #include "model/memory_plan.h"
 #include "model/model.h"
 #include "model/params.h"
 #include "model/prefill.h"
 #include "model/train/objective.h"
 #include "model/train/optimizer.h"
+#include "parallel/gdn_scan.h"
 #include "parallel/self_communicator.h"
 #include "runtime/host_memory.h"
 #include "tests/common/test_util.h"
@@ -226,6 +228,107 @@ TEST(MemoryPlan, ShardedOptimizerInTheTrainingPlan) {
   EXPECT_EQ(eight.optimizer, sharded);
   EXPECT_DOUBLE_EQ(one.weights - eight.weights, replicated - sharded);
   EXPECT_EQ(one.activations, eight.activations);
+}
+
+// The plan by part (MemoryPart: hydra plan's columns): each hold is tagged where the planner makes
+// it and the timeline records every part's bytes at the peak, so the parts add up to the peak
+// (`activations`) to the byte — for training and prefill, on 1, 2 and 8 ranks, host and cuda
+// element types, and models with and without GDN heads. What each part holds is checked against
+// the specs it comes from: a model without GDN heads has no GDN maps; on P > 1 ranks a training
+// step peaking in the last layer's backward still holds every GDN layer's kept maps and initial
+// states (gdn_scan_buffers); keeping the GDN outputs adds their bytes to the activations part only;
+// a peak inside the delta-rule kernel's workspace counts it as a workspace.
+double sum_of_parts(const MemoryEstimate& m) {
+  double sum = 0;
+  for (const double bytes : m.parts) sum += bytes;
+  return sum;
+}
+
+TEST(MemoryPlan, PartsAddUpToThePeak) {
+  for (const std::string preset : {"qwen3-tiny", "hydrahead-tiny", "hydrahead-1.7b"}) {
+    const ModelConfig c = preset_config(preset);
+    const bool has_gdn = c.is_hydra();
+    for (const Device device : {Device::host, Device::cuda}) {
+      for (const int p : {1, 2, 8}) {
+        const int64_t t = preset == "hydrahead-1.7b" ? 16384 : 2 * 96;  // per rank
+        const std::string what = fmt::format("{} on {} rank(s), {}", preset, p, device_name(device));
+        for (const KeptActivations keep : {KeptActivations{}, KeptActivations{.gdn_outputs = true, .projection = true}}) {
+          const MemoryEstimate train = estimate_training_memory(c, t, p, nullptr, device, false, keep);
+          SCOPED_TRACE(what + " training, peak at " + train.peak_at);
+          EXPECT_GT(train.activations, 0);
+          EXPECT_EQ(sum_of_parts(train), train.activations);
+          for (const double bytes : train.parts) EXPECT_GE(bytes, 0);
+          EXPECT_GT(train.part(MemoryPart::activations), 0);
+          EXPECT_EQ(train.part(MemoryPart::cache), 0);
+          EXPECT_EQ(train.part(MemoryPart::outputs), 0);
+          if (!has_gdn) {
+            EXPECT_EQ(train.part(MemoryPart::gdn_maps), 0);
+          }
+          const std::string last_backward = fmt::format("layer {} backward", c.num_layers - 1);
+          if (has_gdn && p > 1 && train.peak_at.rfind(last_backward, 0) == 0) {
+            double kept = 0;  // every GDN layer's own segments' M and initial states
+            for (int64_t l = 0; l < c.num_layers; ++l) {
+              const LayerLayout lay = layer_layout(c, l);
+              if (lay.h_gdn == 0) continue;
+              const GdnScanBuffers b = gdn_scan_buffers(p, 2, lay.h_gdn, c.head_dim, c.head_dim, DType::f32);
+              kept += b.kept_maps.bytes() + b.initial_states.bytes();
+            }
+            EXPECT_GE(train.part(MemoryPart::gdn_maps), kept);
+          }
+        }
+        const MemoryEstimate prefill = estimate_prefill_memory(c, t, p, device, true);
+        SCOPED_TRACE(what + " prefill, peak at " + prefill.peak_at);
+        EXPECT_EQ(sum_of_parts(prefill), prefill.activations);
+        EXPECT_GT(prefill.part(MemoryPart::activations), 0);
+        EXPECT_EQ(prefill.part(MemoryPart::cache) + prefill.part(MemoryPart::outputs), 0);
+        if (!has_gdn) {
+          EXPECT_EQ(prefill.part(MemoryPart::gdn_maps), 0);
+        }
+      }
+    }
+  }
+  // Kept GDN outputs, T·H_gdn·d per GDN layer in the storage type, are activations: at the same
+  // peak (the last layer's backward) only that part grows, by exactly their bytes.
+  const ModelConfig c = preset_config("hydrahead-1.7b");
+  const int64_t t = 65536;
+  const MemoryEstimate none = estimate_training_memory(c, t, 1, nullptr, Device::cuda, false);
+  const MemoryEstimate gdn = estimate_training_memory(c, t, 1, nullptr, Device::cuda, false, {.gdn_outputs = true});
+  ASSERT_EQ(none.peak_at, gdn.peak_at);
+  double outputs = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {  // every layer's, the last one's until its backward ends
+    outputs += BufferSpec{{t, layer_layout(c, l).h_gdn, c.head_dim}, DType::bf16}.bytes();
+  }
+  const double grown = gdn.part(MemoryPart::activations) - none.part(MemoryPart::activations);
+  EXPECT_EQ(grown, outputs) << none.describe() << " vs " << gdn.describe();
+  EXPECT_EQ(gdn.part(MemoryPart::workspaces), none.part(MemoryPart::workspaces));
+  EXPECT_EQ(gdn.part(MemoryPart::gdn_maps), none.part(MemoryPart::gdn_maps));
+  // A 512K prefill on one GPU peaks inside the GDN kernel's chunk workspace (delta_rule_prepare_buffers),
+  // which is a workspace: that part holds at least it.
+  const MemoryEstimate prefill = estimate_prefill_memory(c, 524288, 1, Device::cuda, false);
+  ASSERT_NE(prefill.peak_at.find("GDN chunk workspace"), std::string::npos) << prefill.describe();
+  int64_t h_gdn = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) h_gdn = std::max(h_gdn, layer_layout(c, l).h_gdn);
+  EXPECT_GE(prefill.part(MemoryPart::workspaces),
+            ops::delta_rule_prepare_buffers(524288, h_gdn, c.head_dim, true, false).bytes());
+  // describe() names the parts the command errors print.
+  EXPECT_NE(none.describe().find("activations"), std::string::npos) << none.describe();
+  EXPECT_NE(none.describe().find("workspaces"), std::string::npos) << none.describe();
+}
+
+// hydra forward's logits and generation's cache are held through the pass: on top of the peak, in
+// their own parts, so the parts still add up.
+TEST(MemoryPlan, OutputsAndCacheAreTheirOwnParts) {
+  const ModelConfig c = preset_config("hydrahead-tiny");
+  for (const Device device : {Device::host, Device::cuda}) {
+    const MemoryEstimate prefill = estimate_prefill_memory(c, 512, 2, device);
+    const MemoryEstimate forward = estimate_forward_memory(c, 1024, 512, 2, 0, device, true);
+    EXPECT_EQ(sum_of_parts(forward), forward.activations);
+    EXPECT_GT(forward.part(MemoryPart::outputs), 0);
+    EXPECT_EQ(forward.activations - prefill.activations, forward.part(MemoryPart::outputs));
+    const MemoryEstimate generation = estimate_generation_memory(c, {300, 500}, 64, 2, device, true);
+    EXPECT_EQ(sum_of_parts(generation), generation.activations);
+    EXPECT_GT(generation.part(MemoryPart::cache), 0);
+  }
 }
 
 TEST(MemoryPlan, RefusesWhatDoesNotFitWithTheEstimate) {

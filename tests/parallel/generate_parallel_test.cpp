@@ -101,7 +101,7 @@ TEST(Generate, CacheRowsAreSplitEvenly) {
     cache.begin_decode(std::vector<int64_t>{0});
     Tensor id = Tensor::empty({1}, DType::i32);
     id.data_as<int32_t>()[0] = static_cast<int32_t>(step % config.vocab_size);
-    ForwardContext decode{.comm = comm, .layout = {}, .cache = &cache};
+    ForwardContext decode{.comm = comm, .cache = &cache};
     model.decode_step(decode, id);
     cache.end_decode();
   }

@@ -44,6 +44,9 @@ void expect_plan(const MemoryEstimate& plan, double held, double peak, const std
   }
   expect_plan(plan.weights, held, what + " (held)");
   expect_plan(plan.activations, peak - held, what + " (activations)");
+  double parts = 0;  // the peak by part (hydra plan's columns) adds up to the measured peak too
+  for (const double bytes : plan.parts) parts += bytes;
+  EXPECT_EQ(parts, peak - held) << what << " (the parts: " << plan.describe() << ")";
 }
 
 TEST(MemoryPlan, SequenceParallelTrainingStepAndPrefill) {
