@@ -33,7 +33,7 @@ import random
 import re
 import string
 
-from build_niah_set import ADJECTIVES, NOUNS, snap, window
+from build_niah_set import ADJECTIVES, NOUNS, arrange, assemble
 
 FAMILIES = ("multiquery", "vartrack", "cwe", "fwe")
 HAS_DEPTH = {"multiquery": True, "vartrack": True, "cwe": False, "fwe": False}
@@ -48,28 +48,14 @@ def place(pieces, hay, starts, length, depth, head, needles, query, answer, othe
     needles: id lists, the primary (at the depth) first; other_points(fill) gives every needle's point
     (the primary's entry is replaced). At equal points the primary goes first when depth <= 50, else
     last (as NIAH's); with in_order the needles keep their list order. Returns the sample's fields."""
-    primary = 0
     fill = length - len(head) - sum(len(n) for n in needles) - len(query) - len(answer)
     if fill < 0:
         raise SystemExit(f"build_niah_set: length {length} is too short: the instruction, statements, query and "
                          f"answer take {length - fill} tokens")
-    text_window, window_starts = window(hay, starts, fill)
     points = other_points(fill)
-    points[primary] = round(depth * fill / 100)
-    points = [snap(p, fill, window_starts) for p in points]
-    tie = 0 if in_order else (-1 if depth <= 50 else 1)
-    order = sorted(range(len(needles)), key=lambda j: (points[j], tie if j == primary else 0, j))
-    ids, cursor, primary_position = list(head), 0, -1
-    for j in order:
-        ids += text_window[cursor:points[j]]
-        cursor = points[j]
-        if j == primary:
-            primary_position = len(ids)
-        ids += needles[j]
-    ids += text_window[cursor:fill]
-    ids += query
-    answer_start = len(ids)
-    ids += answer
+    points[0] = round(depth * fill / 100)
+    text_window, points, order = arrange(hay, starts, fill, points, depth, in_order)
+    ids, answer_start, primary_position = assemble(head, text_window, points, order, needles, query, answer)
     assert len(ids) == length, (len(ids), length)
     return dict(ids=ids, answer_start=answer_start, answer_length=len(answer), needle_position=primary_position)
 
