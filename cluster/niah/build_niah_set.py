@@ -241,19 +241,32 @@ def assemble(head, text_window, points, order, needles, query, answer):
     return ids, answer_start, primary_position
 
 
+def distinct(n, draw):
+    """n distinct results of draw(), in the order drawn (a repeat is drawn again)."""
+    out = []
+    while len(out) < n:
+        x = draw()
+        if x not in out:
+            out.append(x)
+    return out
+
+
+def draw_key(rng):
+    """A key "<adjective>-<noun>"."""
+    return f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
+
+
+def draw_value(rng, digits):
+    """A value: a number of `digits` digits, as text."""
+    return str(rng.randint(10 ** (digits - 1), 10**digits - 1))
+
+
 def build_sample(pieces, hay, starts, args, length, depth, index):
     rng = random.Random(f"{args.seed}/{args.task}/{length}/{index}")
     n_needles = {"single": 1, "multikey": 1 + args.distractors, "multivalue": args.values}[args.task]
     n_keys = n_needles if args.task == "multikey" else 1
-    keys, values = [], []
-    while len(keys) < n_keys:
-        key = f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
-        if key not in keys:
-            keys.append(key)
-    while len(values) < n_needles:
-        value = str(rng.randint(10 ** (args.digits - 1), 10**args.digits - 1))
-        if value not in values:
-            values.append(value)
+    keys = distinct(n_keys, lambda: draw_key(rng))
+    values = distinct(n_needles, lambda: draw_value(rng, args.digits))
     needles = [pieces.needle(keys[j if n_keys > 1 else 0], values[j]) for j in range(n_needles)]
     fractions = [rng.random() for _ in range(n_needles - 1)]  # the other needles' points, as fractions of F
     instruction = pieces.instruction()

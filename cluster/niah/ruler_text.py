@@ -33,7 +33,7 @@ import random
 import re
 import string
 
-from build_niah_set import ADJECTIVES, NOUNS, arrange, assemble
+from build_niah_set import arrange, assemble, distinct, draw_key, draw_value
 
 FAMILIES = ("multiquery", "vartrack", "cwe", "fwe")
 HAS_DEPTH = {"multiquery": True, "vartrack": True, "cwe": False, "fwe": False}
@@ -61,15 +61,8 @@ def place(pieces, hay, starts, length, depth, head, needles, query, answer, othe
 
 
 def multiquery(pieces, items, hay, starts, args, length, depth, rng):
-    keys, values = [], []
-    while len(keys) < args.queries:
-        key = f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
-        if key not in keys:
-            keys.append(key)
-    while len(values) < args.queries:
-        value = str(rng.randint(10 ** (args.digits - 1), 10 ** args.digits - 1))
-        if value not in values:
-            values.append(value)
+    keys = distinct(args.queries, lambda: draw_key(rng))
+    values = distinct(args.queries, lambda: draw_value(rng, args.digits))
     fractions = [rng.random() for _ in keys]
     head = pieces.ids("Some special magic numbers are hidden within the following text. Make sure to memorize them. "
                       "I will quiz you about the numbers afterwards.\n")
@@ -85,15 +78,8 @@ def variable(rng):
 
 
 def vartrack(pieces, items, hay, starts, args, length, depth, rng):
-    names, values = [], []
-    while len(names) < args.chains * (args.hops + 1):
-        name = variable(rng)
-        if name not in names:
-            names.append(name)
-    while len(values) < args.chains:
-        value = str(rng.randint(10 ** (args.digits - 1), 10 ** args.digits - 1))
-        if value not in values:
-            values.append(value)
+    names = distinct(args.chains * (args.hops + 1), lambda: variable(rng))
+    values = distinct(args.chains, lambda: draw_value(rng, args.digits))
     chains = [names[c * (args.hops + 1):(c + 1) * (args.hops + 1)] for c in range(args.chains)]
     needles, chain_of = [], []
     for c, chain in enumerate(chains):
@@ -204,11 +190,7 @@ def fwe(pieces, items, hay, starts, args, length, rng):
         mean_cost = sum(len(pieces.ids(" " + w)) for w in sample_words) / len(sample_words)
         room = length - len(head) - len(query)
         n_words = args.fwe_words or max(args.top_words + 1, int(room / mean_cost) // 4)
-        words = []
-        while len(words) < n_words:
-            w = coded_word(rng)
-            if w not in words:
-                words.append(w)
+        words = distinct(n_words, lambda: coded_word(rng))
         weights = [1.0 / (r + 1) ** args.zipf_alpha for r in range(n_words)]
         # The answer's token count depends on which words win: reserve the longest top words.
         reserve = len(items.answer(sorted(words, key=lambda w: -len(pieces.ids(" " + w)))[:args.top_words]))
