@@ -213,19 +213,60 @@ def snap(point, fill, starts):
     return int(starts[k]) if k >= 0 else point
 
 
+def arrange(hay, starts, fill, points, depth, in_order=False):
+    """The `fill`-token haystack window, the needles' insertion points in it (needle 0 the primary; a
+    point strictly inside moved back to its sentence's start) and the order to insert them in: by point,
+    and at equal points the primary first when depth <= 50, else last (in_order: the needles' order)."""
+    text_window, window_starts = window(hay, starts, fill)
+    points = [snap(p, fill, window_starts) for p in points]
+    tie = 0 if in_order else (-1 if depth <= 50 else 1)
+    order = sorted(range(len(points)), key=lambda j: (points[j], tie if j == 0 else 0, j))
+    return text_window, points, order
+
+
+def assemble(head, text_window, points, order, needles, query, answer):
+    """[head][text_window with needles[j] after its first points[j] tokens, inserted in `order`][query][answer]
+    as one id list. Returns it, the answer's start and the primary needle's (needle 0's) position."""
+    ids, cursor, primary_position = list(head), 0, -1
+    for j in order:
+        ids += text_window[cursor:points[j]]
+        cursor = points[j]
+        if j == 0:
+            primary_position = len(ids)
+        ids += needles[j]
+    ids += text_window[cursor:]
+    ids += query
+    answer_start = len(ids)
+    ids += answer
+    return ids, answer_start, primary_position
+
+
+def distinct(n, draw):
+    """n distinct results of draw(), in the order drawn (a repeat is drawn again)."""
+    out = []
+    while len(out) < n:
+        x = draw()
+        if x not in out:
+            out.append(x)
+    return out
+
+
+def draw_key(rng):
+    """A key "<adjective>-<noun>"."""
+    return f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
+
+
+def draw_value(rng, digits):
+    """A value: a number of `digits` digits, as text."""
+    return str(rng.randint(10 ** (digits - 1), 10**digits - 1))
+
+
 def build_sample(pieces, hay, starts, args, length, depth, index):
     rng = random.Random(f"{args.seed}/{args.task}/{length}/{index}")
     n_needles = {"single": 1, "multikey": 1 + args.distractors, "multivalue": args.values}[args.task]
     n_keys = n_needles if args.task == "multikey" else 1
-    keys, values = [], []
-    while len(keys) < n_keys:
-        key = f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
-        if key not in keys:
-            keys.append(key)
-    while len(values) < n_needles:
-        value = str(rng.randint(10 ** (args.digits - 1), 10**args.digits - 1))
-        if value not in values:
-            values.append(value)
+    keys = distinct(n_keys, lambda: draw_key(rng))
+    values = distinct(n_needles, lambda: draw_value(rng, args.digits))
     needles = [pieces.needle(keys[j if n_keys > 1 else 0], values[j]) for j in range(n_needles)]
     fractions = [rng.random() for _ in range(n_needles - 1)]  # the other needles' points, as fractions of F
     instruction = pieces.instruction()
@@ -238,25 +279,10 @@ def build_sample(pieces, hay, starts, args, length, depth, index):
         raise SystemExit(f"build_niah_set: length {length} is too short for task {args.task}: the instruction, "
                          f"needles, query and answer take {length - fill} tokens")
     points = [round(depth * fill / 100)] + [min(fill, int(f * (fill + 1))) for f in fractions]
-    text_window, window_starts = window(hay, starts, fill)
-    points = [snap(p, fill, window_starts) for p in points]
-    tie = -1 if depth <= 50 else 1
-    order = sorted(range(n_needles), key=lambda j: (points[j], tie if j == 0 else 0, j))
+    text_window, points, order = arrange(hay, starts, fill, points, depth)
     if args.task == "multivalue":
         query, answer = pieces.query_and_answer(keys[0], [values[j] for j in order])
-    ids = list(instruction)
-    cursor = 0
-    primary_position = -1
-    for j in order:
-        ids += text_window[cursor:points[j]]
-        cursor = points[j]
-        if j == 0:
-            primary_position = len(ids)
-        ids += needles[j]
-    ids += text_window[cursor:fill]
-    ids += query
-    answer_start = len(ids)
-    ids += answer
+    ids, answer_start, primary_position = assemble(instruction, text_window, points, order, needles, query, answer)
     assert len(ids) == length, (len(ids), length)
     return ids, answer_start, len(answer), primary_position
 

@@ -33,7 +33,7 @@ import random
 import re
 import string
 
-from build_niah_set import ADJECTIVES, NOUNS, snap, window
+from build_niah_set import arrange, assemble, distinct, draw_key, draw_value
 
 FAMILIES = ("multiquery", "vartrack", "cwe", "fwe")
 HAS_DEPTH = {"multiquery": True, "vartrack": True, "cwe": False, "fwe": False}
@@ -48,42 +48,21 @@ def place(pieces, hay, starts, length, depth, head, needles, query, answer, othe
     needles: id lists, the primary (at the depth) first; other_points(fill) gives every needle's point
     (the primary's entry is replaced). At equal points the primary goes first when depth <= 50, else
     last (as NIAH's); with in_order the needles keep their list order. Returns the sample's fields."""
-    primary = 0
     fill = length - len(head) - sum(len(n) for n in needles) - len(query) - len(answer)
     if fill < 0:
         raise SystemExit(f"build_niah_set: length {length} is too short: the instruction, statements, query and "
                          f"answer take {length - fill} tokens")
-    text_window, window_starts = window(hay, starts, fill)
     points = other_points(fill)
-    points[primary] = round(depth * fill / 100)
-    points = [snap(p, fill, window_starts) for p in points]
-    tie = 0 if in_order else (-1 if depth <= 50 else 1)
-    order = sorted(range(len(needles)), key=lambda j: (points[j], tie if j == primary else 0, j))
-    ids, cursor, primary_position = list(head), 0, -1
-    for j in order:
-        ids += text_window[cursor:points[j]]
-        cursor = points[j]
-        if j == primary:
-            primary_position = len(ids)
-        ids += needles[j]
-    ids += text_window[cursor:fill]
-    ids += query
-    answer_start = len(ids)
-    ids += answer
+    points[0] = round(depth * fill / 100)
+    text_window, points, order = arrange(hay, starts, fill, points, depth, in_order)
+    ids, answer_start, primary_position = assemble(head, text_window, points, order, needles, query, answer)
     assert len(ids) == length, (len(ids), length)
     return dict(ids=ids, answer_start=answer_start, answer_length=len(answer), needle_position=primary_position)
 
 
 def multiquery(pieces, items, hay, starts, args, length, depth, rng):
-    keys, values = [], []
-    while len(keys) < args.queries:
-        key = f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
-        if key not in keys:
-            keys.append(key)
-    while len(values) < args.queries:
-        value = str(rng.randint(10 ** (args.digits - 1), 10 ** args.digits - 1))
-        if value not in values:
-            values.append(value)
+    keys = distinct(args.queries, lambda: draw_key(rng))
+    values = distinct(args.queries, lambda: draw_value(rng, args.digits))
     fractions = [rng.random() for _ in keys]
     head = pieces.ids("Some special magic numbers are hidden within the following text. Make sure to memorize them. "
                       "I will quiz you about the numbers afterwards.\n")
@@ -99,15 +78,8 @@ def variable(rng):
 
 
 def vartrack(pieces, items, hay, starts, args, length, depth, rng):
-    names, values = [], []
-    while len(names) < args.chains * (args.hops + 1):
-        name = variable(rng)
-        if name not in names:
-            names.append(name)
-    while len(values) < args.chains:
-        value = str(rng.randint(10 ** (args.digits - 1), 10 ** args.digits - 1))
-        if value not in values:
-            values.append(value)
+    names = distinct(args.chains * (args.hops + 1), lambda: variable(rng))
+    values = distinct(args.chains, lambda: draw_value(rng, args.digits))
     chains = [names[c * (args.hops + 1):(c + 1) * (args.hops + 1)] for c in range(args.chains)]
     needles, chain_of = [], []
     for c, chain in enumerate(chains):
@@ -218,11 +190,7 @@ def fwe(pieces, items, hay, starts, args, length, rng):
         mean_cost = sum(len(pieces.ids(" " + w)) for w in sample_words) / len(sample_words)
         room = length - len(head) - len(query)
         n_words = args.fwe_words or max(args.top_words + 1, int(room / mean_cost) // 4)
-        words = []
-        while len(words) < n_words:
-            w = coded_word(rng)
-            if w not in words:
-                words.append(w)
+        words = distinct(n_words, lambda: coded_word(rng))
         weights = [1.0 / (r + 1) ** args.zipf_alpha for r in range(n_words)]
         # The answer's token count depends on which words win: reserve the longest top words.
         reserve = len(items.answer(sorted(words, key=lambda w: -len(pieces.ids(" " + w)))[:args.top_words]))

@@ -30,7 +30,6 @@ skipped (SKIP_RETURN_CODE); CMake's HYDRA_TORCH_PYTHON names the interpreter.
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -51,6 +50,8 @@ try:
 except ImportError as e:
     print(f"SKIPPED: {e.name} is not installed (the test needs torch, transformers, tokenizers, numpy and h5py)")
     sys.exit(SKIP)
+
+from hydra_testlib import hydra_logits, run  # noqa: E402 (it needs numpy and h5py, checked above)
 
 # What a transformers user runs, in a fresh interpreter: argv[1] a JSON job file, argv[2] the result file.
 CHILD = r'''
@@ -101,13 +102,6 @@ json.dump(results, open(sys.argv[2], "w"))
 '''
 
 
-def run(*args, env=None):
-    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        raise SystemExit(f"FAILED: {' '.join(map(str, args))}\n{r.stdout}{r.stderr}")
-    return r.stdout
-
-
 def train_tokenizer(folder):
     """A small BPE tokenizer (vocabulary under the tiny models' 256) with bos/eos/pad, saved as a
     transformers user's tokenizer folder (tokenizer.json + tokenizer_config.json)."""
@@ -124,15 +118,6 @@ def train_tokenizer(folder):
                                    pad_token="<|pad|>", unk_token="<|unk|>")
     fast.save_pretrained(folder)
     return tok
-
-
-def hydra_logits(hydra, model, ids, tmp):
-    tokens, out = tmp / "tokens.h5", tmp / "logits.h5"
-    with h5py.File(tokens, "w") as f:
-        f["input_ids"] = np.asarray(ids, dtype=np.int64)
-    run(hydra, "forward", "--model", model, "--input", tokens, "--output", out)
-    with h5py.File(out, "r") as f:
-        return f["logits"][...].astype(np.float64)
 
 
 def hydra_generate(hydra, model, prompts, eos, tmp):
@@ -201,7 +186,7 @@ def main():
             if has_code != remote:
                 print(f"FAILED: {name}: hydrahead.py {'missing from' if remote else 'in'} the folder")
                 ok = False
-            expected[name] = {"logits": hydra_logits(hydra, reference, ids, tmp),
+            expected[name] = {"logits": hydra_logits(hydra, reference, ids, tmp).astype(np.float64),
                               "generated": hydra_generate(hydra, reference, prompts, special["eos"], tmp)}
             job["models"][name] = {"folder": str(folder), "remote": remote,
                                    "logits_out": str(tmp / f"{name}-logits.npy")}

@@ -14,7 +14,6 @@ AutoModelForCausalLM finds the hybrid class. Without torch, numpy or h5py the te
 CTest reports as skipped (SKIP_RETURN_CODE); without transformers its checks are skipped with a line
 saying so.
 """
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,21 +29,7 @@ except ImportError as e:
     print(f"SKIPPED: {e.name} is not installed (the test needs torch, numpy and h5py)")
     sys.exit(SKIP)
 
-
-def run(*args):
-    r = subprocess.run([str(a) for a in args], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"FAILED: {' '.join(map(str, args))}\n{r.stdout}{r.stderr}")
-    return r.stdout
-
-
-def hydra_logits(hydra, model, ids, tmp):
-    tokens, out = tmp / "tokens.h5", tmp / "logits.h5"
-    with h5py.File(tokens, "w") as f:
-        f["input_ids"] = np.asarray(ids, dtype=np.int64)
-    run(hydra, "forward", "--model", model, "--input", tokens, "--output", out)
-    with h5py.File(out, "r") as f:
-        return torch.from_numpy(f["logits"][...])
+from hydra_testlib import hydra_logits, run  # noqa: E402 (it needs numpy and h5py, checked above)
 
 
 def relative_error(got, ref):
@@ -88,7 +73,7 @@ def main():
         for name, model in models.items():
             folder = tmp / f"{name}-hf"
             run(hydra, "export", "--model", model, "--out", folder)
-            ref = hydra_logits(hydra, model, ids, tmp)
+            ref = torch.from_numpy(hydra_logits(hydra, model, ids, tmp))
             m = hydrahead.load_model(folder, dtype=torch.float32)
             with torch.no_grad():
                 got = m(ids[None]).logits[0]

@@ -4,9 +4,11 @@
 // what the issue asks; bad input is one error line before any work and leaves no output.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <numeric>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -53,16 +55,61 @@ std::vector<std::vector<int32_t>> tokens_of(const std::vector<nlohmann::json>& l
   return out;
 }
 
+// The set-up the generate tests share: a hydrahead-tiny model (weights from weight_seed) and one
+// prompt file of `prompts` in the test's folder, and the generate command line over them, which
+// each test extends with its flags. A failed init throws (the test fails with hydra's output).
+struct GenerateSetup {
+  std::string hydra;
+  std::string model;
+  std::vector<std::vector<int32_t>> prompts;
+  std::string args;  // " generate --model M --prompt P --max-new-tokens N --device cpu"
+};
+
+GenerateSetup set_up(const TempDir& dir, int weight_seed, std::vector<std::vector<int32_t>> prompts, int max_new_tokens) {
+  GenerateSetup s{hydra_binary(), dir.file("m.h5"), std::move(prompts), ""};
+  const CommandResult init = run_command(s.hydra + " init --preset hydrahead-tiny --weight-seed " +
+                                         std::to_string(weight_seed) + " --out " + s.model);
+  if (init.exit_code != 0) throw std::runtime_error("hydra init failed: " + init.output);
+  std::vector<int32_t> all;
+  std::vector<int64_t> offsets = {0};
+  for (const auto& p : s.prompts) {
+    all.insert(all.end(), p.begin(), p.end());
+    offsets.push_back(static_cast<int64_t>(all.size()));
+  }
+  write_prompts(dir.file("p.h5"), all, offsets);
+  s.args = " generate --model " + s.model + " --prompt " + dir.file("p.h5") + " --max-new-tokens " +
+           std::to_string(max_new_tokens) + " --device cpu";
+  return s;
+}
+
+// hydra forward's logits over a prompt and the tokens generated after it, all but the last (the
+// full forward without a cache: another code path than generate's decode steps). row(i) is the
+// row generated token i was chosen from. A failed forward throws (the test fails with its output).
+struct ForwardRows {
+  Tensor logits;       // [T, vocab] f32
+  int64_t first = 0;   // the prompt's last position: the row of the first new token
+  int64_t vocab() const { return logits.size(1); }
+  const float* row(size_t i) const { return logits.data_as<float>() + (first + static_cast<int64_t>(i)) * vocab(); }
+};
+
+ForwardRows forward_rows(const TempDir& dir, const GenerateSetup& s, size_t prompt, const std::vector<int32_t>& tokens) {
+  if (tokens.empty()) throw std::runtime_error("forward_rows: no generated tokens");
+  std::vector<int32_t> seq = s.prompts[prompt];
+  seq.insert(seq.end(), tokens.begin(), tokens.end() - 1);
+  write_token_file(dir.file("seq.h5"), seq);
+  std::filesystem::remove(dir.file("logits.h5"));  // no stale rows from the previous prompt
+  const CommandResult f = run_command(s.hydra + " forward --model " + s.model + " --input " + dir.file("seq.h5") +
+                                      " --output " + dir.file("logits.h5"));
+  if (f.exit_code != 0) throw std::runtime_error("hydra forward failed: " + f.output);
+  return {H5File::open_read(dir.file("logits.h5")).read("logits"), static_cast<int64_t>(s.prompts[prompt].size()) - 1};
+}
+
 TEST(GenerateCli, GreedyEqualsForwardArgmaxAndRanksAgree) {
   const TempDir dir;
-  const std::string h = hydra_binary();
-  ASSERT_EQ(run_command(h + " init --preset hydrahead-tiny --weight-seed 4 --out " + dir.file("m.h5")).exit_code, 0);
   // Two prompts of 23 and 6 tokens.
-  std::vector<int32_t> a = ids_of(23, 1), b = ids_of(6, 2), both = a;
-  both.insert(both.end(), b.begin(), b.end());
-  write_prompts(dir.file("p.h5"), both, {0, 23, 29});
-  const std::string args = " generate --model " + dir.file("m.h5") + " --prompt " + dir.file("p.h5") +
-                           " --max-new-tokens 5 --device cpu";
+  const GenerateSetup s = set_up(dir, 4, {ids_of(23, 1), ids_of(6, 2)}, 5);
+  const std::string& h = s.hydra;
+  const std::string& args = s.args;
   const std::string out = " --out ";
   const CommandResult one = run_command(h + args + out + dir.file("one.jsonl"));
   ASSERT_EQ(one.exit_code, 0) << one.output;
@@ -79,20 +126,12 @@ TEST(GenerateCli, GreedyEqualsForwardArgmaxAndRanksAgree) {
   ASSERT_EQ(generated.size(), 2u);
   // hydra forward over prompt + all new tokens but the last: its arg-max at the prompt's last
   // position and after is the greedy sequence.
-  const std::vector<std::vector<int32_t>> prompts = {a, b};
   for (size_t p = 0; p < 2; ++p) {
     ASSERT_EQ(generated[p].size(), 5u);
-    std::vector<int32_t> seq = prompts[p];
-    seq.insert(seq.end(), generated[p].begin(), generated[p].end() - 1);
-    write_token_file(dir.file("seq.h5"), seq);
-    const CommandResult f = run_command(h + " forward --model " + dir.file("m.h5") + " --input " + dir.file("seq.h5") +
-                                        " --output " + dir.file("logits.h5"));
-    ASSERT_EQ(f.exit_code, 0) << f.output;
-    const Tensor logits = H5File::open_read(dir.file("logits.h5")).read("logits");
-    const int64_t vocab = logits.size(1), t0 = static_cast<int64_t>(prompts[p].size()) - 1;
+    const ForwardRows f = forward_rows(dir, s, p, generated[p]);
     for (size_t i = 0; i < generated[p].size(); ++i) {
-      const float* row = logits.data_as<float>() + (t0 + static_cast<int64_t>(i)) * vocab;
-      EXPECT_EQ(generated[p][i], std::max_element(row, row + vocab) - row) << "prompt " << p << " token " << i;
+      const float* row = f.row(i);
+      EXPECT_EQ(generated[p][i], std::max_element(row, row + f.vocab()) - row) << "prompt " << p << " token " << i;
     }
   }
   // Two ranks: the same tokens, greedy and sampled.
@@ -124,18 +163,11 @@ TEST(GenerateCli, GreedyEqualsForwardArgmaxAndRanksAgree) {
 // keeps its own sampling stream), and of one rank.
 TEST(GenerateCli, SequenceGroupsGiveTheWholeWorldsTokens) {
   const TempDir dir;
-  const std::string h = hydra_binary();
-  ASSERT_EQ(run_command(h + " init --preset hydrahead-tiny --weight-seed 4 --out " + dir.file("m.h5")).exit_code, 0);
-  std::vector<int32_t> all;
-  std::vector<int64_t> offsets = {0};
-  for (int i = 0; i < 5; ++i) {
-    const std::vector<int32_t> p = ids_of(17 + 5 * i, 10 + i);
-    all.insert(all.end(), p.begin(), p.end());
-    offsets.push_back(static_cast<int64_t>(all.size()));
-  }
-  write_prompts(dir.file("p.h5"), all, offsets);
-  const std::string args = " generate --model " + dir.file("m.h5") + " --prompt " + dir.file("p.h5") +
-                           " --max-new-tokens 4 --device cpu";
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 5; ++i) prompts.push_back(ids_of(17 + 5 * i, 10 + i));
+  const GenerateSetup s = set_up(dir, 4, prompts, 4);
+  const std::string& h = s.hydra;
+  const std::string& args = s.args;
   for (const std::string mode : {std::string(""), std::string(" --temperature 0.9 --top-k 40 --seed 3")}) {
     const CommandResult one = run_command(h + args + mode + " --out " + dir.file("one.jsonl"));
     ASSERT_EQ(one.exit_code, 0) << one.output;
@@ -166,35 +198,24 @@ TEST(GenerateCli, SequenceGroupsGiveTheWholeWorldsTokens) {
 // greedy's token is the first of them; --sp 2 on 4 ranks writes the same numbers.
 TEST(GenerateCli, LogprobsAreTheForwardsLogSoftmax) {
   const TempDir dir;
-  const std::string h = hydra_binary();
-  ASSERT_EQ(run_command(h + " init --preset hydrahead-tiny --weight-seed 5 --out " + dir.file("m.h5")).exit_code, 0);
-  const std::vector<int32_t> a = ids_of(19, 3), b = ids_of(9, 4);
-  std::vector<int32_t> both = a;
-  both.insert(both.end(), b.begin(), b.end());
-  write_prompts(dir.file("p.h5"), both, {0, 19, 28});
-  const std::string args = " generate --model " + dir.file("m.h5") + " --prompt " + dir.file("p.h5") +
-                           " --max-new-tokens 4 --device cpu --logprobs 3";
+  const GenerateSetup s = set_up(dir, 5, {ids_of(19, 3), ids_of(9, 4)}, 4);
+  const std::string& h = s.hydra;
+  const std::string args = s.args + " --logprobs 3";
   const CommandResult one = run_command(h + args + " --out " + dir.file("one.jsonl"));
   ASSERT_EQ(one.exit_code, 0) << one.output;
   const auto lines = json_lines(dir.file("one.jsonl"));
   ASSERT_EQ(lines.size(), 3u);
-  const std::vector<std::vector<int32_t>> prompts = {a, b};
   for (size_t p = 0; p < 2; ++p) {
     const auto tokens = lines[p].at("tokens").get<std::vector<int32_t>>();
     const auto lps = lines[p].at("logprobs").get<std::vector<double>>();
     const auto top = lines[p].at("top_logprobs");
     ASSERT_EQ(lps.size(), tokens.size());
     ASSERT_EQ(top.size(), tokens.size());
-    std::vector<int32_t> seq = prompts[p];
-    seq.insert(seq.end(), tokens.begin(), tokens.end() - 1);
-    write_token_file(dir.file("seq.h5"), seq);
-    const CommandResult f = run_command(h + " forward --model " + dir.file("m.h5") + " --input " + dir.file("seq.h5") +
-                                        " --output " + dir.file("logits.h5"));
-    ASSERT_EQ(f.exit_code, 0) << f.output;
-    const Tensor logits = H5File::open_read(dir.file("logits.h5")).read("logits");
-    const int64_t vocab = logits.size(1), t0 = static_cast<int64_t>(prompts[p].size()) - 1;
+    ASSERT_EQ(tokens.size(), 4u);
+    const ForwardRows f = forward_rows(dir, s, p, tokens);
+    const int64_t vocab = f.vocab();
     for (size_t i = 0; i < tokens.size(); ++i) {
-      const float* row = logits.data_as<float>() + (t0 + static_cast<int64_t>(i)) * vocab;
+      const float* row = f.row(i);
       const float peak = *std::max_element(row, row + vocab);
       double sum = 0;
       for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - peak);
@@ -223,8 +244,7 @@ TEST(GenerateCli, LogprobsAreTheForwardsLogSoftmax) {
     ASSERT_EQ(x.size(), y.size());
     for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], y[i], 1e-4);
   }
-  const CommandResult bad = run_command(h + " generate --model " + dir.file("m.h5") + " --prompt " + dir.file("p.h5") +
-                                        " --max-new-tokens 4 --device cpu --logprobs 101 --out " + dir.file("bad.jsonl"));
+  const CommandResult bad = run_command(h + s.args + " --logprobs 101 --out " + dir.file("bad.jsonl"));
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.output.find("--logprobs must be in 0..100"), std::string::npos) << bad.output;
 }
@@ -236,20 +256,15 @@ TEST(GenerateCli, LogprobsAreTheForwardsLogSoftmax) {
 // (computed here from the rule); 2 ranks, and --sp 2 on 4 ranks, give the same tokens, also sampled.
 TEST(GenerateCli, RepetitionPenaltyStopsRepeats) {
   const TempDir dir;
-  const std::string h = hydra_binary();
-  ASSERT_EQ(run_command(h + " init --preset hydrahead-tiny --weight-seed 4 --out " + dir.file("m.h5")).exit_code, 0);
-  const std::vector<int32_t> a = ids_of(13, 1), b = ids_of(7, 2);
-  std::vector<int32_t> both = a;
-  both.insert(both.end(), b.begin(), b.end());
-  write_prompts(dir.file("p.h5"), both, {0, 13, 20});
-  const std::string args = " generate --model " + dir.file("m.h5") + " --prompt " + dir.file("p.h5") +
-                           " --max-new-tokens 12 --device cpu";
+  const GenerateSetup s = set_up(dir, 4, {ids_of(13, 1), ids_of(7, 2)}, 12);
+  const std::string& h = s.hydra;
+  const std::string& args = s.args;
   const CommandResult plain = run_command(h + args + " --out " + dir.file("plain.jsonl"));
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   const auto free_run = tokens_of(json_lines(dir.file("plain.jsonl")));
-  const std::vector<std::vector<int32_t>> prompts = {a, b};
+  ASSERT_EQ(free_run.size(), 2u);
   const auto repeats = [&](size_t p, const std::vector<int32_t>& tokens) {
-    std::vector<int32_t> seen = prompts[p];
+    std::vector<int32_t> seen = s.prompts[p];
     for (const int32_t t : tokens) {
       if (std::find(seen.begin(), seen.end(), t) != seen.end()) return true;
       seen.push_back(t);
@@ -268,24 +283,19 @@ TEST(GenerateCli, RepetitionPenaltyStopsRepeats) {
   for (size_t p = 0; p < 2; ++p) {
     ASSERT_EQ(penalized[p].size(), 12u);
     EXPECT_FALSE(repeats(p, penalized[p])) << "prompt " << p << ": a token repeats despite the penalty";
-    std::vector<int32_t> seq = prompts[p];
-    seq.insert(seq.end(), penalized[p].begin(), penalized[p].end() - 1);
-    write_token_file(dir.file("seq.h5"), seq);
-    const CommandResult f = run_command(h + " forward --model " + dir.file("m.h5") + " --input " + dir.file("seq.h5") +
-                                        " --output " + dir.file("logits.h5"));
-    ASSERT_EQ(f.exit_code, 0) << f.output;
-    const Tensor logits = H5File::open_read(dir.file("logits.h5")).read("logits");
-    const int64_t vocab = logits.size(1), t0 = static_cast<int64_t>(prompts[p].size()) - 1;
+    const ForwardRows f = forward_rows(dir, s, p, penalized[p]);
+    const int64_t vocab = f.vocab();
+    // The tokens seen before new token i: the prompt's, then each new token once it is chosen.
+    std::vector<bool> seen(static_cast<size_t>(vocab), false);
+    for (const int32_t t : s.prompts[p]) seen[static_cast<size_t>(t)] = true;
     for (size_t i = 0; i < penalized[p].size(); ++i) {
-      const float* r = logits.data_as<float>() + (t0 + static_cast<int64_t>(i)) * vocab;
-      std::vector<float> row(r, r + vocab);
-      std::vector<bool> seen(static_cast<size_t>(vocab), false);
-      for (size_t j = 0; j < prompts[p].size() + i; ++j) seen[static_cast<size_t>(seq[j])] = true;
+      std::vector<float> row(f.row(i), f.row(i) + vocab);
       for (int64_t v = 0; v < vocab; ++v) {
         float& x = row[static_cast<size_t>(v)];
         if (seen[static_cast<size_t>(v)]) x = x < 0 ? x * static_cast<float>(penalty) : x / static_cast<float>(penalty);
       }
       EXPECT_EQ(penalized[p][i], std::max_element(row.begin(), row.end()) - row.begin()) << "prompt " << p << " token " << i;
+      seen[static_cast<size_t>(penalized[p][i])] = true;
     }
   }
   EXPECT_NE(penalized[0], free_run[0]);
