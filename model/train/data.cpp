@@ -71,14 +71,14 @@ std::vector<DataSource> parse_data_sources(const std::string& list, const char* 
     item.erase(0, item.find_first_not_of(" \t"));
     item.erase(item.find_last_not_of(" \t") + 1);
     if (item.empty()) continue;
-    DataSource source{item, -1};
+    DataSource source{.path = item, .weight = -1, .identity = {}};
     if (const size_t colon = item.rfind(':'); colon != std::string::npos) {
       const std::string suffix = item.substr(colon + 1);
       char* stop = nullptr;
       const double w = std::strtod(suffix.c_str(), &stop);
       if (!suffix.empty() && stop == suffix.c_str() + suffix.size()) {
         HYDRA_USER_CHECK(std::isfinite(w) && w > 0, "{} {}: the weight {} must be a positive number", flag, item, suffix);
-        source = DataSource{item.substr(0, colon), w};
+        source = DataSource{.path = item.substr(0, colon), .weight = w, .identity = {}};
       }
     }
     out.push_back(source);

@@ -106,10 +106,10 @@ TEST(CudaOps, NormsRopeGatesFusionSwigluAdd) {
   // Fusion.
   Tensor fw = random_tensor({h, d}, 4), gamma = random_tensor({h}, 5);
   Tensor fy = Tensor::empty({t, h, d}, DType::f32);
-  ops::head_fusion(fy, r, {.weight = fw, .gamma = gamma}, {1e-6f});
+  ops::head_fusion(fy, r, {.weight = fw, .gamma = gamma, .gate = {}, .gate_bias = {}}, {1e-6f});
   Tensor fyg = Tensor::empty({t, h, d}, DType::bf16, Device::cuda);
   const Tensor gfw = gpu(fw, DType::f32), ggamma = gpu(gamma, DType::f32);
-  ops::head_fusion(fyg, rg, {.weight = gfw, .gamma = ggamma}, {1e-6f});
+  ops::head_fusion(fyg, rg, {.weight = gfw, .gamma = ggamma, .gate = {}, .gate_bias = {}}, {1e-6f});
   expect_close(host(fyg), fy, 1e-2, "head_fusion");
   // Gates.
   Tensor ab = rounded_to_bf16(random_tensor({t, 2 * h + 3}, 6, 3.0f)), alog = uniform_tensor({h}, 7, 0.0f, 2.7f),

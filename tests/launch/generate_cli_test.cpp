@@ -168,7 +168,7 @@ TEST(GenerateCli, SequenceGroupsGiveTheWholeWorldsTokens) {
   const GenerateSetup s = set_up(dir, 4, prompts, 4);
   const std::string& h = s.hydra;
   const std::string& args = s.args;
-  for (const std::string mode : {std::string(""), std::string(" --temperature 0.9 --top-k 40 --seed 3")}) {
+  for (const std::string& mode : {std::string(""), std::string(" --temperature 0.9 --top-k 40 --seed 3")}) {
     const CommandResult one = run_command(h + args + mode + " --out " + dir.file("one.jsonl"));
     ASSERT_EQ(one.exit_code, 0) << one.output;
     const CommandResult whole = run_command(mpirun(4) + " " + h + args + mode + " --sp 4 --out " + dir.file("sp4.jsonl"));
@@ -231,7 +231,9 @@ TEST(GenerateCli, LogprobsAreTheForwardsLogSoftmax) {
       for (size_t k = 0; k < 3; ++k) {
         EXPECT_EQ(top[i][k][0].get<int32_t>(), order[k]) << "prompt " << p << " token " << i << " rank " << k;
         EXPECT_NEAR(top[i][k][1].get<double>(), row[order[k]] - log_norm, 1e-4);
-        if (k > 0) EXPECT_LE(top[i][k][1].get<double>(), top[i][k - 1][1].get<double>());
+        if (k > 0) {
+          EXPECT_LE(top[i][k][1].get<double>(), top[i][k - 1][1].get<double>());
+        }
       }
     }
   }

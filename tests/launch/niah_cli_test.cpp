@@ -255,7 +255,9 @@ TEST_F(EvalNiah, RulerFamiliesRunBesideNiahAndPrintTheirTable) {
     EXPECT_LE(y[i]["recall"].get<double>(), 1.0);
   }
   for (const json& j : of_type(one, "cell")) {
-    if (j["task"] == "cwe" || j["task"] == "fwe") EXPECT_EQ(j["depth"], 0);
+    if (j["task"] == "cwe" || j["task"] == "fwe") {
+      EXPECT_EQ(j["depth"], 0);
+    }
   }
   const std::string& out = one.result.output;
   EXPECT_NE(out.find("RULER score (mean recall, %): tasks (rows) by length (columns)"), std::string::npos) << out;

@@ -117,7 +117,9 @@ TEST(CudaGenerate, GraphReplayedStepEqualsEagerStep) {
       eager.step(rows, ids, StepResult::logits);
       graph.step(rows, ids, StepResult::logits);
       EXPECT_EQ(graph.graph_launched(), step >= 1) << preset << " step " << step;
-      if (step >= 1) EXPECT_EQ(graph.fresh_blocks(), 0u) << preset << " step " << step;
+      if (step >= 1) {
+        EXPECT_EQ(graph.fresh_blocks(), 0u) << preset << " step " << step;
+      }
       const auto a = eager.logits(), b = graph.logits();
       ASSERT_EQ(a.size(), b.size());
       for (size_t i = 0; i < a.size(); ++i) {

@@ -114,7 +114,9 @@ TEST(Ruler, VariableTrackingAnswersEveryVariableHoldingTheValue) {
         EXPECT_EQ(std::set<Word>(answer.begin(), answer.end()), holds) << "depth " << depth << " index " << index;
         EXPECT_EQ(static_cast<int64_t>(answer.size()), p.hops + 1);
         // The chain's first statement sits at the depth: after round(depth·F/100) filler tokens.
-        if (depth == 0) EXPECT_EQ(s.needle_position, 0);
+        if (depth == 0) {
+          EXPECT_EQ(s.needle_position, 0);
+        }
       }
     }
   }

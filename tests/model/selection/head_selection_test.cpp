@@ -145,7 +145,9 @@ TEST(HeadSelection, GroupPatchingAndConcentrationFindTheOneHeadThatSuffices) {
   EXPECT_NEAR(s.layer_total[pl], 1.0, 0.05);
   EXPECT_NEAR(s.all_but_one[pl][ph], 0.0, 0.05);
   for (int64_t h = 0; h < m.config.num_heads; ++h) {
-    if (h != ph) EXPECT_NEAR(s.all_but_one[pl][h], 1.0, 0.05) << h;
+    if (h != ph) {
+      EXPECT_NEAR(s.all_but_one[pl][h], 1.0, 0.05) << h;
+    }
   }
   EXPECT_EQ(s.forwards, 2 * 3 + 2 + 2 * 4 * (3 + 2) + 2 * 5 * 3);
   const heads::Concentration c = heads::concentration(s.direct);

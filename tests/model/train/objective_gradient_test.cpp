@@ -130,7 +130,9 @@ TEST_F(ObjectiveGradient, DistillationHeadMatchesFiniteDifferences) {
     minus.data_as<double>()[i] -= h;
     const double fd = scale * (kl_sum(plus) - kl_sum(minus)) / (2 * h);
     EXPECT_NEAR(d_hidden.data_as<double>()[i], fd, 1e-6 * top) << "d_hidden[" << i << "]";
-    if (i / D == 4) EXPECT_EQ(d_hidden.data_as<double>()[i], 0.0) << "an uncounted row has no gradient";
+    if (i / D == 4) {
+      EXPECT_EQ(d_hidden.data_as<double>()[i], 0.0) << "an uncounted row has no gradient";
+    }
   }
   // The output projection's gradient, in checkpoint names (lm_head, or the tied embedding).
   const std::string head = student_config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
