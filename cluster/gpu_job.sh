@@ -10,8 +10,8 @@
 #  1. gets the binaries: unpacks the carried .device/dev.tar.xz into build/ when it is there (built
 #     on the development machine as cluster/results/h200-2026-12-07/run1.sh's header shows), else
 #     builds the --build targets with cluster/build.sh (HYDRA_BUILD_DIR=build);
-#  2. exports what every job needs (NCCL_NVLS_ENABLE=0, mpirun as root, unbuffered Python) and
-#     H=build/bin/hydra and R (the result folder, /tmp/NAME) to every command;
+#  2. exports what every job needs (NCCL_NVLS_ENABLE=0, mpirun as root, unbuffered Python,
+#     HYDRA_TEST_BINARY for the tests that run hydra) and H=build/bin/hydra and R (the result folder, /tmp/NAME) to every command;
 #  3. writes the GPU's name and driver into $R/gpu.txt;
 #  4. runs the jobs in order, each under `timeout` for the smaller of its SECONDS and the time left
 #     before the deadline (seconds since the harness started; a job with less than 10 s left is
@@ -40,6 +40,8 @@ jobs_file=${1:-}
 
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 export H=build/bin/hydra R=/tmp/$name
+# The CLI tests inside test_cuda run this hydra, not the build path compiled into them.
+export HYDRA_TEST_BINARY=$PWD/build/bin/hydra
 mkdir -p "$R"
 T0=$(date +%s)
 el() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$R/timeline.txt"; }
