@@ -140,15 +140,16 @@ __global__ void fusion_backward_rows_kernel(cuda::FloatRows dx, cuda::FloatRows 
   }
 }
 
-// d_w terms of the other variants: d_y o (c r) at (token t, column h·d + j).
+// d_y ⊙ o · s at (token t, column c = h·d + j), s a per-row scalar [T·H]: the d_w terms of the
+// variants (s = c r) and the terms of scale_norm's P (s = r).
 struct RowScaledTerm {
   cuda::FloatRows dy, o;  // [T, H, d] rows
-  const float* row_cr;    // [T·H]
+  const float* row_scale;  // [T·H]: s
   uint32_t heads, d;
   __device__ float operator()(int64_t t, int64_t c) const {
     const uint32_t h = static_cast<uint32_t>(c) / d, j = static_cast<uint32_t>(c) % d;
     const int64_t row = t * heads + h;
-    return dy.load(dy.offset(row) + j) * o.load(o.offset(row) + j) * row_cr[row];
+    return dy.load(dy.offset(row) + j) * o.load(o.offset(row) + j) * row_scale[row];
   }
 };
 
@@ -223,18 +224,6 @@ void variant_backward(const TensorView& d_o, const FusionTensors& grads, const T
                                                                    row_dgamma, row_ds, cuda::FloatRows{});
   HYDRA_CUDA_LAUNCH_CHECK();
 }
-
-// d_y ⊙ o r at (token t, column c = h·d + j): the terms of P.
-struct FusionTerm {
-  cuda::FloatRows dy, o;  // [T, H, d] rows
-  const float* rstd;      // [T·H]
-  uint32_t heads, d;
-  __device__ float operator()(int64_t t, int64_t c) const {
-    const uint32_t h = static_cast<uint32_t>(c) / d, j = static_cast<uint32_t>(c) % d;
-    const int64_t row = t * heads + h;
-    return dy.load(dy.offset(row) + j) * o.load(o.offset(row) + j) * rstd[row];
-  }
-};
 
 struct FusionFinish {
   float* d_weight;  // [H, d] with row stride dw_stride, or nullptr
@@ -358,7 +347,7 @@ void head_fusion_backward(const TensorView& d_o, const FusionTensors& grads, con
   if (want_p) {
     // Runs before d_o is written, because d_o may alias d_y.
     const Tensor rstd = rms_backward::row_rstd(fo, params.eps);
-    const FusionTerm term{fdy, fo, rstd.data_as<const float>(), static_cast<uint32_t>(heads), static_cast<uint32_t>(d)};
+    const RowScaledTerm term{fdy, fo, rstd.data_as<const float>(), static_cast<uint32_t>(heads), static_cast<uint32_t>(d)};
     cuda::reduce_columns(t_len, heads * d, term, finish);
     gamma_gradient();
   }
