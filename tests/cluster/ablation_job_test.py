@@ -12,26 +12,12 @@ Usage: ablation_job_test.py HYDRA_BINARY REPO_ROOT
 """
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print(f"FAILED: {what}")
-
-
-def fa_heads(info_path):
-    text = open(info_path).read()
-    return [[int(x) for x in m.group(1).replace(" ", "").split(",") if x]
-            for m in re.finditer(r"layer\s+\d+: FA heads \[([^\]]*)\]", text)]
+from hydra_testlib import check, failures, fa_heads
 
 
 def run_call(root, hydra, tmp, call, carry_in):

@@ -24,6 +24,7 @@ import string
 import subprocess
 import sys
 import tempfile
+from hydra_testlib import check, failures
 
 hydra, root = sys.argv[1], sys.argv[2]
 try:
@@ -35,15 +36,6 @@ except ImportError as e:
     sys.exit(77)
 
 script = os.path.join(root, "cluster", "niah", "build_niah_set.py")
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        print("FAIL " + what)
-        failures.append(what)
-    return ok
-
 
 rng = random.Random(5)
 WORDS = "the a of sky river stone light north quiet garden market winter morning city letter window story".split()

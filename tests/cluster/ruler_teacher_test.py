@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from hydra_testlib import check, failures
 
 try:
     import h5py  # noqa: F401
@@ -20,14 +21,6 @@ except ImportError as e:
 
 hydra, root = sys.argv[1], sys.argv[2]
 script = os.path.join(root, "cluster", "synth", "ruler_teacher.sh")
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print(f"FAILED: {what}")
-
 
 with tempfile.TemporaryDirectory() as d:
     out = os.path.join(d, "r")

@@ -30,14 +30,7 @@ hydra, root = sys.argv[1], sys.argv[2]
 tools = os.path.join(root, "cluster", "synth")
 sys.path.insert(0, tools)
 import report  # noqa: E402
-
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print(f"FAILED: {what}")
+from hydra_testlib import check, failures  # noqa: E402
 
 
 def run(args, expect=0):

@@ -20,14 +20,7 @@ sys.path.insert(0, os.path.join(root, "cluster", "synth"))
 import decide  # noqa: E402
 import plan as planmod  # noqa: E402
 import stats  # noqa: E402
-
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print(f"FAILED: {what}")
+from hydra_testlib import check, failures  # noqa: E402
 
 
 def close(a, b, tol):

@@ -20,25 +20,12 @@ import sys
 import tarfile
 import tempfile
 import xml.etree.ElementTree as ET
-
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print(f"FAILED: {what}")
+from hydra_testlib import check, failures, fa_heads
 
 
 def jsonl(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def fa_heads(info_path):
-    text = open(info_path).read()
-    return [[int(x) for x in m.group(1).replace(" ", "").split(",") if x]
-            for m in re.finditer(r"layer\s+\d+: FA heads \[([^\]]*)\]", text)]
 
 
 def main(hydra, root):
