@@ -12,10 +12,13 @@
 #
 #   ruler_teacher.sh --out DIR [--hydra BIN] [--init MODEL.h5|scratch] [--families LIST] [--steps N]
 #                    [--lengths 128,256,512] [--samples N] [--train-tokens 2M] [--jobs J]
+#                    [--vocab 256] [--batch-seqs 16] [--device cpu|cuda]
 #
 # --init: the model training starts from; default the CPU NIAH teacher of
 # cluster/results/synth-cpu-2026-12-07 (it copies a needle's value). From scratch (`scratch`) nothing
 # is learned in 600 steps (cwe recall below chance); cluster/results/cpu-2026-12-05-ruler has the runs.
+# --vocab must be the starting model's vocabulary (512 for the GPU teachers of cluster/synth/ablation_job.sh);
+# the first of --lengths is the training length.
 # The defaults are that folder's runs t1-t4 (its commands.sh is the record of what ran).
 #
 # DIR/<family>/: train.h5, heldout.h5 (data), run/ (hydra train: train.jsonl, checkpoints),
@@ -25,7 +28,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 H=build-cpu/bin/hydra OUT= INIT=$here/../results/synth-cpu-2026-12-07/teacher.h5 FAMILIES=multiquery,vartrack,cwe,fwe
-STEPS=600 LENGTHS=128,256,512 SAMPLES=100 JOBS=2 TRAIN_TOKENS=2M
+STEPS=600 LENGTHS=128,256,512 SAMPLES=100 JOBS=2 TRAIN_TOKENS=2M VOCAB=256 BATCH=16 DEVICE=cpu
 while [ $# -gt 0 ]; do
   case $1 in
     --out) OUT=$2; shift 2;;
@@ -37,15 +40,20 @@ while [ $# -gt 0 ]; do
     --samples) SAMPLES=$2; shift 2;;
     --train-tokens) TRAIN_TOKENS=$2; shift 2;;
     --jobs) JOBS=$2; shift 2;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0;;
+    --vocab) VOCAB=$2; shift 2;;
+    --batch-seqs) BATCH=$2; shift 2;;
+    --device) DEVICE=$2; shift 2;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0;;
     *) echo "ruler_teacher.sh: unknown argument '$1' (see --help)" >&2; exit 2;;
   esac
 done
 [ -n "$OUT" ] || { echo "ruler_teacher.sh: --out DIR is required" >&2; exit 2; }
 [ -x "$H" ] || { echo "ruler_teacher.sh: no hydra binary at $H (--hydra)" >&2; exit 2; }
 [ "$INIT" = scratch ] || [ -f "$INIT" ] || { echo "ruler_teacher.sh: --init $INIT: no such file" >&2; exit 2; }
-[[ "$STEPS" =~ ^[1-9][0-9]*$ && "$SAMPLES" =~ ^[1-9][0-9]*$ && "$JOBS" =~ ^[1-9][0-9]*$ ]] ||
-  { echo "ruler_teacher.sh: --steps, --samples and --jobs must be positive integers" >&2; exit 2; }
+[[ "$STEPS" =~ ^[1-9][0-9]*$ && "$SAMPLES" =~ ^[1-9][0-9]*$ && "$JOBS" =~ ^[1-9][0-9]*$ &&
+   "$VOCAB" =~ ^[1-9][0-9]*$ && "$BATCH" =~ ^[1-9][0-9]*$ ]] ||
+  { echo "ruler_teacher.sh: --steps, --samples, --jobs, --vocab and --batch-seqs must be positive integers" >&2; exit 2; }
+case $DEVICE in cpu|cuda) ;; *) echo "ruler_teacher.sh: --device is cpu or cuda (got '$DEVICE')" >&2; exit 2;; esac
 : "${K_multiquery:=--queries 2}"
 : "${K_vartrack:=--chains 2 --hops 1}"
 : "${K_cwe:=--key-length 1 --common-words 3 --common-freq 6 --uncommon-freq 2}"
@@ -67,16 +75,16 @@ family() {  # the whole recipe for one family
   case $f in multiquery|vartrack) cell=(--depths 0,25,50,75,100 --samples $(( (SAMPLES + 4) / 5 )));; esac
   mkdir -p "$d/evals"
   "$H" synth --task "$f" "${knobs[@]}" --loss answers --tokens "$TRAIN_TOKENS" \
-    --seq-len "$train_len" --vocab 256 --seed 11 --out "$d/train.h5" > "$d/synth.log" 2>&1
+    --seq-len "$train_len" --vocab "$VOCAB" --seed 11 --out "$d/train.h5" > "$d/synth.log" 2>&1
   "$H" synth --task "$f" "${knobs[@]}" --loss answers --tokens 16K --seq-len "$train_len" \
-    --vocab 256 --seed 12 --out "$d/heldout.h5" >> "$d/synth.log" 2>&1
+    --vocab "$VOCAB" --seed 12 --out "$d/heldout.h5" >> "$d/synth.log" 2>&1
   for L in "${lens[@]}"; do  # streams of the eval lengths, for the chance levels only
-    "$H" synth --task "$f" "${knobs[@]}" --tokens $((400 * L)) --seq-len "$L" --vocab 256 --seed 77 \
+    "$H" synth --task "$f" "${knobs[@]}" --tokens $((400 * L)) --seq-len "$L" --vocab "$VOCAB" --seed 77 \
       --out "$d/chance_$L.h5" >> "$d/synth.log" 2>&1
   done
   python3 "$here/ruler_chance.py" "$d"/chance_*.h5 > "$d/chance.jsonl"
   rm -rf "$d/run"
-  "$H" train --stage pretrain "${src[@]}" --seq-len "$train_len" --batch-seqs 16 --data "$d/train.h5" \
+  "$H" train --stage pretrain "${src[@]}" --seq-len "$train_len" --batch-seqs "$BATCH" --device "$DEVICE" --data "$d/train.h5" \
     --eval-data "$d/heldout.h5" --eval-windows 32 --eval-every 100 --steps "$STEPS" --lr 1e-3 --min-lr 1e-3 \
     --warmup $((STEPS < 20 ? STEPS : 20)) --save-every 300 --keep 4 --out-dir "$d/run" > "$d/train.log" 2>&1
   local model
@@ -84,7 +92,7 @@ family() {  # the whole recipe for one family
   for sc in teacher-forced generate; do
     local tag=tf; [ $sc = generate ] && tag=generate
     "$H" eval-niah --model "$model" --task "$f" "${knobs[@]}" --lengths "$LENGTHS" "${cell[@]}" --seed 1000 \
-      --device cpu --score $sc --out "$d/evals/$f.$tag.jsonl" > "$d/evals/$f.$tag.log" 2>&1
+      --device "$DEVICE" --score $sc --out "$d/evals/$f.$tag.jsonl" > "$d/evals/$f.$tag.log" 2>&1
   done
   echo "ruler_teacher.sh: $f done ($model)"
 }
