@@ -187,6 +187,19 @@ class Renderer:
         self.fail(f"{where}: a supervised example needs prompt and response, or messages")
 
 
+class InputError(Exception):
+    """A bad input met inside a worker process. A worker that raised SystemExit would die and leave
+    Pool.map waiting for its piece forever; an exception reaches the parent, which reports it."""
+
+
+def tokenize_piece_reporting(job):
+    """tokenize_piece with its one-line refusal (SystemExit) turned into an InputError for the parent."""
+    try:
+        return tokenize_piece(job)
+    except SystemExit as e:
+        raise InputError(str(e.code)) from None
+
+
 def tokenize_piece(job):
     """Tokenizes one piece into its shards; returns their (path, tokens, documents, counted)."""
     (index, (path, begin, end)), a = job
@@ -374,12 +387,20 @@ def main():
     if any(n.startswith("shard-") for n in os.listdir(a.out)):
         sys.exit(f"tokenize_text: {a.out} holds shards already: choose an empty folder")
     jobs = [((i, piece), a) for i, piece in enumerate(pieces_of(a.files, a.chunk_bytes))]
-    if a.processes > 1 and len(jobs) > 1:
-        import multiprocessing
-        with multiprocessing.get_context("spawn").Pool(min(a.processes, len(jobs))) as pool:
-            results = pool.map(tokenize_piece, jobs, chunksize=1)
-    else:
-        results = [tokenize_piece(j) for j in jobs]
+    try:
+        if a.processes > 1 and len(jobs) > 1:
+            import multiprocessing
+            with multiprocessing.get_context("spawn").Pool(min(a.processes, len(jobs))) as pool:
+                results = pool.map(tokenize_piece_reporting, jobs, chunksize=1)
+        else:
+            results = [tokenize_piece_reporting(j) for j in jobs]
+    except InputError as e:
+        # The folder held no shards when the run began: the ones there now are this run's, and a
+        # manifest was never written. Remove them so the same command runs again once the input is fixed.
+        for n in os.listdir(a.out):
+            if n.startswith("shard-"):
+                os.remove(os.path.join(a.out, n))
+        sys.exit(str(e))
     shards = [s for r in results for s in r]
     manifest = {"tokenizer": a.tokenizer, "vocab_size": tok.get_vocab_size(), "supervised": a.supervised,
                 "shards": [s[0] for s in shards], "tokens": [s[1] for s in shards], "documents": [s[2] for s in shards],

@@ -204,6 +204,29 @@ with tempfile.TemporaryDirectory() as d:
         failures.append(f"a message without a role: exit {r.returncode}, {err[-300:]!r}")
     else:
         print(f"a message without a role: {err}")
+    # A bad record met by a worker process (--processes 2, the record in the second of several pieces)
+    # is one line naming it, ends the run (it hung before: the worker died and its piece never came
+    # back), and leaves no shards, so the same command runs once the input is fixed.
+    bad_plain = os.path.join(d, "bad_plain.jsonl")
+    with open(bad_plain, "w") as f:
+        for i in range(300):
+            f.write(json.dumps({"text": sentence(i)}) + "\n")
+        f.write(json.dumps({"body": "no text field"}) + "\n")
+        for i in range(300):
+            f.write(json.dumps({"text": sentence(i)}) + "\n")
+    bad_out = os.path.join(d, "bad_plain_out")
+    try:
+        r = subprocess.run([sys.executable, script, "--tokenizer", tj, "--out", bad_out, "--chunk-bytes", "4K",
+                            "--processes", "2", bad_plain], capture_output=True, text=True, timeout=120)
+        err = r.stderr.strip()
+        left = sorted(os.listdir(bad_out)) if os.path.isdir(bad_out) else []
+        if not (r.returncode != 0 and err.startswith("tokenize_text: ") and "record" in err
+                and "no 'text' field" in err and len(err.splitlines()) == 1 and not left):
+            failures.append(f"a bad record in a worker: exit {r.returncode}, files {left}, {err[-300:]!r}")
+        else:
+            print(f"a bad record in a worker: {err}")
+    except subprocess.TimeoutExpired:
+        failures.append("a bad record in a worker: tokenize_text did not end within 120 s")
     counted = int(mask.sum())
     if m["counted"] != [counted]:
         failures.append(f"manifest counts {m['counted']}, the mask {counted}")
