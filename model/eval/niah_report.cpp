@@ -47,6 +47,7 @@ ordered_json cell_json(const Report& r, const CellResult& c) {
                       {"accuracy", c.accuracy()},
                       {"mean_recall", c.mean_recall},
                       {"mean_logprob", number_or_null(c.mean_logprob)},
+                      {"score", r.scoring},
                       {"seconds", c.seconds}};
 }
 

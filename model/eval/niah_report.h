@@ -5,7 +5,7 @@
 // JSON lines (--out), one object per line, each cell's sample lines followed by its cell line:
 //   {"type":"sample","task","length","depth","sample","correct","recall","logprob","answer_start",
 //    "answer_length","needle_position","answer":[ids],"predicted":[ids],"seconds"}
-//   {"type":"cell","task","length","depth","samples","correct","accuracy","mean_recall","mean_logprob","seconds"}
+//   {"type":"cell","task","length","depth","samples","correct","accuracy","mean_recall","mean_logprob","score","seconds"}
 // `logprob` is the answer's log-probability (natural log, summed over its tokens); a non-finite
 // value is written as null (eval-niah stops at one instead, model/nonfinite.h). `predicted` holds
 // the arg-max at each answer position (−1: invalid row) when teacher-forced, the generated tokens

@@ -227,6 +227,9 @@ TEST_F(EvalNiah, GenerationScoringGivesTheTeacherForcedVerdicts) {
       EXPECT_EQ(recall, 1.0) << i;
     }
   }
+  // The JSON lines say how they were scored (files of both scorings are merged by scripts).
+  for (const json& j : of_type(tf, "cell")) EXPECT_EQ(j["score"], "teacher-forced");
+  for (const json& j : of_type(gen, "cell")) EXPECT_EQ(j["score"], "generate");
   EXPECT_EQ(H5File::open_read(dir_->file("gen.h5")).string_attribute("scoring"), "generate");
   EXPECT_EQ(H5File::open_read(dir_->file("gen.h5")).read("sample_recall").numel(), 24);
 }
