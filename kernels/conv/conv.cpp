@@ -23,7 +23,8 @@ const T* input_row(const TensorView& x, const TensorView& prefix, int64_t src, i
 }
 
 // Row pointers of the input with its halo: rows[src + K − 1] for src in [−(K − 1), T). Looked up
-// once a call, not once an element (the per-element lookup was a tenth of a CPU NIAH evaluation).
+// once a call, not once an element (per element, the lookups made a 1-rank CPU NIAH evaluation
+// take 0.89 s of CPU where it now takes 0.70).
 template <class T>
 std::vector<const T*> input_rows(const TensorView& x, const TensorView& prefix, int64_t kernel) {
   std::vector<const T*> rows(static_cast<size_t>(x.size(0) + kernel - 1));
