@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# t8-t10 (second session of 2026-12-05): the lookup families from a teacher that has a key lookup, on
+# t8-t11 (second session of 2026-12-05): the lookup families from a teacher that has a key lookup, on
 # the CPU. TEACHER is the GPU ablation job's qwen3-synth teacher (4.2M parameters, vocabulary 512,
 # sha256 f117820d1bf98aff84c2837fc1613125fad3409835f509aafeafaf32f20d3e60; cluster/synth/ablation_job.sh
 # trains it, ../h200-2026-12-05-ablation/teacher/commands.sh), H hydra built with -DHYDRA_CUDA=OFF at
@@ -37,7 +37,18 @@ for sc in teacher-forced generate; do
   $H eval-niah --model $d/run4/step-000100/model.h5 --task vartrack "${knobs[@]}" --lengths 256,512,1024 \
     --depths 0,25,50,75,100 --samples 20 --seed 1000 --device cpu --score $sc --out evals/t10_vartrack_4m.$tag.jsonl
 done
+# t11: t9 with 64 windows a step from the start (2 data-parallel ranks of 32), a stream for 400 such steps.
+$H synth --task vartrack "${knobs[@]}" --loss answers --tokens 8M --seq-len 256 --vocab 512 --seed 16 --out $d/train11.h5
+mpirun -np 2 $H train --stage pretrain --model $TEACHER --seq-len 256 --batch-seqs 32 --device cpu \
+  --data $d/train11.h5 --eval-data $d/heldout.h5 --eval-windows 32 --eval-every 100 --steps 400 --sp 1 --lr 1e-3 --min-lr 1e-3 \
+  --warmup 20 --save-every 100 --keep 4 --out-dir $d/run11 > $d/train11.log 2>&1
+for sc in teacher-forced generate; do
+  tag=tf; [ $sc = generate ] && tag=generate
+  $H eval-niah --model $d/run11/step-000400/model.h5 --task vartrack "${knobs[@]}" --lengths 256,512,1024 \
+    --depths 0,25,50,75,100 --samples 20 --seed 1000 --device cpu --score $sc --out evals/t11_vartrack_4m_b64.$tag.jsonl
+done
 python3 cluster/synth/ruler_report.py --chance chance_4m.jsonl --json table_4m.json \
   t8_multiquery_4m=evals/t8_multiquery_4m.tf.jsonl t8_multiquery_4m=evals/t8_multiquery_4m.generate.jsonl \
   t9_vartrack_4m=evals/t9_vartrack_4m.tf.jsonl t9_vartrack_4m=evals/t9_vartrack_4m.generate.jsonl \
-  t10_vartrack_4m=evals/t10_vartrack_4m.tf.jsonl t10_vartrack_4m=evals/t10_vartrack_4m.generate.jsonl > table_4m.md
+  t10_vartrack_4m=evals/t10_vartrack_4m.tf.jsonl t10_vartrack_4m=evals/t10_vartrack_4m.generate.jsonl \
+  t11_vartrack_4m_b64=evals/t11_vartrack_4m_b64.tf.jsonl t11_vartrack_4m_b64=evals/t11_vartrack_4m_b64.generate.jsonl > table_4m.md
