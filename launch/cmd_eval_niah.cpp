@@ -177,7 +177,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   po::options_description desc("hydra eval-niah");
   opt.bind(desc);
   if (!parse_command_line(app, "eval-niah",
-                          "(--model FILE.h5 | --preset NAME) (--lengths 4K,16K,... [--task single|multikey|multivalue] "
+                          "(--model FILE.h5 | --preset NAME) (--lengths 4K,16K,... [--task single|multikey|multivalue|multiquery|vartrack|cwe|fwe[,...]] "
                           "[--depths 0,10,...,100] [--samples N] [--seed S] | --dataset SET.h5) [--score teacher-forced|generate] [--sp N] --out RESULTS.jsonl",
                           desc, args)) {
     return 0;

@@ -155,7 +155,7 @@ struct TrainOptions {
         ("eval-every", po::value(&eval_every)->default_value(0), "evaluation every N steps (0: only at the end): the loss on --eval-data and the --eval-niah accuracy")
         ("eval-data", po::value(&eval_data), "held-out token files, comma-separated, for the evaluation loss (FILE:W: a blend, as --data; each file in its own order)")
         ("eval-windows", po::value(&eval_windows)->default_value(8), "windows of --eval-data per evaluation (the first N, always the same)")
-        ("eval-niah", po::value(&eval_niah), "NIAH tasks scored at every evaluation at the training length, comma-separated (single, multikey, multivalue): greedy accuracy in train.jsonl")
+        ("eval-niah", po::value(&eval_niah), "NIAH or RULER tasks scored at every evaluation at the training length, comma-separated (single, multikey, multivalue; multiquery, vartrack, cwe, fwe at eval-niah's default knobs): greedy accuracy in train.jsonl")
         ("eval-niah-samples", po::value(&eval_niah_samples)->default_value(32), "NIAH samples per task and evaluation (depths spread over 0..100; the same samples every time), split over the data-parallel replicas")
         ("keep", po::value(&keep)->default_value(2), "checkpoints kept in --out-dir (the newest)")
         ("save-timeout", po::value(&save_timeout)->default_value(0), "seconds a checkpoint's save may take before the job ends (every rank writes its shard at once; 0: 120 s + the largest rank's bytes at 20 MB/s)")
