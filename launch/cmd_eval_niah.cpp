@@ -31,9 +31,6 @@
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
 #include "runtime/sizes.h"
-#if HYDRA_CUDA
-#include "runtime/cuda_memory.h"
-#endif
 
 namespace hydra {
 namespace {
@@ -187,7 +184,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   const int ranks = app.world.size();
   const int sp = SequenceGroups::resolve_sp(opt.sp, ranks);  // ranks per sample
   // GPU: bf16 weights; CPU: the fp32 reference path.
-  const Device device = resolve_device(opt.device, app.mpi);
+  const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
   const DType dtype = storage_dtype(device);
 
   // Plan every cell and check every input before the weights are read.
@@ -213,9 +210,6 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     plan = niah::plan_eval_set(set, opt.dataset, config, sp);
   }
   const int64_t longest = plan.longest, total_samples = plan.total_samples();
-#if HYDRA_CUDA
-  if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
-#endif
   const niah::Scoring scoring = niah::parse_scoring(opt.score);
   // Generation: the prompt's prefill, the cache and the decode engine (the answer is at most a few
   // dozen tokens; the longest sample bounds the cache).
@@ -226,7 +220,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
                     app.mpi.local_size());
   opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
-  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, app.gpu_sharing, opt.nccl_timeout);
   Communicator& comm = *world.comm;
   SequenceGroups groups(comm, sp);
 

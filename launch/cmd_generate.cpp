@@ -167,7 +167,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   const ModelConfig config = opt.model.config();
   const std::vector<std::vector<int32_t>> prompts = read_prompts(opt.prompt, config.vocab_size);
   const std::vector<int32_t> stop = parse_stop_tokens(opt.stop_tokens, config.vocab_size);
-  const Device device = resolve_device(opt.device, app.mpi);
+  const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
   const DType dtype = storage_dtype(device);
   const int ranks = comm.size();
   const int p = SequenceGroups::resolve_sp(opt.sp, ranks);  // ranks per prompt
@@ -189,9 +189,6 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   }
   const int64_t slots = static_cast<int64_t>(prompts.size());
   const KvCacheBytes cache_bytes = kv_cache_bytes(config, dtype, DType::f32);
-#if HYDRA_CUDA
-  if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());
-#endif
   // The decode engine keeps the logits on the host whenever tokens are not the device's arg-max
   // (model/generate.cpp): sampling, a repetition penalty, log-probabilities.
   const bool host_logits = opt.temperature > 0 || opt.repetition_penalty != 1.0 || opt.logprobs > 0;
@@ -226,7 +223,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
 
-  DeviceWorld world = make_device_world(opt.device, app.mpi, comm, opt.nccl_timeout);
+  DeviceWorld world = make_device_world(opt.device, app.mpi, comm, app.gpu_sharing, opt.nccl_timeout);
   SequenceGroups groups(*world.comm, p);
   const auto t_load = std::chrono::steady_clock::now();
   const Model model = opt.model.build(device, dtype, app.kernels);

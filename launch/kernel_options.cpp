@@ -43,4 +43,10 @@ ops::KernelOptions kernel_options_from_environment() {
   return o;
 }
 
+GpuSharing gpu_sharing_from_environment() {
+  const std::string v = env("HYDRA_SHARE_GPUS");
+  HYDRA_USER_CHECK(v.empty() || v == "0" || v == "1", "HYDRA_SHARE_GPUS must be 0 or 1 (got '{}')", v);
+  return v == "1" ? GpuSharing::allowed : GpuSharing::one_rank_per_gpu;
+}
+
 }  // namespace hydra

@@ -426,6 +426,12 @@ CudaEvent::~CudaEvent() {
 void CudaEvent::record(cudaStream_t stream) { HYDRA_CUDA_CHECK(cudaEventRecord(event_, stream)); }
 void CudaEvent::wait_on(cudaStream_t stream) const { HYDRA_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0)); }
 void CudaEvent::synchronize() const { HYDRA_CUDA_CHECK(cudaEventSynchronize(event_)); }
+bool CudaEvent::ready() const {
+  const cudaError_t e = cudaEventQuery(event_);
+  if (e == cudaErrorNotReady) return false;
+  HYDRA_CUDA_CHECK(e);
+  return true;
+}
 float CudaEvent::elapsed_ms_since(const CudaEvent& start) const {
   float ms = 0;
   HYDRA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));

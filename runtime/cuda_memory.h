@@ -85,6 +85,8 @@ class CudaEvent {
   // Makes `stream` wait for this event (device-side; the host does not block).
   void wait_on(cudaStream_t stream) const;
   void synchronize() const;
+  // Whether the work before the event has finished (cudaEventQuery; errors are raised).
+  bool ready() const;
   // Milliseconds between `start` and this event (both recorded with timing = true).
   float elapsed_ms_since(const CudaEvent& start) const;
   cudaEvent_t get() const { return event_; }
