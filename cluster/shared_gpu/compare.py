@@ -38,6 +38,16 @@ def read_lines(path, logs=False):
 
 
 def tokens(args):
+    """Generated tokens of a P-rank run (a) against one rank (b), both written with --logprobs K.
+
+    Up to the first token where the two differ the contexts are equal, so at every step until then
+    (that one included) the K most likely tokens that both list must have log p within
+    --logprob-tol. A difference is then allowed only where the two runs may honestly part: greedy,
+    a near tie (both tokens among b's K most likely, < --tie apart); --sampled (top-k sampling with
+    k <= K, so b's list is the whole candidate set), both tokens among b's candidates — the same
+    draw picks another token once the cumulative probabilities move across it, which they do by
+    bf16 rounding when the distribution is flat. The rest of the sequence is not compared.
+    """
     a = [j for j in read_lines(args.a) if "tokens" in j]
     b = [j for j in read_lines(args.b) if "tokens" in j]
     if len(a) != len(b) or not a:
@@ -45,29 +55,34 @@ def tokens(args):
     for ja, jb in zip(a, b):
         p = ja["prompt_index"]
         ta, tb = ja["tokens"], jb["tokens"]
-        if "top_logprobs" not in jb or "logprobs" not in ja:
-            fail("run hydra generate with --logprobs 2 (or more) for both")
+        if "top_logprobs" not in jb or "top_logprobs" not in ja:
+            fail("run hydra generate with --logprobs K (K >= 2; >= --top-k when sampling) for both")
         equal, worst = 0, 0.0
         for i, (x, y) in enumerate(zip(ta, tb)):
-            if x == y:
-                d = abs(ja["logprobs"][i] - jb["logprobs"][i])
+            top_a = {tid: lp for tid, lp in ja["top_logprobs"][i]}
+            top_b = {tid: lp for tid, lp in jb["top_logprobs"][i]}
+            common = set(top_a) & set(top_b)
+            if not common:
+                fail(f"prompt {p} token {i}: no token among both runs' most likely {sorted(top_a)} and {sorted(top_b)}")
+            for tid in common:
+                d = abs(top_a[tid] - top_b[tid])
                 worst = max(worst, d)
                 if d > args.logprob_tol:
-                    fail(f"prompt {p} token {i}: log p {ja['logprobs'][i]:.5f} vs {jb['logprobs'][i]:.5f} "
+                    fail(f"prompt {p} token {i}: log p of {tid} {top_a[tid]:.5f} vs {top_b[tid]:.5f} "
                          f"(> {args.logprob_tol} apart)")
+            if x == y:
                 equal += 1
                 continue
-            top = {tid: lp for tid, lp in jb["top_logprobs"][i]}
-            if x not in top or y not in top:
-                fail(f"prompt {p} token {i}: {x} vs {y}, not both among the reference's most likely {sorted(top)}")
-            gap = abs(top[y] - top[x])
-            if gap >= args.tie:
+            if x not in top_b or y not in top_b:
+                fail(f"prompt {p} token {i}: {x} vs {y}, not both among the reference's most likely {sorted(top_b)}")
+            gap = abs(top_b[y] - top_b[x])
+            if not args.sampled and gap >= args.tie:
                 fail(f"prompt {p} token {i}: {x} vs {y}, {gap:.4f} apart in log p (not a near tie < {args.tie})")
             break
         if equal == len(tb) and len(ta) != len(tb):
             fail(f"prompt {p}: {len(ta)} vs {len(tb)} tokens")
-        tail = "" if equal == len(tb) else f", then a near tie at token {equal}"
-        print(f"compare: prompt {p}: {equal} of {len(tb)} tokens equal, log p within {worst:.2e}{tail}")
+        tail = "" if equal == len(tb) else f", then they part at token {equal} ({'two candidates' if args.sampled else 'a near tie'})"
+        print(f"compare: prompt {p}: {equal} of {len(tb)} tokens equal, the most likely tokens' log p within {worst:.2e}{tail}")
 
 
 def losses(args):
@@ -178,6 +193,7 @@ def main():
     t.add_argument("a"), t.add_argument("b")
     t.add_argument("--logprob-tol", type=float, default=0.05)
     t.add_argument("--tie", type=float, default=0.1)
+    t.add_argument("--sampled", action="store_true", help="top-k sampled runs (k <= the --logprobs K)")
     lo = sub.add_parser("losses")
     lo.add_argument("a"), lo.add_argument("b")
     lo.add_argument("--rel", type=float, default=1e-3)

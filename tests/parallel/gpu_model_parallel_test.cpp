@@ -22,8 +22,10 @@
 namespace hydra::test {
 namespace {
 
-void expect_model_matches_one_gpu(const ModelConfig& config, int64_t t, const std::string& what) {
+// `length` rounded down to a length the zigzag layout over P ranks takes (a multiple of 2P).
+void expect_model_matches_one_gpu(const ModelConfig& config, int64_t length, const std::string& what) {
   Communicator& comm = gpu_comm();
+  const int64_t g = SequenceLayout::granularity(comm.size()), t = length / g * g;
   const Model model(config, random_parameters(config, 3, Device::cuda, DType::bf16), Device::cuda, DType::bf16);
   Tensor ids = Tensor::empty({t}, DType::i32);
   for (int64_t i = 0; i < t; ++i) ids.data_as<int32_t>()[i] = static_cast<int32_t>((i * 7919 + 1) % config.vocab_size);
@@ -259,7 +261,7 @@ TEST(GpuZero, ShardedEqualsReplicatedOnGpus) {
   Communicator& comm = gpu_comm();
   const ModelConfig config = preset_config("hydrahead-tiny");
   const NamedTensors params = random_parameters(config, 43);
-  Model a_model(config, params, Device::cuda), b_model(config, params, Device::cuda);
+  Model a_model(config, params, Device::cuda, DType::bf16), b_model(config, params, Device::cuda, DType::bf16);
   train::OptimizerConfig oc;
   oc.lr = 3e-3;
   oc.total_steps = 5;
