@@ -6,6 +6,28 @@
 
 namespace hydra {
 
+std::string_view decode_graph_name(DecodeGraph mode) {
+  switch (mode) {
+    case DecodeGraph::off: return "off";
+    case DecodeGraph::on: return "on";
+    case DecodeGraph::automatic: return "auto";
+  }
+  return "?";
+}
+
+DecodeGraph parse_decode_graph(std::string_view name) {
+  for (const DecodeGraph mode : {DecodeGraph::off, DecodeGraph::on, DecodeGraph::automatic}) {
+    if (name == decode_graph_name(mode)) return mode;
+  }
+  HYDRA_USER_FAIL("--cuda-graph must be on, off or auto (got '{}')", name);
+}
+
+bool decode_graph_possible(Device device, int ranks) { return device == Device::cuda && ranks == 1; }
+
+bool decode_graph_wanted(DecodeGraph mode, Device device, int ranks) {
+  return mode == DecodeGraph::on || (mode == DecodeGraph::automatic && decode_graph_possible(device, ranks));
+}
+
 DecodeEngineBuffers decode_engine_buffers(const ModelConfig& config, int64_t slots, bool host_logits) {
   DecodeEngineBuffers b{.ids = {{slots}, DType::i32}, .logits = {{slots, config.vocab_size}, DType::f32},
                         .best = {{slots}, DType::i32}, .host_logits = {}};
@@ -21,7 +43,7 @@ double DecodeEngineBuffers::bytes(Device device) const {
 DecodeEngine::DecodeEngine(Communicator& comm, const Model& model, KvCache& cache, DecodeEngineOptions options)
     : comm_(comm), model_(model), cache_(cache), options_(options) {
   const Device device = model.device();
-  HYDRA_ASSERT(!options.cuda_graph || (device == Device::cuda && comm.size() == 1),
+  HYDRA_ASSERT(!options.cuda_graph || decode_graph_possible(device, comm.size()),
                "a CUDA graph of the decode step needs one rank on the GPU (device {}, {} ranks)", device_name(device),
                comm.size());
   const DecodeEngineBuffers spec = decode_engine_buffers(model.config(), cache.slots(), options.host_logits);
@@ -31,7 +53,9 @@ DecodeEngine::DecodeEngine(Communicator& comm, const Model& model, KvCache& cach
   best_ = spec.best.empty(device);
   best_host_ = spec.best.zeros(Device::host);
   if (spec.host_logits.exists()) logits_host_ = spec.host_logits.zeros(Device::host);
-  cache_.set_whole_capacity(options.cuda_graph);
+  // Fixed attention launch shapes wherever a graph is possible, graph or not: eager steps there are
+  // the graph's kernels, so switching the graph off changes no bit.
+  cache_.set_whole_capacity(decode_graph_possible(device, comm.size()));
 }
 
 void DecodeEngine::run(int64_t batch, StepResult result) const {
