@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/argmax/argmax.h"
+#include "runtime/programmatic_launch.h"
 
 namespace hydra {
 
@@ -78,6 +79,9 @@ void DecodeEngine::step(std::span<const int64_t> slots, std::span<const int32_t>
   copy_into(ids_.view().narrow(0, 0, batch), ids_host_.view().narrow(0, 0, batch));
   {
     StepArenaScope scope(arena_);
+    // HYDRA_DECODE_PDL: the step's kernels with programmatic dependent launch, eager or captured
+    // (a captured launch keeps the attribute in its graph node).
+    ProgrammaticLaunchScope pdl(model_.kernel_options().decode_pdl && model_.device() == Device::cuda);
     cache_.begin_decode(slots);  // its positions tensor is the arena's first block
     if (!options_.cuda_graph) {
       run(batch, result);

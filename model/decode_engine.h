@@ -8,7 +8,9 @@
 // every tensor the layers allocate takes the same block every step: after the first step of a
 // batch size, a step allocates nothing (tests/model/decode_engine_test.cpp counts), and every buffer
 // keeps its address. Results land in persistent buffers: the arg-max ids [B] and, on request, the
-// fp32 logits [B, V] on the host.
+// fp32 logits [B, V] on the host. With the kernel option decode_pdl (HYDRA_DECODE_PDL=1) the step's
+// own kernels are launched with programmatic dependent launch (runtime/programmatic_launch.h): the
+// same kernels on the same data, scheduled earlier.
 //
 // With cuda_graph (P = 1 on the GPU): the first step of a batch size runs eagerly (its blocks are
 // allocated), the second is captured as a CUDA graph (runtime/cuda_graph.h) and launched, and later

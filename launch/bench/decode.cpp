@@ -142,6 +142,7 @@ nlohmann::json run_cell(const Model& model, int64_t context, int64_t batch, cons
     std::copy(next.begin(), next.end(), ids.begin());
   }
   j["cuda_graph"] = opt.cuda_graph;
+  j["pdl"] = model.kernel_options().decode_pdl;
   j["step_arena_mib"] = engine.arena_bytes() / 1048576.0;
   std::sort(ms.begin(), ms.end());
   const double step_ms = ms[ms.size() / 2];
@@ -232,9 +233,11 @@ void bench_decode(const DecodeBenchOptions& opt, const ops::KernelOptions& kerne
         log::info("decode {} context {} batch {}: skipped: {}", opt.preset, context, batch, j["skipped"].get<std::string>());
       } else {
         checked = true;
-        log::info("decode {} context {} batch {}: {:.3f} ms per step, {:.1f} tokens/s, {:.0f} GB/s = {:.2f} of the copy; "
+        log::info("decode {} context {} batch {} ({}): {:.3f} ms per step, {:.1f} tokens/s, {:.0f} GB/s = {:.2f} of the copy; "
                   "cache {:.1f} GiB ({:.1f} KiB per token), peak {:.1f} GiB; one layer: attention {} ms, GDN step {} ms",
-                  opt.preset, context, batch, j["ms_per_step"].get<double>(), j["tokens_per_s"].get<double>(),
+                  opt.preset, context, batch,
+                  std::string(opt.cuda_graph ? "graph" : "eager") + (kernels.decode_pdl ? " + PDL" : ""),
+                  j["ms_per_step"].get<double>(), j["tokens_per_s"].get<double>(),
                   j["gb_per_s"].get<double>(), j["fraction_of_copy"].get<double>(), j["cache_gib"].get<double>(),
                   j["cache_bytes_per_token"].get<double>() / 1024.0, j["peak_memory_gib"].get<double>(),
                   j["attention_layer_ms"].dump(), j["gdn_step_layer_ms"].dump());

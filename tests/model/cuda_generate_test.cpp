@@ -9,7 +9,8 @@
 // does on the GPU (the slots of the batched kernels do not mix). These run generate's default, which
 // replays the decode step as a CUDA graph on one GPU. The graph gives the bits of the same step run
 // eagerly, step after step, so generate's default gives the tokens and logits of --cuda-graph off
-// (the library and the command), and eval-niah's generated answers too. SKIPPED without a GPU.
+// (the library and the command), and eval-niah's generated answers too; programmatic dependent
+// launch (HYDRA_DECODE_PDL) keeps the bits as well. SKIPPED without a GPU.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -150,6 +151,53 @@ TEST(CudaGenerate, GraphReplayedStepEqualsEagerStep) {
   }
 }
 
+// Programmatic dependent launch (HYDRA_DECODE_PDL, the kernel option decode_pdl) changes when the
+// step's kernels are scheduled, not what they compute: engines of a model with it (eager, and the
+// graph) give the bits of an eager engine without it, step after step, and generate the same tokens.
+TEST(CudaGenerate, ProgrammaticLaunchKeepsTheBits) {
+  HYDRA_REQUIRE_GPU();
+  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
+    const ModelConfig c = preset_config(preset);
+    const NamedTensors params = random_parameters(c, 10);
+    const Model plain(c, params, Device::cuda, DType::bf16);
+    Model with_pdl(c, params, Device::cuda, DType::bf16);
+    with_pdl.set_kernel_options({.decode_pdl = true});
+    SelfCommunicator self(Device::cuda);
+    const int64_t slots = 3, steps = 8;
+    KvCache plain_cache(plain, slots, steps, 1, 0), eager_cache(with_pdl, slots, steps, 1, 0),
+        graph_cache(with_pdl, slots, steps, 1, 0);
+    DecodeEngine reference(self, plain, plain_cache, {.host_logits = true, .cuda_graph = false});
+    DecodeEngine eager(self, with_pdl, eager_cache, {.host_logits = true, .cuda_graph = false});
+    DecodeEngine graph(self, with_pdl, graph_cache, {.host_logits = true, .cuda_graph = true});
+    const std::vector<int64_t> rows = {0, 1, 2};
+    std::vector<int32_t> ids = {5, 29, 77};
+    for (int64_t step = 0; step < steps; ++step) {
+      reference.step(rows, ids, StepResult::logits);
+      eager.step(rows, ids, StepResult::logits);
+      graph.step(rows, ids, StepResult::logits);
+      EXPECT_EQ(graph.graph_launched(), step >= 1) << preset << " step " << step;
+      const auto want = reference.logits(), a = eager.logits(), b = graph.logits();
+      ASSERT_EQ(a.size(), want.size());
+      ASSERT_EQ(b.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(a[i], want[i]) << preset << " step " << step << " logit " << i << ": eager with PDL differs";
+        ASSERT_EQ(b[i], want[i]) << preset << " step " << step << " logit " << i << ": the graph with PDL differs";
+      }
+      for (size_t r = 0; r < rows.size(); ++r) {
+        const auto row = want.subspan(r * static_cast<size_t>(c.vocab_size), static_cast<size_t>(c.vocab_size));
+        ids[r] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+      }
+    }
+    const std::vector<std::vector<int32_t>> prompts = {prompt_of(33, c.vocab_size, 8), prompt_of(4, c.vocab_size, 9)};
+    const auto want = generate(self, plain, prompts, {.max_new_tokens = 10, .cuda_graph = DecodeGraph::off});
+    const auto got = generate(self, with_pdl, prompts, {.max_new_tokens = 10});
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      EXPECT_EQ(got[b].tokens, want[b].tokens) << preset << " prompt " << b;
+      EXPECT_EQ(got[b].graph_steps, 9) << preset << " prompt " << b;
+    }
+  }
+}
+
 // hydra generate on the GPU as a user runs it: the default (the graph) and --cuda-graph off write
 // the same tokens, and the summary says which ran; --cuda-graph on is the default made explicit.
 TEST(CudaGenerate, CommandDefaultReplaysTheGraphWithTheEagerTokens) {
@@ -225,7 +273,7 @@ TEST(CudaGenerate, EvalNiahGenerateScoringReplaysTheGraphWithTheEagerTokens) {
 // hydra bench --op decode as the decode benchmark job runs it, at toy size: its correctness gate
 // passes, a cell that fits is measured (ms per step, tokens/s, bytes, peak memory), and one that
 // cannot fit (10⁹ cached tokens) is skipped with its reason instead of failing; the default is the
-// graph, --cuda-graph off the eager step.
+// graph, --cuda-graph off the eager step, HYDRA_DECODE_PDL=1 the graph with PDL.
 TEST(CudaGenerate, DecodeBenchMeasuresAndSkipsWhatCannotFit) {
   HYDRA_REQUIRE_GPU();
   const CommandResult r = run_command(hydra_binary() + " bench --op decode --preset hydrahead-tiny --contexts 4K,1000000000 "
@@ -263,7 +311,18 @@ TEST(CudaGenerate, DecodeBenchMeasuresAndSkipsWhatCannotFit) {
   ASSERT_NE(at, std::string::npos) << g.output;
   const nlohmann::json cell = nlohmann::json::parse(g.output.substr(at, g.output.find('\n', at) - at));
   EXPECT_FALSE(cell.at("cuda_graph").get<bool>());
+  EXPECT_FALSE(cell.at("pdl").get<bool>());
   EXPECT_GT(cell.at("ms_per_step").get<double>(), 0.0);
+  // The graph with programmatic dependent launch.
+  const CommandResult p = run_command("HYDRA_DECODE_PDL=1 " + hydra_binary() + " bench --op decode --preset hydrahead-tiny "
+                                      "--contexts 4K --batches 2 --warmup 2 --repeat 3");
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  const auto at_p = p.output.find("{\"");
+  ASSERT_NE(at_p, std::string::npos) << p.output;
+  const nlohmann::json pdl_cell = nlohmann::json::parse(p.output.substr(at_p, p.output.find('\n', at_p) - at_p));
+  EXPECT_TRUE(pdl_cell.at("cuda_graph").get<bool>());
+  EXPECT_TRUE(pdl_cell.at("pdl").get<bool>());
+  EXPECT_GT(pdl_cell.at("ms_per_step").get<double>(), 0.0);
 }
 
 }  // namespace
