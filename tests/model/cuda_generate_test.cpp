@@ -299,9 +299,17 @@ TEST(CudaGenerate, DecodeBenchMeasuresAndSkipsWhatCannotFit) {
     }
   }
   EXPECT_NE(r.output.find("decode attention check"), std::string::npos) << "the correctness gate ran";
-  // The default replays the step as a CUDA graph.
+  // The default replays the step as a CUDA graph; the line names the card and, for a card with a
+  // datasheet figure, the fraction of it.
   for (const auto& c : cells) {
-    if (!c.contains("skipped")) EXPECT_TRUE(c.at("cuda_graph").get<bool>()) << c.dump();
+    if (c.contains("skipped")) continue;
+    EXPECT_TRUE(c.at("cuda_graph").get<bool>()) << c.dump();
+    EXPECT_FALSE(c.at("gpu").get<std::string>().empty());
+    const std::string gpu = c.at("gpu").get<std::string>();
+    if (gpu.find("H100") != std::string::npos || gpu.find("H200") != std::string::npos) {
+      EXPECT_NEAR(c.at("fraction_of_peak").get<double>(),
+                  c.at("gb_per_s").get<double>() / c.at("peak_gb_per_s").get<double>(), 1e-12) << c.dump();
+    }
   }
   // The same step launched eagerly.
   const CommandResult g = run_command(hydra_binary() + " bench --op decode --preset hydrahead-tiny --contexts 4K "
