@@ -40,6 +40,10 @@ ops::KernelOptions kernel_options_from_environment() {
     HYDRA_USER_CHECK(v == "0" || v == "1", "HYDRA_SERIAL_BRANCHES must be 0 or 1 (got '{}')", v);
     o.branches = v == "1" ? Branches::serial : Branches::concurrent;
   }
+  if (const std::string v = env("HYDRA_DECODE_PDL"); !v.empty()) {
+    HYDRA_USER_CHECK(v == "0" || v == "1", "HYDRA_DECODE_PDL must be 0 or 1 (got '{}')", v);
+    o.decode_pdl = v == "1";
+  }
   return o;
 }
 

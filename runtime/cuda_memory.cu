@@ -80,6 +80,14 @@ int cuda_sm_count() {
   return n;
 }
 
+std::string cuda_device_name() {
+  int device = 0;
+  HYDRA_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  HYDRA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
 std::shared_ptr<void> cuda_allocate(size_t bytes) {
   void* p = nullptr;
   const size_t rounded = ((bytes + 255) / 256) * 256;

@@ -16,6 +16,8 @@ __global__ void add_kernel(cuda::FloatRows x, cuda::FloatRows y, int64_t rows, i
 template <class In>
 __global__ void gate_kernel(bf16_t* out, int64_t so, const In* x, int64_t sx, const bf16_t* gate, int64_t sg,
                             int64_t rows, int64_t cols) {
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < rows * cols;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = idx / cols, c = idx % cols;
@@ -50,14 +52,13 @@ void sigmoid_gate(const TensorView& out, const TensorView& x, const TensorView& 
   const int64_t n = x.size(0) * x.size(1);
   const int grid = cuda::capped_grid((n + 255) / 256);
   if (x.dtype() == DType::f32) {
-    gate_kernel<<<grid, 256, 0, current_stream()>>>(out.data_as<cuda::bf16_t>(), out.stride(0), x.data_as<const float>(),
-                                                    x.stride(0), gate.data_as<const cuda::bf16_t>(), gate.stride(0),
-                                                    x.size(0), x.size(1));
+    cuda::launch(gate_kernel<float>, grid, 256, 0, out.data_as<cuda::bf16_t>(), out.stride(0), x.data_as<const float>(),
+                 x.stride(0), gate.data_as<const cuda::bf16_t>(), gate.stride(0), x.size(0), x.size(1));
   } else {
     cuda::expect_cuda(x, "gate x", DType::bf16);
-    gate_kernel<<<grid, 256, 0, current_stream()>>>(out.data_as<cuda::bf16_t>(), out.stride(0),
-                                                    x.data_as<const cuda::bf16_t>(), x.stride(0),
-                                                    gate.data_as<const cuda::bf16_t>(), gate.stride(0), x.size(0), x.size(1));
+    cuda::launch(gate_kernel<cuda::bf16_t>, grid, 256, 0, out.data_as<cuda::bf16_t>(), out.stride(0),
+                 x.data_as<const cuda::bf16_t>(), x.stride(0), gate.data_as<const cuda::bf16_t>(), gate.stride(0),
+                 x.size(0), x.size(1));
   }
   HYDRA_CUDA_LAUNCH_CHECK();
 }
