@@ -513,12 +513,12 @@ def main(argv=None):
     for tool, need in (("apt-get", "deb"), ("dpkg", "deb")):
         if any(p["kind"] == need for p in packages) and subprocess.run(["which", tool], capture_output=True).returncode:
             fail(f"{tool} is needed for the deb: packages")
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")  # tokenizers' thread pool (read when it starts): one process
     if a.stop_after not in ("clean", "merge"):
         try:
             import h5py, numpy, tokenizers  # noqa: F401,E401
         except ImportError as e:
             fail(f"{e} (pip install tokenizers h5py numpy; --stop-after merge builds the text without them)")
-    os.environ.setdefault("RAYON_NUM_THREADS", "1")
     scratch = a.scratch or os.path.join(a.out, "scratch")
     os.makedirs(scratch, exist_ok=True)
     times, stats, t0 = {}, {}, time.time()

@@ -113,8 +113,8 @@ def main():
     for name in ("calib", "lmtext"):
         run(sys.executable, to_train, "--seq-len", a.len, "--lm", held, "--lm-windows", 8, "--out", os.path.join(a.out, f"{name}.h5"))
     calib = os.path.join(a.out, "niah", "calib.h5")
-    run(sys.executable, build, "--tokenizer", tok, "--haystack", hay_held, "--vary-haystack", "--task", "single",
-        "--lengths", a.len, "--depths", "0,50,100", "--samples", 4, "--seed", a.seed_eval + 1, "--out", calib)
+    run(sys.executable, build, "--tokenizer", tok, "--haystack", hay_held, "--vary-haystack", "--calibration", "--task", "single",
+        "--lengths", a.len, "--depths", "50", "--samples", 12, "--seed", a.seed_eval + 1, "--out", calib)
     run(sys.executable, to_train, "--seq-len", a.len, "--lm", held, "--lm-windows", 8, "--out", os.path.join(a.out, "heldout_mix.h5"), calib)
     for t in tasks:
         for n in a.eval_lengths.split(","):

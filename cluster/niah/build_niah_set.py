@@ -338,6 +338,8 @@ def main():
     p.add_argument("--top-words", type=int, default=3, help="fwe: the most frequent words to answer")
     p.add_argument("--out", required=True, help="eval set to write (.h5)")
     p.add_argument("--preview", action="store_true", help="print the decoded end of the first sample")
+    p.add_argument("--calibration", action="store_true",
+                   help="a select-heads --calib set: only samples whose answer length two different answers share")
     p.add_argument("--vary-haystack", action="store_true",
                    help="each sample's haystack starts at its own sentence of the text (seeded like its keys), "
                         "not at the text's start: training sets, where one haystack for all samples would be learnt")
@@ -398,6 +400,17 @@ def main():
                     h, st = haystack_of(args.task, length, index)
                     sample, _ = ruler_text.build_family(pieces, pieces.items, h, st, pool, args, length, depth, index)
                     samples.append(dict(sample, length=length, depth=depth, sample_index=index))
+    if args.calibration:
+        # select-heads corrupts a prompt with another sample's answer of the same token length: keep the
+        # samples whose answer length at least two different answers have.
+        answers = {}
+        for x in samples:
+            a = tuple(x["ids"][x["answer_start"]:x["answer_start"] + x["answer_length"]])
+            answers.setdefault(len(a), set()).add(a)
+        samples = [x for x in samples if len(answers[x["answer_length"]]) >= 2]
+        if not samples:
+            raise SystemExit("build_niah_set: --calibration: no two samples have different answers of one token length "
+                             "(more --samples)")
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     source = (f"build_niah_set.py tokenizer={os.path.basename(args.tokenizer)} "
               f"haystack={os.path.basename(args.haystack)} seed={args.seed}")
