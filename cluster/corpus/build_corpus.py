@@ -492,10 +492,34 @@ def tokenize(out, name, tokenizer, processes, commands):
     return {"tokens": sum(m["tokens"]), "documents": sum(m["documents"]), "shards": len(m["shards"])}
 
 
+def summary(out):
+    """OUT/manifest.json as Markdown: a row per package, then the splits and the tokens."""
+    m = json.load(open(os.path.join(out, "manifest.json")))
+    mb = lambda b: f"{b / 1e6:.1f}" if b is not None else "—"
+    rows = ["| package | archive MB | files | read MB | kept MB (after duplicates) | documents | duplicates | dropped (most) |",
+            "|---|---|---|---|---|---|---|---|"]
+    for s in m["sources"]:
+        kept = sum((s.get("kept") or {}).values())
+        top = ", ".join(f"{k} {v}" for k, v in sorted(s["dropped"].items(), key=lambda kv: -kv[1])[:3] if k != "other-format")
+        rows.append(f"| {s['package'] if s['kind'] != 'file' else os.path.basename(s['package'])}"
+                    f"{'' if s['keep'] == 1 else ' (keep ' + str(s['keep']) + ')'} | "
+                    f"{mb(s['archive_bytes'])} | {s['files']} | {mb(s['bytes_read'])} | {mb(kept)} | {s['documents']} | "
+                    f"{s.get('duplicates', 0)} | {top or '—'} |")
+    text = m.get("text", {})
+    rows += ["", "| split | documents | MB | tokens |", "|---|---|---|---|"]
+    for n, v in text.items():
+        t = (m.get("tokens") or {}).get(n, {}).get("tokens")
+        rows.append(f"| {n} | {v['documents']} | {mb(v['bytes'])} | {t if t is not None else '—'} |")
+    rows += ["", f"tokens: train {m.get('train_tokens', '—')}, held out {m.get('heldout_tokens', '—')}; "
+             f"vocabulary {m['vocab']}; times (s): {m['times']}"]
+    return "\n".join(rows)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--packages", required=True, help="the package list (see above)")
+    ap.add_argument("--packages", help="the package list (see above)")
+    ap.add_argument("--summary", action="store_true", help="print OUT/manifest.json as Markdown tables and stop")
     ap.add_argument("--out", required=True, help="the corpus folder (text/, tokenizer/, tokens/, manifest.json)")
     ap.add_argument("--scratch", help="downloads, unpacked packages, cleaned text (default OUT/scratch)")
     ap.add_argument("--vocab", type=int, default=16384, help="tokenizer vocabulary (default 16384)")
@@ -505,6 +529,13 @@ def main(argv=None):
     ap.add_argument("--processes", type=int, default=1, help="tokenize_text.py's worker processes (default 1)")
     ap.add_argument("--stop-after", choices=("clean", "merge", "tokenizer"), help="end after this stage")
     a = ap.parse_args(argv)
+    if a.summary:
+        if not os.path.exists(os.path.join(a.out, "manifest.json")):
+            fail(f"{a.out}/manifest.json: no such file (build the corpus first)")
+        print(summary(a.out))
+        return 0
+    if not a.packages:
+        fail("--packages FILE is required")
     if not 256 + 3 <= a.vocab <= 1 << 20:
         fail(f"--vocab {a.vocab} must hold the 256 bytes and 3 special tokens (and be at most 2^20)")
     if not 0 < a.heldout < 0.5:

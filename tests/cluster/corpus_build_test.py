@@ -186,6 +186,10 @@ with tempfile.TemporaryDirectory() as tmp:
         man_ = json.load(open(os.path.join(out, "tokens", name, "manifest.json")))
         check(sum(man_["documents"]) == m["text"][name]["documents"], f"{name}: every document tokenized")
     check("tokenize_text.py" in open(os.path.join(out, "commands.sh")).read(), "commands.sh holds the tokenize commands")
+    r = subprocess.run([sys.executable, os.path.join(root, "cluster/corpus/build_corpus.py"), "--out", out, "--summary"],
+                       capture_output=True, text=True)
+    check(r.returncode == 0 and "| toy-a.deb |" in r.stdout and "| toy-b.deb (keep 0.5) |" in r.stdout
+          and f"| prose-heldout | {m['text']['prose-heldout']['documents']} |" in r.stdout, f"--summary: {r.stdout[:600]}")
     # The same list again: every package comes from the scratch folder, and the same documents result.
     before = {k: v[1] for k, v in docs.items()}
     shutil.rmtree(os.path.join(out, "text"))
