@@ -24,7 +24,8 @@ are reused; --scratch defaults to OUT/scratch):
             characters (translations, other scripts), prose with too few English function words,
             repetitive text (zlib level 1 shrinks it below 12%: register tables, data), code with
             minified or generated lines, the other formats of a document the package ships in
-            several (the same file stem: Info before Texinfo, text, HTML, man). Documents above 1 MB
+            several (one file stem: the one with the most clean text stays; and a package's HTML
+            pages when it ships Info manuals, the same text cut otherwise). Documents above 1 MB
             are cut at paragraph ends. -> SCRATCH/clean/NAME.jsonl
   merge     the packages in list order, each document kept once (SHA-256 of its text), held out
             when a hash of its text falls in --heldout, and filed as prose (documentation, manuals,
@@ -364,17 +365,19 @@ def clean_package(pkg, scratch, min_bytes):
             raw = data.decode("latin-1")
             stats["latin1"] = stats.get("latin1", 0) + 1
         docs.append({"name": name, "kind": kind, "stem": stem, "text": normalise(to_text(kind, raw))})
-    # One format of a document the package ships in several: the first in PROSE_KINDS of one stem.
-    best = {}
-    for d in docs:
-        if d["stem"] is not None:
-            rank = PROSE_KINDS.index(d["kind"])
-            best[d["stem"]] = min(best.get(d["stem"], rank), rank)
     stats["boilerplate_lines"] = boilerplate(docs)
+    # One format of a document the package ships in several (one stem): the one with the most text
+    # once cleaned (Sphinx's _sources of an API page is a stub, its HTML the whole docstring), ties to
+    # the first in PROSE_KINDS.
+    best = {}
+    for i, d in enumerate(docs):
+        if d["stem"] is not None:
+            key = (-len(d["text"]), PROSE_KINDS.index(d["kind"]), i)
+            best[d["stem"]] = min(best.get(d["stem"], key), key)
     tmp = out + ".jsonl.tmp"
     with open(tmp, "w") as f:
-        for d in docs:
-            if d["stem"] is not None and PROSE_KINDS.index(d["kind"]) != best[d["stem"]]:
+        for i, d in enumerate(docs):
+            if d["stem"] is not None and best[d["stem"]][2] != i:
                 drop("other-format-of-same-doc")
                 continue
             why = why_dropped(d["kind"], d["text"], min_bytes)
