@@ -31,7 +31,10 @@ class _Text(HTMLParser):
                 self.out.append("\n")
             return
         a = dict(attrs)
-        chrome = bool(CHROME.search(" ".join(str(a.get(k) or "") for k in ("class", "id", "role"))))
+        # The page's own containers are never chrome, whatever their classes say (cppreference's body
+        # is class "... cpp-navbar").
+        chrome = tag not in ("html", "body", "main", "article") and bool(
+            CHROME.search(" ".join(str(a.get(k) or "") for k in ("class", "id", "role"))))
         skipped = tag in SKIP_TAGS or chrome
         self.stack.append((tag, skipped))
         self.skip += skipped
