@@ -186,16 +186,21 @@ def members(path, scratch, label):
 
 
 def archive_members(path, rel, fh):
-    if path.endswith(".zip"):
-        with zipfile.ZipFile(fh) as z:
-            for info in sorted(z.infolist(), key=lambda i: i.filename):
-                if not info.is_dir():
-                    yield f"{rel}/{info.filename}", z.read(info) if info.file_size <= MAX_FILE else None
-        return
-    with tarfile.open(fileobj=fh, mode="r|*") as t:  # streamed: a 1 GB tarball is never on disk
-        for m in t:
-            if m.isfile():
-                yield f"{rel}/{m.name}", t.extractfile(m).read() if m.size <= MAX_FILE else None
+    """(name, bytes) of an archive's files; (rel, False) once when it is no readable archive (a test
+    fixture named .tar.gz, a truncated file): what it yielded before stays."""
+    try:
+        if path.endswith(".zip"):
+            with zipfile.ZipFile(fh) as z:
+                for info in sorted(z.infolist(), key=lambda i: i.filename):
+                    if not info.is_dir():
+                        yield f"{rel}/{info.filename}", z.read(info) if info.file_size <= MAX_FILE else None
+            return
+        with tarfile.open(fileobj=fh, mode="r|*") as t:  # streamed: a 1 GB tarball is never on disk
+            for m in t:
+                if m.isfile():
+                    yield f"{rel}/{m.name}", t.extractfile(m).read() if m.size <= MAX_FILE else None
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, ValueError, zlib.error):
+        yield rel, False
 
 
 # -------------------------------------------------------------------------------------------- clean
@@ -327,6 +332,9 @@ def clean_package(pkg, scratch, min_bytes):
         info = any(re.search(r"\.info(-\d+)?(\.gz)?$", f) for _, _, fs in os.walk(unpacked) for f in fs)
     for name, data in _chain(first, listing):
         stats["files"] += 1
+        if data is False:
+            drop("bad-archive")
+            continue
         plain = re.sub(r"\.(gz|dz)$", "", name)
         kind, stem = kind_of(plain)
         if kind is None:

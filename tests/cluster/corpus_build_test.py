@@ -121,6 +121,7 @@ with tempfile.TemporaryDirectory() as tmp:
               "usr/share/doc/toy/notes.txt": ("\xff\xfe" * 400 + "x").encode("latin-1"),
               "usr/share/man/man1/tool.1.gz": gzip.compress(man.encode()),
               "usr/share/doc/toy/german.txt": german, "usr/share/doc/toy/japanese.txt": japanese,
+              "usr/src/toy/fixture.tar.gz": b"a test fixture named like a tarball" * 8,
               "usr/src/toy/regs.h": registers, "usr/src/toy/min.js": minified, "usr/src/toy/reader.c": code_c,
               "usr/src/toy-src.tar.gz": tar_gz({"toy/lib/inner.c": code("inner_", 2),
                                                  "toy/doc/inner.rst": para(50)})})
@@ -146,7 +147,7 @@ with tempfile.TemporaryDirectory() as tmp:
     m = json.load(open(os.path.join(out, "manifest.json")))
     src = {os.path.basename(s["package"]): s for s in m["sources"]}
     A, B, S = src["toy-a.deb"], src["toy-b.deb"], src["toy_sdist-1.0.tar.gz"]
-    for why, n in (("small", 1), ("binary", 1), ("not-utf8", 1), ("not-english", 1), ("non-ascii", 1), ("repetitive", 1),
+    for why, n in (("bad-archive", 1), ("small", 1), ("binary", 1), ("not-utf8", 1), ("not-english", 1), ("non-ascii", 1), ("repetitive", 1),
                    ("long-lines", 1)):
         check(A["dropped"].get(why) == n, f"toy-a: {n} dropped as {why}: {A['dropped']}")
     check(A["latin1"] == 1, f"toy-a: one Latin-1 file read as such: {A.get('latin1')}")
