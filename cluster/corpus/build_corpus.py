@@ -12,7 +12,9 @@ each optionally followed by `keep=F` (keep the fraction F of the package's files
 their paths: how a very large source package is kept from swamping the mix).
 
 Stages (a package fetched or cleaned before is not fetched or cleaned again: its files in --scratch
-are reused; --scratch defaults to OUT/scratch):
+are reused, unless other code cleaned it: the digest of this file and markup.py is in its stats;
+the tokenizer and the shards are likewise made again when the text they were made from changed;
+--scratch defaults to OUT/scratch):
   fetch     `apt-get download NAME` / `pip download --no-deps --no-binary :all: NAME==VERSION`
   clean     `dpkg -x` of a .deb; every file of the package, and every member of the archives it ships
             (.tar.*, .zip: linux-source's tarball, openjdk's src.zip), read as text by its kind:
@@ -86,6 +88,31 @@ def fail(message):
 
 def log(message):
     print(f"[corpus {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def cleaner_digest():
+    """What cleans a package: this file's and markup.py's bytes. A package cleaned by other code (an
+    earlier revision of a rule) is cleaned again, so the corpus is always what these rules make."""
+    h = hashlib.sha256()
+    for path in (os.path.abspath(__file__), os.path.abspath(markup.__file__)):
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+def stamp_matches(path, want):
+    """Whether the stamp file `path` (JSON) records `want`: what a stage's output was made from."""
+    try:
+        with open(path) as f:
+            return json.load(f) == want
+    except (OSError, ValueError):
+        return False
+
+
+def write_stamp(path, value):
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def hash_unit(s):
@@ -311,15 +338,20 @@ def _chain(first, rest):
     yield from rest
 
 
-def clean_package(pkg, scratch, min_bytes):
-    """SCRATCH/clean/LABEL.jsonl (documents) and LABEL.stats.json; returns the stats."""
+def clean_package(pkg, scratch, min_bytes, cleaner):
+    """SCRATCH/clean/LABEL.jsonl (documents) and LABEL.stats.json (with `cleaner`, the digest of the code
+    that cleaned it: a package cleaned by other code is cleaned again); returns the stats."""
     out = os.path.join(scratch, "clean", pkg["label"])
     if os.path.exists(out + ".stats.json"):
-        return json.load(open(out + ".stats.json"))
+        with open(out + ".stats.json") as f:
+            old = json.load(f)
+        if old.get("cleaner") == cleaner:
+            return old
+        log(f"{pkg['label']}: cleaned by other code ({old.get('cleaner') or 'unrecorded'}, now {cleaner}): cleaned again")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     t0 = time.time()
     path, archive = fetch(pkg, scratch)
-    stats = {"package": pkg["name"], "kind": pkg["kind"], "keep": pkg["keep"], "archive": archive,
+    stats = {"package": pkg["name"], "kind": pkg["kind"], "keep": pkg["keep"], "archive": archive, "cleaner": cleaner,
              "archive_bytes": os.path.getsize(path) if os.path.isfile(path) else None,
              "files": 0, "files_read": 0, "bytes_read": 0, "dropped": {}, "documents": 0, "bytes": 0, "by_kind": {}}
     drop = lambda why: stats["dropped"].__setitem__(why, stats["dropped"].get(why, 0) + 1)
@@ -412,6 +444,7 @@ def merge(packages, stats, scratch, out, heldout):
     names = [f"{c}-{s}" for c in ("prose", "code") for s in ("train", "heldout")]
     files = {n: open(os.path.join(out, "text", n + ".jsonl.tmp"), "w") for n in names}
     seen, totals = set(), {n: {"documents": 0, "bytes": 0} for n in names}
+    digests = {n: hashlib.sha256() for n in names}  # of each split's lines: what the tokenizer and shards stamp
     for pkg in packages:
         st = stats[pkg["label"]]
         st["duplicates"] = 0
@@ -426,7 +459,9 @@ def merge(packages, stats, scratch, out, heldout):
                 seen.add(h)
                 split = "heldout" if int(h[:12], 16) / 16 ** 12 < heldout else "train"
                 n = f"{'code' if d['kind'] == 'code' else 'prose'}-{split}"
-                files[n].write(json.dumps({"text": d["text"], "source": pkg["label"], "name": d["name"]}) + "\n")
+                row = json.dumps({"text": d["text"], "source": pkg["label"], "name": d["name"]}) + "\n"
+                files[n].write(row)
+                digests[n].update(row.encode("utf-8", "surrogatepass"))
                 b = len(d["text"].encode("utf-8"))
                 st["kept"][n] += b
                 totals[n]["documents"] += 1
@@ -434,6 +469,7 @@ def merge(packages, stats, scratch, out, heldout):
     for n, f in files.items():
         f.close()
         os.replace(f.name, f.name[:-4])
+        totals[n]["sha256"] = digests[n].hexdigest()[:16]
     return totals
 
 
@@ -488,10 +524,23 @@ def train_tokenizer(sample, vocab, out_dir, commands):
         json.dump(cfg, f, indent=1)
 
 
-def tokenize(out, name, tokenizer, processes, commands):
+def file_digest(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def tokenize(out, name, tokenizer, processes, commands, text_digest):
+    """OUT/tokens/NAME/ (tokenize_text.py's shards and manifest) and source.json, the stamp of the text
+    and tokenizer they were made from: shards of other text or another tokenizer are made again."""
     dst = os.path.join(out, "tokens", name)
-    manifest = os.path.join(dst, "manifest.json")
-    if not os.path.exists(manifest):
+    manifest, stamp = os.path.join(dst, "manifest.json"), os.path.join(dst, "source.json")
+    want = {"text": text_digest, "tokenizer": file_digest(tokenizer)}
+    if not (os.path.exists(manifest) and stamp_matches(stamp, want)):
+        if os.path.exists(manifest):
+            log(f"tokens/{name}: made from other text or another tokenizer: tokenized again")
         if os.path.isdir(dst):
             for f in os.listdir(dst):
                 os.remove(os.path.join(dst, f))
@@ -499,6 +548,7 @@ def tokenize(out, name, tokenizer, processes, commands):
                "--out", dst, "--processes", str(processes), os.path.join(out, "text", name + ".jsonl")]
         commands.append(cmd)
         subprocess.run(cmd, check=True)
+        write_stamp(stamp, want)
     m = json.load(open(manifest))
     return {"tokens": sum(m["tokens"]), "documents": sum(m["documents"]), "shards": len(m["shards"])}
 
@@ -563,14 +613,15 @@ def main(argv=None):
             fail(f"{e} (pip install tokenizers h5py numpy; --stop-after merge builds the text without them)")
     scratch = a.scratch or os.path.join(a.out, "scratch")
     os.makedirs(scratch, exist_ok=True)
-    times, stats, t0 = {}, {}, time.time()
+    times, stats, t0, cleaner = {}, {}, time.time(), cleaner_digest()
     for i, pkg in enumerate(packages, 1):
-        s = clean_package(pkg, scratch, a.min_bytes)
+        s = clean_package(pkg, scratch, a.min_bytes, cleaner)
         stats[pkg["label"]] = s
         log(f"{i}/{len(packages)} {pkg['label']}: {s['documents']} documents, {s['bytes'] / 1e6:.1f} MB of "
             f"{s['bytes_read'] / 1e6:.1f} MB read ({s.get('seconds', 0)} s)")
     times["fetch_clean_s"] = round(time.time() - t0, 1)
-    commands, result = [], {"packages": a.packages, "vocab": a.vocab, "heldout": a.heldout, "min_bytes": a.min_bytes}
+    commands, result = [], {"packages": a.packages, "vocab": a.vocab, "heldout": a.heldout, "min_bytes": a.min_bytes,
+                            "cleaner": cleaner}
     if a.stop_after != "clean":
         t = time.time()
         totals = merge(packages, stats, scratch, a.out, a.heldout)
@@ -580,13 +631,21 @@ def main(argv=None):
     if a.stop_after not in ("clean", "merge"):
         t = time.time()
         tok_dir = os.path.join(a.out, "tokenizer")
-        if not os.path.exists(os.path.join(tok_dir, "tokenizer.json")):
+        # Stamped with what it was trained on: other training text or settings train it again.
+        want = {"text": {n: v["sha256"] for n, v in result["text"].items() if n.endswith("-train")},
+                "vocab": a.vocab, "tokenizer_bytes": a.tokenizer_bytes}
+        stamp = os.path.join(tok_dir, "source.json")
+        if not (os.path.exists(os.path.join(tok_dir, "tokenizer.json")) and stamp_matches(stamp, want)):
+            if os.path.exists(os.path.join(tok_dir, "tokenizer.json")):
+                log("tokenizer: trained on other text or settings: trained again")
             train_tokenizer(sample_for_tokenizer(a.out, a.tokenizer_bytes), a.vocab, tok_dir, commands)
+            write_stamp(stamp, want)
         times["tokenizer_s"] = round(time.time() - t, 1)
         log(f"tokenizer: {tok_dir}/tokenizer.json ({times['tokenizer_s']} s)")
     if a.stop_after is None:
         t = time.time()
-        result["tokens"] = {n: tokenize(a.out, n, os.path.join(a.out, "tokenizer", "tokenizer.json"), a.processes, commands)
+        result["tokens"] = {n: tokenize(a.out, n, os.path.join(a.out, "tokenizer", "tokenizer.json"), a.processes, commands,
+                                        result["text"][n]["sha256"])
                             for n in result["text"] if result["text"][n]["documents"]}
         times["tokenize_s"] = round(time.time() - t, 1)
         for split in ("train", "heldout"):

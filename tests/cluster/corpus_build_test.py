@@ -201,6 +201,36 @@ with tempfile.TemporaryDirectory() as tmp:
             d = json.loads(line)
             again[(d["source"], d["name"])] = d["text"]
     check(r.returncode == 0 and again == before, "a second run gives the same documents")
+    # What is up to date is reused, what is stale is made again: the whole build once more changes
+    # nothing; a package cleaned by other code (another cleaner digest) is cleaned again, and the
+    # same text keeps the tokenizer; other text (--heldout 0.4) trains the tokenizer and tokenizes again.
+    tok_path = os.path.join(out, "tokenizer", "tokenizer.json")
+    made = lambda: (os.stat(tok_path).st_mtime_ns,
+                    {n: os.stat(os.path.join(out, "tokens", n, "manifest.json")).st_mtime_ns for n in m["tokens"]})
+    first = made()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    check(r.returncode == 0 and "again" not in r.stdout and made() == first,
+          f"an up-to-date corpus: every stage reused: {r.stdout[-800:]}")
+    stats_a = os.path.join(out, "scratch", "clean", "file-toy-a.deb.stats.json")
+    st = json.load(open(stats_a))
+    check(len(st.get("cleaner", "")) == 16, f"the cleaner's digest in the stats: {st.get('cleaner')}")
+    st["cleaner"] = "0" * 16
+    write(stats_a, json.dumps(st).encode())
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    check(r.returncode == 0 and "file-toy-a.deb: cleaned by other code (0000000000000000" in r.stdout
+          and "file-toy-b.deb: cleaned" not in r.stdout and made() == first,
+          f"a package cleaned by other code is cleaned again (same text: tokenizer and shards kept): {r.stdout[-800:]}")
+    check(json.load(open(stats_a))["cleaner"] == m["cleaner"], "re-cleaned: the stats carry this code's digest")
+    r = subprocess.run(cmd[:-6] + ["--heldout", "0.4", "--min-bytes", "300", "--tokenizer-bytes", "1e6"],
+                       capture_output=True, text=True)
+    m2 = json.load(open(os.path.join(out, "manifest.json")))
+    check(r.returncode == 0 and "tokenizer: trained on other text" in r.stdout and made()[0] != first[0],
+          f"other training text: the tokenizer trained again: {r.stdout[-800:]}")
+    for name, v in m2["tokens"].items():
+        man_ = json.load(open(os.path.join(out, "tokens", name, "manifest.json")))
+        src_ = json.load(open(os.path.join(out, "tokens", name, "source.json")))
+        check(sum(man_["documents"]) == m2["text"][name]["documents"] and src_["text"] == m2["text"][name]["sha256"],
+              f"{name}: the shards hold the new split's documents ({m2['text'][name]['documents']}) and say so: {src_}")
     # Bad input: one line, exit 2.
     write(lst, "deb:\n")
     r = subprocess.run(cmd, capture_output=True, text=True)
