@@ -341,8 +341,8 @@ def main():
     p.add_argument("--calibration", action="store_true",
                    help="a select-heads --calib set: only samples whose answer length two different answers share")
     p.add_argument("--vary-haystack", action="store_true",
-                   help="each sample's haystack starts at its own sentence of the text (seeded like its keys), "
-                        "not at the text's start: training sets, where one haystack for all samples would be learnt")
+                   help="each sample's haystack is cut from the text from a sentence start of its own (seeded like its "
+                        "keys), not from the text's start: training sets, where one haystack for all samples would be learnt")
     args = p.parse_args()
 
     lengths = parse_list(args.lengths, parse_size, "--lengths")
