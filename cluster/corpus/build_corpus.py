@@ -23,7 +23,8 @@ the tokenizer and the shards are likewise made again when the text they were mad
             navigation are stripped (cluster/corpus/markup.py), lines that recur across a package's
             HTML pages (headers, footers) dropped, whitespace normalised. Dropped, with the reason
             counted: not UTF-8 or binary (a NUL byte), below --min-bytes, more than 5% non-ASCII
-            characters (translations, other scripts), prose with too few English function words,
+            characters (translations, other scripts), prose in a translation's folder (fr-FR, pt_BR:
+            a partly translated manual is mostly English), prose with too few English function words,
             repetitive text (zlib level 1 shrinks it below 12%: register tables, data), code with
             minified or generated lines, the other formats of a document the package ships in
             several (one file stem: the one with the most clean text stays; and a package's HTML

@@ -34,6 +34,10 @@ CODE_NAMES = re.compile(r"^(Makefile.*|Kconfig.*|Kbuild|CMakeLists\.txt|configur
 TEXT_EXT = {".txt", ".rst", ".md", ".markdown", ".text", ".adoc", ".org"}
 TEXT_NAMES = re.compile(r"^(README|NEWS|INSTALL|HACKING|TODO|FAQ|THANKS|AUTHORS)([._-].*)?$")
 SKIP_NAMES = re.compile(r"^(changelog.*|ChangeLog.*|copyright|COPYING.*|LICEN[CS]E.*)$", re.I)
+# A translation's folder (fr-FR, pt_BR, zh-TW: a language and a region), English's aside: a partly
+# translated manual keeps its untranslated paragraphs in English, so the language test alone keeps
+# it, and each translation is then another copy of the manual (debian-handbook ships 25).
+LOCALE_DIR = re.compile(r"(^|/)(?!en[-_])[a-z]{2,3}[-_][A-Z]{2}/")
 ARCHIVES = (".tar.xz", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar", ".zip")
 STOPWORDS = {"the", "of", "and", "to", "is", "that", "for", "with", "this", "are", "be", "by", "from", "which", "it",
              "as", "on", "you", "not", "or", "an", "if", "can", "will", "was", "have", "has", "at", "its", "when"}
@@ -280,6 +284,9 @@ def clean_package(pkg, scratch, min_bytes, cleaner):
         kind, stem = kind_of(plain)
         if kind is None:
             drop("other-format")
+            continue
+        if kind != "code" and LOCALE_DIR.search(name):
+            drop("translation")
             continue
         if info and (kind == "html" or "/_sources/" in name):
             drop("other-format-of-same-doc")

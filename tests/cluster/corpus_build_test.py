@@ -115,6 +115,11 @@ code_c = code("step_", 1)
 
 with tempfile.TemporaryDirectory() as tmp:
     a = {f"usr/share/doc/toy/html/page{i:02d}.html": page(i) for i in range(22)}
+    # A partly translated copy of a page (its paragraphs still English) in a locale folder: dropped;
+    # the English one (en-US) and code in such a folder (a locale's formats) kept.
+    a.update({"usr/share/doc/toy/html/fr-FR/intro.html": f"<html><body><p>{para(81)}</p></body></html>",
+              "usr/share/doc/toy/html/en-US/intro.html": f"<html><body><p>{para(82)}</p></body></html>",
+              "usr/src/toy/locale/pt_BR/formats.c": code("encoder_", 3)})
     a.update({"usr/share/doc/toy/tiny.txt": "too small", "usr/share/doc/toy/guide.txt": para(33),
               "usr/share/doc/toy/blob.txt": b"\x7fELF\x00\x00 binary " * 100,
               "usr/share/doc/toy/latin.txt": (para(60) + " Caf\xe9 na\xefve.").encode("latin-1"),
@@ -147,7 +152,7 @@ with tempfile.TemporaryDirectory() as tmp:
     m = json.load(open(os.path.join(out, "manifest.json")))
     src = {os.path.basename(s["package"]): s for s in m["sources"]}
     A, B, S = src["toy-a.deb"], src["toy-b.deb"], src["toy_sdist-1.0.tar.gz"]
-    for why, n in (("bad-archive", 1), ("small", 1), ("binary", 1), ("not-utf8", 1), ("not-english", 1), ("non-ascii", 1), ("repetitive", 1),
+    for why, n in (("translation", 1), ("bad-archive", 1), ("small", 1), ("binary", 1), ("not-utf8", 1), ("not-english", 1), ("non-ascii", 1), ("repetitive", 1),
                    ("long-lines", 1)):
         check(A["dropped"].get(why) == n, f"toy-a: {n} dropped as {why}: {A['dropped']}")
     check(A["latin1"] == 1, f"toy-a: one Latin-1 file read as such: {A.get('latin1')}")
@@ -171,6 +176,8 @@ with tempfile.TemporaryDirectory() as tmp:
           f"man page: text joined, comments gone: {tool[:300]!r}")
     check("\x00" not in text_of("manual.info.gz") and "(71.3)" in text_of("manual.info.gz"), "Info text without its NUL marks")
     check("reads files" in text_of("Tool.pod") and "C<" not in text_of("Tool.pod"), "POD markup gone")
+    check("(82.3)" in text_of("en-US/intro.html") and not text_of("fr-FR/intro.html") and "encoder_2" in text_of("pt_BR/formats.c"),
+          "the translation's copy dropped, the English page and the code kept")
     check("inner_3" in text_of("toy/lib/inner.c") and "(50.2)" in text_of("toy/doc/inner.rst"), "tarball members read")
     check({n for (s, t), (n, _) in docs.items() if t.endswith(".c")} <= {"code-train", "code-heldout"}, "C files are code")
     extra = sorted(t for (s, t) in docs if "extra/part" in t)
