@@ -198,6 +198,36 @@ with tempfile.TemporaryDirectory() as tmp:
                        capture_output=True, text=True)
     check(r.returncode == 0 and "| toy-a.deb |" in r.stdout and "| toy-b.deb (keep 0.5) |" in r.stdout
           and f"| prose-heldout | {m['text']['prose-heldout']['documents']} |" in r.stdout, f"--summary: {r.stdout[:600]}")
+    # cut_corpus.py: what the teacher's recipe reads, at a size that travels. Whole documents of the
+    # training prose (about half its tokens, by hash), the held-out shards and text whole, the first
+    # 50 KB of the training prose text, the tokenizer as it is; no code when none is asked for.
+    cut = os.path.join(tmp, "cut")
+    half = m["tokens"]["prose-train"]["tokens"] // 2
+    r = subprocess.run([sys.executable, os.path.join(root, "cluster/corpus/cut_corpus.py"), "--corpus", out, "--out", cut,
+                        "--prose-tokens", str(half), "--code-tokens", "0", "--hay-mb", "0.05"], capture_output=True, text=True)
+    check(r.returncode == 0, f"cut_corpus: {r.stderr[-600:]}")
+
+    def documents(path):
+        with h5py.File(path, "r") as f:
+            ids, off = f["input_ids"][...], f["document_offsets"][...]
+        return [tuple(ids[off[k]:off[k + 1]].tolist()) for k in range(len(off) - 1)]
+    src_docs = documents(os.path.join(out, "tokens", "prose-train", "shard-00000-0000.h5"))
+    cut_man = json.load(open(os.path.join(cut, "tokens", "prose-train", "manifest.json")))
+    cut_docs = documents(os.path.join(cut, "tokens", "prose-train", cut_man["shards"][0]))
+    check(0 < len(cut_docs) < len(src_docs) and all(d_ in set(src_docs) for d_ in cut_docs)
+          and cut_man["tokens"] == [sum(map(len, cut_docs))] and cut_man["documents"] == [len(cut_docs)],
+          f"the cut holds whole training documents, some not all: {len(cut_docs)} of {len(src_docs)}, {cut_man['tokens']} tokens")
+    check(sum(json.load(open(os.path.join(cut, "tokens", "prose-heldout", "manifest.json")))["tokens"]) == m["tokens"]["prose-heldout"]["tokens"]
+          and not os.path.exists(os.path.join(cut, "tokens", "code-train")), "held-out shards whole, no code asked, none")
+    hay_lines = open(os.path.join(cut, "text", "prose-train.jsonl")).readlines()
+    src_lines = open(os.path.join(out, "text", "prose-train.jsonl")).readlines()
+    check(hay_lines == src_lines[:len(hay_lines)] and sum(map(len, hay_lines)) >= min(50000, sum(map(len, src_lines)))
+          and sum(map(len, hay_lines[:-1])) < 50000, f"the haystack text: the first 50 KB of documents ({len(hay_lines)} lines)")
+    check(open(os.path.join(cut, "tokenizer", "tokenizer.json"), "rb").read() == open(os.path.join(out, "tokenizer", "tokenizer.json"), "rb").read()
+          and json.load(open(os.path.join(cut, "cut.json")))["prose-train"]["tokens"] == cut_man["tokens"][0], "tokenizer and cut.json")
+    r = subprocess.run([sys.executable, os.path.join(root, "cluster/corpus/cut_corpus.py"), "--corpus", out, "--out", cut,
+                        "--prose-tokens", "1K", "--code-tokens", "0"], capture_output=True, text=True)
+    check(r.returncode != 0 and "exists and is not empty" in r.stderr, f"cut_corpus into a full folder: {r.stderr!r}")
     # The same list again: every package comes from the scratch folder, and the same documents result.
     before = {k: v[1] for k, v in docs.items()}
     shutil.rmtree(os.path.join(out, "text"))
