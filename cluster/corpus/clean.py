@@ -322,18 +322,21 @@ def clean_package(pkg, scratch, min_bytes, cleaner):
             stats["latin1"] = stats.get("latin1", 0) + 1
         docs.append({"name": name, "kind": kind, "stem": stem, "text": normalise(to_text(kind, raw))})
     stats["boilerplate_lines"] = boilerplate(docs)
-    # One format of a document the package ships in several (one stem): the one with the most text
-    # once cleaned (Sphinx's _sources of an API page is a stub, its HTML the whole docstring), ties to
-    # the first in PROSE_KINDS.
-    best = {}
-    for i, d in enumerate(docs):
+    # One format of a document the package ships in several (one stem): every file of the kind with the
+    # most text once cleaned (Sphinx's _sources of an API page is a stub, its HTML the whole docstring;
+    # an Info manual's parts, and pages of one name in several folders, share a stem and a kind), ties
+    # to the first in PROSE_KINDS.
+    text_of_kind = {}
+    for d in docs:
         if d["stem"] is not None:
-            key = (-len(d["text"]), PROSE_KINDS.index(d["kind"]), i)
-            best[d["stem"]] = min(best.get(d["stem"], key), key)
+            text_of_kind[(d["stem"], d["kind"])] = text_of_kind.get((d["stem"], d["kind"]), 0) + len(d["text"])
+    best = {}
+    for (stem, kind), n in text_of_kind.items():
+        best[stem] = min(best.get(stem, (0, len(PROSE_KINDS), None)), (-n, PROSE_KINDS.index(kind), kind))
     tmp = out + ".jsonl.tmp"
     with open(tmp, "w") as f:
         for i, d in enumerate(docs):
-            if d["stem"] is not None and best[d["stem"]][2] != i:
+            if d["stem"] is not None and best[d["stem"]][2] != d["kind"]:
                 drop("other-format-of-same-doc")
                 continue
             why = why_dropped(d["kind"], d["text"], min_bytes)

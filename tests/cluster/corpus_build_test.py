@@ -131,6 +131,10 @@ with tempfile.TemporaryDirectory() as tmp:
               "usr/src/toy-src.tar.gz": tar_gz({"toy/lib/inner.c": code("inner_", 2),
                                                  "toy/doc/inner.rst": para(50)})})
     b = {"usr/share/info/manual.info.gz": gzip.compress(info.encode()),
+         # the manual's second part (one stem, one kind: kept with the first), and two pages of one name
+         # in two folders (kept both)
+         "usr/share/info/manual.info-2.gz": gzip.compress(para(72).encode()),
+         "usr/share/doc/manual/a/index.txt": para(73), "usr/share/doc/manual/b/index.txt": para(74),
          "usr/share/doc/manual/manual.texi": texinfo,
          "usr/share/doc/manual/html/manual.html": f"<html><body><p>{para(70)}</p></body></html>",
          "usr/share/doc/manual/html/other.html": f"<html><body><p>{para(75)}</p></body></html>",
@@ -174,6 +178,8 @@ with tempfile.TemporaryDirectory() as tmp:
     tool = text_of("tool.1.gz")
     check("reads the files that it is given and writes what it finds." in tool and "roff comment" not in tool and "(90.3)" in tool,
           f"man page: text joined, comments gone: {tool[:300]!r}")
+    check("(72.3)" in text_of("manual.info-2.gz") and "(73.3)" in text_of("a/index.txt") and "(74.3)" in text_of("b/index.txt"),
+          "every part of the Info manual and both pages of one name kept")
     check("\x00" not in text_of("manual.info.gz") and "(71.3)" in text_of("manual.info.gz"), "Info text without its NUL marks")
     check("reads files" in text_of("Tool.pod") and "C<" not in text_of("Tool.pod"), "POD markup gone")
     check("(82.3)" in text_of("en-US/intro.html") and not text_of("fr-FR/intro.html") and "encoder_2" in text_of("pt_BR/formats.c"),
