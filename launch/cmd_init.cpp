@@ -19,7 +19,7 @@ struct InitOptions {
 
   void bind(po::options_description& o) {
     o.add_options()
-        ("preset", po::value(&preset)->required(), "shape: qwen3-tiny, hydrahead-tiny, qwen3-1.7b, hydrahead-1.7b, qwen3-4b, hydrahead-4b, qwen3-8b, hydrahead-8b, qwen3-synth, qwen3-synth-cpu")
+        ("preset", po::value(&preset)->required(), "shape: qwen3-tiny, hydrahead-tiny, qwen3-1.7b, hydrahead-1.7b, qwen3-4b, hydrahead-4b, qwen3-8b, hydrahead-8b, qwen3-synth, qwen3-synth-cpu, qwen3-text, qwen3-text-cpu")
         ("weight-seed", po::value(&seed)->default_value(0), "weight seed (same seed, same weights; the name every command uses)")
         ("seed", po::value(&old_seed), "not taken: the weight seed is --weight-seed")
         ("out", po::value(&out)->required(), "checkpoint to write (.h5), written atomically")
