@@ -120,17 +120,23 @@ double parse_finite(const std::string& text, const char* flag) {
   return v;
 }
 
-// `hydra train ARGS --resume` as a shell line (single-quoted where needed), under mpirun for P > 1.
-std::string resume_command(const std::vector<std::string>& args, int ranks) {
-  std::string line = ranks > 1 ? fmt::format("mpirun -np {} hydra train", ranks) : "hydra train";
+// `BINARY train ARGS --resume` as a shell line (single-quoted where needed), under mpirun for P > 1:
+// BINARY is the executable that runs (its path as started, so the line works where this one did).
+std::string resume_command(const std::string& binary, const std::vector<std::string>& args, int ranks) {
+  const auto quote = [](const std::string& a) {
+    const bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                                                         "-_=.,/:+@%") == std::string::npos;
+    if (plain) return a;
+    std::string quoted = "'";
+    for (char ch : a) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    return quoted + "'";
+  };
+  std::string line = (ranks > 1 ? fmt::format("mpirun -np {} ", ranks) : std::string()) + quote(binary) + " train";
   bool resume = false;
   for (const std::string& a : args) {
     resume = resume || a == "--resume";
-    const bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                                                         "-_=.,/:+@%") == std::string::npos;
-    std::string quoted = "'";
-    for (char ch : a) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-    line += " " + (plain ? a : quoted + "'");
+    line += ' ';
+    line += quote(a);
   }
   return resume ? line : line + " --resume";
 }
@@ -164,7 +170,7 @@ struct TrainOptions {
         ("seq-len", po::value(&seq_len)->required(), "tokens per sequence (window); accepts 4K, 128K; a multiple of 2·sp on sp ranks")
         ("steps", po::value(&steps)->required(), "optimizer steps (the learning-rate schedule's length)")
         ("stop-at", po::value(&stop_at)->default_value(0), "stop after this step with a checkpoint (0: --steps); continue later with --resume — for runs split over time-limited allocations")
-        ("out-dir", po::value(&out_dir)->required(), "checkpoints (step-N/model.h5, state.h5), the 'latest' pointer, train.jsonl")
+        ("out-dir", po::value(&out_dir)->required(), "checkpoints (step-N/: model.h5, each rank's optimizer shard, manifest.json), the 'latest' pointer, train.jsonl")
         ("lr", po::value(&lr), "peak learning rate, > 0 (default: the stage's: pretrain 1e-3, align 1e-3, distill 1e-4, finetune 2e-5)")
         ("min-lr", po::value(&min_lr), "learning rate at the last step, cosine decay, in [0, lr] (default: lr / 10)")
         ("warmup", po::value(&warmup), "linear warmup steps, in [0, --steps] (default: 5% of --steps, at most 100)")
@@ -183,7 +189,7 @@ struct TrainOptions {
         ("save-timeout", po::value(&save_timeout)->default_value(0), "seconds a checkpoint's save may take before the job ends (every rank writes its shard at once; 0: 120 s + the largest rank's bytes at 20 MB/s)")
         ("train", po::value(&train)->default_value("auto"), "attention (the attention block only) | all (default: attention for align, all otherwise)")
         ("resume", po::bool_switch(&resume), "continue the run in --out-dir from its latest checkpoint (same model and data; another world size or --sp needs the same windows per step, --batch-seqs × --grad-accum × replicas; the state's checksums and the inputs' contents are verified)")
-        ("allow-changed-inputs", po::bool_switch(&allow_changed_inputs), "with --resume: accept a model, teacher or data file whose contents differ from those the run was trained on (the model's and teacher's XXH3 and the data's content identities are stored in every state.h5)")
+        ("allow-changed-inputs", po::bool_switch(&allow_changed_inputs), "with --resume: accept a model, teacher or data file whose contents differ from those the run was trained on (the model's and teacher's XXH3 and the data's content identities are stored in every checkpoint's manifest.json)")
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16 weights, fp32 masters), cpu (fp32) or auto")
         ("sp", po::value(&sp)->default_value(0), "ranks per sequence (sequence parallel); world / sp data-parallel replicas (0: all ranks)")
         ("zero", po::value(&zero)->default_value("auto"), "optimizer state: 1 spreads the fp32 masters and AdamW moments over all ranks (ZeRO-1: 12/W bytes a trained parameter per rank; gradients reduce-scattered, weights all-gathered), 0 keeps all of it on every rank (its gradients summed in the same order: the same numbers, bit for bit on the CPU); auto: 1 on more than one rank")
@@ -401,7 +407,7 @@ void report_run(App& app, const TrainOptions& opt, const std::vector<std::string
   std::cout << summary.dump() << std::endl;
   if (s.stopped) {
     log::warn("train: stopped by {} after step {}; saved {}. Continue with:\n  {}", s.stop_reason, s.last_step,
-              s.checkpoint, resume_command(args, app.world.size()));
+              s.checkpoint, resume_command(app.binary, args, app.world.size()));
   }
 }
 
