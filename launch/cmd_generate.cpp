@@ -200,7 +200,9 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   std::optional<TokenTexts> texts;
   std::vector<int32_t> default_stop;
   if (!tokenizer.empty()) {
-    texts = TokenTexts::from_file(tokenizer);
+    // The ids alone for the default stop; the decoder too for stop strings (one hydra does not read is
+    // then named, and only then).
+    texts = TokenTexts::from_file(tokenizer, opt.stop_strings.empty() ? TokenTexts::Decode::no : TokenTexts::Decode::yes);
     HYDRA_USER_CHECK(texts->size() <= config.vocab_size || opt.stop_strings.empty(), "{}: the tokenizer has {} ids, the "
                      "model's vocabulary {} (another model's tokenizer?)", tokenizer, texts->size(), config.vocab_size);
     if (!opt.no_default_stop) {

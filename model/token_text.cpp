@@ -147,13 +147,14 @@ json read_json_file(const std::string& path, const std::string& what) {
 
 }  // namespace
 
-TokenTexts TokenTexts::from_file(const std::string& path) {
+TokenTexts TokenTexts::from_file(const std::string& path, Decode decode) {
   const json j = read_json_file(path, "tokenizer (tokenizer.json)");
   HYDRA_USER_CHECK(j.contains("model") && j.at("model").is_object() && j.at("model").contains("vocab"),
                    "{}: not a Hugging Face tokenizer.json (no model.vocab)", path);
-  const Decoder decoder(j.value("decoder", json()), path);
+  const std::optional<Decoder> decoder =
+      decode == Decode::yes ? std::optional<Decoder>(std::in_place, j.value("decoder", json()), path) : std::nullopt;
   TokenTexts t;
-  t.decoder_ = decoder.name();
+  t.decoder_ = decoder ? decoder->name() : "not read";
   std::vector<std::pair<int64_t, std::string>> tokens;  // id, vocabulary string
   const json& vocab = j.at("model").at("vocab");
   if (vocab.is_object()) {  // BPE, WordLevel, WordPiece: token -> id
@@ -184,11 +185,11 @@ TokenTexts TokenTexts::from_file(const std::string& path) {
   for (const auto& [id, s] : added) HYDRA_USER_CHECK(id >= 0, "{}: the added token '{}' has the id {}", path, s, id);
   t.bytes_.assign(static_cast<size_t>(size), std::string());
   for (const auto& [id, s] : tokens) {
-    t.bytes_[static_cast<size_t>(id)] = decoder.apply(s);
+    if (decoder) t.bytes_[static_cast<size_t>(id)] = decoder->apply(s);
     t.ids_.emplace_back(s, static_cast<int32_t>(id));
   }
   for (const auto& [id, s] : added) {
-    t.bytes_[static_cast<size_t>(id)] = s;
+    if (decoder) t.bytes_[static_cast<size_t>(id)] = s;
     t.ids_.emplace_back(s, static_cast<int32_t>(id));
   }
   std::sort(t.ids_.begin(), t.ids_.end());

@@ -30,7 +30,10 @@ namespace hydra {
 class TokenTexts {
  public:
   // UserError for a file that is not a tokenizer.json hydra can read (naming what is missing).
-  static TokenTexts from_file(const std::string& tokenizer_json);
+  // Decode::no reads the ids alone (id_of, the default stop): a decoder hydra does not read is then
+  // no error, and bytes() is empty.
+  enum class Decode { yes, no };
+  static TokenTexts from_file(const std::string& tokenizer_json, Decode decode = Decode::yes);
   int64_t size() const { return static_cast<int64_t>(bytes_.size()); }  // 1 + the largest id
   // The bytes id adds to the decoded text ("" for an id the tokenizer does not define).
   const std::string& bytes(int32_t id) const;

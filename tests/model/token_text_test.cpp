@@ -64,6 +64,8 @@ TEST(TokenTexts, DecodersGiveEachTokensBytes) {
   other["decoder"] = {{"type", "CTC"}};
   EXPECT_NE(error_of([&] { TokenTexts::from_file(write(dir, "ctc.json", other)); }).find("its decoder CTC is not one hydra reads"),
             std::string::npos);
+  // Without stop strings only the ids are read (the default stop): that decoder is then no error.
+  EXPECT_EQ(TokenTexts::from_file(dir.file("ctc.json"), TokenTexts::Decode::no).id_of("<|endoftext|>"), std::optional<int32_t>(6));
   EXPECT_NE(error_of([&] { TokenTexts::from_file(write(dir, "no.json", json{{"version", "1.0"}})); }).find("no model.vocab"),
             std::string::npos);
 }
