@@ -97,7 +97,7 @@ int run_convert(App& app, const std::vector<std::string>& args) {
     calib = read_calibration_windows(opt.calib, teacher_config.vocab_size, parse_size(opt.calib_seq_len, "--calib-seq-len"),
                                      parse_size(opt.calib_tokens, "--calib-tokens"), app.world.size());
   }
-  const Device device = calib.windows > 0 ? resolve_device(opt.device, app.mpi) : Device::host;
+  const Device device = calib.windows > 0 ? resolve_device(opt.device, app.mpi, app.gpu_sharing) : Device::host;
   RunFingerprint inputs;
   add_model_fields(inputs, "teacher", teacher_config);
   add_model_fields(inputs, "student", student);
@@ -116,7 +116,7 @@ int run_convert(App& app, const std::vector<std::string>& args) {
   std::vector<std::vector<double>> gamma;
   if (calib.windows > 0) {
     // Every rank takes part in the sequence-parallel teacher forward of every window.
-    DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+    DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, app.gpu_sharing, opt.nccl_timeout);
     Communicator& comm = *world.comm;
     const DType dtype = storage_dtype(world.device);
     const auto t0 = std::chrono::steady_clock::now();
