@@ -11,11 +11,16 @@ run of a length is missing it is left out.
 import argparse
 import collections
 import json
+import os
+import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from figure_file import save_figure  # noqa: E402
 
 
 def label(n):
@@ -63,7 +68,7 @@ def main():
         ax.legend(fontsize=8)
     fig.suptitle(f"hydra {command}, {runs[0].get('model', 'hydrahead-1.7b') if runs else ''}, bf16")
     fig.tight_layout()
-    fig.savefig(a.out, dpi=120)
+    save_figure(fig, a.out, "plot_sweep", dpi=120)
     print(f"wrote {a.out}")
 
 

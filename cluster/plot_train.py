@@ -20,6 +20,9 @@ except ImportError:
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from figure_file import save_figure  # noqa: E402
+
 
 def read_run(path):
     log = os.path.join(path, "train.jsonl") if os.path.isdir(path) else path
@@ -92,7 +95,7 @@ def main():
         if sum(len(s[0]["layer_loss"]) for _, s, _ in runs if s and "layer_loss" in s[0]) <= 12:
             ax2.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(a.out, dpi=120)
+    save_figure(fig, a.out, "plot_train", dpi=120)
     print(f"wrote {a.out}")
 
 

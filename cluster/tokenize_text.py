@@ -18,15 +18,19 @@ loss_mask = 1 on the response tokens only (the assistant messages'), so training
 --out FILE.h5 keeps the single-file form: the .txt files concatenated whole into int32 ids, a separator
 between files, --documents for document_offsets, --max-tokens to stop early.
 
-Output (--out DIR): shards DIR/shard-JJJJJ-SSSS.h5, J the input piece (an input file, or a
---chunk-bytes piece of a large .jsonl/.txt), S the shard within it: each holds whole documents
-(a document longer than --shard-tokens is cut), at most --shard-tokens tokens, with
+Output (--out DIR): shards DIR/shard-JJJJJ-SSSS.h5, J the job, S the shard within it. A job is a run
+of consecutive inputs in the order given (whole files, or --chunk-bytes pieces of a large .jsonl/.txt)
+of at most --chunk-bytes together, so many small files share shards instead of making one each; its
+documents are packed in order into shards of at most --shard-tokens tokens (a document longer than
+that is cut), each with
   input_ids         the narrowest of uint8/uint16/int32 that holds the vocabulary
   document_offsets  int64 [D+1]: document d is input_ids[o_d, o_{d+1}) (always written)
   loss_mask         uint8 [N] (--supervised only)
-and attributes tokenizer, vocab_size; DIR/manifest.json lists the shards, their tokens and
-documents in order (the --data list: hydra train --data "$(jq -r '.shards|join(",")' DIR/manifest.json)").
-The shards are the same whatever --processes; each is written atomically (a .tmp renamed). A
+and attributes tokenizer, vocab_size; DIR/manifest.json lists the shards by their file names in DIR
+(plain names, relative to the manifest: the folder can be moved or copied whole), their tokens and
+documents in order. hydra takes the folder as one corpus: hydra train --data DIR (or DIR/manifest.json;
+DIR:0.7,OTHER/:0.3 blends corpora). The shards are the same whatever --processes; each is written
+atomically (a .tmp renamed). A
 separator (the tokenizer's <|endoftext|>, </s> or <eos>; --separator overrides, -1: none) ends every
 document (counted with the response in supervised mode: the model learns to stop). Memory per
 process: one shard's ids (4 bytes a token) and one batch of documents.
@@ -53,6 +57,20 @@ def id_dtype(vocab, np):
         if vocab - 1 <= np.iinfo(dt).max:
             return dt
     sys.exit(f"tokenize_text: a vocabulary of {vocab} does not fit int32")
+
+
+def jobs_of(pieces, chunk_bytes):
+    """Consecutive pieces grouped into jobs of at most chunk_bytes together (a piece larger than that,
+    a .parquet file, alone): small inputs share shards. The same jobs whatever the process count."""
+    jobs, size = [], 0
+    for path, begin, end in pieces:
+        n = end - begin
+        if not jobs or size + n > chunk_bytes or path.endswith(".parquet") or jobs[-1][-1][0].endswith(".parquet"):
+            jobs.append([])
+            size = 0
+        jobs[-1].append((path, begin, end))
+        size += n
+    return jobs
 
 
 def pieces_of(files, chunk_bytes):
@@ -201,8 +219,8 @@ def tokenize_piece_reporting(job):
 
 
 def tokenize_piece(job):
-    """Tokenizes one piece into its shards; returns their (path, tokens, documents, counted)."""
-    (index, (path, begin, end)), a = job
+    """Tokenizes one job (its pieces in order) into its shards; returns their (name, tokens, documents, counted)."""
+    (index, pieces), a = job
     import h5py
     import numpy as np
     from tokenizers import Tokenizer
@@ -230,7 +248,7 @@ def tokenize_piece(job):
             f.attrs["tokenizer"] = os.path.basename(a.tokenizer)
             f.attrs["vocab_size"] = vocab
         os.replace(out + ".tmp", out)
-        shards.append((out, len(all_ids), len(lengths), counted))
+        shards.append((os.path.basename(out), len(all_ids), len(lengths), counted))
         ids.clear(), mask.clear(), lengths.clear()
         held[0] = 0
 
@@ -273,20 +291,21 @@ def tokenize_piece(job):
                 add(e.ids + sep, None)
         batch.clear()
 
-    for n, rec in enumerate(records(path, begin, end, a)):
-        where = f"{path} (byte {begin}+, record {n + 1})"
-        if a.supervised:
-            if not isinstance(rec, dict):
-                raise SystemExit(f"tokenize_text: {where}: a supervised example must be a JSON object")
-            batch.append(renderer.segments(rec, where))
-        elif isinstance(rec, dict):
-            if a.text_field not in rec:
-                raise SystemExit(f"tokenize_text: {where}: no '{a.text_field}' field (--text-field)")
-            batch.append(rec[a.text_field])
-        else:
-            batch.append(rec)
-        if len(batch) >= 256:
-            flush()
+    for path, begin, end in pieces:
+        for n, rec in enumerate(records(path, begin, end, a)):
+            where = f"{path} (byte {begin}+, record {n + 1})"
+            if a.supervised:
+                if not isinstance(rec, dict):
+                    raise SystemExit(f"tokenize_text: {where}: a supervised example must be a JSON object")
+                batch.append(renderer.segments(rec, where))
+            elif isinstance(rec, dict):
+                if a.text_field not in rec:
+                    raise SystemExit(f"tokenize_text: {where}: no '{a.text_field}' field (--text-field)")
+                batch.append(rec[a.text_field])
+            else:
+                batch.append(rec)
+            if len(batch) >= 256:
+                flush()
     flush()
     write_shard()
     return shards
@@ -347,7 +366,9 @@ def main():
     p.add_argument("--separator", type=int, default=None,
                    help="id ending every document (default: the tokenizer's <|endoftext|>, </s> or <eos>; -1: none)")
     p.add_argument("--shard-tokens", default="256M", help="tokens per shard at most (accepts 64M)")
-    p.add_argument("--chunk-bytes", default="256M", help="inputs larger than this are cut into pieces of it (at line ends)")
+    p.add_argument("--chunk-bytes", default="256M",
+                   help="inputs larger than this are cut into pieces of it (at line ends); smaller consecutive inputs are "
+                        "tokenized together up to this size, sharing shards")
     p.add_argument("--processes", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("--text-field", default="text", help="the text of a .jsonl line or a .parquet row")
     p.add_argument("--supervised", action="store_true",
@@ -386,7 +407,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     if any(n.startswith("shard-") for n in os.listdir(a.out)):
         sys.exit(f"tokenize_text: {a.out} holds shards already: choose an empty folder")
-    jobs = [((i, piece), a) for i, piece in enumerate(pieces_of(a.files, a.chunk_bytes))]
+    jobs = [((i, job), a) for i, job in enumerate(jobs_of(pieces_of(a.files, a.chunk_bytes), a.chunk_bytes))]
     try:
         if a.processes > 1 and len(jobs) > 1:
             import multiprocessing
@@ -411,7 +432,8 @@ def main():
     total = sum(manifest["tokens"])
     counted = f", {sum(manifest['counted'])} counted (loss_mask)" if a.supervised else ""
     dtype = id_dtype(tok.get_vocab_size(), __import__("numpy")).__name__
-    print(f"tokenize_text: {total} tokens, {sum(manifest['documents'])} documents in {len(shards)} shard(s){counted} "
+    print(f"tokenize_text: {total} tokens, {sum(manifest['documents'])} documents from {len(a.files)} input(s) in "
+          f"{len(shards)} shard(s){counted} "
           f"(ids {dtype}, vocabulary {tok.get_vocab_size()}) -> {a.out}")
     return 0
 

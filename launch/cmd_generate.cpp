@@ -8,13 +8,19 @@
 // (with --logprobs K: each new token's log-probability and its K most likely alternatives), and
 // a summary line (rank 0, atomically). Inputs are checked before any work: token ids against the model's vocabulary, prompt
 // offsets that partition the ids into non-empty prompts, stop ids, the sampling flags, the memory plan.
+// Stops: --stop-token ids; --stop strings, matched on the text of the new tokens across token
+// boundaries (model/token_text.h, with the tokenizer.json of --tokenizer or beside --model); and, when
+// the tokenizer is known, its eos (default_stop_ids) unless --no-default-stop.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "launch/cli.h"
@@ -45,6 +51,9 @@ struct GenerateCliOptions {
   double top_p = 1.0;
   uint64_t seed = 0;
   std::string stop_tokens;
+  std::vector<std::string> stop_strings;
+  std::string tokenizer;
+  bool no_default_stop = false;
   std::string out;
   std::string device = "auto";
   std::string progress = "auto";
@@ -66,6 +75,9 @@ struct GenerateCliOptions {
         ("seed", po::value(&seed)->default_value(0), "sampling seed (the same tokens on every rank and every run; the "
          "weights' seed is --weight-seed)")
         ("stop-token", po::value(&stop_tokens), "comma-separated ids that end a prompt's generation (kept as its last token)")
+        ("stop", po::value(&stop_strings)->composing(), "a stop string (repeatable): generation ends at the token whose text completes it, across token boundaries, as transformers' stop_strings (the token is kept; the line names the string); needs the tokenizer")
+        ("tokenizer", po::value(&tokenizer), "the model's tokenizer.json, or its folder, for --stop and the default stop (default: the --model file's folder, when it holds a tokenizer.json)")
+        ("no-default-stop", po::bool_switch(&no_default_stop), "do not stop at the tokenizer's eos (generation_config.json's eos_token_id, else tokenizer_config.json's eos_token, else <|endoftext|>, </s> or <eos>), which is the default stop whenever the tokenizer is known")
         ("out", po::value(&out)->required(), "output JSON lines: one per prompt, then a summary (rank 0, atomic)")
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16, one GPU per rank), cpu (fp32) or auto")
         ("progress", po::value(&progress)->default_value("auto"), "per-layer prefill progress: on, off, auto (from 64K tokens)")
@@ -93,7 +105,22 @@ struct GenerateCliOptions {
     require_not_an_input(out, {prompt, model.model_path}, "--out");
     HYDRA_USER_CHECK(progress == "on" || progress == "off" || progress == "auto", "--progress must be on, off or auto");
     HYDRA_USER_CHECK(nccl_timeout > 0, "--nccl-timeout must be positive");
+    for (const std::string& s : stop_strings) HYDRA_USER_CHECK(!s.empty(), "--stop: an empty stop string would stop at once");
+    HYDRA_USER_CHECK(stop_strings.empty() || !tokenizer_path().empty(), "--stop matches text: give --tokenizer "
+                     "(tokenizer.json or its folder; none beside --model {})", model.model_path.empty() ? model.describe() : model.model_path);
     parse_decode_graph(cuda_graph);
+  }
+  // The tokenizer.json: --tokenizer (the file or its folder), else the one beside --model; "" if none.
+  std::string tokenizer_path() const {
+    namespace fs = std::filesystem;
+    if (!tokenizer.empty()) {
+      const fs::path p = fs::is_directory(tokenizer) ? fs::path(tokenizer) / "tokenizer.json" : fs::path(tokenizer);
+      require_readable_file(p.string(), "tokenizer");
+      return p.string();
+    }
+    if (model.model_path.empty()) return "";
+    const fs::path beside = fs::absolute(model.model_path).parent_path() / "tokenizer.json";
+    return fs::exists(beside) ? beside.string() : "";
   }
 };
 
@@ -160,7 +187,8 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "generate",
                           "(--model M.h5 | --preset NAME [--weight-seed W]) --prompt P.h5 --max-new-tokens N [--temperature 0] "
-                          "[--top-k K] [--top-p P] [--seed S] [--repetition-penalty F] [--stop-token ID,...] [--logprobs K] [--sp N] --out OUT.jsonl [--device cpu|cuda] [--cuda-graph on|off|auto]",
+                          "[--top-k K] [--top-p P] [--seed S] [--repetition-penalty F] [--stop-token ID,...] [--stop TEXT ...] [--tokenizer DIR] "
+                          "[--no-default-stop] [--logprobs K] [--sp N] --out OUT.jsonl [--device cpu|cuda] [--cuda-graph on|off|auto]",
                           desc, args)) {
     return 0;
   }
@@ -168,7 +196,25 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   Communicator& comm = app.world;
   const ModelConfig config = opt.model.config();
   const std::vector<std::vector<int32_t>> prompts = read_prompts(opt.prompt, config.vocab_size);
-  const std::vector<int32_t> stop = parse_stop_tokens(opt.stop_tokens, config.vocab_size);
+  std::vector<int32_t> stop = parse_stop_tokens(opt.stop_tokens, config.vocab_size);
+  // The tokenizer's texts: stop strings and the default stop (its eos) when it is known.
+  const std::string tokenizer = opt.tokenizer_path();
+  std::optional<TokenTexts> texts;
+  std::vector<int32_t> default_stop;
+  if (!tokenizer.empty()) {
+    // The ids alone for the default stop; the decoder too for stop strings (one hydra does not read is
+    // then named, and only then).
+    texts = TokenTexts::from_file(tokenizer, opt.stop_strings.empty() ? TokenTexts::Decode::no : TokenTexts::Decode::yes);
+    HYDRA_USER_CHECK(texts->size() <= config.vocab_size || opt.stop_strings.empty(), "{}: the tokenizer has {} ids, the "
+                     "model's vocabulary {} (another model's tokenizer?)", tokenizer, texts->size(), config.vocab_size);
+    if (!opt.no_default_stop) {
+      for (const int32_t id : default_stop_ids(tokenizer, *texts)) {
+        if (id < config.vocab_size && std::find(stop.begin(), stop.end(), id) == stop.end()) default_stop.push_back(id);
+      }
+    }
+  }
+  stop.insert(stop.end(), default_stop.begin(), default_stop.end());
+  const StopStrings stop_strings(opt.stop_strings, texts ? &*texts : nullptr);
   const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
   const DType dtype = storage_dtype(device);
   const int ranks = comm.size();
@@ -224,6 +270,8 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   inputs.add_tokens("prompt tokens", all_ids);
   inputs.add("prompt count", std::to_string(slots));
   add_file_datasets(inputs, "prompt file", opt.prompt);  // prompt_offsets too: sizes of every collective
+  if (texts) inputs.add("tokenizer texts", texts->fingerprint());  // the same stop decisions on every rank
+  inputs.add("stop ids", fmt::format("{}", fmt::join(stop, ",")));
   opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
 
@@ -236,6 +284,9 @@ int run_generate(App& app, const std::vector<std::string>& args) {
             "cache {:.1f} KiB per token + {:.1f} MiB per sequence, {} per rank planned; decode steps {}", slots, total_tokens,
             opt.max_new_tokens, ranks, groups.replicas(), p, device_name(world.device), config.summary(), cache_bytes.per_token / 1024.0,
             cache_bytes.per_slot / 1048576.0, estimate.describe(), graph ? "replayed as a CUDA graph" : "launched eagerly");
+  if (!default_stop.empty()) {
+    log::info("generate: stopping at the tokenizer's eos {} ({}; --no-default-stop: none)", fmt::join(default_stop, ","), tokenizer);
+  }
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_reset_peak();
 #endif
@@ -251,6 +302,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
       .sampling = {.temperature = opt.temperature, .top_k = opt.top_k, .top_p = opt.top_p, .seed = opt.seed,
                    .repetition_penalty = opt.repetition_penalty},
       .stop_tokens = stop,
+      .stop_strings = stop_strings.empty() ? nullptr : &stop_strings,
       .progress = opt.progress == "on" || (opt.progress == "auto" && longest_prefill >= 65536),
       .top_logprobs = opt.logprobs,
       .cuda_graph = graph ? DecodeGraph::on : DecodeGraph::off,
@@ -260,12 +312,14 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   if (!mine.empty()) local = generate(groups.sequence(), model, mine, options);
   check_device_progress(world);
   // Every group's sequences to every rank: per sequence [n, tokens (n), prefilled, prefill_s, decode_s,
-  // stopped], then with --logprobs K per token [log p, K × (id, log p)].
+  // stopped, the stop string's index + 1 (0: none)], then with --logprobs K per token [log p, K × (id, log p)].
   std::vector<double> packed;
   for (const GeneratedSequence& seq : local) {
     packed.push_back(static_cast<double>(seq.tokens.size()));
     packed.insert(packed.end(), seq.tokens.begin(), seq.tokens.end());
-    packed.insert(packed.end(), {static_cast<double>(seq.prefilled), seq.prefill_s, seq.decode_s, seq.stopped ? 1.0 : 0.0});
+    const auto which = std::find(opt.stop_strings.begin(), opt.stop_strings.end(), seq.stop_string);
+    packed.insert(packed.end(), {static_cast<double>(seq.prefilled), seq.prefill_s, seq.decode_s, seq.stopped ? 1.0 : 0.0,
+                                 seq.stop_string.empty() ? 0.0 : static_cast<double>(which - opt.stop_strings.begin() + 1)});
     for (size_t j = 0; j < seq.logprobs.size(); ++j) {
       packed.push_back(seq.logprobs[j]);
       for (const auto& [id, lp] : seq.top[j]) packed.insert(packed.end(), {static_cast<double>(id), lp});
@@ -280,14 +334,15 @@ int run_generate(App& app, const std::vector<std::string>& args) {
       GeneratedSequence& seq = result[static_cast<size_t>(b)];
       HYDRA_ASSERT(at < v.size(), "group {}'s gathered sequences end before prompt {}", g, b);
       const size_t n = static_cast<size_t>(v[at++]);
-      HYDRA_ASSERT(at + n + 4 <= v.size(), "group {}'s gathered sequence {} is cut short", g, b);
+      HYDRA_ASSERT(at + n + 5 <= v.size(), "group {}'s gathered sequence {} is cut short", g, b);
       for (size_t j = 0; j < n; ++j) seq.tokens.push_back(static_cast<int32_t>(v[at + j]));
       at += n;
       seq.prefilled = static_cast<int64_t>(v[at]);
       seq.prefill_s = v[at + 1];
       seq.decode_s = v[at + 2];
       seq.stopped = v[at + 3] != 0;
-      at += 4;
+      if (v[at + 4] > 0) seq.stop_string = opt.stop_strings.at(static_cast<size_t>(v[at + 4]) - 1);
+      at += 5;
       const size_t k = static_cast<size_t>(std::min<int64_t>(opt.logprobs, config.vocab_size));
       for (size_t j = 0; opt.logprobs > 0 && j < n; ++j) {
         HYDRA_ASSERT(at + 1 + 2 * k <= v.size(), "group {}'s gathered log-probabilities of prompt {} are cut short", g, b);
@@ -320,6 +375,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
         {"decode_s", seq.decode_s},
         {"decode_tokens_per_s", seq.decode_s > 0 ? static_cast<double>(seq.tokens.size()) / seq.decode_s : 0.0},
         {"stopped", seq.stopped}};
+    if (!seq.stop_string.empty()) line["stop_string"] = seq.stop_string;
     if (opt.logprobs > 0) {  // per new token: log p, and [id, log p] of the K most likely
       line["logprobs"] = seq.logprobs;
       nlohmann::json top = nlohmann::json::array();

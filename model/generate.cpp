@@ -151,6 +151,11 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
   int64_t generated = 0;
   std::vector<int64_t> rows, choosing;
   std::vector<int32_t> ids, chosen;
+  // Stop strings: each sequence's text tail, starting with its prompt's last tokens (model/token_text.h).
+  std::vector<StopStrings::State> stop_states;
+  if (options.stop_strings) {
+    for (const auto& prompt : prompts) stop_states.push_back(options.stop_strings->start(prompt));
+  }
   while (true) {
     if (seconds_since(t_decode) > next_report) {
       log::info("decode: {} of {} new tokens after {:.0f} s ({:.1f} tokens/s)", generated, n * options.max_new_tokens,
@@ -216,6 +221,12 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
       if (!seen.empty()) seen[static_cast<size_t>(b)].add(chosen[c]);
       ++generated;
       seq.stopped = std::find(options.stop_tokens.begin(), options.stop_tokens.end(), chosen[c]) != options.stop_tokens.end();
+      if (options.stop_strings && !seq.stopped) {  // the same tokens on every rank: the same verdict
+        if (const auto hit = options.stop_strings->add(stop_states[static_cast<size_t>(b)], chosen[c])) {
+          seq.stopped = true;
+          seq.stop_string = *hit;
+        }
+      }
       if (seq.stopped || static_cast<int64_t>(seq.tokens.size()) == options.max_new_tokens) {
         done[static_cast<size_t>(b)] = true;
         seq.decode_s = seconds_since(t_decode);

@@ -10,7 +10,8 @@
 // each into its own cache slot), then decoded together: every step feeds each unfinished sequence its
 // next token (one row per sequence; sequences of different lengths simply sit at different
 // positions), so a batch shares the reads of the weights. A sequence ends after max_new_tokens new
-// tokens or on a stop token (kept as its last token).
+// tokens, on a stop token (kept as its last token), or on the token whose text completes a stop string
+// (kept too: the text to the stop string is the caller's to cut).
 //
 // The decode steps run on model/decode_engine.h (the engine `hydra bench --op decode` times too),
 // replayed as a CUDA graph by default wherever that is possible (one rank on the GPU:
@@ -28,6 +29,7 @@
 #include "model/decode_engine.h"
 #include "model/model.h"
 #include "model/sampling.h"
+#include "model/token_text.h"
 
 namespace hydra {
 
@@ -35,6 +37,8 @@ struct GenerateOptions {
   int64_t max_new_tokens = 1;
   SamplingParams sampling = {};
   std::vector<int32_t> stop_tokens = {};
+  // Stop strings over the decoded text, across token boundaries (model/token_text.h); null: none.
+  const StopStrings* stop_strings = nullptr;
   bool progress = false;      // rank 0 logs a line per layer of each prefill, with an ETA
   bool keep_logits = false;   // keep the logits each new token was chosen from (tests)
   int64_t top_logprobs = 0;   // > 0: each new token's log-probability and the K most likely alternatives (hydra generate --logprobs K)
@@ -49,7 +53,8 @@ struct GenerateOptions {
 
 struct GeneratedSequence {
   std::vector<int32_t> tokens;  // the new tokens (a stop token, when one ended the sequence, last)
-  bool stopped = false;         // ended on a stop token
+  bool stopped = false;         // ended on a stop token or a stop string
+  std::string stop_string;      // the stop string that ended it ("" otherwise); its last token is the last
   int64_t prefilled = 0;        // prompt tokens the sequence-parallel prefill took
   double prefill_s = 0;         // its wall time (every rank, a barrier on each side)
   double decode_s = 0;          // from the first decode step to the step that ended the sequence

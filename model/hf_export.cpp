@@ -189,10 +189,29 @@ nlohmann::json generation_config_json(const std::string& directory) {
       }
       generation[id_key] = id_of(key, text);
     }
+    // No eos named: the separator cluster/tokenize_text.py ends every document with, as hydra
+    // generate stops by default (model/token_text.h default_stop_ids).
+    if (!generation.contains("eos_token_id") || generation["eos_token_id"].is_null()) {
+      if (!tokenizer_read) {
+        tokenizer = read("tokenizer.json");
+        tokenizer_read = true;
+      }
+      for (const char* text : {"<|endoftext|>", "</s>", "<eos>"}) {
+        bool found = false;
+        for (const auto& entry : tokenizer.is_object() ? tokenizer.value("added_tokens", nlohmann::json::array())
+                                                       : nlohmann::json::array()) {
+          if (entry.is_object() && entry.value("content", "") == text && entry.contains("id")) {
+            generation["eos_token_id"] = entry["id"].get<int64_t>();
+            found = true;
+            break;
+          }
+        }
+        if (found) break;
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     HYDRA_USER_FAIL("{}: malformed tokenizer file ({})", directory, e.what());
   }
-  if (generation.empty()) return nullptr;
   return generation;
 }
 
@@ -232,7 +251,7 @@ HfExportResult export_hf_checkpoint(const std::string& checkpoint, const std::st
   HYDRA_USER_CHECK(options.max_shard_bytes > 0, "the shard size must be positive (got {})", options.max_shard_bytes);
   check_export_destination(out_dir);
   std::vector<std::string> tokenizer;
-  nlohmann::json generation;
+  nlohmann::json generation = nlohmann::json::object();  // written always: what is known (the tokenizer's ids)
   if (!options.tokenizer_dir.empty()) {
     tokenizer = tokenizer_files_in(options.tokenizer_dir);
     generation = generation_config_json(options.tokenizer_dir);
@@ -314,10 +333,9 @@ HfExportResult export_hf_checkpoint(const std::string& checkpoint, const std::st
                        destination_of((temp / kHydraHeadModelingFile).string()));
       result.files.push_back(kHydraHeadModelingFile);
     }
-    if (!generation.is_null()) {
-      write_json(temp / "generation_config.json", generation);
-      result.files.push_back("generation_config.json");
-    }
+    write_json(temp / "generation_config.json", generation);
+    result.files.push_back("generation_config.json");
+    result.generation = generation;
     for (const std::string& f : tokenizer) {
       fs::copy_file(fs::path(options.tokenizer_dir) / f, temp / f, ec);
       HYDRA_USER_CHECK(!ec, "{}: cannot copy into the export ({})", (fs::path(options.tokenizer_dir) / f).string(),

@@ -109,17 +109,29 @@ def parse_list(text, parse, what):
         raise SystemExit(f"build_niah_set: {what}: '{text}' is not a comma-separated list")
 
 
+def separator_in_text(pieces, sep=","):
+    """The one id `sep` is between two words of running text ("7, 8"), found by the tokens' offsets.
+    Encoded alone it may be more: a tokenizer that marks a string's start (Metaspace's default
+    prepend_scheme "always") encodes "," by itself as "▁" ","; inside text it is the "," after a word,
+    which is what a model reads and writes between a list's items."""
+    text = f"7{sep} 8"
+    enc = pieces.encode(text)
+    begin, end = 1, 1 + len(sep)
+    covering = [(i, a, b) for i, (a, b) in zip(enc.ids, enc.offsets) if a < end and b > begin]
+    if len(covering) != 1 or covering[0][1:] != (begin, end):
+        raise SystemExit(f"build_niah_set: {sep!r} is not one token between two words in this tokenizer "
+                         f"({text!r} encodes as {enc.tokens}); task {pieces.task} needs it as one (its answers' item "
+                         "separator)")
+    return covering[0][0]
+
+
 class Items:
     """An answer of several items: each tokenized alone (leading space), joined by the separator id,
-    the id of "," (the set's item_separator)."""
+    the id of "," as running text holds it (the set's item_separator)."""
 
     def __init__(self, pieces):
         self.pieces = pieces
-        sep = pieces.ids(",")
-        if len(sep) != 1:
-            raise SystemExit(f"build_niah_set: ',' is {len(sep)} tokens in this tokenizer; task {pieces.task} needs it "
-                             "as one token (its answers' item separator)")
-        self.separator = sep[0]
+        self.separator = separator_in_text(pieces)
 
     def answer(self, items):
         ids = []

@@ -241,9 +241,9 @@ nlohmann::json data_state(const TokenWindows& data, int64_t position) {
   if (data.blended()) {
     const std::vector<int64_t> drawn = data.drawn(position);
     nlohmann::json files = nlohmann::json::array();
-    for (int64_t f = 0; f < data.files(); ++f) {
-      files.push_back({{"path", data.path(f)}, {"weight", data.weights()[static_cast<size_t>(f)]},
-                       {"windows_drawn", drawn[static_cast<size_t>(f)]}});
+    for (int64_t c = 0; c < data.corpora(); ++c) {  // a file given alone: its own corpus, named by its path
+      files.push_back({{"path", data.corpus_name(c)}, {"weight", data.weights()[static_cast<size_t>(c)]},
+                       {"windows_drawn", drawn[static_cast<size_t>(c)]}});
     }
     state["files"] = files;
   }
@@ -260,9 +260,11 @@ void check_data_state(const std::string& path, const std::string& saved_text, co
 }
 
 nlohmann::json data_shares(const TokenWindows& data, int64_t position) {
-  nlohmann::json shares = nlohmann::json::array();
-  for (int64_t d : data.drawn(position)) {
-    shares.push_back(static_cast<double>(d) / static_cast<double>(std::max<int64_t>(position, 1)));
+  nlohmann::json shares = nlohmann::json::object();
+  const std::vector<int64_t> drawn = data.drawn(position);
+  for (int64_t c = 0; c < data.corpora(); ++c) {
+    shares[data.corpus_name(c)] = static_cast<double>(drawn[static_cast<size_t>(c)]) /
+                                  static_cast<double>(std::max<int64_t>(position, 1));
   }
   return shares;
 }

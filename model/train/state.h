@@ -36,13 +36,14 @@ struct ResumePoint {
 
 // ---- The data's place in the training state, apart from the optimizer's ----
 // state.h5 attribute `data_state` (JSON): the run's window position, the windows per epoch and, for
-// a blend (model/train/data.h), each file's path, weight and windows drawn. --resume replays the
+// a blend (model/train/data.h), each corpus's name ("path"), weight and windows drawn. --resume replays the
 // blend's draws to the position and compares them: other weights or files would resume elsewhere.
 // (The data's content identities are the attribute `inputs`, TrainConfig::Input.)
 nlohmann::json data_state(const TokenWindows& data, int64_t position);
 // UserError naming `path` when the blend's draws at `position` differ from the saved ones.
 void check_data_state(const std::string& path, const std::string& saved, const TokenWindows& data, int64_t position);
-// The realised share of each blended file over the first `position` windows (train.jsonl).
+// The realised share of each blended corpus over the first `position` windows (train.jsonl):
+// {"web/": 0.70, "code/": 0.30}, keyed by the corpus as --data named it (a file alone: its path).
 nlohmann::json data_shares(const TokenWindows& data, int64_t position);
 
 // --resume: reads and verifies the state `latest` points to (a manifest and the shards this rank

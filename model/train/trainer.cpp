@@ -118,14 +118,15 @@ class Trainer {
 // The files of --data (role "training data") or --eval-data ("evaluation data") with their weights
 // and content identities (TrainConfig::inputs, where known: the window index is then cached).
 std::vector<DataSource> data_sources(const TrainConfig& config, const std::vector<std::string>& paths,
-                                     const std::vector<double>& weights, const std::string& role) {
+                                     const std::vector<double>& weights, const std::vector<std::string>& corpora,
+                                     const std::string& role) {
   std::vector<DataSource> sources;
   for (size_t i = 0; i < paths.size(); ++i) {
     std::string identity;
     for (const TrainConfig::Input& in : config.inputs) {
       if (in.role == fmt::format("{} {}", role, i + 1) && in.hash.rfind("v", 0) == 0) identity = in.hash;
     }
-    sources.push_back({paths[i], i < weights.size() ? weights[i] : -1.0, identity});
+    sources.push_back({paths[i], i < weights.size() ? weights[i] : -1.0, identity, i < corpora.size() ? corpora[i] : ""});
   }
   return sources;
 }
@@ -143,7 +144,7 @@ TokenWindows rank0_first(Communicator& world, const std::function<TokenWindows()
 
 TokenWindows training_windows(const TrainConfig& config, Communicator& world, int64_t vocab) {
   return rank0_first(world, [&] {
-    return TokenWindows(data_sources(config, config.data, config.data_weights, "training data"), config.seq_len,
+    return TokenWindows(data_sources(config, config.data, config.data_weights, config.data_corpora, "training data"), config.seq_len,
                         config.seed, vocab);
   });
 }
@@ -151,7 +152,7 @@ TokenWindows training_windows(const TrainConfig& config, Communicator& world, in
 std::optional<TokenWindows> held_out_windows(const TrainConfig& config, Communicator& world, int64_t vocab) {
   if (config.eval_data.empty()) return std::nullopt;
   return rank0_first(world, [&] {  // each file in its own order
-    return TokenWindows(data_sources(config, config.eval_data, config.eval_weights, "evaluation data"), config.seq_len,
+    return TokenWindows(data_sources(config, config.eval_data, config.eval_weights, config.eval_corpora, "evaluation data"), config.seq_len,
                         0, vocab, false);
   });
 }

@@ -94,10 +94,15 @@ TEST_F(Export, RoundTripIsBitIdentical) {
       ASSERT_EQ(e.exit_code, 0) << e.output;
       EXPECT_NE(e.output.find(std::string("\"dtype\":\"") + (dtype == "bf16" ? "bfloat16" : "float32")), std::string::npos)
           << e.output;
+      // generation_config.json always (at 6777ccb none without --tokenizer): {} when nothing is known, and
+      // a warning that says so.
       const std::vector<std::string> files =
-          preset == "qwen3-tiny" ? std::vector<std::string>{"config.json", "model.safetensors"}
-                                 : std::vector<std::string>{"config.json", "hydrahead.py", "model.safetensors"};
+          preset == "qwen3-tiny"
+              ? std::vector<std::string>{"config.json", "generation_config.json", "model.safetensors"}
+              : std::vector<std::string>{"config.json", "generation_config.json", "hydrahead.py", "model.safetensors"};
       EXPECT_EQ(entries_of(out), files);
+      EXPECT_EQ(read_json(fs::path(out) / "generation_config.json"), nlohmann::json::object());
+      EXPECT_NE(e.output.find("generation_config.json names no eos_token_id (no --tokenizer)"), std::string::npos) << e.output;
       const std::string back = dir_.file(preset + "-" + dtype + "-back.h5");
       const CommandResult i = hydra("import --hf " + out + " --dtype " + dtype + " --out " + back);
       ASSERT_EQ(i.exit_code, 0) << i.output;
@@ -359,9 +364,15 @@ TEST_F(Export, GenerationConfigFromTheTokenizer) {
   out = exported("gen-own-hf", own);
   EXPECT_EQ(read_json(fs::path(out) / "generation_config.json"),
             (nlohmann::json{{"bos_token_id", 1}, {"eos_token_id", {4, 2}}, {"pad_token_id", 0}, {"temperature", 0.6}}));
-  // No special tokens anywhere: no generation_config.json.
+  // No special tokens named: the eos is the tokenizer's document separator (here </s>), as hydra
+  // generate's default stop.
   out = exported("gen-none-hf", tokenizer("tok-none", {{"model_max_length", 512}}, tok));
-  EXPECT_FALSE(fs::exists(fs::path(out) / "generation_config.json"));
+  EXPECT_EQ(read_json(fs::path(out) / "generation_config.json"), (nlohmann::json{{"eos_token_id", 2}}));
+  // Nothing at all: an empty generation_config.json, still written.
+  nlohmann::json bare = tok;
+  bare["added_tokens"] = nlohmann::json::array();
+  out = exported("gen-bare-hf", tokenizer("tok-bare", {{"model_max_length", 512}}, bare));
+  EXPECT_EQ(read_json(fs::path(out) / "generation_config.json"), nlohmann::json::object());
 
   nlohmann::json undefined = config;
   undefined["eos_token"] = "<|end|>";

@@ -38,15 +38,14 @@ std::string latest_of(const std::string& out_dir) {
   return name;
 }
 
-// The line after "Continue with:" in a stopped run's output, with `hydra` replaced by the binary.
+// The line after "Continue with:" in a stopped run's output; "" unless it names the binary that ran
+// (at 6777ccb it printed `hydra`, which is not on PATH where the binary was started by its path).
 std::string printed_resume_command(const std::string& output) {
   const size_t at = output.find("Continue with:");
   if (at == std::string::npos) return "";
   const size_t start = output.find_first_not_of(" \n", output.find('\n', at));
   std::string line = output.substr(start, output.find('\n', start) - start);
-  const size_t h = line.find("hydra train");
-  if (h == std::string::npos) return "";
-  return line.substr(0, h) + hydra_binary() + line.substr(h + 5);
+  return line.find(hydra_binary() + " train") == std::string::npos ? "" : line;
 }
 
 class Resilience : public ::testing::Test {
@@ -104,6 +103,27 @@ TEST_F(Resilience, SigtermSavesTheLastStepAndTheResumeEndsLikeAnUninterruptedRun
             nlohmann::json::parse(w.output.substr(w.output.rfind("{\"command\""))).at("loss"));
 }
 
+// SIGTERM to cluster/launch.sh (what a batch system sends the job's script at the end of an
+// allocation): the ranks get it as SIGUSR1 through mpirun, save their step, and the script exits 75,
+// EX_TEMPFAIL (at 6777ccb SIGTERM reached mpirun itself, which ends the job on its own terms and
+// exits 1 whatever the ranks did; README "Time limits and signals").
+TEST_F(Resilience, SigtermToTheLaunchScriptSavesAndExits75) {
+  const std::string model = write_model("m.h5", "hydrahead-tiny", 3), data = write_tokens("d.h5", 12 * 64 + 1, 4);
+  const std::string cut = dir_.file("cut"), log = dir_.file("launch.log");
+  const std::string launch = fixture_dir() + "/../../cluster/launch.sh";
+  const CommandResult r = run_command(
+      "bash -c 'OMPI_MCA_rmaps_base_oversubscribe=1 " + launch + " -g 2 -- " + hydra_binary() + " train --stage pretrain "
+      "--model " + model + " --data " + data + " --seq-len 64 --steps 60 --sp 1 --device cpu --out-dir " + cut + " > " +
+      log + " 2>&1 & pid=$!; for i in $(seq 2400); do grep -q \"step 1/60\" " + log + " && break; sleep 0.05; done; "
+      "kill -TERM $pid; wait $pid; code=$?; cat " + log + "; exit $code'");
+  ASSERT_EQ(r.exit_code, 75) << r.output;
+  EXPECT_NE(r.output.find("stopped by SIGUSR1 after step"), std::string::npos) << r.output;
+  const std::string step = latest_of(cut);
+  ASSERT_FALSE(step.empty()) << r.output;
+  EXPECT_TRUE(fs::exists(fs::path(cut) / step / "manifest.json"));
+  EXPECT_NE(r.output.find("mpirun -np 2 " + hydra_binary() + " train"), std::string::npos) << r.output;
+}
+
 // One rank alone receives the signal (HYDRA_INJECT_FAULT=1:term@step): both ranks stop after the
 // same step, the checkpoint is complete, and the resumed job ends like an uninterrupted one.
 TEST_F(Resilience, SignalOnOneRankStopsEveryRankAfterTheSameStep) {
@@ -116,7 +136,7 @@ TEST_F(Resilience, SignalOnOneRankStopsEveryRankAfterTheSameStep) {
       run_command("HYDRA_INJECT_FAULT=1:term@step timeout 120 " + mpirun(2) + hydra_binary() + common + cut);
   EXPECT_EQ(r.exit_code, 75) << r.output;
   EXPECT_NE(r.output.find("stopped by a signal on another rank after step 1"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("mpirun -np 2 hydra train"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("mpirun -np 2 " + hydra_binary() + " train"), std::string::npos) << r.output;
   EXPECT_EQ(latest_of(cut), "step-000001");
   const CommandResult b = run_command("timeout 120 " + mpirun(2) + hydra_binary() + common + cut + " --resume");
   ASSERT_EQ(b.exit_code, 0) << b.output;
