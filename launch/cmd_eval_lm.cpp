@@ -85,7 +85,7 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
   SequenceLayout::zigzag(seq_len, sp, 0);  // admissible length for a group?
   const train::TokenWindows data(opt.files(), seq_len, 0, config.vocab_size);
   const int64_t n = opt.windows == 0 ? data.count() : std::min(opt.windows, data.count());
-  const Device device = resolve_device(opt.device, app.mpi);
+  const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
   const DType dtype = storage_dtype(device);
   RunFingerprint inputs;
   add_model_fields(inputs, config, device, dtype);
@@ -93,7 +93,7 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
   inputs.add("windows", std::to_string(n));
   opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
-  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, app.gpu_sharing, opt.nccl_timeout);
   Communicator& comm = *world.comm;
   SequenceGroups groups(comm, sp);
   const Model model = opt.model.build(device, dtype, app.kernels);

@@ -21,9 +21,6 @@
 #include "runtime/log.h"
 #include "runtime/sizes.h"
 #include "runtime/token_file.h"
-#if HYDRA_CUDA
-#include "runtime/cuda_memory.h"
-#endif
 
 namespace hydra {
 namespace {
@@ -87,13 +84,10 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   const int64_t total = opt.input.empty() ? parse_size(opt.seq_len, "--seq-len") : static_cast<int64_t>(ids.size());
   const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank(), starts);
   const int64_t t_local = layout.local_length(), vocab = config.vocab_size;
-  const Device device = resolve_device(opt.device, app.mpi);
+  const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
   const DType dtype = storage_dtype(device);
   const MemoryEstimate estimate =
       estimate_forward_memory(config, total, t_local, comm.size(), comm.rank(), device, !opt.output.empty());
-#if HYDRA_CUDA
-  if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
-#endif
   const std::string what = fmt::format("forward of {} tokens on {} rank(s)", total, comm.size());
   check_memory_plan(estimate, device, what, app.mpi.local_size());
   if (device == Device::cuda) {
@@ -113,7 +107,7 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
 
-  DeviceWorld world = make_device_world(opt.device, app.mpi, comm, opt.nccl_timeout);
+  DeviceWorld world = make_device_world(opt.device, app.mpi, comm, app.gpu_sharing, opt.nccl_timeout);
   const auto t0 = std::chrono::steady_clock::now();
   const Model model = opt.model.build(device, dtype, app.kernels);
   const auto t1 = std::chrono::steady_clock::now();

@@ -70,7 +70,7 @@ int run_gradients(App& app, const std::vector<std::string>& args) {
                    "{}: its loss_mask counts no target (positions 1..{} are all 0): the mean loss is undefined",
                    opt.input, ids.size() - 1);
   SequenceLayout::zigzag(static_cast<int64_t>(ids.size()), app.world.size(), app.world.rank());  // length check first
-  const Device device = resolve_device(opt.device, app.mpi);
+  const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
   const DType dtype = storage_dtype(device);
   RunFingerprint inputs;
   add_model_fields(inputs, config, device, dtype);
@@ -78,7 +78,7 @@ int run_gradients(App& app, const std::vector<std::string>& args) {
   add_file_datasets(inputs, "input", opt.input);  // loss_mask and document_offsets too
   opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
-  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, app.gpu_sharing, opt.nccl_timeout);
   const auto t0 = std::chrono::steady_clock::now();
   const Model model = opt.model.build(world.device, dtype, app.kernels);
   const auto t1 = std::chrono::steady_clock::now();

@@ -97,16 +97,13 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
     for (int64_t s : document_starts_of(data))
       if (s < total) starts.push_back(s);
   }
-  const Device device = resolve_device(opt.device, app.mpi);
+  const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
   const DType dtype = storage_dtype(device);
   const SequenceLayout layout = SequenceLayout::zigzag(total, app.world.size(), app.world.rank(), starts);
   const int64_t t_local = layout.local_length();
 
   // Memory plan, before any allocation: the GPU's free memory, or the host's on the CPU path.
   const MemoryEstimate estimate = estimate_prefill_memory(config, t_local, app.world.size(), device, starts.size() > 1);
-#if HYDRA_CUDA
-  if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
-#endif
   check_memory_plan(estimate, device, fmt::format("prefill of {} tokens on {} rank(s)", total, app.world.size()),
                     app.mpi.local_size());
   RunFingerprint inputs;
@@ -119,7 +116,7 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
   }
   opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
-  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, app.gpu_sharing, opt.nccl_timeout);
   Communicator& comm = *world.comm;
   log::info("prefill: {} tokens, {} rank(s) on {}, {}; estimated {} per rank", total, comm.size(),
             device == Device::cuda ? "GPUs" : "CPUs", config.summary(), estimate.describe());

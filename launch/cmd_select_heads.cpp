@@ -200,7 +200,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   if (!text.empty()) SequenceLayout::zigzag(lm_length, sp, 0);
 
   // GPU: bf16 weights; CPU: the fp32 reference path.
-  const Device device = resolve_device(opt.device, app.mpi);
+  const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
   const DType dtype = storage_dtype(device);
   RunFingerprint inputs;
   add_model_fields(inputs, config, device, dtype);
@@ -216,7 +216,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   if (!opt.lm_text.empty()) add_file_datasets(inputs, "plain text", opt.lm_text);
   opt.model.add_contents(inputs);
   agree_on_run(app, inputs);
-  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, app.gpu_sharing, opt.nccl_timeout);
   Communicator& comm = *world.comm;
   SequenceGroups groups(comm, sp);
 
