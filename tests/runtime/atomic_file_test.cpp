@@ -9,6 +9,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "tests/common/test_util.h"
 
@@ -150,7 +151,7 @@ TEST(EntryInside, PlainNamesOnlyAndNoLinksOut) {
   const std::string run = dir.file("run");
   EXPECT_EQ(entry_inside(run, "a.h5", "m.json", "shard"), dir.file("run/a.h5"));
   EXPECT_EQ(entry_inside(run, "absent.h5", "m.json", "shard"), dir.file("run/absent.h5"));  // the reader says it is missing
-  for (const std::string name : {"", ".", "..", "../other/b.h5", dir.file("other/b.h5"), "x/../a.h5",
+  for (const std::string& name : std::vector<std::string>{"", ".", "..", "../other/b.h5", dir.file("other/b.h5"), "x/../a.h5",
                                  std::string("a.h5\0", 5)}) {
     EXPECT_NE(error_of([&] { entry_inside(run, name, "m.json", "shard"); }).find("is not a plain name inside"),
               std::string::npos) << "'" << name << "'";
