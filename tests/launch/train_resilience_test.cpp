@@ -343,7 +343,17 @@ TEST_F(Resilience, RanksWriteTheirShardsWhileRankZeroIsHeld) {
   // The job in the background (its shell detached from this one's output), its exit status in `status`.
   const std::string job = "HYDRA_INJECT_FAULT=0:hold@save HYDRA_FAULT_RELEASE=" + release + " timeout 300 " +
                           mpirun(4) + hydra_binary() + " train --stage pretrain --model " + model + " --data " + data +
-                          " --seq-len 64 --steps 1 --device cpu --out-dir " + out;
+                          " --seq-len 64 --steps 1 --device cpu --save-timeout 3600 --out-dir " + out;
+  // --save-timeout 3600: ranks 1-3 wait for rank 0 as long as the test holds it, however loaded the
+  // machine. On any exit of the test (a failed ASSERT included) rank 0 is released and the job awaited,
+  // so nothing outlives the test's folder.
+  struct Release {
+    const std::string &release, &status;
+    ~Release() {
+      std::ofstream(release) << "go\n";
+      for (int i = 0; i < 6000 && !fs::exists(status); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } release_on_exit{release, status};
   ASSERT_EQ(run_command("bash -c '(" + job + " > " + log + " 2>&1; echo $? > " + status + ") < /dev/null > /dev/null "
                         "2>&1 &'").exit_code, 0);
   // Until rank 0 is held and ranks 1–3 have committed their shards (or the job ended without that).
