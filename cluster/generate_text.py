@@ -29,8 +29,10 @@ Output (--out, written atomically): one JSON line per prompt, in input order —
 — then hydra generate's summary line ("summary": true). hydra's log and summary go to stderr; stdout
 gets one JSON line (command, prompts, prompt_tokens, new_tokens, out) for scripts.
 
-Checked before any work, each one line: a missing tokenizer.json, model or prompt file, a chat
-message without a role, a chat template that does not parse or refuses the messages (its
+Checked before any work, each one line: a missing tokenizer.json, model or prompt file, a
+tokenizer.json the tokenizers library cannot load, an --out (or --keep-prompt-file) that names an
+input, a chat with no messages or a message without a role or with one not system, developer,
+user, assistant or tool, a chat template that does not parse or refuses the messages (its
 raise_exception), an empty prompt (empty text or no ids), an empty --stop, a prompt whose ids the model's vocabulary does not hold, and a prompt
 that with --max-new-tokens exceeds the model's limit (--max-length, else the folder's config.json
 max_position_embeddings or tokenizer_config.json model_max_length when set).
@@ -192,7 +194,14 @@ def main():
         fail(f"--model {a.model}: no such file")
     tok_path = tokenizer_file(a)
     folder = os.path.dirname(tok_path)
-    tok = Tokenizer.from_file(tok_path)
+    for flag, path in (("--model", a.model), ("--prompts", a.prompts), ("--tokenizer", tok_path)):
+        for out_flag, out in (("--out", a.out), ("--keep-prompt-file", a.keep_prompt_file)):
+            if out and os.path.exists(out) and os.path.exists(path) and os.path.samefile(out, path):
+                fail(f"{out_flag} {out} is {flag} {path}, an input: name another output (it would be replaced)")
+    try:
+        tok = Tokenizer.from_file(tok_path)
+    except Exception as e:  # the library raises a plain Exception with serde's message
+        fail(f"{tok_path}: not a tokenizer.json the tokenizers library reads ({str(e).splitlines()[0][:200]})")
     prompts = read_prompts(a, Renderer(tok_path, fail))
     vocab, limit = model_vocab(a.model), model_limit(a, folder)
     encoded = []

@@ -34,6 +34,10 @@ def main():
     p.add_argument("--command", choices=["prefill", "train"], default=None,
                    help="which runs to plot (default: prefill if the file has any, else train)")
     a = p.parse_args()
+    # An output naming an input would replace what is read: refused before any work.
+    for path in [a.jsonl]:
+        if os.path.exists(a.out) and os.path.exists(path) and os.path.samefile(a.out, path):
+            raise SystemExit(f"plot_sweep: --out {a.out} is {path}, an input: name another output (it would be replaced)")
     runs = [json.loads(line) for line in open(a.jsonl) if line.strip()]
     command = a.command or ("prefill" if any(r.get("command") == "prefill" for r in runs) else "train")
     runs = [r for r in runs if r.get("command") == command and "error" not in r]

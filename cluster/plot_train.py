@@ -53,6 +53,10 @@ def main():
     p.add_argument("--smooth", type=int, default=20, help="moving-average window in steps")
     p.add_argument("--log", action="store_true", help="log-scale loss axis")
     a = p.parse_args()
+    # An output naming an input would replace what is read: refused before any work.
+    for path in [s.partition('=')[0] for s in a.runs] + [os.path.join(s.partition('=')[0], 'train.jsonl') for s in a.runs]:
+        if os.path.exists(a.out) and os.path.exists(path) and os.path.samefile(a.out, path):
+            raise SystemExit(f"plot_train: --out {a.out} is {path}, an input: name another output (it would be replaced)")
     runs = []
     for spec in a.runs:
         path, _, name = spec.partition("=")

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "model/nonfinite.h"
+#include "runtime/json_integer.h"
 #include "model/params.h"
 #include "runtime/atomic_file.h"
 #include "runtime/checkpoint.h"
@@ -113,6 +114,16 @@ std::vector<std::string> tokenizer_files_in(const std::string& directory) {
   });
   HYDRA_USER_CHECK(has_tokenizer, "{}: no tokenizer.json, tokenizer_config.json or tokenizer.model in the tokenizer folder",
                    directory);
+  // The JSON files are copied as they are: each must be a JSON object (transformers refuses the folder
+  // otherwise), checked before anything is written.
+  for (const std::string& name : found) {
+    if (!name.ends_with(".json")) continue;
+    const fs::path path = fs::path(directory) / name;
+    std::ifstream in(path);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    HYDRA_USER_CHECK(!j.is_discarded() && j.is_object(), "{}: not a JSON object (the tokenizer files are copied into the "
+                     "export as they are)", path.string());
+  }
   return found;
 }
 
@@ -156,12 +167,14 @@ nlohmann::json generation_config_json(const std::string& directory) {
     if (tokenizer.is_object()) {
       for (const auto& entry : tokenizer.value("added_tokens", nlohmann::json::array())) {
         if (entry.is_object() && entry.value("content", "") == text && entry.contains("id")) {
-          return entry["id"].get<int64_t>();
+          return json_integer(entry["id"], directory + "/tokenizer.json added_tokens id of '" + text + "'");
         }
       }
       const nlohmann::json vocab = tokenizer.contains("model") ? tokenizer["model"].value("vocab", nlohmann::json())
                                                                  : nlohmann::json();
-      if (vocab.is_object() && vocab.contains(text)) return vocab[text].get<int64_t>();
+      if (vocab.is_object() && vocab.contains(text)) {
+        return json_integer(vocab[text], directory + "/tokenizer.json vocab id of '" + text + "'");
+      }
       if (vocab.is_array()) {  // Unigram: [[piece, score], ...], the id is the index
         for (size_t i = 0; i < vocab.size(); ++i) {
           if (vocab[i].is_array() && !vocab[i].empty() && vocab[i][0] == text) return static_cast<int64_t>(i);

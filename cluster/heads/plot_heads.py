@@ -83,6 +83,10 @@ def main():
     p.add_argument("--scores", dest="which", default=",".join(ALL_SCORES), help="panels, a comma list of " + ", ".join(ALL_SCORES))
     p.add_argument("--title", default="", help="figure title")
     args = p.parse_args()
+    # An output naming an input would replace what is read: refused before any work.
+    for path in [args.scores]:
+        if os.path.exists(args.out) and os.path.exists(path) and os.path.samefile(args.out, path):
+            raise SystemExit(f"plot_heads: --out {args.out} is {path}, an input: name another output (it would be replaced)")
 
     scores, mask, meta = read_h5(args.scores) if args.scores.endswith((".h5", ".hdf5")) else read_json(args.scores)
     which = [s for s in args.which.split(",") if s]

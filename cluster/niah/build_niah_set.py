@@ -374,9 +374,22 @@ def main():
         raise SystemExit(f"build_niah_set: --words {args.words}: no such file")
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise SystemExit(f"build_niah_set: {args.out}: the output directory does not exist")
-    tokenizer = Tokenizer.from_file(args.tokenizer)
-    with open(args.haystack, encoding="utf-8") as f:
-        text = f.read()
+    for flag, path in (("--tokenizer", args.tokenizer), ("--haystack", args.haystack), ("--words", args.words)):
+        if path and not os.path.isfile(path):
+            raise SystemExit(f"build_niah_set: {flag} {path}: no such file")
+        if path and os.path.exists(args.out) and os.path.samefile(args.out, path):
+            raise SystemExit(f"build_niah_set: --out {args.out} is {flag} {path}, an input: name another output "
+                             "(it would be replaced)")
+    try:
+        tokenizer = Tokenizer.from_file(args.tokenizer)
+    except Exception as e:  # the library raises a plain Exception with serde's message
+        raise SystemExit(f"build_niah_set: --tokenizer {args.tokenizer}: not a tokenizer.json the tokenizers library "
+                         f"reads ({str(e).splitlines()[0][:200]})")
+    try:
+        with open(args.haystack, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise SystemExit(f"build_niah_set: --haystack {args.haystack}: not UTF-8 text (byte {e.start}: {e.reason})")
     pieces = TextPieces(tokenizer, args.task)
     # With --vary-haystack the whole text is encoded (at least one sample's room past any start).
     hay, starts = haystack_tokens(pieces, text, max(lengths) + 2048 if not args.vary_haystack else 0)

@@ -119,6 +119,10 @@ def main():
     p.add_argument("--ruler", action="store_true", help="RULER's curves: mean recall by length, one line per task")
     p.add_argument("--title", default="", help="figure title")
     args = p.parse_args()
+    # An output naming an input would replace what is read: refused before any work.
+    for path in args.results:
+        if os.path.exists(args.out) and os.path.exists(path) and os.path.samefile(args.out, path):
+            raise SystemExit(f"plot_niah: --out {args.out} is {path}, an input: name another output (it would be replaced)")
 
     cells = read_cells(args.results)
     if args.ruler:

@@ -60,6 +60,7 @@ void TokenWindows::build_index(const std::vector<std::string>& identities) {
     const std::string identity = f < identities.size() ? identities[f] : "";
     std::optional<std::vector<int32_t>> index;
     if (!identity.empty()) index = load_window_index(identity, seq_len_, nw);
+    index_from_cache_ = index_from_cache_ || index.has_value();
     if (!index) {
       index = count_window_targets(file, seq_len_);
       if (!identity.empty()) store_window_index(identity, seq_len_, *index, file.path());

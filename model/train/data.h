@@ -116,6 +116,9 @@ class TokenWindows {
   int64_t count() const { return windows_; }  // windows per epoch
   int64_t tokens() const;  // tokens in the files
   bool masked() const;     // some file has a loss_mask
+  // Whether some file's window index came from the cache (runtime/token_identity.h load_window_index,
+  // its entry's checksum verified) rather than a count of the file.
+  bool index_from_cache() const { return index_from_cache_; }
   // Every read is a pread (no HDF5 call): windows may be read on another thread.
   bool reads_on_any_thread() const;
   // The n-th window of the run (n ≥ 0): seq_len + 1 tokens.
@@ -142,6 +145,7 @@ class TokenWindows {
   std::vector<std::string> corpus_names_;
   std::vector<int64_t> corpus_first_;  // [corpora + 1]: corpus c holds windows [corpus_first_[c], corpus_first_[c+1])
   std::vector<int32_t> counted_;       // [windows], or empty: every window counts seq_len targets
+  bool index_from_cache_ = false;
   void open(const std::vector<std::string>& files, int64_t vocab);
   void build_index(const std::vector<std::string>& identities);
   mutable int64_t cached_epoch_ = -1;

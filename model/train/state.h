@@ -24,7 +24,8 @@
 
 namespace hydra::train {
 
-// The step-NNNNNN directories of a run folder, oldest first (none if the folder cannot be read).
+// The step-NNNNNN directories of a run folder, oldest first (none if the folder cannot be read;
+// symbolic links are not step folders).
 std::vector<std::string> step_directories(const std::string& out_dir);
 
 // Where a resumed run starts: after `step`, at data position `position`; the state's data_state
@@ -63,7 +64,8 @@ void remove_interrupted_saves(const std::string& out_dir);
 // interruption) run again and are logged again, so each step appears once.
 void truncate_log(const std::string& path, int64_t last_kept_step);
 
-// The step directory `latest` points to (empty when there is none).
+// The step directory `latest` points to (empty when there is none). `latest` must hold a step
+// folder's plain name (is_step_dir_name) inside `out_dir`, not a link out of it: a UserError otherwise.
 std::string latest_checkpoint(const std::string& out_dir);
 
 // The newest step directory of `out_dir` whose state verifies (checksums, finite values,
@@ -72,5 +74,7 @@ std::string newest_verified_checkpoint(const std::string& out_dir);
 
 // "step-NNNNNN"
 std::string step_dir_name(int64_t step);
+// Whether `name` is a step folder's name: "step-" and six or more digits (what `latest` may hold).
+bool is_step_dir_name(const std::string& name);
 
 }  // namespace hydra::train

@@ -222,7 +222,7 @@ with tempfile.TemporaryDirectory() as d:
                             "--processes", "2", bad_plain], capture_output=True, text=True, timeout=120)
         err = r.stderr.strip()
         left = sorted(os.listdir(bad_out)) if os.path.isdir(bad_out) else []
-        if not (r.returncode != 0 and err.startswith("tokenize_text: ") and "record" in err
+        if not (r.returncode != 0 and err.startswith("tokenize_text: ") and ", line " in err
                 and "no 'text' field" in err and len(err.splitlines()) == 1 and not left):
             failures.append(f"a bad record in a worker: exit {r.returncode}, files {left}, {err[-300:]!r}")
         else:

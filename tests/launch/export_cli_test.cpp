@@ -325,6 +325,29 @@ TEST_F(Export, CopiesTokenizerFiles) {
   EXPECT_FALSE(fs::exists(dir_.file("x")));
 }
 
+// The tokenizer's JSON files are copied as they are: one that is not a JSON object is refused before
+// anything is written, even where tokenizer_config.json names the special tokens without it. At
+// 6777ccb a tokenizer.json that was not JSON was copied into the export (exit 0).
+TEST_F(Export, TokenizerFilesThatAreNotJsonAreRefused) {
+  const std::string model = init("qwen3-tiny", "f32"), tok = dir_.file("tok");
+  fs::create_directories(tok);
+  std::ofstream(tok + "/tokenizer_config.json")
+      << R"({"eos_token": "<e>", "added_tokens_decoder": {"3": {"content": "<e>", "special": true}}})";
+  for (const char* text : {"{not json", "[1, 2]", ""}) {
+    SCOPED_TRACE(text);
+    std::ofstream(tok + "/tokenizer.json") << text;
+    expect_one_line_error(hydra("export --model " + model + " --out " + dir_.file("x") + " --tokenizer " + tok),
+                          tok + "/tokenizer.json: not a JSON object");
+    EXPECT_FALSE(fs::exists(dir_.file("x")));
+  }
+  std::ofstream(tok + "/tokenizer.json") << R"({"version": "1.0"})";
+  std::ofstream(tok + "/special_tokens_map.json") << "{\"eos_token\": ";
+  expect_one_line_error(hydra("export --model " + model + " --out " + dir_.file("x") + " --tokenizer " + tok),
+                        tok + "/special_tokens_map.json: not a JSON object");
+  fs::remove(tok + "/special_tokens_map.json");
+  EXPECT_EQ(hydra("export --model " + model + " --out " + dir_.file("x") + " --tokenizer " + tok).exit_code, 0);
+}
+
 // generation_config.json from --tokenizer: bos/eos/pad ids resolved through tokenizer_config.json's
 // added_tokens_decoder, tokenizer.json's added tokens and its vocabulary; the folder's own
 // generation_config.json kept and completed; tokens the tokenizer does not define and ids outside
