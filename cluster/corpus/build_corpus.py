@@ -313,6 +313,11 @@ def main(argv=None):
         if not (os.path.exists(os.path.join(tok_dir, "tokenizer.json")) and stamp_matches(stamp, want)):
             if os.path.exists(os.path.join(tok_dir, "tokenizer.json")):
                 log("tokenizer: trained on other text or settings: trained again")
+                # train_tokenizer.py writes only into a folder without one (it never overwrites a
+                # tokenizer); the stamp goes first, so an interrupted retraining is redone.
+                for name in ("source.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+                    if os.path.exists(os.path.join(tok_dir, name)):
+                        os.remove(os.path.join(tok_dir, name))
             train_tokenizer(sample_for_tokenizer(a.out, a.tokenizer_bytes), a.vocab, tok_dir, commands)
             write_stamp(stamp, want)
         times["tokenizer_s"] = round(time.time() - t, 1)
