@@ -27,22 +27,6 @@ namespace {
 namespace fs = std::filesystem;
 using namespace fuzzing;
 
-// A model small enough to read thousands of times: 1 layer, mixed FA/GDN heads.
-ModelConfig fuzz_config(Arch arch) {
-  ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 16;
-  c.hidden_size = 8;
-  c.num_layers = 1;
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
-  c.head_dim = 4;
-  c.intermediate_size = 8;
-  c.rope_theta = 10000;
-  if (arch == Arch::hydrahead) c.fa_heads = {{1}};
-  return c;
-}
-
 class FuzzReaders : public ::testing::Test {
  protected:
   TempDir dir_;

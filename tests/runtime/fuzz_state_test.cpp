@@ -43,26 +43,11 @@ namespace fs = std::filesystem;
 using namespace fuzzing;
 using nlohmann::json;
 
-constexpr int64_t kVocab = 16;
-
-ModelConfig tiny_hybrid() {
-  ModelConfig c;
-  c.arch = Arch::hydrahead;
-  c.vocab_size = kVocab;
-  c.hidden_size = 8;
-  c.num_layers = 1;
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
-  c.head_dim = 4;
-  c.intermediate_size = 8;
-  c.rope_theta = 10000;
-  c.fa_heads = {{1}};
-  return c;
-}
+constexpr int64_t kVocab = 16;  // fuzz_config's vocabulary
 
 // A run folder with step-000001 (manifest, one shard, model.h5) and `latest`, from a 1-step run.
 std::string train_one_step(const TempDir& dir) {
-  const ModelConfig config = tiny_hybrid();
+  const ModelConfig config = fuzz_config(Arch::hydrahead);
   std::vector<int32_t> ids(4 * 8 + 1);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 5 + 3) % kVocab);
   write_token_file(dir.file("d.h5"), ids);
@@ -318,7 +303,7 @@ TEST_F(FuzzState, WindowIndexEntries) {
   const Bytes seed = read_all(entry);
   int wrong = 0, from_cache = 0;
   const auto check = [&] {
-    const train::TokenWindows windows(std::vector<train::DataSource>{{data, -1.0, id.fingerprint}}, kSeqLen, 1, kVocab);
+    const train::TokenWindows windows(std::vector<train::DataSource>{{.path = data, .identity = id.fingerprint, .corpus = ""}}, kSeqLen, 1, kVocab);
     from_cache += windows.index_from_cache();
     for (int64_t i = 0; i < windows.count(); ++i) {
       wrong += windows.counted_targets_in_order(i) != truth[static_cast<size_t>(i)];

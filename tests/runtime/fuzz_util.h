@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "model/config.h"
 #include "runtime/error.h"
 
 namespace hydra::test::fuzzing {
@@ -167,5 +168,20 @@ inline void expect_clean(const Outcome& o, const char* what) {
               o.user_errors);
 }
 
+// A model small enough to read thousands of times: 1 layer, mixed FA/GDN heads.
+inline ModelConfig fuzz_config(Arch arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.vocab_size = 16;
+  c.hidden_size = 8;
+  c.num_layers = 1;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 4;
+  c.intermediate_size = 8;
+  c.rope_theta = 10000;
+  if (arch == Arch::hydrahead) c.fa_heads = {{1}};
+  return c;
+}
 
 }  // namespace hydra::test::fuzzing

@@ -224,26 +224,27 @@ std::string read_tokens_every_way(const std::string& path, const Spec& s) {
   return "";
 }
 
-TEST(HostileHdf5, TokenFilesReadExactlyOrAreRefused) {
-  TempDir dir;
+// A read's outcome: what `read` returns ("read", or "wrong …" naming the difference), "refused: …" for
+// a hydra::UserError, "failed: …" for anything else.
+template <class Read>
+std::string outcome_of(Read&& read) {
+  try {
+    return read();
+  } catch (const UserError& e) {
+    return std::string("refused: ") + e.what();
+  } catch (const std::exception& e) {
+    return std::string("failed: ") + e.what();
+  }
+}
+
+// Files read exactly and files refused. A file that holds its values must be read exactly, except
+// that a contiguous dataset written in part holds the file's old bytes after its prefix, which
+// decide (ids out of range, NaN): there a refusal is right too. Any other file must be refused.
+struct Tally {
   int read = 0, refused = 0;
-  for (uint64_t seed = 0; seed < 400; ++seed) {
-    const Spec s = random_spec(seed);
-    const std::string sub = dir.file(std::to_string(seed));
-    fs::create_directories(sub);
-    const std::string path = sub + "/t.h5";
-    write_token_spec(path, s);
-    const bool valid = holds_its_values(s);
-    std::string outcome;
-    try {
-      outcome = read_tokens_every_way(path, s);
-      outcome = outcome.empty() ? "read" : "wrong " + outcome;
-    } catch (const UserError& e) {
-      outcome = std::string("refused: ") + e.what();
-    } catch (const std::exception& e) {
-      outcome = std::string("failed: ") + e.what();
-    }
-    const bool either = s.layout == Layout::contiguous && s.written == Written::prefix;  // the tail's bytes decide
+
+  void expect(bool valid, const Spec& s, uint64_t seed, const std::string& outcome) {
+    const bool either = s.layout == Layout::contiguous && s.written == Written::prefix;
     if (valid && !(either && outcome.rfind("refused: ", 0) == 0)) {
       EXPECT_EQ(outcome, "read") << "seed " << seed << ": " << s.describe();
       read += outcome == "read";
@@ -252,9 +253,25 @@ TEST(HostileHdf5, TokenFilesReadExactlyOrAreRefused) {
       refused += outcome.rfind("refused: ", 0) == 0;
     }
   }
-  std::printf("[ hostile ] 400 token files: %d read exactly, %d refused\n", read, refused);
-  EXPECT_GT(read, 50);
-  EXPECT_GT(refused, 100);
+};
+
+TEST(HostileHdf5, TokenFilesReadExactlyOrAreRefused) {
+  TempDir dir;
+  Tally tally;
+  for (uint64_t seed = 0; seed < 400; ++seed) {
+    const Spec s = random_spec(seed);
+    const std::string sub = dir.file(std::to_string(seed));
+    fs::create_directories(sub);
+    const std::string path = sub + "/t.h5";
+    write_token_spec(path, s);
+    tally.expect(holds_its_values(s), s, seed, outcome_of([&] {
+                   const std::string wrong = read_tokens_every_way(path, s);
+                   return wrong.empty() ? std::string("read") : "wrong " + wrong;
+                 }));
+  }
+  std::printf("[ hostile ] 400 token files: %d read exactly, %d refused\n", tally.read, tally.refused);
+  EXPECT_GT(tally.read, 50);
+  EXPECT_GT(tally.refused, 100);
 }
 
 // The probe's files by name: the message says what is wrong, from the header alone.
@@ -301,7 +318,7 @@ TEST(HostileHdf5, CheckpointTensorsReadExactlyOrAreRefused) {
   const NamedTensors params = random_parameters(c, 5);
   const std::string victim = "model.norm.weight";  // [hidden]
   const int64_t hidden = params.at(victim).numel();
-  int read = 0, refused = 0;
+  Tally tally;
   for (uint64_t seed = 0; seed < 120; ++seed) {
     Spec s = random_spec(seed + 1000);
     s.dims = {static_cast<hsize_t>(hidden)};
@@ -321,35 +338,22 @@ TEST(HostileHdf5, CheckpointTensorsReadExactlyOrAreRefused) {
     Spec as_float = s;
     as_float.type = H5T_STD_I32LE;  // holds_its_values asks for an integer type; the tensor is a float
     const bool valid = holds_its_values(as_float) && s.type != H5T_IEEE_F64LE;  // f64 is not a weight type
-    std::string outcome;
-    try {
-      const LoadedCheckpoint loaded = read_model_checkpoint(path);
-      const float* v = loaded.params.at(victim).data_as<float>();
-      outcome = "read";
-      const bool undefined_tail = s.layout == Layout::contiguous && s.written == Written::prefix;
-      for (int64_t i = 0; i < hidden; ++i) {
-        if (undefined_tail && static_cast<hsize_t>(i) >= s.prefix) continue;  // the file's bytes there
-        const float want = static_cast<hsize_t>(i) < s.written_elements() ? static_cast<float>(value_at(i)) : 0.0f;
-        if (v[i] != want) outcome = fmt::format("wrong value {} at {}, expected {}", v[i], i, want);
-      }
-    } catch (const UserError& e) {
-      outcome = std::string("refused: ") + e.what();
-    } catch (const std::exception& e) {
-      outcome = std::string("failed: ") + e.what();
-    }
-    // A contiguous tensor written in part holds the file's old bytes after the prefix: NaN there is refused.
-    const bool either = s.layout == Layout::contiguous && s.written == Written::prefix;
-    if (valid && !(either && outcome.rfind("refused: ", 0) == 0)) {
-      EXPECT_EQ(outcome, "read") << "seed " << seed << ": " << s.describe();
-      read += outcome == "read";
-    } else {
-      EXPECT_EQ(outcome.rfind("refused: ", 0), 0u) << "seed " << seed << ": " << s.describe() << ": " << outcome;
-      refused += outcome.rfind("refused: ", 0) == 0;
-    }
+    tally.expect(valid, s, seed, outcome_of([&] {
+                   const LoadedCheckpoint loaded = read_model_checkpoint(path);
+                   const float* v = loaded.params.at(victim).data_as<float>();
+                   std::string outcome = "read";
+                   const bool undefined_tail = s.layout == Layout::contiguous && s.written == Written::prefix;
+                   for (int64_t i = 0; i < hidden; ++i) {
+                     if (undefined_tail && static_cast<hsize_t>(i) >= s.prefix) continue;  // the file's bytes there
+                     const float want = static_cast<hsize_t>(i) < s.written_elements() ? static_cast<float>(value_at(i)) : 0.0f;
+                     if (v[i] != want) outcome = fmt::format("wrong value {} at {}, expected {}", v[i], i, want);
+                   }
+                   return outcome;
+                 }));
   }
-  std::printf("[ hostile ] 120 checkpoints: %d read exactly, %d refused\n", read, refused);
-  EXPECT_GT(read, 10);
-  EXPECT_GT(refused, 10);
+  std::printf("[ hostile ] 120 checkpoints: %d read exactly, %d refused\n", tally.read, tally.refused);
+  EXPECT_GT(tally.read, 10);
+  EXPECT_GT(tally.refused, 10);
 }
 
 }  // namespace
