@@ -19,16 +19,10 @@ import argparse
 import json
 import math
 import os
+import sys
 
-
-def wilson(k, n, z=1.959964):
-    if n <= 0:
-        return None
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return [max(0.0, c - h), min(1.0, c + h)]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "synth"))
+from report import wilson  # noqa: E402  (the 95% Wilson interval the ablation reports use)
 
 
 def read_json(path):
