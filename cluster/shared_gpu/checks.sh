@@ -7,7 +7,7 @@
 #   2. forward (the mean next-token NLL over every position) and prefill (the last position's
 #      arg-max and logit) on P ranks against one;
 #   3. train --stage finetune, 4 steps, --zero 0 and --zero 1 on P ranks against one rank;
-#   4. generate (greedy and sampled, --logprobs 2) on P ranks against one;
+#   4. generate (greedy, and sampled with --top-k 40; --logprobs 40) on P ranks against one;
 #   5. a 4-rank training run stopped after step 2 and resumed on 2 ranks against the 4-rank run;
 #   6. eval-niah sequence groups (--sp 4, 2, 1 on 4 ranks) against each other and against CPU ranks;
 #   7. eval-lm (--sp 2), gradients and select-heads on P ranks against one (hydrahead-tiny/qwen3-tiny).
