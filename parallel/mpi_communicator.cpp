@@ -159,7 +159,11 @@ void MpiCommunicator::broadcast(const TensorView& buffer, int root) {
 void MpiCommunicator::barrier() { HYDRA_MPI_CHECK(MPI_Barrier(comm_)); }
 
 MpiCommunicator::~MpiCommunicator() {
-  if (owned_) MPI_Comm_free(&comm_);
+  // One held by a static (a test suite's device world) is destroyed after MPI_Finalize, which took
+  // its resources along; freeing it then is an error that aborts the process at exit.
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owned_ && !finalized) MPI_Comm_free(&comm_);
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {

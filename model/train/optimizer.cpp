@@ -144,26 +144,66 @@ void AdamW::for_pieces(int64_t begin, int64_t end, const std::function<void(size
   }
 }
 
-void AdamW::all_gather_flat(const FlatView& src, const FlatView& dst, DType dtype) const {
+void AdamW::all_gather_flat(const FlatView& src, const FlatView& dst, DType dtype,
+                            const std::function<bool(size_t)>& take) const {
   const int64_t p = world_->size(), r = world_->rank();
   const Device device = model_.device();
-  // Bucket k: rank q contributes its flat range [q·S + k, q·S + k + b); the gathered [W, b] rows land
-  // at the same ranges on every rank. The last rank's range past N is padding, sent but never read.
-  Tensor send = Tensor::zeros({bucket_}, dtype, device), recv = Tensor::empty({p * bucket_}, dtype, device);
-  for (int64_t k = 0; k < shard_stride_; k += bucket_) {
-    const int64_t b = std::min(bucket_, shard_stride_ - k);
-    const int64_t mine = r * shard_stride_ + k;
-    for_pieces(mine, mine + b, [&](size_t i, int64_t begin, int64_t count) {
-      copy_into(send.view().narrow(0, begin - mine, count), src(i, begin, count));
+  // Rank q's part: the pieces of its flat range [q·S, (q+1)·S) ∩ [0, N) whose segments `take`
+  // accepts (all without it), laid end to end in flat order; every rank lists every rank's part.
+  struct Run {
+    size_t segment;
+    int64_t begin, count, at;  // flat [begin, begin + count), at `at` in its rank's part
+  };
+  std::vector<std::vector<Run>> parts(static_cast<size_t>(p));
+  int64_t longest = 0;
+  for (int64_t q = 0; q < p; ++q) {
+    int64_t at = 0;
+    for_pieces(q * shard_stride_, (q + 1) * shard_stride_, [&](size_t i, int64_t begin, int64_t count) {
+      if (take && !take(i)) return;
+      parts[static_cast<size_t>(q)].push_back({i, begin, count, at});
+      at += count;
+    });
+    longest = std::max(longest, at);
+  }
+  // f(segment, flat begin, count, offset in the bucket) for rank q's pieces within [k, k + b) of its part.
+  const auto in_bucket = [&](int64_t q, int64_t k, int64_t b, const auto& f) {
+    for (const Run& run : parts[static_cast<size_t>(q)]) {
+      const int64_t lo = std::max(run.at, k), hi = std::min(run.at + run.count, k + b);
+      if (lo < hi) f(run.segment, run.begin + lo - run.at, hi - lo, lo - k);
+    }
+  };
+  // Bucket k: rank q contributes [k, k + b) of its part; the gathered [W, b] rows land at the same
+  // ranges on every rank. A part shorter than the longest is padded: sent, never read.
+  const int64_t size = std::clamp<int64_t>(longest, 1, bucket_);
+  Tensor send = Tensor::zeros({size}, dtype, device), recv = Tensor::empty({p * size}, dtype, device);
+  for (int64_t k = 0; k < longest; k += bucket_) {
+    const int64_t b = std::min(bucket_, longest - k);
+    in_bucket(r, k, b, [&](size_t i, int64_t begin, int64_t count, int64_t at) {
+      copy_into(send.view().narrow(0, at, count), src(i, begin, count));
     });
     world_->all_gather(send.view().narrow(0, 0, b), recv.view().narrow(0, 0, p * b).reshape({p, b}));
     for (int64_t q = 0; q < p; ++q) {
       if (q == r) continue;  // already in place
-      const int64_t theirs = q * shard_stride_ + k;
-      for_pieces(theirs, theirs + b, [&](size_t i, int64_t begin, int64_t count) {
-        copy_into(dst(i, begin, count), recv.view().narrow(0, q * b + begin - theirs, count));
+      in_bucket(q, k, b, [&](size_t i, int64_t begin, int64_t count, int64_t at) {
+        copy_into(dst(i, begin, count), recv.view().narrow(0, q * b + at, count));
       });
     }
+  }
+}
+
+void AdamW::all_gather_weights() const {
+  // On the GPU the GEMM weights are bf16 and the norms, gates and convs in the accumulation dtype
+  // (Model::place_dtype): each dtype travels at its own precision, in all-gathers of its own, so an
+  // owner's f32 weights reach the other ranks unrounded (the replicated form's bits).
+  const FlatView weights = [&](size_t i, int64_t begin, int64_t count) {
+    return segments_[i].weight.narrow(0, begin - offsets_[i], count);
+  };
+  std::vector<DType> dtypes;
+  for (const Segment& s : segments_) {
+    if (std::find(dtypes.begin(), dtypes.end(), s.weight.dtype()) == dtypes.end()) dtypes.push_back(s.weight.dtype());
+  }
+  for (const DType dtype : dtypes) {
+    all_gather_flat(weights, weights, dtype, [&](size_t i) { return segments_[i].weight.dtype() == dtype; });
   }
 }
 
@@ -282,10 +322,7 @@ StepStats AdamW::step(int64_t step, double grad_norm) {
                                              .grad_scale = static_cast<float>(stats.clip_scale)});  // one launch on the GPU
   if (sharded()) {
     // Every owner's updated weights to every rank (on the GPU the collectives queue behind the update).
-    const FlatView weights = [&](size_t i, int64_t begin, int64_t count) {
-      return segments_[i].weight.narrow(0, begin - offsets_[i], count);
-    };
-    all_gather_flat(weights, weights, segments_.front().weight.dtype());
+    all_gather_weights();
   }
   return stats;
 }
@@ -387,10 +424,7 @@ void AdamW::load_flat_state(const std::function<void(Kind, int64_t, const Tensor
     }
     // The own weights from the own masters, then every owner's to every rank.
     for (const ops::AdamWSlice& s : shard_slices_) copy_into(s.weight, s.master);
-    const FlatView weights = [&](size_t i, int64_t begin, int64_t count) {
-      return segments_[i].weight.narrow(0, begin - offsets_[i], count);
-    };
-    all_gather_flat(weights, weights, segments_.front().weight.dtype());
+    all_gather_weights();
     return;
   }
   Tensor host = Tensor::empty({std::max<int64_t>(trainable_count_, 1)}, acc, Device::host);

@@ -122,8 +122,12 @@ class AdamW {
   using FlatView = std::function<TensorView(size_t segment, int64_t begin, int64_t count)>;
   // Calls f(segment, begin, count) for the pieces of the flat range [begin, end) ∩ [0, N).
   void for_pieces(int64_t begin, int64_t end, const std::function<void(size_t, int64_t, int64_t)>& f) const;
-  // Every rank's own range of `src` lands in `dst` on every rank (bucketed all-gathers, `dtype`).
-  void all_gather_flat(const FlatView& src, const FlatView& dst, DType dtype) const;
+  // Every rank's own range of `src` lands in `dst` on every rank (bucketed all-gathers in `dtype`);
+  // with `take`, only the pieces of the segments it accepts.
+  void all_gather_flat(const FlatView& src, const FlatView& dst, DType dtype,
+                       const std::function<bool(size_t)>& take = {}) const;
+  // Every owner's weights to every rank, each weight dtype in its own all-gathers.
+  void all_gather_weights() const;
   // The flat view of each segment's range within `whole` (a ModelTensors in the layout of grads_).
   std::vector<TensorView> segment_views(ModelTensors& whole) const;
   // The reduced gradient's pieces over this rank's own range.

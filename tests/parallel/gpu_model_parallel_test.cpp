@@ -78,7 +78,12 @@ NamedTensors bf16_rounded(const NamedTensors& params) {
 // those of the one-GPU-against-CPU test (cuda_model_test: 5e-2, and 0.15 for the per-head gate
 // scalars, sums over every token of terms of both signs): the P-rank GPU run is a bf16 run of the
 // same math as either reference. Loss to 1e-3 relative. Rank 0 prints the worst ratio.
-void expect_gradients_close(const train::NamedGradients& got, const train::NamedGradients& ref, const std::string& what) {
+// Against the CPU, `one_gpu` (the same gradients on one GPU) widens the gate scalars' bound by the
+// one-GPU run's own distance from the CPU: P GPU ranks are within 0.15 of one GPU (checked beside),
+// so within 0.15 + that of the CPU (the triangle inequality). Some inputs put one GPU at 0.1–0.2 from
+// the CPU on those scalars (a packed hydrahead-tiny at P = 2: 0.19); a ring defect moves them by O(1).
+void expect_gradients_close(const train::NamedGradients& got, const train::NamedGradients& ref, const std::string& what,
+                            const train::NamedGradients* one_gpu = nullptr) {
   ASSERT_EQ(got.sums.tokens, ref.sums.tokens) << what;
   EXPECT_NEAR(got.sums.loss, ref.sums.loss, 1e-3 * std::abs(ref.sums.loss)) << what;
   ASSERT_EQ(got.grads.size(), ref.grads.size()) << what;
@@ -91,7 +96,9 @@ void expect_gradients_close(const train::NamedGradients& got, const train::Named
     const double err = norm_rel_error(a, b);
     const bool gate_scalar = n.find("gdn_A_log") != std::string::npos || n.find("gdn_dt_bias") != std::string::npos ||
                              n.find("fuse_gate.bias") != std::string::npos;
-    EXPECT_LT(err, gate_scalar ? 0.15 : 5e-2) << what << ": gradient of " << n;
+    double bound = gate_scalar ? 0.15 : 5e-2;
+    if (gate_scalar && one_gpu) bound += norm_rel_error(to(one_gpu->grads.at(n), Device::host, DType::f32), b);
+    EXPECT_LT(err, bound) << what << ": gradient of " << n;
     if (gate_scalar) {
       worst_scalar = std::max(worst_scalar, err);
     } else if (err > worst) {
@@ -121,8 +128,9 @@ void expect_model_gradients_match(const ModelConfig& c, const std::string& name,
   const std::vector<int32_t> ids = ids_for(t, c.vocab_size);
   SelfCommunicator one_gpu(Device::cuda);
   const train::NamedGradients many = train::next_token_gradients(comm, gpu_model, ids, {}, starts);
-  expect_gradients_close(many, train::next_token_gradients(one_gpu, gpu_model, ids, {}, starts), name + " GPU P vs 1 GPU");
-  expect_gradients_close(many, train::next_token_gradients(world(), cpu_model, ids, {}, starts), name + " GPU P vs CPU P");
+  const train::NamedGradients one = train::next_token_gradients(one_gpu, gpu_model, ids, {}, starts);
+  expect_gradients_close(many, one, name + " GPU P vs 1 GPU");
+  expect_gradients_close(many, train::next_token_gradients(world(), cpu_model, ids, {}, starts), name + " GPU P vs CPU P", &one);
 }
 
 ModelConfig layerwise_d128() {
