@@ -23,8 +23,12 @@ import json
 import math
 import os
 import re
+import sys
 
 import stats
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import results_files as rf  # noqa: E402  (cluster/: a folder's files, plain, gzipped or archived)
 
 MARGIN = 0.05  # equivalence margin on the accuracy difference (absolute)
 
@@ -32,9 +36,9 @@ MARGIN = 0.05  # equivalence margin on the accuracy difference (absolute)
 def read_items(path):
     """{(task, length, depth, sample): 0/1} from hydra eval-niah's per-sample lines."""
     items = {}
-    if not os.path.exists(path):
+    if not rf.exists(path):
         return items
-    with open(path) as f:
+    with rf.open_text(path) as f:
         for line in f:
             if line.strip():
                 r = json.loads(line)

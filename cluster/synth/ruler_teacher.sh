@@ -48,6 +48,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$OUT" ] || { echo "ruler_teacher.sh: --out DIR is required" >&2; exit 2; }
+# The default teacher is kept in its results folder's archive (cluster/results_files.py): taken out once.
+if [ "$INIT" != scratch ] && [ ! -f "$INIT" ] && mkdir -p "$OUT" &&
+   python3 "$here/../results_files.py" extract "$INIT" "$OUT/init_teacher.h5" 2> /dev/null; then
+  INIT=$OUT/init_teacher.h5
+fi
 [ -x "$H" ] || { echo "ruler_teacher.sh: no hydra binary at $H (--hydra)" >&2; exit 2; }
 [ "$INIT" = scratch ] || [ -f "$INIT" ] || { echo "ruler_teacher.sh: --init $INIT: no such file" >&2; exit 2; }
 [[ "$STEPS" =~ ^[1-9][0-9]*$ && "$SAMPLES" =~ ^[1-9][0-9]*$ && "$JOBS" =~ ^[1-9][0-9]*$ &&
