@@ -8,8 +8,9 @@
 #include "launch/cli.h"
 #include "launch/model_source.h"
 #include "model/convert.h"
-#include "model/nonfinite.h"
 #include "model/fa_heads_file.h"
+#include "model/nonfinite.h"
+#include "model/sequence_length.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
 #include "runtime/token_file.h"
@@ -79,7 +80,7 @@ int run_convert(App& app, const std::vector<std::string>& args) {
   std::vector<int32_t> calib;
   if (!opt.calib.empty()) {
     calib = read_token_file(opt.calib, teacher_config.vocab_size);
-    SequenceLayout::zigzag(static_cast<int64_t>(calib.size()), app.world.size(), app.world.rank());
+    check_sequence_length(teacher_config, static_cast<int64_t>(calib.size()), app.world.size());
   }
   RunFingerprint inputs;
   add_model_fields(inputs, "teacher", teacher_config);

@@ -15,6 +15,7 @@
 #include "model/memory_plan.h"
 #include "model/model.h"
 #include "model/params.h"
+#include "model/train/training_plan.h"
 #include "parallel/layout.h"
 #include "runtime/sizes.h"
 

@@ -1,5 +1,7 @@
 #include "launch/model_source.h"
 
+#include <chrono>
+
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
@@ -84,6 +86,24 @@ void ModelSource::add_contents(RunFingerprint& fingerprint) const {
 
 std::string ModelSource::describe() const {
   return preset.empty() ? model_path : fmt::format("preset {} (weight seed {})", preset, seed);
+}
+
+ModelRun ModelRun::begin(App& app, const ModelSource& source, const std::string& device_flag) {
+  ModelRun run{source.config(), resolve_device(device_flag, app.mpi), DType::f32, {}};
+  run.dtype = storage_dtype(run.device);
+  add_model_fields(run.inputs, run.config, run.device, run.dtype);
+  return run;
+}
+
+ModelRun::Started ModelRun::start(App& app, const ModelSource& source, const std::string& device_flag,
+                                  double nccl_timeout) {
+  source.add_contents(inputs);
+  agree_on_run(app, inputs);
+  DeviceWorld world = make_device_world(device_flag, app.mpi, app.world, nccl_timeout);
+  const auto t0 = std::chrono::steady_clock::now();
+  Model model = source.build(device, dtype, app.kernels);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return Started{std::move(world), std::move(model), load_s};
 }
 
 }  // namespace hydra

@@ -11,6 +11,7 @@
 
 #include "launch/cli.h"
 #include "model/model.h"
+#include "parallel/device_world.h"
 
 namespace hydra {
 
@@ -39,6 +40,28 @@ struct ModelSource {
   // The weights for the ranks' agreement: a checkpoint's every dataset (add_file_datasets); a
   // preset's weights are fixed by its name and --weight-seed, which the options already hold.
   void add_contents(RunFingerprint& fingerprint) const;
+};
+
+// The start every command that runs a model shares (eval-lm, eval-niah, forward, generate, gradients,
+// prefill, select-heads), in two halves around the command's own input checks, which add to `inputs`:
+//   ModelRun run = ModelRun::begin(app, opt.model, opt.device);  // config, device, dtype, fingerprint
+//   ... the command's checks; run.inputs.add(...) ...
+//   ModelRun::Started started = run.start(app, opt.model, opt.device, opt.nccl_timeout);
+struct ModelRun {
+  ModelConfig config;     // the model's (cheap: a checkpoint's attributes)
+  Device device;          // --device on this rank (resolve_device)
+  DType dtype;            // the device's storage type
+  RunFingerprint inputs;  // what the ranks agree on, begun with the model's fields
+  static ModelRun begin(App& app, const ModelSource& source, const std::string& device_flag);
+
+  // The weights join the fingerprint and the ranks agree on it (before the first collective); then
+  // the device world is made and the model built (load_s: the build's wall time).
+  struct Started {
+    DeviceWorld world;
+    Model model;
+    double load_s = 0;
+  };
+  Started start(App& app, const ModelSource& source, const std::string& device_flag, double nccl_timeout);
 };
 
 }  // namespace hydra

@@ -96,7 +96,7 @@ std::vector<std::vector<double>> measure_head_rms(const Model& teacher, Communic
                                                   const std::vector<int32_t>& tokens) {
   const ModelConfig& c = teacher.config();
   const int64_t total = static_cast<int64_t>(tokens.size());
-  const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
+  const SequenceLayout layout = group_layout(comm, total);
   const Tensor ids = layout.token_rows(tokens).ids;
   HeadSquareSums sums(c.num_layers, c.num_heads);
   ForwardContext context{comm, layout, &sums};
@@ -116,7 +116,7 @@ std::vector<std::vector<double>> calibrate_scale_gamma(const Model& student, Com
   HYDRA_ASSERT(c.is_hydra() && c.fusion == ops::Fusion::scale, "scale calibration of a {} model with fusion {}",
                arch_name(c.arch), ops::fusion_name(c.fusion));
   const int64_t total = static_cast<int64_t>(tokens.size());
-  const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
+  const SequenceLayout layout = group_layout(comm, total);
   ScaleCalibration calibration(comm, teacher_rms, total);
   ForwardContext context{comm, layout, &calibration};
   student.forward(context, layout.token_rows(tokens).ids);

@@ -8,7 +8,8 @@
 // without a message), and "kill@SITE" sends the process SIGKILL at SITE (kill -9 mid-operation),
 // "term@SITE" SIGTERM (a scheduler's time limit mid-operation).
 // A spec that names no known site, or a rank the job does not have, is a user error at start-up
-// (check_fault_spec), never silently ignored. Unset: no effect, one getenv.
+// (check_fault_spec), never silently ignored. Unset: no effect, one getenv. Never inside a memory
+// plan's shape-only run (runtime/memory_timeline.h), which is not the operation.
 #pragma once
 
 #include <string>

@@ -8,6 +8,7 @@
 
 #include "model/memory_plan.h"
 #include "model/params.h"
+#include "model/train/training_plan.h"
 #include "parallel/layout.h"
 #include "tests/common/test_util.h"
 
