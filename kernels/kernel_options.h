@@ -17,6 +17,9 @@ struct KernelOptions {
   int gdn_segments = 0;                    // HYDRA_GDN_SEGMENTS: the in-GPU split of the delta rule (0: chosen)
   GdnProfile gdn_profile = GdnProfile::off;  // HYDRA_GDN_PROFILE
   Branches branches = Branches::concurrent;  // HYDRA_SERIAL_BRANCHES
+  // HYDRA_DECODE_PDL: the decode engine launches its step's kernels with programmatic dependent
+  // launch (runtime/programmatic_launch.h); off until measured.
+  bool decode_pdl = false;
 };
 
 }  // namespace hydra::ops

@@ -13,6 +13,7 @@
 
 #include "kernels/kernel_options.h"
 #include "parallel/agreement.h"
+#include "parallel/device_world.h"
 #include "parallel/mpi_communicator.h"
 
 namespace hydra {
@@ -23,13 +24,15 @@ struct ModelConfig;
 // What every subcommand gets: the MPI world (world size 1 without mpirun), whose collectives are
 // refused until the ranks have agreed on what they run (agree_on_run), and the command line as
 // parsed (filled in by parse_command_line), and the kernel options the environment set (read once
-// at start-up, launch/kernel_options.h): every model a command builds runs with them.
+// at start-up, launch/kernel_options.h): every model a command builds runs with them; likewise
+// whether ranks may share a GPU (HYDRA_SHARE_GPUS).
 struct App {
   MpiRuntime& mpi;
   AgreementGate& world;
   std::string command;
   std::vector<FingerprintField> options;  // every option's value as text, defaults included
   ops::KernelOptions kernels;
+  GpuSharing gpu_sharing = GpuSharing::one_rank_per_gpu;  // HYDRA_SHARE_GPUS=1 (parallel/device_world.h)
 };
 
 struct Subcommand {

@@ -26,6 +26,7 @@
 #include "launch/bench/forward.h"
 #include "launch/bench/gdn_input.h"
 #include "launch/cli.h"
+#include "model/decode_engine.h"
 #include "model/params.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
@@ -51,7 +52,7 @@ struct BenchOptions {
   std::string preset;
   std::string contexts = "32K,128K,512K,1M";
   std::string batches = "1,8,32";
-  bool cuda_graph = false;
+  std::string cuda_graph = "auto";
 
   void bind(po::options_description& o) {
     o.add_options()
@@ -70,7 +71,7 @@ struct BenchOptions {
         ("preset", po::value(&preset), "decode: the model (random weights), e.g. hydrahead-1.7b or qwen3-1.7b")
         ("contexts", po::value(&contexts)->default_value("32K,128K,512K,1M"), "decode: cached tokens per sequence, a list")
         ("batches", po::value(&batches)->default_value("1,8,32"), "decode: sequences per step, a list")
-        ("cuda-graph", po::bool_switch(&cuda_graph), "decode: replay each step as a CUDA graph (as generate --cuda-graph)");
+        ("cuda-graph", po::value(&cuda_graph)->default_value("auto")->implicit_value("on"), "decode: on, off or auto (= on: one GPU): replay each step as a CUDA graph, as generate does by default; off: the same kernels launched one by one");
   }
   // A comma-separated list of sizes (accepts 32K, 1M).
   static std::vector<int64_t> size_list(const std::string& text, const char* flag) {
@@ -91,6 +92,7 @@ struct BenchOptions {
       preset_config(preset);  // a UserError listing the presets
       size_list(contexts, "--contexts");
       size_list(batches, "--batches");
+      parse_decode_graph(cuda_graph);
     }
     parse_size(seq_len, "--seq-len");
     HYDRA_USER_CHECK(head_dim == 64 || head_dim == 128, "--head-dim must be 64 or 128");
@@ -109,7 +111,7 @@ int run_bench(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "bench",
                           "--op gemm|attention|gdn|attention-bwd|gdn-bwd|gdn-input [--seq-len 32K --heads 16 --head-dim 128] | "
-                          "--op decode --preset NAME [--contexts 32K,128K,512K,1M --batches 1,8,32] [--cuda-graph]",
+                          "--op decode --preset NAME [--contexts 32K,128K,512K,1M --batches 1,8,32] [--cuda-graph on|off|auto]",
                           desc, args)) {
     return 0;
   }
@@ -121,7 +123,8 @@ int run_bench(App& app, const std::vector<std::string>& args) {
   if (opt.op == "decode") {  // bandwidth-bound: its own ceiling (a device copy), no GEMM
     const DecodeBenchOptions d{.preset = opt.preset, .contexts = BenchOptions::size_list(opt.contexts, "--contexts"),
                                .batches = BenchOptions::size_list(opt.batches, "--batches"), .warmup = opt.warmup,
-                               .repeat = opt.repeat, .cuda_graph = opt.cuda_graph};
+                               .repeat = opt.repeat,
+                               .cuda_graph = decode_graph_wanted(parse_decode_graph(opt.cuda_graph), Device::cuda, 1)};
     bench_decode(d, app.kernels, [&](const nlohmann::json& r) {
       if (app.world.rank() != 0) return;
       std::cout << r.dump() << std::endl;

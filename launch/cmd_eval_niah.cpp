@@ -3,7 +3,8 @@
 // one group of all ranks); each group takes whole samples in a fixed assignment (model/eval/niah_run.h)
 // and each sample is one prefill over its group's zigzag layout, scored by teacher forcing
 // (model/eval/niah.h says why that is the greedy verdict) or, with --score generate, by greedy
-// decoding of the answer with the cache (model/generate.h); beyond the forward, a group's ranks
+// decoding of the answer with the cache (model/generate.h; its decode steps replayed as a CUDA graph
+// where a group is one rank on the GPU, unless --cuda-graph off); beyond the forward, a group's ranks
 // exchange only two small all-reduces of the answer rows' verdicts per sample, and one gather per
 // round of samples brings the groups' results to rank 0, which writes them in plan order. Tasks
 // come from the built-in token-space generator (--task/--lengths/--depths/--samples/--seed) or from
@@ -31,9 +32,6 @@
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
 #include "runtime/sizes.h"
-#if HYDRA_CUDA
-#include "runtime/cuda_memory.h"
-#endif
 
 namespace hydra {
 namespace {
@@ -60,6 +58,7 @@ struct EvalNiahOptions {
   double nccl_timeout = 600;
   int sp = 0;
   std::string score = "teacher-forced";
+  std::string cuda_graph = "auto";
   std::set<std::string> given;  // generator flags given on the command line (they conflict with --dataset)
 
   void bind(po::options_description& o) {
@@ -91,6 +90,7 @@ struct EvalNiahOptions {
         ("out", po::value(&out)->required(), "results as JSON lines (per sample and per cell), written by rank 0")
         ("out-h5", po::value(&out_h5), "HDF5 copy of the results (default: --out with .jsonl replaced by .h5)")
         ("score", po::value(&score)->default_value(score), "teacher-forced (one prefill per sample: the greedy verdict, model/eval/niah.h) or generate (greedy decoding of the answer with the cache, as hydra generate does; also the recall of multivalue answers from the generated text)")
+        ("cuda-graph", po::value(&cuda_graph)->default_value(cuda_graph)->implicit_value("on"), "--score generate: on, off or auto: replay each decode step as a CUDA graph, the same tokens as off (on needs --sp 1 on the GPU; auto: on exactly there)")
         ("sp", po::value(&sp)->default_value(0), "ranks per sample (sequence parallel): world / sp groups score different samples side by side (0: all ranks on every sample); each length needs 2·sp segments")
         ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present): one GPU per rank")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
@@ -113,6 +113,7 @@ struct EvalNiahOptions {
       task_params();  // parses --task and --value-length
     }
     niah::parse_scoring(score);
+    parse_decode_graph(cuda_graph);
     if (out_h5.empty()) out_h5 = default_h5_path(out);
     require_writable_destination(out, "results");
     require_writable_destination(out_h5, "HDF5 results");
@@ -178,7 +179,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "eval-niah",
                           "(--model FILE.h5 | --preset NAME) (--lengths 4K,16K,... [--task single|multikey|multivalue|multiquery|vartrack|cwe|fwe[,...]] "
-                          "[--depths 0,10,...,100] [--samples N] [--seed S] | --dataset SET.h5) [--score teacher-forced|generate] [--sp N] --out RESULTS.jsonl",
+                          "[--depths 0,10,...,100] [--samples N] [--seed S] | --dataset SET.h5) [--score teacher-forced|generate [--cuda-graph on|off|auto]] [--sp N] --out RESULTS.jsonl",
                           desc, args)) {
     return 0;
   }
@@ -212,10 +213,11 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     plan = niah::plan_eval_set(set, opt.dataset, config, sp);
   }
   const int64_t longest = plan.longest, total_samples = plan.total_samples();
-#if HYDRA_CUDA
-  if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
-#endif
   const niah::Scoring scoring = niah::parse_scoring(opt.score);
+  const DecodeGraph graph = parse_decode_graph(opt.cuda_graph);
+  HYDRA_USER_CHECK(graph != DecodeGraph::on || (scoring == niah::Scoring::generate && decode_graph_possible(device, sp)),
+                   "--cuda-graph on needs --score generate with one rank per sample on the GPU (this run: {}, {} rank(s) "
+                   "per sample on {})", opt.score, sp, device_name(device));
   // Generation: the prompt's prefill, the cache and the decode engine (the answer is at most a few
   // dozen tokens; the longest sample bounds the cache).
   check_memory_plan(niah::eval_memory_estimate(plan, config, scoring, sp, device), device,
@@ -237,7 +239,7 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     niah::write_jsonl(opt.out, so_far);
     niah::write_results_h5(opt.out_h5, so_far);
     outputs.commit();
-  }, scoring);
+  }, scoring, graph);
   const double run_s = seconds_since(t1);
   if (comm.rank() == 0) {
     std::cout << niah::format_table(report);

@@ -21,9 +21,6 @@
 #include "runtime/log.h"
 #include "runtime/sizes.h"
 #include "runtime/token_file.h"
-#if HYDRA_CUDA
-#include "runtime/cuda_memory.h"
-#endif
 
 namespace hydra {
 namespace {
@@ -129,9 +126,6 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   const Device device = job.device;
   const MemoryEstimate estimate =
       estimate_forward_memory(config, total, t_local, comm.size(), comm.rank(), device, !opt.output.empty());
-#if HYDRA_CUDA
-  if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
-#endif
   const std::string what = fmt::format("forward of {} tokens on {} rank(s)", total, comm.size());
   check_memory_plan(estimate, device, what, app.mpi.local_size());
   if (device == Device::cuda) {

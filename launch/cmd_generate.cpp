@@ -3,7 +3,8 @@
 // steps, greedy or seeded sampling, optionally after a repetition penalty. With --sp N the world is cut into sequence groups of N ranks
 // (parallel/sequence_groups.h): prompt b runs on group b mod groups, each group decoding its
 // prompts as one batch; each prompt keeps its own sampling stream (its index in the file), and one
-// gather brings every group's tokens to rank 0. Writes one JSON line per prompt, in file order
+// gather brings every group's tokens to rank 0. Where a group is one rank on the GPU, each decode
+// step is replayed as a CUDA graph unless --cuda-graph off (the same tokens either way). Writes one JSON line per prompt, in file order
 // (with --logprobs K: each new token's log-probability and its K most likely alternatives), and
 // a summary line (rank 0, atomically). Inputs are checked before any work: token ids against the model's vocabulary, prompt
 // offsets that partition the ids into non-empty prompts, stop ids, the sampling flags, the memory plan.
@@ -48,7 +49,7 @@ struct GenerateCliOptions {
   std::string device = "auto";
   std::string progress = "auto";
   double nccl_timeout = 600;
-  bool cuda_graph = false;
+  std::string cuda_graph = "auto";
   int sp = 0;
   int64_t logprobs = 0;
   double repetition_penalty = 1.0;
@@ -72,7 +73,7 @@ struct GenerateCliOptions {
         ("repetition-penalty", po::value(&repetition_penalty)->default_value(1.0), "F > 0: before greedy or sampling, the logit of every id already in the prompt or generated is divided by F if positive, multiplied by F if negative (CTRL's rule, as transformers applies it; 1: off)")
         ("logprobs", po::value(&logprobs)->default_value(0), "K > 0: write each new token's log-probability and the K most likely alternatives with theirs (the model's, before --temperature and --repetition-penalty; max 100)")
         ("sp", po::value(&sp)->default_value(0), "ranks per prompt (sequence parallel): world / sp groups generate for different prompts side by side, prompt b on group b mod groups (0: all ranks on every prompt)")
-        ("cuda-graph", po::bool_switch(&cuda_graph), "replay each decode step as a CUDA graph (one rank per prompt on the GPU: one rank, or --sp 1)");
+        ("cuda-graph", po::value(&cuda_graph)->default_value("auto")->implicit_value("on"), "on, off or auto: replay each decode step as a CUDA graph, the same tokens as off (on needs one rank per prompt on the GPU: one rank, or --sp 1; auto: on exactly there; the flag alone: on)");
   }
   void validate() const {
     model.validate();
@@ -92,6 +93,7 @@ struct GenerateCliOptions {
     require_not_an_input(out, {prompt, model.model_path}, "--out");
     HYDRA_USER_CHECK(progress == "on" || progress == "off" || progress == "auto", "--progress must be on, off or auto");
     HYDRA_USER_CHECK(nccl_timeout > 0, "--nccl-timeout must be positive");
+    parse_decode_graph(cuda_graph);
   }
 };
 
@@ -213,7 +215,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "generate",
                           "(--model M.h5 | --preset NAME [--weight-seed W]) --prompt P.h5 --max-new-tokens N [--temperature 0] "
-                          "[--top-k K] [--top-p P] [--seed S] [--repetition-penalty F] [--stop-token ID,...] [--logprobs K] [--sp N] --out OUT.jsonl [--device cpu|cuda] [--cuda-graph]",
+                          "[--top-k K] [--top-p P] [--seed S] [--repetition-penalty F] [--stop-token ID,...] [--logprobs K] [--sp N] --out OUT.jsonl [--device cpu|cuda] [--cuda-graph on|off|auto]",
                           desc, args)) {
     return 0;
   }
@@ -227,9 +229,11 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   const int ranks = comm.size();
   const int p = SequenceGroups::resolve_sp(opt.sp, ranks);  // ranks per prompt
   const int groups_count = ranks / p;
-  HYDRA_USER_CHECK(!opt.cuda_graph || (device == Device::cuda && p == 1),
-                   "--cuda-graph needs one rank per prompt on the GPU (this run: {} rank(s) per prompt on {})", p,
-                   device_name(device));
+  const DecodeGraph graph_mode = parse_decode_graph(opt.cuda_graph);
+  HYDRA_USER_CHECK(graph_mode != DecodeGraph::on || decode_graph_possible(device, p),
+                   "--cuda-graph on needs one rank per prompt on the GPU (this run: {} rank(s) per prompt on {}; "
+                   "auto, the default, replays the step where it can)", p, device_name(device));
+  const bool graph = decode_graph_wanted(graph_mode, device, p);
   // Memory plan (model/generate.h) of every group (its prompts: b mod groups): the longest
   // prefill, the cache and the decode engine's buffers. Every rank checks every group, so all refuse together.
   int64_t longest_prefill = 0, total_tokens = 0;
@@ -246,9 +250,6 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   }
   const int64_t slots = static_cast<int64_t>(prompts.size());
   const KvCacheBytes cache_bytes = kv_cache_bytes(config, run.dtype, DType::f32);
-#if HYDRA_CUDA
-  if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());
-#endif
   // The decode engine keeps the logits on the host whenever tokens are not the device's arg-max
   // (model/generate.cpp): sampling, a repetition penalty, log-probabilities.
   const bool host_logits = opt.temperature > 0 || opt.repetition_penalty != 1.0 || opt.logprobs > 0;
@@ -266,9 +267,9 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   const Model& model = started.model;
   SequenceGroups groups(*world.comm, p);
   log::info("generate: {} prompt(s), {} tokens in all, up to {} new each, {} rank(s) ({} group(s) of {}) on {}, {}; "
-            "cache {:.1f} KiB per token + {:.1f} MiB per sequence, {} per rank planned", slots, total_tokens,
+            "cache {:.1f} KiB per token + {:.1f} MiB per sequence, {} per rank planned; decode steps {}", slots, total_tokens,
             opt.max_new_tokens, ranks, groups.replicas(), p, device_name(world.device), config.summary(), cache_bytes.per_token / 1024.0,
-            cache_bytes.per_slot / 1048576.0, estimate.describe());
+            cache_bytes.per_slot / 1048576.0, estimate.describe(), graph ? "replayed as a CUDA graph" : "launched eagerly");
   const double load_s = started.load_s;
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_reset_peak();
@@ -280,7 +281,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
       .stop_tokens = stop,
       .progress = opt.progress == "on" || (opt.progress == "auto" && longest_prefill >= 65536),
       .top_logprobs = opt.logprobs,
-      .cuda_graph = opt.cuda_graph};
+      .cuda_graph = graph ? DecodeGraph::on : DecodeGraph::off};
   const auto t0 = std::chrono::steady_clock::now();
   // This group's prompts (b ≡ group mod groups), then every group's sequences to every rank.
   const std::vector<GeneratedSequence> local = generate_for_group(groups, model, prompts, options);
@@ -315,6 +316,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
       {"total_s", total_s},
       {"decode_s", decode_s},
       {"decode_tokens_per_s", decode_s > 0 ? static_cast<double>(generated) / decode_s : 0.0},
+      {"cuda_graph", graph},
       {"peak_memory_gib", peak_gib}};
   write_text_atomically(opt.out, lines.text + summary.dump() + "\n");
   log::info("generate: {} new tokens for {} prompt(s) in {:.2f} s (decode {:.2f} s, {:.1f} tokens/s); peak memory "

@@ -27,7 +27,7 @@ constexpr int64_t kSearchCap = int64_t{1} << 27;  // 128M tokens: the longest le
 
 struct PlanOptions {
   std::string preset, model, gpu_memory = "80G", zero = "auto";
-  int gpus = 8, sp = 0;
+  int gpus = 8, sp = 0, ranks_per_gpu = 1;
   int64_t batch_seqs = 1;
   bool json = false;
 };
@@ -110,8 +110,9 @@ int run_plan(App& app, const std::vector<std::string>& args) {
       ("sp", po::value(&opt.sp)->default_value(0), "ranks per sequence in training (0: all ranks, as hydra train)")
       ("zero", po::value(&opt.zero)->default_value("auto"), "optimizer state over the ranks: 1, 0 or auto (1 on more than one rank), as hydra train")
       ("batch-seqs", po::value(&opt.batch_seqs)->default_value(1), "windows per micro-batch, as hydra train")
+      ("ranks-per-gpu", po::value(&opt.ranks_per_gpu)->default_value(1), "ranks sharing each GPU (HYDRA_SHARE_GPUS=1, a testing mode): each holds a whole copy, so a rank's plan must fit 1/K of the GPU; rows then count ranks")
       ("json", po::bool_switch(&opt.json), "print the rows as JSON instead of a table");
-  if (!parse_command_line(app, "plan", "--preset NAME | --model FILE.h5 [--gpus N] [--gpu-memory 141G] [--sp S] [--zero 0|1|auto] [--json]",
+  if (!parse_command_line(app, "plan", "--preset NAME | --model FILE.h5 [--gpus N] [--gpu-memory 141G] [--sp S] [--zero 0|1|auto] [--ranks-per-gpu K] [--json]",
                           desc, args)) {
     return 0;
   }
@@ -120,7 +121,10 @@ int run_plan(App& app, const std::vector<std::string>& args) {
   HYDRA_USER_CHECK(opt.sp >= 0, "--sp {} must be 0 (all ranks) or a rank count", opt.sp);
   HYDRA_USER_CHECK(opt.zero == "0" || opt.zero == "1" || opt.zero == "auto", "--zero must be 0, 1 or auto");
   HYDRA_USER_CHECK(opt.batch_seqs >= 1, "--batch-seqs must be at least 1");
-  const double gpu_bytes = static_cast<double>(parse_size(opt.gpu_memory, "--gpu-memory"));
+  HYDRA_USER_CHECK(opt.ranks_per_gpu >= 1 && opt.ranks_per_gpu <= 64, "--ranks-per-gpu {} must be in 1..64", opt.ranks_per_gpu);
+  const double card_bytes = static_cast<double>(parse_size(opt.gpu_memory, "--gpu-memory"));
+  // Ranks sharing a GPU each hold what one rank holds alone: each plan fits its share of the card.
+  const double gpu_bytes = card_bytes / opt.ranks_per_gpu;
   const ModelConfig config = opt.preset.empty() ? read_model_config(opt.model) : preset_config(opt.preset);
   agree_on_run(app, {});
   if (app.world.rank() != 0) return 0;
@@ -130,15 +134,21 @@ int run_plan(App& app, const std::vector<std::string>& args) {
   const nlohmann::json rows = plan_rows(config, worlds, gpu_bytes, opt.sp, opt.zero, opt.batch_seqs);
   if (opt.json) {
     std::cout << nlohmann::json{{"model", opt.preset.empty() ? opt.model : opt.preset},
-                                {"parameters", parameter_count(config)}, {"gpu_memory_gib", gpu_bytes / kGiB},
+                                {"parameters", parameter_count(config)}, {"gpu_memory_gib", card_bytes / kGiB},
+                                {"ranks_per_gpu", opt.ranks_per_gpu}, {"memory_per_rank_gib", gpu_bytes / kGiB},
                                 {"rows", rows}}.dump(1) << "\n";
     return 0;
   }
   std::cout << fmt::format("{}: {} parameters, GPUs of {:.0f} GiB (a plan fits below 95%); per rank, GiB\n",
-                           opt.preset.empty() ? opt.model : opt.preset, parameter_count(config), gpu_bytes / kGiB);
+                           opt.preset.empty() ? opt.model : opt.preset, parameter_count(config), card_bytes / kGiB);
+  if (opt.ranks_per_gpu > 1) {
+    std::cout << fmt::format("{} ranks share each GPU (HYDRA_SHARE_GPUS=1): each holds a whole copy of what one rank holds, "
+                             "so every plan below fits {:.1f} GiB; rows count ranks, not GPUs\n",
+                             opt.ranks_per_gpu, gpu_bytes / kGiB);
+  }
   std::cout << "                 |                           train                            |"
                "                      prefill\n";
-  std::cout << "  GPUs  sp  ZeRO |   longest weights optim activ  work   GDN build  total |"
+  std::cout << (opt.ranks_per_gpu > 1 ? " ranks" : "  GPUs") << "  sp  ZeRO |   longest weights optim activ  work   GDN build  total |"
                "   longest weights activ  work   GDN build  total\n";
   const auto gib = [](const nlohmann::json& part, const char* key) { return part[key].get<double>(); };
   for (const nlohmann::json& r : rows) {

@@ -104,9 +104,6 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
 
   // Memory plan, before any allocation: the GPU's free memory, or the host's on the CPU path.
   const MemoryEstimate estimate = estimate_prefill_memory(config, t_local, app.world.size(), device, starts.size() > 1);
-#if HYDRA_CUDA
-  if (device == Device::cuda) cuda_set_device(app.mpi.local_rank());  // the free memory of this rank's GPU
-#endif
   check_memory_plan(estimate, device, fmt::format("prefill of {} tokens on {} rank(s)", total, app.world.size()),
                     app.mpi.local_size());
   RunFingerprint& inputs = job.inputs;

@@ -395,9 +395,9 @@ int run_train(App& app, const std::vector<std::string>& args) {
   // Cheap checks before any weight is read: configs, their compatibility, the inputs, the layout.
   const ModelConfig student_config = opt.model.config();
   const std::optional<ModelConfig> teacher_config = read_teacher_config(opt, train::stage_traits(c.stage), student_config);
-  const Device device = resolve_device(opt.device, app.mpi);
+  const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
   agree_on_inputs(app, opt, c, student_config, teacher_config, device);
-  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, opt.nccl_timeout);
+  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, app.gpu_sharing, opt.nccl_timeout);
   SequenceGroups topology(*world.comm, c.sp);
   check_sequence_length(student_config, c.seq_len, topology.sp());
   plan_memory(app, opt, c, topology, student_config, teacher_config, world);

@@ -40,7 +40,17 @@ ops::KernelOptions kernel_options_from_environment() {
     HYDRA_USER_CHECK(v == "0" || v == "1", "HYDRA_SERIAL_BRANCHES must be 0 or 1 (got '{}')", v);
     o.branches = v == "1" ? Branches::serial : Branches::concurrent;
   }
+  if (const std::string v = env("HYDRA_DECODE_PDL"); !v.empty()) {
+    HYDRA_USER_CHECK(v == "0" || v == "1", "HYDRA_DECODE_PDL must be 0 or 1 (got '{}')", v);
+    o.decode_pdl = v == "1";
+  }
   return o;
+}
+
+GpuSharing gpu_sharing_from_environment() {
+  const std::string v = env("HYDRA_SHARE_GPUS");
+  HYDRA_USER_CHECK(v.empty() || v == "0" || v == "1", "HYDRA_SHARE_GPUS must be 0 or 1 (got '{}')", v);
+  return v == "1" ? GpuSharing::allowed : GpuSharing::one_rank_per_gpu;
 }
 
 }  // namespace hydra

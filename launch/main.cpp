@@ -66,12 +66,13 @@ int main(int argc, char** argv) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     hydra::ops::set_cpu_threads(std::max(1, cores / std::max(1, mpi.local_size())));
   }
-  hydra::App app{mpi, world, {}, {}, {}};
+  hydra::App app{mpi, world, {}, {}, {}, {}};
   int code = 0;
   std::string message;
   try {
     hydra::check_fault_spec(world.size());
     app.kernels = hydra::kernel_options_from_environment();  // a bad value is refused before any work
+    app.gpu_sharing = hydra::gpu_sharing_from_environment();
     code = dispatch(app, argc, argv);
   } catch (const hydra::UserError& e) {
     message = std::string("error") + (world.size() > 1 ? " (rank " + std::to_string(world.rank()) + ")" : "") + ": " + e.what();

@@ -89,7 +89,7 @@ std::string ModelSource::describe() const {
 }
 
 ModelRun ModelRun::begin(App& app, const ModelSource& source, const std::string& device_flag) {
-  ModelRun run{source.config(), resolve_device(device_flag, app.mpi), DType::f32, {}};
+  ModelRun run{source.config(), resolve_device(device_flag, app.mpi, app.gpu_sharing), DType::f32, {}};
   run.dtype = storage_dtype(run.device);
   add_model_fields(run.inputs, run.config, run.device, run.dtype);
   return run;
@@ -99,7 +99,7 @@ ModelRun::Started ModelRun::start(App& app, const ModelSource& source, const std
                                   double nccl_timeout) {
   source.add_contents(inputs);
   agree_on_run(app, inputs);
-  DeviceWorld world = make_device_world(device_flag, app.mpi, app.world, nccl_timeout);
+  DeviceWorld world = make_device_world(device_flag, app.mpi, app.world, app.gpu_sharing, nccl_timeout);
   const auto t0 = std::chrono::steady_clock::now();
   Model model = source.build(device, dtype, app.kernels);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

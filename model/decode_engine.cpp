@@ -3,8 +3,31 @@
 #include <algorithm>
 
 #include "kernels/argmax/argmax.h"
+#include "runtime/programmatic_launch.h"
 
 namespace hydra {
+
+std::string_view decode_graph_name(DecodeGraph mode) {
+  switch (mode) {
+    case DecodeGraph::off: return "off";
+    case DecodeGraph::on: return "on";
+    case DecodeGraph::automatic: return "auto";
+  }
+  return "?";
+}
+
+DecodeGraph parse_decode_graph(std::string_view name) {
+  for (const DecodeGraph mode : {DecodeGraph::off, DecodeGraph::on, DecodeGraph::automatic}) {
+    if (name == decode_graph_name(mode)) return mode;
+  }
+  HYDRA_USER_FAIL("--cuda-graph must be on, off or auto (got '{}')", name);
+}
+
+bool decode_graph_possible(Device device, int ranks) { return device == Device::cuda && ranks == 1; }
+
+bool decode_graph_wanted(DecodeGraph mode, Device device, int ranks) {
+  return mode == DecodeGraph::on || (mode == DecodeGraph::automatic && decode_graph_possible(device, ranks));
+}
 
 DecodeEngineBuffers decode_engine_buffers(const ModelConfig& config, int64_t slots, bool host_logits) {
   DecodeEngineBuffers b{.ids = {{slots}, DType::i32}, .logits = {{slots, config.vocab_size}, DType::f32},
@@ -21,7 +44,7 @@ double DecodeEngineBuffers::bytes(Device device) const {
 DecodeEngine::DecodeEngine(Communicator& comm, const Model& model, KvCache& cache, DecodeEngineOptions options)
     : comm_(comm), model_(model), cache_(cache), options_(options) {
   const Device device = model.device();
-  HYDRA_ASSERT(!options.cuda_graph || (device == Device::cuda && comm.size() == 1),
+  HYDRA_ASSERT(!options.cuda_graph || decode_graph_possible(device, comm.size()),
                "a CUDA graph of the decode step needs one rank on the GPU (device {}, {} ranks)", device_name(device),
                comm.size());
   const DecodeEngineBuffers spec = decode_engine_buffers(model.config(), cache.slots(), options.host_logits);
@@ -31,7 +54,9 @@ DecodeEngine::DecodeEngine(Communicator& comm, const Model& model, KvCache& cach
   best_ = spec.best.empty(device);
   best_host_ = spec.best.zeros(Device::host);
   if (spec.host_logits.exists()) logits_host_ = spec.host_logits.zeros(Device::host);
-  cache_.set_whole_capacity(options.cuda_graph);
+  // Fixed attention launch shapes wherever a graph is possible, graph or not: eager steps there are
+  // the graph's kernels, so switching the graph off changes no bit.
+  cache_.set_whole_capacity(decode_graph_possible(device, comm.size()));
 }
 
 void DecodeEngine::run(int64_t batch, StepResult result) const {
@@ -54,6 +79,9 @@ void DecodeEngine::step(std::span<const int64_t> slots, std::span<const int32_t>
   copy_into(ids_.view().narrow(0, 0, batch), ids_host_.view().narrow(0, 0, batch));
   {
     StepArenaScope scope(arena_);
+    // HYDRA_DECODE_PDL: the step's kernels with programmatic dependent launch, eager or captured
+    // (a captured launch keeps the attribute in its graph node).
+    ProgrammaticLaunchScope pdl(model_.kernel_options().decode_pdl && model_.device() == Device::cuda);
     cache_.begin_decode(slots);  // its positions tensor is the arena's first block
     if (!options_.cuda_graph) {
       run(batch, result);

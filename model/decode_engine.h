@@ -8,18 +8,22 @@
 // every tensor the layers allocate takes the same block every step: after the first step of a
 // batch size, a step allocates nothing (tests/model/decode_engine_test.cpp counts), and every buffer
 // keeps its address. Results land in persistent buffers: the arg-max ids [B] and, on request, the
-// fp32 logits [B, V] on the host.
+// fp32 logits [B, V] on the host. With the kernel option decode_pdl (HYDRA_DECODE_PDL=1) the step's
+// own kernels are launched with programmatic dependent launch (runtime/programmatic_launch.h): the
+// same kernels on the same data, scheduled earlier.
 //
 // With cuda_graph (P = 1 on the GPU): the first step of a batch size runs eagerly (its blocks are
 // allocated), the second is captured as a CUDA graph (runtime/cuda_graph.h) and launched, and later
-// steps of that batch size only write their inputs and launch the graph. The cache then chunks its
-// attention keys for the whole capacity (KvCache::set_whole_capacity), the one launch parameter that
-// would otherwise change from step to step; the eager warm-up step uses the same, so graph and eager
-// steps run the same kernels (tests/model/cuda_generate_test.cpp holds them bit-identical).
+// steps of that batch size only write their inputs and launch the graph. Wherever a graph can be
+// captured (one rank on the GPU) the cache chunks its attention keys for the whole capacity
+// (KvCache::set_whole_capacity), the one launch parameter that would otherwise change from step to
+// step, with or without the graph: so an eager engine there runs the graph's kernels one by one and
+// the two give the same bits and the same tokens (tests/model/cuda_generate_test.cpp).
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "model/kv_cache.h"
 #include "model/model.h"
@@ -27,6 +31,18 @@
 #include "runtime/step_arena.h"
 
 namespace hydra {
+
+// Whether generation replays its decode step as a CUDA graph (hydra generate, eval-niah and bench
+// --cuda-graph on|off|auto): automatic is on exactly where a graph can be captured, else off.
+enum class DecodeGraph { off, on, automatic };
+std::string_view decode_graph_name(DecodeGraph mode);  // "off", "on", "auto"
+DecodeGraph parse_decode_graph(std::string_view name);  // the --cuda-graph value; UserError otherwise
+// A graph of the step can be captured: the GPU, and one rank (a step over several ranks has a
+// collective per layer, which stays outside any graph).
+bool decode_graph_possible(Device device, int ranks);
+// Whether `mode` replays the step on `device` with `ranks` ranks (on: the caller has refused the
+// run where it is not possible).
+bool decode_graph_wanted(DecodeGraph mode, Device device, int ranks);
 
 struct DecodeEngineOptions {
   bool host_logits = false;  // keep a host buffer for StepResult::logits (sampling, kept logits)

@@ -170,7 +170,9 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
     for (const auto& prompt : prompts) seen.emplace_back(prompt);
   }
   std::vector<float> penalized;  // [V]: the row a token is chosen from, when a penalty changes it
-  DecodeEngine engine(comm, model, cache, {.host_logits = !greedy_ids, .cuda_graph = options.cuda_graph});
+  DecodeEngine engine(comm, model, cache,
+                      {.host_logits = !greedy_ids,
+                       .cuda_graph = decode_graph_wanted(options.cuda_graph, model.device(), comm.size())});
   const auto t_decode = Clock::now();
   std::vector<bool> done(static_cast<size_t>(n), false);
   double next_report = 30.0;  // a progress line every 30 s of decoding (rank 0)
@@ -199,6 +201,9 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
     if (rows.empty()) break;
     engine.step(rows, ids,
                 choosing.empty() ? StepResult::none : (greedy_ids ? StepResult::argmax : StepResult::logits));
+    if (engine.graph_launched()) {
+      for (const int64_t b : rows) ++out[static_cast<size_t>(b)].graph_steps;
+    }
     if (choosing.empty()) continue;
     const auto nonfinite = [&](int64_t b) {
       HYDRA_USER_FAIL("generate: the logits of prompt {} at position {} are not finite (bad weights?)", number(b),

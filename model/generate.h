@@ -12,7 +12,9 @@
 // positions), so a batch shares the reads of the weights. A sequence ends after max_new_tokens new
 // tokens or on a stop token (kept as its last token).
 //
-// The decode steps run on model/decode_engine.h (the engine `hydra bench --op decode` times too).
+// The decode steps run on model/decode_engine.h (the engine `hydra bench --op decode` times too),
+// replayed as a CUDA graph by default wherever that is possible (one rank on the GPU:
+// GenerateOptions::cuda_graph), which gives the same tokens as the eager steps.
 // Tokens are chosen from fp32 logits by sample_token (model/sampling.h) on every rank, and rank 0's
 // choice is broadcast each step, so the ranks can never disagree on what they feed next. A repetition
 // penalty (SamplingParams::repetition_penalty) first rescales, in a copy of the row, the logits of the
@@ -23,6 +25,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/decode_engine.h"
 #include "model/memory_plan.h"
 #include "model/model.h"
 #include "model/sampling.h"
@@ -37,7 +40,9 @@ struct GenerateOptions {
   bool progress = false;      // rank 0 logs a line per layer of each prefill, with an ETA
   bool keep_logits = false;   // keep the logits each new token was chosen from (tests)
   int64_t top_logprobs = 0;   // > 0: each new token's log-probability and the K most likely alternatives (hydra generate --logprobs K)
-  bool cuda_graph = false;    // replay the decode step as a CUDA graph (one rank on the GPU; model/decode_engine.h)
+  // Replay the decode step as a CUDA graph (model/decode_engine.h): automatic where one rank runs on
+  // the GPU; on needs exactly that (the caller refuses other runs first).
+  DecodeGraph cuda_graph = DecodeGraph::automatic;
   // Each prompt's number: its sampling stream and its name in messages (empty: its index in
   // `prompts`). hydra generate --sp passes the prompt's index in the whole prompt file, so a prompt
   // draws the same tokens whichever sequence group runs it, beside whichever other prompts.
@@ -50,6 +55,7 @@ struct GeneratedSequence {
   int64_t prefilled = 0;        // prompt tokens the sequence-parallel prefill took
   double prefill_s = 0;         // its wall time (every rank, a barrier on each side)
   double decode_s = 0;          // from the first decode step to the step that ended the sequence
+  int64_t graph_steps = 0;      // its decode steps that replayed a CUDA graph
   std::vector<float> logits;    // [tokens.size(), V] with keep_logits
   // With top_logprobs = K: per new token, log p(token) and the K most likely ids with their log p
   // (descending; ties to the lower id), from the model's fp32 logits at its position (log-softmax in

@@ -142,8 +142,12 @@ Available available_memory(Device device, int ranks_on_host) {
   Available out;
 #if HYDRA_CUDA
   if (device == Device::cuda) {
-    out.bytes = static_cast<double>(cuda_memory_stats().free_device);
-    out.where = "the GPU";
+    // Ranks sharing a GPU (HYDRA_SHARE_GPUS=1, parallel/device_world.h) each hold a whole copy of
+    // what one rank holds: the free memory is split among as many as the most crowded GPU has.
+    const int gpus = std::max(1, cuda_device_count());
+    const int sharing = (std::max(1, ranks_on_host) + gpus - 1) / gpus;
+    out.bytes = static_cast<double>(cuda_memory_stats().free_device) / sharing;
+    out.where = sharing > 1 ? fmt::format("each of the {} ranks sharing the GPU", sharing) : std::string("the GPU");
   }
 #endif
   if (device == Device::host) {

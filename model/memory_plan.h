@@ -108,7 +108,8 @@ bool fits_memory_plan(const MemoryEstimate& estimate, Device device, int ranks_o
 bool fits_in(const MemoryEstimate& estimate, double bytes);
 
 // Refuses (UserError naming `what` and the estimate) a run whose estimate exceeds the memory this
-// rank can use: the GPU's free memory, or for the CPU path the host's available memory
+// rank can use: the GPU's free memory (split among the ranks that share it when the node's
+// `ranks_on_host` ranks outnumber its GPUs), or for the CPU path the host's available memory
 // (runtime/host_memory.h) shared by the `ranks_on_host` ranks of this node.
 // `remedy` ends the message: what the user can change (the command's own flags).
 void check_memory_plan(const MemoryEstimate& estimate, Device device, const std::string& what, int ranks_on_host = 1,

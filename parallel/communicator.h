@@ -61,6 +61,11 @@ class Communicator {
   // Blocking point-to-point helpers built on start_send_recv where convenient.
   virtual void send(const TensorView& buffer, int dst) = 0;
   virtual void recv(const TensorView& buffer, int src) = 0;
+
+  // A host synchronisation point: blocks until the device work queued so far (and the
+  // communicator's own transfers) has finished, and turns a failed or hung peer into an exception
+  // after the communicator's time limit (NCCL's watchdog). Nothing is queued on CPU ranks: no-op.
+  virtual void check_progress() {}
 };
 
 // Sums a small host buffer over the ranks, staging it through the communicator's device (NCCL

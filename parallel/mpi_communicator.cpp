@@ -7,9 +7,8 @@
 #include <thread>
 
 namespace hydra {
-namespace {
 
-MPI_Datatype mpi_type(DType t) {
+MPI_Datatype mpi_datatype(DType t) {
   switch (t) {
     case DType::f32: return MPI_FLOAT;
     case DType::bf16: return MPI_UINT16_T;  // moved, never reduced
@@ -19,6 +18,8 @@ MPI_Datatype mpi_type(DType t) {
   }
   return MPI_BYTE;
 }
+
+namespace {
 
 int count_of(const TensorView& v) {
   HYDRA_ASSERT(v.is_contiguous(), "MPI buffers must be contiguous, got {}", v.shape_string());
@@ -124,8 +125,8 @@ std::unique_ptr<Transfer> MpiCommunicator::start_send_recv(const TensorView& sen
                                                            int src) {
   HYDRA_ASSERT(send.dtype() == recv.dtype(), "send/recv dtypes differ");
   auto t = std::make_unique<MpiTransfer>();
-  HYDRA_MPI_CHECK(MPI_Irecv(recv.data(), count_of(recv), mpi_type(recv.dtype()), src, kRingTag, comm_, &t->requests[0]));
-  HYDRA_MPI_CHECK(MPI_Isend(send.data(), count_of(send), mpi_type(send.dtype()), dst, kRingTag, comm_, &t->requests[1]));
+  HYDRA_MPI_CHECK(MPI_Irecv(recv.data(), count_of(recv), mpi_datatype(recv.dtype()), src, kRingTag, comm_, &t->requests[0]));
+  HYDRA_MPI_CHECK(MPI_Isend(send.data(), count_of(send), mpi_datatype(send.dtype()), dst, kRingTag, comm_, &t->requests[1]));
   return t;
 }
 
@@ -134,12 +135,12 @@ void MpiCommunicator::all_gather(const TensorView& send, const TensorView& recv)
                "all_gather: send {} / recv {} on {} ranks", send.shape_string(), recv.shape_string(), size_);
   const int n = count_of(send);
   count_of(recv);
-  HYDRA_MPI_CHECK(MPI_Allgather(send.data(), n, mpi_type(send.dtype()), recv.data(), n, mpi_type(recv.dtype()), comm_));
+  HYDRA_MPI_CHECK(MPI_Allgather(send.data(), n, mpi_datatype(send.dtype()), recv.data(), n, mpi_datatype(recv.dtype()), comm_));
 }
 
 void MpiCommunicator::all_reduce_sum(const TensorView& buffer) {
   HYDRA_ASSERT(buffer.dtype() != DType::bf16, "all_reduce_sum of bf16 on MPI is not supported");
-  HYDRA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buffer.data(), count_of(buffer), mpi_type(buffer.dtype()), MPI_SUM, comm_));
+  HYDRA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buffer.data(), count_of(buffer), mpi_datatype(buffer.dtype()), MPI_SUM, comm_));
 }
 
 void MpiCommunicator::reduce_scatter_sum(const TensorView& send, const TensorView& recv) {
@@ -147,12 +148,12 @@ void MpiCommunicator::reduce_scatter_sum(const TensorView& send, const TensorVie
                "reduce_scatter_sum: send {} / recv {} ({}) on {} ranks", send.shape_string(), recv.shape_string(),
                dtype_name(recv.dtype()), size_);
   count_of(send);
-  HYDRA_MPI_CHECK(MPI_Reduce_scatter_block(send.data(), recv.data(), count_of(recv), mpi_type(recv.dtype()), MPI_SUM,
+  HYDRA_MPI_CHECK(MPI_Reduce_scatter_block(send.data(), recv.data(), count_of(recv), mpi_datatype(recv.dtype()), MPI_SUM,
                                            comm_));
 }
 
 void MpiCommunicator::broadcast(const TensorView& buffer, int root) {
-  HYDRA_MPI_CHECK(MPI_Bcast(buffer.data(), count_of(buffer), mpi_type(buffer.dtype()), root, comm_));
+  HYDRA_MPI_CHECK(MPI_Bcast(buffer.data(), count_of(buffer), mpi_datatype(buffer.dtype()), root, comm_));
 }
 
 void MpiCommunicator::barrier() { HYDRA_MPI_CHECK(MPI_Barrier(comm_)); }
@@ -217,11 +218,11 @@ void MpiCommunicator::abort(int exit_code) {
 }
 
 void MpiCommunicator::send(const TensorView& buffer, int dst) {
-  HYDRA_MPI_CHECK(MPI_Send(buffer.data(), count_of(buffer), mpi_type(buffer.dtype()), dst, kRingTag + 1, comm_));
+  HYDRA_MPI_CHECK(MPI_Send(buffer.data(), count_of(buffer), mpi_datatype(buffer.dtype()), dst, kRingTag + 1, comm_));
 }
 
 void MpiCommunicator::recv(const TensorView& buffer, int src) {
-  HYDRA_MPI_CHECK(MPI_Recv(buffer.data(), count_of(buffer), mpi_type(buffer.dtype()), src, kRingTag + 1, comm_,
+  HYDRA_MPI_CHECK(MPI_Recv(buffer.data(), count_of(buffer), mpi_datatype(buffer.dtype()), src, kRingTag + 1, comm_,
                            MPI_STATUS_IGNORE));
 }
 

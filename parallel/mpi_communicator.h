@@ -29,6 +29,9 @@ class MpiRuntime {
   bool initialized_here_ = false;
 };
 
+// The MPI type that moves (or, for numbers, sums) elements of `t`; bf16 travels as 16-bit words.
+MPI_Datatype mpi_datatype(DType t);
+
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm comm = MPI_COMM_WORLD);
@@ -52,6 +55,8 @@ class MpiCommunicator final : public Communicator {
   [[noreturn]] void abort(int exit_code) override;
   void send(const TensorView& buffer, int dst) override;
   void recv(const TensorView& buffer, int src) override;
+  // The MPI communicator (for the non-blocking operations of parallel/staged_communicator.h).
+  MPI_Comm handle() const { return comm_; }
 
  private:
   MPI_Comm comm_;

@@ -54,7 +54,7 @@ class NcclCommunicator final : public Communicator {
 
   // Blocks until all queued device work (compute and NCCL) has finished, surfacing NCCL errors and
   // timeouts as exceptions.
-  void check_progress();
+  void check_progress() override;
   cudaStream_t stream() const;
 
  private:

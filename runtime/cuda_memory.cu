@@ -80,6 +80,14 @@ int cuda_sm_count() {
   return n;
 }
 
+std::string cuda_device_name() {
+  int device = 0;
+  HYDRA_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  HYDRA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
 std::shared_ptr<void> cuda_allocate(size_t bytes) {
   void* p = nullptr;
   const size_t rounded = ((bytes + 255) / 256) * 256;
@@ -426,6 +434,12 @@ CudaEvent::~CudaEvent() {
 void CudaEvent::record(cudaStream_t stream) { HYDRA_CUDA_CHECK(cudaEventRecord(event_, stream)); }
 void CudaEvent::wait_on(cudaStream_t stream) const { HYDRA_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0)); }
 void CudaEvent::synchronize() const { HYDRA_CUDA_CHECK(cudaEventSynchronize(event_)); }
+bool CudaEvent::ready() const {
+  const cudaError_t e = cudaEventQuery(event_);
+  if (e == cudaErrorNotReady) return false;
+  HYDRA_CUDA_CHECK(e);
+  return true;
+}
 float CudaEvent::elapsed_ms_since(const CudaEvent& start) const {
   float ms = 0;
   HYDRA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));

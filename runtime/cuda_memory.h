@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "runtime/tensor.h"
 
@@ -28,6 +29,8 @@ void cuda_set_device(int device);
 // Streaming multiprocessors of the current device (queried once per device, then cached): what
 // grid sizes are capped by, here and in the kernels (kernels/cuda/common.cuh sm_count).
 int cuda_sm_count();
+// The current device's name as the driver gives it (e.g. "NVIDIA H100 80GB HBM3").
+std::string cuda_device_name();
 
 std::shared_ptr<void> cuda_allocate(size_t bytes);
 void cuda_memset_zero(void* ptr, size_t bytes);
@@ -85,6 +88,8 @@ class CudaEvent {
   // Makes `stream` wait for this event (device-side; the host does not block).
   void wait_on(cudaStream_t stream) const;
   void synchronize() const;
+  // Whether the work before the event has finished (cudaEventQuery; errors are raised).
+  bool ready() const;
   // Milliseconds between `start` and this event (both recorded with timing = true).
   float elapsed_ms_since(const CudaEvent& start) const;
   cudaEvent_t get() const { return event_; }

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # The decode benchmark as one device job on one H200 (about 3 minutes):
 #   1. hydra bench --op decode for hydrahead-1.7b and qwen3-1.7b (random weights, random caches: no
-#      prefill) at 32K, 128K, 512K and 1M cached tokens, batches 1, 8 and 32: ms per step (= per
-#      generated token at batch 1), tokens/s, cache bytes per token and in all, peak memory, GB/s
-#      beside a device copy; one layer's decode attention and GDN step alone. Cells whose cache does
+#      prefill) at 32K, 128K, 512K and 1M cached tokens, batches 1, 8 and 32, the step replayed as a
+#      CUDA graph (bench's default; cluster/bench/decode_job.jobs compares it with eager and PDL):
+#      ms per step (= per generated token at batch 1), tokens/s, cache bytes per token and in all,
+#      peak memory, GB/s beside a device copy and the card's datasheet; one layer's decode attention
+#      and GDN step alone. Cells whose cache does
 #      not fit the GPU are skipped with a line saying so (the teacher's 1M cache alone is 120 GB: it
 #      fits at batch 1 only);
 #   2. the PyTorch anchors of one layer (cluster/bench/decode_anchor.py): SDPA over the same caches,
 #      flash-linear-attention's fused_recurrent_gated_delta_rule step (if importable) and an eager step;
 #   3. hydra generate end to end on the GPU (hydrahead-1.7b, a 32K-token prompt from hydra synth, 64
 #      new tokens): the sequence-parallel prefill path filling the bf16 cache, then decode; its JSON lines;
-#   4. the table (cluster/bench/decode_table.py): our figures beside the anchors, and the targets of
-#      the issue (hybrid ≤ 3.2 ms at 512K batch 1, teacher ≤ 18 ms, hybrid ≥ 4.5× faster, 1M decodes).
+#   4. the table (cluster/bench/decode_table.py): our figures beside the anchors, and the decode
+#      targets of issue 57 (≥ 0.70 of the card's bandwidth at 32K and 512K batch 1, the hybrid ≥ 5×
+#      the teacher at 512K).
 #
 #   OUT=DIR bash cluster/bench/decode_bench.sh      # from the repository root, on the device machine
 #

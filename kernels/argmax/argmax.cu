@@ -12,6 +12,8 @@ constexpr int kThreads = 256;
 __device__ __forceinline__ bool better(float v, int64_t i, float bv, int64_t bi) { return v > bv || (v == bv && i < bi); }
 
 __global__ void __launch_bounds__(kThreads) row_argmax_kernel(int32_t* ids, const float* logits, int64_t stride, int64_t v) {
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
   const float* row = logits + blockIdx.x * stride;
   float best = -INFINITY;
   int64_t at = v;  // past the end: no element seen
@@ -51,8 +53,8 @@ __global__ void __launch_bounds__(kThreads) row_argmax_kernel(int32_t* ids, cons
 void row_argmax(const TensorView& ids, const TensorView& logits) {
   HYDRA_ASSERT(logits.stride(1) == 1 && ids.stride(0) == 1, "argmax: unit strides needed");
   if (logits.size(0) == 0) return;
-  row_argmax_kernel<<<static_cast<unsigned>(logits.size(0)), kThreads, 0, current_stream()>>>(
-      static_cast<int32_t*>(ids.data()), static_cast<const float*>(logits.data()), logits.stride(0), logits.size(1));
+  cuda::launch(row_argmax_kernel, static_cast<unsigned>(logits.size(0)), kThreads, 0, static_cast<int32_t*>(ids.data()),
+               static_cast<const float*>(logits.data()), logits.stride(0), logits.size(1));
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 

@@ -60,6 +60,8 @@ __device__ __forceinline__ float exp2_or_zero(float x) { return cuda::fast_exp2(
 
 template <int D, int G>
 __global__ void __launch_bounds__(32 * kWarps) attention_decode_split_kernel(const __grid_constant__ DecodeArgs a) {
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
   constexpr int L = D / 8;            // lanes per key
   constexpr int KPW = 32 / L;         // keys per warp access
   constexpr int KEYS_PER_ROUND = KPW * kWarps;
@@ -223,6 +225,8 @@ constexpr int kMergeWarps = 8;
 constexpr int kMergeMaxDv = 128;
 
 __global__ void __launch_bounds__(32 * kMergeWarps) attention_merge_partials_kernel(const MergeArgs a) {
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
   const int64_t b = blockIdx.x / a.hq, h = blockIdx.x % a.hq;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float* lse_of = a.part_lse + h * a.part_lse_stride_h + b;  // part i at [i · part_lse_stride_n]
@@ -295,14 +299,14 @@ void launch_merge(const TensorView& out, const TensorView& lse, const TensorView
                     .part_lse_stride_h = part_lse.stride(1)};
   const int64_t blocks = a.rows * a.hq;
   if (blocks == 0) return;
-  attention_merge_partials_kernel<<<static_cast<unsigned>(blocks), 32 * kMergeWarps, 0, current_stream()>>>(a);
+  cuda::launch(attention_merge_partials_kernel, static_cast<unsigned>(blocks), 32 * kMergeWarps, 0, a);
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 
 template <int D, int G>
 void launch_split(const DecodeArgs& a, int64_t splits) {
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(a.rows * a.hk));
-  attention_decode_split_kernel<D, G><<<grid, 32 * kWarps, 0, current_stream()>>>(a);
+  cuda::launch(attention_decode_split_kernel<D, G>, grid, 32 * kWarps, 0, a);
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 
@@ -407,6 +411,8 @@ __global__ void kv_cache_append_kernel(T* kc, T* vc, int64_t cache_stride_slot, 
                                        int64_t cache_stride_head, const T* kn, const T* vn, int64_t k_stride_b,
                                        int64_t k_stride_h, int64_t v_stride_b, int64_t v_stride_h, int64_t d, int64_t dv,
                                        int64_t hk, const int32_t* slots, const int32_t* rows) {
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
   const int64_t b = blockIdx.x / hk, h = blockIdx.x % hk;
   const int64_t row = rows[b];
   if (row < 0) return;
@@ -431,7 +437,7 @@ void kv_cache_append(const TensorView& k_cache, const TensorView& v_cache, const
   const int32_t* row_ptr = static_cast<const int32_t*>(rows.data());
   const auto launch = [&](auto zero) {
     using T = decltype(zero);
-    kv_cache_append_kernel<T><<<blocks, 128, 0, current_stream()>>>(
+    cuda::launch(kv_cache_append_kernel<T>, blocks, 128, 0,
         static_cast<T*>(k_cache.data()), static_cast<T*>(v_cache.data()), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), static_cast<const T*>(k_new.data()), static_cast<const T*>(v_new.data()), k_new.stride(0),
         k_new.stride(1), v_new.stride(0), v_new.stride(1), k_new.size(2), v_new.size(2), hk, slot_ptr, row_ptr);

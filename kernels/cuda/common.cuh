@@ -9,8 +9,10 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <utility>
 
 #include "runtime/cuda_memory.h"
+#include "runtime/programmatic_launch.h"
 #include "runtime/tensor.h"
 
 namespace hydra {
@@ -25,6 +27,41 @@ using bf16_t = __nv_bfloat16;
 
 // Every launch is followed by this: a bad configuration fails here, at its launcher.
 #define HYDRA_CUDA_LAUNCH_CHECK() HYDRA_CUDA_CHECK(cudaGetLastError())
+
+// Programmatic dependent launch (runtime/programmatic_launch.h). A kernel launched through launch()
+// below calls wait_for_previous_grid() as its first statement, in every thread, before any access to
+// global memory and before any early return: with PDL it waits there until the kernel before it on
+// the stream has completed and its writes are visible (without PDL it returns at once), and since
+// every thread waits, this kernel never completes before its predecessor, so the kernels after it
+// (PDL or not) see everything before it. allow_next_grid() right after lets the next PDL kernel be
+// scheduled while this one runs (it only waits at its own top, for this one's completion). sm_90+.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, shared_bytes, current_stream()>>>(args...), with programmatic stream
+// serialization while programmatic_launch_enabled() (the kernel must begin as said above); checked.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, Args&&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = current_stream();
+  config.attrs = &attribute;
+  config.numAttrs = programmatic_launch_enabled() ? 1 : 0;
+  HYDRA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(bf16_t x) { return __bfloat162float(x); }

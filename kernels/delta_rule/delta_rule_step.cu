@@ -36,6 +36,8 @@ struct StepArgs {
 
 template <int DK>
 __global__ void __launch_bounds__(32 * kWarps) delta_rule_step_kernel(const StepArgs a) {
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
   constexpr int R = DK / kWarps;  // state rows per warp
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t b = blockIdx.z, h = blockIdx.y, j = int64_t(blockIdx.x) * kTile + lane;
@@ -111,11 +113,7 @@ void delta_rule_step(const TensorView& out, const TensorView& state, const Tenso
                    .beta_stride_b = beta.stride(0), .beta_stride_h = beta.stride(1), .heads = heads, .dv = dv,
                    .scale = scale};
   const dim3 grid(static_cast<unsigned>(dv / kTile), static_cast<unsigned>(heads), static_cast<unsigned>(rows));
-  if (dk == 64) {
-    delta_rule_step_kernel<64><<<grid, 32 * kWarps, 0, current_stream()>>>(a);
-  } else {
-    delta_rule_step_kernel<128><<<grid, 32 * kWarps, 0, current_stream()>>>(a);
-  }
+  cuda::launch(dk == 64 ? delta_rule_step_kernel<64> : delta_rule_step_kernel<128>, grid, 32 * kWarps, 0, a);
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 

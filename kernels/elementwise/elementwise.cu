@@ -1,21 +1,23 @@
-// CUDA residual add and sigmoid output gate (the gate reads the fp32 attention accumulator).
+// CUDA add (bf16 or fp32 on either side) and sigmoid output gate (the gate reads the fp32 attention accumulator).
 // The gate's backward takes bf16 or fp32 views (element type chosen at run time, backward.cuh).
 #include "kernels/cuda/backward.cuh"
 #include "kernels/elementwise/elementwise.h"
 
 namespace hydra::ops::cuda_impl {
 namespace {
-__global__ void add_kernel(bf16_t* x, int64_t sx, const bf16_t* y, int64_t sy, int64_t rows, int64_t cols) {
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < rows * cols;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / cols, c = idx % cols;
-    x[r * sx + c] = __float2bfloat16_rn(__bfloat162float(x[r * sx + c]) + __bfloat162float(y[r * sy + c]));
-  }
+// x += y, each bf16 or fp32 (the ring's dK/dV accumulators are fp32, the residual stream bf16).
+__global__ void add_kernel(cuda::FloatRows x, cuda::FloatRows y, int64_t rows, int64_t cols) {
+  cuda::for_each_element(rows, cols, [&](int64_t r, int64_t c) {
+    const int64_t at = x.offset(r) + c;
+    x.store(at, x.load(at) + y.load(y.offset(r) + c));
+  });
 }
 
 template <class In>
 __global__ void gate_kernel(bf16_t* out, int64_t so, const In* x, int64_t sx, const bf16_t* gate, int64_t sg,
                             int64_t rows, int64_t cols) {
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < rows * cols;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = idx / cols, c = idx % cols;
@@ -37,11 +39,10 @@ __global__ void gate_backward_kernel(cuda::FloatRows dx, cuda::FloatRows d_gate,
 }  // namespace
 
 void add_inplace(const TensorView& x, const TensorView& y) {
-  cuda::expect_cuda(x, "add x", DType::bf16);
-  cuda::expect_cuda(y, "add y", DType::bf16);
-  const int64_t n = x.size(0) * x.size(1);
-  add_kernel<<<cuda::capped_grid((n + 255) / 256), 256, 0, current_stream()>>>(
-      x.data_as<cuda::bf16_t>(), x.stride(0), y.data_as<const cuda::bf16_t>(), y.stride(0), x.size(0), x.size(1));
+  const cuda::FloatRows fx = cuda::float_rows(x, "add x"), fy = cuda::float_rows(y, "add y");
+  const int64_t rows = x.size(0), cols = x.size(1);
+  add_kernel<<<cuda::elementwise_grid(rows, cols), cuda::kElementwiseThreads, 0, current_stream()>>>(fx, fy, rows,
+                                                                                                      cols);
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 
@@ -51,14 +52,13 @@ void sigmoid_gate(const TensorView& out, const TensorView& x, const TensorView& 
   const int64_t n = x.size(0) * x.size(1);
   const int grid = cuda::capped_grid((n + 255) / 256);
   if (x.dtype() == DType::f32) {
-    gate_kernel<<<grid, 256, 0, current_stream()>>>(out.data_as<cuda::bf16_t>(), out.stride(0), x.data_as<const float>(),
-                                                    x.stride(0), gate.data_as<const cuda::bf16_t>(), gate.stride(0),
-                                                    x.size(0), x.size(1));
+    cuda::launch(gate_kernel<float>, grid, 256, 0, out.data_as<cuda::bf16_t>(), out.stride(0), x.data_as<const float>(),
+                 x.stride(0), gate.data_as<const cuda::bf16_t>(), gate.stride(0), x.size(0), x.size(1));
   } else {
     cuda::expect_cuda(x, "gate x", DType::bf16);
-    gate_kernel<<<grid, 256, 0, current_stream()>>>(out.data_as<cuda::bf16_t>(), out.stride(0),
-                                                    x.data_as<const cuda::bf16_t>(), x.stride(0),
-                                                    gate.data_as<const cuda::bf16_t>(), gate.stride(0), x.size(0), x.size(1));
+    cuda::launch(gate_kernel<cuda::bf16_t>, grid, 256, 0, out.data_as<cuda::bf16_t>(), out.stride(0),
+                 x.data_as<const cuda::bf16_t>(), x.stride(0), gate.data_as<const cuda::bf16_t>(), gate.stride(0),
+                 x.size(0), x.size(1));
   }
   HYDRA_CUDA_LAUNCH_CHECK();
 }

@@ -65,6 +65,8 @@ FusionArgs fusion_args(const FusionTensors& p, int64_t heads, int64_t d) {
 
 __global__ void fusion_kernel(bf16_t* y, cuda::RowLayout ly, const bf16_t* o, cuda::RowLayout lo, FusionArgs a,
                               float eps) {
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; row < lo.rows; row += warps) {
@@ -265,8 +267,8 @@ void head_fusion(const TensorView& y, const TensorView& o, const FusionTensors& 
   const cuda::RowLayout lo = cuda::row_layout(o), ly = cuda::row_layout(y);
   const FusionArgs a = fusion_args(p, o.size(1), o.size(2));
   if (lo.rows == 0) return;
-  fusion_kernel<<<cuda::capped_grid((lo.rows + 7) / 8), 256, 0, current_stream()>>>(
-      y.data_as<cuda::bf16_t>(), ly, o.data_as<const cuda::bf16_t>(), lo, a, params.eps);
+  cuda::launch(fusion_kernel, cuda::capped_grid((lo.rows + 7) / 8), 256, 0, y.data_as<cuda::bf16_t>(), ly,
+               o.data_as<const cuda::bf16_t>(), lo, a, params.eps);
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 

@@ -9,6 +9,8 @@ namespace {
 __global__ void gdn_gates_kernel(float* beta, float* g, int64_t out_stride, const bf16_t* b, int64_t b_stride,
                                  const bf16_t* a, int64_t a_stride, const float* a_log, const float* dt_bias,
                                  int64_t t_len, int64_t heads) {
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < t_len * heads;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = idx / heads, h = idx % heads;
@@ -87,7 +89,7 @@ void gdn_gates(const TensorView& beta, const TensorView& g, const TensorView& b_
                    a_logits.stride(1) == 1,
                "gdn_gates layouts");
   const int64_t n = b_logits.size(0) * b_logits.size(1);
-  gdn_gates_kernel<<<cuda::capped_grid((n + 255) / 256), 256, 0, current_stream()>>>(
+  cuda::launch(gdn_gates_kernel, cuda::capped_grid((n + 255) / 256), 256, 0,
       beta.data_as<float>(), g.data_as<float>(), beta.stride(0), b_logits.data_as<const cuda::bf16_t>(),
       b_logits.stride(0), a_logits.data_as<const cuda::bf16_t>(), a_logits.stride(0), a_log.data_as<const float>(),
       dt_bias.data_as<const float>(), b_logits.size(0), b_logits.size(1));

@@ -36,6 +36,8 @@ struct ConvStepArgs {
 };
 
 __global__ void __launch_bounds__(kMaxThreads) gdn_qkv_conv_step_kernel(const ConvStepArgs a) {
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
   const int64_t head = blockIdx.x, b = blockIdx.y;
   const int i = threadIdx.x;  // < half
   const int64_t slot = a.slots != nullptr ? a.slots[b] : b;
@@ -119,7 +121,7 @@ void gdn_qkv_conv_step(const TensorView& out, const TensorView& inv_norm, const 
                        .qk_heads = params.qk_heads, .half = static_cast<int>(d / 2), .taps = static_cast<int>(taps),
                        .log_theta_over_d = rope_log_theta_over_d(params.rope_theta, d), .eps = params.l2_eps};
   const dim3 grid(static_cast<unsigned>(channels / d), static_cast<unsigned>(rows));
-  gdn_qkv_conv_step_kernel<<<grid, static_cast<unsigned>(d / 2), 0, current_stream()>>>(a);
+  cuda::launch(gdn_qkv_conv_step_kernel, grid, static_cast<unsigned>(d / 2), 0, a);
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 

@@ -28,6 +28,8 @@ using rms_backward::VectorShape;
 
 __global__ void rms_norm_kernel(bf16_t* out, cuda::RowLayout lo, const bf16_t* x, cuda::RowLayout lx, const float* w,
                                 float eps) {
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; row < lx.rows; row += warps) {
@@ -48,6 +50,8 @@ __global__ void rms_norm_kernel(bf16_t* out, cuda::RowLayout lo, const bf16_t* x
 template <int V>
 __global__ void __launch_bounds__(kThreads) rms_norm_vector_kernel(cuda::FloatRows out, cuda::FloatRows x,
                                                                    const float* weight, float eps, int group) {
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
   __shared__ float scratch[kThreads / 32][2];
   const int groups = kThreads / group, gi = threadIdx.x / group, j = threadIdx.x % group;
   float w[V][8];
@@ -108,15 +112,11 @@ void rms_norm(const TensorView& out, const TensorView& x, const TensorView& weig
     const int groups = kThreads / shape.group;
     const unsigned blocks = static_cast<unsigned>(cuda::capped_grid((lx.rows + groups - 1) / groups));
     const float* w = weight.data_as<const float>();
-    if (shape.runs == 1) {
-      rms_norm_vector_kernel<1><<<blocks, kThreads, 0, current_stream()>>>(fo, fx, w, params.eps, shape.group);
-    } else {
-      rms_norm_vector_kernel<2><<<blocks, kThreads, 0, current_stream()>>>(fo, fx, w, params.eps, shape.group);
-    }
+    cuda::launch(shape.runs == 1 ? rms_norm_vector_kernel<1> : rms_norm_vector_kernel<2>, blocks, kThreads, 0, fo, fx, w,
+                 params.eps, shape.group);
   } else {
-    rms_norm_kernel<<<cuda::capped_grid((lx.rows + 7) / 8), kThreads, 0, current_stream()>>>(
-        out.data_as<cuda::bf16_t>(), lo, x.data_as<const cuda::bf16_t>(), lx, weight.data_as<const float>(),
-        params.eps);
+    cuda::launch(rms_norm_kernel, cuda::capped_grid((lx.rows + 7) / 8), kThreads, 0, out.data_as<cuda::bf16_t>(), lo,
+                 x.data_as<const cuda::bf16_t>(), lx, weight.data_as<const float>(), params.eps);
   }
   HYDRA_CUDA_LAUNCH_CHECK();
 }

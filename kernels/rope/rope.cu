@@ -11,6 +11,8 @@ namespace {
 template <class T>
 __global__ void rope_kernel(T* x, int64_t t_len, int64_t heads, int64_t half, int64_t stride_t, int64_t stride_h,
                             const int64_t* pos, double log_theta_over_d, float sin_sign) {
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
   const int64_t n = t_len * half;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = idx / half, i = idx % half;
@@ -29,9 +31,9 @@ template <class T>
 void launch_rope(const TensorView& x, const TensorView& positions, const RopeParams& params) {
   const int64_t half = x.size(2) / 2;
   const float sin_sign = params.direction == RopeDirection::inverse ? -1.0f : 1.0f;
-  rope_kernel<T><<<cuda::capped_grid((x.size(0) * half + 255) / 256), 256, 0, current_stream()>>>(
-      x.data_as<T>(), x.size(0), x.size(1), half, x.stride(0), x.stride(1), positions.data_as<const int64_t>(),
-      rope_log_theta_over_d(params.theta, x.size(2)), sin_sign);
+  cuda::launch(rope_kernel<T>, cuda::capped_grid((x.size(0) * half + 255) / 256), 256, 0, x.data_as<T>(), x.size(0),
+               x.size(1), half, x.stride(0), x.stride(1), positions.data_as<const int64_t>(),
+               rope_log_theta_over_d(params.theta, x.size(2)), sin_sign);
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 }  // namespace

@@ -17,6 +17,8 @@ bool rows_of_eight(const TensorView& v) {
 
 __global__ void swiglu_kernel(bf16_t* out, int64_t so, const bf16_t* gate, int64_t sg, const bf16_t* up, int64_t su,
                               int64_t rows, int64_t cols) {
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
   cuda::for_each_element(rows, cols, [&](int64_t r, int64_t c) {
     const float g = __bfloat162float(gate[r * sg + c]);
     out[r * so + c] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * __bfloat162float(up[r * su + c]));
@@ -26,6 +28,8 @@ __global__ void swiglu_kernel(bf16_t* out, int64_t so, const bf16_t* gate, int64
 // cols8: columns / 8; each thread one group of eight.
 __global__ void swiglu8_kernel(bf16_t* out, int64_t so, const bf16_t* gate, int64_t sg, const bf16_t* up, int64_t su,
                                int64_t rows, int64_t cols8) {
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
   cuda::for_each_element(rows, cols8, [&](int64_t r, int64_t c8) {
     float g[8], u[8], y[8];
     cuda::load_bf16<8>(gate + r * sg + 8 * c8, g);
@@ -75,13 +79,13 @@ void swiglu(const TensorView& out, const TensorView& gate, const TensorView& up)
   cuda::expect_cuda(up, "swiglu up", DType::bf16);
   const int64_t rows = out.size(0), cols = out.size(1);
   if (rows_of_eight(out) && rows_of_eight(gate) && rows_of_eight(up)) {
-    swiglu8_kernel<<<cuda::elementwise_grid(rows, cols / 8), cuda::kElementwiseThreads, 0, current_stream()>>>(
-        out.data_as<bf16_t>(), out.stride(0), gate.data_as<const bf16_t>(), gate.stride(0), up.data_as<const bf16_t>(),
-        up.stride(0), rows, cols / 8);
+    cuda::launch(swiglu8_kernel, cuda::elementwise_grid(rows, cols / 8), cuda::kElementwiseThreads, 0,
+                 out.data_as<bf16_t>(), out.stride(0), gate.data_as<const bf16_t>(), gate.stride(0),
+                 up.data_as<const bf16_t>(), up.stride(0), rows, cols / 8);
   } else {
-    swiglu_kernel<<<cuda::elementwise_grid(rows, cols), cuda::kElementwiseThreads, 0, current_stream()>>>(
-        out.data_as<bf16_t>(), out.stride(0), gate.data_as<const bf16_t>(), gate.stride(0), up.data_as<const bf16_t>(),
-        up.stride(0), rows, cols);
+    cuda::launch(swiglu_kernel, cuda::elementwise_grid(rows, cols), cuda::kElementwiseThreads, 0, out.data_as<bf16_t>(),
+                 out.stride(0), gate.data_as<const bf16_t>(), gate.stride(0), up.data_as<const bf16_t>(), up.stride(0),
+                 rows, cols);
   }
   HYDRA_CUDA_LAUNCH_CHECK();
 }

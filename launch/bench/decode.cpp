@@ -20,6 +20,13 @@
 
 namespace hydra {
 
+double datasheet_bandwidth_gb_per_s(const std::string& device_name) {
+  const auto has = [&](const char* word) { return device_name.find(word) != std::string::npos; };
+  if (has("H200")) return 4800;  // SXM and NVL alike
+  if (has("H100")) return has("PCIe") ? 2000 : has("NVL") ? 3900 : 3350;
+  return 0;
+}
+
 #if HYDRA_CUDA
 namespace {
 
@@ -98,8 +105,16 @@ void check_kernels(const Model& model, KvCache& cache, int64_t keys) {
   }
 }
 
+// What the cells compare their bandwidth with: a device copy measured in this run, and the card's
+// datasheet figure (0: a card datasheet_bandwidth_gb_per_s does not list).
+struct Ceilings {
+  std::string gpu;
+  double copy_gb_per_s = 0;
+  double datasheet_gb_per_s = 0;
+};
+
 nlohmann::json run_cell(const Model& model, int64_t context, int64_t batch, const DecodeBenchOptions& opt,
-                        bool check, double weight_bytes, double copy_gb_per_s) {
+                        bool check, double weight_bytes, const Ceilings& ceiling) {
   const ModelConfig& config = model.config();
   const KvCacheBytes bytes = kv_cache_bytes(config, DType::bf16, DType::f32);
   const int64_t steps = opt.warmup + opt.repeat, capacity = context + steps;
@@ -142,6 +157,7 @@ nlohmann::json run_cell(const Model& model, int64_t context, int64_t batch, cons
     std::copy(next.begin(), next.end(), ids.begin());
   }
   j["cuda_graph"] = opt.cuda_graph;
+  j["pdl"] = model.kernel_options().decode_pdl;
   j["step_arena_mib"] = engine.arena_bytes() / 1048576.0;
   std::sort(ms.begin(), ms.end());
   const double step_ms = ms[ms.size() / 2];
@@ -188,11 +204,16 @@ nlohmann::json run_cell(const Model& model, int64_t context, int64_t batch, cons
   // What a step must read at least: the weights once, every slot's cache, the GDN states (read and written).
   const double moved = weight_bytes + static_cast<double>(batch) * (static_cast<double>(context) * bytes.per_token +
                                                                      2.0 * bytes.per_slot);
+  const double gb_per_s = moved / (step_ms * 1e-3) / 1e9;
   j.update({{"ms_per_step", step_ms},
             {"bytes_per_step", moved},
-            {"gb_per_s", moved / (step_ms * 1e-3) / 1e9},
-            {"fraction_of_copy", moved / (step_ms * 1e-3) / 1e9 / copy_gb_per_s},
-            {"copy_gb_per_s", copy_gb_per_s},
+            {"gb_per_s", gb_per_s},
+            {"fraction_of_copy", gb_per_s / ceiling.copy_gb_per_s},
+            {"copy_gb_per_s", ceiling.copy_gb_per_s},
+            {"gpu", ceiling.gpu},
+            {"peak_gb_per_s", ceiling.datasheet_gb_per_s > 0 ? nlohmann::json(ceiling.datasheet_gb_per_s) : nlohmann::json()},
+            {"fraction_of_peak", ceiling.datasheet_gb_per_s > 0 ? nlohmann::json(gb_per_s / ceiling.datasheet_gb_per_s)
+                                                                : nlohmann::json()},
             {"ms_per_token", batch == 1 ? nlohmann::json(step_ms) : nlohmann::json()},
             {"tokens_per_s", static_cast<double>(batch) * 1000.0 / step_ms},
             {"step_ms_all", ms},
@@ -215,27 +236,34 @@ void bench_decode(const DecodeBenchOptions& opt, const ops::KernelOptions& kerne
   const double weights_gib = weight_bytes / kGiB;
   log::info("decode bench: {} ready in {:.1f} s, weights {:.2f} GiB", opt.preset,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), weights_gib);
-  // The bandwidth ceiling of this GPU, measured here: a 1 GiB device copy (read + write).
-  double copy_gb_per_s = 0;
+  // The bandwidth ceilings of this GPU: a 1 GiB device copy (read + write) measured here, and its datasheet.
+  Ceilings ceiling{.gpu = cuda_device_name()};
+  ceiling.datasheet_gb_per_s = datasheet_bandwidth_gb_per_s(ceiling.gpu);
   {
     Tensor a = Tensor::zeros({int64_t{1} << 29}, DType::bf16, Device::cuda), b = Tensor::empty({int64_t{1} << 29}, DType::bf16, Device::cuda);
     const double ms = bench::median_ms(2, 5, [&] { copy_into(b, a); });
-    copy_gb_per_s = 2.0 * static_cast<double>(a.nbytes()) / (ms * 1e-3) / 1e9;
-    log::info("ceiling: device copy of 1 GiB at {:.0f} GB/s (read + write)", copy_gb_per_s);
+    ceiling.copy_gb_per_s = 2.0 * static_cast<double>(a.nbytes()) / (ms * 1e-3) / 1e9;
+    log::info("ceiling: {}: device copy of 1 GiB at {:.0f} GB/s (read + write), datasheet {}", ceiling.gpu,
+              ceiling.copy_gb_per_s,
+              ceiling.datasheet_gb_per_s > 0 ? fmt::format("{:.0f} GB/s", ceiling.datasheet_gb_per_s) : "not listed");
   }
   bool checked = false;
   for (const int64_t context : opt.contexts) {
     for (const int64_t batch : opt.batches) {
-      nlohmann::json j = run_cell(model, context, batch, opt, !checked, weight_bytes, copy_gb_per_s);
+      nlohmann::json j = run_cell(model, context, batch, opt, !checked, weight_bytes, ceiling);
       j["weights_gib"] = weights_gib;
       if (j.contains("skipped")) {
         log::info("decode {} context {} batch {}: skipped: {}", opt.preset, context, batch, j["skipped"].get<std::string>());
       } else {
         checked = true;
-        log::info("decode {} context {} batch {}: {:.3f} ms per step, {:.1f} tokens/s, {:.0f} GB/s = {:.2f} of the copy; "
-                  "cache {:.1f} GiB ({:.1f} KiB per token), peak {:.1f} GiB; one layer: attention {} ms, GDN step {} ms",
-                  opt.preset, context, batch, j["ms_per_step"].get<double>(), j["tokens_per_s"].get<double>(),
-                  j["gb_per_s"].get<double>(), j["fraction_of_copy"].get<double>(), j["cache_gib"].get<double>(),
+        log::info("decode {} context {} batch {} ({}): {:.3f} ms per step, {:.1f} tokens/s, {:.0f} GB/s = {:.2f} of the copy, "
+                  "{} of the datasheet; cache {:.1f} GiB ({:.1f} KiB per token), peak {:.1f} GiB; one layer: attention {} ms, GDN step {} ms",
+                  opt.preset, context, batch,
+                  std::string(opt.cuda_graph ? "graph" : "eager") + (kernels.decode_pdl ? " + PDL" : ""),
+                  j["ms_per_step"].get<double>(),
+                  j["tokens_per_s"].get<double>(), j["gb_per_s"].get<double>(), j["fraction_of_copy"].get<double>(),
+                  j["fraction_of_peak"].is_null() ? std::string("—") : fmt::format("{:.2f}", j["fraction_of_peak"].get<double>()),
+                  j["cache_gib"].get<double>(),
                   j["cache_bytes_per_token"].get<double>() / 1024.0, j["peak_memory_gib"].get<double>(),
                   j["attention_layer_ms"].dump(), j["gdn_step_layer_ms"].dump());
       }

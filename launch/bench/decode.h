@@ -3,9 +3,12 @@
 // values), then greedy decode steps are timed: the step `hydra generate` runs (model/decode_engine.h),
 // wall clock per step, the host's work included (the step writes its rows into the persistent step
 // buffers, runs every layer through Model::decode_step, forms the logits and their arg-max on the GPU
-// and brings the ids back; with --cuda-graph, after two steps, one graph launch instead). Per (context, batch) cell it reports ms per
+// and brings the ids back; replayed as a CUDA graph after two steps, one launch a step, unless
+// --cuda-graph off). Per (context, batch) cell it reports ms per
 // step (= ms per generated token at batch 1), tokens/s, cache bytes per token and in all, peak
-// memory; and, for the anchors of cluster/bench/decode_anchor.py, one layer's decode attention
+// memory; the bytes a step must read at least (every weight once, every row's cache, the GDN states
+// read and written) over the step time, as GB/s and as fractions of a device copy measured in the
+// same run and of the card's datasheet bandwidth (the GPU named in the line); and, for the anchors of cluster/bench/decode_anchor.py, one layer's decode attention
 // (ops::attention_decode over the FA KV heads' cache) and one layer's GDN step
 // (ops::delta_rule_step over the GDN heads) timed alone with CUDA events.
 //
@@ -32,8 +35,12 @@ struct DecodeBenchOptions {
   int warmup = 3;
   int repeat = 10;
   uint64_t seed = 1;
-  bool cuda_graph = false;  // the step replayed as a CUDA graph (model/decode_engine.h)
+  bool cuda_graph = true;  // the step replayed as a CUDA graph (model/decode_engine.h); false: eager
 };
+
+// The memory bandwidth on the datasheet of the GPU named `device_name` (as the driver names it), in
+// GB/s: H100 SXM 3350, H100 NVL 3900, H100 PCIe 2000, H200 4800; 0 for a card not listed.
+double datasheet_bandwidth_gb_per_s(const std::string& device_name);
 
 // Runs every (context, batch) cell in order, calling `emit` with one JSON object per cell (measured
 // or skipped). CUDA builds only.

@@ -334,7 +334,7 @@ Scoring parse_scoring(const std::string& name) {
   HYDRA_USER_FAIL("--score: unknown scoring '{}' (use teacher-forced or generate)", name);
 }
 
-AnswerScore generate_answer(const Model& model, Communicator& comm, const Sample& sample) {
+AnswerScore generate_answer(const Model& model, Communicator& comm, const Sample& sample, DecodeGraph cuda_graph) {
   const std::span<const int32_t> answer = sample.answer();
   const int64_t n = static_cast<int64_t>(answer.size()), vocab = model.config().vocab_size;
   HYDRA_ASSERT(n >= 1 && sample.answer_start >= 1, "answer {}+{}", sample.answer_start, n);
@@ -342,7 +342,7 @@ AnswerScore generate_answer(const Model& model, Communicator& comm, const Sample
       std::vector<int32_t>(sample.ids.begin(), sample.ids.begin() + sample.answer_start)};
   // Greedy (temperature 0): the arg-max with ties to the lowest id, the rule score_token uses.
   const std::vector<GeneratedSequence> out =
-      generate(comm, model, prompt, GenerateOptions{.max_new_tokens = n, .keep_logits = true});
+      generate(comm, model, prompt, GenerateOptions{.max_new_tokens = n, .keep_logits = true, .cuda_graph = cuda_graph});
   const GeneratedSequence& seq = out.front();
   HYDRA_ASSERT(static_cast<int64_t>(seq.tokens.size()) == n && static_cast<int64_t>(seq.logits.size()) == n * vocab,
                "generation of {} tokens gave {} tokens, {} logits", n, seq.tokens.size(), seq.logits.size());

@@ -48,7 +48,8 @@
 //
 // Scoring by generation (eval-niah --score generate): the prompt ids[0, a) is prefilled and n new
 // tokens are decoded greedily with the cache (model/generate.h, the decode engine), exactly as a
-// user's `hydra generate` would; the verdict is "the generated tokens are the answer". By the
+// user's `hydra generate` would (the decode step replayed as a CUDA graph where one rank runs a
+// sample on the GPU, unless DecodeGraph::off: the same tokens); the verdict is "the generated tokens are the answer". By the
 // argument above it equals the teacher-forced verdict up to float summation order (a test holds
 // them to each other on every sample). Recall: the answer's items (multivalue: its values, split at
 // SEP; otherwise the whole answer) and the fraction of them that occur as contiguous runs in the
@@ -60,6 +61,7 @@
 #include <string>
 #include <vector>
 
+#include "model/decode_engine.h"
 #include "model/model.h"
 #include "runtime/random.h"
 
@@ -202,8 +204,10 @@ Scoring parse_scoring(const std::string& name);
 
 // One sample scored by generation (header comment): predicted = the n greedy tokens, correct = they
 // are the answer, logprob = Σ log p of the generated tokens (the answer's log-probability when the
-// verdict is correct). Collective over `comm` (every rank returns the same score).
-AnswerScore generate_answer(const Model& model, Communicator& comm, const Sample& sample);
+// verdict is correct). Collective over `comm` (every rank returns the same score). `cuda_graph` as
+// GenerateOptions::cuda_graph (model/generate.h).
+AnswerScore generate_answer(const Model& model, Communicator& comm, const Sample& sample,
+                            DecodeGraph cuda_graph = DecodeGraph::automatic);
 
 // The items of an answer: split at `separator` (a marker id), or the whole answer (separator < 0).
 std::vector<std::vector<int32_t>> answer_items(std::span<const int32_t> answer, int32_t separator);

@@ -144,7 +144,7 @@ SampleResult unpack(const std::vector<double>& v, int task) {
 }  // namespace
 
 EvalTotals run_plan(const Model& model, SequenceGroups& groups, const EvalPlan& plan, Report& report,
-                    const std::function<void(const Report&)>& after_cell, Scoring scoring) {
+                    const std::function<void(const Report&)>& after_cell, Scoring scoring, DecodeGraph cuda_graph) {
   report.tasks = plan.tasks;
   report.scoring = scoring_name(scoring);
   report.cells_total = static_cast<int64_t>(plan.cells.size());
@@ -174,7 +174,7 @@ EvalTotals run_plan(const Model& model, SequenceGroups& groups, const EvalPlan& 
       fields.add_tokens("sample tokens", sample.ids);
       fields.add("answer span", fmt::format("{} + {}", sample.answer_start, sample.answer_length));
       agree_across_ranks(comm, fields, which);
-      const AnswerScore score = scoring == Scoring::generate ? generate_answer(model, comm, sample)
+      const AnswerScore score = scoring == Scoring::generate ? generate_answer(model, comm, sample, cuda_graph)
                                                              : evaluate_sample(model, comm, sample);
       if (!std::isfinite(score.logprob)) {  // all-reduced over the group: its ranks take this branch together
         // An error on a group's ranks ends the job on every rank (launch/main.cpp): no group waits in the gather.

@@ -70,11 +70,13 @@ struct EvalTotals {
 };
 
 // Runs every cell of `plan` over `groups` (header comment), each sample scored by `scoring`
-// (model/eval/niah.h: teacher forcing in one prefill, or greedy generation with the cache), adding each finished cell to `report`
+// (model/eval/niah.h: teacher forcing in one prefill, or greedy generation with the cache, its decode
+// steps replayed as a CUDA graph as `cuda_graph` says), adding each finished cell to `report`
 // (its tasks and cells_total are set here) and calling `after_cell(report)` on every rank (the
 // command writes its files there, on rank 0). Collective over groups.world(); every rank returns
 // the same totals and holds the same report.
 EvalTotals run_plan(const Model& model, SequenceGroups& groups, const EvalPlan& plan, Report& report,
-                    const std::function<void(const Report&)>& after_cell, Scoring scoring = Scoring::teacher_forced);
+                    const std::function<void(const Report&)>& after_cell, Scoring scoring = Scoring::teacher_forced,
+                    DecodeGraph cuda_graph = DecodeGraph::automatic);
 
 }  // namespace hydra::niah

@@ -131,6 +131,15 @@ TEST(CudaOps, NormsRopeGatesFusionSwigluAdd) {
   ops::add_inplace(xs, y);
   ops::add_inplace(xg, gpu(y));
   expect_close(host(xg), xs, 1e-2, "add");
+  // fp32 += fp32 (the ring's dK/dV accumulators) exactly as on the host, and fp32 += bf16.
+  Tensor xf = random_tensor({t, d}, 14), yf = random_tensor({t, d}, 15);
+  Tensor xfg = gpu(xf, DType::f32);
+  ops::add_inplace(xfg, gpu(yf, DType::f32));
+  ops::add_inplace(xf, yf);
+  expect_close(host(xfg), xf, 0.0, "add fp32");
+  ops::add_inplace(xfg, gpu(y));
+  ops::add_inplace(xf, y);
+  expect_close(host(xfg), xf, 0.0, "add fp32 += bf16");
   Tensor acc = random_tensor({t, d}, 11), gate = rounded_to_bf16(random_tensor({t, d}, 12, 3.0f));
   Tensor gref = Tensor::empty({t, d}, DType::f32), gout = Tensor::empty({t, d}, DType::bf16, Device::cuda);
   ops::sigmoid_gate(gref, acc, gate);

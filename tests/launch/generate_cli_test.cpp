@@ -120,6 +120,7 @@ TEST(GenerateCli, GreedyEqualsForwardArgmaxAndRanksAgree) {
     for (const char* key : {"prefill_s", "decode_tokens_per_s"}) EXPECT_TRUE(lines[i].contains(key)) << key;
   }
   EXPECT_TRUE(lines[2].at("summary").get<bool>());
+  EXPECT_FALSE(lines[2].at("cuda_graph").get<bool>()) << "the CPU decodes eagerly (--cuda-graph auto)";
   // hydrahead-tiny: 2 layers, FA sets {1} and {2, 3} (one KV head each), d = 64, fp32 on the CPU.
   EXPECT_EQ(lines[2].at("cache_bytes_per_token").get<double>(), 2.0 * (2 * 1 * 64 * 4));
   const auto generated = tokens_of(lines);
@@ -350,6 +351,11 @@ TEST(GenerateCli, RefusesBadInputBeforeAnyWork) {
   refuse("--prompt " + dir.file("ok.h5") + " --max-new-tokens 3 --repetition-penalty 0" + out, "--repetition-penalty");
   refuse("--prompt " + dir.file("ok.h5") + " --max-new-tokens 3 --repetition-penalty inf" + out, "--repetition-penalty");
   refuse("--prompt " + dir.file("nope.h5") + " --max-new-tokens 3" + out, "nope.h5");
+  refuse("--prompt " + dir.file("ok.h5") + " --max-new-tokens 3 --cuda-graph maybe" + out, "--cuda-graph must be on, off or auto");
+  refuse("--prompt " + dir.file("ok.h5") + " --max-new-tokens 3 --cuda-graph on" + out,
+         "--cuda-graph on needs one rank per prompt on the GPU");
+  refuse("--prompt " + dir.file("ok.h5") + " --max-new-tokens 3 --cuda-graph" + out,
+         "--cuda-graph on needs one rank per prompt on the GPU");  // the flag alone means on
 }
 
 }  // namespace

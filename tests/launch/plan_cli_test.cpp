@@ -91,6 +91,27 @@ TEST(Plan, OneGpuRowsAreTheCommandsPlans) {
   }
 }
 
+// Ranks sharing a GPU (HYDRA_SHARE_GPUS=1) each hold a whole copy: with --ranks-per-gpu 4 every row
+// is the row of a GPU a quarter the size, the JSON says both sizes, the table says why; 0 is refused.
+TEST(Plan, RanksSharingAGpuEachFitTheirShare) {
+  const CommandResult shared = hydra("plan --preset hydrahead-1.7b --gpus 4 --gpu-memory 80G --ranks-per-gpu 4 --json");
+  const CommandResult quarter = hydra("plan --preset hydrahead-1.7b --gpus 4 --gpu-memory 20G --json");
+  ASSERT_EQ(shared.exit_code, 0) << shared.output;
+  ASSERT_EQ(quarter.exit_code, 0) << quarter.output;
+  const nlohmann::json a = nlohmann::json::parse(shared.output), b = nlohmann::json::parse(quarter.output);
+  EXPECT_EQ(a.at("ranks_per_gpu"), 4);
+  EXPECT_DOUBLE_EQ(a.at("gpu_memory_gib").get<double>(), 80.0);
+  EXPECT_DOUBLE_EQ(a.at("memory_per_rank_gib").get<double>(), 20.0);
+  EXPECT_EQ(a.at("rows"), b.at("rows"));
+  EXPECT_GT(a.at("rows")[0].at("prefill_longest").get<int64_t>(), 0);
+  const CommandResult table = hydra("plan --preset hydrahead-1.7b --gpus 4 --gpu-memory 80G --ranks-per-gpu 4");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("4 ranks share each GPU (HYDRA_SHARE_GPUS=1): each holds a whole copy"), std::string::npos)
+      << table.output;
+  EXPECT_NE(table.output.find(" ranks  sp  ZeRO"), std::string::npos) << table.output;
+  expect_user_error(hydra("plan --preset hydrahead-1.7b --ranks-per-gpu 0"), "--ranks-per-gpu 0 must be in 1..64");
+}
+
 TEST(Plan, BadInputIsAOneLineError) {
   expect_user_error(hydra("plan --gpus 8"), "give one of --preset and --model");
   expect_user_error(hydra("plan --preset hydrahead-8b --gpus 65"), "--gpus 65 must be in 1..64");

@@ -181,8 +181,9 @@ TEST(FaultSpec, UnknownKernelOptionValuesAreRefused) {
   expect_clean_error(run_command("HYDRA_GDN_SEGMENTS=0 " + run), "HYDRA_GDN_SEGMENTS must be an integer from 1 to 4096");
   expect_clean_error(run_command("HYDRA_GDN_SEGMENTS=3x " + run), "(got '3x')");
   expect_clean_error(run_command("HYDRA_GDN_PROFILE=yes " + run), "HYDRA_GDN_PROFILE must be 0, 1 or 2 (got 'yes')");
+  expect_clean_error(run_command("HYDRA_DECODE_PDL=on " + run), "HYDRA_DECODE_PDL must be 0 or 1 (got 'on')");
   const CommandResult ok = run_command("HYDRA_ATTENTION_KERNEL=mma HYDRA_ATTENTION_BWD_KERNEL=mma HYDRA_GDN_SEGMENTS=2 "
-                                       "HYDRA_GDN_PROFILE=0 " + run);
+                                       "HYDRA_GDN_PROFILE=0 HYDRA_DECODE_PDL=1 " + run);
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
 }
 

@@ -6,11 +6,14 @@
 //  - each GPU token is the CPU's arg-max wherever the CPU's margin between its best and second-best
 //    logits exceeds that tolerance (below it, bf16 may legitimately pick the other);
 // and a batch of prompts of different lengths gives each prompt's first logits as that prompt alone
-// does on the GPU (the slots of the batched kernels do not mix); the decode step replayed as a CUDA
-// graph gives the bits of the same step run eagerly, and generate --cuda-graph the eager tokens.
-// SKIPPED without a GPU.
+// does on the GPU (the slots of the batched kernels do not mix). These run generate's default, which
+// replays the decode step as a CUDA graph on one GPU. The graph gives the bits of the same step run
+// eagerly, step after step, so generate's default gives the tokens and logits of --cuda-graph off
+// (the library and the command), and eval-niah's generated answers too; programmatic dependent
+// launch (HYDRA_DECODE_PDL) keeps the bits as well. SKIPPED without a GPU.
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -20,6 +23,7 @@
 #include "model/generate.h"
 #include "model/params.h"
 #include "parallel/self_communicator.h"
+#include "runtime/hdf5_file.h"
 #include "tests/common/test_util.h"
 
 namespace hydra::test {
@@ -94,12 +98,10 @@ void expect_gpu_decode_matches_cpu(const ModelConfig& c, const std::string& pres
   }
 }
 
-// hydra bench --op decode as the decode benchmark job runs it, at toy size: its correctness gate
-// passes, a cell that fits is measured (ms per step, tokens/s, bytes, peak memory), and one that
-// cannot fit (10⁹ cached tokens) is skipped with its reason instead of failing.
 // The engine with cuda_graph (eager first step, captured second, launched after) against an eager
-// engine whose attention also chunks for the whole capacity: the same kernels on the same inputs,
-// so the same bits, step after step; and generate with the option gives generate's greedy tokens.
+// engine (whose attention, one rank on the GPU, chunks for the whole capacity too): the same kernels
+// on the same inputs, so the same bits, step after step. Then generate: its default (the graph here)
+// against DecodeGraph::off, the same tokens and logits bit for bit, every step but the first replayed.
 TEST(CudaGenerate, GraphReplayedStepEqualsEagerStep) {
   HYDRA_REQUIRE_GPU();
   for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
@@ -109,7 +111,6 @@ TEST(CudaGenerate, GraphReplayedStepEqualsEagerStep) {
     const int64_t slots = 3, steps = 8;
     KvCache eager_cache(gpu, slots, steps, 1, 0), graph_cache(gpu, slots, steps, 1, 0);
     DecodeEngine eager(self, gpu, eager_cache, {.host_logits = true});
-    eager_cache.set_whole_capacity(true);
     DecodeEngine graph(self, gpu, graph_cache, {.host_logits = true, .cuda_graph = true});
     const std::vector<int64_t> rows = {0, 1, 2};
     std::vector<int32_t> ids = {3, 17, 101};
@@ -131,18 +132,148 @@ TEST(CudaGenerate, GraphReplayedStepEqualsEagerStep) {
       }
     }
     const std::vector<std::vector<int32_t>> prompts = {prompt_of(40, c.vocab_size, 4), prompt_of(7, c.vocab_size, 5)};
-    const auto plain = generate(self, gpu, prompts, {.max_new_tokens = 10});
-    const auto graphed = generate(self, gpu, prompts, {.max_new_tokens = 10, .cuda_graph = true});
+    const auto plain = generate(self, gpu, prompts, {.max_new_tokens = 10, .keep_logits = true, .cuda_graph = DecodeGraph::off});
+    const auto by_default = generate(self, gpu, prompts, {.max_new_tokens = 10, .keep_logits = true});
+    const auto ids_only = generate(self, gpu, prompts, {.max_new_tokens = 10});  // the device arg-max path
     for (size_t b = 0; b < prompts.size(); ++b) {
-      // Greedy on bf16: the whole-capacity chunking sums the keys in other chunks, which may move a
-      // later near tie; the first token must agree.
-      size_t same = 0;
-      while (same < plain[b].tokens.size() && plain[b].tokens[same] == graphed[b].tokens[same]) ++same;
-      EXPECT_GE(same, 1u) << preset << " prompt " << b << ": the first token differs";
+      EXPECT_EQ(by_default[b].tokens, plain[b].tokens) << preset << " prompt " << b;
+      EXPECT_EQ(ids_only[b].tokens, plain[b].tokens) << preset << " prompt " << b;
+      ASSERT_EQ(by_default[b].logits.size(), plain[b].logits.size());
+      for (size_t i = 0; i < plain[b].logits.size(); ++i) {
+        ASSERT_EQ(by_default[b].logits[i], plain[b].logits[i]) << preset << " prompt " << b << " logit " << i;
+      }
+      // One decode step per new token (the prompt's last token gives the first): 10 steps of batch
+      // 2, the first eager, the others replayed; none with the graph off.
+      EXPECT_EQ(plain[b].graph_steps, 0) << preset << " prompt " << b;
+      EXPECT_EQ(by_default[b].graph_steps, 9) << preset << " prompt " << b;
+      EXPECT_EQ(ids_only[b].graph_steps, 9) << preset << " prompt " << b;
     }
   }
 }
 
+// Programmatic dependent launch (HYDRA_DECODE_PDL, the kernel option decode_pdl) changes when the
+// step's kernels are scheduled, not what they compute: engines of a model with it (eager, and the
+// graph) give the bits of an eager engine without it, step after step, and generate the same tokens.
+TEST(CudaGenerate, ProgrammaticLaunchKeepsTheBits) {
+  HYDRA_REQUIRE_GPU();
+  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
+    const ModelConfig c = preset_config(preset);
+    const NamedTensors params = random_parameters(c, 10);
+    const Model plain(c, params, Device::cuda, DType::bf16);
+    Model with_pdl(c, params, Device::cuda, DType::bf16);
+    with_pdl.set_kernel_options({.decode_pdl = true});
+    SelfCommunicator self(Device::cuda);
+    const int64_t slots = 3, steps = 8;
+    KvCache plain_cache(plain, slots, steps, 1, 0), eager_cache(with_pdl, slots, steps, 1, 0),
+        graph_cache(with_pdl, slots, steps, 1, 0);
+    DecodeEngine reference(self, plain, plain_cache, {.host_logits = true, .cuda_graph = false});
+    DecodeEngine eager(self, with_pdl, eager_cache, {.host_logits = true, .cuda_graph = false});
+    DecodeEngine graph(self, with_pdl, graph_cache, {.host_logits = true, .cuda_graph = true});
+    const std::vector<int64_t> rows = {0, 1, 2};
+    std::vector<int32_t> ids = {5, 29, 77};
+    for (int64_t step = 0; step < steps; ++step) {
+      reference.step(rows, ids, StepResult::logits);
+      eager.step(rows, ids, StepResult::logits);
+      graph.step(rows, ids, StepResult::logits);
+      EXPECT_EQ(graph.graph_launched(), step >= 1) << preset << " step " << step;
+      const auto want = reference.logits(), a = eager.logits(), b = graph.logits();
+      ASSERT_EQ(a.size(), want.size());
+      ASSERT_EQ(b.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(a[i], want[i]) << preset << " step " << step << " logit " << i << ": eager with PDL differs";
+        ASSERT_EQ(b[i], want[i]) << preset << " step " << step << " logit " << i << ": the graph with PDL differs";
+      }
+      for (size_t r = 0; r < rows.size(); ++r) {
+        const auto row = want.subspan(r * static_cast<size_t>(c.vocab_size), static_cast<size_t>(c.vocab_size));
+        ids[r] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+      }
+    }
+    const std::vector<std::vector<int32_t>> prompts = {prompt_of(33, c.vocab_size, 8), prompt_of(4, c.vocab_size, 9)};
+    const auto want = generate(self, plain, prompts, {.max_new_tokens = 10, .cuda_graph = DecodeGraph::off});
+    const auto got = generate(self, with_pdl, prompts, {.max_new_tokens = 10});
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      EXPECT_EQ(got[b].tokens, want[b].tokens) << preset << " prompt " << b;
+      EXPECT_EQ(got[b].graph_steps, 9) << preset << " prompt " << b;
+    }
+  }
+}
+
+// hydra generate on the GPU as a user runs it: the default (the graph) and --cuda-graph off write
+// the same tokens, and the summary says which ran; --cuda-graph on is the default made explicit.
+TEST(CudaGenerate, CommandDefaultReplaysTheGraphWithTheEagerTokens) {
+  HYDRA_REQUIRE_GPU();
+  const TempDir dir;
+  const std::string h = hydra_binary();
+  ASSERT_EQ(run_command(h + " init --preset hydrahead-tiny --weight-seed 3 --out " + dir.file("m.h5")).exit_code, 0);
+  {
+    const std::vector<int32_t> a = prompt_of(50, 256, 6), b = prompt_of(9, 256, 7);
+    std::vector<int32_t> ids = a;
+    ids.insert(ids.end(), b.begin(), b.end());
+    H5File file = H5File::create(dir.file("p.h5"));
+    Tensor t = Tensor::empty({static_cast<int64_t>(ids.size())}, DType::i32);
+    std::copy(ids.begin(), ids.end(), t.data_as<int32_t>());
+    file.write("input_ids", t);
+    Tensor o = Tensor::empty({3}, DType::i64);
+    o.data_as<int64_t>()[0] = 0;
+    o.data_as<int64_t>()[1] = static_cast<int64_t>(a.size());
+    o.data_as<int64_t>()[2] = static_cast<int64_t>(ids.size());
+    file.write("prompt_offsets", o);
+    file.close();
+  }
+  const auto run = [&](const std::string& flag, const std::string& name) {
+    const CommandResult r = run_command(h + " generate --model " + dir.file("m.h5") + " --prompt " + dir.file("p.h5") +
+                                        " --max-new-tokens 12 --device cuda --out " + dir.file(name) + flag);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::vector<nlohmann::json> lines;
+    std::ifstream in(dir.file(name));
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+    }
+    return lines;
+  };
+  const auto by_default = run("", "default.jsonl"), off = run(" --cuda-graph off", "off.jsonl");
+  const auto on = run(" --cuda-graph on", "on.jsonl");
+  ASSERT_EQ(by_default.size(), 3u);
+  ASSERT_EQ(off.size(), 3u);
+  ASSERT_EQ(on.size(), 3u);
+  for (size_t b = 0; b < 2; ++b) {
+    EXPECT_EQ(by_default[b].at("tokens"), off[b].at("tokens")) << "prompt " << b;
+    EXPECT_EQ(on[b].at("tokens"), off[b].at("tokens")) << "prompt " << b;
+    EXPECT_EQ(by_default[b].at("tokens").size(), 12u);
+  }
+  EXPECT_TRUE(by_default[2].at("cuda_graph").get<bool>());
+  EXPECT_TRUE(on[2].at("cuda_graph").get<bool>());
+  EXPECT_FALSE(off[2].at("cuda_graph").get<bool>());
+}
+
+// eval-niah --score generate on the GPU: its default (the graph, one rank per sample) predicts the
+// tokens --cuda-graph off predicts, sample for sample.
+TEST(CudaGenerate, EvalNiahGenerateScoringReplaysTheGraphWithTheEagerTokens) {
+  HYDRA_REQUIRE_GPU();
+  const TempDir dir;
+  const std::string base = hydra_binary() + " eval-niah --preset hydrahead-tiny --weight-seed 4 --task single,multivalue "
+                           "--lengths 256 --depths 0,50 --samples 2 --score generate --device cuda --out ";
+  const auto predictions = [&](const std::string& name, const std::string& flag) {
+    const CommandResult r = run_command(base + dir.file(name) + flag);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::vector<nlohmann::json> predicted;
+    std::ifstream in(dir.file(name));
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("predicted")) predicted.push_back(j.at("predicted"));
+    }
+    return predicted;
+  };
+  const auto by_default = predictions("default.jsonl", ""), off = predictions("off.jsonl", " --cuda-graph off");
+  EXPECT_EQ(by_default.size(), 8u);  // 2 tasks × 2 depths × 2 samples
+  EXPECT_EQ(by_default, off);
+}
+
+// hydra bench --op decode as the decode benchmark job runs it, at toy size: its correctness gate
+// passes, a cell that fits is measured (ms per step, tokens/s, bytes, peak memory), and one that
+// cannot fit (10⁹ cached tokens) is skipped with its reason instead of failing; the default is the
+// graph, --cuda-graph off the eager step, HYDRA_DECODE_PDL=1 the graph with PDL.
 TEST(CudaGenerate, DecodeBenchMeasuresAndSkipsWhatCannotFit) {
   HYDRA_REQUIRE_GPU();
   const CommandResult r = run_command(hydra_binary() + " bench --op decode --preset hydrahead-tiny --contexts 4K,1000000000 "
@@ -168,15 +299,38 @@ TEST(CudaGenerate, DecodeBenchMeasuresAndSkipsWhatCannotFit) {
     }
   }
   EXPECT_NE(r.output.find("decode attention check"), std::string::npos) << "the correctness gate ran";
-  // The same step replayed as a CUDA graph.
+  // The default replays the step as a CUDA graph; the line names the card and, for a card with a
+  // datasheet figure, the fraction of it.
+  for (const auto& c : cells) {
+    if (c.contains("skipped")) continue;
+    EXPECT_TRUE(c.at("cuda_graph").get<bool>()) << c.dump();
+    EXPECT_FALSE(c.at("gpu").get<std::string>().empty());
+    const std::string gpu = c.at("gpu").get<std::string>();
+    if (gpu.find("H100") != std::string::npos || gpu.find("H200") != std::string::npos) {
+      EXPECT_NEAR(c.at("fraction_of_peak").get<double>(),
+                  c.at("gb_per_s").get<double>() / c.at("peak_gb_per_s").get<double>(), 1e-12) << c.dump();
+    }
+  }
+  // The same step launched eagerly.
   const CommandResult g = run_command(hydra_binary() + " bench --op decode --preset hydrahead-tiny --contexts 4K "
-                                      "--batches 2 --warmup 2 --repeat 3 --cuda-graph");
+                                      "--batches 2 --warmup 2 --repeat 3 --cuda-graph off");
   ASSERT_EQ(g.exit_code, 0) << g.output;
   const auto at = g.output.find("{\"");
   ASSERT_NE(at, std::string::npos) << g.output;
   const nlohmann::json cell = nlohmann::json::parse(g.output.substr(at, g.output.find('\n', at) - at));
-  EXPECT_TRUE(cell.at("cuda_graph").get<bool>());
+  EXPECT_FALSE(cell.at("cuda_graph").get<bool>());
+  EXPECT_FALSE(cell.at("pdl").get<bool>());
   EXPECT_GT(cell.at("ms_per_step").get<double>(), 0.0);
+  // The graph with programmatic dependent launch.
+  const CommandResult p = run_command("HYDRA_DECODE_PDL=1 " + hydra_binary() + " bench --op decode --preset hydrahead-tiny "
+                                      "--contexts 4K --batches 2 --warmup 2 --repeat 3");
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  const auto at_p = p.output.find("{\"");
+  ASSERT_NE(at_p, std::string::npos) << p.output;
+  const nlohmann::json pdl_cell = nlohmann::json::parse(p.output.substr(at_p, p.output.find('\n', at_p) - at_p));
+  EXPECT_TRUE(pdl_cell.at("cuda_graph").get<bool>());
+  EXPECT_TRUE(pdl_cell.at("pdl").get<bool>());
+  EXPECT_GT(pdl_cell.at("ms_per_step").get<double>(), 0.0);
 }
 
 }  // namespace

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""cluster/bench/decode_table.py on bench lines written here (no GPU): a row per cell and mode with
+the datasheet fraction, skipped cells with their reason, the graph's speed-up over eager, the issue's
+targets at each cell's fastest mode (PASS and MISS where the figures say so, "not measured" for a
+missing cell), and no comparison at all when the lines come from two cards."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+root = sys.argv[1]
+script = os.path.join(root, "cluster", "bench", "decode_table.py")
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+def cell(model, context, batch, ms, graph, pdl=False, gpu="NVIDIA H100 80GB HBM3", peak=3350.0, moved=4.2e9):
+    gbs = moved / (ms * 1e-3) / 1e9
+    return {"command": "bench", "op": "decode", "model": model, "context": context, "batch": batch, "ms_per_step": ms,
+            "tokens_per_s": batch * 1000.0 / ms, "bytes_per_step": moved, "gb_per_s": gbs, "fraction_of_copy": gbs / 3000.0,
+            "gpu": gpu, "peak_gb_per_s": peak, "fraction_of_peak": gbs / peak if peak else None, "cuda_graph": graph,
+            "pdl": pdl, "attention_layer_ms": 0.03, "gdn_step_layer_ms": 0.008 if model.startswith("hydra") else None}
+
+
+def run(lines):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "decode.jsonl")
+        with open(path, "w") as f:
+            for line in lines:
+                f.write(json.dumps(line) + "\n")
+        r = subprocess.run([sys.executable, script, path], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+        return r.stdout
+
+
+K32, K512 = 32 * 1024, 512 * 1024
+# 32K batch 1: 4.2 GB in 1.6 ms on an H100 = 2625 GB/s = 0.78 of 3350 (PASS); 512K batch 1: 11.3 GB in
+# 5.0 ms = 0.67 (MISS); the teacher 512K at 17 ms: 3.4x (MISS).
+lines = [cell("hydrahead-1.7b", K32, 1, 4.7, False), cell("hydrahead-1.7b", K32, 1, 1.8, True),
+         cell("hydrahead-1.7b", K32, 1, 1.6, True, pdl=True),
+         cell("hydrahead-1.7b", K512, 1, 5.0, True, moved=11.25e9),
+         cell("qwen3-1.7b", K512, 1, 17.0, True, moved=63.8e9),
+         {"command": "bench", "op": "decode", "model": "hydrahead-1.7b", "context": K512, "batch": 32,
+          "cuda_graph": True, "pdl": False, "skipped": "the cache (224.8 GiB) ... exceed 95% of the GPU's free 76.0 GiB"}]
+out = run(lines)
+check("on NVIDIA H100 80GB HBM3" in out, "the card in the title")
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL | 1.600 |" in out, "the PDL row")
+check("| hydrahead-1.7b | 32K | 1 | eager | 4.700 |" in out, "the eager row")
+check("| 0.78 |" in out, "the datasheet fraction of the 32K PDL row (2625 / 3350)")
+check("512K batch 32 (graph): the cache (224.8 GiB)" in out, "the skipped cell and its reason")
+check("eager 4.700 ms; graph 2.61x (1.800 ms); graph + PDL 2.94x (1.600 ms)" in out, "the speed-ups over eager")
+check("32K batch 1 >= 0.70 of the card's bandwidth: 1.600 ms/token (graph + PDL), 2625 GB/s = 0.78 of the datasheet: PASS"
+      in out, "the 32K target (fastest mode)")
+check("512K batch 1 >= 0.70 of the card's bandwidth: 5.000 ms/token (graph), 2250 GB/s = 0.67 of the datasheet: MISS" in out,
+      "the 512K target")
+check("17.000 ms (graph) / 5.000 ms (graph) = 3.40x: MISS" in out, "the teacher ratio")
+
+# Without the teacher's cell the ratio is not measured; an unlisted card has no datasheet verdict.
+out = run([cell("hydrahead-1.7b", K32, 1, 1.6, True, gpu="NVIDIA A100-SXM4-80GB", peak=0.0)])
+check("of the datasheet (a card without a datasheet figure): not measured" in out, f"an unlisted card: {out}")
+check("512K batch 1 >= 0.70 of the card's bandwidth: —: not measured" in out, "a missing cell")
+check("faster than qwen3-1.7b at 512K batch 1: —: not measured" in out, "a missing ratio")
+
+# Two cards: listed, never compared.
+out = run([cell("hydrahead-1.7b", K32, 1, 4.7, False), cell("hydrahead-1.7b", K32, 1, 1.2, True, gpu="NVIDIA H200", peak=4800.0)])
+check("Rows from 2 cards" in out and "Targets" not in out and "Speed-up" not in out, f"two cards: {out}")
+
+for f in failures:
+    print("FAILED:", f)
+print("decode_table_test:", "FAILED" if failures else "PASSED")
+sys.exit(1 if failures else 0)
