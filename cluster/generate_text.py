@@ -15,20 +15,25 @@ The tokenizer is the Hugging Face tokenizer.json (the `tokenizers` package) of -
 or its folder; default: the model's folder). The ids go to a prompt file (input_ids int32 [T],
 prompt_offsets int64 [N+1], the format `hydra generate --prompt` reads), then `hydra generate` runs,
 under `mpirun -np N` with --np N; --sp, the sampling flags, --logprobs and --repetition-penalty pass
-through. Stop ids: --stop-token ids and --stop token texts (each must be one token of the
-vocabulary); by default the tokenizer folder's eos (generation_config.json's eos_token_id, else
-tokenizer_config.json's eos_token), --no-default-stop for none.
+through. Stops: --stop TEXT, a stop string matched on the decoded text across token boundaries (as
+transformers' stop_strings: `--stop e` stops on "the"); --stop-token ids; and by default the
+tokenizer's eos (generation_config.json's eos_token_id, else tokenizer_config.json's eos_token, else
+<|endoftext|>, </s> or <eos>: what tokenize_text.py ends documents with), --no-default-stop for none —
+all decided by hydra generate, which is given the tokenizer.
 
 Output (--out, written atomically): one JSON line per prompt, in input order —
   index, prompt (the text encoded: a chat's rendering), prompt_ids, ids (the new ids), text (the new
-  ids decoded, without the stop token that ended them), stopped, and with --logprobs K: logprobs
+  ids decoded, without the stop token that ended them, or up to the stop string), stopped, stop_string
+  (when one ended them), and with --logprobs K: logprobs
   (per new id) and top_logprobs (per new id, [id, token, log p] of the K most likely)
 — then hydra generate's summary line ("summary": true). hydra's log and summary go to stderr; stdout
 gets one JSON line (command, prompts, prompt_tokens, new_tokens, out) for scripts.
 
-Checked before any work, each one line: a missing tokenizer.json, model or prompt file, a chat
-message without a role, a chat template that does not parse or refuses the messages (its
-raise_exception), an empty prompt (empty text or no ids), a prompt whose ids the model's vocabulary does not hold, and a prompt
+Checked before any work, each one line: a missing tokenizer.json, model or prompt file, a
+tokenizer.json the tokenizers library cannot load, an --out (or --keep-prompt-file) that names an
+input, a chat with no messages or a message without a role or with one not system, developer,
+user, assistant or tool, a chat template that does not parse or refuses the messages (its
+raise_exception), an empty prompt (empty text or no ids), an empty --stop, a prompt whose ids the model's vocabulary does not hold, and a prompt
 that with --max-new-tokens exceeds the model's limit (--max-length, else the folder's config.json
 max_position_embeddings or tokenizer_config.json model_max_length when set).
 
@@ -133,7 +138,8 @@ def read_prompts(a, renderer):
     return out
 
 
-def stop_ids(a, tok, folder):
+def stop_ids(a):
+    """--stop-token ids (hydra generate adds the tokenizer's eos unless --no-default-stop)."""
     ids = []
     for item in filter(None, (a.stop_token or "").split(",")):
         try:
@@ -141,17 +147,8 @@ def stop_ids(a, tok, folder):
         except ValueError:
             fail(f"--stop-token: '{item}' is not a token id")
     for text in a.stop or []:
-        i = tok.token_to_id(text)
-        if i is None:
-            fail(f"--stop {text!r} is not one token of the tokenizer")
-        ids.append(i)
-    if not a.no_default_stop:
-        eos = folder_json(folder, "generation_config.json").get("eos_token_id")
-        if eos is None:
-            name = folder_json(folder, "tokenizer_config.json").get("eos_token")
-            name = name.get("content") if isinstance(name, dict) else name
-            eos = tok.token_to_id(name) if isinstance(name, str) else None
-        ids += eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+        if not text:
+            fail("--stop: an empty stop string would stop at once")
     return sorted(set(ids))
 
 
@@ -179,8 +176,9 @@ def main():
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--logprobs", type=int, default=0, help="K > 0: each new token's log-probability and the top K")
     p.add_argument("--stop-token", help="comma-separated stop ids")
-    p.add_argument("--stop", action="append", help="a stop token by its text (repeatable), e.g. '<|im_end|>'")
-    p.add_argument("--no-default-stop", action="store_true", help="do not stop on the tokenizer folder's eos")
+    p.add_argument("--stop", action="append", help="a stop string (repeatable), matched on the decoded text across token "
+                                                   "boundaries, e.g. '<|im_end|>' or '\\n\\n'")
+    p.add_argument("--no-default-stop", action="store_true", help="do not stop on the tokenizer's eos")
     p.add_argument("--keep-prompt-file", help="also keep the prompt file hydra generate read (.h5)")
     a = p.parse_args()
 
@@ -196,7 +194,14 @@ def main():
         fail(f"--model {a.model}: no such file")
     tok_path = tokenizer_file(a)
     folder = os.path.dirname(tok_path)
-    tok = Tokenizer.from_file(tok_path)
+    for flag, path in (("--model", a.model), ("--prompts", a.prompts), ("--tokenizer", tok_path)):
+        for out_flag, out in (("--out", a.out), ("--keep-prompt-file", a.keep_prompt_file)):
+            if out and os.path.exists(out) and os.path.exists(path) and os.path.samefile(out, path):
+                fail(f"{out_flag} {out} is {flag} {path}, an input: name another output (it would be replaced)")
+    try:
+        tok = Tokenizer.from_file(tok_path)
+    except Exception as e:  # the library raises a plain Exception with serde's message
+        fail(f"{tok_path}: not a tokenizer.json the tokenizers library reads ({str(e).splitlines()[0][:200]})")
     prompts = read_prompts(a, Renderer(tok_path, fail))
     vocab, limit = model_vocab(a.model), model_limit(a, folder)
     encoded = []
@@ -213,7 +218,7 @@ def main():
             fail(f"{where}: {len(ids)} tokens + {a.max_new_tokens} new exceed the model's limit of {limit} "
                  "(--max-length overrides)")
         encoded.append(ids)
-    stops = stop_ids(a, tok, folder)
+    stops = stop_ids(a)
 
     with tempfile.TemporaryDirectory(prefix="generate_text.") as work:
         prompt_file = a.keep_prompt_file or os.path.join(work, "prompts.h5")
@@ -227,9 +232,13 @@ def main():
         cmd = [a.hydra, "generate", "--model", a.model, "--prompt", prompt_file, "--max-new-tokens", str(a.max_new_tokens),
                "--device", a.device, "--temperature", repr(a.temperature), "--top-k", str(a.top_k), "--top-p", repr(a.top_p),
                "--seed", str(a.seed), "--repetition-penalty", repr(a.repetition_penalty), "--logprobs", str(a.logprobs),
-               "--sp", str(a.sp), "--out", raw]
+               "--sp", str(a.sp), "--tokenizer", tok_path, "--out", raw]
         if stops:
             cmd += ["--stop-token", ",".join(map(str, stops))]
+        for text in a.stop or []:
+            cmd += ["--stop", text]
+        if a.no_default_stop:
+            cmd += ["--no-default-stop"]
         if a.np > 0:
             cmd = [a.mpirun, "-np", str(a.np)] + shlex.split(a.mpirun_args) + cmd
         print(f"{NAME}: {len(encoded)} prompt(s), {int(offsets[-1])} tokens: {shlex.join(cmd)}", file=sys.stderr)
@@ -247,9 +256,16 @@ def main():
             continue
         i = line["prompt_index"]
         ids = line["tokens"]
-        shown = ids[:-1] if line["stopped"] else ids
-        out = {"index": i, "prompt": prompts[i][0], "prompt_ids": encoded[i], "ids": ids,
-               "text": tok.decode(shown, skip_special_tokens=False), "stopped": line["stopped"]}
+        stop = line.get("stop_string")
+        if stop is not None:  # the text up to the stop string (which may have begun in the prompt: then nothing)
+            text = tok.decode(ids, skip_special_tokens=False)
+            text = text[:text.find(stop)] if stop in text else ""
+        else:
+            text = tok.decode(ids[:-1] if line["stopped"] else ids, skip_special_tokens=False)
+        out = {"index": i, "prompt": prompts[i][0], "prompt_ids": encoded[i], "ids": ids, "text": text,
+               "stopped": line["stopped"]}
+        if stop is not None:
+            out["stop_string"] = stop
         if a.logprobs > 0:
             out["logprobs"] = line["logprobs"]
             out["top_logprobs"] = [[[t, tok.id_to_token(t), lp] for t, lp in step] for step in line["top_logprobs"]]

@@ -26,3 +26,11 @@ if command -v python3 >/dev/null && ! python3 -c "import h5py, numpy, tokenizers
   python3 -m pip install -q h5py numpy tokenizers pyarrow jinja2 >/dev/null 2>&1 ||
     echo "install_deps: warning: pip could not install h5py/numpy/tokenizers/pyarrow/jinja2; the tokenize tests (or their parquet and chat-template cases) will be skipped"
 fi
+# The Python side of exports and plots: torch (CPU is enough), transformers and safetensors (the
+# export tests and the README's real-text recipe load exports as a transformers user does) and
+# matplotlib (the plot scripts' test). Without them those tests report "Not Run" (skipped).
+if command -v python3 >/dev/null && ! python3 -c "import torch, transformers, safetensors, matplotlib" 2>/dev/null; then
+  echo "install_deps: installing the export and plot tests' Python packages (torch transformers safetensors matplotlib)"
+  python3 -m pip install -q torch transformers safetensors matplotlib >/dev/null 2>&1 ||
+    echo "install_deps: warning: pip could not install torch/transformers/safetensors/matplotlib; the export, recipe and plot tests will be skipped"
+fi

@@ -8,6 +8,11 @@
 # and the ranks talk over host-staged MPI (DESIGN.md §3.5; speed figures then mean nothing). The
 # environment NCCL needs is exported to every rank. NVLink multicast (NVLS) stays off
 # unless NCCL_NVLS_ENABLE is set by the caller: some shared machines must never use it.
+#
+# SIGTERM or SIGINT to this script reach the ranks as SIGUSR1, which mpirun forwards without ending
+# the job: a `hydra train` saves its step and every rank exits 75, which this script returns (Open
+# MPI's mpirun, sent SIGTERM itself, ends the job on its own terms and exits 1 whatever the ranks
+# did: README "Time limits and signals").
 set -euo pipefail
 gpus=1 nodes=1 hostfile="" share=1
 while getopts "g:n:H:s:" opt; do
@@ -35,4 +40,12 @@ for v in NCCL_DEBUG NCCL_SOCKET_IFNAME NCCL_IB_HCA CUDA_VISIBLE_DEVICES HYDRA_AT
   [ -n "${!v:-}" ] && args+=(-x "$v")
 done
 [ -n "$hostfile" ] && args+=(--hostfile "$hostfile")
-exec mpirun "${args[@]}" "$@"
+mpirun "${args[@]}" "$@" &
+pid=$!
+trap 'kill -USR1 "$pid" 2>/dev/null || true' TERM INT
+while true; do
+  code=0
+  wait "$pid" || code=$?
+  kill -0 "$pid" 2>/dev/null || break  # wait came back for a trapped signal: mpirun still runs
+done
+exit "$code"

@@ -11,11 +11,16 @@ run of a length is missing it is left out.
 import argparse
 import collections
 import json
+import os
+import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from figure_file import save_figure  # noqa: E402
 
 
 def label(n):
@@ -29,6 +34,10 @@ def main():
     p.add_argument("--command", choices=["prefill", "train"], default=None,
                    help="which runs to plot (default: prefill if the file has any, else train)")
     a = p.parse_args()
+    # An output naming an input would replace what is read: refused before any work.
+    for path in [a.jsonl]:
+        if os.path.exists(a.out) and os.path.exists(path) and os.path.samefile(a.out, path):
+            raise SystemExit(f"plot_sweep: --out {a.out} is {path}, an input: name another output (it would be replaced)")
     runs = [json.loads(line) for line in open(a.jsonl) if line.strip()]
     command = a.command or ("prefill" if any(r.get("command") == "prefill" for r in runs) else "train")
     runs = [r for r in runs if r.get("command") == command and "error" not in r]
@@ -63,7 +72,7 @@ def main():
         ax.legend(fontsize=8)
     fig.suptitle(f"hydra {command}, {runs[0].get('model', 'hydrahead-1.7b') if runs else ''}, bf16")
     fig.tight_layout()
-    fig.savefig(a.out, dpi=120)
+    save_figure(fig, a.out, "plot_sweep", dpi=120)
     print(f"wrote {a.out}")
 
 

@@ -20,6 +20,9 @@ except ImportError:
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from figure_file import save_figure  # noqa: E402
+
 
 def read_run(path):
     log = os.path.join(path, "train.jsonl") if os.path.isdir(path) else path
@@ -50,6 +53,10 @@ def main():
     p.add_argument("--smooth", type=int, default=20, help="moving-average window in steps")
     p.add_argument("--log", action="store_true", help="log-scale loss axis")
     a = p.parse_args()
+    # An output naming an input would replace what is read: refused before any work.
+    for path in [s.partition('=')[0] for s in a.runs] + [os.path.join(s.partition('=')[0], 'train.jsonl') for s in a.runs]:
+        if os.path.exists(a.out) and os.path.exists(path) and os.path.samefile(a.out, path):
+            raise SystemExit(f"plot_train: --out {a.out} is {path}, an input: name another output (it would be replaced)")
     runs = []
     for spec in a.runs:
         path, _, name = spec.partition("=")
@@ -92,7 +99,7 @@ def main():
         if sum(len(s[0]["layer_loss"]) for _, s, _ in runs if s and "layer_loss" in s[0]) <= 12:
             ax2.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(a.out, dpi=120)
+    save_figure(fig, a.out, "plot_train", dpi=120)
     print(f"wrote {a.out}")
 
 

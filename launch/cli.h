@@ -32,6 +32,7 @@ struct App {
   std::string command;
   std::vector<FingerprintField> options;  // every option's value as text, defaults included
   ops::KernelOptions kernels;
+  std::string binary = "hydra";  // argv[0]: the executable as it was started (the lines printed to run it again)
   GpuSharing gpu_sharing = GpuSharing::one_rank_per_gpu;  // HYDRA_SHARE_GPUS=1 (parallel/device_world.h)
 };
 

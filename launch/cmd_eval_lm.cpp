@@ -39,7 +39,7 @@ struct EvalLmOptions {
   void bind(po::options_description& o) {
     model.bind(o);
     o.add_options()
-        ("data", po::value(&data)->required(), "held-out token files, comma-separated (.h5 with input_ids [N])")
+        ("data", po::value(&data)->required(), "held-out corpora, comma-separated: token files (.h5 with input_ids [N]) or folders of shards from cluster/tokenize_text.py (the folder or its manifest.json); CORPUS:W weighs a blend, as hydra train --eval-data")
         ("seq-len", po::value(&seq_len)->required(), "tokens per window (accepts 4K); a multiple of 2·sp under mpirun")
         ("windows", po::value(&windows)->default_value(16), "windows evaluated: the first N in file order (0: all)")
         ("out", po::value(&out), "also write the JSON summary to this file (rank 0, atomically)")
@@ -47,12 +47,10 @@ struct EvalLmOptions {
         ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
   }
+  std::vector<train::DataSource> sources() const { return train::parse_data_sources(data, "--data"); }
   std::vector<std::string> files() const {
     std::vector<std::string> out_files;
-    std::stringstream in(data);
-    for (std::string f; std::getline(in, f, ',');) {
-      if (!f.empty()) out_files.push_back(f);
-    }
+    for (const train::DataSource& s : sources()) out_files.push_back(s.path);
     return out_files;
   }
   void validate() const {
@@ -75,7 +73,7 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
   po::options_description desc("hydra eval-lm");
   opt.bind(desc);
   if (!parse_command_line(app, "eval-lm",
-                          "(--model FILE.h5 | --preset NAME) --data TOKENS.h5[,MORE.h5] --seq-len N [--windows N] [--sp N] [--out FILE.json]",
+                          "(--model FILE.h5 | --preset NAME) --data CORPUS[:W][,MORE] --seq-len N [--windows N] [--sp N] [--out FILE.json]",
                           desc, args)) {
     return 0;
   }
@@ -85,7 +83,7 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
   const ModelConfig& config = job.config;
   const int sp = SequenceGroups::resolve_sp(opt.sp, app.world.size());
   check_sequence_length(config, seq_len, sp);
-  const train::TokenWindows data(opt.files(), seq_len, 0, config.vocab_size);
+  const train::TokenWindows data(opt.sources(), seq_len, 0, config.vocab_size, false);  // as train's --eval-data
   const int64_t n = opt.windows == 0 ? data.count() : std::min(opt.windows, data.count());
   RunFingerprint& inputs = job.inputs;
   for (const std::string& f : opt.files()) add_file_datasets(inputs, "held-out data", f);  // masks and documents too

@@ -27,6 +27,7 @@
 #include "launch/model_source.h"
 #include "model/memory_plan.h"
 #include "model/eval/niah_run.h"
+#include "model/eval/ruler.h"
 #include "parallel/device_world.h"
 #include "parallel/sequence_groups.h"
 #include "runtime/atomic_file.h"
@@ -57,7 +58,8 @@ struct EvalNiahOptions {
   std::string device = "auto";
   double nccl_timeout = 600;
   int sp = 0;
-  std::string score = "teacher-forced";
+  std::string score = "auto";
+  std::string suite;
   std::string cuda_graph = "auto";
   std::set<std::string> given;  // generator flags given on the command line (they conflict with --dataset)
 
@@ -67,8 +69,10 @@ struct EvalNiahOptions {
       return [this, flag](const auto&) { given.insert(flag); };
     };
     model.bind(o, ModelSource::OwnSeed::yes);
+    // --allow-nonfinite comes with the model's flags (ModelSource::bind).
     o.add_options()
         ("task", po::value(&tasks)->notifier(mark("task")), "NIAH single, multikey, multivalue; RULER multiquery, vartrack, cwe (common words), fwe (frequent words); or a comma list (default single)")
+        ("suite", po::value(&suite), "ruler: RULER's seven families (single, multikey, multivalue, multiquery, vartrack, cwe, fwe) at every --lengths, the knobs not given sized to each length as RULER sizes them (each change logged and kept in the cell's JSON line), scored by generation unless --score says otherwise, and one table of RULER's score")
         ("lengths", po::value(&lengths)->notifier(mark("lengths")), "sample lengths in tokens, e.g. 4K,16K,128K,512K (required without --dataset)")
         ("depths", po::value(&depths)->notifier(mark("depths")), "needle depths in percent (default 0,10,...,100)")
         ("samples", po::value(&samples)->notifier(mark("samples")), "samples per cell (default 4)")
@@ -89,17 +93,20 @@ struct EvalNiahOptions {
         ("dataset", po::value(&dataset), "instead of the generator: an HDF5 NIAH eval set (cluster/niah/build_niah_set.py)")
         ("out", po::value(&out)->required(), "results as JSON lines (per sample and per cell), written by rank 0")
         ("out-h5", po::value(&out_h5), "HDF5 copy of the results (default: --out with .jsonl replaced by .h5)")
-        ("score", po::value(&score)->default_value(score), "teacher-forced (one prefill per sample: the greedy verdict, model/eval/niah.h) or generate (greedy decoding of the answer with the cache, as hydra generate does; also the recall of multivalue answers from the generated text)")
+        ("score", po::value(&score)->default_value(score), "teacher-forced (one prefill per sample: the greedy verdict, model/eval/niah.h), generate (greedy decoding of the answer with the cache, as hydra generate does: RULER's metric reads generated text) or auto (generate for --suite and for RULER's multiquery, vartrack, cwe and fwe, or a set of theirs; teacher-forced otherwise)")
         ("cuda-graph", po::value(&cuda_graph)->default_value(cuda_graph)->implicit_value("on"), "--score generate: on, off or auto: replay each decode step as a CUDA graph, the same tokens as off (on needs --sp 1 on the GPU; auto: on exactly there)")
         ("sp", po::value(&sp)->default_value(0), "ranks per sample (sequence parallel): world / sp groups score different samples side by side (0: all ranks on every sample); each length needs 2·sp segments")
         ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present): one GPU per rank")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
-    ModelSource::bind_allow_nonfinite(o, &model.allow_nonfinite);
   }
 
   // Flag-level checks (nothing is read); fills in the default --out-h5.
   void validate() {
     model.validate();
+    HYDRA_USER_CHECK(suite.empty() || suite == "ruler", "--suite: '{}' is not a suite (ruler)", suite);
+    HYDRA_USER_CHECK(suite.empty() || !given.count("task"), "--suite ruler runs RULER's seven families; it cannot be "
+                     "combined with --task (give the families you want as --task instead)");
+    HYDRA_USER_CHECK(suite.empty() || dataset.empty(), "--suite ruler generates its samples; it cannot be combined with --dataset");
     if (!dataset.empty()) {
       require_readable_file(dataset, "NIAH eval set");
       for (const std::string& flag : given) {
@@ -112,7 +119,7 @@ struct EvalNiahOptions {
       for (int64_t l : length_list()) HYDRA_USER_CHECK(l >= 1, "--lengths: {} is not a length", l);
       task_params();  // parses --task and --value-length
     }
-    niah::parse_scoring(score);
+    if (score != "auto") niah::parse_scoring(score);
     parse_decode_graph(cuda_graph);
     if (out_h5.empty()) out_h5 = default_h5_path(out);
     require_writable_destination(out, "results");
@@ -134,9 +141,15 @@ struct EvalNiahOptions {
     HYDRA_USER_CHECK(a.size() == 1 && b.size() == 1, "--value-length: '{}' is not N or MIN..MAX", value_length);
     vmin = a[0];
     vmax = b[0];
-    for (const std::string& name : split_list(tasks)) {
+    std::vector<niah::Task> list;
+    if (suite.empty()) {
+      for (const std::string& name : split_list(tasks)) list.push_back(niah::parse_task(name));
+    } else {
+      list = niah::ruler_suite_tasks();
+    }
+    for (const niah::Task task : list) {
       niah::TaskParams p = ruler;
-      p.task = niah::parse_task(name);
+      p.task = task;
       p.key_length = key_length;
       p.value_length_min = vmin;
       p.value_length_max = vmax;
@@ -145,6 +158,13 @@ struct EvalNiahOptions {
       out_params.push_back(p);
     }
     return out_params;
+  }
+
+  // The knobs given on the command line, by flag: --suite keeps them as given.
+  std::set<std::string> fixed_knobs() const {
+    std::set<std::string> out;
+    for (const std::string& flag : given) out.insert("--" + flag);
+    return out;
   }
 
   static std::vector<std::string> split_list(const std::string& text) {
@@ -178,8 +198,8 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   po::options_description desc("hydra eval-niah");
   opt.bind(desc);
   if (!parse_command_line(app, "eval-niah",
-                          "(--model FILE.h5 | --preset NAME) (--lengths 4K,16K,... [--task single|multikey|multivalue|multiquery|vartrack|cwe|fwe[,...]] "
-                          "[--depths 0,10,...,100] [--samples N] [--seed S] | --dataset SET.h5) [--score teacher-forced|generate [--cuda-graph on|off|auto]] [--sp N] --out RESULTS.jsonl",
+                          "(--model FILE.h5 | --preset NAME) (--lengths 4K,16K,... [--suite ruler | --task single|multikey|multivalue|multiquery|vartrack|cwe|fwe[,...]] "
+                          "[--depths 0,10,...,100] [--samples N] [--seed S] | --dataset SET.h5) [--score auto|teacher-forced|generate [--cuda-graph on|off|auto]] [--sp N] --out RESULTS.jsonl",
                           desc, args)) {
     return 0;
   }
@@ -200,7 +220,12 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   if (opt.dataset.empty()) {
     report.source = "builtin";
     report.seed = opt.seed;
-    plan = niah::plan_generated(opt.task_params(), opt.length_list(), opt.depth_list(), opt.samples, opt.seed, config, sp);
+    const std::set<std::string> fixed = opt.fixed_knobs();
+    plan = niah::plan_generated(opt.task_params(), opt.length_list(), opt.depth_list(), opt.samples, opt.seed, config, sp,
+                                opt.suite.empty() ? nullptr : &fixed);
+    if (app.world.rank() == 0) {
+      for (const std::string& line : plan.sizing) log::info("eval-niah --suite ruler: {} (sized to the length as RULER does)", line);
+    }
   } else {
     const auto set = std::make_shared<const niah::EvalSet>(niah::read_eval_set(opt.dataset, config.vocab_size));
     report.source = opt.dataset;
@@ -213,11 +238,17 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     plan = niah::plan_eval_set(set, opt.dataset, config, sp);
   }
   const int64_t longest = plan.longest, total_samples = plan.total_samples();
-  const niah::Scoring scoring = niah::parse_scoring(opt.score);
+  // auto: RULER's metric reads generated text, so its families (and the suite) are generated.
+  bool ruler_family = !opt.suite.empty();
+  for (const std::string& t : plan.tasks) {  // a set's task attribute names its family too
+    for (const niah::Task k : niah::ruler_suite_tasks()) ruler_family = ruler_family || (t == niah::task_name(k) && niah::is_ruler_family(k));
+  }
+  const niah::Scoring scoring =
+      opt.score == "auto" ? (ruler_family ? niah::Scoring::generate : niah::Scoring::teacher_forced) : niah::parse_scoring(opt.score);
   const DecodeGraph graph = parse_decode_graph(opt.cuda_graph);
   HYDRA_USER_CHECK(graph != DecodeGraph::on || (scoring == niah::Scoring::generate && decode_graph_possible(device, sp)),
                    "--cuda-graph on needs --score generate with one rank per sample on the GPU (this run: {}, {} rank(s) "
-                   "per sample on {})", opt.score, sp, device_name(device));
+                   "per sample on {})", niah::scoring_name(scoring), sp, device_name(device));
   // Generation: the prompt's prefill, the cache and the decode engine (the answer is at most a few
   // dozen tokens; the longest sample bounds the cache).
   check_memory_plan(niah::eval_memory_estimate(plan, config, scoring, sp, device), device,
@@ -242,7 +273,11 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   }, scoring, graph);
   const double run_s = seconds_since(t1);
   if (comm.rank() == 0) {
-    std::cout << niah::format_table(report);
+    if (opt.suite.empty()) {
+      std::cout << niah::format_table(report);
+    } else {  // the suite's one table; the accuracy by depth is in the JSON lines
+      std::cout << "(the accuracy of every cell, by depth, is in " << opt.out << ")\n";
+    }
     std::cout << niah::format_ruler_table(report);
     const double accuracy = totals.accuracy(), mean_logprob = totals.mean_logprob();
     const nlohmann::ordered_json summary = {

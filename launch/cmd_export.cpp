@@ -69,12 +69,18 @@ int run_export(App& app, const std::vector<std::string>& args) {
   options.tokenizer_dir = opt.tokenizer;
   options.nonfinite = opt.allow_nonfinite ? NonFinite::allow : NonFinite::refuse;
   const HfExportResult r = export_hf_checkpoint(opt.model, opt.out, options);
+  if (!r.generation.contains("eos_token_id")) {
+    log::warn("export: generation_config.json names no eos_token_id ({}): transformers' generate will stop only at "
+              "max_new_tokens; give --tokenizer DIR (the folder of the model's tokenizer)",
+              opt.tokenizer.empty() ? "no --tokenizer" : "the tokenizer names none");
+  }
   log::info("exported {} -> {}: {}, {} tensors, {:.1f} MB of {} in {} file(s)", opt.model, opt.out, r.config.summary(),
             r.tensors, static_cast<double>(r.tensor_bytes) / 1e6, dtype_name(r.dtype), r.files.size());
   const nlohmann::json summary = {{"command", "export"}, {"model", opt.model}, {"out", opt.out},
                                   {"model_type", r.config.is_hydra() ? kHydraHeadModelType : "qwen3"},
                                   {"dtype", dtype_name(r.dtype)}, {"tensors", r.tensors},
-                                  {"tensor_bytes", r.tensor_bytes}, {"files", r.files}};
+                                  {"tensor_bytes", r.tensor_bytes}, {"files", r.files},
+                                  {"generation_config", r.generation}};
   std::cout << summary.dump() << std::endl;
   return 0;
 }

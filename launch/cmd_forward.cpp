@@ -92,6 +92,16 @@ void write_logits(Communicator& comm, Communicator& device_comm, const Model& mo
   out.commit();
 }
 
+// Which targets the NLL counts, as the log says it: the input's loss_mask, its documents (a
+// document's first token is not predicted from the one before it), both, or every one.
+std::string counted_note(bool has_mask, size_t documents) {
+  if (documents > 1) {
+    return fmt::format(" ({}within its {} documents: no target across a document boundary)",
+                       has_mask ? "the input's loss_mask, " : "", documents);
+  }
+  return has_mask ? " (the input's loss_mask)" : "";
+}
+
 }  // namespace
 
 int run_forward(App& app, const std::vector<std::string>& args) {
@@ -113,8 +123,10 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   std::vector<int32_t> ids;
   std::vector<uint8_t> counted;  // the input's loss_mask (empty: every target counts)
   std::vector<int64_t> starts;   // its packed documents (empty: one)
+  bool has_mask = false;         // the input has a loss_mask (counted may also come from documents alone)
   if (!opt.input.empty()) {
     TokenData data = read_token_data(opt.input, config.vocab_size);
+    has_mask = !data.loss_mask.empty();
     starts = document_starts_of(data);
     if (!starts.empty()) counted = counted_within_documents(data.loss_mask, static_cast<int64_t>(data.ids.size()), starts);
     else counted = std::move(data.loss_mask);
@@ -169,8 +181,8 @@ int run_forward(App& app, const std::vector<std::string>& args) {
               "next-token NLL {}{}", total, comm.size(), device_name(world.device), config.summary(), load_s, run_s,
               total / run_s,
               count > 0 ? fmt::format("{:.4f} over {} targets{}", mean_nll, static_cast<int64_t>(count),
-                                      counted.empty() ? "" : " (the input's loss_mask)")
-                        : std::string("undefined: the loss_mask counts no target"),
+                                      counted_note(has_mask, starts.size()))
+                        : fmt::format("undefined: no target counts{}", counted_note(has_mask, starts.size())),
               // ln V: what a model with random (untrained) weights scores, so a user can tell.
               count > 0 && std::abs(mean_nll - std::log(static_cast<double>(vocab))) < 0.1
                   ? fmt::format(" (≈ ln {} = {:.4f}: chance level, as random weights give)", vocab,

@@ -8,13 +8,19 @@
 // (with --logprobs K: each new token's log-probability and its K most likely alternatives), and
 // a summary line (rank 0, atomically). Inputs are checked before any work: token ids against the model's vocabulary, prompt
 // offsets that partition the ids into non-empty prompts, stop ids, the sampling flags, the memory plan.
+// Stops: --stop-token ids; --stop strings, matched on the text of the new tokens across token
+// boundaries (model/token_text.h, with the tokenizer.json of --tokenizer or beside --model); and, when
+// the tokenizer is known, its eos (default_stop_ids) unless --no-default-stop.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "launch/cli.h"
@@ -45,6 +51,9 @@ struct GenerateCliOptions {
   double top_p = 1.0;
   uint64_t seed = 0;
   std::string stop_tokens;
+  std::vector<std::string> stop_strings;
+  std::string tokenizer;
+  bool no_default_stop = false;
   std::string out;
   std::string device = "auto";
   std::string progress = "auto";
@@ -66,6 +75,9 @@ struct GenerateCliOptions {
         ("seed", po::value(&seed)->default_value(0), "sampling seed (the same tokens on every rank and every run; the "
          "weights' seed is --weight-seed)")
         ("stop-token", po::value(&stop_tokens), "comma-separated ids that end a prompt's generation (kept as its last token)")
+        ("stop", po::value(&stop_strings)->composing(), "a stop string (repeatable): generation ends at the token whose text completes it, across token boundaries, as transformers' stop_strings (the token is kept; the line names the string); needs the tokenizer")
+        ("tokenizer", po::value(&tokenizer), "the model's tokenizer.json, or its folder, for --stop and the default stop (default: the --model file's folder, when it holds a tokenizer.json)")
+        ("no-default-stop", po::bool_switch(&no_default_stop), "do not stop at the tokenizer's eos (generation_config.json's eos_token_id, else tokenizer_config.json's eos_token, else <|endoftext|>, </s> or <eos>), which is the default stop whenever the tokenizer is known")
         ("out", po::value(&out)->required(), "output JSON lines: one per prompt, then a summary (rank 0, atomic)")
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16, one GPU per rank), cpu (fp32) or auto")
         ("progress", po::value(&progress)->default_value("auto"), "per-layer prefill progress: on, off, auto (from 64K tokens)")
@@ -93,7 +105,22 @@ struct GenerateCliOptions {
     require_not_an_input(out, {prompt, model.model_path}, "--out");
     HYDRA_USER_CHECK(progress == "on" || progress == "off" || progress == "auto", "--progress must be on, off or auto");
     HYDRA_USER_CHECK(nccl_timeout > 0, "--nccl-timeout must be positive");
+    for (const std::string& s : stop_strings) HYDRA_USER_CHECK(!s.empty(), "--stop: an empty stop string would stop at once");
+    HYDRA_USER_CHECK(stop_strings.empty() || !tokenizer_path().empty(), "--stop matches text: give --tokenizer "
+                     "(tokenizer.json or its folder; none beside --model {})", model.model_path.empty() ? model.describe() : model.model_path);
     parse_decode_graph(cuda_graph);
+  }
+  // The tokenizer.json: --tokenizer (the file or its folder), else the one beside --model; "" if none.
+  std::string tokenizer_path() const {
+    namespace fs = std::filesystem;
+    if (!tokenizer.empty()) {
+      const fs::path p = fs::is_directory(tokenizer) ? fs::path(tokenizer) / "tokenizer.json" : fs::path(tokenizer);
+      require_readable_file(p.string(), "tokenizer");
+      return p.string();
+    }
+    if (model.model_path.empty()) return "";
+    const fs::path beside = fs::absolute(model.model_path).parent_path() / "tokenizer.json";
+    return fs::exists(beside) ? beside.string() : "";
   }
 };
 
@@ -116,6 +143,35 @@ std::vector<int32_t> parse_stop_tokens(const std::string& text, int64_t vocab) {
     ids.push_back(static_cast<int32_t>(id));
   }
   return ids;
+}
+
+// What ends a prompt's generation besides --max-new-tokens: the --stop-token ids, then the
+// tokenizer's eos unless --no-default-stop (default_ids, when the tokenizer is known), and the
+// tokenizer's texts for --stop strings.
+struct Stops {
+  std::vector<int32_t> ids;          // --stop-token's, then default_ids
+  std::vector<int32_t> default_ids;  // the tokenizer's eos ids within the vocabulary, not already given
+  std::string tokenizer;             // its tokenizer.json ("" when unknown)
+  std::optional<TokenTexts> texts;   // read when the tokenizer is known
+};
+
+Stops read_stops(const GenerateCliOptions& opt, int64_t vocab) {
+  Stops stops;
+  stops.ids = parse_stop_tokens(opt.stop_tokens, vocab);
+  stops.tokenizer = opt.tokenizer_path();
+  if (stops.tokenizer.empty()) return stops;
+  // The ids alone for the default stop; the decoder too for stop strings (one hydra does not read is
+  // then named, and only then).
+  stops.texts = TokenTexts::from_file(stops.tokenizer, opt.stop_strings.empty() ? TokenTexts::Decode::no : TokenTexts::Decode::yes);
+  HYDRA_USER_CHECK(stops.texts->size() <= vocab || opt.stop_strings.empty(), "{}: the tokenizer has {} ids, the "
+                   "model's vocabulary {} (another model's tokenizer?)", stops.tokenizer, stops.texts->size(), vocab);
+  if (!opt.no_default_stop) {
+    for (const int32_t id : default_stop_ids(stops.tokenizer, *stops.texts)) {
+      if (id < vocab && std::find(stops.ids.begin(), stops.ids.end(), id) == stops.ids.end()) stops.default_ids.push_back(id);
+    }
+  }
+  stops.ids.insert(stops.ids.end(), stops.default_ids.begin(), stops.default_ids.end());
+  return stops;
 }
 
 // The prompts of a prompt file: input_ids whole, or split by prompt_offsets [N+1] (0 = o_0 < o_1 <
@@ -150,6 +206,29 @@ std::vector<std::vector<int32_t>> read_prompts(const std::string& path, int64_t 
 // (runtime/tensor.h), so the sizes below cannot overflow and the memory plan refuses what does not fit.
 constexpr int64_t kMaxSequence = kMaxElements;
 
+// The prompts' lengths, their sum and the longest prefill on `sp` ranks (prefill_length), each prompt
+// checked to fit with its new tokens in kMaxSequence positions (so the cache sizes cannot overflow; the
+// memory plan then refuses what does not fit).
+struct PromptSizes {
+  std::vector<int64_t> lengths;
+  int64_t longest_prefill = 0, total_tokens = 0;
+};
+
+PromptSizes prompt_sizes(const std::vector<std::vector<int32_t>>& prompts, const ModelConfig& config,
+                         int64_t max_new_tokens, int sp) {
+  PromptSizes sizes;
+  for (const auto& prompt : prompts) {
+    const int64_t len = static_cast<int64_t>(prompt.size());
+    HYDRA_USER_CHECK(max_new_tokens <= kMaxSequence - len,
+                     "--max-new-tokens {}: a prompt of {} tokens and its new tokens would exceed {} positions",
+                     max_new_tokens, len, kMaxSequence);
+    sizes.longest_prefill = std::max(sizes.longest_prefill, prefill_length(config, len, sp));
+    sizes.total_tokens += len;
+    sizes.lengths.push_back(len);
+  }
+  return sizes;
+}
+
 // One JSON line per prompt, in file order (with log-probabilities: each new token's and its K most
 // likely alternatives'), and the totals the summary reports.
 struct SequenceLines {
@@ -174,6 +253,7 @@ SequenceLines sequence_lines(const std::vector<GeneratedSequence>& result,
         {"decode_s", seq.decode_s},
         {"decode_tokens_per_s", seq.decode_s > 0 ? static_cast<double>(seq.tokens.size()) / seq.decode_s : 0.0},
         {"stopped", seq.stopped}};
+    if (!seq.stop_string.empty()) line["stop_string"] = seq.stop_string;
     if (logprobs) {  // per new token: log p, and [id, log p] of the K most likely
       line["logprobs"] = seq.logprobs;
       nlohmann::json top = nlohmann::json::array();
@@ -215,7 +295,8 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "generate",
                           "(--model M.h5 | --preset NAME [--weight-seed W]) --prompt P.h5 --max-new-tokens N [--temperature 0] "
-                          "[--top-k K] [--top-p P] [--seed S] [--repetition-penalty F] [--stop-token ID,...] [--logprobs K] [--sp N] --out OUT.jsonl [--device cpu|cuda] [--cuda-graph on|off|auto]",
+                          "[--top-k K] [--top-p P] [--seed S] [--repetition-penalty F] [--stop-token ID,...] [--stop TEXT ...] [--tokenizer DIR] "
+                          "[--no-default-stop] [--logprobs K] [--sp N] --out OUT.jsonl [--device cpu|cuda] [--cuda-graph on|off|auto]",
                           desc, args)) {
     return 0;
   }
@@ -225,7 +306,9 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   const ModelConfig& config = run.config;
   const Device device = run.device;
   const std::vector<std::vector<int32_t>> prompts = read_prompts(opt.prompt, config.vocab_size);
-  const std::vector<int32_t> stop = parse_stop_tokens(opt.stop_tokens, config.vocab_size);
+  const Stops stops = read_stops(opt, config.vocab_size);
+  const std::vector<int32_t>& stop = stops.ids;
+  const StopStrings stop_strings(opt.stop_strings, stops.texts ? &*stops.texts : nullptr);
   const int ranks = comm.size();
   const int p = SequenceGroups::resolve_sp(opt.sp, ranks);  // ranks per prompt
   const int groups_count = ranks / p;
@@ -236,18 +319,9 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   const bool graph = decode_graph_wanted(graph_mode, device, p);
   // Memory plan (model/generate.h) of every group (its prompts: b mod groups): the longest
   // prefill, the cache and the decode engine's buffers. Every rank checks every group, so all refuse together.
-  int64_t longest_prefill = 0, total_tokens = 0;
-  std::vector<int64_t> lengths;
-  for (const auto& prompt : prompts) {
-    const int64_t len = static_cast<int64_t>(prompt.size());
-    // No overflow in the cache sizes below: the memory plan then refuses what does not fit.
-    HYDRA_USER_CHECK(opt.max_new_tokens <= kMaxSequence - len,
-                     "--max-new-tokens {}: a prompt of {} tokens and its new tokens would exceed {} positions",
-                     opt.max_new_tokens, len, kMaxSequence);
-    longest_prefill = std::max(longest_prefill, prefill_length(config, len, p));
-    total_tokens += len;
-    lengths.push_back(len);
-  }
+  const PromptSizes sizes = prompt_sizes(prompts, config, opt.max_new_tokens, p);
+  const std::vector<int64_t>& lengths = sizes.lengths;
+  const int64_t longest_prefill = sizes.longest_prefill, total_tokens = sizes.total_tokens;
   const int64_t slots = static_cast<int64_t>(prompts.size());
   const KvCacheBytes cache_bytes = kv_cache_bytes(config, run.dtype, DType::f32);
   // The decode engine keeps the logits on the host whenever tokens are not the device's arg-max
@@ -262,6 +336,8 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   run.inputs.add_tokens("prompt tokens", all_ids);
   run.inputs.add("prompt count", std::to_string(slots));
   add_file_datasets(run.inputs, "prompt file", opt.prompt);  // prompt_offsets too: sizes of every collective
+  if (stops.texts) run.inputs.add("tokenizer texts", stops.texts->fingerprint());  // the same stop decisions on every rank
+  run.inputs.add("stop ids", fmt::format("{}", fmt::join(stop, ",")));
   ModelRun::Started started = run.start(app, opt.model, opt.device, opt.nccl_timeout);
   DeviceWorld& world = started.world;
   const Model& model = started.model;
@@ -271,6 +347,10 @@ int run_generate(App& app, const std::vector<std::string>& args) {
             opt.max_new_tokens, ranks, groups.replicas(), p, device_name(world.device), config.summary(), cache_bytes.per_token / 1024.0,
             cache_bytes.per_slot / 1048576.0, estimate.describe(), graph ? "replayed as a CUDA graph" : "launched eagerly");
   const double load_s = started.load_s;
+  if (!stops.default_ids.empty()) {
+    log::info("generate: stopping at the tokenizer's eos {} ({}; --no-default-stop: none)", fmt::join(stops.default_ids, ","),
+              stops.tokenizer);
+  }
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_reset_peak();
 #endif
@@ -279,6 +359,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
       .sampling = {.temperature = opt.temperature, .top_k = opt.top_k, .top_p = opt.top_p, .seed = opt.seed,
                    .repetition_penalty = opt.repetition_penalty},
       .stop_tokens = stop,
+      .stop_strings = stop_strings.empty() ? nullptr : &stop_strings,
       .progress = opt.progress == "on" || (opt.progress == "auto" && longest_prefill >= 65536),
       .top_logprobs = opt.logprobs,
       .cuda_graph = graph ? DecodeGraph::on : DecodeGraph::off};
@@ -286,7 +367,8 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   // This group's prompts (b ≡ group mod groups), then every group's sequences to every rank.
   const std::vector<GeneratedSequence> local = generate_for_group(groups, model, prompts, options);
   check_device_progress(world);
-  const std::vector<GeneratedSequence> result = gather_generated(groups, local, slots, opt.logprobs, config.vocab_size);
+  const std::vector<GeneratedSequence> result =
+      gather_generated(groups, local, slots, opt.logprobs, config.vocab_size, opt.stop_strings);
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double peak_gib = host_peak_memory_gib();
 #if HYDRA_CUDA

@@ -86,8 +86,7 @@ nlohmann::json plan_rows(const ModelConfig& config, const std::vector<int>& worl
                          const std::string& zero, int64_t batch_seqs) {
   nlohmann::json rows = nlohmann::json::array();
   for (const int w : worlds) {
-    const int sp = sp_flag == 0 ? w : std::min(sp_flag, w);
-    if (w % sp != 0) continue;
+    const int sp = sp_flag == 0 ? w : sp_flag;  // the worlds are multiples of --sp (run_plan)
     const int shards = zero == "0" || (zero == "auto" && w == 1) ? 1 : w;
     // hydra train: batch_seqs windows of seq_len over sp ranks, packed as documents.
     const auto train = [&](int64_t seq_len) {
@@ -123,9 +122,9 @@ int run_plan(App& app, const std::vector<std::string>& args) {
   desc.add_options()
       ("preset", po::value(&opt.preset), "model shape: a preset name (hydra init --help lists them)")
       ("model", po::value(&opt.model), "model shape: a checkpoint's config (instead of --preset)")
-      ("gpus", po::value(&opt.gpus)->default_value(8), "the largest world: rows for 1, 2, 4, … GPUs up to this many (at most 64)")
+      ("gpus", po::value(&opt.gpus)->default_value(8), "the largest world: rows for 1, 2, 4, … GPUs up to this many (at most 64); with --sp S only the multiples of S")
       ("gpu-memory", po::value(&opt.gpu_memory)->default_value("80G"), "memory of one GPU (80G for an H100, 141G for an H200)")
-      ("sp", po::value(&opt.sp)->default_value(0), "ranks per sequence in training (0: all ranks, as hydra train)")
+      ("sp", po::value(&opt.sp)->default_value(0), "ranks per sequence in training (0: all ranks, as hydra train); rows only for worlds it divides, refused when it divides none")
       ("zero", po::value(&opt.zero)->default_value("auto"), "optimizer state over the ranks: 1, 0 or auto (1 on more than one rank), as hydra train")
       ("batch-seqs", po::value(&opt.batch_seqs)->default_value(1), "windows per micro-batch, as hydra train")
       ("ranks-per-gpu", po::value(&opt.ranks_per_gpu)->default_value(1), "ranks sharing each GPU (HYDRA_SHARE_GPUS=1, a testing mode): each holds a whole copy, so a rank's plan must fit 1/K of the GPU; rows then count ranks")
@@ -141,20 +140,34 @@ int run_plan(App& app, const std::vector<std::string>& args) {
   HYDRA_USER_CHECK(opt.batch_seqs >= 1, "--batch-seqs must be at least 1");
   HYDRA_USER_CHECK(opt.ranks_per_gpu >= 1 && opt.ranks_per_gpu <= 64, "--ranks-per-gpu {} must be in 1..64", opt.ranks_per_gpu);
   const double card_bytes = static_cast<double>(parse_size(opt.gpu_memory, "--gpu-memory"));
+  HYDRA_USER_CHECK(card_bytes > 0, "--gpu-memory {} must be above 0 (80G for an H100)", opt.gpu_memory);
   // Ranks sharing a GPU each hold what one rank holds alone: each plan fits its share of the card.
   const double gpu_bytes = card_bytes / opt.ranks_per_gpu;
+  // The worlds: 1, 2, 4, … up to --gpus, and --gpus; with --sp S those that S ranks per sequence
+  // divide (a training run needs a multiple of --sp ranks), said below the table.
+  std::vector<int> all_worlds, worlds;
+  for (int w = 1; w < opt.gpus; w *= 2) all_worlds.push_back(w);
+  all_worlds.push_back(opt.gpus);
+  std::string skipped;
+  for (const int w : all_worlds) {
+    if (opt.sp == 0 || w % opt.sp == 0) {
+      worlds.push_back(w);
+    } else {
+      skipped += fmt::format("{}{}", skipped.empty() ? "" : ", ", w);
+    }
+  }
+  const char* unit = opt.ranks_per_gpu > 1 ? "ranks" : "GPUs";  // rows count ranks when they share GPUs
+  HYDRA_USER_CHECK(!worlds.empty(), "--sp {}: none of the worlds of --gpus {} ({} {}) is a multiple of {} ranks per "
+                   "sequence; give --gpus a multiple of {}", opt.sp, opt.gpus, skipped, unit, opt.sp, opt.sp);
   const ModelConfig config = opt.preset.empty() ? read_model_config(opt.model) : preset_config(opt.preset);
   agree_on_run(app, {});
   if (app.world.rank() != 0) return 0;
-  std::vector<int> worlds;
-  for (int w = 1; w < opt.gpus; w *= 2) worlds.push_back(w);
-  worlds.push_back(opt.gpus);
   const nlohmann::json rows = plan_rows(config, worlds, gpu_bytes, opt.sp, opt.zero, opt.batch_seqs);
   if (opt.json) {
     std::cout << nlohmann::json{{"model", opt.preset.empty() ? opt.model : opt.preset},
                                 {"parameters", parameter_count(config)}, {"gpu_memory_gib", card_bytes / kGiB},
                                 {"ranks_per_gpu", opt.ranks_per_gpu}, {"memory_per_rank_gib", gpu_bytes / kGiB},
-                                {"rows", rows}}.dump(1) << "\n";
+                                {"sp", opt.sp}, {"rows", rows}}.dump(1) << "\n";
     return 0;
   }
   std::cout << fmt::format("{}: {} parameters, GPUs of {:.0f} GiB (a plan fits below 95%); per rank, GiB\n",
@@ -184,6 +197,9 @@ int run_plan(App& app, const std::vector<std::string>& args) {
                "  gradients, this rank's masters and moments, the bucket; activ + work + GDN: the pass's peak by\n"
                "  part (activations, workspaces, GDN maps); build: the parameter set while the model is built;\n"
                "  total = weights + optim + the larger of the peak and the build)\n";
+  if (!skipped.empty()) {
+    std::cout << fmt::format("  (no rows for {} {}: --sp {} needs a multiple of {} ranks)\n", skipped, unit, opt.sp, opt.sp);
+  }
   return 0;
 }
 

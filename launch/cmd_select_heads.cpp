@@ -79,7 +79,6 @@ struct SelectHeadsOptions {
         ("group-patching", po::bool_switch(&group_patching), "also patch groups of heads: every head of a layer, and every "
                                                              "head of a layer but one ((L + L*H) * prompts more forwards)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
-    ModelSource::bind_allow_nonfinite(o, &model.allow_nonfinite);
   }
 
   heads::ScoreWeights score_weights() const {

@@ -47,6 +47,13 @@ void add_data_identities(Communicator& world, std::vector<train::TrainConfig::In
                          int64_t seq_len) {
   nlohmann::json ids = nlohmann::json::array();
   if (world.rank() == 0) {
+    // One log line per corpus (a folder's shards together; a file alone is its own).
+    struct Group {
+      std::string role, name;
+      int64_t files = 0, reused = 0;
+      double seconds = 0, gb = 0;
+    };
+    std::vector<Group> groups;
     for (const train::TrainConfig::Input& in : inputs) {
       if (!in.hash.empty()) continue;  // the model's and teacher's: fingerprinted already
       const auto t0 = std::chrono::steady_clock::now();
@@ -55,9 +62,23 @@ void add_data_identities(Communicator& world, std::vector<train::TrainConfig::In
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::error_code ec;
       const double gb = static_cast<double>(std::filesystem::file_size(in.path, ec)) / 1e9;
-      log::info("{} {}: content identity {} in {:.2f} s{}", in.role, in.path, reused ? "reused from the cache" : "computed",
-                s, reused ? "" : fmt::format(" ({:.2f} GB, {:.2f} s/GB)", gb, s / std::max(gb, 1e-9)));
+      const std::string role = in.role.substr(0, in.role.find_last_of(' '));  // "training data 3" -> "training data"
+      const std::string name = in.corpus.empty() ? in.path : in.corpus;
+      if (groups.empty() || groups.back().role != role || groups.back().name != name) groups.push_back({role, name});
+      Group& g = groups.back();
+      ++g.files;
+      g.reused += reused ? 1 : 0;
+      g.seconds += s;
+      g.gb += reused ? 0.0 : gb;
       ids.push_back({id.fingerprint, id.min_id, id.max_id});
+    }
+    for (const Group& g : groups) {
+      const int64_t computed = g.files - g.reused;
+      const std::string what = g.files == 1 ? (g.reused ? "reused from the cache" : "computed")
+                               : computed == 0 ? fmt::format("of its {} shards reused from the cache", g.files)
+                               : fmt::format("of its {} shards computed for {}, reused for {}", g.files, computed, g.reused);
+      log::info("{} {}: content identity {} in {:.2f} s{}", g.role, g.name, what, g.seconds,
+                computed == 0 ? "" : fmt::format(" ({:.2f} GB, {:.2f} s/GB)", g.gb, g.seconds / std::max(g.gb, 1e-9)));
     }
   }
   // The JSON text, broadcast as its length and then its bytes (packed into int64s).
@@ -101,17 +122,23 @@ double parse_finite(const std::string& text, const char* flag) {
   return v;
 }
 
-// `hydra train ARGS --resume` as a shell line (single-quoted where needed), under mpirun for P > 1.
-std::string resume_command(const std::vector<std::string>& args, int ranks) {
-  std::string line = ranks > 1 ? fmt::format("mpirun -np {} hydra train", ranks) : "hydra train";
+// `BINARY train ARGS --resume` as a shell line (single-quoted where needed), under mpirun for P > 1:
+// BINARY is the executable that runs (its path as started, so the line works where this one did).
+std::string resume_command(const std::string& binary, const std::vector<std::string>& args, int ranks) {
+  const auto quote = [](const std::string& a) {
+    const bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                                                         "-_=.,/:+@%") == std::string::npos;
+    if (plain) return a;
+    std::string quoted = "'";
+    for (char ch : a) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    return quoted + "'";
+  };
+  std::string line = (ranks > 1 ? fmt::format("mpirun -np {} ", ranks) : std::string()) + quote(binary) + " train";
   bool resume = false;
   for (const std::string& a : args) {
     resume = resume || a == "--resume";
-    const bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                                                         "-_=.,/:+@%") == std::string::npos;
-    std::string quoted = "'";
-    for (char ch : a) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-    line += " " + (plain ? a : quoted + "'");
+    line += ' ';
+    line += quote(a);
   }
   return resume ? line : line + " --resume";
 }
@@ -137,14 +164,15 @@ struct TrainOptions {
     o.add_options()
         ("stage", po::value(&stage)->required(), "pretrain | align | distill | finetune (defaults per stage below)")
         ("teacher", po::value(&teacher), "teacher checkpoint (align and distill: runs forward in the same process)")
-        ("data", po::value(&data)->required(), "training token files, comma-separated (.h5 with input_ids [N]; an optional "
-         "loss_mask [N] chooses the targets that count, document_offsets [D+1] packs documents that each run as if alone); "
-         "FILE:W gives a file a weight: a blend that draws each file's share of the windows (a file without a weight shares "
-         "1 − the weights given, in proportion to its windows; no weight at all: the files' windows pooled)")
+        ("data", po::value(&data)->required(), "training corpora, comma-separated: token files (.h5 with input_ids [N]; an "
+         "optional loss_mask [N] chooses the targets that count, document_offsets [D+1] packs documents that each run as if "
+         "alone) or folders of shards from cluster/tokenize_text.py (the folder or its manifest.json); CORPUS:W gives a "
+         "corpus a weight: a blend that draws each corpus's share of the windows (web/:0.7,code/:0.3; a corpus without a "
+         "weight shares 1 − the weights given, in proportion to its windows; no weight at all: every window pooled)")
         ("seq-len", po::value(&seq_len)->required(), "tokens per sequence (window); accepts 4K, 128K; a multiple of 2·sp on sp ranks")
         ("steps", po::value(&steps)->required(), "optimizer steps (the learning-rate schedule's length)")
         ("stop-at", po::value(&stop_at)->default_value(0), "stop after this step with a checkpoint (0: --steps); continue later with --resume — for runs split over time-limited allocations")
-        ("out-dir", po::value(&out_dir)->required(), "checkpoints (step-N/model.h5, state.h5), the 'latest' pointer, train.jsonl")
+        ("out-dir", po::value(&out_dir)->required(), "checkpoints (step-N/: model.h5, each rank's optimizer shard, manifest.json), the 'latest' pointer, train.jsonl")
         ("lr", po::value(&lr), "peak learning rate, > 0 (default: the stage's: pretrain 1e-3, align 1e-3, distill 1e-4, finetune 2e-5)")
         ("min-lr", po::value(&min_lr), "learning rate at the last step, cosine decay, in [0, lr] (default: lr / 10)")
         ("warmup", po::value(&warmup), "linear warmup steps, in [0, --steps] (default: 5% of --steps, at most 100)")
@@ -155,7 +183,7 @@ struct TrainOptions {
         ("seed", po::value(&seed)->default_value(0), "seed of the data order")
         ("save-every", po::value(&save_every)->default_value(0), "checkpoint every N steps (0: only at the end; -1: never, for benchmarks)")
         ("eval-every", po::value(&eval_every)->default_value(0), "evaluation every N steps (0: only at the end): the loss on --eval-data and the --eval-niah accuracy")
-        ("eval-data", po::value(&eval_data), "held-out token files, comma-separated, for the evaluation loss (FILE:W: a blend, as --data; each file in its own order)")
+        ("eval-data", po::value(&eval_data), "held-out corpora, comma-separated, for the evaluation loss (files or shard folders; CORPUS:W: a blend, as --data; each corpus in its own order)")
         ("eval-windows", po::value(&eval_windows)->default_value(8), "windows of --eval-data per evaluation (the first N, always the same)")
         ("eval-niah", po::value(&eval_niah), "NIAH or RULER tasks scored at every evaluation at the training length, comma-separated (single, multikey, multivalue; multiquery, vartrack, cwe, fwe at eval-niah's default knobs): greedy accuracy in train.jsonl")
         ("eval-niah-samples", po::value(&eval_niah_samples)->default_value(32), "NIAH samples per task and evaluation (depths spread over 0..100; the same samples every time), split over the data-parallel replicas")
@@ -163,7 +191,7 @@ struct TrainOptions {
         ("save-timeout", po::value(&save_timeout)->default_value(0), "seconds a checkpoint's save may take before the job ends (every rank writes its shard at once; 0: 120 s + the largest rank's bytes at 20 MB/s)")
         ("train", po::value(&train)->default_value("auto"), "attention (the attention block only) | all (default: attention for align, all otherwise)")
         ("resume", po::bool_switch(&resume), "continue the run in --out-dir from its latest checkpoint (same model and data; another world size or --sp needs the same windows per step, --batch-seqs × --grad-accum × replicas; the state's checksums and the inputs' contents are verified)")
-        ("allow-changed-inputs", po::bool_switch(&allow_changed_inputs), "with --resume: accept a model, teacher or data file whose contents differ from those the run was trained on (the model's and teacher's XXH3 and the data's content identities are stored in every state.h5)")
+        ("allow-changed-inputs", po::bool_switch(&allow_changed_inputs), "with --resume: accept a model, teacher or data file whose contents differ from those the run was trained on (the model's and teacher's XXH3 and the data's content identities are stored in every checkpoint's manifest.json)")
         ("device", po::value(&device)->default_value("auto"), "cuda (bf16 weights, fp32 masters), cpu (fp32) or auto")
         ("sp", po::value(&sp)->default_value(0), "ranks per sequence (sequence parallel); world / sp data-parallel replicas (0: all ranks)")
         ("zero", po::value(&zero)->default_value("auto"), "optimizer state: 1 spreads the fp32 masters and AdamW moments over all ranks (ZeRO-1: 12/W bytes a trained parameter per rank; gradients reduce-scattered, weights all-gathered), 0 keeps all of it on every rank (its gradients summed in the same order: the same numbers, bit for bit on the CPU); auto: 1 on more than one rank")
@@ -196,8 +224,9 @@ struct TrainOptions {
   void validate() const {
     model.validate();
     train::parse_stage(stage);
-    for (const train::DataSource& f : train::parse_data_sources(data, "--data")) require_readable_file(f.path, "training data");
-    HYDRA_USER_CHECK(!train::parse_data_sources(data, "--data").empty(), "--data names no file");
+    const std::vector<train::DataSource> sources = train::parse_data_sources(data, "--data");
+    for (const train::DataSource& f : sources) require_readable_file(f.path, "training data");
+    HYDRA_USER_CHECK(!sources.empty(), "--data names no file");
     for (const train::DataSource& f : train::parse_data_sources(eval_data, "--eval-data")) {
       require_readable_file(f.path, "evaluation data");
     }
@@ -234,10 +263,12 @@ train::TrainConfig train_config(const TrainOptions& opt, Communicator& world) {
   for (const train::DataSource& f : train::parse_data_sources(opt.data, "--data")) {
     c.data.push_back(f.path);
     c.data_weights.push_back(f.weight);
+    c.data_corpora.push_back(f.corpus);
   }
   for (const train::DataSource& f : train::parse_data_sources(opt.eval_data, "--eval-data")) {
     c.eval_data.push_back(f.path);
     c.eval_weights.push_back(f.weight);
+    c.eval_corpora.push_back(f.corpus);
   }
   c.seq_len = parse_size(opt.seq_len, "--seq-len");
   c.steps = opt.steps;
@@ -322,7 +353,11 @@ void agree_on_inputs(App& app, const TrainOptions& opt, train::TrainConfig& c, c
   for (size_t i = 0; i < c.eval_data.size(); ++i) data_roles.emplace_back(fmt::format("evaluation data {}", i + 1), c.eval_data[i]);
   for (const auto& [role, path] : data_roles) inputs.add("sample of the " + role + " " + path, token_file_sample(path));
   agree_on_run(app, inputs);
-  for (const auto& [role, path] : data_roles) c.inputs.push_back({role, path, ""});
+  for (size_t i = 0; i < data_roles.size(); ++i) {
+    const bool training = i < c.data.size();
+    const std::string& corpus = training ? c.data_corpora[i] : c.eval_corpora[i - c.data.size()];
+    c.inputs.push_back({data_roles[i].first, data_roles[i].second, "", corpus});
+  }
   add_data_identities(app.world, c.inputs, student.vocab_size, c.seq_len);
 }
 
@@ -374,7 +409,7 @@ void report_run(App& app, const TrainOptions& opt, const std::vector<std::string
   std::cout << summary.dump() << std::endl;
   if (s.stopped) {
     log::warn("train: stopped by {} after step {}; saved {}. Continue with:\n  {}", s.stop_reason, s.last_step,
-              s.checkpoint, resume_command(args, app.world.size()));
+              s.checkpoint, resume_command(app.binary, args, app.world.size()));
   }
 }
 
@@ -386,7 +421,7 @@ int run_train(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "train",
                           "--stage pretrain|align|distill|finetune (--model STUDENT.h5 | --preset NAME) [--teacher TEACHER.h5] "
-                          "--data TOKENS.h5[,MORE.h5] --seq-len N --steps S --out-dir DIR [options]",
+                          "--data CORPUS[:W][,MORE[:W]] --seq-len N --steps S --out-dir DIR [options]",
                           desc, args)) {
     return 0;
   }

@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     hydra::ops::set_cpu_threads(std::max(1, cores / std::max(1, mpi.local_size())));
   }
-  hydra::App app{mpi, world, {}, {}, {}, {}};
+  hydra::App app{mpi, world, {}, {}, {}, argc > 0 && argv[0] ? argv[0] : "hydra", {}};
   int code = 0;
   std::string message;
   try {

@@ -1,10 +1,12 @@
 #include "launch/model_source.h"
 
 #include <chrono>
+#include <fstream>
 
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "model/hf_import.h"
 #include "model/params.h"
 #include "runtime/atomic_file.h"
 #include "runtime/fault.h"
@@ -21,11 +23,43 @@ const std::string& preset_help() {
 
 }  // namespace
 
+ModelConfig shape_config(const std::string& preset, const std::string& config_file, int64_t vocab) {
+  ModelConfig c;
+  if (!preset.empty()) {
+    c = preset_config(preset);
+  } else {
+    std::ifstream in(config_file);
+    HYDRA_USER_CHECK(in.good(), "--config {}: cannot be read", config_file);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    HYDRA_USER_CHECK(j.is_object(), "--config {}: not a JSON object", config_file);
+    if (j.contains("model_type")) {
+      c = config_from_hf_json(j, config_file);  // an HF config.json: qwen3, or a hydra export's hydrahead
+    } else {
+      HYDRA_USER_CHECK(j.contains("arch"), "--config {}: neither an HF config.json (model_type qwen3 or hydrahead) nor "
+                       "hydra's config (arch qwen3 or hydrahead)", config_file);
+      c = config_from_json(j, config_file);
+    }
+  }
+  if (vocab > 0) {
+    c.vocab_size = vocab;
+    try {
+      c.validate();
+    } catch (const UserError& e) {
+      HYDRA_USER_FAIL("--vocab {}: {}", vocab, e.what());
+    }
+  }
+  return c;
+}
+
 void ModelSource::bind(po::options_description& options, OwnSeed own_seed) {
   options.add_options()
       ("model", po::value(&model_path), "hydra checkpoint (.h5) to run")
       ("preset", po::value(&preset), preset_help().c_str())
-      ("weight-seed", po::value(&seed)->default_value(0), "weight seed for --preset (the same name in every command)");
+      ("config", po::value(&config_file), "instead of --model: random weights of the shape a JSON config gives (an HF "
+       "config.json of model_type qwen3 or hydrahead, or hydra's own config)")
+      ("vocab", po::value(&vocab)->default_value(0), "with --preset or --config: the vocabulary size instead of theirs "
+       "(a tokenizer's, e.g. from cluster/train_tokenizer.py; 0: theirs)")
+      ("weight-seed", po::value(&seed)->default_value(0), "weight seed for --preset or --config (the same name in every command)");
   if (own_seed == OwnSeed::no) {
     options.add_options()("seed", po::value(&old_seed), "not taken: the weight seed is --weight-seed");
   }
@@ -42,24 +76,28 @@ void ModelSource::bind_allow_nonfinite(po::options_description& options, bool* f
 void ModelSource::validate() const {
   HYDRA_USER_CHECK(old_seed.empty(), "--seed is not taken here: the weight seed is --weight-seed (the same name in "
                    "every command; --seed is a sampling, data or task seed where a command has one)");
-  HYDRA_USER_CHECK(model_path.empty() != preset.empty(), "give exactly one of --model FILE.h5 or --preset NAME");
-  if (!preset.empty()) {
-    preset_config(preset);  // throws for an unknown preset, listing the known ones
-  } else {
+  const int given = (model_path.empty() ? 0 : 1) + (preset.empty() ? 0 : 1) + (config_file.empty() ? 0 : 1);
+  HYDRA_USER_CHECK(given == 1, "give exactly one of --model FILE.h5, --preset NAME or --config FILE.json");
+  HYDRA_USER_CHECK(vocab >= 0, "--vocab must be a vocabulary size (got {})", vocab);
+  HYDRA_USER_CHECK(vocab == 0 || model_path.empty(), "--vocab goes with --preset or --config: a checkpoint's vocabulary "
+                   "is its embedding's");
+  if (!model_path.empty()) {
     require_readable_file(model_path, "model");
+  } else {
+    shape_config(preset, config_file, vocab);  // an unknown preset lists the known ones; a bad config is named
   }
 }
 
 ModelConfig ModelSource::config() const {
-  if (!preset.empty()) return preset_config(preset);
+  if (random_weights()) return shape_config(preset, config_file, vocab);
   maybe_inject_fault("load");
   return read_model_config(model_path);
 }
 
 LoadedCheckpoint ModelSource::parameters() const {
-  if (!preset.empty()) {
+  if (random_weights()) {
     LoadedCheckpoint out;
-    out.config = preset_config(preset);
+    out.config = config();
     out.params = random_parameters(out.config, seed);
     return out;
   }
@@ -68,8 +106,8 @@ LoadedCheckpoint ModelSource::parameters() const {
 
 Model ModelSource::build(Device device, DType dtype, const ops::KernelOptions& kernels) const {
   auto placed = [&] {
-    if (!preset.empty()) {
-      const ModelConfig c = preset_config(preset);
+    if (random_weights()) {
+      const ModelConfig c = config();
       return Model(c, random_parameters(c, seed, device, device == Device::host ? DType::f32 : dtype), device, dtype);
     }
     const LoadedCheckpoint ck = parameters();
@@ -85,7 +123,10 @@ void ModelSource::add_contents(RunFingerprint& fingerprint) const {
 }
 
 std::string ModelSource::describe() const {
-  return preset.empty() ? model_path : fmt::format("preset {} (weight seed {})", preset, seed);
+  if (!model_path.empty()) return model_path;
+  const std::string shape = preset.empty() ? "config " + config_file : "preset " + preset;
+  return vocab > 0 ? fmt::format("{} (vocabulary {}, weight seed {})", shape, vocab, seed)
+                   : fmt::format("{} (weight seed {})", shape, seed);
 }
 
 ModelRun ModelRun::begin(App& app, const ModelSource& source, const std::string& device_flag) {

@@ -1,5 +1,8 @@
-// Where a subcommand's model comes from: a checkpoint (--model FILE.h5) or a preset with random
-// weights (--preset NAME --weight-seed N, nothing read from disk: speed runs and demos). Shared by
+// Where a subcommand's model comes from: a checkpoint (--model FILE.h5), or a shape with random weights
+// (--weight-seed N, nothing but the shape read from disk: speed runs, demos, and the start of a
+// pretraining run) — a preset (--preset NAME) or a JSON config (--config FILE.json: an HF config.json
+// of model_type qwen3 or hydrahead, or hydra's own config object), either with --vocab N for a
+// tokenizer's vocabulary (cluster/train_tokenizer.py). Shared by
 // every subcommand that runs a model, with one set of flags and one validation. The weights' seed is
 // --weight-seed in every command; --seed, where a command has none of its own, is refused by name
 // (it used to be the weight seed there, while generate, train, eval-niah and select-heads use it for
@@ -18,6 +21,8 @@ namespace hydra {
 struct ModelSource {
   std::string model_path;
   std::string preset;
+  std::string config_file;        // --config
+  int64_t vocab = 0;              // --vocab (0: the preset's or the config's)
   uint64_t seed = 0;              // --weight-seed
   std::string old_seed;           // --seed where the command has no seed of its own: refused
   bool allow_nonfinite = false;  // load a checkpoint whose weights hold NaN/Inf (model/nonfinite.h)
@@ -26,7 +31,8 @@ struct ModelSource {
   void bind(po::options_description& options, OwnSeed own_seed = OwnSeed::no);
   // --allow-nonfinite alone (commands that bind --model/--preset themselves).
   static void bind_allow_nonfinite(po::options_description& options, bool* flag);
-  // Exactly one of --model / --preset; a named preset must exist; the file must be readable.
+  // Exactly one of --model / --preset / --config; a named preset must exist; the file must be
+  // readable; --vocab goes with --preset or --config.
   void validate() const;
   // The config alone (cheap: reads only the checkpoint's attributes), for input checks.
   ModelConfig config() const;
@@ -37,10 +43,16 @@ struct ModelSource {
   // host and placed.
   Model build(Device device, DType dtype, const ops::KernelOptions& kernels) const;
   std::string describe() const;
+  bool random_weights() const { return model_path.empty(); }
   // The weights for the ranks' agreement: a checkpoint's every dataset (add_file_datasets); a
   // preset's weights are fixed by its name and --weight-seed, which the options already hold.
   void add_contents(RunFingerprint& fingerprint) const;
 };
+
+// The config of a shape: a preset or a JSON config file (`config_file`: an HF config.json, model_type
+// qwen3 or hydrahead, or hydra's own config JSON with "arch"), with the vocabulary replaced when
+// vocab > 0; validated (UserError naming the file or the preset).
+ModelConfig shape_config(const std::string& preset, const std::string& config_file, int64_t vocab);
 
 // The start every command that runs a model shares (eval-lm, eval-niah, forward, generate, gradients,
 // prefill, select-heads), in two halves around the command's own input checks, which add to `inputs`:

@@ -249,6 +249,39 @@ ModelConfig qwen3_synth_cpu() {
   return c;
 }
 
+// The language teacher (issue 58): a Qwen3 shape trained on the real-text corpus of cluster/corpus/
+// (byte-level BPE of 16384 ids) mixed with retrieval tasks whose haystacks are that text. 8 layers of
+// 16 query heads in 4 KV groups (GQA 4:1), RoPE, head dim 64, untied embeddings: 78.66M parameters
+// (53.5M in the layers). 8 layers make one all-FA layer (layerwise:8@k, 16 heads) the same FA
+// budget as 7:1 head-wise (2 heads a layer), so layer-wise can be set against head-wise at every
+// layer position. qwen3-text-cpu keeps the vocabulary and GQA at a size the 2-core CPU trains and
+// scores head by head in minutes (4 layers of 8 heads, head dim 16: CPU path only): the recipe's toy.
+ModelConfig qwen3_text() {
+  ModelConfig c;
+  c.arch = Arch::qwen3;
+  c.vocab_size = 16384;
+  c.hidden_size = 768;
+  c.num_layers = 8;
+  c.num_heads = 16;
+  c.num_kv_heads = 4;
+  c.head_dim = 64;
+  c.intermediate_size = 2048;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 10000.0;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
+ModelConfig qwen3_text_cpu() {
+  ModelConfig c = qwen3_text();
+  c.hidden_size = 64;
+  c.num_layers = 4;
+  c.num_heads = 8;
+  c.head_dim = 16;
+  c.intermediate_size = 192;
+  return c;
+}
+
 ModelConfig as_hydra(ModelConfig c, std::vector<std::vector<int>> fa_heads) {
   c.arch = Arch::hydrahead;
   c.fa_heads = std::move(fa_heads);
@@ -258,7 +291,8 @@ ModelConfig as_hydra(ModelConfig c, std::vector<std::vector<int>> fa_heads) {
 
 std::vector<std::string> preset_names() {
   return {"qwen3-tiny",   "hydrahead-tiny", "qwen3-1.7b",   "hydrahead-1.7b", "qwen3-4b",
-          "hydrahead-4b", "qwen3-8b",       "hydrahead-8b", "qwen3-synth",    "qwen3-synth-cpu"};
+          "hydrahead-4b", "qwen3-8b",       "hydrahead-8b", "qwen3-synth",    "qwen3-synth-cpu",
+          "qwen3-text",   "qwen3-text-cpu"};
 }
 
 ModelConfig preset_config(const std::string& name) {
@@ -268,6 +302,8 @@ ModelConfig preset_config(const std::string& name) {
   if (name == "qwen3-8b") return qwen3_8b();
   if (name == "qwen3-synth") return qwen3_synth();
   if (name == "qwen3-synth-cpu") return qwen3_synth_cpu();
+  if (name == "qwen3-text") return qwen3_text();
+  if (name == "qwen3-text-cpu") return qwen3_text_cpu();
   if (name == "hydrahead-tiny") {
     // Every layer mixes FA and GDN heads; FA heads sit in different KV groups across layers and
     // layer 1 has two FA heads sharing one group, so GQA sharing is exercised.

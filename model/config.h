@@ -110,7 +110,8 @@ ModelConfig config_from_json(const nlohmann::json& json, const std::string& sour
 std::string arch_name(Arch arch);
 
 // Presets: qwen3-tiny, hydrahead-tiny, qwen3-1.7b, hydrahead-1.7b (DESIGN.md §5), and the teachers
-// trained on synthetic data, qwen3-synth (GPU) and qwen3-synth-cpu.
+// trained on synthetic data, qwen3-synth (GPU) and qwen3-synth-cpu, and the language teacher trained on
+// real text, qwen3-text (GPU) and qwen3-text-cpu.
 ModelConfig preset_config(const std::string& name);
 std::vector<std::string> preset_names();
 

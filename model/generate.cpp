@@ -179,6 +179,11 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
   int64_t generated = 0;
   std::vector<int64_t> rows, choosing;
   std::vector<int32_t> ids, chosen;
+  // Stop strings: each sequence's text tail, starting with its prompt's last tokens (model/token_text.h).
+  std::vector<StopStrings::State> stop_states;
+  if (options.stop_strings) {
+    for (const auto& prompt : prompts) stop_states.push_back(options.stop_strings->start(prompt));
+  }
   while (true) {
     if (seconds_since(t_decode) > next_report) {
       log::info("decode: {} of {} new tokens after {:.0f} s ({:.1f} tokens/s)", generated, n * options.max_new_tokens,
@@ -244,6 +249,12 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
       if (!seen.empty()) seen[static_cast<size_t>(b)].add(chosen[c]);
       ++generated;
       seq.stopped = std::find(options.stop_tokens.begin(), options.stop_tokens.end(), chosen[c]) != options.stop_tokens.end();
+      if (options.stop_strings && !seq.stopped) {  // the same tokens on every rank: the same verdict
+        if (const auto hit = options.stop_strings->add(stop_states[static_cast<size_t>(b)], chosen[c])) {
+          seq.stopped = true;
+          seq.stop_string = *hit;
+        }
+      }
       if (seq.stopped || static_cast<int64_t>(seq.tokens.size()) == options.max_new_tokens) {
         done[static_cast<size_t>(b)] = true;
         seq.decode_s = seconds_since(t_decode);
@@ -293,14 +304,20 @@ std::vector<GeneratedSequence> generate_for_group(SequenceGroups& groups, const 
 
 namespace {
 
-// A group's sequences as doubles: per sequence [n, tokens (n), prefilled, prefill_s, decode_s, stopped],
-// then per token [log p, K × (id, log p)] when log-probabilities were asked for.
-std::vector<double> pack_sequences(const std::vector<GeneratedSequence>& sequences) {
+// A group's sequences as doubles: per sequence [n, tokens (n), prefilled, prefill_s, decode_s, stopped,
+// the stop string's index in `stop_strings` + 1 (0: none)], then per token [log p, K × (id, log p)] when
+// log-probabilities were asked for.
+std::vector<double> pack_sequences(const std::vector<GeneratedSequence>& sequences,
+                                   const std::vector<std::string>& stop_strings) {
   std::vector<double> packed;
   for (const GeneratedSequence& seq : sequences) {
     packed.push_back(static_cast<double>(seq.tokens.size()));
     packed.insert(packed.end(), seq.tokens.begin(), seq.tokens.end());
-    packed.insert(packed.end(), {static_cast<double>(seq.prefilled), seq.prefill_s, seq.decode_s, seq.stopped ? 1.0 : 0.0});
+    const auto which = std::find(stop_strings.begin(), stop_strings.end(), seq.stop_string);
+    HYDRA_ASSERT(seq.stop_string.empty() || which != stop_strings.end(), "stop string '{}' is not one asked for",
+                 seq.stop_string);
+    packed.insert(packed.end(), {static_cast<double>(seq.prefilled), seq.prefill_s, seq.decode_s, seq.stopped ? 1.0 : 0.0,
+                                 seq.stop_string.empty() ? 0.0 : static_cast<double>(which - stop_strings.begin() + 1)});
     for (size_t j = 0; j < seq.logprobs.size(); ++j) {
       packed.push_back(seq.logprobs[j]);
       for (const auto& [id, lp] : seq.top[j]) packed.insert(packed.end(), {static_cast<double>(id), lp});
@@ -310,18 +327,20 @@ std::vector<double> pack_sequences(const std::vector<GeneratedSequence>& sequenc
 }
 
 // One sequence of group `g`'s packed values from `at` on (advanced past it): prompt `b`'s.
-GeneratedSequence unpack_sequence(const std::vector<double>& v, size_t& at, int g, int64_t b, size_t k) {
+GeneratedSequence unpack_sequence(const std::vector<double>& v, size_t& at, int g, int64_t b, size_t k,
+                                  const std::vector<std::string>& stop_strings) {
   GeneratedSequence seq;
   HYDRA_ASSERT(at < v.size(), "group {}'s gathered sequences end before prompt {}", g, b);
   const size_t n = static_cast<size_t>(v[at++]);
-  HYDRA_ASSERT(at + n + 4 <= v.size(), "group {}'s gathered sequence {} is cut short", g, b);
+  HYDRA_ASSERT(at + n + 5 <= v.size(), "group {}'s gathered sequence {} is cut short", g, b);
   for (size_t j = 0; j < n; ++j) seq.tokens.push_back(static_cast<int32_t>(v[at + j]));
   at += n;
   seq.prefilled = static_cast<int64_t>(v[at]);
   seq.prefill_s = v[at + 1];
   seq.decode_s = v[at + 2];
   seq.stopped = v[at + 3] != 0;
-  at += 4;
+  if (v[at + 4] > 0) seq.stop_string = stop_strings.at(static_cast<size_t>(v[at + 4]) - 1);
+  at += 5;
   for (size_t j = 0; k > 0 && j < n; ++j) {
     HYDRA_ASSERT(at + 1 + 2 * k <= v.size(), "group {}'s gathered log-probabilities of prompt {} are cut short", g, b);
     seq.logprobs.push_back(v[at++]);
@@ -334,14 +353,15 @@ GeneratedSequence unpack_sequence(const std::vector<double>& v, size_t& at, int 
 }  // namespace
 
 std::vector<GeneratedSequence> gather_generated(SequenceGroups& groups, const std::vector<GeneratedSequence>& mine,
-                                                int64_t prompts, int64_t top_logprobs, int64_t vocab) {
-  const std::vector<std::vector<double>> gathered = groups.gather(pack_sequences(mine));
+                                                int64_t prompts, int64_t top_logprobs, int64_t vocab,
+                                                const std::vector<std::string>& stop_strings) {
+  const std::vector<std::vector<double>> gathered = groups.gather(pack_sequences(mine, stop_strings));
   const size_t k = static_cast<size_t>(std::min(top_logprobs, vocab));
   std::vector<GeneratedSequence> result(static_cast<size_t>(prompts));
   for (int g = 0; g < groups.replicas(); ++g) {
     const std::vector<double>& v = gathered[static_cast<size_t>(g)];
     size_t at = 0;
-    for (int64_t b = g; b < prompts; b += groups.replicas()) result[static_cast<size_t>(b)] = unpack_sequence(v, at, g, b, k);
+    for (int64_t b = g; b < prompts; b += groups.replicas()) result[static_cast<size_t>(b)] = unpack_sequence(v, at, g, b, k, stop_strings);
     HYDRA_ASSERT(at == v.size(), "group {} sent {} values, {} read", g, v.size(), at);
   }
   return result;

@@ -10,7 +10,8 @@
 // each into its own cache slot), then decoded together: every step feeds each unfinished sequence its
 // next token (one row per sequence; sequences of different lengths simply sit at different
 // positions), so a batch shares the reads of the weights. A sequence ends after max_new_tokens new
-// tokens or on a stop token (kept as its last token).
+// tokens, on a stop token (kept as its last token), or on the token whose text completes a stop string
+// (kept too: the text to the stop string is the caller's to cut).
 //
 // The decode steps run on model/decode_engine.h (the engine `hydra bench --op decode` times too),
 // replayed as a CUDA graph by default wherever that is possible (one rank on the GPU:
@@ -29,6 +30,7 @@
 #include "model/memory_plan.h"
 #include "model/model.h"
 #include "model/sampling.h"
+#include "model/token_text.h"
 #include "parallel/sequence_groups.h"
 
 namespace hydra {
@@ -37,6 +39,8 @@ struct GenerateOptions {
   int64_t max_new_tokens = 1;
   SamplingParams sampling = {};
   std::vector<int32_t> stop_tokens = {};
+  // Stop strings over the decoded text, across token boundaries (model/token_text.h); null: none.
+  const StopStrings* stop_strings = nullptr;
   bool progress = false;      // rank 0 logs a line per layer of each prefill, with an ETA
   bool keep_logits = false;   // keep the logits each new token was chosen from (tests)
   int64_t top_logprobs = 0;   // > 0: each new token's log-probability and the K most likely alternatives (hydra generate --logprobs K)
@@ -51,7 +55,8 @@ struct GenerateOptions {
 
 struct GeneratedSequence {
   std::vector<int32_t> tokens;  // the new tokens (a stop token, when one ended the sequence, last)
-  bool stopped = false;         // ended on a stop token
+  bool stopped = false;         // ended on a stop token or a stop string
+  std::string stop_string;      // the stop string that ended it ("" otherwise); its last token is the last
   int64_t prefilled = 0;        // prompt tokens the sequence-parallel prefill took
   double prefill_s = 0;         // its wall time (every rank, a barrier on each side)
   double decode_s = 0;          // from the first decode step to the step that ended the sequence
@@ -109,9 +114,11 @@ std::vector<GeneratedSequence> generate_for_group(SequenceGroups& groups, const 
                                                   GenerateOptions options);
 // Every group's sequences (`mine`: this rank's group's, from generate_for_group) to every rank, in
 // prompt order, `prompts` in all (collective over groups.world()). What travels: each sequence's
-// tokens, prefill and decode times and stop flag and, with `top_logprobs` K (at most the vocabulary
-// `vocab`), its log-probabilities and K alternatives per token.
+// tokens, prefill and decode times, stop flag and stop string (as its index in `stop_strings`, the
+// strings generation was given) and, with `top_logprobs` K (at most the vocabulary `vocab`), its
+// log-probabilities and K alternatives per token.
 std::vector<GeneratedSequence> gather_generated(SequenceGroups& groups, const std::vector<GeneratedSequence>& mine,
-                                                int64_t prompts, int64_t top_logprobs, int64_t vocab);
+                                                int64_t prompts, int64_t top_logprobs, int64_t vocab,
+                                                const std::vector<std::string>& stop_strings);
 
 }  // namespace hydra

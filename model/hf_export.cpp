@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "model/nonfinite.h"
+#include "runtime/json_integer.h"
 #include "model/params.h"
 #include "runtime/atomic_file.h"
 #include "runtime/checkpoint.h"
@@ -113,6 +114,16 @@ std::vector<std::string> tokenizer_files_in(const std::string& directory) {
   });
   HYDRA_USER_CHECK(has_tokenizer, "{}: no tokenizer.json, tokenizer_config.json or tokenizer.model in the tokenizer folder",
                    directory);
+  // The JSON files are copied as they are: each must be a JSON object (transformers refuses the folder
+  // otherwise), checked before anything is written.
+  for (const std::string& name : found) {
+    if (!name.ends_with(".json")) continue;
+    const fs::path path = fs::path(directory) / name;
+    std::ifstream in(path);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    HYDRA_USER_CHECK(!j.is_discarded() && j.is_object(), "{}: not a JSON object (the tokenizer files are copied into the "
+                     "export as they are)", path.string());
+  }
   return found;
 }
 
@@ -156,12 +167,14 @@ nlohmann::json generation_config_json(const std::string& directory) {
     if (tokenizer.is_object()) {
       for (const auto& entry : tokenizer.value("added_tokens", nlohmann::json::array())) {
         if (entry.is_object() && entry.value("content", "") == text && entry.contains("id")) {
-          return entry["id"].get<int64_t>();
+          return json_integer(entry["id"], directory + "/tokenizer.json added_tokens id of '" + text + "'");
         }
       }
       const nlohmann::json vocab = tokenizer.contains("model") ? tokenizer["model"].value("vocab", nlohmann::json())
                                                                  : nlohmann::json();
-      if (vocab.is_object() && vocab.contains(text)) return vocab[text].get<int64_t>();
+      if (vocab.is_object() && vocab.contains(text)) {
+        return json_integer(vocab[text], directory + "/tokenizer.json vocab id of '" + text + "'");
+      }
       if (vocab.is_array()) {  // Unigram: [[piece, score], ...], the id is the index
         for (size_t i = 0; i < vocab.size(); ++i) {
           if (vocab[i].is_array() && !vocab[i].empty() && vocab[i][0] == text) return static_cast<int64_t>(i);
@@ -189,10 +202,29 @@ nlohmann::json generation_config_json(const std::string& directory) {
       }
       generation[id_key] = id_of(key, text);
     }
+    // No eos named: the separator cluster/tokenize_text.py ends every document with, as hydra
+    // generate stops by default (model/token_text.h default_stop_ids).
+    if (!generation.contains("eos_token_id") || generation["eos_token_id"].is_null()) {
+      if (!tokenizer_read) {
+        tokenizer = read("tokenizer.json");
+        tokenizer_read = true;
+      }
+      for (const char* text : {"<|endoftext|>", "</s>", "<eos>"}) {
+        bool found = false;
+        for (const auto& entry : tokenizer.is_object() ? tokenizer.value("added_tokens", nlohmann::json::array())
+                                                       : nlohmann::json::array()) {
+          if (entry.is_object() && entry.value("content", "") == text && entry.contains("id")) {
+            generation["eos_token_id"] = entry["id"].get<int64_t>();
+            found = true;
+            break;
+          }
+        }
+        if (found) break;
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     HYDRA_USER_FAIL("{}: malformed tokenizer file ({})", directory, e.what());
   }
-  if (generation.empty()) return nullptr;
   return generation;
 }
 
@@ -232,7 +264,7 @@ HfExportResult export_hf_checkpoint(const std::string& checkpoint, const std::st
   HYDRA_USER_CHECK(options.max_shard_bytes > 0, "the shard size must be positive (got {})", options.max_shard_bytes);
   check_export_destination(out_dir);
   std::vector<std::string> tokenizer;
-  nlohmann::json generation;
+  nlohmann::json generation = nlohmann::json::object();  // written always: what is known (the tokenizer's ids)
   if (!options.tokenizer_dir.empty()) {
     tokenizer = tokenizer_files_in(options.tokenizer_dir);
     generation = generation_config_json(options.tokenizer_dir);
@@ -314,10 +346,9 @@ HfExportResult export_hf_checkpoint(const std::string& checkpoint, const std::st
                        destination_of((temp / kHydraHeadModelingFile).string()));
       result.files.push_back(kHydraHeadModelingFile);
     }
-    if (!generation.is_null()) {
-      write_json(temp / "generation_config.json", generation);
-      result.files.push_back("generation_config.json");
-    }
+    write_json(temp / "generation_config.json", generation);
+    result.files.push_back("generation_config.json");
+    result.generation = generation;
     for (const std::string& f : tokenizer) {
       fs::copy_file(fs::path(options.tokenizer_dir) / f, temp / f, ec);
       HYDRA_USER_CHECK(!ec, "{}: cannot copy into the export ({})", (fs::path(options.tokenizer_dir) / f).string(),

@@ -55,6 +55,7 @@ struct HfExportResult {
   std::vector<std::string> files;  // written, in the folder
   int64_t tensors = 0;
   uint64_t tensor_bytes = 0;       // sum over the shards' data sections
+  nlohmann::json generation;       // what generation_config.json holds (written always; {} without a tokenizer)
 };
 
 // config.json of an export: the Qwen3 keys (both kinds) and, for a hybrid, its own keys and the
@@ -68,8 +69,10 @@ std::vector<std::string> tokenizer_files_in(const std::string& directory);
 // generation_config.json when it has one (its sampling defaults kept), with bos_token_id,
 // eos_token_id and pad_token_id added where it lacks them from tokenizer_config.json's bos_token,
 // eos_token and pad_token (ids from its added_tokens_decoder, else tokenizer.json's added tokens and
-// vocabulary). Null when neither names any of the three. UserError for a token the tokenizer
-// names but does not define, or unreadable JSON.
+// vocabulary); an eos named nowhere is the tokenizer.json's <|endoftext|>, </s> or <eos> (the
+// document separator cluster/tokenize_text.py writes, hydra generate's default stop). An empty object
+// when nothing is known. UserError for a token the tokenizer names but does not define, or
+// unreadable JSON.
 nlohmann::json generation_config_json(const std::string& directory);
 
 // UserError unless every token id in `generation` (bos/eos/pad, an id or a list) is in [0, vocab).

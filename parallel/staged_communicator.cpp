@@ -156,19 +156,29 @@ void StagedCommunicator::all_gather(const TensorView& send, const TensorView& re
   }
 }
 
+Tensor StagedCommunicator::sum_exchanged(const TensorView& piece, int64_t c, DType sum_type, const char* what,
+                                         const Exchange& exchange) {
+  Tensor staged = stage_out(piece, sum_type);
+  Tensor arrived = Tensor::empty({size(), c}, sum_type, Device::host);
+  std::vector<MPI_Request> req(1, MPI_REQUEST_NULL);
+  exchange(staged, arrived, &req[0]);
+  complete(req, what, {staged, arrived});
+  return sum_in_rank_order(arrived);
+}
+
 void StagedCommunicator::all_reduce_sum(const TensorView& buffer) {
   const TensorView v = flat(buffer);
   const DType st = sum_dtype(buffer.dtype());
   const int64_t n = v.numel(), chunk = chunk_for(buffer);
   for (int64_t a = 0; a < n; a += chunk) {
     const int64_t c = std::min(chunk, n - a);
-    Tensor piece = stage_out(v.narrow(0, a, c), st);
-    Tensor gathered = Tensor::empty({size(), c}, st, Device::host);
-    std::vector<MPI_Request> req(1, MPI_REQUEST_NULL);
-    HYDRA_MPI_CHECK(MPI_Iallgather(piece.data(), mpi_count(c), mpi_datatype(st), gathered.data(), mpi_count(c),
-                                   mpi_datatype(st), host_->handle(), &req[0]));
-    complete(req, "all_reduce_sum", {piece, gathered});
-    copy_into(v.narrow(0, a, c), sum_in_rank_order(gathered));
+    // Every rank's piece to every rank, each then summed in rank order.
+    copy_into(v.narrow(0, a, c), sum_exchanged(v.narrow(0, a, c), c, st, "all_reduce_sum",
+                                               [&](const Tensor& staged, const Tensor& arrived, MPI_Request* request) {
+                                                 HYDRA_MPI_CHECK(MPI_Iallgather(staged.data(), mpi_count(c), mpi_datatype(st),
+                                                                                arrived.data(), mpi_count(c), mpi_datatype(st),
+                                                                                host_->handle(), request));
+                                               }));
   }
 }
 
@@ -181,13 +191,12 @@ void StagedCommunicator::reduce_scatter_sum(const TensorView& send, const Tensor
   for (int64_t a = 0; a < n; a += chunk) {
     const int64_t c = std::min(chunk, n - a);
     // Row q of this rank's [P, c] piece goes to rank q; row r of what arrives is rank r's row for us.
-    Tensor piece = stage_out(rows.narrow(1, a, c), st);
-    Tensor arrived = Tensor::empty({size(), c}, st, Device::host);
-    std::vector<MPI_Request> req(1, MPI_REQUEST_NULL);
-    HYDRA_MPI_CHECK(MPI_Ialltoall(piece.data(), mpi_count(c), mpi_datatype(st), arrived.data(), mpi_count(c),
-                                  mpi_datatype(st), host_->handle(), &req[0]));
-    complete(req, "reduce_scatter_sum", {piece, arrived});
-    copy_into(out.narrow(0, a, c), sum_in_rank_order(arrived));
+    copy_into(out.narrow(0, a, c), sum_exchanged(rows.narrow(1, a, c), c, st, "reduce_scatter_sum",
+                                                 [&](const Tensor& staged, const Tensor& arrived, MPI_Request* request) {
+                                                   HYDRA_MPI_CHECK(MPI_Ialltoall(staged.data(), mpi_count(c), mpi_datatype(st),
+                                                                                 arrived.data(), mpi_count(c), mpi_datatype(st),
+                                                                                 host_->handle(), request));
+                                                 }));
   }
 }
 

@@ -24,6 +24,7 @@
 // is how CI exercises it without a GPU.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <vector>
@@ -75,6 +76,10 @@ class StagedCommunicator final : public Communicator {
 
  private:
   int64_t chunk_for(const TensorView& v) const;
+  // The rank-order sum of [P, c] rows that `exchange(staged, arrived, request)` (one non-blocking MPI
+  // collective) delivers into `arrived` from `piece` staged out as `sum_type`; `what` names it.
+  using Exchange = std::function<void(const Tensor& staged, const Tensor& arrived, MPI_Request* request)>;
+  Tensor sum_exchanged(const TensorView& piece, int64_t c, DType sum_type, const char* what, const Exchange& exchange);
 
   std::unique_ptr<MpiCommunicator> host_;
   Device device_;

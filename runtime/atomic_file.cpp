@@ -353,6 +353,39 @@ void require_not_an_input(const std::string& path, const std::vector<std::string
   }
 }
 
+bool is_plain_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+namespace {
+// A name read from a file, for a message: control bytes (a NUL would cut the message) as \xNN, at most 200 bytes.
+std::string printable(const std::string& name) {
+  std::string out;
+  for (const char c : name.substr(0, 200)) {
+    const auto u = static_cast<unsigned char>(c);
+    out += u < 0x20 || u == 0x7f ? fmt::format("\\x{:02x}", u) : std::string(1, c);
+  }
+  return name.size() > 200 ? out + "..." : out;
+}
+}  // namespace
+
+std::string entry_inside(const std::string& folder, const std::string& name, const std::string& source,
+                         const std::string& what) {
+  HYDRA_USER_CHECK(is_plain_name(name), "{}: {} '{}' is not a plain name inside {} (a name read from a file never "
+                   "leads outside its folder)", source, what, printable(name), folder);
+  const fs::path path = fs::path(folder) / name;
+  std::error_code ec;
+  if (fs::is_symlink(path, ec)) {
+    std::error_code ec_target, ec_home;
+    const fs::path target = fs::canonical(path, ec_target), home = fs::canonical(folder, ec_home);
+    HYDRA_USER_CHECK(!ec_target && !ec_home && target.parent_path() == home,
+                     "{}: {} '{}' is a link to {}, outside {} (a name read from a file never leads outside its folder)",
+                     source, what, name, ec_target ? fs::read_symlink(path, ec).string() : target.string(), folder);
+  }
+  return path.string();
+}
+
 void require_output_directory(const std::string& path, const char* what) {
   HYDRA_USER_CHECK(!path.empty(), "no {} given", what);
   const fs::path p(path);

@@ -127,6 +127,14 @@ bool same_file(const std::string& a, const std::string& b);
 // Fails with a UserError if output `path` is one of `inputs` (empty entries ignored): the output
 // would replace a file the command reads.
 void require_not_an_input(const std::string& path, const std::vector<std::string>& inputs, const char* flag);
+// Whether `name` is a plain file name: not empty, not "." or "..", without '/' or NUL.
+bool is_plain_name(const std::string& name);
+// `folder`/`name` for a name read from a file that belongs to `folder` (`source`: that file, for
+// messages; `what`: the entry, e.g. "shard 2's file"), when `name` is a plain name and the entry, if
+// it is a symbolic link, resolves inside `folder`; a UserError naming `source`, `what` and the name
+// otherwise. A file never makes hydra read outside the folder it belongs to.
+std::string entry_inside(const std::string& folder, const std::string& name, const std::string& source,
+                         const std::string& what);
 // Fails with a UserError if directory `path` could not be used for output: it is a file, lies under
 // a file, or its nearest existing ancestor is not writable (a read-only filesystem included).
 void require_output_directory(const std::string& path, const char* what);

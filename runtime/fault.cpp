@@ -2,7 +2,11 @@
 
 #include "runtime/memory_timeline.h"
 
+#include <chrono>
 #include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <thread>
 #include <cstdlib>
 #include <string>
 
@@ -34,8 +38,8 @@ void check_fault_spec(int world_size) {
   const size_t colon = s.find(':');
   std::string known;
   for (const std::string& site : fault_sites()) known += (known.empty() ? "" : ", ") + site;
-  const std::string usage = fmt::format("expected RANK:SITE, RANK:crash, RANK:kill@SITE or RANK:term@SITE with SITE "
-                                        "one of {}", known);
+  const std::string usage = fmt::format("expected RANK:SITE, RANK:crash, RANK:kill@SITE, RANK:term@SITE or "
+                                        "RANK:hold@SITE with SITE one of {}", known);
   HYDRA_USER_CHECK(colon != std::string::npos && colon > 0, "HYDRA_INJECT_FAULT='{}': {}", s, usage);
   const std::string rank_text = s.substr(0, colon), target = s.substr(colon + 1);
   HYDRA_USER_CHECK(rank_text.size() <= 9 && rank_text.find_first_not_of("0123456789") == std::string::npos,
@@ -44,12 +48,15 @@ void check_fault_spec(int world_size) {
   HYDRA_USER_CHECK(rank < world_size, "HYDRA_INJECT_FAULT='{}': rank {} does not exist in a job of {} rank(s)", s, rank,
                    world_size);
   std::string site = target;
-  for (const char* prefix : {"kill@", "term@"}) {
+  for (const char* prefix : {"kill@", "term@", "hold@"}) {
     if (target.rfind(prefix, 0) == 0) site = target.substr(5);
   }
   bool ok = target == "crash";
   for (const std::string& k : fault_sites()) ok = ok || site == k;
   HYDRA_USER_CHECK(ok, "HYDRA_INJECT_FAULT='{}': unknown site '{}'; {}", s, target, usage);
+  const char* release = std::getenv("HYDRA_FAULT_RELEASE");
+  HYDRA_USER_CHECK(target.rfind("hold@", 0) != 0 || (release && *release),
+                   "HYDRA_INJECT_FAULT='{}': hold@ needs HYDRA_FAULT_RELEASE, the file whose creation releases the rank", s);
 }
 
 void maybe_inject_fault(const char* site) {
@@ -63,6 +70,13 @@ void maybe_inject_fault(const char* site) {
   if (target == "crash") std::abort();
   if (target == std::string("kill@") + site) std::raise(SIGKILL);  // as kill -9 would, mid-operation
   if (target == std::string("term@") + site) std::raise(SIGTERM);  // as a scheduler's time limit would
+  if (target == std::string("hold@") + site) {  // until the test creates the release file (check_fault_spec: set)
+    const std::string release = std::getenv("HYDRA_FAULT_RELEASE");
+    std::ofstream(release + ".held") << site << "\n";
+    std::error_code ec;
+    while (!std::filesystem::exists(release, ec)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return;
+  }
   if (target == site) {
     throw Error(fmt::format("injected fault at '{}' (HYDRA_INJECT_FAULT={}) [{}]", site, s, describe_location()));
   }

@@ -6,7 +6,10 @@
 // the start of each training step); the
 // pseudo-site "crash" aborts the process at the first site reached instead of throwing (a rank dying
 // without a message), and "kill@SITE" sends the process SIGKILL at SITE (kill -9 mid-operation),
-// "term@SITE" SIGTERM (a scheduler's time limit mid-operation).
+// "term@SITE" SIGTERM (a scheduler's time limit mid-operation), and "hold@SITE" holds the rank at
+// SITE until the file HYDRA_FAULT_RELEASE names exists (it first creates that path + ".held"): a
+// test can look at what the other ranks do meanwhile — that they finish their shards of a save
+// while rank 0 has not written its own — by condition, not by timing.
 // A spec that names no known site, or a rank the job does not have, is a user error at start-up
 // (check_fault_spec), never silently ignored. Unset: no effect, one getenv. Never inside a memory
 // plan's shape-only run (runtime/memory_timeline.h), which is not the operation.

@@ -41,11 +41,24 @@ class Handle {
   herr_t (*closer_)(hid_t);
 };
 
+// The link access of every open: external links (a name in this file standing for an object of
+// another file) are never followed — a file never makes hydra read another (has_dataset names such
+// a link). A dataset access list, which is also a link access list (H5Dopen2 takes it).
+herr_t refuse_external_link(const char*, const char*, const char*, const char*, unsigned*, hid_t, void*) { return -1; }
+hid_t local_links() {
+  static const hid_t plist = [] {
+    const hid_t p = H5Pcreate(H5P_DATASET_ACCESS);
+    HYDRA_ASSERT(p >= 0 && H5Pset_elink_cb(p, refuse_external_link, nullptr) >= 0, "HDF5 link access list");
+    return p;
+  }();
+  return plist;
+}
+
 // Whether `name` under `loc` is a dataset. H5Oopen + H5Iget_type rather than H5Oget_info_by_name:
 // the latter's signature and info struct differ between HDF5 1.10 and 1.12+ (the sanitizer build
 // links a newer HDF5 than Debian 12's 1.10; cluster/sanitize.sh says why).
 bool is_dataset(hid_t loc, const char* name) {
-  const Handle object(H5Oopen(loc, name, H5P_DEFAULT), H5Oclose);
+  const Handle object(H5Oopen(loc, name, local_links()), H5Oclose);
   return object.ok() && H5Iget_type(object.get()) == H5I_DATASET;
 }
 
@@ -186,7 +199,12 @@ void H5File::close() {
 }
 
 bool H5File::has_dataset(const std::string& name) const {
-  return H5Lexists(id_, name.c_str(), H5P_DEFAULT) > 0 && is_dataset(id_, name.c_str());
+  if (H5Lexists(id_, name.c_str(), local_links()) <= 0) return false;
+  if (is_dataset(id_, name.c_str())) return true;
+  H5L_info_t link{};
+  HYDRA_USER_CHECK(H5Lget_info(id_, name.c_str(), &link, H5P_DEFAULT) < 0 || link.type != H5L_TYPE_EXTERNAL,
+                   "{}: '{}' is a link to another file, which hydra does not follow", path_, name);
+  return false;
 }
 
 std::vector<std::string> H5File::dataset_names() const {
@@ -204,7 +222,7 @@ std::vector<std::string> H5File::dataset_names() const {
 
 DatasetInfo H5File::dataset_info(const std::string& name) const {
   HYDRA_USER_CHECK(has_dataset(name), "{}: dataset '{}' is missing", path_, name);
-  Handle dataset(H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  Handle dataset(H5Dopen2(id_, name.c_str(), local_links()), H5Dclose);
   HYDRA_USER_CHECK(dataset.ok(), "{}: cannot open dataset '{}'", path_, name);
   Handle space(H5Dget_space(dataset.get()), H5Sclose);
   const int rank = H5Sget_simple_extent_ndims(space.get());
@@ -243,32 +261,87 @@ void check_fits_in_memory(const std::string& file, const std::string& name, cons
 
 Tensor H5File::read(const std::string& name) const {
   const DatasetInfo info = dataset_info(name);
+  {
+    // What the file holds first (a header declaring a huge dataset is a damaged file before it is
+    // a question of memory), then whether it fits.
+    Handle dataset(H5Dopen2(id_, name.c_str(), local_links()), H5Dclose);
+    HYDRA_USER_CHECK(dataset.ok(), "{}: cannot open dataset '{}'", path_, name);
+    check_storage(dataset.get(), info, name);
+  }
   check_fits_in_memory(path_, name, info);
   Tensor t = Tensor::empty(info.shape, info.dtype, Device::host);
   read_into(name, t);
   return t;
 }
 
-// HDF5 1.10 trusts a dataset's layout message: a compact or contiguous dataset whose stored size
-// disagrees with its shape (a damaged header) is copied past the end of its buffer inside H5Dread
-// (later HDF5 versions check this). So the sizes are compared here first: the stored bytes must be
-// exactly what the shape and element type need, and a contiguous block must lie inside the file.
+// What a dataset's header says is checked against what the file holds before HDF5 reads it
+// (DESIGN.md §4 "Hostile and damaged files"):
+// - compact and contiguous storage holds exactly the bytes the shape and element type need (HDF5
+//   1.10 trusts the layout message and copies past the end of its buffer otherwise), and a
+//   contiguous block lies inside the file;
+// - chunked storage has every chunk the shape covers: HDF5 reads an unwritten chunk as its fill
+//   value (zeros), so a 1.4 KB file could declare 2^40 token ids or a weight with no data;
+// - its filters (compression) are ones this HDF5 library decodes (h5py's lzf is a plugin);
+// - its values live in this file: external raw-data files and virtual datasets (which map other
+//   files) are refused, as links to other files are (has_dataset).
 void H5File::check_storage(int64_t dataset, const DatasetInfo& info, const std::string& name) const {
   Handle dcpl(H5Dget_create_plist(dataset), H5Pclose);
   HYDRA_USER_CHECK(dcpl.ok(), "{}: cannot read the layout of dataset '{}' (damaged file?)", path_, name);
   const H5D_layout_t layout = H5Pget_layout(dcpl.get());
-  if (layout != H5D_COMPACT && layout != H5D_CONTIGUOUS) return;  // chunked: HDF5 checks each chunk
+  HYDRA_USER_CHECK(layout == H5D_COMPACT || layout == H5D_CONTIGUOUS || layout == H5D_CHUNKED,
+                   "{}: dataset '{}' is {}, which hydra does not read (its values would come from other files)", path_,
+                   name, layout == H5D_VIRTUAL ? "a virtual dataset" : "stored in an unknown layout");
+  HYDRA_USER_CHECK(H5Pget_external_count(dcpl.get()) == 0, "{}: dataset '{}' keeps its values in other files (HDF5 "
+                   "external storage), which hydra does not read", path_, name);
+  const int filters = H5Pget_nfilters(dcpl.get());
+  HYDRA_USER_CHECK(filters >= 0, "{}: cannot read the filters of dataset '{}' (damaged file?)", path_, name);
+  for (int i = 0; i < filters; ++i) {
+    unsigned flags = 0, filter_config = 0;
+    size_t values = 0;
+    char filter_name[64] = {};
+    const H5Z_filter_t id = H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &values, nullptr,
+                                           sizeof(filter_name), filter_name, &filter_config);
+    const bool decodes = id >= 0 && H5Zfilter_avail(id) > 0 && H5Zget_filter_info(id, &filter_config) >= 0 &&
+                         (filter_config & H5Z_FILTER_CONFIG_DECODE_ENABLED) != 0;
+    HYDRA_USER_CHECK(decodes, "{}: dataset '{}' is stored through HDF5 filter {} ('{}'), which this hydra's HDF5 library "
+                     "cannot decode (h5py's lzf, filter 32000, is a plugin): write it uncompressed or with gzip", path_,
+                     name, static_cast<int>(id), filter_name);
+  }
   Handle type(H5Dget_type(dataset), H5Tclose);
   const hsize_t element = type.ok() ? H5Tget_size(type.get()) : 0;
   const hsize_t needed = static_cast<hsize_t>(checked_numel(info.shape)) * element;
   const hsize_t stored = H5Dget_storage_size(dataset);
+  hsize_t file_size = 0;
+  HYDRA_USER_CHECK(H5Fget_filesize(id_, &file_size) >= 0, "{}: cannot read the file's size", path_);
+  if (layout == H5D_CHUNKED) {
+    const int rank = static_cast<int>(info.shape.size());
+    hsize_t chunk[kMaxRank] = {};
+    HYDRA_USER_CHECK(rank >= 1 && H5Pget_chunk(dcpl.get(), rank, chunk) == rank,
+                     "{}: cannot read the chunk shape of dataset '{}' (damaged file?)", path_, name);
+    hsize_t expected = 1;
+    std::string chunk_text;
+    for (int d = 0; d < rank; ++d) {
+      HYDRA_USER_CHECK(chunk[d] >= 1, "{}: dataset '{}' declares an empty chunk (damaged file?)", path_, name);
+      const hsize_t extent = static_cast<hsize_t>(info.shape[static_cast<size_t>(d)]);
+      expected *= (extent + chunk[d] - 1) / chunk[d];  // ≤ the element count: no overflow
+      chunk_text += fmt::format("{}{}", d ? ", " : "", chunk[d]);
+    }
+    hsize_t allocated = 0;
+    Handle space(H5Dget_space(dataset), H5Sclose);
+    HYDRA_USER_CHECK(space.ok() && H5Dget_num_chunks(dataset, space.get(), &allocated) >= 0,
+                     "{}: cannot count the chunks of dataset '{}' (damaged file?)", path_, name);
+    HYDRA_USER_CHECK(allocated == expected, "{}: dataset '{}' of shape {} in chunks of [{}] holds {} of its {} chunks: "
+                     "the others were never written (HDF5 would read them as zeros; damaged or truncated file?)",
+                     path_, name, format_shape(info.shape), chunk_text, allocated, expected);
+    HYDRA_USER_CHECK(stored <= file_size, "{}: dataset '{}' stores {} bytes, more than the file's {} (truncated file?)",
+                     path_, name, stored, file_size);
+    return;
+  }
   HYDRA_USER_CHECK(stored == needed, "{}: dataset '{}' stores {} bytes, its shape {} needs {} (damaged or truncated "
                    "file?)", path_, name, stored, format_shape(info.shape), needed);
   if (layout == H5D_CONTIGUOUS && needed > 0) {
     const haddr_t offset = H5Dget_offset(dataset);
-    hsize_t file_size = 0;
-    HYDRA_USER_CHECK(offset != HADDR_UNDEF && H5Fget_filesize(id_, &file_size) >= 0 && offset <= file_size &&
-                         needed <= file_size - offset,
+    HYDRA_USER_CHECK(offset != HADDR_UNDEF && offset <= file_size && needed <= file_size - offset,
                      "{}: dataset '{}' lies past the end of the file (truncated file?)", path_, name);
   }
 }
@@ -279,7 +352,7 @@ void H5File::read_into(const std::string& name, const TensorView& out) const {
   HYDRA_USER_CHECK(std::equal(info.shape.begin(), info.shape.end(), out.shape().begin(), out.shape().end()),
                    "{}: dataset '{}' has shape {}, expected {}", path_, name,
                    format_shape(info.shape), out.shape_string());
-  Handle dataset(H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  Handle dataset(H5Dopen2(id_, name.c_str(), local_links()), H5Dclose);
   HYDRA_USER_CHECK(dataset.ok(), "{}: cannot open dataset '{}'", path_, name);
   check_storage(dataset.get(), info, name);
   if (info.dtype == out.dtype()) {
@@ -352,7 +425,7 @@ bool is_integer_type(hid_t type) {
 
 bool H5File::is_integer_vector(const std::string& name) const {
   if (!has_dataset(name)) return false;
-  Handle dataset(H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  Handle dataset(H5Dopen2(id_, name.c_str(), local_links()), H5Dclose);
   if (!dataset.ok()) return false;
   Handle type(H5Dget_type(dataset.get()), H5Tclose);
   Handle space(H5Dget_space(dataset.get()), H5Sclose);
@@ -361,7 +434,7 @@ bool H5File::is_integer_vector(const std::string& name) const {
 
 std::vector<int64_t> H5File::read_integer_vector(const std::string& name) const {
   HYDRA_USER_CHECK(has_dataset(name), "{}: dataset '{}' is missing", path_, name);
-  Handle dataset(H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  Handle dataset(H5Dopen2(id_, name.c_str(), local_links()), H5Dclose);
   HYDRA_USER_CHECK(dataset.ok(), "{}: cannot open dataset '{}'", path_, name);
   Handle type(H5Dget_type(dataset.get()), H5Tclose);
   HYDRA_USER_CHECK(type.ok() && is_integer_type(type.get()), "{}: dataset '{}' is not an integer (or boolean) dataset",
@@ -373,8 +446,8 @@ std::vector<int64_t> H5File::read_integer_vector(const std::string& name) const 
   HYDRA_USER_CHECK(H5Sget_simple_extent_dims(space.get(), &n, nullptr) >= 0 && n <= static_cast<hsize_t>(kMaxElements),
                    "{}: cannot read the shape of dataset '{}' (damaged file?)", path_, name);
   const DatasetInfo info{.shape = {static_cast<int64_t>(n)}, .dtype = DType::i64};
-  check_fits_in_memory(path_, name, info);
   check_storage(dataset.get(), info, name);
+  check_fits_in_memory(path_, name, info);
   std::vector<int64_t> values(static_cast<size_t>(n));
   if (n > 0 && boolean) {
     // HDF5 converts no enum to an integer: read the enum's own bytes (0 or 1 by is_bool_enum).
@@ -392,7 +465,7 @@ std::vector<int64_t> H5File::read_integer_vector(const std::string& name) const 
 
 H5File::IntegerVectorInfo H5File::integer_vector_info(const std::string& name) const {
   HYDRA_USER_CHECK(has_dataset(name), "{}: dataset '{}' is missing", path_, name);
-  Handle dataset(H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  Handle dataset(H5Dopen2(id_, name.c_str(), local_links()), H5Dclose);
   HYDRA_USER_CHECK(dataset.ok(), "{}: cannot open dataset '{}'", path_, name);
   Handle type(H5Dget_type(dataset.get()), H5Tclose);
   HYDRA_USER_CHECK(type.ok() && is_integer_type(type.get()), "{}: dataset '{}' is not an integer (or boolean) dataset",
@@ -407,33 +480,22 @@ H5File::IntegerVectorInfo H5File::integer_vector_info(const std::string& name) c
   info.width = static_cast<int>(H5Tget_size(type.get()));
   // A boolean's bytes are 0 or 1 (is_bool_enum): read as an unsigned byte.
   info.is_signed = !is_bool_enum(type.get()) && H5Tget_sign(type.get()) == H5T_SGN_2;
-  // The storage checks of a whole read (sizes agree with the shape, a contiguous block inside the
-  // file), with the stored element type's width.
-  const DType as = info.width == 8 ? DType::i64 : DType::i32;
-  const hsize_t element = static_cast<hsize_t>(info.width);
+  // The storage checks of a whole read (check_storage: sizes agree with the shape, every chunk
+  // written, filters decodable, values in this file), before any range is read.
+  check_storage(dataset.get(), DatasetInfo{.shape = {info.length}, .dtype = info.width == 8 ? DType::i64 : DType::i32},
+                name);
   Handle dcpl(H5Dget_create_plist(dataset.get()), H5Pclose);
   HYDRA_USER_CHECK(dcpl.ok(), "{}: cannot read the layout of dataset '{}' (damaged file?)", path_, name);
-  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
-  if (layout == H5D_CONTIGUOUS && n > 0) {
-    const hsize_t stored = H5Dget_storage_size(dataset.get());
-    const haddr_t offset = H5Dget_offset(dataset.get());
-    hsize_t file_size = 0;
-    HYDRA_USER_CHECK(stored == n * element, "{}: dataset '{}' stores {} bytes, its {} elements need {} (damaged or "
-                     "truncated file?)", path_, name, stored, n, n * element);
-    HYDRA_USER_CHECK(offset != HADDR_UNDEF && H5Fget_filesize(id_, &file_size) >= 0 && offset <= file_size &&
-                         stored <= file_size - offset,
-                     "{}: dataset '{}' lies past the end of the file (truncated file?)", path_, name);
+  if (H5Pget_layout(dcpl.get()) == H5D_CONTIGUOUS && n > 0) {
     const bool little = info.width == 1 || H5Tget_order(type.get()) == H5T_ORDER_LE;
-    if (little && H5Pget_nfilters(dcpl.get()) == 0) info.file_offset = static_cast<int64_t>(offset);
-  } else if (layout == H5D_COMPACT) {
-    check_storage(dataset.get(), DatasetInfo{.shape = {info.length}, .dtype = as}, name);
+    if (little && H5Pget_nfilters(dcpl.get()) == 0) info.file_offset = static_cast<int64_t>(H5Dget_offset(dataset.get()));
   }
   return info;
 }
 
 void H5File::read_range(const std::string& name, int64_t first, int64_t count, int64_t memory_type, void* out) const {
   if (count == 0) return;
-  Handle dataset(H5Dopen2(id_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  Handle dataset(H5Dopen2(id_, name.c_str(), local_links()), H5Dclose);
   HYDRA_USER_CHECK(dataset.ok(), "{}: cannot open dataset '{}'", path_, name);
   Handle space(H5Dget_space(dataset.get()), H5Sclose);
   hsize_t n = 0;

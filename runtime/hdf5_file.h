@@ -5,6 +5,10 @@
 // has no bfloat16, so bf16 tensors are stored as uint16 datasets carrying the attribute
 // dtype = "bfloat16" (h5py reads them as uint16; `view` them as bfloat16 after a left shift).
 // Errors name the file and the dataset; the HDF5 library's own error printing is switched off.
+// A file's header is checked against what the file holds before a dataset is read (check_storage):
+// every chunk of a chunked dataset written (HDF5 reads an unwritten chunk as zeros), compact and
+// contiguous storage of exactly the declared size inside the file, filters this HDF5 decodes, and
+// values in this file — external raw storage, virtual datasets and links to other files are refused.
 #pragma once
 
 #include <cstdint>
@@ -83,6 +87,8 @@ class H5File {
 
  private:
   H5File(int64_t id, std::string path) : id_(id), path_(std::move(path)) {}
+  // UserError naming the file and the dataset when its storage does not hold its declared shape
+  // (see the file comment); from the header alone, so a file declaring 2^40 elements is refused at once.
   void check_storage(int64_t dataset, const DatasetInfo& info, const std::string& name) const;
   void read_range(const std::string& name, int64_t first, int64_t count, int64_t memory_type, void* out) const;
   int64_t id_ = -1;  // hid_t

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <numeric>
-#include <optional>
 #include <cerrno>
 #include <cstring>
 
@@ -20,18 +19,23 @@ namespace {
 // below 2^31, which the readers check), non-empty.
 H5File::IntegerVectorInfo input_ids_info(const H5File& file, const std::string& path) {
   HYDRA_USER_CHECK(file.has_dataset("input_ids"), "{}: no 'input_ids' dataset", path);
-  std::optional<H5File::IntegerVectorInfo> ids;
-  try {
-    ids = file.integer_vector_info("input_ids");
-  } catch (const UserError&) {  // say what it is instead
+  if (!file.is_integer_vector("input_ids")) {  // say what it is instead
     const DatasetInfo info = file.dataset_info("input_ids");
     HYDRA_USER_CHECK(info.shape.size() == 1, "{}: 'input_ids' has {} dimensions, expected 1 ([T])", path,
                      info.shape.size());
     HYDRA_USER_FAIL("{}: 'input_ids' is {}, expected int32 or int64 (or a narrower integer type)", path,
                     dtype_name(info.dtype));
   }
-  HYDRA_USER_CHECK(ids->length > 0, "{}: input is empty (input_ids has 0 tokens)", path);
-  return *ids;
+  // Its storage checked against its shape (H5File::check_storage: a chunk never written is an error).
+  const H5File::IntegerVectorInfo ids = file.integer_vector_info("input_ids");
+  HYDRA_USER_CHECK(ids.length > 0, "{}: input is empty (input_ids has 0 tokens)", path);
+  return ids;
+}
+// "no entries", "1 entry: [5]", "3 entries, 0 .. 12": what a document_offsets dataset holds, for messages.
+std::string offsets_summary(int64_t n, int64_t first, int64_t last) {
+  if (n == 0) return "no entries";
+  if (n == 1) return fmt::format("1 entry: [{}]", first);
+  return fmt::format("{} entries, {} .. {}", n, first, last);
 }
 }  // namespace
 
@@ -106,8 +110,8 @@ TokenData read_token_data(const std::string& path, int64_t vocab_size) {
     data.document_offsets = file.read_integer_vector("document_offsets");
     const std::vector<int64_t>& o = data.document_offsets;
     HYDRA_USER_CHECK(o.size() >= 2 && o.front() == 0 && o.back() == t,
-                     "{}: document_offsets must run from 0 to the {} tokens (got {} entries{})", path, t, o.size(),
-                     o.empty() ? "" : fmt::format(", {} .. {}", o.front(), o.back()));
+                     "{}: document_offsets must run from 0 to the {} tokens (got {})", path, t,
+                     offsets_summary(static_cast<int64_t>(o.size()), o.empty() ? 0 : o.front(), o.empty() ? 0 : o.back()));
     for (size_t i = 1; i < o.size(); ++i) {
       HYDRA_USER_CHECK(o[i] > o[i - 1], "{}: document_offsets[{}] = {} does not exceed document_offsets[{}] = {} "
                        "(documents must be non-empty, in order)", path, i, o[i], i - 1, o[i - 1]);
@@ -167,13 +171,14 @@ TokenReader::TokenReader(const std::string& path, int64_t vocab_size) : s_(std::
     s.has_documents = true;
     const int64_t n = s.offsets.length;
     int64_t ends[2] = {-1, -1};
-    if (n >= 2) {
+    if (n >= 1) {
       s.file.read_integer_range("document_offsets", 0, std::span<int64_t>(ends, 1));
       s.file.read_integer_range("document_offsets", n - 1, std::span<int64_t>(ends + 1, 1));
     }
+    // The same words as read_token_data's check.
     HYDRA_USER_CHECK(n >= 2 && ends[0] == 0 && ends[1] == t,
-                     "{}: document_offsets must run from 0 to the {} tokens (got {} entries{})", path, t, n,
-                     n == 0 ? "" : fmt::format(", {} .. {}", ends[0], ends[1]));
+                     "{}: document_offsets must run from 0 to the {} tokens (got {})", path, t,
+                     offsets_summary(n, ends[0], ends[1]));
   }
   if (s.file.has_dataset("answer_start") || s.file.has_dataset("answer_length")) {
     const std::vector<int64_t> start = s.file.read_integer_vector("answer_start");

@@ -12,6 +12,8 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -20,6 +22,7 @@
 #include "runtime/content_hash.h"
 #include "runtime/error.h"
 #include "runtime/hdf5_file.h"
+#include "runtime/json_integer.h"
 #include "runtime/log.h"
 #include "runtime/token_file.h"
 
@@ -125,10 +128,21 @@ TokenFileIdentity compute_token_file_identity(const std::string& path, int64_t w
 }
 
 namespace {
+std::string window_index_key(const std::string& identity, int64_t seq_len) {
+  return fmt::format("{} seq_len {}", identity, seq_len);
+}
 std::string window_index_entry(const std::string& identity, int64_t seq_len) {
-  const std::string key = fmt::format("{} seq_len {}", identity, seq_len);
+  const std::string key = window_index_key(identity, seq_len);
   return (fs::path(token_identity_cache_dir()) / "token-index" / (hash_hex(hash_bytes(key.data(), key.size())) + ".i32"))
       .string();
+}
+// The entry's checksum: XXH3 of its key (the identity and seq_len) and its counts, so an entry that
+// was damaged, cut short, edited or copied from another file's name does not verify.
+uint64_t window_index_checksum(const std::string& identity, int64_t seq_len, const std::vector<int32_t>& index) {
+  Hasher h;
+  h.text(window_index_key(identity, seq_len));
+  h.update(index.data(), index.size() * sizeof(int32_t));
+  return h.digest();
 }
 }  // namespace
 
@@ -136,10 +150,22 @@ std::optional<std::vector<int32_t>> load_window_index(const std::string& identit
   if (token_identity_cache_dir().empty()) return std::nullopt;
   const std::string entry = window_index_entry(identity, seq_len);
   std::error_code ec;
-  if (fs::file_size(entry, ec) != static_cast<uintmax_t>(windows) * 4 || ec) return std::nullopt;
+  // A regular file of the counts (4 bytes a window) and their checksum (8 bytes, little-endian).
+  if (!fs::is_regular_file(entry, ec) || fs::file_size(entry, ec) != static_cast<uintmax_t>(windows) * 4 + 8 || ec) {
+    return std::nullopt;
+  }
   std::vector<int32_t> index(static_cast<size_t>(windows));
-  std::ifstream in(entry, std::ios::binary);
-  if (!in || !in.read(reinterpret_cast<char*>(index.data()), windows * 4)) return std::nullopt;
+  uint64_t stored = 0;
+  try {
+    std::ifstream in(entry, std::ios::binary);
+    if (!in || !in.read(reinterpret_cast<char*>(index.data()), windows * 4) ||
+        !in.read(reinterpret_cast<char*>(&stored), sizeof(stored))) {
+      return std::nullopt;
+    }
+  } catch (const std::exception&) {  // a read error of the stream: an entry not used
+    return std::nullopt;
+  }
+  if (stored != window_index_checksum(identity, seq_len, index)) return std::nullopt;
   if (!std::all_of(index.begin(), index.end(), [&](int32_t c) { return c >= 0 && c <= seq_len; })) return std::nullopt;
   return index;
 }
@@ -152,8 +178,10 @@ void store_window_index(const std::string& identity, int64_t seq_len, const std:
     fs::create_directories(fs::path(entry).parent_path());
     AtomicFile out(entry);
     {
+      const uint64_t checksum = window_index_checksum(identity, seq_len, index);
       std::ofstream o(out.temp_path(), std::ios::binary);
       o.write(reinterpret_cast<const char*>(index.data()), static_cast<std::streamsize>(index.size() * 4));
+      o.write(reinterpret_cast<const char*>(&checksum), sizeof(checksum));
       HYDRA_USER_CHECK(o.good(), "writing {} failed", out.temp_path());
     }
     out.commit();
@@ -202,13 +230,32 @@ CacheEntry cache_entry(const std::string& kind, const std::string& path) {
                     absolute, stamp_of(path).json()};
 }
 
-// The cached fields when the entry is fresh (same version, path and stamp), else null.
+// XXH3 hex of an entry's fields without its checksum (nlohmann dumps an object's keys in order).
+std::string entry_checksum(nlohmann::json fields) {
+  fields.erase("checksum");
+  const std::string text = fields.dump();
+  return hash_hex(hash_bytes(text.data(), text.size()));
+}
+
+// The cached fields when the entry is a regular file of JSON whose checksum verifies (damage, a cut,
+// an edit) and that is fresh (same version, path and stamp), else null: the caller computes again.
 nlohmann::json read_cache(const CacheEntry& e) {
   if (token_identity_cache_dir().empty()) return nlohmann::json();
-  std::ifstream in(e.path);
-  nlohmann::json cached = in ? nlohmann::json::parse(in, nullptr, false) : nlohmann::json();
-  const bool fresh = cached.is_object() && cached.value("version", 0) == kIdentityVersion &&
-                     cached.value("path", "") == e.absolute && cached.value("stamp", nlohmann::json()) == e.stamp;
+  std::error_code ec;
+  if (!fs::is_regular_file(e.path, ec) || fs::file_size(e.path, ec) > (size_t{1} << 20)) return nlohmann::json();
+  nlohmann::json cached;
+  try {
+    std::ifstream in(e.path);
+    std::stringstream text;
+    text << in.rdbuf();
+    cached = nlohmann::json::parse(text.str(), nullptr, false);
+  } catch (const std::exception&) {
+    return nlohmann::json();
+  }
+  const auto is = [&](const char* key, const nlohmann::json& value) { return cached.contains(key) && cached[key] == value; };
+  const bool fresh = cached.is_object() && cached.contains("checksum") && cached["checksum"].is_string() &&
+                     cached["checksum"].get<std::string>() == entry_checksum(cached) && is("version", kIdentityVersion) &&
+                     is("path", e.absolute) && is("stamp", e.stamp);
   return fresh ? cached : nlohmann::json();
 }
 
@@ -221,9 +268,26 @@ void write_cache(const CacheEntry& e, const std::string& path, nlohmann::json fi
     fields["version"] = kIdentityVersion;
     fields["path"] = e.absolute;
     fields["stamp"] = e.stamp;
+    fields["checksum"] = entry_checksum(fields);
     write_text_atomically(e.path.string(), fields.dump() + "\n");
   } catch (const std::exception& ex) {
     log::warn("the fingerprint of {} is not cached ({}): the next start reads the file again", path, ex.what());
+  }
+}
+
+// A verified entry's identity, its fields of the kinds written and its token count the file's (its
+// shape, cheap to read); nullopt otherwise (computed again).
+std::optional<TokenFileIdentity> cached_identity(const nlohmann::json& cached, const std::string& path) {
+  try {
+    if (!cached.is_object() || !cached.contains("fingerprint") || !cached["fingerprint"].is_string()) return std::nullopt;
+    TokenFileIdentity id{cached["fingerprint"].get<std::string>(), json_integer(cached.at("tokens"), "tokens"),
+                         json_integer(cached.at("min_id"), "min_id"), json_integer(cached.at("max_id"), "max_id")};
+    if (id.tokens != token_file_length(path) || id.min_id < 0 || id.min_id > id.max_id) return std::nullopt;
+    return id;
+  } catch (const UserError&) {  // a field of another kind
+    return std::nullopt;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
   }
 }
 
@@ -232,10 +296,9 @@ void write_cache(const CacheEntry& e, const std::string& path, nlohmann::json fi
 TokenFileIdentity token_file_identity(const std::string& path, bool* reused, int64_t window_seq_len) {
   const CacheEntry entry = cache_entry("token-identity", path);
   if (reused) *reused = false;
-  if (const nlohmann::json cached = read_cache(entry); cached.contains("fingerprint") && cached["fingerprint"].is_string()) {
+  if (const std::optional<TokenFileIdentity> cached = cached_identity(read_cache(entry), path)) {
     if (reused) *reused = true;
-    return TokenFileIdentity{cached["fingerprint"].get<std::string>(), cached.value("tokens", int64_t{0}),
-                             cached.value("min_id", int64_t{0}), cached.value("max_id", int64_t{0})};
+    return *cached;
   }
   std::vector<int32_t> index;
   const TokenFileIdentity id = compute_token_file_identity(path, window_seq_len, &index);

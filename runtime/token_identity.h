@@ -18,6 +18,11 @@
 // now: any write, copy, rename over or touch of the file changes its ctime (which no user call can
 // set back), so a stale entry is never used; the identity is then computed again (and cached).
 // An unwritable cache directory only costs the pass on every start (a warning says so).
+// A cache never changes what trains: each entry carries an XXH3 of its own fields (the window index:
+// of its key and counts), and an entry that does not verify — damaged, cut, edited, replaced by a
+// folder or a link to a non-file, of another kind — is ignored and computed again, never an error.
+// (The checksum finds damage and stray writes; it is not a signature. The trainer still compares
+// each step's counted targets with the index and names a cached index that disagrees.)
 #pragma once
 
 #include <cstdint>
@@ -51,7 +56,9 @@ TokenFileIdentity token_file_identity(const std::string& path, bool* reused = nu
 
 // The window index cache: counted targets per window of a file's windows of `seq_len` tokens, under
 // token_identity_cache_dir()/token-index/, keyed by the content identity and seq_len (equal contents
-// give the same index, so an entry is never stale; a wrong-sized or out-of-range entry is ignored).
+// give the same index, so an entry is never stale): the int32 counts, then the XXH3 of the key and
+// the counts (8 bytes, little-endian). An entry of another size, whose checksum does not verify, or
+// with a count outside [0, seq_len] is ignored (nullopt: the caller counts again).
 std::optional<std::vector<int32_t>> load_window_index(const std::string& identity, int64_t seq_len, int64_t windows);
 // Written atomically; an unwritable cache is a warning (the next start counts again).
 void store_window_index(const std::string& identity, int64_t seq_len, const std::vector<int32_t>& index,

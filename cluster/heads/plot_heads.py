@@ -31,6 +31,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from figure_file import save_figure  # noqa: E402
+
 ALL_SCORES = ("composite", "total", "direct", "lm")
 LABELS = {
     "composite": "composite",
@@ -76,10 +79,14 @@ def read_json(path):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("scores", help="heads.h5 (hydra select-heads --out-h5) or heads.json (--out)")
-    p.add_argument("--out", required=True, help="PNG to write")
+    p.add_argument("--out", required=True, help="the figure to write, in the format its extension names (.png, .svg, .pdf)")
     p.add_argument("--scores", dest="which", default=",".join(ALL_SCORES), help="panels, a comma list of " + ", ".join(ALL_SCORES))
     p.add_argument("--title", default="", help="figure title")
     args = p.parse_args()
+    # An output naming an input would replace what is read: refused before any work.
+    for path in [args.scores]:
+        if os.path.exists(args.out) and os.path.exists(path) and os.path.samefile(args.out, path):
+            raise SystemExit(f"plot_heads: --out {args.out} is {path}, an input: name another output (it would be replaced)")
 
     scores, mask, meta = read_h5(args.scores) if args.scores.endswith((".h5", ".hdf5")) else read_json(args.scores)
     which = [s for s in args.which.split(",") if s]
@@ -119,14 +126,7 @@ def main():
         title = f"{meta.get('model', '')}  budget {budget} ({mode}); outlined: full-attention heads".strip()
     if title:
         fig.suptitle(title, fontsize=10)
-    directory = os.path.dirname(os.path.abspath(args.out))
-    temp = os.path.join(directory, f".{os.path.basename(args.out)}.tmp-{os.getpid()}.png")
-    try:
-        fig.savefig(temp, dpi=150)
-        os.replace(temp, args.out)
-    finally:
-        if os.path.exists(temp):
-            os.remove(temp)
+    save_figure(fig, args.out, "plot_heads")
     kept = int(mask.sum()) if mask is not None else None
     print(json.dumps({"command": "plot_heads", "scores": which, "layers": layers, "heads": heads, "fa_heads": kept, "out": args.out}))
 

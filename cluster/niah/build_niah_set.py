@@ -98,17 +98,29 @@ def parse_list(text, parse, what):
         raise SystemExit(f"build_niah_set: {what}: '{text}' is not a comma-separated list")
 
 
+def separator_in_text(pieces, sep=","):
+    """The one id `sep` is between two words of running text ("7, 8"), found by the tokens' offsets.
+    Encoded alone it may be more: a tokenizer that marks a string's start (Metaspace's default
+    prepend_scheme "always") encodes "," by itself as "▁" ","; inside text it is the "," after a word,
+    which is what a model reads and writes between a list's items."""
+    text = f"7{sep} 8"
+    enc = pieces.encode(text)
+    begin, end = 1, 1 + len(sep)
+    covering = [(i, a, b) for i, (a, b) in zip(enc.ids, enc.offsets) if a < end and b > begin]
+    if len(covering) != 1 or covering[0][1:] != (begin, end):
+        raise SystemExit(f"build_niah_set: {sep!r} is not one token between two words in this tokenizer "
+                         f"({text!r} encodes as {enc.tokens}); task {pieces.task} needs it as one (its answers' item "
+                         "separator)")
+    return covering[0][0]
+
+
 class Items:
     """An answer of several items: each tokenized alone (leading space), joined by the separator id,
-    the id of "," (the set's item_separator)."""
+    the id of "," as running text holds it (the set's item_separator)."""
 
     def __init__(self, pieces):
         self.pieces = pieces
-        sep = pieces.ids(",")
-        if len(sep) != 1:
-            raise SystemExit(f"build_niah_set: ',' is {len(sep)} tokens in this tokenizer; task {pieces.task} needs it "
-                             "as one token (its answers' item separator)")
-        self.separator = sep[0]
+        self.separator = separator_in_text(pieces)
 
     def answer(self, items):
         ids = []
@@ -262,6 +274,11 @@ def main():
     p.add_argument("--top-words", type=int, default=3, help="fwe: the most frequent words to answer")
     p.add_argument("--out", required=True, help="eval set to write (.h5)")
     p.add_argument("--preview", action="store_true", help="print the decoded end of the first sample")
+    p.add_argument("--calibration", action="store_true",
+                   help="a select-heads --calib set: only samples whose answer length two different answers share")
+    p.add_argument("--vary-haystack", action="store_true",
+                   help="each sample's haystack is cut from the text from a sentence start of its own (seeded like its "
+                        "keys), not from the text's start: training sets, where one haystack for all samples would be learnt")
     args = p.parse_args()
 
     lengths = parse_list(args.lengths, parse_size, "--lengths")
@@ -281,11 +298,36 @@ def main():
         raise SystemExit(f"build_niah_set: --words {args.words}: no such file")
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise SystemExit(f"build_niah_set: {args.out}: the output directory does not exist")
-    tokenizer = Tokenizer.from_file(args.tokenizer)
-    with open(args.haystack, encoding="utf-8") as f:
-        text = f.read()
+    for flag, path in (("--tokenizer", args.tokenizer), ("--haystack", args.haystack), ("--words", args.words)):
+        if path and not os.path.isfile(path):
+            raise SystemExit(f"build_niah_set: {flag} {path}: no such file")
+        if path and os.path.exists(args.out) and os.path.samefile(args.out, path):
+            raise SystemExit(f"build_niah_set: --out {args.out} is {flag} {path}, an input: name another output "
+                             "(it would be replaced)")
+    try:
+        tokenizer = Tokenizer.from_file(args.tokenizer)
+    except Exception as e:  # the library raises a plain Exception with serde's message
+        raise SystemExit(f"build_niah_set: --tokenizer {args.tokenizer}: not a tokenizer.json the tokenizers library "
+                         f"reads ({str(e).splitlines()[0][:200]})")
+    try:
+        with open(args.haystack, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise SystemExit(f"build_niah_set: --haystack {args.haystack}: not UTF-8 text (byte {e.start}: {e.reason})")
     pieces = TextPieces(tokenizer, args.task)
-    hay, starts = haystack_tokens(pieces, text, max(lengths) + 2048)  # room to end on a sentence
+    # With --vary-haystack the whole text is encoded (at least one sample's room past any start).
+    hay, starts = haystack_tokens(pieces, text, max(lengths) + 2048 if not args.vary_haystack else 0)
+    hay, starts = (hay, starts) if len(hay) >= max(lengths) + 2048 else haystack_tokens(pieces, text, max(lengths) + 2048)
+
+    def haystack_of(task, length, index):
+        """The haystack of one sample: the text from a sentence start drawn from (seed, task, length,
+        index) with --vary-haystack (room for the sample after it), else the text's start."""
+        if not args.vary_haystack:
+            return hay, starts
+        room = len(hay) - (length + 2048)
+        choices = starts[starts <= room]
+        o = int(choices[random.Random(f"{args.seed}/{task}/{length}/{index}/haystack").randrange(len(choices))])
+        return hay[o:], starts[starts >= o] - o
 
     samples = []
     separator = pieces.items.separator if pieces.items else None  # list answers: multivalue and RULER's four
@@ -293,7 +335,8 @@ def main():
         for length in lengths:
             for depth in depths:
                 for index in range(args.samples):
-                    ids, answer_start, answer_length, needle = build_sample(pieces, hay, starts, args, length, depth, index)
+                    h, st = haystack_of(args.task, length, index)
+                    ids, answer_start, answer_length, needle = build_sample(pieces, h, st, args, length, depth, index)
                     samples.append(dict(ids=ids, answer_start=answer_start, answer_length=answer_length, length=length,
                                         depth=depth, sample_index=index, needle_position=needle))
     else:
@@ -302,8 +345,20 @@ def main():
             # cwe and fwe place nothing at a depth: one cell per length (depth 0), as eval-niah --task.
             for depth in depths if ruler_text.HAS_DEPTH[args.task] else [0]:
                 for index in range(args.samples):
-                    sample, _ = ruler_text.build_family(pieces, pieces.items, hay, starts, pool, args, length, depth, index)
+                    h, st = haystack_of(args.task, length, index)
+                    sample, _ = ruler_text.build_family(pieces, pieces.items, h, st, pool, args, length, depth, index)
                     samples.append(dict(sample, length=length, depth=depth, sample_index=index))
+    if args.calibration:
+        # select-heads corrupts a prompt with another sample's answer of the same token length: keep the
+        # samples whose answer length at least two different answers have.
+        answers = {}
+        for x in samples:
+            a = tuple(x["ids"][x["answer_start"]:x["answer_start"] + x["answer_length"]])
+            answers.setdefault(len(a), set()).add(a)
+        samples = [x for x in samples if len(answers[x["answer_length"]]) >= 2]
+        if not samples:
+            raise SystemExit("build_niah_set: --calibration: no two samples have different answers of one token length "
+                             "(more --samples)")
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     source = (f"build_niah_set.py tokenizer={os.path.basename(args.tokenizer)} "
               f"haystack={os.path.basename(args.haystack)} seed={args.seed}")

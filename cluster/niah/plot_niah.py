@@ -32,6 +32,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from figure_file import save_figure  # noqa: E402
+
 
 def format_length(n):
     """4096 -> '4K', 524288 -> '512K', as hydra prints sizes."""
@@ -61,18 +64,6 @@ def read_cells(paths):
     return cells
 
 
-def save(fig, out):
-    """Writes the PNG under a temporary name and renames it: a reader never sees half a file."""
-    directory = os.path.dirname(os.path.abspath(out))
-    temp = os.path.join(directory, f".{os.path.basename(out)}.tmp-{os.getpid()}.png")
-    try:
-        fig.savefig(temp, dpi=150)
-        os.replace(temp, out)
-    finally:
-        if os.path.exists(temp):
-            os.remove(temp)
-
-
 def ruler_scores(cells):
     """{task: {length: mean recall}} weighted by samples, as model/eval/niah_report.cpp's RULER table."""
     sums = {}
@@ -90,6 +81,11 @@ TASK_ORDER = ("single", "multikey", "multivalue", "multiquery", "vartrack", "cwe
 
 def task_key(task):
     return (TASK_ORDER.index(task) if task in TASK_ORDER else len(TASK_ORDER), task)
+
+
+def scoring(cells):
+    """The scoring mode of the cells ("generate", "teacher-forced"; both named if mixed)."""
+    return " + ".join(sorted({row.get("score", "teacher-forced") for row in cells.values()}))
 
 
 def plot_ruler(cells, title):
@@ -111,7 +107,7 @@ def plot_ruler(cells, title):
     ax.set_ylabel("score (mean recall, %)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    ax.set_title(title or "RULER score by length")
+    ax.set_title(title or f"RULER score by length ({scoring(cells)})")
     return fig, tasks
 
 
@@ -123,11 +119,15 @@ def main():
     p.add_argument("--ruler", action="store_true", help="RULER's curves: mean recall by length, one line per task")
     p.add_argument("--title", default="", help="figure title")
     args = p.parse_args()
+    # An output naming an input would replace what is read: refused before any work.
+    for path in args.results:
+        if os.path.exists(args.out) and os.path.exists(path) and os.path.samefile(args.out, path):
+            raise SystemExit(f"plot_niah: --out {args.out} is {path}, an input: name another output (it would be replaced)")
 
     cells = read_cells(args.results)
     if args.ruler:
         fig, tasks = plot_ruler(cells, args.title)
-        save(fig, args.out)
+        save_figure(fig, args.out, "plot_niah")
         print(json.dumps({"command": "plot_niah", "kind": "ruler", "tasks": tasks, "cells": len(cells), "out": args.out}))
         return 0
     tasks = sorted({t for t, _, _ in cells}, key=task_key)
@@ -160,12 +160,13 @@ def main():
             ax.set_ylabel("needle depth")
         samples = sorted({cells[(task, l, d)]["samples"] for l in lengths for d in depths if (task, l, d) in cells})
         mean = np.nanmean(grid)
-        ax.set_title(f"{task}: mean {args.metric.replace('_', ' ')} {mean:.3f}\n"
-                     f"({'/'.join(map(str, samples))} samples per cell)", fontsize=10)
+        label = args.metric.replace("_", " ")  # mean_recall is a mean already: no "mean mean recall"
+        ax.set_title(f"{task}: {label if label.startswith('mean ') else 'mean ' + label} {mean:.3f}\n"
+                     f"({'/'.join(map(str, samples))} samples per cell, {scoring(cells)})", fontsize=10)
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.85, label=args.metric.replace("_", " "))
     if args.title:
         fig.suptitle(args.title)
-    save(fig, args.out)
+    save_figure(fig, args.out, "plot_niah")
     print(json.dumps({"command": "plot_niah", "tasks": tasks, "cells": len(cells), "out": args.out}))
 
 

@@ -43,6 +43,7 @@ elif [[ "${gpus:-0}" -eq 0 ]] || ! "$H" forward --preset hydrahead-tiny --seq-le
   exit 77
 fi
 status=0
+zero_rel=1e-6; [[ $device == cuda ]] && zero_rel=2e-3
 step() { echo "== $*"; }
 # A command on P ranks sharing the GPUs (P = 0: one process, no mpirun).
 on() {
@@ -106,8 +107,12 @@ check3() {
       # Four steps of bf16 training on other blockings: 2e-3 relative a step.
       held $C losses "$out/t-$p-z$z" "$out/t-1" --rel 2e-3
     done
-    # ZeRO-1 against replicated on the same ranks: each gradient element is summed in the same order.
-    held $C losses "$out/t-$p-z1" "$out/t-$p-z0" --rel 1e-6
+    # ZeRO-1 against replicated on the same ranks: each gradient element is summed in the same order,
+    # so on CPU ranks the losses are equal to 1e-6. On the GPU two runs of one command already differ
+    # in the last bits (the attention backward's dq and the embedding gradient are added with
+    # atomics; 2.1e-5 relative in 4 steps on an H100): the bound is the one against one rank, and
+    # the same gradients giving the same weights is test_parallel_gpu's GpuZero test.
+    held $C losses "$out/t-$p-z1" "$out/t-$p-z0" --rel "$zero_rel"
   done
   if (( ${#big_train_ranks[@]} )); then
     # Shapes whose P copies fit the card: hydrahead-tiny at the same length.
@@ -117,7 +122,7 @@ check3() {
         train "$p" --preset hydrahead-tiny --zero $z --save-every -1 --out-dir "$out/tt-$p-z$z" > "$out/tt-$p-z$z.log" 2>&1 || status=1
         held $C losses "$out/tt-$p-z$z" "$out/tt-1" --rel 2e-3
       done
-      held $C losses "$out/tt-$p-z1" "$out/tt-$p-z0" --rel 1e-6
+      held $C losses "$out/tt-$p-z1" "$out/tt-$p-z0" --rel "$zero_rel"
     done
   fi
 }

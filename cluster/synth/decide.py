@@ -13,6 +13,16 @@ distribution, measured exactly rather than drawn.
 F adds the interaction of scale_norm vs gate with the band: Δ outside − Δ inside (normal interval,
 the two bootstrap standard errors in quadrature).
 
+Ceiling and floor. A comparison where both arms score ≥ 0.95 on its items (or both ≤ chance + 0.05,
+chance being the blind scorer's accuracy on those items: plan.json "chance" per task, 0 when absent)
+is marked "at ceiling" / "at floor" whatever its interval: zero discordant items at 1.000 say nothing
+about the arms, so such a row is never "equivalent" (nor a win).
+
+Arms added for issue 58: a student's `stages` (a subset of align, distill, finetune: the stage
+ablations) is part of its arm; heads `teacher` is the teacher fine-tuned with the students' finetune
+tokens (the fair all-FA arm); `layerwise:E@k` students of one E are also pooled into one arm, "layer-wise
+at every position" (its members are the positions).
+
 Bands. inside = evaluation lengths up to the finetune length, outside = longer; depths 0–75
 ("needle in the haystack") apart from depth 100 (the needle right before the question, which a
 recurrent state alone can answer); tasks = those the teacher solves at its training length
@@ -31,6 +41,20 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import results_files as rf  # noqa: E402  (cluster/: a folder's files, plain, gzipped or archived)
 
 MARGIN = 0.05  # equivalence margin on the accuracy difference (absolute)
+CEILING = 0.95  # both arms at or above: at the ceiling
+FLOOR = 0.05    # both arms at or below chance + this: at the floor
+FULL_STAGES = "align,distill,finetune"
+
+
+def bound(r, chance):
+    """"at ceiling …" / "at floor …" when both arms of the comparison r sit there, else None."""
+    if r is None:
+        return None
+    if r["acc_a"] >= CEILING and r["acc_b"] >= CEILING:
+        return f"at ceiling (both ≥ {CEILING:g})"
+    if r["acc_a"] <= chance + FLOOR and r["acc_b"] <= chance + FLOOR:
+        return f"at floor (both ≤ chance {chance:.2f} + {FLOOR:g})"
+    return None
 
 
 def read_items(path):
@@ -52,7 +76,9 @@ def arm_key(student):
     heads = re.sub(r"^(random-global:\d+)@\d+$", r"\1", heads)
     if heads.startswith("file:") and heads.endswith("/heads.json"):
         heads = "selected"  # select-heads' per-layer choice (plan.json records the run's absolute path)
-    return f"{heads}|{student['fusion']}"
+    stages = student.get("stages", FULL_STAGES)
+    # The teacher arm has one stage (finetune) by definition: not an ablation.
+    return f"{heads}|{student['fusion']}" + ("" if stages == FULL_STAGES or heads == "teacher" else f"|{stages}")
 
 
 def band_items(all_items, tasks, lengths, depths):
@@ -128,13 +154,22 @@ def decide(res, plan, models, teacher_items, items_of, heads_json, margin=MARGIN
              ("inside, depth 100", inside, [100]), ("outside, depth 100", outside, [100])]
     rows, lines = [], []
 
+    chance_of = plan.get("chance") or {}
+
+    def chance(universe):
+        return sum(float(chance_of.get(k[0], 0.0)) for k in universe) / len(universe) if universe else 0.0
+
     def compare_one(question, a_label, a_names, b_label, b_names, band, lens, deps, tl):
         universe = band_items(teacher_items or items_of[a_names[0]], tl, lens, deps)
         r = stats.paired_difference(members(a_names), members(b_names), items=universe)
         v = stats.verdict(r["lo"], r["hi"], margin) if r else "missing data"
         v = v.replace("A better", f"{a_label} better").replace("B better", f"{b_label} better")
+        at = bound(r, chance(universe))
+        if at:
+            v = at
+        # arm_a/arm_b name the arms (the row's a and b are McNemar's discordant counts when it has them).
         rows.append({"question": question, "a": a_label, "b": b_label, "band": band, "tasks": tl, "verdict": v,
-                     **(r or {})})
+                     "bound": at, "chance": chance(universe), **(r or {}), "arm_a": a_label, "arm_b": b_label})
         lines.append(f"| {question} | {a_label} vs {b_label} | {band} | {fmt_cmp(r)} | **{v}** |")
 
     def compare(question, a_label, a_names, b_label, b_names, band_list=bands, task_list=None):
@@ -150,18 +185,23 @@ def decide(res, plan, models, teacher_items, items_of, heads_json, margin=MARGIN
         """(Δ outside − Δ inside) at depths 0–75: does the gap between A and B change beyond the finetune
         length? The two Δ come from disjoint items, so their standard errors (bootstrap interval / 3.92)
         add in quadrature; normal 95% interval."""
-        d = []
+        d, at = [], []
         for lens in (outside, inside):
             universe = band_items(teacher_items or items_of[a_names[0]], tasks, lens, haystack)
             d.append(stats.paired_difference(members(a_names), members(b_names), items=universe))
+            at.append(bound(d[-1], chance(universe)))
         if None in d:
             return
         est = d[0]["diff"] - d[1]["diff"]
         se = math.hypot((d[0]["hi"] - d[0]["lo"]) / 3.92, (d[1]["hi"] - d[1]["lo"]) / 3.92)
         lo, hi = est - 1.96 * se, est + 1.96 * se
         v = stats.verdict(lo, hi, margin).replace("A better", "the gap grows outside").replace("B better", "the gap shrinks outside")
+        # Both bands at the ceiling (or floor): the gap is 0 inside and out because neither arm can move.
+        both = at[0] if at[0] and at[1] else None
+        if both:
+            v = both + " inside and outside"
         rows.append({"question": question, "band": "outside − inside, depths 0–75", "diff": est, "lo": lo, "hi": hi,
-                     "verdict": v, "tasks": tasks})
+                     "verdict": v, "tasks": tasks, "bound": both})
         lines.append(f"| {question} | Δ outside − Δ inside | depths 0–75 | {d[0]['diff']:+.3f} − {d[1]['diff']:+.3f} = {est:+.3f} "
                      f"[{lo:+.3f}, {hi:+.3f}] (normal, bootstrap SEs in quadrature) | **{v}** |")
 
@@ -188,6 +228,13 @@ def decide(res, plan, models, teacher_items, items_of, heads_json, margin=MARGIN
                     band_list=(per_length if fusion == "concat" else bands[:2]))
             if fusion == "gate":
                 interaction(f"F scale_norm vs {fusion}: interaction", base, other)
+    # F: concat against every fusion other than scale_norm (the paper: concat is the worst).
+    concat = find(selected_heads, "concat")
+    for fusion in ("gate", "norm", "scale"):
+        other = find(selected_heads, fusion)
+        if concat and other:
+            compare(f"F concat worst: {fusion} vs concat", f"{fusion} ({len(other)} seeds)", other,
+                    f"concat ({len(concat)} seeds)", concat, band_list=bands[:2])
     # L: 7:1 head-wise vs every layer-wise placement and the all-FA student; the default plan's pairs.
     headwise = base
     n_heads = (plan.get("model_shape") or {}).get("heads")
@@ -196,9 +243,36 @@ def decide(res, plan, models, teacher_items, items_of, heads_json, margin=MARGIN
         if heads.startswith("layerwise:") or heads == "uniform:0" or heads == f"uniform:{n_heads}":
             label = "all-GDN" if heads == "uniform:0" else ("all-FA" if heads == f"uniform:{n_heads}" else heads)
             compare("L head-wise vs " + label, "7:1 head-wise", headwise, label, names)
+    # Layer-wise at every position of one period E, pooled (members: the positions).
+    by_period = {}
+    for key, names in arms.items():
+        m = re.match(r"^layerwise:(\d+)@\d+\|scale_norm$", key)
+        if m:
+            by_period.setdefault(int(m.group(1)), []).extend(names)
+    for period, names in sorted(by_period.items()):
+        if len(names) > 1:
+            compare(f"L head-wise vs layer-wise {period - 1}:1, every position", "7:1 head-wise", headwise,
+                    f"layerwise:{period} ({len(names)} positions)", names)
+    # The fair all-FA arm: the RoPE teacher fine-tuned with the students' finetune tokens.
+    fair = find("teacher")
+    if headwise and fair:
+        compare("X head-wise vs fair all-FA", "7:1 head-wise", headwise, "teacher fine-tuned", fair)
     rand = find("random:1")
     if headwise and rand:
         compare("selected vs random:1", "7:1 selected", headwise, "7:1 random:1", rand)
+    # The central claim at the per-layer choice's own budget: select-heads' per-layer heads against
+    # random-global draws of as many heads.
+    n_sel = sum(len(layer) for layer in (heads_json or {}).get("fa_heads", []))
+    rand_k = find(f"random-global:{n_sel}") if n_sel else None
+    if headwise and rand_k:
+        compare(f"S per-layer top vs random (K={n_sel})", f"selected per layer ({len(headwise)} seeds)", headwise,
+                f"random-global:{n_sel} ({len(rand_k)} draws)", rand_k)
+    # Stage ablations: the head-wise students without one stage against the full pipeline.
+    for key, names in sorted(arms.items()):
+        parts = key.split("|")
+        if len(parts) == 3 and parts[0] == selected_heads and parts[1] == "scale_norm" and headwise:
+            missing = [st for st in FULL_STAGES.split(",") if st not in parts[2].split(",")]
+            compare(f"T full vs no {'+'.join(missing)}", "all three stages", headwise, f"without {'+'.join(missing)}", names)
 
     # Plots: accuracy vs FA budget; single-head accuracy vs head score.
     def accuracy(names, lens):
@@ -243,7 +317,9 @@ def decide(res, plan, models, teacher_items, items_of, heads_json, margin=MARGIN
            "Δ = accuracy of A − B over the items of the band; the 95% interval is a paired bootstrap (2000 resamples of the "
            "items, and of the training seeds / random draws / heads within an arm that has several); McNemar's exact p "
            f"is given where both arms are one model. Verdict: A or B better when the interval excludes 0; **equivalent** "
-           f"when it lies within ±{margin:g} (the equivalence margin); **undecided** otherwise.", "",
+           f"when it lies within ±{margin:g} (the equivalence margin); **undecided** otherwise; and whatever the interval, "
+           f"**at ceiling** when both arms score ≥ {CEILING:g} on the band's items, **at floor** when both score ≤ "
+           f"chance + {FLOOR:g}: arms that cannot move are not compared.", "",
            f"Bands: inside = lengths ≤ the finetune length {ft} ({', '.join(map(str, inside))}), outside = longer "
            f"({', '.join(map(str, outside)) or 'none'}); depths 0–75 apart from depth 100. Tasks: {tasks_note}.", "",
            "| question | A vs B | band | A vs B accuracy, Δ [95%], items, test | verdict |", "|---|---|---|---|---|"]
@@ -306,3 +382,29 @@ def scatter_svg(points, spear):
             parts.append(f'<circle cx="{sx(x):.1f}" cy="{y0 + h - y * h:.1f}" r="4" fill="#1f77b4" opacity="0.7"><title>{n}</title></circle>')
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def main(res):
+    """Decisions and claims of a results folder from its plan.json, evals/ and heads.json (what report.py
+    does for these two files, without rewriting the others)."""
+    import claims
+    plan = json.loads(rf.read_text(os.path.join(res, "plan.json")))
+    models = ["teacher"] + [st["name"] for st in plan.get("students", [])]
+    items_of = {m: read_items(os.path.join(res, "evals", f"{m}.niah.jsonl")) for m in models}
+    heads_path = os.path.join(res, "heads.json")
+    heads_json = json.loads(rf.read_text(heads_path)) if rf.exists(heads_path) else None
+    decide(res, plan, models, items_of.get("teacher", {}), items_of, heads_json)
+    with open(os.path.join(res, "decisions.json")) as f:
+        claims.write(res, json.load(f), plan)
+    print(f"decide: wrote decisions.md, decisions.json, claims.md, claims.json, budget_accuracy.svg, "
+          f"head_score_accuracy.svg in {res}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if len(sys.argv) != 2:
+        print("usage: decide.py RESULTS_DIR  (decisions.md/json and claims.md/json from plan.json and evals/)", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(sys.argv[1]))

@@ -4,7 +4,7 @@
 # pretrain) -> select-heads -> convert -> align -> distill -> long-context finetune -> eval-niah and
 # eval-lm, for the students of an experiment plan (--plan-file, cluster/synth/plan.py says the
 # format), all with equal token budgets per stage. The default plan (cluster/synth/plans/default.json):
-#   selected   7:1 head-wise, the heads select-heads chose (--budget 1 --per-layer)
+#   selected   7:1 head-wise, the heads select-heads chose (--budget 1 --per-layer; select_budget)
 #   random     7:1 head-wise, one random head per layer (--fa-heads random:1)
 #   layerwise  3:1 layer-wise (--fa-heads layerwise:4)
 #   gdn        all-GDN (--fa-heads uniform:0)
@@ -100,6 +100,8 @@ eval_tasks=single,multikey,multivalue   # eval-niah's tasks for the final evalua
 curve_tasks=single,multikey             # NIAH tasks of the stage curves (hydra train --eval-niah)
 curve_samples=16                        # their samples per task and evaluation
 select_ranks=1                          # select-heads' CPU ranks (mpirun -np N when > 1: its head jobs are dealt over the ranks)
+select_budget=1                         # select-heads --budget (FA heads per layer of `selected`; 2 of 16 heads is 7:1)
+data_dir=""                             # a teacher of real text: the stage data and NIAH sets of cluster/corpus/stage_data.py
 case "$profile" in
   gpu)
     preset=qwen3-synth; vocab=512; len=256; ft_len=1024; pairs=10
@@ -134,7 +136,8 @@ case "$profile" in
 esac
 settings="synth_extra preset vocab len ft_len pairs train_tokens ft_tokens batch ft_batch mix eval_seed eval_mults depths samples
   lm_windows calib_samples lm_samples budget_pretrain budget_align budget_distill budget_finetune steps_pretrain steps_align
-  steps_distill steps_finetune lr_pretrain lr_align lr_distill lr_finetune eval_tasks curve_tasks curve_samples select_ranks"
+  steps_distill steps_finetune lr_pretrain lr_align lr_distill lr_finetune eval_tasks curve_tasks curve_samples select_ranks
+  select_budget data_dir"
 # The plan's settings first, then --set: the command line wins.
 mapfile -t plan_settings < <(python3 "$plan_py" settings "$plan_file")
 overrides=("${plan_settings[@]}" "${overrides[@]}")
@@ -157,7 +160,7 @@ for m in $eval_mults; do lengths="${lengths:+$lengths,}$((len * m))"; done
 
 work="$out/work"
 res="$out/results"
-mkdir -p "$work/data" "$work/runs" "$work/models" "$res/logs" "$res/train" "$res/evals" "$res/models" "$res/curves" || exit 2
+mkdir -p "$work/data" "$work/runs" "$work/models" "$work/evals" "$res/logs" "$res/train" "$res/evals" "$res/models" "$res/curves" || exit 2
 : > "$res/timings.jsonl"
 printf '#!/usr/bin/env bash\n# Every command of this run, in the order started (concurrent steps interleave).\n' > "$res/commands.sh"
 start_epoch=$(date +%s.%N)
@@ -211,6 +214,17 @@ echo "[pipeline] profile $profile on $device: $preset, training length $len, fin
 
 # ---- data ------------------------------------------------------------------------------------
 d="$work/data"
+if [[ -n "$data_dir" ]]; then
+  # A teacher of real text: its stage data and NIAH sets were made by cluster/corpus/stage_data.py
+  # (corpus shards with real-text retrieval samples), at this run's lengths.
+  d="$data_dir"
+  for f in train.h5 heldout_mix.h5 heldout_lm.h5 finetune.h5 calib.h5 lmtext.h5 niah/calib.h5 \
+           $(for t in ${eval_tasks//,/ }; do for n in ${lengths//,/ }; do echo "niah/$t-$n.h5"; done; done); do
+    [[ -r "$d/$f" ]] || { echo "pipeline.sh: data_dir $d has no $f (cluster/corpus/stage_data.py makes it)" >&2; exit 2; }
+  done
+  [[ -n "$teacher_in" ]] || { echo "pipeline.sh: data_dir needs --teacher (the text teacher)" >&2; exit 2; }
+  curve_tasks=""  # hydra train --eval-niah knows token-space tasks only
+else
 synth_common=(--vocab "$vocab" --mqar-pairs "$pairs")
 # shellcheck disable=SC2206  # synth_extra is a list of flags, split on spaces
 synth_common+=($synth_extra)
@@ -220,6 +234,7 @@ run_step synth-heldout-lm "$hydra" synth --task lm --tokens $((len * (lm_windows
 run_step synth-finetune "$hydra" synth --task "$mix" --tokens "$ft_tokens" --seq-len "$ft_len" --seed 4 --out "$d/finetune.h5" "${synth_common[@]}"
 run_step synth-calib "$hydra" synth --task "$mix" --tokens $((len * 8)) --seq-len "$len" --seed 5 --out "$d/calib.h5" "${synth_common[@]}"
 run_step synth-lmtext "$hydra" synth --task lm --tokens $((len * 8)) --seq-len "$len" --seed 6 --out "$d/lmtext.h5" "${synth_common[@]}"
+fi
 if [[ -z "$teacher_in" ]]; then
   run_step init-teacher "$hydra" init --preset "$preset" --weight-seed 0 --out "$work/models/teacher_init.h5"
 fi
@@ -231,11 +246,11 @@ read -r n_layers n_heads < <("$hydra" info "$shape_of" 2>/dev/null | sed -n 's/^
 cp "$plan_file" "$res/plan_file.json"
 python3 "$plan_py" students "$plan_file" --layers "$n_layers" --heads "$n_heads" --results "$res" > "$res/students.tsv" || exit 2
 students=""
-declare -A spec scores_of fusion_of seed_of curves_of
-while IFS=$'\t' read -r s_name s_spec s_scores s_fusion s_seed s_curves; do
+declare -A spec scores_of fusion_of seed_of curves_of stages_of
+while IFS=$'\t' read -r s_name s_spec s_scores s_fusion s_seed s_curves s_stages; do
   students="$students $s_name"
   spec[$s_name]="$s_spec"; scores_of[$s_name]="$s_scores"; fusion_of[$s_name]="$s_fusion"
-  seed_of[$s_name]="$s_seed"; curves_of[$s_name]="$s_curves"
+  seed_of[$s_name]="$s_seed"; curves_of[$s_name]="$s_curves"; stages_of[$s_name]="$s_stages"
 done < "$res/students.tsv"
 echo "[pipeline] plan $(basename "$plan_file"): $(wc -l < "$res/students.tsv") students" | tee -a "$res/logs/pipeline.log"
 # hydra convert's flags for a student: the head set, its score file, a fusion other than the default.
@@ -299,7 +314,8 @@ cat > "$res/plan.json" <<EOF
  "seq_len": $len, "finetune_seq_len": $ft_len, "mqar_pairs": $pairs, "eval_lengths": [$lengths],
  "depths": [$depths], "samples": $samples, "eval_seed": $eval_seed, "jobs": $jobs, "deadline_s": $deadline_s,
  "eval_tasks": "$eval_tasks", "curve_tasks": "$curve_tasks", "curve_samples": $curve_samples,
- "plan_file": "$(basename "$plan_file")", "students": [$(for s in $students; do printf '{"name":"%s","heads":"%s","fusion":"%s","seed":%s,"curves":%s},' "$s" "${spec[$s]}" "${fusion_of[$s]}" "${seed_of[$s]}" "${curves_of[$s]}"; done | sed 's/,$//')],
+ "plan_file": "$(basename "$plan_file")", "students": [$(for s in $students; do printf '{"name":"%s","heads":"%s","fusion":"%s","seed":%s,"curves":%s,"stages":"%s"},' "$s" "${spec[$s]}" "${fusion_of[$s]}" "${seed_of[$s]}" "${curves_of[$s]}" "${stages_of[$s]}"; done | sed 's/,$//')],
+ "select_budget": $select_budget, "data_dir": "$data_dir",
  "model_shape": {"layers": $n_layers, "heads": $n_heads},
  "teacher": "${teacher_in:-pretrained here}",
  "stages": {"pretrain": $pretrain_json,
@@ -318,8 +334,20 @@ evaluate() {
   "$hydra" info "$model" > "$res/models/$name.info.txt" 2>&1
   run_step "eval-lm-$name" "$hydra" eval-lm --model "$model" --data "$d/heldout_lm.h5" --seq-len "$len" \
     --windows "$lm_windows" --device "$device" --out "$res/evals/$name.lm.json"
-  run_step "eval-niah-$name" "$hydra" eval-niah --model "$model" --task "$eval_tasks" --lengths "$lengths" \
-    --depths "$depths" --samples "$samples" --seed "$eval_seed" --device "$device" --out "$res/evals/$name.niah.jsonl"
+  if [[ -n "$data_dir" ]]; then
+    # Every task × length set in turn; their sample and cell lines joined into one file.
+    local t n parts=()
+    for t in ${eval_tasks//,/ }; do
+      for n in ${lengths//,/ }; do
+        run_step "eval-niah-$name-$t-$n" "$hydra" eval-niah --model "$model" --dataset "$d/niah/$t-$n.h5" --device "$device" \
+          --out "$work/evals/$name-$t-$n.niah.jsonl" && parts+=("$work/evals/$name-$t-$n.niah.jsonl")
+      done
+    done
+    ((${#parts[@]})) && cat "${parts[@]}" > "$res/evals/$name.niah.jsonl"
+  else
+    run_step "eval-niah-$name" "$hydra" eval-niah --model "$model" --task "$eval_tasks" --lengths "$lengths" \
+      --depths "$depths" --samples "$samples" --seed "$eval_seed" --device "$device" --out "$res/evals/$name.niah.jsonl"
+  fi
 }
 
 # A training stage; copies its train.jsonl into the results. SEED is the data order; CURVES true
@@ -333,7 +361,7 @@ train_stage() {
   [[ "$stage" == pretrain ]] && save=(--save-every "$quarter")
   if [[ "$curves" == true ]]; then
     save=(--save-every "$quarter"); keep=8
-    niah=(--eval-niah "$curve_tasks" --eval-niah-samples "$curve_samples")
+    [[ -n "$curve_tasks" ]] && niah=(--eval-niah "$curve_tasks" --eval-niah-samples "$curve_samples")
   fi
   run_step "$stage-$name" "$hydra" train --stage "$stage" --model "$model" "${teach[@]}" --data "$data" \
     --eval-data "$d/heldout_mix.h5" --eval-windows 8 --eval-every "$quarter" "${niah[@]}" --seed "$seed" \
@@ -375,9 +403,11 @@ fi
 if [[ -n "$heads_in" ]]; then
   cp "$heads_in" "$res/heads.json" && echo "[pipeline] select-heads: given ($heads_in)" | tee -a "$res/logs/pipeline.log"
 else
-  select_args=(select-heads --model "$teacher" --budget 1 --per-layer --calib-task single
-    --calib-length "$len" --calib-samples "$calib_samples" --lm-text "$d/lmtext.h5" --lm-length "$len"
-    --lm-samples "$lm_samples" --seed 7 --group-patching --device cpu --out "$res/heads.json")
+  calib=(--calib-task single --calib-length "$len" --calib-samples "$calib_samples")
+  [[ -n "$data_dir" ]] && calib=(--calib "$d/niah/calib.h5")
+  select_args=(select-heads --model "$teacher" --budget "$select_budget" --per-layer "${calib[@]}"
+    --lm-text "$d/lmtext.h5" --lm-length "$len" --lm-samples "$lm_samples" --seed 7 --group-patching --device cpu
+    --out "$res/heads.json")
   # On several CPU ranks when asked (the scores do not depend on the rank count); one rank if that fails.
   if ((select_ranks > 1)) && command -v mpirun > /dev/null; then
     run_step select-heads mpirun --oversubscribe -np "$select_ranks" "$hydra" "${select_args[@]}" ||
@@ -390,21 +420,38 @@ fi
 # ---- students ----------------------------------------------------------------------------------
 student_chain() {
   local s="$1" m="$work/models/student-$s.h5" seed="${seed_of[$1]}" curves="${curves_of[$1]}" flags
-  # Head sets named by rank (same-layer:N, other-layer:N) become files now that heads.json exists.
-  spec[$s]=$(python3 "$plan_py" resolve "${spec[$s]}" --results "$res") || return
-  mapfile -t flags < <(convert_flags "$s")
-  run_step "convert-$s" "$hydra" convert --teacher "$teacher" "${flags[@]}" --calib "$d/calib.h5" --seed "$seed" --out "$m" || return
+  local stages=",${stages_of[$1]},"
+  if [[ "${spec[$s]}" == teacher ]]; then
+    # The fair all-FA arm: the teacher, unconverted, through the finetune stage only.
+    m="$teacher"
+  else
+    # Head sets named by rank (same-layer:N, other-layer:N) become files now that heads.json exists.
+    spec[$s]=$(python3 "$plan_py" resolve "${spec[$s]}" --results "$res") || return
+    mapfile -t flags < <(convert_flags "$s")
+    run_step "convert-$s" "$hydra" convert --teacher "$teacher" "${flags[@]}" --calib "$d/calib.h5" --seed "$seed" --out "$m" || return
+  fi
   if [[ "$curves" == true ]]; then
     # The curves' first point: the converted student before any training.
     run_step "curve-lm-$s-convert" "$hydra" eval-lm --model "$m" --data "$d/heldout_lm.h5" --seq-len "$len" \
       --windows "$lm_windows" --device "$device" --out "$res/curves/$s-convert.lm.json"
-    run_step "curve-niah-$s-convert" "$hydra" eval-niah --model "$m" --task "$curve_tasks" --lengths "$len" \
+    [[ -n "$curve_tasks" ]] && run_step "curve-niah-$s-convert" "$hydra" eval-niah --model "$m" --task "$curve_tasks" --lengths "$len" \
       --depths "$depths" --samples "$(( (curve_samples + n_depths - 1) / n_depths ))" --seed "$eval_seed" --device "$device" --out "$res/curves/$s-convert.niah.jsonl"
   fi
-  train_stage "$s" align "$m" "$teacher" "$d/train.h5" "$len" "$steps_align" "$batch" "$lr_align" "$seed" "$curves" || return
-  train_stage "$s" distill "$(final_model "$work/runs/$s-align")" "$teacher" "$d/train.h5" "$len" "$steps_distill" "$batch" "$lr_distill" "$seed" "$curves" || return
-  train_stage "$s" finetune "$(final_model "$work/runs/$s-distill")" - "$d/finetune.h5" "$ft_len" "$steps_finetune" "$ft_batch" "$lr_finetune" "$seed" "$curves" || return
-  evaluate "$s" "$(final_model "$work/runs/$s-finetune")"
+  # The stages the plan gives this student, each from the model the one before ended with (a stage
+  # ablation skips one; the teacher arm runs finetune alone).
+  if [[ "$stages" == *,align,* ]]; then
+    train_stage "$s" align "$m" "$teacher" "$d/train.h5" "$len" "$steps_align" "$batch" "$lr_align" "$seed" "$curves" || return
+    m="$(final_model "$work/runs/$s-align")"
+  fi
+  if [[ "$stages" == *,distill,* ]]; then
+    train_stage "$s" distill "$m" "$teacher" "$d/train.h5" "$len" "$steps_distill" "$batch" "$lr_distill" "$seed" "$curves" || return
+    m="$(final_model "$work/runs/$s-distill")"
+  fi
+  if [[ "$stages" == *,finetune,* ]]; then
+    train_stage "$s" finetune "$m" - "$d/finetune.h5" "$ft_len" "$steps_finetune" "$ft_batch" "$lr_finetune" "$seed" "$curves" || return
+    m="$(final_model "$work/runs/$s-finetune")"
+  fi
+  evaluate "$s" "$m"
 }
 for s in $students; do
   student_chain "$s" &

@@ -12,12 +12,17 @@ A plan file is JSON:
      ...]}
 
 Per student: `name` (letters, digits, . _ -; unique), `heads` (below), `fusion` (hydra convert
---fusion; default scale_norm, the only one the binary has until the fusion variants land: another
-value is passed as --fusion), `seed` (training seed: hydra train --seed, the data order, and
+--fusion; default scale_norm), `seed` (training seed: hydra train --seed, the data order, and
 hydra convert --seed, the new GDN weights; default 1), `curves` (default true: NIAH at the
-training length and the held-out losses at each quarter of every stage, hydra train --eval-every).
+training length and the held-out losses at each quarter of every stage, hydra train --eval-every),
+`stages` (the training stages it goes through, a comma list in order from align, distill, finetune;
+default all three: a shorter list is a stage ablation, e.g. "distill,finetune" is "no align").
 `heads` is any `hydra convert --fa-heads` spec, or
-  selected          the per-layer heads select-heads chose (file:RESULTS/heads.json, --budget 1 --per-layer);
+  teacher           no conversion: the teacher itself through the finetune stage with the students'
+                    finetune tokens (the fair all-FA arm: RoPE attention fine-tuned at the finetune
+                    length); its stages are "finetune" (the default for it, and the only choice);
+  selected          the per-layer heads select-heads chose (file:RESULTS/heads.json, --per-layer, --budget
+                    the setting select_budget, default 1);
   top-global:K, bottom-global:K   ranked by select-heads' composite scores (--scores heads.json is added);
   all-fa            every head full attention (uniform:H): the all-FA student, through the same stages;
   each-head[@L1,L2][/H1,H2]  one student per head of the listed layers (all without @) and heads (all
@@ -32,7 +37,8 @@ The last two are resolved from heads.json once select-heads has run (plan.py res
   plan.py check PLAN                          validate (one line per problem, exit 2)
   plan.py students PLAN --layers L --heads H --results DIR
                                               the expanded students, one tab-separated line each:
-                                              name, --fa-heads spec, --scores file or -, fusion, seed, curves
+                                              name, --fa-heads spec (or teacher), --scores file or -,
+                                              fusion, seed, curves, stages
   plan.py probe-spec SPEC --heads H           a head set of the same cost for the step-time probe
                                               (one that needs no select-heads output)
   plan.py resolve SPEC --results DIR          same-layer:N / other-layer:N -> file:DIR/head_sets/SPEC.json
@@ -49,6 +55,8 @@ NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 EACH_HEAD = re.compile(r"^each-head(@(\d+(,\d+)*))?(/(\d+(,\d+)*))?$")
 FUSIONS = ("scale_norm", "norm", "scale", "concat", "gate")
 KINDS = ("uniform", "random", "random-global", "top-global", "bottom-global", "layerwise", "file")
+STAGES = ("align", "distill", "finetune")
+FULL = ",".join(STAGES)
 
 
 def problems(plan):
@@ -68,7 +76,7 @@ def problems(plan):
         if not isinstance(s, dict):
             out.append(f"{where} is not an object")
             continue
-        unknown = set(s) - {"name", "heads", "fusion", "seed", "curves", "note"}
+        unknown = set(s) - {"name", "heads", "fusion", "seed", "curves", "note", "stages"}
         if unknown:
             out.append(f"{where}: unknown keys {sorted(unknown)}")
         name = s.get("name")
@@ -80,9 +88,9 @@ def problems(plan):
         heads = s.get("heads")
         if not isinstance(heads, str):
             out.append(f"{where} ({name}): 'heads' must be a string")
-        elif not (heads in ("selected", "all-fa") or EACH_HEAD.match(heads) or re.match(r"^(same|other)-layer:[1-9]\d*$", heads)
+        elif not (heads in ("selected", "all-fa", "teacher") or EACH_HEAD.match(heads) or re.match(r"^(same|other)-layer:[1-9]\d*$", heads)
                   or heads.split(":", 1)[0] in KINDS and ":" in heads):
-            out.append(f"{where} ({name}): heads {heads!r} is not selected, all-fa, each-head[@L,...][/H,...], "
+            out.append(f"{where} ({name}): heads {heads!r} is not selected, all-fa, teacher, each-head[@L,...][/H,...], "
                        "same-layer:N, other-layer:N or a --fa-heads spec")
         if s.get("fusion", "scale_norm") not in FUSIONS:
             out.append(f"{where} ({name}): fusion {s.get('fusion')!r} is not one of {', '.join(FUSIONS)}")
@@ -91,6 +99,14 @@ def problems(plan):
             out.append(f"{where} ({name}): seed {seed!r} must be an integer >= 0")
         if not isinstance(s.get("curves", True), bool):
             out.append(f"{where} ({name}): curves must be true or false")
+        stages = s.get("stages", "finetune" if heads == "teacher" else FULL)
+        parts = stages.split(",") if isinstance(stages, str) else None
+        if not parts or any(p not in STAGES for p in parts) or parts != sorted(set(parts), key=STAGES.index):
+            out.append(f"{where} ({name}): stages {stages!r} must be a comma list of {', '.join(STAGES)}, in that order, "
+                       "each once")
+        elif heads == "teacher" and stages != "finetune":
+            out.append(f"{where} ({name}): the teacher arm goes through finetune only (align and distill would "
+                       f"match the teacher to itself), not {stages!r}")
     return out
 
 
@@ -118,11 +134,12 @@ def write_heads_file(path, layers, heads, chosen):
 
 
 def expand(plan, layers, heads, results):
-    """The plan's students with every shorthand resolved: (name, spec, scores, fusion, seed, curves)."""
+    """The plan's students with every shorthand resolved: (name, spec, scores, fusion, seed, curves, stages)."""
     heads_json = os.path.join(results, "heads.json")
     rows = []
     for s in plan["students"]:
         fusion, seed, curves = s.get("fusion", "scale_norm"), s.get("seed", 1), s.get("curves", True)
+        stages = s.get("stages", "finetune" if s["heads"] == "teacher" else FULL)
         spec, scores = s["heads"], "-"
         m = EACH_HEAD.match(spec)
         if m:
@@ -139,7 +156,7 @@ def expand(plan, layers, heads, results):
                 for h in which_heads:
                     path = os.path.join(results, "head_sets", f"{l}.{h}.json")
                     write_heads_file(path, layers, heads, [(l, h)])
-                    rows.append((f"{s['name']}-{l}.{h}", f"file:{path}", "-", fusion, seed, curves))
+                    rows.append((f"{s['name']}-{l}.{h}", f"file:{path}", "-", fusion, seed, curves, stages))
             continue
         if spec == "selected":
             spec = f"file:{heads_json}"
@@ -147,7 +164,7 @@ def expand(plan, layers, heads, results):
             spec = f"uniform:{heads}"
         elif spec.split(":", 1)[0] in ("top-global", "bottom-global"):
             scores = heads_json
-        rows.append((s["name"], spec, scores, fusion, seed, curves))
+        rows.append((s["name"], spec, scores, fusion, seed, curves, stages))
     names = [r[0] for r in rows]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -185,8 +202,8 @@ def probe_spec(spec, heads):
         return "random-global:1"
     if spec == "selected" or spec.startswith("file:"):
         return "uniform:1"
-    if spec == "all-fa":
-        return f"uniform:{heads}"
+    if spec in ("all-fa", "teacher"):
+        return f"uniform:{heads}"  # the teacher's finetune costs what an all-FA student's does
     kind, _, arg = spec.partition(":")
     if kind in ("top-global", "bottom-global"):
         return f"random-global:{arg}"

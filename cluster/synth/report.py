@@ -10,10 +10,9 @@ evals/NAME.niah.jsonl (hydra eval-niah), evals/NAME.lm.json (hydra eval-lm), tra
   summary.json      the same numbers for scripts
   niah_heatmaps.svg accuracy by depth x length, one panel per model and task
   loss_curves.svg   training (lines) and held-out (dots) loss of every stage
-  claims.md         the paper's claims checked against these numbers (computed, no prose verdicts
-                    beyond the comparison itself): every accuracy carries its 95% Wilson interval,
-                    and a comparison "held" only when the intervals are disjoint in its favour,
-                    "did not hold" when disjoint against it, "undecided" when they overlap
+  claims.md         (claims.py) the paper's claims, each reproduced / not reproduced / undecided off
+                    its paired comparison in decisions.json, "undecided (at ceiling/floor)" where both
+                    arms sit at 0.95+ or at chance; claims.json
 
   decisions.md      (decide.py) the plan's arms compared item by item on the NIAH items all models
                     share: Δ accuracy with a 95% paired-bootstrap interval (McNemar's exact p for
@@ -38,7 +37,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import curves as stage_curves  # noqa: E402  (beside this file)
+import claims  # noqa: E402  (beside this file)
+import curves as stage_curves  # noqa: E402
 import decide  # noqa: E402
 import results_files as rf  # noqa: E402  (cluster/: a folder's files, plain, gzipped or archived)
 
@@ -140,11 +140,6 @@ def wilson(correct, samples, z=1.959964):
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def interval(cells, lengths, tasks=TASKS):
-    p = pooled(cells, lengths, tasks)
-    return None if p is None else wilson(*p)
-
-
 def fmt_ci_depths(cells, lengths, depths, tasks=TASKS):
     """fmt_ci over the given depths only."""
     got = [cells[(t, n)]["depth_counts"][d] for t in tasks for n in lengths if (t, n) in cells
@@ -163,29 +158,6 @@ def fmt_ci(cells, lengths, tasks=TASKS):
         return "—"
     lo, hi = wilson(*p)
     return f"{p[0] / p[1]:.2f} [{lo:.2f}, {hi:.2f}]"
-
-
-def close_to(a, b, margin):
-    """Interval a is at most `margin` below b: True when even a's lowest value is within margin of b's
-    highest, False when a's highest is more than margin below b's lowest, else "undecided"."""
-    if a is None or b is None:
-        return None
-    if a[0] >= b[1] - margin:
-        return True
-    if a[1] < b[0] - margin:
-        return False
-    return "undecided"
-
-
-def compare(a, b):
-    """True when interval a lies above b, False when below, None (undecided) when they overlap."""
-    if a is None or b is None:
-        return None
-    if a[0] > b[1]:
-        return True
-    if a[1] < b[0]:
-        return False
-    return "undecided"
 
 
 # ---------------------------------------------------------------------------------- SVG helpers
@@ -405,59 +377,12 @@ def main(res):
     with open(os.path.join(res, "table.md"), "w") as f:
         f.write("\n".join(out) + "\n")
 
-    # ---- claims.md
-    ci = lambda m, ns: interval(cells_of.get(m, {}), ns)
-    show = lambda m, ns: fmt_ci(cells_of.get(m, {}), ns)
-    short = [n for n in lengths if train_len and n <= train_len]
-    long_ = [n for n in lengths if train_len and n >= 16 * train_len]
-    c = ["# The paper's claims against this run", "",
-         "Computed by cluster/synth/report.py from the numbers in table.md. Accuracies are pooled over tasks, "
-         "depths and the lengths named, with their 95% Wilson intervals; a comparison **held** when the intervals are "
-         "disjoint in its favour, **did not hold** when disjoint against it, and is **undecided** when they overlap "
-         "(the samples cannot tell the two apart). Interval overlap is a weak test of unpaired samples; the paired "
-         "comparisons on shared items in decisions.md are the ones to decide by where both exist.", ""]
-
-    def line(text, ok):
-        verdict = {None: "missing data", True: "held", False: "did not hold", "undecided": "undecided"}[ok]
-        c.append(f"* **{verdict}** — {text}")
-
-    s_lm, r_lm = lm.get("selected"), lm.get("random")
-    line(f"selected heads beat random ones at 7:1: NIAH accuracy (all lengths) selected {show('selected', lengths)} vs "
-         f"random {show('random', lengths)}; LM loss {fmt(s_lm)} vs {fmt(r_lm)}",
-         compare(ci("selected", lengths), ci("random", lengths)))
-    kv_h = (info.get("selected") or {}).get("kv_cache_per_token")
-    kv_l = (info.get("layerwise") or {}).get("kv_cache_per_token")
-    kv_t = (info.get("teacher") or {}).get("kv_cache_per_token")
-    ratio = f"{kv_h / kv_l:.2f}" if kv_h and kv_l else "—"
-    close = close_to(ci("selected", lengths), ci("layerwise", lengths), 0.1)
-    line(f"7:1 head-wise is close (within 0.10) to 3:1 layer-wise: {show('selected', lengths)} vs "
-         f"{show('layerwise', lengths)}, LM loss {fmt(s_lm)} vs {fmt(lm.get('layerwise'))}", close)
-    # "A quarter of its KV cache": a quarter of the teacher's, which is what 3:1 layer-wise keeps too
-    # (1 of 4 layers); per layer, one FA head of 8 uses one of the G KV heads. Counted, not sampled.
-    ratio_t = f"{kv_h / kv_t:.3f}" if kv_h and kv_t else "—"
-    line(f"…while keeping a quarter of the teacher's KV cache: KV elements per token head-wise {kv_h}, teacher {kv_t} "
-         f"(ratio {ratio_t}); layer-wise {kv_l} (head-wise / layer-wise {ratio})",
-         None if not kv_h or not kv_t else kv_h <= 0.25 * kv_t)
-    for m in ("selected", "random", "layerwise"):
-        line(f"{LABELS[m]} extrapolates where the teacher does not: accuracy at ≥16× the training length "
-             f"{show(m, long_)} vs teacher {show('teacher', long_)} (at ≤1×: {show(m, short)} vs {show('teacher', short)})",
-             compare(ci(m, long_), ci("teacher", long_)))
-    g_ci = ci("gdn", lengths)
-    verdicts = [compare(ci(m, lengths), g_ci) for m in ("selected", "random", "layerwise")]
-    every = None if None in verdicts else (True if all(v is True for v in verdicts) else
-                                           (False if any(v is False for v in verdicts) else "undecided"))
-    line(f"FA heads matter: every hybrid beats all-GDN on NIAH: selected {show('selected', lengths)}, random "
-         f"{show('random', lengths)}, layer-wise {show('layerwise', lengths)} vs all-GDN {show('gdn', lengths)}", every)
-    t_ci = ci("teacher", short)
-    line(f"the teacher solves the retrieval tasks at its training length: NIAH accuracy at 1× {show('teacher', short)} "
-         "(≥ 0.9)", None if t_ci is None else (True if t_ci[0] >= 0.9 else (False if t_ci[1] < 0.9 else "undecided")))
-    with open(os.path.join(res, "claims.md"), "w") as f:
-        f.write("\n".join(c) + "\n")
-
     # ---- decisions.md: paired comparisons of the plan's arms (decide.py)
     items_of = {m: decide.read_items(os.path.join(res, "evals", f"{m}.niah.jsonl")) for m in models}
     decisions = decide.decide(res, plan, models, items_of.get("teacher", {}), items_of,
                               read_json(os.path.join(res, "heads.json")))
+    # ---- claims.md: the paper's claims, each off its paired comparison (claims.py)
+    c = claims.write(res, read_json(os.path.join(res, "decisions.json")), plan)
 
     # ---- stage curves (curves.py)
     stage_curves.write(res, plan)

@@ -25,6 +25,7 @@ import random
 import sys
 
 ALPHA = 0.05
+RESAMPLES = 2000  # bootstrap resamples of paired_difference (tests of the report's logic may take fewer)
 
 
 def binom_pmf(k, n, p):
@@ -53,7 +54,7 @@ def _arm_item_means(members, items):
     return [_mean([m[i] for m in members]) for i in items]
 
 
-def paired_difference(arm_a, arm_b, items=None, resamples=2000, seed=12345):
+def paired_difference(arm_a, arm_b, items=None, resamples=None, seed=12345):
     """Mean accuracy difference A − B on the items every member of both arms has, with a 95% paired
     bootstrap interval (items resampled; members resampled within each arm when it has several).
     Returns a dict: diff, lo, hi, items, acc_a, acc_b, members_a, members_b, and b, c, p_mcnemar when
@@ -69,6 +70,7 @@ def paired_difference(arm_a, arm_b, items=None, resamples=2000, seed=12345):
     a = _arm_item_means(arm_a, shared)
     b = _arm_item_means(arm_b, shared)
     diff = _mean(a) - _mean(b)
+    resamples = resamples or RESAMPLES
     rng = random.Random(seed)
     n = len(shared)
     boots = []

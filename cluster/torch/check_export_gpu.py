@@ -94,6 +94,10 @@ def main():
     p.add_argument("--out")
     p.add_argument("--device", default="cuda")
     a = p.parse_args()
+    # An output naming an input would replace what is read: refused before any work.
+    for path in [a.tokens] + list(a.hybrid or []) + list(a.teacher or []):
+        if a.out and os.path.exists(a.out) and os.path.exists(path) and os.path.samefile(a.out, path):
+            raise SystemExit(f"check_export_gpu: --out {a.out} is {path}, an input: name another output (it would be replaced)")
     global DEVICE
     DEVICE = a.device
     # The float32 references in true float32: no TF32 in GEMMs or cuDNN convolutions.

@@ -34,21 +34,24 @@ ordered_json sample_json(const Report& r, const SampleResult& s) {
                       {"needle_position", s.needle_position},
                       {"answer", s.answer},
                       {"predicted", s.predicted},
+                      {"score", r.scoring},
                       {"seconds", s.seconds}};
 }
 
 ordered_json cell_json(const Report& r, const CellResult& c) {
-  return ordered_json{{"type", "cell"},
-                      {"task", r.tasks.at(static_cast<size_t>(c.task))},
-                      {"length", c.length},
-                      {"depth", c.depth},
-                      {"samples", c.samples},
-                      {"correct", c.correct},
-                      {"accuracy", c.accuracy()},
-                      {"mean_recall", c.mean_recall},
-                      {"mean_logprob", number_or_null(c.mean_logprob)},
-                      {"score", r.scoring},
-                      {"seconds", c.seconds}};
+  ordered_json j{{"type", "cell"},
+                {"task", r.tasks.at(static_cast<size_t>(c.task))},
+                {"length", c.length},
+                {"depth", c.depth},
+                {"samples", c.samples},
+                {"correct", c.correct},
+                {"accuracy", c.accuracy()},
+                {"mean_recall", c.mean_recall},
+                {"mean_logprob", number_or_null(c.mean_logprob)},
+                {"score", r.scoring},
+                {"seconds", c.seconds}};
+  if (!c.sized.empty()) j["sized"] = c.sized;
+  return j;
 }
 
 template <class T, class F>
@@ -148,7 +151,11 @@ std::string format_ruler_table(const Report& report) {
   }
   size_t width = 7;
   for (const std::string& t : report.tasks) width = std::max(width, t.size());
-  std::string text = "RULER score (mean recall, %): tasks (rows) by length (columns)\n";
+  std::string text = report.scoring == "generate"
+                         ? "RULER score (generate: mean recall of the generated answers, RULER's string_match_all, %): "
+                           "tasks (rows) by length (columns)\n"
+                         : "Recall of the teacher-forced arg-maxes (teacher-forced: not RULER's score, which reads "
+                           "generated text: --score generate), %: tasks (rows) by length (columns)\n";
   text += fmt::format("{:<{}}", "task", width);
   for (int64_t l : lengths) text += fmt::format(" {:>7}", format_size(l));
   text += fmt::format(" {:>7}\n", "avg");
@@ -199,7 +206,8 @@ std::string format_table(const Report& report) {
       at[{c.depth, c.length}] = &c;
     }
     if (at.empty()) continue;
-    text += fmt::format("NIAH {}: accuracy by depth (rows) and length (columns)\n", report.tasks[t]);
+    text += fmt::format("NIAH {}: accuracy ({}) by depth (rows) and length (columns)\n", report.tasks[t],
+                        report.scoring == "generate" ? "generate: the greedy answer generated" : "teacher-forced: the greedy verdict");
     text += fmt::format("{:>7}", "depth");
     for (int64_t l : lengths) text += fmt::format(" {:>7}", format_size(l));
     text += fmt::format(" {:>7}\n", "mean");

@@ -4,8 +4,10 @@
 //
 // JSON lines (--out), one object per line, each cell's sample lines followed by its cell line:
 //   {"type":"sample","task","length","depth","sample","correct","recall","logprob","answer_start",
-//    "answer_length","needle_position","answer":[ids],"predicted":[ids],"seconds"}
+//    "answer_length","needle_position","answer":[ids],"predicted":[ids],"score","seconds"}
 //   {"type":"cell","task","length","depth","samples","correct","accuracy","mean_recall","mean_logprob","score","seconds"}
+//   and in a cell line, "sized": the knobs sized to its length ("--common-freq 30 -> 6"), when any.
+// `score` is the scoring mode, "teacher-forced" or "generate", in every line.
 // `logprob` is the answer's log-probability (natural log, summed over its tokens); a non-finite
 // value is written as null (eval-niah stops at one instead, model/nonfinite.h). `predicted` holds
 // the arg-max at each answer position (−1: invalid row) when teacher-forced, the generated tokens
@@ -44,6 +46,7 @@ struct CellResult {
   double mean_recall = 0;
   double mean_logprob = 0;
   double seconds = 0;
+  std::string sized;  // the task's knobs sized to this length (eval-niah --suite ruler), "" when none
   double accuracy() const { return samples > 0 ? static_cast<double>(correct) / static_cast<double>(samples) : 0.0; }
 };
 

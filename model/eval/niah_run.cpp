@@ -5,6 +5,8 @@
 #include <cmath>
 #include <map>
 
+#include <fmt/ranges.h>
+
 #include "model/eval/ruler.h"
 #include "model/generate.h"
 #include "model/nonfinite.h"
@@ -19,6 +21,25 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// What to change when a task does not fit a length: the knob that sizes it, and --suite ruler.
+std::string shrink_hint(const TaskParams& p, int64_t length, bool sized) {
+  std::string knob;
+  switch (p.task) {
+    case Task::cwe:
+      knob = fmt::format("--common-words {} x --common-freq {} words (RULER uses --common-freq 6 --uncommon-freq 1 below 4K)",
+                         p.common_words, p.common_freq);
+      break;
+    case Task::fwe: knob = fmt::format("--top-words {}", p.top_words); break;
+    case Task::multiquery: knob = fmt::format("--queries {}", p.queries); break;
+    case Task::vartrack: knob = fmt::format("--chains {} x --hops {}", p.chains, p.hops); break;
+    case Task::multivalue: knob = fmt::format("--values {}", p.values); break;
+    case Task::multikey: knob = fmt::format("--distractors {}", p.distractors); break;
+    default: knob = fmt::format("--key-length {} and --value-length up to {}", p.key_length, p.value_length_max); break;
+  }
+  return fmt::format("; shrink {} to fit {}{}", knob, length,
+                     sized ? "" : ", or pass --suite ruler to size the knobs to each length as RULER does");
+}
 
 }  // namespace
 
@@ -37,15 +58,24 @@ int64_t EvalPlan::total_samples() const {
 
 EvalPlan plan_generated(const std::vector<TaskParams>& tasks, const std::vector<int64_t>& lengths,
                         const std::vector<int64_t>& depths, int64_t samples, uint64_t seed, const ModelConfig& config,
-                        int ranks) {
+                        int ranks, const std::set<std::string>* size_to_length) {
   const int64_t vocab = config.vocab_size;
   EvalPlan plan;
-  for (const TaskParams& p : tasks) {
-    p.validate(vocab);
+  // Each task's knobs at each length: as given, or sized to the length (--suite ruler).
+  std::vector<std::vector<SizedTask>> at(tasks.size());
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    tasks[t].validate(vocab);
     for (int64_t length : lengths) {
+      at[t].push_back(size_to_length ? size_task_to_length(tasks[t], length, *size_to_length) : SizedTask{tasks[t], {}});
+      const TaskParams& p = at[t].back().params;
+      p.validate(vocab);
+      if (!at[t].back().changes.empty()) {
+        plan.sizing.push_back(fmt::format("{} at {}: {}", task_name(p.task), format_size(length),
+                                          fmt::join(at[t].back().changes, ", ")));
+      }
       HYDRA_USER_CHECK(length >= p.min_length(),
-                       "--lengths: {} is too short for NIAH task {}: its needles, query and answer need up to {} tokens",
-                       length, task_name(p.task), p.min_length());
+                       "--lengths: {} is too short for NIAH task {}: its needles, query and answer need up to {} tokens{}",
+                       length, task_name(p.task), p.min_length(), shrink_hint(p, length, size_to_length != nullptr));
     }
   }
   for (int64_t length : lengths) {
@@ -57,14 +87,16 @@ EvalPlan plan_generated(const std::vector<TaskParams>& tasks, const std::vector<
     // Every multi-item answer (multivalue and the RULER families) joins its items by SEP.
     const bool one_item = tasks[t].task == Task::single || tasks[t].task == Task::multikey;
     plan.item_separator.push_back(one_item ? -1 : markers_for(vocab).sep);
-    plan.longest_answer = std::max(plan.longest_answer, tasks[t].max_answer_length());
-    for (int64_t length : lengths) {
+    for (size_t k = 0; k < lengths.size(); ++k) {
+      const int64_t length = lengths[k];
+      const TaskParams p = at[t][k].params;
+      plan.longest_answer = std::max(plan.longest_answer, p.max_answer_length());
+      const std::string sized = fmt::format("{}", fmt::join(at[t][k].changes, ", "));
       // cwe and fwe place nothing at a depth: one cell per length (depth 0).
       for (int64_t depth : task_has_depth(tasks[t].task) ? depths : std::vector<int64_t>{0}) {
-        const TaskParams p = tasks[t];
         plan.cells.push_back(CellPlan{static_cast<int>(t), length, depth, samples, [p, vocab, seed, length, depth](int64_t i) {
                                         return generate_sample(p, vocab, seed, length, depth, i);
-                                      }});
+                                      }, sized});
       }
     }
   }
@@ -204,7 +236,8 @@ EvalTotals run_plan(const Model& model, SequenceGroups& groups, const EvalPlan& 
       rows.push_back(unpack(gathered[static_cast<size_t>(g)], plan.cells[c].task));
       const CellPlan& cell = plan.cells[c];
       if (static_cast<int64_t>(rows.size()) < cell.samples) continue;
-      CellResult result{.task = cell.task, .length = cell.length, .depth = cell.depth, .samples = cell.samples};
+      CellResult result{.task = cell.task, .length = cell.length, .depth = cell.depth, .samples = cell.samples,
+                        .correct = 0, .mean_recall = 0, .mean_logprob = 0, .seconds = 0, .sized = cell.sized};
       for (const SampleResult& r : rows) {
         result.correct += r.correct ? 1 : 0;
         result.mean_logprob += r.logprob / static_cast<double>(cell.samples);

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@ struct CellPlan {
   int task = 0;  // index into EvalPlan::tasks
   int64_t length = 0, depth = 0, samples = 0;
   std::function<Sample(int64_t)> sample;
+  std::string sized = {};  // the knobs sized to this length (ruler.h size_task_to_length), "" when none
 };
 
 struct EvalPlan {
@@ -39,15 +41,18 @@ struct EvalPlan {
   std::vector<CellPlan> cells;
   int64_t longest = 0;  // tokens of the longest sample (sizes the memory plan)
   int64_t longest_answer = 1;  // tokens of the longest answer (sizes generation's cache)
+  std::vector<std::string> sizing;  // "cwe at 512: --common-freq 30 -> 6, ..." per (task, length) sized
   int64_t total_samples() const;
 };
 
 // Every (task, length, depth) cell of the generator, `samples` each. UserError for a length too
 // short for its task, or one the zigzag layout over `ranks` (the ranks of a sequence group) cannot
 // split (or, for a HydraHead model on several ranks, whose segments are shorter than the conv halo).
+// With `size_to_length`, each task's knobs are sized to each length as RULER does (ruler.h
+// size_task_to_length), the knobs named in *size_to_length (their flags) kept as given.
 EvalPlan plan_generated(const std::vector<TaskParams>& tasks, const std::vector<int64_t>& lengths,
                         const std::vector<int64_t>& depths, int64_t samples, uint64_t seed, const ModelConfig& config,
-                        int ranks);
+                        int ranks, const std::set<std::string>* size_to_length = nullptr);
 // One cell per (length, depth) label of the set, holding its samples in file order; the same
 // length checks, naming the sample (`source`: the set's path).
 EvalPlan plan_eval_set(std::shared_ptr<const EvalSet> set, const std::string& source, const ModelConfig& config,

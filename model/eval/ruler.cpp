@@ -248,6 +248,57 @@ Sample fwe(const TaskParams& p, const Markers& m, uint64_t seed, const std::stri
 
 bool task_has_depth(Task task) { return task != Task::cwe && task != Task::fwe; }
 
+bool is_ruler_family(Task task) {
+  return task == Task::multiquery || task == Task::vartrack || task == Task::cwe || task == Task::fwe;
+}
+
+const std::vector<Task>& ruler_suite_tasks() {
+  static const std::vector<Task> tasks = {Task::single,     Task::multikey, Task::multivalue, Task::multiquery,
+                                          Task::vartrack,   Task::cwe,      Task::fwe};
+  return tasks;
+}
+
+SizedTask size_task_to_length(const TaskParams& given, int64_t length, const std::set<std::string>& fixed) {
+  SizedTask out{given, {}};
+  TaskParams& p = out.params;
+  const auto set = [&](const char* flag, int64_t& knob, int64_t value) {
+    if (fixed.count(flag) || knob == value) return false;
+    out.changes.push_back(fmt::format("{} {} -> {}", flag, knob, value));
+    knob = value;
+    return true;
+  };
+  // A knob stepped down while the sample does not fit, not below `floor`.
+  const auto shrink = [&](const char* flag, int64_t& knob, int64_t floor) {
+    if (fixed.count(flag) || p.min_length() <= length || knob <= floor) return;
+    const int64_t from = knob;
+    while (knob > floor && p.min_length() > length) --knob;
+    out.changes.push_back(fmt::format("{} {} -> {}", flag, from, knob));
+  };
+  switch (p.task) {
+    case Task::cwe:
+      if (length < 4096) {  // RULER's common_words_extraction below 4K: freq_cw 6, freq_ucw 1
+        set("--common-freq", p.common_freq, 6);
+        set("--uncommon-freq", p.uncommon_freq, 1);
+      }
+      shrink("--common-words", p.common_words, 1);
+      shrink("--common-freq", p.common_freq, p.uncommon_freq + 1);
+      break;
+    case Task::fwe:
+      set("--fwe-words", p.fwe_words, std::max(p.top_words + 1, length / 50));  // RULER: vocab_size = length / 50
+      shrink("--top-words", p.top_words, 1);  // fewer top words keep --fwe-words above them
+      break;
+    case Task::multiquery: shrink("--queries", p.queries, 2); break;
+    case Task::vartrack:
+      shrink("--hops", p.hops, 1);
+      shrink("--chains", p.chains, 1);
+      break;
+    case Task::multivalue: shrink("--values", p.values, 2); break;
+    case Task::multikey: shrink("--distractors", p.distractors, 1); break;
+    default: break;
+  }
+  return out;
+}
+
 int64_t ruler_max_answer_length(const TaskParams& p) {
   switch (p.task) {
     case Task::multiquery: return p.queries * p.value_length_max + p.queries - 1;

@@ -25,6 +25,10 @@
 // Determinism as for NIAH: a sample is a function of (seed, task, length, depth, index).
 #pragma once
 
+#include <set>
+#include <string>
+#include <vector>
+
 #include "model/eval/niah.h"
 
 namespace hydra::niah {
@@ -40,6 +44,27 @@ int64_t ruler_max_answer_length(const TaskParams& p);
 void ruler_validate(const TaskParams& p, const Markers& m);
 // Whether the task places anything at a depth (multiquery, vartrack) or not (cwe, fwe).
 bool task_has_depth(Task task);
+
+// A task's knobs sized to a sample length as RULER sizes them (eval-niah --suite ruler), every knob
+// whose flag is in `fixed` (e.g. "--common-freq") left as given:
+//   cwe  below 4K tokens RULER counts each common word 6 times and each other word once
+//        (--common-freq 6, --uncommon-freq 1; 30 and 3 from 4K on);
+//   fwe  RULER draws from length/50 distinct words (--fwe-words, at least --top-words + 1);
+// then, while the sample does not fit the length, the task's count knob shrinks one step at a time
+// (cwe --common-words, then --common-freq down to --uncommon-freq + 1; fwe --top-words; multiquery
+// --queries down to 2; vartrack --hops, then --chains; multivalue --values down to 2; multikey
+// --distractors down to 1). `changes` names each knob changed ("--common-freq 30 -> 6"); a task that
+// still does not fit is left as it is (the plan's length check names it).
+struct SizedTask {
+  TaskParams params;
+  std::vector<std::string> changes;
+};
+SizedTask size_task_to_length(const TaskParams& p, int64_t length, const std::set<std::string>& fixed);
+// RULER's seven families in token space, in its table's order: the tasks `eval-niah --suite ruler` runs.
+const std::vector<Task>& ruler_suite_tasks();
+// Whether a task is one of RULER's families beyond NIAH (multiquery, vartrack, cwe, fwe), scored by
+// generation by default (RULER's metric reads generated text).
+bool is_ruler_family(Task task);
 
 // A sample of a RULER family task (header comment); arguments checked by generate_sample.
 Sample generate_ruler_sample(const TaskParams& p, const Markers& m, uint64_t seed, int64_t length, int64_t depth,

@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -18,6 +22,11 @@ TokenWindows::TokenWindows(const std::vector<std::string>& files, int64_t seq_le
     : seq_len_(seq_len), seed_(seed) {
   open(files, vocab);
   build_index({});
+  for (size_t f = 0; f < files.size(); ++f) {
+    corpus_names_.push_back(files[f]);
+    corpus_first_.push_back(first_window_[f]);
+  }
+  corpus_first_.push_back(windows_);
 }
 
 void TokenWindows::open(const std::vector<std::string>& files, int64_t vocab) {
@@ -51,6 +60,7 @@ void TokenWindows::build_index(const std::vector<std::string>& identities) {
     const std::string identity = f < identities.size() ? identities[f] : "";
     std::optional<std::vector<int32_t>> index;
     if (!identity.empty()) index = load_window_index(identity, seq_len_, nw);
+    index_from_cache_ = index_from_cache_ || index.has_value();
     if (!index) {
       index = count_window_targets(file, seq_len_);
       if (!identity.empty()) store_window_index(identity, seq_len_, *index, file.path());
@@ -59,6 +69,42 @@ void TokenWindows::build_index(const std::vector<std::string>& identities) {
                  index->size(), nw);
     std::copy(index->begin(), index->end(), counted_.begin() + first_window_[f]);
   }
+}
+
+std::vector<std::string> corpus_shards(const std::string& path, const char* flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path manifest = fs::is_directory(path, ec) ? fs::path(path) / "manifest.json" : fs::path(path);
+  const fs::path folder = manifest.has_parent_path() ? manifest.parent_path() : fs::path(".");
+  std::ifstream in(manifest);
+  HYDRA_USER_CHECK(in.good(), "{} {}: no readable {} (a corpus folder holds the manifest.json that "
+                   "cluster/tokenize_text.py writes)", flag, path, manifest.string());
+  const nlohmann::json m = nlohmann::json::parse(in, nullptr, false);
+  HYDRA_USER_CHECK(m.is_object() && m.contains("shards") && m.at("shards").is_array() && !m.at("shards").empty(),
+                   "{} {}: {} is not a token-shard manifest (a JSON object with a non-empty \"shards\" list)", flag, path,
+                   manifest.string());
+  const fs::path real_folder = fs::canonical(folder.empty() ? fs::path(".") : folder, ec);
+  HYDRA_USER_CHECK(!ec, "{} {}: cannot resolve the folder {} ({})", flag, path, folder.string(), ec.message());
+  std::vector<std::string> shards;
+  for (const nlohmann::json& entry : m.at("shards")) {
+    HYDRA_USER_CHECK(entry.is_string(), "{} {}: {} lists a shard that is not a file name ({})", flag, path,
+                     manifest.string(), entry.dump().substr(0, 80));
+    const std::string name = entry.get<std::string>();
+    // A plain name inside the manifest's folder: nothing in a manifest makes us read outside it.
+    const bool plain = !name.empty() && name != "." && name != ".." && name.find_first_of("/\\") == std::string::npos &&
+                       name.find('\0') == std::string::npos;
+    HYDRA_USER_CHECK(plain, "{} {}: {} lists the shard '{}', which is not a plain file name in the manifest's folder "
+                     "(written by an older cluster/tokenize_text.py? its paths were relative to where it ran: "
+                     "tokenize again)", flag, path, manifest.string(), name);
+    const fs::path shard = folder / name;
+    if (fs::exists(shard, ec)) {
+      const fs::path real = fs::canonical(shard, ec);
+      HYDRA_USER_CHECK(!ec && real.parent_path() == real_folder, "{} {}: the shard '{}' of {} resolves to {}, outside "
+                       "the manifest's folder", flag, path, name, manifest.string(), ec ? ec.message() : real.string());
+    }
+    shards.push_back(shard.string());
+  }
+  return shards;
 }
 
 std::vector<DataSource> parse_data_sources(const std::string& list, const char* flag) {
@@ -71,17 +117,36 @@ std::vector<DataSource> parse_data_sources(const std::string& list, const char* 
     item.erase(0, item.find_first_not_of(" \t"));
     item.erase(item.find_last_not_of(" \t") + 1);
     if (item.empty()) continue;
-    DataSource source{.path = item, .weight = -1, .identity = {}};
+    DataSource source{.path = item, .weight = -1, .identity = {}, .corpus = {}};
     if (const size_t colon = item.rfind(':'); colon != std::string::npos) {
       const std::string suffix = item.substr(colon + 1);
       char* stop = nullptr;
       const double w = std::strtod(suffix.c_str(), &stop);
       if (!suffix.empty() && stop == suffix.c_str() + suffix.size()) {
         HYDRA_USER_CHECK(std::isfinite(w) && w > 0, "{} {}: the weight {} must be a positive number", flag, item, suffix);
-        source = DataSource{.path = item.substr(0, colon), .weight = w, .identity = {}};
+        source = DataSource{.path = item.substr(0, colon), .weight = w, .identity = {}, .corpus = {}};
       }
     }
+    std::error_code ec;
+    const bool manifest = source.path.size() > 5 && source.path.compare(source.path.size() - 5, 5, ".json") == 0;
+    if (std::filesystem::is_directory(source.path, ec) || manifest) {
+      for (const std::string& shard : corpus_shards(source.path, flag)) {
+        out.push_back(DataSource{.path = shard, .weight = source.weight, .identity = {}, .corpus = source.path});
+      }
+      continue;
+    }
+    source.corpus = source.path;
     out.push_back(source);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<std::string>>> corpora_of(const std::vector<DataSource>& sources) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  for (const DataSource& s : sources) {
+    const std::string& name = s.corpus.empty() ? s.path : s.corpus;
+    if (out.empty() || out.back().first != name) out.emplace_back(name, std::vector<std::string>{});
+    out.back().second.push_back(s.path);
   }
   return out;
 }
@@ -101,47 +166,64 @@ TokenWindows::TokenWindows(const std::vector<DataSource>& sources, int64_t seq_l
   std::vector<std::string> identities;
   for (const DataSource& s : sources) identities.push_back(s.identity);
   build_index(identities);
+  // Corpora: runs of consecutive sources with one name (a file alone is its own corpus).
+  std::vector<double> corpus_weight;
+  for (size_t f = 0; f < sources.size(); ++f) {
+    const std::string& name = sources[f].corpus.empty() ? sources[f].path : sources[f].corpus;
+    if (corpus_names_.empty() || corpus_names_.back() != name) {
+      HYDRA_USER_CHECK(std::find(corpus_names_.begin(), corpus_names_.end(), name) == corpus_names_.end(),
+                       "the corpus {} is given twice", name);
+      corpus_names_.push_back(name);
+      corpus_first_.push_back(first_window_[f]);
+      corpus_weight.push_back(sources[f].weight);
+    }
+  }
+  corpus_first_.push_back(windows_);
   double given = 0, unweighted_windows = 0;
   bool any = false, all = true;
-  for (size_t f = 0; f < sources.size(); ++f) {
-    if (sources[f].weight > 0) {
-      given += sources[f].weight;
+  for (size_t c = 0; c < corpus_names_.size(); ++c) {
+    if (corpus_weight[c] > 0) {
+      given += corpus_weight[c];
       any = true;
     } else {
       all = false;
-      unweighted_windows += static_cast<double>(first_window_[f + 1] - first_window_[f]);
+      unweighted_windows += static_cast<double>(corpus_first_[c + 1] - corpus_first_[c]);
     }
   }
   if (!any) return;  // pooled
-  HYDRA_USER_CHECK(all || given < 1, "the weights given sum to {}, leaving nothing for the files without one (they "
+  HYDRA_USER_CHECK(all || given < 1, "the weights given sum to {}, leaving nothing for the corpora without one (they "
                    "share 1 − the sum, in proportion to their windows)", given);
-  for (size_t f = 0; f < sources.size(); ++f) {
-    const double windows = static_cast<double>(first_window_[f + 1] - first_window_[f]);
-    weights_.push_back(sources[f].weight > 0 ? (all ? sources[f].weight / given : sources[f].weight)
-                                             : (1 - given) * windows / unweighted_windows);
+  for (size_t c = 0; c < corpus_names_.size(); ++c) {
+    const double windows = static_cast<double>(corpus_first_[c + 1] - corpus_first_[c]);
+    weights_.push_back(corpus_weight[c] > 0 ? (all ? corpus_weight[c] / given : corpus_weight[c])
+                                            : (1 - given) * windows / unweighted_windows);
   }
-  drawn_.assign(sources.size(), 0);
-  file_epoch_.assign(sources.size(), -1);
-  file_order_.resize(sources.size());
+  drawn_.assign(corpus_names_.size(), 0);
+  corpus_epoch_.assign(corpus_names_.size(), -1);
+  corpus_order_.resize(corpus_names_.size());
 }
 
-int64_t TokenWindows::file_window(int64_t f, int64_t k) const {
-  const size_t fi = static_cast<size_t>(f);
-  const int64_t n = first_window_[fi + 1] - first_window_[fi], epoch = k / n, i = k % n;
-  if (!shuffle_) return first_window_[fi] + i;
-  if (file_epoch_[fi] != epoch) {  // Fisher-Yates from (seed, file, epoch), as the pooled order
-    std::vector<int64_t>& order = file_order_[fi];
+int64_t TokenWindows::corpus_window(int64_t c, int64_t k) const {
+  const size_t ci = static_cast<size_t>(c);
+  const int64_t n = corpus_first_[ci + 1] - corpus_first_[ci], epoch = k / n, i = k % n;
+  if (!shuffle_) return corpus_first_[ci] + i;
+  if (corpus_epoch_[ci] != epoch) {  // Fisher-Yates from (seed, corpus, epoch), as the pooled order
+    std::vector<int64_t>& order = corpus_order_[ci];
     order.resize(static_cast<size_t>(n));
     std::iota(order.begin(), order.end(), int64_t{0});
-    const RandomStream rng{seed_, hash_name("blend-order") + static_cast<uint64_t>(f) * 0x9E3779B97F4A7C15ull +
+    const RandomStream rng{seed_, hash_name("blend-order") + static_cast<uint64_t>(c) * 0x9E3779B97F4A7C15ull +
                                       static_cast<uint64_t>(epoch)};
     for (int64_t j = n - 1; j > 0; --j) {
       const int64_t r = static_cast<int64_t>(rng.bits(static_cast<uint64_t>(j)) % static_cast<uint64_t>(j + 1));
       std::swap(order[static_cast<size_t>(j)], order[static_cast<size_t>(r)]);
     }
-    file_epoch_[fi] = epoch;
+    corpus_epoch_[ci] = epoch;
   }
-  return first_window_[fi] + file_order_[fi][static_cast<size_t>(i)];
+  return corpus_first_[ci] + corpus_order_[ci][static_cast<size_t>(i)];
+}
+
+int64_t TokenWindows::corpus_of(int64_t i) const {
+  return static_cast<int64_t>(std::upper_bound(corpus_first_.begin(), corpus_first_.end(), i) - corpus_first_.begin()) - 1;
 }
 
 void TokenWindows::advance_to(int64_t n) const {
@@ -160,7 +242,7 @@ void TokenWindows::advance_to(int64_t n) const {
         best = f;
       }
     }
-    recent_.push_back(file_window(static_cast<int64_t>(best), drawn_[best]));
+    recent_.push_back(corpus_window(static_cast<int64_t>(best), drawn_[best]));
     ++drawn_[best];
     ++cursor_;
     constexpr size_t kKept = size_t{1} << 17;  // draws kept for look-ups behind the cursor (a step's, a read-ahead's)
@@ -176,7 +258,7 @@ std::vector<int64_t> TokenWindows::drawn(int64_t n) const {
   if (n > 0) advance_to(n - 1);
   if (n < base_) advance_to(n);  // replays: n ≥ base_ after it
   std::vector<int64_t> counts = drawn_;
-  for (int64_t j = n; j < cursor_; ++j) --counts[static_cast<size_t>(file_of(recent_[static_cast<size_t>(j - base_)]))];
+  for (int64_t j = n; j < cursor_; ++j) --counts[static_cast<size_t>(corpus_of(recent_[static_cast<size_t>(j - base_)]))];
   return counts;
 }
 

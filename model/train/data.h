@@ -53,28 +53,40 @@ struct PackedBatch {
 };
 PackedBatch pack_windows(const std::vector<Window>& windows);
 
-// Blends: `--data a.h5:0.7,b.h5,c.h5:0.1`. Without any weight the files' windows are
-// pooled (one permutation of all of them per epoch, as above). With weights, window n of the run
-// comes from the file whose share is furthest behind its weight (Megatron's blending: the file d
-// maximising w_d·(n + 1) − drawn_d, the lowest index on a tie), so after every window each file's
-// count is within one window of w_d·n: any 1,000 consecutive windows follow the weights within
-// 0.2%. Each file visits its own windows in its own order, a permutation per epoch drawn from
-// (seed, file, epoch), and starts its next epoch alone when it is exhausted. A file without a
-// weight shares the weight the others leave (1 − Σ given) in proportion to its windows; weights
-// that all are given are normalised. The draws of a run are a pure function of (seed, weights, the
-// files' windows): the training state stores the windows drawn from every file (data.h
-// DataPosition) and --resume checks them against the replay.
+// Blends: `--data a.h5:0.7,b.h5,c.h5:0.1`, or of corpora: `--data web/:0.7,code/:0.3`. A corpus is
+// one token file, or a folder of shards written by cluster/tokenize_text.py (the folder or its
+// manifest.json, which lists the shards by plain file names inside that folder): its shards' windows
+// are one pool. Without any weight every corpus's windows are pooled (one permutation of all of them
+// per epoch, as above). With weights, window n of the run comes from the corpus whose share is
+// furthest behind its weight (Megatron's blending: the corpus c maximising w_c·(n + 1) − drawn_c, the
+// lowest index on a tie), so after every window each corpus's count is within one window of w_c·n:
+// any 1,000 consecutive windows follow the weights within 0.2%. Each corpus visits its own windows in
+// its own order, a permutation per epoch drawn from (seed, corpus, epoch), and starts its next epoch
+// alone when it is exhausted. A corpus without a weight shares the weight the others leave
+// (1 − Σ given) in proportion to its windows; weights that all are given are normalised. The draws of
+// a run are a pure function of (seed, weights, the corpora's windows): the training state stores the
+// windows drawn from every corpus (data.h DataPosition) and --resume checks them against the replay.
 struct DataSource {
   std::string path;
-  double weight = -1;  // −1: none given
+  double weight = -1;  // −1: none given (a corpus's weight, on each of its files)
   // The file's content identity (runtime/token_identity.h), or "": with one, the window index of a
   // masked or documented file is cached (token_identity_cache_dir()/token-index/, keyed by the
   // identity and seq_len: equal contents give the same index, so an entry is never stale).
   std::string identity;
+  // The corpus the file belongs to, as the list named it ("web/", "a.h5"); "" : the file itself.
+  // Consecutive sources with one corpus name form that corpus.
+  std::string corpus;
 };
-// "a.h5:0.7,b.h5" (a suffix ":W" that parses as a number is the weight; the path may hold ':').
-// UserError for a weight that is not a positive number.
+// "a.h5:0.7,b.h5,web/:0.2" (a suffix ":W" that parses as a number is the weight; the path may hold
+// ':'); a folder or a .json manifest becomes one source per shard (corpus_shards), labelled with the
+// item as given. UserError for a weight that is not a positive number, or a bad manifest.
 std::vector<DataSource> parse_data_sources(const std::string& list, const char* flag);
+// The shards of a corpus folder (its manifest.json) or of a manifest file, in manifest order. The
+// manifest's "shards" are plain file names in the manifest's folder: an absolute path, a '/' or '\\',
+// "." or ".." and a name that resolves (through a link) outside the folder are refused, naming the entry.
+std::vector<std::string> corpus_shards(const std::string& path, const char* flag);
+// The corpus names of `sources` in order (each once), and the files of each.
+std::vector<std::pair<std::string, std::vector<std::string>>> corpora_of(const std::vector<DataSource>& sources);
 
 // Token ranges [begin, end) of a window's seq_len + 1 positions.
 using TokenRanges = std::vector<std::pair<int64_t, int64_t>>;
@@ -89,10 +101,13 @@ class TokenWindows {
   TokenWindows(const std::vector<DataSource>& sources, int64_t seq_len, uint64_t seed, int64_t vocab, bool shuffle = true);
 
   bool blended() const { return !weights_.empty(); }
-  const std::vector<double>& weights() const { return weights_; }  // normalised; empty unless blended
+  const std::vector<double>& weights() const { return weights_; }  // per corpus, normalised; empty unless blended
   int64_t files() const { return static_cast<int64_t>(files_.size()); }
   const std::string& path(int64_t f) const { return files_[static_cast<size_t>(f)].path(); }
-  // Windows of the first n of the run drawn from each file (blends; pooled data: empty).
+  // Corpora (a file given alone is its own, named by its path), in the order given.
+  int64_t corpora() const { return static_cast<int64_t>(corpus_names_.size()); }
+  const std::string& corpus_name(int64_t c) const { return corpus_names_[static_cast<size_t>(c)]; }
+  // Windows of the first n of the run drawn from each corpus (blends; pooled data: empty).
   std::vector<int64_t> drawn(int64_t n) const;
   // The i-th evaluation window: file order (pooled), or the blend's i-th draw.
   int64_t evaluation_index(int64_t i) const { return blended() ? index_of(i) : i; }
@@ -101,6 +116,9 @@ class TokenWindows {
   int64_t count() const { return windows_; }  // windows per epoch
   int64_t tokens() const;  // tokens in the files
   bool masked() const;     // some file has a loss_mask
+  // Whether some file's window index came from the cache (runtime/token_identity.h load_window_index,
+  // its entry's checksum verified) rather than a count of the file.
+  bool index_from_cache() const { return index_from_cache_; }
   // Every read is a pread (no HDF5 call): windows may be read on another thread.
   bool reads_on_any_thread() const;
   // The n-th window of the run (n ≥ 0): seq_len + 1 tokens.
@@ -124,21 +142,25 @@ class TokenWindows {
   int64_t windows_ = 0;
   std::vector<TokenReader> files_;
   std::vector<int64_t> first_window_;  // [files + 1]: file f holds windows [first_window_[f], first_window_[f+1])
+  std::vector<std::string> corpus_names_;
+  std::vector<int64_t> corpus_first_;  // [corpora + 1]: corpus c holds windows [corpus_first_[c], corpus_first_[c+1])
   std::vector<int32_t> counted_;       // [windows], or empty: every window counts seq_len targets
+  bool index_from_cache_ = false;
   void open(const std::vector<std::string>& files, int64_t vocab);
   void build_index(const std::vector<std::string>& identities);
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> order_;  // the permutation of cached_epoch_
-  // Blends: the normalised weights, the draws made so far (cursor_ windows, drawn_ of each file)
-  // and the picks of the most recent ones (window base_ + j is recent_[j]), each file's order.
-  int64_t file_window(int64_t f, int64_t k) const;  // the k-th window drawn from file f
+  // Blends: the normalised weights, the draws made so far (cursor_ windows, drawn_ of each corpus)
+  // and the picks of the most recent ones (window base_ + j is recent_[j]), each corpus's order.
+  int64_t corpus_window(int64_t c, int64_t k) const;  // the k-th window drawn from corpus c
+  int64_t corpus_of(int64_t i) const;  // the corpus holding window i
   void advance_to(int64_t n) const;
   std::vector<double> weights_;
   bool shuffle_ = true;
   mutable int64_t cursor_ = 0, base_ = 0;
   mutable std::vector<int64_t> drawn_, recent_;
-  mutable std::vector<int64_t> file_epoch_;
-  mutable std::vector<std::vector<int64_t>> file_order_;
+  mutable std::vector<int64_t> corpus_epoch_;
+  mutable std::vector<std::vector<int64_t>> corpus_order_;
 };
 
 // The windows of a replica's steps, each window holding the rows this rank computes (the token

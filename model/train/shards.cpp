@@ -15,6 +15,7 @@
 #include "runtime/content_hash.h"
 #include "runtime/fault.h"
 #include "runtime/hdf5_file.h"
+#include "runtime/json_integer.h"
 #include "runtime/log.h"
 
 namespace hydra::train {
@@ -127,43 +128,168 @@ void finish_save(const fs::path& temp, const fs::path& final_dir, const std::vec
 
 const char* kDamaged = "(a damaged checkpoint: resume from an older step-NNNNNN by pointing 'latest' at it)";
 
+// ---- Reading: every field of the manifest checked before any is used ----
+// A manifest is a file someone may have edited: each number is range-checked before it is cast
+// (runtime/json_integer.h), each name is a plain name inside the step folder, each kind is what the
+// writer wrote; a damaged manifest is a UserError naming it and the field.
+
+constexpr int64_t kMaxCount = int64_t{1} << 53;  // steps, positions, elements: what a double holds exactly
+constexpr int64_t kMaxWorld = int64_t{1} << 20;
+constexpr int64_t kMaxBatch = int64_t{1} << 30;  // batch_seqs, grad_accum: their product with replicas fits
+
+// One shard's entry, checked: its rank's writer's file name, its range, its size and checksums.
+struct ShardEntry {
+  std::string file;
+  int64_t begin = 0, end = 0, bytes = 0;
+  std::map<std::string, std::string> checksums;  // dataset → XXH3 hex
+};
+
+// The manifest of a step folder, checked field by field.
+struct Manifest : SavedRun {
+  std::string path;  // of manifest.json
+  int64_t trainable = 0;
+  std::string flat_layout, model_xxh3;
+  std::vector<ShardEntry> shards;
+};
+
+// object[key], present (UserError naming `where` and the field otherwise).
+const nlohmann::json& field(const nlohmann::json& object, const std::string& key, const std::string& where) {
+  HYDRA_USER_CHECK(object.is_object() && object.contains(key), "{}: field '{}' is missing", where, key);
+  return object[key];
+}
+int64_t integer_field(const nlohmann::json& object, const std::string& key, int64_t lo, int64_t hi,
+                      const std::string& where) {
+  return json_integer_in(field(object, key, where), fmt::format("{}: field '{}'", where, key), lo, hi);
+}
+std::string string_field(const nlohmann::json& object, const std::string& key, const std::string& where) {
+  const nlohmann::json& v = field(object, key, where);
+  HYDRA_USER_CHECK(v.is_string(), "{}: field '{}' is {}, not a string", where, key, v.dump().substr(0, 80));
+  return v.get<std::string>();
+}
+bool is_hash_hex(const std::string& s) {
+  return s.size() == 16 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
 nlohmann::json parse_manifest(const std::string& dir) {
-  const std::string path = (fs::path(dir) / kManifestName).string();
+  const std::string path = entry_inside(dir, kManifestName, dir, "the manifest");
+  std::error_code ec;
+  HYDRA_USER_CHECK(fs::is_regular_file(path, ec), "{}: is missing or not a file {}", path, kDamaged);
   std::ifstream in(path);
   HYDRA_USER_CHECK(in.good(), "{}: cannot be read {}", path, kDamaged);
   std::stringstream text;
   text << in.rdbuf();
   const nlohmann::json m = nlohmann::json::parse(text.str(), nullptr, false);
-  HYDRA_USER_CHECK(m.is_object() && m.value("format", "") == kStateFormat, "{}: not a hydra training manifest {}", path,
-                   kDamaged);
+  HYDRA_USER_CHECK(m.is_object() && m.contains("format") && m["format"] == kStateFormat,
+                   "{}: not a hydra training manifest {}", path, kDamaged);
   return m;
 }
 
+Manifest checked_manifest(const std::string& dir) {
+  const nlohmann::json m = parse_manifest(dir);
+  Manifest run;
+  run.path = (fs::path(dir) / kManifestName).string();
+  const std::string& where = run.path;
+  try {
+    run.version = integer_field(m, "format_version", 0, kMaxCount, where);
+    HYDRA_USER_CHECK(run.version == kManifestVersion, "{}: format_version {} is not one this hydra reads ({})", where,
+                     run.version, kManifestVersion);
+    run.stage = string_field(m, "stage", where);
+    run.step = integer_field(m, "step", 1, kMaxCount, where);
+    run.position = integer_field(m, "data_position", 0, kMaxCount, where);
+    run.world = integer_field(m, "world_size", 1, kMaxWorld, where);
+    run.sp = integer_field(m, "sp", 1, run.world, where);
+    HYDRA_USER_CHECK(run.world % run.sp == 0, "{}: sp {} does not divide world_size {}", where, run.sp, run.world);
+    run.seq_len = integer_field(m, "seq_len", 1, kMaxCount, where);
+    run.seed = integer_field(m, "seed", INT64_MIN, INT64_MAX, where);
+    run.batch_seqs = integer_field(m, "batch_seqs", 1, kMaxBatch, where);
+    run.grad_accum = integer_field(m, "grad_accum", 1, kMaxBatch, where);
+    run.replicas = integer_field(m, "replicas", run.world / run.sp, run.world / run.sp, where);
+    HYDRA_USER_CHECK(static_cast<double>(run.batch_seqs) * static_cast<double>(run.grad_accum) *
+                             static_cast<double>(run.replicas) <= static_cast<double>(kMaxCount),
+                     "{}: batch_seqs {} × grad_accum {} × replicas {} windows a step is out of range", where,
+                     run.batch_seqs, run.grad_accum, run.replicas);
+    run.config = string_field(m, "config", where);
+    const nlohmann::json config = nlohmann::json::parse(run.config, nullptr, false);
+    HYDRA_USER_CHECK(config.is_object(), "{}: field 'config' does not hold a JSON object", where);
+    const nlohmann::json& data_state = field(m, "data_state", where);
+    HYDRA_USER_CHECK(data_state.is_object(), "{}: field 'data_state' is not an object", where);
+    run.data_state = data_state.dump();
+    run.inputs = field(m, "inputs", where);
+    HYDRA_USER_CHECK(run.inputs.is_object(), "{}: field 'inputs' is not an object", where);
+    for (const auto& [role, hash] : run.inputs.items()) {
+      HYDRA_USER_CHECK(hash.is_string(), "{}: inputs['{}'] is {}, not a string", where, role, hash.dump().substr(0, 80));
+    }
+    run.trainable = integer_field(m, "trainable", 0, kMaxCount, where);
+    run.flat_layout = string_field(m, "flat_layout", where);
+    string_field(m, "dtype", where);
+    const nlohmann::json& model = field(m, "model", where);
+    HYDRA_USER_CHECK(string_field(model, "file", where + " model") == "model.h5",
+                     "{}: the model's file is '{}', expected model.h5", where, model["file"].get<std::string>());
+    run.model_xxh3 = string_field(model, "xxh3", where + " model");
+    // The shards cover the flat space [0, trainable) once, in rank order, each under its writer's name.
+    const nlohmann::json& shards = field(m, "shards", where);
+    HYDRA_USER_CHECK(shards.is_array() && static_cast<int64_t>(shards.size()) == run.world, "{}: {} shards for {} ranks",
+                     where, shards.is_array() ? shards.size() : 0, run.world);
+    int64_t at = 0;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const std::string entry = fmt::format("{} shards[{}]", where, i);
+      const nlohmann::json& s = shards[i];
+      ShardEntry e;
+      e.file = string_field(s, "file", entry);
+      const std::string expected = shard_name(static_cast<int>(i), static_cast<int>(run.world));
+      HYDRA_USER_CHECK(e.file == expected, "{}: file '{}' is not {}, the name its rank writes (a shard is a plain name "
+                       "inside its step folder)", entry, e.file, expected);
+      e.begin = integer_field(s, "begin", 0, run.trainable, entry);
+      e.end = integer_field(s, "end", 0, run.trainable, entry);
+      HYDRA_USER_CHECK(e.begin == at && e.end >= e.begin, "{}: holds [{}, {}), expected it to start at {}", entry,
+                       e.begin, e.end, at);
+      at = e.end;
+      e.bytes = integer_field(s, "bytes", 0, kMaxCount, entry);
+      const nlohmann::json& checksums = field(s, "checksums", entry);
+      for (const auto& [kind, dataset] : kKinds) {
+        const std::string hex = string_field(checksums, dataset, entry + " checksums");
+        HYDRA_USER_CHECK(is_hash_hex(hex), "{}: the checksum of '{}' is '{}', not 16 hex digits", entry, dataset,
+                         hex.substr(0, 40));
+        e.checksums[dataset] = hex;
+      }
+      run.shards.push_back(std::move(e));
+    }
+    HYDRA_USER_CHECK(at == run.trainable, "{}: the shards end at {}, the state has {} elements", where, at,
+                     run.trainable);
+  } catch (const UserError& e) {
+    HYDRA_USER_FAIL("{} {}", e.what(), kDamaged);
+  } catch (const nlohmann::json::exception& e) {  // every access above is checked first: a bug if reached
+    HYDRA_USER_FAIL("{}: a field is mistyped ({}) {}", where, e.what(), kDamaged);
+  }
+  return run;
+}
+
 // One shard read whole and checked against its manifest entry: size, attributes, per-dataset XXH3,
-// finite values, second moments ≥ 0. Returns its datasets in kKinds order.
-std::vector<Tensor> read_shard(const std::string& dir, const nlohmann::json& entry, const nlohmann::json& manifest) {
-  const std::string path = (fs::path(dir) / entry.at("file").get<std::string>()).string();
+// shape, finite values, second moments ≥ 0. Returns its datasets in kKinds order.
+std::vector<Tensor> read_shard(const std::string& dir, size_t index, const Manifest& manifest) {
+  const ShardEntry& entry = manifest.shards.at(index);
+  const std::string path = entry_inside(dir, entry.file, manifest.path, fmt::format("shard {}'s file", index));
   try {
     require_readable_file(path, "checkpoint shard");
-    HYDRA_USER_CHECK(fs::file_size(path) == entry.at("bytes").get<uintmax_t>(), "{}: {} bytes, the manifest says {} {}",
-                     path, fs::file_size(path), entry.at("bytes").get<uintmax_t>(), kDamaged);
+    HYDRA_USER_CHECK(fs::file_size(path) == static_cast<uintmax_t>(entry.bytes), "{}: {} bytes, the manifest says {} {}",
+                     path, fs::file_size(path), entry.bytes, kDamaged);
     const H5File h5 = H5File::open_read(path);
     HYDRA_USER_CHECK(h5.has_attribute("format") && h5.string_attribute("format") == kShardFormat,
                      "{}: not a hydra checkpoint shard {}", path, kDamaged);
-    const int64_t begin = entry.at("begin").get<int64_t>(), end = entry.at("end").get<int64_t>();
-    HYDRA_USER_CHECK(h5.int_attribute("begin") == begin && h5.int_attribute("end") == end &&
-                         h5.int_attribute("step") == manifest.at("step").get<int64_t>() &&
-                         h5.int_attribute("data_position") == manifest.at("data_position").get<int64_t>(),
+    HYDRA_USER_CHECK(h5.int_attribute("begin") == entry.begin && h5.int_attribute("end") == entry.end &&
+                         h5.int_attribute("step") == manifest.step &&
+                         h5.int_attribute("data_position") == manifest.position,
                      "{}: holds [{}, {}) of step {}, the manifest names [{}, {}) of step {} {}", path,
-                     h5.int_attribute("begin"), h5.int_attribute("end"), h5.int_attribute("step"), begin, end,
-                     manifest.at("step").get<int64_t>(), kDamaged);
+                     h5.int_attribute("begin"), h5.int_attribute("end"), h5.int_attribute("step"), entry.begin,
+                     entry.end, manifest.step, kDamaged);
     std::vector<Tensor> out;
     for (const auto& [kind, dataset] : kKinds) {
       Tensor t = h5.read(dataset);
-      HYDRA_USER_CHECK((t.dtype() == DType::f32 || t.dtype() == DType::f64) && t.numel() == end - begin,
-                       "{}: dataset '{}' is {} {}, not {} float elements {}", path, dataset, dtype_name(t.dtype()),
-                       t.shape_string(), end - begin, kDamaged);
-      HYDRA_USER_CHECK(entry.at("checksums").value(dataset, "") == hash_hex(hash_tensor(t)),
+      HYDRA_USER_CHECK((t.dtype() == DType::f32 || t.dtype() == DType::f64) && t.rank() == 1 &&
+                           t.size(0) == entry.end - entry.begin,
+                       "{}: dataset '{}' is {} {}, not [{}] float elements {}", path, dataset, dtype_name(t.dtype()),
+                       t.shape_string(), entry.end - entry.begin, kDamaged);
+      HYDRA_USER_CHECK(entry.checksums.at(dataset) == hash_hex(hash_tensor(t)),
                        "{}: dataset '{}' does not match its checksum {}", path, dataset, kDamaged);
       const Tensor f64 = to(t, Device::host, DType::f64);
       const double* v = f64.data_as<double>();
@@ -240,71 +366,23 @@ std::string write_sharded_checkpoint(const TrainConfig& config, SequenceGroups& 
 
 bool has_manifest(const std::string& dir) { return fs::exists(fs::path(dir) / kManifestName); }
 
-SavedRun read_manifest(const std::string& dir) {
-  const std::string path = (fs::path(dir) / kManifestName).string();
-  try {
-    const nlohmann::json m = parse_manifest(dir);
-    SavedRun run;
-    run.version = m.at("format_version").get<int64_t>();
-    HYDRA_USER_CHECK(run.version == kManifestVersion, "{}: format_version {} is not one this hydra reads ({}) {}", path,
-                     run.version, kManifestVersion, kDamaged);
-    run.stage = m.at("stage").get<std::string>();
-    run.config = m.at("config").get<std::string>();
-    run.step = m.at("step").get<int64_t>();
-    run.position = m.at("data_position").get<int64_t>();
-    run.world = m.at("world_size").get<int64_t>();
-    run.sp = m.at("sp").get<int64_t>();
-    run.seq_len = m.at("seq_len").get<int64_t>();
-    run.seed = m.at("seed").get<int64_t>();
-    run.batch_seqs = m.at("batch_seqs").get<int64_t>();
-    run.grad_accum = m.at("grad_accum").get<int64_t>();
-    run.replicas = m.at("replicas").get<int64_t>();
-    run.data_state = m.at("data_state").dump();
-    run.inputs = m.at("inputs");
-    HYDRA_USER_CHECK(run.step >= 1 && run.position >= 0 && run.world >= 1 && run.sp >= 1 && run.world % run.sp == 0 &&
-                         run.seq_len >= 1 && run.batch_seqs >= 1 && run.grad_accum >= 1 && run.replicas >= 1 &&
-                         run.inputs.is_object(),
-                     "{}: fields out of range (step {}, data_position {}, world_size {}, sp {}, seq_len {}) {}", path,
-                     run.step, run.position, run.world, run.sp, run.seq_len, kDamaged);
-    // The shards cover the flat space [0, trainable) once, in rank order.
-    const nlohmann::json& shards = m.at("shards");
-    const int64_t trainable = m.at("trainable").get<int64_t>();
-    m.at("flat_layout").get<std::string>();
-    HYDRA_USER_CHECK(shards.is_array() && static_cast<int64_t>(shards.size()) == run.world,
-                     "{}: {} shards for {} ranks {}", path, shards.is_array() ? shards.size() : 0, run.world, kDamaged);
-    int64_t at = 0;
-    for (const nlohmann::json& s : shards) {
-      HYDRA_USER_CHECK(s.at("begin").get<int64_t>() == at && s.at("end").get<int64_t>() >= at,
-                       "{}: shard {} holds [{}, {}), expected it to start at {} {}", path, s.at("file").get<std::string>(),
-                       s.at("begin").get<int64_t>(), s.at("end").get<int64_t>(), at, kDamaged);
-      at = s.at("end").get<int64_t>();
-    }
-    HYDRA_USER_CHECK(at == trainable, "{}: the shards end at {}, the state has {} elements {}", path, at, trainable,
-                     kDamaged);
-    return run;
-  } catch (const nlohmann::json::exception& e) {
-    HYDRA_USER_FAIL("{}: a field is missing or mistyped ({}) {}", path, e.what(), kDamaged);
-  }
-}
+SavedRun read_manifest(const std::string& dir) { return checked_manifest(dir); }
 
 void load_sharded_state(const std::string& dir, AdamW& optimizer) {
-  const std::string path = (fs::path(dir) / kManifestName).string();
-  const nlohmann::json m = parse_manifest(dir);
-  HYDRA_USER_CHECK(m.at("trainable").get<int64_t>() == optimizer.trainable_parameters() &&
-                       m.at("flat_layout").get<std::string>() == hash_hex(optimizer.flat_layout_hash()),
+  const Manifest m = checked_manifest(dir);
+  HYDRA_USER_CHECK(m.trainable == optimizer.trainable_parameters() &&
+                       m.flat_layout == hash_hex(optimizer.flat_layout_hash()),
                    "--resume: {} holds the state of {} trained elements (layout {}); this run trains {} (layout {}): "
-                   "another --train set or model", path, m.at("trainable").get<int64_t>(),
-                   m.at("flat_layout").get<std::string>(), optimizer.trainable_parameters(),
-                   hash_hex(optimizer.flat_layout_hash()));
-  const nlohmann::json& shards = m.at("shards");
+                   "another --train set or model", m.path, m.trainable, m.flat_layout,
+                   optimizer.trainable_parameters(), hash_hex(optimizer.flat_layout_hash()));
   std::map<size_t, std::vector<Tensor>> opened;  // the shards this rank's range needs, read and verified once
   const auto read = [&](AdamW::Kind kind, int64_t begin, const TensorView& out) {
     const int64_t end = begin + out.numel();
-    for (size_t i = 0; i < shards.size(); ++i) {
-      const int64_t b = shards[i].at("begin").get<int64_t>(), e = shards[i].at("end").get<int64_t>();
+    for (size_t i = 0; i < m.shards.size(); ++i) {
+      const int64_t b = m.shards[i].begin, e = m.shards[i].end;
       const int64_t lo = std::max(b, begin), hi = std::min(e, end);
       if (lo >= hi) continue;
-      if (!opened.count(i)) opened.emplace(i, read_shard(dir, shards[i], m));
+      if (!opened.count(i)) opened.emplace(i, read_shard(dir, i, m));
       const Tensor& t = opened.at(i)[static_cast<size_t>(kind)];
       copy_into(out.narrow(0, lo - begin, hi - lo), t.view().narrow(0, lo - b, hi - lo));
     }
@@ -313,13 +391,11 @@ void load_sharded_state(const std::string& dir, AdamW& optimizer) {
 }
 
 void verify_sharded_checkpoint(const std::string& dir) {
-  read_manifest(dir);
-  const nlohmann::json m = parse_manifest(dir);
-  for (const nlohmann::json& s : m.at("shards")) read_shard(dir, s, m);
-  const std::string model = (fs::path(dir) / "model.h5").string();
+  const Manifest m = checked_manifest(dir);
+  for (size_t i = 0; i < m.shards.size(); ++i) read_shard(dir, i, m);
+  const std::string model = entry_inside(dir, "model.h5", m.path, "the model's file");
   require_readable_file(model, "model checkpoint");
-  HYDRA_USER_CHECK(m.at("model").value("xxh3", "") == hash_hex(hash_file(model)), "{}: does not match its checksum {}",
-                   model, kDamaged);
+  HYDRA_USER_CHECK(m.model_xxh3 == hash_hex(hash_file(model)), "{}: does not match its checksum {}", model, kDamaged);
 }
 
 }  // namespace hydra::train

@@ -23,6 +23,13 @@
 //
 // Loading re-cuts the shards: a rank of any world size reads the shards overlapping its own range
 // (every shard when replicated), verifying sizes and checksums first.
+//
+// Reading a manifest (someone may have edited it): every field is checked before it is used —
+// present, of the kind written, numbers range-checked before any cast (runtime/json_integer.h:
+// format_version 3.7, step 1e300 or 1.5 are refused naming the field), config a JSON object — and a
+// shard's `file` must be the name its rank writes (shard-RRRRR-of-WWWWW.h5), a plain name inside
+// the step folder (a link out of it is refused too): a manifest never makes hydra read another
+// folder. Each shard dataset must be 1-D of its range's length, whatever its checksum says.
 #pragma once
 
 #include <cstdint>
@@ -61,8 +68,8 @@ std::string write_sharded_checkpoint(const TrainConfig& config, SequenceGroups& 
 
 // Whether `dir` is a step folder written by write_sharded_checkpoint (it holds a manifest).
 bool has_manifest(const std::string& dir);
-// The manifest of `dir`, parsed and checked (fields present and in range, shards covering the flat
-// space once); a UserError naming it otherwise.
+// The manifest of `dir`, parsed and checked (fields present, of their kinds and in range, shards
+// under their writers' names covering the flat space once); a UserError naming it and the field otherwise.
 SavedRun read_manifest(const std::string& dir);
 // Loads the optimizer's state from the shards of `dir` (each rank the shards its range needs, their
 // sizes and checksums verified, finite values, second moments ≥ 0). Collective when sharded.

@@ -5,6 +5,7 @@
 #include "model/train/state.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -30,6 +31,8 @@ constexpr const char* kStateFormat = "hydrahead-train-state";
 constexpr int64_t kStateVersion = 2;
 constexpr const char* kChecksums = "checksums";  // the dataset of per-dataset XXH3s in state.h5
 constexpr const char* kDataState = "data_state";  // data_state() as JSON text
+constexpr const char* kDamagedStep =
+    "(a damaged checkpoint: resume from an older step-NNNNNN by pointing 'latest' at it)";
 
 // A state.h5 read whole and checked: every dataset against its stored XXH3, finite fp32 values
 // (second moments ≥ 0), attributes in range. Any damage is a UserError naming the file.
@@ -61,7 +64,9 @@ VerifiedState read_verified_state(const std::string& path) {
       st.batch_seqs = h5.int_attribute("batch_seqs");
       st.grad_accum = h5.int_attribute("grad_accum");
       st.replicas = h5.int_attribute("replicas");
-      HYDRA_USER_CHECK(st.batch_seqs >= 1 && st.grad_accum >= 1 && st.replicas >= 1,
+      HYDRA_USER_CHECK(st.batch_seqs >= 1 && st.grad_accum >= 1 && st.replicas >= 1 &&
+                           static_cast<double>(st.batch_seqs) * static_cast<double>(st.grad_accum) *
+                                   static_cast<double>(st.replicas) <= 9007199254740992.0,
                        "{}: attributes out of range (batch_seqs {}, grad_accum {}, replicas {}) {}", path, st.batch_seqs,
                        st.grad_accum, st.replicas, advice);
     }
@@ -112,16 +117,44 @@ VerifiedState read_verified_state(const std::string& path) {
   }
 }
 
+// A step folder without manifest.json must be an older run's, with its state.h5: otherwise the
+// message says which file is missing (a deleted manifest is not "a missing state.h5").
+void require_older_state(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / "state.h5", ec)) return;
+  bool shards = false;
+  for (const auto& e : fs::directory_iterator(dir, ec)) shards = shards || e.path().filename().string().rfind("shard-", 0) == 0;
+  HYDRA_USER_CHECK(!shards, "{}: {} is missing (the step's shards are there, but a step folder is whole only with "
+                   "the manifest its last writer adds) {}", dir, kManifestName, kDamagedStep);
+  HYDRA_USER_FAIL("{}: holds neither {} (a step saved by every rank) nor state.h5 (an older run's) {}", dir,
+                  kManifestName, kDamagedStep);
+}
+
+// A saved config for a message: its summary, or why it cannot be read (the message must not fail).
+std::string saved_config_summary(const std::string& text, const std::string& path) {
+  try {
+    return config_from_json(nlohmann::json::parse(text), path).summary();
+  } catch (const std::exception& e) {
+    return fmt::format("unreadable: {}", e.what());
+  }
+}
+
 }  // namespace
 
 std::string step_dir_name(int64_t step) { return fmt::format("step-{:06d}", step); }
+
+bool is_step_dir_name(const std::string& name) {
+  return name.size() >= 11 && name.rfind("step-", 0) == 0 &&
+         name.find_first_not_of("0123456789", 5) == std::string::npos;
+}
 
 std::vector<std::string> step_directories(const std::string& out_dir) {
   std::vector<std::string> steps;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(out_dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (e.is_directory() && name.rfind("step-", 0) == 0) steps.push_back(e.path().string());
+    std::error_code link;
+    if (is_step_dir_name(name) && !e.is_symlink(link) && e.is_directory(link)) steps.push_back(e.path().string());
   }
   std::sort(steps.begin(), steps.end());
   return steps;
@@ -156,7 +189,9 @@ ResumePoint load_checkpoint_dir(const TrainConfig& config, SequenceGroups& topol
   // A step written by every rank (a manifest and shards), or an older run's single state.h5 (read
   // whole: every rank takes its range of it).
   const bool sharded = has_manifest(dir);
-  const std::string path = sharded ? (fs::path(dir) / kManifestName).string() : dir + "/state.h5";
+  if (!sharded) require_older_state(dir);
+  const std::string path = sharded ? entry_inside(dir, kManifestName, dir, "the manifest")
+                                   : entry_inside(dir, "state.h5", dir, "the training state");
   VerifiedState old_state;
   if (!sharded) old_state = read_verified_state(path);
   const SavedRun st = sharded ? read_manifest(dir) : static_cast<const SavedRun&>(old_state);
@@ -187,7 +222,7 @@ ResumePoint load_checkpoint_dir(const TrainConfig& config, SequenceGroups& topol
   }
   HYDRA_USER_CHECK(st.config == config_to_json(student.config()).dump(),
                    "--resume: {} was saved for another model (its config differs from --model's: {} vs {})", path,
-                   config_from_json(nlohmann::json::parse(st.config), path).summary(), student.config().summary());
+                   saved_config_summary(st.config, path), student.config().summary());
   HYDRA_USER_CHECK(st.seq_len == config.seq_len && static_cast<uint64_t>(st.seed) == config.seed,
                    "--resume: {} was saved with --seq-len {} --seed {}; this run has --seq-len {} --seed {}", path,
                    st.seq_len, st.seed, config.seq_len, config.seed);
@@ -241,9 +276,9 @@ nlohmann::json data_state(const TokenWindows& data, int64_t position) {
   if (data.blended()) {
     const std::vector<int64_t> drawn = data.drawn(position);
     nlohmann::json files = nlohmann::json::array();
-    for (int64_t f = 0; f < data.files(); ++f) {
-      files.push_back({{"path", data.path(f)}, {"weight", data.weights()[static_cast<size_t>(f)]},
-                       {"windows_drawn", drawn[static_cast<size_t>(f)]}});
+    for (int64_t c = 0; c < data.corpora(); ++c) {  // a file given alone: its own corpus, named by its path
+      files.push_back({{"path", data.corpus_name(c)}, {"weight", data.weights()[static_cast<size_t>(c)]},
+                       {"windows_drawn", drawn[static_cast<size_t>(c)]}});
     }
     state["files"] = files;
   }
@@ -260,9 +295,11 @@ void check_data_state(const std::string& path, const std::string& saved_text, co
 }
 
 nlohmann::json data_shares(const TokenWindows& data, int64_t position) {
-  nlohmann::json shares = nlohmann::json::array();
-  for (int64_t d : data.drawn(position)) {
-    shares.push_back(static_cast<double>(d) / static_cast<double>(std::max<int64_t>(position, 1)));
+  nlohmann::json shares = nlohmann::json::object();
+  const std::vector<int64_t> drawn = data.drawn(position);
+  for (int64_t c = 0; c < data.corpora(); ++c) {
+    shares[data.corpus_name(c)] = static_cast<double>(drawn[static_cast<size_t>(c)]) /
+                                  static_cast<double>(std::max<int64_t>(position, 1));
   }
   return shares;
 }
@@ -275,7 +312,8 @@ std::string newest_verified_checkpoint(const std::string& out_dir) {
       if (has_manifest(dir)) {
         verify_sharded_checkpoint(dir);
       } else {
-        read_verified_state(dir + "/state.h5");
+        require_older_state(dir);
+        read_verified_state(entry_inside(dir, "state.h5", dir, "the training state"));
       }
       return dir;
     } catch (const UserError& e) {
@@ -286,12 +324,25 @@ std::string newest_verified_checkpoint(const std::string& out_dir) {
 }
 
 std::string latest_checkpoint(const std::string& out_dir) {
-  std::ifstream in(fs::path(out_dir) / "latest");
-  std::string name;
-  if (!(in >> name)) return "";
-  const fs::path dir = fs::path(out_dir) / name;
-  HYDRA_USER_CHECK(fs::is_directory(dir), "{}/latest names {}, which does not exist", out_dir, name);
-  return dir.string();
+  const fs::path pointer = fs::path(out_dir) / "latest";
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(pointer, ec))) return "";
+  HYDRA_USER_CHECK(fs::is_regular_file(fs::symlink_status(pointer, ec)), "{}: is not a file (the pointer hydra writes "
+                   "holds the name of the newest step folder)", pointer.string());
+  // The pointer names a step folder of this run: a plain step-NNNNNN inside out_dir, never a path
+  // elsewhere (another run's state) — a file never makes hydra read outside its folder.
+  std::ifstream in(pointer, std::ios::binary);
+  std::string text(256, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  text.erase(0, std::min(text.size(), text.find_first_not_of(" \t\n\r")));
+  if (text.empty()) return "";
+  HYDRA_USER_CHECK(is_step_dir_name(text), "{}: holds '{}', not the name of a step folder (step-NNNNNN) of {}: a run "
+                   "resumes only from its own step folders", pointer.string(), text.substr(0, 80), out_dir);
+  const std::string dir = entry_inside(out_dir, text, pointer.string(), "step folder");
+  HYDRA_USER_CHECK(fs::is_directory(dir, ec), "{}/latest names {}, which does not exist", out_dir, text);
+  return dir;
 }
 
 }  // namespace hydra::train

@@ -24,7 +24,8 @@
 
 namespace hydra::train {
 
-// The step-NNNNNN directories of a run folder, oldest first (none if the folder cannot be read).
+// The step-NNNNNN directories of a run folder, oldest first (none if the folder cannot be read;
+// symbolic links are not step folders).
 std::vector<std::string> step_directories(const std::string& out_dir);
 
 // Where a resumed run starts: after `step`, at data position `position`; the state's data_state
@@ -36,13 +37,14 @@ struct ResumePoint {
 
 // ---- The data's place in the training state, apart from the optimizer's ----
 // state.h5 attribute `data_state` (JSON): the run's window position, the windows per epoch and, for
-// a blend (model/train/data.h), each file's path, weight and windows drawn. --resume replays the
+// a blend (model/train/data.h), each corpus's name ("path"), weight and windows drawn. --resume replays the
 // blend's draws to the position and compares them: other weights or files would resume elsewhere.
 // (The data's content identities are the attribute `inputs`, TrainConfig::Input.)
 nlohmann::json data_state(const TokenWindows& data, int64_t position);
 // UserError naming `path` when the blend's draws at `position` differ from the saved ones.
 void check_data_state(const std::string& path, const std::string& saved, const TokenWindows& data, int64_t position);
-// The realised share of each blended file over the first `position` windows (train.jsonl).
+// The realised share of each blended corpus over the first `position` windows (train.jsonl):
+// {"web/": 0.70, "code/": 0.30}, keyed by the corpus as --data named it (a file alone: its path).
 nlohmann::json data_shares(const TokenWindows& data, int64_t position);
 
 // --resume: reads and verifies the state `latest` points to (a manifest and the shards this rank
@@ -62,7 +64,8 @@ void remove_interrupted_saves(const std::string& out_dir);
 // interruption) run again and are logged again, so each step appears once.
 void truncate_log(const std::string& path, int64_t last_kept_step);
 
-// The step directory `latest` points to (empty when there is none).
+// The step directory `latest` points to (empty when there is none). `latest` must hold a step
+// folder's plain name (is_step_dir_name) inside `out_dir`, not a link out of it: a UserError otherwise.
 std::string latest_checkpoint(const std::string& out_dir);
 
 // The newest step directory of `out_dir` whose state verifies (checksums, finite values,
@@ -71,5 +74,7 @@ std::string newest_verified_checkpoint(const std::string& out_dir);
 
 // "step-NNNNNN"
 std::string step_dir_name(int64_t step);
+// Whether `name` is a step folder's name: "step-" and six or more digits (what `latest` may hold).
+bool is_step_dir_name(const std::string& name);
 
 }  // namespace hydra::train

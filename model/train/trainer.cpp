@@ -26,6 +26,7 @@
 #include "runtime/log.h"
 #include "runtime/phase_timer.h"
 #include "runtime/stop_request.h"
+#include "runtime/token_identity.h"
 #if HYDRA_CUDA
 #include "runtime/cuda_memory.h"
 #endif
@@ -119,14 +120,15 @@ class Trainer {
 // The files of --data (role "training data") or --eval-data ("evaluation data") with their weights
 // and content identities (TrainConfig::inputs, where known: the window index is then cached).
 std::vector<DataSource> data_sources(const TrainConfig& config, const std::vector<std::string>& paths,
-                                     const std::vector<double>& weights, const std::string& role) {
+                                     const std::vector<double>& weights, const std::vector<std::string>& corpora,
+                                     const std::string& role) {
   std::vector<DataSource> sources;
   for (size_t i = 0; i < paths.size(); ++i) {
     std::string identity;
     for (const TrainConfig::Input& in : config.inputs) {
       if (in.role == fmt::format("{} {}", role, i + 1) && in.hash.rfind("v", 0) == 0) identity = in.hash;
     }
-    sources.push_back({paths[i], i < weights.size() ? weights[i] : -1.0, identity});
+    sources.push_back({paths[i], i < weights.size() ? weights[i] : -1.0, identity, i < corpora.size() ? corpora[i] : ""});
   }
   return sources;
 }
@@ -144,7 +146,7 @@ TokenWindows rank0_first(Communicator& world, const std::function<TokenWindows()
 
 TokenWindows training_windows(const TrainConfig& config, Communicator& world, int64_t vocab) {
   return rank0_first(world, [&] {
-    return TokenWindows(data_sources(config, config.data, config.data_weights, "training data"), config.seq_len,
+    return TokenWindows(data_sources(config, config.data, config.data_weights, config.data_corpora, "training data"), config.seq_len,
                         config.seed, vocab);
   });
 }
@@ -152,7 +154,7 @@ TokenWindows training_windows(const TrainConfig& config, Communicator& world, in
 std::optional<TokenWindows> held_out_windows(const TrainConfig& config, Communicator& world, int64_t vocab) {
   if (config.eval_data.empty()) return std::nullopt;
   return rank0_first(world, [&] {  // each file in its own order
-    return TokenWindows(data_sources(config, config.eval_data, config.eval_weights, "evaluation data"), config.seq_len,
+    return TokenWindows(data_sources(config, config.eval_data, config.eval_weights, config.eval_corpora, "evaluation data"), config.seq_len,
                         0, vocab, false);
   });
 }
@@ -200,6 +202,13 @@ void Trainer::start() {
     HYDRA_USER_CHECK(latest_checkpoint(config_.out_dir).empty(),
                      "{} already holds a training run (latest: {}); pass --resume to continue it or choose another "
                      "--out-dir", config_.out_dir, latest_checkpoint(config_.out_dir));
+    // Step folders without `latest` (a pointer deleted, or lost with the run's log): another run's
+    // checkpoints, which a fresh run would replace one by one.
+    const std::vector<std::string> steps = step_directories(config_.out_dir);
+    HYDRA_USER_CHECK(steps.empty(), "{} holds step folders of another run ({}{}) without a 'latest' pointer: a fresh run "
+                     "would replace them; choose another --out-dir (or point 'latest' at the newest and pass --resume)",
+                     config_.out_dir, fs::path(steps.empty() ? "" : steps.front()).filename().string(),
+                     steps.size() > 1 ? fmt::format(" .. {}", fs::path(steps.back()).filename().string()) : "");
     // A log without a checkpoint (a run with --save-every -1, or one that failed before its first
     // save): a fresh run never appends to another run's steps.
     std::error_code ec;
@@ -325,6 +334,13 @@ StepResult Trainer::train_step(int64_t step, int64_t counted) {
   optimizer_.reduce_gradients();  // all-reduced (--zero 0) or reduce-scattered into the owners (--zero 1)
   StepResult r;
   r.total = reduce_loss_sums(world_, local, &r.stop_votes);
+  // The windows read count what the window index said they would (data.h): an index that does not
+  // match the data (a cache entry written by something other than hydra, with a valid checksum) is
+  // named rather than trained on.
+  HYDRA_USER_CHECK(!stage_.loss_masks || r.total.tokens == counted || !data_.index_from_cache(),
+                   "step {}: its windows count {} targets, the cached window index of the data says {}: the cache "
+                   "entry does not match the data (remove {}/token-index and start again)", step, r.total.tokens,
+                   counted, token_identity_cache_dir());
   HYDRA_ASSERT(!stage_.loss_masks || r.total.tokens == counted, "step {}: {} targets counted, {} expected", step,
                r.total.tokens, counted);
   r.loss = mean_loss(r.total);

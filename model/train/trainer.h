@@ -42,10 +42,12 @@ namespace hydra::train {
 
 struct TrainConfig {
   Stage stage = Stage::pretrain;
-  std::vector<std::string> data;       // token files
+  std::vector<std::string> data;       // token files (a corpus folder's shards, one by one)
   std::vector<std::string> eval_data;  // token files for the evaluation loss (optional)
-  // Blend weights, one per file (−1: none given; all −1: the files pooled), model/train/data.h.
+  // Blend weights, one per file (−1: none given; all −1: the files pooled), and the corpus each file
+  // belongs to (its folder or manifest as given; "": the file alone), model/train/data.h.
   std::vector<double> data_weights, eval_weights;
+  std::vector<std::string> data_corpora, eval_corpora;
   int64_t seq_len = 0;
   int64_t steps = 0;        // the schedule's length (warmup, cosine decay)
   int64_t stop_at = 0;      // stop (and checkpoint) after this step; 0: --steps. For runs split over
@@ -77,6 +79,7 @@ struct TrainConfig {
     std::string path;  // for messages
     std::string hash;  // the model and teacher: XXH3 of the file's bytes, hex (runtime/content_hash.h); a preset: its
                        // description; data: its content identity (runtime/token_identity.h)
+    std::string corpus = {};  // data: the corpus it belongs to, as --data named it (for the log; not stored)
   };
   std::vector<Input> inputs;
   bool allow_changed_inputs = false;

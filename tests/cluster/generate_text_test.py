@@ -7,10 +7,11 @@ cluster/tokenize_text.py), so its greedy continuation of any run of the cycle is
 words. The model's folder holds tokenizer.json and a tokenizer_config.json with a chat template.
 Checked: the continuations come back as the expected text (plain prompts, a .txt with --lines, a
 chat rendered with the folder's template), on one process and under mpirun -np 2 (--sp 1) alike;
---logprobs K gives K alternatives per token, the greedy token first; --stop ends at a token (text
-without it); --repetition-penalty and the sampling flags reach hydra (the tokens are hydra generate's
+--logprobs K gives K alternatives per token, the greedy token first; --stop ends at a stop string,
+across token boundaries and inside a token (the text up to it); without tokenizer_config.json the
+tokenizer's <|endoftext|> is the default stop; --repetition-penalty and the sampling flags reach hydra (the tokens are hydra generate's
 own with those flags on the prompt file the script wrote); bad input (no tokenizer.json, an empty prompt, a prompt over the
-model's limit, an unknown --stop text, a chat message without a role, a chat template that does not parse or fails)
+model's limit, an empty --stop, a chat message without a role, a chat template that does not parse or fails)
 is one line in this tool's name, exit 2, before any work, and leaves no output. Skipped (exit 77) without
 tokenizers, h5py and numpy; the chat case says so without jinja2."""
 import json
@@ -138,9 +139,38 @@ with tempfile.TemporaryDirectory() as d:
     if r.returncode == 0:
         got = lines(os.path.join(d, "txt.jsonl"))
         check(len(got) == 3, ".txt --lines: two prompts (the blank line skipped)")
-        check(got[0]["text"] == "echo foxtrot" and got[0]["stopped"] and got[0]["ids"][-1] == tok.token_to_id("golf"),
-              f"--stop golf ends 'charlie delta' after 'echo foxtrot' (got {got[0]['text']!r})")
+        check(got[0]["text"] == "echo foxtrot " and got[0]["stopped"] and got[0]["ids"][-1] == tok.token_to_id("golf")
+              and got[0]["stop_string"] == "golf",
+              f"--stop golf ends 'charlie delta' after 'echo foxtrot ' (got {got[0]['text']!r})")
         check(got[1]["text"] == following("mike", 6) and not got[1]["stopped"], "'mike' runs its 6 tokens")
+
+    # Stop strings are text, not tokens (at 6777ccb --stop took one token of the vocabulary): "lf ho"
+    # spans "golf hotel", two tokens and the space the decoder puts between them; "xt" lies inside
+    # "foxtrot"; a string that never occurs lets all 6 tokens come.
+    for stop, ids_end, text in (("lf ho", "hotel", "echo foxtrot go"), ("xt", "foxtrot", "echo fo"), ("zulu", None, None)):
+        r = run(base + ["--prompts", txt, "--lines", "--stop", stop, "--out", os.path.join(d, "stop.jsonl")])
+        check(r.returncode == 0, f"--stop {stop!r} runs")
+        if r.returncode != 0:
+            continue
+        got = lines(os.path.join(d, "stop.jsonl"))[0]
+        if ids_end is None:
+            check(not got["stopped"] and len(got["ids"]) == 6 and "stop_string" not in got,
+                  f"--stop {stop!r}, never generated: 6 tokens, not stopped")
+        else:
+            check(got["stopped"] and got.get("stop_string") == stop and got["ids"][-1] == tok.token_to_id(ids_end)
+                  and got["text"] == text, f"--stop {stop!r} ends at {ids_end!r} with the text {text!r} (got {got})")
+
+    # The default stop without tokenizer_config.json or generation_config.json: the tokenizer's
+    # <|endoftext|> (the separator tokenize_text.py ends documents with), as hydra generate's log says.
+    plain = os.path.join(d, "plain")
+    os.makedirs(plain)
+    shutil.copy(model, os.path.join(plain, "model.h5"))
+    shutil.copy(os.path.join(d, "tokenizer.json"), plain)
+    r = run(base[:3] + [os.path.join(plain, "model.h5")] + base[4:] + ["--prompts", txt, "--lines",
+                                                                        "--out", os.path.join(d, "plain.jsonl")])
+    eos = tok.token_to_id("<|endoftext|>")
+    check(r.returncode == 0 and f"stopping at the tokenizer's eos {eos}" in r.stderr,
+          f"no tokenizer_config.json: hydra generate stops at <|endoftext|> ({eos}) by default: {r.stderr[-300:]}")
 
     # --repetition-penalty and sampling reach hydra: the ids are hydra generate's own on the prompt file
     # the script wrote (its semantics are tested in tests/launch/generate_cli_test.cpp).
@@ -187,7 +217,7 @@ with tempfile.TemporaryDirectory() as d:
             (["--model", os.path.join(bare, "model.h5"), "--prompts", prompts], "no tokenizer.json"),
             (["--model", model, "--prompts", empty], "prompt 1 (line 2) is empty"),
             (["--model", os.path.join(limited, "model.h5"), "--prompts", prompts], "exceed the model's limit of 8"),
-            (["--model", model, "--prompts", prompts, "--stop", "zulu"], "'zulu' is not one token")] + renderer_cases:
+            (["--model", model, "--prompts", prompts, "--stop", ""], "--stop: an empty stop string")] + renderer_cases:
         out = os.path.join(d, "refused.jsonl")
         r = run(bad + args + ["--out", out])
         err = r.stderr.strip()

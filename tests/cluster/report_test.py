@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""cluster/synth/report.py's statistics: the Wilson interval against published values, and the
-claim verdicts (held / did not hold / undecided) on synthetic eval-niah cells, including a case
-where the point estimates differ but the samples cannot decide."""
+"""cluster/synth/report.py's statistics: the Wilson interval against published values, the table's
+intervals and budgets on synthetic eval-niah cells, and claims.md without per-sample lines (no
+comparison: every claim "no data"; claims_test.py checks the verdicts)."""
 import importlib.util
 import json
 import os
@@ -26,12 +26,6 @@ for (k, n), (lo, hi) in {(8, 10): (0.490, 0.943), (0, 20): (0.0, 0.161), (50, 10
     got = report.wilson(k, n)
     check(abs(got[0] - lo) < 1e-3 and abs(got[1] - hi) < 1e-3, f"wilson({k}, {n}) = {got}, expected ({lo}, {hi})")
 check(report.wilson(0, 0) is None, "wilson of no samples is not None")
-check(report.compare((0.6, 0.9), (0.1, 0.5)) is True, "disjoint above is not True")
-check(report.compare((0.1, 0.5), (0.6, 0.9)) is False, "disjoint below is not False")
-check(report.compare((0.3, 0.7), (0.5, 0.9)) == "undecided", "overlap is not undecided")
-check(report.close_to((0.0, 0.24), (0.0, 0.24), 0.1) == "undecided", "two wide intervals are not undecided for closeness")
-check(report.close_to((0.98, 1.0), (0.86, 0.93), 0.1) is True, "0.98.. vs ..0.93 is not close within 0.1")
-check(report.close_to((0.1, 0.3), (0.8, 0.9), 0.1) is False, "..0.3 vs 0.8.. is close within 0.1")
 
 
 def cells(path, correct_of, samples):
@@ -56,16 +50,10 @@ with tempfile.TemporaryDirectory() as res:
     cells(os.path.join(res, "evals", "layerwise.niah.jsonl"), lambda t, n: 36, 40)
     cells(os.path.join(res, "evals", "gdn.niah.jsonl"), lambda t, n: 0, 40)
     report.main(res)
-    claims = open(os.path.join(res, "claims.md")).read()
     table = open(os.path.join(res, "table.md")).read()
-    lines = [l for l in claims.splitlines() if l.startswith("* ")]
-    verdict = lambda key: next((l for l in lines if key in l), "")
-    check("**undecided** — selected heads beat random" in verdict("selected heads beat random"),
-          "240/240 vs 234/240 should be undecided: " + verdict("selected heads beat random"))
-    check("**held** — FA heads matter" in verdict("FA heads matter"), "hybrids vs all-GDN should hold: " + verdict("FA heads"))
-    check("**held** — the teacher solves" in verdict("the teacher solves"), "teacher 120/120 at 1x should hold")
-    check("**held** — 7:1 head-wise, selected heads extrapolates" in verdict("selected heads extrapolates"),
-          "selected 120/120 vs teacher 0/120 at 16x should hold: " + verdict("selected heads extrapolates"))
+    # No per-sample lines here, so no paired comparison: every claim is "no data", none invented.
+    claims = [l for l in open(os.path.join(res, "claims.md")).read().splitlines() if l.startswith("| ") and "**" in l]
+    check(len(claims) == 7 and all("**no data**" in l for l in claims), f"claims.md without items: {claims}")
     check(os.path.getsize(os.path.join(res, "loss_curves.svg")) > 0, "loss_curves.svg is empty")
     check("| align | 3 | 2 | 256 | 1536 | 0.002 |" in table, "table lacks the align budget row")
     check("1.00 [0.97, 1.00]" in table, "table lacks the interval of 120/120 (expected '1.00 [0.97, 1.00]')")

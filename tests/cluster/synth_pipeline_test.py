@@ -141,7 +141,7 @@ def main(hydra, root):
         check("decisions" in open(os.path.join(res, "decisions.md")).read().lower(), "decisions.md")
         summary = json.load(open(os.path.join(res, "summary.json")))
         check(set(summary["models"]) == set(models), f"summary.json models {list(summary['models'])}")
-        check("held" in open(os.path.join(res, "claims.md")).read(), "claims.md has no verdicts")
+        check("| claim | verdict |" in open(os.path.join(res, "claims.md")).read(), "claims.md has no claims table")
         with tarfile.open(archive) as tar:
             names = set(tar.getnames())
         for f in ("table.md", "claims.md", "niah_heatmaps.svg", "loss_curves.svg", "timings.jsonl", "commands.sh", "plan.json"):

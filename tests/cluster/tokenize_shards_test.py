@@ -53,8 +53,10 @@ def run(args):
 def shards(out):
     m = json.load(open(os.path.join(out, "manifest.json")))
     data = []
-    for path in m["shards"]:
-        with h5py.File(path) as f:
+    for name in m["shards"]:
+        if os.path.basename(name) != name:  # plain names, relative to the manifest's folder
+            failures.append(f"{out}/manifest.json lists {name!r}, not a plain file name in its folder")
+        with h5py.File(os.path.join(out, name)) as f:
             data.append({k: f[k][...] for k in f})
     return m, data
 
@@ -77,7 +79,7 @@ with tempfile.TemporaryDirectory() as d:
             + inputs)
         outs[procs] = shards(out)
     (m1, s1), (m3, s3) = outs[1], outs[3]
-    if [os.path.basename(p) for p in m1["shards"]] != [os.path.basename(p) for p in m3["shards"]] or any(
+    if m1["shards"] != m3["shards"] or any(
             not np.array_equal(a["input_ids"], b["input_ids"]) or not np.array_equal(a["document_offsets"], b["document_offsets"])
             for a, b in zip(s1, s3)):
         failures.append("1 and 3 processes wrote different shards")
@@ -220,7 +222,7 @@ with tempfile.TemporaryDirectory() as d:
                             "--processes", "2", bad_plain], capture_output=True, text=True, timeout=120)
         err = r.stderr.strip()
         left = sorted(os.listdir(bad_out)) if os.path.isdir(bad_out) else []
-        if not (r.returncode != 0 and err.startswith("tokenize_text: ") and "record" in err
+        if not (r.returncode != 0 and err.startswith("tokenize_text: ") and ", line " in err
                 and "no 'text' field" in err and len(err.splitlines()) == 1 and not left):
             failures.append(f"a bad record in a worker: exit {r.returncode}, files {left}, {err[-300:]!r}")
         else:
@@ -233,7 +235,7 @@ with tempfile.TemporaryDirectory() as d:
     # hydra train counts exactly the response tokens: one step over windows that cover every target
     # (seq_len = T − 1; position 0 is a prompt token and no document starts with a counted one).
     t = len(ids)
-    r = subprocess.run([hydra, "train", "--stage", "finetune", "--preset", "qwen3-tiny", "--data", m["shards"][0],
+    r = subprocess.run([hydra, "train", "--stage", "finetune", "--preset", "qwen3-tiny", "--data", sft,
                         "--seq-len", str(t - 1), "--steps", "1", "--save-every", "-1", "--out-dir",
                         os.path.join(d, "run")], capture_output=True, text=True,
                        env=dict(os.environ, HYDRA_CACHE_DIR=os.path.join(d, "cache")))
@@ -245,6 +247,24 @@ with tempfile.TemporaryDirectory() as d:
             failures.append(f"hydra train counted {step['counted_tokens']} targets, the responses hold {counted}")
         else:
             print(f"hydra train counted {counted} targets: the response tokens")
+
+    # Many small inputs share shards: 15 files of a few sentences make one shard (at 6777ccb: 15 shards),
+    # and the folder moved elsewhere still reads (paths relative to the manifest).
+    small = []
+    for i in range(15):
+        small.append(os.path.join(d, f"small{i:02d}.txt"))
+        open(small[-1], "w").write(sentence(rng.randint(3, 20)))
+    run(["--tokenizer", tj, "--out", os.path.join(d, "small"), "--processes", "2"] + small)
+    m, s = shards(os.path.join(d, "small"))
+    if len(s) != 1 or len(s[0]["document_offsets"]) != 16:
+        failures.append(f"15 small files: {len(s)} shard(s) with {[len(x['document_offsets']) - 1 for x in s]} documents, "
+                        "expected one shard of 15")
+    run(["--tokenizer", tj, "--out", os.path.join(d, "packed"), "--shard-tokens", "40", "--processes", "3"] + small)
+    m, s = shards(os.path.join(d, "packed"))
+    if any(len(x["input_ids"]) > 40 for x in s) or sum(len(x["document_offsets"]) - 1 for x in s) < 15:
+        failures.append(f"shards of at most 40 tokens: got {[len(x['input_ids']) for x in s]}")
+    os.rename(os.path.join(d, "small"), os.path.join(d, "moved"))
+    shards(os.path.join(d, "moved"))
 for f in failures:
     print("FAIL:", f)
 print(f"tokenize_shards_test: {len(failures)} failure(s)")

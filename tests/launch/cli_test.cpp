@@ -6,6 +6,8 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "model/model.h"
 #include "model/params.h"
 #include "runtime/checkpoint.h"
@@ -176,6 +178,93 @@ TEST_F(Cli, ConvertChecksTeacherSpecAndCalibration) {
     EXPECT_GT(a.read(g, DType::f32).data_as<float>()[0], 0.0f);
     EXPECT_NE(a.read(g, DType::f32).data_as<float>()[0], 1.0f);
   }
+}
+
+// Models for any vocabulary: a preset's shape with --vocab N, or an HF config.json / hydra config
+// with --config (at 6777ccb a 1,000-id tokenizer's tokens were refused: "ids 5..998 outside [0, 256)").
+TEST_F(Cli, ModelsForAnyVocabulary) {
+  const std::string wide = dir_.file("wide.h5");
+  ASSERT_EQ(hydra("init --preset hydrahead-tiny --vocab 1000 --out " + wide).exit_code, 0);
+  EXPECT_NE(hydra("info " + wide).output.find("vocab 1000"), std::string::npos);
+  write_token_file(dir_.file("wide-tokens.h5"), {5, 998, 17, 640, 3, 999, 0, 512});
+  const CommandResult f = hydra("forward --model " + wide + " --input " + dir_.file("wide-tokens.h5"));
+  EXPECT_EQ(f.exit_code, 0) << f.output;
+  // The same shape and weights from the preset flags of any command: the same NLL.
+  const CommandResult p = hydra("forward --preset hydrahead-tiny --vocab 1000 --input " + dir_.file("wide-tokens.h5"));
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(p.output.find("\"model\":\"preset hydrahead-tiny (vocabulary 1000, weight seed 0)\""), std::string::npos) << p.output;
+  const auto nll = [](const std::string& out) { return out.substr(out.find("\"mean_nll\""), 30); };
+  EXPECT_EQ(nll(f.output), nll(p.output));
+  // An HF Qwen3 config.json (transformers' keys, its defaults where absent) and hydra's own config.
+  std::ofstream(dir_.file("config.json")) << R"({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+      "vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+      "head_dim": 32, "intermediate_size": 96, "rope_theta": 10000, "tie_word_embeddings": true})";
+  const std::string hf = dir_.file("hf.h5");
+  ASSERT_EQ(hydra("init --config " + dir_.file("config.json") + " --vocab 320 --out " + hf).exit_code, 0);
+  const CommandResult info = hydra("info " + hf);
+  EXPECT_NE(info.output.find("qwen3: 1 layers, D=64, H=2, G=1, d=32, MLP 96, vocab 320, tied embeddings"), std::string::npos)
+      << info.output;
+  std::ofstream(dir_.file("own.json")) << config_to_json(preset_config("hydrahead-tiny")).dump();
+  const CommandResult own = hydra("forward --config " + dir_.file("own.json") + " --seq-len 16");
+  EXPECT_EQ(own.exit_code, 0) << own.output;
+  expect_one_line_error(hydra("forward --model " + wide + " --vocab 300 --seq-len 8"), "--vocab goes with --preset or --config");
+  expect_one_line_error(hydra("init --preset qwen3-tiny --config " + dir_.file("config.json") + " --out " + dir_.file("x.h5")),
+                        "give one of --preset NAME or --config FILE.json");
+  expect_one_line_error(hydra("forward --preset qwen3-tiny --vocab -3 --seq-len 8"), "--vocab must be a vocabulary size");
+  std::ofstream(dir_.file("bad.json")) << R"({"model_type": "llama"})";
+  expect_one_line_error(hydra("init --config " + dir_.file("bad.json") + " --out " + dir_.file("x.h5")), "bad.json");
+  EXPECT_FALSE(fs::exists(dir_.file("x.h5")));
+}
+
+// forward's NLL line says which targets count: documents alone are not "the input's loss_mask"
+// (6777ccb said so for a file with document_offsets and no loss_mask).
+TEST_F(Cli, ForwardNamesWhatTheTargetsAre) {
+  std::vector<int32_t> ids(24);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 7 % 256);
+  write_token_data(dir_.file("docs.h5"), ids, {}, {0, 10, 18, 24});
+  const CommandResult r = hydra("forward --model " + model_ + " --input " + dir_.file("docs.h5"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("over 21 targets (within its 3 documents: no target across a document boundary)"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("loss_mask"), std::string::npos) << r.output;
+  std::vector<uint8_t> mask(24, 1);
+  mask[5] = 0;
+  write_token_data(dir_.file("masked.h5"), ids, mask, {0, 10, 18, 24});
+  const CommandResult m = hydra("forward --model " + model_ + " --input " + dir_.file("masked.h5"));
+  EXPECT_NE(m.output.find("over 20 targets (the input's loss_mask, within its 3 documents"), std::string::npos) << m.output;
+}
+
+// train --help says what a checkpoint holds now (step-N/ with manifest.json and the ranks' shards;
+// 6777ccb still said state.h5), and --data takes corpus folders.
+TEST_F(Cli, TrainHelpIsCurrent) {
+  const CommandResult r = hydra("train --help");
+  ASSERT_EQ(r.exit_code, 0);
+  std::string text;  // the help's words, without boost's line wrapping
+  for (const char c : r.output) {
+    if (!std::isspace(static_cast<unsigned char>(c))) text += c;
+    else if (!text.empty() && text.back() != ' ') text += ' ';
+  }
+  EXPECT_EQ(text.find("state.h5"), std::string::npos) << text;
+  EXPECT_NE(text.find("manifest.json), the 'latest' pointer"), std::string::npos) << text;
+  EXPECT_NE(text.find("folders of shards from cluster/tokenize_text.py"), std::string::npos) << text;
+}
+
+// convert --calib in windows of --calib-seq-len, at most --calib-tokens, with progress per window.
+TEST_F(Cli, ConvertCalibratesInWindows) {
+  const std::string teacher = dir_.file("teacher.h5");
+  ASSERT_EQ(hydra("init --preset qwen3-tiny --weight-seed 2 --out " + teacher).exit_code, 0);
+  std::vector<int32_t> calib(1000);
+  for (size_t i = 0; i < calib.size(); ++i) calib[i] = static_cast<int32_t>((i * 13 + 5) % 256);
+  write_token_data(dir_.file("calib.h5"), calib, {}, {0, 300, 1000});
+  const CommandResult r = hydra("convert --teacher " + teacher + " --fa-heads uniform:1 --calib " + dir_.file("calib.h5") +
+                                " --calib-seq-len 128 --calib-tokens 600 --device cpu --out " + dir_.file("s.h5"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("calibrating gamma over 512 tokens of " + dir_.file("calib.h5") + " in 4 window(s) of 128 on 1 "
+                          "rank(s) (cpu)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("convert: teacher window 4/4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("gamma from 512 calibration tokens"), std::string::npos) << r.output;
+  expect_one_line_error(hydra("convert --teacher " + teacher + " --fa-heads uniform:1 --calib " + dir_.file("calib.h5") +
+                              " --calib-seq-len 0 --out " + dir_.file("t.h5")), "--calib-seq-len must be at least 1");
 }
 
 }  // namespace

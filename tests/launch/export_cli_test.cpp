@@ -94,10 +94,15 @@ TEST_F(Export, RoundTripIsBitIdentical) {
       ASSERT_EQ(e.exit_code, 0) << e.output;
       EXPECT_NE(e.output.find(std::string("\"dtype\":\"") + (dtype == "bf16" ? "bfloat16" : "float32")), std::string::npos)
           << e.output;
+      // generation_config.json always (at 6777ccb none without --tokenizer): {} when nothing is known, and
+      // a warning that says so.
       const std::vector<std::string> files =
-          preset == "qwen3-tiny" ? std::vector<std::string>{"config.json", "model.safetensors"}
-                                 : std::vector<std::string>{"config.json", "hydrahead.py", "model.safetensors"};
+          preset == "qwen3-tiny"
+              ? std::vector<std::string>{"config.json", "generation_config.json", "model.safetensors"}
+              : std::vector<std::string>{"config.json", "generation_config.json", "hydrahead.py", "model.safetensors"};
       EXPECT_EQ(entries_of(out), files);
+      EXPECT_EQ(read_json(fs::path(out) / "generation_config.json"), nlohmann::json::object());
+      EXPECT_NE(e.output.find("generation_config.json names no eos_token_id (no --tokenizer)"), std::string::npos) << e.output;
       const std::string back = dir_.file(preset + "-" + dtype + "-back.h5");
       const CommandResult i = hydra("import --hf " + out + " --dtype " + dtype + " --out " + back);
       ASSERT_EQ(i.exit_code, 0) << i.output;
@@ -320,6 +325,29 @@ TEST_F(Export, CopiesTokenizerFiles) {
   EXPECT_FALSE(fs::exists(dir_.file("x")));
 }
 
+// The tokenizer's JSON files are copied as they are: one that is not a JSON object is refused before
+// anything is written, even where tokenizer_config.json names the special tokens without it. At
+// 6777ccb a tokenizer.json that was not JSON was copied into the export (exit 0).
+TEST_F(Export, TokenizerFilesThatAreNotJsonAreRefused) {
+  const std::string model = init("qwen3-tiny", "f32"), tok = dir_.file("tok");
+  fs::create_directories(tok);
+  std::ofstream(tok + "/tokenizer_config.json")
+      << R"({"eos_token": "<e>", "added_tokens_decoder": {"3": {"content": "<e>", "special": true}}})";
+  for (const char* text : {"{not json", "[1, 2]", ""}) {
+    SCOPED_TRACE(text);
+    std::ofstream(tok + "/tokenizer.json") << text;
+    expect_one_line_error(hydra("export --model " + model + " --out " + dir_.file("x") + " --tokenizer " + tok),
+                          tok + "/tokenizer.json: not a JSON object");
+    EXPECT_FALSE(fs::exists(dir_.file("x")));
+  }
+  std::ofstream(tok + "/tokenizer.json") << R"({"version": "1.0"})";
+  std::ofstream(tok + "/special_tokens_map.json") << "{\"eos_token\": ";
+  expect_one_line_error(hydra("export --model " + model + " --out " + dir_.file("x") + " --tokenizer " + tok),
+                        tok + "/special_tokens_map.json: not a JSON object");
+  fs::remove(tok + "/special_tokens_map.json");
+  EXPECT_EQ(hydra("export --model " + model + " --out " + dir_.file("x") + " --tokenizer " + tok).exit_code, 0);
+}
+
 // generation_config.json from --tokenizer: bos/eos/pad ids resolved through tokenizer_config.json's
 // added_tokens_decoder, tokenizer.json's added tokens and its vocabulary; the folder's own
 // generation_config.json kept and completed; tokens the tokenizer does not define and ids outside
@@ -359,9 +387,15 @@ TEST_F(Export, GenerationConfigFromTheTokenizer) {
   out = exported("gen-own-hf", own);
   EXPECT_EQ(read_json(fs::path(out) / "generation_config.json"),
             (nlohmann::json{{"bos_token_id", 1}, {"eos_token_id", {4, 2}}, {"pad_token_id", 0}, {"temperature", 0.6}}));
-  // No special tokens anywhere: no generation_config.json.
+  // No special tokens named: the eos is the tokenizer's document separator (here </s>), as hydra
+  // generate's default stop.
   out = exported("gen-none-hf", tokenizer("tok-none", {{"model_max_length", 512}}, tok));
-  EXPECT_FALSE(fs::exists(fs::path(out) / "generation_config.json"));
+  EXPECT_EQ(read_json(fs::path(out) / "generation_config.json"), (nlohmann::json{{"eos_token_id", 2}}));
+  // Nothing at all: an empty generation_config.json, still written.
+  nlohmann::json bare = tok;
+  bare["added_tokens"] = nlohmann::json::array();
+  out = exported("gen-bare-hf", tokenizer("tok-bare", {{"model_max_length", 512}}, bare));
+  EXPECT_EQ(read_json(fs::path(out) / "generation_config.json"), nlohmann::json::object());
 
   nlohmann::json undefined = config;
   undefined["eos_token"] = "<|end|>";

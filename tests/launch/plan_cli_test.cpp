@@ -141,6 +141,27 @@ TEST(Plan, BadInputIsAOneLineError) {
   expect_user_error(hydra("plan --preset hydrahead-8b --zero 2"), "--zero must be 0, 1 or auto");
   expect_user_error(hydra("plan --preset nonesuch"), "unknown preset 'nonesuch'");
   expect_user_error(hydra("plan --preset hydrahead-8b --gpu-memory lots"), "--gpu-memory");
+  // At 6777ccb: exit 0 with every row "none" (-5G was refused).
+  expect_user_error(hydra("plan --preset hydrahead-8b --gpu-memory 0"), "--gpu-memory 0 must be above 0");
+  // At 6777ccb: --sp 3 --gpus 8 silently showed rows of sp 1 and 2.
+  expect_user_error(hydra("plan --preset hydrahead-8b --gpus 8 --sp 3"),
+                    "--sp 3: none of the worlds of --gpus 8 (1, 2, 4, 8 GPUs) is a multiple of 3 ranks");
+}
+
+// --sp S: rows only for the worlds S divides, each with sp S, and the table says which were left out.
+// At 6777ccb --sp 4 --gpus 8 showed 1 and 2 GPUs with sp 1 and 2.
+TEST(Plan, SequenceGroupsOnlyWhereTheyDivideTheWorld) {
+  const CommandResult r = hydra("plan --preset hydrahead-8b --gpus 8 --sp 4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  ASSERT_EQ(j.at("rows").size(), 2u) << j.dump(1);
+  EXPECT_EQ(j.at("rows")[0].at("gpus"), 4);
+  EXPECT_EQ(j.at("rows")[1].at("gpus"), 8);
+  for (const nlohmann::json& row : j.at("rows")) EXPECT_EQ(row.at("sp"), 4);
+  const CommandResult table = hydra("plan --preset hydrahead-8b --gpus 6 --sp 3");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("(no rows for 1, 2, 4 GPUs: --sp 3 needs a multiple of 3 ranks)"), std::string::npos)
+      << table.output;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "model/fa_heads_file.h"
 #include "model/params.h"
 #include "parallel/self_communicator.h"
+#include "runtime/token_file.h"
 #include "tests/common/test_util.h"
 
 namespace hydra::test {
@@ -218,6 +219,73 @@ TEST(Convert, ScaleGammaMatchesTheTeachersHeadScale) {
       EXPECT_NEAR(s.at(layer_prefix(l) + "self_attn.fuse_gamma").data_as<float>()[h], gamma[l][h], 1e-6 * gamma[l][h]);
       EXPECT_NEAR(capture.rms.at({l, h}), expected, 1e-4 * expected) << "layer " << l << " head " << h;
     }
+}
+
+// Σ o² per (layer, head) over every call (fp64): several forwards add up.
+class SquareSums final : public LayerObserver {
+ public:
+  void on_head_outputs(int64_t layer, const TensorView& o, std::span<const int> head_of) override {
+    Tensor host = clone(o);
+    for (size_t p = 0; p < head_of.size(); ++p)
+      for (int64_t t = 0; t < host.size(0); ++t)
+        for (int64_t c = 0; c < host.size(2); ++c)
+          sums[{layer, head_of[p]}] += std::pow(*static_cast<float*>(host.view().element_ptr({t, static_cast<int64_t>(p), c})), 2);
+  }
+  std::map<std::pair<int64_t, int>, double> sums;
+};
+
+// convert --calib in windows: the stream cut into windows of --calib-seq-len, capped by
+// --calib-tokens, every document inside a window running alone; γ is the RMS over exactly those
+// tokens, as separate forwards of each window's pieces give it (at 6777ccb one forward ran over the
+// whole file as one sequence, ignoring document_offsets, quadratic in its length).
+TEST(Convert, CalibrationWindowsRespectDocumentsAndTheCap) {
+  const ModelConfig tc = teacher_config();
+  const NamedTensors teacher = random_parameters(tc, 4);
+  std::vector<int32_t> tokens(170);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 37 + 11) % tc.vocab_size);
+  TempDir dir;
+  write_token_data(dir.file("calib.h5"), tokens, {}, {0, 40, 100, 130, 170});
+  // Windows of 50, at most 160 tokens: three windows (150 tokens); documents start at 40 (window 0),
+  // 100 (window 2's start: nothing inside) and 130 (window 2 at 30).
+  const CalibrationWindows c = read_calibration_windows(dir.file("calib.h5"), tc.vocab_size, 50, 160, 1);
+  ASSERT_EQ(c.windows, 3);
+  EXPECT_EQ(c.seq_len, 50);
+  EXPECT_EQ(c.document_starts[0], (std::vector<int64_t>{0, 40}));
+  EXPECT_TRUE(c.document_starts[1].empty());
+  EXPECT_EQ(c.document_starts[2], (std::vector<int64_t>{0, 30}));
+  const Model model(tc, teacher);
+  SelfCommunicator self;
+  int64_t progress = 0;
+  const auto gamma = measure_head_rms(model, self, c, [&](int64_t done, int64_t total) {
+    EXPECT_EQ(total, 3);
+    progress = done;
+  });
+  EXPECT_EQ(progress, 3);
+  SquareSums capture;  // each document piece alone: [0,40) [40,50) [50,100) [100,130) [130,150)
+  for (const auto& [a, b] : std::vector<std::pair<int, int>>{{0, 40}, {40, 50}, {50, 100}, {100, 130}, {130, 150}}) {
+    ForwardContext context{self, SequenceLayout::zigzag(b - a, 1, 0), &capture};
+    model.forward(context, TensorView(tokens.data() + a, DType::i32, Device::host, {b - a}));
+  }
+  for (int64_t l = 0; l < tc.num_layers; ++l)
+    for (int h = 0; h < tc.num_heads; ++h) {
+      const double expected = std::sqrt(capture.sums.at({l, h}) / (150.0 * static_cast<double>(tc.head_dim)));
+      EXPECT_NEAR(gamma[l][h], expected, 1e-5 * expected) << "layer " << l << " head " << h;
+    }
+  // The scale fusion's layer-by-layer calibration over windows: each scaled head has the teacher's RMS.
+  const ModelConfig sc = student_config(tc, resolve_fa_heads("uniform:2", tc, ""), ops::Fusion::scale);
+  const Model unscaled(sc, convert_parameters(tc, teacher, sc, 1, {}));
+  const auto scale = calibrate_scale_gamma(unscaled, self, c, gamma);
+  const Model scaled(sc, convert_parameters(tc, teacher, sc, 1, scale));
+  const auto own = measure_head_rms(scaled, self, c);
+  for (int64_t l = 0; l < tc.num_layers; ++l)
+    for (int h = 0; h < tc.num_heads; ++h) EXPECT_NEAR(own[l][h], gamma[l][h], 1e-4 * gamma[l][h]) << l << " " << h;
+  // A stream shorter than a window: one window of what there is (on 2 ranks, a multiple of 4).
+  const CalibrationWindows short_one = read_calibration_windows(dir.file("calib.h5"), tc.vocab_size, 4096, 0, 2);
+  EXPECT_EQ(short_one.windows, 1);
+  EXPECT_EQ(short_one.seq_len, 168);
+  EXPECT_NE(error_of([&] { read_calibration_windows(dir.file("calib.h5"), tc.vocab_size, 50, 0, 2); })
+                .find("--calib-seq-len 50 must be a multiple of 4 on 2 ranks"),
+            std::string::npos);
 }
 
 TEST(FaHeadSpecs, ResolveAsDocumented) {

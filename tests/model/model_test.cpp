@@ -48,6 +48,26 @@ TEST(Presets, FourAndEightBillionShapes) {
   }
 }
 
+// The language teacher of issue 58: 8 layers of 16 query heads in 4 KV groups, RoPE, 50-150M parameters,
+// the corpus tokenizer's 16384 ids; its CPU stand-in keeps the vocabulary and the KV groups.
+TEST(Presets, LanguageTeacherShape) {
+  const ModelConfig c = preset_config("qwen3-text");
+  EXPECT_EQ(c.arch, Arch::qwen3);
+  EXPECT_EQ(c.num_layers, 8);
+  EXPECT_EQ(c.num_heads, 16);
+  EXPECT_EQ(c.num_kv_heads, 4);
+  EXPECT_EQ(c.vocab_size, 16384);
+  EXPECT_GT(c.rope_theta, 0.0);
+  const int64_t n = parameter_count(c);
+  EXPECT_GE(n, 50'000'000);
+  EXPECT_LE(n, 150'000'000);
+  EXPECT_EQ(n, 78'657'280);  // 2·16384·768 + 8·(768·(1024 + 2·256) + 1024·768 + 3·768·2048 + 2·768 + 2·64) + 768
+  const ModelConfig cpu = preset_config("qwen3-text-cpu");
+  EXPECT_EQ(cpu.vocab_size, c.vocab_size);
+  EXPECT_EQ(cpu.num_kv_heads, c.num_kv_heads);
+  EXPECT_LT(cpu.num_heads, c.num_heads);
+}
+
 TEST(Params, InitIsSeededAndOrderIndependent) {
   const ModelConfig c = preset_config("hydrahead-tiny");
   const NamedTensors a = random_parameters(c, 7), b = random_parameters(c, 7), other = random_parameters(c, 8);

@@ -47,6 +47,23 @@ std::vector<int64_t> op_lengths(int p) { return admissible_lengths(p, {70, 1000}
 // Packed documents at the short length: starts inside segments, at a segment edge, a 1-token document.
 std::vector<int64_t> op_starts(int64_t t) { return {0, 1, 37, t / 3, t / 2 + 5}; }
 
+// One op test's cases on P ranks: each length of op_lengths, the short one also packed into
+// documents. `check(t, one, layout, what, short_length)` gets the one-rank layout, this rank's
+// layout of P and the case's name ("OP T=… [packed]"); the CPU reference runs at the short length.
+template <class Check>
+void for_each_case(int p, int rank, const char* op, Check&& check) {
+  const std::vector<int64_t> lengths = op_lengths(p);
+  for (const int64_t t : lengths) {
+    for (const bool packed : {false, true}) {
+      const bool short_length = t == lengths.front();
+      if (packed && !short_length) continue;
+      const std::vector<int64_t> starts = packed ? op_starts(t) : std::vector<int64_t>{};
+      check(t, SequenceLayout::zigzag(t, 1, 0, starts), SequenceLayout::zigzag(t, p, rank, starts),
+            fmt::format("{} T={}{}", op, t, packed ? " packed" : ""), short_length);
+    }
+  }
+}
+
 struct AttentionResult {
   Tensor out, dq, dk, dv;  // host f32, this rank's rows
 };
@@ -87,27 +104,20 @@ TEST(GpuRingAttention, ForwardAndBackwardEqualOneGpuAndCpuRanks) {
   // 3 query heads on 2 KV heads (GQA with an uneven map), d = 128, τ on.
   const std::vector<int> map = {0, 1, 1};
   const ops::AttentionParams params{.tau_log_base = 362.0, .kv_head_of_query = map};
-  const std::vector<int64_t> lengths = op_lengths(p);
-  for (const int64_t t : lengths) {
-    for (const bool packed : {false, true}) {
-      const bool short_length = t == lengths.front();
-      if (packed && !short_length) continue;
-      const std::vector<int64_t> starts = packed ? op_starts(t) : std::vector<int64_t>{};
-      const std::string what = fmt::format("ring T={}{}", t, packed ? " packed" : "");
-      const Tensor q = rounded_to_bf16(random_tensor({t, 3, 128}, 1)), k = rounded_to_bf16(random_tensor({t, 2, 128}, 2));
-      const Tensor v = rounded_to_bf16(random_tensor({t, 2, 128}, 3)), d_out = rounded_to_bf16(random_tensor({t, 3, 128}, 4));
-      const SequenceLayout one = SequenceLayout::zigzag(t, 1, 0, starts), layout = SequenceLayout::zigzag(t, p, comm.rank(), starts);
-      const AttentionResult many = ring_forward_backward(comm, layout, q, k, v, d_out, params);
-      const AttentionResult single = ring_forward_backward(self, one, q, k, v, d_out, params);
-      const AttentionResult single_local{local_host_rows(layout, single.out), local_host_rows(layout, single.dq),
-                                         local_host_rows(layout, single.dk), local_host_rows(layout, single.dv)};
-      expect_attention_close(many, single_local, what + " GPU P vs 1 GPU");
-      if (short_length) {
-        const AttentionResult cpu = ring_forward_backward(world(), layout, q, k, v, d_out, params);
-        expect_attention_close(many, cpu, what + " GPU P vs CPU P");
-      }
+  for_each_case(p, comm.rank(), "ring", [&](int64_t t, const SequenceLayout& one, const SequenceLayout& layout,
+                                            const std::string& what, bool short_length) {
+    const Tensor q = rounded_to_bf16(random_tensor({t, 3, 128}, 1)), k = rounded_to_bf16(random_tensor({t, 2, 128}, 2));
+    const Tensor v = rounded_to_bf16(random_tensor({t, 2, 128}, 3)), d_out = rounded_to_bf16(random_tensor({t, 3, 128}, 4));
+    const AttentionResult many = ring_forward_backward(comm, layout, q, k, v, d_out, params);
+    const AttentionResult single = ring_forward_backward(self, one, q, k, v, d_out, params);
+    const AttentionResult single_local{local_host_rows(layout, single.out), local_host_rows(layout, single.dq),
+                                       local_host_rows(layout, single.dk), local_host_rows(layout, single.dv)};
+    expect_attention_close(many, single_local, what + " GPU P vs 1 GPU");
+    if (short_length) {
+      const AttentionResult cpu = ring_forward_backward(world(), layout, q, k, v, d_out, params);
+      expect_attention_close(many, cpu, what + " GPU P vs CPU P");
     }
-  }
+  });
 }
 
 struct GdnResult {
@@ -157,27 +167,20 @@ TEST(GpuGdnScan, SegmentMapsForwardAndBackwardEqualOneGpuAndCpuRanks) {
   Communicator& comm = gpu_comm();
   const int p = comm.size();
   SelfCommunicator self(Device::cuda);
-  const std::vector<int64_t> lengths = op_lengths(p);
-  for (const int64_t t : lengths) {
-    for (const bool packed : {false, true}) {
-      const bool short_length = t == lengths.front();
-      if (packed && !short_length) continue;
-      const std::vector<int64_t> starts = packed ? op_starts(t) : std::vector<int64_t>{};
-      const std::string what = fmt::format("GDN T={}{}", t, packed ? " packed" : "");
-      Tensor q = random_tensor({t, 2, 128}, 5), k = random_tensor({t, 2, 128}, 6);
-      ops::l2_norm(q, 1e-6f);
-      ops::l2_norm(k, 1e-6f);
-      q = rounded_to_bf16(q);
-      k = rounded_to_bf16(k);
-      const Tensor v = rounded_to_bf16(random_tensor({t, 2, 128}, 7)), d_out = rounded_to_bf16(random_tensor({t, 2, 128}, 8));
-      const Tensor g = uniform_tensor({t, 2}, 9, -0.2f, 0.0f), beta = uniform_tensor({t, 2}, 10, 0.0f, 1.0f);
-      const SequenceLayout one = SequenceLayout::zigzag(t, 1, 0, starts), layout = SequenceLayout::zigzag(t, p, comm.rank(), starts);
-      const GdnResult many = gdn_forward_backward(comm, layout, q, k, v, g, beta, d_out);
-      const GdnResult single = local_of(layout, gdn_forward_backward(self, one, q, k, v, g, beta, d_out));
-      expect_gdn_close(many, single, what + " GPU P vs 1 GPU");
-      if (short_length) expect_gdn_close(many, gdn_forward_backward(world(), layout, q, k, v, g, beta, d_out), what + " GPU P vs CPU P");
-    }
-  }
+  for_each_case(p, comm.rank(), "GDN", [&](int64_t t, const SequenceLayout& one, const SequenceLayout& layout,
+                                            const std::string& what, bool short_length) {
+    Tensor q = random_tensor({t, 2, 128}, 5), k = random_tensor({t, 2, 128}, 6);
+    ops::l2_norm(q, 1e-6f);
+    ops::l2_norm(k, 1e-6f);
+    q = rounded_to_bf16(q);
+    k = rounded_to_bf16(k);
+    const Tensor v = rounded_to_bf16(random_tensor({t, 2, 128}, 7)), d_out = rounded_to_bf16(random_tensor({t, 2, 128}, 8));
+    const Tensor g = uniform_tensor({t, 2}, 9, -0.2f, 0.0f), beta = uniform_tensor({t, 2}, 10, 0.0f, 1.0f);
+    const GdnResult many = gdn_forward_backward(comm, layout, q, k, v, g, beta, d_out);
+    const GdnResult single = local_of(layout, gdn_forward_backward(self, one, q, k, v, g, beta, d_out));
+    expect_gdn_close(many, single, what + " GPU P vs 1 GPU");
+    if (short_length) expect_gdn_close(many, gdn_forward_backward(world(), layout, q, k, v, g, beta, d_out), what + " GPU P vs CPU P");
+  });
 }
 
 struct ConvResult {
@@ -212,24 +215,17 @@ TEST(GpuConvHalo, ForwardAndBackwardEqualOneGpuAndCpuRanks) {
   Communicator& comm = gpu_comm();
   const int p = comm.size();
   SelfCommunicator self(Device::cuda);
-  const std::vector<int64_t> lengths = op_lengths(p);
-  for (const int64_t t : lengths) {
-    for (const bool packed : {false, true}) {
-      const bool short_length = t == lengths.front();
-      if (packed && !short_length) continue;
-      const std::vector<int64_t> starts = packed ? op_starts(t) : std::vector<int64_t>{};
-      const std::string what = fmt::format("conv T={}{}", t, packed ? " packed" : "");
-      const Tensor x = rounded_to_bf16(random_tensor({t, 64}, 11)), d_out = rounded_to_bf16(random_tensor({t, 64}, 12));
-      const Tensor w = random_tensor({64, 4}, 13);
-      const SequenceLayout one = SequenceLayout::zigzag(t, 1, 0, starts), layout = SequenceLayout::zigzag(t, p, comm.rank(), starts);
-      const ConvResult many = conv_forward_backward(comm, layout, x, w, d_out);
-      ConvResult single = conv_forward_backward(self, one, x, w, d_out);
-      single.out = local_host_rows(layout, single.out);
-      single.dx = local_host_rows(layout, single.dx);
-      expect_conv_close(many, single, what + " GPU P vs 1 GPU");
-      if (short_length) expect_conv_close(many, conv_forward_backward(world(), layout, x, w, d_out), what + " GPU P vs CPU P");
-    }
-  }
+  for_each_case(p, comm.rank(), "conv", [&](int64_t t, const SequenceLayout& one, const SequenceLayout& layout,
+                                            const std::string& what, bool short_length) {
+    const Tensor x = rounded_to_bf16(random_tensor({t, 64}, 11)), d_out = rounded_to_bf16(random_tensor({t, 64}, 12));
+    const Tensor w = random_tensor({64, 4}, 13);
+    const ConvResult many = conv_forward_backward(comm, layout, x, w, d_out);
+    ConvResult single = conv_forward_backward(self, one, x, w, d_out);
+    single.out = local_host_rows(layout, single.out);
+    single.dx = local_host_rows(layout, single.dx);
+    expect_conv_close(many, single, what + " GPU P vs 1 GPU");
+    if (short_length) expect_conv_close(many, conv_forward_backward(world(), layout, x, w, d_out), what + " GPU P vs CPU P");
+  });
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "tests/common/test_util.h"
 
@@ -137,6 +138,31 @@ TEST(WriteTextAtomically, ReplacesWholeOrNotAtAll) {
   EXPECT_EQ(read_all(dir.file("latest")), "step-000002\n");
   EXPECT_NE(error_of([&] { write_text_atomically(dir.file("missing/latest"), "x"); }).find("writing failed"),
             std::string::npos);
+}
+
+// A name read from a file of a folder (a manifest's shard, `latest`) stays inside that folder.
+TEST(EntryInside, PlainNamesOnlyAndNoLinksOut) {
+  TempDir dir;
+  namespace fs = std::filesystem;
+  fs::create_directories(dir.file("run"));
+  fs::create_directories(dir.file("other"));
+  std::ofstream(dir.file("run/a.h5")) << "a";
+  std::ofstream(dir.file("other/b.h5")) << "b";
+  const std::string run = dir.file("run");
+  EXPECT_EQ(entry_inside(run, "a.h5", "m.json", "shard"), dir.file("run/a.h5"));
+  EXPECT_EQ(entry_inside(run, "absent.h5", "m.json", "shard"), dir.file("run/absent.h5"));  // the reader says it is missing
+  for (const std::string& name : std::vector<std::string>{"", ".", "..", "../other/b.h5", dir.file("other/b.h5"), "x/../a.h5",
+                                 std::string("a.h5\0", 5)}) {
+    EXPECT_NE(error_of([&] { entry_inside(run, name, "m.json", "shard"); }).find("is not a plain name inside"),
+              std::string::npos) << "'" << name << "'";
+  }
+  fs::create_symlink("a.h5", dir.file("run/inside.h5"));
+  EXPECT_EQ(entry_inside(run, "inside.h5", "m.json", "shard"), dir.file("run/inside.h5"));
+  fs::create_symlink(dir.file("other/b.h5"), dir.file("run/outside.h5"));
+  EXPECT_NE(error_of([&] { entry_inside(run, "outside.h5", "m.json", "shard"); }).find("is a link to " + fs::canonical(dir.file("other/b.h5")).string()),
+            std::string::npos);
+  fs::create_symlink("../other/absent.h5", dir.file("run/dangling.h5"));
+  EXPECT_NE(error_of([&] { entry_inside(run, "dangling.h5", "m.json", "shard"); }).find("outside"), std::string::npos);
 }
 
 }  // namespace

@@ -11,8 +11,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "model/train/data.h"
 #include "parallel/layout.h"
@@ -308,6 +311,89 @@ TEST(Blend, FollowsTheWeightsAndEachFileItsOwnEpochs) {
   sources[0].weight = 0.8;
   sources[1].weight = 0.3;
   EXPECT_NE(error_of([&] { TokenWindows(sources, len, 4, kVocab); }).find("leaving nothing"), std::string::npos);
+}
+
+// A corpus is a folder of shards (cluster/tokenize_text.py's manifest.json, names relative to it):
+// `--data web/:0.7,code/manifest.json:0.3` blends the two corpora by their weights, each pooling its
+// shards' windows, and the draws are counted per corpus (data_shares, data_state).
+TEST(Corpora, FoldersAndManifestsBlendByCorpus) {
+  TempDir dir;
+  const int64_t len = 8;
+  const auto folder = [&](const std::string& name, const std::vector<int64_t>& sizes, uint64_t seed) {
+    std::filesystem::create_directories(dir.file(name));
+    nlohmann::json shards = nlohmann::json::array();
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const std::string shard = fmt::format("shard-00000-{:04d}.h5", k);
+      write_token_data(dir.file(name + "/" + shard), make_corpus(sizes[k], seed + k, false, false).ids, {}, {});
+      shards.push_back(shard);
+    }
+    std::ofstream(dir.file(name + "/manifest.json")) << nlohmann::json{{"shards", shards}}.dump();
+  };
+  folder("web", {161, 81, 241}, 1);  // 20 + 10 + 30 windows
+  folder("code", {401}, 9);          // 50 windows
+  const std::vector<DataSource> s =
+      parse_data_sources(dir.file("web") + ":0.7," + dir.file("code/manifest.json") + ":0.3", "--data");
+  ASSERT_EQ(s.size(), 4u);
+  EXPECT_EQ(s[0].path, dir.file("web/shard-00000-0000.h5"));
+  EXPECT_EQ(s[2].path, dir.file("web/shard-00000-0002.h5"));
+  EXPECT_EQ(s[0].corpus, dir.file("web"));
+  EXPECT_EQ(s[3].corpus, dir.file("code/manifest.json"));
+  EXPECT_DOUBLE_EQ(s[1].weight, 0.7);
+  EXPECT_DOUBLE_EQ(s[3].weight, 0.3);
+  const auto groups = corpora_of(s);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].second.size(), 3u);
+  const TokenWindows w(s, len, 4, kVocab);
+  ASSERT_TRUE(w.blended());
+  ASSERT_EQ(w.corpora(), 2);
+  EXPECT_EQ(w.corpus_name(0), dir.file("web"));
+  EXPECT_DOUBLE_EQ(w.weights()[0], 0.7);
+  // Windows 0..59 are web's three shards, 60..109 code's: the draws follow 0.7 / 0.3, web's epochs
+  // visit all 60 of its windows (all three shards), and drawn() counts per corpus.
+  const int64_t n = 1200;
+  int64_t web = 0;
+  std::vector<int64_t> web_epoch;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = w.index_of(i);
+    if (k < 60) {
+      ++web;
+      if (web_epoch.size() < 60) web_epoch.push_back(k);
+    }
+  }
+  EXPECT_NEAR(static_cast<double>(web) / n, 0.7, 0.002);
+  std::sort(web_epoch.begin(), web_epoch.end());
+  for (int64_t k = 0; k < 60; ++k) ASSERT_EQ(web_epoch[static_cast<size_t>(k)], k);
+  EXPECT_EQ(w.drawn(n), (std::vector<int64_t>{web, n - web}));
+  // Without weights: the corpora's windows pooled, as files are.
+  const TokenWindows pooled(parse_data_sources(dir.file("web") + "," + dir.file("code"), "--data"), len, 4, kVocab);
+  EXPECT_FALSE(pooled.blended());
+  EXPECT_EQ(pooled.count(), 110);
+}
+
+// Nothing in a manifest makes hydra read outside its folder: absolute paths, subfolders, "..", a
+// link that leaves the folder; an older manifest (paths relative to where the tokenizer ran) is
+// named as such. Each a one-line error naming the entry.
+TEST(Corpora, ManifestNamesStayInTheirFolder) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.file("c/sub"));
+  write_token_data(dir.file("outside.h5"), make_corpus(100, 1, false, false).ids, {}, {});
+  write_token_data(dir.file("c/sub/inner.h5"), make_corpus(100, 1, false, false).ids, {}, {});
+  std::filesystem::create_symlink(dir.file("outside.h5"), dir.file("c/link.h5"));
+  const auto refused = [&](const nlohmann::json& shards) {
+    std::ofstream(dir.file("c/manifest.json")) << nlohmann::json{{"shards", shards}}.dump();
+    return error_of([&] { parse_data_sources(dir.file("c"), "--data"); });
+  };
+  for (const std::string& bad : {dir.file("outside.h5"), std::string("../outside.h5"), std::string("sub/inner.h5"),
+                                 std::string(".."), std::string("")}) {
+    const std::string e = refused(nlohmann::json::array({bad}));
+    EXPECT_NE(e.find("is not a plain file name in the manifest's folder"), std::string::npos) << bad << ": " << e;
+    EXPECT_NE(e.find("'" + bad + "'"), std::string::npos) << e;
+  }
+  EXPECT_NE(refused(nlohmann::json::array({"link.h5"})).find("resolves to " + std::filesystem::canonical(dir.file("outside.h5")).string() + ", outside"),
+            std::string::npos);
+  EXPECT_NE(refused(nlohmann::json::array({5})).find("not a file name"), std::string::npos);
+  EXPECT_NE(refused(nlohmann::json::array()).find("not a token-shard manifest"), std::string::npos);
+  EXPECT_NE(error_of([&] { parse_data_sources(dir.file("c/sub"), "--data"); }).find("no readable"), std::string::npos);
 }
 
 TEST(TokenIdentity, EqualContentsAgreeWhateverHdf5Wrote) {
