@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The harness of a GPU job on the device machine: what every job under cluster/results once copied
 # as a ~20-line preamble. New jobs write only their list of commands and call this from the
-# repository root:
+# repository root (the functions are cluster/gpu_job_lib.sh's, which the GPU scripts with logic of
+# their own source too):
 #
 #   bash cluster/gpu_job.sh --name r4 [--deadline 585] [--build "hydra test_cuda"] [--keep REGEX] JOBS
 #
@@ -11,7 +12,8 @@
 #     on the development machine as cluster/results/h200-2026-12-07/run1.sh's header shows), else
 #     builds the --build targets with cluster/build.sh (HYDRA_BUILD_DIR=build);
 #  2. exports what every job needs (NCCL_NVLS_ENABLE=0, mpirun as root, unbuffered Python,
-#     HYDRA_TEST_BINARY for the tests that run hydra) and H=build/bin/hydra and R (the result folder, /tmp/NAME) to every command;
+#     HYDRA_TEST_BINARY for the tests that run hydra) and H=build/bin/hydra, T=build/tests and R (the
+#     result folder, /tmp/NAME) to every command;
 #  3. writes the GPU's name and driver into $R/gpu.txt;
 #  4. runs the jobs in order, each under `timeout` for the smaller of its SECONDS and the time left
 #     before the deadline (seconds since the harness started; a job with less than 10 s left is
@@ -38,40 +40,12 @@ jobs_file=${1:-}
 [[ "$deadline" =~ ^[0-9]+$ ]] || { echo "gpu_job.sh: --deadline takes seconds (got '$deadline')" >&2; exit 2; }
 : "${OUT:?gpu_job.sh: OUT (the folder that comes back) is not set}"
 
-export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
-export H=build/bin/hydra R=/tmp/$name
-# The CLI tests inside test_cuda run this hydra, not the build path compiled into them.
-export HYDRA_TEST_BINARY=$PWD/build/bin/hydra
-mkdir -p "$R"
-T0=$(date +%s)
-el() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$R/timeline.txt"; }
-save() { tar -czf "$OUT/$name.tgz.tmp" -C /tmp "$name" && mv "$OUT/$name.tgz.tmp" "$OUT/$name.tgz"; }
-
-if [[ -f .device/dev.tar.xz ]]; then
-  mkdir -p build && tar -xJf .device/dev.tar.xz -C build || { el "unpacking .device/dev.tar.xz failed"; save; exit 1; }
-  el "binaries unpacked from .device/dev.tar.xz"
-elif [[ -n "$build" ]]; then
-  # shellcheck disable=SC2086
-  HYDRA_BUILD_DIR=build bash cluster/build.sh $build > "$R/build.log" 2>&1 || { el "build failed"; tail -20 "$R/build.log"; save; exit 1; }
-  el "built: $build"
-fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.txt" 2>&1 || echo "no nvidia-smi" > "$R/gpu.txt"
-
-status=0
+GPU_JOB_KEEP=$keep
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_job_lib.sh"
+gpu_job_start "$name" "$deadline" "$build" || exit 1
 while read -r label seconds command; do
   [[ -z "${label:-}" || "$label" == \#* ]] && continue
-  if ! [[ "$label" =~ ^[A-Za-z0-9_.-]+$ && "$seconds" =~ ^[0-9]+$ && -n "$command" ]]; then
-    el "bad job line: $label $seconds $command"; status=1; continue
-  fi
-  left=$(( deadline - ($(date +%s) - T0) ))
-  if (( left < 10 )); then el "$label: skipped, ${left} s left before the deadline"; status=1; continue; fi
-  limit=$(( seconds < left ? seconds : left ))
-  timeout -k 5 "$limit" bash -c "$command" > "$R/$label.log" 2>&1 < /dev/null
-  rc=$?
-  (( rc == 0 )) || status=1
-  el "$label: rc $rc$( (( rc == 124 || rc == 137 )) && echo " (timed out after $limit s)")"
-  grep -E "$keep" "$R/$label.log" | tail -20
-  save
+  run_job "$label" "$seconds" "$command"
 done < "$jobs_file"
-save
-exit $status
+gpu_job_end
+exit $?

@@ -10,42 +10,29 @@
 #      backward), the PyTorch layer reference at 512K (forward) and hydra prefill 512K;
 #   4. a compact table: test verdicts, then cluster/bench/summary.py's targets.
 #
-#   cluster/gpu_kernels_check.sh BIN_DIR OUT_DIR
+#   OUT=DIR bash cluster/gpu_kernels_check.sh      # from the repository root, on the device machine
 #
-# QUICK=1 keeps what a short device slot needs (about 3 minutes): the tests, attention-bwd at
-# 32K×16 and 128K×2, gdn-bwd at 128K and 512K, the fused GDN forward at 512K, the cuDNN/fla
-# backward anchors at those shapes, the 512K layer reference and the prefill.
+# A job of the GPU harness (cluster/gpu_job_lib.sh: the carried binaries or a build of hydra and
+# test_cuda, each step under its time limit and the call's deadline, logs in $R and $OUT/kernels.tgz
+# after every step, one timeline line a step). QUICK=1 keeps what a short device slot needs (about 3
+# minutes): the tests, attention-bwd at 32K×16 and 128K×2, gdn-bwd at 128K and 512K, the fused GDN
+# forward at 512K, the cuDNN/fla backward anchors at those shapes, the 512K layer reference and the
+# prefill.
 #
-# BIN_DIR holds hydra and test_cuda. If flash-linear-attention is not importable and FLA_WHEELS
-# names a folder of .whl files, they are installed first (pip, no index, no dependencies).
-# Every step has a time limit and logs to its own file in OUT_DIR; nothing is piped through head
-# (a reader that exits early would SIGPIPE the writer and lose the log). A failed GDN test is said
-# next to the GDN figures; a failed or hung warp-specialised backward test skips that kernel's
-# benches.
+# If flash-linear-attention is not importable and FLA_WHEELS names a folder of .whl files, they are
+# installed first (pip, no index, no dependencies). Nothing is piped through head (a reader that
+# exits early would SIGPIPE the writer and lose the log). A failed GDN test is said next to the GDN
+# figures; a failed or hung warp-specialised backward test skips that kernel's benches.
 set -uo pipefail
-bin=$(cd "$1" && pwd); out=$2
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-status="$out/status.txt"; : > "$status"
-start=$(date +%s)
-echo "== $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
-
-# step NAME LIMIT_S LOG command...: runs with a time limit, output to LOG; records rc and seconds.
-step() {
-  local name=$1 limit=$2 log=$3; shift 3
-  local t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" > "$log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc $(( $(date +%s) - t0 ))s" >> "$status"
-  return $rc
-}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_job_lib.sh"
+gpu_job_start kernels "${DEADLINE:-585}" "hydra test_cuda" || exit 1
+out=$R
 
 # ---- 1. GPU tests -----------------------------------------------------------------------------
 declare -A verdict
 test_filter() {  # name filter limit
   local log="$out/test_$1.log"
-  (cd "$root" && step "test:$1" "$3" "$log" "$bin/test_cuda" --gtest_filter="$2")
+  run_job "test_$1" "$3" "$T/test_cuda --gtest_filter='$2'" > /dev/null
   local rc=$?
   if [ $rc -eq 0 ] && grep -q "^\[  PASSED  \]" "$log" && ! grep -q "^\[  FAILED  \]" "$log"; then
     verdict[$1]=passed
@@ -76,8 +63,8 @@ bench() {  # name limit [VAR=value ...] -- bench args...
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
-  step "bench:$name" "$limit" "$out/bench_$name.log" env "${envs[@]}" \
-    "$bin/hydra" bench "$@" --json-out "$b" || echo "bench $name FAILED (see bench_$name.log)"
+  run_job "bench_$name" "$limit" "env ${envs[*]} $H bench $* --json-out $b" > /dev/null ||
+    echo "bench $name FAILED (see bench_$name.log)"
 }
 bwd_kernels=(mma)
 [ "${verdict[attention_bwd_ws]}" = passed ] && bwd_kernels+=(ws)
@@ -103,22 +90,23 @@ bench gdn_bwd_131072 60 "${prefill_env[@]}" -- --op gdn-bwd --seq-len 131072 --h
 bench gdn_bwd_524288 60 "${prefill_env[@]}" HYDRA_GDN_PROFILE=1 -- --op gdn-bwd --seq-len 524288 --heads 14 --repeat 5
 
 # ---- 3. anchors, the PyTorch layer, the prefill -----------------------------------------------
-echo "== anchors, PyTorch layer reference, prefill (elapsed $(( $(date +%s) - start )) s)"
+echo "== anchors, PyTorch layer reference, prefill"
 if ! python3 -c "import fla" 2> /dev/null && [ -n "${FLA_WHEELS:-}" ]; then
-  python3 -m pip install --no-index --no-deps "$FLA_WHEELS"/*.whl > "$out/pip.log" 2>&1 || echo "fla wheel install FAILED (pip.log)"
+  run_job fla_wheels 120 "python3 -m pip install --no-index --no-deps $FLA_WHEELS/*.whl" > /dev/null ||
+    echo "fla wheel install FAILED (fla_wheels.log)"
 fi
 if [ "$quick" = 1 ]; then anchor_shapes="--gdn 524288x14 --attention-bwd 32768x16,131072x2"
 else anchor_shapes="--gdn 32768x14,131072x14,524288x14 --attention-bwd 32768x16,131072x2,524288x2"; fi
-step anchors 150 "$out/anchors.err" sh -c "python3 '$root/cluster/bench/anchors.py' --warmup 2 --repeat 5 --sdpa-backends cudnn \
-  --attention '' $anchor_shapes --gdn-bwd 131072x14,524288x14 > '$out/anchors.jsonl'" || echo "anchors FAILED (anchors.err)"
-step layer 120 "$out/layer.err" sh -c "python3 '$root/cluster/bench/layer_reference.py' --seq-len 524288 --repeat 3 \
-  > '$out/layer.jsonl'" || echo "layer reference FAILED (layer.err)"
+run_job anchors 150 "python3 cluster/bench/anchors.py --warmup 2 --repeat 5 --sdpa-backends cudnn --attention '' \
+  $anchor_shapes --gdn-bwd 131072x14,524288x14 > $out/anchors.jsonl" > /dev/null || echo "anchors FAILED (anchors.log)"
+run_job layer 120 "python3 cluster/bench/layer_reference.py --seq-len 524288 --repeat 3 > $out/layer.jsonl" > /dev/null ||
+  echo "layer reference FAILED (layer.log)"
 : > "$out/prefill.jsonl"
-step prefill 120 "$out/prefill.log" env "${prefill_env[@]}" "$bin/hydra" prefill --preset hydrahead-1.7b --seq-len 512K \
-  --device cuda --progress off --json-out "$out/prefill.jsonl" || echo "prefill FAILED (prefill.log)"
+run_job prefill 120 "env ${prefill_env[*]} $H prefill --preset hydrahead-1.7b --seq-len 512K --device cuda --progress off \
+  --json-out $out/prefill.jsonl" > /dev/null || echo "prefill FAILED (prefill.log)"
 
 # ---- 4. the table -----------------------------------------------------------------------------
-echo "== results (elapsed $(( $(date +%s) - start )) s)"
+echo "== results"
 echo "| GPU test | verdict |"
 echo "| --- | --- |"
 for name in attention_fwd gdn_fwd gdn_bwd attention_bwd_ws attention_bwd_mma attention_bwd_strided; do
@@ -128,6 +116,7 @@ echo
 grep -hE "stages:" "$out"/bench_gdn_*.log | sed -E 's/^\[hydra +[0-9.]+s\] //' | awk '!seen[$0]++' | tail -8
 grep -hE "RMS error ratio|check " "$out"/bench_attn_bwd_*.log | sed -E 's/^\[hydra +[0-9.]+s\] //' | sort -u | head -20
 echo
-python3 "$root/cluster/bench/summary.py" "$b" "$out/anchors.jsonl" "$out/layer.jsonl" "$out/prefill.jsonl" | tee "$out/summary.md"
+python3 cluster/bench/summary.py "$b" "$out/anchors.jsonl" "$out/layer.jsonl" "$out/prefill.jsonl" | tee "$out/summary.md"
 [ ${#prefill_env[@]} -gt 0 ] && echo "(prefill and gdn-bwd ran with ${prefill_env[*]})"
-echo "step times:"; cat "$status"
+echo "step times:"; cat "$R/timeline.txt"
+gpu_job_end

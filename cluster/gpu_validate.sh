@@ -3,9 +3,12 @@
 # next to their anchors (same GPU, same job), the prefill scaling sweep and a NIAH cell at 512K.
 # Writes logs, JSON lines and plots to OUT_DIR.
 #
-#   cluster/gpu_validate.sh BIN_DIR OUT_DIR [kernels] [tests] [bench] [anchors] [sweep] [niah] [bwd]
+#   OUT=DIR bash cluster/gpu_validate.sh [kernels] [tests] [bench] [anchors] [sweep] [niah] [bwd] [train]
 #
-# BIN_DIR holds hydra, test_cuda and test_parallel_gpu. Stages (default: tests bench anchors sweep niah bwd):
+# From the repository root, a job of the GPU harness (cluster/gpu_job_lib.sh): the carried binaries
+# or a build of hydra, test_cuda and test_parallel_gpu; every step under its time limit and the
+# call's deadline (DEADLINE seconds, default 36000), its log in $R (/tmp/validate) and
+# $OUT/validate.tgz after every step. Stages (default: tests bench anchors sweep niah bwd):
 #   kernels  the forward kernels' targets in one stage: the attention and GDN GPU tests (every kernel variant against
 #            the CPU reference), then bench, anchors, the PyTorch layer reference (cluster/bench/
 #            layer_reference.py, one hydrahead-1.7b layer × 28) and hydra prefill at 512K on one GPU;
@@ -31,56 +34,59 @@
 # If the Hopper attention kernel fails its test, later stages use the mma.sync kernel
 # (HYDRA_ATTENTION_KERNEL=mma) and say so; the variable can also be set by hand.
 set -uo pipefail
-bin=$(cd "$1" && pwd); out=$2; shift 2
 stages=${*:-tests bench anchors sweep niah bwd}
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_job_lib.sh"
+gpu_job_start validate "${DEADLINE:-36000}" "hydra test_cuda test_parallel_gpu" || exit 1
+out=$R
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 echo "== $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1) x $gpus"
 has() { [[ " $stages " == *" $1 "* ]]; }
-command -v cuobjdump > /dev/null && echo "HGMMA instructions in hydra: $(cuobjdump --dump-sass "$bin/hydra" 2>/dev/null | grep -c HGMMA)"
+command -v cuobjdump > /dev/null && echo "HGMMA instructions in hydra: $(cuobjdump --dump-sass "$H" 2>/dev/null | grep -c HGMMA)"
 
 # GPU test runs with a time limit (a kernel that hangs must not stall the job). kernel_tests runs
 # the attention and GDN tests and, when the Hopper attention kernel failed (or died) without the
 # mma.sync one failing, makes later stages use the latter (HYDRA_ATTENTION_KERNEL=mma).
 show_test_log() { grep -E "^\[  (PASSED|FAILED|SKIPPED) |max rel error|Failure|max relative error|non-finite|lse \[head|error" "$1" | head -${2:-60}; }
 kernel_tests() {
-  (cd "$root" && timeout 300 "$bin/test_cuda" --gtest_filter='*FlashAttention*' > "$out/test_attention.log" 2>&1)
+  run_job test_attention 300 "$T/test_cuda --gtest_filter='*FlashAttention*'" > /dev/null
   local rc=$?; show_test_log "$out/test_attention.log" 50
   if [ $rc -ne 0 ] && ! grep -qE "attention \[mma\].*(max relative error|non-finite|lse \[head)" "$out/test_attention.log"; then
     echo "!! the hopper attention kernel failed its test (exit $rc): later stages use HYDRA_ATTENTION_KERNEL=mma"
     export HYDRA_ATTENTION_KERNEL=mma
   fi
-  (cd "$root" && timeout 300 "$bin/test_cuda" --gtest_filter='*DeltaRule*' > "$out/test_gdn.log" 2>&1)
+  run_job test_gdn 300 "$T/test_cuda --gtest_filter='*DeltaRule*'" > /dev/null
   rc=$?; show_test_log "$out/test_gdn.log" 50
   [ $rc -ne 0 ] && echo "!! the GDN kernels failed their test (exit $rc): the GDN figures below are of a failing kernel"
 }
 
+# bench NAME LIMIT_S COMMAND: one hydra bench (or any step) through the harness, its stderr kept in
+# bench_NAME.log; a failure is said and the stage goes on.
+bench() { run_job "bench_$1" "$2" "$3 > /dev/null" > /dev/null || echo "bench $1 FAILED (bench_$1.log)"; }
 run_bench() {
   echo "== hydra bench"
   b="$out/bench.jsonl"; : > "$b"
-  timeout 180 "$bin/hydra" bench --op gemm --json-out "$b" > /dev/null 2>> "$out/bench.log"
+  bench gemm 180 "$H bench --op gemm --json-out $b"
   for spec in 8192x16 32768x16 131072x2 524288x2; do
-    timeout 180 "$bin/hydra" bench --op attention --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench attention $spec FAILED"
+    bench "attention_$spec" 180 "$H bench --op attention --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out $b"
   done
   for spec in 32768x14 131072x14 524288x14; do
-    HYDRA_GDN_PROFILE=1 timeout 180 "$bin/hydra" bench --op gdn --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench.log" || echo "bench gdn $spec FAILED"
+    bench "gdn_$spec" 180 "HYDRA_GDN_PROFILE=1 $H bench --op gdn --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out $b"
   done
   for len in 65536 131072; do  # the GDN input pass and its backwards: GB/s beside a device copy (not in bench.jsonl)
-    timeout 120 "$bin/hydra" bench --op gdn-input --seq-len $len --heads 14 --repeat 20 > /dev/null 2>> "$out/bench.log" || echo "bench gdn-input $len FAILED"
+    bench "gdn_input_$len" 120 "$H bench --op gdn-input --seq-len $len --heads 14 --repeat 20"
   done
   for segments in 2 4 8; do  # the split of the fused state pass, for tuning its default
-    HYDRA_GDN_PROFILE=1 HYDRA_GDN_SEGMENTS=$segments timeout 180 "$bin/hydra" bench --op gdn --seq-len 524288 --heads 14 --repeat 3 \
-      --json-out "$out/bench_variants.jsonl" > /dev/null 2>> "$out/bench.log" || echo "bench gdn segments=$segments FAILED"
+    bench "gdn_segments_$segments" 180 "HYDRA_GDN_PROFILE=1 HYDRA_GDN_SEGMENTS=$segments $H bench --op gdn --seq-len 524288 \
+      --heads 14 --repeat 3 --json-out $out/bench_variants.jsonl"
   done
-  grep -E "TFLOP/s =|GB/s =|gdn stages|check" "$out/bench.log" | grep -v "ceiling:" | sed -E 's/^\[hydra +[0-9.]+s\] //' | awk '!seen[$0]++' | tail -30
+  cat "$out"/bench_*.log | grep -E "TFLOP/s =|GB/s =|gdn stages|check" | grep -v "ceiling:" | sed -E 's/^\[hydra +[0-9.]+s\] //' |
+    awk '!seen[$0]++' | tail -30
 }
 
 run_anchors() {
   echo "== anchors (PyTorch SDPA, flash-linear-attention)"
-  python3 "$root/cluster/bench/anchors.py" --repeat 5 > "$out/anchors.jsonl" 2> "$out/anchors.err"; tail -2 "$out/anchors.err"
-  [ -s "$out/bench.jsonl" ] && python3 "$root/cluster/bench/compare.py" "$out/bench.jsonl" "$out/anchors.jsonl" | tee "$out/compare.md"
+  run_job anchors 900 "python3 cluster/bench/anchors.py --repeat 5 > $out/anchors.jsonl" > /dev/null; tail -2 "$out/anchors.log"
+  [ -s "$out/bench.jsonl" ] && python3 cluster/bench/compare.py "$out/bench.jsonl" "$out/anchors.jsonl" | tee "$out/compare.md"
 }
 
 if has kernels; then
@@ -89,24 +95,24 @@ if has kernels; then
   run_bench
   run_anchors
   echo "== PyTorch reference layer (512K) and hydra prefill (512K, 1 GPU)"
-  python3 "$root/cluster/bench/layer_reference.py" --seq-len 524288 --repeat 3 > "$out/layer.jsonl" 2> "$out/layer.err"
-  tail -2 "$out/layer.err"; cat "$out/layer.jsonl"
+  run_job layer 600 "python3 cluster/bench/layer_reference.py --seq-len 524288 --repeat 3 > $out/layer.jsonl" > /dev/null
+  tail -2 "$out/layer.log"; cat "$out/layer.jsonl"
   : > "$out/prefill.jsonl"
-  "$bin/hydra" prefill --preset hydrahead-1.7b --seq-len 512K --device cuda --progress off \
-    --json-out "$out/prefill.jsonl" > "$out/prefill.log" 2>&1 || echo "prefill 512K FAILED (see prefill.log)"
+  run_job prefill 300 "$H prefill --preset hydrahead-1.7b --seq-len 512K --device cuda --progress off \
+    --json-out $out/prefill.jsonl" > /dev/null || echo "prefill 512K FAILED (see prefill.log)"
   echo "== summary (forward kernel targets)"
-  python3 "$root/cluster/bench/summary.py" "$out/bench.jsonl" "$out/anchors.jsonl" "$out/layer.jsonl" \
+  python3 cluster/bench/summary.py "$out/bench.jsonl" "$out/anchors.jsonl" "$out/layer.jsonl" \
     "$out/prefill.jsonl" | tee "$out/summary.md"
 fi
 if has tests; then
   echo "== GPU unit tests"
   has kernels || kernel_tests
-  (cd "$root" && timeout ${TEST_TIMEOUT:-600} "$bin/test_cuda" --gtest_filter='-*FlashAttention*:*DeltaRule*' > "$out/test_cuda.log" 2>&1)
+  run_job test_cuda "${TEST_TIMEOUT:-600}" "$T/test_cuda --gtest_filter='-*FlashAttention*:*DeltaRule*'" > /dev/null
   show_test_log "$out/test_cuda.log" 40
   if [ "$gpus" -ge 2 ]; then
     echo "== multi-GPU tests (2 ranks)"
-    (cd "$root" && timeout 300 mpirun --oversubscribe -np 2 -x HYDRA_ATTENTION_KERNEL "$bin/test_parallel_gpu" 2>&1 | tee "$out/test_parallel_gpu.log" |
-      grep -E "^\[  (PASSED|FAILED|SKIPPED) |GPUs vs|rank [0-9]\]|Failure|mpi \]" | head -20)
+    run_job test_parallel_gpu 300 "mpirun --oversubscribe -np 2 -x HYDRA_ATTENTION_KERNEL $T/test_parallel_gpu" > /dev/null
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |GPUs vs|rank [0-9]\]|Failure|mpi \]" "$out/test_parallel_gpu.log" | head -20
   fi
 fi
 has bench && run_bench
@@ -114,9 +120,9 @@ has anchors && run_anchors
 if has sweep; then
   echo "== prefill sweep"
   lens2="128K,256K,512K,1M"; [ "$gpus" -ge 2 ] || lens2=""
-  python3 "$root/cluster/sweep.py" --hydra "$bin/hydra" --gpus 1 --lengths 128K,256K,512K --out "$out/sweep.jsonl"
-  [ -n "$lens2" ] && python3 "$root/cluster/sweep.py" --hydra "$bin/hydra" --gpus 2 --lengths "$lens2" --out "$out/sweep.jsonl"
-  python3 "$root/cluster/plot_sweep.py" "$out/sweep.jsonl" --out "$out/sweep.png"
+  run_job sweep_1gpu 1800 "python3 cluster/sweep.py --hydra $H --gpus 1 --lengths 128K,256K,512K --out $out/sweep.jsonl" > /dev/null
+  [ -n "$lens2" ] && run_job sweep_2gpu 1800 "python3 cluster/sweep.py --hydra $H --gpus 2 --lengths $lens2 --out $out/sweep.jsonl" > /dev/null
+  python3 cluster/plot_sweep.py "$out/sweep.jsonl" --out "$out/sweep.png"
   python3 - "$out/sweep.jsonl" <<'PY'
 import json, sys
 for r in map(json.loads, open(sys.argv[1])):
@@ -129,15 +135,18 @@ PY
 fi
 if has niah; then
   echo "== eval-niah 512K cell"
-  "$bin/hydra" eval-niah --preset hydrahead-1.7b --lengths 512K --depths 50 --samples 1 --device cuda \
-    --out "$out/niah_1gpu.jsonl" 2>&1 | tail -3
-  [ "$gpus" -ge 2 ] && mpirun --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x HYDRA_ATTENTION_KERNEL -x LD_LIBRARY_PATH "$bin/hydra" eval-niah \
-    --preset hydrahead-1.7b --lengths 512K --depths 50 --samples 1 --device cuda --out "$out/niah_2gpu.jsonl" 2>&1 | tail -3
+  run_job niah_1gpu 900 "$H eval-niah --preset hydrahead-1.7b --lengths 512K --depths 50 --samples 1 --device cuda \
+    --out $out/niah_1gpu.jsonl" > /dev/null; tail -3 "$out/niah_1gpu.log"
+  if [ "$gpus" -ge 2 ]; then
+    run_job niah_2gpu 900 "mpirun --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x HYDRA_ATTENTION_KERNEL -x LD_LIBRARY_PATH $H eval-niah \
+      --preset hydrahead-1.7b --lengths 512K --depths 50 --samples 1 --device cuda --out $out/niah_2gpu.jsonl" > /dev/null
+    tail -3 "$out/niah_2gpu.log"
+  fi
 fi
 if has bwd; then
   echo "== backward kernels: GPU tests"
   # To a file first, then filtered: a `| head` behind tee would SIGPIPE the test and lose its log.
-  (cd "$root" && timeout 600 "$bin/test_cuda" --gtest_filter='*Backward*' > "$out/test_cuda_bwd.log" 2>&1)
+  run_job test_cuda_bwd 600 "$T/test_cuda --gtest_filter='*Backward*'" > /dev/null
   echo "(test_cuda *Backward* exit $?)"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |rms ratio|Failure|Expected|Which" "$out/test_cuda_bwd.log" | tail -80
   if grep -q "FAILED.*CudaAttentionBackward.WarpSpecialized" "$out/test_cuda_bwd.log"; then
@@ -146,20 +155,21 @@ if has bwd; then
   fi
   echo "== backward kernels: hydra bench (forward + backward)"
   b="$out/bench_bwd.jsonl"; : > "$b"
-  "$bin/hydra" bench --op gemm --json-out "$b" > /dev/null 2>> "$out/bench_bwd.log"
+  bench bwd_gemm 180 "$H bench --op gemm --json-out $b"
   for spec in 32768x16 131072x2 524288x2; do
-    "$bin/hydra" bench --op attention-bwd --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench_bwd.log" || echo "bench attention-bwd $spec FAILED"
+    bench "attention_bwd_$spec" 300 "$H bench --op attention-bwd --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out $b"
   done
-  HYDRA_ATTENTION_BWD_KERNEL=mma "$bin/hydra" bench --op attention-bwd --seq-len 32768 --heads 16 --repeat 5 \
-    --json-out "$out/bench_bwd_variants.jsonl" > /dev/null 2>> "$out/bench_bwd.log" || echo "bench attention-bwd mma.sync FAILED"
+  bench attention_bwd_mma 300 "HYDRA_ATTENTION_BWD_KERNEL=mma $H bench --op attention-bwd --seq-len 32768 --heads 16 --repeat 5 \
+    --json-out $out/bench_bwd_variants.jsonl"
   for spec in 131072x14 524288x14; do
-    HYDRA_GDN_PROFILE=1 "$bin/hydra" bench --op gdn-bwd --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out "$b" > /dev/null 2>> "$out/bench_bwd.log" || echo "bench gdn-bwd $spec FAILED"
+    bench "gdn_bwd_$spec" 300 "HYDRA_GDN_PROFILE=1 $H bench --op gdn-bwd --seq-len ${spec%x*} --heads ${spec#*x} --repeat 5 --json-out $b"
   done
-  grep -E "check |TFLOP/s =|backward alone|stages:|FAILED|rror" "$out/bench_bwd.log" | grep -v "ceiling:" | sed -E 's/^\[hydra +[0-9.]+s\] //' | tail -40
+  cat "$out"/bench_bwd_*.log "$out"/bench_attention_bwd_*.log "$out"/bench_gdn_bwd_*.log 2> /dev/null |
+    grep -E "check |TFLOP/s =|backward alone|stages:|FAILED|rror" | grep -v "ceiling:" | sed -E 's/^\[hydra +[0-9.]+s\] //' | tail -40
   echo "== backward anchors (SDPA, flash-linear-attention: forward + backward)"
-  python3 "$root/cluster/bench/anchors.py" --repeat 5 --attention "" --gdn "" --attention-bwd 32768x16,131072x2,524288x2 \
-    --gdn-bwd 131072x14,524288x14 > "$out/anchors_bwd.jsonl" 2> "$out/anchors_bwd.err"; tail -2 "$out/anchors_bwd.err"
-  [ -s "$b" ] && python3 "$root/cluster/bench/compare.py" "$b" "$out/anchors_bwd.jsonl" | tee "$out/compare_bwd.md"
+  run_job anchors_bwd 900 "python3 cluster/bench/anchors.py --repeat 5 --attention '' --gdn '' --attention-bwd 32768x16,131072x2,524288x2 \
+    --gdn-bwd 131072x14,524288x14 > $out/anchors_bwd.jsonl" > /dev/null; tail -2 "$out/anchors_bwd.log"
+  [ -s "$b" ] && python3 cluster/bench/compare.py "$b" "$out/anchors_bwd.jsonl" | tee "$out/compare_bwd.md"
 fi
 if has train; then
   echo "== training: hydra gradients on the GPU vs the CPU (hydrahead-tiny, 4K tokens)"
@@ -168,9 +178,10 @@ import sys, h5py, numpy as np
 with h5py.File(sys.argv[1], "w") as f:
     f["input_ids"] = np.random.default_rng(1).integers(0, 256, size=4096, dtype=np.int32)
 PY
-  "$bin/hydra" init --preset hydrahead-tiny --weight-seed 3 --out "$out/tiny.h5" > /dev/null 2>&1
+  run_job tiny_init 60 "$H init --preset hydrahead-tiny --weight-seed 3 --out $out/tiny.h5" > /dev/null
   for dev in cpu cuda; do
-    "$bin/hydra" gradients --model "$out/tiny.h5" --input "$out/grad_tokens.h5" --device $dev --out "$out/grads_$dev.h5" 2>&1 | tail -1
+    run_job "gradients_$dev" 300 "$H gradients --model $out/tiny.h5 --input $out/grad_tokens.h5 --device $dev --out $out/grads_$dev.h5" > /dev/null
+    tail -1 "$out/gradients_$dev.log"
   done
   python3 - "$out/grads_cpu.h5" "$out/grads_cuda.h5" <<'PY'
 import sys, h5py, numpy as np
@@ -181,7 +192,8 @@ print("worst gradient RMS ratios (cuda vs cpu):", ", ".join(f"{k} {e:.2e}" for e
 PY
   echo "== hydra forward on the GPU vs the CPU (hydrahead-tiny, 4K tokens)"
   for dev in cpu cuda; do
-    "$bin/hydra" forward --model "$out/tiny.h5" --input "$out/grad_tokens.h5" --device $dev --output "$out/logits_$dev.h5" 2>&1 | tail -1
+    run_job "forward_$dev" 300 "$H forward --model $out/tiny.h5 --input $out/grad_tokens.h5 --device $dev --output $out/logits_$dev.h5" > /dev/null
+    tail -1 "$out/forward_$dev.log"
   done
   python3 - "$out/logits_cpu.h5" "$out/logits_cuda.h5" <<'PY'
 import sys, h5py, numpy as np
@@ -198,8 +210,9 @@ with h5py.File(sys.argv[1], "w") as f:
 PY
   train_run() {  # name, launcher prefix, seq len
     rm -rf "$out/train_$1"
-    $2 "$bin/hydra" train --stage finetune --preset hydrahead-1.7b --data "$out/train_tokens.h5" --seq-len $3 \
-      --steps ${TRAIN_STEPS:-4} --device cuda --out-dir "$out/train_$1" --save-every -1 2> "$out/train_$1.log" | tee -a "$out/train.jsonl"
+    run_job "train_$1" 1800 "$2 $H train --stage finetune --preset hydrahead-1.7b --data $out/train_tokens.h5 --seq-len $3 \
+      --steps ${TRAIN_STEPS:-4} --device cuda --out-dir $out/train_$1 --save-every -1" > /dev/null
+    grep '^{' "$out/train_$1.log" | tee -a "$out/train.jsonl"
     grep -E "memory plan|step [0-9]|error" "$out/train_$1.log" | sed -E 's/^\[hydra +[0-9.]+s\] //' | tail -6
   }
   for len in ${TRAIN_LENGTHS:-64K 128K}; do train_run $len "" $len; done
@@ -208,7 +221,9 @@ PY
     train_run 128K_mpi1 "mpirun --oversubscribe -np 1 -x NCCL_NVLS_ENABLE -x PATH -x LD_LIBRARY_PATH" 128K
   fi
   for t in 65536 131072; do
-    python3 "$root/cluster/bench/layer_reference.py" --seq-len $t --backward --repeat 3 | tee -a "$out/train.jsonl"
+    run_job "layer_backward_$t" 900 "python3 cluster/bench/layer_reference.py --seq-len $t --backward --repeat 3" > /dev/null
+    grep '^{' "$out/layer_backward_$t.log" | tee -a "$out/train.jsonl"
   done
 fi
 echo "== done"
+gpu_job_end

@@ -2,7 +2,10 @@
 //
 // Every op is one function taking views; it checks shapes, then dispatches on the device of its
 // output: host views run the CPU implementation in the op's folder (the reference the CUDA kernel
-// is tested against), CUDA views run the launcher in the op's .cu file. CPU implementations are
+// is tested against), CUDA views run the launcher in the op's .cu file. Meta views (a memory plan's
+// shape-only run, runtime/memory_timeline.h) run nothing: after its shape checks an op returns
+// (shapes_only), holding first, from the launcher's own spec, any workspace its GPU launcher
+// allocates, so the plan of a pass holds what the pass holds. CPU implementations are
 // templates on the element type T: float (the fp32 reference, DESIGN.md §2) or double (float64, for
 // gradient checks by finite differences and whole-model gradient tests); every float view of one
 // call has the same type (integer views such as token ids and positions keep theirs).
@@ -21,6 +24,14 @@ inline bool on_cuda(std::initializer_list<TensorView> views) {
   expect_same_device(views);
   for (const TensorView& v : views) {
     if (v.defined()) return v.device() == Device::cuda;
+  }
+  return false;
+}
+
+// Whether any defined view is meta: the op's call is part of a shape-only run and computes nothing.
+inline bool shapes_only(std::initializer_list<TensorView> views) {
+  for (const TensorView& v : views) {
+    if (v.defined() && v.is_meta()) return true;
   }
   return false;
 }

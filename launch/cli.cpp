@@ -1,5 +1,7 @@
 #include "launch/cli.h"
 
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 
@@ -10,6 +12,7 @@
 #include "runtime/content_hash.h"
 #include "runtime/error.h"
 #include "runtime/hdf5_file.h"
+#include "runtime/token_identity.h"
 
 namespace hydra {
 namespace {
@@ -43,6 +46,15 @@ void refuse_negative_unsigned(const po::parsed_options& parsed, const po::variab
   }
 }
 
+// The token files' identity cache (runtime/token_identity.h): $HYDRA_CACHE_DIR, else
+// $XDG_CACHE_HOME/hydra, else ~/.cache/hydra (/tmp/.cache/hydra without a home).
+std::string cache_dir_from_environment() {
+  if (const char* dir = std::getenv("HYDRA_CACHE_DIR"); dir && *dir) return dir;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return (std::filesystem::path(xdg) / "hydra").string();
+  const char* home = std::getenv("HOME");
+  return (std::filesystem::path(home && *home ? home : "/tmp") / ".cache" / "hydra").string();
+}
+
 }  // namespace
 
 const std::vector<Subcommand>& subcommands() {
@@ -72,6 +84,8 @@ const std::vector<Subcommand>& subcommands() {
 bool parse_command_line(App& app, const std::string& command, const std::string& usage,
                         po::options_description& options, const std::vector<std::string>& args,
                         const po::positional_options_description* positional) {
+  // Switches are read once, at the command's start: here, the cache folder.
+  set_token_identity_cache_dir(cache_dir_from_environment());
   options.add_options()("help,h", "print this help");
   po::variables_map vm;
   try {

@@ -9,8 +9,9 @@
 #include "launch/cli.h"
 #include "launch/model_source.h"
 #include "model/convert.h"
-#include "model/nonfinite.h"
 #include "model/fa_heads_file.h"
+#include "model/nonfinite.h"
+#include "model/sequence_length.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/log.h"
@@ -96,6 +97,8 @@ int run_convert(App& app, const std::vector<std::string>& args) {
   if (!opt.calib.empty()) {
     calib = read_calibration_windows(opt.calib, teacher_config.vocab_size, parse_size(opt.calib_seq_len, "--calib-seq-len"),
                                      parse_size(opt.calib_tokens, "--calib-tokens"), app.world.size());
+    // The windows run the teacher and, with the scale fusion, the student (its GDN heads' conv halo too).
+    check_sequence_length(student.fusion == ops::Fusion::scale ? student : teacher_config, calib.seq_len, app.world.size());
   }
   const Device device = calib.windows > 0 ? resolve_device(opt.device, app.mpi, app.gpu_sharing) : Device::host;
   RunFingerprint inputs;

@@ -16,6 +16,7 @@
 
 #include "launch/cli.h"
 #include "launch/model_source.h"
+#include "model/sequence_length.h"
 #include "model/train/data.h"
 #include "model/train/evaluation.h"
 #include "parallel/device_world.h"
@@ -78,23 +79,20 @@ int run_eval_lm(App& app, const std::vector<std::string>& args) {
   }
   opt.validate();
   const int64_t seq_len = parse_size(opt.seq_len, "--seq-len");
-  const ModelConfig config = opt.model.config();
+  ModelRun job = ModelRun::begin(app, opt.model, opt.device);  // config, device, the inputs' fingerprint
+  const ModelConfig& config = job.config;
   const int sp = SequenceGroups::resolve_sp(opt.sp, app.world.size());
-  SequenceLayout::zigzag(seq_len, sp, 0);  // admissible length for a group?
+  check_sequence_length(config, seq_len, sp);
   const train::TokenWindows data(opt.sources(), seq_len, 0, config.vocab_size, false);  // as train's --eval-data
   const int64_t n = opt.windows == 0 ? data.count() : std::min(opt.windows, data.count());
-  const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
-  const DType dtype = storage_dtype(device);
-  RunFingerprint inputs;
-  add_model_fields(inputs, config, device, dtype);
+  RunFingerprint& inputs = job.inputs;
   for (const std::string& f : opt.files()) add_file_datasets(inputs, "held-out data", f);  // masks and documents too
   inputs.add("windows", std::to_string(n));
-  opt.model.add_contents(inputs);
-  agree_on_run(app, inputs);
-  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, app.gpu_sharing, opt.nccl_timeout);
+  ModelRun::Started ready = job.start(app, opt.model, opt.device, opt.nccl_timeout);
+  DeviceWorld& world = ready.world;
+  const Model& model = ready.model;
   Communicator& comm = *world.comm;
   SequenceGroups groups(comm, sp);
-  const Model model = opt.model.build(device, dtype, app.kernels);
   const auto t0 = std::chrono::steady_clock::now();
   // Window i on group i mod groups, one window at a time over the group's ranks.
   const train::StageRun run{.stage = train::Stage::pretrain, .sequence = groups.sequence(), .student = model, .teacher = nullptr};

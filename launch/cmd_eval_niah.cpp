@@ -204,19 +204,18 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
     return 0;
   }
   opt.validate();
-  const ModelConfig config = opt.model.config();
+  ModelRun job = ModelRun::begin(app, opt.model, opt.device);  // config, device, the inputs' fingerprint
+  const ModelConfig& config = job.config;
   const int ranks = app.world.size();
   const int sp = SequenceGroups::resolve_sp(opt.sp, ranks);  // ranks per sample
   // GPU: bf16 weights; CPU: the fp32 reference path.
-  const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
-  const DType dtype = storage_dtype(device);
+  const Device device = job.device;
 
   // Plan every cell and check every input before the weights are read.
   niah::Report report;
   report.model = opt.model.describe();
   report.ranks = ranks;
-  RunFingerprint inputs;
-  add_model_fields(inputs, config, device, dtype);
+  RunFingerprint& inputs = job.inputs;
   niah::EvalPlan plan;
   if (opt.dataset.empty()) {
     report.source = "builtin";
@@ -252,20 +251,15 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
                    "per sample on {})", niah::scoring_name(scoring), sp, device_name(device));
   // Generation: the prompt's prefill, the cache and the decode engine (the answer is at most a few
   // dozen tokens; the longest sample bounds the cache).
-  check_memory_plan(scoring == niah::Scoring::generate
-                        ? estimate_generation_memory(config, {longest}, plan.longest_answer, sp, device, false)
-                        : estimate_prefill_memory(config, longest / sp, sp, device),
-                    device, fmt::format("eval-niah at {} tokens on {} rank(s) per sample", longest, sp),
-                    app.mpi.local_size());
-  opt.model.add_contents(inputs);
-  agree_on_run(app, inputs);
-  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, app.gpu_sharing, opt.nccl_timeout);
+  check_memory_plan(niah::eval_memory_estimate(plan, config, scoring, sp, device), device,
+                    fmt::format("eval-niah at {} tokens on {} rank(s) per sample", longest, sp), app.mpi.local_size());
+  ModelRun::Started ready = job.start(app, opt.model, opt.device, opt.nccl_timeout);
+  DeviceWorld& world = ready.world;
+  const Model& model = ready.model;
   Communicator& comm = *world.comm;
   SequenceGroups groups(comm, sp);
 
-  const auto t0 = Clock::now();
-  const Model model = opt.model.build(device, dtype, app.kernels);
-  const double load_s = seconds_since(t0);
+  const double load_s = ready.load_s;
   log::info("eval-niah: {} — {} cells, {} samples on {} rank(s) ({} group(s) of {}), weights loaded in {:.2f} s",
             config.summary(), plan.cells.size(), total_samples, comm.size(), groups.replicas(), sp, load_s);
 

@@ -54,6 +54,44 @@ struct ForwardOptions {
   }
 };
 
+// The logits of this rank's rows, checked (the NLL reads every row with a target; the last position
+// has none, so its logits are checked here, before they are written: every rank gets the count, the
+// search is collective), then assembled by rank 0 in global order from every rank's segments (over
+// MPI, host memory) and written once. `device_comm` runs the model's collectives.
+void write_logits(Communicator& comm, Communicator& device_comm, const Model& model, const SequenceLayout& layout,
+                  const Tensor& hidden, std::span<const int32_t> ids, const std::string& path) {
+  const int64_t t_local = layout.local_length(), total = layout.total_length(), vocab = model.config().vocab_size;
+  Tensor logits = Tensor::empty({t_local, vocab}, DType::f32, model.device());
+  model.lm_head(logits, hidden);
+  const Tensor host_logits = to(logits, Device::host, DType::f32);
+  Tensor bad_rows = Tensor::zeros({1}, DType::f64);
+  for (int64_t i = 0; i < t_local; ++i) {
+    const float* row = host_logits.data_as<float>() + i * vocab;
+    if (!std::all_of(row, row + vocab, [](float v) { return std::isfinite(v); })) bad_rows.data_as<double>()[0] += 1;
+  }
+  all_reduce_sum_host(comm, bad_rows);
+  if (bad_rows.data_as<double>()[0] > 0) {
+    fail_nonfinite(model, device_comm, ids,
+                   fmt::format("forward: the logits at {} position(s) are", static_cast<int64_t>(bad_rows.data_as<double>()[0])));
+  }
+  if (comm.rank() != 0) {
+    comm.send(host_logits, 0);
+    return;
+  }
+  Tensor all = Tensor::empty({total, vocab}, DType::f32);
+  layout.place_local_rows(all, host_logits);
+  Tensor incoming = Tensor::empty({t_local, vocab}, DType::f32);
+  for (int r = 1; r < comm.size(); ++r) {
+    comm.recv(incoming, r);
+    SequenceLayout::zigzag(total, comm.size(), r).place_local_rows(all, incoming);
+  }
+  AtomicFile out(path);
+  H5File file = H5File::create(out.temp_path());
+  file.write("logits", all);
+  file.close();
+  out.commit();
+}
+
 // Which targets the NLL counts, as the log says it: the input's loss_mask, its documents (a
 // document's first token is not predicted from the one before it), both, or every one.
 std::string counted_note(bool has_mask, size_t documents) {
@@ -80,7 +118,8 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   Communicator& comm = app.world;
   // Cheap checks first: config, tokens against its vocabulary, the layout's length rule, the memory
   // plan; then the ranks agree on all of it before the first collective.
-  const ModelConfig config = opt.model.config();
+  ModelRun job = ModelRun::begin(app, opt.model, opt.device);  // config, device, the inputs' fingerprint
+  const ModelConfig& config = job.config;
   std::vector<int32_t> ids;
   std::vector<uint8_t> counted;  // the input's loss_mask (empty: every target counts)
   std::vector<int64_t> starts;   // its packed documents (empty: one)
@@ -94,10 +133,9 @@ int run_forward(App& app, const std::vector<std::string>& args) {
     ids = std::move(data.ids);
   }
   const int64_t total = opt.input.empty() ? parse_size(opt.seq_len, "--seq-len") : static_cast<int64_t>(ids.size());
-  const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank(), starts);
+  const SequenceLayout layout = group_layout(comm, total, starts);
   const int64_t t_local = layout.local_length(), vocab = config.vocab_size;
-  const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
-  const DType dtype = storage_dtype(device);
+  const Device device = job.device;
   const MemoryEstimate estimate =
       estimate_forward_memory(config, total, t_local, comm.size(), comm.rank(), device, !opt.output.empty());
   const std::string what = fmt::format("forward of {} tokens on {} rank(s)", total, comm.size());
@@ -108,20 +146,16 @@ int run_forward(App& app, const std::vector<std::string>& args) {
     check_memory_plan(host, Device::host, what + " (its logits on the host)", app.mpi.local_size());
   }
   if (opt.input.empty()) ids = random_token_sequence(total, config.vocab_size, opt.token_seed);
-  RunFingerprint inputs;
-  add_model_fields(inputs, config, device, dtype);
+  RunFingerprint& inputs = job.inputs;
   if (opt.input.empty()) {
     inputs.add("token count", std::to_string(total));
   } else {
     inputs.add_tokens("input tokens", ids);
     add_file_datasets(inputs, "input", opt.input);  // loss_mask and document_offsets too
   }
-  opt.model.add_contents(inputs);
-  agree_on_run(app, inputs);
-
-  DeviceWorld world = make_device_world(opt.device, app.mpi, comm, app.gpu_sharing, opt.nccl_timeout);
-  const auto t0 = std::chrono::steady_clock::now();
-  const Model model = opt.model.build(device, dtype, app.kernels);
+  ModelRun::Started ready = job.start(app, opt.model, opt.device, opt.nccl_timeout);
+  DeviceWorld& world = ready.world;
+  const Model& model = ready.model;
   const auto t1 = std::chrono::steady_clock::now();
   const TokenRows rows = layout.token_rows(ids, {.counted = counted, .answer = {}});
   ForwardContext context{.comm = *world.comm, .layout = layout};
@@ -138,42 +172,8 @@ int run_forward(App& app, const std::vector<std::string>& args) {
   // Every rank sees the same sums, so every rank takes the same branch (the search is collective).
   if (!std::isfinite(stats.data_as<double>()[0])) fail_nonfinite(model, *world.comm, ids, "forward: the next-token NLL is");
 
-  if (!opt.output.empty()) {
-    Tensor logits = Tensor::empty({t_local, vocab}, DType::f32, model.device());
-    model.lm_head(logits, hidden);
-    const Tensor host_logits = to(logits, Device::host, DType::f32);
-    // The NLL reads every row with a target; the last position has none, so its logits are checked
-    // here, before they are written (every rank gets the count: the search is collective).
-    Tensor bad_rows = Tensor::zeros({1}, DType::f64);
-    for (int64_t i = 0; i < t_local; ++i) {
-      const float* row = host_logits.data_as<float>() + i * vocab;
-      if (!std::all_of(row, row + vocab, [](float v) { return std::isfinite(v); })) bad_rows.data_as<double>()[0] += 1;
-    }
-    all_reduce_sum_host(comm, bad_rows);
-    if (bad_rows.data_as<double>()[0] > 0) {
-      fail_nonfinite(model, *world.comm, ids,
-                     fmt::format("forward: the logits at {} position(s) are", static_cast<int64_t>(bad_rows.data_as<double>()[0])));
-    }
-    // Rank 0 assembles the logits in global order from every rank's segments (over MPI, host
-    // memory) and writes once.
-    if (comm.rank() == 0) {
-      Tensor all = Tensor::empty({total, vocab}, DType::f32);
-      layout.place_local_rows(all, host_logits);
-      Tensor incoming = Tensor::empty({t_local, vocab}, DType::f32);
-      for (int r = 1; r < comm.size(); ++r) {
-        comm.recv(incoming, r);
-        SequenceLayout::zigzag(total, comm.size(), r).place_local_rows(all, incoming);
-      }
-      AtomicFile out(opt.output);
-      H5File file = H5File::create(out.temp_path());
-      file.write("logits", all);
-      file.close();
-      out.commit();
-    } else {
-      comm.send(host_logits, 0);
-    }
-  }
-  const double load_s = std::chrono::duration<double>(t1 - t0).count();
+  if (!opt.output.empty()) write_logits(comm, *world.comm, model, layout, hidden, ids, opt.output);
+  const double load_s = ready.load_s;
   const double run_s = std::chrono::duration<double>(t2 - t1).count();
   const double count = stats.data_as<double>()[1], mean_nll = count > 0 ? stats.data_as<double>()[0] / count : 0.0;
   if (comm.rank() == 0) {

@@ -145,6 +145,35 @@ std::vector<int32_t> parse_stop_tokens(const std::string& text, int64_t vocab) {
   return ids;
 }
 
+// What ends a prompt's generation besides --max-new-tokens: the --stop-token ids, then the
+// tokenizer's eos unless --no-default-stop (default_ids, when the tokenizer is known), and the
+// tokenizer's texts for --stop strings.
+struct Stops {
+  std::vector<int32_t> ids;          // --stop-token's, then default_ids
+  std::vector<int32_t> default_ids;  // the tokenizer's eos ids within the vocabulary, not already given
+  std::string tokenizer;             // its tokenizer.json ("" when unknown)
+  std::optional<TokenTexts> texts;   // read when the tokenizer is known
+};
+
+Stops read_stops(const GenerateCliOptions& opt, int64_t vocab) {
+  Stops stops;
+  stops.ids = parse_stop_tokens(opt.stop_tokens, vocab);
+  stops.tokenizer = opt.tokenizer_path();
+  if (stops.tokenizer.empty()) return stops;
+  // The ids alone for the default stop; the decoder too for stop strings (one hydra does not read is
+  // then named, and only then).
+  stops.texts = TokenTexts::from_file(stops.tokenizer, opt.stop_strings.empty() ? TokenTexts::Decode::no : TokenTexts::Decode::yes);
+  HYDRA_USER_CHECK(stops.texts->size() <= vocab || opt.stop_strings.empty(), "{}: the tokenizer has {} ids, the "
+                   "model's vocabulary {} (another model's tokenizer?)", stops.tokenizer, stops.texts->size(), vocab);
+  if (!opt.no_default_stop) {
+    for (const int32_t id : default_stop_ids(stops.tokenizer, *stops.texts)) {
+      if (id < vocab && std::find(stops.ids.begin(), stops.ids.end(), id) == stops.ids.end()) stops.default_ids.push_back(id);
+    }
+  }
+  stops.ids.insert(stops.ids.end(), stops.default_ids.begin(), stops.default_ids.end());
+  return stops;
+}
+
 // The prompts of a prompt file: input_ids whole, or split by prompt_offsets [N+1] (0 = o_0 < o_1 <
 // … < o_N = T: every prompt non-empty, the ids partitioned).
 std::vector<std::vector<int32_t>> read_prompts(const std::string& path, int64_t vocab) {
@@ -177,6 +206,85 @@ std::vector<std::vector<int32_t>> read_prompts(const std::string& path, int64_t 
 // (runtime/tensor.h), so the sizes below cannot overflow and the memory plan refuses what does not fit.
 constexpr int64_t kMaxSequence = kMaxElements;
 
+// The prompts' lengths, their sum and the longest prefill on `sp` ranks (prefill_length), each prompt
+// checked to fit with its new tokens in kMaxSequence positions (so the cache sizes cannot overflow; the
+// memory plan then refuses what does not fit).
+struct PromptSizes {
+  std::vector<int64_t> lengths;
+  int64_t longest_prefill = 0, total_tokens = 0;
+};
+
+PromptSizes prompt_sizes(const std::vector<std::vector<int32_t>>& prompts, const ModelConfig& config,
+                         int64_t max_new_tokens, int sp) {
+  PromptSizes sizes;
+  for (const auto& prompt : prompts) {
+    const int64_t len = static_cast<int64_t>(prompt.size());
+    HYDRA_USER_CHECK(max_new_tokens <= kMaxSequence - len,
+                     "--max-new-tokens {}: a prompt of {} tokens and its new tokens would exceed {} positions",
+                     max_new_tokens, len, kMaxSequence);
+    sizes.longest_prefill = std::max(sizes.longest_prefill, prefill_length(config, len, sp));
+    sizes.total_tokens += len;
+    sizes.lengths.push_back(len);
+  }
+  return sizes;
+}
+
+// One JSON line per prompt, in file order (with log-probabilities: each new token's and its K most
+// likely alternatives'), and the totals the summary reports.
+struct SequenceLines {
+  std::string text;
+  int64_t generated = 0;  // new tokens in all
+  double decode_s = 0;    // the longest decode
+};
+
+SequenceLines sequence_lines(const std::vector<GeneratedSequence>& result,
+                             const std::vector<std::vector<int32_t>>& prompts, bool logprobs) {
+  SequenceLines out;
+  for (size_t b = 0; b < result.size(); ++b) {
+    const GeneratedSequence& seq = result[b];
+    out.generated += static_cast<int64_t>(seq.tokens.size());
+    out.decode_s = std::max(out.decode_s, seq.decode_s);
+    nlohmann::json line = {
+        {"prompt_index", b},
+        {"tokens", seq.tokens},
+        {"prompt_tokens", prompts[b].size()},
+        {"prefill_tokens", seq.prefilled},
+        {"prefill_s", seq.prefill_s},
+        {"decode_s", seq.decode_s},
+        {"decode_tokens_per_s", seq.decode_s > 0 ? static_cast<double>(seq.tokens.size()) / seq.decode_s : 0.0},
+        {"stopped", seq.stopped}};
+    if (!seq.stop_string.empty()) line["stop_string"] = seq.stop_string;
+    if (logprobs) {  // per new token: log p, and [id, log p] of the K most likely
+      line["logprobs"] = seq.logprobs;
+      nlohmann::json top = nlohmann::json::array();
+      for (const auto& alternatives : seq.top) {
+        nlohmann::json step = nlohmann::json::array();
+        for (const auto& [id, lp] : alternatives) step.push_back({id, lp});
+        top.push_back(std::move(step));
+      }
+      line["top_logprobs"] = std::move(top);
+    }
+    out.text += line.dump() + "\n";
+  }
+  return out;
+}
+
+// Every group's memory plan checked on every rank, so all refuse together; the largest cache per rank.
+double check_group_plans(App& app, const std::vector<GenerationGroupPlan>& plans, Device device, int sp) {
+  const int groups = static_cast<int>(plans.size());
+  double cache_rank_bytes = 0;
+  for (int g = 0; g < groups; ++g) {
+    const GenerationGroupPlan& plan = plans[static_cast<size_t>(g)];
+    if (plan.prompts.empty()) continue;  // more groups than prompts
+    cache_rank_bytes = std::max(cache_rank_bytes, plan.cache_bytes);
+    check_memory_plan(plan.estimate, device,
+                      fmt::format("generation for {} prompt(s) of {} tokens in all on {} rank(s){}", plan.prompts.size(),
+                                  plan.tokens, sp, groups > 1 ? fmt::format(" (sequence group {})", g) : ""),
+                      app.mpi.local_size(), "use more ranks (on more nodes), fewer or shorter prompts, or fewer --max-new-tokens");
+  }
+  return cache_rank_bytes;
+}
+
 [[maybe_unused]] double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
 }  // namespace
@@ -194,29 +302,13 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   }
   opt.validate();
   Communicator& comm = app.world;
-  const ModelConfig config = opt.model.config();
+  ModelRun run = ModelRun::begin(app, opt.model, opt.device);
+  const ModelConfig& config = run.config;
+  const Device device = run.device;
   const std::vector<std::vector<int32_t>> prompts = read_prompts(opt.prompt, config.vocab_size);
-  std::vector<int32_t> stop = parse_stop_tokens(opt.stop_tokens, config.vocab_size);
-  // The tokenizer's texts: stop strings and the default stop (its eos) when it is known.
-  const std::string tokenizer = opt.tokenizer_path();
-  std::optional<TokenTexts> texts;
-  std::vector<int32_t> default_stop;
-  if (!tokenizer.empty()) {
-    // The ids alone for the default stop; the decoder too for stop strings (one hydra does not read is
-    // then named, and only then).
-    texts = TokenTexts::from_file(tokenizer, opt.stop_strings.empty() ? TokenTexts::Decode::no : TokenTexts::Decode::yes);
-    HYDRA_USER_CHECK(texts->size() <= config.vocab_size || opt.stop_strings.empty(), "{}: the tokenizer has {} ids, the "
-                     "model's vocabulary {} (another model's tokenizer?)", tokenizer, texts->size(), config.vocab_size);
-    if (!opt.no_default_stop) {
-      for (const int32_t id : default_stop_ids(tokenizer, *texts)) {
-        if (id < config.vocab_size && std::find(stop.begin(), stop.end(), id) == stop.end()) default_stop.push_back(id);
-      }
-    }
-  }
-  stop.insert(stop.end(), default_stop.begin(), default_stop.end());
-  const StopStrings stop_strings(opt.stop_strings, texts ? &*texts : nullptr);
-  const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
-  const DType dtype = storage_dtype(device);
+  const Stops stops = read_stops(opt, config.vocab_size);
+  const std::vector<int32_t>& stop = stops.ids;
+  const StopStrings stop_strings(opt.stop_strings, stops.texts ? &*stops.texts : nullptr);
   const int ranks = comm.size();
   const int p = SequenceGroups::resolve_sp(opt.sp, ranks);  // ranks per prompt
   const int groups_count = ranks / p;
@@ -225,78 +317,43 @@ int run_generate(App& app, const std::vector<std::string>& args) {
                    "--cuda-graph on needs one rank per prompt on the GPU (this run: {} rank(s) per prompt on {}; "
                    "auto, the default, replays the step where it can)", p, device_name(device));
   const bool graph = decode_graph_wanted(graph_mode, device, p);
-  // Memory plan (model/memory_plan.h) of every group (its prompts: b mod groups): the longest
+  // Memory plan (model/generate.h) of every group (its prompts: b mod groups): the longest
   // prefill, the cache and the decode engine's buffers. Every rank checks every group, so all refuse together.
-  int64_t longest_prefill = 0, total_tokens = 0;
-  for (const auto& prompt : prompts) {
-    const int64_t len = static_cast<int64_t>(prompt.size());
-    // No overflow in the cache sizes below: the memory plan then refuses what does not fit.
-    HYDRA_USER_CHECK(opt.max_new_tokens <= kMaxSequence - len,
-                     "--max-new-tokens {}: a prompt of {} tokens and its new tokens would exceed {} positions",
-                     opt.max_new_tokens, len, kMaxSequence);
-    longest_prefill = std::max(longest_prefill, prefill_length(config, len, p));
-    total_tokens += len;
-  }
+  const PromptSizes sizes = prompt_sizes(prompts, config, opt.max_new_tokens, p);
+  const std::vector<int64_t>& lengths = sizes.lengths;
+  const int64_t longest_prefill = sizes.longest_prefill, total_tokens = sizes.total_tokens;
   const int64_t slots = static_cast<int64_t>(prompts.size());
-  const KvCacheBytes cache_bytes = kv_cache_bytes(config, dtype, DType::f32);
+  const KvCacheBytes cache_bytes = kv_cache_bytes(config, run.dtype, DType::f32);
   // The decode engine keeps the logits on the host whenever tokens are not the device's arg-max
   // (model/generate.cpp): sampling, a repetition penalty, log-probabilities.
   const bool host_logits = opt.temperature > 0 || opt.repetition_penalty != 1.0 || opt.logprobs > 0;
-  double cache_rank_bytes = 0;  // the largest over the groups
-  MemoryEstimate estimate;      // this rank's group's
-  for (int g = 0; g < groups_count; ++g) {
-    std::vector<int64_t> lengths;
-    int64_t capacity = 1, group_tokens = 0;
-    for (int64_t b = g; b < slots; b += groups_count) {
-      const int64_t len = static_cast<int64_t>(prompts[static_cast<size_t>(b)].size());
-      capacity = std::max(capacity, cache_rows_needed(config, len, opt.max_new_tokens, p));
-      lengths.push_back(len);
-      group_tokens += len;
-    }
-    if (lengths.empty()) continue;  // more groups than prompts
-    const int64_t group_slots = static_cast<int64_t>(lengths.size());
-    cache_rank_bytes = std::max(cache_rank_bytes, static_cast<double>(group_slots) * (static_cast<double>(capacity) * cache_bytes.per_token + cache_bytes.per_slot));
-    const MemoryEstimate e = estimate_generation_memory(config, lengths, opt.max_new_tokens, p, device, host_logits);
-    if (g == comm.rank() / p) estimate = e;
-    check_memory_plan(e, device,
-                      fmt::format("generation for {} prompt(s) of {} tokens in all on {} rank(s){}", group_slots,
-                                  group_tokens, p, groups_count > 1 ? fmt::format(" (sequence group {})", g) : ""),
-                      app.mpi.local_size(), "use more ranks (on more nodes), fewer or shorter prompts, or fewer --max-new-tokens");
-  }
-  RunFingerprint inputs;
-  add_model_fields(inputs, config, device, dtype);
+  const std::vector<GenerationGroupPlan> plans =
+      plan_generation_groups(config, lengths, opt.max_new_tokens, p, groups_count, device, host_logits);
+  const double cache_rank_bytes = check_group_plans(app, plans, device, p);  // the largest over the groups
+  const MemoryEstimate& estimate = plans[static_cast<size_t>(comm.rank() / p)].estimate;  // this rank's group's
   std::vector<int32_t> all_ids;
   for (const auto& prompt : prompts) all_ids.insert(all_ids.end(), prompt.begin(), prompt.end());
-  inputs.add_tokens("prompt tokens", all_ids);
-  inputs.add("prompt count", std::to_string(slots));
-  add_file_datasets(inputs, "prompt file", opt.prompt);  // prompt_offsets too: sizes of every collective
-  if (texts) inputs.add("tokenizer texts", texts->fingerprint());  // the same stop decisions on every rank
-  inputs.add("stop ids", fmt::format("{}", fmt::join(stop, ",")));
-  opt.model.add_contents(inputs);
-  agree_on_run(app, inputs);
-
-  DeviceWorld world = make_device_world(opt.device, app.mpi, comm, app.gpu_sharing, opt.nccl_timeout);
+  run.inputs.add_tokens("prompt tokens", all_ids);
+  run.inputs.add("prompt count", std::to_string(slots));
+  add_file_datasets(run.inputs, "prompt file", opt.prompt);  // prompt_offsets too: sizes of every collective
+  if (stops.texts) run.inputs.add("tokenizer texts", stops.texts->fingerprint());  // the same stop decisions on every rank
+  run.inputs.add("stop ids", fmt::format("{}", fmt::join(stop, ",")));
+  ModelRun::Started started = run.start(app, opt.model, opt.device, opt.nccl_timeout);
+  DeviceWorld& world = started.world;
+  const Model& model = started.model;
   SequenceGroups groups(*world.comm, p);
-  const auto t_load = std::chrono::steady_clock::now();
-  const Model model = opt.model.build(device, dtype, app.kernels);
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   log::info("generate: {} prompt(s), {} tokens in all, up to {} new each, {} rank(s) ({} group(s) of {}) on {}, {}; "
             "cache {:.1f} KiB per token + {:.1f} MiB per sequence, {} per rank planned; decode steps {}", slots, total_tokens,
             opt.max_new_tokens, ranks, groups.replicas(), p, device_name(world.device), config.summary(), cache_bytes.per_token / 1024.0,
             cache_bytes.per_slot / 1048576.0, estimate.describe(), graph ? "replayed as a CUDA graph" : "launched eagerly");
-  if (!default_stop.empty()) {
-    log::info("generate: stopping at the tokenizer's eos {} ({}; --no-default-stop: none)", fmt::join(default_stop, ","), tokenizer);
+  const double load_s = started.load_s;
+  if (!stops.default_ids.empty()) {
+    log::info("generate: stopping at the tokenizer's eos {} ({}; --no-default-stop: none)", fmt::join(stops.default_ids, ","),
+              stops.tokenizer);
   }
 #if HYDRA_CUDA
   if (device == Device::cuda) cuda_reset_peak();
 #endif
-  // This group's prompts: b ≡ group (mod groups), each keeping its file index as its number.
-  std::vector<std::vector<int32_t>> mine;
-  std::vector<int64_t> numbers;
-  for (int64_t b = groups.replica(); b < slots; b += groups.replicas()) {
-    mine.push_back(prompts[static_cast<size_t>(b)]);
-    numbers.push_back(b);
-  }
   const GenerateOptions options{
       .max_new_tokens = opt.max_new_tokens,
       .sampling = {.temperature = opt.temperature, .top_k = opt.top_k, .top_p = opt.top_p, .seed = opt.seed,
@@ -305,89 +362,22 @@ int run_generate(App& app, const std::vector<std::string>& args) {
       .stop_strings = stop_strings.empty() ? nullptr : &stop_strings,
       .progress = opt.progress == "on" || (opt.progress == "auto" && longest_prefill >= 65536),
       .top_logprobs = opt.logprobs,
-      .cuda_graph = graph ? DecodeGraph::on : DecodeGraph::off,
-      .prompt_numbers = numbers};
+      .cuda_graph = graph ? DecodeGraph::on : DecodeGraph::off};
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<GeneratedSequence> local;
-  if (!mine.empty()) local = generate(groups.sequence(), model, mine, options);
+  // This group's prompts (b ≡ group mod groups), then every group's sequences to every rank.
+  const std::vector<GeneratedSequence> local = generate_for_group(groups, model, prompts, options);
   check_device_progress(world);
-  // Every group's sequences to every rank: per sequence [n, tokens (n), prefilled, prefill_s, decode_s,
-  // stopped, the stop string's index + 1 (0: none)], then with --logprobs K per token [log p, K × (id, log p)].
-  std::vector<double> packed;
-  for (const GeneratedSequence& seq : local) {
-    packed.push_back(static_cast<double>(seq.tokens.size()));
-    packed.insert(packed.end(), seq.tokens.begin(), seq.tokens.end());
-    const auto which = std::find(opt.stop_strings.begin(), opt.stop_strings.end(), seq.stop_string);
-    packed.insert(packed.end(), {static_cast<double>(seq.prefilled), seq.prefill_s, seq.decode_s, seq.stopped ? 1.0 : 0.0,
-                                 seq.stop_string.empty() ? 0.0 : static_cast<double>(which - opt.stop_strings.begin() + 1)});
-    for (size_t j = 0; j < seq.logprobs.size(); ++j) {
-      packed.push_back(seq.logprobs[j]);
-      for (const auto& [id, lp] : seq.top[j]) packed.insert(packed.end(), {static_cast<double>(id), lp});
-    }
-  }
-  const std::vector<std::vector<double>> gathered = groups.gather(packed);
-  std::vector<GeneratedSequence> result(static_cast<size_t>(slots));
-  for (int g = 0; g < groups.replicas(); ++g) {
-    const std::vector<double>& v = gathered[static_cast<size_t>(g)];
-    size_t at = 0;
-    for (int64_t b = g; b < slots; b += groups.replicas()) {
-      GeneratedSequence& seq = result[static_cast<size_t>(b)];
-      HYDRA_ASSERT(at < v.size(), "group {}'s gathered sequences end before prompt {}", g, b);
-      const size_t n = static_cast<size_t>(v[at++]);
-      HYDRA_ASSERT(at + n + 5 <= v.size(), "group {}'s gathered sequence {} is cut short", g, b);
-      for (size_t j = 0; j < n; ++j) seq.tokens.push_back(static_cast<int32_t>(v[at + j]));
-      at += n;
-      seq.prefilled = static_cast<int64_t>(v[at]);
-      seq.prefill_s = v[at + 1];
-      seq.decode_s = v[at + 2];
-      seq.stopped = v[at + 3] != 0;
-      if (v[at + 4] > 0) seq.stop_string = opt.stop_strings.at(static_cast<size_t>(v[at + 4]) - 1);
-      at += 5;
-      const size_t k = static_cast<size_t>(std::min<int64_t>(opt.logprobs, config.vocab_size));
-      for (size_t j = 0; opt.logprobs > 0 && j < n; ++j) {
-        HYDRA_ASSERT(at + 1 + 2 * k <= v.size(), "group {}'s gathered log-probabilities of prompt {} are cut short", g, b);
-        seq.logprobs.push_back(v[at++]);
-        seq.top.emplace_back();
-        for (size_t i = 0; i < k; ++i, at += 2) seq.top.back().emplace_back(static_cast<int32_t>(v[at]), v[at + 1]);
-      }
-    }
-    HYDRA_ASSERT(at == v.size(), "group {} sent {} values, {} read", g, v.size(), at);
-  }
+  const std::vector<GeneratedSequence> result =
+      gather_generated(groups, local, slots, opt.logprobs, config.vocab_size, opt.stop_strings);
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double peak_gib = host_peak_memory_gib();
 #if HYDRA_CUDA
   if (device == Device::cuda) peak_gib = gib(static_cast<double>(cuda_memory_stats().peak));
 #endif
   if (comm.rank() != 0) return 0;
-  int64_t generated = 0;
-  double decode_s = 0;
-  std::string text;
-  for (size_t b = 0; b < result.size(); ++b) {
-    const GeneratedSequence& seq = result[b];
-    generated += static_cast<int64_t>(seq.tokens.size());
-    decode_s = std::max(decode_s, seq.decode_s);
-    nlohmann::json line = {
-        {"prompt_index", b},
-        {"tokens", seq.tokens},
-        {"prompt_tokens", prompts[b].size()},
-        {"prefill_tokens", seq.prefilled},
-        {"prefill_s", seq.prefill_s},
-        {"decode_s", seq.decode_s},
-        {"decode_tokens_per_s", seq.decode_s > 0 ? static_cast<double>(seq.tokens.size()) / seq.decode_s : 0.0},
-        {"stopped", seq.stopped}};
-    if (!seq.stop_string.empty()) line["stop_string"] = seq.stop_string;
-    if (opt.logprobs > 0) {  // per new token: log p, and [id, log p] of the K most likely
-      line["logprobs"] = seq.logprobs;
-      nlohmann::json top = nlohmann::json::array();
-      for (const auto& alternatives : seq.top) {
-        nlohmann::json step = nlohmann::json::array();
-        for (const auto& [id, lp] : alternatives) step.push_back({id, lp});
-        top.push_back(std::move(step));
-      }
-      line["top_logprobs"] = std::move(top);
-    }
-    text += line.dump() + "\n";
-  }
+  const SequenceLines lines = sequence_lines(result, prompts, opt.logprobs > 0);
+  const int64_t generated = lines.generated;
+  const double decode_s = lines.decode_s;
   const nlohmann::json summary = {
       {"summary", true},
       {"command", "generate"},
@@ -410,15 +400,7 @@ int run_generate(App& app, const std::vector<std::string>& args) {
       {"decode_tokens_per_s", decode_s > 0 ? static_cast<double>(generated) / decode_s : 0.0},
       {"cuda_graph", graph},
       {"peak_memory_gib", peak_gib}};
-  text += summary.dump() + "\n";
-  AtomicFile out(opt.out);
-  {
-    std::ofstream file(out.temp_path());
-    file << text;
-    file.close();
-    HYDRA_USER_CHECK(file.good(), "{}: cannot write the output (disk full?)", opt.out);
-  }
-  out.commit();
+  write_text_atomically(opt.out, lines.text + summary.dump() + "\n");
   log::info("generate: {} new tokens for {} prompt(s) in {:.2f} s (decode {:.2f} s, {:.1f} tokens/s); peak memory "
             "{:.2f} GiB; wrote {}", generated, slots, total_s, decode_s,
             decode_s > 0 ? static_cast<double>(generated) / decode_s : 0.0, peak_gib, opt.out);

@@ -13,6 +13,7 @@
 #include "launch/cli.h"
 #include "launch/model_source.h"
 #include "model/nonfinite.h"
+#include "model/sequence_length.h"
 #include "model/train/objective.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
@@ -62,25 +63,21 @@ int run_gradients(App& app, const std::vector<std::string>& args) {
     return 0;
   }
   opt.validate();
-  const ModelConfig config = opt.model.config();
+  ModelRun job = ModelRun::begin(app, opt.model, opt.device);  // config, device, the inputs' fingerprint
+  const ModelConfig& config = job.config;
   const TokenData data = read_token_data(opt.input, config.vocab_size);
   const std::vector<int32_t>& ids = data.ids;
   HYDRA_USER_CHECK(ids.size() >= 2, "{}: holds {} token(s); next-token gradients need at least 2", opt.input, ids.size());
   HYDRA_USER_CHECK(data.loss_mask.empty() || std::count(data.loss_mask.begin() + 1, data.loss_mask.end(), 1) > 0,
                    "{}: its loss_mask counts no target (positions 1..{} are all 0): the mean loss is undefined",
                    opt.input, ids.size() - 1);
-  SequenceLayout::zigzag(static_cast<int64_t>(ids.size()), app.world.size(), app.world.rank());  // length check first
-  const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
-  const DType dtype = storage_dtype(device);
-  RunFingerprint inputs;
-  add_model_fields(inputs, config, device, dtype);
+  check_sequence_length(config, static_cast<int64_t>(ids.size()), app.world.size());  // before any work
+  RunFingerprint& inputs = job.inputs;
   inputs.add_tokens("input tokens", ids);
   add_file_datasets(inputs, "input", opt.input);  // loss_mask and document_offsets too
-  opt.model.add_contents(inputs);
-  agree_on_run(app, inputs);
-  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, app.gpu_sharing, opt.nccl_timeout);
-  const auto t0 = std::chrono::steady_clock::now();
-  const Model model = opt.model.build(world.device, dtype, app.kernels);
+  ModelRun::Started ready = job.start(app, opt.model, opt.device, opt.nccl_timeout);
+  DeviceWorld& world = ready.world;
+  const Model& model = ready.model;
   const auto t1 = std::chrono::steady_clock::now();
   const train::NamedGradients g =
       train::next_token_gradients(*world.comm, model, ids, data.loss_mask, document_starts_of(data));
@@ -98,7 +95,7 @@ int run_gradients(App& app, const std::vector<std::string>& args) {
     for (const auto& [name, tensor] : g.grads) h5.write(name, tensor);
     h5.close();
     file.commit();
-    const double load_s = std::chrono::duration<double>(t1 - t0).count();
+    const double load_s = ready.load_s;
     const double run_s = std::chrono::duration<double>(t2 - t1).count();
     log::info("gradients: {} tokens on {} rank(s) ({}), {} — mean next-token loss {:.6f}, {} gradient tensors in {:.2f} s",
               ids.size(), app.world.size(), device_name(world.device), config.summary(), loss, g.grads.size(), run_s);

@@ -15,6 +15,8 @@
 #include "model/memory_plan.h"
 #include "model/model.h"
 #include "model/params.h"
+#include "model/sequence_length.h"
+#include "model/train/training_plan.h"
 #include "parallel/layout.h"
 #include "runtime/sizes.h"
 
@@ -31,9 +33,20 @@ struct PlanOptions {
   bool json = false;
 };
 
-// The longest length k·granule (k ≤ limit) whose plan fits `usable` bytes, or 0.
-int64_t longest_fitting(int64_t granule, double usable, const std::function<MemoryEstimate(int64_t)>& plan) {
-  int64_t lo = 0, hi = kSearchCap / granule;
+// The shortest length a run takes: the first multiple of `granule` that `allowed` admits (the conv
+// halo may ask for more than the layout's granule), or past the search's cap when none up to it does.
+int64_t shortest_allowed(int64_t granule, const std::function<bool(int64_t)>& allowed) {
+  int64_t len = granule;
+  while (len <= kSearchCap && !allowed(len)) len += granule;
+  return len;
+}
+
+// The longest length k·granule from `shortest` up to the search's cap whose plan fits `usable` bytes,
+// or 0 (not even `shortest` fits). The plans run the passes, so only lengths a run takes are planned.
+int64_t longest_fitting(int64_t shortest, int64_t granule, double usable,
+                        const std::function<MemoryEstimate(int64_t)>& plan) {
+  if (shortest > kSearchCap || !fits_in(plan(shortest), usable)) return 0;
+  int64_t lo = shortest / granule, hi = kSearchCap / granule;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
     if (fits_in(plan(mid * granule), usable)) {
@@ -82,10 +95,16 @@ nlohmann::json plan_rows(const ModelConfig& config, const std::vector<int>& worl
     };
     // hydra prefill: one document of seq_len tokens over every rank.
     const auto prefill = [&](int64_t seq_len) { return estimate_prefill_memory(config, seq_len / w, w, Device::cuda, false); };
-    const int64_t train_len = longest_fitting(SequenceLayout::granularity(sp), gpu_bytes, train);
-    const int64_t prefill_len = longest_fitting(SequenceLayout::granularity(w), gpu_bytes, prefill);
-    const int64_t train_shown = std::max<int64_t>(train_len, SequenceLayout::granularity(sp));
-    const int64_t prefill_shown = std::max<int64_t>(prefill_len, SequenceLayout::granularity(w));
+    // The lengths the commands take (model/sequence_length.h): train's window over sp ranks, prefill's
+    // sequence over every rank.
+    const int64_t train_shortest = shortest_allowed(SequenceLayout::granularity(sp),
+                                                    [&](int64_t len) { return sequence_length_fits(config, len, sp); });
+    const int64_t prefill_shortest = shortest_allowed(SequenceLayout::granularity(w),
+                                                      [&](int64_t len) { return sequence_length_fits(config, len, w); });
+    const int64_t train_len = longest_fitting(train_shortest, SequenceLayout::granularity(sp), gpu_bytes, train);
+    const int64_t prefill_len = longest_fitting(prefill_shortest, SequenceLayout::granularity(w), gpu_bytes, prefill);
+    const int64_t train_shown = std::max<int64_t>(train_len, train_shortest);
+    const int64_t prefill_shown = std::max<int64_t>(prefill_len, prefill_shortest);
     rows.push_back({{"gpus", w}, {"sp", sp}, {"replicas", w / sp}, {"zero", shards > 1 ? 1 : 0},
                     {"train_longest", train_len}, {"prefill_longest", prefill_len},
                     {"train_text", length_text(train_len, SequenceLayout::granularity(sp))},

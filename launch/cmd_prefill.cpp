@@ -84,7 +84,8 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
     return 0;
   }
   opt.validate();
-  const ModelConfig config = opt.model.config();
+  ModelRun job = ModelRun::begin(app, opt.model, opt.device);  // config, device, the inputs' fingerprint
+  const ModelConfig& config = job.config;
   const int64_t total = parse_size(opt.seq_len, "--seq-len");
   std::vector<int32_t> ids;
   std::vector<int64_t> starts;  // the first --seq-len tokens' packed documents (empty: one)
@@ -97,37 +98,33 @@ int run_prefill(App& app, const std::vector<std::string>& args) {
     for (int64_t s : document_starts_of(data))
       if (s < total) starts.push_back(s);
   }
-  const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
-  const DType dtype = storage_dtype(device);
-  const SequenceLayout layout = SequenceLayout::zigzag(total, app.world.size(), app.world.rank(), starts);
+  const Device device = job.device;
+  const SequenceLayout layout = group_layout(app.world, total, starts);
   const int64_t t_local = layout.local_length();
 
   // Memory plan, before any allocation: the GPU's free memory, or the host's on the CPU path.
   const MemoryEstimate estimate = estimate_prefill_memory(config, t_local, app.world.size(), device, starts.size() > 1);
   check_memory_plan(estimate, device, fmt::format("prefill of {} tokens on {} rank(s)", total, app.world.size()),
                     app.mpi.local_size());
-  RunFingerprint inputs;
-  add_model_fields(inputs, config, device, dtype);
+  RunFingerprint& inputs = job.inputs;
   if (ids.empty()) {
     inputs.add("token count", std::to_string(total));
   } else {
     inputs.add_tokens("input tokens", ids);
     add_file_datasets(inputs, "input", opt.input);  // loss_mask and document_offsets too
   }
-  opt.model.add_contents(inputs);
-  agree_on_run(app, inputs);
-  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, app.gpu_sharing, opt.nccl_timeout);
-  Communicator& comm = *world.comm;
-  log::info("prefill: {} tokens, {} rank(s) on {}, {}; estimated {} per rank", total, comm.size(),
+  log::info("prefill: {} tokens, {} rank(s) on {}, {}; estimated {} per rank", total, app.world.size(),
             device == Device::cuda ? "GPUs" : "CPUs", config.summary(), estimate.describe());
-
   // Weights: a preset draws them directly on the device; a checkpoint is read on the host.
+  ModelRun::Started ready = job.start(app, opt.model, opt.device, opt.nccl_timeout);
+  DeviceWorld& world = ready.world;
+  const Model& model = ready.model;
+  Communicator& comm = *world.comm;
   const auto t_load = std::chrono::steady_clock::now();
-  const Model model = opt.model.build(device, dtype, app.kernels);
   if (ids.empty()) ids = random_token_sequence(total, config.vocab_size, opt.token_seed);
   check_device_progress(world);
   comm.barrier();
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+  const double load_s = ready.load_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   log::info("model ready in {:.1f} s", load_s);
 
   const FlopCount flops = prefill_flops(config, total);

@@ -17,9 +17,10 @@
 
 #include "launch/cli.h"
 #include "launch/model_source.h"
+#include "model/eval/niah_set.h"
 #include "model/selection/head_report.h"
 #include "model/selection/head_selection.h"
-#include "model/eval/niah_set.h"
+#include "model/sequence_length.h"
 #include "parallel/device_world.h"
 #include "parallel/sequence_groups.h"
 #include "runtime/atomic_file.h"
@@ -143,6 +144,63 @@ struct SelectHeadsOptions {
   }
 };
 
+// The calibration prompts (the built-in task's, or an eval set's) and the plain text (a token file's
+// windows, or random text), with what the selection records about them.
+struct CalibrationInputs {
+  std::vector<heads::CalibrationPrompt> prompts;
+  nlohmann::ordered_json calibration;
+  std::vector<std::vector<int32_t>> text;
+  int64_t lm_length = 0;
+};
+
+CalibrationInputs calibration_inputs(const SelectHeadsOptions& opt, const ModelConfig& config) {
+  CalibrationInputs in;
+  if (opt.calib.empty()) {
+    niah::TaskParams params;
+    params.task = niah::parse_task(opt.calib_task);
+    const int64_t length = parse_size(opt.calib_length, "--calib-length");
+    in.prompts = heads::generated_prompts(params, config.vocab_size, opt.seed, length, opt.calib_samples);
+    in.calibration = {{"source", "builtin"}, {"task", opt.calib_task}, {"length", length}, {"prompts", in.prompts.size()},
+                      {"seed", opt.seed}};
+  } else {
+    const niah::EvalSet set = niah::read_eval_set(opt.calib, config.vocab_size);
+    in.prompts = heads::eval_set_prompts(set, opt.calib);
+    in.calibration = {{"source", opt.calib}, {"task", set.task}, {"prompts", in.prompts.size()}};
+  }
+  in.lm_length = parse_size(opt.lm_length, "--lm-length");
+  if (!opt.lm_text.empty()) {
+    in.text = heads::text_windows(read_token_file(opt.lm_text, config.vocab_size), in.lm_length, opt.lm_samples, opt.lm_text);
+  } else {
+    in.text = heads::random_text(config.vocab_size, opt.seed, in.lm_length, opt.lm_samples);
+  }
+  return in;
+}
+
+// heads.json's "selection": the run's inputs and the scores' baselines (concentration added by the caller).
+nlohmann::ordered_json selection_record(const SelectHeadsOptions& opt, const heads::SelectionReport& report,
+                                        const CalibrationInputs& calib) {
+  const heads::HeadScores& s = report.scores;
+  const heads::ScoreWeights& weights = report.weights;
+  return {
+      {"tool", "hydra select-heads"},
+      {"model", report.model},
+      {"budget", report.budget.heads},
+      {"mode", opt.per_layer ? "per_layer" : "global"},
+      {"weights", {{"total", weights.total}, {"direct", weights.direct}, {"lm", weights.lm}}},
+      {"calibration", calib.calibration},
+      {"lm_text", {{"source", opt.lm_text.empty() ? std::string("random") : opt.lm_text}, {"sequences", calib.text.size()},
+                   {"length", calib.lm_length}}},
+      {"logprob_clean", s.logprob_clean},
+      {"logprob_corrupt", s.logprob_corrupt},
+      {"total_denominator", s.total_denominator},
+      {"total_normalized", s.total_normalized},
+      {"logit_diff_clean", s.logit_diff_clean},
+      {"logit_diff_corrupt", s.logit_diff_corrupt},
+      {"lm_nll_clean", s.lm_nll_clean},
+      {"scales", {{"total", report.composite.scale_total}, {"direct", report.composite.scale_direct},
+                  {"lm", report.composite.scale_lm}}}};
+}
+
 }  // namespace
 
 int run_select_heads(App& app, const std::vector<std::string>& args) {
@@ -156,7 +214,8 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
     return 0;
   }
   opt.validate();
-  const ModelConfig config = opt.model.config();
+  ModelRun job = ModelRun::begin(app, opt.model, opt.device);  // config, device, the inputs' fingerprint
+  const ModelConfig& config = job.config;
   HYDRA_USER_CHECK(config.arch == Arch::qwen3,
                    "{}: is a {} model; select-heads scores the heads of a Qwen3 teacher (hydra import / hydra init "
                    "--preset qwen3-*)",
@@ -166,43 +225,19 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   const heads::ScoreWeights weights = opt.score_weights();
 
   // Calibration inputs, identical on every rank, checked before the weights are read.
-  std::vector<heads::CalibrationPrompt> prompts;
-  nlohmann::ordered_json calibration;
-  if (opt.calib.empty()) {
-    niah::TaskParams params;
-    params.task = niah::parse_task(opt.calib_task);
-    const int64_t length = parse_size(opt.calib_length, "--calib-length");
-    prompts = heads::generated_prompts(params, config.vocab_size, opt.seed, length, opt.calib_samples);
-    calibration = {{"source", "builtin"}, {"task", opt.calib_task}, {"length", length}, {"prompts", prompts.size()}, {"seed", opt.seed}};
-  } else {
-    const niah::EvalSet set = niah::read_eval_set(opt.calib, config.vocab_size);
-    prompts = heads::eval_set_prompts(set, opt.calib);
-    calibration = {{"source", opt.calib}, {"task", set.task}, {"prompts", prompts.size()}};
-  }
-  const int64_t lm_length = parse_size(opt.lm_length, "--lm-length");
-  std::vector<std::vector<int32_t>> text;
-  if (!opt.lm_text.empty()) {
-    text = heads::text_windows(read_token_file(opt.lm_text, config.vocab_size), lm_length, opt.lm_samples, opt.lm_text);
-  } else {
-    text = heads::random_text(config.vocab_size, opt.seed, lm_length, opt.lm_samples);
-  }
+  const CalibrationInputs calib = calibration_inputs(opt, config);
+  const std::vector<heads::CalibrationPrompt>& prompts = calib.prompts;
+  const std::vector<std::vector<int32_t>>& text = calib.text;
+  const int64_t lm_length = calib.lm_length;
 
   // A sequence group of sp ranks must split every prompt and text sequence (2·sp segments).
   const int sp = SequenceGroups::resolve_sp(opt.sp, app.world.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
-    try {
-      SequenceLayout::zigzag(prompts[i].length(), sp, 0);
-    } catch (const UserError& e) {
-      HYDRA_USER_FAIL("calibration prompt {}: {}", i, e.what());
-    }
+    check_sequence_length(config, prompts[i].length(), sp, fmt::format("calibration prompt {}: ", i));
   }
-  if (!text.empty()) SequenceLayout::zigzag(lm_length, sp, 0);
+  if (!text.empty()) check_sequence_length(config, lm_length, sp);
 
-  // GPU: bf16 weights; CPU: the fp32 reference path.
-  const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
-  const DType dtype = storage_dtype(device);
-  RunFingerprint inputs;
-  add_model_fields(inputs, config, device, dtype);
+  RunFingerprint& inputs = job.inputs;
   std::vector<int32_t> prompt_ids, text_ids;
   for (const heads::CalibrationPrompt& p : prompts) {
     prompt_ids.insert(prompt_ids.end(), p.clean.begin(), p.clean.end());
@@ -213,15 +248,13 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   inputs.add_tokens("plain text", text_ids);
   if (!opt.calib.empty()) add_file_datasets(inputs, "calibration set", opt.calib);
   if (!opt.lm_text.empty()) add_file_datasets(inputs, "plain text", opt.lm_text);
-  opt.model.add_contents(inputs);
-  agree_on_run(app, inputs);
-  DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, app.gpu_sharing, opt.nccl_timeout);
+  ModelRun::Started ready = job.start(app, opt.model, opt.device, opt.nccl_timeout);
+  DeviceWorld& world = ready.world;
+  const Model& model = ready.model;
   Communicator& comm = *world.comm;
   SequenceGroups groups(comm, sp);
 
-  const auto t0 = Clock::now();
-  const Model model = opt.model.build(device, dtype, app.kernels);
-  const double load_s = seconds_since(t0);
+  const double load_s = ready.load_s;
   const int64_t jobs = config.num_layers * config.num_heads;
   log::info("select-heads: {} — {} heads, {} retrieval prompts, {} plain-text sequences of {} tokens, on {} rank(s); "
             "weights loaded in {:.2f} s",
@@ -253,22 +286,7 @@ int run_select_heads(App& app, const std::vector<std::string>& args) {
   }
   int64_t kept = 0;
   for (const auto& l : report.fa_heads) kept += static_cast<int64_t>(l.size());
-  nlohmann::ordered_json selection = {
-      {"tool", "hydra select-heads"},
-      {"model", report.model},
-      {"budget", budget.heads},
-      {"mode", opt.per_layer ? "per_layer" : "global"},
-      {"weights", {{"total", weights.total}, {"direct", weights.direct}, {"lm", weights.lm}}},
-      {"calibration", calibration},
-      {"lm_text", {{"source", opt.lm_text.empty() ? std::string("random") : opt.lm_text}, {"sequences", text.size()}, {"length", lm_length}}},
-      {"logprob_clean", s.logprob_clean},
-      {"logprob_corrupt", s.logprob_corrupt},
-      {"total_denominator", s.total_denominator},
-      {"total_normalized", s.total_normalized},
-      {"logit_diff_clean", s.logit_diff_clean},
-      {"logit_diff_corrupt", s.logit_diff_corrupt},
-      {"lm_nll_clean", s.lm_nll_clean},
-      {"scales", {{"total", report.composite.scale_total}, {"direct", report.composite.scale_direct}, {"lm", report.composite.scale_lm}}}};
+  nlohmann::ordered_json selection = selection_record(opt, report, calib);
   selection.update(heads::concentration_json(s));
   report.selection_json = selection.dump();
   if (comm.rank() == 0) {

@@ -17,10 +17,12 @@
 #include "launch/cli.h"
 #include "launch/model_source.h"
 #include "model/cost.h"
-#include "model/memory_plan.h"
 #include "model/eval/niah.h"
+#include "model/memory_plan.h"
+#include "model/sequence_length.h"
 #include "model/train/data.h"
 #include "model/train/trainer.h"
+#include "model/train/training_plan.h"
 #include "parallel/device_world.h"
 #include "runtime/atomic_file.h"
 #include "runtime/content_hash.h"
@@ -432,7 +434,7 @@ int run_train(App& app, const std::vector<std::string>& args) {
   agree_on_inputs(app, opt, c, student_config, teacher_config, device);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, app.gpu_sharing, opt.nccl_timeout);
   SequenceGroups topology(*world.comm, c.sp);
-  SequenceLayout::zigzag(c.seq_len, topology.sp(), topology.sequence().rank());  // admissible length?
+  check_sequence_length(student_config, c.seq_len, topology.sp());
   plan_memory(app, opt, c, topology, student_config, teacher_config, world);
   // The models: the student, and the teacher where the stage runs one in the same process.
   const DType dtype = storage_dtype(device);

@@ -1,5 +1,6 @@
 #include "launch/model_source.h"
 
+#include <chrono>
 #include <fstream>
 
 #include <fmt/ranges.h>
@@ -126,6 +127,24 @@ std::string ModelSource::describe() const {
   const std::string shape = preset.empty() ? "config " + config_file : "preset " + preset;
   return vocab > 0 ? fmt::format("{} (vocabulary {}, weight seed {})", shape, vocab, seed)
                    : fmt::format("{} (weight seed {})", shape, seed);
+}
+
+ModelRun ModelRun::begin(App& app, const ModelSource& source, const std::string& device_flag) {
+  ModelRun run{source.config(), resolve_device(device_flag, app.mpi, app.gpu_sharing), DType::f32, {}};
+  run.dtype = storage_dtype(run.device);
+  add_model_fields(run.inputs, run.config, run.device, run.dtype);
+  return run;
+}
+
+ModelRun::Started ModelRun::start(App& app, const ModelSource& source, const std::string& device_flag,
+                                  double nccl_timeout) {
+  source.add_contents(inputs);
+  agree_on_run(app, inputs);
+  DeviceWorld world = make_device_world(device_flag, app.mpi, app.world, app.gpu_sharing, nccl_timeout);
+  const auto t0 = std::chrono::steady_clock::now();
+  Model model = source.build(device, dtype, app.kernels);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return Started{std::move(world), std::move(model), load_s};
 }
 
 }  // namespace hydra

@@ -14,6 +14,7 @@
 
 #include "launch/cli.h"
 #include "model/model.h"
+#include "parallel/device_world.h"
 
 namespace hydra {
 
@@ -52,5 +53,27 @@ struct ModelSource {
 // qwen3 or hydrahead, or hydra's own config JSON with "arch"), with the vocabulary replaced when
 // vocab > 0; validated (UserError naming the file or the preset).
 ModelConfig shape_config(const std::string& preset, const std::string& config_file, int64_t vocab);
+
+// The start every command that runs a model shares (eval-lm, eval-niah, forward, generate, gradients,
+// prefill, select-heads), in two halves around the command's own input checks, which add to `inputs`:
+//   ModelRun run = ModelRun::begin(app, opt.model, opt.device);  // config, device, dtype, fingerprint
+//   ... the command's checks; run.inputs.add(...) ...
+//   ModelRun::Started started = run.start(app, opt.model, opt.device, opt.nccl_timeout);
+struct ModelRun {
+  ModelConfig config;     // the model's (cheap: a checkpoint's attributes)
+  Device device;          // --device on this rank (resolve_device)
+  DType dtype;            // the device's storage type
+  RunFingerprint inputs;  // what the ranks agree on, begun with the model's fields
+  static ModelRun begin(App& app, const ModelSource& source, const std::string& device_flag);
+
+  // The weights join the fingerprint and the ranks agree on it (before the first collective); then
+  // the device world is made and the model built (load_s: the build's wall time).
+  struct Started {
+    DeviceWorld world;
+    Model model;
+    double load_s = 0;
+  };
+  Started start(App& app, const ModelSource& source, const std::string& device_flag, double nccl_timeout);
+};
 
 }  // namespace hydra

@@ -11,6 +11,14 @@
 
 namespace hydra {
 
+bool ModelConfig::has_gdn_heads() const {
+  if (!is_hydra()) return false;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    if (static_cast<int64_t>(fa_heads_of(l).size()) < num_heads) return true;
+  }
+  return false;
+}
+
 std::vector<int> ModelConfig::gdn_heads_of(int64_t layer) const {
   const std::vector<int>& fa = fa_heads.at(layer);
   std::vector<int> gdn;

@@ -20,6 +20,9 @@ namespace hydra {
 
 enum class Arch { qwen3, hydrahead };
 
+// a of the FA heads' τ(i) = ln(i + a) / ln(a) unless a config sets its own (DESIGN.md §1.2).
+inline constexpr double kDefaultFaLogBase = 362.0;
+
 struct ModelConfig {
   Arch arch = Arch::qwen3;
   int64_t vocab_size = 0;
@@ -35,7 +38,7 @@ struct ModelConfig {
 
   // HydraHead only (DESIGN.md §1.2).
   std::vector<std::vector<int>> fa_heads;  // per layer, sorted query-head indices of F_l
-  double fa_log_base = 362.0;              // a in tau(i) = ln(i + a) / ln(a)
+  double fa_log_base = kDefaultFaLogBase;  // a in tau(i) = ln(i + a) / ln(a)
   int64_t conv_kernel = 4;                 // K of the GDN short convolution
   double l2_norm_eps = 1e-6;               // GDN q/k L2 norm epsilon
   ops::Fusion fusion = ops::Fusion::scale_norm;  // how head outputs are fused before W_o (kernels/fusion)
@@ -43,6 +46,7 @@ struct ModelConfig {
   int64_t group_size() const { return num_heads / num_kv_heads; }  // H / G
   int64_t kv_head_of(int64_t head) const { return head / group_size(); }
   bool is_hydra() const { return arch == Arch::hydrahead; }
+  bool has_gdn_heads() const;  // some layer keeps fewer FA heads than it has (a HydraHead model's GDN branch runs)
   // HydraHead layer helpers (all sorted ascending).
   const std::vector<int>& fa_heads_of(int64_t layer) const { return fa_heads.at(layer); }
   std::vector<int> gdn_heads_of(int64_t layer) const;

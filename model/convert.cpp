@@ -84,7 +84,7 @@ struct WindowRows {
 };
 WindowRows window_rows(const CalibrationWindows& calib, int64_t w, Communicator& comm) {
   const std::span<const int32_t> window = calib.window(w);
-  WindowRows r{SequenceLayout::zigzag(calib.seq_len, comm.size(), comm.rank(), calib.document_starts[static_cast<size_t>(w)]), {}};
+  WindowRows r{group_layout(comm, calib.seq_len, calib.document_starts[static_cast<size_t>(w)]), {}};
   r.ids = r.layout.token_rows(window).ids;
   return r;
 }

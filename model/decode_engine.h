@@ -50,7 +50,7 @@ struct DecodeEngineOptions {
 };
 
 // The engine's persistent buffers for a cache of `slots` slots (the constructor allocates from this;
-// the generation plan, model/memory_plan.h, prices it).
+// the generation plan, model/generate.h estimate_generation_memory, prices it).
 struct DecodeEngineBuffers {
   BufferSpec ids;          // [S] i32, on the device and on the host
   BufferSpec logits;       // [S, V] f32 on the device

@@ -8,6 +8,8 @@
 
 #include "model/decode_engine.h"
 #include "model/kv_cache.h"
+#include "model/params.h"
+#include "model/sequence_length.h"
 #include "parallel/gdn_scan.h"
 #include "runtime/log.h"
 
@@ -17,14 +19,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-bool has_gdn_heads(const ModelConfig& config) {
-  if (!config.is_hydra()) return false;
-  for (int64_t l = 0; l < config.num_layers; ++l) {
-    if (static_cast<int64_t>(config.fa_heads_of(l).size()) < config.num_heads) return true;
-  }
-  return false;
-}
 
 // Rank 0's tokens to every rank (staged through the communicator's device).
 void broadcast_tokens(Communicator& comm, std::vector<int32_t>& tokens) {
@@ -44,7 +38,7 @@ void broadcast_tokens(Communicator& comm, std::vector<int32_t>& tokens) {
 // The sequence-parallel prefill of slot `slot`: its first `length` tokens over every rank.
 void prefill_slot(Communicator& comm, const Model& model, KvCache& cache, int64_t slot, std::span<const int32_t> prompt,
                   int64_t length, int64_t prompts, bool progress) {
-  const SequenceLayout layout = SequenceLayout::zigzag(length, comm.size(), comm.rank());
+  const SequenceLayout layout = group_layout(comm, length);
   const Tensor ids = layout.token_rows(prompt.first(static_cast<size_t>(length))).ids;
   const auto t0 = Clock::now();
   ForwardContext context{.comm = comm, .layout = layout, .cache = &cache};
@@ -79,20 +73,71 @@ void record_logprobs(std::span<const float> row, int32_t token, int64_t k, Gener
   seq.top.push_back(std::move(top));
 }
 
+// Prompt b's number: its sampling stream and its name in messages (GenerateOptions::prompt_numbers).
+int64_t prompt_number(const GenerateOptions& options, int64_t b) {
+  return options.prompt_numbers.empty() ? b : options.prompt_numbers[static_cast<size_t>(b)];
+}
+
+// Every prompt's prefill (the tokens prefill_length takes) into its slot, one after another, each over
+// every rank between barriers; out[b] receives its prefilled count and time.
+void prefill_prompts(Communicator& comm, const Model& model, KvCache& cache,
+                     const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& options,
+                     std::vector<GeneratedSequence>& out) {
+  const int64_t n = static_cast<int64_t>(prompts.size());
+  for (int64_t b = 0; b < n; ++b) {
+    const auto& prompt = prompts[static_cast<size_t>(b)];
+    GeneratedSequence& seq = out[static_cast<size_t>(b)];
+    seq.prefilled = prefill_length(model.config(), static_cast<int64_t>(prompt.size()), comm.size());
+    if (seq.prefilled == 0) continue;
+    comm.barrier();
+    const auto t0 = Clock::now();
+    prefill_slot(comm, model, cache, b, prompt, seq.prefilled, n, options.progress);
+    comm.barrier();
+    seq.prefill_s = seconds_since(t0);
+    if (options.progress || seq.prefill_s > 1.0) {
+      log::info("prefill of prompt {} ({}/{} here): {} of {} tokens in {:.3f} s", prompt_number(options, b), b + 1, n,
+                seq.prefilled, prompt.size(), seq.prefill_s);
+    }
+  }
+}
+
 }  // namespace
 
 int64_t prefill_length(const ModelConfig& config, int64_t prompt_length, int world_size) {
   const int64_t granularity = SequenceLayout::granularity(world_size);
   const int64_t length = std::max<int64_t>(prompt_length - 1, 0) / granularity * granularity;
-  // Segments of length / granularity tokens must hold the conv halo (parallel/gdn_scan.h).
-  if (has_gdn_heads(config) && !conv_halo_fits(length / granularity, config.conv_kernel - 1, world_size)) return 0;
-  return length;
+  // The longest multiple of the granularity that leaves a token to decode, if it runs (model/sequence_length.h).
+  return length > 0 && sequence_length_fits(config, length, world_size) ? length : 0;
 }
 
 int64_t cache_rows_needed(const ModelConfig& config, int64_t prompt_length, int64_t max_new_tokens, int world_size) {
   const int64_t prefill = prefill_length(config, prompt_length, world_size);
   const int64_t decoded = prompt_length - prefill + max_new_tokens - 1;  // tokens fed to decode steps
   return prefill / world_size + DecodeDealing::most_rows(decoded, world_size);
+}
+
+MemoryEstimate estimate_generation_memory(const ModelConfig& c, const std::vector<int64_t>& prompt_lengths,
+                                          int64_t max_new_tokens, int world, Device device, bool sampled) {
+  const PlanTypes ty = plan_types(device);
+  int64_t longest_prefill = 0, capacity = 1;
+  for (const int64_t len : prompt_lengths) {
+    longest_prefill = std::max(longest_prefill, prefill_length(c, len, world));
+    capacity = std::max(capacity, cache_rows_needed(c, len, max_new_tokens, world));
+  }
+  const int64_t slots = static_cast<int64_t>(prompt_lengths.size());
+  MemoryEstimate m;
+  if (longest_prefill > 0) {
+    m = estimate_prefill_memory(c, longest_prefill / world, world, device);
+  } else {  // every prompt goes through decode steps alone: the model, and no prefill
+    m.weights = runtime_tensor_bytes(c, device, ty.dtype, ty.acc);
+    m.init_extra = static_cast<double>(parameter_count(c)) * (device == Device::cuda ? 2.0 : 4.0);
+  }
+  double cache = 0;
+  for (const KvCacheLayerSpec& s : kv_cache_spec(c, slots, capacity, ty.dtype, DType::f32)) {
+    for (const BufferSpec* b : {&s.k, &s.v, &s.state, &s.conv_tail}) cache += b->exists() ? b->bytes() : 0.0;
+  }
+  m.add(MemoryPart::cache, cache + decode_engine_buffers(c, slots, sampled).bytes(device));
+  return m;
 }
 
 std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
@@ -109,28 +154,11 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
   }
   HYDRA_ASSERT(options.prompt_numbers.empty() || static_cast<int64_t>(options.prompt_numbers.size()) == n,
                "generate: {} prompt numbers for {} prompts", options.prompt_numbers.size(), n);
-  const auto number = [&](int64_t b) {
-    return options.prompt_numbers.empty() ? b : options.prompt_numbers[static_cast<size_t>(b)];
-  };
+  const auto number = [&](int64_t b) { return prompt_number(options, b); };
   KvCache cache(model, n, capacity, comm.size(), comm.rank());
   std::vector<GeneratedSequence> out(static_cast<size_t>(n));
 
-  // 1. Prefill, prompt by prompt, each over every rank.
-  for (int64_t b = 0; b < n; ++b) {
-    const auto& prompt = prompts[static_cast<size_t>(b)];
-    GeneratedSequence& seq = out[static_cast<size_t>(b)];
-    seq.prefilled = prefill_length(config, static_cast<int64_t>(prompt.size()), comm.size());
-    if (seq.prefilled == 0) continue;
-    comm.barrier();
-    const auto t0 = Clock::now();
-    prefill_slot(comm, model, cache, b, prompt, seq.prefilled, n, options.progress);
-    comm.barrier();
-    seq.prefill_s = seconds_since(t0);
-    if (options.progress || seq.prefill_s > 1.0) {
-      log::info("prefill of prompt {} ({}/{} here): {} of {} tokens in {:.3f} s", number(b), b + 1, n, seq.prefilled, prompt.size(),
-                seq.prefill_s);
-    }
-  }
+  prefill_prompts(comm, model, cache, prompts, options, out);  // 1. prompt by prompt, each over every rank
 
   // 2. Decode: every unfinished sequence feeds its next token each step.
   // B ids to the host, not B·V logits, unless the logits themselves are wanted.
@@ -234,6 +262,109 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
     }
   }
   return out;
+}
+
+std::vector<GenerationGroupPlan> plan_generation_groups(const ModelConfig& config,
+                                                        const std::vector<int64_t>& prompt_lengths,
+                                                        int64_t max_new_tokens, int sp, int groups, Device device,
+                                                        bool sampled) {
+  const KvCacheBytes per = kv_cache_bytes(config, storage_dtype(device), DType::f32);
+  std::vector<GenerationGroupPlan> plans(static_cast<size_t>(groups));
+  for (int g = 0; g < groups; ++g) {
+    GenerationGroupPlan& plan = plans[static_cast<size_t>(g)];
+    std::vector<int64_t> lengths;
+    int64_t capacity = 1;
+    for (int64_t b = g; b < static_cast<int64_t>(prompt_lengths.size()); b += groups) {
+      const int64_t len = prompt_lengths[static_cast<size_t>(b)];
+      capacity = std::max(capacity, cache_rows_needed(config, len, max_new_tokens, sp));
+      plan.prompts.push_back(b);
+      plan.tokens += len;
+      lengths.push_back(len);
+    }
+    if (lengths.empty()) continue;  // more groups than prompts
+    plan.cache_bytes = static_cast<double>(lengths.size()) *
+                       (static_cast<double>(capacity) * per.per_token + per.per_slot);
+    plan.estimate = estimate_generation_memory(config, lengths, max_new_tokens, sp, device, sampled);
+  }
+  return plans;
+}
+
+std::vector<GeneratedSequence> generate_for_group(SequenceGroups& groups, const Model& model,
+                                                  const std::vector<std::vector<int32_t>>& prompts,
+                                                  GenerateOptions options) {
+  std::vector<std::vector<int32_t>> mine;
+  options.prompt_numbers.clear();
+  for (int64_t b = groups.replica(); b < static_cast<int64_t>(prompts.size()); b += groups.replicas()) {
+    mine.push_back(prompts[static_cast<size_t>(b)]);
+    options.prompt_numbers.push_back(b);
+  }
+  if (mine.empty()) return {};
+  return generate(groups.sequence(), model, mine, options);
+}
+
+namespace {
+
+// A group's sequences as doubles: per sequence [n, tokens (n), prefilled, prefill_s, decode_s, stopped,
+// the stop string's index in `stop_strings` + 1 (0: none)], then per token [log p, K × (id, log p)] when
+// log-probabilities were asked for.
+std::vector<double> pack_sequences(const std::vector<GeneratedSequence>& sequences,
+                                   const std::vector<std::string>& stop_strings) {
+  std::vector<double> packed;
+  for (const GeneratedSequence& seq : sequences) {
+    packed.push_back(static_cast<double>(seq.tokens.size()));
+    packed.insert(packed.end(), seq.tokens.begin(), seq.tokens.end());
+    const auto which = std::find(stop_strings.begin(), stop_strings.end(), seq.stop_string);
+    HYDRA_ASSERT(seq.stop_string.empty() || which != stop_strings.end(), "stop string '{}' is not one asked for",
+                 seq.stop_string);
+    packed.insert(packed.end(), {static_cast<double>(seq.prefilled), seq.prefill_s, seq.decode_s, seq.stopped ? 1.0 : 0.0,
+                                 seq.stop_string.empty() ? 0.0 : static_cast<double>(which - stop_strings.begin() + 1)});
+    for (size_t j = 0; j < seq.logprobs.size(); ++j) {
+      packed.push_back(seq.logprobs[j]);
+      for (const auto& [id, lp] : seq.top[j]) packed.insert(packed.end(), {static_cast<double>(id), lp});
+    }
+  }
+  return packed;
+}
+
+// One sequence of group `g`'s packed values from `at` on (advanced past it): prompt `b`'s.
+GeneratedSequence unpack_sequence(const std::vector<double>& v, size_t& at, int g, int64_t b, size_t k,
+                                  const std::vector<std::string>& stop_strings) {
+  GeneratedSequence seq;
+  HYDRA_ASSERT(at < v.size(), "group {}'s gathered sequences end before prompt {}", g, b);
+  const size_t n = static_cast<size_t>(v[at++]);
+  HYDRA_ASSERT(at + n + 5 <= v.size(), "group {}'s gathered sequence {} is cut short", g, b);
+  for (size_t j = 0; j < n; ++j) seq.tokens.push_back(static_cast<int32_t>(v[at + j]));
+  at += n;
+  seq.prefilled = static_cast<int64_t>(v[at]);
+  seq.prefill_s = v[at + 1];
+  seq.decode_s = v[at + 2];
+  seq.stopped = v[at + 3] != 0;
+  if (v[at + 4] > 0) seq.stop_string = stop_strings.at(static_cast<size_t>(v[at + 4]) - 1);
+  at += 5;
+  for (size_t j = 0; k > 0 && j < n; ++j) {
+    HYDRA_ASSERT(at + 1 + 2 * k <= v.size(), "group {}'s gathered log-probabilities of prompt {} are cut short", g, b);
+    seq.logprobs.push_back(v[at++]);
+    seq.top.emplace_back();
+    for (size_t i = 0; i < k; ++i, at += 2) seq.top.back().emplace_back(static_cast<int32_t>(v[at]), v[at + 1]);
+  }
+  return seq;
+}
+
+}  // namespace
+
+std::vector<GeneratedSequence> gather_generated(SequenceGroups& groups, const std::vector<GeneratedSequence>& mine,
+                                                int64_t prompts, int64_t top_logprobs, int64_t vocab,
+                                                const std::vector<std::string>& stop_strings) {
+  const std::vector<std::vector<double>> gathered = groups.gather(pack_sequences(mine, stop_strings));
+  const size_t k = static_cast<size_t>(std::min(top_logprobs, vocab));
+  std::vector<GeneratedSequence> result(static_cast<size_t>(prompts));
+  for (int g = 0; g < groups.replicas(); ++g) {
+    const std::vector<double>& v = gathered[static_cast<size_t>(g)];
+    size_t at = 0;
+    for (int64_t b = g; b < prompts; b += groups.replicas()) result[static_cast<size_t>(b)] = unpack_sequence(v, at, g, b, k, stop_strings);
+    HYDRA_ASSERT(at == v.size(), "group {} sent {} values, {} read", g, v.size(), at);
+  }
+  return result;
 }
 
 }  // namespace hydra

@@ -27,9 +27,11 @@
 #include <vector>
 
 #include "model/decode_engine.h"
+#include "model/memory_plan.h"
 #include "model/model.h"
 #include "model/sampling.h"
 #include "model/token_text.h"
+#include "parallel/sequence_groups.h"
 
 namespace hydra {
 
@@ -76,8 +78,47 @@ int64_t prefill_length(const ModelConfig& config, int64_t prompt_length, int wor
 // tokens that go through decode steps (the prompt's rest and every new token but the last).
 int64_t cache_rows_needed(const ModelConfig& config, int64_t prompt_length, int64_t max_new_tokens, int world_size);
 
+// Per-rank plan for generating from prompts of `prompt_lengths` tokens with up to `max_new_tokens`
+// each on `world` ranks: the longest prompt's prefill (estimate_prefill_memory; none when every prompt
+// is too short for one and goes through decode steps alone), the cache (kv_cache_spec, every slot at
+// the largest per-slot row count) and the decode engine's persistent buffers (decode_engine_buffers).
+// `sampled`: the engine keeps the host copy of the logits.
+MemoryEstimate estimate_generation_memory(const ModelConfig& config, const std::vector<int64_t>& prompt_lengths,
+                                          int64_t max_new_tokens, int world, Device device, bool sampled);
+
 std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
                                         const std::vector<std::vector<int32_t>>& prompts,
                                         const GenerateOptions& options);
+
+// ---- Sequence groups (hydra generate --sp) ----
+// The world cut into groups of sp ranks (parallel/sequence_groups.h): prompt b runs on group
+// b mod groups, keeping b as its number (its sampling stream: a prompt draws the same tokens
+// whichever group runs it, beside whichever others), each group decoding its prompts as one batch.
+
+// A group's share of the prompts and what it needs per rank: every rank plans every group, so all
+// refuse together (check_memory_plan) before any work.
+struct GenerationGroupPlan {
+  std::vector<int64_t> prompts;  // the prompts' numbers: b ≡ group (mod groups), ascending
+  int64_t tokens = 0;            // their prompt tokens
+  MemoryEstimate estimate;       // estimate_generation_memory of the share
+  double cache_bytes = 0;        // the cache at its largest (kv_cache_bytes: per token and per slot)
+};
+std::vector<GenerationGroupPlan> plan_generation_groups(const ModelConfig& config,
+                                                        const std::vector<int64_t>& prompt_lengths,
+                                                        int64_t max_new_tokens, int sp, int groups, Device device,
+                                                        bool sampled);
+// This rank's group's prompts generated over its ranks (collective over groups.sequence()); options'
+// prompt_numbers are set from the prompts' numbers. Empty when the group has none.
+std::vector<GeneratedSequence> generate_for_group(SequenceGroups& groups, const Model& model,
+                                                  const std::vector<std::vector<int32_t>>& prompts,
+                                                  GenerateOptions options);
+// Every group's sequences (`mine`: this rank's group's, from generate_for_group) to every rank, in
+// prompt order, `prompts` in all (collective over groups.world()). What travels: each sequence's
+// tokens, prefill and decode times, stop flag and stop string (as its index in `stop_strings`, the
+// strings generation was given) and, with `top_logprobs` K (at most the vocabulary `vocab`), its
+// log-probabilities and K alternatives per token.
+std::vector<GeneratedSequence> gather_generated(SequenceGroups& groups, const std::vector<GeneratedSequence>& mine,
+                                                int64_t prompts, int64_t top_logprobs, int64_t vocab,
+                                                const std::vector<std::string>& stop_strings);
 
 }  // namespace hydra

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "model/config.h"
-#include "model/memory_plan.h"
+#include "model/layer_buffers.h"
 #include "model/weight_layout.h"
 #include "kernels/kernel_options.h"
 #include "parallel/communicator.h"
@@ -54,7 +54,7 @@ struct ForwardContext {
   LayerObserver* observer = nullptr;
   PhaseTimer* timer = nullptr;                      // per-phase timing (prefill), optional
   std::function<void(int64_t layer)> after_layer = {};  // progress / watchdog hook, optional
-  // Training: what a forward that saves for the backward keeps beyond the minimum (model/memory_plan.h).
+  // Training: what a forward that saves for the backward keeps beyond the minimum (model/layer_buffers.h).
   KeptActivations keep = {};
   // Generation (model/kv_cache.h): a prefill forward fills the cache; Model::decode_step reads and
   // extends it. The layer calls its hooks; null: no cache.
@@ -277,6 +277,13 @@ class Model {
   // implementation that every pass runs (LayerPass; model_forward.cpp).
   void attention_block(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x,
                        const LayerPass& pass) const;
+  // Its two branches, in the pass's mode: each writes its heads' columns of block.heads from
+  // block.proj and fills the intermediates its backward reads (FA: fa_q, fa_k; GDN: conv,
+  // inv_norm, beta, g).
+  void fa_branch(ForwardContext& context, int64_t layer, const Tensor& positions, const LayerPass& pass,
+                 AttentionTrace& block) const;
+  void gdn_branch(ForwardContext& context, int64_t layer, const Tensor& positions, const LayerPass& pass,
+                  AttentionTrace& block) const;
   // x += MLP(post_norm(x)); gate_up [T_loc, 2I], when defined, receives the MLP's gate | up (kept
   // for the backward) instead of a tile buffer.
   void mlp(ForwardContext& context, int64_t layer, const TensorView& x, const TensorView& gate_up = {}) const;
@@ -286,6 +293,21 @@ class Model {
   enum class MlpGateUp { compute, kept };
   void mlp_tile(ForwardContext& context, int64_t layer, const TensorView& x, const TensorView& x_norm,
                 const TensorView& gate_up, const TensorView& h, MlpGateUp gate_up_state) const;
+  // The parts of layer_backward (model_backward.cpp). mlp_backward: the MLP's tiles, recomputed
+  // from x_mid [T_loc, D] (the residual after attention); dx in: w.r.t. the layer's output, out:
+  // w.r.t. x_mid. The branches read the replayed block (`trace`) and d_heads [T_loc, H, d], and write
+  // their columns of the projection's gradient dproj [T_loc, rows] and their parameter gradients.
+  struct BranchGradients {
+    TensorView d_heads;
+    TensorView dproj;
+    LayerWeights& grads;
+  };
+  void mlp_backward(ForwardContext& context, int64_t layer, const LayerSaved& saved, const TensorView& x_mid,
+                    const TensorView& dx, LayerWeights& grads) const;
+  void fa_branch_backward(ForwardContext& context, int64_t layer, const Tensor& positions, const LayerSaved& saved,
+                          const AttentionTrace& trace, const BranchGradients& into) const;
+  void gdn_branch_backward(ForwardContext& context, int64_t layer, const Tensor& positions, const LayerSaved& saved,
+                           const AttentionTrace& trace, const BranchGradients& into) const;
   DType place_dtype(Slot slot) const;  // dtype() for GEMM weights, acc_dtype() for the rest
   const LayerWeights& layers_at(int64_t layer) const { return weights_.layers.at(static_cast<size_t>(layer)); }
 

@@ -27,6 +27,7 @@
 #include "parallel/ring_attention.h"
 #include "runtime/concurrency.h"
 #include "runtime/fault.h"
+#include "runtime/memory_timeline.h"
 
 namespace hydra {
 namespace {
@@ -75,20 +76,21 @@ ops::AttentionParams Model::attention_params(int64_t layer) const {
 Tensor Model::positions(const SequenceLayout& layout) const {
   // RoPE's positions: within each packed document (the global positions without documents); masks
   // and τ take the document bounds from the layout themselves.
-  const std::vector<int64_t> pos = layout.local_document_positions();
-  return to_device(TensorView(const_cast<int64_t*>(pos.data()), DType::i64, Device::host,
-                              {static_cast<int64_t>(pos.size())}),
-                   device_);
+  Tensor out = Tensor::empty({layout.local_length()}, DType::i64, device_, "positions");
+  if (out.is_meta()) return out;  // a memory plan's shape-only run: nothing to fill
+  std::vector<int64_t> pos = layout.local_document_positions();
+  copy_into(out, TensorView(pos.data(), DType::i64, Device::host, {static_cast<int64_t>(pos.size())}));
+  return out;
 }
 
 Tensor Model::embed(const TensorView& ids) const {
-  Tensor x = Tensor::empty({ids.size(0), config_.hidden_size}, dtype_, device_);
-  ops::embedding(x, weights_.embed, to_device(ids, device_));
+  Tensor x = Tensor::empty({ids.size(0), config_.hidden_size}, dtype_, device_, "residual stream");
+  ops::embedding(x, weights_.embed, to_device(ids, device_, "token ids"));
   return x;
 }
 
 Tensor Model::final_norm(const TensorView& x) const {
-  Tensor out = Tensor::empty(x.shape(), dtype_, device_);
+  Tensor out = Tensor::empty(x.shape(), dtype_, device_, "final-normed hidden states");
   ops::rms_norm(out, x, weights_.final_norm, {static_cast<float>(config_.rms_norm_eps)});
   return out;
 }
@@ -96,6 +98,7 @@ Tensor Model::final_norm(const TensorView& x) const {
 Tensor Model::forward(ForwardContext& context, const TensorView& ids) const {
   const Tensor x = forward_residual(context, ids);
   ScopedPhase phase(context.timer, Phase::other);
+  memory_stage("final norm");
   return final_norm(x);
 }
 
@@ -144,11 +147,12 @@ void Model::run_layer(ForwardContext& context, int64_t layer, const Tensor& posi
     expect_shape(x, "residual stream", {{"T_loc", context.sequence().local_length()}, {"D", config_.hidden_size}});
   }
   maybe_inject_fault("layer");
-  if (pass.mode == LayerMode::save) pass.save->input = clone(x);
+  memory_stage("layer {} forward", layer);
+  if (pass.mode == LayerMode::save) pass.save->input = clone(x, "kept input");
   attention_block(context, layer, positions, x, pass);
   Tensor gate_up;
   if (pass.mode == LayerMode::save && layer < context.keep.mlp_layers) {
-    gate_up = layer_buffers(config_, layout(layer), x.size(0), dtype_, acc_dtype()).mlp_gate_up.empty(device_);
+    gate_up = layer_buffers(config_, layout(layer), x.size(0), dtype_, acc_dtype()).mlp_gate_up.empty(device_, "kept MLP gate/up");
     pass.save->mlp_gate_up = gate_up;
   }
   mlp(context, layer, x, gate_up);
@@ -159,146 +163,155 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
   const LayerWeights& w = layers_at(layer);
   const ProjectionColumns& col = layout(layer).columns;
   const int64_t t = x.size(0), H = config_.num_heads, d = config_.head_dim;
-  const int64_t hfa = w.h_fa, gfa = w.g_fa, hg = w.h_gdn;
   const bool hydra = config_.is_hydra();
   check_pass(pass, context, layer);
-  const LayerMode mode = pass.mode;
-  const LayerSaved* replay = pass.replay;  // replay
-  LayerSaved* save = pass.save;            // save
-  HYDRA_ASSERT(hfa == 0 || mode != LayerMode::replay || replay->fa_out.defined(),
+  HYDRA_ASSERT(w.h_fa == 0 || pass.mode != LayerMode::replay || pass.replay->fa_out.defined(),
                "layer {}: replay without the forward's attention output", layer);
-  // Generation (model/kv_cache.h): a prefill stores into context.cache, a decode step reads it.
-  KvCache* cache = context.cache;  // prefill, decode
   PhaseTimer* timer = context.timer;
-  const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
-  // Every buffer's shape and type: the one description the memory plan prices (model/memory_plan.h).
+  // Every buffer's shape and type (model/layer_buffers.h); each allocation names its buffer.
   const LayerBuffers b = layer_buffers(config_, layout(layer), t, dtype_, acc_dtype());
+  AttentionTrace block;  // the block's buffers; a replay hands them to its backward
 
-  Tensor x_norm = b.x_norm.empty(device_);
+  block.x_norm = b.x_norm.empty(device_, "x_norm");
   {
     ScopedPhase phase(timer, Phase::other);
-    ops::rms_norm(x_norm, x, w.input_norm, norm);
+    ops::rms_norm(block.x_norm, x, w.input_norm, {static_cast<float>(config_.rms_norm_eps)});
   }
-  Tensor proj = mode == LayerMode::replay ? replay->proj : Tensor();  // the projection, if the forward kept it
-  if (!proj.defined()) {
-    proj = b.proj.empty(device_);
+  if (pass.mode == LayerMode::replay) block.proj = pass.replay->proj;  // the projection, if the forward kept it
+  if (!block.proj.defined()) {
+    block.proj = b.proj.empty(device_, "projection");
     ScopedPhase phase(timer, Phase::gemm);
-    ops::linear(proj, x_norm, w.in_proj);
+    ops::linear(block.proj, block.x_norm, w.in_proj);
   }
-  if (mode == LayerMode::save && hydra && context.keep.projection) save->proj = proj;  // read-only from here on
-  const TensorView pv = proj.view();
-  Tensor heads = b.heads.empty(device_);  // per-head outputs before fusion, physical order: FA, then GDN
-
-  Tensor fa_q, fa_k;
-  auto fa_branch = [&] {
-    fa_q = b.fa_q.empty(device_);
-    fa_k = b.fa_k.empty(device_);
-    {
-      ScopedPhase phase(timer, Phase::other);
-      ops::rms_norm(fa_q, head_columns(pv, col.fa_q, hfa, d), w.q_norm, norm);
-      ops::rms_norm(fa_k, head_columns(pv, col.fa_k, gfa, d), w.k_norm, norm);
-      if (!hydra) {  // the teacher's RoPE; HydraHead FA heads have none (τ scales the query instead)
-        ops::rope(fa_q, positions, {config_.rope_theta});
-        ops::rope(fa_k, positions, {config_.rope_theta});
-      }
-    }
-    // The attention output before the gate: fp32 from the ring (its merge accumulator), or the
-    // bf16 rounding the forward kept. A forward that saves gates the kept rounding, as the replay
-    // does, so the replayed residual equals the forward's bit for bit and what else the forward
-    // keeps (the MLP's gate/up) is what the backward would have recomputed.
-    TensorView attn;
-    Tensor o_acc;
-    if (mode == LayerMode::replay) {
-      attn = replay->fa_out.view();
-    } else if (mode == LayerMode::decode) {  // the new rows against the cache, merged over the ranks
-      o_acc = b.fa_acc.empty(device_);
-      cache->attend(context.comm, layer, o_acc, fa_q, fa_k, head_columns(pv, col.fa_v, gfa, d), attention_params(layer),
-                    timer);
-      attn = o_acc.view();
-    } else {  // forward, save, prefill: ring attention over the sequence
-      o_acc = b.fa_acc.empty(device_);
-      Tensor lse = b.fa_lse.empty(device_);
-      ring_attention(context.comm, context.sequence(), o_acc, lse, fa_q, fa_k, head_columns(pv, col.fa_v, gfa, d),
-                     attention_params(layer), timer);
-      if (mode == LayerMode::prefill) cache->store_kv(layer, fa_k, head_columns(pv, col.fa_v, gfa, d));
-      attn = o_acc.view();
-      if (mode == LayerMode::save) {
-        ScopedPhase phase(timer, Phase::other);
-        save->fa_out = to(o_acc, device_, dtype_);
-        save->fa_lse = lse;
-        attn = save->fa_out.view();
-      }
-    }
-    ScopedPhase phase(timer, Phase::other);
-    const TensorView fa_heads = heads.view().reshape({t, H * d}).narrow(1, 0, hfa * d);
-    if (hydra) {
-      ops::sigmoid_gate(fa_heads, attn.reshape({t, hfa * d}), pv.narrow(1, col.fa_gate, hfa * d));
-    } else {
-      copy_into(fa_heads, attn.reshape({t, hfa * d}));
-    }
-  };
-
-  Tensor conv, inv_norm, beta, g;
-  auto gdn_branch = [&] {
-    // conv + SiLU with the halo, then RoPE and the L2 norm of q and k, in one pass (ops::gdn_qkv_conv).
-    conv = b.conv.empty(device_);
-    inv_norm = b.inv_norm.empty(device_);  // the q/k L2 norms' inverses: their backward needs them
-    const GdnQkFinish finish{positions, inv_norm, gdn_qk_params(hg)};
-    if (mode == LayerMode::decode) {  // the new rows' conv reads (and advances) the cached tail
-      cache->conv_step(layer, conv, inv_norm, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv, gdn_qk_params(hg));
-    } else {
-      causal_conv_sequence_parallel(context.comm, context.sequence(), conv, pv.narrow(1, col.gdn_qkv, 3 * hg * d), w.conv,
-                                    timer, &finish);
-      if (mode == LayerMode::prefill) cache->store_conv_tail(layer, pv.narrow(1, col.gdn_qkv, 3 * hg * d));
-    }
-    const TensorView q = head_columns(conv, 0, hg, d), k = head_columns(conv, hg * d, hg, d);
-    const TensorView v = head_columns(conv, 2 * hg * d, hg, d);
-    beta = b.gate.empty(device_);
-    g = b.gate.empty(device_);
-    {
-      ScopedPhase phase(timer, Phase::gdn);
-      ops::gdn_gates(beta, g, pv.narrow(1, col.gdn_b, hg), pv.narrow(1, col.gdn_a, hg), w.a_log, w.dt_bias);
-    }
-    const TensorView out = heads.view().narrow(1, hfa, hg);
-    if (mode == LayerMode::replay && replay->gdn_out.defined()) {  // kept by the forward (KeptActivations::gdn_outputs)
-      ScopedPhase phase(timer, Phase::gdn);
-      copy_into(out, replay->gdn_out);
-    } else if (mode == LayerMode::decode) {
-      ScopedPhase phase(timer, Phase::gdn);
-      cache->gdn_step(layer, out, q, k, v, g, beta, delta_rule_params());
-    } else if (mode == LayerMode::replay) {
-      gdn_sequence_parallel_recompute(context.sequence(), replay->gdn, out, q, k, v, g, beta, delta_rule_params(), timer);
-    } else {  // forward, save, prefill: the sequence-parallel scan (a prefill keeps the final state)
-      gdn_sequence_parallel(context.comm, context.sequence(), out, q, k, v, g, beta, delta_rule_params(), timer,
-                            mode == LayerMode::save ? &save->gdn : nullptr,
-                            mode == LayerMode::prefill ? cache->final_state(layer) : TensorView());
-      if (mode == LayerMode::save && context.keep.gdn_outputs) {
-        ScopedPhase phase(timer, Phase::gdn);
-        save->gdn_out = clone(out);
-      }
-    }
-  };
-
-  run_branches(device_, kernels_.branches, hfa, hg, fa_branch, gdn_branch);  // concurrent on the GPU (layer_parts.h)
+  // Kept (read-only from here on) when the forward saves it.
+  if (pass.mode == LayerMode::save && hydra && context.keep.projection) pass.save->proj = block.proj;
+  block.heads = b.heads.empty(device_, "heads");  // per-head outputs before fusion, physical order: FA, then GDN
+  // Concurrent on the GPU (layer_parts.h): each writes its own head columns.
+  run_branches(device_, kernels_.branches, w.h_fa, w.h_gdn, [&] { fa_branch(context, layer, positions, pass, block); },
+               [&] { gdn_branch(context, layer, positions, pass, block); });
 
   // Fusion (HydraHead), in place unless the backward reads the unfused heads too; concat is the
   // identity (W_o reads the heads themselves).
-  Tensor fused = heads;
+  block.fused = block.heads;
   if (hydra && config_.fusion != ops::Fusion::concat) {
     ScopedPhase phase(timer, Phase::other);
-    if (mode == LayerMode::replay) fused = b.heads.empty(device_);
-    ops::head_fusion(fused, heads, fusion_tensors(w, pv, col), {norm.eps, config_.fusion});
+    if (pass.mode == LayerMode::replay) block.fused = b.heads.empty(device_, "fused heads");
+    ops::head_fusion(block.fused, block.heads, fusion_tensors(w, block.proj, col),
+                     {static_cast<float>(config_.rms_norm_eps), config_.fusion});
   }
-  if (context.observer) context.observer->on_head_outputs(layer, fused, w.head_of);
+  if (context.observer) context.observer->on_head_outputs(layer, block.fused, w.head_of);
   {
     ScopedPhase phase(timer, Phase::gemm);
-    ops::linear(x, fused.view().reshape({t, H * d}), w.o_proj, ops::Accumulate::yes);
+    ops::linear(x, block.fused.view().reshape({t, H * d}), w.o_proj, ops::Accumulate::yes);
   }
-  if (mode == LayerMode::replay) {
-    *pass.trace = AttentionTrace{.x_norm = std::move(x_norm), .proj = std::move(proj), .fa_q = std::move(fa_q),
-                                 .fa_k = std::move(fa_k), .conv = std::move(conv), .inv_norm = std::move(inv_norm),
-                                 .beta = std::move(beta), .g = std::move(g), .heads = std::move(heads),
-                                 .fused = std::move(fused)};
+  if (pass.mode == LayerMode::replay) *pass.trace = std::move(block);
+}
+
+void Model::fa_branch(ForwardContext& context, int64_t layer, const Tensor& positions, const LayerPass& pass,
+                      AttentionTrace& block) const {
+  const LayerWeights& w = layers_at(layer);
+  const ProjectionColumns& col = layout(layer).columns;
+  const TensorView pv = block.proj.view();
+  const int64_t t = pv.size(0), H = config_.num_heads, d = config_.head_dim, hfa = w.h_fa, gfa = w.g_fa;
+  const bool hydra = config_.is_hydra();
+  PhaseTimer* timer = context.timer;
+  const ops::RmsNormParams norm{static_cast<float>(config_.rms_norm_eps)};
+  const LayerBuffers b = layer_buffers(config_, layout(layer), t, dtype_, acc_dtype());
+  block.fa_q = b.fa_q.empty(device_, "FA q");
+  block.fa_k = b.fa_k.empty(device_, "FA k");
+  {
+    ScopedPhase phase(timer, Phase::other);
+    ops::rms_norm(block.fa_q, head_columns(pv, col.fa_q, hfa, d), w.q_norm, norm);
+    ops::rms_norm(block.fa_k, head_columns(pv, col.fa_k, gfa, d), w.k_norm, norm);
+    if (!hydra) {  // the teacher's RoPE; HydraHead FA heads have none (τ scales the query instead)
+      ops::rope(block.fa_q, positions, {config_.rope_theta});
+      ops::rope(block.fa_k, positions, {config_.rope_theta});
+    }
+  }
+  const TensorView v = head_columns(pv, col.fa_v, gfa, d);
+  // The attention output before the gate: fp32 from the ring (its merge accumulator), or the bf16
+  // rounding the forward kept. A forward that saves gates the kept rounding, as the replay does, so
+  // the replayed residual equals the forward's bit for bit and what else the forward keeps (the
+  // MLP's gate/up) is what the backward would have recomputed.
+  TensorView attn;
+  Tensor o_acc;
+  if (pass.mode == LayerMode::replay) {
+    attn = pass.replay->fa_out.view();
+  } else if (pass.mode == LayerMode::decode) {  // the new rows against the cache, merged over the ranks
+    o_acc = b.fa_acc.empty(device_, "FA output");
+    context.cache->attend(context.comm, layer, o_acc, block.fa_q, block.fa_k, v, attention_params(layer), timer);
+    attn = o_acc.view();
+  } else {  // forward, save, prefill: ring attention over the sequence
+    o_acc = b.fa_acc.empty(device_, "FA output");
+    Tensor lse = b.fa_lse.empty(device_, "FA lse");
+    ring_attention(context.comm, context.sequence(), o_acc, lse, block.fa_q, block.fa_k, v, attention_params(layer),
+                   timer);
+    if (pass.mode == LayerMode::prefill) context.cache->store_kv(layer, block.fa_k, v);
+    attn = o_acc.view();
+    if (pass.mode == LayerMode::save) {
+      ScopedPhase phase(timer, Phase::other);
+      pass.save->fa_out = to(o_acc, device_, dtype_, "kept FA output");
+      pass.save->fa_lse = lse;
+      attn = pass.save->fa_out.view();
+    }
+  }
+  ScopedPhase phase(timer, Phase::other);
+  const TensorView fa_heads = block.heads.view().reshape({t, H * d}).narrow(1, 0, hfa * d);
+  if (hydra) {
+    ops::sigmoid_gate(fa_heads, attn.reshape({t, hfa * d}), pv.narrow(1, col.fa_gate, hfa * d));
+  } else {
+    copy_into(fa_heads, attn.reshape({t, hfa * d}));
+  }
+}
+
+void Model::gdn_branch(ForwardContext& context, int64_t layer, const Tensor& positions, const LayerPass& pass,
+                       AttentionTrace& block) const {
+  const LayerWeights& w = layers_at(layer);
+  const ProjectionColumns& col = layout(layer).columns;
+  const TensorView pv = block.proj.view();
+  const int64_t t = pv.size(0), d = config_.head_dim, hfa = w.h_fa, hg = w.h_gdn;
+  PhaseTimer* timer = context.timer;
+  KvCache* cache = context.cache;  // prefill, decode
+  const LayerBuffers b = layer_buffers(config_, layout(layer), t, dtype_, acc_dtype());
+  // conv + SiLU with the halo, then RoPE and the L2 norm of q and k, in one pass (ops::gdn_qkv_conv).
+  block.conv = b.conv.empty(device_, "GDN conv");
+  block.inv_norm = b.inv_norm.empty(device_, "q/k inverse norms");  // their backward needs them
+  const TensorView qkv = pv.narrow(1, col.gdn_qkv, 3 * hg * d);
+  if (pass.mode == LayerMode::decode) {  // the new rows' conv reads (and advances) the cached tail
+    cache->conv_step(layer, block.conv, block.inv_norm, qkv, w.conv, gdn_qk_params(hg));
+  } else {
+    const GdnQkFinish finish{positions, block.inv_norm, gdn_qk_params(hg)};
+    causal_conv_sequence_parallel(context.comm, context.sequence(), block.conv, qkv, w.conv, timer, &finish);
+    if (pass.mode == LayerMode::prefill) cache->store_conv_tail(layer, qkv);
+  }
+  const TensorView q = head_columns(block.conv, 0, hg, d), k = head_columns(block.conv, hg * d, hg, d);
+  const TensorView v = head_columns(block.conv, 2 * hg * d, hg, d);
+  block.beta = b.gate.empty(device_, "beta");
+  block.g = b.gate.empty(device_, "g");
+  {
+    ScopedPhase phase(timer, Phase::gdn);
+    ops::gdn_gates(block.beta, block.g, pv.narrow(1, col.gdn_b, hg), pv.narrow(1, col.gdn_a, hg), w.a_log, w.dt_bias);
+  }
+  const TensorView out = block.heads.view().narrow(1, hfa, hg);
+  const LayerSaved* replay = pass.replay;
+  if (pass.mode == LayerMode::replay && replay->gdn_out.defined()) {  // kept by the forward (KeptActivations::gdn_outputs)
+    ScopedPhase phase(timer, Phase::gdn);
+    copy_into(out, replay->gdn_out);
+  } else if (pass.mode == LayerMode::decode) {
+    ScopedPhase phase(timer, Phase::gdn);
+    cache->gdn_step(layer, out, q, k, v, block.g, block.beta, delta_rule_params());
+  } else if (pass.mode == LayerMode::replay) {
+    gdn_sequence_parallel_recompute(context.sequence(), replay->gdn, out, q, k, v, block.g, block.beta,
+                                    delta_rule_params(), timer);
+  } else {  // forward, save, prefill: the sequence-parallel scan (a prefill keeps the final state)
+    const bool save = pass.mode == LayerMode::save;
+    gdn_sequence_parallel(context.comm, context.sequence(), out, q, k, v, block.g, block.beta, delta_rule_params(),
+                          timer, save ? &pass.save->gdn : nullptr,
+                          pass.mode == LayerMode::prefill ? cache->final_state(layer) : TensorView());
+    if (save && context.keep.gdn_outputs) {
+      ScopedPhase phase(timer, Phase::gdn);
+      pass.save->gdn_out = clone(out, "kept GDN outputs");
+    }
   }
 }
 
@@ -324,9 +337,9 @@ void Model::mlp(ForwardContext& context, int64_t layer, const TensorView& x, con
   if (gate_up.defined()) expect_shape(gate_up, "kept MLP gate | up", {{"T_loc", t}, {"2I", 2 * I}});
   const LayerBuffers b = layer_buffers(config_, layout(layer), t, dtype_, acc_dtype());
   const int64_t tile = b.tile_h.shape[0];
-  Tensor x_norm = b.tile_x_norm.empty(device_);
-  Tensor gu_tile = gate_up.defined() ? Tensor() : b.tile_gate_up.empty(device_);
-  Tensor h = b.tile_h.empty(device_);
+  Tensor x_norm = b.tile_x_norm.empty(device_, "MLP tile");
+  Tensor gu_tile = gate_up.defined() ? Tensor() : b.tile_gate_up.empty(device_, "MLP gate/up tile");
+  Tensor h = b.tile_h.empty(device_, "MLP tile");
   for (int64_t t0 = 0; t0 < t; t0 += tile) {  // token-local: tiles bound the intermediate's size
     const int64_t n = std::min(tile, t - t0);
     const TensorView xt = x.narrow(0, t0, n), ht = h.view().narrow(0, 0, n);

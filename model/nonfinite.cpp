@@ -36,7 +36,7 @@ void check_finite_parameters(const NamedTensors& params, const std::string& sour
 
 std::string locate_nonfinite(const Model& model, Communicator& comm, std::span<const int32_t> ids) {
   const ModelConfig& c = model.config();
-  const SequenceLayout layout = SequenceLayout::zigzag(static_cast<int64_t>(ids.size()), comm.size(), comm.rank());
+  const SequenceLayout layout = group_layout(comm, static_cast<int64_t>(ids.size()));
   Tensor local = Tensor::empty({layout.local_length()}, DType::i32);
   for (const Segment& s : layout.local_segments()) {
     std::copy_n(ids.begin() + s.start, s.length, local.data_as<int32_t>() + s.local_offset);

@@ -6,6 +6,7 @@
 
 #include "model/nonfinite.h"
 #include "runtime/log.h"
+#include "runtime/memory_timeline.h"
 #include "runtime/random.h"
 
 namespace hydra {
@@ -19,10 +20,20 @@ std::vector<int32_t> random_token_sequence(int64_t length, int64_t vocab, uint64
   return ids;
 }
 
+Tensor prefill_last_logits(ForwardContext& context, const Model& model, const TensorView& ids) {
+  const Tensor hidden = model.forward(context, ids);
+  // The last position (global T−1) lives in rank 0's last local row (its second segment).
+  if (context.comm.rank() != 0) return Tensor();
+  memory_stage("last logits");
+  Tensor logits = Tensor::empty({1, model.config().vocab_size}, DType::f32, model.device(),
+                                {MemoryPart::workspaces, "last position's logits"});
+  model.lm_head(logits, hidden.view().narrow(0, hidden.size(0) - 1, 1));
+  return to(logits, Device::host, DType::f32, {MemoryPart::workspaces, "logits read back"});
+}
+
 PrefillResult timed_prefill(Communicator& comm, const SequenceLayout& layout, const Model& model,
                             std::span<const int32_t> sequence, const PrefillRun& run) {
   const ModelConfig& config = model.config();
-  const int64_t t_local = layout.local_length();
   const Tensor ids = layout.token_rows(sequence).ids;
   PrefillResult result;
   for (int i = 0; i < run.warmup + run.repeat; ++i) {
@@ -38,12 +49,8 @@ PrefillResult timed_prefill(Communicator& comm, const SequenceLayout& layout, co
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       }
     };
-    const Tensor hidden = model.forward(context, ids);
-    // The last position (global T−1) lives in rank 0's last local row (its second segment).
+    const Tensor h = prefill_last_logits(context, model, ids);
     if (comm.rank() == 0) {
-      Tensor logits = Tensor::empty({1, config.vocab_size}, DType::f32, model.device());
-      model.lm_head(logits, hidden.view().narrow(0, t_local - 1, 1));
-      const Tensor h = to(logits, Device::host, DType::f32);
       const float* row = h.data_as<float>();
       result.last_token = static_cast<int32_t>(std::max_element(row, row + config.vocab_size) - row);
       result.last_logit = row[result.last_token];

@@ -33,6 +33,12 @@ struct PrefillResult {
   double best() const;
 };
 
+// The pass a prefill runs (timed_prefill; the memory plan runs it shape-only, model/memory_plan.h):
+// the forward over this rank's rows `ids` [T_loc] int32 and, on rank 0 (whose last local row is the
+// sequence's last position), that position's logits read back to the host: [1, V] f32 (undefined on
+// the other ranks).
+Tensor prefill_last_logits(ForwardContext& context, const Model& model, const TensorView& ids);
+
 // `sequence`: the whole token sequence (identical on every rank); each rank runs its own rows of it.
 PrefillResult timed_prefill(Communicator& comm, const SequenceLayout& layout, const Model& model,
                             std::span<const int32_t> sequence, const PrefillRun& run);

@@ -78,9 +78,35 @@ void chunked_over_runs(const std::vector<Run>& runs, const TensorView& out, cons
 // fresh (no history at all) or there is no predecessor.
 Tensor masked_halo(const SequenceLayout& layout, const Segment& s, const TensorView& halo) {
   if (!halo.defined() || layout.document_start(s.start) == s.start) return Tensor();
-  Tensor out = clone(halo);
+  Tensor out = clone(halo, {MemoryPart::gdn_maps, "masked halo"});
   const int64_t rows = halo.size(0), first_visible = layout.document_start(s.start) - (s.start - rows);
   if (first_visible > 0) fill(out.view().narrow(0, 0, std::min(first_visible, rows)), 0.0f);
+  return out;
+}
+
+// Every owned segment's last `halo` input rows of x [T_loc, C] (`mine`, [n_local, K−1, C]) and every
+// rank's, gathered (`all`, [P, n_local, K−1, C]): what each segment's conv reads before its first row,
+// in the forward and again in the backward. One collective.
+struct GatheredHalos {
+  Tensor mine, all;
+};
+
+GatheredHalos gather_halos(Communicator& comm, const SequenceLayout& layout, const TensorView& x, int64_t halo,
+                           PhaseTimer* timer) {
+  const std::vector<Segment>& local = layout.local_segments();
+  const int nlocal = static_cast<int>(local.size());
+  const ConvHaloBuffers spec = conv_halo_buffers(layout.world_size(), nlocal, halo, x.size(1), x.dtype());
+  GatheredHalos out{spec.halos.empty(x.device(), {MemoryPart::gdn_maps, "conv halo"}), Tensor()};
+  {
+    ScopedPhase phase(timer, Phase::gdn);
+    for (int j = 0; j < nlocal; ++j) {
+      const Segment& s = local[j];
+      copy_into(out.mine.view().select(0, j), x.narrow(0, s.local_offset + s.length - halo, halo));
+    }
+  }
+  out.all = spec.gathered.empty(x.device(), {MemoryPart::gdn_maps, "conv halos"});
+  ScopedPhase phase(timer, Phase::comm);
+  comm.all_gather(out.mine, out.all);
   return out;
 }
 
@@ -93,7 +119,7 @@ void chunked_backward_over_runs(const std::vector<Run>& runs, const TensorView& 
                                 const TensorView& d_state, const TensorView& d_out, const TensorView& q,
                                 const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
                                 const TensorView& state0, const ops::DeltaRuleParams& params) {
-  const Tensor zero = Tensor::zeros(state0.shape(), state0.dtype(), state0.device());
+  const Tensor zero = Tensor::zeros(state0.shape(), state0.dtype(), state0.device(), {MemoryPart::gdn_maps, "GDN zero state"});
   for (size_t i = runs.size(); i-- > 0;) {
     const Run& r = runs[i];
     const TensorView init = i == 0 && !r.fresh ? state0 : zero.view();
@@ -119,7 +145,7 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
 
   const DType acc = accumulator_dtype(k.dtype(), device);
   const GdnScanBuffers spec = gdn_scan_buffers(layout.world_size(), nlocal, heads, dk, dv, acc);
-  Tensor state = spec.state.empty(device);
+  Tensor state = spec.state.empty(device, {MemoryPart::gdn_maps, "GDN state"});
   if (layout.world_size() == 1) {
     ScopedPhase phase(timer, Phase::gdn);
     fill(state, 0.0f);
@@ -128,7 +154,7 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
     return;
   }
   // 1. Maps of the owned segments: slot [j] = (M [H, dk, dk], S_ext [H, dk, dv]) flattened.
-  Tensor mine = spec.maps.zeros(device);
+  Tensor mine = spec.maps.zeros(device, {MemoryPart::gdn_maps, "GDN segment maps"});
   const int last_segment = layout.num_segments() - 1;
   std::optional<ScopedPhase> phase(std::in_place, timer, Phase::gdn);
   for (int j = 0; j < nlocal; ++j) {
@@ -142,7 +168,7 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
       // A document starts in this segment: nothing before it reaches the segment's end, so M = 0
       // and S_ext is the last run's final state from zero (mine is zero-filled: M stays 0).
       const Run& r = runs.back();
-      Tensor scratch = Tensor::empty({r.length, heads, dv}, out.dtype(), device);
+      Tensor scratch = Tensor::empty({r.length, heads, dv}, out.dtype(), device, {MemoryPart::workspaces, "GDN reset scratch"});
       fill(s_ext, 0.0f);
       ops::delta_rule_chunked(scratch, s_ext, rows_of(q, r), rows_of(k, r), rows_of(v, r), rows_of(g, r),
                               rows_of(beta, r), params);
@@ -153,7 +179,7 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
                                 params);
   }
   // 2. One collective: every rank gets every segment's map.
-  Tensor all = spec.gathered_maps.empty(device);
+  Tensor all = spec.gathered_maps.empty(device, {MemoryPart::gdn_maps, "GDN gathered maps"});
   phase.reset();
   phase.emplace(timer, Phase::comm);
   comm.all_gather(mine, all);
@@ -163,9 +189,9 @@ void gdn_sequence_parallel(Communicator& comm, const SequenceLayout& layout, con
   if (saved) {
     // The backward needs the initial states and the M of later segments: each rank keeps its own
     // segments' M only (S_ext is not needed), and the backward gathers them again.
-    saved->maps = spec.kept_maps.empty(device);
+    saved->maps = spec.kept_maps.empty(device, {MemoryPart::gdn_maps, "GDN kept maps"});
     copy_into(saved->maps, mine.view().narrow(1, 0, heads * dk * dk));
-    saved->state0 = spec.initial_states.empty(device);
+    saved->state0 = spec.initial_states.empty(device, {MemoryPart::gdn_maps, "GDN initial states"});
   }
   // 3. Fold the prefix for each owned segment, then run its chunks from the true initial state.
   for (int j = 0; j < nlocal; ++j) {
@@ -187,7 +213,7 @@ void causal_conv_sequence_parallel(Communicator& comm, const SequenceLayout& lay
                                    const GdnQkFinish* finish) {
   const int64_t t_local = layout.local_length();
   expect_shape(x, "conv x", {{"T_loc", t_local}, {"C", -1}});
-  const int64_t channels = x.size(1), halo = w.size(1) - 1;
+  const int64_t halo = w.size(1) - 1;
   const std::vector<Segment>& local = layout.local_segments();
   // A segment's conv, run by run: the first run reads the halo (rows of another document zeroed), a
   // run that starts a document reads zeros.
@@ -213,21 +239,9 @@ void causal_conv_sequence_parallel(Communicator& comm, const SequenceLayout& lay
   HYDRA_USER_CHECK(conv_halo_fits(layout.segment_length(), halo, layout.world_size()),
                    "segments of {} token(s) are shorter than the conv halo ({} rows); use a longer sequence or "
                    "fewer ranks", layout.segment_length(), halo);
-  const int nlocal = static_cast<int>(local.size());
-  const ConvHaloBuffers spec = conv_halo_buffers(layout.world_size(), nlocal, halo, channels, x.dtype());
-  Tensor mine = spec.halos.empty(x.device());
-  std::optional<ScopedPhase> phase(std::in_place, timer, Phase::gdn);
-  for (int j = 0; j < nlocal; ++j) {
-    const Segment& s = local[j];
-    copy_into(mine.view().select(0, j), x.narrow(0, s.local_offset + s.length - halo, halo));
-  }
-  Tensor all = spec.gathered.empty(x.device());
-  phase.reset();
-  phase.emplace(timer, Phase::comm);
-  comm.all_gather(mine, all);
-  phase.reset();
-  phase.emplace(timer, Phase::gdn);
-  for (const Segment& s : local) conv(s, s.index > 0 ? gathered_slot(layout, all, s.index - 1) : TensorView());
+  const GatheredHalos halos = gather_halos(comm, layout, x, halo, timer);
+  ScopedPhase phase(timer, Phase::gdn);
+  for (const Segment& s : local) conv(s, s.index > 0 ? gathered_slot(layout, halos.all, s.index - 1) : TensorView());
 }
 
 void gdn_sequence_parallel_recompute(const SequenceLayout& layout, const GdnSaved& saved, const TensorView& out,
@@ -240,7 +254,7 @@ void gdn_sequence_parallel_recompute(const SequenceLayout& layout, const GdnSave
   const DType acc = accumulator_dtype(k.dtype(), device);
   HYDRA_ASSERT(layout.world_size() == 1 || saved.state0.defined(), "GDN recompute over {} ranks without kept states",
                layout.world_size());
-  Tensor state = Tensor::empty({heads, dkh, dvh}, acc, device);
+  Tensor state = Tensor::empty({heads, dkh, dvh}, acc, device, {MemoryPart::gdn_maps, "GDN state"});
   const std::vector<Segment>& local = layout.local_segments();
   for (size_t j = 0; j < local.size(); ++j) {
     const Segment& s = local[j];
@@ -267,10 +281,10 @@ void gdn_sequence_parallel_backward(Communicator& comm, const SequenceLayout& la
   const std::vector<Segment>& local = layout.local_segments();
   const int nlocal = static_cast<int>(local.size());
   const GdnScanBuffers spec = gdn_scan_buffers(layout.world_size(), nlocal, heads, dkh, dvh, acc);
-  Tensor d_state = spec.state.empty(device);
+  Tensor d_state = spec.state.empty(device, {MemoryPart::gdn_maps, "GDN state gradient"});
   if (layout.world_size() == 1) {
     ScopedPhase phase(timer, Phase::gdn);
-    Tensor state0 = spec.state.zeros(device);
+    Tensor state0 = spec.state.zeros(device, {MemoryPart::gdn_maps, "GDN initial state"});
     fill(d_state, 0.0f);
     chunked_backward_over_runs(runs_of(layout, local[0]), dq, dk, dv, dg, dbeta, d_state, d_out, q, k, v, g, beta,
                                state0, params);
@@ -281,7 +295,7 @@ void gdn_sequence_parallel_backward(Communicator& comm, const SequenceLayout& la
   // 1. Each owned segment's own state gradient dS_loc (nothing arriving from later segments), with
   //    the segment's M beside it: slot [j] = (dS_loc [H, dk, dv], M [H, dk, dk]).
   const int64_t state_size = heads * dkh * dvh, m_size = heads * dkh * dkh;
-  Tensor mine = spec.state_gradients.empty(device);
+  Tensor mine = spec.state_gradients.empty(device, {MemoryPart::gdn_maps, "GDN local state gradients and maps"});
   copy_into(mine.view().narrow(1, state_size, m_size), saved.maps);
   std::optional<ScopedPhase> phase(std::in_place, timer, Phase::gdn);
   for (int j = 0; j < nlocal; ++j) {
@@ -296,7 +310,7 @@ void gdn_sequence_parallel_backward(Communicator& comm, const SequenceLayout& la
     }
   }
   // 2. One collective: every rank gets every segment's dS_loc and M.
-  Tensor all = spec.gathered_state_gradients.empty(device);
+  Tensor all = spec.gathered_state_gradients.empty(device, {MemoryPart::gdn_maps, "GDN gathered state gradients and maps"});
   phase.reset();
   phase.emplace(timer, Phase::comm);
   comm.all_gather(mine, all);
@@ -352,27 +366,17 @@ void causal_conv_sequence_parallel_backward(Communicator& comm, const SequenceLa
   }
   const int nlocal = static_cast<int>(local.size());
   // The forward's halos again (each segment's last K−1 input rows), gathered.
-  const ConvHaloBuffers spec = conv_halo_buffers(layout.world_size(), nlocal, halo, channels, x.dtype());
-  Tensor mine = spec.halos.empty(x.device());
+  const GatheredHalos halos = gather_halos(comm, layout, x, halo, timer);
   std::optional<ScopedPhase> phase(std::in_place, timer, Phase::gdn);
-  for (int j = 0; j < nlocal; ++j) {
-    const Segment& s = local[j];
-    copy_into(mine.view().select(0, j), x.narrow(0, s.local_offset + s.length - halo, halo));
-  }
-  Tensor all = spec.gathered.empty(x.device());
-  phase.reset();
-  phase.emplace(timer, Phase::comm);
-  comm.all_gather(mine, all);
-  phase.reset();
-  phase.emplace(timer, Phase::gdn);
   // Each segment's backward, with the gradient of the halo rows it read kept for their owner.
-  Tensor d_halo = spec.halos.zeros(dx.device());
+  const ConvHaloBuffers spec = conv_halo_buffers(layout.world_size(), nlocal, halo, channels, x.dtype());
+  Tensor d_halo = spec.halos.zeros(dx.device(), {MemoryPart::gdn_maps, "conv halo gradient"});
   for (int j = 0; j < nlocal; ++j) {
     const Segment& s = local[j];
-    const TensorView prefix = s.index > 0 ? gathered_slot(layout, all, s.index - 1) : TensorView();
+    const TensorView prefix = s.index > 0 ? gathered_slot(layout, halos.all, s.index - 1) : TensorView();
     conv_backward(s, prefix, s.index > 0 ? d_halo.view().select(0, j) : TensorView());
   }
-  Tensor d_all = spec.gathered.empty(dx.device());
+  Tensor d_all = spec.gathered.empty(dx.device(), {MemoryPart::gdn_maps, "conv halo gradients"});
   phase.reset();
   phase.emplace(timer, Phase::comm);
   comm.all_gather(d_halo, d_all);

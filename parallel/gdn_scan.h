@@ -30,9 +30,9 @@ struct GdnSaved {
   Tensor maps;    // [n_local, H·dk·dk]: M of each local segment (zero for the last global segment)
 };
 
-// The buffers of the sequence-parallel GDN scan (allocated from this spec; the memory plan,
-// model/memory_plan.cpp, prices the same) on `world` ranks owning `nlocal` segments each, H heads,
-// dk × dv states in the accumulator type:
+// The buffers of the sequence-parallel GDN scan (allocated from this spec, each allocation naming
+// its buffer for the memory plans, model/memory_plan.h) on `world` ranks owning `nlocal` segments
+// each, H heads, dk × dv states in the accumulator type:
 struct GdnScanBuffers {
   BufferSpec state;            // [H, dk, dv]: the running state (forward), its gradient (backward)
   BufferSpec maps;             // [n_local, H·(dk·dk + dk·dv)]: this rank's segment maps (M, S_ext)

@@ -2,14 +2,13 @@
 
 #include <algorithm>
 
+#include "parallel/communicator.h"
 #include "runtime/error.h"
 
 namespace hydra {
 
-SequenceLayout SequenceLayout::zigzag(int64_t total_length, int world_size, int rank,
-                                     std::vector<int64_t> document_starts) {
+void SequenceLayout::check_length(int64_t total_length, int world_size) {
   HYDRA_USER_CHECK(total_length > 0, "sequence length must be positive (got {})", total_length);
-  HYDRA_ASSERT(world_size >= 1 && rank >= 0 && rank < world_size, "rank {} of {}", rank, world_size);
   const int64_t g = granularity(world_size);
   if (total_length % g != 0) {
     const int64_t below = total_length / g * g, above = below + g;
@@ -17,6 +16,16 @@ SequenceLayout SequenceLayout::zigzag(int64_t total_length, int world_size, int 
                     "use a multiple of {}, e.g. {}{}",
                     total_length, g, world_size, g, below > 0 ? std::to_string(below) + " or " : "", above);
   }
+}
+
+SequenceLayout group_layout(const Communicator& group, int64_t total_length, std::vector<int64_t> document_starts) {
+  return SequenceLayout::zigzag(total_length, group.size(), group.rank(), std::move(document_starts));
+}
+
+SequenceLayout SequenceLayout::zigzag(int64_t total_length, int world_size, int rank,
+                                     std::vector<int64_t> document_starts) {
+  HYDRA_ASSERT(world_size >= 1 && rank >= 0 && rank < world_size, "rank {} of {}", rank, world_size);
+  check_length(total_length, world_size);
   SequenceLayout layout;
   layout.total_ = total_length;
   layout.world_ = world_size;
@@ -30,6 +39,12 @@ SequenceLayout SequenceLayout::zigzag(int64_t total_length, int world_size, int 
     layout.doc_starts_ = std::move(document_starts);
   }
   return layout;
+}
+
+SequenceLayout SequenceLayout::with_document_bounds() const {
+  SequenceLayout out = *this;
+  if (out.doc_starts_.empty()) out.doc_starts_ = {0};
+  return out;
 }
 
 int64_t SequenceLayout::document_start(int64_t pos) const {

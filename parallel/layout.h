@@ -22,6 +22,8 @@
 
 namespace hydra {
 
+class Communicator;
+
 // A rank's rows of a token sequence for next-token training and scoring, in local order (host int32).
 struct TokenRows {
   Tensor ids;      // [T_loc]
@@ -52,10 +54,15 @@ struct Segment {
 
 class SequenceLayout {
  public:
-  // UserError for lengths the layout does not admit. `document_starts`: empty (one document) or
-  // 0 = s_0 < s_1 < … < total_length (asserted: callers build them from checked files).
+  // UserError for lengths the layout does not admit (check_length). `document_starts`: empty (one
+  // document) or 0 = s_0 < s_1 < … < total_length (asserted: callers build them from checked files).
+  // A group's ranks build theirs with group_layout (below).
   static SequenceLayout zigzag(int64_t total_length, int world_size, int rank,
                                std::vector<int64_t> document_starts = {});
+  // The layout's rule: a positive length, divisible by 2P over P > 1 ranks; a UserError naming the
+  // length and the nearest lengths that are, otherwise. A model adds the conv halo's
+  // (model/sequence_length.h check_sequence_length, what commands check before any work).
+  static void check_length(int64_t total_length, int world_size);
   // Smallest multiple of the layout's granularity (2P, or 1 for P = 1).
   static int64_t granularity(int world_size) { return world_size == 1 ? 1 : 2 * int64_t{world_size}; }
 
@@ -73,6 +80,10 @@ class SequenceLayout {
   std::vector<int64_t> local_positions() const;
   // ---- Documents ----
   bool has_documents() const { return !doc_starts_.empty(); }
+  // This layout carrying document bounds even when it holds one document (its starts then {0}):
+  // a sequence that may be packed, at the most it can hold — the bounds, and no segment cut at a
+  // document start (the memory plans, model/memory_plan.h). It computes what this layout computes.
+  SequenceLayout with_document_bounds() const;
   const std::vector<int64_t>& document_starts() const { return doc_starts_; }  // empty: one document
   // Global position of the first token of the document holding global position `pos` (0 without
   // documents), and one past its last token (total_length() without).
@@ -104,5 +115,9 @@ class SequenceLayout {
   std::vector<Segment> local_;
   std::vector<int64_t> doc_starts_;
 };
+
+// This rank's layout of a sequence of `total_length` tokens over `group` (its size and rank): what
+// every pass over a sequence group runs on.
+SequenceLayout group_layout(const Communicator& group, int64_t total_length, std::vector<int64_t> document_starts = {});
 
 }  // namespace hydra

@@ -16,6 +16,19 @@ RingBuffers ring_buffers(int64_t total, int64_t t_local, int64_t hq, int64_t hk,
           .delta = {{hq, t_local}, acc}};
 }
 
+std::vector<RingStep> ring_steps(RingTopology topology, int world, int rank) {
+  HYDRA_ASSERT(world >= 1 && rank >= 0 && rank < world, "ring of {} ranks, rank {}", world, rank);
+  std::vector<RingStep> steps;
+  switch (topology) {
+    case RingTopology::flat:
+      for (int s = 0; s < world; ++s) {
+        steps.push_back({.source = (rank - s + world) % world, .next = (rank + 1) % world, .prev = (rank - 1 + world) % world});
+      }
+      break;
+  }
+  return steps;
+}
+
 namespace {
 
 // Every global position's document start and end on `device` (int64 [T]), from which each
@@ -28,16 +41,17 @@ PositionBounds position_bounds(const SequenceLayout& layout, Device device) {
   if (!layout.has_documents()) return {};
   const int64_t t = layout.total_length();
   const BufferSpec bound = ring_buffers(t, 0, 0, 0, 0, 0, DType::f32, DType::f32).bound;
-  Tensor start = bound.empty(Device::host), end = bound.empty(Device::host);
+  const MemoryLabel label{MemoryPart::workspaces, "document bounds"};
+  Tensor start = bound.empty(Device::host, label), end = bound.empty(Device::host, label);
   const std::vector<int64_t>& starts = layout.document_starts();
-  for (size_t d = 0; d < starts.size(); ++d) {
+  for (size_t d = 0; d < starts.size() && !start.is_meta(); ++d) {  // meta: a memory plan's shape-only run
     const int64_t b = starts[d], e = d + 1 < starts.size() ? starts[d + 1] : t;
     for (int64_t i = b; i < e; ++i) {
       start.data_as<int64_t>()[i] = b;
       end.data_as<int64_t>()[i] = e;
     }
   }
-  return {to_device(start, device), to_device(end, device)};
+  return {to_device(start, device, label), to_device(end, device, label)};
 }
 
 // The parameters of one (query segment, key segment) pair, or nothing when no pair of positions is
@@ -61,7 +75,7 @@ std::optional<ops::AttentionParams> pair_params(const ops::AttentionParams& para
 
 void ring_attention(Communicator& comm, const SequenceLayout& layout, const TensorView& out, const TensorView& lse,
                     const TensorView& q, const TensorView& k, const TensorView& v, const ops::AttentionParams& params,
-                    PhaseTimer* timer) {
+                    PhaseTimer* timer, RingTopology topology) {
   const int64_t t_local = layout.local_length();
   expect_shape(q, "ring q", {{"T_loc", t_local}, {"Hq", -1}, {"d", -1}});
   expect_shape(k, "ring k", {{"T_loc", t_local}, {"Hk", -1}, {"d", q.size(2)}});
@@ -88,7 +102,8 @@ void ring_attention(Communicator& comm, const SequenceLayout& layout, const Tens
 
   // K/V travel together: buffer [T_loc, Hk, d + dv], K in the first d columns of each head row.
   const BufferSpec kv = ring_buffers(layout.total_length(), t_local, q.size(1), hk, d, dv, dtype, DType::f32).kv;
-  Tensor buffers[2] = {kv.empty(device), kv.empty(device)};
+  Tensor buffers[2] = {kv.empty(device, {MemoryPart::workspaces, "ring K/V"}),
+                       kv.empty(device, {MemoryPart::workspaces, "ring K/V in flight"})};
   {
     ScopedPhase phase(timer, Phase::other);
     copy_into(buffers[0].view().narrow(2, 0, d), k);
@@ -97,16 +112,17 @@ void ring_attention(Communicator& comm, const SequenceLayout& layout, const Tens
 
   fill(out, 0.0f);
   fill(lse, -std::numeric_limits<float>::infinity());
-  for (int step = 0; step < world; ++step) {
-    const int src = (rank - step + world) % world;
+  const std::vector<RingStep> steps = ring_steps(topology, world, rank);
+  for (size_t step = 0; step < steps.size(); ++step) {
+    const RingStep& at = steps[step];
     const TensorView held = buffers[step % 2];
     std::unique_ptr<Transfer> transfer;
-    if (step + 1 < world) {
+    if (step + 1 < steps.size()) {
       // Overlap: the next block is in flight while this one is computed.
-      transfer = comm.start_send_recv(held, (rank + 1) % world, buffers[(step + 1) % 2], (rank - 1 + world) % world);
+      transfer = comm.start_send_recv(held, at.next, buffers[(step + 1) % 2], at.prev);
     }
     for (const Segment& qs : layout.local_segments()) {
-      for (const Segment& ks : layout.segments_of(src)) {
+      for (const Segment& ks : layout.segments_of(at.source)) {
         std::optional<ops::AttentionParams> pair = pair_params(params, layout, bounds, qs, ks);
         if (!pair) continue;  // wholly in the future, or in other documents
         ops::AttentionParams& p = *pair;
@@ -131,7 +147,8 @@ namespace hydra {
 void ring_attention_backward(Communicator& comm, const SequenceLayout& layout, const TensorView& dq,
                              const TensorView& dk, const TensorView& dv, const TensorView& d_out,
                              const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                             const TensorView& lse, const ops::AttentionParams& params, PhaseTimer* timer) {
+                             const TensorView& lse, const ops::AttentionParams& params, PhaseTimer* timer,
+                             RingTopology topology) {
   const int64_t t_local = layout.local_length();
   expect_shape(q, "ring q", {{"T_loc", t_local}, {"Hq", -1}, {"d", -1}});
   expect_shape(k, "ring k", {{"T_loc", t_local}, {"Hk", -1}, {"d", q.size(2)}});
@@ -145,7 +162,7 @@ void ring_attention_backward(Communicator& comm, const SequenceLayout& layout, c
   const Device device = q.device();
   const DType acc = dq.dtype();
   const RingBuffers spec = ring_buffers(layout.total_length(), t_local, hq, hk, d, d, k.dtype(), acc);
-  Tensor delta = spec.delta.empty(device);
+  Tensor delta = spec.delta.empty(device, {MemoryPart::workspaces, "attention delta"});
   {
     ScopedPhase phase(timer, Phase::fa);
     ops::attention_backward_prepare(delta, d_out, out);
@@ -167,26 +184,28 @@ void ring_attention_backward(Communicator& comm, const SequenceLayout& layout, c
   // K/V travel as in the forward ([T_loc, Hk, 2d], K first). Their gradient accumulators travel one
   // step behind in [2, T_loc, Hk, d] buffers (dK, dV): `fresh` takes this rank's contribution to the
   // held keys, `carried[0]` the accumulator received for them, `carried[1]` the next one in flight.
-  Tensor kv[2] = {spec.kv.empty(device), spec.kv.empty(device)};
-  Tensor fresh = spec.kv_gradients.empty(device);
-  Tensor carried[2] = {spec.kv_gradients.zeros(device), spec.kv_gradients.empty(device)};
+  Tensor kv[2] = {spec.kv.empty(device, {MemoryPart::workspaces, "ring K/V"}),
+                  spec.kv.empty(device, {MemoryPart::workspaces, "ring K/V in flight"})};
+  Tensor fresh = spec.kv_gradients.empty(device, {MemoryPart::workspaces, "ring dK/dV"});
+  Tensor carried[2] = {spec.kv_gradients.zeros(device, {MemoryPart::workspaces, "ring dK/dV carried"}),
+                       spec.kv_gradients.empty(device, {MemoryPart::workspaces, "ring dK/dV in flight"})};
   {
     ScopedPhase phase(timer, Phase::other);
     copy_into(kv[0].view().narrow(2, 0, d), k);
     copy_into(kv[0].view().narrow(2, d, d), v);
   }
-  const int next = (rank + 1) % world, prev = (rank - 1 + world) % world;
+  const std::vector<RingStep> steps = ring_steps(topology, world, rank);
   std::unique_ptr<Transfer> grad_transfer;
-  for (int step = 0; step < world; ++step) {
-    const int src = (rank - step + world) % world;
+  for (size_t step = 0; step < steps.size(); ++step) {
+    const RingStep& at = steps[step];
     const TensorView held = kv[step % 2];
     std::unique_ptr<Transfer> kv_transfer;
-    if (step + 1 < world) kv_transfer = comm.start_send_recv(held, next, kv[(step + 1) % 2], prev);
+    if (step + 1 < steps.size()) kv_transfer = comm.start_send_recv(held, at.next, kv[(step + 1) % 2], at.prev);
     {
       ScopedPhase phase(timer, Phase::fa);
       fill(fresh, 0.0f);
       for (const Segment& qs : layout.local_segments()) {
-        for (const Segment& ks : layout.segments_of(src)) {
+        for (const Segment& ks : layout.segments_of(at.source)) {
           const std::optional<ops::AttentionParams> pair = pair_params(params, layout, bounds, qs, ks);
           if (!pair) continue;  // wholly in the future, or in other documents
           const ops::AttentionParams& p = *pair;
@@ -199,7 +218,7 @@ void ring_attention_backward(Communicator& comm, const SequenceLayout& layout, c
         }
       }
     }
-    // The accumulator for src's keys (posted at the end of the previous step) must be here before
+    // The accumulator for the source's keys (posted at the end of the previous step) must be here before
     // this rank's contribution is added and it moves on.
     if (grad_transfer) {
       ScopedPhase phase(timer, Phase::comm);
@@ -211,7 +230,7 @@ void ring_attention_backward(Communicator& comm, const SequenceLayout& layout, c
       ops::add_inplace(carried[0].view().reshape({2 * t_local, hk * d}), fresh.view().reshape({2 * t_local, hk * d}));
     }
     // Pass it on: after P hops (the last one at step P−1) every accumulator is home.
-    grad_transfer = comm.start_send_recv(carried[0], next, carried[1], prev);
+    grad_transfer = comm.start_send_recv(carried[0], at.next, carried[1], at.prev);
     if (kv_transfer) {
       ScopedPhase phase(timer, Phase::comm);
       kv_transfer->wait();

@@ -1,5 +1,6 @@
-// One buffer's shape and element type: what an allocation site publishes so that the memory plan
-// (model/memory_plan.h) prices the buffer from the same description the code allocates it from.
+// One buffer's shape and element type, published beside the code that allocates from it (a layer's
+// table, model/layer_buffers.h; an op's workspaces) so that tests and tools read the same shapes.
+// The allocation names the buffer (runtime/memory_label.h); the memory plans record it there.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +21,8 @@ struct BufferSpec {
     return n;
   }
   double bytes() const { return static_cast<double>(numel()) * static_cast<double>(dtype_size(dtype)); }
-  Tensor empty(Device device) const { return Tensor::empty(shape, dtype, device); }
-  Tensor zeros(Device device) const { return Tensor::zeros(shape, dtype, device); }
+  Tensor empty(Device device, MemoryLabel label = {}) const { return Tensor::empty(shape, dtype, device, label); }
+  Tensor zeros(Device device, MemoryLabel label = {}) const { return Tensor::zeros(shape, dtype, device, label); }
 };
 
 }  // namespace hydra

@@ -1,5 +1,7 @@
 #include "runtime/concurrency.h"
 
+#include "runtime/memory_timeline.h"
+
 #if HYDRA_CUDA
 #include "runtime/cuda_memory.h"
 #endif
@@ -8,7 +10,9 @@ namespace hydra {
 
 void run_concurrently(Device device, Branches branches, const std::function<void()>& main_work,
                       const std::function<void()>& side_work) {
-  if (device == Device::host || branches == Branches::serial) {
+  // A shape-only run (runtime/memory_timeline.h) holds the side work's buffers first, as the host
+  // order is on the GPU too; it launches nothing.
+  if (device == Device::host || branches == Branches::serial || ShapeOnlyRun::active()) {
     side_work();
     main_work();
     return;

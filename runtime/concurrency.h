@@ -8,6 +8,7 @@
 // allocated and freed in the side stream's order; inputs come from before the fork, outputs are
 // read after the join, so the stream-ordered allocator never hands out memory still in use.
 //
+// A shape-only run (runtime/memory_timeline.h) runs them one after the other, side_work first.
 // Branches::serial runs both on the current stream, side_work first (a measurement knob,
 // HYDRA_SERIAL_BRANCHES=1 via launch/: the step or prefill time with and without it is what the
 // overlap buys).

@@ -1,5 +1,7 @@
 #include "runtime/fault.h"
 
+#include "runtime/memory_timeline.h"
+
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -59,7 +61,7 @@ void check_fault_spec(int world_size) {
 
 void maybe_inject_fault(const char* site) {
   const char* spec = spec_text();
-  if (!spec) return;
+  if (!spec || ShapeOnlyRun::active()) return;  // a memory plan's shape-only run is not the operation
   const std::string s(spec);
   const size_t colon = s.find(':');
   if (colon == std::string::npos) return;

@@ -11,7 +11,8 @@
 // test can look at what the other ranks do meanwhile — that they finish their shards of a save
 // while rank 0 has not written its own — by condition, not by timing.
 // A spec that names no known site, or a rank the job does not have, is a user error at start-up
-// (check_fault_spec), never silently ignored. Unset: no effect, one getenv.
+// (check_fault_spec), never silently ignored. Unset: no effect, one getenv. Never inside a memory
+// plan's shape-only run (runtime/memory_timeline.h), which is not the operation.
 #pragma once
 
 #include <string>

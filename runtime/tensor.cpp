@@ -1,8 +1,10 @@
 #include "runtime/tensor.h"
 
 #include "runtime/host_memory.h"
+#include "runtime/memory_timeline.h"
 #include "runtime/step_arena.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -120,6 +122,7 @@ TensorView TensorView::split_dim(int dim, int64_t outer, int64_t inner) const {
 }
 
 void* TensorView::element_ptr(std::initializer_list<int64_t> index) const {
+  HYDRA_ASSERT(!is_meta(), "an element of a meta tensor {} (a shape-only run has none) was addressed", shape_string());
   HYDRA_ASSERT(static_cast<int>(index.size()) <= rank_, "too many indices for {}", shape_string());
   int64_t offset = 0;
   int d = 0;
@@ -188,7 +191,8 @@ std::string format_shape(std::span<const int64_t> shape) {
   return s + "]";
 }
 
-std::shared_ptr<void> allocate_storage(size_t bytes, Device device) {
+std::shared_ptr<void> allocate_storage(size_t bytes, Device device, MemoryLabel label) {
+  if (MemoryTimeline* plan = ShapeOnlyRun::active()) return plan->meta_storage(bytes, device, label);
   if (StepArena* arena = StepArena::active()) return arena->take(bytes, device);  // a repeated step's block
   if (device == Device::host) {
     const size_t rounded = ((bytes + 63) / 64) * 64;
@@ -213,18 +217,19 @@ std::shared_ptr<void> allocate_storage(size_t bytes, Device device) {
 #endif
 }
 
-Tensor Tensor::empty(std::span<const int64_t> shape, DType dtype, Device device) {
+Tensor Tensor::empty(std::span<const int64_t> shape, DType dtype, Device device, MemoryLabel label) {
   Tensor t;
   const int64_t n = checked_numel(shape);
   HYDRA_USER_CHECK(n >= 0, "a {} tensor of shape {} is too large to allocate (more than 2^50 elements) or has a "
                    "negative size", dtype_name(dtype), format_shape(shape));
-  t.storage_ = allocate_storage(static_cast<size_t>(n) * dtype_size(dtype), device);
+  t.storage_ = allocate_storage(static_cast<size_t>(n) * dtype_size(dtype), device, label);
   t.view_ = TensorView(t.storage_.get(), dtype, device, shape);
   return t;
 }
 
-Tensor Tensor::zeros(std::span<const int64_t> shape, DType dtype, Device device) {
-  Tensor t = empty(shape, dtype, device);
+Tensor Tensor::zeros(std::span<const int64_t> shape, DType dtype, Device device, MemoryLabel label) {
+  Tensor t = empty(shape, dtype, device, label);
+  if (t.is_meta()) return t;
   if (device == Device::host) {
     std::memset(t.data(), 0, t.nbytes());
   } else {
@@ -304,7 +309,7 @@ void copy_into(const TensorView& dst, const TensorView& src) {
   for (int d = 0; d < dst.rank(); ++d) {
     HYDRA_ASSERT(dst.size(d) == src.size(d), "copy {} -> {}", src.shape_string(), dst.shape_string());
   }
-  if (dst.numel() == 0) return;
+  if (dst.numel() == 0 || dst.is_meta() || src.is_meta()) return;
   if (dst.on_host() && src.on_host()) {
     host_copy(dst, src);
     return;
@@ -338,13 +343,27 @@ void copy_into(const TensorView& dst, const TensorView& src) {
 #endif
 }
 
-Tensor to(const TensorView& src, Device device, DType dtype) {
-  Tensor t = Tensor::empty(src.shape(), dtype, device);
+Tensor to(const TensorView& src, Device device, DType dtype, MemoryLabel label) {
+  Tensor t = Tensor::empty(src.shape(), dtype, device, label);
   copy_into(t, src);
   return t;
 }
 
+double rms_ratio(const TensorView& got, const TensorView& ref) {
+  HYDRA_ASSERT(got.numel() == ref.numel(), "rms_ratio of {} against {}", got.shape_string(), ref.shape_string());
+  const Tensor a = to(got, Device::host, DType::f32), b = to(ref, Device::host, DType::f32);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.data_as<float>()[i], y = b.data_as<float>()[i];
+    if (!std::isfinite(x)) return INFINITY;
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
 void fill(const TensorView& dst, double value) {
+  if (dst.is_meta()) return;
   if (dst.on_host()) {
     const int rank = dst.rank();
     std::array<int64_t, kMaxRank> idx{};

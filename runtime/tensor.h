@@ -7,6 +7,10 @@
 //    it stay valid while any copy of the Tensor lives.
 //  - Ops take views and dispatch on view.device(); the CPU path is fp32 (or fp64 for gradient
 //    checks), the CUDA path stores bf16 (DESIGN.md §2). Host<->device copies and dtype conversion live here (copy_into, to_device, cast).
+//  - Every allocation may carry a MemoryLabel (runtime/memory_label.h): the buffer's name and part,
+//    which a shape-only run (runtime/memory_timeline.h) records for the memory plans. There every
+//    tensor is a meta tensor (is_meta): a shape and element type over an address range no process
+//    maps, so any view derived from one is meta too, and copies and fills of it do nothing.
 #pragma once
 
 #include <array>
@@ -20,10 +24,15 @@
 
 #include "runtime/dtype.h"
 #include "runtime/error.h"
+#include "runtime/memory_label.h"
 
 namespace hydra {
 
 constexpr int kMaxRank = 4;
+
+// The storage address of a meta tensor (a shape-only run's): 2^62, far above any address a process
+// maps, and the views of it (offsets below 2^53 bytes) stay above it.
+inline constexpr uintptr_t kMetaAddress = uintptr_t{1} << 62;
 
 class TensorView {
  public:
@@ -41,8 +50,11 @@ class TensorView {
   T* data_as() const {
     HYDRA_ASSERT(dtype_of<std::remove_const_t<T>>() == dtype_, "view holds {}, accessed as {}",
                  dtype_name(dtype_), dtype_name(dtype_of<std::remove_const_t<T>>()));
+    HYDRA_ASSERT(!is_meta(), "the elements of a meta tensor {} (a shape-only run has none) were read", shape_string());
     return static_cast<T*>(data_);
   }
+  // A shape-only run's view (runtime/memory_timeline.h): shape and type, no elements.
+  bool is_meta() const { return reinterpret_cast<uintptr_t>(data_) >= kMetaAddress; }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
   bool on_host() const { return device_ == Device::host; }
@@ -89,7 +101,8 @@ void expect_same_device(std::initializer_list<TensorView> views);
 
 // Raw storage on a device; CUDA storage comes from the caching allocator (runtime/cuda_memory).
 // A host allocation that fails is a UserError giving the size asked for and the memory available.
-std::shared_ptr<void> allocate_storage(size_t bytes, Device device);
+// In a shape-only run, meta storage held on the run's timeline under `label`.
+std::shared_ptr<void> allocate_storage(size_t bytes, Device device, MemoryLabel label = {});
 
 // Shapes that come from files: the element count of `shape`, or −1 when a size is negative or the
 // count exceeds kMaxElements (never overflows), and the shape as text without any check.
@@ -100,15 +113,15 @@ std::string format_shape(std::span<const int64_t> shape);  // "[2, -48]"
 class Tensor {
  public:
   Tensor() = default;
-  static Tensor empty(std::span<const int64_t> shape, DType dtype, Device device = Device::host);
-  static Tensor empty(std::initializer_list<int64_t> shape, DType dtype,
-                      Device device = Device::host) {
-    return empty(std::span<const int64_t>(shape.begin(), shape.size()), dtype, device);
+  static Tensor empty(std::span<const int64_t> shape, DType dtype, Device device = Device::host, MemoryLabel label = {});
+  static Tensor empty(std::initializer_list<int64_t> shape, DType dtype, Device device = Device::host,
+                      MemoryLabel label = {}) {
+    return empty(std::span<const int64_t>(shape.begin(), shape.size()), dtype, device, label);
   }
-  static Tensor zeros(std::span<const int64_t> shape, DType dtype, Device device = Device::host);
-  static Tensor zeros(std::initializer_list<int64_t> shape, DType dtype,
-                      Device device = Device::host) {
-    return zeros(std::span<const int64_t>(shape.begin(), shape.size()), dtype, device);
+  static Tensor zeros(std::span<const int64_t> shape, DType dtype, Device device = Device::host, MemoryLabel label = {});
+  static Tensor zeros(std::initializer_list<int64_t> shape, DType dtype, Device device = Device::host,
+                      MemoryLabel label = {}) {
+    return zeros(std::span<const int64_t>(shape.begin(), shape.size()), dtype, device, label);
   }
 
   const TensorView& view() const { return view_; }
@@ -125,6 +138,7 @@ class Tensor {
   int64_t numel() const { return view_.numel(); }
   size_t nbytes() const { return view_.nbytes(); }
   bool defined() const { return view_.defined(); }
+  bool is_meta() const { return view_.is_meta(); }
   std::string shape_string() const { return view_.shape_string(); }
 
  private:
@@ -134,13 +148,20 @@ class Tensor {
 
 // Copies src into dst (same shape). Handles host<->cuda transfers and, on the host, conversion
 // between f32, bf16 and f64 (and between i32 and i64). Strided views are copied element by element on the host; device copies need
-// contiguous views.
+// contiguous views. Nothing to copy where either is meta.
 void copy_into(const TensorView& dst, const TensorView& src);
 // A contiguous copy on `device` with element type `dtype`.
-Tensor to(const TensorView& src, Device device, DType dtype);
-inline Tensor to_device(const TensorView& src, Device device) { return to(src, device, src.dtype()); }
-inline Tensor clone(const TensorView& src) { return to(src, src.device(), src.dtype()); }
-// Fills a float view with a constant (host: f32/bf16/f64, any strides; device: f32/bf16, contiguous).
+Tensor to(const TensorView& src, Device device, DType dtype, MemoryLabel label = {});
+inline Tensor to_device(const TensorView& src, Device device, MemoryLabel label = {}) {
+  return to(src, device, src.dtype(), label);
+}
+inline Tensor clone(const TensorView& src, MemoryLabel label = {}) { return to(src, src.device(), src.dtype(), label); }
+// ‖got − ref‖ / ‖ref‖ over all entries of two equally shaped float tensors (any device, any float
+// type; ‖got − ref‖ alone when ref is zero); +inf when got has a non-finite entry. How the GPU
+// tests and the benchmarks' correctness checks compare a kernel with its reference.
+double rms_ratio(const TensorView& got, const TensorView& ref);
+// Fills a float view with a constant (host: f32/bf16/f64, any strides; device: f32/bf16, contiguous);
+// nothing for a meta view.
 void fill(const TensorView& dst, double value);
 
 }  // namespace hydra

@@ -70,12 +70,15 @@ FileStamp stamp_of(const std::string& path) {
 
 }  // namespace
 
-std::string token_identity_cache_dir() {
-  if (const char* dir = std::getenv("HYDRA_CACHE_DIR"); dir && *dir) return dir;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return (fs::path(xdg) / "hydra").string();
-  const char* home = std::getenv("HOME");
-  return (fs::path(home && *home ? home : "/tmp") / ".cache" / "hydra").string();
+namespace {
+std::string& cache_dir() {
+  static std::string dir;
+  return dir;
 }
+}  // namespace
+
+void set_token_identity_cache_dir(std::string dir) { cache_dir() = std::move(dir); }
+const std::string& token_identity_cache_dir() { return cache_dir(); }
 
 TokenFileIdentity compute_token_file_identity(const std::string& path, int64_t window_seq_len,
                                               std::vector<int32_t>* window_index) {
@@ -144,6 +147,7 @@ uint64_t window_index_checksum(const std::string& identity, int64_t seq_len, con
 }  // namespace
 
 std::optional<std::vector<int32_t>> load_window_index(const std::string& identity, int64_t seq_len, int64_t windows) {
+  if (token_identity_cache_dir().empty()) return std::nullopt;
   const std::string entry = window_index_entry(identity, seq_len);
   std::error_code ec;
   // A regular file of the counts (4 bytes a window) and their checksum (8 bytes, little-endian).
@@ -168,6 +172,7 @@ std::optional<std::vector<int32_t>> load_window_index(const std::string& identit
 
 void store_window_index(const std::string& identity, int64_t seq_len, const std::vector<int32_t>& index,
                         const std::string& file_for_messages) {
+  if (token_identity_cache_dir().empty()) return;
   const std::string entry = window_index_entry(identity, seq_len);
   try {
     fs::create_directories(fs::path(entry).parent_path());
@@ -235,6 +240,7 @@ std::string entry_checksum(nlohmann::json fields) {
 // The cached fields when the entry is a regular file of JSON whose checksum verifies (damage, a cut,
 // an edit) and that is fresh (same version, path and stamp), else null: the caller computes again.
 nlohmann::json read_cache(const CacheEntry& e) {
+  if (token_identity_cache_dir().empty()) return nlohmann::json();
   std::error_code ec;
   if (!fs::is_regular_file(e.path, ec) || fs::file_size(e.path, ec) > (size_t{1} << 20)) return nlohmann::json();
   nlohmann::json cached;
@@ -255,7 +261,7 @@ nlohmann::json read_cache(const CacheEntry& e) {
 
 // Written only when the file did not change while it was read (its stamp still the one read first).
 void write_cache(const CacheEntry& e, const std::string& path, nlohmann::json fields) {
-  if (stamp_of(path).json() != e.stamp) return;
+  if (token_identity_cache_dir().empty() || stamp_of(path).json() != e.stamp) return;
   try {
     std::error_code ec;
     fs::create_directories(e.path.parent_path(), ec);

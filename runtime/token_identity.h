@@ -11,8 +11,9 @@
 // Two files with equal datasets agree whatever else they hold, and a mismatch names the datasets. Computing it reads the file once (streamed, bounded memory); it also yields the ids'
 // range, so a vocabulary check costs nothing afterwards.
 //
-// The cache: a verified identity is kept in $HYDRA_CACHE_DIR (default $XDG_CACHE_HOME/hydra, else
-// ~/.cache/hydra) under token-identity/<XXH3 of the absolute path>.json, with the file's size,
+// The cache: a verified identity is kept in the cache folder (set_token_identity_cache_dir; hydra sets
+// $HYDRA_CACHE_DIR, default $XDG_CACHE_HOME/hydra, else ~/.cache/hydra, at start, launch/cli.cpp)
+// under token-identity/<XXH3 of the absolute path>.json, with the file's size,
 // inode, device, mtime and ctime (nanoseconds). It is reused only when all five equal the file's
 // now: any write, copy, rename over or touch of the file changes its ctime (which no user call can
 // set back), so a stale entry is never used; the identity is then computed again (and cached).
@@ -73,7 +74,10 @@ std::string token_file_sample(const std::string& path);
 // so a repeated start or a --resume does not read a large model once more per rank to hash it.
 uint64_t cached_file_hash(const std::string& path, bool* reused = nullptr);
 
-// The directory of the cache (created on demand).
-std::string token_identity_cache_dir();
+// The folder of the cache (created on demand), set once at start by the launcher, which reads the
+// environment (launch/cli.cpp); empty, as it is until set (a library caller's), caches nothing: the
+// identity is computed and the window index counted on every call.
+void set_token_identity_cache_dir(std::string dir);
+const std::string& token_identity_cache_dir();
 
 }  // namespace hydra

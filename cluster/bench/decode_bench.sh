@@ -16,48 +16,33 @@
 #      targets of issue 57 (≥ 0.70 of the card's bandwidth at 32K and 512K batch 1, the hybrid ≥ 5×
 #      the teacher at 512K).
 #
-#   cluster/bench/decode_bench.sh BIN_DIR OUT_DIR
+#   OUT=DIR bash cluster/bench/decode_bench.sh      # from the repository root, on the device machine
 #
-# BIN_DIR holds hydra (a CUDA build). PYTHON (default python3) runs the anchors; without torch the
-# anchor step says so and the table shows our figures alone. Every step has a time limit and its
-# own log in OUT_DIR. CONTEXTS / BATCHES override the cells (e.g. CONTEXTS=32K,512K for a quick run).
+# A job of the GPU harness (cluster/gpu_job_lib.sh: the carried binaries or a build of hydra, each
+# step under its time limit and the call's deadline, logs and $OUT/decode.tgz after every step).
+# PYTHON (default python3) runs the anchors; without torch the anchor step says so and the table shows
+# our figures alone. CONTEXTS / BATCHES override the cells (e.g. CONTEXTS=32K,512K for a quick run).
 set -uo pipefail
-bin=$(cd "$1" && pwd); out=$2
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-mkdir -p "$out"
+source "$(dirname "${BASH_SOURCE[0]}")/../gpu_job_lib.sh"
+gpu_job_start decode "${DEADLINE:-585}" hydra || exit 1
 py=${PYTHON:-python3}
 contexts=${CONTEXTS:-32K,128K,512K,1M}
 batches=${BATCHES:-1,8,32}
-export PYTHONUNBUFFERED=1
-status="$out/status.txt"; : > "$status"
-echo "== $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 
-step() {  # NAME LIMIT_S LOG command...
-  local name=$1 limit=$2 log=$3; shift 3
-  local t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" > "$log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc $(( $(date +%s) - t0 ))s" | tee -a "$status"
-  return $rc
-}
-
-: > "$out/decode.jsonl"
 for model in hydrahead-1.7b qwen3-1.7b; do
-  step "hydra bench decode $model" 120 "$out/bench_$model.log" \
-    "$bin/hydra" bench --op decode --preset "$model" --contexts "$contexts" --batches "$batches" \
-    --warmup 3 --repeat 10 --json-out "$out/decode.jsonl"
-  grep -E "check|ceiling|decode .* (skipped|ms per step)" "$out/bench_$model.log" | sed 's/^/  /'
+  run_job "bench_$model" 120 "$H bench --op decode --preset $model --contexts $contexts --batches $batches \
+    --warmup 3 --repeat 10 --json-out $R/decode.jsonl"
+  grep -E "check|ceiling|decode .* (skipped|ms per step)" "$R/bench_$model.log" | sed 's/^/  /'
 done
 
-step "anchors" 90 "$out/anchors.log" "$py" "$root/cluster/bench/decode_anchor.py" --contexts "$contexts" --batches "$batches"
-grep '^{' "$out/anchors.log" > "$out/anchors.jsonl" || true
-grep -v '^{' "$out/anchors.log" | tail -3 | sed 's/^/  /'
+run_job anchors 90 "$py cluster/bench/decode_anchor.py --contexts $contexts --batches $batches"
+grep '^{' "$R/anchors.log" > "$R/anchors.jsonl" || true
+grep -v '^{' "$R/anchors.log" | tail -3 | sed 's/^/  /'
 
-if step "synth prompt" 60 "$out/synth.log" "$bin/hydra" synth --task lm --tokens 32768 --seq-len 32768 \
-     --vocab 151936 --seed 1 --out "$out/prompt32k.h5"; then
-  step "hydra generate hydrahead-1.7b 32K" 60 "$out/generate.log" "$bin/hydra" generate --preset hydrahead-1.7b \
-    --prompt "$out/prompt32k.h5" --max-new-tokens 64 --device cuda --out "$out/generate.jsonl" \
-    && sed 's/^/  /' "$out/generate.jsonl"
+if run_job synth_prompt 60 "$H synth --task lm --tokens 32768 --seq-len 32768 --vocab 151936 --seed 1 --out $R/prompt32k.h5"; then
+  run_job generate_32k 60 "$H generate --preset hydrahead-1.7b --prompt $R/prompt32k.h5 --max-new-tokens 64 \
+    --device cuda --out $R/generate.jsonl" && sed 's/^/  /' "$R/generate.jsonl"
 fi
 
-"$py" "$root/cluster/bench/decode_table.py" "$out/decode.jsonl" "$out/anchors.jsonl" | tee "$out/table.md"
+run_job table 30 "$py cluster/bench/decode_table.py $R/decode.jsonl $R/anchors.jsonl > $R/table.md" && cat "$R/table.md"
+gpu_job_end

@@ -33,7 +33,7 @@ import random
 import re
 import string
 
-from build_niah_set import arrange, assemble, distinct, draw_key, draw_value
+from niah_text import arrange, assemble, distinct, draw_key, draw_value
 
 FAMILIES = ("multiquery", "vartrack", "cwe", "fwe")
 HAS_DEPTH = {"multiquery": True, "vartrack": True, "cwe": False, "fwe": False}

@@ -6,11 +6,14 @@ evaluation) and curves/NAME-STAGE-step-NNNNNN.lm.json (eval-lm of each kept chec
 stage_curves.md (every point, with the file it came from) and stage_curves.svg (x: the stages one
 after another, stage k spanning (k − 1, k]). Standard library only.
 """
-import glob
 import json
 import math
 import os
 import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import results_files as rf  # noqa: E402  (cluster/: a folder's files, plain, gzipped or archived)
 
 STAGES = ["align", "distill", "finetune"]
 COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
@@ -18,16 +21,16 @@ COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e3
 
 def _read_json(path):
     try:
-        with open(path) as f:
+        with rf.open_text(path) as f:
             return json.load(f)
     except (OSError, ValueError):
         return None
 
 
 def _jsonl(path):
-    if not os.path.exists(path):
+    if not rf.exists(path):
         return []
-    with open(path) as f:
+    with rf.open_text(path) as f:
         return [json.loads(l) for l in f if l.strip()]
 
 
@@ -43,7 +46,7 @@ def student_curve(res, name, tasks, steps_of):
         total = steps_of.get(stage) or 1
         evals = {r["step"]: r for r in _jsonl(os.path.join(res, "train", f"{name}-{stage}.jsonl")) if r.get("type") == "eval"}
         lms = {}
-        for path in glob.glob(os.path.join(res, "curves", f"{name}-{stage}-step-*.lm.json")):
+        for path in rf.glob(os.path.join(res, "curves", f"{name}-{stage}-step-*.lm.json")):
             m = re.search(r"step-(\d+)\.lm\.json$", path)
             j = _read_json(path)
             if m and j:

@@ -29,13 +29,16 @@ recurrent state alone can answer); tasks = those the teacher solves at its train
 (accuracy ≥ 0.9), all tasks when it solves none (said in the output).
 Standard library only.
 """
-import gzip
 import json
 import math
 import os
 import re
+import sys
 
 import stats
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import results_files as rf  # noqa: E402  (cluster/: a folder's files, plain, gzipped or archived)
 
 MARGIN = 0.05  # equivalence margin on the accuracy difference (absolute)
 CEILING = 0.95  # both arms at or above: at the ceiling
@@ -57,11 +60,9 @@ def bound(r, chance):
 def read_items(path):
     """{(task, length, depth, sample): 0/1} from hydra eval-niah's per-sample lines."""
     items = {}
-    if not os.path.exists(path):
-        if not os.path.exists(path + ".gz"):  # results folders keep their eval lines gzipped
-            return items
-        path += ".gz"
-    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+    if not rf.exists(path):
+        return items
+    with rf.open_text(path) as f:
         for line in f:
             if line.strip():
                 r = json.loads(line)
@@ -387,12 +388,11 @@ def main(res):
     """Decisions and claims of a results folder from its plan.json, evals/ and heads.json (what report.py
     does for these two files, without rewriting the others)."""
     import claims
-    with open(os.path.join(res, "plan.json")) as f:
-        plan = json.load(f)
+    plan = json.loads(rf.read_text(os.path.join(res, "plan.json")))
     models = ["teacher"] + [st["name"] for st in plan.get("students", [])]
     items_of = {m: read_items(os.path.join(res, "evals", f"{m}.niah.jsonl")) for m in models}
     heads_path = os.path.join(res, "heads.json")
-    heads_json = json.load(open(heads_path)) if os.path.exists(heads_path) else None
+    heads_json = json.loads(rf.read_text(heads_path)) if rf.exists(heads_path) else None
     decide(res, plan, models, items_of.get("teacher", {}), items_of, heads_json)
     with open(os.path.join(res, "decisions.json")) as f:
         claims.write(res, json.load(f), plan)

@@ -13,8 +13,10 @@ the folder it came from; OUT/merged_from.json lists the folders. Standard librar
 """
 import json
 import os
-import shutil
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import results_files as rf  # noqa: E402  (cluster/: a folder's files, plain, gzipped or archived)
 
 SAME = ("eval_seed", "eval_lengths", "depths", "samples", "eval_tasks", "seq_len", "finetune_seq_len", "preset", "vocab")
 
@@ -28,10 +30,11 @@ def main(out, folders):
     plans = []
     for f in folders:
         try:
-            plans.append(json.load(open(os.path.join(f, "plan.json"))))
+            plans.append(json.load(rf.open_text(os.path.join(f, "plan.json"))))
         except (OSError, ValueError) as e:
             fail(f"{f}: no readable plan.json ({e})")
-    heads = [open(os.path.join(f, "heads.json")).read() if os.path.exists(os.path.join(f, "heads.json")) else None for f in folders]
+    heads = [rf.read_text(os.path.join(f, "heads.json")) if rf.exists(os.path.join(f, "heads.json")) else None
+             for f in folders]
     scored = [(json.loads(h).get("fa_heads"), json.loads(h).get("scores")) if h else None for h in heads]
     if any(h is None or h != scored[0] for h in scored):
         fail("the folders' heads.json differ in head sets or scores (or one is missing): not the same teacher's head scores")
@@ -60,20 +63,22 @@ def main(out, folders):
         os.makedirs(os.path.join(out, sub), exist_ok=True)
         for k, folder in enumerate(folders):
             src = os.path.join(folder, sub)
-            if not os.path.isdir(src):
-                continue
-            for name in os.listdir(src):
+            for name in rf.listdir(src):  # plain, gzipped or in the folder's archive
+                data = rf.read_bytes(os.path.join(src, name))
+                if data is None or (name.endswith(".gz") and name[:-3] in rf.listdir(src)):
+                    continue  # a folder, or a .gz whose content is copied under its plain name
                 dst = os.path.join(out, sub, name)
                 if os.path.exists(dst):
                     if name.startswith("teacher") or sub in ("head_sets", "logs"):
                         continue  # the same teacher evaluated again / the same head set: keep the first
                     fail(f"{folder}/{sub}/{name} is also in an earlier folder")
-                shutil.copy2(os.path.join(src, name), dst)
+                with open(dst, "wb") as f:
+                    f.write(data)
     with open(os.path.join(out, "timings.jsonl"), "w") as f:
         for folder in folders:
             path = os.path.join(folder, "timings.jsonl")
-            if os.path.exists(path):
-                for line in open(path):
+            if rf.exists(path):
+                for line in rf.open_text(path):
                     if line.strip():
                         row = json.loads(line)
                         row["from"] = folder

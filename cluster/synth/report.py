@@ -36,9 +36,11 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import claims  # noqa: E402  (beside this file)
 import curves as stage_curves  # noqa: E402
 import decide  # noqa: E402
+import results_files as rf  # noqa: E402  (cluster/: a folder's files, plain, gzipped or archived)
 
 # The default plan's students have names the claims below know; a plan's other students are listed
 # under their own names and head specs (plan.json "students").
@@ -54,10 +56,10 @@ COLORS = {"teacher": "#222222", "selected": "#d62728", "random": "#1f77b4", "lay
 
 
 def read_jsonl(path):
-    if not os.path.exists(path):
+    if not rf.exists(path):
         return []
     out = []
-    with open(path) as f:
+    with rf.open_text(path) as f:
         for line in f:
             line = line.strip()
             if line:
@@ -66,17 +68,17 @@ def read_jsonl(path):
 
 
 def read_json(path):
-    if not os.path.exists(path):
+    if not rf.exists(path):
         return None
-    with open(path) as f:
+    with rf.open_text(path) as f:
         return json.load(f)
 
 
 def parse_info(path):
     """hydra info's text: H, G, d, layers and every layer's FA heads."""
-    if not os.path.exists(path):
+    if not rf.exists(path):
         return None
-    text = open(path).read()
+    text = rf.read_text(path)
     m = re.search(r"(\d+) layers, D=(\d+), H=(\d+), G=(\d+), d=(\d+)", text)
     if not m:
         return None
@@ -279,15 +281,15 @@ def main(res):
     info, cells_of, lm = {}, {}, {}
     for m in models:
         info[m] = parse_info(os.path.join(res, "models", f"{m}.info.txt"))
-        if os.path.exists(os.path.join(res, "evals", f"{m}.niah.jsonl")):
+        if rf.exists(os.path.join(res, "evals", f"{m}.niah.jsonl")):
             cells_of[m] = niah_cells(os.path.join(res, "evals", f"{m}.niah.jsonl"))
         j = read_json(os.path.join(res, "evals", f"{m}.lm.json"))
         lm[m] = j["loss"] if j else None
     present = [m for m in models if info[m] or m in cells_of]
     floor = None  # the language's own expected loss on the held-out windows (hydra synth's summary line)
     log = os.path.join(res, "logs", "synth-heldout-lm.log")
-    if os.path.exists(log):
-        for line in open(log):
+    if rf.exists(log):
+        for line in rf.open_text(log):
             if line.startswith("{"):
                 floor = json.loads(line).get("lm_loss_floor")
     curves = {}

@@ -23,7 +23,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import wilson  # noqa: E402
+from report import rf, wilson  # noqa: E402  (rf: a results folder's files, plain, gzipped or archived)
 
 
 def bootstrap_mean(xs, resamples=2000, seed=12345):
@@ -38,7 +38,7 @@ def read_samples(path):
     # The results file does not name its scoring; the file name does (NAME.generate.jsonl, NAME.tf.jsonl).
     score = "generate" if ".generate." in path else "teacher-forced" if ".tf." in path else "?"
     out = {}
-    with open(path) as f:
+    with rf.open_text(path) as f:
         for line in f:
             j = json.loads(line)
             if j.get("type") != "sample":
@@ -77,7 +77,7 @@ def main():
     ap.add_argument("evals", nargs="+", help="NAME=EVAL.jsonl")
     args = ap.parse_args()
     chance = {}
-    with open(args.chance) as f:
+    with rf.open_text(args.chance) as f:
         for line in f:
             j = json.loads(line)
             chance[(j["task"], j["length"])] = j

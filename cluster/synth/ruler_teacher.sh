@@ -49,7 +49,6 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$OUT" ] || { echo "ruler_teacher.sh: --out DIR is required" >&2; exit 2; }
 [ -x "$H" ] || { echo "ruler_teacher.sh: no hydra binary at $H (--hydra)" >&2; exit 2; }
-[ "$INIT" = scratch ] || [ -f "$INIT" ] || { echo "ruler_teacher.sh: --init $INIT: no such file" >&2; exit 2; }
 [[ "$STEPS" =~ ^[1-9][0-9]*$ && "$SAMPLES" =~ ^[1-9][0-9]*$ && "$JOBS" =~ ^[1-9][0-9]*$ &&
    "$VOCAB" =~ ^[1-9][0-9]*$ && "$BATCH" =~ ^[1-9][0-9]*$ ]] ||
   { echo "ruler_teacher.sh: --steps, --samples, --jobs, --vocab and --batch-seqs must be positive integers" >&2; exit 2; }
@@ -64,6 +63,19 @@ train_len=${lens[0]}
 for f in "${fams[@]}"; do
   case $f in multiquery|vartrack|cwe|fwe) ;; *) echo "ruler_teacher.sh: unknown family '$f'" >&2; exit 2;; esac
 done
+# The default teacher is kept in its results folder's archive (cluster/results_files.py): taken out
+# once, after every other check, so a bad argument writes nothing (a folder made for a failed
+# extraction is removed again).
+if [ "$INIT" != scratch ] && [ ! -f "$INIT" ]; then
+  made_out=0; [ -d "$OUT" ] || made_out=1
+  mkdir -p "$OUT"
+  if python3 "$here/../results_files.py" extract "$INIT" "$OUT/init_teacher.h5" 2> /dev/null; then
+    INIT=$OUT/init_teacher.h5
+  elif [ $made_out = 1 ]; then
+    rmdir "$OUT"
+  fi
+fi
+[ "$INIT" = scratch ] || [ -f "$INIT" ] || { echo "ruler_teacher.sh: --init $INIT: no such file" >&2; exit 2; }
 mkdir -p "$OUT"
 export OPENBLAS_NUM_THREADS=1
 

@@ -57,6 +57,7 @@ void adamw_update(const TensorView& master, const TensorView& m, const TensorVie
   expect_flat(grad, "grad", n);
   if (weight.defined()) expect_flat(weight, "weight", n);
   HYDRA_ASSERT(params.step >= 1, "adamw step {} (1-based)", params.step);
+  if (shapes_only({master, m, v, grad, weight})) return;
   if (on_cuda({master, m, v, grad, weight})) {
 #if HYDRA_CUDA
     cuda_impl::adamw_update(master, m, v, grad, weight, params);
@@ -80,6 +81,7 @@ void adamw_update(std::span<const AdamWSlice> slices, const AdamWParams& params)
     expect_flat(s.grad, "grad", n);
     if (s.weight.defined()) expect_flat(s.weight, "weight", n);
   }
+  if (shapes_only({slices[0].master})) return;
   if (on_cuda({slices[0].master})) {
 #if HYDRA_CUDA
     cuda_impl::adamw_update(slices, params);
@@ -95,6 +97,7 @@ void adamw_update(std::span<const AdamWSlice> slices, const AdamWParams& params)
 
 void zero_tensors(std::span<const TensorView> xs) {
   if (xs.empty()) return;
+  if (shapes_only({xs[0]})) return;
   if (on_cuda({xs[0]})) {
 #if HYDRA_CUDA
     cuda_impl::zero_tensors(xs);
@@ -105,6 +108,7 @@ void zero_tensors(std::span<const TensorView> xs) {
 }
 
 double sum_of_squares(std::span<const TensorView> xs) {
+  if (!xs.empty() && shapes_only({xs[0]})) return 0.0;
   if (!xs.empty() && on_cuda({xs[0]})) {
 #if HYDRA_CUDA
     for (const TensorView& x : xs) {
@@ -121,6 +125,7 @@ double sum_of_squares(std::span<const TensorView> xs) {
 
 double sum_of_squares(const TensorView& x) {
   HYDRA_ASSERT(x.is_contiguous(), "sum_of_squares needs a contiguous tensor, got {}", x.shape_string());
+  if (shapes_only({x})) return 0.0;
   if (on_cuda({x})) {
 #if HYDRA_CUDA
     return cuda_impl::sum_of_squares(x);

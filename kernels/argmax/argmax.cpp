@@ -11,6 +11,7 @@ void row_argmax(const TensorView& ids, const TensorView& logits) {
   expect_shape(ids, "argmax ids", {{"B", logits.size(0)}});
   expect_dtype(ids, "argmax ids", DType::i32);
   expect_dtype(logits, "argmax logits", DType::f32);
+  if (shapes_only({ids, logits})) return;
   if (on_cuda({ids, logits})) {
 #if HYDRA_CUDA
     cuda_impl::row_argmax(ids, logits);

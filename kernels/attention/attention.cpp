@@ -271,7 +271,9 @@ void attention_backward_cpu(const TensorView& dq, const TensorView& dk, const Te
 void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                        const TensorView& v, const AttentionParams& p) {
   check_shapes(out, lse, q, k, v, p);
+  const bool meta = shapes_only({out, lse, q, k, v});
   if (on_cuda({out, lse, q, k, v})) {
+    if (meta) return;
 #if HYDRA_CUDA
     cuda_impl::attention_forward(out, lse, q, k, v, p);
     return;
@@ -280,13 +282,15 @@ void attention_forward(const TensorView& out, const TensorView& lse, const Tenso
   if (p.output == AttentionOutput::merge) {
     // CPU: compute this block on its own, then merge; the CUDA kernel merges in its epilogue.
     const AttentionMergeBuffers spec = attention_merge_buffers(out.size(0), out.size(1), out.size(2), out.dtype());
-    Tensor part = spec.part.empty(Device::host), part_lse = spec.part_lse.empty(Device::host);
+    Tensor part = spec.part.empty(Device::host, {MemoryPart::workspaces, "attention block part"});
+    Tensor part_lse = spec.part_lse.empty(Device::host, {MemoryPart::workspaces, "attention block lse"});
     AttentionParams fresh = p;
     fresh.output = AttentionOutput::overwrite;
     attention_forward(part, part_lse, q, k, v, fresh);
     attention_merge(out, lse, part, part_lse);
     return;
   }
+  if (meta) return;
   with_host_float({{out, "out"}, {lse, "lse"}, {q, "q"}, {k, "k"}, {v, "v"}},
                   [&](auto zero) { attention_forward_cpu<decltype(zero)>(out, lse, q, k, v, p); });
 }
@@ -301,6 +305,7 @@ void attention_merge(const TensorView& out, const TensorView& lse, const TensorV
   expect_shape(part_out, "merge part_out", {{"Tq", out.size(0)}, {"Hq", out.size(1)}, {"dv", out.size(2)}});
   expect_shape(lse, "merge lse", {{"Hq", out.size(1)}, {"Tq", out.size(0)}});
   expect_shape(part_lse, "merge part_lse", {{"Hq", out.size(1)}, {"Tq", out.size(0)}});
+  if (shapes_only({out, lse, part_out, part_lse})) return;
   with_host_float({{out, "out"}, {lse, "lse"}, {part_out, "part_out"}, {part_lse, "part_lse"}},
                   [&](auto zero) { attention_merge_cpu<decltype(zero)>(out, lse, part_out, part_lse); });
 }
@@ -309,6 +314,7 @@ void attention_backward_prepare(const TensorView& delta, const TensorView& d_out
   expect_shape(out, "attention out", {{"Tq", -1}, {"Hq", -1}, {"dv", -1}});
   expect_shape(d_out, "attention d_out", {{"Tq", out.size(0)}, {"Hq", out.size(1)}, {"dv", out.size(2)}});
   expect_shape(delta, "attention delta", {{"Hq", out.size(1)}, {"Tq", out.size(0)}});
+  if (shapes_only({delta, d_out, out})) return;
   if (on_cuda({delta, d_out, out})) {
 #if HYDRA_CUDA
     cuda_impl::attention_backward_prepare(delta, d_out, out);
@@ -327,6 +333,7 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
   expect_shape(dq, "attention dq", {{"Tq", q.size(0)}, {"Hq", q.size(1)}, {"d", q.size(2)}});
   expect_shape(dk, "attention dk", {{"Tk", k.size(0)}, {"Hk", k.size(1)}, {"d", k.size(2)}});
   expect_shape(dv, "attention dv", {{"Tk", v.size(0)}, {"Hk", v.size(1)}, {"dv", v.size(2)}});
+  if (shapes_only({dq, dk, dv, d_out, q, k, v, lse, delta})) return;
   if (on_cuda({dq, dk, dv, d_out, q, k, v, lse, delta})) {
 #if HYDRA_CUDA
     cuda_impl::attention_backward(dq, dk, dv, d_out, q, k, v, lse, delta, params);

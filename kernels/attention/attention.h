@@ -65,7 +65,7 @@ void attention_forward(const TensorView& out, const TensorView& lse, const Tenso
 // What attention_forward with AttentionOutput::merge allocates on the host: the CPU computes the
 // block on its own into these, then merges them (attention_merge); the CUDA kernel merges in its
 // epilogue and allocates nothing. For out [Tq, Hq, dv] of type `acc` (the ring's merge
-// accumulator); the memory plan prices the same (model/memory_plan.cpp).
+// accumulator). A shape-only run (the memory plans) holds them on the host as the CPU does.
 struct AttentionMergeBuffers {
   BufferSpec part;      // [Tq, Hq, dv], acc
   BufferSpec part_lse;  // [Hq, Tq], acc

@@ -104,6 +104,7 @@ void attention_decode(const TensorView& out, const TensorView& lse, const Tensor
   }
   HYDRA_ASSERT(max_length >= 0 && max_length <= k_cache.size(1), "decode attention: at most {} keys in a cache of {} rows",
                max_length, k_cache.size(1));
+  if (shapes_only({out, lse, q, k_cache, v_cache, slots, lengths, q_positions})) return;
   if (on_cuda({out, lse, q, k_cache, v_cache, slots, lengths, q_positions})) {
 #if HYDRA_CUDA
     cuda_impl::attention_decode(out, lse, q, k_cache, v_cache, slots, lengths, max_length, q_positions, params);
@@ -126,6 +127,7 @@ void kv_cache_append(const TensorView& k_cache, const TensorView& v_cache, const
   check_index_vector(rows, "append rows", n);
   HYDRA_ASSERT(k_cache.dtype() == k_new.dtype() && v_cache.dtype() == v_new.dtype(), "append: cache {} / rows {}",
                dtype_name(k_cache.dtype()), dtype_name(k_new.dtype()));
+  if (shapes_only({k_cache, v_cache, k_new, v_new, slots, rows})) return;
   if (on_cuda({k_cache, v_cache, k_new, v_new, slots, rows})) {
 #if HYDRA_CUDA
     cuda_impl::kv_cache_append(k_cache, v_cache, k_new, v_new, slots, rows);
@@ -150,6 +152,7 @@ void attention_merge_partials(const TensorView& out, const TensorView& lse, cons
   expect_shape(part_lse, "merge parts lse", {{"n", n}, {"Hq", hq}, {"B", rows}});
   expect_shape(out, "merge out", {{"B", rows}, {"Hq", hq}, {"dv", dv}});
   expect_shape(lse, "merge lse", {{"Hq", hq}, {"B", rows}});
+  if (shapes_only({out, lse, part_out, part_lse})) return;
   if (on_cuda({out, lse, part_out, part_lse})) {
 #if HYDRA_CUDA
     cuda_impl::attention_merge_partials(out, lse, part_out, part_lse);

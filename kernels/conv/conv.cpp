@@ -107,6 +107,7 @@ void conv_backward_cpu(const TensorView& dx, const TensorView& dw, const TensorV
 void causal_conv_silu(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& prefix) {
   check_shapes(x, w, prefix);
   expect_shape(out, "conv out", {{"T", x.size(0)}, {"C", x.size(1)}});
+  if (shapes_only({out, x, w, prefix})) return;
   if (on_cuda({out, x, w, prefix})) {
 #if HYDRA_CUDA
     cuda_impl::causal_conv_silu(out, x, w, prefix);
@@ -127,6 +128,7 @@ void causal_conv_silu_backward(const TensorView& dx, const TensorView& dw, const
   expect_shape(d_out, "conv d_out", {{"T", t_len}, {"C", channels}});
   if (dw.defined()) expect_shape(dw, "conv dw", {{"C", channels}, {"K", kernel}});
   if (d_prefix.defined()) expect_shape(d_prefix, "conv d_prefix", {{"K-1", kernel - 1}, {"C", channels}});
+  if (shapes_only({dx, dw, d_prefix, d_out, x, w, prefix})) return;
   if (on_cuda({dx, dw, d_prefix, d_out, x, w, prefix})) {
 #if HYDRA_CUDA
     cuda_impl::causal_conv_silu_backward(dx, dw, d_prefix, d_out, x, w, prefix);

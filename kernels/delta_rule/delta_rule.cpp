@@ -148,6 +148,7 @@ void delta_rule_recurrent(const TensorView& out, const TensorView& state, const 
                           const TensorView& v, const TensorView& g, const TensorView& beta,
                           const DeltaRuleParams& params) {
   HYDRA_ASSERT(!on_cuda({out, state, q, k, v, g, beta}), "the recurrent form is the CPU oracle; use the chunked form on CUDA");
+  if (shapes_only({out, state, q, k, v, g, beta})) return;
   Dims d;
   if (check_host(&out, &state, &q, k, v, g, beta, &d) == DType::f64) {
     recurrent_cpu<double>(out, state, q, k, v, g, beta, params, d);
@@ -160,13 +161,20 @@ void delta_rule_chunked(const TensorView& out, const TensorView& state, const Te
                         const TensorView& v, const TensorView& g, const TensorView& beta,
                         const DeltaRuleParams& params) {
   if (on_cuda({out, state, q, k, v, g, beta})) {
-#if HYDRA_CUDA
     delta_cpu::check_shapes(&out, &state, &q, k, v, g, beta);
+    if (shapes_only({out, state, q, k, v, g, beta})) {
+      // delta_rule_forward.cu's chunk workspace (delta_rule_prepare.cu, with queries), one block per call.
+      allocate_storage(static_cast<size_t>(delta_rule_prepare_buffers(q.size(0), q.size(1), q.size(2), true, false).bytes()),
+                       Device::cuda, {MemoryPart::workspaces, "GDN chunk workspace"});
+      return;
+    }
+#if HYDRA_CUDA
     cuda_impl::delta_rule_chunked(out, state, q, k, v, g, beta, params);
     return;
 #endif
   }
   HYDRA_ASSERT(params.chunk >= 1, "chunk size {}", params.chunk);
+  if (shapes_only({out, state, q, k, v, g, beta})) return;  // the CPU form keeps its chunk state in vectors
   Dims d;
   if (check_host(&out, &state, &q, k, v, g, beta, &d) == DType::f64) {
     chunked_cpu<double>(out, state, q, k, v, g, beta, params, d);
@@ -177,6 +185,7 @@ void delta_rule_chunked(const TensorView& out, const TensorView& state, const Te
 
 void delta_rule_segment_map(const TensorView& m, const TensorView& s_ext, const TensorView& k, const TensorView& v,
                             const TensorView& g, const TensorView& beta, const DeltaRuleParams& params) {
+  if (shapes_only({m, s_ext, k, v, g, beta})) return;
   if (on_cuda({m, s_ext, k, v, g, beta})) {
 #if HYDRA_CUDA
     delta_cpu::check_shapes(nullptr, &s_ext, nullptr, k, v, g, beta);
@@ -203,6 +212,7 @@ void delta_rule_apply_map(const TensorView& state, const TensorView& m, const Te
   const int64_t h = state.size(0), dk = state.size(1), dv = state.size(2);
   expect_shape(m, "map m", {{"H", h}, {"dk", dk}, {"dk", dk}});
   expect_shape(s_ext, "map s_ext", {{"H", h}, {"dk", dk}, {"dv", dv}});
+  if (shapes_only({state, m, s_ext})) return;
   if (on_cuda({state, m, s_ext})) {
 #if HYDRA_CUDA
     cuda_impl::delta_rule_apply_map(state, m, s_ext);

@@ -37,8 +37,9 @@ enum class GdnProfile { off, stages, serial_stages };
 inline constexpr int64_t kDeltaRuleChunk = 64;
 
 // The GPU kernels' own workspaces (allocated in delta_rule_prepare.cu and delta_rule_backward.cu from
-// these specs; the memory plan, model/memory_plan.cpp, prices the same). The CPU reference keeps its
-// per-chunk state in plain vectors instead. For `rows` rows of `heads` heads of size d, in chunks of
+// these specs; in a shape-only run the dispatchers, delta_rule.cpp and delta_rule_backward.cpp, hold
+// them in the launchers' order, the prepared chunks as one block, for the memory plans,
+// model/memory_plan.h). The CPU reference keeps its per-chunk state in plain vectors instead. For `rows` rows of `heads` heads of size d, in chunks of
 // C = kDeltaRuleChunk rows:
 struct DeltaRulePrepareBuffers {
   BufferSpec gamma;          // [chunks, H, C] fp32: the decay prefix

@@ -274,12 +274,28 @@ void delta_rule_chunked_backward(const TensorView& dq, const TensorView& dk, con
   expect_shape(dbeta, "delta rule dbeta", {{"T", d.t}, {"H", d.h}});
   expect_shape(d_state, "delta rule d_state", {{"H", d.h}, {"dk", d.dk}, {"dv", d.dv}});
   if (on_cuda({dq, dk, dv, dg, dbeta, d_state, d_out, q, k, v, g, beta, state0})) {
+    if (shapes_only({dq, dk, dv, dg, dbeta, d_state, d_out, q, k, v, g, beta, state0})) {
+      // What delta_rule_backward.cu's chunked backward holds, in its order: the prepared chunks (one
+      // block), the state and the chunk states and v_new it recomputes, and their gradients.
+      const std::shared_ptr<void> prepared = allocate_storage(
+          static_cast<size_t>(delta_rule_prepare_buffers(d.t, d.h, d.dk, true, true).bytes()), Device::cuda,
+          {MemoryPart::workspaces, "GDN backward workspace"});
+      const DeltaRuleBackwardBuffers spec = delta_rule_backward_buffers(d.t, d.h, d.dk);
+      const Tensor state = clone(state0, {MemoryPart::workspaces, "GDN state"});
+      const Tensor states = spec.states.empty(Device::cuda, {MemoryPart::workspaces, "GDN chunk states"});
+      const Tensor vnew = spec.v_new.empty(Device::cuda, {MemoryPart::workspaces, "GDN v_new"});
+      const Tensor dstate = clone(d_state, {MemoryPart::workspaces, "GDN state gradient"});
+      const Tensor dstates = spec.states.empty(Device::cuda, {MemoryPart::workspaces, "GDN chunk state gradients"});
+      const Tensor dvnew = spec.v_new.empty(Device::cuda, {MemoryPart::workspaces, "GDN v_new gradient"});
+      return;
+    }
 #if HYDRA_CUDA
     cuda_impl::delta_rule_chunked_backward(dq, dk, dv, dg, dbeta, d_state, d_out, q, k, v, g, beta, state0, params);
     return;
 #endif
   }
   HYDRA_ASSERT(params.chunk >= 1, "chunk size {}", params.chunk);
+  if (shapes_only({dq, dk, dv, dg, dbeta, d_state, d_out, q, k, v, g, beta, state0})) return;  // vectors on the CPU
   with_host_float({{dq, "dq"}, {dk, "dk"}, {dv, "dv"}, {dg, "dg"}, {dbeta, "dbeta"}, {d_state, "d_state"},
                    {d_out, "d_out"}, {q, "q"}, {k, "k"}, {v, "v"}, {g, "g"}, {beta, "beta"}, {state0, "state0"}},
                   [&](auto zero) {
@@ -293,12 +309,20 @@ void delta_rule_state_backward(const TensorView& d_state, const TensorView& d_ou
                                const DeltaRuleParams& params) {
   const Dims d = delta_cpu::check_shapes(&d_out, &d_state, &q, k, TensorView(), g, beta);
   if (on_cuda({d_state, d_out, q, k, g, beta})) {
+    if (shapes_only({d_state, d_out, q, k, g, beta})) {  // delta_rule_backward.cu: the prepared chunks, a state copy
+      const std::shared_ptr<void> prepared = allocate_storage(
+          static_cast<size_t>(delta_rule_prepare_buffers(d.t, d.h, d.dk, true, true).bytes()), Device::cuda,
+          {MemoryPart::workspaces, "GDN state backward workspace"});
+      const Tensor dstate = clone(d_state, {MemoryPart::workspaces, "GDN state gradient copy"});
+      return;
+    }
 #if HYDRA_CUDA
     cuda_impl::delta_rule_state_backward(d_state, d_out, q, k, g, beta, params);
     return;
 #endif
   }
   HYDRA_ASSERT(params.chunk >= 1, "chunk size {}", params.chunk);
+  if (shapes_only({d_state, d_out, q, k, g, beta})) return;
   with_host_float({{d_state, "d_state"}, {d_out, "d_out"}, {q, "q"}, {k, "k"}, {g, "g"}, {beta, "beta"}},
                   [&](auto zero) { state_backward_cpu<decltype(zero)>(d_state, d_out, q, k, g, beta, params, d); });
 }
@@ -308,6 +332,7 @@ void delta_rule_apply_map_transposed(const TensorView& d_state, const TensorView
   const int64_t h = d_state.size(0), dk = d_state.size(1), dv = d_state.size(2);
   expect_shape(m, "map m", {{"H", h}, {"dk", dk}, {"dk", dk}});
   expect_shape(d_loc, "d_loc", {{"H", h}, {"dk", dk}, {"dv", dv}});
+  if (shapes_only({d_state, m, d_loc})) return;
   if (on_cuda({d_state, m, d_loc})) {
 #if HYDRA_CUDA
     cuda_impl::delta_rule_apply_map_transposed(d_state, m, d_loc);

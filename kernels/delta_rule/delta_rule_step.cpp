@@ -78,6 +78,7 @@ void delta_rule_step(const TensorView& out, const TensorView& state, const Tenso
                  state.size(0));
   }
   const double scale = params.scale > 0 ? params.scale : 1.0 / std::sqrt(static_cast<double>(dk));
+  if (shapes_only({out, state, slots, q, k, v, g, beta})) return;
   if (on_cuda({out, state, slots, q, k, v, g, beta})) {
 #if HYDRA_CUDA
     cuda_impl::delta_rule_step(out, state, slots, q, k, v, g, beta, static_cast<float>(scale));

@@ -53,6 +53,7 @@ void sigmoid_gate_backward_cpu(const TensorView& dx, const TensorView& d_gate, c
 
 void add_inplace(const TensorView& x, const TensorView& y) {
   HYDRA_ASSERT(x.rank() == 2 && same_rows(x, y), "add: x {} vs y {}", x.shape_string(), y.shape_string());
+  if (shapes_only({x, y})) return;
   if (on_cuda({x, y})) {
 #if HYDRA_CUDA
     cuda_impl::add_inplace(x, y);
@@ -65,6 +66,7 @@ void add_inplace(const TensorView& x, const TensorView& y) {
 void sigmoid_gate(const TensorView& out, const TensorView& x, const TensorView& gate) {
   HYDRA_ASSERT(x.rank() == 2 && same_rows(x, gate) && same_rows(out, x), "sigmoid_gate: out {}, x {}, gate {}",
                out.shape_string(), x.shape_string(), gate.shape_string());
+  if (shapes_only({out, x, gate})) return;
   if (on_cuda({out, x, gate})) {
 #if HYDRA_CUDA
     cuda_impl::sigmoid_gate(out, x, gate);
@@ -81,6 +83,7 @@ void sigmoid_gate_backward(const TensorView& dx, const TensorView& d_gate, const
                    same_rows(d_gate, x),
                "sigmoid_gate_backward: dx {}, d_gate {}, d_out {}, x {}, gate {}", dx.shape_string(),
                d_gate.shape_string(), d_out.shape_string(), x.shape_string(), gate.shape_string());
+  if (shapes_only({dx, d_gate, d_out, x, gate})) return;
   if (on_cuda({dx, d_gate, d_out, x, gate})) {
 #if HYDRA_CUDA
     cuda_impl::sigmoid_gate_backward(dx, d_gate, d_out, x, gate);

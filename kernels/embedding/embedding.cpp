@@ -40,6 +40,7 @@ void embedding(const TensorView& out, const TensorView& table, const TensorView&
   expect_shape(ids, "token ids", {{"T", -1}});
   expect_shape(out, "embedding out", {{"T", ids.size(0)}, {"D", table.size(1)}});
   expect_dtype(ids, "token ids", DType::i32);
+  if (shapes_only({out, table, ids})) return;
   if (on_cuda({out, table, ids})) {
 #if HYDRA_CUDA
     cuda_impl::embedding(out, table, ids);
@@ -57,6 +58,7 @@ void embedding_backward(const TensorView& d_table, const TensorView& d_out, cons
   expect_shape(ids, "token ids", {{"T", -1}});
   expect_shape(d_out, "embedding d_out", {{"T", ids.size(0)}, {"D", d_table.size(1)}});
   expect_dtype(ids, "token ids", DType::i32);
+  if (shapes_only({d_table, d_out, ids})) return;
   if (on_cuda({d_table, d_out, ids})) {
 #if HYDRA_CUDA
     cuda_impl::embedding_backward(d_table, d_out, ids);

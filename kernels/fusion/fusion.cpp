@@ -162,6 +162,7 @@ void check_gradients(const TensorView& o, const FusionTensors& g, const HeadFusi
 
 void head_fusion(const TensorView& y, const TensorView& o, const FusionTensors& p, const HeadFusionParams& params) {
   check_shapes(o, p, params, {{y, "fusion y"}});
+  if (shapes_only({y, o, p.weight, p.gamma, p.gate, p.gate_bias})) return;
   if (on_cuda({y, o, p.weight, p.gamma, p.gate, p.gate_bias})) {
 #if HYDRA_CUDA
     cuda_impl::head_fusion(y, o, p, params);
@@ -177,13 +178,21 @@ void head_fusion_backward(const TensorView& d_o, const FusionTensors& grads, con
                           const TensorView& o, const FusionTensors& p, const HeadFusionParams& params) {
   check_shapes(o, p, params, {{d_o, "fusion d_o"}, {d_y, "fusion d_y"}});
   check_gradients(o, grads, params);
+  const bool meta = shapes_only({d_o, grads.weight, grads.gamma, grads.gate, grads.gate_bias, d_y, o, p.weight,
+                                 p.gamma, p.gate, p.gate_bias});
   if (on_cuda({d_o, grads.weight, grads.gamma, grads.gate, grads.gate_bias, d_y, o, p.weight, p.gamma, p.gate,
                p.gate_bias})) {
+    if (meta) {  // fusion.cu's row scalars
+      const BufferSpec scratch = head_fusion_backward_scratch(o.size(0), o.size(1), params.fusion);
+      if (scratch.exists()) scratch.empty(Device::cuda, {MemoryPart::workspaces, "fusion row scalars"});
+      return;
+    }
 #if HYDRA_CUDA
     cuda_impl::head_fusion_backward(d_o, grads, d_y, o, p, params);
     return;
 #endif
   }
+  if (meta) return;
   with_host_float({{d_o, "d_o"}, {grads.weight, "d_weight"}, {grads.gamma, "d_gamma"}, {grads.gate, "d_gate"},
                    {grads.gate_bias, "d_gate_bias"}, {d_y, "d_y"}, {o, "o"}, {p.weight, "weight"},
                    {p.gamma, "gamma"}, {p.gate, "gate"}, {p.gate_bias, "gate bias"}},

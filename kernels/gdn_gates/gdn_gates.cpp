@@ -76,6 +76,7 @@ void gdn_gates_backward_cpu(const TensorView& d_b_logits, const TensorView& d_a_
 void gdn_gates(const TensorView& beta, const TensorView& g, const TensorView& b_logits, const TensorView& a_logits,
                const TensorView& a_log, const TensorView& dt_bias) {
   check_shapes(b_logits, a_logits, a_log, dt_bias, {{beta, "gdn beta"}, {g, "gdn g"}});
+  if (shapes_only({beta, g, b_logits, a_logits, a_log, dt_bias})) return;
   if (on_cuda({beta, g, b_logits, a_logits, a_log, dt_bias})) {
 #if HYDRA_CUDA
     cuda_impl::gdn_gates(beta, g, b_logits, a_logits, a_log, dt_bias);
@@ -94,6 +95,7 @@ void gdn_gates_backward(const TensorView& d_b_logits, const TensorView& d_a_logi
                {{d_b_logits, "gdn d_b_logits"}, {d_a_logits, "gdn d_a_logits"}, {d_beta, "gdn d_beta"}, {d_g, "gdn d_g"}});
   if (d_a_log.defined()) expect_shape(d_a_log, "gdn d_A_log", {{"H", b_logits.size(1)}});
   if (d_dt_bias.defined()) expect_shape(d_dt_bias, "gdn d_dt_bias", {{"H", b_logits.size(1)}});
+  if (shapes_only({d_b_logits, d_a_logits, d_a_log, d_dt_bias, d_beta, d_g, b_logits, a_logits, a_log, dt_bias})) return;
   if (on_cuda({d_b_logits, d_a_logits, d_a_log, d_dt_bias, d_beta, d_g, b_logits, a_logits, a_log, dt_bias})) {
 #if HYDRA_CUDA
     cuda_impl::gdn_gates_backward(d_b_logits, d_a_logits, d_a_log, d_dt_bias, d_beta, d_g, b_logits, a_logits, a_log,

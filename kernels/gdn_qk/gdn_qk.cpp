@@ -58,6 +58,7 @@ void gdn_qkv_conv(const TensorView& out, const TensorView& inv_norm, const Tenso
   expect_shape(positions, "gdn conv positions", {{"T", x.size(0)}});
   expect_dtype(positions, "gdn conv positions", DType::i64);
   check_params(params, x.size(1));
+  if (shapes_only({out, inv_norm, x, w, prefix, positions})) return;
   if (on_cuda({out, inv_norm, x, w, prefix, positions})) {
 #if HYDRA_CUDA
     cuda_impl::gdn_qkv_conv(out, inv_norm, x, w, prefix, positions, params);
@@ -82,6 +83,7 @@ void gdn_qk_backward(const TensorView& dx, const TensorView& dy, const TensorVie
   expect_shape(positions, "gdn qk positions", {{"T", y.size(0)}});
   expect_dtype(positions, "gdn qk positions", DType::i64);
   HYDRA_ASSERT(params.head_dim % 2 == 0, "gdn_qk_backward needs an even head dim, got {}", params.head_dim);
+  if (shapes_only({dx, dy, y, inv_norm, positions})) return;
   if (on_cuda({dx, dy, y, inv_norm, positions})) {
 #if HYDRA_CUDA
     cuda_impl::gdn_qk_backward(dx, dy, y, inv_norm, positions, params);

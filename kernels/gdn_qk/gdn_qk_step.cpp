@@ -22,6 +22,7 @@ void gdn_qkv_conv_step(const TensorView& out, const TensorView& inv_norm, const 
   }
   expect_shape(positions, "conv step positions", {{"B", rows}});
   expect_dtype(positions, "conv step positions", DType::i64);
+  if (shapes_only({out, inv_norm, x, w, tail, slots, positions})) return;
   if (on_cuda({out, inv_norm, x, w, tail, slots, positions})) {
 #if HYDRA_CUDA
     cuda_impl::gdn_qkv_conv_step(out, inv_norm, x, w, tail, slots, positions, params);

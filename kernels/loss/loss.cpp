@@ -106,6 +106,7 @@ void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_los
   expect_dtype(targets, "cross_entropy targets", DType::i32);
   HYDRA_ASSERT(logits.size(1) > 0, "cross_entropy over an empty vocabulary");
   expect_grad_shape(grad, logits);
+  if (shapes_only({logits, row_loss, targets, grad})) return;
   if (on_cuda({logits, row_loss, targets, grad})) {
 #if HYDRA_CUDA
     cuda_impl::cross_entropy_with_grad(logits, row_loss, targets, grad_scale, grad);
@@ -135,6 +136,7 @@ void kl_divergence_with_grad(const TensorView& student_logits, const TensorView&
   }
   HYDRA_ASSERT(vocab > 0, "kl divergence over an empty vocabulary");
   expect_grad_shape(grad, student_logits);
+  if (shapes_only({student_logits, row_loss, teacher_logits, grad, targets})) return;
   if (on_cuda({student_logits, row_loss, teacher_logits, grad, targets})) {
 #if HYDRA_CUDA
     cuda_impl::kl_divergence_with_grad(student_logits, row_loss, teacher_logits, grad_scale, grad, targets);
@@ -157,6 +159,7 @@ void squared_error_with_grad(const TensorView& d_a, const TensorView& row_loss, 
   expect_shape(b, "squared_error b", {{"n", rows}, {"D", dim}});
   expect_shape(d_a, "squared_error d_a", {{"n", rows}, {"D", dim}});
   expect_shape(row_loss, "squared_error row_loss", {{"n", rows}});
+  if (shapes_only({d_a, row_loss, a, b})) return;
   if (on_cuda({d_a, row_loss, a, b})) {
 #if HYDRA_CUDA
     cuda_impl::squared_error_with_grad(d_a, row_loss, a, b, grad_scale);

@@ -62,6 +62,7 @@ void rms_norm(const TensorView& out, const TensorView& x, const TensorView& weig
   HYDRA_ASSERT(same_rows(out, x), "rms_norm: out {} vs x {}", out.shape_string(), x.shape_string());
   const int64_t n = row_length(x);
   expect_shape(weight, "rms_norm weight", {{"n", n}});
+  if (shapes_only({out, x, weight})) return;
   if (on_cuda({out, x, weight})) {
 #if HYDRA_CUDA
     cuda_impl::rms_norm(out, x, weight, params);
@@ -82,6 +83,7 @@ void rms_norm_backward(const TensorView& dx, const TensorView& d_weight, const T
     expect_shape(d_weight, "rms_norm d_weight", {{"n", n}});
     HYDRA_ASSERT(d_weight.is_contiguous(), "rms_norm d_weight must be contiguous");
   }
+  if (shapes_only({dx, d_weight, dy, x, weight})) return;
   if (on_cuda({dx, d_weight, dy, x, weight})) {
 #if HYDRA_CUDA
     cuda_impl::rms_norm_backward(dx, d_weight, dy, x, weight, params, accumulate);

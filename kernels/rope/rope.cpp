@@ -40,6 +40,7 @@ void rope(const TensorView& x, const TensorView& positions, const RopeParams& pa
   expect_shape(x, "rope x", {{"T", -1}, {"H", -1}, {"d", -1}});
   expect_shape(positions, "rope positions", {{"T", x.size(0)}});
   expect_dtype(positions, "rope positions", DType::i64);
+  if (shapes_only({x, positions})) return;
   if (on_cuda({x, positions})) {
 #if HYDRA_CUDA
     cuda_impl::rope(x, positions, params);

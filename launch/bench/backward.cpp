@@ -19,6 +19,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/delta_rule/delta_rule.h"
 #include "kernels/l2norm/l2norm.h"
+#include "model/config.h"
 #include "model/cost.h"
 #include "model/params.h"
 #include "runtime/log.h"
@@ -33,7 +34,6 @@ namespace {
 
 #if HYDRA_CUDA
 using bench::median_ms;
-using bench::rms_ratio;
 Tensor random_device(std::initializer_list<int64_t> shape, const std::string& name) {
   return bench::random_device(shape, name, 11);
 }
@@ -52,7 +52,7 @@ nlohmann::json check_attention(int64_t d, const ops::KernelOptions& kernels) {
   Tensor v = random_device({t, hk, d}, "check.v"), dout = random_device({t, h, d}, "check.dout");
   ops::AttentionParams p;
   p.q_position0 = p.k_position0 = 1000;
-  p.tau_log_base = 362.0;
+  p.tau_log_base = kDefaultFaLogBase;
   p.forward_kernel = kernels.attention;
   p.backward_kernel = kernels.attention_backward;
   auto run = [&](const Tensor& qx, const Tensor& kx, const Tensor& vx, const Tensor& dox, Device dev) {
@@ -134,7 +134,7 @@ KernelBenchResult bench_backward(const std::string& op, int64_t t, int64_t h, in
     Tensor dq = Tensor::empty({t, h, d}, DType::f32, Device::cuda), dk = Tensor::empty({t, hk, d}, DType::f32, Device::cuda),
            dv = Tensor::empty({t, hk, d}, DType::f32, Device::cuda);
     ops::AttentionParams p;
-    p.tau_log_base = 362.0;  // as the HydraHead FA heads run
+    p.tau_log_base = kDefaultFaLogBase;  // as the HydraHead FA heads run
     p.forward_kernel = kernels.attention;
     p.backward_kernel = kernels.attention_backward;
     auto forward = [&] { ops::attention_forward(out, lse, q, k, v, p); };

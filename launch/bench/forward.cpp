@@ -10,6 +10,7 @@
 #include "kernels/delta_rule/delta_rule.h"
 #include "kernels/l2norm/l2norm.h"
 #include "kernels/matmul/matmul.h"
+#include "model/config.h"
 #include "model/cost.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -109,7 +110,7 @@ KernelBenchResult bench_forward(const std::string& op, int64_t t, int64_t h, int
     const int64_t hk = kv_heads > 0 ? kv_heads : h;
     Tensor q = random_device({t, h, d}, "bench.q"), k = random_device({t, hk, d}, "bench.k"), v = random_device({t, hk, d}, "bench.v");
     Tensor out = Tensor::empty({t, h, d}, DType::f32, Device::cuda), lse = Tensor::empty({h, t}, DType::f32, Device::cuda);
-    const ops::AttentionParams p{.tau_log_base = 362.0, .forward_kernel = kernels.attention};
+    const ops::AttentionParams p{.tau_log_base = kDefaultFaLogBase, .forward_kernel = kernels.attention};  // HydraHead's τ
     ops::attention_forward(out, lse, q, k, v, p);
     check_attention(q, k, v, out, p);
     r.ms = median_ms(warmup, repeat, [&] { ops::attention_forward(out, lse, q, k, v, p); });

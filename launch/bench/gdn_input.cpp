@@ -86,7 +86,7 @@ nlohmann::json check(int64_t h, int64_t d) {
   cpu.conv();
   nlohmann::json report;
   auto expect = [&](const std::string& name, const TensorView& got, const TensorView& ref) {
-    const double r = bench::rms_ratio(got, ref);
+    const double r = rms_ratio(got, ref);
     report[name] = r;
     log::info("gdn-input check {}: RMS error ratio {:.2e} (tolerance 1e-2)", name, r);
     HYDRA_ASSERT(r <= 1e-2, "gdn-input check failed: {} RMS error ratio {}", name, r);

@@ -39,18 +39,4 @@ double median_ms(int warmup, int repeat, F&& f) {
   return ms[ms.size() / 2];
 }
 
-// ‖got − ref‖ / ‖ref‖ over all entries of two equally shaped tensors (any device, any float type);
-// +inf when got has a non-finite entry.
-inline double rms_ratio(const TensorView& got, const TensorView& ref) {
-  const Tensor a = to(got, Device::host, DType::f32), b = to(ref, Device::host, DType::f32);
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = a.data_as<float>()[i], y = b.data_as<float>()[i];
-    if (!std::isfinite(x)) return INFINITY;
-    num += (x - y) * (x - y);
-    den += y * y;
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
 }  // namespace hydra::bench

@@ -316,7 +316,7 @@ AnswerScore score_answer_rows(const Model& model, Communicator& comm, const Sequ
 
 AnswerScore evaluate_sample(const Model& model, Communicator& comm, const Sample& sample) {
   const int64_t total = static_cast<int64_t>(sample.ids.size());
-  const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank());
+  const SequenceLayout layout = group_layout(comm, total);
   Tensor ids = Tensor::empty({layout.local_length()}, DType::i32);  // [T_loc], local order
   for (const Segment& s : layout.local_segments()) {
     std::copy_n(sample.ids.begin() + s.start, s.length, ids.data_as<int32_t>() + s.local_offset);

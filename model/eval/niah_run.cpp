@@ -8,7 +8,9 @@
 #include <fmt/ranges.h>
 
 #include "model/eval/ruler.h"
+#include "model/generate.h"
 #include "model/nonfinite.h"
+#include "model/sequence_length.h"
 #include "parallel/agreement.h"
 #include "runtime/log.h"
 #include "runtime/sizes.h"
@@ -19,23 +21,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// The layout must admit every length for this rank count (same rule and message as hydra forward),
-// and a HydraHead model's segments must hold the conv halo. `where` prefixes the message (a set's sample).
-void check_length_for_ranks(int64_t length, const ModelConfig& config, int ranks, const std::string& where = "") {
-  SequenceLayout layout;
-  try {
-    layout = SequenceLayout::zigzag(length, ranks, 0);
-  } catch (const UserError& e) {
-    HYDRA_USER_FAIL("{}{}", where, e.what());
-  }
-  if (ranks > 1 && config.is_hydra()) {
-    HYDRA_USER_CHECK(layout.segment_length() >= config.conv_kernel - 1,
-                     "{}length {} on {} ranks gives segments of {} token(s), shorter than the conv halo ({} rows); use a "
-                     "longer sequence or fewer ranks",
-                     where, length, ranks, layout.segment_length(), config.conv_kernel - 1);
-  }
-}
 
 // What to change when a task does not fit a length: the knob that sizes it, and --suite ruler.
 std::string shrink_hint(const TaskParams& p, int64_t length, bool sized) {
@@ -57,6 +42,13 @@ std::string shrink_hint(const TaskParams& p, int64_t length, bool sized) {
 }
 
 }  // namespace
+
+MemoryEstimate eval_memory_estimate(const EvalPlan& plan, const ModelConfig& config, Scoring scoring, int sp,
+                                    Device device) {
+  return scoring == Scoring::generate
+             ? estimate_generation_memory(config, {plan.longest}, plan.longest_answer, sp, device, false)
+             : estimate_prefill_memory(config, plan.longest / sp, sp, device);
+}
 
 int64_t EvalPlan::total_samples() const {
   int64_t n = 0;
@@ -87,7 +79,7 @@ EvalPlan plan_generated(const std::vector<TaskParams>& tasks, const std::vector<
     }
   }
   for (int64_t length : lengths) {
-    check_length_for_ranks(length, config, ranks);
+    check_sequence_length(config, length, ranks);
     plan.longest = std::max(plan.longest, length);
   }
   for (size_t t = 0; t < tasks.size(); ++t) {
@@ -120,7 +112,7 @@ EvalPlan plan_eval_set(std::shared_ptr<const EvalSet> set, const std::string& so
   auto members = std::make_shared<std::vector<std::vector<size_t>>>();
   for (size_t i = 0; i < set->samples.size(); ++i) {
     const Sample& s = set->samples[i];
-    check_length_for_ranks(static_cast<int64_t>(s.ids.size()), config, ranks, fmt::format("{}: sample {}: ", source, i));
+    check_sequence_length(config, static_cast<int64_t>(s.ids.size()), ranks, fmt::format("{}: sample {}: ", source, i));
     plan.longest = std::max(plan.longest, static_cast<int64_t>(s.ids.size()));
     plan.longest_answer = std::max(plan.longest_answer, s.answer_length);
     const auto [it, fresh] = cell_of.try_emplace({s.length, s.depth}, plan.cells.size());

@@ -22,6 +22,7 @@
 #include "model/eval/niah.h"
 #include "model/eval/niah_report.h"
 #include "model/eval/niah_set.h"
+#include "model/memory_plan.h"
 #include "parallel/sequence_groups.h"
 
 namespace hydra::niah {
@@ -56,6 +57,13 @@ EvalPlan plan_generated(const std::vector<TaskParams>& tasks, const std::vector<
 // length checks, naming the sample (`source`: the set's path).
 EvalPlan plan_eval_set(std::shared_ptr<const EvalSet> set, const std::string& source, const ModelConfig& config,
                        int ranks);
+
+// What evaluating `plan` on sequence groups of `sp` ranks needs per rank (hydra eval-niah checks it
+// with check_memory_plan before any work): by generation, the longest sample's prefill, the cache
+// for it and its answer and the decode engine (model/generate.h estimate_generation_memory); by
+// teacher forcing, the longest sample's prefill (model/memory_plan.h estimate_prefill_memory).
+MemoryEstimate eval_memory_estimate(const EvalPlan& plan, const ModelConfig& config, Scoring scoring, int sp,
+                                    Device device);
 
 struct EvalTotals {
   int64_t samples = 0, correct = 0;

@@ -154,7 +154,7 @@ struct LocalRows {
 
 LocalRows run_forward_residual(const Model& model, Communicator& seq, const std::vector<int32_t>& ids, LayerObserver* observer) {
   const int64_t total = static_cast<int64_t>(ids.size());
-  LocalRows out{SequenceLayout::zigzag(total, seq.size(), seq.rank()), {}};
+  LocalRows out{group_layout(seq, total), {}};
   Tensor local = Tensor::empty({out.layout.local_length()}, DType::i32);  // [T_loc], local order
   for (const Segment& s : out.layout.local_segments()) {
     std::copy_n(ids.begin() + s.start, s.length, local.data_as<int32_t>() + s.local_offset);
@@ -253,7 +253,7 @@ PromptCache build_prompt_cache(const Model& model, Communicator& seq, const Cali
                "calibration prompt {}: patch start {} after answer {}", index, p.patch_start, p.answer_start);
   PromptCache cache;
   const std::string what = fmt::format("calibration prompt {}", index);
-  const SequenceLayout layout = SequenceLayout::zigzag(p.length(), seq.size(), seq.rank());
+  const SequenceLayout layout = group_layout(seq, p.length());
   RowRecorder clean_rec(c.num_layers, layout, p.patch_start, rows), corrupt_rec(c.num_layers, layout, p.patch_start, rows);
   const LocalRows residual = run_forward_residual(model, seq, p.clean, &clean_rec);
   const AnswerEval clean = evaluate_answer(model, seq, {residual.layout, model.final_norm(residual.rows)}, p, what);
@@ -315,28 +315,28 @@ double direct_effect(const PromptCache& cache, int64_t layer, int64_t head, cons
 
 }  // namespace
 
-HeadScores score_heads(const Model& teacher, SequenceGroups& groups, std::span<const CalibrationPrompt> prompts,
-                       std::span<const std::vector<int32_t>> lm_text, const ScoringOptions& options) {
-  const ModelConfig& c = teacher.config();
-  HYDRA_USER_CHECK(c.arch == Arch::qwen3, "head selection scores a Qwen3 teacher's heads; this model is {}",
-                   arch_name(c.arch));
-  HYDRA_USER_CHECK(!prompts.empty(), "head selection needs at least one calibration prompt");
-  const int64_t L = c.num_layers, H = c.num_heads, d = c.head_dim;
-  const auto start = Clock::now();
-  Communicator& seq = groups.sequence();
+namespace {
 
-  // 1. Caches: every group, every prompt and every text sequence.
-  std::vector<PromptCache> caches;
-  for (size_t i = 0; i < prompts.size(); ++i) caches.push_back(build_prompt_cache(teacher, seq, prompts[i], i));
-  HeadOutputSums sums(L, H, d);
+// The plain text's clean next-token NLL per sequence and every head's mean output over its positions
+// (the mean ablation's replacement), from one forward per sequence and one all-reduce of [L, H, d].
+struct TextBaseline {
   std::vector<double> nll_clean;
-  int64_t text_positions = 0, predictions = 0;
+  int64_t predictions = 0;
+  std::vector<std::vector<std::vector<float>>> means;  // [L][H][d]
+};
+
+TextBaseline measure_text(const Model& teacher, Communicator& seq, std::span<const std::vector<int32_t>> lm_text) {
+  const ModelConfig& c = teacher.config();
+  const int64_t L = c.num_layers, H = c.num_heads, d = c.head_dim;
+  TextBaseline out;
+  HeadOutputSums sums(L, H, d);
+  int64_t text_positions = 0;
   for (size_t m = 0; m < lm_text.size(); ++m) {
     HYDRA_ASSERT(lm_text[m].size() >= 2, "plain-text sequence {} of {} tokens", m, lm_text[m].size());
     const LocalRows hidden = run_forward(teacher, seq, lm_text[m], &sums);
-    nll_clean.push_back(sequence_nll(teacher, seq, hidden, lm_text[m], fmt::format("plain-text sequence {}", m)));
+    out.nll_clean.push_back(sequence_nll(teacher, seq, hidden, lm_text[m], fmt::format("plain-text sequence {}", m)));
     text_positions += static_cast<int64_t>(lm_text[m].size());
-    predictions += static_cast<int64_t>(lm_text[m].size()) - 1;
+    out.predictions += static_cast<int64_t>(lm_text[m].size()) - 1;
   }
   // The group's sums of its rows (one all-reduce of [L, H, d]), then the means.
   Tensor summed = Tensor::empty({L, H, d}, DType::f64);
@@ -347,22 +347,33 @@ HeadScores score_heads(const Model& teacher, SequenceGroups& groups, std::span<c
     }
   }
   if (seq.size() > 1) all_reduce_sum_host(seq, summed);
-  std::vector<std::vector<std::vector<float>>> means(static_cast<size_t>(L), std::vector<std::vector<float>>(static_cast<size_t>(H)));
+  out.means.assign(static_cast<size_t>(L), std::vector<std::vector<float>>(static_cast<size_t>(H)));
   for (int64_t l = 0; l < L; ++l) {
     for (int64_t h = 0; h < H; ++h) {
       for (int64_t k = 0; k < d; ++k) {
         const double s = summed.data_as<double>()[(l * H + h) * d + k];
-        means[l][h].push_back(text_positions > 0 ? static_cast<float>(s / static_cast<double>(text_positions)) : 0.0f);
+        out.means[l][h].push_back(text_positions > 0 ? static_cast<float>(s / static_cast<double>(text_positions)) : 0.0f);
       }
     }
   }
+  return out;
+}
 
-  // 2. This group's (layer, head) jobs.
+// What this rank's group scored: its (layer, head) jobs' summed drops (total, direct, lm) and, with
+// group patching, its (layer, g) jobs' (all but one: g < H; the whole layer, in column 0: g = H).
+struct JobSums {
+  Grid drop, direct, lm_drop, group_drop, layer_drop;
+};
+
+// The single-head jobs (l·H + h ≡ this group, mod the groups), reporting each layer done.
+void score_single_heads(const Model& teacher, SequenceGroups& groups, std::span<const CalibrationPrompt> prompts,
+                        std::span<const std::vector<int32_t>> lm_text, const std::vector<PromptCache>& caches,
+                        const TextBaseline& text, const ScoringOptions& options, Clock::time_point start, JobSums& s) {
+  const int64_t L = teacher.config().num_layers, H = teacher.config().num_heads;
+  Communicator& seq = groups.sequence();
   const int rank = groups.replica(), ranks = groups.replicas();
-  int64_t my_jobs = 0;
+  int64_t my_jobs = 0, done = 0;
   for (int64_t j = 0; j < L * H; ++j) my_jobs += j % ranks == rank ? 1 : 0;
-  Grid drop = zeros(L, H), direct = zeros(L, H), lm_drop = zeros(L, H);
-  int64_t done = 0;
   for (int64_t l = 0; l < L; ++l) {
     bool any = false;
     for (int64_t h = 0; h < H; ++h) {
@@ -371,19 +382,19 @@ HeadScores score_heads(const Model& teacher, SequenceGroups& groups, std::span<c
       const Tensor w_o = to(teacher.head_output_projection(l, h), Device::host, DType::f32);  // [D, d]
       for (size_t i = 0; i < prompts.size(); ++i) {
         const CalibrationPrompt& p = prompts[i];
-        const SequenceLayout layout = SequenceLayout::zigzag(p.length(), seq.size(), seq.rank());
+        const SequenceLayout layout = group_layout(seq, p.length());
         HeadPatcher patch(l, {h}, layout, p.patch_start, caches[i].corrupted[static_cast<size_t>(l)]);
         const AnswerEval patched = evaluate_answer(teacher, seq, run_forward(teacher, seq, p.clean, &patch), p,
                                                    fmt::format("calibration prompt {} with head ({}, {}) patched", i, l, h));
-        drop[l][h] += caches[i].logprob_clean - patched.logprob;
-        direct[l][h] += direct_effect(caches[i], l, h, w_o);
+        s.drop[l][h] += caches[i].logprob_clean - patched.logprob;
+        s.direct[l][h] += direct_effect(caches[i], l, h, w_o);
       }
       for (size_t m = 0; m < lm_text.size(); ++m) {
-        HeadMeanAblator ablate(l, h, means[l][h]);
+        HeadMeanAblator ablate(l, h, text.means[l][h]);
         const LocalRows hidden = run_forward(teacher, seq, lm_text[m], &ablate);
-        lm_drop[l][h] += sequence_nll(teacher, seq, hidden, lm_text[m],
-                                      fmt::format("plain-text sequence {} with head ({}, {}) ablated", m, l, h)) -
-                         nll_clean[m];
+        s.lm_drop[l][h] += sequence_nll(teacher, seq, hidden, lm_text[m],
+                                        fmt::format("plain-text sequence {} with head ({}, {}) ablated", m, l, h)) -
+                           text.nll_clean[m];
       }
       ++done;
     }
@@ -391,43 +402,48 @@ HeadScores score_heads(const Model& teacher, SequenceGroups& groups, std::span<c
       options.on_layer_done(ScoringProgress{l, done, my_jobs, std::chrono::duration<double>(Clock::now() - start).count()});
     }
   }
+}
 
-  // 2b. Group patching: job (l, g), g = H for the whole layer, else every head of l but g; spread
-  // over the groups like the single-head jobs. layer_drop is stored in column 0 of its grid.
-  Grid group_drop = zeros(L, H), layer_drop = zeros(L, H);
-  if (options.group_patching) {
-    for (int64_t l = 0; l < L; ++l) {
-      for (int64_t g = 0; g <= H; ++g) {
-        if ((l * (H + 1) + g) % ranks != rank) continue;
-        std::vector<int64_t> patched;
-        for (int64_t h = 0; h < H; ++h)
-          if (h != g) patched.push_back(h);
-        for (size_t i = 0; i < prompts.size(); ++i) {
-          const CalibrationPrompt& p = prompts[i];
-          const SequenceLayout layout = SequenceLayout::zigzag(p.length(), seq.size(), seq.rank());
-          HeadPatcher patch(l, patched, layout, p.patch_start, caches[i].corrupted[static_cast<size_t>(l)]);
-          const AnswerEval e = evaluate_answer(teacher, seq, run_forward(teacher, seq, p.clean, &patch), p,
-                                               fmt::format("calibration prompt {} with {} heads of layer {} patched", i,
-                                                           patched.size(), l));
-          (g == H ? layer_drop[l][0] : group_drop[l][g]) += caches[i].logprob_clean - e.logprob;
-        }
+// Group patching: job (l, g), g = H for the whole layer, else every head of l but g; spread over the
+// groups like the single-head jobs.
+void score_groups(const Model& teacher, SequenceGroups& groups, std::span<const CalibrationPrompt> prompts,
+                  const std::vector<PromptCache>& caches, JobSums& s) {
+  const int64_t L = teacher.config().num_layers, H = teacher.config().num_heads;
+  Communicator& seq = groups.sequence();
+  const int rank = groups.replica(), ranks = groups.replicas();
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t g = 0; g <= H; ++g) {
+      if ((l * (H + 1) + g) % ranks != rank) continue;
+      std::vector<int64_t> patched;
+      for (int64_t h = 0; h < H; ++h)
+        if (h != g) patched.push_back(h);
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        const CalibrationPrompt& p = prompts[i];
+        const SequenceLayout layout = group_layout(seq, p.length());
+        HeadPatcher patch(l, patched, layout, p.patch_start, caches[i].corrupted[static_cast<size_t>(l)]);
+        const AnswerEval e = evaluate_answer(teacher, seq, run_forward(teacher, seq, p.clean, &patch), p,
+                                             fmt::format("calibration prompt {} with {} heads of layer {} patched", i,
+                                                         patched.size(), l));
+        (g == H ? s.layer_drop[l][0] : s.group_drop[l][g]) += caches[i].logprob_clean - e.logprob;
       }
     }
   }
+}
 
-  // The direct effects: each rank of a group summed the rows it holds; the group's sums (f64).
+// Every rank gets every job's sums: the direct effects first summed over each group's ranks (each
+// summed the rows it holds), then [5, L, H] values as f32 (hi, lo) pairs, one rank per slot (the
+// rank 0 of the group that ran the job), all-reduced over the world. Returns the pairs.
+Tensor exchange_sums(SequenceGroups& groups, int64_t L, int64_t H, JobSums& s) {
+  Communicator& seq = groups.sequence();
   if (seq.size() > 1) {
     Tensor parts = Tensor::empty({L, H}, DType::f64);
-    for (int64_t l = 0; l < L; ++l) std::copy(direct[l].begin(), direct[l].end(), parts.data_as<double>() + l * H);
+    for (int64_t l = 0; l < L; ++l) std::copy(s.direct[l].begin(), s.direct[l].end(), parts.data_as<double>() + l * H);
     all_reduce_sum_host(seq, parts);
-    for (int64_t l = 0; l < L; ++l) std::copy_n(parts.data_as<double>() + l * H, H, direct[l].begin());
+    for (int64_t l = 0; l < L; ++l) std::copy_n(parts.data_as<double>() + l * H, H, s.direct[l].begin());
   }
-
-  // 3. Every rank gets every job's sums: [5, L, H] values as f32 (hi, lo) pairs; one rank per slot
-  // (the rank 0 of the group that ran the job).
   Tensor buffer = Tensor::zeros({5, L, H, 2}, DType::f32);
   float* b = buffer.data_as<float>();
-  const Grid* grids[5] = {&drop, &direct, &lm_drop, &group_drop, &layer_drop};
+  const Grid* grids[5] = {&s.drop, &s.direct, &s.lm_drop, &s.group_drop, &s.layer_drop};
   for (int64_t g = 0; g < 5 && groups.group_lead(); ++g) {
     for (int64_t l = 0; l < L; ++l) {
       for (int64_t h = 0; h < H; ++h) {
@@ -439,6 +455,36 @@ HeadScores score_heads(const Model& teacher, SequenceGroups& groups, std::span<c
     }
   }
   all_reduce_sum_host(groups.world(), buffer);
+  return buffer;
+}
+
+}  // namespace
+
+HeadScores score_heads(const Model& teacher, SequenceGroups& groups, std::span<const CalibrationPrompt> prompts,
+                       std::span<const std::vector<int32_t>> lm_text, const ScoringOptions& options) {
+  const ModelConfig& c = teacher.config();
+  HYDRA_USER_CHECK(c.arch == Arch::qwen3, "head selection scores a Qwen3 teacher's heads; this model is {}",
+                   arch_name(c.arch));
+  HYDRA_USER_CHECK(!prompts.empty(), "head selection needs at least one calibration prompt");
+  const int64_t L = c.num_layers, H = c.num_heads;
+  const auto start = Clock::now();
+  Communicator& seq = groups.sequence();
+
+  // 1. Caches: every group, every prompt and every text sequence.
+  std::vector<PromptCache> caches;
+  for (size_t i = 0; i < prompts.size(); ++i) caches.push_back(build_prompt_cache(teacher, seq, prompts[i], i));
+  const TextBaseline text = measure_text(teacher, seq, lm_text);
+  const int64_t predictions = text.predictions;
+
+  // 2. This group's (layer, head) jobs; 2b. its group-patching jobs.
+  JobSums sums{zeros(L, H), zeros(L, H), zeros(L, H), zeros(L, H), zeros(L, H)};
+  score_single_heads(teacher, groups, prompts, lm_text, caches, text, options, start, sums);
+  if (options.group_patching) score_groups(teacher, groups, prompts, caches, sums);
+
+  // 3. Every rank gets every job's sums.
+  const Tensor buffer = exchange_sums(groups, L, H, sums);
+  const float* b = buffer.data_as<float>();
+  const int ranks = groups.replicas();
 
   HeadScores out;
   out.prompts = static_cast<int64_t>(prompts.size());
@@ -451,7 +497,7 @@ HeadScores score_heads(const Model& teacher, SequenceGroups& groups, std::span<c
     out.logit_diff_clean += pc.logit_diff_clean / n;
     out.logit_diff_corrupt += pc.logit_diff_corrupt / n;
   }
-  for (double v : nll_clean) out.lm_nll_clean += predictions > 0 ? v / static_cast<double>(predictions) : 0.0;
+  for (double v : text.nll_clean) out.lm_nll_clean += predictions > 0 ? v / static_cast<double>(predictions) : 0.0;
   out.total_denominator = out.logprob_clean - out.logprob_corrupt;
   out.total_normalized = out.total_denominator >= kMinLogprobGap;
   const double total_scale = out.total_normalized ? out.total_denominator : 1.0;

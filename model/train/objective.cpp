@@ -4,12 +4,14 @@
 
 #include "kernels/loss/loss.h"
 #include "kernels/matmul/matmul.h"
+#include "runtime/memory_timeline.h"
 
 namespace hydra::train {
 namespace {
 
 double sum_on_host(const TensorView& values) {
-  const Tensor host = to(values, Device::host, DType::f64);
+  const Tensor host = to(values, Device::host, DType::f64, {MemoryPart::workspaces, "row losses read back"});
+  if (host.is_meta()) return 0;  // a memory plan's shape-only run: nothing to add
   double s = 0;
   for (int64_t i = 0; i < host.numel(); ++i) s += host.data_as<double>()[i];
   return s;
@@ -27,14 +29,16 @@ template <class ToGrad>
 RowLossSums walk_logit_chunks(const Model& model, const TensorView& hidden, const TensorView& d_hidden,
                               ModelTensors& grads, std::span<const uint8_t> answer, ToGrad&& to_grad) {
   const int64_t t = hidden.size(0);
-  // The chunk's shapes: the one description the memory plan prices (model/memory_plan.h).
+  // The chunk's shapes (model/layer_buffers.h); each allocation names its buffer for the memory plans.
   const LossBuffers b = loss_buffers(model.config(), t, model.dtype(), model.acc_dtype());
   const int64_t chunk = b.logits.shape[0];
-  Tensor logits = b.logits.empty(model.device());
-  Tensor row_loss = b.row_loss.empty(model.device());
+  Tensor logits = b.logits.empty(model.device(), {MemoryPart::workspaces, "logits"});
+  Tensor row_loss = b.row_loss.empty(model.device(), {MemoryPart::workspaces, "row losses"});
   // The gradient as a GEMM operand in the weights' dtype (bf16 on the GPU); on the CPU it is the same buffer.
   const bool backward = d_hidden.defined() || grads.lm_head.defined();
-  Tensor operand = !backward || model.dtype() == model.acc_dtype() ? logits : b.operand.empty(model.device());
+  Tensor operand = !backward || model.dtype() == model.acc_dtype()
+                       ? logits
+                       : b.operand.empty(model.device(), {MemoryPart::workspaces, "logit gradient operand"});
   RowLossSums sums;
   for (int64_t r0 = 0; r0 < t; r0 += chunk) {
     const int64_t n = std::min(chunk, t - r0);
@@ -43,8 +47,8 @@ RowLossSums walk_logit_chunks(const Model& model, const TensorView& hidden, cons
     model.lm_head(lg, h);
     const TensorView op = operand.view().narrow(0, 0, n);
     to_grad(lg, rl, r0, n, op);
-    const Tensor host = to(rl, Device::host, DType::f64);
-    for (int64_t i = 0; i < n; ++i) {
+    const Tensor host = to(rl, Device::host, DType::f64, {MemoryPart::workspaces, "row losses read back"});
+    for (int64_t i = 0; i < n && !host.is_meta(); ++i) {
       const double v = host.data_as<double>()[i];
       sums.all += v;
       if (!answer.empty() && answer[static_cast<size_t>(r0 + i)]) sums.answer += v;
@@ -60,6 +64,7 @@ RowLossSums walk_logit_chunks(const Model& model, const TensorView& hidden, cons
 // Rows whose target counts (≥ 0), and those of them marked as answers, from host targets.
 LossSums count_rows(const Tensor& host_targets, std::span<const uint8_t> answer) {
   LossSums sums;
+  if (host_targets.is_meta()) return sums;  // a memory plan's shape-only run: nothing to count
   for (int64_t i = 0; i < host_targets.numel(); ++i) {
     if (host_targets.data_as<int32_t>()[i] < 0) continue;
     ++sums.tokens;
@@ -76,9 +81,9 @@ LossSums cross_entropy_head(const Model& model, const TensorView& hidden, const 
   expect_shape(targets, "targets", {{"T_loc", hidden.size(0)}});
   HYDRA_ASSERT(answer.empty() || static_cast<int64_t>(answer.size()) == hidden.size(0), "answer flags of {} rows for {}",
                answer.size(), hidden.size(0));
-  const Tensor host_targets = to(targets, Device::host, DType::i32);
+  const Tensor host_targets = to(targets, Device::host, DType::i32, "targets on the host");
   LossSums sums = count_rows(host_targets, answer);
-  const Tensor device_targets = to_device(host_targets, model.device());
+  const Tensor device_targets = to_device(host_targets, model.device(), "targets");
   const RowLossSums loss = walk_logit_chunks(model, hidden, d_hidden, grads, answer,
                                              [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n,
                                                  const TensorView& g) {
@@ -95,11 +100,11 @@ LossSums distillation_head(const Model& student, const Model& teacher, const Ten
   HYDRA_ASSERT(teacher.config().vocab_size == student.config().vocab_size, "teacher vocabulary {} vs student {}",
                teacher.config().vocab_size, student.config().vocab_size);
   expect_shape(targets, "targets", {{"T_loc", hidden.size(0)}});
-  Tensor teacher_logits =
-      loss_buffers(student.config(), hidden.size(0), student.dtype(), student.acc_dtype()).logits.empty(student.device());
-  const Tensor host_targets = to(targets, Device::host, DType::i32);
+  Tensor teacher_logits = loss_buffers(student.config(), hidden.size(0), student.dtype(), student.acc_dtype())
+                              .logits.empty(student.device(), {MemoryPart::workspaces, "teacher logits"});
+  const Tensor host_targets = to(targets, Device::host, DType::i32, "targets on the host");
   LossSums sums = count_rows(host_targets, answer);
-  const Tensor device_targets = to_device(host_targets, student.device());
+  const Tensor device_targets = to_device(host_targets, student.device(), "targets");
   const RowLossSums loss = walk_logit_chunks(student, hidden, d_hidden, grads, answer,
                                              [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n,
                                                  const TensorView& g) {
@@ -120,7 +125,10 @@ LossSums sequence_gradients(ForwardContext& context, const Model& model, const T
   const int64_t t = context.sequence().local_length(), D = model.config().hidden_size;
   const int64_t layers = model.config().num_layers;
   Tensor teacher_hidden;
-  if (objective == Objective::distillation) teacher_hidden = teacher->forward(context, ids);
+  if (objective == Objective::distillation) {
+    memory_stage("teacher forward");
+    teacher_hidden = teacher->forward(context, ids);
+  }
   if (!grads) {  // evaluation: the loss of a plain forward
     ModelTensors none;
     const Tensor hidden = model.forward(context, ids);
@@ -133,7 +141,8 @@ LossSums sequence_gradients(ForwardContext& context, const Model& model, const T
   Tensor x = model.embed(ids);
   std::vector<LayerSaved> saved(static_cast<size_t>(layers));
   model.run_layers(context, LayerMode::save, positions, x, saved);
-  Tensor d_hidden = Tensor::zeros({t, D}, model.acc_dtype(), model.device());
+  memory_stage("loss");
+  Tensor d_hidden = Tensor::zeros({t, D}, model.acc_dtype(), model.device(), "d_hidden");
   LossSums sums;
   {
     const Tensor hidden = model.final_norm(x);
@@ -143,13 +152,14 @@ LossSums sequence_gradients(ForwardContext& context, const Model& model, const T
                                    answer);
   }
   teacher_hidden = Tensor();
-  Tensor dx = Tensor::empty({t, D}, model.acc_dtype(), model.device());
+  Tensor dx = Tensor::empty({t, D}, model.acc_dtype(), model.device(), "dx");
   model.final_norm_backward(dx, d_hidden, x, *grads);
   d_hidden = Tensor();
   for (int64_t l = layers - 1; l >= 0; --l) {
     model.layer_backward(context, l, positions, saved[static_cast<size_t>(l)], dx, grads->layers[static_cast<size_t>(l)]);
     saved[static_cast<size_t>(l)] = LayerSaved{};  // free as we go: the backward's memory falls layer by layer
   }
+  memory_stage("embedding backward");
   model.embed_backward(dx, ids, *grads);
   return sums;
 }
@@ -164,19 +174,22 @@ LossSums alignment_gradients(ForwardContext& context, const Model& student, cons
   const Tensor positions = teacher.positions(context.sequence());
   // The teacher's residual stream at every layer boundary: boundary[l] enters layer l.
   std::vector<Tensor> boundary;
+  memory_stage("teacher forward");
   Tensor x = teacher.embed(ids);
-  boundary.push_back(clone(x));
-  teacher.run_layers(context, LayerMode::forward, positions, x, {}, [&](int64_t) { boundary.push_back(clone(x)); });
+  boundary.push_back(clone(x, "teacher boundary"));
+  teacher.run_layers(context, LayerMode::forward, positions, x, {},
+                     [&](int64_t) { boundary.push_back(clone(x, "teacher boundary")); });
   if (layer_loss) layer_loss->assign(static_cast<size_t>(layers), 0.0);
   LossSums sums;
   sums.tokens = t;
-  Tensor d = Tensor::empty({t, D}, student.acc_dtype(), student.device());
-  Tensor row_loss = Tensor::empty({t}, student.acc_dtype(), student.device());
+  Tensor d = Tensor::empty({t, D}, student.acc_dtype(), student.device(), "alignment gradient");
+  Tensor row_loss = Tensor::empty({t}, student.acc_dtype(), student.device(), {MemoryPart::workspaces, "row losses"});
   for (int64_t l = 0; l < layers; ++l) {
-    Tensor y = to(boundary[static_cast<size_t>(l)], student.device(), student.dtype());
+    Tensor y = to(boundary[static_cast<size_t>(l)], student.device(), student.dtype(), "layer input");
     LayerSaved saved;
     student.layer_forward(context, l, positions, y, grads ? &saved : nullptr);
-    ops::squared_error_with_grad(d, row_loss, y, to(boundary[static_cast<size_t>(l) + 1], student.device(), student.dtype()),
+    ops::squared_error_with_grad(d, row_loss, y,
+                                 to(boundary[static_cast<size_t>(l) + 1], student.device(), student.dtype(), "layer target"),
                                  static_cast<float>(grad_scale / static_cast<double>(D)));
     const double loss = sum_on_host(row_loss) / static_cast<double>(D);
     sums.loss += loss;
@@ -207,8 +220,7 @@ NamedGradients next_token_gradients(Communicator& comm, const Model& model, std:
   const int64_t total = static_cast<int64_t>(ids.size());
   HYDRA_USER_CHECK(total >= 2, "next-token gradients need at least 2 tokens (got {})", total);
   HYDRA_ASSERT(counted.empty() || counted.size() == ids.size(), "loss mask of {} for {} tokens", counted.size(), ids.size());
-  const SequenceLayout layout = SequenceLayout::zigzag(total, comm.size(), comm.rank(),
-                                                       {document_starts.begin(), document_starts.end()});
+  const SequenceLayout layout = group_layout(comm, total, {document_starts.begin(), document_starts.end()});
   const std::vector<uint8_t> mask = counted_within_documents(counted, total, document_starts);
   const TokenRows rows = layout.token_rows(ids, {.counted = mask, .answer = {}});  // the last token has no target
   // Every rank knows the whole mask: the global count of counted targets (positions 1..T−1).

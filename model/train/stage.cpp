@@ -60,8 +60,7 @@ void check_teacher(Stage stage, bool teacher_given) {
 LossSums stage_loss(const StageRun& run, const std::vector<Window>& windows, double grad_scale, ModelTensors* grads,
                     std::vector<double>* layer_loss) {
   const PackedBatch batch = pack_windows(windows);
-  const SequenceLayout layout = SequenceLayout::zigzag(static_cast<int64_t>(batch.ids.size()), run.sequence.size(),
-                                                       run.sequence.rank(), batch.document_starts);
+  const SequenceLayout layout = group_layout(run.sequence, static_cast<int64_t>(batch.ids.size()), batch.document_starts);
   const TokenRows w = layout.rows_of(batch.ids, batch.targets, batch.answer);
   ForwardContext context{.comm = run.sequence, .layout = layout, .timer = run.timer, .keep = run.keep};
   switch (stage_traits(run.stage).objective) {

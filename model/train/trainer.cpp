@@ -15,6 +15,7 @@
 
 #include "model/cost.h"
 #include "model/params.h"
+#include "model/sequence_length.h"
 #include "model/train/data.h"
 #include "model/train/evaluation.h"
 #include "model/train/objective.h"
@@ -50,7 +51,7 @@ std::string format_duration(double s) {
 }
 
 // The checks that need no data read: the stage's inputs, the counts, the window length's layout.
-void check_config(const TrainConfig& config, SequenceGroups& topology, const Model* teacher) {
+void check_config(const TrainConfig& config, SequenceGroups& topology, const Model& student, const Model* teacher) {
   const StageTraits& stage = stage_traits(config.stage);
   check_teacher(config.stage, teacher != nullptr);
   HYDRA_USER_CHECK(!stage.only_that_set || config.train == stage.trains,
@@ -59,7 +60,7 @@ void check_config(const TrainConfig& config, SequenceGroups& topology, const Mod
                    stage.trains == TrainSet::attention ? "attention" : "all");
   HYDRA_USER_CHECK(config.steps >= 1 && config.batch_seqs >= 1 && config.grad_accum >= 1,
                    "--steps, --batch-seqs and --grad-accum must be at least 1");
-  SequenceLayout::zigzag(config.seq_len, topology.sp(), topology.sequence().rank());  // admissible window length
+  check_sequence_length(student.config(), config.seq_len, topology.sp());  // an admissible window length
 }
 
 // What one optimizer step produced (Trainer::train_step).
@@ -496,7 +497,7 @@ TrainSummary Trainer::run() {
 }  // namespace
 
 TrainSummary run_training(const TrainConfig& config, SequenceGroups& topology, Model& student, const Model* teacher) {
-  check_config(config, topology, teacher);
+  check_config(config, topology, student, teacher);
   // From here on SIGTERM/SIGINT/SIGUSR1 ask for a stop after the current step (runtime/stop_request.h).
   const StopRequestScope stop_scope;
   Trainer trainer(config, topology, student, teacher);

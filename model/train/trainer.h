@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "model/memory_plan.h"
+#include "model/layer_buffers.h"
 #include "model/train/optimizer.h"
 #include "model/train/stage.h"
 #include "parallel/communicator.h"

@@ -27,17 +27,6 @@ namespace hydra::test {
 namespace {
 
 
-double rms_ratio(const TensorView& actual, const TensorView& expected) {
-  const Tensor a = host(actual), e = host(expected);
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double d = double(a.data_as<float>()[i]) - e.data_as<float>()[i];
-    num += d * d;
-    den += double(e.data_as<float>()[i]) * e.data_as<float>()[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
 // `actual` may live on the device: it is copied to the host before anything reads it.
 void expect_gradient(const TensorView& actual, const TensorView& expected, const std::string& what) {
   const Tensor got = host(actual);

@@ -4,10 +4,12 @@
 // those plans, the longest lengths fit under the commands' rule (below 95%) and one granule more
 // does not, and each part (weights, optimizer, the peak's activations, workspaces and GDN maps) is
 // the plan's. ZeRO shows as the optimizer falling with the GPUs; bad input is a one-line error.
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "model/memory_plan.h"
 #include "model/params.h"
+#include "model/train/training_plan.h"
 #include "parallel/layout.h"
 #include "tests/common/test_util.h"
 
@@ -109,6 +111,28 @@ TEST(Plan, RanksSharingAGpuEachFitTheirShare) {
       << table.output;
   EXPECT_NE(table.output.find(" ranks  sp  ZeRO"), std::string::npos) << table.output;
   expect_user_error(hydra("plan --preset hydrahead-1.7b --ranks-per-gpu 0"), "--ranks-per-gpu 0 must be in 1..64");
+}
+
+// A row where nothing fits ('none') is shown at the shortest length the command takes, which for a
+// model with GDN heads is longer than the layout's granule: every segment must hold the conv halo
+// (K − 1 = 3 rows, so 12 tokens on 2 ranks, not 4). The plans run the passes, which refuse a shorter one.
+TEST(Plan, RowsThatDoNotFitAreShownAtTheShortestLengthARunTakes) {
+  const CommandResult r = hydra("plan --preset hydrahead-8b --gpus 4 --gpu-memory 80G --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json rows = nlohmann::json::parse(r.output).at("rows");
+  const ModelConfig c = preset_config("hydrahead-8b");
+  ASSERT_EQ(c.conv_kernel, 4);
+  for (const nlohmann::json& row : rows) {
+    const int sp = row.at("sp").get<int>();
+    if (row.at("train_longest").get<int64_t>() != 0) continue;
+    const int64_t shown = row.at("train").at("seq_len").get<int64_t>();
+    SCOPED_TRACE(fmt::format("{} GPUs, sp {}", row.at("gpus").get<int>(), sp));
+    EXPECT_EQ(shown, sp == 1 ? 1 : 2 * sp * 3);
+    EXPECT_FALSE(fits_in(estimate_training_memory(c, shown / sp, sp, nullptr, Device::cuda, false, {}, true, DType::f32,
+                                                  row.at("zero").get<int>() == 1 ? row.at("gpus").get<int>() : 1),
+                         80 * kGiB));
+  }
+  EXPECT_EQ(rows[1].at("train_longest").get<int64_t>(), 0) << "hydrahead-8b does not train on 2 GPUs of 80 GiB";
 }
 
 TEST(Plan, BadInputIsAOneLineError) {

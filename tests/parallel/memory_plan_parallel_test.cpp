@@ -14,6 +14,7 @@
 #include "model/prefill.h"
 #include "model/train/objective.h"
 #include "model/train/optimizer.h"
+#include "model/train/training_plan.h"
 #include "parallel/gdn_scan.h"
 #include "runtime/host_memory.h"
 #include "tests/common/test_util.h"

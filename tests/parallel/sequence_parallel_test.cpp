@@ -83,6 +83,41 @@ TEST(Layout, ZigzagOwnershipAndErrors) {
   }
 }
 
+// Any ring topology's steps (parallel/ring_attention.h ring_steps) must be a walk the double-buffered
+// exchange can run: every rank holds every rank's block exactly once, starting with its own, and
+// what it holds at step s is what its `prev` held at step s − 1 (sent to it then); checked for every
+// rank of worlds up to 9, and the flat ring against its formula on this world.
+TEST(RingAttention, EveryTopologysStepsAreAWalkOfTheRing) {
+  for (const RingTopology topology : {RingTopology::flat}) {
+    for (int p = 1; p <= 9; ++p) {
+      std::vector<std::vector<RingStep>> steps;
+      for (int r = 0; r < p; ++r) steps.push_back(ring_steps(topology, p, r));
+      for (int r = 0; r < p; ++r) {
+        ASSERT_EQ(steps[r].size(), static_cast<size_t>(p));
+        EXPECT_EQ(steps[r][0].source, r) << "rank " << r << " of " << p << " starts with its own block";
+        std::vector<int> seen(static_cast<size_t>(p), 0);
+        for (int s = 0; s < p; ++s) {
+          const RingStep& at = steps[r][static_cast<size_t>(s)];
+          ++seen[static_cast<size_t>(at.source)];
+          EXPECT_EQ(steps[static_cast<size_t>(at.next)][static_cast<size_t>(s)].prev, r) << "step " << s << ": sends match";
+          if (s > 0) {
+            const RingStep& before = steps[r][static_cast<size_t>(s - 1)];
+            EXPECT_EQ(at.source, steps[static_cast<size_t>(before.prev)][static_cast<size_t>(s - 1)].source)
+                << "rank " << r << " of " << p << ", step " << s;
+          }
+        }
+        for (int q = 0; q < p; ++q) EXPECT_EQ(seen[static_cast<size_t>(q)], 1) << "rank " << r << " holds rank " << q;
+      }
+    }
+  }
+  MpiCommunicator& comm = world();
+  const std::vector<RingStep> flat = ring_steps(RingTopology::flat, comm.size(), comm.rank());
+  for (int s = 0; s < comm.size(); ++s) {
+    EXPECT_EQ(flat[static_cast<size_t>(s)].source, (comm.rank() - s + comm.size()) % comm.size());
+    EXPECT_EQ(flat[static_cast<size_t>(s)].next, (comm.rank() + 1) % comm.size());
+  }
+}
+
 TEST(RingAttention, EqualsSingleProcessAttention) {
   MpiCommunicator& comm = world();
   const int p = comm.size();

@@ -21,6 +21,7 @@
 #include "model/train/objective.h"
 #include "model/train/optimizer.h"
 #include "model/train/trainer.h"
+#include "model/train/training_plan.h"
 #include "runtime/host_memory.h"
 #include "tests/common/test_util.h"
 #include "tests/parallel/parallel_test_util.h"

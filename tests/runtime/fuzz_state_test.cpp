@@ -209,11 +209,12 @@ TEST_F(FuzzState, LatestPointer) {
 
 // ---- Caches --------------------------------------------------------------------------------------
 
-// Sets HYDRA_CACHE_DIR for the test's lifetime.
+// The token identity cache's folder for the test's lifetime (as hydra sets it at start; unset after:
+// nothing cached).
 class CacheDir {
  public:
-  explicit CacheDir(const std::string& path) { setenv("HYDRA_CACHE_DIR", path.c_str(), 1); }
-  ~CacheDir() { unsetenv("HYDRA_CACHE_DIR"); }
+  explicit CacheDir(const std::string& path) { set_token_identity_cache_dir(path); }
+  ~CacheDir() { set_token_identity_cache_dir(""); }
 };
 
 // The single file under `folder` (a cache kind's one entry).

@@ -423,7 +423,7 @@ TEST(TokenIdentity, EqualContentsAgreeWhateverHdf5Wrote) {
 
 TEST(TokenIdentity, CacheIsReusedOnlyWhileTheFileIsUnchanged) {
   TempDir dir;
-  ASSERT_EQ(setenv("HYDRA_CACHE_DIR", dir.file("cache").c_str(), 1), 0);
+  set_token_identity_cache_dir(dir.file("cache"));
   const Corpus c = make_corpus(2000, 8, false, false);
   write_token_data(dir.file("a.h5"), c.ids, {}, {});
   bool reused = true;
@@ -454,7 +454,7 @@ TEST(TokenIdentity, CacheIsReusedOnlyWhileTheFileIsUnchanged) {
   std::filesystem::last_write_time(dir.file("a.h5"), old - std::chrono::hours(2));
   EXPECT_EQ(cached_file_hash(dir.file("a.h5"), &reused), hash_file(dir.file("a.h5")));
   EXPECT_FALSE(reused);
-  unsetenv("HYDRA_CACHE_DIR");
+  set_token_identity_cache_dir("");
 }
 
 // The window index from one streamed pass: equal whatever the block size (blocks that cut windows and
@@ -486,7 +486,7 @@ TEST(TokenIdentity, WindowCountsAreTheSameInAnyBlocksAndTheHooksSeeEveryValueOnc
 // doctored within range is what the loader reports: it did not count again).
 TEST(TokenIdentity, IdentityPassCachesTheWindowIndexTheLoaderUses) {
   TempDir dir;
-  ASSERT_EQ(setenv("HYDRA_CACHE_DIR", dir.file("cache").c_str(), 1), 0);
+  set_token_identity_cache_dir(dir.file("cache"));
   const Corpus c = make_corpus(2000, 10, true, true);
   write_token_data(dir.file("a.h5"), c.ids, c.mask, c.offsets);
   bool reused = true;
@@ -503,7 +503,7 @@ TEST(TokenIdentity, IdentityPassCachesTheWindowIndexTheLoaderUses) {
   const TokenWindows loader(std::vector<DataSource>{{dir.file("a.h5"), -1.0, id.fingerprint}}, 16, 5, kVocab, false);
   EXPECT_EQ(loader.counted_targets_in_order(3), doctored[3]);
   EXPECT_EQ(loader.counted_targets_in_order(4), (*cached)[4]);
-  unsetenv("HYDRA_CACHE_DIR");
+  set_token_identity_cache_dir("");
 }
 
 }  // namespace

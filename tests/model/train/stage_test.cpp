@@ -1,4 +1,4 @@
-// The stage table (model/train/stage.h) and the kept-activation choice (model/memory_plan.h
+// The stage table (model/train/stage.h) and the kept-activation choice (model/train/training_plan.h
 // choose_kept_activations): the facts hydra train reads from them, and the choice under each
 // policy, with a plan whose fit is known.
 #include <gtest/gtest.h>
@@ -7,6 +7,7 @@
 
 #include "model/memory_plan.h"
 #include "model/train/stage.h"
+#include "model/train/training_plan.h"
 #include "parallel/self_communicator.h"
 #include "runtime/error.h"
 
