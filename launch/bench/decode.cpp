@@ -124,7 +124,8 @@ nlohmann::json run_cell(const Model& model, int64_t context, int64_t batch, cons
   const double work_bytes = decode_engine_buffers(config, batch, false).bytes(Device::cuda) + kStepReserveBytes;
   nlohmann::json j = {{"command", "bench"}, {"op", "decode"}, {"model", opt.preset}, {"arch", arch_name(config.arch)},
                       {"context", context}, {"batch", batch}, {"cache_bytes_per_token", bytes.per_token},
-                      {"cache_bytes_per_sequence", bytes.per_slot}, {"cache_gib", cache_bytes / kGiB}};
+                      {"cache_bytes_per_sequence", bytes.per_slot}, {"cache_gib", cache_bytes / kGiB},
+                      {"cuda_graph", opt.cuda_graph}, {"pdl", model.kernel_options().decode_pdl}};
   cuda_release_cached_memory();
   const double free_bytes = static_cast<double>(cuda_memory_stats().free_device);
   if (cache_bytes + work_bytes > 0.95 * free_bytes) {
@@ -156,8 +157,6 @@ nlohmann::json run_cell(const Model& model, int64_t context, int64_t batch, cons
     }
     std::copy(next.begin(), next.end(), ids.begin());
   }
-  j["cuda_graph"] = opt.cuda_graph;
-  j["pdl"] = model.kernel_options().decode_pdl;
   j["step_arena_mib"] = engine.arena_bytes() / 1048576.0;
   std::sort(ms.begin(), ms.end());
   const double step_ms = ms[ms.size() / 2];
