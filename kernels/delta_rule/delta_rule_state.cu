@@ -57,11 +57,6 @@ struct StateParams {
   StatePassArgs a;
 };
 
-__device__ __forceinline__ void tma_load_tile(void* dst, const CUtensorMap* map, int row, uint64_t* bar) {
-  const int32_t coords[2] = {0, row};
-  ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, dst, map, coords, bar);
-}
-
 // A 2-D map over prepare's [rows][64] bf16 tiles (T or P), boxes of one [64][64] tile, 128-byte swizzle.
 CUtensorMap tile_map(const bf16_t* tiles, int64_t rows) {
   const cuda::TensorMapEncode encode = cuda::tensor_map_encoder();
@@ -78,25 +73,6 @@ CUtensorMap tile_map(const bf16_t* tiles, int64_t rows) {
   return map;
 }
 
-// D[64×64] (+)= A[64×16] · B[16×64], A from registers (per warp the mma.m16n8k16 A layout of its 16
-// rows), B from shared memory (descriptor; TransB = 1: stored N-major).
-template <int TransB>
-__device__ __forceinline__ void wgmma64_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TransB));
-}
-
 // The bf16 A fragments of the 4 k-steps (16 columns each) of an m64n64 fp32 accumulator
 // (FlashAttention's P trick: accumulator columns become the K dimension).
 __device__ __forceinline__ void pack_a(const float (&c)[32], uint32_t (&a)[4][4]) {
@@ -104,28 +80,6 @@ __device__ __forceinline__ void pack_a(const float (&c)[32], uint32_t (&a)[4][4]
   for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
     for (int j = 0; j < 4; ++j) a[kk][j] = cuda::pack_bf16(c[8 * kk + 2 * j], c[8 * kk + 2 * j + 1]);
-}
-
-__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
-               "r"(r2), "r"(r3)
-               : "memory");
-}
-// TMA store of one box from shared memory (bulk group of the issuing thread), its commit and waits.
-__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int col, int head, int row) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(map), "r"(col),
-               "r"(head), "r"(row), "r"(src)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-// Contiguous bytes from global to shared memory, completing on an mbarrier (expect-tx).
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   cuda::smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(cuda::smem_addr(bar))
-               : "memory");
 }
 
 template <int D, bool Out>
@@ -171,9 +125,9 @@ __device__ __forceinline__ void state_produce(const StateParams& prm, unsigned c
       if (!is_map) cuda::tma_load_3d(sb + L::v + b * kBlock, &prm.maps.v, 64 * b, head, t0, &full[st]);
       if constexpr (Out) cuda::tma_load_3d(sb + L::q + b * kBlock, &prm.maps.q, 64 * b, head, t0, &full[st]);
     }
-    tma_load_tile(sb + L::t, &prm.maps.t, tile * kC, &full[st]);
-    if constexpr (Out) tma_load_tile(sb + L::p, &prm.maps.p, tile * kC, &full[st]);
-    bulk_load(sb + L::f, a.factors + int64_t(tile) * 4 * kC, L::kFactorBytes, &full[st]);
+    cuda::tma_load_2d_row(sb + L::t, &prm.maps.t, tile * kC, &full[st]);
+    if constexpr (Out) cuda::tma_load_2d_row(sb + L::p, &prm.maps.p, tile * kC, &full[st]);
+    cuda::bulk_load(sb + L::f, a.factors + int64_t(tile) * 4 * kC, L::kFactorBytes, &full[st]);
   }
 }
 
@@ -250,13 +204,13 @@ __device__ __forceinline__ void state_xy(uint32_t (&sa)[D / 16][4], float (&x)[3
   cuda::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma64_rs<0>(x, sa[kk], desc_k_major(k_addr + (kk / 4) * kBlock + (kk % 4) * 32), kk > 0);
+    cuda::wgmma_m64n64k16_rs<0>(x, sa[kk], desc_k_major(k_addr + (kk / 4) * kBlock + (kk % 4) * 32), kk > 0);
   cuda::wgmma_commit();
   cuda::fence_operands(x);
   if constexpr (Out) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wgmma64_rs<0>(y, sa[kk], desc_k_major(q_addr + (kk / 4) * kBlock + (kk % 4) * 32), kk > 0);
+      cuda::wgmma_m64n64k16_rs<0>(y, sa[kk], desc_k_major(q_addr + (kk / 4) * kBlock + (kk % 4) * 32), kk > 0);
     cuda::wgmma_commit();
     cuda::fence_operands(y);
     cuda::wgmma_wait<1>();
@@ -301,7 +255,7 @@ __device__ __forceinline__ void state_vprime(uint32_t (&ra)[4][4], float (&u)[32
   cuda::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kC / 16; ++kk)
-    wgmma64_rs<0>(u, ra[kk], desc_k_major(t_addr + kk * 32), kk > 0);
+    cuda::wgmma_m64n64k16_rs<0>(u, ra[kk], desc_k_major(t_addr + kk * 32), kk > 0);
   cuda::wgmma_commit();
   cuda::fence_operands(u);
   cuda::wgmma_wait<0>();  // V', and Y (committed before it)
@@ -365,7 +319,7 @@ __device__ __forceinline__ void state_update(float (&s)[D / 64][32], uint32_t (&
   for (int mb = 0; mb < D / 64; ++mb) {
 #pragma unroll
     for (int kk = 0; kk < kC / 16; ++kk)
-      wgmma64_rs<1>(s[mb], wa[kk], desc_mn_major(k_addr + mb * kBlock + kk * 2048), 1);
+      cuda::wgmma_m64n64k16_rs<1>(s[mb], wa[kk], desc_mn_major(k_addr + mb * kBlock + kk * 2048), 1);
   }
   cuda::wgmma_commit();
 #pragma unroll
@@ -373,7 +327,7 @@ __device__ __forceinline__ void state_update(float (&s)[D / 64][32], uint32_t (&
   if constexpr (Out) {
     cuda::fence_operands(ua);
 #pragma unroll
-    for (int kk = 0; kk < kC / 16; ++kk) wgmma64_rs<0>(y, ua[kk], desc_k_major(p_addr + kk * 32), 1);
+    for (int kk = 0; kk < kC / 16; ++kk) cuda::wgmma_m64n64k16_rs<0>(y, ua[kk], desc_k_major(p_addr + kk * 32), 1);
     cuda::wgmma_commit();
     cuda::fence_operands(y);
     cuda::wgmma_wait<1>();  // the state update
@@ -394,15 +348,17 @@ __device__ __forceinline__ void state_store_output(float (&y)[32], uint32_t (&ua
   cuda::fence_operands(y);
   cuda::fence_operands(ua);
 #pragma unroll
-  for (int q = 0; q < 4; ++q)
-    stmatrix_x4_trans(ob + at.lane_off(q), cuda::pack_bf16(y[8 * q], y[8 * q + 1]), cuda::pack_bf16(y[8 * q + 2], y[8 * q + 3]),
-                      cuda::pack_bf16(y[8 * q + 4], y[8 * q + 5]), cuda::pack_bf16(y[8 * q + 6], y[8 * q + 7]));
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t r[4] = {cuda::pack_bf16(y[8 * q], y[8 * q + 1]), cuda::pack_bf16(y[8 * q + 2], y[8 * q + 3]),
+                           cuda::pack_bf16(y[8 * q + 4], y[8 * q + 5]), cuda::pack_bf16(y[8 * q + 6], y[8 * q + 7])};
+    cuda::stmatrix_x4_trans(ob + at.lane_off(q), r);
+  }
   cuda::fence_proxy_async();
-  if (issuer) bulk_wait_read_all();
+  if (issuer) cuda::bulk_wait_read_all();
   cuda::named_barrier_sync(1 + at.grp, 128);
   if (issuer) {
-    tma_store_3d(o_map, ob, at.col0, head, t0);
-    bulk_commit();
+    cuda::tma_store_3d(o_map, ob, at.col0, head, t0);
+    cuda::bulk_commit();
   }
 }
 
@@ -480,7 +436,7 @@ __global__ void __launch_bounds__(128 * (D / 64 + 1), 1) gdn_state_kernel(const 
     if (lane == 0) cuda::mbar_arrive(&empty[st]);
   }
   if constexpr (Out) {
-    if (issuer) bulk_wait_all();
+    if (issuer) cuda::bulk_wait_all();
   }
   float* dst = is_map ? a.map_out : a.state_out;
   if (dst) {  // the final state (or map), in state_init's layout
