@@ -72,60 +72,112 @@ struct MmaSmem {
   static constexpr size_t total = 2 * kv_bytes + 4 * q_bytes + ds_bytes + 2 * stats_bytes;
 };
 
+// Shared memory of the mma.sync kernel: K, V (swizzled rows), Q and dO (2 stages each), dSᵀ, and per
+// stage the row statistics (lse, delta, qscale, dscale) and each query row's first visible key.
+template <int D>
+struct MmaTiles {
+  unsigned char *k, *v, *q, *dout, *ds;
+  float* stats;        // per stage: lse, delta, qscale, dscale [4][kBr]
+  int (*first)[kBr];   // [2][kBr]
+};
+
+// cp.async of rows [row0, row0 + rows) of a [T][D] bf16 view (rows ≥ rows_valid: zeros) into a
+// swizzled tile, all threads of the CTA.
+template <int D>
+__device__ __forceinline__ void mma_load_rows(unsigned char* dst, const bf16_t* src, int64_t row_stride, int row0,
+                                              int rows_valid, int rows, int tid) {
+  constexpr int kChunks = D / 8;
+  for (int i = tid; i < rows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool ok = row0 + r < rows_valid;
+    const bf16_t* gp = src + (ok ? (row0 + r) * row_stride : 0) + c * 8;
+    cuda::cp_async_16(cuda::smem_addr(dst) + cuda::swizzled<kChunks>(r, c), gp, ok ? 16 : 0);
+  }
+}
+
+// Load of step `step` into `stage`: its Q and dO rows, lse and delta (cp.async), the τ scales and,
+// with packed documents, each row's first visible key as an index into k (clamped).
+template <int D>
+__device__ __forceinline__ void mma_load_step(const BwdParams& p, const BwdSteps<kBr>& st, const MmaTiles<D>& sm, int step,
+                                              int stage, int tid) {
+  using S = MmaSmem<D>;
+  const int h = st.head(p, step);
+  const int m0 = st.m0(step);
+  mma_load_rows<D>(sm.q + stage * S::q_bytes, p.q + h * p.q_sh, p.q_st, m0, p.tq, kBr, tid);
+  mma_load_rows<D>(sm.dout + stage * S::q_bytes, p.dout + h * p.do_sh, p.do_st, m0, p.tq, kBr, tid);
+  if (tid < kBr) {
+    float* stt = sm.stats + stage * 4 * kBr;
+    const int row = m0 + tid;
+    const bool ok = row < p.tq;
+    bwd_cp_async_4(cuda::smem_addr(stt + tid), p.lse + h * p.lse_sh + (ok ? row : 0) * p.lse_st, ok ? 4 : 0);
+    bwd_cp_async_4(cuda::smem_addr(stt + kBr + tid), p.delta + h * p.delta_sh + (ok ? row : 0) * p.delta_st, ok ? 4 : 0);
+    const int64_t doc = p.q_doc_start ? p.q_doc_start[ok ? row : p.tq - 1] : 0;
+    const float tau = bwd_tau(p, mask::tau_position(p.q_pos0 + row, doc));
+    stt[2 * kBr + tid] = p.scale_log2 * tau;
+    stt[3 * kBr + tid] = p.scale * tau;
+    const int64_t first = doc - p.k_pos0;
+    sm.first[stage][tid] = first < 0 ? 0 : (first > (1 << 30) ? (1 << 30) : static_cast<int>(first));
+  }
+}
+
+// dQ[64 × D] (+)= dS K: warp w computes query rows 16·(w % 4).., columns (w / 4)·D/2.., and adds
+// them to the fp32 dq accumulator with float2 atomics (rows past tq skipped).
+template <int D>
+__device__ __forceinline__ void mma_dq_atomic(const BwdParams& p, const unsigned char* sds, const unsigned char* sk, int h,
+                                              int m0, int warp, int lane) {
+  constexpr int kChunks = D / 8;
+  constexpr int kNt = D / 16;  // 8-column tiles in D/2 columns
+  const int g4 = lane / 4, c4 = lane % 4;
+  const int qr0 = (warp % 4) * 16, cb = (warp / 4) * (D / 16);  // cb: first 16-byte chunk
+  float acc[kNt][4];
+#pragma unroll
+  for (int j = 0; j < kNt; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk) {
+    uint32_t a[4];  // A = dS [queries][keys] through a transposing load of dSᵀ [keys][queries]
+    cuda::ldmatrix_x4_trans(a, cuda::smem_addr(sds) + cuda::swizzled<kBr / 8>(kk * 16 + (lane % 8) + (lane / 16) * 8,
+                                                                              qr0 / 8 + (lane / 8) % 2));
+#pragma unroll
+    for (int j = 0; j < kNt; j += 2) {
+      uint32_t b[4];  // B = K [keys][d] read transposed
+      const int row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = cb + j + lane / 16;
+      cuda::ldmatrix_x4_trans(b, cuda::smem_addr(sk) + cuda::swizzled<kChunks>(row, c));
+      cuda::mma_bf16(acc[j], a, b[0], b[1]);
+      cuda::mma_bf16(acc[j + 1], a, b[2], b[3]);
+    }
+  }
+  const int qa = m0 + qr0 + g4, qb = qa + 8;
+#pragma unroll
+  for (int j = 0; j < kNt; ++j) {
+    const int col = cb * 8 + j * 8 + c4 * 2;
+    if (qa < p.tq) atomicAdd(reinterpret_cast<float2*>(p.dq + qa * p.dq_st + h * p.dq_sh + col), make_float2(acc[j][0], acc[j][1]));
+    if (qb < p.tq) atomicAdd(reinterpret_cast<float2*>(p.dq + qb * p.dq_st + h * p.dq_sh + col), make_float2(acc[j][2], acc[j][3]));
+  }
+}
+
+// The stages per step: Sᵀ and Pᵀ, dV, dPᵀ and dSᵀ, dK, dSᵀ to shared memory, dQ (mma_dq_atomic);
+// loads by mma_load_rows / mma_load_step one step ahead; the dK/dV epilogue (bwd_add_dk_dv).
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) attention_backward_mma_kernel(const __grid_constant__ BwdParams p) {
-  constexpr int kChunks = D / 8;
   using S = MmaSmem<D>;
   extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* sk = smem;
-  unsigned char* sv = sk + S::kv_bytes;
-  unsigned char* sq = sv + S::kv_bytes;       // 2 stages
-  unsigned char* sdo = sq + 2 * S::q_bytes;   // 2 stages
-  unsigned char* sds = sdo + 2 * S::q_bytes;
-  float* sstats = reinterpret_cast<float*>(sds + S::ds_bytes);  // per stage: lse, delta, qscale, dscale
+  __shared__ int sfirst[2][kBr];  // packed documents: per stage, each query row's first visible key
+  MmaTiles<D> sm;
+  sm.k = smem;
+  sm.v = sm.k + S::kv_bytes;
+  sm.q = sm.v + S::kv_bytes;          // 2 stages
+  sm.dout = sm.q + 2 * S::q_bytes;    // 2 stages
+  sm.ds = sm.dout + 2 * S::q_bytes;
+  sm.stats = reinterpret_cast<float*>(sm.ds + S::ds_bytes);
+  sm.first = sfirst;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g4 = lane / 4, c4 = lane % 4;
   const int kvh = blockIdx.y, k0 = blockIdx.x * kBc;  // block 0 holds the most causal work: it starts first
-  const int head_begin = p.group_begin[kvh], n_heads = p.group_begin[kvh + 1] - head_begin;
-  const int m_begin = bwd_query_begin(p, k0, kBr);
-  const int m_end = bwd_query_end(p, k0, kBc);  // packed documents: the last query that sees these keys
-  if (n_heads == 0 || m_begin >= m_end) return;
-  const int n_qblocks = (m_end - m_begin + kBr - 1) / kBr;
-  // Packed documents: per stage, each query row's first visible key as an index into k (clamped).
-  __shared__ int sfirst[2][kBr];
-  const int steps = n_heads * n_qblocks;
-
-  auto load_rows = [&](unsigned char* dst, const bf16_t* src, int64_t row_stride, int row0, int rows_valid, int rows) {
-    for (int i = tid; i < rows * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      const bool ok = row0 + r < rows_valid;
-      const bf16_t* gp = src + (ok ? (row0 + r) * row_stride : 0) + c * 8;
-      cuda::cp_async_16(cuda::smem_addr(dst) + cuda::swizzled<kChunks>(r, c), gp, ok ? 16 : 0);
-    }
-  };
-  auto load_step = [&](int step, int stage) {
-    const int h = p.heads_by_kv[head_begin + step / n_qblocks];
-    const int m0 = m_begin + (step % n_qblocks) * kBr;
-    load_rows(sq + stage * S::q_bytes, p.q + h * p.q_sh, p.q_st, m0, p.tq, kBr);
-    load_rows(sdo + stage * S::q_bytes, p.dout + h * p.do_sh, p.do_st, m0, p.tq, kBr);
-    if (tid < kBr) {
-      float* st = sstats + stage * 4 * kBr;
-      const int row = m0 + tid;
-      const bool ok = row < p.tq;
-      bwd_cp_async_4(cuda::smem_addr(st + tid), p.lse + h * p.lse_sh + (ok ? row : 0) * p.lse_st, ok ? 4 : 0);
-      bwd_cp_async_4(cuda::smem_addr(st + kBr + tid), p.delta + h * p.delta_sh + (ok ? row : 0) * p.delta_st, ok ? 4 : 0);
-      const int64_t doc = p.q_doc_start ? p.q_doc_start[ok ? row : p.tq - 1] : 0;
-      const float tau = bwd_tau(p, mask::tau_position(p.q_pos0 + row, doc));
-      st[2 * kBr + tid] = p.scale_log2 * tau;
-      st[3 * kBr + tid] = p.scale * tau;
-      const int64_t first = doc - p.k_pos0;
-      sfirst[stage][tid] = first < 0 ? 0 : (first > (1 << 30) ? (1 << 30) : static_cast<int>(first));
-    }
-  };
-
-  load_rows(sk, p.k + kvh * p.k_sh, p.k_st, k0, p.tk, kBc);
-  load_rows(sv, p.v + kvh * p.v_sh, p.v_st, k0, p.tk, kBc);
-  load_step(0, 0);
+  BwdSteps<kBr> st(p, kvh, k0);
+  if (!st.plan(bwd_query_end(p, k0, kBc))) return;  // packed documents: the last query that sees these keys
+  mma_load_rows<D>(sm.k, p.k + kvh * p.k_sh, p.k_st, k0, p.tk, kBc, tid);
+  mma_load_rows<D>(sm.v, p.v + kvh * p.v_sh, p.v_st, k0, p.tk, kBc, tid);
+  mma_load_step<D>(p, st, sm, 0, 0, tid);
   cuda::cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];
@@ -135,24 +187,24 @@ __global__ void __launch_bounds__(kThreads, 1) attention_backward_mma_kernel(con
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
   const int key_row0 = warp * 16 + g4;  // this lane's key rows in the block: key_row0, key_row0 + 8
 
-  for (int step = 0; step < steps; ++step) {
+  for (int step = 0; step < st.count; ++step) {
     const int stage = step % 2;
-    const int h = p.heads_by_kv[head_begin + step / n_qblocks];
-    const int m0 = m_begin + (step % n_qblocks) * kBr;
+    const int h = st.head(p, step);
+    const int m0 = st.m0(step);
     cuda::cp_async_wait<0>();
     __syncthreads();  // this stage landed for every thread; the other stage and sds are free again
-    if (step + 1 < steps) load_step(step + 1, stage ^ 1);
+    if (step + 1 < st.count) mma_load_step<D>(p, st, sm, step + 1, stage ^ 1, tid);
     cuda::cp_async_commit();
-    const unsigned char* qs = sq + stage * S::q_bytes;
-    const unsigned char* dos = sdo + stage * S::q_bytes;
-    const float* st_lse = sstats + stage * 4 * kBr;
+    const unsigned char* qs = sm.q + stage * S::q_bytes;
+    const unsigned char* dos = sm.dout + stage * S::q_bytes;
+    const float* st_lse = sm.stats + stage * 4 * kBr;
     const float* st_delta = st_lse + kBr;
     const float* st_qscale = st_lse + 2 * kBr;
     const float* st_dscale = st_lse + 3 * kBr;
 
     // Sᵀ = K Qᵀ (16 keys × 64 queries per warp), then Pᵀ in place.
     float s[kBr / 8][4];
-    bwd_mma_rows_by_rows<D, kBr>(s, sk, qs, warp * 16, 0, lane);
+    bwd_mma_rows_by_rows<D, kBr>(s, sm.k, qs, warp * 16, 0, lane);
     const bool doc_mask = p.q_doc_start && sfirst[stage][kBr - 1] > k0;  // some row's document starts after key k0
     const bool need_mask =
         (p.causal && p.k_pos0 + k0 + kBc - 1 > p.q_pos0 + m0) || k0 + kBc > p.tk || m0 + kBr > p.tq || doc_mask;
@@ -174,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_backward_mma_kernel(con
     // dPᵀ = V dOᵀ, dSᵀ = Pᵀ (dPᵀ − delta) · scale·τ.
     {
       float dp[kBr / 8][4];
-      bwd_mma_rows_by_rows<D, kBr>(dp, sv, dos, warp * 16, 0, lane);
+      bwd_mma_rows_by_rows<D, kBr>(dp, sm.v, dos, warp * 16, 0, lane);
 #pragma unroll
       for (int j = 0; j < kBr / 8; ++j)
 #pragma unroll
@@ -191,62 +243,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_backward_mma_kernel(con
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2) {
         const int r = key_row0 + h2 * 8;
-        *reinterpret_cast<uint32_t*>(sds + cuda::swizzled<kBr / 8>(r, j) + c4 * 4) =
+        *reinterpret_cast<uint32_t*>(sm.ds + cuda::swizzled<kBr / 8>(r, j) + c4 * 4) =
             cuda::pack_bf16(s[j][2 * h2], s[j][2 * h2 + 1]);
       }
     __syncthreads();
-    // dQ[64 × D] = dS K: warp w computes query rows 16·(w % 4).., columns (w / 4)·D/2.. .
-    {
-      constexpr int kNt = D / 16;  // 8-column tiles in D/2 columns
-      const int qr0 = (warp % 4) * 16, cb = (warp / 4) * (D / 16);  // cb: first 16-byte chunk
-      float acc[kNt][4];
-#pragma unroll
-      for (int j = 0; j < kNt; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk) {
-        uint32_t a[4];  // A = dS [queries][keys] through a transposing load of dSᵀ [keys][queries]
-        cuda::ldmatrix_x4_trans(a, cuda::smem_addr(sds) + cuda::swizzled<kBr / 8>(kk * 16 + (lane % 8) + (lane / 16) * 8,
-                                                                                  qr0 / 8 + (lane / 8) % 2));
-#pragma unroll
-        for (int j = 0; j < kNt; j += 2) {
-          uint32_t b[4];  // B = K [keys][d] read transposed
-          const int row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = cb + j + lane / 16;
-          cuda::ldmatrix_x4_trans(b, cuda::smem_addr(sk) + cuda::swizzled<kChunks>(row, c));
-          cuda::mma_bf16(acc[j], a, b[0], b[1]);
-          cuda::mma_bf16(acc[j + 1], a, b[2], b[3]);
-        }
-      }
-      const int qa = m0 + qr0 + g4, qb = qa + 8;
-#pragma unroll
-      for (int j = 0; j < kNt; ++j) {
-        const int col = cb * 8 + j * 8 + c4 * 2;
-        if (qa < p.tq) atomicAdd(reinterpret_cast<float2*>(p.dq + qa * p.dq_st + h * p.dq_sh + col), make_float2(acc[j][0], acc[j][1]));
-        if (qb < p.tq) atomicAdd(reinterpret_cast<float2*>(p.dq + qb * p.dq_st + h * p.dq_sh + col), make_float2(acc[j][2], acc[j][3]));
-      }
-    }
+    mma_dq_atomic<D>(p, sm.ds, sm.k, h, m0, warp, lane);
   }
   cuda::cp_async_wait<0>();  // no copy may be in flight at exit
-
-  // dK, dV += this block's sums (one CTA owns these key rows of this KV head: no atomics).
-#pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) {
-    const int key = k0 + key_row0 + h2 * 8;
-    if (key >= p.tk) continue;
-    float* dkr = p.dk + key * p.dk_st + kvh * p.dk_sh;
-    float* dvr = p.dv + key * p.dv_st + kvh * p.dv_sh;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      float2* a = reinterpret_cast<float2*>(dkr + j * 8 + c4 * 2);
-      float2* b = reinterpret_cast<float2*>(dvr + j * 8 + c4 * 2);
-      float2 x = *a, y = *b;
-      x.x += dk[j][2 * h2];
-      x.y += dk[j][2 * h2 + 1];
-      y.x += dv[j][2 * h2];
-      y.y += dv[j][2 * h2 + 1];
-      *a = x;
-      *b = y;
-    }
-  }
+  bwd_add_dk_dv<D>(p, kvh, k0 + key_row0, c4, [&](int j, int e) { return dk[j][e]; }, [&](int j, int e) { return dv[j][e]; });
 }
 
 template <int D>

@@ -1,6 +1,7 @@
 // What the flash attention backward kernels share: their parameters (built once on the host from
-// the ops interface), the visible-query range of a key block, τ, and the two
-// warp-level product shapes of the mma.sync kernel. Included only by attention_backward.cu.
+// the ops interface), the visible-query range of a key block, τ, the tile schedule (BwdSteps), the
+// dK/dV epilogue, and the two warp-level product shapes of the mma.sync kernel. Included only by
+// attention_backward.cu.
 #pragma once
 
 #include <cmath>
@@ -124,6 +125,53 @@ __device__ __forceinline__ int bwd_query_begin(const BwdParams& p, int k0, int r
   const int64_t first = p.k_pos0 + k0 - p.q_pos0;  // queries at index ≥ first see key k0
   if (first >= p.tq) return p.tq;
   return first <= 0 ? 0 : static_cast<int>(first / rows) * rows;
+}
+
+// The tile schedule of both backward kernels: a CTA owns one block of keys [k0, k0 + cols) of KV
+// head kvh and visits, for each query head of that KV head (GQA: dK/dV sum them without atomics),
+// the query blocks of Rows rows from the first that can see its keys (causal) to m_end; step s is
+// query head head(p, s), rows m0(s) ...
+template <int Rows>
+struct BwdSteps {
+  int head_begin, n_heads, m_begin;
+  int n_qblocks = 0, count = 0;
+  __device__ __forceinline__ BwdSteps(const BwdParams& p, int kvh, int k0)
+      : head_begin(p.group_begin[kvh]), n_heads(p.group_begin[kvh + 1] - head_begin), m_begin(bwd_query_begin(p, k0, Rows)) {}
+  // Plans the steps up to query row m_end (tq, or bwd_query_end with packed documents); false: none.
+  __device__ __forceinline__ bool plan(int m_end) {
+    if (n_heads == 0 || m_begin >= m_end) return false;
+    n_qblocks = (m_end - m_begin + Rows - 1) / Rows;
+    count = n_heads * n_qblocks;
+    return true;
+  }
+  __device__ __forceinline__ int head(const BwdParams& p, int step) const { return p.heads_by_kv[head_begin + step / n_qblocks]; }
+  __device__ __forceinline__ int m0(int step) const { return m_begin + (step % n_qblocks) * Rows; }
+};
+
+// The dK/dV epilogue of both backward kernels: dk, dv += this CTA's sums for key rows key_row and
+// key_row + 8 (one CTA owns these key rows of this KV head: no atomics), columns 8j + 2 c4 and + 1
+// for j < D/8; dk_at(j, e), dv_at(j, e) give element e of the lane's 8-column tile j (mma C layout).
+template <int D, class DkAt, class DvAt>
+__device__ __forceinline__ void bwd_add_dk_dv(const BwdParams& p, int kvh, int key_row, int c4, DkAt dk_at, DvAt dv_at) {
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    const int key = key_row + h2 * 8;
+    if (key >= p.tk) continue;
+    float* dkr = p.dk + key * p.dk_st + kvh * p.dk_sh;
+    float* dvr = p.dv + key * p.dv_st + kvh * p.dv_sh;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      float2* a = reinterpret_cast<float2*>(dkr + j * 8 + c4 * 2);
+      float2* b = reinterpret_cast<float2*>(dvr + j * 8 + c4 * 2);
+      float2 x = *a, y = *b;
+      x.x += dk_at(j, 2 * h2);
+      x.y += dk_at(j, 2 * h2 + 1);
+      y.x += dv_at(j, 2 * h2);
+      y.y += dv_at(j, 2 * h2 + 1);
+      *a = x;
+      *b = y;
+    }
+  }
 }
 
 // acc[N/8][4] = A[a_row0 .. a_row0+16) · B[b_row0 .. b_row0+N)ᵀ with the head dimension D as the

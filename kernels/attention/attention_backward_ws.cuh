@@ -45,33 +45,6 @@ __device__ __forceinline__ uint32_t tile_offset(int rows, int r, int c) {
   return static_cast<uint32_t>((c / 8) * rows * 128 + r * 128 + (((c % 8) ^ (r % 8)) * 16));
 }
 
-// D[64×64] (+)= A[64×16] · B[16×64], both from shared memory; TransB = 1: B stored N-contiguous.
-template <int TransB>
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TransB));
-}
-
-// Stores four 8×8 bf16 matrices transposed: lane l gives the address of row l % 8 of matrix l / 8;
-// each thread's register i holds (row l/4, columns 2(l%4), +1) of matrix i, which lands in memory
-// rows 2(l%4), 2(l%4)+1 at column l/4.
-__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
-               "r"(r[1]), "r"(r[2]), "r"(r[3])
-               : "memory");
-}
-
 constexpr int kBc = 128, kBr = 64, kD = 128, kStages = 2, kThreads = 384;
 constexpr uint32_t kKvBlock = 128 * 128;  // one TMA box [128 rows][64 columns] bf16
 constexpr uint32_t kKvTile = 2 * kKvBlock;
@@ -106,35 +79,15 @@ struct WsParams {
   BwdParams p;
 };
 
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-
-// The step schedule all roles share: query head and first query row of step `step`.
-struct Steps {
-  int head_begin, m_begin, n_qblocks, count;
-  __device__ __forceinline__ int head(const BwdParams& p, int step) const { return p.heads_by_kv[head_begin + step / n_qblocks]; }
-  __device__ __forceinline__ int m0(int step) const { return m_begin + (step % n_qblocks) * kBr; }
-};
-
-__device__ __forceinline__ void load_box_pair(unsigned char* dst, uint32_t box_bytes, const CUtensorMap* map, int head, int row,
-                                              uint64_t* bar) {
-  cuda::tma_load_3d(dst, map, 0, head, row, bar);
-  cuda::tma_load_3d(dst + box_bytes, map, 64, head, row, bar);
-}
+using Steps = BwdSteps<kBr>;  // the step schedule all roles share (attention_backward.cuh)
 
 __device__ void produce(const WsParams& wp, const Steps& st, int kvh, int k0, unsigned char* base, Stats* stats,
                         Barriers& b, int lane) {
   const BwdParams& p = wp.p;
   if (lane == 0) {
     cuda::mbar_expect_bytes(&b.kv_full, 2 * kKvTile);
-    load_box_pair(base + kOffK, kKvBlock, &wp.k_map, kvh, k0, &b.kv_full);
-    load_box_pair(base + kOffV, kKvBlock, &wp.v_map, kvh, k0, &b.kv_full);
+    cuda::tma_load_3d_cols128(base + kOffK, kKvBlock, &wp.k_map, kvh, k0, &b.kv_full);
+    cuda::tma_load_3d_cols128(base + kOffV, kKvBlock, &wp.v_map, kvh, k0, &b.kv_full);
   }
   for (int step = 0; step < st.count; ++step) {
     const int stage = step % kStages;
@@ -153,8 +106,8 @@ __device__ void produce(const WsParams& wp, const Steps& st, int kvh, int k0, un
     }
     if (lane == 0) {  // arrival with the byte count, then the loads (rows past tq read as zeros)
       cuda::mbar_expect_bytes(&b.full[stage], 2 * kQTile);
-      load_box_pair(base + kOffQ + stage * kQTile, kQBlock, &wp.q_map, h, m0, &b.full[stage]);
-      load_box_pair(base + kOffDo + stage * kQTile, kQBlock, &wp.do_map, h, m0, &b.full[stage]);
+      cuda::tma_load_3d_cols128(base + kOffQ + stage * kQTile, kQBlock, &wp.q_map, h, m0, &b.full[stage]);
+      cuda::tma_load_3d_cols128(base + kOffDo + stage * kQTile, kQBlock, &wp.do_map, h, m0, &b.full[stage]);
     } else {
       cuda::mbar_arrive(&b.full[stage]);  // releases this lane's statistics
     }
@@ -168,14 +121,14 @@ __device__ void write_dq(const BwdParams& p, const Steps& st, uint32_t sdq, int 
     const int h = st.head(p, step), m0 = st.m0(step);
     for (int r = lane; r < kBr; r += 32) {
       const int row = m0 + r;
-      if (row < p.tq) bulk_reduce_add_f32(p.dq + row * p.dq_st + h * p.dq_sh, sdq + r * kDqPitch * 4, kD * 4);
+      if (row < p.tq) cuda::bulk_reduce_add_f32(p.dq + row * p.dq_st + h * p.dq_sh, sdq + r * kDqPitch * 4, kD * 4);
     }
-    bulk_commit();
-    bulk_wait_read_all();  // this lane's reductions have read the tile
+    cuda::bulk_commit();
+    cuda::bulk_wait_read_all();  // this lane's reductions have read the tile
     __syncwarp();
     if (step + 1 < st.count) cuda::named_barrier_arrive(kBarDqEmpty, kDqThreads);
   }
-  bulk_wait_all();  // the last reductions are done before the CTA (and its shared memory) goes
+  cuda::bulk_wait_all();  // the last reductions are done before the CTA (and its shared memory) goes
 }
 
 __device__ void consume(const BwdParams& p, const Steps& st, int cw, int kvh, int k0, unsigned char* base,
@@ -209,14 +162,14 @@ __device__ void consume(const BwdParams& p, const Steps& st, int cw, int kvh, in
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t koff = static_cast<uint32_t>((kk / 4) * kKvBlock + (kk % 4) * 32) + k_rows;
       const uint32_t qoff = static_cast<uint32_t>((kk / 4) * kQBlock + (kk % 4) * 32);
-      wgmma_m64n64k16_ss<0>(s, cuda::wgmma_desc(sk + koff, 16, 1024), cuda::wgmma_desc(qs + qoff, 16, 1024), kk > 0);
+      cuda::wgmma_m64n64k16_ss<0>(s, cuda::wgmma_desc(sk + koff, 16, 1024), cuda::wgmma_desc(qs + qoff, 16, 1024), kk > 0);
     }
     cuda::wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t koff = static_cast<uint32_t>((kk / 4) * kKvBlock + (kk % 4) * 32) + k_rows;
       const uint32_t qoff = static_cast<uint32_t>((kk / 4) * kQBlock + (kk % 4) * 32);
-      wgmma_m64n64k16_ss<0>(dp, cuda::wgmma_desc(sv + koff, 16, 1024), cuda::wgmma_desc(dos + qoff, 16, 1024), kk > 0);
+      cuda::wgmma_m64n64k16_ss<0>(dp, cuda::wgmma_desc(sv + koff, 16, 1024), cuda::wgmma_desc(dos + qoff, 16, 1024), kk > 0);
     }
     cuda::wgmma_commit();
     cuda::wgmma_wait<1>();  // Sᵀ is ready; dPᵀ may still run
@@ -295,7 +248,7 @@ __device__ void consume(const BwdParams& p, const Steps& st, int cw, int kvh, in
       const int m = lane / 8, r = lane % 8;
       const int query = kk * 16 + (m / 2) * 8 + r;
       const int chunk = cw * 8 + warp * 2 + (m % 2);  // 16-byte chunk of the 128 keys
-      stmatrix_x4_trans(sds + tile_offset(kBr, query, chunk), dsa[kk]);
+      cuda::stmatrix_x4_trans(sds + tile_offset(kBr, query, chunk), dsa[kk]);
     }
     cuda::fence_proxy_async();  // the stmatrix writes -> visible to the dQ wgmma
     // dV += Pᵀ dO and dK += dSᵀ Q (B = dO, Q [queries][d], read N-contiguous), one commit group.
@@ -319,7 +272,7 @@ __device__ void consume(const BwdParams& p, const Steps& st, int cw, int kvh, in
     for (int kk = 0; kk < kBc / 16; ++kk) {
       const uint32_t aoff = static_cast<uint32_t>((kk / 4) * kQBlock + (kk % 4) * 32);
       const uint32_t boff = static_cast<uint32_t>(cw * kKvBlock + kk * 16 * 128);
-      wgmma_m64n64k16_ss<1>(dq, cuda::wgmma_desc(sds + aoff, 16, 1024), cuda::wgmma_desc(sk + boff, kKvBlock, 1024), kk > 0);
+      cuda::wgmma_m64n64k16_ss<1>(dq, cuda::wgmma_desc(sds + aoff, 16, 1024), cuda::wgmma_desc(sk + boff, kKvBlock, 1024), kk > 0);
     }
     cuda::wgmma_commit();
     cuda::wgmma_wait<1>();  // dV/dK have read Q and dO: the stage goes back to the producer
@@ -341,38 +294,15 @@ __device__ void consume(const BwdParams& p, const Steps& st, int cw, int kvh, in
     cuda::named_barrier_arrive(kBarDqFull, kDqThreads);
   }
 
-  // dK, dV += this block's sums (one CTA owns these key rows of this KV head: no atomics).
-#pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) {
-    const int key = k0 + key_row0 + h2 * 8;
-    if (key >= p.tk) continue;
-    float* dkr = p.dk + key * p.dk_st + kvh * p.dk_sh;
-    float* dvr = p.dv + key * p.dv_st + kvh * p.dv_sh;
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      float2* a = reinterpret_cast<float2*>(dkr + j * 8 + c4 * 2);
-      float2* c = reinterpret_cast<float2*>(dvr + j * 8 + c4 * 2);
-      float2 x = *a, y = *c;
-      x.x += dk[4 * j + 2 * h2];
-      x.y += dk[4 * j + 2 * h2 + 1];
-      y.x += dv[4 * j + 2 * h2];
-      y.y += dv[4 * j + 2 * h2 + 1];
-      *a = x;
-      *c = y;
-    }
-  }
+  bwd_add_dk_dv<kD>(p, kvh, k0 + key_row0, c4, [&](int j, int e) { return dk[4 * j + e]; },
+                    [&](int j, int e) { return dv[4 * j + e]; });
 }
 
 __global__ void __launch_bounds__(kThreads, 1) attention_backward_ws_kernel(const __grid_constant__ WsParams wp) {
   const BwdParams& p = wp.p;
   const int kvh = blockIdx.y, k0 = blockIdx.x * kBc;
-  Steps st;
-  st.head_begin = p.group_begin[kvh];
-  const int n_heads = p.group_begin[kvh + 1] - st.head_begin;
-  st.m_begin = bwd_query_begin(p, k0, kBr);
-  if (n_heads == 0 || st.m_begin >= p.tq) return;  // the whole CTA, before any barrier exists
-  st.n_qblocks = (p.tq - st.m_begin + kBr - 1) / kBr;
-  st.count = n_heads * st.n_qblocks;
+  Steps st(p, kvh, k0);
+  if (!st.plan(p.tq)) return;  // the whole CTA, before any barrier exists
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = smem_raw + ((1024u - (cuda::smem_addr(smem_raw) & 1023u)) & 1023u);  // swizzle atoms

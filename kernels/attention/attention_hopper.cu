@@ -59,8 +59,7 @@ __device__ __forceinline__ int key_tiles(const FlashParams& p, int q0) { return 
 
 __device__ __forceinline__ void load_tile(unsigned char* dst, const CUtensorMap* map, int head, int row, uint64_t* bar) {
   cuda::mbar_expect_bytes(bar, kTileBytes);
-  cuda::tma_load_3d(dst, map, 0, head, row, bar);
-  cuda::tma_load_3d(dst + kBlockBytes, map, 64, head, row, bar);
+  cuda::tma_load_3d_cols128(dst, kBlockBytes, map, head, row, bar);
 }
 
 // The producer thread: the tile scheduler and every TMA load.

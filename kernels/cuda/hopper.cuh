@@ -1,5 +1,7 @@
-// Hopper (sm_90a) data movement and synchronisation for warp-specialised kernels: TMA tensor maps
-// (host), TMA tile loads and mbarriers through the toolkit's cuda::ptx wrappers, and the three
+// Hopper (sm_90a) data movement and synchronisation for warp-specialised kernels, the one TMA
+// layer every such kernel uses (flash attention forward and backward, the GDN state pass): TMA
+// tensor maps (host), TMA tile loads and mbarriers through the toolkit's cuda::ptx wrappers, the
+// bulk copies, stores and reductions of the async proxy and their bulk groups, and the three
 // instructions those wrappers lack (named barriers, setmaxnreg, the operand fence of wgmma).
 //
 // Pipeline convention (one producer, several consumers, a ring of shared-memory stages): each
@@ -16,6 +18,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/mma.cuh"  // smem_addr
 #include "runtime/error.h"
 
 namespace hydra::cuda {
@@ -90,9 +93,51 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
   ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, dst, map, coords, bar);
 }
 
+// A [rows][128] bf16 tile as its two 64-column boxes of a 3-D tensor map (columns 0 and 64), the
+// second `box_bytes` after the first; completion counted on `bar`.
+__device__ __forceinline__ void tma_load_3d_cols128(void* dst, uint32_t box_bytes, const CUtensorMap* map, int head, int row,
+                                                    uint64_t* bar) {
+  tma_load_3d(dst, map, 0, head, row, bar);
+  tma_load_3d(static_cast<unsigned char*>(dst) + box_bytes, map, 64, head, row, bar);
+}
+
+// One box of a 2-D tensor map (coordinates: column 0, row `row`) into shared memory.
+__device__ __forceinline__ void tma_load_2d_row(void* dst, const CUtensorMap* map, int row, uint64_t* bar) {
+  const int32_t coords[2] = {0, row};
+  ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, dst, map, coords, bar);
+}
+
+// Contiguous bytes from global to shared memory, completing on an mbarrier (expect-tx).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
+
+// ---- device: stores and reductions from shared memory (bulk groups of the issuing thread) ----
+
+// TMA store of one box of a 3-D tensor map from shared memory (byte address src).
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int col, int head, int row) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(map), "r"(col),
+               "r"(head), "r"(row), "r"(src)
+               : "memory");
+}
+// dst[0 .. bytes/4) += the fp32 values at shared byte address src (bulk reduction).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+// The thread's bulk operations so far form a group; wait until all its groups have read shared
+// memory (the source may be overwritten), or have completed.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // ---- device: named barriers and register reallocation -----------------------------------------
 

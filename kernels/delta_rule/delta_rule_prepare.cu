@@ -14,6 +14,9 @@
 // For the backward (PrepareFor::backward) the same CTA also writes K̃ = e^{γ_C−γ} K and
 // Q̂ = scale·e^γ Q (from the rows already in shared memory) and W = T (β e^γ K) (a tensor-core
 // product with the bf16 T just formed), so the backward has no inverse of its own.
+// The kernel is the sequence of its stages (prepare_load, prepare_gamma, prepare_products,
+// prepare_backward_rows, invert_diagonal_block, merge_16_to_32, merge_32_to_64, prepare_store_t,
+// prepare_w), one __forceinline__ function each, with the barriers between them in the kernel.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -87,186 +90,219 @@ __device__ __forceinline__ void store_block(float* dst, const float (&acc)[2][4]
   }
 }
 
+// The shared-memory tiles of one CTA: K and Q rows (bf16, swizzled; Q's buffer is the block-product
+// scratch Y once Q Kᵀ is done), L and X = T₀ (fp32, padded rows), and γ, β, the raw gates.
 template <int D>
-__global__ void __launch_bounds__(128) gdn_prepare_kernel(Rows q, Rows k, Rows g, Rows beta, int t_len, int heads,
-                                                          float scale, bf16_t* t_out, bf16_t* p_out, float* gamma_out,
-                                                          float* factors_out,
-                                                          BackwardTiles bt) {
-  using S = PrepareSmem<D>;
-  constexpr int kChunks = D / 8;
-  extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* sk = smem;
-  unsigned char* sq = smem + S::row_bytes;
-  float* sy = reinterpret_cast<float*>(sq);  // block-product scratch once Q Kᵀ is done
-  float* sl = reinterpret_cast<float*>(smem + S::row_bytes + S::q_bytes);
-  float* sx = sl + kC * kLd;
-  float* sgamma = sx + kC * kLd;
-  float* sbeta = sgamma + kC;
-  float* sraw = sbeta + kC;
-  const int chunk = blockIdx.x, head = blockIdx.y, t0 = chunk * kC;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g4 = lane / 4, c4 = lane % 4;
-  const int valid = min(kC, t_len - t0);
-  const bool with_q = p_out != nullptr;
-  const bool backward = bt.w != nullptr;                      // the host guarantees q with it
-  const int64_t rows0 = (int64_t(chunk) * heads + head) * kC;  // first [.., D] row of this chunk-head
+struct PrepareTiles {
+  unsigned char *k, *q;
+  float *y, *l, *x, *gamma, *beta, *raw;
+  __device__ __forceinline__ explicit PrepareTiles(unsigned char* smem) {
+    using S = PrepareSmem<D>;
+    k = smem;
+    q = smem + S::row_bytes;
+    y = reinterpret_cast<float*>(q);
+    l = reinterpret_cast<float*>(smem + S::row_bytes + S::q_bytes);
+    x = l + kC * kLd;
+    gamma = x + kC * kLd;
+    beta = gamma + kC;
+    raw = beta + kC;
+  }
+};
 
+// This thread's place: its CTA's (chunk, head) and the first [.., D] row of this chunk-head in the
+// per-chunk outputs; warp w owns rows m0() = 16w .. of the products.
+struct PreparePos {
+  int chunk, head, t0, tid, warp, lane, g4, c4, valid;
+  int64_t rows0;
+  __device__ __forceinline__ PreparePos(int t_len, int heads)
+      : chunk(blockIdx.x), head(blockIdx.y), t0(chunk * kC), tid(threadIdx.x), warp(tid / 32), lane(tid % 32), g4(lane / 4),
+        c4(lane % 4), valid(min(kC, t_len - t0)), rows0((int64_t(chunk) * heads + head) * kC) {}
+  __device__ __forceinline__ int m0() const { return warp * 16; }
+};
+
+// Load: K (and Q) rows by cp.async (committed, not waited for), T₀'s buffer zeroed (its upper
+// blocks stay zero), the raw gates and β (zeros past the end).
+template <int D>
+__device__ __forceinline__ void prepare_load(const Rows& q, const Rows& k, const Rows& g, const Rows& beta, bool with_q,
+                                             const PrepareTiles<D>& sm, const PreparePos& at) {
+  constexpr int kChunks = D / 8;
+  const int tid = at.tid;
   for (int i = tid; i < kC * kChunks; i += 128) {
     const int r = i / kChunks, c = i % kChunks;
-    const bool ok = r < valid;
-    const int64_t row = ok ? t0 + r : 0;
-    const bf16_t* kp = static_cast<const bf16_t*>(k.ptr) + row * k.st + head * k.sh + c * 8;
-    cuda::cp_async_16(cuda::smem_addr(sk) + cuda::swizzled<kChunks>(r, c), kp, ok ? 16 : 0);
+    const bool ok = r < at.valid;
+    const int64_t row = ok ? at.t0 + r : 0;
+    const bf16_t* kp = static_cast<const bf16_t*>(k.ptr) + row * k.st + at.head * k.sh + c * 8;
+    cuda::cp_async_16(cuda::smem_addr(sm.k) + cuda::swizzled<kChunks>(r, c), kp, ok ? 16 : 0);
     if (with_q) {
-      const bf16_t* qp = static_cast<const bf16_t*>(q.ptr) + row * q.st + head * q.sh + c * 8;
-      cuda::cp_async_16(cuda::smem_addr(sq) + cuda::swizzled<kChunks>(r, c), qp, ok ? 16 : 0);
+      const bf16_t* qp = static_cast<const bf16_t*>(q.ptr) + row * q.st + at.head * q.sh + c * 8;
+      cuda::cp_async_16(cuda::smem_addr(sm.q) + cuda::swizzled<kChunks>(r, c), qp, ok ? 16 : 0);
     }
   }
   cuda::cp_async_commit();
-  for (int i = tid; i < kC * kLd; i += 128) sx[i] = 0.0f;  // upper blocks of T₀ stay zero
+  for (int i = tid; i < kC * kLd; i += 128) sm.x[i] = 0.0f;  // upper blocks of T₀ stay zero
   if (tid < kC) {
-    const bool ok = tid < valid;
-    sraw[tid] = ok ? static_cast<const float*>(g.ptr)[(t0 + tid) * g.st + head * g.sh] : 0.0f;
-    sbeta[tid] = ok ? static_cast<const float*>(beta.ptr)[(t0 + tid) * beta.st + head * beta.sh] : 0.0f;
+    const bool ok = tid < at.valid;
+    sm.raw[tid] = ok ? static_cast<const float*>(g.ptr)[(at.t0 + tid) * g.st + at.head * g.sh] : 0.0f;
+    sm.beta[tid] = ok ? static_cast<const float*>(beta.ptr)[(at.t0 + tid) * beta.st + at.head * beta.sh] : 0.0f;
   }
-  __syncthreads();
-  if (warp == 0) {  // inclusive prefix sum of g over the chunk (two values per lane)
-    float a = sraw[2 * lane], b = a + sraw[2 * lane + 1];
-    for (int o = 1; o < 32; o *= 2) {
-      const float up = __shfl_up_sync(0xffffffffu, b, o);
-      if (lane >= o) {
-        a += up;
-        b += up;
-      }
-    }
-    sgamma[2 * lane] = a;
-    sgamma[2 * lane + 1] = b;
-  }
-  cuda::cp_async_wait<0>();
-  __syncthreads();
+}
 
-  // K Kᵀ and Q Kᵀ, rows 16w..16w+15 × 64 keys per warp.
-  const int m0 = warp * 16;
-  {
-    float kk_acc[kC / 8][4] = {}, qk_acc[kC / 8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ka[4], qa[4];
-      cuda::ldmatrix_x4(ka, cuda::smem_addr(sk) + cuda::swizzled<kChunks>(m0 + lane % 16, kk * 2 + lane / 16));
-      if (with_q) cuda::ldmatrix_x4(qa, cuda::smem_addr(sq) + cuda::swizzled<kChunks>(m0 + lane % 16, kk * 2 + lane / 16));
-#pragma unroll
-      for (int j = 0; j < kC / 8; j += 2) {
-        uint32_t b[4];
-        const int key = j * 8 + (lane % 8) + (lane / 16) * 8, c = kk * 2 + (lane / 8) % 2;
-        cuda::ldmatrix_x4(b, cuda::smem_addr(sk) + cuda::swizzled<kChunks>(key, c));
-        cuda::mma_bf16(kk_acc[j], ka, b[0], b[1]);
-        cuda::mma_bf16(kk_acc[j + 1], ka, b[2], b[3]);
-        if (with_q) {
-          cuda::mma_bf16(qk_acc[j], qa, b[0], b[1]);
-          cuda::mma_bf16(qk_acc[j + 1], qa, b[2], b[3]);
-        }
-      }
-    }
-    const int64_t base = (int64_t(chunk) * heads + head) * kC * kC;
-#pragma unroll
-    for (int j = 0; j < kC / 8; ++j)
-#pragma unroll
-      for (int h2 = 0; h2 < 2; ++h2) {
-        const int i = m0 + g4 + 8 * h2, jj = j * 8 + 2 * c4;
-        sl[i * kLd + jj] = jj < i ? sbeta[i] * kk_acc[j][2 * h2] : 0.0f;
-        sl[i * kLd + jj + 1] = jj + 1 < i ? sbeta[i] * kk_acc[j][2 * h2 + 1] : 0.0f;
-        if (with_q) {
-          const float p0 = jj <= i ? scale * qk_acc[j][2 * h2] * expf(sgamma[i] - sgamma[jj]) : 0.0f;
-          const float p1 = jj + 1 <= i ? scale * qk_acc[j][2 * h2 + 1] * expf(sgamma[i] - sgamma[jj + 1]) : 0.0f;
-          *reinterpret_cast<uint32_t*>(p_out + base + i * kC + jj) = cuda::pack_bf16(p0, p1);
-        }
-      }
-  }
-  __syncthreads();
-  // Backward: K̃ and Q̂ from the rows in shared memory, before Q's buffer becomes scratch below.
-  if (backward) {
-    for (int i = tid; i < kC * kChunks; i += 128) {
-      const int r = i / kChunks, c = i % kChunks;
-      const int64_t o = (rows0 + r) * D + c * 8;
-      const uint32_t at = cuda::swizzled<kChunks>(r, c);
-      *reinterpret_cast<uint4*>(bt.kt + o) = scaled8(*reinterpret_cast<const uint4*>(sk + at), expf(sgamma[kC - 1] - sgamma[r]));
-      *reinterpret_cast<uint4*>(bt.qh + o) = scaled8(*reinterpret_cast<const uint4*>(sq + at), scale * expf(sgamma[r]));
+// γ: the inclusive prefix sum of g over the chunk (warp 0, two values per lane).
+__device__ __forceinline__ void prepare_gamma(float* gamma, const float* raw, int lane) {
+  float a = raw[2 * lane], b = a + raw[2 * lane + 1];
+  for (int o = 1; o < 32; o *= 2) {
+    const float up = __shfl_up_sync(0xffffffffu, b, o);
+    if (lane >= o) {
+      a += up;
+      b += up;
     }
   }
+  gamma[2 * lane] = a;
+  gamma[2 * lane + 1] = b;
+}
 
-  // Diagonal 16×16 blocks of T₀: warp w, block w, lane c < 16 solves column c:
-  // X[i][c] = −Σ_{c ≤ j < i} L[i][j] X[j][c] for i > c, X[c][c] = 1, X[i][c] = 0 for i < c.
-  if (lane < 16) {
-    const float* lb = sl + m0 * kLd + m0;
-    float x[16];
+// K Kᵀ and Q Kᵀ, rows m0.. × 64 keys per warp: L = β_i k_i·k_j (j < i) into shared memory and, with
+// queries, P = scale · (Q Kᵀ ⊙ e^{γ_i−γ_j}) (j ≤ i) to p_out.
+template <int D>
+__device__ __forceinline__ void prepare_products(const PrepareTiles<D>& sm, const PreparePos& at, bool with_q, float scale,
+                                                 int heads, bf16_t* p_out) {
+  constexpr int kChunks = D / 8;
+  const int m0 = at.m0(), lane = at.lane;
+  float kk_acc[kC / 8][4] = {}, qk_acc[kC / 8][4] = {};
 #pragma unroll
-    for (int i = 0; i < 16; ++i) x[i] = i == lane ? 1.0f : 0.0f;
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t ka[4], qa[4];
+    cuda::ldmatrix_x4(ka, cuda::smem_addr(sm.k) + cuda::swizzled<kChunks>(m0 + lane % 16, kk * 2 + lane / 16));
+    if (with_q) cuda::ldmatrix_x4(qa, cuda::smem_addr(sm.q) + cuda::swizzled<kChunks>(m0 + lane % 16, kk * 2 + lane / 16));
 #pragma unroll
-    for (int i = 1; i < 16; ++i) {
-      float acc = 0.0f;
-#pragma unroll
-      for (int j = 0; j < i; ++j) acc = fmaf(lb[i * kLd + j], x[j], acc);
-      if (i > lane) x[i] = -acc;
+    for (int j = 0; j < kC / 8; j += 2) {
+      uint32_t b[4];
+      const int key = j * 8 + (lane % 8) + (lane / 16) * 8, c = kk * 2 + (lane / 8) % 2;
+      cuda::ldmatrix_x4(b, cuda::smem_addr(sm.k) + cuda::swizzled<kChunks>(key, c));
+      cuda::mma_bf16(kk_acc[j], ka, b[0], b[1]);
+      cuda::mma_bf16(kk_acc[j + 1], ka, b[2], b[3]);
+      if (with_q) {
+        cuda::mma_bf16(qk_acc[j], qa, b[0], b[1]);
+        cuda::mma_bf16(qk_acc[j + 1], qa, b[2], b[3]);
+      }
     }
+  }
+  const int64_t base = (int64_t(at.chunk) * heads + at.head) * kC * kC;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) sx[(m0 + i) * kLd + m0 + lane] = x[i];
+  for (int j = 0; j < kC / 8; ++j)
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      const int i = m0 + at.g4 + 8 * h2, jj = j * 8 + 2 * at.c4;
+      sm.l[i * kLd + jj] = jj < i ? sm.beta[i] * kk_acc[j][2 * h2] : 0.0f;
+      sm.l[i * kLd + jj + 1] = jj + 1 < i ? sm.beta[i] * kk_acc[j][2 * h2 + 1] : 0.0f;
+      if (with_q) {
+        const float p0 = jj <= i ? scale * qk_acc[j][2 * h2] * expf(sm.gamma[i] - sm.gamma[jj]) : 0.0f;
+        const float p1 = jj + 1 <= i ? scale * qk_acc[j][2 * h2 + 1] * expf(sm.gamma[i] - sm.gamma[jj + 1]) : 0.0f;
+        *reinterpret_cast<uint32_t*>(p_out + base + i * kC + jj) = cuda::pack_bf16(p0, p1);
+      }
+    }
+}
+
+// Backward: K̃ = e^{γ_C−γ} K and Q̂ = scale·e^γ Q from the rows in shared memory.
+template <int D>
+__device__ __forceinline__ void prepare_backward_rows(const PrepareTiles<D>& sm, const PreparePos& at, float scale,
+                                                      const BackwardTiles& bt) {
+  constexpr int kChunks = D / 8;
+  for (int i = at.tid; i < kC * kChunks; i += 128) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int64_t o = (at.rows0 + r) * D + c * 8;
+    const uint32_t off = cuda::swizzled<kChunks>(r, c);
+    *reinterpret_cast<uint4*>(bt.kt + o) =
+        scaled8(*reinterpret_cast<const uint4*>(sm.k + off), expf(sm.gamma[kC - 1] - sm.gamma[r]));
+    *reinterpret_cast<uint4*>(bt.qh + o) = scaled8(*reinterpret_cast<const uint4*>(sm.q + off), scale * expf(sm.gamma[r]));
   }
-  __syncthreads();
-  // 16 → 32: warp 0 forms X₁₀, warp 1 X₃₂ (scratch: its own 16 rows of sy).
-  if (warp < 2) {
-    const int r0 = 32 * warp + 16, c0 = 32 * warp;  // block (i, j) = rows r0.., columns c0..
-    float acc[2][4] = {};
-    block_product<16>(sl + r0 * kLd + c0, sx + c0 * kLd + c0, acc, lane);  // L_ij X_jj
-    float* y = sy + warp * 16 * kLd;
-    store_block(y, acc, 1.0f, lane);
-    __syncwarp();
-    float acc2[2][4] = {};
-    block_product<16>(sx + r0 * kLd + r0, y, acc2, lane);  // X_ii (L_ij X_jj)
-    store_block(sx + r0 * kLd + c0, acc2, -1.0f, lane);
+}
+
+// Diagonal 16×16 blocks of T₀: warp w, block w, lane c < 16 solves column c:
+// X[i][c] = −Σ_{c ≤ j < i} L[i][j] X[j][c] for i > c, X[c][c] = 1, X[i][c] = 0 for i < c.
+__device__ __forceinline__ void invert_diagonal_block(const float* l, float* x_out, int m0, int lane) {
+  const float* lb = l + m0 * kLd + m0;
+  float x[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) x[i] = i == lane ? 1.0f : 0.0f;
+#pragma unroll
+  for (int i = 1; i < 16; ++i) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < i; ++j) acc = fmaf(lb[i * kLd + j], x[j], acc);
+    if (i > lane) x[i] = -acc;
   }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) x_out[(m0 + i) * kLd + m0 + lane] = x[i];
+}
+
+// 16 → 32: warp 0 forms X₁₀, warp 1 X₃₂ (scratch: its own 16 rows of y).
+__device__ __forceinline__ void merge_16_to_32(const float* l, float* x, float* y_scratch, int warp, int lane) {
+  const int r0 = 32 * warp + 16, c0 = 32 * warp;  // block (i, j) = rows r0.., columns c0..
+  float acc[2][4] = {};
+  block_product<16>(l + r0 * kLd + c0, x + c0 * kLd + c0, acc, lane);  // L_ij X_jj
+  float* y = y_scratch + warp * 16 * kLd;
+  store_block(y, acc, 1.0f, lane);
+  __syncwarp();
+  float acc2[2][4] = {};
+  block_product<16>(x + r0 * kLd + r0, y, acc2, lane);  // X_ii (L_ij X_jj)
+  store_block(x + r0 * kLd + c0, acc2, -1.0f, lane);
+}
+
+// 32 → 64: Y = L[32:, :32] X[:32, :32], then X[32:, :32] = −X[32:, 32:] Y; warp w: block (w/2, w%2).
+// Every thread of the CTA calls it (a CTA barrier between the two products).
+__device__ __forceinline__ void merge_32_to_64(const float* l, float* x, float* y, int warp, int lane) {
+  const int bi = warp / 2, bj = warp % 2;
+  float acc[2][4] = {};
+  block_product<32>(l + (32 + 16 * bi) * kLd, x + 16 * bj, acc, lane);
+  store_block(y + 16 * bi * kLd + 16 * bj, acc, 1.0f, lane);
   __syncthreads();
-  // 32 → 64: Y = L[32:, :32] X[:32, :32], then X[32:, :32] = −X[32:, 32:] Y; warp w: block (w/2, w%2).
-  {
-    const int bi = warp / 2, bj = warp % 2;
-    float acc[2][4] = {};
-    block_product<32>(sl + (32 + 16 * bi) * kLd, sx + 16 * bj, acc, lane);
-    store_block(sy + 16 * bi * kLd + 16 * bj, acc, 1.0f, lane);
-    __syncthreads();
-    float acc2[2][4] = {};
-    block_product<32>(sx + (32 + 16 * bi) * kLd + 32, sy + 16 * bj, acc2, lane);
-    store_block(sx + (32 + 16 * bi) * kLd + 16 * bj, acc2, -1.0f, lane);
-  }
-  __syncthreads();
-  // T = T₀ ⊙ e^{γ_i−γ_j} (lower triangle, diagonal 1), bf16 row-major; γ. The backward keeps a
-  // swizzled bf16 copy of T in L's buffer (free now) for W.
-  const int64_t base = (int64_t(chunk) * heads + head) * kC * kC;
-  unsigned char* stb = reinterpret_cast<unsigned char*>(sl);
-  for (int e = tid; e < kC * kC / 2; e += 128) {
+  float acc2[2][4] = {};
+  block_product<32>(x + (32 + 16 * bi) * kLd + 32, y + 16 * bj, acc2, lane);
+  store_block(x + (32 + 16 * bi) * kLd + 16 * bj, acc2, -1.0f, lane);
+}
+
+// Epilogue: T = T₀ ⊙ e^{γ_i−γ_j} (lower triangle, diagonal 1), bf16 row-major, and with `backward`
+// a swizzled bf16 copy of T in L's buffer (free now) for W; γ and the state pass's per-row factors
+// β, β e^γ, e^{γ_C−γ}, e^γ (β = 0 past the end).
+template <int D>
+__device__ __forceinline__ void prepare_store_t(const PrepareTiles<D>& sm, const PreparePos& at, int heads, bool backward,
+                                                bf16_t* t_out, float* gamma_out, float* factors_out) {
+  const int64_t base = (int64_t(at.chunk) * heads + at.head) * kC * kC;
+  unsigned char* stb = reinterpret_cast<unsigned char*>(sm.l);
+  for (int e = at.tid; e < kC * kC / 2; e += 128) {
     const int i = e / (kC / 2), j = 2 * (e % (kC / 2));
-    const float v0 = j <= i ? sx[i * kLd + j] * expf(sgamma[i] - sgamma[j]) : 0.0f;
-    const float v1 = j + 1 <= i ? sx[i * kLd + j + 1] * expf(sgamma[i] - sgamma[j + 1]) : 0.0f;
+    const float v0 = j <= i ? sm.x[i * kLd + j] * expf(sm.gamma[i] - sm.gamma[j]) : 0.0f;
+    const float v1 = j + 1 <= i ? sm.x[i * kLd + j + 1] * expf(sm.gamma[i] - sm.gamma[j + 1]) : 0.0f;
     const uint32_t packed = cuda::pack_bf16(v0, v1);
     *reinterpret_cast<uint32_t*>(t_out + base + i * kC + j) = packed;
     if (backward) *reinterpret_cast<uint32_t*>(stb + cuda::swizzled<8>(i, j / 8) + (j % 8) * 2) = packed;
   }
+  const int tid = at.tid;
   if (tid < kC) {
-    gamma_out[(int64_t(chunk) * heads + head) * kC + tid] = sgamma[tid];
-    // The state pass's per-row factors: β, β e^γ, e^{γ_C−γ}, e^γ (β = 0 past the end).
-    float* f = factors_out + (int64_t(chunk) * heads + head) * 4 * kC + tid;
-    const float e = expf(sgamma[tid]);
-    f[0] = sbeta[tid];
-    f[kC] = sbeta[tid] * e;
-    f[2 * kC] = expf(sgamma[kC - 1] - sgamma[tid]);
+    gamma_out[(int64_t(at.chunk) * heads + at.head) * kC + tid] = sm.gamma[tid];
+    float* f = factors_out + (int64_t(at.chunk) * heads + at.head) * 4 * kC + tid;
+    const float e = expf(sm.gamma[tid]);
+    f[0] = sm.beta[tid];
+    f[kC] = sm.beta[tid] * e;
+    f[2 * kC] = expf(sm.gamma[kC - 1] - sm.gamma[tid]);
     f[3 * kC] = e;
   }
-  if (!backward) return;
-  // W = T (β e^γ K): β e^γ K in place of K, then warp w forms rows 16w.. of the product (all D
-  // columns; B = the [C][D] rows through transposing loads).
-  for (int i = tid; i < kC * kChunks; i += 128) {
+}
+
+// Backward: W = T (β e^γ K): β e^γ K in place of K, then warp w forms rows 16w.. of the product
+// (all D columns; A = the swizzled bf16 T in L's buffer, B = the [C][D] rows through transposing loads).
+template <int D>
+__device__ __forceinline__ void prepare_w(const PrepareTiles<D>& sm, const PreparePos& at, const BackwardTiles& bt) {
+  constexpr int kChunks = D / 8;
+  const unsigned char* stb = reinterpret_cast<const unsigned char*>(sm.l);
+  for (int i = at.tid; i < kC * kChunks; i += 128) {
     const int r = i / kChunks, c = i % kChunks;
-    uint4* p = reinterpret_cast<uint4*>(sk + cuda::swizzled<kChunks>(r, c));
-    *p = scaled8(*p, sbeta[r] * expf(sgamma[r]));
+    uint4* p = reinterpret_cast<uint4*>(sm.k + cuda::swizzled<kChunks>(r, c));
+    *p = scaled8(*p, sm.beta[r] * expf(sm.gamma[r]));
   }
   __syncthreads();
+  const int m0 = at.m0(), lane = at.lane;
   float acc[D / 8][4] = {};
 #pragma unroll
   for (int kk = 0; kk < kC / 16; ++kk) {
@@ -276,7 +312,7 @@ __global__ void __launch_bounds__(128) gdn_prepare_kernel(Rows q, Rows k, Rows g
     for (int nt = 0; nt < D / 8; nt += 2) {
       uint32_t b[4];
       const int row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-      cuda::ldmatrix_x4_trans(b, cuda::smem_addr(sk) + cuda::swizzled<kChunks>(row, nt + lane / 16));
+      cuda::ldmatrix_x4_trans(b, cuda::smem_addr(sm.k) + cuda::swizzled<kChunks>(row, nt + lane / 16));
       cuda::mma_bf16(acc[nt], af, b[0], b[1]);
       cuda::mma_bf16(acc[nt + 1], af, b[2], b[3]);
     }
@@ -285,9 +321,38 @@ __global__ void __launch_bounds__(128) gdn_prepare_kernel(Rows q, Rows k, Rows g
   for (int nt = 0; nt < D / 8; ++nt)
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
-      const int r = m0 + g4 + 8 * h2, c = nt * 8 + 2 * c4;
-      *reinterpret_cast<uint32_t*>(bt.w + (rows0 + r) * D + c) = cuda::pack_bf16(acc[nt][2 * h2], acc[nt][2 * h2 + 1]);
+      const int r = m0 + at.g4 + 8 * h2, c = nt * 8 + 2 * at.c4;
+      *reinterpret_cast<uint32_t*>(bt.w + (at.rows0 + r) * D + c) = cuda::pack_bf16(acc[nt][2 * h2], acc[nt][2 * h2 + 1]);
     }
+}
+
+// The stages in order (barriers between them in the kernel, one inside merge_32_to_64 and prepare_w).
+template <int D>
+__global__ void __launch_bounds__(128) gdn_prepare_kernel(Rows q, Rows k, Rows g, Rows beta, int t_len, int heads,
+                                                          float scale, bf16_t* t_out, bf16_t* p_out, float* gamma_out,
+                                                          float* factors_out,
+                                                          BackwardTiles bt) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const PrepareTiles<D> sm(smem);
+  const PreparePos at(t_len, heads);
+  const bool with_q = p_out != nullptr;
+  const bool backward = bt.w != nullptr;  // the host guarantees q with it
+  prepare_load<D>(q, k, g, beta, with_q, sm, at);
+  __syncthreads();
+  if (at.warp == 0) prepare_gamma(sm.gamma, sm.raw, at.lane);
+  cuda::cp_async_wait<0>();
+  __syncthreads();
+  prepare_products<D>(sm, at, with_q, scale, heads, p_out);
+  __syncthreads();
+  if (backward) prepare_backward_rows<D>(sm, at, scale, bt);  // before Q's buffer becomes scratch below
+  if (at.lane < 16) invert_diagonal_block(sm.l, sm.x, at.m0(), at.lane);
+  __syncthreads();
+  if (at.warp < 2) merge_16_to_32(sm.l, sm.x, sm.y, at.warp, at.lane);
+  __syncthreads();
+  merge_32_to_64(sm.l, sm.x, sm.y, at.warp, at.lane);
+  __syncthreads();
+  prepare_store_t<D>(sm, at, heads, backward, t_out, gamma_out, factors_out);
+  if (backward) prepare_w<D>(sm, at, bt);
 }
 
 template <int D>
