@@ -20,6 +20,11 @@ struct KernelOptions {
   // HYDRA_DECODE_PDL: the decode engine launches its step's kernels with programmatic dependent
   // launch (runtime/programmatic_launch.h); off until measured.
   bool decode_pdl = false;
+  // The decode attention's GPU kernels and, for the pipelined ones, their split CTAs per SM (0: as
+  // many as fit). Not read from the environment: `hydra bench --op decode --decode-attention
+  // --decode-ctas-per-sm` sets them to compare kernels (AttentionParams, attention.h).
+  DecodeAttentionKernel decode_attention = DecodeAttentionKernel::pipelined;
+  int decode_ctas_per_sm = 0;
 };
 
 }  // namespace hydra::ops

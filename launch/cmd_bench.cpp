@@ -10,7 +10,8 @@
 // gdn-input: the GDN conv/RoPE/L2 pass, its q/k backward and the conv backward, in GB/s beside a
 // device copy measured in the same run instead of the GEMM ceiling (bench/gdn_input.cpp).
 // decode: a whole model's greedy decode steps at long context (bench/decode.h): ms per step,
-// tokens/s, cache bytes, peak memory and GB/s beside a device copy, per (--contexts, --batches) cell.
+// tokens/s, cache bytes, peak memory and GB/s beside a device copy, per (--contexts, --batches) cell
+// and per decode attention variant (--decode-attention, --decode-ctas-per-sm).
 // The kernel measured is the one a model run would use (HYDRA_ATTENTION_KERNEL, HYDRA_GDN_KERNEL,
 // HYDRA_GDN_SEGMENTS select others); its name is part of the printed label and the JSON line.
 #include <algorithm>
@@ -53,6 +54,8 @@ struct BenchOptions {
   std::string contexts = "32K,128K,512K,1M";
   std::string batches = "1,8,32";
   std::string cuda_graph = "auto";
+  std::string decode_attention = "pipelined";
+  std::string decode_ctas_per_sm = "0";
 
   void bind(po::options_description& o) {
     o.add_options()
@@ -71,7 +74,34 @@ struct BenchOptions {
         ("preset", po::value(&preset), "decode: the model (random weights), e.g. hydrahead-1.7b or qwen3-1.7b")
         ("contexts", po::value(&contexts)->default_value("32K,128K,512K,1M"), "decode: cached tokens per sequence, a list")
         ("batches", po::value(&batches)->default_value("1,8,32"), "decode: sequences per step, a list")
-        ("cuda-graph", po::value(&cuda_graph)->default_value("auto")->implicit_value("on"), "decode: on, off or auto (= on: one GPU): replay each step as a CUDA graph, as generate does by default; off: the same kernels launched one by one");
+        ("cuda-graph", po::value(&cuda_graph)->default_value("auto")->implicit_value("on"), "decode: on, off or auto (= on: one GPU): replay each step as a CUDA graph, as generate does by default; off: the same kernels launched one by one")
+        ("decode-attention", po::value(&decode_attention)->default_value("pipelined"), "decode: the decode attention kernels to time, a list run in order on the same cache: pipelined (the production kernels) and/or burst (the ones they replaced, kept only for this comparison)")
+        ("decode-ctas-per-sm", po::value(&decode_ctas_per_sm)->default_value("0"), "decode: the pipelined kernels' split CTAs per SM, a list (each value a variant; 0: as many as fit at once)");
+  }
+  // The --decode-attention x --decode-ctas-per-sm variants (burst takes no CTA count: once).
+  std::vector<DecodeAttentionVariant> attention_variants() const {
+    std::vector<int> ctas;
+    std::stringstream counts(decode_ctas_per_sm);
+    for (std::string item; std::getline(counts, item, ',');) {
+      char* end = nullptr;
+      const long n = std::strtol(item.c_str(), &end, 10);
+      HYDRA_USER_CHECK(!item.empty() && end && *end == '\0' && n >= 0 && n <= 64,
+                       "--decode-ctas-per-sm takes integers from 0 to 64 (got '{}')", item);
+      ctas.push_back(static_cast<int>(n));
+    }
+    HYDRA_USER_CHECK(!ctas.empty(), "--decode-ctas-per-sm needs at least one value");
+    std::vector<DecodeAttentionVariant> out;
+    std::stringstream names(decode_attention);
+    for (std::string item; std::getline(names, item, ',');) {
+      if (item == "burst") {
+        out.push_back({.kernel = ops::DecodeAttentionKernel::burst});
+      } else {
+        HYDRA_USER_CHECK(item == "pipelined", "--decode-attention takes pipelined and/or burst (got '{}')", item);
+        for (const int n : ctas) out.push_back({.kernel = ops::DecodeAttentionKernel::pipelined, .ctas_per_sm = n});
+      }
+    }
+    HYDRA_USER_CHECK(!out.empty(), "--decode-attention needs at least one kernel");
+    return out;
   }
   // A comma-separated list of sizes (accepts 32K, 1M).
   static std::vector<int64_t> size_list(const std::string& text, const char* flag) {
@@ -93,6 +123,7 @@ struct BenchOptions {
       size_list(contexts, "--contexts");
       size_list(batches, "--batches");
       parse_decode_graph(cuda_graph);
+      attention_variants();
     }
     parse_size(seq_len, "--seq-len");
     HYDRA_USER_CHECK(head_dim == 64 || head_dim == 128, "--head-dim must be 64 or 128");
@@ -111,7 +142,8 @@ int run_bench(App& app, const std::vector<std::string>& args) {
   opt.bind(desc);
   if (!parse_command_line(app, "bench",
                           "--op gemm|attention|gdn|attention-bwd|gdn-bwd|gdn-input [--seq-len 32K --heads 16 --head-dim 128] | "
-                          "--op decode --preset NAME [--contexts 32K,128K,512K,1M --batches 1,8,32] [--cuda-graph on|off|auto]",
+                          "--op decode --preset NAME [--contexts 32K,128K,512K,1M --batches 1,8,32] [--cuda-graph on|off|auto] "
+                          "[--decode-attention pipelined,burst --decode-ctas-per-sm 0,2]",
                           desc, args)) {
     return 0;
   }
@@ -124,7 +156,8 @@ int run_bench(App& app, const std::vector<std::string>& args) {
     const DecodeBenchOptions d{.preset = opt.preset, .contexts = BenchOptions::size_list(opt.contexts, "--contexts"),
                                .batches = BenchOptions::size_list(opt.batches, "--batches"), .warmup = opt.warmup,
                                .repeat = opt.repeat,
-                               .cuda_graph = decode_graph_wanted(parse_decode_graph(opt.cuda_graph), Device::cuda, 1)};
+                               .cuda_graph = decode_graph_wanted(parse_decode_graph(opt.cuda_graph), Device::cuda, 1),
+                               .attention = opt.attention_variants()};
     bench_decode(d, app.kernels, [&](const nlohmann::json& r) {
       if (app.world.rank() != 0) return;
       std::cout << r.dump() << std::endl;

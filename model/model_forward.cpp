@@ -70,7 +70,9 @@ ops::AttentionParams Model::attention_params(int64_t layer) const {
   return ops::AttentionParams{.tau_log_base = config_.is_hydra() ? config_.fa_log_base : 0.0,
                               .kv_head_of_query = layers_at(layer).fa_kv_of,
                               .forward_kernel = kernels_.attention,
-                              .backward_kernel = kernels_.attention_backward};
+                              .backward_kernel = kernels_.attention_backward,
+                              .decode_kernel = kernels_.decode_attention,
+                              .decode_ctas_per_sm = kernels_.decode_ctas_per_sm};
 }
 
 Tensor Model::positions(const SequenceLayout& layout) const {

@@ -7,7 +7,9 @@ decode targets of issue 57.
 
 Markdown on stdout: one row per (model, context, batch, mode) cell, mode being how the step ran
 (eager: the kernels launched one by one; graph: replayed as a CUDA graph; + PDL: programmatic
-dependent launch, HYDRA_DECODE_PDL=1): ms per step (= per token at batch 1), tokens/s, the bytes a
+dependent launch, HYDRA_DECODE_PDL=1) and, on lines that name one, the decode attention variant
+(attn burst | pipelined [N/SM], hydra bench --decode-attention/--decode-ctas-per-sm; each variant
+beside the burst kernels in a section of its own): ms per step (= per token at batch 1), tokens/s, the bytes a
 step must read (every weight once, every row's cache, the GDN states read and written), GB/s and
 its fraction of a device copy measured in the same run and of the card's datasheet bandwidth, our
 one-layer attention and GDN-step times next to SDPA's and fla's; skipped cells with their reason;
@@ -44,8 +46,21 @@ def fmt(x, spec=".3f"):
     return "—" if x is None else format(x, spec)
 
 
-def mode(r):
+def step_mode(r):
     return ("graph" if r.get("cuda_graph") else "eager") + (" + PDL" if r.get("pdl") else "")
+
+
+def attention(r):
+    """The decode attention variant of a line (--decode-attention, --decode-ctas-per-sm), or ''."""
+    if "decode_attention" not in r:
+        return ""
+    n = r.get("decode_ctas_per_sm")
+    return r["decode_attention"] + (f" {n}/SM" if n else "")
+
+
+def mode(r):
+    a = attention(r)
+    return step_mode(r) + (f", attn {a}" if a else "")
 
 
 def main(argv):
@@ -104,6 +119,30 @@ def main(argv):
             speedups.append(f"- {model} {label(context)} batch {batch}: eager {base:.3f} ms; " + "; ".join(others))
     if speedups:
         print("\nSpeed-up over eager (the same kernels launched one by one):\n" + "\n".join(speedups))
+
+    # The decode attention variants of one cell and step mode beside the burst kernels (the ones the
+    # pipelined kernels replaced), where a job ran several (cluster/bench/decode_kernels.jobs).
+    variants = {}
+    for r in measured:
+        if attention(r):
+            variants.setdefault((r["model"], r["context"], r["batch"], step_mode(r)), []).append(r)
+    lines = []
+    for (model, context, batch, sm), rs in variants.items():
+        base = next((r for r in rs if r["decode_attention"] == "burst"), None)
+        if base is None or len(rs) < 2:
+            continue
+        parts = []
+        for r in rs:
+            if r is base:
+                continue
+            a, b = r.get("attention_layer_ms"), base.get("attention_layer_ms")
+            layer = f"layer {a:.4f} ms ({b / a:.2f}x)" if a and b else "layer —"
+            parts.append(f"{attention(r)}: {layer}, step {r['ms_per_step']:.3f} ms ({base['ms_per_step'] / r['ms_per_step']:.2f}x)")
+        b = base.get("attention_layer_ms")
+        lines.append(f"- {model} {label(context)} batch {batch} ({sm}): burst layer {fmt(b, '.4f')} ms, "
+                     f"step {base['ms_per_step']:.3f} ms; " + "; ".join(parts))
+    if lines:
+        print("\nDecode attention kernels against the burst kernels (one layer alone; the whole step):\n" + "\n".join(lines))
 
     def fastest(model, context, batch):
         by_mode = cells.get((model, context, batch))

@@ -1,329 +1,48 @@
-// CUDA decode-step attention (attention_decode.h): flash decoding over a bf16 cache.
+// CUDA decode-step attention (attention_decode.h): flash decoding over a bf16 cache, pipelined.
 //
-// attention_decode_split_kernel: one CTA per (row b, KV head, chunk of keys). The CTA serves every
-// query head that reads its KV head (GQA: up to G ≤ 16 of them), so each cached key and value is
-// read from memory once per step. A key row of d bf16 is spread over L = d/8 lanes (16 bytes each:
-// d = 128 → 16 lanes, two keys per warp access), so a warp's loads of one round cover 2 (d = 128) or
-// 4 (d = 64) consecutive keys of 256/128 bytes, and the four warps of a CTA cover consecutive keys
-// too: a round of the CTA reads one contiguous run of the cache. Each lane issues the loads of U = 4
-// rounds (its K and V words) before it uses any, which keeps 128 bytes per lane in flight. Scores are
-// L-lane sums (xor shuffles); the softmax is online per lane group in the exp2 domain (the query is
-// pre-scaled by scale·τ·log2 e), one rescale per U keys. At the end the lane groups of a warp are
-// combined by shuffles, the warps through shared memory, and the chunk's (out, lse) written: fp32,
-// out normalised, lse natural log, as attention.h's merge expects. The chunks' partials are merged
-// by attention_merge_partials_kernel (one CTA per (row, head): lse = m + log Σ e^{lse_i − m},
-// out = Σ e^{lse_i − lse} out_i, the parts spread over its warps), the same kernel that merges the
-// ranks' partials.
+// attention_decode_pipelined_kernel (attention_decode_split.cuh: the layout shared with the previous
+// kernels): one CTA of 4 warps per (row b, KV head, chunk of keys), serving every query head of the
+// KV head. Each lane owns one key of every round (a round: 32/L keys a warp, 4 warps: d = 128 → 8
+// keys, 4 KB of K and V) and keeps U rounds of its K words and U of its V words in registers
+// (U = 8 for groups of ≤ 2 heads, 4 for ≤ 4, 2 beyond: the queries and accumulators take the rest).
+// The loads run ahead of the math: the K words of the next U rounds are issued as soon as this
+// iteration's scores are taken, its V words as soon as they are accumulated, so a lane always has
+// U·32 bytes in flight instead of issuing a burst and waiting for all of it (the burst kernel's
+// 128 bytes, then nothing: one dependent round trip per 32 keys). Scores are L-lane sums (xor
+// shuffles); the softmax is online per lane group in the exp2 domain, one rescale per U keys.
 //
-// Chunking: enough CTAs for about four per SM at the longest row (B · Hk · chunks ≥ 4 · SMs), at
-// least 256 keys a chunk (a multiple of the CTA's 32- or 64-key round set); one chunk writes the
-// final (out, lse) directly.
+// Before griddepcontrol.wait (PDL: the previous kernel, the cache append, may still run) each lane
+// only prefetches the first two iterations of its chunk into L2 (prefetch.global.L2, no register
+// written, nothing read into the result): every row but the one being appended is final by then,
+// L2 is the GPU's point of coherence, so the appended row's line is updated in L2 by the append
+// and reread after the wait. The slot index read for those addresses is clamped into the cache; it
+// only steers the prefetch. This overlaps the first DRAM round trip of the chunk with the append.
+//
+// Chunking: as many CTAs as fit on the GPU at once (the occupancy of the instantiation × SMs, or
+// AttentionParams::decode_ctas_per_sm × SMs), spread over the (row, KV head) pairs at the longest
+// row, with at least two iterations a chunk; one chunk writes the final (out, lse) directly.
+//
+// attention_merge_columns_kernel merges the chunks' partials, and the ranks' (model/kv_cache.cpp):
+// one CTA of 256 threads per (row, head, 16 columns): the n lse of the (row, head) are read once into
+// shared memory (every thread a few, all loads independent), lse = m + log Σ e^{lse_i − m} by block
+// reductions, the weights e^{lse_i − lse} kept in shared memory; then the CTA's 16 columns of all n
+// parts are read with every thread's loads independent (float4 where the strides allow: 64 parts
+// a pass, 8 passes unrolled), summed per thread in part order, then over the warp by a fixed xor
+// tree and over the warps in warp order: deterministic (the same bits for the same parts, whatever
+// the timing, so every rank merging the same gathered parts gets the same result).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "kernels/attention/attention_decode.h"
-#include "kernels/attention/attention_tau.h"
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/vector.cuh"
+#include "kernels/attention/attention_decode_split.cuh"
 
 namespace hydra::ops::cuda_impl {
-namespace {
+namespace decode {
 
-constexpr int kWarps = 4;
-constexpr int kRounds = 4;          // U: rounds of loads in flight per lane
-constexpr int kMaxQueryHeads = 128;
-constexpr int kMaxGroup = 16;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-struct DecodeArgs {
-  const bf16_t* q;  // [B, Hq, d] with strides
-  int64_t q_stride_b, q_stride_h;
-  const bf16_t* k;  // [S, cap, Hk, d] contiguous
-  const bf16_t* v;
-  int64_t cache_stride_slot, cache_stride_row;  // elements; head stride is d
-  const int32_t* slots;  // [B] or null
-  const int32_t* lengths;
-  const int64_t* positions;  // [B] or null (no τ)
-  float* out;    // [n_split, B, Hq, dv] (n_split = 1: the final out)
-  float* lse;    // [n_split, Hq, B]
-  int64_t rows, hq, hk;
-  int64_t chunk;  // keys per CTA
-  double scale, tau_log_base;
-  // Query heads grouped by KV head: heads[group_begin[g] .. group_begin[g + 1]) read KV head g.
-  int16_t heads[kMaxQueryHeads];
-  int16_t group_begin[kMaxQueryHeads + 1];
-};
-
-// 2^x, 0 at −inf (the approximate unit gives +0 there; callers never pass NaN: −inf − −inf is guarded).
-__device__ __forceinline__ float exp2_or_zero(float x) { return cuda::fast_exp2(x); }
-
-template <int D, int G>
-__global__ void __launch_bounds__(32 * kWarps) attention_decode_split_kernel(const __grid_constant__ DecodeArgs a) {
-  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
-  cuda::allow_next_grid();
-  constexpr int L = D / 8;            // lanes per key
-  constexpr int KPW = 32 / L;         // keys per warp access
-  constexpr int KEYS_PER_ROUND = KPW * kWarps;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int sub = lane % L, group = lane / L;  // element block of a key, key within the warp access
-  const int64_t b = blockIdx.y / a.hk, kvh = blockIdx.y % a.hk, split = blockIdx.x;
-  const int h0 = a.group_begin[kvh], nh = a.group_begin[kvh + 1] - h0;
-  const int64_t slot = a.slots != nullptr ? a.slots[b] : b;
-  const int64_t len = a.lengths[b];
-  const int64_t key_begin = split * a.chunk, key_end = min(len, key_begin + a.chunk);
-
-  // The query rows of the group, pre-scaled into the exp2 domain.
-  double factor = a.scale;
-  if (a.tau_log_base > 0) factor *= tau_f64(a.positions[b], a.tau_log_base);
-  const float qscale = float(factor) * kLog2e;
-  float q[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    if (g < nh) {
-      cuda::load_bf16<8>(a.q + b * a.q_stride_b + a.heads[h0 + g] * a.q_stride_h + sub * 8, q[g]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) q[g][e] *= qscale;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) q[g][e] = 0.0f;
-    }
-  }
-  float m[G], l[G], acc[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    m[g] = -INFINITY;
-    l[g] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
-  }
-  const bf16_t* kbase = a.k + slot * a.cache_stride_slot + kvh * D + sub * 8;
-  const bf16_t* vbase = a.v + slot * a.cache_stride_slot + kvh * D + sub * 8;
-  for (int64_t t0 = key_begin; t0 < key_end; t0 += int64_t{KEYS_PER_ROUND} * kRounds) {
-    cuda::Bf16Word<8> kw[kRounds], vw[kRounds];
-    bool valid[kRounds];
-#pragma unroll
-    for (int u = 0; u < kRounds; ++u) {  // all loads first
-      const int64_t key = t0 + int64_t(u) * KEYS_PER_ROUND + warp * KPW + group;
-      valid[u] = key < key_end;
-      if (valid[u]) {
-        kw[u] = cuda::load_bf16_word<8>(kbase + key * a.cache_stride_row);
-        vw[u] = cuda::load_bf16_word<8>(vbase + key * a.cache_stride_row);
-      } else {
-        kw[u] = vw[u] = cuda::Bf16Word<8>{};
-      }
-    }
-    float s[kRounds][G];
-#pragma unroll
-    for (int u = 0; u < kRounds; ++u) {
-      float kf[8];
-      cuda::unpack_bf16<8>(kw[u], kf);
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float dot = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) dot += q[g][e] * kf[e];
-#pragma unroll
-        for (int o = L / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        s[u][g] = valid[u] ? dot : -INFINITY;
-      }
-    }
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float m_new = m[g];
-#pragma unroll
-      for (int u = 0; u < kRounds; ++u) m_new = fmaxf(m_new, s[u][g]);
-      if (m_new == -INFINITY) continue;  // no key of this lane group yet
-      const float corr = exp2_or_zero(m[g] - m_new);
-      l[g] *= corr;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
-      m[g] = m_new;
-#pragma unroll
-      for (int u = 0; u < kRounds; ++u) {
-        const float p = exp2_or_zero(s[u][g] - m_new);
-        float vf[8];
-        cuda::unpack_bf16<8>(vw[u], vf);
-        l[g] += p;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] += p * vf[e];
-      }
-    }
-  }
-  // Combine the lane groups of the warp (lanes sub, sub + L, ...), then the warps.
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-#pragma unroll
-    for (int o = L; o < 32; o *= 2) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m[g], o);
-      const float l2 = __shfl_xor_sync(0xffffffffu, l[g], o);
-      const float mm = fmaxf(m[g], m2);
-      const float c1 = mm == -INFINITY ? 0.0f : exp2_or_zero(m[g] - mm);
-      const float c2 = mm == -INFINITY ? 0.0f : exp2_or_zero(m2 - mm);
-      l[g] = l[g] * c1 + l2 * c2;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] = acc[g][e] * c1 + __shfl_xor_sync(0xffffffffu, acc[g][e], o) * c2;
-      m[g] = mm;
-    }
-  }
-  __shared__ float sm_m[kWarps][G], sm_l[kWarps][G];
-  __shared__ float sm_acc[kWarps][G][D];
-  if (group == 0) {
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      if (sub == 0) {
-        sm_m[warp][g] = m[g];
-        sm_l[warp][g] = l[g];
-      }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) sm_acc[warp][g][sub * 8 + e] = acc[g][e];
-    }
-  }
-  __syncthreads();
-  // Thread i writes element i % D of head i / D (G·D outputs over 128 threads).
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    const int g = i / D, e = i % D;
-    if (g >= nh) continue;
-    float mm = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, sm_m[w][g]);
-    float lsum = 0.0f, o = 0.0f;
-    if (mm != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float c = exp2_or_zero(sm_m[w][g] - mm);
-        lsum += sm_l[w][g] * c;
-        o += sm_acc[w][g][e] * c;
-      }
-    }
-    const int64_t h = a.heads[h0 + g];
-    const bool any = lsum > 0.0f;
-    a.out[((split * a.rows + b) * a.hq + h) * D + e] = any ? o / lsum : 0.0f;
-    if (e == 0) a.lse[(split * a.hq + h) * a.rows + b] = any ? (mm + log2f(lsum)) * kLn2 : -INFINITY;
-  }
-}
-
-// out [B, Hq, dv], lse [Hq, B] ← merge of parts [n, B, Hq, dv] / [n, Hq, B] (strided: see MergeArgs).
-struct MergeArgs {
-  float* out;
-  float* lse;
-  const float* part_out;
-  const float* part_lse;
-  int64_t n, rows, hq, dv;
-  int64_t out_stride_b, out_stride_h;               // out [B, Hq, dv], unit last stride
-  int64_t lse_stride_h;                             // lse [Hq, B], unit stride over B
-  int64_t part_stride_n, part_stride_b, part_stride_h;
-  int64_t part_lse_stride_n, part_lse_stride_h;
-};
-
-// One CTA of 8 warps per (row, head). The lse of every part first (max, then Σ e^{lse_i − m}, block
-// reductions), then warp w takes parts w, w + 8, … with lane l owning columns l, l + 32, … (coalesced
-// 128-byte rows), four parts in flight per loop; the warps' sums meet in shared memory in a fixed
-// order. The split kernel leaves up to ~4·SMs parts per (row, KV head) at long context: walking them
-// in one thread would be a chain of hundreds of dependent-latency loads.
-constexpr int kMergeWarps = 8;
-constexpr int kMergeMaxDv = 128;
-
-__global__ void __launch_bounds__(32 * kMergeWarps) attention_merge_partials_kernel(const MergeArgs a) {
-  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
-  cuda::allow_next_grid();
-  const int64_t b = blockIdx.x / a.hq, h = blockIdx.x % a.hq;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float* lse_of = a.part_lse + h * a.part_lse_stride_h + b;  // part i at [i · part_lse_stride_n]
-  __shared__ float red[kMergeWarps];
-  __shared__ float acc_sm[kMergeWarps][kMergeMaxDv];
-  // m = max_i lse_i.
-  float m = -INFINITY;
-  for (int64_t i = threadIdx.x; i < a.n; i += blockDim.x) m = fmaxf(m, lse_of[i * a.part_lse_stride_n]);
-  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (lane == 0) red[warp] = m;
-  __syncthreads();
-  m = red[0];
-  for (int w = 1; w < kMergeWarps; ++w) m = fmaxf(m, red[w]);
-  __syncthreads();
-  // total = m + log Σ_i e^{lse_i − m}.
-  float sum = 0.0f;
-  if (m != -INFINITY) {
-    for (int64_t i = threadIdx.x; i < a.n; i += blockDim.x) {
-      const float x = lse_of[i * a.part_lse_stride_n];
-      sum += x == -INFINITY ? 0.0f : expf(x - m);
-    }
-  }
-  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (lane == 0) red[warp] = sum;
-  __syncthreads();
-  sum = 0.0f;
-  for (int w = 0; w < kMergeWarps; ++w) sum += red[w];
-  const float total = m == -INFINITY ? -INFINITY : m + logf(sum);
-  // out = Σ_i e^{lse_i − total} out_i.
-  float acc[kMergeMaxDv / 32] = {};
-  if (total != -INFINITY) {
-    const float* part = a.part_out + b * a.part_stride_b + h * a.part_stride_h;
-#pragma unroll 4
-    for (int64_t i = warp; i < a.n; i += kMergeWarps) {
-      const float x = lse_of[i * a.part_lse_stride_n];
-      const float wgt = x == -INFINITY ? 0.0f : expf(x - total);
-#pragma unroll
-      for (int j = 0; j < kMergeMaxDv / 32; ++j) {
-        const int64_t c = lane + 32 * j;
-        if (c < a.dv) acc[j] += wgt * part[i * a.part_stride_n + c];
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kMergeMaxDv / 32; ++j) acc_sm[warp][lane + 32 * j] = acc[j];
-  __syncthreads();
-  for (int64_t c = threadIdx.x; c < a.dv; c += blockDim.x) {
-    float o = 0.0f;
-    for (int w = 0; w < kMergeWarps; ++w) o += acc_sm[w][c];
-    a.out[b * a.out_stride_b + h * a.out_stride_h + c] = o;
-  }
-  if (threadIdx.x == 0) a.lse[h * a.lse_stride_h + b] = total;
-}
-
-void launch_merge(const TensorView& out, const TensorView& lse, const TensorView& part_out, const TensorView& part_lse) {
-  cuda::expect_cuda(out, "merge out", DType::f32);
-  cuda::expect_cuda(lse, "merge lse", DType::f32);
-  cuda::expect_cuda(part_out, "merge parts", DType::f32);
-  cuda::expect_cuda(part_lse, "merge parts lse", DType::f32);
-  HYDRA_ASSERT(out.stride(2) == 1 && lse.stride(1) == 1 && part_out.stride(3) == 1 && part_lse.stride(2) == 1,
-               "attention merge: unit last strides needed");
-  HYDRA_ASSERT(out.size(2) <= kMergeMaxDv, "attention merge: dv {} (at most {})", out.size(2), kMergeMaxDv);
-  const MergeArgs a{.out = static_cast<float*>(out.data()), .lse = static_cast<float*>(lse.data()),
-                    .part_out = static_cast<const float*>(part_out.data()),
-                    .part_lse = static_cast<const float*>(part_lse.data()),
-                    .n = part_out.size(0), .rows = out.size(0), .hq = out.size(1), .dv = out.size(2),
-                    .out_stride_b = out.stride(0), .out_stride_h = out.stride(1), .lse_stride_h = lse.stride(0),
-                    .part_stride_n = part_out.stride(0), .part_stride_b = part_out.stride(1),
-                    .part_stride_h = part_out.stride(2), .part_lse_stride_n = part_lse.stride(0),
-                    .part_lse_stride_h = part_lse.stride(1)};
-  const int64_t blocks = a.rows * a.hq;
-  if (blocks == 0) return;
-  cuda::launch(attention_merge_partials_kernel, static_cast<unsigned>(blocks), 32 * kMergeWarps, 0, a);
-  HYDRA_CUDA_LAUNCH_CHECK();
-}
-
-template <int D, int G>
-void launch_split(const DecodeArgs& a, int64_t splits) {
-  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(a.rows * a.hk));
-  cuda::launch(attention_decode_split_kernel<D, G>, grid, 32 * kWarps, 0, a);
-  HYDRA_CUDA_LAUNCH_CHECK();
-}
-
-template <int D>
-void launch_split_d(const DecodeArgs& a, int64_t splits, int group) {
-  if (group <= 1) return launch_split<D, 1>(a, splits);
-  if (group <= 2) return launch_split<D, 2>(a, splits);
-  if (group <= 4) return launch_split<D, 4>(a, splits);
-  if (group <= 8) return launch_split<D, 8>(a, splits);
-  launch_split<D, 16>(a, splits);
-}
-
-}  // namespace
-
-void attention_decode(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k_cache,
-                      const TensorView& v_cache, const TensorView& slots, const TensorView& lengths,
-                      int64_t max_length, const TensorView& q_positions, const AttentionParams& params) {
+int decode_args(DecodeArgs& a, const TensorView& out, const TensorView& lse, const TensorView& q,
+                const TensorView& k_cache, const TensorView& v_cache, const TensorView& slots,
+                const TensorView& lengths, const TensorView& q_positions, const AttentionParams& params) {
   const int64_t rows = q.size(0), hq = q.size(1), d = q.size(2), hk = k_cache.size(2);
   cuda::expect_cuda(q, "decode q", DType::bf16);
   cuda::expect_cuda(k_cache, "decode k cache", DType::bf16);
@@ -339,8 +58,7 @@ void attention_decode(const TensorView& out, const TensorView& lse, const Tensor
                "decode attention: q rows must be 16-byte aligned with unit last stride");
   HYDRA_ASSERT(out.is_contiguous() && lse.is_contiguous(), "decode attention: contiguous out and lse needed");
   HYDRA_ASSERT(hq <= kMaxQueryHeads, "decode attention: {} query heads (at most {})", hq, kMaxQueryHeads);
-  DecodeArgs a{};
-  // Group the query heads by KV head (host), and the largest group picks the kernel.
+  // Group the query heads by KV head (host); the largest group picks the kernel.
   std::vector<std::vector<int>> by_kv(static_cast<size_t>(hk));
   for (int64_t h = 0; h < hq; ++h) {
     const int64_t kvh = params.kv_head_of_query.empty() ? h / (hq / hk) : params.kv_head_of_query[static_cast<size_t>(h)];
@@ -355,15 +73,6 @@ void attention_decode(const TensorView& out, const TensorView& lse, const Tensor
   }
   a.group_begin[hk] = static_cast<int16_t>(at);
   HYDRA_ASSERT(group <= kMaxGroup, "decode attention: {} query heads share one KV head (at most {})", group, kMaxGroup);
-  if (rows == 0) return;
-  // The longest row decides the chunking: the caller's bound, so no device-to-host read (a sync) per call.
-  const int64_t longest = std::max<int64_t>(max_length, 1);
-  const int64_t round = (32 / (d / 8)) * kWarps * kRounds;  // keys per CTA iteration
-  const int64_t pairs = rows * hk, target = 4 * static_cast<int64_t>(cuda::sm_count());
-  int64_t chunk = std::max<int64_t>(256, (longest + std::max<int64_t>(1, target / pairs) - 1) / std::max<int64_t>(1, target / pairs));
-  chunk = (chunk + round - 1) / round * round;
-  const int64_t splits = std::max<int64_t>(1, (longest + chunk - 1) / chunk);
-
   a.q = static_cast<const bf16_t*>(q.data());
   a.q_stride_b = q.stride(0);
   a.q_stride_h = q.stride(1);
@@ -371,36 +80,353 @@ void attention_decode(const TensorView& out, const TensorView& lse, const Tensor
   a.v = static_cast<const bf16_t*>(v_cache.data());
   a.cache_stride_slot = k_cache.stride(0);
   a.cache_stride_row = k_cache.stride(1);
+  a.num_slots = k_cache.size(0);
+  a.capacity = k_cache.size(1);
   a.slots = slots.defined() ? static_cast<const int32_t*>(slots.data()) : nullptr;
   a.lengths = static_cast<const int32_t*>(lengths.data());
   a.positions = params.tau_log_base > 0 ? static_cast<const int64_t*>(q_positions.data()) : nullptr;
   a.rows = rows;
   a.hq = hq;
   a.hk = hk;
-  a.chunk = chunk;
   a.scale = params.scale > 0 ? params.scale : 1.0 / std::sqrt(static_cast<double>(d));
   a.tau_log_base = params.tau_log_base;
+  return group;
+}
+
+namespace {
+
+// U: rounds of K (and of V) words a lane keeps in flight; and the CTAs per SM the registers allow.
+constexpr int rounds_for(int group) { return group <= 2 ? 8 : group <= 4 ? 4 : 2; }
+constexpr int min_blocks_for(int group) { return group <= 4 ? 3 : group <= 8 ? 2 : 1; }
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+template <int D, int G>
+__global__ void __launch_bounds__(32 * kWarps, min_blocks_for(G))
+    attention_decode_pipelined_kernel(const __grid_constant__ DecodeArgs a) {
+  constexpr int L = D / 8;            // lanes per key
+  constexpr int KPW = 32 / L;         // keys per warp access
+  constexpr int KEYS_PER_ROUND = KPW * kWarps;
+  constexpr int U = rounds_for(G);
+  constexpr int64_t STEP = int64_t{KEYS_PER_ROUND} * U;  // keys per iteration of the CTA
+  using Word = cuda::Bf16Word<8>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = lane % L, group = lane / L;  // element block of a key, key within the warp access
+  const int64_t b = blockIdx.y / a.hk, kvh = blockIdx.y % a.hk, split = blockIdx.x;
+  const int64_t key_begin = split * a.chunk;
+  const int64_t lane_key = warp * KPW + group;  // this lane's key in round 0 of an iteration, from its start
+  {  // Before the wait: the L2 prefetch of the chunk's first two iterations (see the file header).
+    const int64_t hint = a.slots != nullptr ? a.slots[b] : b;
+    const int64_t slot = min(max(hint, int64_t{0}), a.num_slots - 1);
+    const int64_t stop = min(a.capacity, key_begin + min(a.chunk, 2 * STEP));
+    const int64_t offset = slot * a.cache_stride_slot + kvh * D + sub * 8;
+    if (sub % 8 == 0) {  // one lane per 128-byte line
+#pragma unroll
+      for (int r = 0; r < 2 * U; ++r) {
+        const int64_t key = key_begin + int64_t(r) * KEYS_PER_ROUND + lane_key;
+        if (key < stop) {
+          prefetch_l2(a.k + offset + key * a.cache_stride_row);
+          prefetch_l2(a.v + offset + key * a.cache_stride_row);
+        }
+      }
+    }
+  }
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
+  const int h0 = a.group_begin[kvh], nh = a.group_begin[kvh + 1] - h0;
+  const int64_t slot = a.slots != nullptr ? a.slots[b] : b;
+  const int64_t key_end = min(int64_t{a.lengths[b]}, key_begin + a.chunk);
+  const bf16_t* kbase = a.k + slot * a.cache_stride_slot + kvh * D + sub * 8;
+  const bf16_t* vbase = a.v + slot * a.cache_stride_slot + kvh * D + sub * 8;
+  // The words of the U rounds of the iteration starting at key t (zero past the chunk's end).
+  const auto load_rounds = [&](Word (&w)[U], const bf16_t* base, int64_t t) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t key = t + int64_t(u) * KEYS_PER_ROUND + lane_key;
+      w[u] = key < key_end ? cuda::load_bf16_word<8>(base + key * a.cache_stride_row) : Word{};
+    }
+  };
+  Word kw[U], vw[U];
+  load_rounds(kw, kbase, key_begin);
+  load_rounds(vw, vbase, key_begin);
+  float q[G][8];
+  load_scaled_queries<G>(a, b, h0, nh, sub, q);
+  float m[G], l[G], acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+  }
+  for (int64_t t0 = key_begin; t0 < key_end; t0 += STEP) {
+    float s[U][G];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool valid = t0 + int64_t(u) * KEYS_PER_ROUND + lane_key < key_end;
+      float kf[8];
+      cuda::unpack_bf16<8>(kw[u], kf);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dot += q[g][e] * kf[e];
+#pragma unroll
+        for (int o = L / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        s[u][g] = valid ? dot : -INFINITY;
+      }
+    }
+    load_rounds(kw, kbase, t0 + STEP);  // the next iteration's keys, in flight during the rest
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float m_new = m[g];
+#pragma unroll
+      for (int u = 0; u < U; ++u) m_new = fmaxf(m_new, s[u][g]);
+      if (m_new == -INFINITY) continue;  // no key of this lane group yet
+      const float corr = cuda::fast_exp2(m[g] - m_new);
+      l[g] *= corr;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
+      m[g] = m_new;
+#pragma unroll
+      for (int u = 0; u < U; ++u) s[u][g] = cuda::fast_exp2(s[u][g] - m_new);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float vf[8];
+      cuda::unpack_bf16<8>(vw[u], vf);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (m[g] == -INFINITY) continue;  // s[u][g] is still a score (−inf): no key yet
+        l[g] += s[u][g];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] += s[u][g] * vf[e];
+      }
+    }
+    load_rounds(vw, vbase, t0 + STEP);
+  }
+  write_chunk_result<D, G>(a, split, b, h0, nh, m, l, acc);
+}
+
+// CTAs of the instantiation that fit on one SM at once (queried once per instantiation: every
+// device of a process is the same kind of GPU here).
+template <int D, int G>
+int pipelined_occupancy() {
+  static const int blocks = [] {
+    int n = 0;
+    HYDRA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_pipelined_kernel<D, G>,
+                                                                   32 * kWarps, 0));
+    return std::max(n, 1);
+  }();
+  return blocks;
+}
+
+template <int D, int G>
+void run_pipelined(DecodeArgs& a, int64_t longest, int ctas_per_sm, const TensorView& out, const TensorView& lse) {
+  constexpr int64_t step = int64_t{32 / (D / 8)} * kWarps * rounds_for(G);
+  const int per_sm = ctas_per_sm > 0 ? ctas_per_sm : pipelined_occupancy<D, G>();
+  const int64_t target = int64_t{per_sm} * cuda::sm_count(), pairs = a.rows * a.hk;
+  const int64_t per_pair = std::max<int64_t>(1, target / pairs);
+  int64_t chunk = std::max<int64_t>(2 * step, (longest + per_pair - 1) / per_pair);
+  chunk = (chunk + step - 1) / step * step;
+  const int64_t splits = std::max<int64_t>(1, (longest + chunk - 1) / chunk);
+  a.chunk = chunk;
   Tensor part_out, part_lse;
   if (splits == 1) {
     a.out = static_cast<float*>(out.data());
     a.lse = static_cast<float*>(lse.data());
   } else {
-    part_out = Tensor::empty({splits, rows, hq, d}, DType::f32, Device::cuda);
-    part_lse = Tensor::empty({splits, hq, rows}, DType::f32, Device::cuda);
+    part_out = Tensor::empty({splits, a.rows, a.hq, D}, DType::f32, Device::cuda);
+    part_lse = Tensor::empty({splits, a.hq, a.rows}, DType::f32, Device::cuda);
     a.out = static_cast<float*>(part_out.data());
     a.lse = static_cast<float*>(part_lse.data());
   }
-  if (d == 64) {
-    launch_split_d<64>(a, splits, group);
-  } else {
-    launch_split_d<128>(a, splits, group);
+  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(a.rows * a.hk));
+  cuda::launch(attention_decode_pipelined_kernel<D, G>, grid, 32 * kWarps, 0, a);
+  HYDRA_CUDA_LAUNCH_CHECK();
+  if (splits > 1) ops::cuda_impl::attention_merge_partials(out, lse, part_out, part_lse);
+}
+
+template <int D>
+void run_pipelined_d(DecodeArgs& a, int group, int64_t longest, int ctas_per_sm, const TensorView& out,
+                     const TensorView& lse) {
+  if (group <= 1) return run_pipelined<D, 1>(a, longest, ctas_per_sm, out, lse);
+  if (group <= 2) return run_pipelined<D, 2>(a, longest, ctas_per_sm, out, lse);
+  if (group <= 4) return run_pipelined<D, 4>(a, longest, ctas_per_sm, out, lse);
+  if (group <= 8) return run_pipelined<D, 8>(a, longest, ctas_per_sm, out, lse);
+  run_pipelined<D, 16>(a, longest, ctas_per_sm, out, lse);
+}
+
+// out [B, Hq, dv], lse [Hq, B] ← merge of parts [n, B, Hq, dv] / [n, Hq, B] (strided: see MergeArgs).
+struct MergeArgs {
+  float* out;
+  float* lse;
+  const float* part_out;
+  const float* part_lse;
+  int64_t n, rows, hq, dv;
+  int64_t out_stride_b, out_stride_h;               // out [B, Hq, dv], unit last stride
+  int64_t lse_stride_h;                             // lse [Hq, B], unit stride over B
+  int64_t part_stride_n, part_stride_b, part_stride_h;
+  int64_t part_lse_stride_n, part_lse_stride_h;
+};
+
+constexpr int kMergeThreads = 256;
+constexpr int kMergeWarps = kMergeThreads / 32;
+constexpr int kMergeColumns = 16;  // columns of out per CTA
+constexpr int kMergeUnroll = 8;    // passes of loads issued before their sums
+constexpr int64_t kMergeMaxParts = 48 * 1024 / 4;  // the weights fit the default 48 KB of shared memory
+
+// The block-wide reduction of one value per thread (max or sum), in a fixed order; `red` is reused.
+template <bool Max>
+__device__ __forceinline__ float block_reduce(float x, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, o);
+    x = Max ? fmaxf(x, y) : x + y;
   }
-  if (splits > 1) launch_merge(out, lse, part_out, part_lse);
+  if (lane == 0) red[warp] = x;
+  __syncthreads();
+  x = red[0];
+#pragma unroll
+  for (int w = 1; w < kMergeWarps; ++w) x = Max ? fmaxf(x, red[w]) : x + red[w];
+  __syncthreads();
+  return x;
+}
+
+// VEC: columns per load (4: float4, the strides allow it; 1 otherwise).
+template <int VEC>
+__global__ void __launch_bounds__(kMergeThreads) attention_merge_columns_kernel(const MergeArgs a) {
+  extern __shared__ float weight[];  // [n]: lse_i, then e^{lse_i − lse}
+  __shared__ float red[kMergeWarps];
+  __shared__ float warp_sum[kMergeWarps][kMergeColumns];
+  cuda::wait_for_previous_grid();  // launched through cuda::launch (PDL in a decode step)
+  cuda::allow_next_grid();
+  const int64_t b = blockIdx.x / a.hq, h = blockIdx.x % a.hq, c0 = int64_t{blockIdx.y} * kMergeColumns;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const float* lse_of = a.part_lse + h * a.part_lse_stride_h + b;  // part i at [i · part_lse_stride_n]
+  float m = -INFINITY;
+#pragma unroll 4
+  for (int64_t i = tid; i < a.n; i += kMergeThreads) {
+    const float x = lse_of[i * a.part_lse_stride_n];
+    weight[i] = x;
+    m = fmaxf(m, x);
+  }
+  m = block_reduce<true>(m, red);
+  float sum = 0.0f;  // each thread rereads only the entries it wrote
+  if (m != -INFINITY) {
+    for (int64_t i = tid; i < a.n; i += kMergeThreads) sum += weight[i] == -INFINITY ? 0.0f : expf(weight[i] - m);
+  }
+  sum = block_reduce<false>(sum, red);
+  const float total = m == -INFINITY ? -INFINITY : m + logf(sum);
+  for (int64_t i = tid; i < a.n; i += kMergeThreads) {
+    weight[i] = total == -INFINITY || weight[i] == -INFINITY ? 0.0f : expf(weight[i] - total);
+  }
+  __syncthreads();
+  // Thread → (part offset r, column block q of VEC columns); R parts per pass.
+  constexpr int Q = kMergeColumns / VEC, R = kMergeThreads / Q;
+  const int q = tid % Q, r = tid / Q;
+  const int64_t c = c0 + q * VEC;
+  const bool column = c < a.dv;
+  const float* part = a.part_out + b * a.part_stride_b + h * a.part_stride_h + c;
+  float acc[VEC] = {};
+  for (int64_t i0 = r; i0 < a.n; i0 += int64_t{R} * kMergeUnroll) {
+    float x[kMergeUnroll][VEC], w[kMergeUnroll];
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) {  // every load first
+      const int64_t i = i0 + int64_t{u} * R;
+      const bool in = column && i < a.n;
+      w[u] = in ? weight[i] : 0.0f;
+      if constexpr (VEC == 4) {
+        const float4 v = in ? *reinterpret_cast<const float4*>(part + i * a.part_stride_n) : float4{0, 0, 0, 0};
+        x[u][0] = v.x;
+        x[u][1] = v.y;
+        x[u][2] = v.z;
+        x[u][3] = v.w;
+      } else {
+        x[u][0] = in ? part[i * a.part_stride_n] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) acc[e] += w[u] * x[u][e];
+    }
+  }
+  // Lanes q, q + Q, ... of a warp hold the same columns: a fixed xor tree, then the warps in order.
+#pragma unroll
+  for (int o = Q; o < 32; o *= 2) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
+  }
+  if (lane < Q) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) warp_sum[warp][q * VEC + e] = acc[e];
+  }
+  __syncthreads();
+  if (tid < kMergeColumns && c0 + tid < a.dv) {
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMergeWarps; ++w) o += warp_sum[w][tid];
+    a.out[b * a.out_stride_b + h * a.out_stride_h + c0 + tid] = o;
+  }
+  if (blockIdx.y == 0 && tid == 0) a.lse[h * a.lse_stride_h + b] = total;
+}
+
+}  // namespace
+}  // namespace decode
+
+void attention_decode(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k_cache,
+                      const TensorView& v_cache, const TensorView& slots, const TensorView& lengths,
+                      int64_t max_length, const TensorView& q_positions, const AttentionParams& params) {
+  decode::DecodeArgs a{};
+  const int group = decode::decode_args(a, out, lse, q, k_cache, v_cache, slots, lengths, q_positions, params);
+  if (a.rows == 0) return;
+  // The longest row decides the chunking: the caller's bound, so no device-to-host read (a sync) per call.
+  const int64_t longest = std::max<int64_t>(max_length, 1);
+  if (params.decode_kernel == DecodeAttentionKernel::burst) {
+    decode::attention_decode_burst(a, group, longest, out, lse);
+    return;
+  }
+  HYDRA_ASSERT(params.decode_ctas_per_sm >= 0, "decode attention: {} CTAs per SM", params.decode_ctas_per_sm);
+  if (q.size(2) == 64) {
+    decode::run_pipelined_d<64>(a, group, longest, params.decode_ctas_per_sm, out, lse);
+  } else {
+    decode::run_pipelined_d<128>(a, group, longest, params.decode_ctas_per_sm, out, lse);
+  }
 }
 
 void attention_merge_partials(const TensorView& out, const TensorView& lse, const TensorView& part_out,
                               const TensorView& part_lse) {
-  launch_merge(out, lse, part_out, part_lse);
+  using namespace decode;
+  cuda::expect_cuda(out, "merge out", DType::f32);
+  cuda::expect_cuda(lse, "merge lse", DType::f32);
+  cuda::expect_cuda(part_out, "merge parts", DType::f32);
+  cuda::expect_cuda(part_lse, "merge parts lse", DType::f32);
+  HYDRA_ASSERT(out.stride(2) == 1 && lse.stride(1) == 1 && part_out.stride(3) == 1 && part_lse.stride(2) == 1,
+               "attention merge: unit last strides needed");
+  const MergeArgs a{.out = static_cast<float*>(out.data()), .lse = static_cast<float*>(lse.data()),
+                    .part_out = static_cast<const float*>(part_out.data()),
+                    .part_lse = static_cast<const float*>(part_lse.data()),
+                    .n = part_out.size(0), .rows = out.size(0), .hq = out.size(1), .dv = out.size(2),
+                    .out_stride_b = out.stride(0), .out_stride_h = out.stride(1), .lse_stride_h = lse.stride(0),
+                    .part_stride_n = part_out.stride(0), .part_stride_b = part_out.stride(1),
+                    .part_stride_h = part_out.stride(2), .part_lse_stride_n = part_lse.stride(0),
+                    .part_lse_stride_h = part_lse.stride(1)};
+  HYDRA_ASSERT(a.n <= kMergeMaxParts, "attention merge: {} parts (at most {})", a.n, kMergeMaxParts);
+  if (a.rows * a.hq == 0 || a.dv == 0) return;
+  const dim3 grid(static_cast<unsigned>(a.rows * a.hq), static_cast<unsigned>((a.dv + kMergeColumns - 1) / kMergeColumns));
+  const size_t shared = static_cast<size_t>(std::max<int64_t>(a.n, 1)) * sizeof(float);
+  const bool vec4 = a.dv % 4 == 0 && a.part_stride_n % 4 == 0 && a.part_stride_b % 4 == 0 && a.part_stride_h % 4 == 0 &&
+                    reinterpret_cast<uintptr_t>(a.part_out) % 16 == 0;
+  if (vec4) {
+    cuda::launch(attention_merge_columns_kernel<4>, grid, kMergeThreads, shared, a);
+  } else {
+    cuda::launch(attention_merge_columns_kernel<1>, grid, kMergeThreads, shared, a);
+  }
+  HYDRA_CUDA_LAUNCH_CHECK();
 }
 
 namespace {

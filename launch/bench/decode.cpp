@@ -73,7 +73,7 @@ void check_kernels(const Model& model, KvCache& cache, int64_t keys) {
       Tensor ref = Tensor::empty({1, hq, d}, DType::f32), ref_lse = Tensor::empty({hq, 1}, DType::f32);
       ops::attention_decode(ref, ref_lse, host(q), host(c.k.view().narrow(0, 0, 1).narrow(1, 0, keys)),
                             host(c.v.view().narrow(0, 0, 1).narrow(1, 0, keys)), TensorView(), host_len, keys, pos_host, p);
-      const double err = rms_ratio(out, ref), err_lse = rms_ratio(lse, ref_lse);
+      const double err = bench::rms_ratio(out, ref), err_lse = bench::rms_ratio(lse, ref_lse);
       log::info("decode attention check, layer {} ({} keys): rms error {:.2g} (out), {:.2g} (lse)", l, keys, err, err_lse);
       HYDRA_ASSERT(err < 1e-3 && err_lse < 1e-4, "decode attention check failed: rms error {} / {}", err, err_lse);
       break;
@@ -98,7 +98,7 @@ void check_kernels(const Model& model, KvCache& cache, int64_t keys) {
     ops::delta_rule_step(out, state, TensorView(), q, k, v, to_device(g_host, Device::cuda), to_device(b_host, Device::cuda), {});
     const auto host = [](const TensorView& t) { return to(t, Device::host, DType::f32); };
     ops::delta_rule_step(ref, ref_state, TensorView(), host(q), host(k), host(v), g_host, b_host, {});
-    const double err = rms_ratio(out, ref), err_state = rms_ratio(state, ref_state);
+    const double err = bench::rms_ratio(out, ref), err_state = bench::rms_ratio(state, ref_state);
     log::info("GDN step check, layer {}: rms error {:.2g} (out, bf16), {:.2g} (state)", l, err, err_state);
     HYDRA_ASSERT(err < 1e-2 && err_state < 1e-5, "GDN step check failed: rms error {} / {}", err, err_state);
     break;
@@ -113,8 +113,18 @@ struct Ceilings {
   double datasheet_gb_per_s = 0;
 };
 
-nlohmann::json run_cell(const Model& model, int64_t context, int64_t batch, const DecodeBenchOptions& opt,
-                        bool check, double weight_bytes, const Ceilings& ceiling) {
+// The cell's JSON fields naming the decode attention kernels it ran with.
+void describe(nlohmann::json& j, const DecodeAttentionVariant& v) {
+  j["decode_attention"] = ops::decode_attention_kernel_name(v.kernel);
+  j["decode_ctas_per_sm"] = v.kernel == ops::DecodeAttentionKernel::pipelined ? nlohmann::json(v.ctas_per_sm) : nlohmann::json();
+}
+
+// One (context, batch) cell: the cache filled once, then per decode attention variant (the model's
+// kernel options set to it) the timed steps from the same cached length and the one-layer timings,
+// one JSON object each through `emit`.
+void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, int64_t batch,
+              const DecodeBenchOptions& opt, bool check, double weight_bytes, const Ceilings& ceiling,
+              const std::function<void(nlohmann::json)>& emit) {
   const ModelConfig& config = model.config();
   const KvCacheBytes bytes = kv_cache_bytes(config, DType::bf16, DType::f32);
   const int64_t steps = opt.warmup + opt.repeat, capacity = context + steps;
@@ -122,104 +132,122 @@ nlohmann::json run_cell(const Model& model, int64_t context, int64_t batch, cons
   // The engine's buffers and, unplanned, the step's own tensors (the layer buffers of B rows and the
   // attention's split-KV partials: megabytes at these batches) under a fixed reserve.
   const double work_bytes = decode_engine_buffers(config, batch, false).bytes(Device::cuda) + kStepReserveBytes;
-  nlohmann::json j = {{"command", "bench"}, {"op", "decode"}, {"model", opt.preset}, {"arch", arch_name(config.arch)},
-                      {"context", context}, {"batch", batch}, {"cache_bytes_per_token", bytes.per_token},
-                      {"cache_bytes_per_sequence", bytes.per_slot}, {"cache_gib", cache_bytes / kGiB},
-                      {"cuda_graph", opt.cuda_graph}, {"pdl", model.kernel_options().decode_pdl}};
+  const nlohmann::json base = {{"command", "bench"}, {"op", "decode"}, {"model", opt.preset}, {"arch", arch_name(config.arch)},
+                               {"context", context}, {"batch", batch}, {"cache_bytes_per_token", bytes.per_token},
+                               {"cache_bytes_per_sequence", bytes.per_slot}, {"cache_gib", cache_bytes / kGiB},
+                               {"cuda_graph", opt.cuda_graph}, {"pdl", kernels.decode_pdl}};
   cuda_release_cached_memory();
   const double free_bytes = static_cast<double>(cuda_memory_stats().free_device);
   if (cache_bytes + work_bytes > 0.95 * free_bytes) {
-    j["skipped"] = fmt::format("the cache ({:.1f} GiB) and the step's working set ({:.1f} GiB) exceed 95% of the "
-                               "GPU's free {:.1f} GiB", cache_bytes / kGiB, work_bytes / kGiB, free_bytes / kGiB);
-    return j;
+    for (const DecodeAttentionVariant& v : opt.attention) {
+      nlohmann::json j = base;
+      describe(j, v);
+      j["skipped"] = fmt::format("the cache ({:.1f} GiB) and the step's working set ({:.1f} GiB) exceed 95% of the "
+                                 "GPU's free {:.1f} GiB", cache_bytes / kGiB, work_bytes / kGiB, free_bytes / kGiB);
+      emit(j);
+    }
+    return;
   }
   cuda_reset_peak();
   KvCache cache(model, batch, capacity, 1, 0);
   fill_random(cache, config, opt.seed);
-  for (int64_t s = 0; s < batch; ++s) cache.set_filled(s, context, context);
-  if (check) check_kernels(model, cache, std::min<int64_t>(context, 4096));
   SelfCommunicator self(Device::cuda);
-  std::vector<int64_t> slots(static_cast<size_t>(batch));
-  std::iota(slots.begin(), slots.end(), int64_t{0});
-  std::vector<int32_t> ids(static_cast<size_t>(batch));
-  for (int64_t b = 0; b < batch; ++b) ids[static_cast<size_t>(b)] = static_cast<int32_t>((b * 7919 + 1) % config.vocab_size);
-  // The step generate runs (model/decode_engine.h): the greedy tokens feed the next step.
-  DecodeEngine engine(self, model, cache, {.cuda_graph = opt.cuda_graph});
-  std::vector<double> ms;
-  for (int64_t step = 0; step < steps; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    engine.step(slots, ids, StepResult::argmax);
-    const std::span<const int32_t> next = engine.argmax();  // read back on the host: the step's end
-    const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (step >= opt.warmup) ms.push_back(t);
-    for (int64_t b = 0; b < batch; ++b) {
-      HYDRA_ASSERT(next[static_cast<size_t>(b)] >= 0, "decode bench: non-finite logits at step {}", step);
+  for (const DecodeAttentionVariant& variant : opt.attention) {
+    ops::KernelOptions chosen = kernels;
+    chosen.decode_attention = variant.kernel;
+    chosen.decode_ctas_per_sm = variant.ctas_per_sm;
+    model.set_kernel_options(chosen);
+    nlohmann::json j = base;
+    describe(j, variant);
+    // Every variant starts from the same cached length (the rows the previous one appended are
+    // overwritten: the values do not matter to the speed).
+    for (int64_t s = 0; s < batch; ++s) cache.set_filled(s, context, context);
+    if (check) check_kernels(model, cache, std::min<int64_t>(context, 4096));
+    std::vector<int64_t> slots(static_cast<size_t>(batch));
+    std::iota(slots.begin(), slots.end(), int64_t{0});
+    std::vector<int32_t> ids(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) ids[static_cast<size_t>(b)] = static_cast<int32_t>((b * 7919 + 1) % config.vocab_size);
+    std::vector<double> ms;
+    {
+      // The step generate runs (model/decode_engine.h): the greedy tokens feed the next step.
+      DecodeEngine engine(self, model, cache, {.cuda_graph = opt.cuda_graph});
+      for (int64_t step = 0; step < steps; ++step) {
+        const auto t0 = std::chrono::steady_clock::now();
+        engine.step(slots, ids, StepResult::argmax);
+        const std::span<const int32_t> next = engine.argmax();  // read back on the host: the step's end
+        const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        if (step >= opt.warmup) ms.push_back(t);
+        for (int64_t b = 0; b < batch; ++b) {
+          HYDRA_ASSERT(next[static_cast<size_t>(b)] >= 0, "decode bench: non-finite logits at step {}", step);
+        }
+        std::copy(next.begin(), next.end(), ids.begin());
+      }
+      j["step_arena_mib"] = engine.arena_bytes() / 1048576.0;
     }
-    std::copy(next.begin(), next.end(), ids.begin());
-  }
-  j["step_arena_mib"] = engine.arena_bytes() / 1048576.0;
-  std::sort(ms.begin(), ms.end());
-  const double step_ms = ms[ms.size() / 2];
-  // One layer's kernels alone (CUDA events): the anchors measure the same two ops in PyTorch.
-  double attention_ms = 0, gdn_ms = 0;
-  const int64_t d = config.head_dim;
-  for (int64_t l = 0; l < config.num_layers && attention_ms == 0; ++l) {
-    const KvCacheLayer& c = cache.layer(l);
-    if (!c.k.defined()) continue;
-    const int64_t hq = model.layer_weights(l).h_fa;
-    Tensor q = bench::random_device({batch, hq, d}, "bench.q", 9);
-    Tensor len_host = Tensor::empty({batch}, DType::i32), pos_host = Tensor::empty({batch}, DType::i64);
-    for (int64_t b = 0; b < batch; ++b) {
-      len_host.data_as<int32_t>()[b] = static_cast<int32_t>(context);
-      pos_host.data_as<int64_t>()[b] = context - 1;
+    std::sort(ms.begin(), ms.end());
+    const double step_ms = ms[ms.size() / 2];
+    // One layer's kernels alone (CUDA events): the anchors measure the same two ops in PyTorch.
+    double attention_ms = 0, gdn_ms = 0;
+    const int64_t d = config.head_dim;
+    for (int64_t l = 0; l < config.num_layers && attention_ms == 0; ++l) {
+      const KvCacheLayer& c = cache.layer(l);
+      if (!c.k.defined()) continue;
+      const int64_t hq = model.layer_weights(l).h_fa;
+      Tensor q = bench::random_device({batch, hq, d}, "bench.q", 9);
+      Tensor len_host = Tensor::empty({batch}, DType::i32), pos_host = Tensor::empty({batch}, DType::i64);
+      for (int64_t b = 0; b < batch; ++b) {
+        len_host.data_as<int32_t>()[b] = static_cast<int32_t>(context);
+        pos_host.data_as<int64_t>()[b] = context - 1;
+      }
+      const Tensor len = to_device(len_host, Device::cuda), pos = to_device(pos_host, Device::cuda);
+      Tensor out = Tensor::empty({batch, hq, d}, DType::f32, Device::cuda), lse = Tensor::empty({hq, batch}, DType::f32, Device::cuda);
+      const ops::AttentionParams p = model.attention_params(l);
+      attention_ms = bench::median_ms(opt.warmup, opt.repeat, [&] {
+        ops::attention_decode(out, lse, q, c.k, c.v, TensorView(), len, context, pos, p);
+      });
+      j["attention_heads"] = hq;
+      j["attention_kv_heads"] = c.k.size(2);
+      j["attention_gb_per_s"] = static_cast<double>(batch) * static_cast<double>(context) * 2.0 *
+                                static_cast<double>(c.k.size(2) * d) * 2.0 / (attention_ms * 1e-3) / 1e9;
     }
-    const Tensor len = to_device(len_host, Device::cuda), pos = to_device(pos_host, Device::cuda);
-    Tensor out = Tensor::empty({batch, hq, d}, DType::f32, Device::cuda), lse = Tensor::empty({hq, batch}, DType::f32, Device::cuda);
-    const ops::AttentionParams p = model.attention_params(l);
-    attention_ms = bench::median_ms(opt.warmup, opt.repeat, [&] {
-      ops::attention_decode(out, lse, q, c.k, c.v, TensorView(), len, context, pos, p);
-    });
-    j["attention_heads"] = hq;
-    j["attention_kv_heads"] = c.k.size(2);
-    j["attention_gb_per_s"] = static_cast<double>(batch) * static_cast<double>(context) * 2.0 *
-                              static_cast<double>(c.k.size(2) * d) * 2.0 / (attention_ms * 1e-3) / 1e9;
+    for (int64_t l = 0; l < config.num_layers && gdn_ms == 0; ++l) {
+      const KvCacheLayer& c = cache.layer(l);
+      if (!c.state.defined()) continue;
+      const int64_t h = c.state.size(1);
+      Tensor q = bench::random_device({batch, h, d}, "bench.gq", 10), k = bench::random_device({batch, h, d}, "bench.gk", 11);
+      Tensor v = bench::random_device({batch, h, d}, "bench.gv", 12);
+      ops::l2_norm(k, 1e-6f);
+      Tensor g = Tensor::empty({batch, h}, DType::f32, Device::cuda), beta = Tensor::empty({batch, h}, DType::f32, Device::cuda);
+      fill(g, -0.1);
+      fill(beta, 0.5);
+      Tensor out = Tensor::empty({batch, h, d}, DType::bf16, Device::cuda);
+      gdn_ms = bench::median_ms(opt.warmup, opt.repeat, [&] {
+        ops::delta_rule_step(out, c.state, TensorView(), q, k, v, g, beta, {});
+      });
+      j["gdn_heads"] = h;
+    }
+    // What a step must read at least: the weights once, every slot's cache, the GDN states (read and written).
+    const double moved = weight_bytes + static_cast<double>(batch) * (static_cast<double>(context) * bytes.per_token +
+                                                                       2.0 * bytes.per_slot);
+    const double gb_per_s = moved / (step_ms * 1e-3) / 1e9;
+    j.update({{"ms_per_step", step_ms},
+              {"bytes_per_step", moved},
+              {"gb_per_s", gb_per_s},
+              {"fraction_of_copy", gb_per_s / ceiling.copy_gb_per_s},
+              {"copy_gb_per_s", ceiling.copy_gb_per_s},
+              {"gpu", ceiling.gpu},
+              {"peak_gb_per_s", ceiling.datasheet_gb_per_s > 0 ? nlohmann::json(ceiling.datasheet_gb_per_s) : nlohmann::json()},
+              {"fraction_of_peak", ceiling.datasheet_gb_per_s > 0 ? nlohmann::json(gb_per_s / ceiling.datasheet_gb_per_s)
+                                                                  : nlohmann::json()},
+              {"ms_per_token", batch == 1 ? nlohmann::json(step_ms) : nlohmann::json()},
+              {"tokens_per_s", static_cast<double>(batch) * 1000.0 / step_ms},
+              {"step_ms_all", ms},
+              {"attention_layer_ms", attention_ms > 0 ? nlohmann::json(attention_ms) : nlohmann::json()},
+              {"gdn_step_layer_ms", gdn_ms > 0 ? nlohmann::json(gdn_ms) : nlohmann::json()},
+              {"peak_memory_gib", static_cast<double>(cuda_memory_stats().peak) / kGiB}});
+    emit(j);
   }
-  for (int64_t l = 0; l < config.num_layers && gdn_ms == 0; ++l) {
-    const KvCacheLayer& c = cache.layer(l);
-    if (!c.state.defined()) continue;
-    const int64_t h = c.state.size(1);
-    Tensor q = bench::random_device({batch, h, d}, "bench.gq", 10), k = bench::random_device({batch, h, d}, "bench.gk", 11);
-    Tensor v = bench::random_device({batch, h, d}, "bench.gv", 12);
-    ops::l2_norm(k, 1e-6f);
-    Tensor g = Tensor::empty({batch, h}, DType::f32, Device::cuda), beta = Tensor::empty({batch, h}, DType::f32, Device::cuda);
-    fill(g, -0.1);
-    fill(beta, 0.5);
-    Tensor out = Tensor::empty({batch, h, d}, DType::bf16, Device::cuda);
-    gdn_ms = bench::median_ms(opt.warmup, opt.repeat, [&] {
-      ops::delta_rule_step(out, c.state, TensorView(), q, k, v, g, beta, {});
-    });
-    j["gdn_heads"] = h;
-  }
-  // What a step must read at least: the weights once, every slot's cache, the GDN states (read and written).
-  const double moved = weight_bytes + static_cast<double>(batch) * (static_cast<double>(context) * bytes.per_token +
-                                                                     2.0 * bytes.per_slot);
-  const double gb_per_s = moved / (step_ms * 1e-3) / 1e9;
-  j.update({{"ms_per_step", step_ms},
-            {"bytes_per_step", moved},
-            {"gb_per_s", gb_per_s},
-            {"fraction_of_copy", gb_per_s / ceiling.copy_gb_per_s},
-            {"copy_gb_per_s", ceiling.copy_gb_per_s},
-            {"gpu", ceiling.gpu},
-            {"peak_gb_per_s", ceiling.datasheet_gb_per_s > 0 ? nlohmann::json(ceiling.datasheet_gb_per_s) : nlohmann::json()},
-            {"fraction_of_peak", ceiling.datasheet_gb_per_s > 0 ? nlohmann::json(gb_per_s / ceiling.datasheet_gb_per_s)
-                                                                : nlohmann::json()},
-            {"ms_per_token", batch == 1 ? nlohmann::json(step_ms) : nlohmann::json()},
-            {"tokens_per_s", static_cast<double>(batch) * 1000.0 / step_ms},
-            {"step_ms_all", ms},
-            {"attention_layer_ms", attention_ms > 0 ? nlohmann::json(attention_ms) : nlohmann::json()},
-            {"gdn_step_layer_ms", gdn_ms > 0 ? nlohmann::json(gdn_ms) : nlohmann::json()},
-            {"peak_memory_gib", static_cast<double>(cuda_memory_stats().peak) / kGiB}});
-  return j;
+  model.set_kernel_options(kernels);
 }
 
 }  // namespace
@@ -249,24 +277,31 @@ void bench_decode(const DecodeBenchOptions& opt, const ops::KernelOptions& kerne
   bool checked = false;
   for (const int64_t context : opt.contexts) {
     for (const int64_t batch : opt.batches) {
-      nlohmann::json j = run_cell(model, context, batch, opt, !checked, weight_bytes, ceiling);
-      j["weights_gib"] = weights_gib;
-      if (j.contains("skipped")) {
-        log::info("decode {} context {} batch {}: skipped: {}", opt.preset, context, batch, j["skipped"].get<std::string>());
-      } else {
-        checked = true;
-        log::info("decode {} context {} batch {} ({}): {:.3f} ms per step, {:.1f} tokens/s, {:.0f} GB/s = {:.2f} of the copy, "
-                  "{} of the datasheet; cache {:.1f} GiB ({:.1f} KiB per token), peak {:.1f} GiB; one layer: attention {} ms, GDN step {} ms",
-                  opt.preset, context, batch,
-                  std::string(opt.cuda_graph ? "graph" : "eager") + (kernels.decode_pdl ? " + PDL" : ""),
-                  j["ms_per_step"].get<double>(),
-                  j["tokens_per_s"].get<double>(), j["gb_per_s"].get<double>(), j["fraction_of_copy"].get<double>(),
-                  j["fraction_of_peak"].is_null() ? std::string("—") : fmt::format("{:.2f}", j["fraction_of_peak"].get<double>()),
-                  j["cache_gib"].get<double>(),
-                  j["cache_bytes_per_token"].get<double>() / 1024.0, j["peak_memory_gib"].get<double>(),
-                  j["attention_layer_ms"].dump(), j["gdn_step_layer_ms"].dump());
-      }
-      emit(j);
+      bool measured = false;
+      run_cell(model, kernels, context, batch, opt, !checked, weight_bytes, ceiling, [&](nlohmann::json j) {
+        j["weights_gib"] = weights_gib;
+        const std::string attention = j["decode_attention"].get<std::string>() +
+                                      (j["decode_ctas_per_sm"].is_null() ? std::string()
+                                                                         : fmt::format(" {}/SM", j["decode_ctas_per_sm"].get<int>()));
+        if (j.contains("skipped")) {
+          log::info("decode {} context {} batch {} (attention {}): skipped: {}", opt.preset, context, batch, attention,
+                    j["skipped"].get<std::string>());
+        } else {
+          measured = true;
+          log::info("decode {} context {} batch {} ({}, attention {}): {:.3f} ms per step, {:.1f} tokens/s, {:.0f} GB/s = {:.2f} of the copy, "
+                    "{} of the datasheet; cache {:.1f} GiB ({:.1f} KiB per token), peak {:.1f} GiB; one layer: attention {} ms, GDN step {} ms",
+                    opt.preset, context, batch,
+                    std::string(opt.cuda_graph ? "graph" : "eager") + (kernels.decode_pdl ? " + PDL" : ""), attention,
+                    j["ms_per_step"].get<double>(),
+                    j["tokens_per_s"].get<double>(), j["gb_per_s"].get<double>(), j["fraction_of_copy"].get<double>(),
+                    j["fraction_of_peak"].is_null() ? std::string("—") : fmt::format("{:.2f}", j["fraction_of_peak"].get<double>()),
+                    j["cache_gib"].get<double>(),
+                    j["cache_bytes_per_token"].get<double>() / 1024.0, j["peak_memory_gib"].get<double>(),
+                    j["attention_layer_ms"].dump(), j["gdn_step_layer_ms"].dump());
+        }
+        emit(j);
+      });
+      checked = checked || measured;
     }
   }
 }

@@ -15,6 +15,11 @@
 // Correctness first: before timing, one layer's decode attention and GDN step at the first cell are
 // compared with their CPU references on bf16-rounded inputs (the run ends if they disagree).
 // A cell whose cache does not fit the GPU's free memory is skipped with a line saying so.
+//
+// --decode-attention / --decode-ctas-per-sm run each cell once per decode attention variant (the
+// kernels of attention_decode.h; the cache filled once per cell, every variant timed from the same
+// cached length, checked at the first cell), so one GPU job compares the burst kernels with the
+// pipelined ones and sweeps the latter's split CTAs per SM; every line names its variant.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +33,13 @@
 
 namespace hydra {
 
+// One decode attention choice the bench times: the kernels, and the pipelined kernels' split CTAs
+// per SM (0: as many as fit; AttentionParams::decode_ctas_per_sm).
+struct DecodeAttentionVariant {
+  ops::DecodeAttentionKernel kernel = ops::DecodeAttentionKernel::pipelined;
+  int ctas_per_sm = 0;
+};
+
 struct DecodeBenchOptions {
   std::string preset;
   std::vector<int64_t> contexts;
@@ -36,6 +48,7 @@ struct DecodeBenchOptions {
   int repeat = 10;
   uint64_t seed = 1;
   bool cuda_graph = true;  // the step replayed as a CUDA graph (model/decode_engine.h); false: eager
+  std::vector<DecodeAttentionVariant> attention = {{}};  // each cell runs once per variant, in order
 };
 
 // The memory bandwidth on the datasheet of the GPU named `device_name` (as the driver names it), in

@@ -70,6 +70,23 @@ check("faster than qwen3-1.7b at 512K batch 1: —: not measured" in out, "a mis
 out = run([cell("hydrahead-1.7b", K32, 1, 4.7, False), cell("hydrahead-1.7b", K32, 1, 1.2, True, gpu="NVIDIA H200", peak=4800.0)])
 check("Rows from 2 cards" in out and "Targets" not in out and "Speed-up" not in out, f"two cards: {out}")
 
+# Decode attention variants of one cell (cluster/bench/decode_kernels.jobs): a row each, and each
+# pipelined variant beside the burst kernels, for the layer alone and the whole step.
+def variant(name, ctas, ms, layer):
+    r = cell("hydrahead-1.7b", K32, 1, ms, True, pdl=True)
+    r.update({"decode_attention": name, "decode_ctas_per_sm": ctas if name == "pipelined" else None,
+              "attention_layer_ms": layer})
+    return r
+
+
+out = run([variant("burst", None, 2.8, 0.030), variant("pipelined", 0, 2.4, 0.012), variant("pipelined", 2, 2.5, 0.015)])
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL, attn burst | 2.800 |" in out, f"the burst row: {out}")
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL, attn pipelined 2/SM | 2.500 |" in out, "the 2/SM row")
+check("- hydrahead-1.7b 32K batch 1 (graph + PDL): burst layer 0.0300 ms, step 2.800 ms; "
+      "pipelined: layer 0.0120 ms (2.50x), step 2.400 ms (1.17x); pipelined 2/SM: layer 0.0150 ms (2.00x), "
+      "step 2.500 ms (1.12x)" in out, f"the variants against burst: {out}")
+check("1.600" not in out and "2.400 ms/token (graph + PDL, attn pipelined)" in out, "the target at the fastest variant")
+
 for f in failures:
     print("FAILED:", f)
 print("decode_table_test:", "FAILED" if failures else "PASSED")

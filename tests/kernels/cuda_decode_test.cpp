@@ -10,7 +10,9 @@
 //  - gdn_qkv_conv_step: outputs 1e-2 (bf16 output), inverse norms 1e-3, the tail exactly (a copy);
 //  - kv_cache_append, row_argmax: exact.
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -44,14 +46,28 @@ struct AttentionCase {
   double tau;
 };
 
+// Every decode attention kernel choice (the pipelined kernels at their default and at other split
+// CTAs per SM, and the burst kernels kept for the bench's comparison), each with the longest row as
+// the bound and with the cache's capacity as the bound (the CUDA graph's case: chunks past every
+// row's end hold no key).
 TEST(CudaDecode, AttentionMatchesCpu) {
   HYDRA_REQUIRE_GPU();
   const std::vector<AttentionCase> cases = {
       {128, 2, 1, {}, {1, 37, 5000}, 362.0},           // HydraHead: two FA heads on one KV head, many chunks
+      {128, 2, 1, {}, {70001}, 362.0},                 // HydraHead at batch 1, hundreds of chunks to merge
       {128, 16, 8, {}, {300, 4097, 2}, 0.0},           // the teacher's GQA
       {64, 3, 2, {1, 0, 1}, {64, 0, 700}, 362.0},      // d = 64, a custom map, an empty row
       {64, 8, 1, {}, {20000, 1, 999}, 0.0},            // a group of 8 and a long row
+      {128, 16, 1, {}, {3000, 129}, 0.0},              // a group of 16
   };
+  struct Variant {
+    ops::DecodeAttentionKernel kernel;
+    int ctas_per_sm;
+  };
+  const std::vector<Variant> variants = {{ops::DecodeAttentionKernel::pipelined, 0},
+                                         {ops::DecodeAttentionKernel::pipelined, 1},
+                                         {ops::DecodeAttentionKernel::pipelined, 8},
+                                         {ops::DecodeAttentionKernel::burst, 0}};
   for (const AttentionCase& c : cases) {
     const int64_t rows = static_cast<int64_t>(c.lengths.size()), slots = rows + 1;
     const int64_t cap = *std::max_element(c.lengths.begin(), c.lengths.end()) + 3;
@@ -67,22 +83,36 @@ TEST(CudaDecode, AttentionMatchesCpu) {
     const ops::AttentionParams p{.tau_log_base = c.tau, .kv_head_of_query = c.map};
     Tensor ref = Tensor::empty({rows, c.hq, c.d}, DType::f32), ref_lse = Tensor::empty({c.hq, rows}, DType::f32);
     ops::attention_decode(ref, ref_lse, q, k, v, slot_t, len_t, longest, pos_t, p);
-    Tensor out = Tensor::empty({rows, c.hq, c.d}, DType::f32, Device::cuda);
-    Tensor lse = Tensor::empty({c.hq, rows}, DType::f32, Device::cuda);
-    ops::attention_decode(out, lse, gpu(q), gpu(k), gpu(v), gpu(slot_t, DType::i32), gpu(len_t, DType::i32), longest,
-                          gpu(pos_t, DType::i64), p);
-    const std::string what = fmt::format("decode attention d={} Hq={} Hk={} longest={}", c.d, c.hq, c.hk, longest);
-    expect_close(host(out), ref, 2e-3, what);
-    const Tensor got_lse = host(lse);
-    EXPECT_LE(max_abs_diff(got_lse, ref_lse), 1e-4) << what << " lse";
-    for (int64_t b = 0; b < rows; ++b) {
-      if (c.lengths[static_cast<size_t>(b)] == 0) {
-        for (int64_t h = 0; h < c.hq; ++h) EXPECT_TRUE(std::isinf(got_lse.data_as<float>()[h * rows + b])) << what;
+    const Tensor gq = gpu(q), gk = gpu(k), gv = gpu(v), gslot = gpu(slot_t, DType::i32), glen = gpu(len_t, DType::i32);
+    const Tensor gpos = gpu(pos_t, DType::i64);
+    for (const Variant& variant : variants) {
+      for (const int64_t bound : {longest, cap}) {
+        ops::AttentionParams pv = p;
+        pv.decode_kernel = variant.kernel;
+        pv.decode_ctas_per_sm = variant.ctas_per_sm;
+        Tensor out = Tensor::empty({rows, c.hq, c.d}, DType::f32, Device::cuda);
+        Tensor lse = Tensor::empty({c.hq, rows}, DType::f32, Device::cuda);
+        ops::attention_decode(out, lse, gq, gk, gv, gslot, glen, bound, gpos, pv);
+        const std::string what =
+            fmt::format("decode attention ({} {}/SM) d={} Hq={} Hk={} longest={} bound={}",
+                        ops::decode_attention_kernel_name(variant.kernel), variant.ctas_per_sm, c.d, c.hq, c.hk, longest, bound);
+        expect_close(host(out), ref, 2e-3, what);
+        const Tensor got_lse = host(lse);
+        EXPECT_LE(max_abs_diff(got_lse, ref_lse), 1e-4) << what << " lse";
+        for (int64_t b = 0; b < rows; ++b) {
+          if (c.lengths[static_cast<size_t>(b)] == 0) {
+            for (int64_t h = 0; h < c.hq; ++h) EXPECT_TRUE(std::isinf(got_lse.data_as<float>()[h * rows + b])) << what;
+          }
+        }
       }
     }
   }
 }
 
+// The merge: a few parts (one with no key, a row no part saw), hundreds of parts (the split
+// kernels' count at long context), and the ranks' packed [out | lse] parts of model/kv_cache.cpp
+// (strides that are not multiples of four floats: the scalar loads); the same parts merged twice
+// give the same bits (every rank merging the gathered parts must agree).
 TEST(CudaDecode, MergeAndAppendMatchCpu) {
   HYDRA_REQUIRE_GPU();
   const int64_t n = 5, rows = 3, hq = 4, dv = 64;
@@ -97,6 +127,45 @@ TEST(CudaDecode, MergeAndAppendMatchCpu) {
   expect_close(host(out), ref, 1e-5, "merge partials");
   EXPECT_LE(max_abs_diff(host(lse), ref_lse), 1e-5);
   EXPECT_TRUE(std::isinf(host(lse).data_as<float>()[2])) << "a row no part saw keeps lse = -inf";
+
+  {  // Hundreds of parts, dv = 128, every tenth part without keys.
+    const int64_t many = 700, r2 = 2, h2 = 3, d2 = 128;
+    const Tensor p2 = random_tensor({many, r2, h2, d2}, 14);
+    Tensor l2 = random_tensor({many, h2, r2}, 15, 4.0f);
+    for (int64_t i = 0; i < many; i += 10) {
+      for (int64_t j = 0; j < h2 * r2; ++j) l2.data_as<float>()[i * h2 * r2 + j] = -std::numeric_limits<float>::infinity();
+    }
+    Tensor ref2 = Tensor::empty({r2, h2, d2}, DType::f32), ref2_lse = Tensor::empty({h2, r2}, DType::f32);
+    ops::attention_merge_partials(ref2, ref2_lse, p2, l2);
+    const Tensor gp2 = gpu(p2, DType::f32), gl2 = gpu(l2, DType::f32);
+    Tensor o2 = Tensor::empty({r2, h2, d2}, DType::f32, Device::cuda), o2_lse = Tensor::empty({h2, r2}, DType::f32, Device::cuda);
+    ops::attention_merge_partials(o2, o2_lse, gp2, gl2);
+    expect_close(host(o2), ref2, 1e-5, "merge of 700 parts");
+    EXPECT_LE(max_abs_diff(host(o2_lse), ref2_lse), 1e-5);
+    Tensor again = Tensor::empty({r2, h2, d2}, DType::f32, Device::cuda);
+    ops::attention_merge_partials(again, o2_lse, gp2, gl2);
+    const Tensor a = host(o2), b = host(again);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), static_cast<size_t>(a.nbytes())), 0) << "the merge is deterministic";
+  }
+  {  // The ranks' packed parts: [world][out (B·Hq·dv) | lse (Hq·B)], as model/kv_cache.cpp gathers them.
+    const int64_t world = 3, r3 = 1, h3 = 2, d3 = 128, n_out = r3 * h3 * d3, stride = n_out + h3 * r3;  // 258: odd strides
+    const Tensor packed = random_tensor({world * stride}, 16, 2.0f);
+    const auto views = [&](const Tensor& t) {
+      const std::array<int64_t, 4> out_shape{world, r3, h3, d3}, out_strides{stride, h3 * d3, d3, 1};
+      const std::array<int64_t, 3> lse_shape{world, h3, r3}, lse_strides{stride, r3, 1};
+      return std::pair{TensorView(t.data(), DType::f32, t.device(), out_shape, out_strides),
+                       TensorView(static_cast<float*>(t.data()) + n_out, DType::f32, t.device(), lse_shape, lse_strides)};
+    };
+    Tensor ref3 = Tensor::empty({r3, h3, d3}, DType::f32), ref3_lse = Tensor::empty({h3, r3}, DType::f32);
+    const auto [host_out, host_lse] = views(packed);
+    ops::attention_merge_partials(ref3, ref3_lse, host_out, host_lse);
+    const Tensor gpacked = gpu(packed, DType::f32);
+    const auto [dev_out, dev_lse] = views(gpacked);
+    Tensor o3 = Tensor::empty({r3, h3, d3}, DType::f32, Device::cuda), o3_lse = Tensor::empty({h3, r3}, DType::f32, Device::cuda);
+    ops::attention_merge_partials(o3, o3_lse, dev_out, dev_lse);
+    expect_close(host(o3), ref3, 1e-5, "merge of the ranks' packed parts");
+    EXPECT_LE(max_abs_diff(host(o3_lse), ref3_lse), 1e-5);
+  }
 
   const int64_t hk = 2, d = 64;
   Tensor kc = Tensor::zeros({3, 6, hk, d}, DType::bf16, Device::cuda), vc = Tensor::zeros({3, 6, hk, d}, DType::bf16, Device::cuda);
