@@ -73,7 +73,7 @@ void check_kernels(const Model& model, KvCache& cache, int64_t keys) {
       Tensor ref = Tensor::empty({1, hq, d}, DType::f32), ref_lse = Tensor::empty({hq, 1}, DType::f32);
       ops::attention_decode(ref, ref_lse, host(q), host(c.k.view().narrow(0, 0, 1).narrow(1, 0, keys)),
                             host(c.v.view().narrow(0, 0, 1).narrow(1, 0, keys)), TensorView(), host_len, keys, pos_host, p);
-      const double err = bench::rms_ratio(out, ref), err_lse = bench::rms_ratio(lse, ref_lse);
+      const double err = rms_ratio(out, ref), err_lse = rms_ratio(lse, ref_lse);
       log::info("decode attention check, layer {} ({} keys): rms error {:.2g} (out), {:.2g} (lse)", l, keys, err, err_lse);
       HYDRA_ASSERT(err < 1e-3 && err_lse < 1e-4, "decode attention check failed: rms error {} / {}", err, err_lse);
       break;
@@ -98,7 +98,7 @@ void check_kernels(const Model& model, KvCache& cache, int64_t keys) {
     ops::delta_rule_step(out, state, TensorView(), q, k, v, to_device(g_host, Device::cuda), to_device(b_host, Device::cuda), {});
     const auto host = [](const TensorView& t) { return to(t, Device::host, DType::f32); };
     ops::delta_rule_step(ref, ref_state, TensorView(), host(q), host(k), host(v), g_host, b_host, {});
-    const double err = bench::rms_ratio(out, ref), err_state = bench::rms_ratio(state, ref_state);
+    const double err = rms_ratio(out, ref), err_state = rms_ratio(state, ref_state);
     log::info("GDN step check, layer {}: rms error {:.2g} (out, bf16), {:.2g} (state)", l, err, err_state);
     HYDRA_ASSERT(err < 1e-2 && err_state < 1e-5, "GDN step check failed: rms error {} / {}", err, err_state);
     break;
