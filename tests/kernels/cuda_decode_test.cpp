@@ -135,8 +135,12 @@ TEST(CudaDecode, MergeAndAppendMatchCpu) {
     for (int64_t i = 0; i < many; i += 10) {
       for (int64_t j = 0; j < h2 * r2; ++j) l2.data_as<float>()[i * h2 * r2 + j] = -std::numeric_limits<float>::infinity();
     }
-    Tensor ref2 = Tensor::empty({r2, h2, d2}, DType::f32), ref2_lse = Tensor::empty({h2, r2}, DType::f32);
-    ops::attention_merge_partials(ref2, ref2_lse, p2, l2);
+    // The reference merges in float64: the float32 CPU merge adds the 700 parts one after another,
+    // rounding lse (~12, ulp 9.5e-7) at each, and is itself ~3e-5 off (the GPU measured 3.1e-5
+    // from it on an H100); against float64 the GPU's pairwise sums hold 1e-5.
+    Tensor ref2_64 = Tensor::empty({r2, h2, d2}, DType::f64), ref2_lse_64 = Tensor::empty({h2, r2}, DType::f64);
+    ops::attention_merge_partials(ref2_64, ref2_lse_64, to(p2, Device::host, DType::f64), to(l2, Device::host, DType::f64));
+    const Tensor ref2 = to(ref2_64, Device::host, DType::f32), ref2_lse = to(ref2_lse_64, Device::host, DType::f32);
     const Tensor gp2 = gpu(p2, DType::f32), gl2 = gpu(l2, DType::f32);
     Tensor o2 = Tensor::empty({r2, h2, d2}, DType::f32, Device::cuda), o2_lse = Tensor::empty({h2, r2}, DType::f32, Device::cuda);
     ops::attention_merge_partials(o2, o2_lse, gp2, gl2);
