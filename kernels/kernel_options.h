@@ -25,6 +25,10 @@ struct KernelOptions {
   // --decode-ctas-per-sm` sets them to compare kernels (AttentionParams, attention.h).
   DecodeAttentionKernel decode_attention = DecodeAttentionKernel::pipelined;
   int decode_ctas_per_sm = 0;
+  // The GDN branch's decode kernels (ops::gdn_decode_step): separate (three launches) until the GPU
+  // confirms fused (one launch). Not read from the environment: `hydra bench --op decode --gdn-step`
+  // sets it to compare.
+  GdnDecodeKernel gdn_decode = GdnDecodeKernel::separate;
 };
 
 }  // namespace hydra::ops

@@ -56,6 +56,7 @@ struct BenchOptions {
   std::string cuda_graph = "auto";
   std::string decode_attention = "pipelined";
   std::string decode_ctas_per_sm = "0";
+  std::string gdn_step = "separate";
 
   void bind(po::options_description& o) {
     o.add_options()
@@ -76,7 +77,8 @@ struct BenchOptions {
         ("batches", po::value(&batches)->default_value("1,8,32"), "decode: sequences per step, a list")
         ("cuda-graph", po::value(&cuda_graph)->default_value("auto")->implicit_value("on"), "decode: on, off or auto (= on: one GPU): replay each step as a CUDA graph, as generate does by default; off: the same kernels launched one by one")
         ("decode-attention", po::value(&decode_attention)->default_value("pipelined"), "decode: the decode attention kernels to time, a list run in order on the same cache: pipelined (the production kernels) and/or burst (the ones they replaced, kept only for this comparison)")
-        ("decode-ctas-per-sm", po::value(&decode_ctas_per_sm)->default_value("0"), "decode: the pipelined kernels' split CTAs per SM, a list (each value a variant; 0: as many as fit at once)");
+        ("decode-ctas-per-sm", po::value(&decode_ctas_per_sm)->default_value("0"), "decode: the pipelined kernels' split CTAs per SM, a list (each value a variant; 0: as many as fit at once)")
+        ("gdn-step", po::value(&gdn_step)->default_value("separate"), "decode: the GDN branch's decode kernels to time, a list run in order on the same cache (each decode attention variant once per entry): separate (conv step, gates and delta-rule step as three launches: the production kernels) and/or fused (one launch)");
   }
   // The --decode-attention x --decode-ctas-per-sm variants (burst takes no CTA count: once).
   std::vector<DecodeAttentionVariant> attention_variants() const {
@@ -103,6 +105,16 @@ struct BenchOptions {
     HYDRA_USER_CHECK(!out.empty(), "--decode-attention needs at least one kernel");
     return out;
   }
+  std::vector<ops::GdnDecodeKernel> gdn_step_kernels() const {
+    std::vector<ops::GdnDecodeKernel> out;
+    std::stringstream names(gdn_step);
+    for (std::string item; std::getline(names, item, ',');) {
+      HYDRA_USER_CHECK(item == "separate" || item == "fused", "--gdn-step takes separate and/or fused (got '{}')", item);
+      out.push_back(item == "fused" ? ops::GdnDecodeKernel::fused : ops::GdnDecodeKernel::separate);
+    }
+    HYDRA_USER_CHECK(!out.empty(), "--gdn-step needs at least one kernel choice");
+    return out;
+  }
   // A comma-separated list of sizes (accepts 32K, 1M).
   static std::vector<int64_t> size_list(const std::string& text, const char* flag) {
     std::vector<int64_t> out;
@@ -124,6 +136,7 @@ struct BenchOptions {
       size_list(batches, "--batches");
       parse_decode_graph(cuda_graph);
       attention_variants();
+      gdn_step_kernels();
     }
     parse_size(seq_len, "--seq-len");
     HYDRA_USER_CHECK(head_dim == 64 || head_dim == 128, "--head-dim must be 64 or 128");
@@ -143,7 +156,7 @@ int run_bench(App& app, const std::vector<std::string>& args) {
   if (!parse_command_line(app, "bench",
                           "--op gemm|attention|gdn|attention-bwd|gdn-bwd|gdn-input [--seq-len 32K --heads 16 --head-dim 128] | "
                           "--op decode --preset NAME [--contexts 32K,128K,512K,1M --batches 1,8,32] [--cuda-graph on|off|auto] "
-                          "[--decode-attention pipelined,burst --decode-ctas-per-sm 0,2]",
+                          "[--decode-attention pipelined,burst --decode-ctas-per-sm 0,2] [--gdn-step separate,fused]",
                           desc, args)) {
     return 0;
   }
@@ -157,7 +170,7 @@ int run_bench(App& app, const std::vector<std::string>& args) {
                                .batches = BenchOptions::size_list(opt.batches, "--batches"), .warmup = opt.warmup,
                                .repeat = opt.repeat,
                                .cuda_graph = decode_graph_wanted(parse_decode_graph(opt.cuda_graph), Device::cuda, 1),
-                               .attention = opt.attention_variants()};
+                               .attention = opt.attention_variants(), .gdn_step = opt.gdn_step_kernels()};
     bench_decode(d, app.kernels, [&](const nlohmann::json& r) {
       if (app.world.rank() != 0) return;
       std::cout << r.dump() << std::endl;

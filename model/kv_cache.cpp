@@ -4,8 +4,6 @@
 #include <array>
 
 #include "kernels/attention/attention_decode.h"
-#include "kernels/delta_rule/delta_rule_step.h"
-#include "kernels/gdn_qk/gdn_qk_step.h"
 #include "model/model.h"
 
 namespace hydra {
@@ -242,18 +240,15 @@ void KvCache::attend(Communicator& comm, int64_t layer, const TensorView& out, c
   ops::attention_merge_partials(out, lse, parts_out, parts_lse);
 }
 
-void KvCache::conv_step(int64_t layer, const TensorView& out, const TensorView& inv_norm, const TensorView& x,
-                        const TensorView& w, const ops::GdnQkParams& params) const {
-  HYDRA_ASSERT(mode_ == Mode::decode, "conv_step outside a decode step");
-  ops::gdn_qkv_conv_step(out, inv_norm, x, w, layers_.at(static_cast<size_t>(layer)).conv_tail, slots_, positions_,
-                         params);
-}
-
-void KvCache::gdn_step(int64_t layer, const TensorView& out, const TensorView& q, const TensorView& k,
-                       const TensorView& v, const TensorView& g, const TensorView& beta,
-                       const ops::DeltaRuleParams& params) const {
-  HYDRA_ASSERT(mode_ == Mode::decode, "gdn_step outside a decode step");
-  ops::delta_rule_step(out, layers_.at(static_cast<size_t>(layer)).state, slots_, q, k, v, g, beta, params);
+void KvCache::gdn_decode(int64_t layer, ops::GdnDecodeTensors t, const ops::GdnQkParams& qk,
+                         const ops::DeltaRuleParams& rule) const {
+  HYDRA_ASSERT(mode_ == Mode::decode, "gdn_decode outside a decode step");
+  const KvCacheLayer& c = layers_.at(static_cast<size_t>(layer));
+  t.state = c.state;
+  t.tail = c.conv_tail;
+  t.slots = slots_;
+  t.positions = positions_;
+  ops::gdn_decode_step(t, qk, rule);
 }
 
 }  // namespace hydra

@@ -32,6 +32,7 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/delta_rule/delta_rule.h"
+#include "kernels/gdn_decode/gdn_decode.h"
 #include "kernels/gdn_qk/gdn_qk.h"
 #include "model/config.h"
 #include "parallel/communicator.h"
@@ -124,12 +125,10 @@ class KvCache {
   // appending k [B, G_c, d], v [B, G_c, d] where dealt; merged over the ranks of `comm`.
   void attend(Communicator& comm, int64_t layer, const TensorView& out, const TensorView& q, const TensorView& k,
               const TensorView& v, const ops::AttentionParams& params, PhaseTimer* timer) const;
-  // Decode: ops::gdn_qkv_conv_step against the slots' conv tails (advanced), at positions().
-  void conv_step(int64_t layer, const TensorView& out, const TensorView& inv_norm, const TensorView& x,
-                 const TensorView& w, const ops::GdnQkParams& params) const;
-  // Decode: ops::delta_rule_step on the slots' states.
-  void gdn_step(int64_t layer, const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
-                const TensorView& g, const TensorView& beta, const ops::DeltaRuleParams& params) const;
+  // Decode: ops::gdn_decode_step (the GDN branch: conv step, gates, delta-rule step) with the
+  // layer's state and conv tail of the slots (both advanced), at positions(); t's cache fields are set here.
+  void gdn_decode(int64_t layer, ops::GdnDecodeTensors t, const ops::GdnQkParams& qk,
+                  const ops::DeltaRuleParams& rule) const;
 
  private:
   enum class Mode { idle, prefill, decode };

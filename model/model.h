@@ -189,7 +189,7 @@ class Model {
   // The op parameters of a layer's branches, with the kernel options in.
   ops::AttentionParams attention_params(int64_t layer) const;
   ops::DeltaRuleParams delta_rule_params() const {
-    return {.segments = kernels_.gdn_segments, .profile = kernels_.gdn_profile};
+    return {.segments = kernels_.gdn_segments, .profile = kernels_.gdn_profile, .decode_kernel = kernels_.gdn_decode};
   }
 
   // ---- Forward ----

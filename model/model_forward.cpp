@@ -279,29 +279,33 @@ void Model::gdn_branch(ForwardContext& context, int64_t layer, const Tensor& pos
   block.conv = b.conv.empty(device_, "GDN conv");
   block.inv_norm = b.inv_norm.empty(device_, "q/k inverse norms");  // their backward needs them
   const TensorView qkv = pv.narrow(1, col.gdn_qkv, 3 * hg * d);
-  if (pass.mode == LayerMode::decode) {  // the new rows' conv reads (and advances) the cached tail
-    cache->conv_step(layer, block.conv, block.inv_norm, qkv, w.conv, gdn_qk_params(hg));
-  } else {
+  block.beta = b.gate.empty(device_, "beta");
+  block.g = b.gate.empty(device_, "g");
+  const TensorView out = block.heads.view().narrow(1, hfa, hg);
+  if (pass.mode == LayerMode::decode) {  // the whole branch against the cached conv tails and states
+    ScopedPhase phase(timer, Phase::gdn);
+    cache->gdn_decode(layer,
+                      {.out = out, .conv_out = block.conv, .inv_norm = block.inv_norm, .beta = block.beta, .g = block.g,
+                       .x = qkv, .conv_w = w.conv, .b_logits = pv.narrow(1, col.gdn_b, hg),
+                       .a_logits = pv.narrow(1, col.gdn_a, hg), .a_log = w.a_log, .dt_bias = w.dt_bias},
+                      gdn_qk_params(hg), delta_rule_params());
+    return;
+  }
+  {
     const GdnQkFinish finish{positions, block.inv_norm, gdn_qk_params(hg)};
     causal_conv_sequence_parallel(context.comm, context.sequence(), block.conv, qkv, w.conv, timer, &finish);
     if (pass.mode == LayerMode::prefill) cache->store_conv_tail(layer, qkv);
   }
   const TensorView q = head_columns(block.conv, 0, hg, d), k = head_columns(block.conv, hg * d, hg, d);
   const TensorView v = head_columns(block.conv, 2 * hg * d, hg, d);
-  block.beta = b.gate.empty(device_, "beta");
-  block.g = b.gate.empty(device_, "g");
   {
     ScopedPhase phase(timer, Phase::gdn);
     ops::gdn_gates(block.beta, block.g, pv.narrow(1, col.gdn_b, hg), pv.narrow(1, col.gdn_a, hg), w.a_log, w.dt_bias);
   }
-  const TensorView out = block.heads.view().narrow(1, hfa, hg);
   const LayerSaved* replay = pass.replay;
   if (pass.mode == LayerMode::replay && replay->gdn_out.defined()) {  // kept by the forward (KeptActivations::gdn_outputs)
     ScopedPhase phase(timer, Phase::gdn);
     copy_into(out, replay->gdn_out);
-  } else if (pass.mode == LayerMode::decode) {
-    ScopedPhase phase(timer, Phase::gdn);
-    cache->gdn_step(layer, out, q, k, v, block.g, block.beta, delta_rule_params());
   } else if (pass.mode == LayerMode::replay) {
     gdn_sequence_parallel_recompute(context.sequence(), replay->gdn, out, q, k, v, block.g, block.beta,
                                     delta_rule_params(), timer);

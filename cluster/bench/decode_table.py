@@ -60,7 +60,8 @@ def attention(r):
 
 def mode(r):
     a = attention(r)
-    return step_mode(r) + (f", attn {a}" if a else "")
+    g = r.get("gdn_step")  # the GDN branch's decode kernels (--gdn-step), in lines since issue 57's h62
+    return step_mode(r) + (f", attn {a}" if a else "") + (f", GDN {g}" if g else "")
 
 
 def main(argv):

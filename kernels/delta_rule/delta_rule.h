@@ -57,6 +57,12 @@ struct DeltaRuleBackwardBuffers {
 };
 DeltaRuleBackwardBuffers delta_rule_backward_buffers(int64_t rows, int64_t heads, int64_t d);
 
+// GPU kernels of the GDN branch's decode step (kernels/gdn_decode/gdn_decode.h; the CPU ignores the
+// choice): separate, the production choice: the conv step, the gates and the delta-rule step as three
+// launches; fused: one launch, a cluster of CTAs per (row, head) splitting the state's value columns.
+enum class GdnDecodeKernel { separate, fused };
+const char* gdn_decode_kernel_name(GdnDecodeKernel kernel);
+
 struct DeltaRuleParams {
   float scale = 0.0f;  // query scale; 0 means 1/sqrt(dk)
   int64_t chunk = kDeltaRuleChunk;
@@ -64,6 +70,7 @@ struct DeltaRuleParams {
   // the cost model in delta_rule_forward.cu; 1: no split), and the stage timing.
   int segments = 0;
   GdnProfile profile = GdnProfile::off;
+  GdnDecodeKernel decode_kernel = GdnDecodeKernel::separate;  // ops::gdn_decode_step on the GPU
 };
 
 // out [T, H, dv]; state [H, dk, dv] (in: initial state, out: final state);

@@ -8,6 +8,9 @@
 #if HYDRA_CUDA
 #include "kernels/attention/attention_decode.h"
 #include "kernels/delta_rule/delta_rule_step.h"
+#include "kernels/gdn_decode/gdn_decode.h"
+#include "kernels/gdn_gates/gdn_gates.h"
+#include "kernels/gdn_qk/gdn_qk_step.h"
 #include "kernels/l2norm/l2norm.h"
 #include "launch/bench/util.h"
 #include "model/decode_engine.h"
@@ -105,6 +108,75 @@ void check_kernels(const Model& model, KvCache& cache, int64_t keys) {
   }
 }
 
+// One layer's GDN branch (ops::gdn_decode_step with `kernel`) on random inputs against a cache's
+// first `batch` slots: the tensors of a call, the cache's own state and tail in.
+struct GdnBranchCall {
+  Tensor out, conv_out, inv_norm, beta, g, positions, x, b_logits, a_logits;
+  ops::GdnDecodeTensors tensors(const LayerWeights& w, const TensorView& state, const TensorView& tail) const {
+    return {.out = out, .conv_out = conv_out, .inv_norm = inv_norm, .beta = beta, .g = g, .state = state, .tail = tail,
+            .positions = positions, .x = x, .conv_w = w.conv, .b_logits = b_logits, .a_logits = a_logits,
+            .a_log = w.a_log, .dt_bias = w.dt_bias};
+  }
+};
+GdnBranchCall gdn_branch_call(int64_t batch, int64_t heads, int64_t d, int64_t position) {
+  GdnBranchCall a;
+  a.out = Tensor::empty({batch, heads, d}, DType::bf16, Device::cuda);
+  a.conv_out = Tensor::empty({batch, 3 * heads * d}, DType::bf16, Device::cuda);
+  a.inv_norm = Tensor::empty({batch, 2 * heads}, DType::f32, Device::cuda);
+  a.beta = Tensor::empty({batch, heads}, DType::f32, Device::cuda);
+  a.g = Tensor::empty({batch, heads}, DType::f32, Device::cuda);
+  Tensor pos_host = Tensor::empty({batch}, DType::i64);
+  for (int64_t b = 0; b < batch; ++b) pos_host.data_as<int64_t>()[b] = position + b;
+  a.positions = to_device(pos_host, Device::cuda);
+  a.x = bench::random_device({batch, 3 * heads * d}, "bench.gdn.x", 13);
+  a.b_logits = bench::random_device({batch, heads}, "bench.gdn.b", 14);
+  a.a_logits = bench::random_device({batch, heads}, "bench.gdn.a", 15);
+  return a;
+}
+
+// The GDN branch with `kernel` against the CPU reference (the three ops, the conv output rounded to
+// bf16 between the conv and the step as the GPU holds it), on copies of slot 0's state and tail.
+void check_gdn_branch(const Model& model, const KvCache& cache, ops::GdnDecodeKernel kernel) {
+  const ModelConfig& config = model.config();
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const KvCacheLayer& c = cache.layer(l);
+    if (!c.state.defined()) continue;
+    const LayerWeights& w = model.layer_weights(l);
+    const int64_t h = c.state.size(1), d = config.head_dim;
+    const GdnBranchCall call = gdn_branch_call(1, h, d, 4095);
+    Tensor state = clone(c.state.view().narrow(0, 0, 1));
+    Tensor tail = c.conv_tail.defined() ? clone(c.conv_tail.view().narrow(0, 0, 1)) : Tensor();
+    const auto host = [](const TensorView& t) { return to(t, Device::host, DType::f32); };
+    Tensor ref_state = host(state), ref_tail = tail.defined() ? host(tail) : Tensor();
+    ops::DeltaRuleParams rule = model.delta_rule_params();
+    rule.decode_kernel = kernel;
+    const ops::GdnQkParams qk = model.gdn_qk_params(h);
+    ops::gdn_decode_step(call.tensors(w, state, tail), qk, rule);
+    Tensor ref_conv = Tensor::empty({1, 3 * h * d}, DType::f32), ref_inv = Tensor::empty({1, 2 * h}, DType::f32);
+    ops::gdn_qkv_conv_step(ref_conv, ref_inv, host(call.x), host(w.conv), ref_tail, TensorView(),
+                           to(call.positions, Device::host, DType::i64), qk);
+    ref_conv = host(to(ref_conv, Device::host, DType::bf16));  // what the GPU's step reads
+    Tensor ref_beta = Tensor::empty({1, h}, DType::f32), ref_g = Tensor::empty({1, h}, DType::f32);
+    ops::gdn_gates(ref_beta, ref_g, host(call.b_logits), host(call.a_logits), host(w.a_log), host(w.dt_bias));
+    Tensor ref = Tensor::empty({1, h, d}, DType::f32);
+    const auto heads_at = [&](int64_t first) { return ref_conv.view().narrow(1, first * d, h * d).split_dim(1, h, d); };
+    ops::delta_rule_step(ref, ref_state, TensorView(), heads_at(0), heads_at(h), heads_at(2 * h), ref_g, ref_beta, rule);
+    const double err = rms_ratio(call.out, ref), err_state = rms_ratio(state, ref_state);
+    const double err_conv = rms_ratio(call.conv_out, ref_conv), err_g = rms_ratio(call.g, ref_g);
+    log::info("GDN branch check ({}), layer {}: rms error {:.2g} (out, bf16), {:.2g} (state), {:.2g} (conv out, bf16), "
+              "{:.2g} (g)", ops::gdn_decode_kernel_name(kernel), l, err, err_state, err_conv, err_g);
+    HYDRA_ASSERT(err < 1e-2 && err_state < 1e-5 && err_conv < 1e-2 && err_g < 1e-5,
+                 "GDN branch check ({}) failed: rms error {} / {} / {} / {}", ops::gdn_decode_kernel_name(kernel), err,
+                 err_state, err_conv, err_g);
+    if (tail.defined()) {
+      const double err_tail = rms_ratio(tail, ref_tail);
+      HYDRA_ASSERT(err_tail == 0, "GDN branch check ({}) failed: the conv tail differs (rms {})",
+                   ops::gdn_decode_kernel_name(kernel), err_tail);
+    }
+    return;
+  }
+}
+
 // What the cells compare their bandwidth with: a device copy measured in this run, and the card's
 // datasheet figure (0: a card datasheet_bandwidth_gb_per_s does not list).
 struct Ceilings {
@@ -113,10 +185,18 @@ struct Ceilings {
   double datasheet_gb_per_s = 0;
 };
 
-// The cell's JSON fields naming the decode attention kernels it ran with.
-void describe(nlohmann::json& j, const DecodeAttentionVariant& v) {
+// A cell's kernel choice: a decode attention variant and the GDN branch's decode kernels.
+struct CellVariant {
+  DecodeAttentionVariant attention;
+  ops::GdnDecodeKernel gdn = ops::GdnDecodeKernel::separate;
+};
+
+// The cell's JSON fields naming the kernels it ran with.
+void describe(nlohmann::json& j, const CellVariant& variant) {
+  const DecodeAttentionVariant& v = variant.attention;
   j["decode_attention"] = ops::decode_attention_kernel_name(v.kernel);
   j["decode_ctas_per_sm"] = v.kernel == ops::DecodeAttentionKernel::pipelined ? nlohmann::json(v.ctas_per_sm) : nlohmann::json();
+  j["gdn_step"] = ops::gdn_decode_kernel_name(variant.gdn);
 }
 
 // One (context, batch) cell: the cache filled once, then per decode attention variant (the model's
@@ -126,6 +206,10 @@ void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, 
               const DecodeBenchOptions& opt, bool check, double weight_bytes, const Ceilings& ceiling,
               const std::function<void(nlohmann::json)>& emit) {
   const ModelConfig& config = model.config();
+  std::vector<CellVariant> variants;  // the decode attention variants, each with every GDN kernel choice
+  for (const DecodeAttentionVariant& a : opt.attention) {
+    for (const ops::GdnDecodeKernel g : opt.gdn_step) variants.push_back({a, g});
+  }
   const KvCacheBytes bytes = kv_cache_bytes(config, DType::bf16, DType::f32);
   const int64_t steps = opt.warmup + opt.repeat, capacity = context + steps;
   const double cache_bytes = static_cast<double>(batch) * (static_cast<double>(capacity) * bytes.per_token + bytes.per_slot);
@@ -139,7 +223,7 @@ void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, 
   cuda_release_cached_memory();
   const double free_bytes = static_cast<double>(cuda_memory_stats().free_device);
   if (cache_bytes + work_bytes > 0.95 * free_bytes) {
-    for (const DecodeAttentionVariant& v : opt.attention) {
+    for (const CellVariant& v : variants) {
       nlohmann::json j = base;
       describe(j, v);
       j["skipped"] = fmt::format("the cache ({:.1f} GiB) and the step's working set ({:.1f} GiB) exceed 95% of the "
@@ -152,17 +236,22 @@ void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, 
   KvCache cache(model, batch, capacity, 1, 0);
   fill_random(cache, config, opt.seed);
   SelfCommunicator self(Device::cuda);
-  for (const DecodeAttentionVariant& variant : opt.attention) {
+  for (const CellVariant& both : variants) {
+    const DecodeAttentionVariant& variant = both.attention;
     ops::KernelOptions chosen = kernels;
     chosen.decode_attention = variant.kernel;
     chosen.decode_ctas_per_sm = variant.ctas_per_sm;
+    chosen.gdn_decode = both.gdn;
     model.set_kernel_options(chosen);
     nlohmann::json j = base;
-    describe(j, variant);
+    describe(j, both);
     // Every variant starts from the same cached length (the rows the previous one appended are
     // overwritten: the values do not matter to the speed).
     for (int64_t s = 0; s < batch; ++s) cache.set_filled(s, context, context);
-    if (check) check_kernels(model, cache, std::min<int64_t>(context, 4096));
+    if (check) {
+      check_kernels(model, cache, std::min<int64_t>(context, 4096));
+      check_gdn_branch(model, cache, both.gdn);
+    }
     std::vector<int64_t> slots(static_cast<size_t>(batch));
     std::iota(slots.begin(), slots.end(), int64_t{0});
     std::vector<int32_t> ids(static_cast<size_t>(batch));
@@ -187,7 +276,7 @@ void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, 
     std::sort(ms.begin(), ms.end());
     const double step_ms = ms[ms.size() / 2];
     // One layer's kernels alone (CUDA events): the anchors measure the same two ops in PyTorch.
-    double attention_ms = 0, gdn_ms = 0;
+    double attention_ms = 0, gdn_ms = 0, gdn_branch_ms = 0;
     const int64_t d = config.head_dim;
     for (int64_t l = 0; l < config.num_layers && attention_ms == 0; ++l) {
       const KvCacheLayer& c = cache.layer(l);
@@ -225,6 +314,12 @@ void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, 
         ops::delta_rule_step(out, c.state, TensorView(), q, k, v, g, beta, {});
       });
       j["gdn_heads"] = h;
+      // The whole GDN branch of the layer with this variant's kernels (conv step, gates, step).
+      const GdnBranchCall call = gdn_branch_call(batch, h, d, context);
+      const ops::GdnDecodeTensors t = call.tensors(model.layer_weights(l), c.state, c.conv_tail);
+      const ops::GdnQkParams qk = model.gdn_qk_params(h);
+      const ops::DeltaRuleParams rule = model.delta_rule_params();
+      gdn_branch_ms = bench::median_ms(opt.warmup, opt.repeat, [&] { ops::gdn_decode_step(t, qk, rule); });
     }
     // What a step must read at least: the weights once, every slot's cache, the GDN states (read and written).
     const double moved = weight_bytes + static_cast<double>(batch) * (static_cast<double>(context) * bytes.per_token +
@@ -244,6 +339,7 @@ void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, 
               {"step_ms_all", ms},
               {"attention_layer_ms", attention_ms > 0 ? nlohmann::json(attention_ms) : nlohmann::json()},
               {"gdn_step_layer_ms", gdn_ms > 0 ? nlohmann::json(gdn_ms) : nlohmann::json()},
+              {"gdn_branch_layer_ms", gdn_branch_ms > 0 ? nlohmann::json(gdn_branch_ms) : nlohmann::json()},
               {"peak_memory_gib", static_cast<double>(cuda_memory_stats().peak) / kGiB}});
     emit(j);
   }
@@ -282,14 +378,16 @@ void bench_decode(const DecodeBenchOptions& opt, const ops::KernelOptions& kerne
         j["weights_gib"] = weights_gib;
         const std::string attention = j["decode_attention"].get<std::string>() +
                                       (j["decode_ctas_per_sm"].is_null() ? std::string()
-                                                                         : fmt::format(" {}/SM", j["decode_ctas_per_sm"].get<int>()));
+                                                                         : fmt::format(" {}/SM", j["decode_ctas_per_sm"].get<int>())) +
+                                      ", GDN " + j["gdn_step"].get<std::string>();
         if (j.contains("skipped")) {
           log::info("decode {} context {} batch {} (attention {}): skipped: {}", opt.preset, context, batch, attention,
                     j["skipped"].get<std::string>());
         } else {
           measured = true;
           log::info("decode {} context {} batch {} ({}, attention {}): {:.3f} ms per step, {:.1f} tokens/s, {:.0f} GB/s = {:.2f} of the copy, "
-                    "{} of the datasheet; cache {:.1f} GiB ({:.1f} KiB per token), peak {:.1f} GiB; one layer: attention {} ms, GDN step {} ms",
+                    "{} of the datasheet; cache {:.1f} GiB ({:.1f} KiB per token), peak {:.1f} GiB; one layer: attention {} ms, GDN step {} ms, "
+                    "GDN branch {} ms",
                     opt.preset, context, batch,
                     std::string(opt.cuda_graph ? "graph" : "eager") + (kernels.decode_pdl ? " + PDL" : ""), attention,
                     j["ms_per_step"].get<double>(),
@@ -297,7 +395,7 @@ void bench_decode(const DecodeBenchOptions& opt, const ops::KernelOptions& kerne
                     j["fraction_of_peak"].is_null() ? std::string("—") : fmt::format("{:.2f}", j["fraction_of_peak"].get<double>()),
                     j["cache_gib"].get<double>(),
                     j["cache_bytes_per_token"].get<double>() / 1024.0, j["peak_memory_gib"].get<double>(),
-                    j["attention_layer_ms"].dump(), j["gdn_step_layer_ms"].dump());
+                    j["attention_layer_ms"].dump(), j["gdn_step_layer_ms"].dump(), j["gdn_branch_layer_ms"].dump());
         }
         emit(j);
       });

@@ -20,6 +20,9 @@
 // kernels of attention_decode.h; the cache filled once per cell, every variant timed from the same
 // cached length, checked at the first cell), so one GPU job compares the burst kernels with the
 // pipelined ones and sweeps the latter's split CTAs per SM; every line names its variant.
+// --gdn-step separate,fused does the same for the GDN branch's decode kernels (ops::gdn_decode_step):
+// each variant's line adds that branch of one layer timed alone (conv step, gates and delta-rule step:
+// three launches or one), after a check of the branch against its CPU reference at the first cell.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +52,8 @@ struct DecodeBenchOptions {
   uint64_t seed = 1;
   bool cuda_graph = true;  // the step replayed as a CUDA graph (model/decode_engine.h); false: eager
   std::vector<DecodeAttentionVariant> attention = {{}};  // each cell runs once per variant, in order
+  // The GDN branch's decode kernels to time (--gdn-step): each attention variant once per entry, in order.
+  std::vector<ops::GdnDecodeKernel> gdn_step = {ops::GdnDecodeKernel::separate};
 };
 
 // The memory bandwidth on the datasheet of the GPU named `device_name` (as the driver names it), in

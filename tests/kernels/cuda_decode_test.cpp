@@ -8,6 +8,10 @@
 //  - delta_rule_step: outputs 1e-2 (bf16 output rounding, 2⁻⁸), state 1e-4 after 24 steps (fp32
 //    state, fp32 vs fp64 sums);
 //  - gdn_qkv_conv_step: outputs 1e-2 (bf16 output), inverse norms 1e-3, the tail exactly (a copy);
+//  - gdn_decode_step (the GDN branch, both GPU kernel choices): the conv outputs and the tail as the
+//    conv step's, β and g 1e-5 (fp32 gates against fp64), and the step as delta_rule_step's (its
+//    reference fed the GPU's own bf16 q/k/v and fp32 gates, so a bf16 rounding tie in the conv does
+//    not move the state's bound);
 //  - kv_cache_append, row_argmax: exact.
 #include <algorithm>
 #include <array>
@@ -21,6 +25,8 @@
 #include "kernels/argmax/argmax.h"
 #include "kernels/attention/attention_decode.h"
 #include "kernels/delta_rule/delta_rule_step.h"
+#include "kernels/gdn_decode/gdn_decode.h"
+#include "kernels/gdn_gates/gdn_gates.h"
 #include "kernels/gdn_qk/gdn_qk_step.h"
 #include "kernels/l2norm/l2norm.h"
 #include "tests/common/test_util.h"
@@ -240,6 +246,73 @@ TEST(CudaDecode, ConvStepMatchesCpu) {
       expect_close(host(out), ref, 1e-2, what);
       expect_close(host(inv), ref_inv, 1e-3, what + " inverse norms");
       expect_close(host(tail), tail_ref, 0.0, what + " tail");
+    }
+  }
+}
+
+// The GDN branch of a decode step in one op, with each GPU kernel choice (three launches, or the
+// fused cluster kernel) against the three CPU references, over several steps (the state and the
+// conv tail carried), at d = 64 and 128 and batches 1, 2 and 8 through a reversed slot map.
+TEST(CudaDecode, GdnDecodeStepMatchesCpuForBothKernels) {
+  HYDRA_REQUIRE_GPU();
+  for (const ops::GdnDecodeKernel kernel : {ops::GdnDecodeKernel::separate, ops::GdnDecodeKernel::fused}) {
+    for (const int64_t d : {int64_t{64}, int64_t{128}}) {
+      for (const int64_t rows : {int64_t{1}, int64_t{2}, int64_t{8}}) {
+        const int64_t heads = 3, channels = 3 * heads * d, taps = 4, slots_n = rows + 1, steps = 6;
+        const std::string name = fmt::format("GDN decode ({}) d={} rows={}", ops::gdn_decode_kernel_name(kernel), d, rows);
+        const ops::GdnQkParams qk{.qk_heads = 2 * heads, .head_dim = d, .rope_theta = 1e6, .l2_eps = 1e-6f};
+        ops::DeltaRuleParams rule;
+        rule.decode_kernel = kernel;
+        const Tensor w = random_tensor({channels, taps}, 9, 0.5f);
+        const Tensor a_log = random_tensor({heads}, 30, 0.5f), dt_bias = random_tensor({heads}, 31, 0.5f);
+        Tensor state_ref = random_tensor({slots_n, heads, d, d}, 8, 0.05f);
+        Tensor state = gpu(state_ref, DType::f32);
+        Tensor tail_ref = rounded_to_bf16(random_tensor({slots_n, taps - 1, channels}, 10));
+        Tensor tail = gpu(tail_ref);
+        std::vector<int32_t> slot_of(static_cast<size_t>(rows));
+        for (int64_t b = 0; b < rows; ++b) slot_of[static_cast<size_t>(b)] = static_cast<int32_t>(slots_n - 1 - b);
+        const Tensor slots = int32_vector(slot_of);
+        const Tensor gw = gpu(w, DType::f32), ga_log = gpu(a_log, DType::f32), gdt = gpu(dt_bias, DType::f32);
+        for (int64_t s = 0; s < steps; ++s) {
+          // One projection row per sequence: x, then the b and a logits, as column blocks.
+          const Tensor wide = rounded_to_bf16(random_tensor({rows, 64 + channels + 2 * heads}, 20 + s));
+          const TensorView x = wide.view().narrow(1, 64, channels);
+          const TensorView b_log = wide.view().narrow(1, 64 + channels, heads);
+          const TensorView a_logits = wide.view().narrow(1, 64 + channels + heads, heads);
+          std::vector<int64_t> pos_of;
+          for (int64_t b = 0; b < rows; ++b) pos_of.push_back(s + 1000 * b);
+          const Tensor pos = int64_vector(pos_of);
+          const Tensor gwide = gpu(wide);
+          Tensor out = Tensor::empty({rows, heads, d}, DType::bf16, Device::cuda);
+          Tensor conv = Tensor::empty({rows, channels}, DType::bf16, Device::cuda);
+          Tensor inv = Tensor::empty({rows, 2 * heads}, DType::f32, Device::cuda);
+          Tensor beta = Tensor::empty({rows, heads}, DType::f32, Device::cuda), g = Tensor::empty({rows, heads}, DType::f32, Device::cuda);
+          ops::gdn_decode_step({.out = out, .conv_out = conv, .inv_norm = inv, .beta = beta, .g = g, .state = state,
+                                .tail = tail, .slots = gpu(slots, DType::i32), .positions = gpu(pos, DType::i64),
+                                .x = gwide.view().narrow(1, 64, channels), .conv_w = gw,
+                                .b_logits = gwide.view().narrow(1, 64 + channels, heads),
+                                .a_logits = gwide.view().narrow(1, 64 + channels + heads, heads), .a_log = ga_log,
+                                .dt_bias = gdt},
+                               qk, rule);
+          const std::string what = fmt::format("{} step {}", name, s);
+          Tensor ref_conv = Tensor::empty({rows, channels}, DType::f32), ref_inv = Tensor::empty({rows, 2 * heads}, DType::f32);
+          ops::gdn_qkv_conv_step(ref_conv, ref_inv, x, w, tail_ref, slots, pos, qk);
+          expect_close(host(conv), ref_conv, 1e-2, what + " conv out");
+          expect_close(host(inv), ref_inv, 1e-3, what + " inverse norms");
+          expect_close(host(tail), tail_ref, 0.0, what + " tail");
+          Tensor ref_beta = Tensor::empty({rows, heads}, DType::f32), ref_g = Tensor::empty({rows, heads}, DType::f32);
+          ops::gdn_gates(ref_beta, ref_g, b_log, a_logits, a_log, dt_bias);
+          const Tensor got_beta = host(beta), got_g = host(g), got_conv = host(conv);
+          expect_close(got_beta, ref_beta, 1e-5, what + " beta");
+          expect_close(got_g, ref_g, 1e-5, what + " g");
+          // The step's reference reads what the GPU's step read: its bf16 conv output and fp32 gates.
+          const auto heads_at = [&](int64_t first) { return got_conv.view().narrow(1, first * d, heads * d).split_dim(1, heads, d); };
+          Tensor ref = Tensor::empty({rows, heads, d}, DType::f32);
+          ops::delta_rule_step(ref, state_ref, slots, heads_at(0), heads_at(heads), heads_at(2 * heads), got_g, got_beta, {});
+          expect_close(host(out), ref, 1e-2, what + " out");
+        }
+        expect_close(host(state), state_ref, 1e-4, name + " state");
+      }
     }
   }
 }

@@ -12,6 +12,7 @@
 // (the library and the command), and eval-niah's generated answers too; programmatic dependent
 // launch (HYDRA_DECODE_PDL) keeps the bits as well. SKIPPED without a GPU.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -195,6 +196,36 @@ TEST(CudaGenerate, ProgrammaticLaunchKeepsTheBits) {
       EXPECT_EQ(got[b].tokens, want[b].tokens) << preset << " prompt " << b;
       EXPECT_EQ(got[b].graph_steps, 9) << preset << " prompt " << b;
     }
+  }
+}
+
+// The fused GDN decode kernel (the kernel option gdn_decode, ops::gdn_decode_step) computes the
+// branch with the separate kernels' arithmetic but the state's column sums in another order: with it
+// (graph + PDL) generate gives the separate kernels' tokens (eager, no PDL), and logits within bf16
+// noise of theirs.
+TEST(CudaGenerate, FusedGdnDecodeKeepsTheTokens) {
+  HYDRA_REQUIRE_GPU();
+  const ModelConfig c = preset_config("hydrahead-tiny");
+  const NamedTensors params = random_parameters(c, 11);
+  const Model separate(c, params, Device::cuda, DType::bf16);
+  Model fused(c, params, Device::cuda, DType::bf16);
+  fused.set_kernel_options({.decode_pdl = true, .gdn_decode = ops::GdnDecodeKernel::fused});
+  SelfCommunicator self(Device::cuda);
+  const std::vector<std::vector<int32_t>> prompts = {prompt_of(37, c.vocab_size, 12), prompt_of(5, c.vocab_size, 13),
+                                                     prompt_of(20, c.vocab_size, 14)};
+  const auto want = generate(self, separate, prompts, {.max_new_tokens = 12, .keep_logits = true, .cuda_graph = DecodeGraph::off});
+  const auto got = generate(self, fused, prompts, {.max_new_tokens = 12, .keep_logits = true});
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    EXPECT_EQ(got[b].tokens, want[b].tokens) << "prompt " << b;
+    EXPECT_EQ(got[b].graph_steps, 11) << "prompt " << b;
+    ASSERT_EQ(got[b].logits.size(), want[b].logits.size());
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < want[b].logits.size(); ++i) {
+      err = std::max(err, static_cast<double>(std::abs(got[b].logits[i] - want[b].logits[i])));
+      scale = std::max(scale, static_cast<double>(std::abs(want[b].logits[i])));
+    }
+    EXPECT_GT(scale, 0.0);
+    EXPECT_LE(err, 2e-2 * scale) << "prompt " << b;
   }
 }
 
