@@ -452,6 +452,29 @@ TEST(CudaGenerate, DecodeBenchMeasuresAndSkipsWhatCannotFit) {
     ++checks;
   }
   EXPECT_EQ(checks, 3u) << "every variant is checked against the CPU at the first cell";
+  // The projections' kernels on the same cell: cuBLAS, then the GEMV (checked on one layer's four
+  // projections against the CPU first); at batch 9 the GEMV is not in the step (at most 8 rows).
+  const CommandResult gv = run_command(hydra_binary() + " bench --op decode --preset hydrahead-tiny --contexts 4K "
+                                       "--batches 2,9 --warmup 1 --repeat 2 --decode-gemv cublas,hydra");
+  ASSERT_EQ(gv.exit_code, 0) << gv.output;
+  std::vector<nlohmann::json> gemv_cells;
+  std::stringstream gemv_lines(gv.output);
+  for (std::string line; std::getline(gemv_lines, line);) {
+    if (!line.empty() && line.front() == '{') gemv_cells.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_EQ(gemv_cells.size(), 4u) << gv.output;
+  const std::vector<std::pair<std::string, bool>> expected = {{"cublas", false}, {"hydra", true}, {"cublas", false}, {"hydra", false}};
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(gemv_cells[i].at("decode_gemv").get<std::string>(), expected[i].first) << gemv_cells[i].dump();
+    EXPECT_EQ(gemv_cells[i].at("gemv_in_step").get<bool>(), expected[i].second) << gemv_cells[i].dump();
+    EXPECT_GT(gemv_cells[i].at("ms_per_step").get<double>(), 0.0) << gemv_cells[i].dump();
+  }
+  size_t gemv_checks = 0;
+  for (size_t at_check = gv.output.find("GEMV check"); at_check != std::string::npos;
+       at_check = gv.output.find("GEMV check", at_check + 1)) {
+    ++gemv_checks;
+  }
+  EXPECT_EQ(gemv_checks, 4u) << "the GEMV variant of the first cell is checked on layer 0's four projections";
 }
 
 }  // namespace
