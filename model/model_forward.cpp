@@ -355,7 +355,8 @@ void Model::mlp(ForwardContext& context, int64_t layer, const TensorView& x, con
 
 void Model::project(const ForwardContext& context, const TensorView& out, const TensorView& x, const TensorView& w,
                     ops::Accumulate accumulate) const {
-  const bool decoding = context.cache != nullptr && context.cache->decoding();
+  // The GEMV is a GPU kernel choice: on the host ops::linear (OpenBLAS) is the fast path.
+  const bool decoding = context.cache != nullptr && context.cache->decoding() && device_ == Device::cuda;
   if (decoding && kernels_.decode_gemv == ops::DecodeGemvKernel::hydra && ops::gemv_supported(out, x, w)) {
     ops::gemv(out, x, w, accumulate);
   } else {
