@@ -7,6 +7,7 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/delta_rule/delta_rule.h"
+#include "kernels/gemv/gemv.h"
 #include "runtime/concurrency.h"
 
 namespace hydra::ops {
@@ -29,6 +30,11 @@ struct KernelOptions {
   // confirms fused (one launch). Not read from the environment: `hydra bench --op decode --gdn-step`
   // sets it to compare.
   GdnDecodeKernel gdn_decode = GdnDecodeKernel::separate;
+  // HYDRA_DECODE_GEMV: the decode step's projections (in_proj, o_proj, the MLP's two) through
+  // cuBLAS (ops::linear) or the GEMV of kernels/gemv/ (at most kGemvMaxRows rows, the views it
+  // takes; ops::linear otherwise). cuBLAS until the GEMV is measured on a GPU; `hydra bench --op
+  // decode --decode-gemv` times both.
+  DecodeGemvKernel decode_gemv = DecodeGemvKernel::cublas;
 };
 
 }  // namespace hydra::ops

@@ -57,6 +57,7 @@ struct BenchOptions {
   std::string decode_attention = "pipelined";
   std::string decode_ctas_per_sm = "0";
   std::string gdn_step = "separate";
+  std::string decode_gemv;
 
   void bind(po::options_description& o) {
     o.add_options()
@@ -78,10 +79,12 @@ struct BenchOptions {
         ("cuda-graph", po::value(&cuda_graph)->default_value("auto")->implicit_value("on"), "decode: on, off or auto (= on: one GPU): replay each step as a CUDA graph, as generate does by default; off: the same kernels launched one by one")
         ("decode-attention", po::value(&decode_attention)->default_value("pipelined"), "decode: the decode attention kernels to time, a list run in order on the same cache: pipelined (the production kernels) and/or burst (the ones they replaced, kept only for this comparison)")
         ("decode-ctas-per-sm", po::value(&decode_ctas_per_sm)->default_value("0"), "decode: the pipelined kernels' split CTAs per SM, a list (each value a variant; 0: as many as fit at once)")
-        ("gdn-step", po::value(&gdn_step)->default_value("separate"), "decode: the GDN branch's decode kernels to time, a list run in order on the same cache (each decode attention variant once per entry): separate (conv step, gates and delta-rule step as three launches: the production kernels) and/or fused (one launch)");
+        ("gdn-step", po::value(&gdn_step)->default_value("separate"), "decode: the GDN branch's decode kernels to time, a list run in order on the same cache (each decode attention variant once per entry): separate (conv step, gates and delta-rule step as three launches: the production kernels) and/or fused (one launch)")
+        ("decode-gemv", po::value(&decode_gemv), "decode: the projections' kernels to time, a list run in order on the same cache (each with every attention variant): cublas and/or hydra (the GEMV of kernels/gemv/, batches of at most 8 rows; larger ones stay on cuBLAS); default: HYDRA_DECODE_GEMV's choice (cublas)");
   }
-  // The --decode-attention x --decode-ctas-per-sm variants (burst takes no CTA count: once).
-  std::vector<DecodeAttentionVariant> attention_variants() const {
+  // The (--decode-attention x --decode-ctas-per-sm) x --decode-gemv x --gdn-step variants (burst takes
+  // no CTA count: once); without --decode-gemv, the projections' kernel of `kernels` (HYDRA_DECODE_GEMV).
+  std::vector<DecodeKernelVariant> kernel_variants(const ops::KernelOptions& kernels) const {
     std::vector<int> ctas;
     std::stringstream counts(decode_ctas_per_sm);
     for (std::string item; std::getline(counts, item, ',');) {
@@ -92,14 +95,30 @@ struct BenchOptions {
       ctas.push_back(static_cast<int>(n));
     }
     HYDRA_USER_CHECK(!ctas.empty(), "--decode-ctas-per-sm needs at least one value");
-    std::vector<DecodeAttentionVariant> out;
+    std::vector<ops::DecodeGemvKernel> gemvs;
+    if (decode_gemv.empty()) {
+      gemvs.push_back(kernels.decode_gemv);
+    } else {
+      std::stringstream names(decode_gemv);
+      for (std::string item; std::getline(names, item, ',');) {
+        HYDRA_USER_CHECK(item == "cublas" || item == "hydra", "--decode-gemv takes cublas and/or hydra (got '{}')", item);
+        gemvs.push_back(item == "hydra" ? ops::DecodeGemvKernel::hydra : ops::DecodeGemvKernel::cublas);
+      }
+      HYDRA_USER_CHECK(!gemvs.empty(), "--decode-gemv needs at least one kernel");
+    }
+    const std::vector<ops::GdnDecodeKernel> gdns = gdn_step_kernels();
+    std::vector<DecodeKernelVariant> out;
     std::stringstream names(decode_attention);
     for (std::string item; std::getline(names, item, ',');) {
-      if (item == "burst") {
-        out.push_back({.kernel = ops::DecodeAttentionKernel::burst});
-      } else {
-        HYDRA_USER_CHECK(item == "pipelined", "--decode-attention takes pipelined and/or burst (got '{}')", item);
-        for (const int n : ctas) out.push_back({.kernel = ops::DecodeAttentionKernel::pipelined, .ctas_per_sm = n});
+      const bool burst = item == "burst";
+      HYDRA_USER_CHECK(burst || item == "pipelined", "--decode-attention takes pipelined and/or burst (got '{}')", item);
+      for (const int n : burst ? std::vector<int>{0} : ctas) {
+        for (const auto g : gemvs) {
+          for (const auto gdn : gdns) {
+            out.push_back({.attention = burst ? ops::DecodeAttentionKernel::burst : ops::DecodeAttentionKernel::pipelined,
+                           .ctas_per_sm = n, .gemv = g, .gdn = gdn});
+          }
+        }
       }
     }
     HYDRA_USER_CHECK(!out.empty(), "--decode-attention needs at least one kernel");
@@ -135,8 +154,7 @@ struct BenchOptions {
       size_list(contexts, "--contexts");
       size_list(batches, "--batches");
       parse_decode_graph(cuda_graph);
-      attention_variants();
-      gdn_step_kernels();
+      kernel_variants(ops::KernelOptions{});
     }
     parse_size(seq_len, "--seq-len");
     HYDRA_USER_CHECK(head_dim == 64 || head_dim == 128, "--head-dim must be 64 or 128");
@@ -156,7 +174,8 @@ int run_bench(App& app, const std::vector<std::string>& args) {
   if (!parse_command_line(app, "bench",
                           "--op gemm|attention|gdn|attention-bwd|gdn-bwd|gdn-input [--seq-len 32K --heads 16 --head-dim 128] | "
                           "--op decode --preset NAME [--contexts 32K,128K,512K,1M --batches 1,8,32] [--cuda-graph on|off|auto] "
-                          "[--decode-attention pipelined,burst --decode-ctas-per-sm 0,2] [--gdn-step separate,fused]",
+                          "[--decode-attention pipelined,burst --decode-ctas-per-sm 0,2 --decode-gemv cublas,hydra] "
+                          "[--gdn-step separate,fused]",
                           desc, args)) {
     return 0;
   }
@@ -170,7 +189,7 @@ int run_bench(App& app, const std::vector<std::string>& args) {
                                .batches = BenchOptions::size_list(opt.batches, "--batches"), .warmup = opt.warmup,
                                .repeat = opt.repeat,
                                .cuda_graph = decode_graph_wanted(parse_decode_graph(opt.cuda_graph), Device::cuda, 1),
-                               .attention = opt.attention_variants(), .gdn_step = opt.gdn_step_kernels()};
+                               .variants = opt.kernel_variants(app.kernels)};
     bench_decode(d, app.kernels, [&](const nlohmann::json& r) {
       if (app.world.rank() != 0) return;
       std::cout << r.dump() << std::endl;

@@ -44,6 +44,10 @@ ops::KernelOptions kernel_options_from_environment() {
     HYDRA_USER_CHECK(v == "0" || v == "1", "HYDRA_DECODE_PDL must be 0 or 1 (got '{}')", v);
     o.decode_pdl = v == "1";
   }
+  if (const std::string v = env("HYDRA_DECODE_GEMV"); !v.empty()) {
+    HYDRA_USER_CHECK(v == "cublas" || v == "hydra", "HYDRA_DECODE_GEMV must be cublas or hydra (got '{}')", v);
+    o.decode_gemv = v == "hydra" ? ops::DecodeGemvKernel::hydra : ops::DecodeGemvKernel::cublas;
+  }
   return o;
 }
 

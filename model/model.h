@@ -293,6 +293,10 @@ class Model {
   enum class MlpGateUp { compute, kept };
   void mlp_tile(ForwardContext& context, int64_t layer, const TensorView& x, const TensorView& x_norm,
                 const TensorView& gate_up, const TensorView& h, MlpGateUp gate_up_state) const;
+  // A layer's projection out (+)= x · wᵀ: ops::linear, or in a decode step on the GPU (the context's
+  // cache is decoding) the GEMV when the kernel option decode_gemv asks for it and it takes the views.
+  void project(const ForwardContext& context, const TensorView& out, const TensorView& x, const TensorView& w,
+               ops::Accumulate accumulate = ops::Accumulate::no) const;
   // The parts of layer_backward (model_backward.cpp). mlp_backward: the MLP's tiles, recomputed
   // from x_mid [T_loc, D] (the residual after attention); dx in: w.r.t. the layer's output, out:
   // w.r.t. x_mid. The branches read the replayed block (`trace`) and d_heads [T_loc, H, d], and write

@@ -15,6 +15,7 @@
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/fusion/fusion.h"
+#include "kernels/gemv/gemv.h"
 #include "kernels/gdn_gates/gdn_gates.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/rmsnorm/rmsnorm.h"
@@ -183,7 +184,7 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
   if (!block.proj.defined()) {
     block.proj = b.proj.empty(device_, "projection");
     ScopedPhase phase(timer, Phase::gemm);
-    ops::linear(block.proj, block.x_norm, w.in_proj);
+    project(context, block.proj, block.x_norm, w.in_proj);
   }
   // Kept (read-only from here on) when the forward saves it.
   if (pass.mode == LayerMode::save && hydra && context.keep.projection) pass.save->proj = block.proj;
@@ -204,7 +205,7 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
   if (context.observer) context.observer->on_head_outputs(layer, block.fused, w.head_of);
   {
     ScopedPhase phase(timer, Phase::gemm);
-    ops::linear(x, block.fused.view().reshape({t, H * d}), w.o_proj, ops::Accumulate::yes);
+    project(context, x, block.fused.view().reshape({t, H * d}), w.o_proj, ops::Accumulate::yes);
   }
   if (pass.mode == LayerMode::replay) *pass.trace = std::move(block);
 }
@@ -331,7 +332,7 @@ void Model::mlp_tile(ForwardContext& context, int64_t layer, const TensorView& x
   }
   if (gate_up_state == MlpGateUp::compute) {
     ScopedPhase phase(context.timer, Phase::gemm);
-    ops::linear(gate_up, x_norm, w.mlp_in);
+    project(context, gate_up, x_norm, w.mlp_in);
   }
   ScopedPhase phase(context.timer, Phase::other);
   ops::swiglu(h, gate_up.narrow(1, 0, I), gate_up.narrow(1, I, I));
@@ -352,7 +353,18 @@ void Model::mlp(ForwardContext& context, int64_t layer, const TensorView& x, con
     const TensorView gu = gate_up.defined() ? gate_up.narrow(0, t0, n) : gu_tile.view().narrow(0, 0, n);
     mlp_tile(context, layer, xt, x_norm.view().narrow(0, 0, n), gu, ht, MlpGateUp::compute);
     ScopedPhase phase(context.timer, Phase::gemm);
-    ops::linear(xt, ht, w.mlp_down, ops::Accumulate::yes);
+    project(context, xt, ht, w.mlp_down, ops::Accumulate::yes);
+  }
+}
+
+void Model::project(const ForwardContext& context, const TensorView& out, const TensorView& x, const TensorView& w,
+                    ops::Accumulate accumulate) const {
+  // The GEMV is a GPU kernel choice: on the host ops::linear (OpenBLAS) is the fast path.
+  const bool decoding = context.cache != nullptr && context.cache->decoding() && device_ == Device::cuda;
+  if (decoding && kernels_.decode_gemv == ops::DecodeGemvKernel::hydra && ops::gemv_supported(out, x, w)) {
+    ops::gemv(out, x, w, accumulate);
+  } else {
+    ops::linear(out, x, w, accumulate);
   }
 }
 

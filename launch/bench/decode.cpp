@@ -11,6 +11,7 @@
 #include "kernels/gdn_decode/gdn_decode.h"
 #include "kernels/gdn_gates/gdn_gates.h"
 #include "kernels/gdn_qk/gdn_qk_step.h"
+#include "kernels/gemv/gemv.h"
 #include "kernels/l2norm/l2norm.h"
 #include "launch/bench/util.h"
 #include "model/decode_engine.h"
@@ -177,6 +178,35 @@ void check_gdn_branch(const Model& model, const KvCache& cache, ops::GdnDecodeKe
   }
 }
 
+// The GEMV on one layer's four projections (the model's weights, x random, the residual's two
+// adding into random values) at `batch` rows against the CPU reference on the same bf16 values.
+// Ends the run on a mismatch (rms error 1e-2: the output's bf16 rounding, 2⁻⁸ at most).
+void check_gemv(const Model& model, int64_t batch) {
+  const LayerWeights& w = model.layer_weights(0);
+  const auto host = [](const TensorView& t) { return to(t, Device::host, DType::f32); };
+  struct Projection {
+    const char* name;
+    const Tensor& weight;
+    ops::Accumulate accumulate;
+  };
+  for (const Projection& p : {Projection{"in_proj", w.in_proj, ops::Accumulate::no},
+                              Projection{"o_proj", w.o_proj, ops::Accumulate::yes},
+                              Projection{"mlp_in", w.mlp_in, ops::Accumulate::no},
+                              Projection{"mlp_down", w.mlp_down, ops::Accumulate::yes}}) {
+    const int64_t n = p.weight.size(0), k = p.weight.size(1);
+    const Tensor x = bench::random_device({batch, k}, std::string("bench.gemv.x.") + p.name, 13);
+    Tensor out = bench::random_device({batch, n}, std::string("bench.gemv.out.") + p.name, 14);
+    Tensor ref = host(out);
+    HYDRA_ASSERT(ops::gemv_supported(out, x, p.weight), "decode bench: the GEMV does not take {} {} at batch {}",
+                 p.name, p.weight.shape_string(), batch);
+    ops::gemv(out, x, p.weight, p.accumulate);
+    ops::gemv(ref, host(x), host(p.weight), p.accumulate);
+    const double err = rms_ratio(out, ref);
+    log::info("GEMV check, layer 0 {} [{}, {}] at {} rows: rms error {:.2g}", p.name, n, k, batch, err);
+    HYDRA_ASSERT(err < 1e-2, "GEMV check failed: {} rms error {}", p.name, err);
+  }
+}
+
 // What the cells compare their bandwidth with: a device copy measured in this run, and the card's
 // datasheet figure (0: a card datasheet_bandwidth_gb_per_s does not list).
 struct Ceilings {
@@ -185,31 +215,23 @@ struct Ceilings {
   double datasheet_gb_per_s = 0;
 };
 
-// A cell's kernel choice: a decode attention variant and the GDN branch's decode kernels.
-struct CellVariant {
-  DecodeAttentionVariant attention;
-  ops::GdnDecodeKernel gdn = ops::GdnDecodeKernel::separate;
-};
-
-// The cell's JSON fields naming the kernels it ran with.
-void describe(nlohmann::json& j, const CellVariant& variant) {
-  const DecodeAttentionVariant& v = variant.attention;
-  j["decode_attention"] = ops::decode_attention_kernel_name(v.kernel);
-  j["decode_ctas_per_sm"] = v.kernel == ops::DecodeAttentionKernel::pipelined ? nlohmann::json(v.ctas_per_sm) : nlohmann::json();
-  j["gdn_step"] = ops::gdn_decode_kernel_name(variant.gdn);
+// The cell's JSON fields naming the kernels it ran with; gemv_in_step: whether the step's
+// projections ran the GEMV (it takes at most kGemvMaxRows rows; larger batches stay on cuBLAS).
+void describe(nlohmann::json& j, const DecodeKernelVariant& v, int64_t batch) {
+  j["decode_attention"] = ops::decode_attention_kernel_name(v.attention);
+  j["decode_ctas_per_sm"] = v.attention == ops::DecodeAttentionKernel::pipelined ? nlohmann::json(v.ctas_per_sm) : nlohmann::json();
+  j["decode_gemv"] = ops::decode_gemv_kernel_name(v.gemv);
+  j["gemv_in_step"] = v.gemv == ops::DecodeGemvKernel::hydra && batch <= ops::kGemvMaxRows;
+  j["gdn_step"] = ops::gdn_decode_kernel_name(v.gdn);
 }
 
-// One (context, batch) cell: the cache filled once, then per decode attention variant (the model's
+// One (context, batch) cell: the cache filled once, then per kernel variant (the model's
 // kernel options set to it) the timed steps from the same cached length and the one-layer timings,
 // one JSON object each through `emit`.
 void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, int64_t batch,
               const DecodeBenchOptions& opt, bool check, double weight_bytes, const Ceilings& ceiling,
               const std::function<void(nlohmann::json)>& emit) {
   const ModelConfig& config = model.config();
-  std::vector<CellVariant> variants;  // the decode attention variants, each with every GDN kernel choice
-  for (const DecodeAttentionVariant& a : opt.attention) {
-    for (const ops::GdnDecodeKernel g : opt.gdn_step) variants.push_back({a, g});
-  }
   const KvCacheBytes bytes = kv_cache_bytes(config, DType::bf16, DType::f32);
   const int64_t steps = opt.warmup + opt.repeat, capacity = context + steps;
   const double cache_bytes = static_cast<double>(batch) * (static_cast<double>(capacity) * bytes.per_token + bytes.per_slot);
@@ -223,9 +245,9 @@ void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, 
   cuda_release_cached_memory();
   const double free_bytes = static_cast<double>(cuda_memory_stats().free_device);
   if (cache_bytes + work_bytes > 0.95 * free_bytes) {
-    for (const CellVariant& v : variants) {
+    for (const DecodeKernelVariant& v : opt.variants) {
       nlohmann::json j = base;
-      describe(j, v);
+      describe(j, v, batch);
       j["skipped"] = fmt::format("the cache ({:.1f} GiB) and the step's working set ({:.1f} GiB) exceed 95% of the "
                                  "GPU's free {:.1f} GiB", cache_bytes / kGiB, work_bytes / kGiB, free_bytes / kGiB);
       emit(j);
@@ -236,22 +258,23 @@ void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, 
   KvCache cache(model, batch, capacity, 1, 0);
   fill_random(cache, config, opt.seed);
   SelfCommunicator self(Device::cuda);
-  for (const CellVariant& both : variants) {
-    const DecodeAttentionVariant& variant = both.attention;
+  for (const DecodeKernelVariant& variant : opt.variants) {
     ops::KernelOptions chosen = kernels;
-    chosen.decode_attention = variant.kernel;
+    chosen.decode_attention = variant.attention;
     chosen.decode_ctas_per_sm = variant.ctas_per_sm;
-    chosen.gdn_decode = both.gdn;
+    chosen.decode_gemv = variant.gemv;
+    chosen.gdn_decode = variant.gdn;
     model.set_kernel_options(chosen);
     nlohmann::json j = base;
-    describe(j, both);
+    describe(j, variant, batch);
     // Every variant starts from the same cached length (the rows the previous one appended are
     // overwritten: the values do not matter to the speed).
     for (int64_t s = 0; s < batch; ++s) cache.set_filled(s, context, context);
     if (check) {
       check_kernels(model, cache, std::min<int64_t>(context, 4096));
-      check_gdn_branch(model, cache, both.gdn);
+      check_gdn_branch(model, cache, variant.gdn);
     }
+    if (check && j["gemv_in_step"].get<bool>()) check_gemv(model, batch);
     std::vector<int64_t> slots(static_cast<size_t>(batch));
     std::iota(slots.begin(), slots.end(), int64_t{0});
     std::vector<int32_t> ids(static_cast<size_t>(batch));
@@ -379,7 +402,8 @@ void bench_decode(const DecodeBenchOptions& opt, const ops::KernelOptions& kerne
         const std::string attention = j["decode_attention"].get<std::string>() +
                                       (j["decode_ctas_per_sm"].is_null() ? std::string()
                                                                          : fmt::format(" {}/SM", j["decode_ctas_per_sm"].get<int>())) +
-                                      ", GDN " + j["gdn_step"].get<std::string>();
+                                      ", GDN " + j["gdn_step"].get<std::string>() +
+                                      ", projections " + (j["gemv_in_step"].get<bool>() ? "gemv" : "cublas");
         if (j.contains("skipped")) {
           log::info("decode {} context {} batch {} (attention {}): skipped: {}", opt.preset, context, batch, attention,
                     j["skipped"].get<std::string>());

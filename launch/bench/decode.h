@@ -16,13 +16,15 @@
 // compared with their CPU references on bf16-rounded inputs (the run ends if they disagree).
 // A cell whose cache does not fit the GPU's free memory is skipped with a line saying so.
 //
-// --decode-attention / --decode-ctas-per-sm run each cell once per decode attention variant (the
-// kernels of attention_decode.h; the cache filled once per cell, every variant timed from the same
-// cached length, checked at the first cell), so one GPU job compares the burst kernels with the
-// pipelined ones and sweeps the latter's split CTAs per SM; every line names its variant.
-// --gdn-step separate,fused does the same for the GDN branch's decode kernels (ops::gdn_decode_step):
-// each variant's line adds that branch of one layer timed alone (conv step, gates and delta-rule step:
-// three launches or one), after a check of the branch against its CPU reference at the first cell.
+// --decode-attention / --decode-ctas-per-sm / --decode-gemv / --gdn-step run each cell once per
+// kernel variant (the decode attention kernels of attention_decode.h, the projections through cuBLAS
+// or the GEMV of kernels/gemv/, the GDN branch's decode kernels of ops::gdn_decode_step: separate or
+// fused; the cache filled once per cell, every variant timed from the same cached length, checked at
+// the first cell: the GEMV on one layer's four projections at the cell's batch and the GDN branch
+// against the CPU reference), so one GPU job compares the burst kernels with the pipelined ones,
+// sweeps the latter's split CTAs per SM, times the GEMV beside cuBLAS and the fused GDN branch beside
+// the separate kernels; every line names its variant, and with --gdn-step adds that branch of one
+// layer timed alone (conv step, gates and delta-rule step: three launches or one).
 #pragma once
 
 #include <cstdint>
@@ -36,11 +38,14 @@
 
 namespace hydra {
 
-// One decode attention choice the bench times: the kernels, and the pipelined kernels' split CTAs
-// per SM (0: as many as fit; AttentionParams::decode_ctas_per_sm).
-struct DecodeAttentionVariant {
-  ops::DecodeAttentionKernel kernel = ops::DecodeAttentionKernel::pipelined;
+// One kernel choice the bench times: the decode attention kernels, the pipelined kernels' split
+// CTAs per SM (0: as many as fit; AttentionParams::decode_ctas_per_sm), and the projections' kernel
+// (KernelOptions::decode_gemv).
+struct DecodeKernelVariant {
+  ops::DecodeAttentionKernel attention = ops::DecodeAttentionKernel::pipelined;
   int ctas_per_sm = 0;
+  ops::DecodeGemvKernel gemv = ops::DecodeGemvKernel::cublas;
+  ops::GdnDecodeKernel gdn = ops::GdnDecodeKernel::separate;
 };
 
 struct DecodeBenchOptions {
@@ -51,9 +56,7 @@ struct DecodeBenchOptions {
   int repeat = 10;
   uint64_t seed = 1;
   bool cuda_graph = true;  // the step replayed as a CUDA graph (model/decode_engine.h); false: eager
-  std::vector<DecodeAttentionVariant> attention = {{}};  // each cell runs once per variant, in order
-  // The GDN branch's decode kernels to time (--gdn-step): each attention variant once per entry, in order.
-  std::vector<ops::GdnDecodeKernel> gdn_step = {ops::GdnDecodeKernel::separate};
+  std::vector<DecodeKernelVariant> variants = {{}};  // each cell runs once per variant, in order
 };
 
 // The memory bandwidth on the datasheet of the GPU named `device_name` (as the driver names it), in

@@ -2,7 +2,8 @@
 """cluster/bench/decode_table.py on bench lines written here (no GPU): a row per cell and mode with
 the datasheet fraction, skipped cells with their reason, the graph's speed-up over eager, the issue's
 targets at each cell's fastest mode (PASS and MISS where the figures say so, "not measured" for a
-missing cell), and no comparison at all when the lines come from two cards."""
+missing cell), the kernel variants beside their baselines, and no comparison at all when the lines
+come from two cards."""
 import json
 import os
 import subprocess
@@ -86,6 +87,23 @@ check("- hydrahead-1.7b 32K batch 1 (graph + PDL): burst layer 0.0300 ms, step 2
       "pipelined: layer 0.0120 ms (2.50x), step 2.400 ms (1.17x); pipelined 2/SM: layer 0.0150 ms (2.00x), "
       "step 2.500 ms (1.12x)" in out, f"the variants against burst: {out}")
 check("1.600" not in out and "2.400 ms/token (graph + PDL, attn pipelined)" in out, "the target at the fastest variant")
+
+# The projections through the GEMV (cluster/bench/decode_gemv.jobs): a row each, the GEMV beside
+# cuBLAS on the same cell; at batch 32 the GEMV is not in the step (more than 8 rows): one cuBLAS row
+# mode each, no pair.
+def gemv(kernel, batch, ms):
+    r = cell("hydrahead-1.7b", K32, batch, ms, True, pdl=True)
+    r.update({"decode_attention": "pipelined", "decode_ctas_per_sm": 0, "decode_gemv": kernel,
+              "gemv_in_step": kernel == "hydra" and batch <= 8})
+    return r
+
+
+out = run([gemv("cublas", 1, 2.8), gemv("hydra", 1, 2.4), gemv("cublas", 32, 4.0), gemv("hydra", 32, 4.1)])
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL, attn pipelined, gemv | 2.400 |" in out, f"the GEMV row: {out}")
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL, attn pipelined | 2.800 |" in out, "the cuBLAS row")
+check("- hydrahead-1.7b 32K batch 1 (graph + PDL, attn pipelined): cuBLAS 2.800 ms, GEMV 2.400 ms (1.17x, +0.400 ms a step)"
+      in out, f"the GEMV against cuBLAS: {out}")
+check("32K batch 32 (graph + PDL, attn pipelined): cuBLAS" not in out, "no pair where the GEMV did not run")
 
 for f in failures:
     print("FAILED:", f)

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/gemv/gemv.h"
 #include "model/decode_engine.h"
 #include "model/generate.h"
 #include "model/params.h"
@@ -36,7 +37,7 @@ std::vector<int32_t> prompt_of(int64_t n, int64_t vocab, uint64_t salt) {
   return ids;
 }
 
-void expect_gpu_decode_matches_cpu(const ModelConfig& c, const std::string& preset);
+void expect_gpu_decode_matches_cpu(const ModelConfig& c, const std::string& preset, const ops::KernelOptions& kernels = {});
 
 TEST(CudaGenerate, GreedyDecodeMatchesCpuWithinBf16) {
   HYDRA_REQUIRE_GPU();
@@ -53,11 +54,13 @@ TEST(CudaFusion, GreedyDecodeMatchesCpuForEveryVariant) {
   }
 }
 
-void expect_gpu_decode_matches_cpu(const ModelConfig& c, const std::string& preset) {
+void expect_gpu_decode_matches_cpu(const ModelConfig& c, const std::string& preset, const ops::KernelOptions& kernels) {
   const NamedTensors params = random_parameters(c, 8);
   NamedTensors rounded;
   for (const auto& [name, t] : params) rounded.emplace(name, rounded_to_bf16(t));
-  const Model cpu(c, rounded), gpu(c, params, Device::cuda, DType::bf16);
+  const Model cpu(c, rounded);
+  Model gpu(c, params, Device::cuda, DType::bf16);
+  gpu.set_kernel_options(kernels);
   SelfCommunicator self(Device::cuda);
   const std::vector<std::vector<int32_t>> prompts = {prompt_of(300, c.vocab_size, 1), prompt_of(5, c.vocab_size, 2),
                                                      prompt_of(77, c.vocab_size, 3)};
@@ -229,6 +232,98 @@ TEST(CudaGenerate, FusedGdnDecodeKeepsTheTokens) {
   }
 }
 
+// The decode step's projections through the GEMV (kernel option decode_gemv = hydra, kernels/gemv/):
+//  - every projection of the tiny presets is one the GEMV takes at these batches, so the step
+//    really runs it (Model::project falls back to cuBLAS otherwise);
+//  - generation with it matches the CPU forward as cuBLAS's does (expect_gpu_decode_matches_cpu);
+//  - the step is deterministic: an eager engine, and the graph with PDL, give an eager engine's bits
+//    step after step;
+//  - generate's tokens equal cuBLAS's. The two sum in different orders, so their logits differ by
+//    bf16 roundings (checked to 2e-2 of the largest); a token may differ only where cuBLAS's own
+//    top-two margin is below that (a near tie), and the comparison of that prompt stops there (the
+//    continuations then differ by construction); the graph with PDL and the device arg-max give the
+//    eager GEMV's tokens.
+TEST(CudaGenerate, GemvDecodeKeepsTheTokens) {
+  HYDRA_REQUIRE_GPU();
+  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
+    const ModelConfig c = preset_config(preset);
+    const NamedTensors params = random_parameters(c, 11);
+    const Model by_cublas(c, params, Device::cuda, DType::bf16);
+    Model by_gemv(c, params, Device::cuda, DType::bf16), by_gemv_pdl(c, params, Device::cuda, DType::bf16);
+    by_gemv.set_kernel_options({.decode_gemv = ops::DecodeGemvKernel::hydra});
+    by_gemv_pdl.set_kernel_options({.decode_pdl = true, .decode_gemv = ops::DecodeGemvKernel::hydra});
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const LayerWeights& w = by_gemv.layer_weights(l);
+      for (const int64_t rows : {1, 3}) {
+        const auto takes = [&](const Tensor& weight) {
+          const Tensor x = Tensor::empty({rows, weight.size(1)}, DType::bf16, Device::cuda);
+          const Tensor out = Tensor::empty({rows, weight.size(0)}, DType::bf16, Device::cuda);
+          return ops::gemv_supported(out, x, weight);
+        };
+        EXPECT_TRUE(takes(w.in_proj) && takes(w.o_proj) && takes(w.mlp_in) && takes(w.mlp_down))
+            << preset << " layer " << l << ": a projection the GEMV does not take";
+      }
+    }
+    expect_gpu_decode_matches_cpu(c, preset + " (GEMV)", {.decode_gemv = ops::DecodeGemvKernel::hydra});
+
+    SelfCommunicator self(Device::cuda);
+    const int64_t slots = 3, steps = 8;
+    KvCache eager_cache(by_gemv, slots, steps, 1, 0), again_cache(by_gemv, slots, steps, 1, 0),
+        graph_cache(by_gemv_pdl, slots, steps, 1, 0);
+    DecodeEngine eager(self, by_gemv, eager_cache, {.host_logits = true, .cuda_graph = false});
+    DecodeEngine again(self, by_gemv, again_cache, {.host_logits = true, .cuda_graph = false});
+    DecodeEngine graph(self, by_gemv_pdl, graph_cache, {.host_logits = true, .cuda_graph = true});
+    const std::vector<int64_t> rows = {0, 1, 2};
+    std::vector<int32_t> ids = {7, 41, 99};
+    for (int64_t step = 0; step < steps; ++step) {
+      eager.step(rows, ids, StepResult::logits);
+      again.step(rows, ids, StepResult::logits);
+      graph.step(rows, ids, StepResult::logits);
+      const auto want = eager.logits(), a = again.logits(), b = graph.logits();
+      ASSERT_EQ(a.size(), want.size());
+      ASSERT_EQ(b.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(a[i], want[i]) << preset << " step " << step << " logit " << i << ": a second eager engine differs";
+        ASSERT_EQ(b[i], want[i]) << preset << " step " << step << " logit " << i << ": the graph with PDL differs";
+      }
+      for (size_t r = 0; r < rows.size(); ++r) {
+        const auto row = want.subspan(r * static_cast<size_t>(c.vocab_size), static_cast<size_t>(c.vocab_size));
+        ids[r] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+      }
+    }
+
+    const std::vector<std::vector<int32_t>> prompts = {prompt_of(33, c.vocab_size, 12), prompt_of(4, c.vocab_size, 13),
+                                                       prompt_of(90, c.vocab_size, 14)};
+    const auto want = generate(self, by_cublas, prompts, {.max_new_tokens = 12, .keep_logits = true});
+    const auto got = generate(self, by_gemv, prompts, {.max_new_tokens = 12, .keep_logits = true});
+    const auto got_ids = generate(self, by_gemv_pdl, prompts, {.max_new_tokens = 12});  // graph + PDL, device arg-max
+    const size_t vocab = static_cast<size_t>(c.vocab_size);
+    int compared = 0;
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      EXPECT_EQ(got_ids[b].tokens, got[b].tokens) << preset << " prompt " << b << ": graph + PDL vs eager, both GEMV";
+      ASSERT_EQ(got[b].tokens.size(), want[b].tokens.size());
+      for (size_t i = 0; i < want[b].tokens.size(); ++i) {
+        const float* r = want[b].logits.data() + i * vocab;
+        Tensor expected = Tensor::empty({c.vocab_size}, DType::f32), actual = Tensor::empty({c.vocab_size}, DType::f32);
+        std::copy_n(r, vocab, expected.data_as<float>());
+        std::copy_n(got[b].logits.data() + i * vocab, vocab, actual.data_as<float>());
+        expect_close(actual, expected, 2e-2, fmt::format("{} prompt {} token {}: GEMV vs cuBLAS logits", preset, b, i));
+        ++compared;
+        if (got[b].tokens[i] == want[b].tokens[i]) continue;
+        std::vector<float> sorted(r, r + vocab);
+        std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+        const double top = *std::max_element(r, r + vocab, [](float x, float y) { return std::abs(x) < std::abs(y); });
+        EXPECT_LE(sorted[0] - sorted[1], 2e-2 * std::abs(top))
+            << preset << " prompt " << b << " token " << i << ": the GEMV chose " << got[b].tokens[i] << ", cuBLAS "
+            << want[b].tokens[i] << " with a clear margin";
+        std::printf("%s prompt %zu: a near tie at token %zu, compared no further\n", preset.c_str(), b, i);
+        break;
+      }
+    }
+    std::printf("%s: %d tokens compared with cuBLAS's\n", preset.c_str(), compared);
+  }
+}
+
 // hydra generate on the GPU as a user runs it: the default (the graph) and --cuda-graph off write
 // the same tokens, and the summary says which ran; --cuda-graph on is the default made explicit.
 TEST(CudaGenerate, CommandDefaultReplaysTheGraphWithTheEagerTokens) {
@@ -388,6 +483,29 @@ TEST(CudaGenerate, DecodeBenchMeasuresAndSkipsWhatCannotFit) {
     ++checks;
   }
   EXPECT_EQ(checks, 3u) << "every variant is checked against the CPU at the first cell";
+  // The projections' kernels on the same cell: cuBLAS, then the GEMV (checked on one layer's four
+  // projections against the CPU first); at batch 9 the GEMV is not in the step (at most 8 rows).
+  const CommandResult gv = run_command(hydra_binary() + " bench --op decode --preset hydrahead-tiny --contexts 4K "
+                                       "--batches 2,9 --warmup 1 --repeat 2 --decode-gemv cublas,hydra");
+  ASSERT_EQ(gv.exit_code, 0) << gv.output;
+  std::vector<nlohmann::json> gemv_cells;
+  std::stringstream gemv_lines(gv.output);
+  for (std::string line; std::getline(gemv_lines, line);) {
+    if (!line.empty() && line.front() == '{') gemv_cells.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_EQ(gemv_cells.size(), 4u) << gv.output;
+  const std::vector<std::pair<std::string, bool>> expected = {{"cublas", false}, {"hydra", true}, {"cublas", false}, {"hydra", false}};
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(gemv_cells[i].at("decode_gemv").get<std::string>(), expected[i].first) << gemv_cells[i].dump();
+    EXPECT_EQ(gemv_cells[i].at("gemv_in_step").get<bool>(), expected[i].second) << gemv_cells[i].dump();
+    EXPECT_GT(gemv_cells[i].at("ms_per_step").get<double>(), 0.0) << gemv_cells[i].dump();
+  }
+  size_t gemv_checks = 0;
+  for (size_t at_check = gv.output.find("GEMV check"); at_check != std::string::npos;
+       at_check = gv.output.find("GEMV check", at_check + 1)) {
+    ++gemv_checks;
+  }
+  EXPECT_EQ(gemv_checks, 4u) << "the GEMV variant of the first cell is checked on layer 0's four projections";
 }
 
 }  // namespace

@@ -1,0 +1,76 @@
+#include "kernels/gemv/gemv.h"
+
+#include "kernels/common.h"
+
+namespace hydra::ops {
+namespace {
+
+// The reference: each output one float64 sum over k in order, then the old value added (accumulate).
+template <class T>
+void gemv_cpu(const TensorView& out, const TensorView& x, const TensorView& w, Accumulate accumulate) {
+  const int64_t m_len = out.size(0), n_len = out.size(1), k_len = x.size(1);
+  for (int64_t m = 0; m < m_len; ++m) {
+    const T* xr = at<const T>(x, {m});
+    T* o = at<T>(out, {m});
+    for (int64_t n = 0; n < n_len; ++n) {
+      const T* wr = at<const T>(w, {n});
+      double sum = 0;
+      for (int64_t k = 0; k < k_len; ++k) sum += static_cast<double>(xr[k]) * static_cast<double>(wr[k]);
+      if (accumulate == Accumulate::yes) sum += static_cast<double>(o[n]);
+      o[n] = static_cast<T>(sum);
+    }
+  }
+}
+
+void expect_gemv_shapes(const TensorView& out, const TensorView& x, const TensorView& w) {
+  expect_shape(x, "gemv x", {{"M", -1}, {"K", -1}});
+  expect_shape(w, "gemv w", {{"N", -1}, {"K", x.size(1)}});
+  expect_shape(out, "gemv out", {{"M", x.size(0)}, {"N", w.size(0)}});
+  for (const TensorView* v : {&out, &x, &w}) {
+    HYDRA_ASSERT(v->stride(1) == 1, "gemv views need a unit column stride, got {}", v->shape_string());
+  }
+  HYDRA_ASSERT(x.size(0) >= 1 && x.size(0) <= kGemvMaxRows, "gemv takes 1 to {} rows, got {}", kGemvMaxRows,
+               x.size(0));
+}
+
+bool row_starts_aligned_16(const TensorView& v) {
+  return reinterpret_cast<uintptr_t>(v.data()) % 16 == 0 && v.stride(0) % 8 == 0;
+}
+
+}  // namespace
+
+const char* decode_gemv_kernel_name(DecodeGemvKernel kernel) {
+  switch (kernel) {
+    case DecodeGemvKernel::cublas: return "cublas";
+    case DecodeGemvKernel::hydra: return "hydra";
+  }
+  return "?";
+}
+
+bool gemv_supported(const TensorView& out, const TensorView& x, const TensorView& w) {
+  if (out.rank() != 2 || x.rank() != 2 || w.rank() != 2) return false;
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  if (m < 1 || m > kGemvMaxRows || n < 1 || k < 1 || w.size(1) != k || out.size(0) != m || out.size(1) != n) return false;
+  if (out.stride(1) != 1 || x.stride(1) != 1 || w.stride(1) != 1) return false;
+  if (out.device() != x.device() || w.device() != x.device()) return false;
+  if (x.device() != Device::cuda) return true;  // the reference takes any layout
+  if (out.dtype() != DType::bf16 || x.dtype() != DType::bf16 || w.dtype() != DType::bf16) return false;
+  // A shape-only run (memory plan) has no addresses to check; the GEMV allocates nothing either way.
+  if (out.is_meta() || x.is_meta() || w.is_meta()) return x.stride(0) % 8 == 0 && w.stride(0) % 8 == 0;
+  return row_starts_aligned_16(x) && row_starts_aligned_16(w);
+}
+
+void gemv(const TensorView& out, const TensorView& x, const TensorView& w, Accumulate accumulate) {
+  expect_gemv_shapes(out, x, w);
+  if (shapes_only({out, x, w})) return;
+  if (on_cuda({out, x, w})) {
+#if HYDRA_CUDA
+    cuda_impl::gemv(out, x, w, accumulate);
+    return;
+#endif
+  }
+  with_host_float({{out, "gemv out"}, {x, "gemv x"}, {w, "gemv w"}},
+                  [&](auto zero) { gemv_cpu<decltype(zero)>(out, x, w, accumulate); });
+}
+
+}  // namespace hydra::ops
