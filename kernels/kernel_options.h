@@ -26,14 +26,18 @@ struct KernelOptions {
   // --decode-ctas-per-sm` sets them to compare kernels (AttentionParams, attention.h).
   DecodeAttentionKernel decode_attention = DecodeAttentionKernel::pipelined;
   int decode_ctas_per_sm = 0;
-  // The GDN branch's decode kernels (ops::gdn_decode_step): separate (three launches) until the GPU
-  // confirms fused (one launch). Not read from the environment: `hydra bench --op decode --gdn-step`
-  // sets it to compare.
+  // The GDN branch's decode kernels (ops::gdn_decode_step): separate (three launches) or fused (one
+  // launch). Fused is equal to the CPU on an H100 and its branch alone is 1.5x faster (9 against
+  // 14 us a layer), but the step with it is no faster (2.61 against 2.71 ms at 32K, batch 1, graph +
+  // PDL: cluster/results/h100-2026-12-07-session3), so separate stays the default. Not read from
+  // the environment: `hydra bench --op decode --gdn-step` sets it to compare.
   GdnDecodeKernel gdn_decode = GdnDecodeKernel::separate;
   // HYDRA_DECODE_GEMV: the decode step's projections (in_proj, o_proj, the MLP's two) through
   // cuBLAS (ops::linear) or the GEMV of kernels/gemv/ (at most kGemvMaxRows rows, the views it
-  // takes; ops::linear otherwise). cuBLAS until the GEMV is measured on a GPU; `hydra bench --op
-  // decode --decode-gemv` times both.
+  // takes; ops::linear otherwise). On an H100 the GEMV is equal to the CPU and deterministic but its
+  // kernels take as long as cuBLAS's (52 us a layer at batch 1); the step gains 1-3.5% at batch 1 from
+  // one launch fewer and nothing at batch 8 (cluster/results/h100-2026-12-07-session3), so cuBLAS
+  // stays the default. `hydra bench --op decode --decode-gemv` times both.
   DecodeGemvKernel decode_gemv = DecodeGemvKernel::cublas;
 };
 

@@ -43,7 +43,9 @@ const char* attention_kernel_name(AttentionKernel kernel);
 const char* attention_backward_kernel_name(AttentionBackwardKernel kernel);
 // The decode step's attention (attention_decode.h) on the GPU: pipelined (the production kernels) |
 // burst (the split and merge kernels it replaced, kept only so `hydra bench --op decode
-// --decode-attention` can time both in one GPU job; to be removed once the GPU confirms pipelined).
+// --decode-attention` can time both in one GPU job). The H100 confirmed pipelined on 2026-12-07
+// (equal to the CPU; 1.07-1.18x the step at batch 1, equal at 8 and 32: cluster/results/
+// h100-2026-12-07-session3): burst is to be removed with its bench option.
 enum class DecodeAttentionKernel { pipelined, burst };
 const char* decode_attention_kernel_name(DecodeAttentionKernel kernel);
 
