@@ -126,10 +126,16 @@ def main(argv):
 
     # The decode attention variants of one cell and step mode beside the burst kernels (the ones the
     # pipelined kernels replaced), where a job ran several (cluster/bench/decode_kernels.jobs).
+    # The other kernel choices (--gdn-step, --decode-gemv) are part of the cell: each attention variant
+    # is compared with the burst kernels run with the same ones.
+    def other_kernels(r):
+        return ", ".join(([f"GDN {r['gdn_step']}"] if r.get("gdn_step") else []) + (["gemv"] if r.get("gemv_in_step") else []))
+
     variants = {}
     for r in measured:
         if attention(r):
-            variants.setdefault((r["model"], r["context"], r["batch"], step_mode(r)), []).append(r)
+            sm = step_mode(r) + (f", {other_kernels(r)}" if other_kernels(r) else "")
+            variants.setdefault((r["model"], r["context"], r["batch"], sm), []).append(r)
     lines = []
     for (model, context, batch, sm), rs in variants.items():
         base = next((r for r in rs if r["decode_attention"] == "burst"), None)
