@@ -95,43 +95,40 @@ struct BenchOptions {
       ctas.push_back(static_cast<int>(n));
     }
     HYDRA_USER_CHECK(!ctas.empty(), "--decode-ctas-per-sm needs at least one value");
-    std::vector<ops::DecodeGemvKernel> gemvs;
-    if (decode_gemv.empty()) {
-      gemvs.push_back(kernels.decode_gemv);
-    } else {
-      std::stringstream names(decode_gemv);
-      for (std::string item; std::getline(names, item, ',');) {
-        HYDRA_USER_CHECK(item == "cublas" || item == "hydra", "--decode-gemv takes cublas and/or hydra (got '{}')", item);
-        gemvs.push_back(item == "hydra" ? ops::DecodeGemvKernel::hydra : ops::DecodeGemvKernel::cublas);
-      }
-      HYDRA_USER_CHECK(!gemvs.empty(), "--decode-gemv needs at least one kernel");
-    }
-    const std::vector<ops::GdnDecodeKernel> gdns = gdn_step_kernels();
+    const std::vector<ops::DecodeGemvKernel> gemvs =
+        decode_gemv.empty() ? std::vector<ops::DecodeGemvKernel>{kernels.decode_gemv}
+                            : choice_list<ops::DecodeGemvKernel>(decode_gemv, "--decode-gemv",
+                                                                 {{"cublas", ops::DecodeGemvKernel::cublas},
+                                                                  {"hydra", ops::DecodeGemvKernel::hydra}}, "kernel");
+    const std::vector<ops::GdnDecodeKernel> gdns = choice_list<ops::GdnDecodeKernel>(
+        gdn_step, "--gdn-step", {{"separate", ops::GdnDecodeKernel::separate}, {"fused", ops::GdnDecodeKernel::fused}},
+        "kernel choice");
+    using Attention = ops::DecodeAttentionKernel;
     std::vector<DecodeKernelVariant> out;
-    std::stringstream names(decode_attention);
-    for (std::string item; std::getline(names, item, ',');) {
-      const bool burst = item == "burst";
-      HYDRA_USER_CHECK(burst || item == "pipelined", "--decode-attention takes pipelined and/or burst (got '{}')", item);
-      for (const int n : burst ? std::vector<int>{0} : ctas) {
+    for (const Attention a : choice_list<Attention>(decode_attention, "--decode-attention",
+                                                    {{"pipelined", Attention::pipelined}, {"burst", Attention::burst}}, "kernel")) {
+      for (const int n : a == Attention::burst ? std::vector<int>{0} : ctas) {
         for (const auto g : gemvs) {
-          for (const auto gdn : gdns) {
-            out.push_back({.attention = burst ? ops::DecodeAttentionKernel::burst : ops::DecodeAttentionKernel::pipelined,
-                           .ctas_per_sm = n, .gemv = g, .gdn = gdn});
-          }
+          for (const auto gdn : gdns) out.push_back({.attention = a, .ctas_per_sm = n, .gemv = g, .gdn = gdn});
         }
       }
     }
-    HYDRA_USER_CHECK(!out.empty(), "--decode-attention needs at least one kernel");
     return out;
   }
-  std::vector<ops::GdnDecodeKernel> gdn_step_kernels() const {
-    std::vector<ops::GdnDecodeKernel> out;
-    std::stringstream names(gdn_step);
-    for (std::string item; std::getline(names, item, ',');) {
-      HYDRA_USER_CHECK(item == "separate" || item == "fused", "--gdn-step takes separate and/or fused (got '{}')", item);
-      out.push_back(item == "fused" ? ops::GdnDecodeKernel::fused : ops::GdnDecodeKernel::separate);
+  // The values of a comma-separated list of names given to `flag`, each one of `choices`, in order.
+  template <typename E>
+  static std::vector<E> choice_list(const std::string& text, const char* flag,
+                                    const std::vector<std::pair<std::string, E>>& choices, const char* what) {
+    std::string names;
+    for (const auto& [name, value] : choices) names += (names.empty() ? "" : " and/or ") + name;
+    std::vector<E> out;
+    std::stringstream in(text);
+    for (std::string item; std::getline(in, item, ',');) {
+      const auto it = std::find_if(choices.begin(), choices.end(), [&](const auto& c) { return c.first == item; });
+      HYDRA_USER_CHECK(it != choices.end(), "{} takes {} (got '{}')", flag, names, item);
+      out.push_back(it->second);
     }
-    HYDRA_USER_CHECK(!out.empty(), "--gdn-step needs at least one kernel choice");
+    HYDRA_USER_CHECK(!out.empty(), "{} needs at least one {}", flag, what);
     return out;
   }
   // A comma-separated list of sizes (accepts 32K, 1M).
