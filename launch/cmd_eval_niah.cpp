@@ -94,7 +94,7 @@ struct EvalNiahOptions {
         ("out", po::value(&out)->required(), "results as JSON lines (per sample and per cell), written by rank 0")
         ("out-h5", po::value(&out_h5), "HDF5 copy of the results (default: --out with .jsonl replaced by .h5)")
         ("score", po::value(&score)->default_value(score), "teacher-forced (one prefill per sample: the greedy verdict, model/eval/niah.h), generate (greedy decoding of the answer with the cache, as hydra generate does: RULER's metric reads generated text) or auto (generate for --suite and for RULER's multiquery, vartrack, cwe and fwe, or a set of theirs; teacher-forced otherwise)")
-        ("cuda-graph", po::value(&cuda_graph)->default_value(cuda_graph)->implicit_value("on"), "--score generate: on, off or auto: replay each decode step as a CUDA graph, the same tokens as off (on needs --sp 1 on the GPU; auto: on exactly there)")
+        ("cuda-graph", po::value(&cuda_graph)->default_value(cuda_graph)->implicit_value("on"), "--score generate: on, off or auto: replay each decode step as a CUDA graph, the same tokens as off (on needs the GPU; auto: on with --sp 1 on the GPU; over several ranks a sample's graph is cut at each layer's all-gather)")
         ("sp", po::value(&sp)->default_value(0), "ranks per sample (sequence parallel): world / sp groups score different samples side by side (0: all ranks on every sample); each length needs 2·sp segments")
         ("device", po::value(&device)->default_value("auto"), "cuda, cpu or auto (cuda when a GPU is present): one GPU per rank")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
@@ -246,9 +246,9 @@ int run_eval_niah(App& app, const std::vector<std::string>& args) {
   const niah::Scoring scoring =
       opt.score == "auto" ? (ruler_family ? niah::Scoring::generate : niah::Scoring::teacher_forced) : niah::parse_scoring(opt.score);
   const DecodeGraph graph = parse_decode_graph(opt.cuda_graph);
-  HYDRA_USER_CHECK(graph != DecodeGraph::on || (scoring == niah::Scoring::generate && decode_graph_possible(device, sp)),
-                   "--cuda-graph on needs --score generate with one rank per sample on the GPU (this run: {}, {} rank(s) "
-                   "per sample on {})", niah::scoring_name(scoring), sp, device_name(device));
+  HYDRA_USER_CHECK(graph != DecodeGraph::on || (scoring == niah::Scoring::generate && decode_graph_possible(device)),
+                   "--cuda-graph on needs --score generate on the GPU (this run: {} on {})", niah::scoring_name(scoring),
+                   device_name(device));
   // Generation: the prompt's prefill, the cache and the decode engine (the answer is at most a few
   // dozen tokens; the longest sample bounds the cache).
   check_memory_plan(niah::eval_memory_estimate(plan, config, scoring, sp, device), device,

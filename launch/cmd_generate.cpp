@@ -85,7 +85,7 @@ struct GenerateCliOptions {
         ("repetition-penalty", po::value(&repetition_penalty)->default_value(1.0), "F > 0: before greedy or sampling, the logit of every id already in the prompt or generated is divided by F if positive, multiplied by F if negative (CTRL's rule, as transformers applies it; 1: off)")
         ("logprobs", po::value(&logprobs)->default_value(0), "K > 0: write each new token's log-probability and the K most likely alternatives with theirs (the model's, before --temperature and --repetition-penalty; max 100)")
         ("sp", po::value(&sp)->default_value(0), "ranks per prompt (sequence parallel): world / sp groups generate for different prompts side by side, prompt b on group b mod groups (0: all ranks on every prompt)")
-        ("cuda-graph", po::value(&cuda_graph)->default_value("auto")->implicit_value("on"), "on, off or auto: replay each decode step as a CUDA graph, the same tokens as off (on needs one rank per prompt on the GPU: one rank, or --sp 1; auto: on exactly there; the flag alone: on)");
+        ("cuda-graph", po::value(&cuda_graph)->default_value("auto")->implicit_value("on"), "on, off or auto: replay each decode step as a CUDA graph, the same tokens as off (on needs the GPU; auto: on with one rank per prompt on the GPU, one rank or --sp 1; over several ranks a prompt's graph is cut at each layer's all-gather; the flag alone: on)");
   }
   void validate() const {
     model.validate();
@@ -313,9 +313,9 @@ int run_generate(App& app, const std::vector<std::string>& args) {
   const int p = SequenceGroups::resolve_sp(opt.sp, ranks);  // ranks per prompt
   const int groups_count = ranks / p;
   const DecodeGraph graph_mode = parse_decode_graph(opt.cuda_graph);
-  HYDRA_USER_CHECK(graph_mode != DecodeGraph::on || decode_graph_possible(device, p),
-                   "--cuda-graph on needs one rank per prompt on the GPU (this run: {} rank(s) per prompt on {}; "
-                   "auto, the default, replays the step where it can)", p, device_name(device));
+  HYDRA_USER_CHECK(graph_mode != DecodeGraph::on || decode_graph_possible(device),
+                   "--cuda-graph on needs the GPU (this run: {}; auto, the default, replays the step on one rank per "
+                   "prompt on the GPU)", device_name(device));
   const bool graph = decode_graph_wanted(graph_mode, device, p);
   // Memory plan (model/generate.h) of every group (its prompts: b mod groups): the longest
   // prefill, the cache and the decode engine's buffers. Every rank checks every group, so all refuse together.

@@ -23,10 +23,10 @@ DecodeGraph parse_decode_graph(std::string_view name) {
   HYDRA_USER_FAIL("--cuda-graph must be on, off or auto (got '{}')", name);
 }
 
-bool decode_graph_possible(Device device, int ranks) { return device == Device::cuda && ranks == 1; }
+bool decode_graph_possible(Device device) { return device == Device::cuda; }
 
 bool decode_graph_wanted(DecodeGraph mode, Device device, int ranks) {
-  return mode == DecodeGraph::on || (mode == DecodeGraph::automatic && decode_graph_possible(device, ranks));
+  return mode == DecodeGraph::on || (mode == DecodeGraph::automatic && decode_graph_possible(device) && ranks == 1);
 }
 
 DecodeEngineBuffers decode_engine_buffers(const ModelConfig& config, int64_t slots, bool host_logits) {
@@ -44,9 +44,8 @@ double DecodeEngineBuffers::bytes(Device device) const {
 DecodeEngine::DecodeEngine(Communicator& comm, const Model& model, KvCache& cache, DecodeEngineOptions options)
     : comm_(comm), model_(model), cache_(cache), options_(options) {
   const Device device = model.device();
-  HYDRA_ASSERT(!options.cuda_graph || decode_graph_possible(device, comm.size()),
-               "a CUDA graph of the decode step needs one rank on the GPU (device {}, {} ranks)", device_name(device),
-               comm.size());
+  HYDRA_ASSERT(!options.cuda_graph || decode_graph_possible(device), "a CUDA graph of the decode step needs the GPU (device {})",
+               device_name(device));
   const DecodeEngineBuffers spec = decode_engine_buffers(model.config(), cache.slots(), options.host_logits);
   ids_ = spec.ids.zeros(device);
   ids_host_ = spec.ids.zeros(Device::host);
@@ -56,7 +55,7 @@ DecodeEngine::DecodeEngine(Communicator& comm, const Model& model, KvCache& cach
   if (spec.host_logits.exists()) logits_host_ = spec.host_logits.zeros(Device::host);
   // Fixed attention launch shapes wherever a graph is possible, graph or not: eager steps there are
   // the graph's kernels, so switching the graph off changes no bit.
-  cache_.set_whole_capacity(decode_graph_possible(device, comm.size()));
+  cache_.set_whole_capacity(decode_graph_possible(device));
 }
 
 void DecodeEngine::run(int64_t batch, StepResult result) const {

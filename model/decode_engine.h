@@ -12,10 +12,12 @@
 // own kernels are launched with programmatic dependent launch (runtime/programmatic_launch.h): the
 // same kernels on the same data, scheduled earlier.
 //
-// With cuda_graph (P = 1 on the GPU): the first step of a batch size runs eagerly (its blocks are
+// With cuda_graph (the GPU): the first step of a batch size runs eagerly (its blocks are
 // allocated), the second is captured as a CUDA graph (runtime/cuda_graph.h) and launched, and later
-// steps of that batch size only write their inputs and launch the graph. Wherever a graph can be
-// captured (one rank on the GPU) the cache chunks its attention keys for the whole capacity
+// steps of that batch size only write their inputs and launch the graph. Over P > 1 ranks the graph
+// is P-independent kernels cut at each layer's all-gather (KvCache::attend runs it through
+// CudaGraph::outside): a launch replays layer segments with the all-gathers between them on the
+// host. Wherever a graph can be captured (the GPU) the cache chunks its attention keys for the whole capacity
 // (KvCache::set_whole_capacity), the one launch parameter that would otherwise change from step to
 // step, with or without the graph: so an eager engine there runs the graph's kernels one by one and
 // the two give the same bits and the same tokens (tests/model/cuda_generate_test.cpp).
@@ -37,16 +39,19 @@ namespace hydra {
 enum class DecodeGraph { off, on, automatic };
 std::string_view decode_graph_name(DecodeGraph mode);  // "off", "on", "auto"
 DecodeGraph parse_decode_graph(std::string_view name);  // the --cuda-graph value; UserError otherwise
-// A graph of the step can be captured: the GPU, and one rank (a step over several ranks has a
-// collective per layer, which stays outside any graph).
-bool decode_graph_possible(Device device, int ranks);
-// Whether `mode` replays the step on `device` with `ranks` ranks (on: the caller has refused the
-// run where it is not possible).
+// A graph of the step can be captured: on the GPU, at any number of ranks (over several ranks the
+// graph is cut at each layer's all-gather, which runs on the host between its segments:
+// runtime/cuda_graph.h).
+bool decode_graph_possible(Device device);
+// Whether `mode` replays the step on `device` with `ranks` ranks: on, or automatic on the GPU with
+// one rank (several ranks replay only with on: each rank's segments equal its eager step bit for
+// bit, but their speed on GPUs of their own is not measured yet). The caller has refused `on` where
+// it is not possible.
 bool decode_graph_wanted(DecodeGraph mode, Device device, int ranks);
 
 struct DecodeEngineOptions {
   bool host_logits = false;  // keep a host buffer for StepResult::logits (sampling, kept logits)
-  bool cuda_graph = false;   // capture and replay the step (P = 1 on the GPU only)
+  bool cuda_graph = false;   // capture and replay the step (the GPU only)
 };
 
 // The engine's persistent buffers for a cache of `slots` slots (the constructor allocates from this;
@@ -82,6 +87,7 @@ class DecodeEngine {
   size_t fresh_blocks() const { return arena_.fresh_blocks(); }
   double arena_bytes() const { return arena_.bytes(); }
   bool graph_launched() const { return graph_launched_; }  // the last step replayed a CUDA graph
+  int graph_segments() const { return graph_.segments(); }  // of the captured graph (0: none yet)
 
  private:
   // The device work of a step of `batch` rows, from the id buffer to the result buffers.

@@ -5,6 +5,7 @@
 
 #include "kernels/attention/attention_decode.h"
 #include "model/model.h"
+#include "runtime/cuda_graph.h"
 
 namespace hydra {
 namespace {
@@ -226,8 +227,11 @@ void KvCache::attend(Communicator& comm, int64_t layer, const TensorView& out, c
   if (world_ == 1) return;
   const TensorView all = parts_.view().narrow(0, 0, world_ * n);
   {
+    // On the host side of a captured step (runtime/cuda_graph.h): the step's graph is cut here, and
+    // every launch runs the all-gather between the two segments (part_ and parts_ keep their
+    // addresses for the cache's life).
     ScopedPhase phase(timer, Phase::comm);
-    comm.all_gather(mine, all);
+    CudaGraph::outside([&comm, mine, all] { comm.all_gather(mine, all); });
   }
   // Every rank merges the same gathered parts in rank order, so all ranks get the same bits.
   const std::array<int64_t, 4> out_shape{world_, rows, hq, dv}, out_strides{n, hq * dv, dv, 1};

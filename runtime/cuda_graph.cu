@@ -6,38 +6,76 @@
 #include "runtime/error.h"
 
 namespace hydra {
+namespace {
+
+thread_local CudaGraph* t_capturing = nullptr;  // the graph capture() is recording on this thread
+
+void begin_capture() {
+  // Relaxed: the step's ops create events (runtime/concurrency.cpp), which the global mode refuses;
+  // the step arena keeps allocation out of the captured region.
+  HYDRA_CUDA_CHECK(cudaStreamBeginCapture(current_stream(), cudaStreamCaptureModeRelaxed));
+}
+
+}  // namespace
 
 CudaGraph::~CudaGraph() { reset(); }
 
 void CudaGraph::reset() {
-  if (exec_) cudaGraphExecDestroy(exec_);
-  if (graph_) cudaGraphDestroy(graph_);
-  exec_ = nullptr;
-  graph_ = nullptr;
+  for (Segment& s : segments_) {
+    if (s.exec) cudaGraphExecDestroy(s.exec);
+    if (s.graph) cudaGraphDestroy(s.graph);
+  }
+  segments_.clear();
+}
+
+void CudaGraph::close_segment(std::function<void()> after) {
+  Segment& s = segments_.emplace_back();  // destroyed by reset(), whatever fails below
+  s.after = std::move(after);
+  HYDRA_CUDA_CHECK(cudaStreamEndCapture(current_stream(), &s.graph));
+  HYDRA_CUDA_CHECK(cudaGraphInstantiate(&s.exec, s.graph, 0));
 }
 
 void CudaGraph::capture(const std::function<void()>& work) {
   reset();
-  cudaStream_t stream = current_stream();
-  // Relaxed: the step's ops create events (runtime/concurrency.cpp), which the global mode refuses;
-  // the step arena keeps allocation out of the captured region.
-  HYDRA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  HYDRA_ASSERT(t_capturing == nullptr, "a CUDA graph capture inside another on the same thread");
+  begin_capture();
+  t_capturing = this;
   try {
     work();
+    t_capturing = nullptr;
+    close_segment({});
   } catch (...) {
-    cudaGraph_t partial = nullptr;
-    cudaStreamEndCapture(stream, &partial);  // leave the stream usable; the error is the work's
-    if (partial) cudaGraphDestroy(partial);
+    t_capturing = nullptr;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(current_stream(), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+      cudaGraph_t partial = nullptr;
+      cudaStreamEndCapture(current_stream(), &partial);  // leave the stream usable; the error is the work's
+      if (partial) cudaGraphDestroy(partial);
+    }
     cudaGetLastError();
+    reset();
     throw;
   }
-  HYDRA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph_));
-  HYDRA_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+}
+
+void CudaGraph::outside(const std::function<void()>& fn) {
+  CudaGraph* graph = t_capturing;
+  if (graph == nullptr) {
+    fn();
+    return;
+  }
+  t_capturing = nullptr;  // while the segment closes (an error there is the capture's: capture() cleans up)
+  graph->close_segment(fn);
+  begin_capture();
+  t_capturing = graph;
 }
 
 void CudaGraph::launch() const {
-  HYDRA_ASSERT(exec_ != nullptr, "a CUDA graph launched before it was captured");
-  HYDRA_CUDA_CHECK(cudaGraphLaunch(exec_, current_stream()));
+  HYDRA_ASSERT(captured(), "a CUDA graph launched before it was captured");
+  for (const Segment& s : segments_) {
+    HYDRA_CUDA_CHECK(cudaGraphLaunch(s.exec, current_stream()));
+    if (s.after) s.after();
+  }
 }
 
 }  // namespace hydra

@@ -1,18 +1,28 @@
-// A CUDA graph of a step that repeats (the decode step at P = 1, model/decode_engine.h): capture()
-// records what a function queues on this thread's current stream (and on streams forked from it and
-// joined back, runtime/concurrency.h) without running it; launch() queues the recorded work again
-// as one launch, which removes the host's per-kernel launch cost from the step.
+// A CUDA graph of a step that repeats (the decode step, model/decode_engine.h): capture() records
+// what a function queues on this thread's current stream (and on streams forked from it and joined
+// back, runtime/concurrency.h) without running it; launch() queues the recorded work again as one
+// launch, which removes the host's per-kernel launch cost from the step.
+//
+// Host work inside a step (a collective staged through the host, or one whose communicator waits
+// on the host): the step calls it through CudaGraph::outside(fn). Outside a capture that just runs
+// fn. During a capture it closes the graph recorded so far (a segment), keeps fn, and opens the next
+// segment, so a captured step is segment, fn, segment, fn, ..., segment, and launch() replays them
+// in that order: each segment as one launch, each fn run on the host between them (the decode step
+// over P ranks: one segment a layer, the layer's all-gather between; one rank: one segment).
 //
 // What a captured function must honour: the graph replays the same kernels with the same arguments,
 // so every buffer it touches has a fixed address (runtime/step_arena.h serves the step's tensors
 // from the same blocks every step; inputs are written into persistent buffers before launch()) and
 // every host-side value baked into a launch (grid sizes, lengths) must stay valid for later
-// launches. Nothing inside may synchronise the device, allocate from the driver or copy from
-// pageable host memory. In a build without CUDA every call is an error (the callers refuse
-// --cuda-graph on the CPU before any work).
+// launches; a function given to outside() is kept and called at every launch, so it may capture
+// only what stays valid as long as the graph (fixed buffers, the communicator). Nothing captured
+// may synchronise the device, allocate from the driver or copy from pageable host memory (the
+// functions given to outside() may: they run on the host). In a build without CUDA capture and
+// launch are errors (the callers refuse --cuda-graph on the CPU before any work); outside() runs fn.
 #pragma once
 
 #include <functional>
+#include <vector>
 
 typedef struct CUgraph_st* cudaGraph_t;
 typedef struct CUgraphExec_st* cudaGraphExec_t;
@@ -26,17 +36,29 @@ class CudaGraph {
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
 
-  bool captured() const { return exec_ != nullptr; }
+  bool captured() const { return !segments_.empty(); }
+  // Graphs a launch replays (outside() calls + 1); 0 before a capture.
+  int segments() const { return static_cast<int>(segments_.size()); }
   // Records what `work` queues on the current stream (nothing runs) and instantiates it, replacing
   // an earlier capture.
   void capture(const std::function<void()>& work);
-  // Queues the captured work on the current stream.
+  // Queues the captured work on the current stream, running the outside() functions between its
+  // segments on the host.
   void launch() const;
   void reset();
 
+  // Runs `fn` now, or, inside capture() on this thread, records it to run between two segments at
+  // every launch (see the top of this file).
+  static void outside(const std::function<void()>& fn);
+
  private:
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
+  struct Segment {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    std::function<void()> after;  // host work between this segment and the next (none after the last)
+  };
+  void close_segment(std::function<void()> after);  // ends the capture in progress into a segment
+  std::vector<Segment> segments_;
 };
 
 }  // namespace hydra

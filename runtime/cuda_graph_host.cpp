@@ -1,5 +1,6 @@
 // runtime/cuda_graph.h in a build without CUDA: nothing can be captured (the commands refuse
-// --cuda-graph on the CPU before any work, so reaching these is a programming error).
+// --cuda-graph on the CPU before any work, so reaching capture or launch is a programming error);
+// outside() runs its function, as it does outside a capture with CUDA.
 #include "runtime/cuda_graph.h"
 
 #include "runtime/error.h"
@@ -12,5 +13,6 @@ void CudaGraph::capture(const std::function<void()>&) {
   HYDRA_ASSERT(false, "CUDA graph capture in a build without CUDA (HYDRA_CUDA=OFF)");
 }
 void CudaGraph::launch() const { HYDRA_ASSERT(false, "CUDA graph launch in a build without CUDA (HYDRA_CUDA=OFF)"); }
+void CudaGraph::outside(const std::function<void()>& fn) { fn(); }
 
 }  // namespace hydra

@@ -336,8 +336,8 @@ TEST_F(EvalNiah, BadInputIsRefusedBeforeWork) {
   refused(0, "--lengths 256 --score greedy", "--score: unknown scoring 'greedy'");
   refused(0, "--lengths 256 --score generate --cuda-graph maybe", "--cuda-graph must be on, off or auto");
   // The CPU decodes eagerly; a graph is asked for only of generation on the GPU.
-  refused(0, "--lengths 256 --score generate --cuda-graph on", "--cuda-graph on needs --score generate with one rank");
-  refused(0, "--lengths 256 --cuda-graph", "--cuda-graph on needs --score generate with one rank");
+  refused(0, "--lengths 256 --score generate --cuda-graph on", "--cuda-graph on needs --score generate on the GPU");
+  refused(0, "--lengths 256 --cuda-graph", "--cuda-graph on needs --score generate on the GPU");
   refused(0, "--lengths 256 --task cwe", "--lengths: 256 is too short for NIAH task cwe");
   refused(0, "--lengths 4K --task fwe --zipf-alpha -1", "--zipf-alpha must be positive");
   refused(0, "--lengths 256 --value-length 3..1", "value length 3..1");
