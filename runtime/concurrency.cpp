@@ -1,5 +1,7 @@
 #include "runtime/concurrency.h"
 
+#include <vector>
+
 #include "runtime/memory_timeline.h"
 
 #if HYDRA_CUDA
@@ -7,6 +9,37 @@
 #endif
 
 namespace hydra {
+namespace {
+
+#if HYDRA_CUDA
+// The side streams of this thread's run_concurrently calls whose main_work is running.
+std::vector<cudaStream_t>& open_sides() {
+  thread_local std::vector<cudaStream_t> sides;
+  return sides;
+}
+#endif
+
+}  // namespace
+
+void join_open_branches() {
+#if HYDRA_CUDA
+  for (cudaStream_t side : open_sides()) {
+    CudaEvent done;
+    done.record(side);
+    done.wait_on(current_stream());
+  }
+#endif
+}
+
+void reopen_branches() {
+#if HYDRA_CUDA
+  for (cudaStream_t side : open_sides()) {
+    CudaEvent now;
+    now.record(current_stream());
+    now.wait_on(side);
+  }
+#endif
+}
 
 void run_concurrently(Device device, Branches branches, const std::function<void()>& main_work,
                       const std::function<void()>& side_work) {
@@ -27,7 +60,14 @@ void run_concurrently(Device device, Branches branches, const std::function<void
     side_work();
   }
   joined.record(side.get());
-  main_work();
+  open_sides().push_back(side.get());
+  try {
+    main_work();
+  } catch (...) {
+    open_sides().pop_back();
+    throw;
+  }
+  open_sides().pop_back();
   joined.wait_on(current_stream());
 #else
   side_work();

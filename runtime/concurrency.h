@@ -25,4 +25,14 @@ enum class Branches { concurrent, serial };
 void run_concurrently(Device device, Branches branches, const std::function<void()>& main_work,
                       const std::function<void()>& side_work);
 
+// A CUDA graph cut inside main_work (runtime/cuda_graph.h: CudaGraph::outside, the decode step's
+// all-gather in the FA branch while the GDN branch runs on the side stream): a capture can only end
+// once every stream forked from it has joined it again. join_open_branches makes the current stream
+// wait for the side streams of the run_concurrently calls open on this thread; reopen_branches makes
+// them wait for the current stream again (in the next segment's capture), so their work after the cut
+// (none: side_work was queued before main_work) and their own join stay ordered as without the cut.
+// No-ops on a build without CUDA.
+void join_open_branches();
+void reopen_branches();
+
 }  // namespace hydra

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include "runtime/concurrency.h"
 #include "runtime/cuda_memory.h"
 #include "runtime/error.h"
 
@@ -9,6 +10,7 @@ namespace hydra {
 namespace {
 
 thread_local CudaGraph* t_capturing = nullptr;  // the graph capture() is recording on this thread
+thread_local cudaStream_t t_origin = nullptr;     // the stream it captures
 
 void begin_capture() {
   // Relaxed: the step's ops create events (runtime/concurrency.cpp), which the global mode refuses;
@@ -40,6 +42,7 @@ void CudaGraph::capture(const std::function<void()>& work) {
   HYDRA_ASSERT(t_capturing == nullptr, "a CUDA graph capture inside another on the same thread");
   begin_capture();
   t_capturing = this;
+  t_origin = current_stream();
   try {
     work();
     t_capturing = nullptr;
@@ -64,9 +67,12 @@ void CudaGraph::outside(const std::function<void()>& fn) {
     fn();
     return;
   }
+  HYDRA_ASSERT(current_stream() == t_origin, "CudaGraph::outside on a side stream of the capture (cut the graph on its own stream)");
   t_capturing = nullptr;  // while the segment closes (an error there is the capture's: capture() cleans up)
+  join_open_branches();   // a capture ends only with its forked streams joined (runtime/concurrency.h)
   graph->close_segment(fn);
   begin_capture();
+  reopen_branches();
   t_capturing = graph;
 }
 
