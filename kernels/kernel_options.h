@@ -37,7 +37,9 @@ struct KernelOptions {
   // takes; ops::linear otherwise). On an H100 the GEMV is equal to the CPU and deterministic but its
   // kernels take as long as cuBLAS's (52 us a layer at batch 1); the step gains 1-3.5% at batch 1 from
   // one launch fewer and nothing at batch 8 (cluster/results/h100-2026-12-07-session3), so cuBLAS
-  // stays the default. `hydra bench --op decode --decode-gemv` times both.
+  // stays the default. hydra-norm: the GEMV, with the input norm and the MLP's norm computed inside
+  // in_proj's and gate/up's GEMV (ops::gemv_rms_norm: two launches a layer fewer, the same bits as
+  // hydra; not yet measured on a GPU). `hydra bench --op decode --decode-gemv` times all three.
   DecodeGemvKernel decode_gemv = DecodeGemvKernel::cublas;
 };
 

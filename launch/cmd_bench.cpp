@@ -80,7 +80,7 @@ struct BenchOptions {
         ("decode-attention", po::value(&decode_attention)->default_value("pipelined"), "decode: the decode attention kernels to time, a list run in order on the same cache: pipelined (the production kernels) and/or burst (the ones they replaced, kept only for this comparison)")
         ("decode-ctas-per-sm", po::value(&decode_ctas_per_sm)->default_value("0"), "decode: the pipelined kernels' split CTAs per SM, a list (each value a variant; 0: as many as fit at once)")
         ("gdn-step", po::value(&gdn_step)->default_value("separate"), "decode: the GDN branch's decode kernels to time, a list run in order on the same cache (each decode attention variant once per entry): separate (conv step, gates and delta-rule step as three launches: the production kernels) and/or fused (one launch)")
-        ("decode-gemv", po::value(&decode_gemv), "decode: the projections' kernels to time, a list run in order on the same cache (each with every attention variant): cublas and/or hydra (the GEMV of kernels/gemv/, batches of at most 8 rows; larger ones stay on cuBLAS); default: HYDRA_DECODE_GEMV's choice (cublas)");
+        ("decode-gemv", po::value(&decode_gemv), "decode: the projections' kernels to time, a list run in order on the same cache (each with every attention variant): cublas, hydra (the GEMV of kernels/gemv/, batches of at most 8 rows; larger ones stay on cuBLAS) and/or hydra-norm (the GEMV with the input and MLP norms fused into in_proj's and gate/up's); default: HYDRA_DECODE_GEMV's choice (cublas)");
   }
   // The (--decode-attention x --decode-ctas-per-sm) x --decode-gemv x --gdn-step variants (burst takes
   // no CTA count: once); without --decode-gemv, the projections' kernel of `kernels` (HYDRA_DECODE_GEMV).
@@ -99,7 +99,8 @@ struct BenchOptions {
         decode_gemv.empty() ? std::vector<ops::DecodeGemvKernel>{kernels.decode_gemv}
                             : choice_list<ops::DecodeGemvKernel>(decode_gemv, "--decode-gemv",
                                                                  {{"cublas", ops::DecodeGemvKernel::cublas},
-                                                                  {"hydra", ops::DecodeGemvKernel::hydra}}, "kernel");
+                                                                  {"hydra", ops::DecodeGemvKernel::hydra},
+                                                                  {"hydra-norm", ops::DecodeGemvKernel::hydra_norm}}, "kernel");
     const std::vector<ops::GdnDecodeKernel> gdns = choice_list<ops::GdnDecodeKernel>(
         gdn_step, "--gdn-step", {{"separate", ops::GdnDecodeKernel::separate}, {"fused", ops::GdnDecodeKernel::fused}},
         "kernel choice");
@@ -119,8 +120,10 @@ struct BenchOptions {
   template <typename E>
   static std::vector<E> choice_list(const std::string& text, const char* flag,
                                     const std::vector<std::pair<std::string, E>>& choices, const char* what) {
-    std::string names;
-    for (const auto& [name, value] : choices) names += (names.empty() ? "" : " and/or ") + name;
+    std::string names;  // "a, b and/or c"
+    for (size_t i = 0; i < choices.size(); ++i) {
+      names += (i == 0 ? "" : i + 1 == choices.size() ? " and/or " : ", ") + choices[i].first;
+    }
     std::vector<E> out;
     std::stringstream in(text);
     for (std::string item; std::getline(in, item, ',');) {

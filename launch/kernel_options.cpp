@@ -45,8 +45,11 @@ ops::KernelOptions kernel_options_from_environment() {
     o.decode_pdl = v == "1";
   }
   if (const std::string v = env("HYDRA_DECODE_GEMV"); !v.empty()) {
-    HYDRA_USER_CHECK(v == "cublas" || v == "hydra", "HYDRA_DECODE_GEMV must be cublas or hydra (got '{}')", v);
-    o.decode_gemv = v == "hydra" ? ops::DecodeGemvKernel::hydra : ops::DecodeGemvKernel::cublas;
+    HYDRA_USER_CHECK(v == "cublas" || v == "hydra" || v == "hydra-norm",
+                     "HYDRA_DECODE_GEMV must be cublas, hydra or hydra-norm (got '{}')", v);
+    o.decode_gemv = v == "hydra"        ? ops::DecodeGemvKernel::hydra
+                    : v == "hydra-norm" ? ops::DecodeGemvKernel::hydra_norm
+                                        : ops::DecodeGemvKernel::cublas;
   }
   return o;
 }

@@ -297,6 +297,12 @@ class Model {
   // cache is decoding) the GEMV when the kernel option decode_gemv asks for it and it takes the views.
   void project(const ForwardContext& context, const TensorView& out, const TensorView& x, const TensorView& w,
                ops::Accumulate accumulate = ops::Accumulate::no) const;
+  // Whether the projection w of rms_norm(x; gamma) runs as one GEMV with the norm fused
+  // (ops::gemv_rms_norm): a decode step on the GPU with decode_gemv = hydra-norm, on views it takes.
+  // Its output is then a fresh [T, N] buffer of the model's dtype (what gemv needs of it).
+  bool norm_in_projection(const ForwardContext& context, const TensorView& x, const TensorView& gamma,
+                          const TensorView& w) const;
+  bool gpu_decoding(const ForwardContext& context) const;  // a decode step (the cache decoding) on the GPU
   // The parts of layer_backward (model_backward.cpp). mlp_backward: the MLP's tiles, recomputed
   // from x_mid [T_loc, D] (the residual after attention); dx in: w.r.t. the layer's output, out:
   // w.r.t. x_mid. The branches read the replayed block (`trace`) and d_heads [T_loc, H, d], and write

@@ -175,16 +175,23 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
   const LayerBuffers b = layer_buffers(config_, layout(layer), t, dtype_, acc_dtype());
   AttentionTrace block;  // the block's buffers; a replay hands them to its backward
 
-  block.x_norm = b.x_norm.empty(device_, "x_norm");
-  {
+  const ops::RmsNormParams input_norm{static_cast<float>(config_.rms_norm_eps)};
+  // A decode step may fold the input norm into in_proj's GEMV (nothing else reads x_norm there).
+  const bool norm_in_gemv = norm_in_projection(context, x, w.input_norm, w.in_proj);
+  if (!norm_in_gemv) {
+    block.x_norm = b.x_norm.empty(device_, "x_norm");
     ScopedPhase phase(timer, Phase::other);
-    ops::rms_norm(block.x_norm, x, w.input_norm, {static_cast<float>(config_.rms_norm_eps)});
+    ops::rms_norm(block.x_norm, x, w.input_norm, input_norm);
   }
   if (pass.mode == LayerMode::replay) block.proj = pass.replay->proj;  // the projection, if the forward kept it
   if (!block.proj.defined()) {
     block.proj = b.proj.empty(device_, "projection");
     ScopedPhase phase(timer, Phase::gemm);
-    project(context, block.proj, block.x_norm, w.in_proj);
+    if (norm_in_gemv) {
+      ops::gemv_rms_norm(block.proj, x, {w.input_norm, input_norm}, w.in_proj);
+    } else {
+      project(context, block.proj, block.x_norm, w.in_proj);
+    }
   }
   // Kept (read-only from here on) when the forward saves it.
   if (pass.mode == LayerMode::save && hydra && context.keep.projection) pass.save->proj = block.proj;
@@ -326,13 +333,19 @@ void Model::mlp_tile(ForwardContext& context, int64_t layer, const TensorView& x
                      const TensorView& gate_up, const TensorView& h, MlpGateUp gate_up_state) const {
   const LayerWeights& w = layers_at(layer);
   const int64_t I = config_.intermediate_size;
-  {
-    ScopedPhase phase(context.timer, Phase::other);
-    ops::rms_norm(x_norm, x, w.post_norm, {static_cast<float>(config_.rms_norm_eps)});
-  }
-  if (gate_up_state == MlpGateUp::compute) {
-    ScopedPhase phase(context.timer, Phase::gemm);
-    project(context, gate_up, x_norm, w.mlp_in);
+  const ops::RmsNormParams post_norm{static_cast<float>(config_.rms_norm_eps)};
+  if (gate_up_state == MlpGateUp::compute && norm_in_projection(context, x, w.post_norm, w.mlp_in)) {
+    ScopedPhase phase(context.timer, Phase::gemm);  // a decode step: the norm inside the GEMV
+    ops::gemv_rms_norm(gate_up, x, {w.post_norm, post_norm}, w.mlp_in);
+  } else {
+    {
+      ScopedPhase phase(context.timer, Phase::other);
+      ops::rms_norm(x_norm, x, w.post_norm, post_norm);
+    }
+    if (gate_up_state == MlpGateUp::compute) {
+      ScopedPhase phase(context.timer, Phase::gemm);
+      project(context, gate_up, x_norm, w.mlp_in);
+    }
   }
   ScopedPhase phase(context.timer, Phase::other);
   ops::swiglu(h, gate_up.narrow(1, 0, I), gate_up.narrow(1, I, I));
@@ -357,11 +370,20 @@ void Model::mlp(ForwardContext& context, int64_t layer, const TensorView& x, con
   }
 }
 
+bool Model::gpu_decoding(const ForwardContext& context) const {
+  return context.cache != nullptr && context.cache->decoding() && device_ == Device::cuda;
+}
+
+bool Model::norm_in_projection(const ForwardContext& context, const TensorView& x, const TensorView& gamma,
+                               const TensorView& w) const {
+  return gpu_decoding(context) && kernels_.decode_gemv == ops::DecodeGemvKernel::hydra_norm &&
+         ops::gemv_rms_norm_supported(x, gamma, w);
+}
+
 void Model::project(const ForwardContext& context, const TensorView& out, const TensorView& x, const TensorView& w,
                     ops::Accumulate accumulate) const {
   // The GEMV is a GPU kernel choice: on the host ops::linear (OpenBLAS) is the fast path.
-  const bool decoding = context.cache != nullptr && context.cache->decoding() && device_ == Device::cuda;
-  if (decoding && kernels_.decode_gemv == ops::DecodeGemvKernel::hydra && ops::gemv_supported(out, x, w)) {
+  if (gpu_decoding(context) && kernels_.decode_gemv != ops::DecodeGemvKernel::cublas && ops::gemv_supported(out, x, w)) {
     ops::gemv(out, x, w, accumulate);
   } else {
     ops::linear(out, x, w, accumulate);

@@ -9,9 +9,10 @@ Markdown on stdout: one row per (model, context, batch, mode) cell, mode being h
 (eager: the kernels launched one by one; graph: replayed as a CUDA graph; + PDL: programmatic
 dependent launch, HYDRA_DECODE_PDL=1) and, on lines that name one, the decode attention variant
 (attn burst | pipelined [N/SM], hydra bench --decode-attention/--decode-ctas-per-sm; each variant
-beside the burst kernels in a section of its own) and ", gemv" where the step's projections ran the
-GEMV of kernels/gemv/ (hydra bench --decode-gemv; each such line beside the cuBLAS line of the same
-cell, mode and attention in a section of its own): ms per step (= per token at batch 1), tokens/s, the bytes a
+beside the burst kernels in a section of its own), and ", gemv" where the step's projections ran the
+GEMV of kernels/gemv/ (", gemv+norm": with the norms fused, --decode-gemv hydra-norm; hydra bench
+--decode-gemv; each such line beside the cuBLAS line of the same cell, mode and attention in a
+section of its own): ms per step (= per token at batch 1), tokens/s, the bytes a
 step must read (every weight once, every row's cache, the GDN states read and written), GB/s and
 its fraction of a device copy measured in the same run and of the card's datasheet bandwidth, our
 one-layer attention and GDN-step times next to SDPA's and fla's; skipped cells with their reason;
@@ -60,11 +61,18 @@ def attention(r):
     return r["decode_attention"] + (f" {n}/SM" if n else "")
 
 
+def gemv(r):
+    """The step's projections: 'cublas', 'gemv' or 'gemv+norm' (the norms fused: --decode-gemv hydra-norm)."""
+    if not r.get("gemv_in_step"):
+        return "cublas"
+    return "gemv+norm" if r.get("decode_gemv") == "hydra-norm" else "gemv"
+
+
 def mode(r):
     a = attention(r)
     g = r.get("gdn_step")  # the GDN branch's decode kernels (--gdn-step), in lines since issue 57's h62
     return (step_mode(r) + (f", attn {a}" if a else "") + (f", GDN {g}" if g else "")
-            + (", gemv" if r.get("gemv_in_step") else ""))
+            + (f", {gemv(r)}" if gemv(r) != "cublas" else ""))
 
 
 def main(argv):
@@ -129,7 +137,7 @@ def main(argv):
     # The other kernel choices (--gdn-step, --decode-gemv) are part of the cell: each attention variant
     # is compared with the burst kernels run with the same ones.
     def other_kernels(r):
-        return ", ".join(([f"GDN {r['gdn_step']}"] if r.get("gdn_step") else []) + (["gemv"] if r.get("gemv_in_step") else []))
+        return ", ".join(([f"GDN {r['gdn_step']}"] if r.get("gdn_step") else []) + ([gemv(r)] if gemv(r) != "cublas" else []))
 
     variants = {}
     for r in measured:
@@ -154,19 +162,24 @@ def main(argv):
     if lines:
         print("\nDecode attention kernels against the burst kernels (one layer alone; the whole step):\n" + "\n".join(lines))
 
-    # The projections through the GEMV beside cuBLAS (cluster/bench/decode_gemv.jobs): the same cell,
-    # step mode and attention variant, the whole step's time.
+    # The projections through the GEMV (and the GEMV with the norms fused) beside cuBLAS
+    # (cluster/bench/decode_gemv.jobs, decode_fused.jobs): the same cell, step mode, attention variant
+    # and GDN kernels, the whole step's time.
     pairs = {}
     for r in measured:
         if "decode_gemv" in r:
-            key = (r["model"], r["context"], r["batch"], step_mode(r), attention(r))
-            pairs.setdefault(key, {})["gemv" if r.get("gemv_in_step") else "cublas"] = r
+            key = (r["model"], r["context"], r["batch"], step_mode(r), attention(r), r.get("gdn_step"))
+            pairs.setdefault(key, {})[gemv(r)] = r
     lines = []
-    for (model, context, batch, sm, attn), by in pairs.items():
-        if "gemv" in by and "cublas" in by:
-            c, g = by["cublas"]["ms_per_step"], by["gemv"]["ms_per_step"]
-            lines.append(f"- {model} {label(context)} batch {batch} ({sm}{', attn ' + attn if attn else ''}): "
-                         f"cuBLAS {c:.3f} ms, GEMV {g:.3f} ms ({c / g:.2f}x, {c - g:+.3f} ms a step)")
+    for (model, context, batch, sm, attn, _), by in pairs.items():
+        if "cublas" not in by or len(by) < 2:
+            continue
+        c = by["cublas"]["ms_per_step"]
+        parts = [f"{name} {by[kind]['ms_per_step']:.3f} ms ({c / by[kind]['ms_per_step']:.2f}x, "
+                 f"{c - by[kind]['ms_per_step']:+.3f} ms a step)"
+                 for kind, name in (("gemv", "GEMV"), ("gemv+norm", "GEMV with the norms fused")) if kind in by]
+        lines.append(f"- {model} {label(context)} batch {batch} ({sm}{', attn ' + attn if attn else ''}): "
+                     f"cuBLAS {c:.3f} ms, " + ", ".join(parts))
     if lines:
         print("\nThe step's projections through the GEMV against cuBLAS (whole step):\n" + "\n".join(lines))
 

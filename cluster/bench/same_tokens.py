@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Two `hydra generate` outputs of the same prompts, the decode step replayed as a CUDA graph and
 launched eagerly (cluster/bench/decode_job.jobs): the same tokens for every prompt, and the summary
-lines say which mode each ran.
+lines say which mode each ran. With --same-mode, two runs in one mode with kernel choices that must
+keep the bits (cluster/bench/decode_fused.jobs: the GEMV with the norms fused against the GEMV).
 
-  same_tokens.py GRAPH.jsonl EAGER.jsonl
+  same_tokens.py [--same-mode] GRAPH.jsonl EAGER.jsonl
+  same_tokens.py --same-mode A.jsonl B.jsonl
 
 Prints one line: whether the tokens are equal (and where the first difference is), each run's decode
 tokens/s and cuda_graph flag. Exit status 0 only when every prompt's tokens are equal and the first
-file ran the graph and the second did not.
+file ran the graph and the second did not (--same-mode: both ran the same mode).
 """
 import json
 import sys
@@ -22,8 +24,11 @@ def read(path):
 
 
 def main(argv):
+    same_mode = len(argv) > 1 and argv[1] == "--same-mode"
+    if same_mode:
+        argv = argv[:1] + argv[2:]
     if len(argv) != 3:
-        print("usage: same_tokens.py GRAPH.jsonl EAGER.jsonl", file=sys.stderr)
+        print("usage: same_tokens.py [--same-mode] GRAPH.jsonl EAGER.jsonl", file=sys.stderr)
         return 2
     (graph, gs), (eager, es) = read(argv[1]), read(argv[2])
     problems = []
@@ -34,12 +39,16 @@ def main(argv):
             n = next((k for k, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y),
                      min(len(a["tokens"]), len(b["tokens"])))
             problems.append(f"prompt {i} differs from token {n} of {len(a['tokens'])}")
-    if gs.get("cuda_graph") is not True or es.get("cuda_graph") is not False:
+    if same_mode and (gs.get("cuda_graph") not in (True, False) or gs.get("cuda_graph") != es.get("cuda_graph")):
+        problems.append(f"modes: cuda_graph {gs.get('cuda_graph')} and {es.get('cuda_graph')} (want the same)")
+    if not same_mode and (gs.get("cuda_graph") is not True or es.get("cuda_graph") is not False):
         problems.append(f"modes: cuda_graph {gs.get('cuda_graph')} and {es.get('cuda_graph')} (want true, false)")
     tokens = sum(len(j["tokens"]) for j in graph)
-    print(f"generate tokens equal (graph vs eager): {'yes' if not problems else 'NO: ' + '; '.join(problems)}; "
-          f"{len(graph)} prompt(s), {tokens} new tokens; decode tokens/s: graph {gs.get('decode_tokens_per_s', 0):.1f}, "
-          f"eager {es.get('decode_tokens_per_s', 0):.1f}")
+    first, second = ("first", "second") if same_mode else ("graph", "eager")
+    print(f"generate tokens equal ({'same mode, other kernels' if same_mode else 'graph vs eager'}): "
+          f"{'yes' if not problems else 'NO: ' + '; '.join(problems)}; "
+          f"{len(graph)} prompt(s), {tokens} new tokens; decode tokens/s: {first} {gs.get('decode_tokens_per_s', 0):.1f}, "
+          f"{second} {es.get('decode_tokens_per_s', 0):.1f}")
     return 0 if not problems else 1
 
 

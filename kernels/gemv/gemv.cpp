@@ -1,6 +1,7 @@
 #include "kernels/gemv/gemv.h"
 
 #include "kernels/common.h"
+#include "kernels/rmsnorm/rms_vector.h"
 
 namespace hydra::ops {
 namespace {
@@ -43,6 +44,7 @@ const char* decode_gemv_kernel_name(DecodeGemvKernel kernel) {
   switch (kernel) {
     case DecodeGemvKernel::cublas: return "cublas";
     case DecodeGemvKernel::hydra: return "hydra";
+    case DecodeGemvKernel::hydra_norm: return "hydra-norm";
   }
   return "?";
 }
@@ -71,6 +73,35 @@ void gemv(const TensorView& out, const TensorView& x, const TensorView& w, Accum
   }
   with_host_float({{out, "gemv out"}, {x, "gemv x"}, {w, "gemv w"}},
                   [&](auto zero) { gemv_cpu<decltype(zero)>(out, x, w, accumulate); });
+}
+
+bool gemv_rms_norm_supported(const TensorView& x, const TensorView& gamma, const TensorView& w) {
+  if (x.rank() != 2 || w.rank() != 2 || gamma.rank() != 1) return false;
+  const int64_t m = x.size(0), k = x.size(1);
+  if (m < 1 || m > kGemvMaxRows || k < 1 || w.size(0) < 1 || w.size(1) != k || gamma.size(0) != k) return false;
+  if (x.stride(1) != 1 || w.stride(1) != 1 || gamma.stride(0) != 1) return false;
+  if (w.device() != x.device() || gamma.device() != x.device()) return false;
+  if (x.device() != Device::cuda) return true;  // the reference: rms_norm, then gemv
+  if (x.dtype() != DType::bf16 || w.dtype() != DType::bf16 || gamma.dtype() != DType::f32) return false;
+  if (rms_vector::vector_shape(k).group == 0) return false;
+  if (x.is_meta() || w.is_meta() || gamma.is_meta()) return x.stride(0) % 8 == 0 && w.stride(0) % 8 == 0;
+  return row_starts_aligned_16(x) && row_starts_aligned_16(w) && reinterpret_cast<uintptr_t>(gamma.data()) % 16 == 0;
+}
+
+void gemv_rms_norm(const TensorView& out, const TensorView& x, const GemvInputNorm& norm, const TensorView& w) {
+  expect_gemv_shapes(out, x, w);
+  expect_shape(norm.gamma, "gemv_rms_norm gamma", {{"K", x.size(1)}});
+  if (shapes_only({out, x, w, norm.gamma})) return;
+  if (on_cuda({out, x, w, norm.gamma})) {
+#if HYDRA_CUDA
+    cuda_impl::gemv(out, x, w, Accumulate::no, &norm);
+    return;
+#endif
+  }
+  // The definition: the norm's rows in x's dtype, then the GEMV.
+  Tensor normed = Tensor::empty(x.shape(), x.dtype(), x.device(), "gemv_rms_norm normed rows");
+  rms_norm(normed, x, norm.gamma, norm.params);
+  gemv(out, normed, w);
 }
 
 }  // namespace hydra::ops

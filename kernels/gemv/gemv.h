@@ -8,19 +8,23 @@
 //
 // CPU: plain loops with float64 sums (the reference). CUDA: bf16 x, w and out whose rows start
 // 16-byte aligned (gemv_supported); the model falls back to ops::linear (cuBLAS) otherwise.
-// The model uses it in decode steps only, when the kernel option decode_gemv is `hydra`
-// (kernels/kernel_options.h; default cublas until measured on a GPU).
+// The model uses it in decode steps only, when the kernel option decode_gemv is `hydra` or
+// `hydra-norm` (kernels/kernel_options.h; default cublas until measured on a GPU). With hydra-norm
+// the projections that read an RMS-normed input (in_proj, the MLP's gate/up) run gemv_rms_norm:
+// the norm inside the GEMV, one launch instead of two, the same bits.
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/accumulate.h"
+#include "kernels/rmsnorm/rmsnorm.h"
 #include "runtime/tensor.h"
 
 namespace hydra::ops {
 
-// The decode step's projection kernels: cuBLAS (ops::linear) or this folder's GEMV.
-enum class DecodeGemvKernel { cublas, hydra };
+// The decode step's projection kernels: cuBLAS (ops::linear), this folder's GEMV, or the GEMV with
+// the input norms fused (gemv_rms_norm) where a projection reads one.
+enum class DecodeGemvKernel { cublas, hydra, hydra_norm };
 const char* decode_gemv_kernel_name(DecodeGemvKernel kernel);
 
 // The most rows (M) the GEMV takes.
@@ -37,9 +41,29 @@ void gemv(const TensorView& out, const TensorView& x, const TensorView& w, Accum
 // can pick ops::linear instead.
 bool gemv_supported(const TensorView& out, const TensorView& x, const TensorView& w);
 
+// The input's RMS norm, applied by gemv_rms_norm before the product: x ← γ ⊙ x / rms(x).
+struct GemvInputNorm {
+  TensorView gamma;  // [K] (fp32 on the GPU)
+  RmsNormParams params;
+};
+
+// out [M, N] = rms_norm(x; γ) · wᵀ, x [M, K] (the rows to norm, e.g. the residual stream), the normed
+// rows rounded to x's dtype where ops::rms_norm writes them: the result has the bits of ops::rms_norm
+// into an [M, K] buffer then gemv (the CPU runs exactly that; the GPU computes the norm inside each
+// CTA). out as for gemv (on the GPU: bf16 [M, N], unit column stride); x and w must pass
+// gemv_rms_norm_supported.
+void gemv_rms_norm(const TensorView& out, const TensorView& x, const GemvInputNorm& norm, const TensorView& w);
+
+// Whether gemv_rms_norm takes x, γ and w on their device: on the host any float views of matching
+// shapes; on the GPU what gemv_supported asks of x and w, γ fp32 contiguous and 16-byte aligned, and
+// rows of K the RMSNorm's vector kernel takes (kernels/rmsnorm/rms_vector.h: K = 8·2^j ≤ 2048, or
+// 4096), whose arithmetic the fused norm repeats; other widths keep the separate norm.
+bool gemv_rms_norm_supported(const TensorView& x, const TensorView& gamma, const TensorView& w);
+
 #if HYDRA_CUDA
-namespace cuda_impl {  // gemv.cu
-void gemv(const TensorView& out, const TensorView& x, const TensorView& w, Accumulate accumulate);
+namespace cuda_impl {  // gemv.cu; norm: the fused input norm, or nullptr
+void gemv(const TensorView& out, const TensorView& x, const TensorView& w, Accumulate accumulate,
+          const GemvInputNorm* norm = nullptr);
 }  // namespace cuda_impl
 #endif
 

@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/backward.cuh"
 #include "kernels/cuda/vector.cuh"
+#include "kernels/rmsnorm/rms_vector.h"
 
 namespace hydra::ops::cuda_impl::rms_backward {
 namespace {  // internal linkage: each including .cu file gets its own kernels
@@ -77,19 +78,9 @@ __global__ void __launch_bounds__(256) rstd_kernel(float* rstd, cuda::FloatRows 
 
 // ---- The vector path (rows of n = 8·V·G elements, 16-byte aligned starts): rmsnorm.cu's forward
 // and backward, and the fusion's backward (fusion.cu) with per-head statistics.
-constexpr int kThreads = 256;
-
-// The vector path's shape of a row of n elements: G threads of V runs of eight, or none.
-struct VectorShape {
-  int group = 0, runs = 0;  // G, V; group == 0: no vector path
-};
-VectorShape vector_shape(int64_t n) {
-  if (n <= 0 || n % 8 != 0) return {};
-  const int64_t eights = n / 8;
-  if (eights <= kThreads && (eights & (eights - 1)) == 0) return {static_cast<int>(eights), 1};
-  if (eights == 2 * kThreads) return {kThreads, 2};
-  return {};
-}
+constexpr int kThreads = rms_vector::kThreads;
+using rms_vector::vector_shape;
+using rms_vector::VectorShape;
 
 // Sums of a and b over aligned groups of `group` threads (every thread of the block calls it, the
 // same number of times: above 32 threads per group it meets the block barrier). scratch: kThreads / 32 floats × 2.

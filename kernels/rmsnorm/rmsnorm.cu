@@ -16,6 +16,7 @@
 #include "kernels/cuda/backward.cuh"
 #include "kernels/cuda/vector.cuh"
 #include "kernels/rmsnorm/rms_backward.cuh"
+#include "kernels/rmsnorm/rms_row.cuh"
 #include "kernels/rmsnorm/rmsnorm.h"
 
 namespace hydra::ops::cuda_impl {
@@ -47,6 +48,7 @@ __global__ void rms_norm_kernel(bf16_t* out, cuda::RowLayout lo, const bf16_t* x
 }
 
 // The forward on the vector path; out may alias x (each thread reads its elements before writing them).
+// Its arithmetic is rms_row.cuh's, which the decode GEMV's fused norm repeats bit for bit.
 template <int V>
 __global__ void __launch_bounds__(kThreads) rms_norm_vector_kernel(cuda::FloatRows out, cuda::FloatRows x,
                                                                    const float* weight, float eps, int group) {
@@ -57,7 +59,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_vector_kernel(cuda::FloatRo
   float w[V][8];
 #pragma unroll
   for (int v = 0; v < V; ++v) cuda::load_f32<8>(weight + 8 * (v * group + j), w[v]);
-  const float inv_n = 1.0f / float(x.layout.length);
+  const float inv_n = rms_row::inverse_length(x.layout.length);
   const bf16_t* xd = static_cast<const bf16_t*>(x.data);
   bf16_t* od = static_cast<bf16_t*>(out.data);
   // The loop bound depends on the block alone, so every thread meets group_sums' barriers equally.
@@ -70,18 +72,17 @@ __global__ void __launch_bounds__(kThreads) rms_norm_vector_kernel(cuda::FloatRo
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         cuda::load_bf16<8>(xd + x.offset(row) + 8 * (v * group + j), xv[v]);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) ss += xv[v][e] * xv[v][e];
+        ss = rms_row::add_squares(ss, xv[v]);
       }
     }
     group_sums(ss, unused, group, scratch);
     if (valid) {
-      const float r = rsqrtf(ss * inv_n + eps);
+      const float r = rms_row::inverse_rms(ss, inv_n, eps);
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         float y[8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) y[e] = w[v][e] * (xv[v][e] * r);
+        for (int e = 0; e < 8; ++e) y[e] = rms_row::normed(w[v][e], xv[v][e], r);
         cuda::store_bf16<8>(od + out.offset(row) + 8 * (v * group + j), y);
       }
     }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <tuple>
 
 #include "runtime/error.h"
 #if HYDRA_CUDA
@@ -13,6 +14,7 @@
 #include "kernels/gdn_qk/gdn_qk_step.h"
 #include "kernels/gemv/gemv.h"
 #include "kernels/l2norm/l2norm.h"
+#include "kernels/rmsnorm/rmsnorm.h"
 #include "launch/bench/util.h"
 #include "model/decode_engine.h"
 #include "model/kv_cache.h"
@@ -180,8 +182,10 @@ void check_gdn_branch(const Model& model, const KvCache& cache, ops::GdnDecodeKe
 
 // The GEMV on one layer's four projections (the model's weights, x random, the residual's two
 // adding into random values) at `batch` rows against the CPU reference on the same bf16 values.
-// Ends the run on a mismatch (rms error 1e-2: the output's bf16 rounding, 2⁻⁸ at most).
-void check_gemv(const Model& model, int64_t batch) {
+// Ends the run on a mismatch (rms error 1e-2: the output's bf16 rounding, 2⁻⁸ at most). With
+// `fused_norm`, also the two that read a norm (in_proj, mlp_in) through ops::gemv_rms_norm, which
+// must equal ops::rms_norm then ops::gemv on the GPU bit for bit.
+void check_gemv(const Model& model, int64_t batch, bool fused_norm) {
   const LayerWeights& w = model.layer_weights(0);
   const auto host = [](const TensorView& t) { return to(t, Device::host, DType::f32); };
   struct Projection {
@@ -205,6 +209,26 @@ void check_gemv(const Model& model, int64_t batch) {
     log::info("GEMV check, layer 0 {} [{}, {}] at {} rows: rms error {:.2g}", p.name, n, k, batch, err);
     HYDRA_ASSERT(err < 1e-2, "GEMV check failed: {} rms error {}", p.name, err);
   }
+  if (!fused_norm) return;
+  const ops::RmsNormParams norm{static_cast<float>(model.config().rms_norm_eps)};
+  for (const auto& [name, gamma, weight] : {std::tuple<const char*, const Tensor&, const Tensor&>{"in_proj", w.input_norm, w.in_proj},
+                                            {"mlp_in", w.post_norm, w.mlp_in}}) {
+    const int64_t n = weight.size(0), k = weight.size(1);
+    const Tensor h = bench::random_device({batch, k}, std::string("bench.gemv.h.") + name, 15);
+    HYDRA_ASSERT(ops::gemv_rms_norm_supported(h, gamma, weight), "decode bench: the fused norm does not take {} {}",
+                 name, weight.shape_string());
+    Tensor fused = Tensor::empty({batch, n}, DType::bf16, Device::cuda), separate = Tensor::empty({batch, n}, DType::bf16, Device::cuda);
+    Tensor normed = Tensor::empty({batch, k}, DType::bf16, Device::cuda);
+    ops::gemv_rms_norm(fused, h, {gamma, norm}, weight);
+    ops::rms_norm(normed, h, gamma, norm);
+    ops::gemv(separate, normed, weight);
+    const Tensor a = host(fused), b = host(separate);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) differ += a.data_as<float>()[i] != b.data_as<float>()[i];
+    log::info("GEMV check, layer 0 {} with its norm fused at {} rows: {} of {} outputs differ from norm then GEMV", name,
+              batch, differ, a.numel());
+    HYDRA_ASSERT(differ == 0, "GEMV check failed: {} with the norm fused differs from the norm then the GEMV", name);
+  }
 }
 
 // What the cells compare their bandwidth with: a device copy measured in this run, and the card's
@@ -221,7 +245,7 @@ void describe(nlohmann::json& j, const DecodeKernelVariant& v, int64_t batch) {
   j["decode_attention"] = ops::decode_attention_kernel_name(v.attention);
   j["decode_ctas_per_sm"] = v.attention == ops::DecodeAttentionKernel::pipelined ? nlohmann::json(v.ctas_per_sm) : nlohmann::json();
   j["decode_gemv"] = ops::decode_gemv_kernel_name(v.gemv);
-  j["gemv_in_step"] = v.gemv == ops::DecodeGemvKernel::hydra && batch <= ops::kGemvMaxRows;
+  j["gemv_in_step"] = v.gemv != ops::DecodeGemvKernel::cublas && batch <= ops::kGemvMaxRows;
   j["gdn_step"] = ops::gdn_decode_kernel_name(v.gdn);
 }
 
@@ -274,7 +298,7 @@ void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, 
       check_kernels(model, cache, std::min<int64_t>(context, 4096));
       check_gdn_branch(model, cache, variant.gdn);
     }
-    if (check && j["gemv_in_step"].get<bool>()) check_gemv(model, batch);
+    if (check && j["gemv_in_step"].get<bool>()) check_gemv(model, batch, variant.gemv == ops::DecodeGemvKernel::hydra_norm);
     std::vector<int64_t> slots(static_cast<size_t>(batch));
     std::iota(slots.begin(), slots.end(), int64_t{0});
     std::vector<int32_t> ids(static_cast<size_t>(batch));

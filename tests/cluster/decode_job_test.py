@@ -106,6 +106,17 @@ with tempfile.TemporaryDirectory() as tmp:
     check(bad.returncode == 1 and "prompt 0 differs from token 2 of 4" in bad.stdout, f"different outputs: {bad.stdout}")
     swapped = subprocess.run([sys.executable, same, b, a], capture_output=True, text=True)
     check(swapped.returncode == 1 and "want true, false" in swapped.stdout, f"modes swapped: {swapped.stdout}")
+    # --same-mode: two kernel choices in one mode (decode_fused.jobs).
+    d = os.path.join(tmp, "d.jsonl")
+    write(d, [5, 6, 7, 8], True)
+    same_ok = subprocess.run([sys.executable, same, "--same-mode", a, d], capture_output=True, text=True)
+    check(same_ok.returncode == 0 and "tokens equal (same mode, other kernels): yes" in same_ok.stdout,
+          f"--same-mode, equal: {same_ok.stdout}{same_ok.stderr}")
+    mixed = subprocess.run([sys.executable, same, "--same-mode", a, b], capture_output=True, text=True)
+    check(mixed.returncode == 1 and "want the same" in mixed.stdout, f"--same-mode, graph against eager: {mixed.stdout}")
+    same_bad = subprocess.run([sys.executable, same, "--same-mode", b, c], capture_output=True, text=True)
+    check(same_bad.returncode == 1 and "prompt 0 differs from token 2 of 4" in same_bad.stdout,
+          f"--same-mode, different tokens: {same_bad.stdout}")
 
 for f in failures:
     print("FAILED:", f)

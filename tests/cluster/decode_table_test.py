@@ -94,7 +94,7 @@ check("1.600" not in out and "2.400 ms/token (graph + PDL, attn pipelined)" in o
 def gemv(kernel, batch, ms):
     r = cell("hydrahead-1.7b", K32, batch, ms, True, pdl=True)
     r.update({"decode_attention": "pipelined", "decode_ctas_per_sm": 0, "decode_gemv": kernel,
-              "gemv_in_step": kernel == "hydra" and batch <= 8})
+              "gemv_in_step": kernel != "cublas" and batch <= 8})
     return r
 
 
@@ -104,6 +104,13 @@ check("| hydrahead-1.7b | 32K | 1 | graph + PDL, attn pipelined | 2.800 |" in ou
 check("- hydrahead-1.7b 32K batch 1 (graph + PDL, attn pipelined): cuBLAS 2.800 ms, GEMV 2.400 ms (1.17x, +0.400 ms a step)"
       in out, f"the GEMV against cuBLAS: {out}")
 check("32K batch 32 (graph + PDL, attn pipelined): cuBLAS" not in out, "no pair where the GEMV did not run")
+
+# The GEMV with the norms fused (--decode-gemv hydra-norm) beside the GEMV and cuBLAS on one cell.
+out = run([gemv("cublas", 1, 2.8), gemv("hydra", 1, 2.4), gemv("hydra-norm", 1, 2.2)])
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL, attn pipelined, gemv+norm | 2.200 |" in out, f"the fused-norm row: {out}")
+check("- hydrahead-1.7b 32K batch 1 (graph + PDL, attn pipelined): cuBLAS 2.800 ms, GEMV 2.400 ms (1.17x, +0.400 ms a "
+      "step), GEMV with the norms fused 2.200 ms (1.27x, +0.600 ms a step)" in out, f"the three projections: {out}")
+
 
 for f in failures:
     print("FAILED:", f)

@@ -11,6 +11,13 @@
 // cuBLAS's result obeys the same bound, so the two differ by at most twice it. Two runs give the
 // same bits (a fixed reduction order, no atomics), and the output's columns outside its view are
 // untouched.
+//
+// The GEMV with the input norm fused (ops::gemv_rms_norm) must give exactly the bits of
+// ops::rms_norm into a bf16 buffer then ops::gemv on the GPU (it repeats the norm kernel's
+// arithmetic and order), at every width the fused norm takes (K = 8·2^j, 4096) and M = 1..8, on rows
+// with a stride. Against the CPU (float64 norm, rounded to bf16, then the float64 GEMV): the bound
+// above plus 2⁻⁷·Σ_k |xn_k w_k| — the GPU's normed values (rsqrtf) may round to the neighbouring
+// bf16 of the CPU's, one ulp, at most 2⁻⁷ of the value.
 #include <cmath>
 #include <cstring>
 
@@ -18,6 +25,7 @@
 
 #include "kernels/gemv/gemv.h"
 #include "kernels/matmul/matmul.h"
+#include "kernels/rmsnorm/rmsnorm.h"
 #include "model/config.h"
 #include "model/weight_layout.h"
 #include "tests/common/test_util.h"
@@ -124,6 +132,76 @@ TEST(CudaGemv, OddShapesMatchCpuAndCublasAtEveryRowCount) {
   uint64_t seed = 100;
   for (const GemvShape& s : shapes) {
     for (int64_t m = 1; m <= ops::kGemvMaxRows; ++m) check_shape(s, m, seed += 3);
+  }
+}
+
+// One (K, M) of the fused norm: h [M, K] in a wider buffer (row stride ldk), γ random around 1.
+void check_fused_norm(int64_t n, int64_t k, int64_t ldk, int64_t m, uint64_t seed) {
+  const std::string what = fmt::format("fused norm [{}, {}] at {} rows", n, k, m);
+  const Tensor hbuf = rounded_to_bf16(random_tensor({m, ldk}, seed, 3.0f));
+  const Tensor wbuf = rounded_to_bf16(random_tensor({n, k}, seed + 1));
+  Tensor gamma = random_tensor({k}, seed + 2, 0.5f);
+  for (int64_t i = 0; i < k; ++i) gamma.data_as<float>()[i] += 1.0f;
+  const ops::RmsNormParams params{1e-6f};
+  const Tensor gh = gpu(hbuf), gw = gpu(wbuf), ggamma = gpu(gamma, DType::f32);
+  const TensorView dh = gh.view().narrow(1, 0, k);
+  ASSERT_TRUE(ops::gemv_rms_norm_supported(dh, ggamma, gw)) << what;
+  Tensor fused = Tensor::empty({m, n}, DType::bf16, Device::cuda), again = Tensor::empty({m, n}, DType::bf16, Device::cuda);
+  Tensor separate = Tensor::empty({m, n}, DType::bf16, Device::cuda), normed = Tensor::empty({m, k}, DType::bf16, Device::cuda);
+  ops::gemv_rms_norm(fused, dh, {ggamma, params}, gw);
+  ops::gemv_rms_norm(again, dh, {ggamma, params}, gw);
+  ops::rms_norm(normed, dh, ggamma, params);
+  ops::gemv(separate, normed, gw);
+  const Tensor got = host(fused), twice = host(again), want = host(separate);
+  ASSERT_EQ(count_non_finite(got), 0) << what;
+  ASSERT_EQ(std::memcmp(got.data(), twice.data(), got.nbytes()), 0) << what << ": two runs differ";
+  int64_t differ = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    if (got.data_as<float>()[i] != want.data_as<float>()[i] && differ++ < 5) {
+      ADD_FAILURE() << what << ": output " << i << " is " << got.data_as<float>()[i] << ", norm then GEMV "
+                    << want.data_as<float>()[i];
+    }
+  }
+  EXPECT_EQ(differ, 0) << what << ": outputs that differ from rms_norm then the GEMV";
+  // The CPU: the same definition in float64 sums, the normed rows rounded to bf16 as the GPU holds them.
+  const TensorView h = hbuf.view().narrow(1, 0, k);
+  Tensor cpu_normed = Tensor::empty({m, k}, DType::f32);
+  ops::rms_norm(cpu_normed, h, gamma, params);
+  cpu_normed = rounded_to_bf16(cpu_normed);
+  Tensor ref = Tensor::empty({m, n}, DType::f32), by_cpu_op = Tensor::empty({m, n}, DType::f32);
+  ops::gemv(ref, cpu_normed, wbuf);
+  ops::gemv_rms_norm(by_cpu_op, h, {gamma, params}, wbuf);  // the op's own host path: rms_norm then gemv, unrounded
+  Tensor magnitude = Tensor::empty({m, n}, DType::f32);
+  ops::gemv(magnitude, absolute(cpu_normed), absolute(wbuf));
+  int64_t bad = 0;
+  double worst = 0;
+  for (int64_t i = 0; i < m * n; ++i) {
+    const double r = ref.data_as<float>()[i], g = got.data_as<float>()[i], mag = magnitude.data_as<float>()[i];
+    const double bound = std::ldexp(std::abs(r), -8) + 2 * (k + 2) * std::ldexp(mag, -23) + std::ldexp(mag, -7);
+    worst = std::max(worst, std::abs(g - r) / bound);
+    if (std::abs(g - r) > bound && bad++ < 5) ADD_FAILURE() << what << " output " << i << ": " << g << " vs CPU " << r;
+    // The host op skips the bf16 rounding of the normed rows: within 2⁻⁸ of Σ|xn w| of the rounded reference.
+    EXPECT_LE(std::abs(by_cpu_op.data_as<float>()[i] - r), 1.01 * std::ldexp(mag, -8) + std::ldexp(std::abs(r), -22) + 1e-6)
+        << what << " host op, output " << i;
+  }
+  EXPECT_EQ(bad, 0) << what << ": outputs past the bound from the CPU";
+  std::printf("%s: equal to norm then GEMV; worst error from the CPU %.2f of the bound\n", what.c_str(), worst);
+}
+
+TEST(CudaGemv, FusedNormEqualsNormThenGemvBitForBit) {
+  HYDRA_REQUIRE_GPU();
+  uint64_t seed = 500;
+  // hydrahead-1.7b's in_proj and mlp_in read D = 2048 (one run of eight a thread, 256 threads a row).
+  const ModelConfig c = preset_config("hydrahead-1.7b");
+  const LayerLayout l = layer_layout(c, 0);
+  for (const Slot slot : {Slot::in_proj, Slot::mlp_in}) {
+    const std::vector<int64_t> s = l.shape(slot, c);
+    for (const int64_t m : {1, 2, 8}) check_fused_norm(s[0], s[1], s[1], m, seed += 3);
+  }
+  // Every other width the fused norm takes: groups of 1 to 128 threads (shuffles within a warp, and
+  // warps added in order), two runs a thread (4096); N past whole tiles; rows with a stride.
+  for (const int64_t k : {8, 16, 32, 64, 128, 256, 512, 1024, 4096}) {
+    for (const int64_t m : {1, 3, 8}) check_fused_norm(37, k, k + 8, m, seed += 3);
   }
 }
 

@@ -1,11 +1,16 @@
 // The GEMV's CPU reference (kernels/gemv/gemv.cpp) against OpenBLAS's ops::linear on the same host
 // views (column blocks of wider buffers, accumulation, every row count it takes), and the rules
 // gemv_supported applies to GPU views (checked on views of made-up device addresses: nothing is
-// read). Tolerance 1e-5: fp32 sums (OpenBLAS) against float64 (the reference) over K ≤ 300.
+// read). Tolerance 1e-5: fp32 sums (OpenBLAS) against float64 (the reference) over K ≤ 300. The
+// fused norm's reference (gemv_rms_norm on the host: rms_norm, then gemv) against the same product
+// written out in float64 here, and the GPU views it takes (the RMSNorm vector kernel's widths).
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "kernels/gemv/gemv.h"
 #include "kernels/matmul/matmul.h"
+#include "kernels/rmsnorm/rmsnorm.h"
 #include "runtime/error.h"
 #include "tests/common/test_util.h"
 
@@ -61,6 +66,62 @@ TEST(Gemv, SupportsTheGpuViewsItsKernelTakes) {
   const TensorView x9 = device(base, DType::bf16, {9, k}, {ldk, 1}), out9 = device(base, DType::bf16, {9, n}, {n, 1});
   EXPECT_FALSE(ops::gemv_supported(out9, x9, w)) << "9 rows";
   EXPECT_FALSE(ops::gemv_supported(out, x, device(base, DType::bf16, {n, k - 1}, {ldk, 1}))) << "mismatched K";
+}
+
+// out = (γ ⊙ h / sqrt(mean(h²) + eps)) · wᵀ in float64, against gemv_rms_norm's host path (float32
+// norm, float64 sums): 1e-5 of the output's magnitude Σ|xn w| (the norm's fp32 rounding, 2⁻²⁴ a value).
+TEST(Gemv, FusedNormReferenceIsTheNormedProduct) {
+  const float eps = 1e-6f;
+  for (int64_t m = 1; m <= ops::kGemvMaxRows; m += 3) {
+    const int64_t n = 19, k = 40;
+    const Tensor hbuf = random_tensor({m, k + 8}, 20 + m, 2.0f), w = random_tensor({n, k}, 21), gamma = random_tensor({k}, 22);
+    const TensorView h = hbuf.view().narrow(1, 8, k);
+    Tensor out = Tensor::empty({m, n}, DType::f32);
+    ASSERT_TRUE(ops::gemv_rms_norm_supported(h, gamma, w));
+    ops::gemv_rms_norm(out, h, {gamma, {eps}}, w);
+    for (int64_t i = 0; i < m; ++i) {
+      const float* hr = h.data_as<const float>() + i * h.stride(0);
+      double ss = 0;
+      for (int64_t j = 0; j < k; ++j) ss += static_cast<double>(hr[j]) * hr[j];
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(k) + eps);
+      for (int64_t o = 0; o < n; ++o) {
+        double sum = 0, mag = 0;
+        for (int64_t j = 0; j < k; ++j) {
+          const double term = gamma.data_as<float>()[j] * hr[j] * inv * w.data_as<float>()[o * k + j];
+          sum += term;
+          mag += std::abs(term);
+        }
+        EXPECT_NEAR(out.data_as<float>()[i * n + o], sum, 1e-5 * mag) << "row " << i << " output " << o;
+      }
+    }
+  }
+  const Tensor h = random_tensor({2, 8}, 23), w = random_tensor({3, 8}, 24), short_gamma = random_tensor({7}, 25);
+  Tensor out = Tensor::empty({2, 3}, DType::f32);
+  EXPECT_FALSE(ops::gemv_rms_norm_supported(h, short_gamma, w));
+  EXPECT_THROW(ops::gemv_rms_norm(out, h, {short_gamma, {eps}}, w), Error) << "a γ of 7 for rows of 8";
+}
+
+// GPU views: what gemv asks of x and w, γ fp32, contiguous and 16-byte aligned, and K one of the
+// widths the RMSNorm's vector kernel takes (8·2^j up to 2048, and 4096), whose arithmetic it repeats.
+TEST(Gemv, FusedNormSupportsTheGpuViewsItsKernelTakes) {
+  const auto device = [](uintptr_t address, DType dtype, std::vector<int64_t> shape, std::vector<int64_t> strides) {
+    return TensorView(reinterpret_cast<void*>(address), dtype, Device::cuda, shape, strides);
+  };
+  const uintptr_t base = uintptr_t{1} << 20;
+  const auto takes = [&](int64_t k, uintptr_t x_at = uintptr_t{1} << 20, uintptr_t gamma_at = uintptr_t{1} << 20,
+                         DType gamma_dtype = DType::f32) {
+    const TensorView x = device(x_at, DType::bf16, {4, k}, {k + 8, 1}), w = device(base, DType::bf16, {100, k}, {k, 1});
+    return ops::gemv_rms_norm_supported(x, device(gamma_at, gamma_dtype, {k}, {1}), w);
+  };
+  for (const int64_t k : {8, 16, 64, 256, 1024, 2048, 4096}) EXPECT_TRUE(takes(k)) << "K = " << k;
+  for (const int64_t k : {24, 2056, 3072, 8192}) EXPECT_FALSE(takes(k)) << "K = " << k << " (not a vector-kernel width)";
+  EXPECT_FALSE(takes(2048, base + 2)) << "h's start off 16 bytes";
+  EXPECT_FALSE(takes(2048, base, base + 4)) << "γ off 16 bytes";
+  EXPECT_FALSE(takes(2048, base, base, DType::bf16)) << "a bf16 γ";
+  const TensorView x9 = device(base, DType::bf16, {9, 2048}, {2048, 1}), w = device(base, DType::bf16, {100, 2048}, {2048, 1});
+  EXPECT_FALSE(ops::gemv_rms_norm_supported(x9, device(base, DType::f32, {2048}, {1}), w)) << "9 rows";
+  EXPECT_FALSE(ops::gemv_rms_norm_supported(device(base, DType::bf16, {4, 2048}, {2048, 1}), device(base, DType::f32, {2048}, {2}), w))
+      << "a strided γ";
 }
 
 }  // namespace

@@ -182,9 +182,9 @@ TEST(FaultSpec, UnknownKernelOptionValuesAreRefused) {
   expect_clean_error(run_command("HYDRA_GDN_SEGMENTS=3x " + run), "(got '3x')");
   expect_clean_error(run_command("HYDRA_GDN_PROFILE=yes " + run), "HYDRA_GDN_PROFILE must be 0, 1 or 2 (got 'yes')");
   expect_clean_error(run_command("HYDRA_DECODE_PDL=on " + run), "HYDRA_DECODE_PDL must be 0 or 1 (got 'on')");
-  expect_clean_error(run_command("HYDRA_DECODE_GEMV=fast " + run), "HYDRA_DECODE_GEMV must be cublas or hydra (got 'fast')");
+  expect_clean_error(run_command("HYDRA_DECODE_GEMV=fast " + run), "HYDRA_DECODE_GEMV must be cublas, hydra or hydra-norm (got 'fast')");
   const CommandResult ok = run_command("HYDRA_ATTENTION_KERNEL=mma HYDRA_ATTENTION_BWD_KERNEL=mma HYDRA_GDN_SEGMENTS=2 "
-                                       "HYDRA_GDN_PROFILE=0 HYDRA_DECODE_PDL=1 HYDRA_DECODE_GEMV=hydra " + run);
+                                       "HYDRA_GDN_PROFILE=0 HYDRA_DECODE_PDL=1 HYDRA_DECODE_GEMV=hydra-norm " + run);
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
 }
 
@@ -197,10 +197,10 @@ TEST(FaultSpec, UnknownDecodeAttentionVariantsAreRefused) {
   expect_clean_error(run_command(run + " --decode-attention ,burst"), "--decode-attention takes pipelined and/or burst (got '')");
   expect_clean_error(run_command(run + " --decode-ctas-per-sm 2,x"), "--decode-ctas-per-sm takes integers from 0 to 64 (got 'x')");
   expect_clean_error(run_command(run + " --decode-ctas-per-sm 65"), "--decode-ctas-per-sm takes integers from 0 to 64 (got '65')");
-  expect_clean_error(run_command(run + " --decode-gemv cublas,fast"), "--decode-gemv takes cublas and/or hydra (got 'fast')");
-  expect_clean_error(run_command(run + " --decode-gemv ,hydra"), "--decode-gemv takes cublas and/or hydra (got '')");
+  expect_clean_error(run_command(run + " --decode-gemv cublas,fast"), "--decode-gemv takes cublas, hydra and/or hydra-norm (got 'fast')");
+  expect_clean_error(run_command(run + " --decode-gemv ,hydra"), "--decode-gemv takes cublas, hydra and/or hydra-norm (got '')");
   const CommandResult ok = run_command("CUDA_VISIBLE_DEVICES= " + run +
-                                       " --decode-attention burst,pipelined --decode-ctas-per-sm 0,2,4 --decode-gemv cublas,hydra");
+                                       " --decode-attention burst,pipelined --decode-ctas-per-sm 0,2,4 --decode-gemv cublas,hydra,hydra-norm");
   EXPECT_NE(ok.exit_code, 0);
   EXPECT_TRUE(ok.output.find("needs a CUDA device") != std::string::npos || ok.output.find("HYDRA_CUDA=OFF") != std::string::npos)
       << ok.output;

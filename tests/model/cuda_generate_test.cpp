@@ -324,6 +324,78 @@ TEST(CudaGenerate, GemvDecodeKeepsTheTokens) {
   }
 }
 
+// Kernel choices that repeat the arithmetic of the kernels they replace, so the decode step keeps
+// its bits: the GEMV with the input and MLP norms fused (decode_gemv = hydra-norm) against the GEMV
+// after the norm kernels (hydra). For each, on both tiny presets: the fused path really runs (every
+// layer's norm + projection pair is one gemv_rms_norm takes); an eager engine with it, and the graph
+// with PDL, give the eager base's logits bit for bit, step after step, on caches of 600 rows (the
+// engine's attention chunks the whole capacity, so it splits the keys and merges partials); and
+// generate writes the same tokens with the same logits.
+TEST(CudaGenerate, FusedDecodeKernelsKeepTheBits) {
+  HYDRA_REQUIRE_GPU();
+  struct Choice {
+    std::string what;
+    ops::KernelOptions base, fused;
+  };
+  const std::vector<Choice> choices = {
+      {"norms fused into the GEMV", {.decode_gemv = ops::DecodeGemvKernel::hydra}, {.decode_gemv = ops::DecodeGemvKernel::hydra_norm}}};
+  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
+    const ModelConfig c = preset_config(preset);
+    const NamedTensors params = random_parameters(c, 17);
+    for (const Choice& choice : choices) {
+      const std::string what = preset + ", " + choice.what;
+      Model base(c, params, Device::cuda, DType::bf16), fused(c, params, Device::cuda, DType::bf16),
+          fused_pdl(c, params, Device::cuda, DType::bf16);
+      base.set_kernel_options(choice.base);
+      fused.set_kernel_options(choice.fused);
+      ops::KernelOptions with_pdl = choice.fused;
+      with_pdl.decode_pdl = true;
+      fused_pdl.set_kernel_options(with_pdl);
+      if (choice.fused.decode_gemv == ops::DecodeGemvKernel::hydra_norm) {
+        for (int64_t l = 0; l < c.num_layers; ++l) {
+          const LayerWeights& w = fused.layer_weights(l);
+          const Tensor x = Tensor::empty({3, c.hidden_size}, DType::bf16, Device::cuda);
+          EXPECT_TRUE(ops::gemv_rms_norm_supported(x, w.input_norm, w.in_proj) &&
+                      ops::gemv_rms_norm_supported(x, w.post_norm, w.mlp_in))
+              << what << " layer " << l << ": a norm the GEMV does not fuse";
+        }
+      }
+      SelfCommunicator self(Device::cuda);
+      const int64_t slots = 3, steps = 8, capacity = 600;
+      KvCache base_cache(base, slots, capacity, 1, 0), fused_cache(fused, slots, capacity, 1, 0),
+          graph_cache(fused_pdl, slots, capacity, 1, 0);
+      DecodeEngine by_base(self, base, base_cache, {.host_logits = true, .cuda_graph = false});
+      DecodeEngine by_fused(self, fused, fused_cache, {.host_logits = true, .cuda_graph = false});
+      DecodeEngine by_graph(self, fused_pdl, graph_cache, {.host_logits = true, .cuda_graph = true});
+      const std::vector<int64_t> rows = {0, 1, 2};
+      std::vector<int32_t> ids = {7, 41, 99};
+      for (int64_t step = 0; step < steps; ++step) {
+        by_base.step(rows, ids, StepResult::logits);
+        by_fused.step(rows, ids, StepResult::logits);
+        by_graph.step(rows, ids, StepResult::logits);
+        const auto want = by_base.logits(), a = by_fused.logits(), b = by_graph.logits();
+        ASSERT_EQ(a.size(), want.size());
+        ASSERT_EQ(b.size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_EQ(a[i], want[i]) << what << " step " << step << " logit " << i << ": eager differs from the base";
+          ASSERT_EQ(b[i], want[i]) << what << " step " << step << " logit " << i << ": the graph with PDL differs";
+        }
+        for (size_t r = 0; r < rows.size(); ++r) {
+          const auto row = want.subspan(r * static_cast<size_t>(c.vocab_size), static_cast<size_t>(c.vocab_size));
+          ids[r] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+        }
+      }
+      const std::vector<std::vector<int32_t>> prompts = {prompt_of(300, c.vocab_size, 21), prompt_of(9, c.vocab_size, 22)};
+      const auto want = generate(self, base, prompts, {.max_new_tokens = 10, .keep_logits = true});
+      const auto got = generate(self, fused, prompts, {.max_new_tokens = 10, .keep_logits = true});
+      for (size_t b = 0; b < prompts.size(); ++b) {
+        EXPECT_EQ(got[b].tokens, want[b].tokens) << what << " prompt " << b;
+        EXPECT_TRUE(got[b].logits == want[b].logits) << what << " prompt " << b << ": generate's logits differ";
+      }
+    }
+  }
+}
+
 // hydra generate on the GPU as a user runs it: the default (the graph) and --cuda-graph off write
 // the same tokens, and the summary says which ran; --cuda-graph on is the default made explicit.
 TEST(CudaGenerate, CommandDefaultReplaysTheGraphWithTheEagerTokens) {
