@@ -101,6 +101,48 @@ void prefill_prompts(Communicator& comm, const Model& model, KvCache& cache,
   }
 }
 
+// The rows of the next decode step: every unfinished sequence b (rows) with its next input token (ids:
+// the prompt's next token, then its own last one), and the indices into rows of those whose input is the
+// prompt's last token or a new token, which choose the next one (choosing).
+void gather_step_rows(const std::vector<std::vector<int32_t>>& prompts, const KvCache& cache,
+                      const std::vector<GeneratedSequence>& out, const std::vector<bool>& done,
+                      std::vector<int64_t>& rows, std::vector<int32_t>& ids, std::vector<int64_t>& choosing) {
+  rows.clear();
+  ids.clear();
+  choosing.clear();
+  for (int64_t b = 0; b < static_cast<int64_t>(prompts.size()); ++b) {
+    if (done[static_cast<size_t>(b)]) continue;
+    const auto& prompt = prompts[static_cast<size_t>(b)];
+    const int64_t pos = cache.tokens(b), len = static_cast<int64_t>(prompt.size());
+    // Rows whose input is the prompt's last token or a new token choose the next one.
+    if (pos + 1 >= len) choosing.push_back(static_cast<int64_t>(rows.size()));
+    rows.push_back(b);
+    ids.push_back(pos < len ? prompt[static_cast<size_t>(pos)]
+                            : out[static_cast<size_t>(b)].tokens[static_cast<size_t>(pos - len)]);
+  }
+}
+
+// The next token of sequence `seq` (prompt number `number`) from its row of logits [V]: sampled with a
+// draw fixed by the prompt's number and the token's index, after the repetition penalty over `seen`'s
+// ids when given (the penalized row in `penalized`); the row's log-probabilities and logits kept in
+// `seq` when the options ask.
+int32_t sample_from_row(std::span<const float> row, int64_t number, const GenerateOptions& options,
+                        const SeenTokens* seen, std::vector<float>& penalized, GeneratedSequence& seq) {
+  const uint64_t draw = (static_cast<uint64_t>(number) << 32) | seq.tokens.size();
+  int32_t token = 0;
+  if (seen) {
+    penalized.assign(row.begin(), row.end());
+    apply_repetition_penalty(penalized, seen->ids(), options.sampling.repetition_penalty);
+    token = sample_token(penalized, options.sampling, draw);
+  } else {
+    token = sample_token(row, options.sampling, draw);
+  }
+  // The model's own log-probabilities and logits (before temperature and penalty).
+  if (options.top_logprobs > 0) record_logprobs(row, token, options.top_logprobs, seq);
+  if (options.keep_logits) seq.logits.insert(seq.logits.end(), row.begin(), row.end());
+  return token;
+}
+
 }  // namespace
 
 int64_t prefill_length(const ModelConfig& config, int64_t prompt_length, int world_size) {
@@ -190,19 +232,7 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
                 seconds_since(t_decode), static_cast<double>(generated) / seconds_since(t_decode));
       next_report += 30.0;
     }
-    rows.clear();
-    ids.clear();
-    choosing.clear();
-    for (int64_t b = 0; b < n; ++b) {
-      if (done[static_cast<size_t>(b)]) continue;
-      const auto& prompt = prompts[static_cast<size_t>(b)];
-      const int64_t pos = cache.tokens(b), len = static_cast<int64_t>(prompt.size());
-      // Rows whose input is the prompt's last token or a new token choose the next one.
-      if (pos + 1 >= len) choosing.push_back(static_cast<int64_t>(rows.size()));
-      rows.push_back(b);
-      ids.push_back(pos < len ? prompt[static_cast<size_t>(pos)]
-                              : out[static_cast<size_t>(b)].tokens[static_cast<size_t>(pos - len)]);
-    }
+    gather_step_rows(prompts, cache, out, done, rows, ids, choosing);
     if (rows.empty()) break;
     engine.step(rows, ids,
                 choosing.empty() ? StepResult::none : (greedy_ids ? StepResult::argmax : StepResult::logits));
@@ -225,20 +255,8 @@ std::vector<GeneratedSequence> generate(Communicator& comm, const Model& model,
         const int64_t b = rows[static_cast<size_t>(i)];
         const std::span<const float> row = engine.logits().subspan(static_cast<size_t>(i * vocab), static_cast<size_t>(vocab));
         if (!std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); })) nonfinite(b);
-        const uint64_t draw = (static_cast<uint64_t>(number(b)) << 32) | out[static_cast<size_t>(b)].tokens.size();
-        if (penalty != 1.0) {
-          penalized.assign(row.begin(), row.end());
-          apply_repetition_penalty(penalized, seen[static_cast<size_t>(b)].ids(), penalty);
-          chosen.push_back(sample_token(penalized, options.sampling, draw));
-        } else {
-          chosen.push_back(sample_token(row, options.sampling, draw));
-        }
-        // The model's own log-probabilities and logits (before temperature and penalty).
-        if (options.top_logprobs > 0) record_logprobs(row, chosen.back(), options.top_logprobs, out[static_cast<size_t>(b)]);
-        if (options.keep_logits) {
-          auto& kept = out[static_cast<size_t>(b)].logits;
-          kept.insert(kept.end(), row.begin(), row.end());
-        }
+        chosen.push_back(sample_from_row(row, number(b), options, penalty != 1.0 ? &seen[static_cast<size_t>(b)] : nullptr,
+                                         penalized, out[static_cast<size_t>(b)]));
       }
     }
     broadcast_tokens(comm, chosen);

@@ -131,6 +131,154 @@ __device__ void write_dq(const BwdParams& p, const Steps& st, uint32_t sdq, int 
   cuda::bulk_wait_all();  // the last reductions are done before the CTA (and its shared memory) goes
 }
 
+// The consumer's stages, one step of 64 queries against this warpgroup's 64 keys (consume runs them
+// in order, with the waits and barriers between them). Register arrays pass by reference: after
+// inlining they are the same registers.
+
+// Sᵀ = K_w Qᵀ and dPᵀ = V_w dOᵀ (64 keys × 64 queries each), two commit groups.
+__device__ __forceinline__ void issue_scores(float (&s)[32], float (&dp)[32], uint32_t sk, uint32_t sv, uint32_t qs,
+                                             uint32_t dos, uint32_t k_rows) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] = dp[i] = 0.0f;
+  cuda::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t koff = static_cast<uint32_t>((kk / 4) * kKvBlock + (kk % 4) * 32) + k_rows;
+    const uint32_t qoff = static_cast<uint32_t>((kk / 4) * kQBlock + (kk % 4) * 32);
+    cuda::wgmma_m64n64k16_ss<0>(s, cuda::wgmma_desc(sk + koff, 16, 1024), cuda::wgmma_desc(qs + qoff, 16, 1024), kk > 0);
+  }
+  cuda::wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t koff = static_cast<uint32_t>((kk / 4) * kKvBlock + (kk % 4) * 32) + k_rows;
+    const uint32_t qoff = static_cast<uint32_t>((kk / 4) * kQBlock + (kk % 4) * 32);
+    cuda::wgmma_m64n64k16_ss<0>(dp, cuda::wgmma_desc(sv + koff, 16, 1024), cuda::wgmma_desc(dos + qoff, 16, 1024), kk > 0);
+  }
+  cuda::wgmma_commit();
+}
+
+// Pᵀ in place of Sᵀ, then as bf16 A fragments (pa), one per 16 queries.
+// Pᵀ = exp2(Sᵀ·scale·log2e·τ − lse·log2e) without a branch per element: rows that see no key carry
+// lse2 = +∞ (the producer's choice), so their exponent is −∞ and ex2 gives +0; masked entries get
+// an exponent of −∞ the same way. Each lane's two adjacent columns come in one 8-byte load.
+__device__ __forceinline__ void form_p(float (&s)[32], uint32_t (&pa)[4][4], const BwdParams& p, const Stats& s_st,
+                                       int k0, int m0, int key_row0, int c4) {
+  const bool need_mask = (p.causal && p.k_pos0 + k0 + kBc - 1 > p.q_pos0 + m0) || k0 + kBc > p.tk || m0 + kBr > p.tq;
+  auto exp_rows = [&](auto masked) {  // std::true_type / std::false_type: two specialised copies
+    // Key row key_row0 + 8h (h = e / 2) is hidden from query column c when it is past the keys, c is
+    // past the queries, or (causal) its position exceeds the query's: (k_pos0 + k0 + key_row0 + 8h)
+    // − (q_pos0 + m0) > c. The position difference is clamped into int range: |c| < 64.
+    int lag = 0, q_limit = 0;
+    bool key_ok[2] = {true, true};
+    if constexpr (decltype(masked)::value) {
+      const int64_t lag64 = p.k_pos0 + k0 + key_row0 - (p.q_pos0 + m0);
+      lag = p.causal ? static_cast<int>(lag64 > (1 << 20) ? (1 << 20) : lag64 < -(1 << 20) ? -(1 << 20) : lag64)
+                     : -(1 << 20);
+      q_limit = p.tq - m0;
+      key_ok[0] = k0 + key_row0 < p.tk;
+      key_ok[1] = k0 + key_row0 + 8 < p.tk;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int col0 = j * 8 + c4 * 2;
+      const float2 lse2 = *reinterpret_cast<const float2*>(&s_st.lse2[col0]);
+      const float2 qsc = *reinterpret_cast<const float2*>(&s_st.qscale[col0]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[4 * j + e] * (e % 2 ? qsc.y : qsc.x) - (e % 2 ? lse2.y : lse2.x);
+        if constexpr (decltype(masked)::value) {
+          const int col = col0 + (e % 2), h = e / 2;
+          x = key_ok[h] && col < q_limit && lag + 8 * h <= col ? x : -INFINITY;
+        }
+        s[4 * j + e] = fast_exp2(x);
+      }
+    }
+  };
+  if (need_mask) {
+    exp_rows(std::true_type{});
+  } else {
+    exp_rows(std::false_type{});
+  }
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    pa[kk][0] = cuda::pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = cuda::pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = cuda::pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = cuda::pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// dSᵀ = Pᵀ (dPᵀ − delta) · scale·τ in place of dPᵀ, as bf16 A fragments (dsa); then dS [64 queries]
+// [128 keys] into this step's buffer at sds before the products that read dsa are issued (the buffer
+// of step − 1 may still be read by the other warpgroup's dQ).
+__device__ __forceinline__ void form_ds(float (&dp)[32], const float (&s)[32], uint32_t (&dsa)[4][4], const Stats& s_st,
+                                        uint32_t sds, int cw, int warp, int lane, int c4) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col0 = j * 8 + c4 * 2;
+    const float2 delta = *reinterpret_cast<const float2*>(&s_st.delta[col0]);
+    const float2 dsc = *reinterpret_cast<const float2*>(&s_st.dscale[col0]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - (e % 2 ? delta.y : delta.x)) * (e % 2 ? dsc.y : dsc.x);
+  }
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    dsa[kk][0] = cuda::pack_bf16(dp[8 * kk + 0], dp[8 * kk + 1]);
+    dsa[kk][1] = cuda::pack_bf16(dp[8 * kk + 2], dp[8 * kk + 3]);
+    dsa[kk][2] = cuda::pack_bf16(dp[8 * kk + 4], dp[8 * kk + 5]);
+    dsa[kk][3] = cuda::pack_bf16(dp[8 * kk + 6], dp[8 * kk + 7]);
+  }
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const int m = lane / 8, r = lane % 8;
+    const int query = kk * 16 + (m / 2) * 8 + r;
+    const int chunk = cw * 8 + warp * 2 + (m % 2);  // 16-byte chunk of the 128 keys
+    cuda::stmatrix_x4_trans(sds + tile_offset(kBr, query, chunk), dsa[kk]);
+  }
+  cuda::fence_proxy_async();  // the stmatrix writes -> visible to the dQ wgmma
+}
+
+// dV += Pᵀ dO and dK += dSᵀ Q (B = dO, Q [queries][d], read N-contiguous), one commit group.
+__device__ __forceinline__ void issue_dv_dk(float (&dv)[64], float (&dk)[64], uint32_t (&pa)[4][4],
+                                            uint32_t (&dsa)[4][4], uint32_t qs, uint32_t dos) {
+  cuda::fence_operands(pa);
+  cuda::fence_operands(dsa);
+  cuda::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    cuda::wgmma_m64n128k16_rs<1>(dv, pa[kk], cuda::wgmma_desc(dos + static_cast<uint32_t>(kk * 16 * 128), kQBlock, 1024), 1);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    cuda::wgmma_m64n128k16_rs<1>(dk, dsa[kk], cuda::wgmma_desc(qs + static_cast<uint32_t>(kk * 16 * 128), kQBlock, 1024), 1);
+  cuda::wgmma_commit();
+}
+
+// dQ[64 queries × 64 columns 64w..] = dS K[:, 64w..64w+63] (K read N-contiguous), one commit group.
+__device__ __forceinline__ void issue_dq(float (&dq)[32], uint32_t sds, uint32_t sk, int cw) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
+  cuda::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk) {
+    const uint32_t aoff = static_cast<uint32_t>((kk / 4) * kQBlock + (kk % 4) * 32);
+    const uint32_t boff = static_cast<uint32_t>(cw * kKvBlock + kk * 16 * 128);
+    cuda::wgmma_m64n64k16_ss<1>(dq, cuda::wgmma_desc(sds + aoff, 16, 1024), cuda::wgmma_desc(sk + boff, kKvBlock, 1024), kk > 0);
+  }
+  cuda::wgmma_commit();
+}
+
+// Stages dQ (rows of this warp, columns 64w..) in the fp32 tile for the writer warp.
+__device__ __forceinline__ void stage_dq(float* sdq, const float (&dq)[32], int cw, int warp, int g4, int c4) {
+  const int ra = warp * 16 + g4, rb = ra + 8;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = cw * 64 + j * 8 + c4 * 2;
+    *reinterpret_cast<float2*>(sdq + ra * kDqPitch + col) = make_float2(dq[4 * j], dq[4 * j + 1]);
+    *reinterpret_cast<float2*>(sdq + rb * kDqPitch + col) = make_float2(dq[4 * j + 2], dq[4 * j + 3]);
+  }
+}
+
 __device__ void consume(const BwdParams& p, const Steps& st, int cw, int kvh, int k0, unsigned char* base,
                         const Stats* stats, Barriers& b) {
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g4 = lane / 4, c4 = lane % 4;
@@ -153,143 +301,28 @@ __device__ void consume(const BwdParams& p, const Steps& st, int cw, int kvh, in
     const Stats& s_st = stats[stage];
     cuda::mbar_wait(&b.full[stage], (step / kStages) & 1);
 
-    // Sᵀ = K_w Qᵀ and dPᵀ = V_w dOᵀ (64 keys × 64 queries each), two commit groups.
     float s[32], dp[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = dp[i] = 0.0f;
-    cuda::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t koff = static_cast<uint32_t>((kk / 4) * kKvBlock + (kk % 4) * 32) + k_rows;
-      const uint32_t qoff = static_cast<uint32_t>((kk / 4) * kQBlock + (kk % 4) * 32);
-      cuda::wgmma_m64n64k16_ss<0>(s, cuda::wgmma_desc(sk + koff, 16, 1024), cuda::wgmma_desc(qs + qoff, 16, 1024), kk > 0);
-    }
-    cuda::wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t koff = static_cast<uint32_t>((kk / 4) * kKvBlock + (kk % 4) * 32) + k_rows;
-      const uint32_t qoff = static_cast<uint32_t>((kk / 4) * kQBlock + (kk % 4) * 32);
-      cuda::wgmma_m64n64k16_ss<0>(dp, cuda::wgmma_desc(sv + koff, 16, 1024), cuda::wgmma_desc(dos + qoff, 16, 1024), kk > 0);
-    }
-    cuda::wgmma_commit();
+    issue_scores(s, dp, sk, sv, qs, dos, k_rows);
     cuda::wgmma_wait<1>();  // Sᵀ is ready; dPᵀ may still run
     cuda::fence_operands(s);
-
-    const bool need_mask = (p.causal && p.k_pos0 + k0 + kBc - 1 > p.q_pos0 + m0) || k0 + kBc > p.tk || m0 + kBr > p.tq;
-    uint32_t pa[4][4];  // Pᵀ as bf16 A fragments, one per 16 queries
-    // Pᵀ = exp2(Sᵀ·scale·log2e·τ − lse·log2e) without a branch per element: rows that see no key carry
-    // lse2 = +∞ (the producer's choice), so their exponent is −∞ and ex2 gives +0; masked entries get
-    // an exponent of −∞ the same way. Each lane's two adjacent columns come in one 8-byte load.
-    auto form_p = [&](auto masked) {  // std::true_type / std::false_type: two specialised copies
-      // Key row key_row0 + 8h (h = e / 2) is hidden from query column c when it is past the keys, c is
-      // past the queries, or (causal) its position exceeds the query's: (k_pos0 + k0 + key_row0 + 8h)
-      // − (q_pos0 + m0) > c. The position difference is clamped into int range: |c| < 64.
-      int lag = 0, q_limit = 0;
-      bool key_ok[2] = {true, true};
-      if constexpr (decltype(masked)::value) {
-        const int64_t lag64 = p.k_pos0 + k0 + key_row0 - (p.q_pos0 + m0);
-        lag = p.causal ? static_cast<int>(lag64 > (1 << 20) ? (1 << 20) : lag64 < -(1 << 20) ? -(1 << 20) : lag64)
-                       : -(1 << 20);
-        q_limit = p.tq - m0;
-        key_ok[0] = k0 + key_row0 < p.tk;
-        key_ok[1] = k0 + key_row0 + 8 < p.tk;
-      }
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col0 = j * 8 + c4 * 2;
-        const float2 lse2 = *reinterpret_cast<const float2*>(&s_st.lse2[col0]);
-        const float2 qsc = *reinterpret_cast<const float2*>(&s_st.qscale[col0]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[4 * j + e] * (e % 2 ? qsc.y : qsc.x) - (e % 2 ? lse2.y : lse2.x);
-          if constexpr (decltype(masked)::value) {
-            const int col = col0 + (e % 2), h = e / 2;
-            x = key_ok[h] && col < q_limit && lag + 8 * h <= col ? x : -INFINITY;
-          }
-          s[4 * j + e] = fast_exp2(x);
-        }
-      }
-    };
-    if (need_mask) {
-      form_p(std::true_type{});
-    } else {
-      form_p(std::false_type{});
-    }
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      pa[kk][0] = cuda::pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = cuda::pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = cuda::pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = cuda::pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+    uint32_t pa[4][4];
+    form_p(s, pa, p, s_st, k0, m0, key_row0, c4);
     cuda::wgmma_wait<0>();  // dPᵀ is ready
     cuda::fence_operands(dp);
-    uint32_t dsa[4][4];  // dSᵀ = Pᵀ (dPᵀ − delta) · scale·τ as bf16 A fragments
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int col0 = j * 8 + c4 * 2;
-      const float2 delta = *reinterpret_cast<const float2*>(&s_st.delta[col0]);
-      const float2 dsc = *reinterpret_cast<const float2*>(&s_st.dscale[col0]);
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - (e % 2 ? delta.y : delta.x)) * (e % 2 ? dsc.y : dsc.x);
-    }
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      dsa[kk][0] = cuda::pack_bf16(dp[8 * kk + 0], dp[8 * kk + 1]);
-      dsa[kk][1] = cuda::pack_bf16(dp[8 * kk + 2], dp[8 * kk + 3]);
-      dsa[kk][2] = cuda::pack_bf16(dp[8 * kk + 4], dp[8 * kk + 5]);
-      dsa[kk][3] = cuda::pack_bf16(dp[8 * kk + 6], dp[8 * kk + 7]);
-    }
-    // dS [64 queries][128 keys] into this step's buffer before the products that read dsa are issued
-    // (the buffer of step − 1 may still be read by the other warpgroup's dQ).
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const int m = lane / 8, r = lane % 8;
-      const int query = kk * 16 + (m / 2) * 8 + r;
-      const int chunk = cw * 8 + warp * 2 + (m % 2);  // 16-byte chunk of the 128 keys
-      cuda::stmatrix_x4_trans(sds + tile_offset(kBr, query, chunk), dsa[kk]);
-    }
-    cuda::fence_proxy_async();  // the stmatrix writes -> visible to the dQ wgmma
-    // dV += Pᵀ dO and dK += dSᵀ Q (B = dO, Q [queries][d], read N-contiguous), one commit group.
-    cuda::fence_operands(pa);
-    cuda::fence_operands(dsa);
-    cuda::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      cuda::wgmma_m64n128k16_rs<1>(dv, pa[kk], cuda::wgmma_desc(dos + static_cast<uint32_t>(kk * 16 * 128), kQBlock, 1024), 1);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      cuda::wgmma_m64n128k16_rs<1>(dk, dsa[kk], cuda::wgmma_desc(qs + static_cast<uint32_t>(kk * 16 * 128), kQBlock, 1024), 1);
-    cuda::wgmma_commit();
+    uint32_t dsa[4][4];
+    form_ds(dp, s, dsa, s_st, sds, cw, warp, lane, c4);
+    issue_dv_dk(dv, dk, pa, dsa, qs, dos);
     cuda::named_barrier_sync(kBarDsReady, kConsumerThreads);  // both warpgroups' dS are in place
-    // dQ[64 queries × 64 columns 64w..] = dS K[:, 64w..64w+63] (K read N-contiguous).
     float dq[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
-    cuda::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) {
-      const uint32_t aoff = static_cast<uint32_t>((kk / 4) * kQBlock + (kk % 4) * 32);
-      const uint32_t boff = static_cast<uint32_t>(cw * kKvBlock + kk * 16 * 128);
-      cuda::wgmma_m64n64k16_ss<1>(dq, cuda::wgmma_desc(sds + aoff, 16, 1024), cuda::wgmma_desc(sk + boff, kKvBlock, 1024), kk > 0);
-    }
-    cuda::wgmma_commit();
+    issue_dq(dq, sds, sk, cw);
     cuda::wgmma_wait<1>();  // dV/dK have read Q and dO: the stage goes back to the producer
     cuda::fence_operands(dk);
     cuda::fence_operands(dv);
     if (lane == 0) cuda::mbar_arrive(&b.empty[stage]);
     cuda::wgmma_wait<0>();
     cuda::fence_operands(dq);
-    // Stage dQ (rows of this warp, columns 64w..) for the writer warp.
     cuda::named_barrier_sync(kBarDqEmpty, kDqThreads);
-    const int ra = warp * 16 + g4, rb = ra + 8;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int col = cw * 64 + j * 8 + c4 * 2;
-      *reinterpret_cast<float2*>(sdq + ra * kDqPitch + col) = make_float2(dq[4 * j], dq[4 * j + 1]);
-      *reinterpret_cast<float2*>(sdq + rb * kDqPitch + col) = make_float2(dq[4 * j + 2], dq[4 * j + 3]);
-    }
+    stage_dq(sdq, dq, cw, warp, g4, c4);
     cuda::fence_proxy_async();  // the staged rows -> visible to the bulk reductions
     cuda::named_barrier_arrive(kBarDqFull, kDqThreads);
   }

@@ -99,10 +99,6 @@ namespace {
 constexpr int rounds_for(int group) { return group <= 2 ? 8 : group <= 4 ? 4 : 2; }
 constexpr int min_blocks_for(int group) { return group <= 4 ? 3 : group <= 8 ? 2 : 1; }
 
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
-
 template <int D, int G>
 __global__ void __launch_bounds__(32 * kWarps, min_blocks_for(G))
     attention_decode_pipelined_kernel(const __grid_constant__ DecodeArgs a) {
@@ -127,8 +123,8 @@ __global__ void __launch_bounds__(32 * kWarps, min_blocks_for(G))
       for (int r = 0; r < 2 * U; ++r) {
         const int64_t key = key_begin + int64_t(r) * KEYS_PER_ROUND + lane_key;
         if (key < stop) {
-          prefetch_l2(a.k + offset + key * a.cache_stride_row);
-          prefetch_l2(a.v + offset + key * a.cache_stride_row);
+          cuda::prefetch_l2(a.k + offset + key * a.cache_stride_row);
+          cuda::prefetch_l2(a.v + offset + key * a.cache_stride_row);
         }
       }
     }

@@ -87,6 +87,10 @@ __device__ __forceinline__ float fast_sigmoid(float x) {
   return y;
 }
 
+// The line holding p brought into L2, nothing read into a register (the decode kernels' look-ahead
+// on the streams they read: the GEMV's weights, the decode attention's cache).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
 // Streaming multiprocessors of the current device (runtime/cuda_memory.h: queried once per device).
 inline int sm_count() { return cuda_sm_count(); }
 

@@ -1,6 +1,7 @@
-// Internal to the CPU delta rule (delta_rule.cpp: forward forms; delta_rule_backward.cpp: backward):
-// shape checks and the per-chunk quantities of the WY/UT form, templated on the element type
-// (float: the fp32 reference; double: gradient checks).
+// Internal to the delta rule: the shape checks its entry points share (delta_rule.cpp,
+// delta_rule_backward.cpp) and, for its CPU reference (delta_rule_reference.cpp: forward forms;
+// delta_rule_backward_reference.cpp: backward), the per-chunk quantities of the WY/UT form, templated
+// on the element type (float: the fp32 reference; double: gradient checks).
 #pragma once
 
 #include <algorithm>

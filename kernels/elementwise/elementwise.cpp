@@ -1,55 +1,11 @@
+// The elementwise ops' entry points: shape checks, then the CUDA kernels (tensors on the GPU,
+// elementwise.cu) or the CPU reference (host tensors, elementwise_reference.cpp).
 #include "kernels/elementwise/elementwise.h"
 
-#include <cmath>
-
 #include "kernels/common.h"
+#include "kernels/elementwise/elementwise_reference.h"
 
 namespace hydra::ops {
-namespace {
-
-template <class T>
-T sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-x));
-}
-
-template <class T>
-void add_inplace_cpu(const TensorView& x, const TensorView& y) {
-  for (int64_t t = 0; t < x.size(0); ++t) {
-    T* a = at<T>(x, {t});
-    const T* b = at<const T>(y, {t});
-    for (int64_t i = 0; i < x.size(1); ++i) a[i] += b[i];
-  }
-}
-
-template <class T>
-void sigmoid_gate_cpu(const TensorView& out, const TensorView& x, const TensorView& gate) {
-  for (int64_t t = 0; t < x.size(0); ++t) {
-    T* o = at<T>(out, {t});
-    const T* a = at<const T>(x, {t});
-    const T* g = at<const T>(gate, {t});
-    for (int64_t i = 0; i < x.size(1); ++i) o[i] = a[i] / (T(1) + std::exp(-g[i]));
-  }
-}
-
-// Element i of every row is read before it is written, so dx or d_gate may alias d_out.
-template <class T>
-void sigmoid_gate_backward_cpu(const TensorView& dx, const TensorView& d_gate, const TensorView& d_out,
-                               const TensorView& x, const TensorView& gate) {
-  for (int64_t t = 0; t < x.size(0); ++t) {
-    T* dxr = at<T>(dx, {t});
-    T* dgr = at<T>(d_gate, {t});
-    const T* dor = at<const T>(d_out, {t});
-    const T* xr = at<const T>(x, {t});
-    const T* gr = at<const T>(gate, {t});
-    for (int64_t i = 0; i < x.size(1); ++i) {
-      const T s = sigmoid(gr[i]), dy = dor[i], xi = xr[i];
-      dxr[i] = dy * s;
-      dgr[i] = dy * xi * s * (T(1) - s);
-    }
-  }
-}
-
-}  // namespace
 
 void add_inplace(const TensorView& x, const TensorView& y) {
   HYDRA_ASSERT(x.rank() == 2 && same_rows(x, y), "add: x {} vs y {}", x.shape_string(), y.shape_string());
@@ -60,7 +16,7 @@ void add_inplace(const TensorView& x, const TensorView& y) {
     return;
 #endif
   }
-  with_host_float({{x, "add x"}, {y, "add y"}}, [&](auto zero) { add_inplace_cpu<decltype(zero)>(x, y); });
+  reference::add_inplace(x, y);
 }
 
 void sigmoid_gate(const TensorView& out, const TensorView& x, const TensorView& gate) {
@@ -73,8 +29,7 @@ void sigmoid_gate(const TensorView& out, const TensorView& x, const TensorView& 
     return;
 #endif
   }
-  with_host_float({{out, "gate out"}, {x, "gate x"}, {gate, "gate logits"}},
-                  [&](auto zero) { sigmoid_gate_cpu<decltype(zero)>(out, x, gate); });
+  reference::sigmoid_gate(out, x, gate);
 }
 
 void sigmoid_gate_backward(const TensorView& dx, const TensorView& d_gate, const TensorView& d_out,
@@ -90,8 +45,7 @@ void sigmoid_gate_backward(const TensorView& dx, const TensorView& d_gate, const
     return;
 #endif
   }
-  with_host_float({{dx, "gate dx"}, {d_gate, "gate d_gate"}, {d_out, "gate d_out"}, {x, "gate x"}, {gate, "gate logits"}},
-                  [&](auto zero) { sigmoid_gate_backward_cpu<decltype(zero)>(dx, d_gate, d_out, x, gate); });
+  reference::sigmoid_gate_backward(dx, d_gate, d_out, x, gate);
 }
 
 }  // namespace hydra::ops

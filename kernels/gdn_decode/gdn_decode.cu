@@ -20,6 +20,7 @@
 // CTA 0 of a cluster writes the head's q/k conv output, inverse norms, β and g; every CTA its v columns.
 #include "kernels/cuda/common.cuh"
 #include "kernels/gdn_decode/gdn_decode.h"
+#include "kernels/gdn_gates/gdn_gates.cuh"
 #include "kernels/rope/rope_angle.cuh"
 
 namespace hydra::ops::cuda_impl {
@@ -165,11 +166,10 @@ __global__ void __cluster_dims__(D / kCols, 1, 1) __launch_bounds__(kThreads) gd
   }
   // Every tail value this CTA reads has been read: the cluster's CTAs may advance theirs (4.).
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-  if (tid == kThreads - 1) {  // gdn_gates.cu's arithmetic
+  if (tid == kThreads - 1) {  // the gates kernel's formula (gdn_gates.cuh)
     const float bv = cuda::to_float(a.b_logits[b * a.b_stride + h]);
-    const float xa = cuda::to_float(a.a_logits[b * a.a_stride + h]) + a.dt_bias[h];
-    const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
-    const float beta = 1.0f / (1.0f + expf(-bv)), g = -expf(a.a_log[h]) * sp;
+    const float sp = gdn_softplus(cuda::to_float(a.a_logits[b * a.a_stride + h]), a.dt_bias[h]);
+    const float beta = gdn_beta(bv), g = gdn_g(sp, a.a_log[h]);
     gate[0] = expf(g);
     gate[1] = beta;
     if (part == 0) {

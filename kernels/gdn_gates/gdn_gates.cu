@@ -2,6 +2,7 @@
 // Backward: the logit gradients element-wise; d_dt_bias and d_a_log summed over tokens by the
 // deterministic column reduction (backward.cuh), recomputing the per-token terms from the inputs.
 #include "kernels/cuda/backward.cuh"
+#include "kernels/gdn_gates/gdn_gates.cuh"
 #include "kernels/gdn_gates/gdn_gates.h"
 
 namespace hydra::ops::cuda_impl {
@@ -15,10 +16,9 @@ __global__ void gdn_gates_kernel(float* beta, float* g, int64_t out_stride, cons
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = idx / heads, h = idx % heads;
     const float bv = __bfloat162float(b[t * b_stride + h]);
-    const float x = __bfloat162float(a[t * a_stride + h]) + dt_bias[h];
-    const float sp = x > 20.0f ? x : log1pf(expf(x));
-    beta[t * out_stride + h] = 1.0f / (1.0f + expf(-bv));
-    g[t * out_stride + h] = -expf(a_log[h]) * sp;
+    const float sp = gdn_softplus(__bfloat162float(a[t * a_stride + h]), dt_bias[h]);
+    beta[t * out_stride + h] = gdn_beta(bv);
+    g[t * out_stride + h] = gdn_g(sp, a_log[h]);
   }
 }
 
@@ -39,9 +39,8 @@ struct GateInputs {
   }
   // The d_a_log term d_g ⊙ g, g recomputed as the forward does.
   __device__ float d_alog(int64_t t, int64_t h) const {
-    const float x = a.load(a.offset(t) + h) + dt_bias[h];
-    const float sp = x > 20.0f ? x : log1pf(expf(x));
-    return d_g[t * d_g_stride + h] * (-expf(a_log[h]) * sp);
+    const float sp = gdn_softplus(a.load(a.offset(t) + h), dt_bias[h]);
+    return d_g[t * d_g_stride + h] * gdn_g(sp, a_log[h]);
   }
 };
 
@@ -50,7 +49,7 @@ __global__ void gdn_gates_backward_kernel(cuda::FloatRows d_b, cuda::FloatRows d
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < t_len * heads;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = idx / heads, h = idx % heads;
-    const float beta = 1.0f / (1.0f + expf(-in.b.load(in.b.offset(t) + h)));
+    const float beta = gdn_beta(in.b.load(in.b.offset(t) + h));
     const float da = in.d_a(t, h);
     d_b.store(d_b.offset(t) + h, in.d_beta[t * in.d_beta_stride + h] * beta * (1.0f - beta));
     d_a.store(d_a.offset(t) + h, da);

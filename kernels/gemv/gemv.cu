@@ -83,10 +83,6 @@ struct GemvArgs {
   int norm_group, norm_runs, xs_stride;
 };
 
-// The line holding p brought into L2, nothing read into a register (the same helper as
-// attention_decode.cu's).
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
-
 // C (rows g, g+8 of w × columns 2c, 2c+1 of xᵀ) += one slice: two mmas over the 8 k of each load.
 __device__ __forceinline__ void mma_slice(float (&acc)[4], const uint4& wa, const uint4& wb, const uint4& xv) {
   cuda::mma_bf16(acc, {wa.x, wb.x, wa.y, wb.y}, xv.x, xv.y);
@@ -140,8 +136,8 @@ struct LaneStream {
   __device__ void prefetch_first() const {
     if (c != 0) return;
     for (int i = 0; i < min(count, kAhead); ++i) {
-      prefetch_l2(wa_row + k_of(i));
-      prefetch_l2(wb_row + k_of(i));
+      cuda::prefetch_l2(wa_row + k_of(i));
+      cuda::prefetch_l2(wb_row + k_of(i));
     }
   }
 };

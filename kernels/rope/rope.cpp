@@ -1,40 +1,11 @@
+// RoPE's entry point: shape checks, then the CUDA kernel (tensors on the GPU, rope.cu) or the CPU
+// reference (host tensors, rope_reference.cpp).
 #include "kernels/rope/rope.h"
 
-#include <cmath>
-#include <vector>
-
 #include "kernels/common.h"
+#include "kernels/rope/rope_reference.h"
 
 namespace hydra::ops {
-namespace {
-
-template <class T>
-void rope_cpu(const TensorView& x, const TensorView& positions, const RopeParams& params) {
-  const int64_t d = x.size(2), half = d / 2;
-  std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) inv_freq[i] = 1.0 / std::pow(params.theta, static_cast<double>(2 * i) / d);
-  const bool inverse = params.direction == RopeDirection::inverse;
-  const int64_t* pos = positions.data_as<const int64_t>();
-  std::vector<T> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
-  for (int64_t t = 0; t < x.size(0); ++t) {
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(pos[t]) * inv_freq[i];
-      c[i] = static_cast<T>(std::cos(angle));
-      const T sine = static_cast<T>(std::sin(angle));
-      s[i] = inverse ? -sine : sine;  // rotation by −angle: the transpose
-    }
-    for (int64_t h = 0; h < x.size(1); ++h) {
-      T* row = at<T>(x, {t, h});
-      for (int64_t i = 0; i < half; ++i) {
-        const T a = row[i], b = row[i + half];
-        row[i] = a * c[i] - b * s[i];
-        row[i + half] = b * c[i] + a * s[i];
-      }
-    }
-  }
-}
-
-}  // namespace
 
 void rope(const TensorView& x, const TensorView& positions, const RopeParams& params) {
   expect_shape(x, "rope x", {{"T", -1}, {"H", -1}, {"d", -1}});
@@ -47,8 +18,7 @@ void rope(const TensorView& x, const TensorView& positions, const RopeParams& pa
     return;
 #endif
   }
-  HYDRA_ASSERT(x.size(2) % 2 == 0, "rope needs an even head dim, got {}", x.size(2));
-  with_host_float({{x, "rope x"}}, [&](auto zero) { rope_cpu<decltype(zero)>(x, positions, params); });
+  reference::rope(x, positions, params);
 }
 
 }  // namespace hydra::ops

@@ -6,7 +6,7 @@
 // both in fp64, then reduced to [−π, π] in fp64 before the fp32 sincos, so positions in the millions
 // keep their precision (an fp32 angle is off by ~0.1 rad at 512K). The reduction is a − 2π·rint(a/2π):
 // a multiply and a rounding (fmod is a loop of fp64 divisions), and the fp32 argument lands in
-// [−π, π], the range where sincosf is most accurate. The CPU forms (rope.cpp) take sin and cos of the
+// [−π, π], the range where sincosf is most accurate. The CPU forms (rope_reference.cpp) take sin and cos of the
 // fp64 angle directly.
 #pragma once
 

@@ -249,6 +249,101 @@ void describe(nlohmann::json& j, const DecodeKernelVariant& v, int64_t batch) {
   j["gdn_step"] = ops::gdn_decode_kernel_name(v.gdn);
 }
 
+// The cell's decode steps, `opt.warmup + opt.repeat` of them from the cache's current lengths: the step
+// generate runs (model/decode_engine.h), the greedy tokens feeding the next step. Returns the timed
+// steps' milliseconds (those after the warm-up) and records the engine's step arena in `j`.
+std::vector<double> time_steps(Communicator& self, const Model& model, KvCache& cache, int64_t batch,
+                               const DecodeBenchOptions& opt, nlohmann::json& j) {
+  const ModelConfig& config = model.config();
+  const int64_t steps = opt.warmup + opt.repeat;
+  std::vector<int64_t> slots(static_cast<size_t>(batch));
+  std::iota(slots.begin(), slots.end(), int64_t{0});
+  std::vector<int32_t> ids(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) ids[static_cast<size_t>(b)] = static_cast<int32_t>((b * 7919 + 1) % config.vocab_size);
+  std::vector<double> ms;
+  DecodeEngine engine(self, model, cache, {.cuda_graph = opt.cuda_graph});
+  for (int64_t step = 0; step < steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    engine.step(slots, ids, StepResult::argmax);
+    const std::span<const int32_t> next = engine.argmax();  // read back on the host: the step's end
+    const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (step >= opt.warmup) ms.push_back(t);
+    for (int64_t b = 0; b < batch; ++b) {
+      HYDRA_ASSERT(next[static_cast<size_t>(b)] >= 0, "decode bench: non-finite logits at step {}", step);
+    }
+    std::copy(next.begin(), next.end(), ids.begin());
+  }
+  j["step_arena_mib"] = engine.arena_bytes() / 1048576.0;
+  return ms;
+}
+
+// The decode attention of the first layer with FA heads alone (CUDA events; the anchors measure the
+// same op in PyTorch), its shape and bandwidth recorded in `j`. Returns its median ms, 0 without FA heads.
+double time_attention_layer(const Model& model, const KvCache& cache, int64_t context, int64_t batch,
+                            const DecodeBenchOptions& opt, nlohmann::json& j) {
+  const ModelConfig& config = model.config();
+  const int64_t d = config.head_dim;
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const KvCacheLayer& c = cache.layer(l);
+    if (!c.k.defined()) continue;
+    const int64_t hq = model.layer_weights(l).h_fa;
+    Tensor q = bench::random_device({batch, hq, d}, "bench.q", 9);
+    Tensor len_host = Tensor::empty({batch}, DType::i32), pos_host = Tensor::empty({batch}, DType::i64);
+    for (int64_t b = 0; b < batch; ++b) {
+      len_host.data_as<int32_t>()[b] = static_cast<int32_t>(context);
+      pos_host.data_as<int64_t>()[b] = context - 1;
+    }
+    const Tensor len = to_device(len_host, Device::cuda), pos = to_device(pos_host, Device::cuda);
+    Tensor out = Tensor::empty({batch, hq, d}, DType::f32, Device::cuda), lse = Tensor::empty({hq, batch}, DType::f32, Device::cuda);
+    const ops::AttentionParams p = model.attention_params(l);
+    const double attention_ms = bench::median_ms(opt.warmup, opt.repeat, [&] {
+      ops::attention_decode(out, lse, q, c.k, c.v, TensorView(), len, context, pos, p);
+    });
+    j["attention_heads"] = hq;
+    j["attention_kv_heads"] = c.k.size(2);
+    j["attention_gb_per_s"] = static_cast<double>(batch) * static_cast<double>(context) * 2.0 *
+                              static_cast<double>(c.k.size(2) * d) * 2.0 / (attention_ms * 1e-3) / 1e9;
+    return attention_ms;
+  }
+  return 0;
+}
+
+// Median ms of the first GDN layer's delta-rule step alone and of its whole branch (conv step, gates,
+// step) with the cell's kernels; both 0 without GDN heads.
+struct GdnLayerTimes {
+  double step_ms = 0, branch_ms = 0;
+};
+
+GdnLayerTimes time_gdn_layer(const Model& model, const KvCache& cache, int64_t context, int64_t batch,
+                             const DecodeBenchOptions& opt, nlohmann::json& j) {
+  const ModelConfig& config = model.config();
+  const int64_t d = config.head_dim;
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const KvCacheLayer& c = cache.layer(l);
+    if (!c.state.defined()) continue;
+    const int64_t h = c.state.size(1);
+    Tensor q = bench::random_device({batch, h, d}, "bench.gq", 10), k = bench::random_device({batch, h, d}, "bench.gk", 11);
+    Tensor v = bench::random_device({batch, h, d}, "bench.gv", 12);
+    ops::l2_norm(k, 1e-6f);
+    Tensor g = Tensor::empty({batch, h}, DType::f32, Device::cuda), beta = Tensor::empty({batch, h}, DType::f32, Device::cuda);
+    fill(g, -0.1);
+    fill(beta, 0.5);
+    Tensor out = Tensor::empty({batch, h, d}, DType::bf16, Device::cuda);
+    GdnLayerTimes times;
+    times.step_ms = bench::median_ms(opt.warmup, opt.repeat, [&] {
+      ops::delta_rule_step(out, c.state, TensorView(), q, k, v, g, beta, {});
+    });
+    j["gdn_heads"] = h;
+    const GdnBranchCall call = gdn_branch_call(batch, h, d, context);
+    const ops::GdnDecodeTensors t = call.tensors(model.layer_weights(l), c.state, c.conv_tail);
+    const ops::GdnQkParams qk = model.gdn_qk_params(h);
+    const ops::DeltaRuleParams rule = model.delta_rule_params();
+    times.branch_ms = bench::median_ms(opt.warmup, opt.repeat, [&] { ops::gdn_decode_step(t, qk, rule); });
+    return times;
+  }
+  return {};
+}
+
 // One (context, batch) cell: the cache filled once, then per kernel variant (the model's
 // kernel options set to it) the timed steps from the same cached length and the one-layer timings,
 // one JSON object each through `emit`.
@@ -299,75 +394,12 @@ void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, 
       check_gdn_branch(model, cache, variant.gdn);
     }
     if (check && j["gemv_in_step"].get<bool>()) check_gemv(model, batch, variant.gemv == ops::DecodeGemvKernel::hydra_norm);
-    std::vector<int64_t> slots(static_cast<size_t>(batch));
-    std::iota(slots.begin(), slots.end(), int64_t{0});
-    std::vector<int32_t> ids(static_cast<size_t>(batch));
-    for (int64_t b = 0; b < batch; ++b) ids[static_cast<size_t>(b)] = static_cast<int32_t>((b * 7919 + 1) % config.vocab_size);
-    std::vector<double> ms;
-    {
-      // The step generate runs (model/decode_engine.h): the greedy tokens feed the next step.
-      DecodeEngine engine(self, model, cache, {.cuda_graph = opt.cuda_graph});
-      for (int64_t step = 0; step < steps; ++step) {
-        const auto t0 = std::chrono::steady_clock::now();
-        engine.step(slots, ids, StepResult::argmax);
-        const std::span<const int32_t> next = engine.argmax();  // read back on the host: the step's end
-        const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        if (step >= opt.warmup) ms.push_back(t);
-        for (int64_t b = 0; b < batch; ++b) {
-          HYDRA_ASSERT(next[static_cast<size_t>(b)] >= 0, "decode bench: non-finite logits at step {}", step);
-        }
-        std::copy(next.begin(), next.end(), ids.begin());
-      }
-      j["step_arena_mib"] = engine.arena_bytes() / 1048576.0;
-    }
+    std::vector<double> ms = time_steps(self, model, cache, batch, opt, j);
     std::sort(ms.begin(), ms.end());
     const double step_ms = ms[ms.size() / 2];
     // One layer's kernels alone (CUDA events): the anchors measure the same two ops in PyTorch.
-    double attention_ms = 0, gdn_ms = 0, gdn_branch_ms = 0;
-    const int64_t d = config.head_dim;
-    for (int64_t l = 0; l < config.num_layers && attention_ms == 0; ++l) {
-      const KvCacheLayer& c = cache.layer(l);
-      if (!c.k.defined()) continue;
-      const int64_t hq = model.layer_weights(l).h_fa;
-      Tensor q = bench::random_device({batch, hq, d}, "bench.q", 9);
-      Tensor len_host = Tensor::empty({batch}, DType::i32), pos_host = Tensor::empty({batch}, DType::i64);
-      for (int64_t b = 0; b < batch; ++b) {
-        len_host.data_as<int32_t>()[b] = static_cast<int32_t>(context);
-        pos_host.data_as<int64_t>()[b] = context - 1;
-      }
-      const Tensor len = to_device(len_host, Device::cuda), pos = to_device(pos_host, Device::cuda);
-      Tensor out = Tensor::empty({batch, hq, d}, DType::f32, Device::cuda), lse = Tensor::empty({hq, batch}, DType::f32, Device::cuda);
-      const ops::AttentionParams p = model.attention_params(l);
-      attention_ms = bench::median_ms(opt.warmup, opt.repeat, [&] {
-        ops::attention_decode(out, lse, q, c.k, c.v, TensorView(), len, context, pos, p);
-      });
-      j["attention_heads"] = hq;
-      j["attention_kv_heads"] = c.k.size(2);
-      j["attention_gb_per_s"] = static_cast<double>(batch) * static_cast<double>(context) * 2.0 *
-                                static_cast<double>(c.k.size(2) * d) * 2.0 / (attention_ms * 1e-3) / 1e9;
-    }
-    for (int64_t l = 0; l < config.num_layers && gdn_ms == 0; ++l) {
-      const KvCacheLayer& c = cache.layer(l);
-      if (!c.state.defined()) continue;
-      const int64_t h = c.state.size(1);
-      Tensor q = bench::random_device({batch, h, d}, "bench.gq", 10), k = bench::random_device({batch, h, d}, "bench.gk", 11);
-      Tensor v = bench::random_device({batch, h, d}, "bench.gv", 12);
-      ops::l2_norm(k, 1e-6f);
-      Tensor g = Tensor::empty({batch, h}, DType::f32, Device::cuda), beta = Tensor::empty({batch, h}, DType::f32, Device::cuda);
-      fill(g, -0.1);
-      fill(beta, 0.5);
-      Tensor out = Tensor::empty({batch, h, d}, DType::bf16, Device::cuda);
-      gdn_ms = bench::median_ms(opt.warmup, opt.repeat, [&] {
-        ops::delta_rule_step(out, c.state, TensorView(), q, k, v, g, beta, {});
-      });
-      j["gdn_heads"] = h;
-      // The whole GDN branch of the layer with this variant's kernels (conv step, gates, step).
-      const GdnBranchCall call = gdn_branch_call(batch, h, d, context);
-      const ops::GdnDecodeTensors t = call.tensors(model.layer_weights(l), c.state, c.conv_tail);
-      const ops::GdnQkParams qk = model.gdn_qk_params(h);
-      const ops::DeltaRuleParams rule = model.delta_rule_params();
-      gdn_branch_ms = bench::median_ms(opt.warmup, opt.repeat, [&] { ops::gdn_decode_step(t, qk, rule); });
-    }
+    const double attention_ms = time_attention_layer(model, cache, context, batch, opt, j);
+    const GdnLayerTimes gdn = time_gdn_layer(model, cache, context, batch, opt, j);
     // What a step must read at least: the weights once, every slot's cache, the GDN states (read and written).
     const double moved = weight_bytes + static_cast<double>(batch) * (static_cast<double>(context) * bytes.per_token +
                                                                        2.0 * bytes.per_slot);
@@ -385,8 +417,8 @@ void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, 
               {"tokens_per_s", static_cast<double>(batch) * 1000.0 / step_ms},
               {"step_ms_all", ms},
               {"attention_layer_ms", attention_ms > 0 ? nlohmann::json(attention_ms) : nlohmann::json()},
-              {"gdn_step_layer_ms", gdn_ms > 0 ? nlohmann::json(gdn_ms) : nlohmann::json()},
-              {"gdn_branch_layer_ms", gdn_branch_ms > 0 ? nlohmann::json(gdn_branch_ms) : nlohmann::json()},
+              {"gdn_step_layer_ms", gdn.step_ms > 0 ? nlohmann::json(gdn.step_ms) : nlohmann::json()},
+              {"gdn_branch_layer_ms", gdn.branch_ms > 0 ? nlohmann::json(gdn.branch_ms) : nlohmann::json()},
               {"peak_memory_gib", static_cast<double>(cuda_memory_stats().peak) / kGiB}});
     emit(j);
   }

@@ -25,6 +25,12 @@ namespace hydra::test {
 Tensor gpu(const TensorView& host_f32, DType dtype) { return to(host_f32, Device::cuda, dtype); }
 Tensor host(const TensorView& t) { return to(t, Device::host, DType::f32); }
 
+std::vector<int32_t> strided_ids(int64_t n, int64_t vocab, int64_t step, int64_t offset) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * step + offset) % vocab);
+  return ids;
+}
+
 Tensor int32_vector(const std::vector<int32_t>& v) {
   Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::i32);
   std::copy(v.begin(), v.end(), t.data_as<int32_t>());

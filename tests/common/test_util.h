@@ -24,6 +24,10 @@ Tensor gpu(const TensorView& host_f32, DType dtype = DType::bf16);
 Tensor host(const TensorView& t);
 // Small host index vectors (slots, lengths, positions).
 Tensor int32_vector(const std::vector<int32_t>& v);
+
+// n made-up token ids in [0, vocab): id i = (i·step + offset) mod vocab, for i, step, offset ≥ 0. The
+// tests' prompts and windows: deterministic, and spread over the vocabulary when step is prime to it.
+std::vector<int32_t> strided_ids(int64_t n, int64_t vocab, int64_t step, int64_t offset);
 Tensor int64_vector(const std::vector<int64_t>& v);
 // Logits [T, V] f32 of a full forward over `ids` on one process without a cache: what decode and
 // generation are held to.

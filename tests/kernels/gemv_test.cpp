@@ -1,4 +1,4 @@
-// The GEMV's CPU reference (kernels/gemv/gemv.cpp) against OpenBLAS's ops::linear on the same host
+// The GEMV's CPU reference (kernels/gemv/gemv_reference.cpp) against OpenBLAS's ops::linear on the same host
 // views (column blocks of wider buffers, accumulation, every row count it takes), and the rules
 // gemv_supported applies to GPU views (checked on views of made-up device addresses: nothing is
 // read). Tolerance 1e-5: fp32 sums (OpenBLAS) against float64 (the reference) over K ≤ 300. The

@@ -39,11 +39,7 @@ void expect_clean_error(const CommandResult& r, const std::string& needle) {
   EXPECT_EQ(r.output.find("double free"), std::string::npos) << r.output;
 }
 
-std::vector<int32_t> tokens(int64_t n, int32_t salt = 0) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37 + 11 + salt) % 256);
-  return ids;
-}
+std::vector<int32_t> tokens(int64_t n, int32_t salt = 0) { return strided_ids(n, 256, 37, 11 + salt); }
 
 void write_i64(H5File& file, const std::string& name, const std::vector<int64_t>& values) {
   Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::i64);

@@ -41,11 +41,7 @@ void write_prompts(const std::string& path, const std::vector<int32_t>& ids, con
   file.close();
 }
 
-std::vector<int32_t> ids_of(int64_t n, uint64_t salt) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37 + salt * 11 + 3) % 256);
-  return ids;
-}
+std::vector<int32_t> ids_of(int64_t n, uint64_t salt) { return strided_ids(n, 256, 37, static_cast<int64_t>(salt) * 11 + 3); }
 
 std::vector<std::vector<int32_t>> tokens_of(const std::vector<nlohmann::json>& lines) {
   std::vector<std::vector<int32_t>> out;

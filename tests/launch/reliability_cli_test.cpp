@@ -50,11 +50,7 @@ void expect_clean_error(const CommandResult& r, const std::string& needle) {
   EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
 }
 
-std::vector<int32_t> tokens(int64_t n, int32_t vocab, int32_t salt = 0) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37 + 11 + salt) % vocab);
-  return ids;
-}
+std::vector<int32_t> tokens(int64_t n, int32_t vocab, int32_t salt = 0) { return strided_ids(n, vocab, 37, 11 + salt); }
 
 std::vector<std::string> temporaries_in(const fs::path& dir) {
   std::vector<std::string> out;

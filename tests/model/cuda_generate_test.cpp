@@ -32,9 +32,7 @@ namespace hydra::test {
 namespace {
 
 std::vector<int32_t> prompt_of(int64_t n, int64_t vocab, uint64_t salt) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 131 + 7 + salt * 29) % vocab);
-  return ids;
+  return strided_ids(n, vocab, 131, 7 + static_cast<int64_t>(salt) * 29);
 }
 
 void expect_gpu_decode_matches_cpu(const ModelConfig& c, const std::string& preset, const ops::KernelOptions& kernels = {});

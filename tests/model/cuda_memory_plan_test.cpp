@@ -41,11 +41,6 @@ void expect_plan(const MemoryEstimate& plan, double held, double peak, const std
   EXPECT_NEAR(plan.weights + plan.activations, peak, 0.05 * peak) << what << " (peak)";
 }
 
-std::vector<int32_t> token_ids(int64_t t, int64_t vocab) {
-  std::vector<int32_t> ids(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7 + 3) % vocab);
-  return ids;
-}
 #endif
 
 TEST(CudaMemoryPlan, TrainingStepWithinFivePercentOfTheMeasuredPeak) {
@@ -64,7 +59,7 @@ TEST(CudaMemoryPlan, TrainingStepWithinFivePercentOfTheMeasuredPeak) {
       SelfCommunicator comm(Device::cuda);
       // Two windows packed as documents, as hydra train packs --batch-seqs 2.
       const SequenceLayout layout = SequenceLayout::zigzag(t, 1, 0, {0, t / 2});
-      const std::vector<int32_t> ids = token_ids(t, c.vocab_size);
+      const std::vector<int32_t> ids = strided_ids(t, c.vocab_size, 7, 3);
       cuda_reset_peak();
       {
         const TokenRows rows = layout.token_rows(ids);
@@ -93,7 +88,7 @@ TEST(CudaMemoryPlan, PrefillWithinFivePercentOfTheMeasuredPeak) {
   const double held = in_use() - before;
   SelfCommunicator comm(Device::cuda);
   cuda_reset_peak();
-  timed_prefill(comm, SequenceLayout::zigzag(t, 1, 0), model, token_ids(t, c.vocab_size), PrefillRun{});
+  timed_prefill(comm, SequenceLayout::zigzag(t, 1, 0), model, strided_ids(t, c.vocab_size, 7, 3), PrefillRun{});
   const double peak = static_cast<double>(cuda_memory_stats().peak) - before;
   expect_plan(estimate_prefill_memory(c, t, 1, Device::cuda, false), held, peak,
               fmt::format("hydrahead-1.7b prefill, {} tokens", t));

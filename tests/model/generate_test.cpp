@@ -21,9 +21,7 @@ namespace {
 constexpr double kTol = 2e-5;
 
 std::vector<int32_t> prompt_of(int64_t n, int64_t vocab, uint64_t salt) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13 + salt * 101) % vocab);
-  return ids;
+  return strided_ids(n, vocab, 7919, 13 + static_cast<int64_t>(salt) * 101);
 }
 
 ModelConfig layerwise_hybrid() {

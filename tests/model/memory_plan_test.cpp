@@ -35,12 +35,6 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 double in_use() { return static_cast<double>(host_tensor_stats().in_use); }
 
-std::vector<int32_t> token_ids(int64_t t, int64_t vocab) {
-  std::vector<int32_t> ids(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7 + 3) % vocab);
-  return ids;
-}
-
 void expect_within(double plan, double measured, double tolerance, const std::string& what) {
   EXPECT_LE(std::abs(plan - measured), tolerance * measured)
       << what << ": plan " << plan << " bytes, measured " << measured << " (" << 100.0 * (plan - measured) / measured
@@ -66,7 +60,7 @@ Measured measure_training(const ModelConfig& c, int64_t t, KeptActivations keep,
   SelfCommunicator comm;
   // Two windows packed as documents, as hydra train packs a micro-batch of --batch-seqs 2.
   const SequenceLayout layout = SequenceLayout::zigzag(t, 1, 0, {0, t / 2});
-  const std::vector<int32_t> ids = token_ids(t, c.vocab_size);
+  const std::vector<int32_t> ids = test::strided_ids(t, c.vocab_size, 7, 3);
   host_tensor_reset_peak();
   {
     const TokenRows rows = layout.token_rows(ids);
@@ -147,7 +141,7 @@ TEST(MemoryPlan, PrefillOnTheHost) {
       SelfCommunicator comm;
       const SequenceLayout layout = SequenceLayout::zigzag(t, 1, 0);
       host_tensor_reset_peak();
-      timed_prefill(comm, layout, model, token_ids(t, c.vocab_size), PrefillRun{});
+      timed_prefill(comm, layout, model, test::strided_ids(t, c.vocab_size, 7, 3), PrefillRun{});
       const double peak = static_cast<double>(host_tensor_stats().peak) - before;
       const MemoryEstimate plan = estimate_prefill_memory(c, t, 1, Device::host, false);
       const std::string what = fmt::format("{} prefill, {} tokens", preset, t);

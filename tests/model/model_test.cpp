@@ -10,11 +10,7 @@
 namespace hydra::test {
 namespace {
 
-std::vector<int32_t> some_ids(int64_t n, int64_t vocab) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 2654435761u) % vocab);
-  return ids;
-}
+std::vector<int32_t> some_ids(int64_t n, int64_t vocab) { return strided_ids(n, vocab, 2654435761, 0); }
 
 TEST(Presets, AllValidateAndUnknownOnesAreListed) {
   for (const std::string& name : preset_names()) EXPECT_NO_THROW(preset_config(name).validate()) << name;

@@ -23,11 +23,7 @@ namespace {
 constexpr int64_t kTokens = 96;  // divisible by 2P for P = 1..4: segments of 96, 24, 16, 12
 const std::vector<int64_t> kStarts = {0, 1, 14, 24, 46, 49, 64, 70, 95};
 
-std::vector<int32_t> packed_ids(int64_t vocab) {
-  std::vector<int32_t> ids(static_cast<size_t>(kTokens));
-  for (int64_t i = 0; i < kTokens; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 29) % vocab);
-  return ids;
-}
+std::vector<int32_t> packed_ids(int64_t vocab) { return strided_ids(kTokens, vocab, 7919, 29); }
 
 int64_t doc_end(size_t d) { return d + 1 < kStarts.size() ? kStarts[d + 1] : kTokens; }
 

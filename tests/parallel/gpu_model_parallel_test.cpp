@@ -114,11 +114,7 @@ void expect_gradients_close(const train::NamedGradients& got, const train::Named
   }
 }
 
-std::vector<int32_t> ids_for(int64_t t, int64_t vocab) {
-  std::vector<int32_t> ids(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 211 + 5) % vocab);
-  return ids;
-}
+std::vector<int32_t> ids_for(int64_t t, int64_t vocab) { return strided_ids(t, vocab, 211, 5); }
 
 // GPU P ranks against one GPU and against P CPU ranks, on one sequence of 2P·40 tokens (segments of
 // 40: several GDN chunks and a conv halo per segment), packed into documents when `starts` is given.

@@ -24,9 +24,7 @@ namespace hydra::test {
 namespace {
 
 std::vector<int32_t> token_ids(int64_t t, int64_t vocab, uint64_t salt) {
-  std::vector<int32_t> ids(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13 + salt * 101) % vocab);
-  return ids;
+  return strided_ids(t, vocab, 7919, 13 + static_cast<int64_t>(salt) * 101);
 }
 
 void expect_same_gradients(const NamedTensors& parallel, const NamedTensors& single, double tol, const std::string& what) {

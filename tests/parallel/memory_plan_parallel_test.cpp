@@ -25,12 +25,6 @@ namespace {
 
 double in_use() { return static_cast<double>(host_tensor_stats().in_use); }
 
-std::vector<int32_t> token_ids(int64_t t, int64_t vocab) {
-  std::vector<int32_t> ids(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7 + 3) % vocab);
-  return ids;
-}
-
 void expect_plan(double plan, double measured, const std::string& what) {
   EXPECT_LE(std::abs(plan - measured), 0.05 * measured) << what << ": plan " << plan << ", measured " << measured;
   EXPECT_EQ(plan, measured) << what;
@@ -63,7 +57,7 @@ TEST(MemoryPlan, SequenceParallelTrainingStepAndPrefill) {
       train::AdamW optimizer(model, {}, [](const std::string&) { return true; });
       const double held = in_use() - before;
       const SequenceLayout layout = SequenceLayout::zigzag(t, p, comm.rank(), {0, t / 2});
-      const std::vector<int32_t> ids = token_ids(t, c.vocab_size);
+      const std::vector<int32_t> ids = strided_ids(t, c.vocab_size, 7, 3);
       host_tensor_reset_peak();
       {
         const TokenRows rows = layout.token_rows(ids);
@@ -81,7 +75,7 @@ TEST(MemoryPlan, SequenceParallelTrainingStepAndPrefill) {
       const double held = in_use() - before;
       const SequenceLayout layout = SequenceLayout::zigzag(t, p, comm.rank());
       host_tensor_reset_peak();
-      timed_prefill(comm, layout, model, token_ids(t, c.vocab_size), PrefillRun{});
+      timed_prefill(comm, layout, model, strided_ids(t, c.vocab_size, 7, 3), PrefillRun{});
       const double peak = static_cast<double>(host_tensor_stats().peak) - before;
       expect_plan(estimate_prefill_memory(c, t / p, p, Device::host, false), held, peak,
                   fmt::format("{} prefill, {} tokens", what, t));
