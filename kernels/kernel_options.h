@@ -21,10 +21,9 @@ struct KernelOptions {
   // HYDRA_DECODE_PDL: the decode engine launches its step's kernels with programmatic dependent
   // launch (runtime/programmatic_launch.h); off until measured.
   bool decode_pdl = false;
-  // The decode attention's GPU kernels and, for the pipelined ones, their split CTAs per SM (0: as
-  // many as fit). Not read from the environment: `hydra bench --op decode --decode-attention
-  // --decode-ctas-per-sm` sets them to compare kernels (AttentionParams, attention.h).
-  DecodeAttentionKernel decode_attention = DecodeAttentionKernel::pipelined;
+  // The decode attention kernel's split CTAs per SM (0: as many as fit). Not read from the
+  // environment: `hydra bench --op decode --decode-ctas-per-sm` sets it to compare chunkings
+  // (AttentionParams, attention.h).
   int decode_ctas_per_sm = 0;
   // The GDN branch's decode kernels (ops::gdn_decode_step): separate (three launches) or fused (one
   // launch). Fused is equal to the CPU on an H100 and its branch alone is 1.5x faster (9 against

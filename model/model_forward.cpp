@@ -72,7 +72,6 @@ ops::AttentionParams Model::attention_params(int64_t layer) const {
                               .kv_head_of_query = layers_at(layer).fa_kv_of,
                               .forward_kernel = kernels_.attention,
                               .backward_kernel = kernels_.attention_backward,
-                              .decode_kernel = kernels_.decode_attention,
                               .decode_ctas_per_sm = kernels_.decode_ctas_per_sm};
 }
 

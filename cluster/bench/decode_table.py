@@ -7,9 +7,9 @@ decode targets of issue 57.
 
 Markdown on stdout: one row per (model, context, batch, mode) cell, mode being how the step ran
 (eager: the kernels launched one by one; graph: replayed as a CUDA graph; + PDL: programmatic
-dependent launch, HYDRA_DECODE_PDL=1) and, on lines that name one, the decode attention variant
-(attn burst | pipelined [N/SM], hydra bench --decode-attention/--decode-ctas-per-sm; each variant
-beside the burst kernels in a section of its own) and ", gemv" where the step's projections ran the
+dependent launch, HYDRA_DECODE_PDL=1) and, on lines that name one other than the default, the decode
+attention's split CTAs per SM (attn N/SM, hydra bench --decode-ctas-per-sm; each beside the default,
+as many as fit, in a section of its own) and ", gemv" where the step's projections ran the
 GEMV of kernels/gemv/ (hydra bench --decode-gemv; each such line beside the cuBLAS line of the same
 cell, mode and attention in a section of its own): ms per step (= per token at batch 1), tokens/s, the bytes a
 step must read (every weight once, every row's cache, the GDN states read and written), GB/s and
@@ -53,11 +53,9 @@ def step_mode(r):
 
 
 def attention(r):
-    """The decode attention variant of a line (--decode-attention, --decode-ctas-per-sm), or ''."""
-    if "decode_attention" not in r:
-        return ""
+    """The decode attention's split CTAs per SM of a line (--decode-ctas-per-sm), or '' at the default."""
     n = r.get("decode_ctas_per_sm")
-    return r["decode_attention"] + (f" {n}/SM" if n else "")
+    return f"{n}/SM" if n else ""
 
 
 def mode(r):
@@ -124,21 +122,21 @@ def main(argv):
     if speedups:
         print("\nSpeed-up over eager (the same kernels launched one by one):\n" + "\n".join(speedups))
 
-    # The decode attention variants of one cell and step mode beside the burst kernels (the ones the
-    # pipelined kernels replaced), where a job ran several (cluster/bench/decode_kernels.jobs).
-    # The other kernel choices (--gdn-step, --decode-gemv) are part of the cell: each attention variant
-    # is compared with the burst kernels run with the same ones.
+    # The decode attention's split CTAs per SM of one cell and step mode beside the default (as many
+    # as fit), where a job ran several (hydra bench --decode-ctas-per-sm). The other kernel choices
+    # (--gdn-step, --decode-gemv) are part of the cell: each CTA count is compared with the default
+    # run with the same ones.
     def other_kernels(r):
         return ", ".join(([f"GDN {r['gdn_step']}"] if r.get("gdn_step") else []) + (["gemv"] if r.get("gemv_in_step") else []))
 
     variants = {}
     for r in measured:
-        if attention(r):
+        if "decode_ctas_per_sm" in r:
             sm = step_mode(r) + (f", {other_kernels(r)}" if other_kernels(r) else "")
             variants.setdefault((r["model"], r["context"], r["batch"], sm), []).append(r)
     lines = []
     for (model, context, batch, sm), rs in variants.items():
-        base = next((r for r in rs if r["decode_attention"] == "burst"), None)
+        base = next((r for r in rs if not attention(r)), None)
         if base is None or len(rs) < 2:
             continue
         parts = []
@@ -149,10 +147,11 @@ def main(argv):
             layer = f"layer {a:.4f} ms ({b / a:.2f}x)" if a and b else "layer —"
             parts.append(f"{attention(r)}: {layer}, step {r['ms_per_step']:.3f} ms ({base['ms_per_step'] / r['ms_per_step']:.2f}x)")
         b = base.get("attention_layer_ms")
-        lines.append(f"- {model} {label(context)} batch {batch} ({sm}): burst layer {fmt(b, '.4f')} ms, "
+        lines.append(f"- {model} {label(context)} batch {batch} ({sm}): as many as fit: layer {fmt(b, '.4f')} ms, "
                      f"step {base['ms_per_step']:.3f} ms; " + "; ".join(parts))
     if lines:
-        print("\nDecode attention kernels against the burst kernels (one layer alone; the whole step):\n" + "\n".join(lines))
+        print("\nDecode attention split CTAs per SM against as many as fit (one layer alone; the whole step):\n"
+              + "\n".join(lines))
 
     # The projections through the GEMV beside cuBLAS (cluster/bench/decode_gemv.jobs): the same cell,
     # step mode and attention variant, the whole step's time.

@@ -84,14 +84,6 @@ void decode_cpu(const TensorView& out, const TensorView& lse, const TensorView& 
 
 }  // namespace
 
-const char* decode_attention_kernel_name(DecodeAttentionKernel kernel) {
-  switch (kernel) {
-    case DecodeAttentionKernel::pipelined: return "pipelined";
-    case DecodeAttentionKernel::burst: return "burst";
-  }
-  return "?";
-}
-
 void attention_decode(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k_cache,
                       const TensorView& v_cache, const TensorView& slots, const TensorView& lengths,
                       int64_t max_length, const TensorView& q_positions, const AttentionParams& params) {

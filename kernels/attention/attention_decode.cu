@@ -1,14 +1,14 @@
 // CUDA decode-step attention (attention_decode.h): flash decoding over a bf16 cache, pipelined.
 //
-// attention_decode_pipelined_kernel (attention_decode_split.cuh: the layout shared with the previous
-// kernels): one CTA of 4 warps per (row b, KV head, chunk of keys), serving every query head of the
+// attention_decode_pipelined_kernel (attention_decode_split.cuh: its arguments and chunk epilogue):
+// one CTA of 4 warps per (row b, KV head, chunk of keys), serving every query head of the
 // KV head. Each lane owns one key of every round (a round: 32/L keys a warp, 4 warps: d = 128 → 8
 // keys, 4 KB of K and V) and keeps U rounds of its K words and U of its V words in registers
 // (U = 8 for groups of ≤ 2 heads, 4 for ≤ 4, 2 beyond: the queries and accumulators take the rest).
 // The loads run ahead of the math: the K words of the next U rounds are issued as soon as this
 // iteration's scores are taken, its V words as soon as they are accumulated, so a lane always has
-// U·32 bytes in flight instead of issuing a burst and waiting for all of it (the burst kernel's
-// 128 bytes, then nothing: one dependent round trip per 32 keys). Scores are L-lane sums (xor
+// U·32 bytes in flight instead of issuing a burst and waiting for all of it (the kernels it
+// replaced kept 128 bytes, then nothing: one dependent round trip per 32 keys). Scores are L-lane sums (xor
 // shuffles); the softmax is online per lane group in the exp2 domain, one rescale per U keys.
 //
 // Before griddepcontrol.wait (PDL: the previous kernel, the cache append, may still run) each lane
@@ -386,10 +386,6 @@ void attention_decode(const TensorView& out, const TensorView& lse, const Tensor
   if (a.rows == 0) return;
   // The longest row decides the chunking: the caller's bound, so no device-to-host read (a sync) per call.
   const int64_t longest = std::max<int64_t>(max_length, 1);
-  if (params.decode_kernel == DecodeAttentionKernel::burst) {
-    decode::attention_decode_burst(a, group, longest, out, lse);
-    return;
-  }
   HYDRA_ASSERT(params.decode_ctas_per_sm >= 0, "decode attention: {} CTAs per SM", params.decode_ctas_per_sm);
   if (q.size(2) == 64) {
     decode::run_pipelined_d<64>(a, group, longest, params.decode_ctas_per_sm, out, lse);

@@ -52,9 +52,8 @@ struct AttentionCase {
   double tau;
 };
 
-// Every decode attention kernel choice (the pipelined kernels at their default and at other split
-// CTAs per SM, and the burst kernels kept for the bench's comparison), each with the longest row as
-// the bound and with the cache's capacity as the bound (the CUDA graph's case: chunks past every
+// The decode attention kernel at its default split CTAs per SM and at others, each with the longest
+// row as the bound and with the cache's capacity as the bound (the CUDA graph's case: chunks past every
 // row's end hold no key).
 TEST(CudaDecode, AttentionMatchesCpu) {
   HYDRA_REQUIRE_GPU();
@@ -66,14 +65,7 @@ TEST(CudaDecode, AttentionMatchesCpu) {
       {64, 8, 1, {}, {20000, 1, 999}, 0.0},            // a group of 8 and a long row
       {128, 16, 1, {}, {3000, 129}, 0.0},              // a group of 16
   };
-  struct Variant {
-    ops::DecodeAttentionKernel kernel;
-    int ctas_per_sm;
-  };
-  const std::vector<Variant> variants = {{ops::DecodeAttentionKernel::pipelined, 0},
-                                         {ops::DecodeAttentionKernel::pipelined, 1},
-                                         {ops::DecodeAttentionKernel::pipelined, 8},
-                                         {ops::DecodeAttentionKernel::burst, 0}};
+  const std::vector<int> ctas_per_sm = {0, 1, 8};
   for (const AttentionCase& c : cases) {
     const int64_t rows = static_cast<int64_t>(c.lengths.size()), slots = rows + 1;
     const int64_t cap = *std::max_element(c.lengths.begin(), c.lengths.end()) + 3;
@@ -91,17 +83,15 @@ TEST(CudaDecode, AttentionMatchesCpu) {
     ops::attention_decode(ref, ref_lse, q, k, v, slot_t, len_t, longest, pos_t, p);
     const Tensor gq = gpu(q), gk = gpu(k), gv = gpu(v), gslot = gpu(slot_t, DType::i32), glen = gpu(len_t, DType::i32);
     const Tensor gpos = gpu(pos_t, DType::i64);
-    for (const Variant& variant : variants) {
+    for (const int ctas : ctas_per_sm) {
       for (const int64_t bound : {longest, cap}) {
         ops::AttentionParams pv = p;
-        pv.decode_kernel = variant.kernel;
-        pv.decode_ctas_per_sm = variant.ctas_per_sm;
+        pv.decode_ctas_per_sm = ctas;
         Tensor out = Tensor::empty({rows, c.hq, c.d}, DType::f32, Device::cuda);
         Tensor lse = Tensor::empty({c.hq, rows}, DType::f32, Device::cuda);
         ops::attention_decode(out, lse, gq, gk, gv, gslot, glen, bound, gpos, pv);
         const std::string what =
-            fmt::format("decode attention ({} {}/SM) d={} Hq={} Hk={} longest={} bound={}",
-                        ops::decode_attention_kernel_name(variant.kernel), variant.ctas_per_sm, c.d, c.hq, c.hk, longest, bound);
+            fmt::format("decode attention ({}/SM) d={} Hq={} Hk={} longest={} bound={}", ctas, c.d, c.hq, c.hk, longest, bound);
         expect_close(host(out), ref, 2e-3, what);
         const Tensor got_lse = host(lse);
         EXPECT_LE(max_abs_diff(got_lse, ref_lse), 1e-4) << what << " lse";

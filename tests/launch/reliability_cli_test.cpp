@@ -188,19 +188,18 @@ TEST(FaultSpec, UnknownKernelOptionValuesAreRefused) {
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
 }
 
-// The decode bench's kernel variants (--decode-attention, --decode-ctas-per-sm, --decode-gemv) are refused with
-// the flag's name when a value is unknown, before any GPU is asked for; valid lists get as far as
-// the GPU (a build or machine without one then says so).
-TEST(FaultSpec, UnknownDecodeAttentionVariantsAreRefused) {
+// The decode bench's kernel variants (--decode-ctas-per-sm, --decode-gemv, --gdn-step) are refused
+// with the flag's name when a value is unknown, before any GPU is asked for; valid lists get as far
+// as the GPU (a build or machine without one then says so).
+TEST(FaultSpec, UnknownDecodeKernelVariantsAreRefused) {
   const std::string run = hydra_binary() + " bench --op decode --preset hydrahead-tiny --contexts 4K --batches 1";
-  expect_clean_error(run_command(run + " --decode-attention fast"), "--decode-attention takes pipelined and/or burst (got 'fast')");
-  expect_clean_error(run_command(run + " --decode-attention ,burst"), "--decode-attention takes pipelined and/or burst (got '')");
   expect_clean_error(run_command(run + " --decode-ctas-per-sm 2,x"), "--decode-ctas-per-sm takes integers from 0 to 64 (got 'x')");
   expect_clean_error(run_command(run + " --decode-ctas-per-sm 65"), "--decode-ctas-per-sm takes integers from 0 to 64 (got '65')");
   expect_clean_error(run_command(run + " --decode-gemv cublas,fast"), "--decode-gemv takes cublas and/or hydra (got 'fast')");
   expect_clean_error(run_command(run + " --decode-gemv ,hydra"), "--decode-gemv takes cublas and/or hydra (got '')");
+  expect_clean_error(run_command(run + " --gdn-step separate,fast"), "--gdn-step takes separate and/or fused (got 'fast')");
   const CommandResult ok = run_command("CUDA_VISIBLE_DEVICES= " + run +
-                                       " --decode-attention burst,pipelined --decode-ctas-per-sm 0,2,4 --decode-gemv cublas,hydra");
+                                       " --decode-ctas-per-sm 0,2,4 --decode-gemv cublas,hydra --gdn-step separate,fused");
   EXPECT_NE(ok.exit_code, 0);
   EXPECT_TRUE(ok.output.find("needs a CUDA device") != std::string::npos || ok.output.find("HYDRA_CUDA=OFF") != std::string::npos)
       << ok.output;

@@ -399,8 +399,8 @@ TEST(CudaGenerate, EvalNiahGenerateScoringReplaysTheGraphWithTheEagerTokens) {
 // hydra bench --op decode as the decode benchmark job runs it, at toy size: its correctness gate
 // passes, a cell that fits is measured (ms per step, tokens/s, bytes, peak memory), and one that
 // cannot fit (10⁹ cached tokens) is skipped with its reason instead of failing; the default is the
-// graph, --cuda-graph off the eager step, HYDRA_DECODE_PDL=1 the graph with PDL; --decode-attention
-// and --decode-ctas-per-sm time each decode attention variant on the same cell.
+// graph, --cuda-graph off the eager step, HYDRA_DECODE_PDL=1 the graph with PDL;
+// --decode-ctas-per-sm times each decode attention chunking on the same cell.
 TEST(CudaGenerate, DecodeBenchMeasuresAndSkipsWhatCannotFit) {
   HYDRA_REQUIRE_GPU();
   const CommandResult r = run_command(hydra_binary() + " bench --op decode --preset hydrahead-tiny --contexts 4K,1000000000 "
@@ -458,12 +458,11 @@ TEST(CudaGenerate, DecodeBenchMeasuresAndSkipsWhatCannotFit) {
   EXPECT_TRUE(pdl_cell.at("cuda_graph").get<bool>());
   EXPECT_TRUE(pdl_cell.at("pdl").get<bool>());
   EXPECT_GT(pdl_cell.at("ms_per_step").get<double>(), 0.0);
-  EXPECT_EQ(pdl_cell.at("decode_attention").get<std::string>(), "pipelined") << "the production kernels by default";
-  // The decode attention variants, each on the same cell in the order asked: the burst kernels once,
-  // the pipelined ones once per CTA count; each checked against the CPU and named in its line.
+  EXPECT_EQ(pdl_cell.at("decode_ctas_per_sm").get<int>(), 0) << "as many split CTAs as fit by default";
+  // The decode attention's split CTAs per SM, each on the same cell in the order asked; each checked
+  // against the CPU and named in its line.
   const CommandResult v = run_command(hydra_binary() + " bench --op decode --preset hydrahead-tiny --contexts 4K "
-                                      "--batches 1 --warmup 1 --repeat 2 --decode-attention burst,pipelined "
-                                      "--decode-ctas-per-sm 0,2");
+                                      "--batches 1 --warmup 1 --repeat 2 --decode-ctas-per-sm 1,0,2");
   ASSERT_EQ(v.exit_code, 0) << v.output;
   std::vector<nlohmann::json> variants;
   std::stringstream lines(v.output);
@@ -471,9 +470,7 @@ TEST(CudaGenerate, DecodeBenchMeasuresAndSkipsWhatCannotFit) {
     if (!line.empty() && line.front() == '{') variants.push_back(nlohmann::json::parse(line));
   }
   ASSERT_EQ(variants.size(), 3u) << v.output;
-  EXPECT_EQ(variants[0].at("decode_attention").get<std::string>(), "burst");
-  EXPECT_TRUE(variants[0].at("decode_ctas_per_sm").is_null());
-  EXPECT_EQ(variants[1].at("decode_attention").get<std::string>(), "pipelined");
+  EXPECT_EQ(variants[0].at("decode_ctas_per_sm").get<int>(), 1);
   EXPECT_EQ(variants[1].at("decode_ctas_per_sm").get<int>(), 0);
   EXPECT_EQ(variants[2].at("decode_ctas_per_sm").get<int>(), 2);
   for (const auto& c : variants) EXPECT_GT(c.at("attention_layer_ms").get<double>(), 0.0) << c.dump();
