@@ -52,6 +52,7 @@ struct AttentionParams {
   AttentionKernel forward_kernel = AttentionKernel::automatic;
   AttentionBackwardKernel backward_kernel = AttentionBackwardKernel::automatic;
   int decode_ctas_per_sm = 0;  // decode attention on the GPU: split CTAs per SM (0: as many as fit at once)
+  bool decode_kv_evict_first = false;  // decode attention on the GPU: cache loads marked L2 evict-first
   TensorView q_document_start = {};  // [Tq] int64 on q's device, or undefined: one document (causal only)
   TensorView k_document_end = {};    // [Tk] int64, or undefined (the backward then scans to the last query)
 };

@@ -90,6 +90,7 @@ int decode_args(DecodeArgs& a, const TensorView& out, const TensorView& lse, con
   a.hk = hk;
   a.scale = params.scale > 0 ? params.scale : 1.0 / std::sqrt(static_cast<double>(d));
   a.tau_log_base = params.tau_log_base;
+  a.kv_evict_first = params.decode_kv_evict_first;
   return group;
 }
 
@@ -103,7 +104,9 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
-template <int D, int G>
+// EvictFirst: the cache loads carry an L2 evict-first policy (a.kv_evict_first; a template
+// parameter, so the default instantiation's code is the plain loads' alone).
+template <int D, int G, bool EvictFirst>
 __global__ void __launch_bounds__(32 * kWarps, min_blocks_for(G))
     attention_decode_pipelined_kernel(const __grid_constant__ DecodeArgs a) {
   constexpr int L = D / 8;            // lanes per key
@@ -140,12 +143,19 @@ __global__ void __launch_bounds__(32 * kWarps, min_blocks_for(G))
   const int64_t key_end = min(int64_t{a.lengths[b]}, key_begin + a.chunk);
   const bf16_t* kbase = a.k + slot * a.cache_stride_slot + kvh * D + sub * 8;
   const bf16_t* vbase = a.v + slot * a.cache_stride_slot + kvh * D + sub * 8;
-  // The words of the U rounds of the iteration starting at key t (zero past the chunk's end).
+  // The words of the U rounds of the iteration starting at key t (zero past the chunk's end). Under
+  // the decode weight prefetch (EvictFirst) the cache stream is marked L2 evict-first, so it does not
+  // push out the weights prefetched for the projections after it (read once a step, it gains nothing
+  // from L2).
   const auto load_rounds = [&](Word (&w)[U], const bf16_t* base, int64_t t) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t key = t + int64_t(u) * KEYS_PER_ROUND + lane_key;
-      w[u] = key < key_end ? cuda::load_bf16_word<8>(base + key * a.cache_stride_row) : Word{};
+      if constexpr (EvictFirst) {
+        w[u] = key < key_end ? cuda::load_bf16_word_evict_first(base + key * a.cache_stride_row) : Word{};
+      } else {
+        w[u] = key < key_end ? cuda::load_bf16_word<8>(base + key * a.cache_stride_row) : Word{};
+      }
     }
   };
   Word kw[U], vw[U];
@@ -210,13 +220,13 @@ __global__ void __launch_bounds__(32 * kWarps, min_blocks_for(G))
   write_chunk_result<D, G>(a, split, b, h0, nh, m, l, acc);
 }
 
-// CTAs of the instantiation that fit on one SM at once (queried once per instantiation: every
+// CTAs of the plain instantiation that fit on one SM at once (queried once per instantiation: every
 // device of a process is the same kind of GPU here).
 template <int D, int G>
 int pipelined_occupancy() {
   static const int blocks = [] {
     int n = 0;
-    HYDRA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_pipelined_kernel<D, G>,
+    HYDRA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_pipelined_kernel<D, G, false>,
                                                                    32 * kWarps, 0));
     return std::max(n, 1);
   }();
@@ -226,6 +236,8 @@ int pipelined_occupancy() {
 template <int D, int G>
 void run_pipelined(DecodeArgs& a, int64_t longest, int ctas_per_sm, const TensorView& out, const TensorView& lse) {
   constexpr int64_t step = int64_t{32 / (D / 8)} * kWarps * rounds_for(G);
+  // The plain kernel's occupancy sizes the chunks with or without the evict-first hint, so the hint
+  // never changes the chunking, and the result keeps its bits.
   const int per_sm = ctas_per_sm > 0 ? ctas_per_sm : pipelined_occupancy<D, G>();
   const int64_t target = int64_t{per_sm} * cuda::sm_count(), pairs = a.rows * a.hk;
   const int64_t per_pair = std::max<int64_t>(1, target / pairs);
@@ -244,7 +256,11 @@ void run_pipelined(DecodeArgs& a, int64_t longest, int ctas_per_sm, const Tensor
     a.lse = static_cast<float*>(part_lse.data());
   }
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(a.rows * a.hk));
-  cuda::launch(attention_decode_pipelined_kernel<D, G>, grid, 32 * kWarps, 0, a);
+  if (a.kv_evict_first) {
+    cuda::launch(attention_decode_pipelined_kernel<D, G, true>, grid, 32 * kWarps, 0, a);
+  } else {
+    cuda::launch(attention_decode_pipelined_kernel<D, G, false>, grid, 32 * kWarps, 0, a);
+  }
   HYDRA_CUDA_LAUNCH_CHECK();
   if (splits > 1) ops::cuda_impl::attention_merge_partials(out, lse, part_out, part_lse);
 }

@@ -43,6 +43,9 @@ struct DecodeArgs {
   // Query heads grouped by KV head: heads[group_begin[g] .. group_begin[g + 1]) read KV head g.
   int16_t heads[kMaxQueryHeads];
   int16_t group_begin[kMaxQueryHeads + 1];
+  // The cache loads marked L2 evict-first (AttentionParams::decode_kv_evict_first). Last, so the
+  // fields above keep their offsets and the plain kernel its machine code.
+  bool kv_evict_first;
 };
 
 // Checks the call (attention_decode.h's contract on the GPU) and fills every field of `a` but out,
