@@ -8,6 +8,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/delta_rule/delta_rule.h"
 #include "kernels/gemv/gemv.h"
+#include "kernels/l2_prefetch/l2_prefetch.h"
 #include "runtime/concurrency.h"
 
 namespace hydra::ops {
@@ -38,6 +39,14 @@ struct KernelOptions {
   // one launch fewer and nothing at batch 8 (cluster/results/h100-2026-12-07-session3), so cuBLAS
   // stays the default. `hydra bench --op decode --decode-gemv` times both.
   DecodeGemvKernel decode_gemv = DecodeGemvKernel::cublas;
+  // HYDRA_DECODE_PREFETCH: off (0, the default until a GPU has measured it) or a cap in bytes. In a
+  // decode step on the GPU, once a layer's input projection is done, a side stream asks for up to
+  // this many bytes of the layer's o_proj, then MLP gate/up, then MLP down weights in L2
+  // (ops::l2_prefetch) while the attention part (FA decode, GDN step, fusion: latency-bound, DRAM
+  // mostly idle) runs, and the FA decode marks its cache loads evict-first in L2 so the cache stream
+  // does not push the prefetched weights out (AttentionParams::decode_kv_evict_first). The tokens
+  // are the same bits with and without it. `hydra bench --op decode --decode-prefetch` times caps.
+  int64_t decode_prefetch_bytes = 0;
 };
 
 }  // namespace hydra::ops

@@ -222,6 +222,7 @@ void describe(nlohmann::json& j, const DecodeKernelVariant& v, int64_t batch) {
   j["decode_gemv"] = ops::decode_gemv_kernel_name(v.gemv);
   j["gemv_in_step"] = v.gemv == ops::DecodeGemvKernel::hydra && batch <= ops::kGemvMaxRows;
   j["gdn_step"] = ops::gdn_decode_kernel_name(v.gdn);
+  j["decode_prefetch_mib"] = v.prefetch_bytes / (1024 * 1024);  // 0: off
 }
 
 // One (context, batch) cell: the cache filled once, then per kernel variant (the model's
@@ -262,6 +263,7 @@ void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, 
     chosen.decode_ctas_per_sm = variant.ctas_per_sm;
     chosen.decode_gemv = variant.gemv;
     chosen.gdn_decode = variant.gdn;
+    chosen.decode_prefetch_bytes = variant.prefetch_bytes;
     model.set_kernel_options(chosen);
     nlohmann::json j = base;
     describe(j, variant, batch);
@@ -400,7 +402,10 @@ void bench_decode(const DecodeBenchOptions& opt, const ops::KernelOptions& kerne
         const int ctas = j["decode_ctas_per_sm"].get<int>();
         const std::string variant = (ctas > 0 ? fmt::format("attention {} CTAs/SM", ctas) : std::string("attention")) +
                                     ", GDN " + j["gdn_step"].get<std::string>() +
-                                    ", projections " + (j["gemv_in_step"].get<bool>() ? "gemv" : "cublas");
+                                    ", projections " + (j["gemv_in_step"].get<bool>() ? "gemv" : "cublas") +
+                                    (j["decode_prefetch_mib"].get<int64_t>() > 0
+                                         ? fmt::format(", L2 prefetch {} MiB", j["decode_prefetch_mib"].get<int64_t>())
+                                         : std::string());
         if (j.contains("skipped")) {
           log::info("decode {} context {} batch {} ({}): skipped: {}", opt.preset, context, batch, variant,
                     j["skipped"].get<std::string>());

@@ -104,6 +104,28 @@ check("- hydrahead-1.7b 32K batch 1 (graph + PDL): cuBLAS 2.800 ms, GEMV 2.400 m
       in out, f"the GEMV against cuBLAS: {out}")
 check("32K batch 32 (graph + PDL): cuBLAS" not in out, "no pair where the GEMV did not run")
 
+# The L2 weight prefetch (cluster/bench/decode_prefetch.jobs): a row per cap, each cap beside the
+# same cell without it (whole step, datasheet fraction, the one-layer attention); the batch-8 cell
+# compared on its own; the target taken at the fastest cap.
+def prefetched(mib, batch, ms, layer):
+    r = cell("hydrahead-1.7b", K32, batch, ms, True, pdl=True)
+    r.update({"decode_ctas_per_sm": 0, "decode_gemv": "cublas", "gemv_in_step": False, "gdn_step": "separate",
+              "decode_prefetch_mib": mib, "attention_layer_ms": layer})
+    return r
+
+
+out = run([prefetched(0, 1, 2.5, 0.0120), prefetched(8, 1, 2.4, 0.0121), prefetched(32, 1, 2.0, 0.0125),
+           prefetched(0, 8, 4.0, 0.030), prefetched(32, 8, 3.9, 0.031)])
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL, GDN separate, prefetch 32 MiB | 2.000 |" in out, f"the 32 MiB row: {out}")
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL, GDN separate | 2.500 |" in out, f"the row without prefetch: {out}")
+check("- hydrahead-1.7b 32K batch 1 (graph + PDL, GDN separate): off 2.500 ms (0.50 of the datasheet; attn layer "
+      "0.0120 ms); 8 MiB 2.400 ms (1.04x, 0.52 of the datasheet; attn layer 0.0121 ms); 32 MiB 2.000 ms (1.25x, "
+      "0.63 of the datasheet; attn layer 0.0125 ms)" in out, f"the caps against none at batch 1: {out}")
+check("- hydrahead-1.7b 32K batch 8 (graph + PDL, GDN separate): off 4.000 ms" in out and "32 MiB 3.900 ms (1.03x" in out,
+      f"the caps against none at batch 8: {out}")
+check("2.000 ms/token (graph + PDL, GDN separate, prefetch 32 MiB)" in out, f"the target at the fastest cap: {out}")
+check("cuBLAS" not in out, "no GEMV pairs where only cuBLAS ran")
+
 for f in failures:
     print("FAILED:", f)
 print("decode_table_test:", "FAILED" if failures else "PASSED")
