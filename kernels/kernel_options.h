@@ -8,6 +8,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/delta_rule/delta_rule.h"
 #include "kernels/gemv/gemv.h"
+#include "kernels/l2_prefetch/l2_prefetch.h"
 #include "runtime/concurrency.h"
 
 namespace hydra::ops {
@@ -21,10 +22,9 @@ struct KernelOptions {
   // HYDRA_DECODE_PDL: the decode engine launches its step's kernels with programmatic dependent
   // launch (runtime/programmatic_launch.h); off until measured.
   bool decode_pdl = false;
-  // The decode attention's GPU kernels and, for the pipelined ones, their split CTAs per SM (0: as
-  // many as fit). Not read from the environment: `hydra bench --op decode --decode-attention
-  // --decode-ctas-per-sm` sets them to compare kernels (AttentionParams, attention.h).
-  DecodeAttentionKernel decode_attention = DecodeAttentionKernel::pipelined;
+  // The decode attention kernel's split CTAs per SM (0: as many as fit). Not read from the
+  // environment: `hydra bench --op decode --decode-ctas-per-sm` sets it to compare chunkings
+  // (AttentionParams, attention.h).
   int decode_ctas_per_sm = 0;
   // The GDN branch's decode kernels (ops::gdn_decode_step): separate (three launches) or fused (one
   // launch). Fused is equal to the CPU on an H100 and its branch alone is 1.5x faster (9 against
@@ -41,6 +41,14 @@ struct KernelOptions {
   // in_proj's and gate/up's GEMV (ops::gemv_rms_norm: two launches a layer fewer, the same bits as
   // hydra; not yet measured on a GPU). `hydra bench --op decode --decode-gemv` times all three.
   DecodeGemvKernel decode_gemv = DecodeGemvKernel::cublas;
+  // HYDRA_DECODE_PREFETCH: off (0, the default until a GPU has measured it) or a cap in bytes. In a
+  // decode step on the GPU, once a layer's input projection is done, a side stream asks for up to
+  // this many bytes of the layer's o_proj, then MLP gate/up, then MLP down weights in L2
+  // (ops::l2_prefetch) while the attention part (FA decode, GDN step, fusion: latency-bound, DRAM
+  // mostly idle) runs, and the FA decode marks its cache loads evict-first in L2 so the cache stream
+  // does not push the prefetched weights out (AttentionParams::decode_kv_evict_first). The tokens
+  // are the same bits with and without it. `hydra bench --op decode --decode-prefetch` times caps.
+  int64_t decode_prefetch_bytes = 0;
 };
 
 }  // namespace hydra::ops

@@ -11,7 +11,7 @@
 // device copy measured in the same run instead of the GEMM ceiling (bench/gdn_input.cpp).
 // decode: a whole model's greedy decode steps at long context (bench/decode.h): ms per step,
 // tokens/s, cache bytes, peak memory and GB/s beside a device copy, per (--contexts, --batches) cell
-// and per decode attention variant (--decode-attention, --decode-ctas-per-sm).
+// and per kernel variant (--decode-ctas-per-sm, --decode-gemv, --gdn-step, --decode-prefetch).
 // The kernel measured is the one a model run would use (HYDRA_ATTENTION_KERNEL, HYDRA_GDN_KERNEL,
 // HYDRA_GDN_SEGMENTS select others); its name is part of the printed label and the JSON line.
 #include <algorithm>
@@ -27,6 +27,7 @@
 #include "launch/bench/forward.h"
 #include "launch/bench/gdn_input.h"
 #include "launch/cli.h"
+#include "launch/kernel_options.h"
 #include "model/decode_engine.h"
 #include "model/params.h"
 #include "runtime/atomic_file.h"
@@ -54,10 +55,10 @@ struct BenchOptions {
   std::string contexts = "32K,128K,512K,1M";
   std::string batches = "1,8,32";
   std::string cuda_graph = "auto";
-  std::string decode_attention = "pipelined";
   std::string decode_ctas_per_sm = "0";
   std::string gdn_step = "separate";
   std::string decode_gemv;
+  std::string decode_prefetch;
 
   void bind(po::options_description& o) {
     o.add_options()
@@ -77,13 +78,13 @@ struct BenchOptions {
         ("contexts", po::value(&contexts)->default_value("32K,128K,512K,1M"), "decode: cached tokens per sequence, a list")
         ("batches", po::value(&batches)->default_value("1,8,32"), "decode: sequences per step, a list")
         ("cuda-graph", po::value(&cuda_graph)->default_value("auto")->implicit_value("on"), "decode: on, off or auto (= on: one GPU): replay each step as a CUDA graph, as generate does by default; off: the same kernels launched one by one")
-        ("decode-attention", po::value(&decode_attention)->default_value("pipelined"), "decode: the decode attention kernels to time, a list run in order on the same cache: pipelined (the production kernels) and/or burst (the ones they replaced, kept only for this comparison)")
-        ("decode-ctas-per-sm", po::value(&decode_ctas_per_sm)->default_value("0"), "decode: the pipelined kernels' split CTAs per SM, a list (each value a variant; 0: as many as fit at once)")
-        ("gdn-step", po::value(&gdn_step)->default_value("separate"), "decode: the GDN branch's decode kernels to time, a list run in order on the same cache (each decode attention variant once per entry): separate (conv step, gates and delta-rule step as three launches: the production kernels) and/or fused (one launch)")
-        ("decode-gemv", po::value(&decode_gemv), "decode: the projections' kernels to time, a list run in order on the same cache (each with every attention variant): cublas, hydra (the GEMV of kernels/gemv/, batches of at most 8 rows; larger ones stay on cuBLAS) and/or hydra-norm (the GEMV with the input and MLP norms fused into in_proj's and gate/up's); default: HYDRA_DECODE_GEMV's choice (cublas)");
+        ("decode-ctas-per-sm", po::value(&decode_ctas_per_sm)->default_value("0"), "decode: the decode attention's split CTAs per SM, a list run in order on the same cache (each value a variant; 0: as many as fit at once)")
+        ("gdn-step", po::value(&gdn_step)->default_value("separate"), "decode: the GDN branch's decode kernels to time, a list run in order on the same cache (each CTA count once per entry): separate (conv step, gates and delta-rule step as three launches: the production kernels) and/or fused (one launch)")
+        ("decode-gemv", po::value(&decode_gemv), "decode: the projections' kernels to time, a list run in order on the same cache (each with every CTA count): cublas, hydra (the GEMV of kernels/gemv/, batches of at most 8 rows; larger ones stay on cuBLAS) and/or hydra-norm (the GEMV with the input and MLP norms fused into in_proj's and gate/up's); default: HYDRA_DECODE_GEMV's choice (cublas)")
+        ("decode-prefetch", po::value(&decode_prefetch), "decode: the L2 weight prefetch's caps to time, a list run in order on the same cache (each with every other variant): off and/or MiB from 1 to 1024 (a layer's o_proj, then MLP gate/up, then MLP down weights, up to the cap, while its attention part runs; kernels/l2_prefetch/); default: HYDRA_DECODE_PREFETCH's choice (off)");
   }
-  // The (--decode-attention x --decode-ctas-per-sm) x --decode-gemv x --gdn-step variants (burst takes
-  // no CTA count: once); without --decode-gemv, the projections' kernel of `kernels` (HYDRA_DECODE_GEMV).
+  // The --decode-ctas-per-sm x --decode-gemv x --gdn-step x --decode-prefetch variants; without
+  // --decode-gemv / --decode-prefetch, the choice of `kernels` (HYDRA_DECODE_GEMV, HYDRA_DECODE_PREFETCH).
   std::vector<DecodeKernelVariant> kernel_variants(const ops::KernelOptions& kernels) const {
     std::vector<int> ctas;
     std::stringstream counts(decode_ctas_per_sm);
@@ -104,13 +105,16 @@ struct BenchOptions {
     const std::vector<ops::GdnDecodeKernel> gdns = choice_list<ops::GdnDecodeKernel>(
         gdn_step, "--gdn-step", {{"separate", ops::GdnDecodeKernel::separate}, {"fused", ops::GdnDecodeKernel::fused}},
         "kernel choice");
-    using Attention = ops::DecodeAttentionKernel;
+    std::vector<int64_t> prefetches;
+    std::stringstream caps(decode_prefetch);
+    for (std::string item; std::getline(caps, item, ',');) prefetches.push_back(parse_decode_prefetch(item, "--decode-prefetch"));
+    if (decode_prefetch.empty()) prefetches.push_back(kernels.decode_prefetch_bytes);
+    HYDRA_USER_CHECK(!prefetches.empty(), "--decode-prefetch needs at least one value");
     std::vector<DecodeKernelVariant> out;
-    for (const Attention a : choice_list<Attention>(decode_attention, "--decode-attention",
-                                                    {{"pipelined", Attention::pipelined}, {"burst", Attention::burst}}, "kernel")) {
-      for (const int n : a == Attention::burst ? std::vector<int>{0} : ctas) {
-        for (const auto g : gemvs) {
-          for (const auto gdn : gdns) out.push_back({.attention = a, .ctas_per_sm = n, .gemv = g, .gdn = gdn});
+    for (const int n : ctas) {
+      for (const auto g : gemvs) {
+        for (const auto gdn : gdns) {
+          for (const int64_t bytes : prefetches) out.push_back({.ctas_per_sm = n, .gemv = g, .gdn = gdn, .prefetch_bytes = bytes});
         }
       }
     }
@@ -174,8 +178,8 @@ int run_bench(App& app, const std::vector<std::string>& args) {
   if (!parse_command_line(app, "bench",
                           "--op gemm|attention|gdn|attention-bwd|gdn-bwd|gdn-input [--seq-len 32K --heads 16 --head-dim 128] | "
                           "--op decode --preset NAME [--contexts 32K,128K,512K,1M --batches 1,8,32] [--cuda-graph on|off|auto] "
-                          "[--decode-attention pipelined,burst --decode-ctas-per-sm 0,2 --decode-gemv cublas,hydra] "
-                          "[--gdn-step separate,fused]",
+                          "[--decode-ctas-per-sm 0,2 --decode-gemv cublas,hydra] "
+                          "[--gdn-step separate,fused] [--decode-prefetch off,8,32,48]",
                           desc, args)) {
     return 0;
   }

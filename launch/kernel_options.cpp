@@ -1,5 +1,7 @@
 #include "launch/kernel_options.h"
 
+#include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <string>
 
@@ -44,6 +46,9 @@ ops::KernelOptions kernel_options_from_environment() {
     HYDRA_USER_CHECK(v == "0" || v == "1", "HYDRA_DECODE_PDL must be 0 or 1 (got '{}')", v);
     o.decode_pdl = v == "1";
   }
+  if (const std::string v = env("HYDRA_DECODE_PREFETCH"); !v.empty()) {
+    o.decode_prefetch_bytes = parse_decode_prefetch(v, "HYDRA_DECODE_PREFETCH");
+  }
   if (const std::string v = env("HYDRA_DECODE_GEMV"); !v.empty()) {
     HYDRA_USER_CHECK(v == "cublas" || v == "hydra" || v == "hydra-norm",
                      "HYDRA_DECODE_GEMV must be cublas, hydra or hydra-norm (got '{}')", v);
@@ -52,6 +57,17 @@ ops::KernelOptions kernel_options_from_environment() {
                                         : ops::DecodeGemvKernel::cublas;
   }
   return o;
+}
+
+int64_t parse_decode_prefetch(const std::string& text, const char* what) {
+  if (text == "off") return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long long mib = std::strtoll(text.c_str(), &end, 10);
+  HYDRA_USER_CHECK(!text.empty() && std::isdigit(static_cast<unsigned char>(text[0])) && end && *end == '\0' &&
+                       errno == 0 && mib >= 0 && mib <= kMaxDecodePrefetchMiB,
+                   "{} must be off or a whole number of MiB from 1 to {} (got '{}')", what, kMaxDecodePrefetchMiB, text);
+  return static_cast<int64_t>(mib) * 1024 * 1024;
 }
 
 GpuSharing gpu_sharing_from_environment() {

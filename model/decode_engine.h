@@ -88,6 +88,7 @@ class DecodeEngine {
   double arena_bytes() const { return arena_.bytes(); }
   bool graph_launched() const { return graph_launched_; }  // the last step replayed a CUDA graph
   int graph_segments() const { return graph_.segments(); }  // of the captured graph (0: none yet)
+  size_t graph_kernel_nodes() const { return graph_.kernel_nodes(); }  // the captured step's kernels (0: none)
 
  private:
   // The device work of a step of `batch` rows, from the id buffer to the result buffers.

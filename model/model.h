@@ -150,6 +150,7 @@ struct LayerPass {
   LayerSaved* save = nullptr;          // save
   const LayerSaved* replay = nullptr;  // replay
   AttentionTrace* trace = nullptr;     // replay
+  SideWork* prefetch = nullptr;        // decode: the layer's L2 weight prefetch (run_layer joins it)
   static LayerPass forward() { return {}; }
   static LayerPass saving(LayerSaved& saved) { return {.mode = LayerMode::save, .save = &saved}; }
   static LayerPass replaying(const LayerSaved& saved, AttentionTrace& trace) {

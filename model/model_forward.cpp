@@ -17,6 +17,7 @@
 #include "kernels/fusion/fusion.h"
 #include "kernels/gemv/gemv.h"
 #include "kernels/gdn_gates/gdn_gates.h"
+#include "kernels/l2_prefetch/l2_prefetch.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
@@ -72,8 +73,8 @@ ops::AttentionParams Model::attention_params(int64_t layer) const {
                               .kv_head_of_query = layers_at(layer).fa_kv_of,
                               .forward_kernel = kernels_.attention,
                               .backward_kernel = kernels_.attention_backward,
-                              .decode_kernel = kernels_.decode_attention,
-                              .decode_ctas_per_sm = kernels_.decode_ctas_per_sm};
+                              .decode_ctas_per_sm = kernels_.decode_ctas_per_sm,
+                              .decode_kv_evict_first = kernels_.decode_prefetch_bytes > 0};
 }
 
 Tensor Model::positions(const SequenceLayout& layout) const {
@@ -152,13 +153,26 @@ void Model::run_layer(ForwardContext& context, int64_t layer, const Tensor& posi
   maybe_inject_fault("layer");
   memory_stage("layer {} forward", layer);
   if (pass.mode == LayerMode::save) pass.save->input = clone(x, "kept input");
-  attention_block(context, layer, positions, x, pass);
+  // The decode step's L2 prefetch of this layer's weights (the kernel option decode_prefetch_bytes,
+  // kernels/l2_prefetch/l2_prefetch.h): forked by attention_block once the input projection is
+  // queued, joined here after the MLP. The prefetch kernel only issues its prefetches (a few µs
+  // once it has an SM), so by the layer's end it has long completed and the join delays nothing:
+  // the next layer's first kernel does not wait on it in practice. A join before o_proj instead
+  // would make o_proj wait whenever the prefetch kernel got its SMs late (behind a full wave of
+  // attention CTAs), and joining once per step would keep a stream forked across layers.
+  SideWork prefetch;
+  LayerPass p = pass;
+  if (pass.mode == LayerMode::decode && kernels_.decode_prefetch_bytes > 0 && device_ == Device::cuda) {
+    p.prefetch = &prefetch;
+  }
+  attention_block(context, layer, positions, x, p);
   Tensor gate_up;
   if (pass.mode == LayerMode::save && layer < context.keep.mlp_layers) {
     gate_up = layer_buffers(config_, layout(layer), x.size(0), dtype_, acc_dtype()).mlp_gate_up.empty(device_, "kept MLP gate/up");
     pass.save->mlp_gate_up = gate_up;
   }
   mlp(context, layer, x, gate_up);
+  prefetch.join();
 }
 
 void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor& positions, const TensorView& x,
@@ -192,6 +206,12 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
     } else {
       project(context, block.proj, block.x_norm, w.in_proj);
     }
+  }
+  if (pass.prefetch) {  // the weights of the GEMVs after the attention part, in the order they are read
+    pass.prefetch->start(device_, kernels_.branches, [&] {
+      const TensorView regions[] = {w.o_proj, w.mlp_in, w.mlp_down};
+      ops::l2_prefetch(regions, kernels_.decode_prefetch_bytes);
+    });
   }
   // Kept (read-only from here on) when the forward saves it.
   if (pass.mode == LayerMode::save && hydra && context.keep.projection) pass.save->proj = block.proj;

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "runtime/error.h"
 #include "runtime/memory_timeline.h"
 
 #if HYDRA_CUDA
@@ -12,10 +13,16 @@ namespace hydra {
 namespace {
 
 #if HYDRA_CUDA
-// The side streams of this thread's run_concurrently calls whose main_work is running.
+// The side streams of this thread's run_concurrently calls whose main_work is running, and of its
+// started and not yet joined SideWork, innermost last.
 std::vector<cudaStream_t>& open_sides() {
   thread_local std::vector<cudaStream_t> sides;
   return sides;
+}
+
+cudaStream_t side_work_stream() {
+  thread_local CudaStream side;  // this thread's side stream for SideWork (not run_concurrently's)
+  return side.get();
 }
 #endif
 
@@ -72,6 +79,50 @@ void run_concurrently(Device device, Branches branches, const std::function<void
 #else
   side_work();
   main_work();
+#endif
+}
+
+SideWork::~SideWork() {
+#if HYDRA_CUDA
+  if (open_ && !open_sides().empty() && open_sides().back() == side_work_stream()) open_sides().pop_back();
+#endif
+}
+
+void SideWork::start(Device device, Branches branches, const std::function<void()>& work) {
+  HYDRA_ASSERT(!started_, "side work started twice");
+  started_ = true;
+  if (device == Device::host || branches == Branches::serial || ShapeOnlyRun::active()) {
+    work();
+    return;
+  }
+#if HYDRA_CUDA
+  const cudaStream_t side = side_work_stream();
+  CudaEvent forked;
+  forked.record(current_stream());
+  forked.wait_on(side);
+  {
+    StreamGuard guard(side);
+    work();
+  }
+  open_sides().push_back(side);
+  open_ = true;
+#else
+  work();
+#endif
+}
+
+void SideWork::join() {
+#if HYDRA_CUDA
+  if (!open_) return;
+  const cudaStream_t side = side_work_stream();
+  HYDRA_ASSERT(!open_sides().empty() && open_sides().back() == side, "side work joined out of order");
+  open_sides().pop_back();
+  open_ = false;
+  // Recorded now rather than at start(): after a graph cut (CudaGraph::outside) the side stream
+  // rejoined the capture in progress, and the event must belong to it.
+  CudaEvent done;
+  done.record(side);
+  done.wait_on(current_stream());
 #endif
 }
 

@@ -12,6 +12,11 @@
 // Branches::serial runs both on the current stream, side_work first (a measurement knob,
 // HYDRA_SERIAL_BRANCHES=1 via launch/: the step or prefill time with and without it is what the
 // overlap buys).
+//
+// SideWork is the open-ended form: work forked onto a side stream that the current stream joins
+// only where the caller says, so the kernels queued on the current stream in between never wait
+// for it. Used for the decode step's L2 prefetch of a layer's weights (model_forward.cpp), which
+// must not delay the layer's own chain of kernels.
 #pragma once
 
 #include <functional>
@@ -32,7 +37,32 @@ void run_concurrently(Device device, Branches branches, const std::function<void
 // them wait for the current stream again (in the next segment's capture), so their work after the cut
 // (none: side_work was queued before main_work) and their own join stay ordered as without the cut.
 // No-ops on a build without CUDA.
+// SideWork's open side stream counts among them too.
 void join_open_branches();
 void reopen_branches();
+
+// start(): a side stream (one per host thread, not run_concurrently's) waits for everything queued
+// so far on the current stream, then `work` is queued on it; the host does not block. join(): the
+// current stream waits for everything queued on that side stream (device-side; a no-op when nothing
+// was started or it was joined already). Until join() the side stream is one of this thread's open
+// branches (join_open_branches above), so a graph cut in between stays legal. Under CUDA graph
+// capture the fork and the join become the graph's edges, so the work must be joined before the
+// capture ends. Joins nest with run_concurrently's: a SideWork started before a run_concurrently
+// call is joined after it returns. On the host, in a shape-only run, or with Branches::serial,
+// start() runs `work` at once on the current stream.
+class SideWork {
+ public:
+  SideWork() = default;
+  ~SideWork();  // an open side stream (an exception before join()) leaves the open branches
+  SideWork(const SideWork&) = delete;
+  SideWork& operator=(const SideWork&) = delete;
+  void start(Device device, Branches branches, const std::function<void()>& work);  // at most once
+  void join();
+  bool started() const { return started_; }
+
+ private:
+  bool started_ = false;
+  bool open_ = false;  // forked onto the side stream and not joined yet (GPU only)
+};
 
 }  // namespace hydra

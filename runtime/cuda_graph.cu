@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <vector>
+
 #include "runtime/concurrency.h"
 #include "runtime/cuda_memory.h"
 #include "runtime/error.h"
@@ -74,6 +76,22 @@ void CudaGraph::outside(const std::function<void()>& fn) {
   begin_capture();
   reopen_branches();
   t_capturing = graph;
+}
+
+size_t CudaGraph::kernel_nodes() const {
+  size_t kernels = 0;
+  for (const Segment& s : segments_) {
+    size_t n = 0;
+    HYDRA_CUDA_CHECK(cudaGraphGetNodes(s.graph, nullptr, &n));
+    std::vector<cudaGraphNode_t> nodes(n);
+    HYDRA_CUDA_CHECK(cudaGraphGetNodes(s.graph, nodes.data(), &n));
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type{};
+      HYDRA_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+      kernels += type == cudaGraphNodeTypeKernel ? 1 : 0;
+    }
+  }
+  return kernels;
 }
 
 void CudaGraph::launch() const {

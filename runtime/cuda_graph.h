@@ -21,6 +21,7 @@
 // launch are errors (the callers refuse --cuda-graph on the CPU before any work); outside() runs fn.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <vector>
 
@@ -46,6 +47,9 @@ class CudaGraph {
   // segments on the host.
   void launch() const;
   void reset();
+  // The kernel launches of the captured work, every segment (0 before a capture): what a test
+  // counts to see that work forked onto a side stream was captured.
+  size_t kernel_nodes() const;
 
   // Runs `fn` now, or, inside capture() on this thread, records it to run between two segments at
   // every launch (see the top of this file).

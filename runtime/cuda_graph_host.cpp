@@ -12,6 +12,7 @@ void CudaGraph::reset() {}
 void CudaGraph::capture(const std::function<void()>&) {
   HYDRA_ASSERT(false, "CUDA graph capture in a build without CUDA (HYDRA_CUDA=OFF)");
 }
+size_t CudaGraph::kernel_nodes() const { return 0; }
 void CudaGraph::launch() const { HYDRA_ASSERT(false, "CUDA graph launch in a build without CUDA (HYDRA_CUDA=OFF)"); }
 void CudaGraph::outside(const std::function<void()>& fn) { fn(); }
 

@@ -7,12 +7,14 @@ decode targets of issue 57.
 
 Markdown on stdout: one row per (model, context, batch, mode) cell, mode being how the step ran
 (eager: the kernels launched one by one; graph: replayed as a CUDA graph; + PDL: programmatic
-dependent launch, HYDRA_DECODE_PDL=1) and, on lines that name one, the decode attention variant
-(attn burst | pipelined [N/SM], hydra bench --decode-attention/--decode-ctas-per-sm; each variant
-beside the burst kernels in a section of its own), and ", gemv" where the step's projections ran the
-GEMV of kernels/gemv/ (", gemv+norm": with the norms fused, --decode-gemv hydra-norm; hydra bench
+dependent launch, HYDRA_DECODE_PDL=1) and, on lines that name one other than the default, the decode
+attention's split CTAs per SM (attn N/SM, hydra bench --decode-ctas-per-sm; each beside the default,
+as many as fit, in a section of its own), ", gemv" where the step's projections ran the GEMV of
+kernels/gemv/ (", gemv+norm": with the norms fused, --decode-gemv hydra-norm; hydra bench
 --decode-gemv; each such line beside the cuBLAS line of the same cell, mode and attention in a
-section of its own): ms per step (= per token at batch 1), tokens/s, the bytes a
+section of its own) and ", prefetch N MiB" where the step prefetched each
+layer's weights into L2 (HYDRA_DECODE_PREFETCH / hydra bench --decode-prefetch; each cap beside the
+same cell without it in a section of its own): ms per step (= per token at batch 1), tokens/s, the bytes a
 step must read (every weight once, every row's cache, the GDN states read and written), GB/s and
 its fraction of a device copy measured in the same run and of the card's datasheet bandwidth, our
 one-layer attention and GDN-step times next to SDPA's and fla's; skipped cells with their reason;
@@ -54,11 +56,9 @@ def step_mode(r):
 
 
 def attention(r):
-    """The decode attention variant of a line (--decode-attention, --decode-ctas-per-sm), or ''."""
-    if "decode_attention" not in r:
-        return ""
+    """The decode attention's split CTAs per SM of a line (--decode-ctas-per-sm), or '' at the default."""
     n = r.get("decode_ctas_per_sm")
-    return r["decode_attention"] + (f" {n}/SM" if n else "")
+    return f"{n}/SM" if n else ""
 
 
 def gemv(r):
@@ -72,7 +72,13 @@ def mode(r):
     a = attention(r)
     g = r.get("gdn_step")  # the GDN branch's decode kernels (--gdn-step), in lines since issue 57's h62
     return (step_mode(r) + (f", attn {a}" if a else "") + (f", GDN {g}" if g else "")
-            + (f", {gemv(r)}" if gemv(r) != "cublas" else ""))
+            + (f", {gemv(r)}" if gemv(r) != "cublas" else "") + prefetch(r))
+
+
+def prefetch(r):
+    """', prefetch N MiB' where the line's step prefetched weights into L2, else ''."""
+    n = r.get("decode_prefetch_mib")
+    return f", prefetch {n} MiB" if n else ""
 
 
 def main(argv):
@@ -132,21 +138,22 @@ def main(argv):
     if speedups:
         print("\nSpeed-up over eager (the same kernels launched one by one):\n" + "\n".join(speedups))
 
-    # The decode attention variants of one cell and step mode beside the burst kernels (the ones the
-    # pipelined kernels replaced), where a job ran several (cluster/bench/decode_kernels.jobs).
-    # The other kernel choices (--gdn-step, --decode-gemv) are part of the cell: each attention variant
-    # is compared with the burst kernels run with the same ones.
+    # The decode attention's split CTAs per SM of one cell and step mode beside the default (as many
+    # as fit), where a job ran several (hydra bench --decode-ctas-per-sm). The other kernel choices
+    # (--gdn-step, --decode-gemv, --decode-prefetch) are part of the cell: each CTA count is compared with the default
+    # run with the same ones.
     def other_kernels(r):
-        return ", ".join(([f"GDN {r['gdn_step']}"] if r.get("gdn_step") else []) + ([gemv(r)] if gemv(r) != "cublas" else []))
+        return ", ".join(([f"GDN {r['gdn_step']}"] if r.get("gdn_step") else []) + ([gemv(r)] if gemv(r) != "cublas" else [])
+                         + ([prefetch(r)[2:]] if prefetch(r) else []))
 
     variants = {}
     for r in measured:
-        if attention(r):
+        if "decode_ctas_per_sm" in r:
             sm = step_mode(r) + (f", {other_kernels(r)}" if other_kernels(r) else "")
             variants.setdefault((r["model"], r["context"], r["batch"], sm), []).append(r)
     lines = []
     for (model, context, batch, sm), rs in variants.items():
-        base = next((r for r in rs if r["decode_attention"] == "burst"), None)
+        base = next((r for r in rs if not attention(r)), None)
         if base is None or len(rs) < 2:
             continue
         parts = []
@@ -157,10 +164,11 @@ def main(argv):
             layer = f"layer {a:.4f} ms ({b / a:.2f}x)" if a and b else "layer —"
             parts.append(f"{attention(r)}: {layer}, step {r['ms_per_step']:.3f} ms ({base['ms_per_step'] / r['ms_per_step']:.2f}x)")
         b = base.get("attention_layer_ms")
-        lines.append(f"- {model} {label(context)} batch {batch} ({sm}): burst layer {fmt(b, '.4f')} ms, "
+        lines.append(f"- {model} {label(context)} batch {batch} ({sm}): as many as fit: layer {fmt(b, '.4f')} ms, "
                      f"step {base['ms_per_step']:.3f} ms; " + "; ".join(parts))
     if lines:
-        print("\nDecode attention kernels against the burst kernels (one layer alone; the whole step):\n" + "\n".join(lines))
+        print("\nDecode attention split CTAs per SM against as many as fit (one layer alone; the whole step):\n"
+              + "\n".join(lines))
 
     # The projections through the GEMV (and the GEMV with the norms fused) beside cuBLAS
     # (cluster/bench/decode_gemv.jobs, decode_fused.jobs): the same cell, step mode, attention variant
@@ -168,7 +176,7 @@ def main(argv):
     pairs = {}
     for r in measured:
         if "decode_gemv" in r:
-            key = (r["model"], r["context"], r["batch"], step_mode(r), attention(r), r.get("gdn_step"))
+            key = (r["model"], r["context"], r["batch"], step_mode(r) + prefetch(r), attention(r), r.get("gdn_step"))
             pairs.setdefault(key, {})[gemv(r)] = r
     lines = []
     for (model, context, batch, sm, attn, _), by in pairs.items():
@@ -182,6 +190,34 @@ def main(argv):
                      f"cuBLAS {c:.3f} ms, " + ", ".join(parts))
     if lines:
         print("\nThe step's projections through the GEMV against cuBLAS (whole step):\n" + "\n".join(lines))
+
+    # The L2 weight prefetch's caps beside the same cell without it (cluster/bench/decode_prefetch.jobs):
+    # the same step mode and other kernels, the whole step's time and the one-layer attention's.
+    caps = {}
+    for r in measured:
+        if "decode_prefetch_mib" in r:
+            key = (r["model"], r["context"], r["batch"], mode(r)[: len(mode(r)) - len(prefetch(r))])
+            caps.setdefault(key, {})[r["decode_prefetch_mib"]] = r
+    lines = []
+    for (model, context, batch, m), by in caps.items():
+        off = by.get(0)
+        if off is None or len(by) < 2:
+            continue
+        parts = []
+        for n, r in sorted(by.items()):
+            if n == 0:
+                continue
+            a, b = r.get("attention_layer_ms"), off.get("attention_layer_ms")
+            parts.append(f"{n} MiB {r['ms_per_step']:.3f} ms ({off['ms_per_step'] / r['ms_per_step']:.2f}x, "
+                         f"{fmt(r.get('fraction_of_peak'), '.2f')} of the datasheet"
+                         + (f"; attn layer {a:.4f} ms" if a and b else "") + ")")
+        lines.append(f"- {model} {label(context)} batch {batch} ({m}): off {off['ms_per_step']:.3f} ms "
+                     f"({fmt(off.get('fraction_of_peak'), '.2f')} of the datasheet"
+                     + (f"; attn layer {off['attention_layer_ms']:.4f} ms" if off.get("attention_layer_ms") else "")
+                     + "); " + "; ".join(parts))
+    if lines:
+        print("\nThe L2 weight prefetch against none (whole step; the one-layer attention, whose cache loads the "
+              "prefetch marks evict-first):\n" + "\n".join(lines))
 
     def fastest(model, context, batch):
         by_mode = cells.get((model, context, batch))

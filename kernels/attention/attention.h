@@ -41,14 +41,6 @@ enum class AttentionKernel { automatic, hopper, mma };
 enum class AttentionBackwardKernel { automatic, ws, mma };
 const char* attention_kernel_name(AttentionKernel kernel);
 const char* attention_backward_kernel_name(AttentionBackwardKernel kernel);
-// The decode step's attention (attention_decode.h) on the GPU: pipelined (the production kernels) |
-// burst (the split and merge kernels it replaced, kept only so `hydra bench --op decode
-// --decode-attention` can time both in one GPU job). The H100 confirmed pipelined on 2026-12-07
-// (equal to the CPU; 1.07-1.18x the step at batch 1, equal at 8 and 32: cluster/results/
-// h100-2026-12-07-session3): burst is to be removed with its bench option.
-enum class DecodeAttentionKernel { pipelined, burst };
-const char* decode_attention_kernel_name(DecodeAttentionKernel kernel);
-
 struct AttentionParams {
   float scale = 0.0f;  // softmax scale; 0 means 1/sqrt(d)
   Causality causality = Causality::causal;
@@ -59,8 +51,8 @@ struct AttentionParams {
   AttentionOutput output = AttentionOutput::overwrite;
   AttentionKernel forward_kernel = AttentionKernel::automatic;
   AttentionBackwardKernel backward_kernel = AttentionBackwardKernel::automatic;
-  DecodeAttentionKernel decode_kernel = DecodeAttentionKernel::pipelined;
-  int decode_ctas_per_sm = 0;  // pipelined decode: split CTAs per SM (0: as many as fit at once)
+  int decode_ctas_per_sm = 0;  // decode attention on the GPU: split CTAs per SM (0: as many as fit at once)
+  bool decode_kv_evict_first = false;  // decode attention on the GPU: cache loads marked L2 evict-first
   TensorView q_document_start = {};  // [Tq] int64 on q's device, or undefined: one document (causal only)
   TensorView k_document_end = {};    // [Tk] int64, or undefined (the backward then scans to the last query)
 };

@@ -18,14 +18,6 @@ void check_index_vector(const TensorView& v, const char* what, int64_t rows) {
 
 }  // namespace
 
-const char* decode_attention_kernel_name(DecodeAttentionKernel kernel) {
-  switch (kernel) {
-    case DecodeAttentionKernel::pipelined: return "pipelined";
-    case DecodeAttentionKernel::burst: return "burst";
-  }
-  return "?";
-}
-
 void attention_decode(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k_cache,
                       const TensorView& v_cache, const TensorView& slots, const TensorView& lengths,
                       int64_t max_length, const TensorView& q_positions, const AttentionParams& params) {

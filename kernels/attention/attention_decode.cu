@@ -1,14 +1,14 @@
 // CUDA decode-step attention (attention_decode.h): flash decoding over a bf16 cache, pipelined.
 //
-// attention_decode_pipelined_kernel (attention_decode_split.cuh: the layout shared with the previous
-// kernels): one CTA of 4 warps per (row b, KV head, chunk of keys), serving every query head of the
+// attention_decode_pipelined_kernel (attention_decode_split.cuh: its arguments and chunk epilogue):
+// one CTA of 4 warps per (row b, KV head, chunk of keys), serving every query head of the
 // KV head. Each lane owns one key of every round (a round: 32/L keys a warp, 4 warps: d = 128 → 8
 // keys, 4 KB of K and V) and keeps U rounds of its K words and U of its V words in registers
 // (U = 8 for groups of ≤ 2 heads, 4 for ≤ 4, 2 beyond: the queries and accumulators take the rest).
 // The loads run ahead of the math: the K words of the next U rounds are issued as soon as this
 // iteration's scores are taken, its V words as soon as they are accumulated, so a lane always has
-// U·32 bytes in flight instead of issuing a burst and waiting for all of it (the burst kernel's
-// 128 bytes, then nothing: one dependent round trip per 32 keys). Scores are L-lane sums (xor
+// U·32 bytes in flight instead of issuing a burst and waiting for all of it (the kernels it
+// replaced kept 128 bytes, then nothing: one dependent round trip per 32 keys). Scores are L-lane sums (xor
 // shuffles); the softmax is online per lane group in the exp2 domain, one rescale per U keys.
 //
 // Before griddepcontrol.wait (PDL: the previous kernel, the cache append, may still run) each lane
@@ -90,6 +90,7 @@ int decode_args(DecodeArgs& a, const TensorView& out, const TensorView& lse, con
   a.hk = hk;
   a.scale = params.scale > 0 ? params.scale : 1.0 / std::sqrt(static_cast<double>(d));
   a.tau_log_base = params.tau_log_base;
+  a.kv_evict_first = params.decode_kv_evict_first;
   return group;
 }
 
@@ -99,7 +100,9 @@ namespace {
 constexpr int rounds_for(int group) { return group <= 2 ? 8 : group <= 4 ? 4 : 2; }
 constexpr int min_blocks_for(int group) { return group <= 4 ? 3 : group <= 8 ? 2 : 1; }
 
-template <int D, int G>
+// EvictFirst: the cache loads carry an L2 evict-first policy (a.kv_evict_first; a template
+// parameter, so the default instantiation's code is the plain loads' alone).
+template <int D, int G, bool EvictFirst>
 __global__ void __launch_bounds__(32 * kWarps, min_blocks_for(G))
     attention_decode_pipelined_kernel(const __grid_constant__ DecodeArgs a) {
   constexpr int L = D / 8;            // lanes per key
@@ -136,12 +139,19 @@ __global__ void __launch_bounds__(32 * kWarps, min_blocks_for(G))
   const int64_t key_end = min(int64_t{a.lengths[b]}, key_begin + a.chunk);
   const bf16_t* kbase = a.k + slot * a.cache_stride_slot + kvh * D + sub * 8;
   const bf16_t* vbase = a.v + slot * a.cache_stride_slot + kvh * D + sub * 8;
-  // The words of the U rounds of the iteration starting at key t (zero past the chunk's end).
+  // The words of the U rounds of the iteration starting at key t (zero past the chunk's end). Under
+  // the decode weight prefetch (EvictFirst) the cache stream is marked L2 evict-first, so it does not
+  // push out the weights prefetched for the projections after it (read once a step, it gains nothing
+  // from L2).
   const auto load_rounds = [&](Word (&w)[U], const bf16_t* base, int64_t t) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t key = t + int64_t(u) * KEYS_PER_ROUND + lane_key;
-      w[u] = key < key_end ? cuda::load_bf16_word<8>(base + key * a.cache_stride_row) : Word{};
+      if constexpr (EvictFirst) {
+        w[u] = key < key_end ? cuda::load_bf16_word_evict_first(base + key * a.cache_stride_row) : Word{};
+      } else {
+        w[u] = key < key_end ? cuda::load_bf16_word<8>(base + key * a.cache_stride_row) : Word{};
+      }
     }
   };
   Word kw[U], vw[U];
@@ -206,13 +216,13 @@ __global__ void __launch_bounds__(32 * kWarps, min_blocks_for(G))
   write_chunk_result<D, G>(a, split, b, h0, nh, m, l, acc);
 }
 
-// CTAs of the instantiation that fit on one SM at once (queried once per instantiation: every
+// CTAs of the plain instantiation that fit on one SM at once (queried once per instantiation: every
 // device of a process is the same kind of GPU here).
 template <int D, int G>
 int pipelined_occupancy() {
   static const int blocks = [] {
     int n = 0;
-    HYDRA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_pipelined_kernel<D, G>,
+    HYDRA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_pipelined_kernel<D, G, false>,
                                                                    32 * kWarps, 0));
     return std::max(n, 1);
   }();
@@ -222,6 +232,8 @@ int pipelined_occupancy() {
 template <int D, int G>
 void run_pipelined(DecodeArgs& a, int64_t longest, int ctas_per_sm, const TensorView& out, const TensorView& lse) {
   constexpr int64_t step = int64_t{32 / (D / 8)} * kWarps * rounds_for(G);
+  // The plain kernel's occupancy sizes the chunks with or without the evict-first hint, so the hint
+  // never changes the chunking, and the result keeps its bits.
   const int per_sm = ctas_per_sm > 0 ? ctas_per_sm : pipelined_occupancy<D, G>();
   const int64_t target = int64_t{per_sm} * cuda::sm_count(), pairs = a.rows * a.hk;
   const int64_t per_pair = std::max<int64_t>(1, target / pairs);
@@ -240,7 +252,11 @@ void run_pipelined(DecodeArgs& a, int64_t longest, int ctas_per_sm, const Tensor
     a.lse = static_cast<float*>(part_lse.data());
   }
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(a.rows * a.hk));
-  cuda::launch(attention_decode_pipelined_kernel<D, G>, grid, 32 * kWarps, 0, a);
+  if (a.kv_evict_first) {
+    cuda::launch(attention_decode_pipelined_kernel<D, G, true>, grid, 32 * kWarps, 0, a);
+  } else {
+    cuda::launch(attention_decode_pipelined_kernel<D, G, false>, grid, 32 * kWarps, 0, a);
+  }
   HYDRA_CUDA_LAUNCH_CHECK();
   if (splits > 1) ops::cuda_impl::attention_merge_partials(out, lse, part_out, part_lse);
 }
@@ -382,10 +398,6 @@ void attention_decode(const TensorView& out, const TensorView& lse, const Tensor
   if (a.rows == 0) return;
   // The longest row decides the chunking: the caller's bound, so no device-to-host read (a sync) per call.
   const int64_t longest = std::max<int64_t>(max_length, 1);
-  if (params.decode_kernel == DecodeAttentionKernel::burst) {
-    decode::attention_decode_burst(a, group, longest, out, lse);
-    return;
-  }
   HYDRA_ASSERT(params.decode_ctas_per_sm >= 0, "decode attention: {} CTAs per SM", params.decode_ctas_per_sm);
   if (q.size(2) == 64) {
     decode::run_pipelined_d<64>(a, group, longest, params.decode_ctas_per_sm, out, lse);

@@ -16,9 +16,8 @@
 // CUDA (attention_decode.cu) is flash decoding: the keys of each (row, KV head) are split into
 // chunks processed by separate CTAs, each CTA serving every query head of its KV head (GQA: the
 // cache is read once per KV head), and the chunks' partial (out, lse) merged by
-// attention_merge_partials. q, caches bf16; d = dv ∈ {64, 128}. params.decode_kernel picks the
-// pipelined kernels (the default) or the burst ones they replaced (attention_decode_burst.cu, kept
-// for the bench's comparison only); params.decode_ctas_per_sm sizes the pipelined kernels' chunks.
+// attention_merge_partials. q, caches bf16; d = dv ∈ {64, 128}. params.decode_ctas_per_sm sizes the
+// chunks.
 #pragma once
 
 #include "kernels/attention/attention.h"
@@ -31,8 +30,8 @@ namespace hydra::ops {
 // (keys visible to row b, ≤ cap) and max_length ≥ every one of them (known on the host: the GPU sizes
 // its key chunks by it without reading `lengths` back); q_positions [B] int64 (for τ; may be
 // undefined without τ).
-// params: scale, tau_log_base, kv_head_of_query as in attention.h, decode_kernel and
-// decode_ctas_per_sm (the GPU's choice of kernels); causality and positions unused.
+// params: scale, tau_log_base, kv_head_of_query as in attention.h, decode_ctas_per_sm (the GPU's
+// chunking); causality and positions unused.
 void attention_decode(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k_cache,
                       const TensorView& v_cache, const TensorView& slots, const TensorView& lengths, int64_t max_length,
                       const TensorView& q_positions, const AttentionParams& params);

@@ -1,11 +1,9 @@
-// What the decode attention's split kernels share (attention_decode.h): attention_decode.cu holds the
-// production (pipelined) kernels, attention_decode_burst.cu the split and merge kernels they replaced,
-// kept only for `hydra bench --op decode --decode-attention burst` (remove it with them once the GPU
-// has confirmed the pipelined kernels). Included only by those two .cu files.
+// The decode attention's split kernel arguments and chunk epilogue (attention_decode.h), included
+// only by attention_decode.cu (the pipelined kernel).
 //
-// Both split the keys of each (row b, KV head) into chunks, one CTA of kWarps warps per chunk, the
-// CTA serving every query head of its KV head (GQA: up to kMaxGroup of them, so the cache is read
-// once per KV head). A key row of D bf16 is spread over L = D/8 lanes (16 bytes each), so one warp
+// The kernel splits the keys of each (row b, KV head) into chunks, one CTA of kWarps warps per
+// chunk, the CTA serving every query head of its KV head (GQA: up to kMaxGroup of them, so the cache
+// is read once per KV head). A key row of D bf16 is spread over L = D/8 lanes (16 bytes each), so one warp
 // access covers 32/L consecutive keys and a CTA round kWarps times as many. Each CTA ends with the
 // (out, lse) of its chunk (write_chunk_result): fp32, out normalised, lse natural log, −inf and
 // out = 0 where the chunk holds no visible key, as attention.h's merge expects.
@@ -45,6 +43,9 @@ struct DecodeArgs {
   // Query heads grouped by KV head: heads[group_begin[g] .. group_begin[g + 1]) read KV head g.
   int16_t heads[kMaxQueryHeads];
   int16_t group_begin[kMaxQueryHeads + 1];
+  // The cache loads marked L2 evict-first (AttentionParams::decode_kv_evict_first). Last, so the
+  // fields above keep their offsets and the plain kernel its machine code.
+  bool kv_evict_first;
 };
 
 // Checks the call (attention_decode.h's contract on the GPU) and fills every field of `a` but out,
@@ -52,10 +53,6 @@ struct DecodeArgs {
 int decode_args(DecodeArgs& a, const TensorView& out, const TensorView& lse, const TensorView& q,
                 const TensorView& k_cache, const TensorView& v_cache, const TensorView& slots,
                 const TensorView& lengths, const TensorView& q_positions, const AttentionParams& params);
-
-// The previous kernels (attention_decode_burst.cu): split with chunks of ≥ 256 keys, then the merge
-// with one CTA per (row, head). `a` from decode_args.
-void attention_decode_burst(DecodeArgs a, int group, int64_t max_length, const TensorView& out, const TensorView& lse);
 
 // The query rows of head group [h0, h0 + nh) of row b for lane element block `sub`, pre-scaled by
 // scale·τ·log2 e (the exp2 domain); rows g ≥ nh are zero.

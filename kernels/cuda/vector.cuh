@@ -30,6 +30,21 @@ __device__ __forceinline__ Bf16Word<N> load_bf16_word(const bf16_t* p) {
   return *reinterpret_cast<const Bf16Word<N>*>(p);
 }
 
+// load_bf16_word<8> for a stream read once beside data worth keeping in L2 (the decode attention's
+// cache under the decode weight prefetch): an L2 evict-first cache policy (createpolicy, sm_80+) and
+// no L1 allocation. The policy is a pure value (the compiler may hoist it); the load is volatile,
+// so it stays in program order with the other volatile asm (griddepcontrol.wait above all, which
+// plain loads follow through its memory clobber).
+__device__ __forceinline__ Bf16Word<8> load_bf16_word_evict_first(const bf16_t* p) {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  uint4 w;
+  asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+               : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+               : "l"(p), "l"(policy));
+  return w;
+}
+
 template <int N>
 __device__ __forceinline__ void unpack_bf16(const Bf16Word<N>& word, float (&v)[N]) {
   if constexpr (N == 1) {

@@ -242,11 +242,11 @@ struct Ceilings {
 // The cell's JSON fields naming the kernels it ran with; gemv_in_step: whether the step's
 // projections ran the GEMV (it takes at most kGemvMaxRows rows; larger batches stay on cuBLAS).
 void describe(nlohmann::json& j, const DecodeKernelVariant& v, int64_t batch) {
-  j["decode_attention"] = ops::decode_attention_kernel_name(v.attention);
-  j["decode_ctas_per_sm"] = v.attention == ops::DecodeAttentionKernel::pipelined ? nlohmann::json(v.ctas_per_sm) : nlohmann::json();
+  j["decode_ctas_per_sm"] = v.ctas_per_sm;
   j["decode_gemv"] = ops::decode_gemv_kernel_name(v.gemv);
   j["gemv_in_step"] = v.gemv != ops::DecodeGemvKernel::cublas && batch <= ops::kGemvMaxRows;
   j["gdn_step"] = ops::gdn_decode_kernel_name(v.gdn);
+  j["decode_prefetch_mib"] = v.prefetch_bytes / (1024 * 1024);  // 0: off
 }
 
 // The cell's decode steps, `opt.warmup + opt.repeat` of them from the cache's current lengths: the step
@@ -379,10 +379,10 @@ void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, 
   SelfCommunicator self(Device::cuda);
   for (const DecodeKernelVariant& variant : opt.variants) {
     ops::KernelOptions chosen = kernels;
-    chosen.decode_attention = variant.attention;
     chosen.decode_ctas_per_sm = variant.ctas_per_sm;
     chosen.decode_gemv = variant.gemv;
     chosen.gdn_decode = variant.gdn;
+    chosen.decode_prefetch_bytes = variant.prefetch_bytes;
     model.set_kernel_options(chosen);
     nlohmann::json j = base;
     describe(j, variant, batch);
@@ -455,21 +455,23 @@ void bench_decode(const DecodeBenchOptions& opt, const ops::KernelOptions& kerne
       bool measured = false;
       run_cell(model, kernels, context, batch, opt, !checked, weight_bytes, ceiling, [&](nlohmann::json j) {
         j["weights_gib"] = weights_gib;
-        const std::string attention = j["decode_attention"].get<std::string>() +
-                                      (j["decode_ctas_per_sm"].is_null() ? std::string()
-                                                                         : fmt::format(" {}/SM", j["decode_ctas_per_sm"].get<int>())) +
-                                      ", GDN " + j["gdn_step"].get<std::string>() +
-                                      ", projections " + (j["gemv_in_step"].get<bool>() ? "gemv" : "cublas");
+        const int ctas = j["decode_ctas_per_sm"].get<int>();
+        const std::string variant = (ctas > 0 ? fmt::format("attention {} CTAs/SM", ctas) : std::string("attention")) +
+                                    ", GDN " + j["gdn_step"].get<std::string>() +
+                                    ", projections " + (j["gemv_in_step"].get<bool>() ? "gemv" : "cublas") +
+                                    (j["decode_prefetch_mib"].get<int64_t>() > 0
+                                         ? fmt::format(", L2 prefetch {} MiB", j["decode_prefetch_mib"].get<int64_t>())
+                                         : std::string());
         if (j.contains("skipped")) {
-          log::info("decode {} context {} batch {} (attention {}): skipped: {}", opt.preset, context, batch, attention,
+          log::info("decode {} context {} batch {} ({}): skipped: {}", opt.preset, context, batch, variant,
                     j["skipped"].get<std::string>());
         } else {
           measured = true;
-          log::info("decode {} context {} batch {} ({}, attention {}): {:.3f} ms per step, {:.1f} tokens/s, {:.0f} GB/s = {:.2f} of the copy, "
+          log::info("decode {} context {} batch {} ({}, {}): {:.3f} ms per step, {:.1f} tokens/s, {:.0f} GB/s = {:.2f} of the copy, "
                     "{} of the datasheet; cache {:.1f} GiB ({:.1f} KiB per token), peak {:.1f} GiB; one layer: attention {} ms, GDN step {} ms, "
                     "GDN branch {} ms",
                     opt.preset, context, batch,
-                    std::string(opt.cuda_graph ? "graph" : "eager") + (kernels.decode_pdl ? " + PDL" : ""), attention,
+                    std::string(opt.cuda_graph ? "graph" : "eager") + (kernels.decode_pdl ? " + PDL" : ""), variant,
                     j["ms_per_step"].get<double>(),
                     j["tokens_per_s"].get<double>(), j["gb_per_s"].get<double>(), j["fraction_of_copy"].get<double>(),
                     j["fraction_of_peak"].is_null() ? std::string("—") : fmt::format("{:.2f}", j["fraction_of_peak"].get<double>()),

@@ -16,15 +16,17 @@
 // compared with their CPU references on bf16-rounded inputs (the run ends if they disagree).
 // A cell whose cache does not fit the GPU's free memory is skipped with a line saying so.
 //
-// --decode-attention / --decode-ctas-per-sm / --decode-gemv / --gdn-step run each cell once per
-// kernel variant (the decode attention kernels of attention_decode.h, the projections through cuBLAS
-// or the GEMV of kernels/gemv/, the GDN branch's decode kernels of ops::gdn_decode_step: separate or
-// fused; the cache filled once per cell, every variant timed from the same cached length, checked at
-// the first cell: the GEMV on one layer's four projections at the cell's batch and the GDN branch
-// against the CPU reference), so one GPU job compares the burst kernels with the pipelined ones,
-// sweeps the latter's split CTAs per SM, times the GEMV beside cuBLAS and the fused GDN branch beside
-// the separate kernels; every line names its variant, and with --gdn-step adds that branch of one
-// layer timed alone (conv step, gates and delta-rule step: three launches or one).
+// --decode-ctas-per-sm / --decode-gemv / --gdn-step / --decode-prefetch run each cell once per
+// kernel variant (the decode attention's split CTAs per SM, the projections through cuBLAS or the
+// GEMV of kernels/gemv/, the GDN branch's decode kernels of ops::gdn_decode_step: separate or fused,
+// the L2 weight prefetch off or at a cap: KernelOptions::decode_prefetch_bytes; the cache filled once
+// per cell, every variant timed from the same cached length, checked at the first cell: the GEMV on
+// one layer's four projections at the cell's batch and the GDN branch against the CPU reference),
+// so one GPU job sweeps the attention's split CTAs per SM, times the GEMV beside cuBLAS and the
+// fused GDN branch beside the separate kernels and the prefetch's caps beside none; every line
+// names its variant, and with --gdn-step
+// adds that branch of one layer timed alone (conv step, gates and delta-rule step: three launches
+// or one).
 #pragma once
 
 #include <cstdint>
@@ -38,14 +40,15 @@
 
 namespace hydra {
 
-// One kernel choice the bench times: the decode attention kernels, the pipelined kernels' split
-// CTAs per SM (0: as many as fit; AttentionParams::decode_ctas_per_sm), and the projections' kernel
-// (KernelOptions::decode_gemv).
+// One kernel choice the bench times: the decode attention's split CTAs per SM (0: as many as fit;
+// AttentionParams::decode_ctas_per_sm), the projections' kernel (KernelOptions::decode_gemv), the
+// GDN branch's decode kernels (KernelOptions::gdn_decode) and the L2 weight prefetch's cap in bytes
+// (0: off; KernelOptions::decode_prefetch_bytes).
 struct DecodeKernelVariant {
-  ops::DecodeAttentionKernel attention = ops::DecodeAttentionKernel::pipelined;
   int ctas_per_sm = 0;
   ops::DecodeGemvKernel gemv = ops::DecodeGemvKernel::cublas;
   ops::GdnDecodeKernel gdn = ops::GdnDecodeKernel::separate;
+  int64_t prefetch_bytes = 0;
 };
 
 struct DecodeBenchOptions {

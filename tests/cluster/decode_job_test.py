@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """cluster/bench/decode_job.jobs, issue 57's decode GPU job (or another decode jobs file, e.g.
-decode_kernels.jobs), on the CPU (no GPU is made visible):
+decode_gemv.jobs), on the CPU (no GPU is made visible):
 
   decode_job_test.py HYDRA TEST_CUDA PROJECT_ROOT [JOBS_FILE under cluster/bench/]
 

@@ -71,39 +71,60 @@ check("faster than qwen3-1.7b at 512K batch 1: —: not measured" in out, "a mis
 out = run([cell("hydrahead-1.7b", K32, 1, 4.7, False), cell("hydrahead-1.7b", K32, 1, 1.2, True, gpu="NVIDIA H200", peak=4800.0)])
 check("Rows from 2 cards" in out and "Targets" not in out and "Speed-up" not in out, f"two cards: {out}")
 
-# Decode attention variants of one cell (cluster/bench/decode_kernels.jobs): a row each, and each
-# pipelined variant beside the burst kernels, for the layer alone and the whole step.
-def variant(name, ctas, ms, layer):
+# The decode attention's split CTAs per SM on one cell (hydra bench --decode-ctas-per-sm): a row
+# each, and each count beside the default (as many as fit), for the layer alone and the whole step.
+def variant(ctas, ms, layer):
     r = cell("hydrahead-1.7b", K32, 1, ms, True, pdl=True)
-    r.update({"decode_attention": name, "decode_ctas_per_sm": ctas if name == "pipelined" else None,
-              "attention_layer_ms": layer})
+    r.update({"decode_ctas_per_sm": ctas, "attention_layer_ms": layer})
     return r
 
 
-out = run([variant("burst", None, 2.8, 0.030), variant("pipelined", 0, 2.4, 0.012), variant("pipelined", 2, 2.5, 0.015)])
-check("| hydrahead-1.7b | 32K | 1 | graph + PDL, attn burst | 2.800 |" in out, f"the burst row: {out}")
-check("| hydrahead-1.7b | 32K | 1 | graph + PDL, attn pipelined 2/SM | 2.500 |" in out, "the 2/SM row")
-check("- hydrahead-1.7b 32K batch 1 (graph + PDL): burst layer 0.0300 ms, step 2.800 ms; "
-      "pipelined: layer 0.0120 ms (2.50x), step 2.400 ms (1.17x); pipelined 2/SM: layer 0.0150 ms (2.00x), "
-      "step 2.500 ms (1.12x)" in out, f"the variants against burst: {out}")
-check("1.600" not in out and "2.400 ms/token (graph + PDL, attn pipelined)" in out, "the target at the fastest variant")
+out = run([variant(1, 2.8, 0.030), variant(0, 2.4, 0.012), variant(2, 2.5, 0.015)])
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL, attn 1/SM | 2.800 |" in out, f"the 1/SM row: {out}")
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL | 2.400 |" in out, f"the default row: {out}")
+check("- hydrahead-1.7b 32K batch 1 (graph + PDL): as many as fit: layer 0.0120 ms, step 2.400 ms; "
+      "1/SM: layer 0.0300 ms (0.40x), step 2.800 ms (0.86x); 2/SM: layer 0.0150 ms (0.80x), "
+      "step 2.500 ms (0.96x)" in out, f"the CTA counts against the default: {out}")
+check("1.600" not in out and "2.400 ms/token (graph + PDL)," in out, "the target at the fastest variant")
 
 # The projections through the GEMV (cluster/bench/decode_gemv.jobs): a row each, the GEMV beside
 # cuBLAS on the same cell; at batch 32 the GEMV is not in the step (more than 8 rows): one cuBLAS row
 # mode each, no pair.
 def gemv(kernel, batch, ms):
     r = cell("hydrahead-1.7b", K32, batch, ms, True, pdl=True)
-    r.update({"decode_attention": "pipelined", "decode_ctas_per_sm": 0, "decode_gemv": kernel,
+    r.update({"decode_ctas_per_sm": 0, "decode_gemv": kernel,
               "gemv_in_step": kernel != "cublas" and batch <= 8})
     return r
 
 
 out = run([gemv("cublas", 1, 2.8), gemv("hydra", 1, 2.4), gemv("cublas", 32, 4.0), gemv("hydra", 32, 4.1)])
-check("| hydrahead-1.7b | 32K | 1 | graph + PDL, attn pipelined, gemv | 2.400 |" in out, f"the GEMV row: {out}")
-check("| hydrahead-1.7b | 32K | 1 | graph + PDL, attn pipelined | 2.800 |" in out, "the cuBLAS row")
-check("- hydrahead-1.7b 32K batch 1 (graph + PDL, attn pipelined): cuBLAS 2.800 ms, GEMV 2.400 ms (1.17x, +0.400 ms a step)"
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL, gemv | 2.400 |" in out, f"the GEMV row: {out}")
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL | 2.800 |" in out, "the cuBLAS row")
+check("- hydrahead-1.7b 32K batch 1 (graph + PDL): cuBLAS 2.800 ms, GEMV 2.400 ms (1.17x, +0.400 ms a step)"
       in out, f"the GEMV against cuBLAS: {out}")
-check("32K batch 32 (graph + PDL, attn pipelined): cuBLAS" not in out, "no pair where the GEMV did not run")
+check("32K batch 32 (graph + PDL): cuBLAS" not in out, "no pair where the GEMV did not run")
+
+# The L2 weight prefetch (cluster/bench/decode_prefetch.jobs): a row per cap, each cap beside the
+# same cell without it (whole step, datasheet fraction, the one-layer attention); the batch-8 cell
+# compared on its own; the target taken at the fastest cap.
+def prefetched(mib, batch, ms, layer):
+    r = cell("hydrahead-1.7b", K32, batch, ms, True, pdl=True)
+    r.update({"decode_ctas_per_sm": 0, "decode_gemv": "cublas", "gemv_in_step": False, "gdn_step": "separate",
+              "decode_prefetch_mib": mib, "attention_layer_ms": layer})
+    return r
+
+
+out = run([prefetched(0, 1, 2.5, 0.0120), prefetched(8, 1, 2.4, 0.0121), prefetched(32, 1, 2.0, 0.0125),
+           prefetched(0, 8, 4.0, 0.030), prefetched(32, 8, 3.9, 0.031)])
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL, GDN separate, prefetch 32 MiB | 2.000 |" in out, f"the 32 MiB row: {out}")
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL, GDN separate | 2.500 |" in out, f"the row without prefetch: {out}")
+check("- hydrahead-1.7b 32K batch 1 (graph + PDL, GDN separate): off 2.500 ms (0.50 of the datasheet; attn layer "
+      "0.0120 ms); 8 MiB 2.400 ms (1.04x, 0.52 of the datasheet; attn layer 0.0121 ms); 32 MiB 2.000 ms (1.25x, "
+      "0.63 of the datasheet; attn layer 0.0125 ms)" in out, f"the caps against none at batch 1: {out}")
+check("- hydrahead-1.7b 32K batch 8 (graph + PDL, GDN separate): off 4.000 ms" in out and "32 MiB 3.900 ms (1.03x" in out,
+      f"the caps against none at batch 8: {out}")
+check("2.000 ms/token (graph + PDL, GDN separate, prefetch 32 MiB)" in out, f"the target at the fastest cap: {out}")
+check("cuBLAS" not in out, "no GEMV pairs where only cuBLAS ran")
 
 # The GEMV with the norms fused (--decode-gemv hydra-norm) beside the GEMV and cuBLAS on one cell.
 out = run([gemv("cublas", 1, 2.8), gemv("hydra", 1, 2.4), gemv("hydra-norm", 1, 2.2)])

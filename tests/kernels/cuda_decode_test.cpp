@@ -52,9 +52,9 @@ struct AttentionCase {
   double tau;
 };
 
-// Every decode attention kernel choice (the pipelined kernels at their default and at other split
-// CTAs per SM, and the burst kernels kept for the bench's comparison), each with the longest row as
-// the bound and with the cache's capacity as the bound (the CUDA graph's case: chunks past every
+// The decode attention kernel at its default split CTAs per SM and at others, with plain and with
+// evict-first cache loads (the decode weight prefetch's hint: the same values, bit for bit), each
+// with the longest row as the bound and with the cache's capacity as the bound (the CUDA graph's case: chunks past every
 // row's end hold no key).
 TEST(CudaDecode, AttentionMatchesCpu) {
   HYDRA_REQUIRE_GPU();
@@ -66,14 +66,7 @@ TEST(CudaDecode, AttentionMatchesCpu) {
       {64, 8, 1, {}, {20000, 1, 999}, 0.0},            // a group of 8 and a long row
       {128, 16, 1, {}, {3000, 129}, 0.0},              // a group of 16
   };
-  struct Variant {
-    ops::DecodeAttentionKernel kernel;
-    int ctas_per_sm;
-  };
-  const std::vector<Variant> variants = {{ops::DecodeAttentionKernel::pipelined, 0},
-                                         {ops::DecodeAttentionKernel::pipelined, 1},
-                                         {ops::DecodeAttentionKernel::pipelined, 8},
-                                         {ops::DecodeAttentionKernel::burst, 0}};
+  const std::vector<int> ctas_per_sm = {0, 1, 8};
   for (const AttentionCase& c : cases) {
     const int64_t rows = static_cast<int64_t>(c.lengths.size()), slots = rows + 1;
     const int64_t cap = *std::max_element(c.lengths.begin(), c.lengths.end()) + 3;
@@ -91,23 +84,32 @@ TEST(CudaDecode, AttentionMatchesCpu) {
     ops::attention_decode(ref, ref_lse, q, k, v, slot_t, len_t, longest, pos_t, p);
     const Tensor gq = gpu(q), gk = gpu(k), gv = gpu(v), gslot = gpu(slot_t, DType::i32), glen = gpu(len_t, DType::i32);
     const Tensor gpos = gpu(pos_t, DType::i64);
-    for (const Variant& variant : variants) {
+    for (const int ctas : ctas_per_sm) {
       for (const int64_t bound : {longest, cap}) {
-        ops::AttentionParams pv = p;
-        pv.decode_kernel = variant.kernel;
-        pv.decode_ctas_per_sm = variant.ctas_per_sm;
-        Tensor out = Tensor::empty({rows, c.hq, c.d}, DType::f32, Device::cuda);
-        Tensor lse = Tensor::empty({c.hq, rows}, DType::f32, Device::cuda);
-        ops::attention_decode(out, lse, gq, gk, gv, gslot, glen, bound, gpos, pv);
-        const std::string what =
-            fmt::format("decode attention ({} {}/SM) d={} Hq={} Hk={} longest={} bound={}",
-                        ops::decode_attention_kernel_name(variant.kernel), variant.ctas_per_sm, c.d, c.hq, c.hk, longest, bound);
-        expect_close(host(out), ref, 2e-3, what);
-        const Tensor got_lse = host(lse);
-        EXPECT_LE(max_abs_diff(got_lse, ref_lse), 1e-4) << what << " lse";
-        for (int64_t b = 0; b < rows; ++b) {
-          if (c.lengths[static_cast<size_t>(b)] == 0) {
-            for (int64_t h = 0; h < c.hq; ++h) EXPECT_TRUE(std::isinf(got_lse.data_as<float>()[h * rows + b])) << what;
+        Tensor plain_out, plain_lse;  // the plain loads' result, which the hinted loads must give bit for bit
+        for (const bool evict_first : {false, true}) {
+          ops::AttentionParams pv = p;
+          pv.decode_ctas_per_sm = ctas;
+          pv.decode_kv_evict_first = evict_first;
+          Tensor out = Tensor::empty({rows, c.hq, c.d}, DType::f32, Device::cuda);
+          Tensor lse = Tensor::empty({c.hq, rows}, DType::f32, Device::cuda);
+          ops::attention_decode(out, lse, gq, gk, gv, gslot, glen, bound, gpos, pv);
+          const std::string what = fmt::format("decode attention ({}/SM{}) d={} Hq={} Hk={} longest={} bound={}", ctas,
+                                               evict_first ? ", evict-first loads" : "", c.d, c.hq, c.hk, longest, bound);
+          const Tensor got_out = host(out), got_lse = host(lse);
+          expect_close(got_out, ref, 2e-3, what);
+          EXPECT_LE(max_abs_diff(got_lse, ref_lse), 1e-4) << what << " lse";
+          for (int64_t b = 0; b < rows; ++b) {
+            if (c.lengths[static_cast<size_t>(b)] == 0) {
+              for (int64_t h = 0; h < c.hq; ++h) EXPECT_TRUE(std::isinf(got_lse.data_as<float>()[h * rows + b])) << what;
+            }
+          }
+          if (!evict_first) {
+            plain_out = got_out;
+            plain_lse = got_lse;
+          } else {
+            EXPECT_EQ(std::memcmp(got_out.data(), plain_out.data(), got_out.nbytes()), 0) << what << ": out differs from plain loads";
+            EXPECT_EQ(std::memcmp(got_lse.data(), plain_lse.data(), got_lse.nbytes()), 0) << what << ": lse differs from plain loads";
           }
         }
       }

@@ -179,24 +179,36 @@ TEST(FaultSpec, UnknownKernelOptionValuesAreRefused) {
   expect_clean_error(run_command("HYDRA_GDN_PROFILE=yes " + run), "HYDRA_GDN_PROFILE must be 0, 1 or 2 (got 'yes')");
   expect_clean_error(run_command("HYDRA_DECODE_PDL=on " + run), "HYDRA_DECODE_PDL must be 0 or 1 (got 'on')");
   expect_clean_error(run_command("HYDRA_DECODE_GEMV=fast " + run), "HYDRA_DECODE_GEMV must be cublas, hydra or hydra-norm (got 'fast')");
+  const std::string prefetch = "HYDRA_DECODE_PREFETCH must be off or a whole number of MiB from 1 to 1024";
+  for (const std::string bad : {"on", "32MB", "2048", "-1", "+8", " 8", "1e3", "99999999999999999999"}) {
+    expect_clean_error(run_command("HYDRA_DECODE_PREFETCH='" + bad + "' " + run), prefetch + " (got '" + bad + "')");
+  }
   const CommandResult ok = run_command("HYDRA_ATTENTION_KERNEL=mma HYDRA_ATTENTION_BWD_KERNEL=mma HYDRA_GDN_SEGMENTS=2 "
-                                       "HYDRA_GDN_PROFILE=0 HYDRA_DECODE_PDL=1 HYDRA_DECODE_GEMV=hydra-norm " + run);
+                                       "HYDRA_GDN_PROFILE=0 HYDRA_DECODE_PDL=1 HYDRA_DECODE_GEMV=hydra-norm "
+                                       "HYDRA_DECODE_PREFETCH=32 " + run);
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
 }
 
-// The decode bench's kernel variants (--decode-attention, --decode-ctas-per-sm, --decode-gemv) are refused with
-// the flag's name when a value is unknown, before any GPU is asked for; valid lists get as far as
-// the GPU (a build or machine without one then says so).
-TEST(FaultSpec, UnknownDecodeAttentionVariantsAreRefused) {
+// The decode bench's kernel variants (--decode-ctas-per-sm, --decode-gemv, --gdn-step,
+// --decode-prefetch) are refused
+// with the flag's name when a value is unknown, before any GPU is asked for; valid lists get as far
+// as the GPU (a build or machine without one then says so).
+TEST(FaultSpec, UnknownDecodeKernelVariantsAreRefused) {
   const std::string run = hydra_binary() + " bench --op decode --preset hydrahead-tiny --contexts 4K --batches 1";
-  expect_clean_error(run_command(run + " --decode-attention fast"), "--decode-attention takes pipelined and/or burst (got 'fast')");
-  expect_clean_error(run_command(run + " --decode-attention ,burst"), "--decode-attention takes pipelined and/or burst (got '')");
   expect_clean_error(run_command(run + " --decode-ctas-per-sm 2,x"), "--decode-ctas-per-sm takes integers from 0 to 64 (got 'x')");
   expect_clean_error(run_command(run + " --decode-ctas-per-sm 65"), "--decode-ctas-per-sm takes integers from 0 to 64 (got '65')");
   expect_clean_error(run_command(run + " --decode-gemv cublas,fast"), "--decode-gemv takes cublas, hydra and/or hydra-norm (got 'fast')");
   expect_clean_error(run_command(run + " --decode-gemv ,hydra"), "--decode-gemv takes cublas, hydra and/or hydra-norm (got '')");
+  expect_clean_error(run_command(run + " --gdn-step separate,fast"), "--gdn-step takes separate and/or fused (got 'fast')");
+  const std::string prefetch = "--decode-prefetch must be off or a whole number of MiB from 1 to 1024";
+  expect_clean_error(run_command(run + " --decode-prefetch off,fast"), prefetch + " (got 'fast')");
+  expect_clean_error(run_command(run + " --decode-prefetch off,,8"), prefetch + " (got '')");
+  expect_clean_error(run_command(run + " --decode-prefetch 4096"), prefetch + " (got '4096')");
+  expect_clean_error(run_command("HYDRA_DECODE_PREFETCH=x " + run + " --decode-prefetch 8"),
+                     "HYDRA_DECODE_PREFETCH must be off or a whole number of MiB from 1 to 1024 (got 'x')");
   const CommandResult ok = run_command("CUDA_VISIBLE_DEVICES= " + run +
-                                       " --decode-attention burst,pipelined --decode-ctas-per-sm 0,2,4 --decode-gemv cublas,hydra,hydra-norm");
+                                       " --decode-ctas-per-sm 0,2,4 --decode-gemv cublas,hydra,hydra-norm --gdn-step separate,fused"
+                                       " --decode-prefetch off,0,8,32,48,1024");
   EXPECT_NE(ok.exit_code, 0);
   EXPECT_TRUE(ok.output.find("needs a CUDA device") != std::string::npos || ok.output.find("HYDRA_CUDA=OFF") != std::string::npos)
       << ok.output;

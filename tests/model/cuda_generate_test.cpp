@@ -10,7 +10,8 @@
 // replays the decode step as a CUDA graph on one GPU. The graph gives the bits of the same step run
 // eagerly, step after step, so generate's default gives the tokens and logits of --cuda-graph off
 // (the library and the command), and eval-niah's generated answers too; programmatic dependent
-// launch (HYDRA_DECODE_PDL) keeps the bits as well. SKIPPED without a GPU.
+// launch (HYDRA_DECODE_PDL) and the L2 weight prefetch (HYDRA_DECODE_PREFETCH) keep the bits as
+// well. SKIPPED without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -197,6 +198,88 @@ TEST(CudaGenerate, ProgrammaticLaunchKeepsTheBits) {
       EXPECT_EQ(got[b].tokens, want[b].tokens) << preset << " prompt " << b;
       EXPECT_EQ(got[b].graph_steps, 9) << preset << " prompt " << b;
     }
+  }
+}
+
+// The decode step's L2 weight prefetch (HYDRA_DECODE_PREFETCH, the kernel option
+// decode_prefetch_bytes, kernels/l2_prefetch/) reads nothing into any value and the FA decode's
+// evict-first cache loads return the same words: engines of a model with it (eager; the graph with
+// PDL) give an eager engine's bits without it, step after step, at a cap past every weight and at
+// one that cuts o_proj; the captured step holds one more kernel a layer than without it (the
+// prefetch, forked onto its side stream and joined, is inside the graph); generate gives the same
+// tokens. A prefetch still running when the capture ended would fail the capture.
+TEST(CudaGenerate, DecodePrefetchKeepsTheBits) {
+  HYDRA_REQUIRE_GPU();
+  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
+    const ModelConfig c = preset_config(preset);
+    const NamedTensors params = random_parameters(c, 15);
+    Model plain(c, params, Device::cuda, DType::bf16);
+    plain.set_kernel_options({.decode_pdl = true});
+    const int64_t o_proj_bytes = static_cast<int64_t>(plain.layer_weights(0).o_proj.nbytes());
+    for (const int64_t cap : {int64_t{64} << 20, o_proj_bytes / 2 + 8}) {
+      const std::string what = fmt::format("{} cap {} bytes", preset, cap);
+      Model with(c, params, Device::cuda, DType::bf16), with_pdl(c, params, Device::cuda, DType::bf16);
+      with.set_kernel_options({.decode_prefetch_bytes = cap});
+      with_pdl.set_kernel_options({.decode_pdl = true, .decode_prefetch_bytes = cap});
+      SelfCommunicator self(Device::cuda);
+      const int64_t slots = 3, steps = 8;
+      KvCache reference_cache(plain, slots, steps, 1, 0), plain_graph_cache(plain, slots, steps, 1, 0),
+          eager_cache(with, slots, steps, 1, 0), graph_cache(with_pdl, slots, steps, 1, 0);
+      DecodeEngine reference(self, plain, reference_cache, {.host_logits = true, .cuda_graph = false});
+      DecodeEngine plain_graph(self, plain, plain_graph_cache, {.host_logits = true, .cuda_graph = true});
+      DecodeEngine eager(self, with, eager_cache, {.host_logits = true, .cuda_graph = false});
+      DecodeEngine graph(self, with_pdl, graph_cache, {.host_logits = true, .cuda_graph = true});
+      const std::vector<int64_t> rows = {0, 1, 2};
+      std::vector<int32_t> ids = {6, 31, 88};
+      for (int64_t step = 0; step < steps; ++step) {
+        reference.step(rows, ids, StepResult::logits);
+        plain_graph.step(rows, ids, StepResult::logits);
+        eager.step(rows, ids, StepResult::logits);
+        graph.step(rows, ids, StepResult::logits);
+        EXPECT_EQ(graph.graph_launched(), step >= 1) << what << " step " << step;
+        const auto want = reference.logits(), a = eager.logits(), b = graph.logits();
+        ASSERT_EQ(a.size(), want.size());
+        ASSERT_EQ(b.size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_EQ(a[i], want[i]) << what << " step " << step << " logit " << i << ": eager with the prefetch differs";
+          ASSERT_EQ(b[i], want[i]) << what << " step " << step << " logit " << i << ": the graph with the prefetch differs";
+        }
+        for (size_t r = 0; r < rows.size(); ++r) {
+          const auto row = want.subspan(r * static_cast<size_t>(c.vocab_size), static_cast<size_t>(c.vocab_size));
+          ids[r] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+        }
+      }
+      EXPECT_GT(plain_graph.graph_kernel_nodes(), 0u) << what;
+      EXPECT_EQ(graph.graph_kernel_nodes(), plain_graph.graph_kernel_nodes() + static_cast<size_t>(c.num_layers))
+          << what << ": one prefetch kernel a layer in the captured step";
+      const std::vector<std::vector<int32_t>> prompts = {prompt_of(33, c.vocab_size, 16), prompt_of(4, c.vocab_size, 17)};
+      const auto want = generate(self, plain, prompts, {.max_new_tokens = 10, .cuda_graph = DecodeGraph::off});
+      const auto got = generate(self, with_pdl, prompts, {.max_new_tokens = 10});
+      const auto got_eager = generate(self, with, prompts, {.max_new_tokens = 10, .cuda_graph = DecodeGraph::off});
+      for (size_t b = 0; b < prompts.size(); ++b) {
+        EXPECT_EQ(got[b].tokens, want[b].tokens) << what << " prompt " << b << " (graph + PDL)";
+        EXPECT_EQ(got_eager[b].tokens, want[b].tokens) << what << " prompt " << b << " (eager)";
+        EXPECT_EQ(got[b].graph_steps, 9) << what << " prompt " << b;
+      }
+    }
+  }
+  // The bench times each cap on the same cell and records it (HYDRA_DECODE_PREFETCH is the default).
+  const std::string bench = hydra_binary() + " bench --op decode --preset hydrahead-tiny --contexts 4K --batches 1 "
+                                              "--warmup 1 --repeat 2";
+  std::vector<nlohmann::json> cells;
+  for (const std::string& command : {"HYDRA_DECODE_PREFETCH=2 " + bench, bench + " --decode-prefetch off,1"}) {
+    const CommandResult r = run_command(command);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::stringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty() && line.front() == '{') cells.push_back(nlohmann::json::parse(line));
+    }
+  }
+  ASSERT_EQ(cells.size(), 3u);
+  const std::vector<int64_t> mib = {2, 0, 1};
+  for (size_t i = 0; i < cells.size(); ++i) {
+    EXPECT_EQ(cells[i].at("decode_prefetch_mib").get<int64_t>(), mib[i]) << cells[i].dump();
+    EXPECT_GT(cells[i].at("ms_per_step").get<double>(), 0.0) << cells[i].dump();
   }
 }
 
@@ -469,8 +552,8 @@ TEST(CudaGenerate, EvalNiahGenerateScoringReplaysTheGraphWithTheEagerTokens) {
 // hydra bench --op decode as the decode benchmark job runs it, at toy size: its correctness gate
 // passes, a cell that fits is measured (ms per step, tokens/s, bytes, peak memory), and one that
 // cannot fit (10⁹ cached tokens) is skipped with its reason instead of failing; the default is the
-// graph, --cuda-graph off the eager step, HYDRA_DECODE_PDL=1 the graph with PDL; --decode-attention
-// and --decode-ctas-per-sm time each decode attention variant on the same cell.
+// graph, --cuda-graph off the eager step, HYDRA_DECODE_PDL=1 the graph with PDL;
+// --decode-ctas-per-sm times each decode attention chunking on the same cell.
 TEST(CudaGenerate, DecodeBenchMeasuresAndSkipsWhatCannotFit) {
   HYDRA_REQUIRE_GPU();
   const CommandResult r = run_command(hydra_binary() + " bench --op decode --preset hydrahead-tiny --contexts 4K,1000000000 "
@@ -528,12 +611,11 @@ TEST(CudaGenerate, DecodeBenchMeasuresAndSkipsWhatCannotFit) {
   EXPECT_TRUE(pdl_cell.at("cuda_graph").get<bool>());
   EXPECT_TRUE(pdl_cell.at("pdl").get<bool>());
   EXPECT_GT(pdl_cell.at("ms_per_step").get<double>(), 0.0);
-  EXPECT_EQ(pdl_cell.at("decode_attention").get<std::string>(), "pipelined") << "the production kernels by default";
-  // The decode attention variants, each on the same cell in the order asked: the burst kernels once,
-  // the pipelined ones once per CTA count; each checked against the CPU and named in its line.
+  EXPECT_EQ(pdl_cell.at("decode_ctas_per_sm").get<int>(), 0) << "as many split CTAs as fit by default";
+  // The decode attention's split CTAs per SM, each on the same cell in the order asked; each checked
+  // against the CPU and named in its line.
   const CommandResult v = run_command(hydra_binary() + " bench --op decode --preset hydrahead-tiny --contexts 4K "
-                                      "--batches 1 --warmup 1 --repeat 2 --decode-attention burst,pipelined "
-                                      "--decode-ctas-per-sm 0,2");
+                                      "--batches 1 --warmup 1 --repeat 2 --decode-ctas-per-sm 1,0,2");
   ASSERT_EQ(v.exit_code, 0) << v.output;
   std::vector<nlohmann::json> variants;
   std::stringstream lines(v.output);
@@ -541,9 +623,7 @@ TEST(CudaGenerate, DecodeBenchMeasuresAndSkipsWhatCannotFit) {
     if (!line.empty() && line.front() == '{') variants.push_back(nlohmann::json::parse(line));
   }
   ASSERT_EQ(variants.size(), 3u) << v.output;
-  EXPECT_EQ(variants[0].at("decode_attention").get<std::string>(), "burst");
-  EXPECT_TRUE(variants[0].at("decode_ctas_per_sm").is_null());
-  EXPECT_EQ(variants[1].at("decode_attention").get<std::string>(), "pipelined");
+  EXPECT_EQ(variants[0].at("decode_ctas_per_sm").get<int>(), 1);
   EXPECT_EQ(variants[1].at("decode_ctas_per_sm").get<int>(), 0);
   EXPECT_EQ(variants[2].at("decode_ctas_per_sm").get<int>(), 2);
   for (const auto& c : variants) EXPECT_GT(c.at("attention_layer_ms").get<double>(), 0.0) << c.dump();

@@ -98,5 +98,30 @@ TEST(DecodeEngine, StepsAfterTheFirstAllocateNothingAndEqualRecompute) {
   }
 }
 
+// The decode step's L2 weight prefetch (the kernel option decode_prefetch_bytes) is a GPU matter:
+// on the host a model with it set decodes the bits of one without it, step after step.
+TEST(DecodeEngine, TheGpuWeightPrefetchChangesNothingOnTheHost) {
+  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
+    const ModelConfig config = preset_config(preset);
+    const NamedTensors params = random_parameters(config, 6);
+    const Model plain(config, params);
+    Model with(config, params);
+    with.set_kernel_options({.decode_prefetch_bytes = int64_t{32} << 20});
+    SelfCommunicator self;
+    const int64_t slots = 2, steps = 4;
+    KvCache plain_cache(plain, slots, steps, 1, 0), with_cache(with, slots, steps, 1, 0);
+    DecodeEngine a(self, plain, plain_cache, {.host_logits = true}), b(self, with, with_cache, {.host_logits = true});
+    const std::vector<int64_t> rows = {0, 1};
+    std::vector<int32_t> ids = {3, 17};
+    for (int64_t step = 0; step < steps; ++step) {
+      a.step(rows, ids, StepResult::logits);
+      b.step(rows, ids, StepResult::logits);
+      ASSERT_EQ(a.logits().size(), b.logits().size());
+      for (size_t i = 0; i < a.logits().size(); ++i) ASSERT_EQ(a.logits()[i], b.logits()[i]) << preset << " step " << step;
+      for (size_t r = 0; r < rows.size(); ++r) ids[r] = static_cast<int32_t>((ids[r] * 7 + 5) % config.vocab_size);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hydra::test

@@ -243,18 +243,26 @@ TEST(GpuGenerate, GreedyAndSampledEqualOneGpu) {
 // all-gather, which runs on the host between the segments: runtime/cuda_graph.h) against the same
 // engine launched eagerly on the same ranks: the same kernels and the same collectives on the same
 // inputs, so the same bits, step after step, on every rank; the graph has one segment per layer with
-// FA heads plus one at P > 1 (one segment at P = 1). Then generate with --cuda-graph on against off
-// over the ranks: the same tokens and logits bit for bit, every step but the first replayed.
+// FA heads plus one at P > 1 (one segment at P = 1). The same with the decode L2 weight prefetch and
+// PDL (HYDRA_DECODE_PREFETCH, HYDRA_DECODE_PDL): the prefetch's side stream is open across the cut
+// (joined before it and reopened after, runtime/concurrency.h) and computes nothing, so again the
+// eager step's bits. Then generate with --cuda-graph on against off over the ranks: the same tokens
+// and logits bit for bit, every step but the first replayed.
 TEST(GpuGenerate, GraphSegmentsOverRanksEqualEagerSteps) {
   REQUIRE_GPUS();
   Communicator& comm = gpu_comm();
   for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
     const ModelConfig c = preset_config(preset);
-    const Model gpu(c, random_parameters(c, 9), Device::cuda, DType::bf16);
+    const NamedTensors params = random_parameters(c, 9);
+    const Model gpu(c, params, Device::cuda, DType::bf16);
+    Model prefetching(c, params, Device::cuda, DType::bf16);
+    prefetching.set_kernel_options({.decode_pdl = true, .decode_prefetch_bytes = int64_t{1} << 20});
     const int64_t slots = 3, steps = 8;
-    KvCache eager_cache(gpu, slots, steps, comm.size(), comm.rank()), graph_cache(gpu, slots, steps, comm.size(), comm.rank());
+    KvCache eager_cache(gpu, slots, steps, comm.size(), comm.rank()), graph_cache(gpu, slots, steps, comm.size(), comm.rank()),
+        prefetch_cache(prefetching, slots, steps, comm.size(), comm.rank());
     DecodeEngine eager(comm, gpu, eager_cache, {.host_logits = true});
     DecodeEngine graph(comm, gpu, graph_cache, {.host_logits = true, .cuda_graph = true});
+    DecodeEngine prefetch_graph(comm, prefetching, prefetch_cache, {.host_logits = true, .cuda_graph = true});
     int fa_layers = 0;
     for (int64_t l = 0; l < c.num_layers; ++l) fa_layers += c.fa_heads_of(l).empty() ? 0 : 1;
     const std::vector<int64_t> rows = {0, 1, 2};
@@ -263,15 +271,22 @@ TEST(GpuGenerate, GraphSegmentsOverRanksEqualEagerSteps) {
       const std::string where = fmt::format("{} P={} rank {} step {}", preset, comm.size(), comm.rank(), step);
       eager.step(rows, ids, StepResult::logits);
       graph.step(rows, ids, StepResult::logits);
+      prefetch_graph.step(rows, ids, StepResult::logits);
       EXPECT_EQ(graph.graph_launched(), step >= 1) << where;
+      EXPECT_EQ(prefetch_graph.graph_launched(), step >= 1) << where;
       if (step >= 1) {
         EXPECT_EQ(graph.fresh_blocks(), 0u) << where;
         EXPECT_EQ(graph.graph_segments(), comm.size() > 1 ? fa_layers + 1 : 1) << where;
+        EXPECT_EQ(prefetch_graph.graph_segments(), graph.graph_segments()) << where;
+        EXPECT_EQ(prefetch_graph.graph_kernel_nodes(), graph.graph_kernel_nodes() + static_cast<size_t>(c.num_layers))
+            << where << ": one prefetch kernel a layer";
       }
-      const auto a = eager.logits(), b = graph.logits();
+      const auto a = eager.logits(), b = graph.logits(), p = prefetch_graph.logits();
       ASSERT_EQ(a.size(), b.size());
+      ASSERT_EQ(a.size(), p.size());
       for (size_t i = 0; i < a.size(); ++i) {
         ASSERT_EQ(a[i], b[i]) << where << " logit " << i << ": the graph differs from the eager step";
+        ASSERT_EQ(a[i], p[i]) << where << " logit " << i << ": the graph with the prefetch and PDL differs";
       }
       for (size_t r = 0; r < rows.size(); ++r) {
         const auto row = a.subspan(r * static_cast<size_t>(c.vocab_size), static_cast<size_t>(c.vocab_size));
