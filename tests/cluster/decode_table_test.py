@@ -128,8 +128,8 @@ check("cuBLAS" not in out, "no GEMV pairs where only cuBLAS ran")
 
 # The GEMV with the norms fused (--decode-gemv hydra-norm) beside the GEMV and cuBLAS on one cell.
 out = run([gemv("cublas", 1, 2.8), gemv("hydra", 1, 2.4), gemv("hydra-norm", 1, 2.2)])
-check("| hydrahead-1.7b | 32K | 1 | graph + PDL, attn pipelined, gemv+norm | 2.200 |" in out, f"the fused-norm row: {out}")
-check("- hydrahead-1.7b 32K batch 1 (graph + PDL, attn pipelined): cuBLAS 2.800 ms, GEMV 2.400 ms (1.17x, +0.400 ms a "
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL, gemv+norm | 2.200 |" in out, f"the fused-norm row: {out}")
+check("- hydrahead-1.7b 32K batch 1 (graph + PDL): cuBLAS 2.800 ms, GEMV 2.400 ms (1.17x, +0.400 ms a "
       "step), GEMV with the norms fused 2.200 ms (1.27x, +0.600 ms a step)" in out, f"the three projections: {out}")
 
 
