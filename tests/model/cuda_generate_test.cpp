@@ -38,6 +38,46 @@ std::vector<int32_t> prompt_of(int64_t n, int64_t vocab, uint64_t salt) {
 
 void expect_gpu_decode_matches_cpu(const ModelConfig& c, const std::string& preset, const ops::KernelOptions& kernels = {});
 
+// One engine of a lockstep run (expect_lockstep_bits): `graph` when it was made with cuda_graph,
+// so it must replay its graph from the second step on (the first runs eagerly, its blocks allocated,
+// the second is captured and launched) without allocating.
+struct Lockstep {
+  DecodeEngine* engine;
+  std::string name;
+  bool graph = false;
+};
+
+// Steps the engines together for `steps` steps on slots 0, 1, 2 from `ids`, each step's next ids
+// the first engine's arg-max: every other engine's logits equal the first's bit for bit at every
+// step. `what` names the case in a failure.
+void expect_lockstep_bits(const std::vector<Lockstep>& engines, std::vector<int32_t> ids, int64_t steps, int64_t vocab,
+                          const std::string& what) {
+  const std::vector<int64_t> rows = {0, 1, 2};
+  ASSERT_EQ(ids.size(), rows.size());
+  for (int64_t step = 0; step < steps; ++step) {
+    for (const Lockstep& e : engines) e.engine->step(rows, ids, StepResult::logits);
+    const auto want = engines.front().engine->logits();
+    for (const Lockstep& e : engines) {
+      if (e.graph) {
+        EXPECT_EQ(e.engine->graph_launched(), step >= 1) << what << ", " << e.name << ", step " << step;
+        if (step >= 1) {
+          EXPECT_EQ(e.engine->fresh_blocks(), 0u) << what << ", " << e.name << ", step " << step;
+        }
+      }
+      const auto got = e.engine->logits();
+      ASSERT_EQ(got.size(), want.size()) << what << ", " << e.name;
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(got[i], want[i]) << what << " step " << step << " logit " << i << ": " << e.name << " differs from "
+                                   << engines.front().name;
+      }
+    }
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const auto row = want.subspan(r * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+      ids[r] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    }
+  }
+}
+
 TEST(CudaGenerate, GreedyDecodeMatchesCpuWithinBf16) {
   HYDRA_REQUIRE_GPU();
   for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) expect_gpu_decode_matches_cpu(preset_config(preset), preset);
@@ -115,25 +155,9 @@ TEST(CudaGenerate, GraphReplayedStepEqualsEagerStep) {
     KvCache eager_cache(gpu, slots, steps, 1, 0), graph_cache(gpu, slots, steps, 1, 0);
     DecodeEngine eager(self, gpu, eager_cache, {.host_logits = true});
     DecodeEngine graph(self, gpu, graph_cache, {.host_logits = true, .cuda_graph = true});
-    const std::vector<int64_t> rows = {0, 1, 2};
-    std::vector<int32_t> ids = {3, 17, 101};
-    for (int64_t step = 0; step < steps; ++step) {
-      eager.step(rows, ids, StepResult::logits);
-      graph.step(rows, ids, StepResult::logits);
-      EXPECT_EQ(graph.graph_launched(), step >= 1) << preset << " step " << step;
-      if (step >= 1) {
-        EXPECT_EQ(graph.fresh_blocks(), 0u) << preset << " step " << step;
-      }
-      const auto a = eager.logits(), b = graph.logits();
-      ASSERT_EQ(a.size(), b.size());
-      for (size_t i = 0; i < a.size(); ++i) {
-        ASSERT_EQ(a[i], b[i]) << preset << " step " << step << " logit " << i << ": the graph differs from the eager step";
-      }
-      for (size_t r = 0; r < rows.size(); ++r) {
-        const auto row = a.subspan(r * static_cast<size_t>(c.vocab_size), static_cast<size_t>(c.vocab_size));
-        ids[r] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-      }
-    }
+    expect_lockstep_bits({{&eager, "the eager step"}, {&graph, "the graph", true}}, {3, 17, 101}, steps, c.vocab_size,
+                         preset);
+    if (HasFatalFailure()) return;
     const std::vector<std::vector<int32_t>> prompts = {prompt_of(40, c.vocab_size, 4), prompt_of(7, c.vocab_size, 5)};
     const auto plain = generate(self, gpu, prompts, {.max_new_tokens = 10, .keep_logits = true, .cuda_graph = DecodeGraph::off});
     const auto by_default = generate(self, gpu, prompts, {.max_new_tokens = 10, .keep_logits = true});
@@ -172,25 +196,9 @@ TEST(CudaGenerate, ProgrammaticLaunchKeepsTheBits) {
     DecodeEngine reference(self, plain, plain_cache, {.host_logits = true, .cuda_graph = false});
     DecodeEngine eager(self, with_pdl, eager_cache, {.host_logits = true, .cuda_graph = false});
     DecodeEngine graph(self, with_pdl, graph_cache, {.host_logits = true, .cuda_graph = true});
-    const std::vector<int64_t> rows = {0, 1, 2};
-    std::vector<int32_t> ids = {5, 29, 77};
-    for (int64_t step = 0; step < steps; ++step) {
-      reference.step(rows, ids, StepResult::logits);
-      eager.step(rows, ids, StepResult::logits);
-      graph.step(rows, ids, StepResult::logits);
-      EXPECT_EQ(graph.graph_launched(), step >= 1) << preset << " step " << step;
-      const auto want = reference.logits(), a = eager.logits(), b = graph.logits();
-      ASSERT_EQ(a.size(), want.size());
-      ASSERT_EQ(b.size(), want.size());
-      for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_EQ(a[i], want[i]) << preset << " step " << step << " logit " << i << ": eager with PDL differs";
-        ASSERT_EQ(b[i], want[i]) << preset << " step " << step << " logit " << i << ": the graph with PDL differs";
-      }
-      for (size_t r = 0; r < rows.size(); ++r) {
-        const auto row = want.subspan(r * static_cast<size_t>(c.vocab_size), static_cast<size_t>(c.vocab_size));
-        ids[r] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-      }
-    }
+    expect_lockstep_bits({{&reference, "eager without PDL"}, {&eager, "eager with PDL"}, {&graph, "the graph with PDL", true}},
+                         {5, 29, 77}, steps, c.vocab_size, preset);
+    if (HasFatalFailure()) return;
     const std::vector<std::vector<int32_t>> prompts = {prompt_of(33, c.vocab_size, 8), prompt_of(4, c.vocab_size, 9)};
     const auto want = generate(self, plain, prompts, {.max_new_tokens = 10, .cuda_graph = DecodeGraph::off});
     const auto got = generate(self, with_pdl, prompts, {.max_new_tokens = 10});
@@ -229,26 +237,12 @@ TEST(CudaGenerate, DecodePrefetchKeepsTheBits) {
       DecodeEngine plain_graph(self, plain, plain_graph_cache, {.host_logits = true, .cuda_graph = true});
       DecodeEngine eager(self, with, eager_cache, {.host_logits = true, .cuda_graph = false});
       DecodeEngine graph(self, with_pdl, graph_cache, {.host_logits = true, .cuda_graph = true});
-      const std::vector<int64_t> rows = {0, 1, 2};
-      std::vector<int32_t> ids = {6, 31, 88};
-      for (int64_t step = 0; step < steps; ++step) {
-        reference.step(rows, ids, StepResult::logits);
-        plain_graph.step(rows, ids, StepResult::logits);
-        eager.step(rows, ids, StepResult::logits);
-        graph.step(rows, ids, StepResult::logits);
-        EXPECT_EQ(graph.graph_launched(), step >= 1) << what << " step " << step;
-        const auto want = reference.logits(), a = eager.logits(), b = graph.logits();
-        ASSERT_EQ(a.size(), want.size());
-        ASSERT_EQ(b.size(), want.size());
-        for (size_t i = 0; i < want.size(); ++i) {
-          ASSERT_EQ(a[i], want[i]) << what << " step " << step << " logit " << i << ": eager with the prefetch differs";
-          ASSERT_EQ(b[i], want[i]) << what << " step " << step << " logit " << i << ": the graph with the prefetch differs";
-        }
-        for (size_t r = 0; r < rows.size(); ++r) {
-          const auto row = want.subspan(r * static_cast<size_t>(c.vocab_size), static_cast<size_t>(c.vocab_size));
-          ids[r] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-        }
-      }
+      expect_lockstep_bits({{&reference, "eager without the prefetch"},
+                            {&plain_graph, "the graph without the prefetch", true},
+                            {&eager, "eager with the prefetch"},
+                            {&graph, "the graph with the prefetch", true}},
+                           {6, 31, 88}, steps, c.vocab_size, what);
+      if (HasFatalFailure()) return;
       EXPECT_GT(plain_graph.graph_kernel_nodes(), 0u) << what;
       EXPECT_EQ(graph.graph_kernel_nodes(), plain_graph.graph_kernel_nodes() + static_cast<size_t>(c.num_layers))
           << what << ": one prefetch kernel a layer in the captured step";
@@ -354,24 +348,10 @@ TEST(CudaGenerate, GemvDecodeKeepsTheTokens) {
     DecodeEngine eager(self, by_gemv, eager_cache, {.host_logits = true, .cuda_graph = false});
     DecodeEngine again(self, by_gemv, again_cache, {.host_logits = true, .cuda_graph = false});
     DecodeEngine graph(self, by_gemv_pdl, graph_cache, {.host_logits = true, .cuda_graph = true});
-    const std::vector<int64_t> rows = {0, 1, 2};
-    std::vector<int32_t> ids = {7, 41, 99};
-    for (int64_t step = 0; step < steps; ++step) {
-      eager.step(rows, ids, StepResult::logits);
-      again.step(rows, ids, StepResult::logits);
-      graph.step(rows, ids, StepResult::logits);
-      const auto want = eager.logits(), a = again.logits(), b = graph.logits();
-      ASSERT_EQ(a.size(), want.size());
-      ASSERT_EQ(b.size(), want.size());
-      for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_EQ(a[i], want[i]) << preset << " step " << step << " logit " << i << ": a second eager engine differs";
-        ASSERT_EQ(b[i], want[i]) << preset << " step " << step << " logit " << i << ": the graph with PDL differs";
-      }
-      for (size_t r = 0; r < rows.size(); ++r) {
-        const auto row = want.subspan(r * static_cast<size_t>(c.vocab_size), static_cast<size_t>(c.vocab_size));
-        ids[r] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-      }
-    }
+    expect_lockstep_bits({{&eager, "an eager GEMV engine"}, {&again, "a second eager engine"},
+                          {&graph, "the graph with PDL", true}},
+                         {7, 41, 99}, steps, c.vocab_size, preset);
+    if (HasFatalFailure()) return;
 
     const std::vector<std::vector<int32_t>> prompts = {prompt_of(33, c.vocab_size, 12), prompt_of(4, c.vocab_size, 13),
                                                        prompt_of(90, c.vocab_size, 14)};
@@ -448,24 +428,10 @@ TEST(CudaGenerate, FusedDecodeKernelsKeepTheBits) {
       DecodeEngine by_base(self, base, base_cache, {.host_logits = true, .cuda_graph = false});
       DecodeEngine by_fused(self, fused, fused_cache, {.host_logits = true, .cuda_graph = false});
       DecodeEngine by_graph(self, fused_pdl, graph_cache, {.host_logits = true, .cuda_graph = true});
-      const std::vector<int64_t> rows = {0, 1, 2};
-      std::vector<int32_t> ids = {7, 41, 99};
-      for (int64_t step = 0; step < steps; ++step) {
-        by_base.step(rows, ids, StepResult::logits);
-        by_fused.step(rows, ids, StepResult::logits);
-        by_graph.step(rows, ids, StepResult::logits);
-        const auto want = by_base.logits(), a = by_fused.logits(), b = by_graph.logits();
-        ASSERT_EQ(a.size(), want.size());
-        ASSERT_EQ(b.size(), want.size());
-        for (size_t i = 0; i < want.size(); ++i) {
-          ASSERT_EQ(a[i], want[i]) << what << " step " << step << " logit " << i << ": eager differs from the base";
-          ASSERT_EQ(b[i], want[i]) << what << " step " << step << " logit " << i << ": the graph with PDL differs";
-        }
-        for (size_t r = 0; r < rows.size(); ++r) {
-          const auto row = want.subspan(r * static_cast<size_t>(c.vocab_size), static_cast<size_t>(c.vocab_size));
-          ids[r] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-        }
-      }
+      expect_lockstep_bits({{&by_base, "the base, eager"}, {&by_fused, "the fused kernels, eager"},
+                            {&by_graph, "the fused kernels, graph with PDL", true}},
+                           {7, 41, 99}, steps, c.vocab_size, what);
+      if (HasFatalFailure()) return;
       const std::vector<std::vector<int32_t>> prompts = {prompt_of(300, c.vocab_size, 21), prompt_of(9, c.vocab_size, 22)};
       const auto want = generate(self, base, prompts, {.max_new_tokens = 10, .keep_logits = true});
       const auto got = generate(self, fused, prompts, {.max_new_tokens = 10, .keep_logits = true});
