@@ -1,6 +1,7 @@
 // hydra train: the four training stages (DESIGN.md §1.5) — pretrain, align, distill, finetune —
 // on one rank or sequence/data parallel under mpirun (model/train/trainer.h). Parses flags, builds
 // the student (and teacher), checks the memory plan, and hands over to train::run_training.
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -148,7 +149,7 @@ struct TrainOptions {
   ModelSource model;
   std::string teacher;
   std::string data, eval_data, seq_len, out_dir, train = "auto", device = "auto", kept_activations = "auto", eval_niah;
-  std::string zero = "auto";
+  std::string zero = "auto", cuda_graph = "auto";
   // Defaults that depend on the stage or on --steps: empty text = the default (validate() parses).
   std::string lr, min_lr, warmup, weight_decay;
   int64_t eval_niah_samples = 32;
@@ -197,6 +198,7 @@ struct TrainOptions {
         ("zero", po::value(&zero)->default_value("auto"), "optimizer state: 1 spreads the fp32 masters and AdamW moments over all ranks (ZeRO-1: 12/W bytes a trained parameter per rank; gradients reduce-scattered, weights all-gathered), 0 keeps all of it on every rank (its gradients summed in the same order: the same numbers, bit for bit on the CPU); auto: 1 on more than one rank")
         ("peak-tflops", po::value(&peak_tflops)->default_value(989), "dense bf16 peak per GPU for MFU (989: H100/H200 datasheet); MFU = 3 × the forward FLOPs of the step's windows (layers and, except in align, the LM head over every position) / step time / (ranks × peak)")
         ("kept-activations", po::value(&kept_activations)->default_value("auto"), "what the forward keeps for the backward beyond each layer's input: none | gdn (the GDN outputs: no delta-rule rerun) | gdn+proj (also the fused projection: no in_proj GEMM) | gdn+proj+mlp (also every layer's MLP gate/up: no mlp_in GEMM) | auto (the most that the memory plan fits on every rank, in that order, the MLP's for as many layers as fit)")
+        ("cuda-graph", po::value(&cuda_graph)->default_value(cuda_graph)->implicit_value("on"), "on, off or auto: on replays each step's micro-batches (forward and backward) as one CUDA graph, captured at the second step (the GPU, --sp 1, pretrain or finetune; the kernels of off in the same order: the same losses and weights, up to the GPU backward's run-to-run last bits; the reductions, norm and update stay eager; no per-phase times in the log). Its step arena holds the SUM of a micro-batch's allocations, not their peak: for small models (the memory plan is checked with it). auto: off until a GPU run measures the graph (opt-in)")
         ("nccl-timeout", po::value(&nccl_timeout)->default_value(600), "seconds before a stuck NCCL operation ends the job");
   }
   // The stage's defaults (model/train/stage.cpp) for the flags left out, and every number checked
@@ -252,6 +254,7 @@ struct TrainOptions {
     HYDRA_USER_CHECK(sp >= 0, "--sp must not be negative");
     HYDRA_USER_CHECK(zero == "auto" || zero == "0" || zero == "1", "--zero must be 0, 1 or auto (got '{}')", zero);
     parse_kept_policy(kept_activations);
+    train::parse_train_graph(cuda_graph);
   }
 };
 
@@ -300,6 +303,7 @@ train::TrainConfig train_config(const TrainOptions& opt, Communicator& world) {
   c.sp = opt.sp;
   c.zero = opt.zero == "0" || (opt.zero == "auto" && world.size() == 1) ? train::Zero::replicated : train::Zero::sharded;
   c.peak_tflops = opt.peak_tflops;
+  c.step_mode = train::parse_train_graph(opt.cuda_graph);
   return c;
 }
 
@@ -379,6 +383,17 @@ void plan_memory(App& app, const TrainOptions& opt, train::TrainConfig& c, Seque
   const MemoryEstimate estimate = plan(c.kept);
   check_memory_plan(estimate, world.device, fmt::format("training at --seq-len {} on {} rank(s) per sequence", c.seq_len,
                                                         topology.sp()), app.mpi.local_size());
+  if (c.step_mode == train::StepMode::graph) {
+    // The step arena keeps every block a micro-batch allocates (runtime/step_arena.h): the pass's
+    // allocations added up, in place of its peak.
+    MemoryEstimate arena = estimate;
+    arena.activations = std::max(estimate.activations, estimate.allocated);
+    const double g = 1024.0 * 1024.0 * 1024.0;
+    check_memory_plan(arena, world.device, fmt::format("--cuda-graph on (its step arena holds all {:.2f} GiB a "
+                                                       "micro-batch allocates, not the {:.2f} GiB peak of an eager step)",
+                                                       estimate.allocated / g, estimate.activations / g),
+                      app.mpi.local_size(), "use --cuda-graph off, or fewer --batch-seqs (more --grad-accum)");
+  }
   // The CPU path plans no device memory: no "0.0 GiB" plan.
   log::info("train: {}kept for the backward: GDN outputs {}, projection {}, MLP gate/up in {} of {} layers "
             "(--kept-activations {})", world.device == Device::cuda ? "memory plan " + estimate.describe() + " per rank; " : "",
@@ -431,6 +446,8 @@ int run_train(App& app, const std::vector<std::string>& args) {
   const ModelConfig student_config = opt.model.config();
   const std::optional<ModelConfig> teacher_config = read_teacher_config(opt, train::stage_traits(c.stage), student_config);
   const Device device = resolve_device(opt.device, app.mpi, app.gpu_sharing);
+  const std::string refusal = train::step_mode_refusal(c.step_mode, c.stage, opt.sp == 0 ? app.world.size() : opt.sp, device);
+  HYDRA_USER_CHECK(refusal.empty(), "{}", refusal);
   agree_on_inputs(app, opt, c, student_config, teacher_config, device);
   DeviceWorld world = make_device_world(opt.device, app.mpi, app.world, app.gpu_sharing, opt.nccl_timeout);
   SequenceGroups topology(*world.comm, c.sp);

@@ -70,6 +70,7 @@ MemoryEstimate plan_pass(Device device, int world, int64_t local_tokens, bool do
   m.activations = timeline.peak();
   m.parts = timeline.peak_parts();
   m.peak_at = timeline.peak_at();
+  m.allocated = timeline.held_total();
   m.unnamed_buffers = timeline.unnamed();
   return m;
 }

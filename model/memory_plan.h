@@ -41,6 +41,7 @@ struct MemoryEstimate {
   double activations = 0;  // beyond `weights` at the pass's peak: everything the pass holds, the sum of `parts`
   MemoryParts parts{};     // `activations` by part (MemoryPart) at that peak
   std::string peak_at;     // where the pass peaks
+  double allocated = 0;    // every allocation of the pass added up (what a step arena holds: train --cuda-graph on)
   int64_t unnamed_buffers = 0;  // allocations of the pass that gave no name (runtime/memory_label.h; kept at 0)
   double part(MemoryPart p) const { return parts[static_cast<size_t>(p)]; }
   // A buffer held through the whole pass (a command's outputs, the cache): on top of the peak, in its part.

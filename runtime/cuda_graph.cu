@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <vector>
 
 #include "runtime/concurrency.h"
@@ -30,6 +31,29 @@ void CudaGraph::reset() {
     if (s.graph) cudaGraphDestroy(s.graph);
   }
   segments_.clear();
+  // The graphs that read these blocks are gone; a launch of them completed before any later host
+  // work that could reset (the callers synchronise once a step).
+  for (const auto& [p, bytes] : frozen_) cudaFreeHost(p);
+  frozen_.clear();
+}
+
+bool CudaGraph::capturing() { return t_capturing != nullptr; }
+
+bool CudaGraph::upload_in_capture(void* dst, const void* src, size_t bytes) {
+  CudaGraph* graph = t_capturing;
+  if (graph == nullptr) return false;
+  void* pinned = nullptr;
+  HYDRA_CUDA_CHECK(cudaHostAlloc(&pinned, bytes == 0 ? 1 : bytes, cudaHostAllocDefault));  // allowed in a relaxed capture
+  graph->frozen_.emplace_back(pinned, bytes);
+  std::memcpy(pinned, src, bytes);
+  HYDRA_CUDA_CHECK(cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, current_stream()));
+  return true;
+}
+
+size_t CudaGraph::frozen_upload_bytes() const {
+  size_t total = 0;
+  for (const auto& [p, bytes] : frozen_) total += bytes;
+  return total;
 }
 
 void CudaGraph::close_segment(std::function<void()> after) {

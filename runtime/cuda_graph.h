@@ -17,12 +17,15 @@
 // launches; a function given to outside() is kept and called at every launch, so it may capture
 // only what stays valid as long as the graph (fixed buffers, the communicator). Nothing captured
 // may synchronise the device, allocate from the driver or copy from pageable host memory (the
-// functions given to outside() may: they run on the host). In a build without CUDA capture and
+// functions given to outside() may: they run on the host); a host-to-device upload inside a capture
+// is recorded from a pinned copy made at capture (upload_in_capture), a device-to-host copy is refused.
+// In a build without CUDA capture and
 // launch are errors (the callers refuse --cuda-graph on the CPU before any work); outside() runs fn.
 #pragma once
 
 #include <cstddef>
 #include <functional>
+#include <utility>
 #include <vector>
 
 typedef struct CUgraph_st* cudaGraph_t;
@@ -55,6 +58,18 @@ class CudaGraph {
   // every launch (see the top of this file).
   static void outside(const std::function<void()>& fn);
 
+  // Whether capture() is recording on this thread.
+  static bool capturing();
+  // A host-to-device upload inside capture() on this thread (runtime/cuda_memory.cu cuda_copy_bytes
+  // asks first): the bytes are copied into pinned memory the graph keeps while it lives, and the
+  // copy from there is recorded, so every launch uploads what the host held AT CAPTURE — right for
+  // what is the same every step (RoPE positions and document bounds of a fixed layout), wrong for
+  // what changes (token ids, targets: a captured step reads those from persistent device buffers
+  // written before launch()). Returns false outside a capture (the caller uploads as usual).
+  static bool upload_in_capture(void* dst, const void* src, size_t bytes);
+  // Pinned bytes kept by the captured uploads (0: none).
+  size_t frozen_upload_bytes() const;
+
  private:
   struct Segment {
     cudaGraph_t graph = nullptr;
@@ -63,6 +78,7 @@ class CudaGraph {
   };
   void close_segment(std::function<void()> after);  // ends the capture in progress into a segment
   std::vector<Segment> segments_;
+  std::vector<std::pair<void*, size_t>> frozen_;  // pinned host blocks the captured uploads read (upload_in_capture)
 };
 
 }  // namespace hydra

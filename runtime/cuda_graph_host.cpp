@@ -15,5 +15,8 @@ void CudaGraph::capture(const std::function<void()>&) {
 size_t CudaGraph::kernel_nodes() const { return 0; }
 void CudaGraph::launch() const { HYDRA_ASSERT(false, "CUDA graph launch in a build without CUDA (HYDRA_CUDA=OFF)"); }
 void CudaGraph::outside(const std::function<void()>& fn) { fn(); }
+bool CudaGraph::capturing() { return false; }
+bool CudaGraph::upload_in_capture(void*, const void*, size_t) { return false; }
+size_t CudaGraph::frozen_upload_bytes() const { return 0; }
 
 }  // namespace hydra

@@ -13,6 +13,8 @@
 #include <vector>
 #include <unistd.h>
 
+#include "runtime/cuda_graph.h"
+
 namespace hydra {
 namespace {
 
@@ -185,7 +187,14 @@ UploadRing& upload_ring() {
 }  // namespace
 
 void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
-  if (src_device == Device::host && dst_device == Device::cuda && upload_ring().upload(dst, src, bytes)) return;
+  if (src_device == Device::host && dst_device == Device::cuda) {
+    // Inside a CUDA graph capture: recorded from a pinned copy the graph keeps (runtime/cuda_graph.h).
+    if (CudaGraph::upload_in_capture(dst, src, bytes)) return;
+    if (upload_ring().upload(dst, src, bytes)) return;
+  }
+  HYDRA_ASSERT(dst_device != Device::host || !CudaGraph::capturing(),
+               "a device-to-host copy of {} bytes inside a CUDA graph capture (a captured step reads nothing back: "
+               "its results stay in device buffers read after the launch)", bytes);
   HYDRA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, current_stream()));
   if (dst_device == Device::host || src_device == Device::host) {
     // Pageable host memory: the host side must see the data (or may reuse its buffer) on return.

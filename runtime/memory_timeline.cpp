@@ -35,7 +35,7 @@ struct MemoryTimeline::State {
   Device device;
   std::vector<Held> held;
   MemoryParts live_parts{}, peak_parts{};
-  double live = 0, peak = 0;
+  double live = 0, peak = 0, total = 0;
   std::string stage, peak_at;
   int64_t unnamed = 0;
 
@@ -55,6 +55,7 @@ MemoryTimeline::Id MemoryTimeline::hold(double bytes, MemoryLabel label) {
   if (!label.what) ++s.unnamed;
   s.held.push_back({held, label.part});
   s.live += held;
+  s.total += held;
   s.live_parts[static_cast<size_t>(label.part)] += held;
   if (s.live > s.peak) {
     s.peak = s.live;
@@ -70,6 +71,7 @@ void MemoryTimeline::set_stage(std::string stage) { state_->stage = std::move(st
 Device MemoryTimeline::device() const { return state_->device; }
 double MemoryTimeline::live() const { return state_->live; }
 double MemoryTimeline::peak() const { return state_->peak; }
+double MemoryTimeline::held_total() const { return state_->total; }
 const MemoryParts& MemoryTimeline::peak_parts() const { return state_->peak_parts; }
 const std::string& MemoryTimeline::peak_at() const { return state_->peak_at; }
 int64_t MemoryTimeline::unnamed() const { return state_->unnamed; }

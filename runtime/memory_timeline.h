@@ -49,6 +49,7 @@ class MemoryTimeline {
   Device device() const;
   double live() const;
   double peak() const;
+  double held_total() const;  // every hold's bytes added up, released or not: what a step arena would hold
   const MemoryParts& peak_parts() const;  // each part's bytes at the peak; they sum to peak()
   const std::string& peak_at() const;     // "layer 27 backward: d_conv"
   int64_t unnamed() const;                // holds whose label had no name (every buffer of a pass is named)

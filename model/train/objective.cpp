@@ -2,8 +2,10 @@
 
 #include <algorithm>
 
+#include "kernels/elementwise/elementwise.h"
 #include "kernels/loss/loss.h"
 #include "kernels/matmul/matmul.h"
+#include "kernels/row_sum/row_sum.h"
 #include "runtime/memory_timeline.h"
 
 namespace hydra::train {
@@ -17,17 +19,13 @@ double sum_on_host(const TensorView& values) {
   return s;
 }
 
-// Σ of the rows' losses, and of those marked as answers (rows that do not count have loss 0).
-struct RowLossSums {
-  double all = 0, answer = 0;
-};
-
 // The chunk walk shared by the logit heads: logits of rows [r0, r0 + n) into `logits`, `to_grad`
 // writes their gradient into `grad` (the GEMM operand: bf16 on the GPU, the logits themselves on the
-// CPU) and the rows' losses, then the gradient flows into d_hidden and lm_head.
+// CPU) and the rows' losses, which are added into `sums` [2] f64 on the device (Σ all rows, Σ the rows
+// `answer` marks; ops::add_row_sums), then the gradient flows into d_hidden and lm_head. No host read.
 template <class ToGrad>
-RowLossSums walk_logit_chunks(const Model& model, const TensorView& hidden, const TensorView& d_hidden,
-                              ModelTensors& grads, std::span<const uint8_t> answer, ToGrad&& to_grad) {
+void walk_logit_chunks(const Model& model, const TensorView& hidden, const TensorView& d_hidden, ModelTensors& grads,
+                       const TensorView& sums, const TensorView& answer, ToGrad&& to_grad) {
   const int64_t t = hidden.size(0);
   // The chunk's shapes (model/layer_buffers.h); each allocation names its buffer for the memory plans.
   const LossBuffers b = loss_buffers(model.config(), t, model.dtype(), model.acc_dtype());
@@ -39,7 +37,6 @@ RowLossSums walk_logit_chunks(const Model& model, const TensorView& hidden, cons
   Tensor operand = !backward || model.dtype() == model.acc_dtype()
                        ? logits
                        : b.operand.empty(model.device(), {MemoryPart::workspaces, "logit gradient operand"});
-  RowLossSums sums;
   for (int64_t r0 = 0; r0 < t; r0 += chunk) {
     const int64_t n = std::min(chunk, t - r0);
     const TensorView lg = logits.view().narrow(0, 0, n), rl = row_loss.view().narrow(0, 0, n);
@@ -47,33 +44,70 @@ RowLossSums walk_logit_chunks(const Model& model, const TensorView& hidden, cons
     model.lm_head(lg, h);
     const TensorView op = operand.view().narrow(0, 0, n);
     to_grad(lg, rl, r0, n, op);
-    const Tensor host = to(rl, Device::host, DType::f64, {MemoryPart::workspaces, "row losses read back"});
-    for (int64_t i = 0; i < n && !host.is_meta(); ++i) {
-      const double v = host.data_as<double>()[i];
-      sums.all += v;
-      if (!answer.empty() && answer[static_cast<size_t>(r0 + i)]) sums.answer += v;
-    }
+    ops::add_row_sums(sums, rl, answer.defined() ? answer.narrow(0, r0, n) : TensorView());
     if (backward) {
       ops::linear_backward(d_hidden.defined() ? d_hidden.narrow(0, r0, n) : TensorView(), grads.lm_head.view(), op, h,
                            model.lm_head_weight());
     }
   }
-  return sums;
 }
 
-// Rows whose target counts (≥ 0), and those of them marked as answers, from host targets.
-LossSums count_rows(const Tensor& host_targets, std::span<const uint8_t> answer) {
+// A head's loss sums on the device, read back once: its accumulator [2] f64 and the answer marks
+// [T_loc] i32 on the model's device (undefined when none are marked).
+struct HostHeadSums {
+  Tensor sums, answer;
+  HostHeadSums(const Model& model, std::span<const uint8_t> flags) {
+    sums = Tensor::zeros({2}, DType::f64, model.device(), {MemoryPart::workspaces, "loss sums"});
+    if (flags.empty()) return;
+    Tensor marks = Tensor::empty({static_cast<int64_t>(flags.size())}, DType::i32, Device::host);
+    for (size_t i = 0; i < flags.size() && !marks.is_meta(); ++i) marks.data_as<int32_t>()[i] = flags[i] ? 1 : 0;
+    answer = to_device(marks, model.device(), {MemoryPart::workspaces, "answer marks"});
+  }
+  void read_into(LossSums& out) const {
+    const Tensor host = to(sums, Device::host, DType::f64, {MemoryPart::workspaces, "loss sums read back"});
+    if (host.is_meta()) return;  // a memory plan's shape-only run: nothing to add
+    out.loss = host.data_as<double>()[0];
+    out.answer_loss = host.data_as<double>()[1];
+  }
+};
+
+// The cross-entropy chunk walk into `sums` (see walk_logit_chunks) with the gradient scale a host
+// value or, `device_scale` defined on the GPU, a device scalar read at run time: then the loss kernel
+// writes the unscaled f32 gradient over the logits and ops::scale_into writes scale × it into the
+// operand (one f32 product and one rounding, as the kernel's own grad_scale × (p − onehot)).
+void cross_entropy_chunks(const Model& model, const TensorView& hidden, const TensorView& device_targets,
+                          float grad_scale, const TensorView& device_scale, const TensorView& d_hidden,
+                          ModelTensors& grads, const TensorView& sums, const TensorView& answer) {
+  const bool scale_at_run_time = device_scale.defined() && device_scale.device() == Device::cuda;
+  if (device_scale.defined() && device_scale.on_host() && !device_scale.is_meta()) {
+    grad_scale = *device_scale.data_as<const float>();  // the host reads it now: nothing is captured there
+  }
+  walk_logit_chunks(model, hidden, d_hidden, grads, sums, answer,
+                    [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n, const TensorView& g) {
+    const TensorView targets = device_targets.narrow(0, r0, n);
+    if (!scale_at_run_time) {
+      ops::cross_entropy_with_grad(lg, rl, targets, grad_scale, g);
+      return;
+    }
+    ops::cross_entropy_with_grad(lg, rl, targets, 1.0f);  // the unscaled gradient over the f32 logits
+    ops::scale_into(g, lg, device_scale);
+  });
+}
+
+}  // namespace
+
+LossSums count_targets(const TensorView& host_targets, std::span<const uint8_t> answer) {
   LossSums sums;
   if (host_targets.is_meta()) return sums;  // a memory plan's shape-only run: nothing to count
+  HYDRA_ASSERT(host_targets.on_host() && host_targets.dtype() == DType::i32 && host_targets.is_contiguous(),
+               "count_targets of {} {} targets", device_name(host_targets.device()), dtype_name(host_targets.dtype()));
   for (int64_t i = 0; i < host_targets.numel(); ++i) {
-    if (host_targets.data_as<int32_t>()[i] < 0) continue;
+    if (host_targets.data_as<const int32_t>()[i] < 0) continue;
     ++sums.tokens;
     if (!answer.empty() && answer[static_cast<size_t>(i)]) ++sums.answer_tokens;
   }
   return sums;
 }
-
-}  // namespace
 
 LossSums cross_entropy_head(const Model& model, const TensorView& hidden, const TensorView& targets,
                             double grad_scale, const TensorView& d_hidden, ModelTensors& grads,
@@ -82,15 +116,12 @@ LossSums cross_entropy_head(const Model& model, const TensorView& hidden, const 
   HYDRA_ASSERT(answer.empty() || static_cast<int64_t>(answer.size()) == hidden.size(0), "answer flags of {} rows for {}",
                answer.size(), hidden.size(0));
   const Tensor host_targets = to(targets, Device::host, DType::i32, "targets on the host");
-  LossSums sums = count_rows(host_targets, answer);
+  LossSums sums = count_targets(host_targets, answer);
   const Tensor device_targets = to_device(host_targets, model.device(), "targets");
-  const RowLossSums loss = walk_logit_chunks(model, hidden, d_hidden, grads, answer,
-                                             [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n,
-                                                 const TensorView& g) {
-    ops::cross_entropy_with_grad(lg, rl, device_targets.view().narrow(0, r0, n), static_cast<float>(grad_scale), g);
-  });
-  sums.loss = loss.all;
-  sums.answer_loss = loss.answer;
+  const HostHeadSums acc(model, answer);
+  cross_entropy_chunks(model, hidden, device_targets, static_cast<float>(grad_scale), TensorView(), d_hidden, grads,
+                       acc.sums, acc.answer);
+  acc.read_into(sums);
   return sums;
 }
 
@@ -103,23 +134,24 @@ LossSums distillation_head(const Model& student, const Model& teacher, const Ten
   Tensor teacher_logits = loss_buffers(student.config(), hidden.size(0), student.dtype(), student.acc_dtype())
                               .logits.empty(student.device(), {MemoryPart::workspaces, "teacher logits"});
   const Tensor host_targets = to(targets, Device::host, DType::i32, "targets on the host");
-  LossSums sums = count_rows(host_targets, answer);
+  LossSums sums = count_targets(host_targets, answer);
   const Tensor device_targets = to_device(host_targets, student.device(), "targets");
-  const RowLossSums loss = walk_logit_chunks(student, hidden, d_hidden, grads, answer,
-                                             [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n,
-                                                 const TensorView& g) {
+  const HostHeadSums acc(student, answer);
+  walk_logit_chunks(student, hidden, d_hidden, grads, acc.sums, acc.answer,
+                    [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n, const TensorView& g) {
     const TensorView tl = teacher_logits.view().narrow(0, 0, n);
     teacher.lm_head(tl, teacher_hidden.narrow(0, r0, n));
     ops::kl_divergence_with_grad(lg, rl, tl, static_cast<float>(grad_scale), g, device_targets.view().narrow(0, r0, n));
   });
-  sums.loss = loss.all;
-  sums.answer_loss = loss.answer;
+  acc.read_into(sums);
   return sums;
 }
 
 LossSums sequence_gradients(ForwardContext& context, const Model& model, const TokenRows& rows, Objective objective,
-                            double grad_scale, ModelTensors* grads, const Model* teacher) {
+                            double grad_scale, ModelTensors* grads, const Model* teacher,
+                            const DeviceLossHead* device_head) {
   HYDRA_ASSERT(objective != Objective::distillation || teacher, "distillation without a teacher");
+  HYDRA_ASSERT(!device_head || (objective == Objective::cross_entropy && grads), "a device loss head is cross-entropy with gradients");
   const TensorView ids = rows.ids, targets = rows.targets;
   const std::span<const uint8_t> answer = rows.answer;
   const int64_t t = context.sequence().local_length(), D = model.config().hidden_size;
@@ -146,10 +178,17 @@ LossSums sequence_gradients(ForwardContext& context, const Model& model, const T
   LossSums sums;
   {
     const Tensor hidden = model.final_norm(x);
-    sums = objective == Objective::cross_entropy
-               ? cross_entropy_head(model, hidden, targets, grad_scale, d_hidden, *grads, answer)
-               : distillation_head(model, *teacher, hidden, teacher_hidden, targets, grad_scale, d_hidden, *grads,
-                                   answer);
+    if (device_head) {
+      expect_shape(targets, "targets", {{"T_loc", t}});
+      HYDRA_ASSERT(targets.device() == model.device() && targets.dtype() == DType::i32, "a device loss head's targets are "
+                   "i32 on the model's device");
+      cross_entropy_chunks(model, hidden, targets, 0.0f, device_head->grad_scale, d_hidden, *grads, device_head->sums,
+                           device_head->answer);
+    } else if (objective == Objective::cross_entropy) {
+      sums = cross_entropy_head(model, hidden, targets, grad_scale, d_hidden, *grads, answer);
+    } else {
+      sums = distillation_head(model, *teacher, hidden, teacher_hidden, targets, grad_scale, d_hidden, *grads, answer);
+    }
   }
   teacher_hidden = Tensor();
   Tensor dx = Tensor::empty({t, D}, model.acc_dtype(), model.device(), "dx");

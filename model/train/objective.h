@@ -47,6 +47,24 @@ LossSums distillation_head(const Model& student, const Model& teacher, const Ten
                            const TensorView& teacher_hidden, const TensorView& targets, double grad_scale,
                            const TensorView& d_hidden, ModelTensors& grads, std::span<const uint8_t> answer = {});
 
+// A loss head's results and gradient scale in device buffers rather than host values: what a step
+// replayed as a CUDA graph needs (model/train/trainer.cpp, DESIGN.md §1.5 "The step as a CUDA graph").
+// The head adds its rows' losses into `sums` (no host read) and its kernels read the gradient scale
+// from `grad_scale` when they run, not when they are launched; the caller counts the targets on the
+// host beforehand (the head returns no counts). Cross-entropy only. On the GPU the scale is applied
+// by its own pass (ops::scale_into) over the f32 gradient the loss kernel wrote with scale 1: the same
+// f32 product and the same rounding as the loss kernel's own scaling, so the same bits. On the host
+// the value is read when the head runs and passed to the loss kernel as the grad_scale argument.
+struct DeviceLossHead {
+  TensorView sums;        // [2] f64 on the model's device: += Σ row losses, Σ those whose target is an answer
+  TensorView answer;      // [T_loc] i32 on the model's device: 1 where the target is an answer (undefined: none)
+  TensorView grad_scale;  // [1] f32 on the model's device
+};
+
+// The rows whose target counts (≥ 0) and those of them marked as answers, from host targets [T_loc]
+// (loss sums 0): what a DeviceLossHead's caller counts before the step.
+LossSums count_targets(const TensorView& host_targets, std::span<const uint8_t> answer);
+
 enum class Objective { cross_entropy, distillation };
 
 // One sequence: forward saving what the backward needs (model.h LayerSaved), the loss head, then
@@ -54,8 +72,11 @@ enum class Objective { cross_entropy, distillation };
 // rows: ids, targets [T_loc] int32 in local order (targets −1: no loss) and the answer flags.
 // `teacher` is required for distillation (it runs forward in the same process on the same tokens).
 // With `grads` null only the loss is computed (evaluation: a plain forward, nothing saved).
+// With `device_head` (cross-entropy with grads only) the loss head is a DeviceLossHead: rows.ids and
+// rows.targets must then be on the model's device, grad_scale is not used and the sums returned are 0.
 LossSums sequence_gradients(ForwardContext& context, const Model& model, const TokenRows& rows, Objective objective,
-                            double grad_scale, ModelTensors* grads, const Model* teacher = nullptr);
+                            double grad_scale, ModelTensors* grads, const Model* teacher = nullptr,
+                            const DeviceLossHead* device_head = nullptr);
 
 // Layer-wise alignment (stage 1): the teacher runs forward; student layer l receives the teacher's
 // input to layer l and is trained to match the teacher's output of layer l,

@@ -57,15 +57,25 @@ void check_teacher(Stage stage, bool teacher_given) {
   HYDRA_USER_CHECK(t.needs_teacher || !teacher_given, "--stage {} takes no --teacher", t.name);
 }
 
-LossSums stage_loss(const StageRun& run, const std::vector<Window>& windows, double grad_scale, ModelTensors* grads,
-                    std::vector<double>* layer_loss) {
-  const PackedBatch batch = pack_windows(windows);
-  const SequenceLayout layout = group_layout(run.sequence, static_cast<int64_t>(batch.ids.size()), batch.document_starts);
-  const TokenRows w = layout.rows_of(batch.ids, batch.targets, batch.answer);
-  ForwardContext context{.comm = run.sequence, .layout = layout, .timer = run.timer, .keep = run.keep};
+StageBatch stage_batch(const StageRun& run, const std::vector<Window>& windows) {
+  const PackedBatch packed = pack_windows(windows);
+  SequenceLayout layout = group_layout(run.sequence, static_cast<int64_t>(packed.ids.size()), packed.document_starts);
+  TokenRows rows = layout.rows_of(packed.ids, packed.targets, packed.answer);
+  LossSums counted = stage_traits(run.stage).objective == StageObjective::alignment
+                         ? LossSums{.tokens = layout.local_length()}
+                         : count_targets(rows.targets, rows.answer);
+  return StageBatch{std::move(layout), std::move(rows), counted};
+}
+
+LossSums stage_loss(const StageRun& run, const StageBatch& batch, double grad_scale, ModelTensors* grads,
+                    std::vector<double>* layer_loss, const DeviceLossHead* device_head) {
+  const TokenRows& w = batch.rows;
+  ForwardContext context{.comm = run.sequence, .layout = batch.layout, .timer = run.timer, .keep = run.keep};
+  HYDRA_ASSERT(!device_head || stage_traits(run.stage).objective == StageObjective::cross_entropy,
+               "a device loss head for --stage {}", stage_name(run.stage));
   switch (stage_traits(run.stage).objective) {
     case StageObjective::cross_entropy:
-      return sequence_gradients(context, run.student, w, Objective::cross_entropy, grad_scale, grads);
+      return sequence_gradients(context, run.student, w, Objective::cross_entropy, grad_scale, grads, nullptr, device_head);
     case StageObjective::distillation:
       return sequence_gradients(context, run.student, w, Objective::distillation, grad_scale, grads, run.teacher);
     case StageObjective::alignment: {

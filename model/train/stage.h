@@ -66,10 +66,27 @@ struct StageRun {
   PhaseTimer* timer = nullptr;
 };
 
-// The stage's loss (and, with grads, the gradient scaled by grad_scale) of a micro-batch: its
-// windows packed into one sequence, each window its own document (data.h pack_windows), spread over
-// the sequence group. `layer_loss` (optional; alignment only) accumulates each layer's unscaled sum.
-LossSums stage_loss(const StageRun& run, const std::vector<Window>& windows, double grad_scale, ModelTensors* grads,
-                    std::vector<double>* layer_loss = nullptr);
+// A micro-batch made ready on the host (the host part of a step): its windows packed into one
+// sequence, each window its own document (data.h pack_windows), this rank's layout of it over the
+// sequence group, its rows (host tensors) and what it counts (the loss sums 0): the targets and
+// answer targets that count (objective.h count_targets), or every row for alignment.
+struct StageBatch {
+  SequenceLayout layout;
+  TokenRows rows;
+  LossSums counted;
+};
+StageBatch stage_batch(const StageRun& run, const std::vector<Window>& windows);
+
+// The stage's loss (and, with grads, the gradient scaled by grad_scale) of a micro-batch, spread
+// over the sequence group. `layer_loss` (optional; alignment only) accumulates each layer's unscaled
+// sum. With `device_head` (cross-entropy stages with grads): the batch's rows are on the model's
+// device, the loss sums go to the head's device buffers and the scale comes from its device scalar
+// (objective.h DeviceLossHead); the sums returned are then 0 (the caller holds batch.counted).
+LossSums stage_loss(const StageRun& run, const StageBatch& batch, double grad_scale, ModelTensors* grads,
+                    std::vector<double>* layer_loss = nullptr, const DeviceLossHead* device_head = nullptr);
+inline LossSums stage_loss(const StageRun& run, const std::vector<Window>& windows, double grad_scale,
+                           ModelTensors* grads, std::vector<double>* layer_loss = nullptr) {
+  return stage_loss(run, stage_batch(run, windows), grad_scale, grads, layer_loss);
+}
 
 }  // namespace hydra::train

@@ -18,6 +18,7 @@
 #include "model/sequence_length.h"
 #include "model/train/data.h"
 #include "model/train/evaluation.h"
+#include "model/train/fixed_step.h"
 #include "model/train/objective.h"
 #include "model/train/state.h"
 #include "model/weight_layout.h"
@@ -61,6 +62,21 @@ void check_config(const TrainConfig& config, SequenceGroups& topology, const Mod
   HYDRA_USER_CHECK(config.steps >= 1 && config.batch_seqs >= 1 && config.grad_accum >= 1,
                    "--steps, --batch-seqs and --grad-accum must be at least 1");
   check_sequence_length(student.config(), config.seq_len, topology.sp());  // an admissible window length
+  const std::string refusal = step_mode_refusal(config.step_mode, config.stage, topology.sp(), student.device());
+  HYDRA_USER_CHECK(refusal.empty(), "{}", refusal);
+}
+
+// Waits for the work queued on this thread's stream (the fixed step's timing: it records no phase
+// events, whose finish() would otherwise wait).
+void wait_for_device(Device device) {
+#if HYDRA_CUDA
+  if (device == Device::cuda) {
+    CudaEvent done;
+    done.record(current_stream());
+    done.synchronize();
+  }
+#endif
+  (void)device;
 }
 
 // What one optimizer step produced (Trainer::train_step).
@@ -68,7 +84,9 @@ struct StepResult {
   LossSums total;  // over every rank and micro-batch
   double loss = 0, grad_norm = 0;
   StepStats stats;
-  std::vector<double> phases;      // seconds per Phase (rank 0's)
+  std::vector<double> phases;      // seconds per Phase (rank 0's); empty: not timed (the fixed step)
+  bool graph = false;              // the micro-batches were replayed from a CUDA graph (the fixed step)
+  size_t fresh_blocks = 0;         // tensor blocks the fixed step's micro-batches allocated
   std::vector<double> layer_mean;  // alignment: each layer's mean loss over the step's tokens
   int stop_votes = 0;              // ranks that received a stop signal (the same count on every rank)
   double seconds = 0;
@@ -109,6 +127,7 @@ class Trainer {
   const NiahEvaluation niah_;
   AdamW optimizer_;
   PhaseTimer timer_;
+  std::optional<FixedStep> fixed_;  // StepMode fixed or graph (trainer.h, fixed_step.h)
   const int64_t per_replica_, replicas_, step_tokens_;
   int64_t first_step_ = 1, last_step_ = 0, position_ = 0;
   double step_flops_ = 0, lm_head_flops_ = 0, busy_s_ = 0;
@@ -187,7 +206,12 @@ Trainer::Trainer(const TrainConfig& config, SequenceGroups& topology, Model& stu
       per_replica_(config.batch_seqs * config.grad_accum),
       replicas_(topology.replicas()),
       step_tokens_(per_replica_ * replicas_ * config.seq_len),
-      log_path_(fs::path(config.out_dir) / "train.jsonl") {}
+      log_path_(fs::path(config.out_dir) / "train.jsonl") {
+  if (config.step_mode != StepMode::eager) {
+    // This rank's rows of a micro-batch: batch_seqs windows of seq_len over the sequence group (sp 1 for the graph).
+    fixed_.emplace(config.step_mode, student, config.grad_accum, config.batch_seqs * config.seq_len / topology.sp());
+  }
+}
 
 // Resume or start fresh, take over the output directory, open the log.
 void Trainer::start() {
@@ -320,19 +344,28 @@ void Trainer::skip_step(int64_t step) {
 StepResult Trainer::train_step(int64_t step, int64_t counted) {
   const auto t0 = std::chrono::steady_clock::now();
   const double grad_scale = 1.0 / static_cast<double>(counted);
-  const StageRun run = stage_run(&timer_);
+  // The fixed step records no phases (a capture cannot time them; fixed_step.h).
+  const StageRun run = stage_run(fixed_ ? nullptr : &timer_);
   LossSums local;
   std::vector<double> layer_loss;
+  StepResult r;
   // Micro-batch m of this replica: windows j = m·batch_seqs … (m+1)·batch_seqs − 1, window j at
   // data position + j·replicas + replica (the order is the same as one window at a time), each
   // holding this rank's rows; the next step's are read meanwhile (data.h StepWindows).
   const int64_t next = step < last_step_ ? position_ + per_replica_ * replicas_ : -1;
-  for (const std::vector<Window>& batch : step_windows_.take(position_, next)) {
-    local += stage_loss(run, batch, grad_scale, &optimizer_.grads(), &layer_loss);
+  if (!fixed_) {
+    for (const std::vector<Window>& batch : step_windows_.take(position_, next)) {
+      local += stage_loss(run, batch, grad_scale, &optimizer_.grads(), &layer_loss);
+    }
+  } else {
+    std::vector<StageBatch> batches;
+    for (const std::vector<Window>& batch : step_windows_.take(position_, next)) batches.push_back(stage_batch(run, batch));
+    local = fixed_->run(run, batches, counted, optimizer_.grads());
+    r.graph = fixed_->graph_launched();
+    r.fresh_blocks = fixed_->fresh_blocks();
   }
   position_ += per_replica_ * replicas_;
   optimizer_.reduce_gradients();  // all-reduced (--zero 0) or reduce-scattered into the owners (--zero 1)
-  StepResult r;
   r.total = reduce_loss_sums(world_, local, &r.stop_votes);
   // The windows read count what the window index said they would (data.h): an index that does not
   // match the data (a cache entry written by something other than hydra, with a valid checksum) is
@@ -355,8 +388,12 @@ StepResult Trainer::train_step(int64_t step, int64_t counted) {
   r.stats = optimizer_.step(step, r.grad_norm);
   // The next step's gradients start from zero, queued behind the update (one launch on the GPU).
   optimizer_.zero_grads();
-  const auto phases = timer_.finish();  // waits for the step's work (the update included)
-  r.phases.assign(phases.begin(), phases.end());
+  if (fixed_) {
+    wait_for_device(student_.device());  // the step's work, the update included: no phase events to wait on
+  } else {
+    const auto phases = timer_.finish();  // waits for the step's work (the update included)
+    r.phases.assign(phases.begin(), phases.end());
+  }
   if (stage_.logs_layer_loss) {
     const int64_t layers = student_.config().num_layers;
     Tensor buf = Tensor::zeros({layers}, DType::f64);
@@ -375,11 +412,15 @@ void Trainer::log_step(int64_t step, const StepResult& r) {
   const double mfu = step_flops_ / r.seconds / (static_cast<double>(world_.size()) * config_.peak_tflops * 1e12);
   if (!lead_) return;
   auto phase = [&](Phase p) { return r.phases[static_cast<size_t>(p)]; };
-  log::info("step {}/{}  loss {:.4f}  lr {:.2e}  grad-norm {:.3f}{}  {:.0f} tok/s  {:.2f} s/step  ETA {}  "
-            "[gemm {:.2f} fa {:.2f} gdn {:.2f} comm {:.2f} other {:.2f} s]", step, config_.steps, r.loss, r.stats.lr,
-            r.grad_norm, r.stats.clip_scale < 1 ? " (clipped)" : "", tokens_per_s, r.seconds,
-            format_duration(busy_s_ / static_cast<double>(done) * static_cast<double>(last_step_ - step)),
-            phase(Phase::gemm), phase(Phase::fa), phase(Phase::gdn), phase(Phase::comm), phase(Phase::other));
+  const std::string phases =
+      r.phases.empty()
+          ? std::string(r.graph ? "[CUDA graph: phases not timed]" : "[fixed step: phases not timed]")
+          : fmt::format("[gemm {:.2f} fa {:.2f} gdn {:.2f} comm {:.2f} other {:.2f} s]", phase(Phase::gemm),
+                        phase(Phase::fa), phase(Phase::gdn), phase(Phase::comm), phase(Phase::other));
+  log::info("step {}/{}  loss {:.4f}  lr {:.2e}  grad-norm {:.3f}{}  {:.0f} tok/s  {:.2f} s/step  ETA {}  {}", step,
+            config_.steps, r.loss, r.stats.lr, r.grad_norm, r.stats.clip_scale < 1 ? " (clipped)" : "", tokens_per_s,
+            r.seconds, format_duration(busy_s_ / static_cast<double>(done) * static_cast<double>(last_step_ - step)),
+            phases);
   nlohmann::json line{{"type", "step"}, {"step", step}, {"loss", r.loss}, {"lr", r.stats.lr}, {"grad_norm", r.grad_norm},
                       {"clip_scale", r.stats.clip_scale}, {"tokens", step_tokens_}, {"step_s", r.seconds},
                       {"tokens_per_s", tokens_per_s},
@@ -389,9 +430,11 @@ void Trainer::log_step(int64_t step, const StepResult& r) {
   if (data_.blended()) line["data_shares"] = data_shares(data_, position_);  // realised, over the run so far
   // Seconds per phase of the layers (forward, recompute, backward) on rank 0; the loss head and the
   // optimizer are the rest of step_s. Concurrent FA/GDN branches overlap, so phases can sum past it.
+  // The fixed step: no phases (null), whether the graph was replayed, the fresh arena blocks.
   nlohmann::json phase_s;
   for (size_t i = 0; i < r.phases.size(); ++i) phase_s[phase_name(static_cast<Phase>(i))] = r.phases[i];
   line["phases"] = phase_s;
+  if (fixed_) line.update({{"cuda_graph", r.graph}, {"fresh_blocks", r.fresh_blocks}});
   if (!r.layer_mean.empty()) line["layer_loss"] = r.layer_mean;
   write_log_line(line);
 }
@@ -477,6 +520,15 @@ TrainSummary Trainer::run() {
     }
     const StepResult r = train_step(step, counted);
     busy_s_ += r.seconds;
+    if (fixed_) {
+      summary_.fresh_blocks.push_back(r.fresh_blocks);
+      summary_.graph_steps += r.graph ? 1 : 0;
+      if (lead_ && step == first_step_) {
+        log::info("fixed step: the arena holds {:.3f} GiB in {} blocks (the sum of a micro-batch's allocations){}",
+                  fixed_->arena_bytes() / (1024.0 * 1024.0 * 1024.0), fixed_->arena_blocks(),
+                  config_.step_mode == StepMode::graph ? "; the next step of the same shape is captured as a CUDA graph" : "");
+      }
+    }
     summary_.last_step = step;
     summary_.last_loss = r.loss;
     log_step(step, r);
@@ -490,11 +542,39 @@ TrainSummary Trainer::run() {
                  (static_cast<double>(world_.size()) * config_.peak_tflops * 1e12);
   summary_.peak_memory_gib = peak_memory_gib(student_.device());
   summary_.step_flops = step_flops_;
+  if (fixed_) {
+    summary_.arena_blocks = fixed_->arena_blocks();
+    summary_.arena_bytes = fixed_->arena_bytes();
+  }
   summary_.lm_head_flops = lm_head_flops_;
   return summary_;
 }
 
 }  // namespace
+
+StepMode parse_train_graph(std::string_view name) {
+  if (name == "on") return StepMode::graph;
+  if (name == "off" || name == "auto") return StepMode::eager;  // auto: off until a GPU run measures the graph
+  HYDRA_USER_FAIL("--cuda-graph must be on, off or auto (got '{}')", name);
+}
+
+std::string step_mode_refusal(StepMode mode, Stage stage, int sp, Device device) {
+  if (mode == StepMode::eager) return "";
+  const char* what = mode == StepMode::graph ? "--cuda-graph on" : "the fixed step";
+  if (mode == StepMode::graph && device != Device::cuda) {
+    return fmt::format("{} replays the training step as a CUDA graph: it needs --device cuda (this run: {})", what,
+                       device_name(device));
+  }
+  if (stage_traits(stage).objective != StageObjective::cross_entropy) {
+    return fmt::format("{} applies to the cross-entropy stages (pretrain, finetune), not --stage {} (its teacher's "
+                       "forward and its loss head are not captured)", what, stage_name(stage));
+  }
+  if (sp != 1) {
+    return fmt::format("{} needs one rank per sequence (--sp 1; data-parallel replicas are fine), not sequence groups "
+                       "of {} ranks (their exchanges run on the host between kernels)", what, sp);
+  }
+  return "";
+}
 
 TrainSummary run_training(const TrainConfig& config, SequenceGroups& topology, Model& student, const Model* teacher) {
   check_config(config, topology, student, teacher);

@@ -30,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/layer_buffers.h"
@@ -39,6 +40,23 @@
 #include "parallel/sequence_groups.h"
 
 namespace hydra::train {
+
+// How a step runs its micro-batches (hydra train --cuda-graph; DESIGN.md §1.5 "The step as a CUDA
+// graph"). eager: the kernels launched one by one (always so before; --cuda-graph off and auto).
+// graph: the fixed step — every micro-batch's forward and backward inside one StepArena
+// (runtime/step_arena.h: the same blocks every step), its token ids, targets and answer marks in
+// persistent device buffers written before the step, the loss sums in device buffers, the gradient
+// scale in a device scalar (objective.h DeviceLossHead) — captured as a CUDA graph after one warm-up
+// step of the same shape and replayed; the reductions over the world, the gradient norm, the
+// non-finite check and the update stay eager after it. fixed: the fixed step without the capture
+// (any device): the graph's code path, what the CPU tests run. The graph needs the GPU, one rank per
+// sequence (sp 1; data-parallel replicas are fine) and a cross-entropy stage (pretrain, finetune):
+// train_graph_refusal says why not.
+enum class StepMode { eager, fixed, graph };
+// --cuda-graph on|off|auto → graph (on) or eager (off; auto: off until a GPU run measures the graph).
+StepMode parse_train_graph(std::string_view name);  // UserError for other values
+// Why `mode` cannot run `stage` with sequence groups of `sp` ranks on `device` ("" when it can).
+std::string step_mode_refusal(StepMode mode, Stage stage, int sp, Device device);
 
 struct TrainConfig {
   Stage stage = Stage::pretrain;
@@ -72,6 +90,7 @@ struct TrainConfig {
   Zero zero = Zero::sharded;  // optimizer state spread over the world (ZeRO-1) or on every rank
   double peak_tflops = 989; // dense bf16 peak for MFU (H100/H200 datasheet)
   KeptActivations kept;     // ForwardContext::keep (hydra train: what the memory plan fits)
+  StepMode step_mode = StepMode::eager;  // --cuda-graph (StepMode above)
   // Content fingerprints of the inputs: stored in every state.h5; --resume refuses other values
   // (or another set of roles) unless allow_changed_inputs.
   struct Input {
@@ -98,6 +117,13 @@ struct TrainSummary {
   bool stopped = false;
   std::string stop_reason;  // "SIGTERM" (the signal this rank received) or "a signal on another rank"
   std::string checkpoint;   // the newest step directory written by this run (empty: none)
+  // The fixed step (StepMode fixed or graph): its arena's blocks and bytes (the sum of a micro-batch's
+  // allocations), the fresh blocks each trained step of this run allocated (0: every block reused, the
+  // condition of a capture) and the steps replayed from the captured graph.
+  size_t arena_blocks = 0;
+  double arena_bytes = 0;
+  std::vector<size_t> fresh_blocks;
+  int64_t graph_steps = 0;
 };
 
 // Runs the stage. `student` is the model trained (its weights are updated in place); `teacher`

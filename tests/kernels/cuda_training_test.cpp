@@ -9,15 +9,23 @@
 //    bit); the bf16 weight copy 1e-2 (a master value at a rounding boundary may round either way);
 //  - sum of squares: 1e-10 relative — fp64 sums of exact fp64 squares in another order (an fp32
 //    accumulation would be off by ~1e-7).
+//  - the loss head's device sums (row_sum): 1e-12 relative to the host's sequential fp64 sum (a fixed
+//    tree of fp64 sums of fp32 values), and the same bits twice;
+//  - the gradient scaled at run time (cross-entropy with scale 1, then scale_into from a device
+//    scalar): the same bits as the loss kernel's own scaling, bf16 and fp32 (what makes the training
+//    step's CUDA graph equal to the eager step).
 // Losses, AdamW and the sum of squares must also give the same bits in two runs.
 // Without a GPU every test here reports SKIPPED.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "kernels/adamw/adamw.h"
+#include "kernels/elementwise/elementwise.h"
 #include "kernels/loss/loss.h"
+#include "kernels/row_sum/row_sum.h"
 #include "tests/common/test_util.h"
 
 namespace hydra::test {
@@ -262,6 +270,56 @@ TEST(CudaTraining, SumOfSquaresOfAList) {
   const double list = ops::sum_of_squares(views);
   EXPECT_EQ(std::memcmp(&list, &loop, sizeof list), 0) << "list " << list << " vs loop " << loop;
   EXPECT_GT(list, 1e5);
+}
+
+TEST(CudaTraining, RowSumsMatchTheHostSum) {
+  HYDRA_REQUIRE_GPU();
+  for (const int64_t n : {int64_t{1}, int64_t{37}, int64_t{4099}, int64_t{65536}}) {
+    const Tensor values = random_tensor({n}, 40, 5.0f);
+    Tensor marks = Tensor::zeros({n}, DType::i32);
+    for (int64_t i = 0; i < n; i += 7) marks.data_as<int32_t>()[i] = 1;
+    Tensor ref = Tensor::zeros({2}, DType::f64);
+    ops::add_row_sums(ref, values, marks);
+    const Tensor dv = to_device(values, Device::cuda), dm = to_device(marks, Device::cuda);
+    Tensor s1 = Tensor::zeros({2}, DType::f64, Device::cuda), s2 = Tensor::zeros({2}, DType::f64, Device::cuda);
+    ops::add_row_sums(s1, dv, dm);
+    ops::add_row_sums(s2, dv, dm);
+    const Tensor h1 = host(s1);
+    for (int k = 0; k < 2; ++k) {
+      const double r = ref.data_as<double>()[k], g = h1.data_as<double>()[k];
+      EXPECT_LE(std::abs(g - r), 1e-12 * std::max(1.0, std::abs(r))) << "n=" << n << " sum " << k;
+    }
+    expect_same_bits(s1, s2, "row sums n=" + std::to_string(n));
+  }
+}
+
+TEST(CudaTraining, GradientScaledAtRunTimeIsTheLossKernelsScaling) {
+  HYDRA_REQUIRE_GPU();
+  for (const LossCase& c : {LossCase{37, 512, 0}, LossCase{6, 4099, 0}, LossCase{5, 151936, 0}}) {
+    const std::string what = "cross-entropy scaled at run time " + describe(c);
+    const Tensor logits = random_tensor({c.rows, c.vocab}, 77, 3.0f);
+    Tensor targets = Tensor::empty({c.rows}, DType::i32);
+    for (int64_t i = 0; i < c.rows; ++i) targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 7919) % c.vocab);
+    targets.data_as<int32_t>()[c.rows / 2] = -1;
+    const Tensor gtargets = to_device(targets, Device::cuda);
+    const float scale = 1.0f / 1237.0f;  // 1 / counted: not a power of two
+    Tensor dscale = Tensor::empty({1}, DType::f32);
+    dscale.data_as<float>()[0] = scale;
+    dscale = to_device(dscale, Device::cuda);
+    for (const DType out : {DType::bf16, DType::f32}) {
+      // The eager step: the kernel scales and writes the operand (bf16), or over the logits (fp32).
+      Tensor a = gpu(logits, DType::f32), la = Tensor::empty({c.rows}, DType::f32, Device::cuda);
+      Tensor ga = out == DType::bf16 ? Tensor::empty({c.rows, c.vocab}, DType::bf16, Device::cuda) : a;
+      ops::cross_entropy_with_grad(a, la, gtargets, scale, ga);
+      // The captured step: scale 1 over the f32 logits, then the device scalar.
+      Tensor b = gpu(logits, DType::f32), lb = Tensor::empty({c.rows}, DType::f32, Device::cuda);
+      Tensor gb = out == DType::bf16 ? Tensor::empty({c.rows, c.vocab}, DType::bf16, Device::cuda) : b;
+      ops::cross_entropy_with_grad(b, lb, gtargets, 1.0f);
+      ops::scale_into(gb, b, dscale);
+      expect_same_bits(ga, gb, what + (out == DType::bf16 ? " bf16 operand" : " fp32 in place"));
+      expect_same_bits(la, lb, what + " row loss");
+    }
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "kernels/l2norm/l2norm.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
+#include "kernels/row_sum/row_sum.h"
 #include "kernels/softmax/softmax.h"
 #include "kernels/swiglu/swiglu.h"
 #include "tests/common/test_util.h"
@@ -101,6 +102,42 @@ TEST(Embedding, GathersRows) {
   ops::embedding(out, table, ids);
   for (int i = 0; i < 6; ++i)
     for (int j = 0; j < 5; ++j) EXPECT_EQ(out.data_as<float>()[i * 5 + j], table.data_as<float>()[chosen[i] * 5 + j]);
+}
+
+// The sums a training step's loss head keeps on the device: added to what the accumulator holds,
+// the rows one after the other in fp64 (the order of the former host sum), the marked rows apart.
+TEST(RowSums, AddTheRowsInOrderAndTheMarkedOnesApart) {
+  const Tensor values = random_tensor({37}, 4, 3.0f);
+  Tensor marks = Tensor::zeros({37}, DType::i32), sums = Tensor::empty({2}, DType::f64);
+  for (int i = 0; i < 37; i += 3) marks.data_as<int32_t>()[i] = 1;
+  sums.data_as<double>()[0] = 0.5;
+  sums.data_as<double>()[1] = -0.25;
+  double all = 0.5, marked = -0.25;
+  for (int i = 0; i < 37; ++i) {
+    const double v = values.data_as<float>()[i];
+    all += v;
+    if (i % 3 == 0) marked += v;
+  }
+  ops::add_row_sums(sums, values, marks);
+  EXPECT_EQ(sums.data_as<double>()[0], all);  // the same additions in the same order: the same bits
+  EXPECT_EQ(sums.data_as<double>()[1], marked);
+  ops::add_row_sums(sums, values.view().narrow(0, 0, 5));  // no marks: the second sum stays
+  for (int i = 0; i < 5; ++i) all += values.data_as<float>()[i];
+  EXPECT_EQ(sums.data_as<double>()[0], all);
+  EXPECT_EQ(sums.data_as<double>()[1], marked);
+}
+
+// out = x · scale[0], scale read when the op runs; in place or into another buffer.
+TEST(ScaleInto, MultipliesByTheScalarItReads) {
+  const Tensor x = random_tensor({5, 7}, 6);
+  Tensor scale = Tensor::empty({1}, DType::f32), out = Tensor::empty({5, 7}, DType::f32);
+  scale.data_as<float>()[0] = 0.125f / 3.0f;
+  ops::scale_into(out, x, scale);
+  for (int64_t i = 0; i < x.numel(); ++i) EXPECT_EQ(out.data_as<float>()[i], x.data_as<float>()[i] * scale.data_as<float>()[0]);
+  Tensor in_place = clone(x);
+  scale.data_as<float>()[0] = -2.0f;
+  ops::scale_into(in_place, in_place, scale);
+  for (int64_t i = 0; i < x.numel(); ++i) EXPECT_EQ(in_place.data_as<float>()[i], -2.0f * x.data_as<float>()[i]);
 }
 
 struct HeadShape {

@@ -205,6 +205,9 @@ TEST_F(Train, BadInputIsAOneLineErrorBeforeAnyStep) {
   expect_user_error(hydra(base + " --stage pretrain --seq-len 64 --resume"), "no checkpoint");
   expect_user_error(hydra(base + " --stage pretrain --seq-len 64 --sp 3"), "--sp 3 must divide");
   expect_user_error(hydra(base + " --stage pretrain --seq-len 64 --kept-activations most"), "--kept-activations must be");
+  expect_user_error(hydra(base + " --stage pretrain --seq-len 64 --cuda-graph yes"), "--cuda-graph must be on, off or auto");
+  expect_user_error(hydra(base + " --stage pretrain --seq-len 64 --cuda-graph on"), "it needs --device cuda");
+  expect_user_error(hydra(base + " --stage pretrain --seq-len 64 --cuda-graph"), "it needs --device cuda");  // the flag alone: on
   const std::string big = dir_.file("big.h5");
   write_token_file(big, {1, 2, 300, 4});
   expect_user_error(hydra("train --stage pretrain --model " + model + " --data " + big +

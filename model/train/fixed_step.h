@@ -1,0 +1,69 @@
+// The fixed step of `hydra train --cuda-graph on` (DESIGN.md §1.5 "The step as a CUDA graph"): the
+// micro-batches' forward and backward asking for the same memory and reading their inputs from the
+// same buffers every step, so that they can be captured as a CUDA graph once and replayed.
+//
+// What a step does here (trainer.cpp calls run() in place of its loop over stage_loss):
+//  1. host work, eager: each micro-batch's ids, targets and answer marks are copied into this
+//     object's persistent buffers ([T_loc] i32 each, one set per micro-batch) and the step's gradient
+//     scale 1 / counted into a device scalar — queued on the stream before the work that reads them;
+//  2. the work: the loss accumulators zeroed, then stage_loss of each micro-batch inside the
+//     StepArena (runtime/step_arena.h; begun again for each micro-batch, whose tensors are all dead
+//     when it returns, so the micro-batches share the blocks: the arena holds the sum of ONE
+//     micro-batch's allocations, not its peak), with a DeviceLossHead (objective.h): the loss sums
+//     go to device buffers [G, 2], the scale is read from the device. No host read, no phase timer;
+//  3. the sums read back once ([G, 2] f64) and added in micro-batch order, as the eager loop adds.
+//
+// StepMode::graph (the GPU): the first step of a shape runs the work eagerly (the arena's blocks are
+// allocated), the next step of the same shape captures it (runtime/cuda_graph.h) and launches it, and
+// later steps of that shape only do 1 and launch. A shape is the document starts of every
+// micro-batch (the layout's: what the attention masks, RoPE positions and the GDN scan's runs are
+// built from on the host, and uploaded inside the capture from pinned copies frozen at capture).
+// Windows are their own documents, so a step's shape changes only when the data has document
+// boundaries inside windows: such a step runs eagerly (still in the arena), counted, and a graph whose
+// blocks moved is dropped (captured again at the next two steps of one shape). StepMode::fixed runs
+// 1-3 eagerly every step on any device: what the CPU tests check (same losses and weights as the
+// eager loop, bit for bit on the CPU; no fresh block after the first step).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/train/stage.h"
+#include "model/train/trainer.h"
+#include "runtime/cuda_graph.h"
+#include "runtime/step_arena.h"
+
+namespace hydra::train {
+
+class FixedStep {
+ public:
+  // Buffers for `micro_batches` micro-batches of `rows` rows (this rank's T_loc) on the model's device.
+  FixedStep(StepMode mode, const Model& model, int64_t micro_batches, int64_t rows);
+
+  // The micro-batches' forward and backward into `grads` (added to), scaled by 1 / counted; returns
+  // the loss sums over the micro-batches (the counts from the batches' own).
+  LossSums run(const StageRun& stage, const std::vector<StageBatch>& batches, int64_t counted, ModelTensors& grads);
+
+  bool graph_launched() const { return launched_; }  // the last run() replayed the graph
+  size_t fresh_blocks() const { return fresh_; }     // tensor blocks the last run() allocated
+  size_t arena_blocks() const { return arena_.blocks(); }
+  double arena_bytes() const { return arena_.bytes(); }
+
+ private:
+  using Shape = std::vector<std::vector<int64_t>>;  // the document starts of each micro-batch
+  void work(const StageRun& run, const std::vector<StageBatch>& batches, ModelTensors& grads);
+
+  const StepMode mode_;
+  const Device device_;
+  const int64_t rows_;
+  std::vector<Tensor> ids_, targets_, answer_;  // per micro-batch [T_loc] i32 on the device
+  Tensor sums_, zero_sums_;                     // [G, 2] f64 on the device: Σ loss, Σ answer loss
+  Tensor scale_, scale_host_;                   // [1] f32 on the device / host: 1 / counted
+  StepArena arena_;
+  CudaGraph graph_;
+  Shape graph_shape_, warm_shape_;
+  bool graph_ready_ = false, warm_ = false, launched_ = false;
+  size_t fresh_ = 0;
+};
+
+}  // namespace hydra::train

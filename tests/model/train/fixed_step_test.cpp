@@ -1,0 +1,80 @@
+// The fixed step of `hydra train --cuda-graph on` (model/train/fixed_step.h) on the CPU, where it runs
+// without the capture (StepMode::fixed): the code a CUDA graph captures — persistent input buffers,
+// the step arena, the loss sums on the device, the gradient scale from a device scalar — must give
+// the eager loop's losses and weights bit for bit, and allocate no fresh tensor block after its first
+// step (the condition of a capture). The windows count different numbers of targets, so the scale
+// changes every step. The --cuda-graph flag's choices and refusals (trainer.h step_mode_refusal).
+#include <cstring>
+#include <set>
+
+#include "tests/model/train/fixed_step_run.h"
+
+namespace hydra::test {
+namespace {
+
+void expect_same_weights(const NamedTensors& a, const NamedTensors& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    const Tensor& u = b.at(name);
+    ASSERT_EQ(t.nbytes(), u.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(t.data(), u.data(), t.nbytes()), 0) << name << " differs";
+  }
+}
+
+TEST(FixedStep, GivesTheEagerLossesAndWeightsAndAllocatesNothingAfterItsFirstStep) {
+  TempDir dir;
+  constexpr int64_t kSteps = 5, kSeqLen = 32, kBatch = 2, kAccum = 2;
+  const std::string data = write_masked_tokens(dir.file("d.h5"), kSteps * kBatch * kAccum * kSeqLen + 1, kSeqLen, 3);
+  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
+    SCOPED_TRACE(preset);
+    const FixedStepRun eager = run_fixed_step(train::StepMode::eager, preset, Device::host, DType::f32, data,
+                                              dir.file(preset + "-eager"), kSteps, kSeqLen, kBatch, kAccum);
+    const FixedStepRun fixed = run_fixed_step(train::StepMode::fixed, preset, Device::host, DType::f32, data,
+                                              dir.file(preset + "-fixed"), kSteps, kSeqLen, kBatch, kAccum);
+    ASSERT_EQ(eager.losses.size(), static_cast<size_t>(kSteps));
+    EXPECT_EQ(fixed.losses, eager.losses);
+    expect_same_weights(fixed.weights, eager.weights);
+    // The windows' counts differ, so the scale did change between steps.
+    std::set<int64_t> counted;
+    for (const auto& line : eager.lines) counted.insert(line.at("counted_tokens").get<int64_t>());
+    EXPECT_GT(counted.size(), 1u);
+    // The arena: blocks from the first step, none fresh after it.
+    ASSERT_EQ(fixed.summary.fresh_blocks.size(), static_cast<size_t>(kSteps));
+    EXPECT_GT(fixed.summary.fresh_blocks[0], 0u);
+    for (int64_t s = 1; s < kSteps; ++s) EXPECT_EQ(fixed.summary.fresh_blocks[static_cast<size_t>(s)], 0u) << "step " << s + 1;
+    EXPECT_GT(fixed.summary.arena_blocks, 0u);
+    EXPECT_GT(fixed.summary.arena_bytes, 0.0);
+    EXPECT_EQ(fixed.summary.graph_steps, 0);
+    EXPECT_TRUE(eager.summary.fresh_blocks.empty());
+    // The step lines: no phases in the fixed step, the graph flag and fresh blocks logged.
+    for (const auto& line : fixed.lines) {
+      EXPECT_TRUE(line.at("phases").is_null());
+      EXPECT_FALSE(line.at("cuda_graph").get<bool>());
+    }
+    EXPECT_TRUE(eager.lines.front().at("phases").is_object());
+  }
+}
+
+TEST(FixedStep, FlagChoicesAndRefusals) {
+  EXPECT_EQ(train::parse_train_graph("on"), train::StepMode::graph);
+  EXPECT_EQ(train::parse_train_graph("off"), train::StepMode::eager);
+  EXPECT_EQ(train::parse_train_graph("auto"), train::StepMode::eager);  // opt-in until a GPU measures it
+  EXPECT_THROW(train::parse_train_graph("yes"), UserError);
+  using train::Stage;
+  using train::StepMode;
+  EXPECT_EQ(train::step_mode_refusal(StepMode::eager, Stage::align, 4, Device::host), "");
+  EXPECT_EQ(train::step_mode_refusal(StepMode::graph, Stage::pretrain, 1, Device::cuda), "");
+  EXPECT_EQ(train::step_mode_refusal(StepMode::graph, Stage::finetune, 1, Device::cuda), "");
+  EXPECT_EQ(train::step_mode_refusal(StepMode::fixed, Stage::pretrain, 1, Device::host), "");
+  EXPECT_NE(train::step_mode_refusal(StepMode::graph, Stage::pretrain, 1, Device::host).find("--device cuda"),
+            std::string::npos);
+  EXPECT_NE(train::step_mode_refusal(StepMode::graph, Stage::distill, 1, Device::cuda).find("--stage distill"),
+            std::string::npos);
+  EXPECT_NE(train::step_mode_refusal(StepMode::graph, Stage::align, 1, Device::cuda).find("--stage align"),
+            std::string::npos);
+  EXPECT_NE(train::step_mode_refusal(StepMode::graph, Stage::pretrain, 2, Device::cuda).find("--sp 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hydra::test
