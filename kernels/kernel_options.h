@@ -49,6 +49,12 @@ struct KernelOptions {
   // does not push the prefetched weights out (AttentionParams::decode_kv_evict_first). The tokens
   // are the same bits with and without it. `hydra bench --op decode --decode-prefetch` times caps.
   int64_t decode_prefetch_bytes = 0;
+  // HYDRA_SMALL_ROWS: the CUDA RMSNorm (n ≤ 1024 forward, ≤ 512 backward) and cross-entropy
+  // (V ≤ 2048) take their small-row kernels (kernels/small_rows.h): a group of ≤ 32 threads or a warp
+  // a row instead of wider groups or a block a row; written for the small-model step and off until a
+  // GPU has timed it (cluster/bench/small_model.jobs). Reaches the ops through the per-thread scope
+  // that launch/main.cpp opens for the command (SmallRowKernelsScope), not through op parameters.
+  bool small_rows = false;
 };
 
 }  // namespace hydra::ops

@@ -49,6 +49,10 @@ ops::KernelOptions kernel_options_from_environment() {
   if (const std::string v = env("HYDRA_DECODE_PREFETCH"); !v.empty()) {
     o.decode_prefetch_bytes = parse_decode_prefetch(v, "HYDRA_DECODE_PREFETCH");
   }
+  if (const std::string v = env("HYDRA_SMALL_ROWS"); !v.empty()) {
+    HYDRA_USER_CHECK(v == "0" || v == "1", "HYDRA_SMALL_ROWS must be 0 or 1 (got '{}')", v);
+    o.small_rows = v == "1";
+  }
   if (const std::string v = env("HYDRA_DECODE_GEMV"); !v.empty()) {
     HYDRA_USER_CHECK(v == "cublas" || v == "hydra" || v == "hydra-norm",
                      "HYDRA_DECODE_GEMV must be cublas, hydra or hydra-norm (got '{}')", v);

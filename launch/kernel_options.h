@@ -9,6 +9,7 @@
 //   HYDRA_DECODE_PDL            0 | 1                 programmatic dependent launch in the decode step
 //   HYDRA_DECODE_GEMV           cublas | hydra        the decode step's projection kernel
 //   HYDRA_DECODE_PREFETCH       off | MiB             the decode step's L2 weight prefetch and its cap
+//   HYDRA_SMALL_ROWS            0 | 1                 the small-row RMSNorm and cross-entropy kernels
 // and, read the same way, where ranks run:
 //   HYDRA_SHARE_GPUS            0 | 1                 let a node run more ranks than GPUs (testing;
 //                                                     parallel/device_world.h)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/matmul/matmul.h"
+#include "kernels/small_rows.h"
 #include "launch/cli.h"
 #include "launch/kernel_options.h"
 #include "runtime/atomic_file.h"
@@ -73,6 +74,9 @@ int main(int argc, char** argv) {
     hydra::check_fault_spec(world.size());
     app.kernels = hydra::kernel_options_from_environment();  // a bad value is refused before any work
     app.gpu_sharing = hydra::gpu_sharing_from_environment();
+    // The small-row kernels' switch reaches the ops through this per-thread scope, open for the
+    // whole command (kernels/small_rows.h: the losses are called where no kernel options are passed).
+    const hydra::ops::SmallRowKernelsScope small_rows(app.kernels.small_rows);
     code = dispatch(app, argc, argv);
   } catch (const hydra::UserError& e) {
     message = std::string("error") + (world.size() > 1 ? " (rank " + std::to_string(world.rank()) + ")" : "") + ": " + e.what();

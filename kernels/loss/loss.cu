@@ -5,12 +5,14 @@
 // online softmax statistics, merged over the block in a fixed order; pass 2 writes the gradient over
 // the logits, or into a separate (bf16) gradient row. Everything is fp32 except the KL's loss sum (fp64). Rows are read as float4 when the
 // row is 16-byte aligned. The block merges are fixed trees, so results are deterministic.
-// Squared error: one warp per row.
+// Squared error: one warp per row. Cross-entropy over V ≤ 2048 has an opt-in warp-per-row kernel
+// (HYDRA_SMALL_ROWS=1, below).
 #include <cmath>
 
 #include "kernels/cuda/backward.cuh"
 #include "kernels/cuda/vector.cuh"
 #include "kernels/loss/loss.h"
+#include "kernels/small_rows.h"
 
 namespace hydra::ops::cuda_impl {
 namespace {
@@ -184,6 +186,115 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- Cross-entropy for small vocabularies (V ≤ kSmallVocabMax), opt-in: HYDRA_SMALL_ROWS=1
+// (kernels/small_rows.h), not yet timed on a GPU.
+//
+// Why the block-per-row kernel above is slow at V = 512 (qwen3-synth: 16384 rows, 133 us a step on
+// an H200, ~126 GB/s): a row is 128 float4, so 384 of its 512 threads load nothing; the grid is
+// capped at 32 CTAs an SM but only 4 CTAs of 512 threads fit, so ~528 rows are in flight; and each
+// row's chain — a load, a 5-level shuffle tree, a barrier, 16 serial merges (two expf each) in every
+// thread, a barrier, the second read, the stores — is latency end to end, ~31 such rounds a launch.
+//
+// Here a warp owns a row and holds it in registers: lane L takes the float4 chunks L, L + 32, …
+// (C = ⌈V/128⌉ rounded up to a power of two, ≤ 16 chunks, 4C values), read once; the max and then
+// Σ exp(x − m) are warp butterflies; the gradient is written from the registers. 8 rows a 256-thread
+// CTA, no shared memory, no barrier. The chunk a value sits in never depends on alignment (an
+// unaligned row reads its chunks as four scalars), so the in-place fp32 gradient and the bf16 operand
+// give the same row losses bit for bit, as the block kernel's do. Same formulas as the block kernel:
+// loss = log s + m − x_target, gradient grad_scale (e^{x−m}/s − onehot); a NaN logit makes s, so the
+// loss, NaN (fmaxf skips it for m, e^{NaN − m} does not); a row of −∞ gives NaN, as there.
+constexpr int64_t kSmallVocabMax = 2048;
+constexpr int kSmallVocabThreads = 256, kSmallVocabRows = kSmallVocabThreads / 32;
+
+template <int C, class Out>
+__global__ void __launch_bounds__(kSmallVocabThreads)
+    cross_entropy_small_vocab_kernel(RowsF32 logits, GradRows<Out> grad, int64_t vocab, int64_t rows,
+                                     const int32_t* targets, int64_t target_stride, float* row_loss,
+                                     int64_t loss_stride, float grad_scale, bool vec_in, bool vec_out) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t(gridDim.x) * kSmallVocabRows;
+  for (int64_t r = int64_t(blockIdx.x) * kSmallVocabRows + threadIdx.x / 32; r < rows; r += warps) {  // per warp
+    const float* x = logits.data + r * logits.stride;
+    Out* y = grad.data + r * grad.stride;
+    const int32_t target = targets[r * target_stride];
+    if (target < 0) {  // ignored row: loss 0, gradient 0
+      for (int64_t i = lane; i < vocab; i += 32) store1(y + i, 0.0f);
+      if (lane == 0) row_loss[r * loss_stride] = 0.0f;
+      continue;
+    }
+    // A target ≥ V is a caller bug (targets are validated on input): its loss is NaN.
+    const float x_target = target < vocab ? x[target] : NAN;
+    float v[C][4];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int64_t i0 = 4 * (lane + 32 * int64_t(c));
+      if (vec_in && i0 + 3 < vocab) {
+        const float4 f = *reinterpret_cast<const float4*>(x + i0);
+        v[c][0] = f.x, v[c][1] = f.y, v[c][2] = f.z, v[c][3] = f.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[c][e] = i0 + e < vocab ? x[i0 + e] : -INFINITY;
+      }
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) m = fmaxf(m, v[c][e]);
+    }
+    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float s = 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        v[c][e] = expf(v[c][e] - m);  // 0 for the −∞ past the row's end
+        s += v[c][e];
+      }
+    }
+    s = cuda::warp_sum(s);
+    const float inv_s = 1.0f / s;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int64_t i0 = 4 * (lane + 32 * int64_t(c));
+      float g[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) g[e] = grad_scale * (v[c][e] * inv_s - (i0 + e == target ? 1.0f : 0.0f));
+      if (vec_out && i0 + 3 < vocab) {
+        store4(y, i0 / 4, float4{g[0], g[1], g[2], g[3]});
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (i0 + e < vocab) store1(y + i0 + e, g[e]);
+        }
+      }
+    }
+    if (lane == 0) row_loss[r * loss_stride] = logf(s) + m - x_target;
+  }
+}
+
+// Launches the small-vocabulary kernel for V ≤ kSmallVocabMax: C = 1, 2, 4, 8 or 16 chunks a lane.
+template <class Out>
+void launch_cross_entropy_small_vocab(const RowsF32& x, const GradRows<Out>& y, int64_t vocab, int64_t rows,
+                                      const TensorView& targets, const TensorView& row_loss, float grad_scale) {
+  const auto rows_aligned = [](const void* p, int64_t stride_bytes, int64_t bytes) {
+    return reinterpret_cast<uintptr_t>(p) % bytes == 0 && stride_bytes % bytes == 0;
+  };
+  const bool vec_in = rows_aligned(x.data, x.stride * 4, 16);
+  const bool vec_out = rows_aligned(y.data, y.stride * int64_t(sizeof(Out)), 4 * int64_t(sizeof(Out)));
+  const int64_t chunks = (vocab + 127) / 128;
+  auto* kernel = chunks <= 1   ? cross_entropy_small_vocab_kernel<1, Out>
+                 : chunks <= 2 ? cross_entropy_small_vocab_kernel<2, Out>
+                 : chunks <= 4 ? cross_entropy_small_vocab_kernel<4, Out>
+                 : chunks <= 8 ? cross_entropy_small_vocab_kernel<8, Out>
+                               : cross_entropy_small_vocab_kernel<16, Out>;
+  const int blocks = cuda::capped_grid((rows + kSmallVocabRows - 1) / kSmallVocabRows);
+  kernel<<<blocks, kSmallVocabThreads, 0, current_stream()>>>(x, y, vocab, rows, targets.data_as<const int32_t>(),
+                                                              targets.stride(0), row_loss.data_as<float>(),
+                                                              row_loss.stride(0), grad_scale, vec_in, vec_out);
+  HYDRA_CUDA_LAUNCH_CHECK();
+}
+
 // One warp per row; every element is read before it is written, so d_a may alias a.
 __global__ void __launch_bounds__(256) squared_error_kernel(cuda::FloatRows d_a, cuda::FloatRows a, cuda::FloatRows b,
                                                             float* row_loss, int64_t loss_stride, float grad_scale) {
@@ -246,6 +357,10 @@ void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_los
                targets.shape_string());
   if (rows == 0) return;
   with_grad_rows(logits, grad, [&](auto y) {
+    if (vocab <= kSmallVocabMax && small_row_kernels_enabled()) {
+      launch_cross_entropy_small_vocab(x, y, vocab, rows, targets, row_loss, grad_scale);
+      return;
+    }
     cross_entropy_kernel<<<cuda::capped_grid(rows), kThreads, 0, current_stream()>>>(
         x, y, vocab, rows, targets.data_as<const int32_t>(), targets.stride(0), row_loss.data_as<float>(),
         row_loss.stride(0), grad_scale);

@@ -13,11 +13,17 @@
 // its groups' sums in group order into partial[b], and column_finish adds the partials in a
 // fixed order: the weight gradient has the same bits on every run and every GPU. The scalar path runs
 // the shared row kernel (rms_backward.cuh) and the column reduction of dy ⊙ x r.
+//
+// With HYDRA_SMALL_ROWS=1 (kernels/small_rows.h; opt-in until a GPU has timed it) rows of n ≤ 1024
+// (forward) and n ≤ 512 (backward) that would take the vector path take rms_small_rows.cuh's
+// kernels instead (a group of ≤ 32 threads a row; the forward's output is the vector path's bits).
 #include "kernels/cuda/backward.cuh"
 #include "kernels/cuda/vector.cuh"
 #include "kernels/rmsnorm/rms_backward.cuh"
 #include "kernels/rmsnorm/rms_row.cuh"
+#include "kernels/rmsnorm/rms_small_rows.cuh"
 #include "kernels/rmsnorm/rmsnorm.h"
+#include "kernels/small_rows.h"
 
 namespace hydra::ops::cuda_impl {
 namespace {
@@ -109,7 +115,13 @@ void rms_norm(const TensorView& out, const TensorView& x, const TensorView& weig
   const cuda::RowLayout lx = cuda::row_layout(x), lo = cuda::row_layout(out);
   const VectorShape shape = vector_shape(lx.length);
   const cuda::FloatRows fx = cuda::float_rows(x, "rms_norm x"), fo = cuda::float_rows(out, "rms_norm out");
-  if (shape.group > 0 && cuda::row_starts_aligned(fx, 16) && cuda::row_starts_aligned(fo, 16) && weight_aligned(weight)) {
+  const bool aligned = cuda::row_starts_aligned(fx, 16) && cuda::row_starts_aligned(fo, 16) && weight_aligned(weight);
+  const VectorShape small = rms_vector::small_shape(lx.length, rms_vector::kSmallForwardRuns);
+  if (small.group > 0 && aligned && small_row_kernels_enabled()) {
+    rms_small::launch_forward(fo, fx, weight.data_as<const float>(), params.eps, small);
+    return;
+  }
+  if (shape.group > 0 && aligned) {
     const int groups = kThreads / shape.group;
     const unsigned blocks = static_cast<unsigned>(cuda::capped_grid((lx.rows + groups - 1) / groups));
     const float* w = weight.data_as<const float>();
@@ -141,8 +153,23 @@ void rms_norm_backward(const TensorView& dx, const TensorView& d_weight, const T
   }
   if (rows == 0 || n == 0) return;
   const VectorShape shape = vector_shape(n);
-  if (shape.group > 0 && cuda::row_starts_aligned(fdx, 16) && cuda::row_starts_aligned(fdy, 16) &&
-      cuda::row_starts_aligned(fx, 16) && weight_aligned(weight)) {
+  const bool aligned = cuda::row_starts_aligned(fdx, 16) && cuda::row_starts_aligned(fdy, 16) &&
+                       cuda::row_starts_aligned(fx, 16) && weight_aligned(weight);
+  const VectorShape small = rms_vector::small_shape(n, rms_vector::kSmallBackwardRuns);
+  if (small.group > 0 && aligned && small_row_kernels_enabled()) {
+    rms_small::launch_backward({.dx = fdx,
+                                .dy = fdy,
+                                .x = fx,
+                                .weight = weight.data_as<const float>(),
+                                .partial = nullptr,
+                                .rows_per_block = 0,
+                                .group = small.group,
+                                .eps = params.eps,
+                                .accumulate = accumulate == Accumulate::yes},
+                               small, d_weight.defined() ? d_weight.data_as<float>() : nullptr);
+    return;
+  }
+  if (shape.group > 0 && aligned) {
     const rms_backward::VectorBlocks vb = rms_backward::vector_blocks(rows, shape.group);
     const int64_t blocks = vb.blocks;
     Tensor partial = d_weight.defined() ? Tensor::empty({blocks, n}, DType::f32, Device::cuda) : Tensor();

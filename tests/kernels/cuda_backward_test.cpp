@@ -25,6 +25,7 @@
 #include "kernels/matmul/matmul.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
+#include "kernels/small_rows.h"
 #include "kernels/swiglu/swiglu.h"
 #include "tests/common/test_util.h"
 
@@ -44,63 +45,100 @@ struct NormCase {
   int64_t offset = 8;      // columns of the wide matrices before the view (8: 16-byte aligned bf16 rows)
 };
 
+// Forward and backward of one case on the GPU against the CPU reference, with the current kernel
+// choice (the default or, under a SmallRowKernelsScope, the small-row kernels); returns the outputs
+// of the accumulating backward and the forward for comparisons between the choices.
+struct NormOutputs {
+  Tensor y, dx, dw;  // device: forward bf16, dx bf16 accumulated, d_weight fp32
+};
+NormOutputs check_rms_norm(const NormCase& c) {
+  const ops::RmsNormParams eps{1e-6f};
+  const std::string what = std::string(ops::small_row_kernels_enabled() ? "small rows: " : "") +
+                           "rms_norm_backward rows=" + std::to_string(c.rows) + " heads=" + std::to_string(c.heads) +
+                           " n=" + std::to_string(c.n);
+  const int64_t width = std::max<int64_t>(c.heads, 1) * c.n;
+  const std::vector<int64_t> shape = c.heads > 0 ? std::vector<int64_t>{c.rows, c.heads, c.n}
+                                                 : std::vector<int64_t>{c.rows, c.n};
+  // x and dy: column blocks of wider matrices, split into heads when per-head.
+  const auto rows_of = [&](const TensorView& wide) {
+    const TensorView v = wide.narrow(1, c.offset, width);
+    return c.heads > 0 ? v.split_dim(1, c.heads, c.n) : v;
+  };
+  const Tensor xw = rounded_to_bf16(random_tensor({c.rows, width + 8}, 40, 2.0f));
+  const Tensor dyw = rounded_to_bf16(random_tensor({c.rows, width + 8}, 41));
+  // The forward on the same rows.
+  Tensor y_ref = Tensor::empty(shape, DType::f32), gy = Tensor::empty(shape, DType::bf16, Device::cuda);
+  ops::rms_norm(y_ref, rows_of(xw), random_tensor({c.n}, 42), eps);
+  const Tensor w = random_tensor({c.n}, 42), dw0 = random_tensor({c.n}, 43);
+  const Tensor dx0 = rounded_to_bf16(random_tensor(shape, 44));
+  const Tensor gxw = gpu(xw), gdyw = gpu(dyw), gw = gpu(w, DType::f32);
+  ops::rms_norm(gy, rows_of(gxw), gw, eps);
+  expect_close(host(gy), y_ref, 1e-2, what + " forward");
+
+  // bf16 dy and dx, dx accumulated onto what it holds, with the weight gradient.
+  Tensor dx_ref = clone(dx0), dw_ref = clone(dw0);
+  ops::rms_norm_backward(dx_ref, dw_ref, rows_of(dyw), rows_of(xw), w, eps, ops::Accumulate::yes);
+  Tensor gdx = gpu(dx0), gdw = gpu(dw0, DType::f32);
+  ops::rms_norm_backward(gdx, gdw, rows_of(gdyw), rows_of(gxw), gw, eps, ops::Accumulate::yes);
+  expect_close(host(gdx), dx_ref, 1e-2, what + " dx bf16 accumulated");
+  expect_close(host(gdw), dw_ref, 1e-4, what + " d_weight");
+
+  // fp32 dy and dx (the attention path's accumulators), no weight gradient.
+  const Tensor dy32 = random_tensor(shape, 45);
+  Tensor dxf_ref = Tensor::empty(shape, DType::f32);
+  ops::rms_norm_backward(dxf_ref, TensorView(), dy32, rows_of(xw), w, eps);
+  Tensor gdxf = Tensor::empty(shape, DType::f32, Device::cuda);
+  ops::rms_norm_backward(gdxf, TensorView(), gpu(dy32, DType::f32), rows_of(gxw), gw, eps);
+  expect_close(host(gdxf), dxf_ref, 1e-4, what + " dx fp32");
+
+  // dx written over dy; twice, for the same bits.
+  const Tensor dyb = rounded_to_bf16(dy32);
+  Tensor dxa_ref = Tensor::empty(shape, DType::f32), dwa_ref = clone(dw0);
+  ops::rms_norm_backward(dxa_ref, dwa_ref, dyb, rows_of(xw), w, eps);
+  Tensor run1 = gpu(dyb), run2 = gpu(dyb), dw1 = gpu(dw0, DType::f32), dw2 = gpu(dw0, DType::f32);
+  ops::rms_norm_backward(run1, dw1, run1, rows_of(gxw), gw, eps);
+  ops::rms_norm_backward(run2, dw2, run2, rows_of(gxw), gw, eps);
+  expect_close(host(run1), dxa_ref, 1e-2, what + " dx over dy");
+  expect_close(host(dw1), dwa_ref, 1e-4, what + " d_weight (dx over dy)");
+  expect_same_bits(run1, run2, what + " dx");
+  expect_same_bits(dw1, dw2, what + " d_weight");
+  return {std::move(gy), std::move(gdx), std::move(gdw)};
+}
+
 TEST(CudaBackward, RmsNorm) {
   HYDRA_REQUIRE_GPU();
-  const ops::RmsNormParams eps{1e-6f};
   // Vector path (n = 8·G·V, aligned rows): G = 8 (n = 64), 16 with heads (the FA q/k norms),
   // 64 (two warps per row), 256 (the hidden size, block-wide sums), V = 2 (n = 4096), row counts
   // that do not fill the last block. Scalar path: n = 200, and n = 2048 on rows not 16-byte aligned.
   for (const NormCase c : {NormCase{37, 0, 64}, NormCase{3000, 0, 200}, NormCase{517, 4, 128}, NormCase{1, 3, 32},
                            NormCase{45, 0, 512}, NormCase{301, 0, 2048}, NormCase{70, 0, 4096},
                            NormCase{33, 0, 2048, 3}}) {
-    const std::string what = "rms_norm_backward rows=" + std::to_string(c.rows) + " heads=" +
-                              std::to_string(c.heads) + " n=" + std::to_string(c.n);
-    const int64_t width = std::max<int64_t>(c.heads, 1) * c.n;
-    const std::vector<int64_t> shape = c.heads > 0 ? std::vector<int64_t>{c.rows, c.heads, c.n}
-                                                   : std::vector<int64_t>{c.rows, c.n};
-    // x and dy: column blocks of wider matrices, split into heads when per-head.
-    const auto rows_of = [&](const TensorView& wide) {
-      const TensorView v = wide.narrow(1, c.offset, width);
-      return c.heads > 0 ? v.split_dim(1, c.heads, c.n) : v;
-    };
-    const Tensor xw = rounded_to_bf16(random_tensor({c.rows, width + 8}, 40, 2.0f));
-    const Tensor dyw = rounded_to_bf16(random_tensor({c.rows, width + 8}, 41));
-    // The forward on the same rows.
-    Tensor y_ref = Tensor::empty(shape, DType::f32), gy = Tensor::empty(shape, DType::bf16, Device::cuda);
-    ops::rms_norm(y_ref, rows_of(xw), random_tensor({c.n}, 42), eps);
-    const Tensor w = random_tensor({c.n}, 42), dw0 = random_tensor({c.n}, 43);
-    const Tensor dx0 = rounded_to_bf16(random_tensor(shape, 44));
-    const Tensor gxw = gpu(xw), gdyw = gpu(dyw), gw = gpu(w, DType::f32);
-    ops::rms_norm(gy, rows_of(gxw), gw, eps);
-    expect_close(host(gy), y_ref, 1e-2, what + " forward");
+    check_rms_norm(c);
+  }
+}
 
-    // bf16 dy and dx, dx accumulated onto what it holds, with the weight gradient.
-    Tensor dx_ref = clone(dx0), dw_ref = clone(dw0);
-    ops::rms_norm_backward(dx_ref, dw_ref, rows_of(dyw), rows_of(xw), w, eps, ops::Accumulate::yes);
-    Tensor gdx = gpu(dx0), gdw = gpu(dw0, DType::f32);
-    ops::rms_norm_backward(gdx, gdw, rows_of(gdyw), rows_of(gxw), gw, eps, ops::Accumulate::yes);
-    expect_close(host(gdx), dx_ref, 1e-2, what + " dx bf16 accumulated");
-    expect_close(host(gdw), dw_ref, 1e-4, what + " d_weight");
-
-    // fp32 dy and dx (the attention path's accumulators), no weight gradient.
-    const Tensor dy32 = random_tensor(shape, 45);
-    Tensor dxf_ref = Tensor::empty(shape, DType::f32);
-    ops::rms_norm_backward(dxf_ref, TensorView(), dy32, rows_of(xw), w, eps);
-    Tensor gdxf = Tensor::empty(shape, DType::f32, Device::cuda);
-    ops::rms_norm_backward(gdxf, TensorView(), gpu(dy32, DType::f32), rows_of(gxw), gw, eps);
-    expect_close(host(gdxf), dxf_ref, 1e-4, what + " dx fp32");
-
-    // dx written over dy; twice, for the same bits.
-    const Tensor dyb = rounded_to_bf16(dy32);
-    Tensor dxa_ref = Tensor::empty(shape, DType::f32), dwa_ref = clone(dw0);
-    ops::rms_norm_backward(dxa_ref, dwa_ref, dyb, rows_of(xw), w, eps);
-    Tensor run1 = gpu(dyb), run2 = gpu(dyb), dw1 = gpu(dw0, DType::f32), dw2 = gpu(dw0, DType::f32);
-    ops::rms_norm_backward(run1, dw1, run1, rows_of(gxw), gw, eps);
-    ops::rms_norm_backward(run2, dw2, run2, rows_of(gxw), gw, eps);
-    expect_close(host(run1), dxa_ref, 1e-2, what + " dx over dy");
-    expect_close(host(dw1), dwa_ref, 1e-4, what + " d_weight (dx over dy)");
-    expect_same_bits(run1, run2, what + " dx");
-    expect_same_bits(dw1, dw2, what + " d_weight");
+// The small-row kernels (HYDRA_SMALL_ROWS=1, kernels/small_rows.h) against the CPU reference with
+// the bounds above, and against the default kernels: the forward bit for bit (the same sums in the
+// same order: the decode GEMV's fused norm is held to those bits), the backward's dx (bf16) within
+// 1e-2 and d_weight within 1e-4 (another order of the same fp32 sums). Shapes: qwen3-synth's step
+// (16384 rows of 256, its q and k norms' 8 and 4 heads of 64 on 16384 tokens), rows that leave the
+// last group, warp or CTA part-empty (1, 33, 37, 517, 1001), every group size G = 1 … 32 (n = 8 …
+// 256), one warp holding 2 or 4 runs (n = 512, 1024; 1024's backward is the default kernel's),
+// and widths the small path does not take (n = 200; unaligned rows of 2048), which fall back.
+TEST(CudaBackward, RmsNormSmallRows) {
+  HYDRA_REQUIRE_GPU();
+  for (const NormCase c : {NormCase{16384, 0, 256}, NormCase{16384, 8, 64}, NormCase{16384, 4, 64},
+                           NormCase{37, 0, 64}, NormCase{1001, 0, 8}, NormCase{33, 0, 16}, NormCase{517, 4, 128},
+                           NormCase{1, 3, 32}, NormCase{45, 0, 512}, NormCase{301, 0, 1024}, NormCase{3000, 0, 200},
+                           NormCase{33, 0, 2048, 3}}) {
+    const NormOutputs plain = check_rms_norm(c);
+    const ops::SmallRowKernelsScope small(true);
+    const NormOutputs fast = check_rms_norm(c);
+    const std::string what = "small rows vs default, rows=" + std::to_string(c.rows) + " heads=" +
+                             std::to_string(c.heads) + " n=" + std::to_string(c.n);
+    expect_same_bits(fast.y, plain.y, what + " forward");
+    expect_close(host(fast.dx), host(plain.dx), 1e-2, what + " dx");
+    expect_close(host(fast.dw), host(plain.dw), 1e-4, what + " d_weight");
   }
 }
 

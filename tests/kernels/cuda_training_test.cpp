@@ -26,6 +26,7 @@
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/loss/loss.h"
 #include "kernels/row_sum/row_sum.h"
+#include "kernels/small_rows.h"
 #include "tests/common/test_util.h"
 
 namespace hydra::test {
@@ -92,6 +93,62 @@ TEST(CudaTraining, CrossEntropy) {
     expect_same_bits(g1, g2, what + " gradient");
     // The gradient written into a separate bf16 operand (the training loss head's path): same row
     // losses, the fp32 gradient rounded, the logits left as they were.
+    Tensor g3 = gpu(buffer, DType::f32), loss3 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
+    Tensor op = Tensor::empty({c.rows, c.vocab}, DType::bf16, Device::cuda);
+    ops::cross_entropy_with_grad(logits_of(g3, c), loss3, gtargets, scale, op);
+    expect_same_bits(loss3, loss1, what + " row loss with a bf16 gradient");
+    expect_close(host(op), logits_of(host(g1), c), 1e-2, what + " bf16 gradient");
+    expect_close(host(g3), buffer, 0.0, what + " logits untouched");
+  }
+}
+
+// The small-vocabulary cross-entropy (HYDRA_SMALL_ROWS=1, kernels/small_rows.h: a warp a row for
+// V ≤ 2048) against the CPU reference with CrossEntropy's bounds, and against the default block
+// kernel (row losses and gradients within 1e-5: the same formulas, sums in another order). Shapes:
+// qwen3-synth's step (16384 rows of 512 logits), row counts that leave the last CTA's 8 warps
+// part-empty, V not a multiple of 4 or 32 (the scalar tail of a lane's chunk), V < 32, V = 2048
+// (16 chunks a lane) on an unaligned view (scalar loads, the same chunks), and V = 2049 (the block
+// kernel: the small path declines). Masked rows (target −1), targets at 0 and V − 1, a row of
+// large logits.
+TEST(CudaTraining, CrossEntropySmallVocab) {
+  HYDRA_REQUIRE_GPU();
+  const LossCase cases[] = {{16384, 512, 0}, {37, 1001, 0}, {6, 2048, 5}, {19, 31, 0}, {9, 130, 3}, {13, 2047, 0},
+                            {8, 2049, 0}};
+  for (const LossCase& c : cases) {
+    const std::string what = "small-vocab cross-entropy " + describe(c);
+    Tensor buffer = random_tensor({c.rows, c.vocab + c.pad}, 130, 3.0f);
+    shift_row(buffer, 1, 1000.0f);
+    Tensor targets = Tensor::empty({c.rows}, DType::i32);
+    for (int64_t i = 0; i < c.rows; ++i) targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 7919) % c.vocab);
+    targets.data_as<int32_t>()[2] = -1;
+    targets.data_as<int32_t>()[3] = 0;
+    targets.data_as<int32_t>()[4] = static_cast<int32_t>(c.vocab - 1);
+    for (int64_t i = 40; i < c.rows; i += 97) targets.data_as<int32_t>()[i] = -1;
+    const float scale = 0.25f;
+    Tensor ref = clone(buffer), loss_ref = Tensor::empty({c.rows}, DType::f32);
+    ops::cross_entropy_with_grad(logits_of(ref, c), loss_ref, targets, scale);
+    const Tensor gtargets = to_device(targets, Device::cuda);
+    // The default kernel, for the comparison.
+    Tensor g0 = gpu(buffer, DType::f32), loss0 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
+    ops::cross_entropy_with_grad(logits_of(g0, c), loss0, gtargets, scale);
+
+    const ops::SmallRowKernelsScope small(true);
+    Tensor g1 = gpu(buffer, DType::f32), g2 = gpu(buffer, DType::f32);
+    Tensor loss1 = Tensor::empty({c.rows}, DType::f32, Device::cuda),
+           loss2 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
+    ops::cross_entropy_with_grad(logits_of(g1, c), loss1, gtargets, scale);
+    ops::cross_entropy_with_grad(logits_of(g2, c), loss2, gtargets, scale);
+    expect_close(host(loss1), loss_ref, 1e-5, what + " row loss");
+    expect_gradient(g1, ref, buffer, c, what);
+    expect_close(host(loss1), host(loss0), 1e-5, what + " row loss vs the block kernel");
+    expect_close(logits_of(host(g1), c), logits_of(host(g0), c), 1e-5, what + " gradient vs the block kernel");
+    const Tensor l1 = host(loss1);
+    for (int64_t i = 2; i < c.rows; i += (i == 2 ? 38 : 97)) {
+      EXPECT_EQ(l1.data_as<float>()[i], 0.0f) << what << ": ignored row " << i;
+    }
+    expect_same_bits(loss1, loss2, what + " row loss");
+    expect_same_bits(g1, g2, what + " gradient");
+    // Into a separate bf16 operand: the same row losses, the fp32 gradient rounded, the logits kept.
     Tensor g3 = gpu(buffer, DType::f32), loss3 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
     Tensor op = Tensor::empty({c.rows, c.vocab}, DType::bf16, Device::cuda);
     ops::cross_entropy_with_grad(logits_of(g3, c), loss3, gtargets, scale, op);

@@ -179,13 +179,14 @@ TEST(FaultSpec, UnknownKernelOptionValuesAreRefused) {
   expect_clean_error(run_command("HYDRA_GDN_PROFILE=yes " + run), "HYDRA_GDN_PROFILE must be 0, 1 or 2 (got 'yes')");
   expect_clean_error(run_command("HYDRA_DECODE_PDL=on " + run), "HYDRA_DECODE_PDL must be 0 or 1 (got 'on')");
   expect_clean_error(run_command("HYDRA_DECODE_GEMV=fast " + run), "HYDRA_DECODE_GEMV must be cublas, hydra or hydra-norm (got 'fast')");
+  expect_clean_error(run_command("HYDRA_SMALL_ROWS=yes " + run), "HYDRA_SMALL_ROWS must be 0 or 1 (got 'yes')");
   const std::string prefetch = "HYDRA_DECODE_PREFETCH must be off or a whole number of MiB from 1 to 1024";
   for (const std::string bad : {"on", "32MB", "2048", "-1", "+8", " 8", "1e3", "99999999999999999999"}) {
     expect_clean_error(run_command("HYDRA_DECODE_PREFETCH='" + bad + "' " + run), prefetch + " (got '" + bad + "')");
   }
   const CommandResult ok = run_command("HYDRA_ATTENTION_KERNEL=mma HYDRA_ATTENTION_BWD_KERNEL=mma HYDRA_GDN_SEGMENTS=2 "
                                        "HYDRA_GDN_PROFILE=0 HYDRA_DECODE_PDL=1 HYDRA_DECODE_GEMV=hydra-norm "
-                                       "HYDRA_DECODE_PREFETCH=32 " + run);
+                                       "HYDRA_DECODE_PREFETCH=32 HYDRA_SMALL_ROWS=1 " + run);
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
 }
 
