@@ -108,6 +108,32 @@ __device__ __forceinline__ void group_sums(float& a, float& b, int group, float 
   __syncthreads();  // scratch is rewritten by the next call
 }
 
+// The end of one row of the vector backward, written once for rms_norm_backward_vector_kernel and
+// the small-row backward (rms_small_rows.cuh), which must give the same dx: from the row's sums
+// ss = Σ x² and dot = Σ x ⊙ w ⊙ dy over 1/inv_n elements, this thread's V runs of eight (columns
+// 8·(v·G + j)) of dx = r (w ⊙ dy) − x r³ mean(x ⊙ w ⊙ dy) (plus what dx held when accumulating; `old`
+// is read only then) are stored, and its terms dy ⊙ x r of the weight gradient added into dw.
+template <int V>
+__device__ __forceinline__ void finish_row(const cuda::FloatRows& dx, int64_t row, int group, int j, float ss, float dot,
+                                           float inv_n, float eps, bool accumulate, const float (&w)[V][8],
+                                           const float (&xv)[V][8], const float (&dyv)[V][8],
+                                           const float (&old)[V][8], float (&dw)[V][8]) {
+  const float r = rsqrtf(ss * inv_n + eps);
+  const float c = (dot * inv_n) * r * r * r;  // the coefficient of x
+  const int64_t odx = dx.offset(row);
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    float out[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      out[e] = r * w[v][e] * dyv[v][e] - xv[v][e] * c;
+      if (accumulate) out[e] += old[v][e];
+      dw[v][e] += dyv[v][e] * xv[v][e] * r;
+    }
+    cuda::store_vec<8>(dx, odx + 8 * (v * group + j), out);
+  }
+}
+
 // One row of n = 8·V·G elements per group of G threads. The statistics (mean square, the dot of the
 // backward) run over segments of `segment` threads (8·segment elements, V = 1 when segment < G):
 // the whole row for RMSNorm (segment = G), one head of d = 8·segment for the fusion, whose token
@@ -165,22 +191,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_backward_vector_kernel(Fuse
       }
     }
     group_sums(ss, dot, p.segment, scratch);
-    if (valid) {
-      const float r = rsqrtf(ss * inv_n + p.eps);
-      const float c = (dot * inv_n) * r * r * r;  // the coefficient of x
-      const int64_t odx = p.dx.offset(row);
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        float out[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          out[e] = r * w[v][e] * dyv[v][e] - xv[v][e] * c;
-          if (p.accumulate) out[e] += old[v][e];
-          dw[v][e] += dyv[v][e] * xv[v][e] * r;
-        }
-        cuda::store_vec<8>(p.dx, odx + 8 * (v * group + j), out);
-      }
-    }
+    if (valid) finish_row<V>(p.dx, row, group, j, ss, dot, inv_n, p.eps, p.accumulate, w, xv, dyv, old, dw);
   }
   if (p.partial == nullptr) return;  // uniform across the block
 #pragma unroll

@@ -28,6 +28,7 @@
 #pragma once
 
 #include "kernels/cuda/backward.cuh"
+#include "kernels/rmsnorm/rms_backward.cuh"
 #include "kernels/cuda/vector.cuh"
 #include "kernels/rmsnorm/rms_row.cuh"
 #include "kernels/rmsnorm/rms_vector.h"
@@ -161,22 +162,7 @@ __global__ void __launch_bounds__(kThreads, V == 1 ? 4 : 2) backward_kernel(Back
     }
     ss = group_sum(ss, group);
     dot = group_sum(dot, group);
-    if (valid) {
-      const float r = rsqrtf(ss * inv_n + p.eps);
-      const float c = (dot * inv_n) * r * r * r;  // the coefficient of x
-      const int64_t odx = p.dx.offset(row);
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        float out[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          out[e] = r * w[v][e] * dyv[v][e] - xv[v][e] * c;
-          if (p.accumulate) out[e] += old[v][e];
-          dw[v][e] += dyv[v][e] * xv[v][e] * r;
-        }
-        cuda::store_vec<8>(p.dx, odx + 8 * (v * group + j), out);
-      }
-    }
+    if (valid) rms_backward::finish_row<V>(p.dx, row, group, j, ss, dot, inv_n, p.eps, p.accumulate, w, xv, dyv, old, dw);
   }
   if (p.partial == nullptr) return;  // uniform across the block
   // The groups of a warp (32 / G of them, holding the same columns) add theirs by shuffles over the
