@@ -68,6 +68,24 @@ void expect_gradient(const TensorView& device_buffer, const TensorView& ref, con
                what + " columns after the view");
 }
 
+// What both cross-entropy kernels owe beyond the values (given `loss1`, `g1`: a first run in place
+// over the fp32 logits of `buffer`'s copy): a second run gives the same bits, and the gradient
+// written into a separate bf16 operand (the training loss head's path) leaves the same row losses,
+// the fp32 gradient rounded, and the logits as they were.
+void expect_repeatable_and_operand_form(const TensorView& buffer, const LossCase& c, const TensorView& targets,
+                                        float scale, const Tensor& loss1, const Tensor& g1, const std::string& what) {
+  Tensor g2 = gpu(buffer, DType::f32), loss2 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
+  ops::cross_entropy_with_grad(logits_of(g2, c), loss2, targets, scale);
+  expect_same_bits(loss1, loss2, what + " row loss");
+  expect_same_bits(g1, g2, what + " gradient");
+  Tensor g3 = gpu(buffer, DType::f32), loss3 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
+  Tensor op = Tensor::empty({c.rows, c.vocab}, DType::bf16, Device::cuda);
+  ops::cross_entropy_with_grad(logits_of(g3, c), loss3, targets, scale, op);
+  expect_same_bits(loss3, loss1, what + " row loss with a bf16 gradient");
+  expect_close(host(op), logits_of(host(g1), c), 1e-2, what + " bf16 gradient");
+  expect_close(host(g3), buffer, 0.0, what + " logits untouched");
+}
+
 TEST(CudaTraining, CrossEntropy) {
   HYDRA_REQUIRE_GPU();
   for (const LossCase& c : kLossCases) {
@@ -81,24 +99,12 @@ TEST(CudaTraining, CrossEntropy) {
     Tensor ref = clone(buffer), loss_ref = Tensor::empty({c.rows}, DType::f32);
     ops::cross_entropy_with_grad(logits_of(ref, c), loss_ref, targets, scale);
     const Tensor gtargets = to_device(targets, Device::cuda);
-    Tensor g1 = gpu(buffer, DType::f32), g2 = gpu(buffer, DType::f32);
-    Tensor loss1 = Tensor::empty({c.rows}, DType::f32, Device::cuda),
-           loss2 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
+    Tensor g1 = gpu(buffer, DType::f32), loss1 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
     ops::cross_entropy_with_grad(logits_of(g1, c), loss1, gtargets, scale);
-    ops::cross_entropy_with_grad(logits_of(g2, c), loss2, gtargets, scale);
     expect_close(host(loss1), loss_ref, 1e-5, what + " row loss");
     expect_gradient(g1, ref, buffer, c, what);
     EXPECT_EQ(host(loss1).data_as<float>()[2], 0.0f) << what << ": ignored row";
-    expect_same_bits(loss1, loss2, what + " row loss");
-    expect_same_bits(g1, g2, what + " gradient");
-    // The gradient written into a separate bf16 operand (the training loss head's path): same row
-    // losses, the fp32 gradient rounded, the logits left as they were.
-    Tensor g3 = gpu(buffer, DType::f32), loss3 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
-    Tensor op = Tensor::empty({c.rows, c.vocab}, DType::bf16, Device::cuda);
-    ops::cross_entropy_with_grad(logits_of(g3, c), loss3, gtargets, scale, op);
-    expect_same_bits(loss3, loss1, what + " row loss with a bf16 gradient");
-    expect_close(host(op), logits_of(host(g1), c), 1e-2, what + " bf16 gradient");
-    expect_close(host(g3), buffer, 0.0, what + " logits untouched");
+    expect_repeatable_and_operand_form(buffer, c, gtargets, scale, loss1, g1, what);
   }
 }
 
@@ -133,11 +139,8 @@ TEST(CudaTraining, CrossEntropySmallVocab) {
     ops::cross_entropy_with_grad(logits_of(g0, c), loss0, gtargets, scale);
 
     const ops::SmallRowKernelsScope small(true);
-    Tensor g1 = gpu(buffer, DType::f32), g2 = gpu(buffer, DType::f32);
-    Tensor loss1 = Tensor::empty({c.rows}, DType::f32, Device::cuda),
-           loss2 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
+    Tensor g1 = gpu(buffer, DType::f32), loss1 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
     ops::cross_entropy_with_grad(logits_of(g1, c), loss1, gtargets, scale);
-    ops::cross_entropy_with_grad(logits_of(g2, c), loss2, gtargets, scale);
     expect_close(host(loss1), loss_ref, 1e-5, what + " row loss");
     expect_gradient(g1, ref, buffer, c, what);
     expect_close(host(loss1), host(loss0), 1e-5, what + " row loss vs the block kernel");
@@ -146,15 +149,7 @@ TEST(CudaTraining, CrossEntropySmallVocab) {
     for (int64_t i = 2; i < c.rows; i += (i == 2 ? 38 : 97)) {
       EXPECT_EQ(l1.data_as<float>()[i], 0.0f) << what << ": ignored row " << i;
     }
-    expect_same_bits(loss1, loss2, what + " row loss");
-    expect_same_bits(g1, g2, what + " gradient");
-    // Into a separate bf16 operand: the same row losses, the fp32 gradient rounded, the logits kept.
-    Tensor g3 = gpu(buffer, DType::f32), loss3 = Tensor::empty({c.rows}, DType::f32, Device::cuda);
-    Tensor op = Tensor::empty({c.rows, c.vocab}, DType::bf16, Device::cuda);
-    ops::cross_entropy_with_grad(logits_of(g3, c), loss3, gtargets, scale, op);
-    expect_same_bits(loss3, loss1, what + " row loss with a bf16 gradient");
-    expect_close(host(op), logits_of(host(g1), c), 1e-2, what + " bf16 gradient");
-    expect_close(host(g3), buffer, 0.0, what + " logits untouched");
+    expect_repeatable_and_operand_form(buffer, c, gtargets, scale, loss1, g1, what);
   }
 }
 
