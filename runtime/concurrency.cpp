@@ -66,7 +66,6 @@ void run_concurrently(Device device, Branches branches, const std::function<void
     StreamGuard guard(side.get());
     side_work();
   }
-  joined.record(side.get());
   open_sides().push_back(side.get());
   try {
     main_work();
@@ -75,6 +74,12 @@ void run_concurrently(Device device, Branches branches, const std::function<void
     throw;
   }
   open_sides().pop_back();
+  // Recorded at the join, not after side_work: a graph cut inside main_work (CudaGraph::outside)
+  // ends the capture the side's work was recorded in and rejoins the side stream to the next one,
+  // and a wait on an event of the ended capture is refused (cudaStreamWaitEvent: invalid argument,
+  // the first P-rank graph run on a GPU). Nothing else is queued on this side stream in between
+  // (a nested run_concurrently's side work is joined into main_work before it returns).
+  joined.record(side.get());
   joined.wait_on(current_stream());
 #else
   side_work();
