@@ -39,9 +39,9 @@ struct KernelOptions {
   // one launch fewer and nothing at batch 8 (cluster/results/h100-2026-12-07-session3), so cuBLAS
   // stays the default. hydra-norm: the GEMV, with the input norm and the MLP's norm computed inside
   // in_proj's and gate/up's GEMV (ops::gemv_rms_norm: two launches a layer fewer, the same bits as
-  // hydra; not yet measured on a GPU). `hydra bench --op decode --decode-gemv` times all three.
+  // hydra; on an H100 equal to hydra at batch 1, 13% slower at batch 8: cluster/results/h100-2026-12-07-session5). `hydra bench --op decode --decode-gemv` times all three.
   DecodeGemvKernel decode_gemv = DecodeGemvKernel::cublas;
-  // HYDRA_DECODE_PREFETCH: off (0, the default until a GPU has measured it) or a cap in bytes. In a
+  // HYDRA_DECODE_PREFETCH: off (0, the default: on an H100 it costs 1-5% at batch 1, 32K; session5 results) or a cap in bytes. In a
   // decode step on the GPU, once a layer's input projection is done, a side stream asks for up to
   // this many bytes of the layer's o_proj, then MLP gate/up, then MLP down weights in L2
   // (ops::l2_prefetch) while the attention part (FA decode, GDN step, fusion: latency-bound, DRAM

@@ -554,7 +554,7 @@ TrainSummary Trainer::run() {
 
 StepMode parse_train_graph(std::string_view name) {
   if (name == "on") return StepMode::graph;
-  if (name == "off" || name == "auto") return StepMode::eager;  // auto: off until a GPU run measures the graph
+  if (name == "off" || name == "auto") return StepMode::eager;  // auto: off (measured for a small model only: DESIGN.md §1.5)
   HYDRA_USER_FAIL("--cuda-graph must be on, off or auto (got '{}')", name);
 }
 

@@ -53,7 +53,7 @@ namespace hydra::train {
 // sequence (sp 1; data-parallel replicas are fine) and a cross-entropy stage (pretrain, finetune):
 // train_graph_refusal says why not.
 enum class StepMode { eager, fixed, graph };
-// --cuda-graph on|off|auto → graph (on) or eager (off; auto: off until a GPU run measures the graph).
+// --cuda-graph on|off|auto → graph (on) or eager (off; auto: off — measured faster only for a small model: DESIGN.md §1.5).
 StepMode parse_train_graph(std::string_view name);  // UserError for other values
 // Why `mode` cannot run `stage` with sequence groups of `sp` ranks on `device` ("" when it can).
 std::string step_mode_refusal(StepMode mode, Stage stage, int sp, Device device);
