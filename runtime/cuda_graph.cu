@@ -8,6 +8,7 @@
 #include "runtime/concurrency.h"
 #include "runtime/cuda_memory.h"
 #include "runtime/error.h"
+#include "runtime/step_arena.h"
 
 namespace hydra {
 namespace {
@@ -90,6 +91,7 @@ void CudaGraph::capture(const std::function<void()>& work) {
 void CudaGraph::outside(const std::function<void()>& fn) {
   CudaGraph* graph = t_capturing;
   if (graph == nullptr) {
+    const StepArenaPause pause;  // not the step's memory: a capture defers fn (step_arena.h)
     fn();
     return;
   }
@@ -122,7 +124,10 @@ void CudaGraph::launch() const {
   HYDRA_ASSERT(captured(), "a CUDA graph launched before it was captured");
   for (const Segment& s : segments_) {
     HYDRA_CUDA_CHECK(cudaGraphLaunch(s.exec, current_stream()));
-    if (s.after) s.after();
+    if (s.after) {
+      const StepArenaPause pause;  // as outside() runs it in an eager step
+      s.after();
+    }
   }
 }
 

@@ -13,6 +13,9 @@ StepArena::~StepArena() {
 
 StepArena* StepArena::active() { return t_active; }
 
+StepArenaPause::StepArenaPause() : paused_(t_active) { t_active = nullptr; }
+StepArenaPause::~StepArenaPause() { t_active = paused_; }
+
 void StepArena::begin() {
   HYDRA_ASSERT(t_active == nullptr && !open_, "a step arena begins while another is active on this thread");
   t_active = this;

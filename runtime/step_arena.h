@@ -49,6 +49,22 @@ class StepArena {
   bool open_ = false;
 };
 
+// Sets this thread's active arena aside for a scope (restored after): for host work inside a step
+// that is not part of what a graph of the step replays (runtime/cuda_graph.h CudaGraph::outside: the
+// eager step runs it inline, the captured step defers it to every launch). Its allocations must not
+// take arena blocks, or the eager step's n-th allocation is not the captured step's n-th, and the
+// capture replaces blocks (a free inside the capture, which CUDA refuses).
+class StepArenaPause {
+ public:
+  StepArenaPause();
+  ~StepArenaPause();
+  StepArenaPause(const StepArenaPause&) = delete;
+  StepArenaPause& operator=(const StepArenaPause&) = delete;
+
+ private:
+  StepArena* paused_;
+};
+
 // begin() … end() of `arena` for a scope (end() also when the step throws).
 class StepArenaScope {
  public:

@@ -8,6 +8,7 @@
 #include "model/decode_engine.h"
 #include "model/params.h"
 #include "parallel/self_communicator.h"
+#include "runtime/cuda_graph.h"
 #include "runtime/host_memory.h"
 #include "runtime/step_arena.h"
 #include "tests/common/test_util.h"
@@ -44,6 +45,34 @@ TEST(StepArena, ReusesBlocksInAllocationOrderAndReplacesWhatDoesNotFit) {
   EXPECT_EQ(host_tensor_stats().allocations, allocations + 2);
   // Outside a step, allocation is ordinary again.
   EXPECT_NE(Tensor::empty({16}, DType::f32).data(), first[0]);
+}
+
+// Host work between the segments of a step (CudaGraph::outside: run inline by an eager step, deferred
+// to every launch by a captured one) takes no arena block, or the eager step's n-th allocation would
+// not be the captured step's (the P-rank decode graph's capture freed replaced blocks inside the
+// capture, which CUDA refuses: cluster/results/h100-2026-12-07-session5). Its allocations are
+// ordinary, and the step's own allocations keep their order around it.
+TEST(StepArena, HostWorkBetweenSegmentsTakesNoBlock) {
+  StepArena arena;
+  void* inside = nullptr;
+  {
+    StepArenaScope scope(arena);
+    (void)Tensor::empty({16}, DType::f32);
+    CudaGraph::outside([&] {
+      EXPECT_EQ(StepArena::active(), nullptr);
+      inside = Tensor::empty({32}, DType::f32).data();
+    });
+    EXPECT_EQ(StepArena::active(), &arena) << "the arena is back after the host work";
+    (void)Tensor::empty({4}, DType::i32);
+  }
+  EXPECT_EQ(arena.blocks(), 2u) << "only the step's own two allocations";
+  EXPECT_NE(inside, nullptr);
+  {  // the step without the host work (a captured step defers it): the same blocks, none fresh
+    StepArenaScope scope(arena);
+    (void)Tensor::empty({16}, DType::f32);
+    (void)Tensor::empty({4}, DType::i32);
+  }
+  EXPECT_EQ(arena.fresh_blocks(), 0u);
 }
 
 // Logits [V] at the last position of a full forward over `ids` (no cache).
