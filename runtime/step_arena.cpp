@@ -40,12 +40,11 @@ std::shared_ptr<void> StepArena::take(size_t bytes, Device device) {
   const size_t n = next_++;
   if (n < blocks_.size() && blocks_[n].device == device && blocks_[n].bytes >= bytes) return blocks_[n].storage;
   // A fresh block, allocated with the arena set aside (the allocator must not come back here).
-  struct SetAside {
-    StepArena* arena;
-    explicit SetAside(StepArena* a) : arena(a) { t_active = nullptr; }
-    ~SetAside() { t_active = arena; }
-  } set_aside(this);
-  Block block{allocate_storage(bytes, device), bytes, device};
+  Block block;
+  {
+    const StepArenaPause set_aside;
+    block = Block{allocate_storage(bytes, device), bytes, device};
+  }
   ++fresh_;
   if (n < blocks_.size()) {
     blocks_[n] = std::move(block);
