@@ -239,6 +239,28 @@ TEST(GpuGenerate, GreedyAndSampledEqualOneGpu) {
   }
 }
 
+// The decode steps of each sequence that replay a graph when generate feeds sequence b for fed[b]
+// steps: a step's batch is the unfinished sequences, and the engine runs a new batch size eagerly
+// once, captures it at its next step (launched) and replays it from then on (DecodeEngine::step).
+// At P > 1 a prompt's tail past the prefill (a multiple of 2P tokens) goes through the decode steps,
+// so the prompts' step counts differ and the batch shrinks before the end.
+std::vector<int64_t> replayed_decode_steps(const std::vector<int64_t>& fed) {
+  std::vector<int64_t> replayed(fed.size(), 0);
+  int64_t warm_batch = 0, graph_batch = 0;
+  for (int64_t t = 0;; ++t) {
+    const int64_t batch = std::count_if(fed.begin(), fed.end(), [&](int64_t n) { return n > t; });
+    if (batch == 0) return replayed;
+    bool launched = batch == graph_batch;
+    if (!launched && batch == warm_batch) {
+      graph_batch = batch;
+      launched = true;
+    } else if (!launched) {
+      warm_batch = batch;
+    }
+    for (size_t b = 0; b < fed.size(); ++b) replayed[b] += launched && fed[b] > t ? 1 : 0;
+  }
+}
+
 // The decode step as a CUDA graph over P ranks (each rank's step captured, cut at every layer's
 // all-gather, which runs on the host between the segments: runtime/cuda_graph.h) against the same
 // engine launched eagerly on the same ranks: the same kernels and the same collectives on the same
@@ -247,7 +269,7 @@ TEST(GpuGenerate, GreedyAndSampledEqualOneGpu) {
 // PDL (HYDRA_DECODE_PREFETCH, HYDRA_DECODE_PDL): the prefetch's side stream is open across the cut
 // (joined before it and reopened after, runtime/concurrency.h) and computes nothing, so again the
 // eager step's bits. Then generate with --cuda-graph on against off over the ranks: the same tokens
-// and logits bit for bit, every step but the first replayed.
+// and logits bit for bit, every step but the first of each batch size replayed (replayed_decode_steps).
 TEST(GpuGenerate, GraphSegmentsOverRanksEqualEagerSteps) {
   REQUIRE_GPUS();
   Communicator& comm = gpu_comm();
@@ -263,8 +285,8 @@ TEST(GpuGenerate, GraphSegmentsOverRanksEqualEagerSteps) {
     DecodeEngine eager(comm, gpu, eager_cache, {.host_logits = true});
     DecodeEngine graph(comm, gpu, graph_cache, {.host_logits = true, .cuda_graph = true});
     DecodeEngine prefetch_graph(comm, prefetching, prefetch_cache, {.host_logits = true, .cuda_graph = true});
-    int fa_layers = 0;
-    for (int64_t l = 0; l < c.num_layers; ++l) fa_layers += c.fa_heads_of(l).empty() ? 0 : 1;
+    int fa_layers = 0;  // every layer of a full-attention model; the layers with FA heads of a hybrid
+    for (int64_t l = 0; l < c.num_layers; ++l) fa_layers += !c.is_hydra() || !c.fa_heads_of(l).empty() ? 1 : 0;
     const std::vector<int64_t> rows = {0, 1, 2};
     std::vector<int32_t> ids = {3, 17, 101};
     for (int64_t step = 0; step < steps; ++step) {
@@ -301,13 +323,17 @@ TEST(GpuGenerate, GraphSegmentsOverRanksEqualEagerSteps) {
     }
     const auto off = generate(comm, gpu, prompts, {.max_new_tokens = 10, .keep_logits = true, .cuda_graph = DecodeGraph::off});
     const auto on = generate(comm, gpu, prompts, {.max_new_tokens = 10, .keep_logits = true, .cuda_graph = DecodeGraph::on});
+    std::vector<int64_t> fed;  // each prompt's decode steps: its tail past the prefill, then 9 new tokens
     for (size_t b = 0; b < prompts.size(); ++b) {
+      fed.push_back(static_cast<int64_t>(prompts[b].size()) - on[b].prefilled + 10 - 1);
+    }
+    const std::vector<int64_t> replayed = replayed_decode_steps(fed);    for (size_t b = 0; b < prompts.size(); ++b) {
       const std::string where = fmt::format("{} P={} rank {} prompt {}", preset, comm.size(), comm.rank(), b);
       EXPECT_EQ(on[b].tokens, off[b].tokens) << where;
       ASSERT_EQ(on[b].logits.size(), off[b].logits.size()) << where;
       for (size_t i = 0; i < off[b].logits.size(); ++i) ASSERT_EQ(on[b].logits[i], off[b].logits[i]) << where << " logit " << i;
       EXPECT_EQ(off[b].graph_steps, 0) << where;
-      EXPECT_EQ(on[b].graph_steps, 9) << where;
+      EXPECT_EQ(on[b].graph_steps, replayed[b]) << where;
     }
     if (comm.rank() == 0) {
       std::printf("  %-14s P=%d: %d graph segments a step, 8 engine steps and 2 x 10 generated tokens equal to eager\n",
