@@ -2,6 +2,8 @@
 // or the CPU reference (host tensors, adamw_reference.cpp).
 #include "kernels/adamw/adamw.h"
 
+#include <cmath>
+
 #include "kernels/adamw/adamw_reference.h"
 #include "kernels/common.h"
 
@@ -97,6 +99,78 @@ double sum_of_squares(const TensorView& x) {
 #endif
   }
   return reference::sum_of_squares(x);
+}
+
+DeviceUpdate::DeviceUpdate(std::span<const AdamWSlice> slices, std::span<const TensorView> norm_of,
+                           std::span<const TensorView> zero, const AdamWParams& fixed, double grad_clip, Device device)
+    : slices_(slices.begin(), slices.end()), norm_of_(norm_of.begin(), norm_of.end()), zero_(zero.begin(), zero.end()),
+      fixed_(fixed), grad_clip_(grad_clip), device_(device),
+      schedule_(Tensor::zeros({5}, DType::f64, device, "optimizer step scalars")) {
+  for (const AdamWSlice& s : slices_) {
+    HYDRA_ASSERT(s.master.defined() && s.master.device() == device, "a device update over blocks on another device");
+  }
+  if (device == Device::cuda) {
+#if HYDRA_CUDA
+    tables_ = cuda_impl::make_device_update(slices_, norm_of_, zero_);
+#else
+    HYDRA_ASSERT(false, "a device update on the GPU in a build without CUDA");
+#endif
+  }
+}
+
+DeviceUpdate::~DeviceUpdate() {
+#if HYDRA_CUDA
+  if (tables_ != nullptr) cuda_impl::free_device_update(static_cast<cuda_impl::DeviceUpdateTables*>(tables_));
+#endif
+}
+
+void DeviceUpdate::write_schedule(float lr, int64_t step) {
+  HYDRA_ASSERT(step >= 1, "adamw step {} (1-based)", step);
+  // The eager update's own scalars (adamw.cu forms them the same way from AdamWParams).
+  Tensor host = Tensor::zeros({5}, DType::f64, Device::host);
+  double* s = host.data_as<double>();
+  s[0] = lr;
+  s[1] = static_cast<double>(step);
+  s[2] = static_cast<float>(1.0 - std::pow(double(fixed_.beta1), double(step)));
+  s[3] = static_cast<float>(1.0 - std::pow(double(fixed_.beta2), double(step)));
+  s[4] = 1.0f - lr * fixed_.weight_decay;
+  copy_into(schedule_, host);  // on the GPU an upload queued in stream order (no wait)
+}
+
+void DeviceUpdate::launch(const TensorView& loss_sums, const TensorView& result) const {
+  HYDRA_ASSERT(loss_sums.dtype() == DType::f64 && loss_sums.rank() == 2 && loss_sums.size(1) == 2 &&
+                   loss_sums.is_contiguous(), "device update: loss sums must be contiguous [G, 2] f64, got {}",
+               loss_sums.shape_string());
+  HYDRA_ASSERT(result.dtype() == DType::f64 && result.numel() == kResultSlots && result.is_contiguous(),
+               "device update: the result must be [3] f64, got {}", result.shape_string());
+  HYDRA_ASSERT(loss_sums.device() == device_ && result.device() == device_, "device update: buffers on another device");
+  if (device_ == Device::cuda) {
+#if HYDRA_CUDA
+    cuda_impl::launch_device_update(*static_cast<const cuda_impl::DeviceUpdateTables*>(tables_), fixed_, grad_clip_,
+                                    schedule_.view(), loss_sums, result);
+    return;
+#endif
+  }
+  // The CPU: the eager tail's steps in its order, on host tensors.
+  const double* sched = schedule_.data_as<const double>();
+  const double* sums = loss_sums.data_as<const double>();
+  double* out = result.data_as<double>();
+  double loss = 0;
+  for (int64_t g = 0; g < loss_sums.size(0); ++g) loss += sums[2 * g];
+  const double norm = std::sqrt(sum_of_squares(norm_of_));
+  out[kNorm] = norm;
+  out[kClip] = 1.0;
+  if (out[kSkipped] != 0 || !std::isfinite(loss) || !std::isfinite(norm)) {
+    out[kSkipped] = 1;
+    return;
+  }
+  if (grad_clip_ > 0 && norm > grad_clip_) out[kClip] = static_cast<float>(grad_clip_ / norm);
+  AdamWParams p = fixed_;
+  p.lr = static_cast<float>(sched[0]);
+  p.step = static_cast<int64_t>(sched[1]);
+  p.grad_scale = static_cast<float>(out[kClip]);
+  adamw_update(slices_, p);
+  zero_tensors(zero_);
 }
 
 }  // namespace hydra::ops

@@ -10,6 +10,11 @@
 // The list forms of the update and of the zeroing are one launch each in the same way, over a table
 // of the blocks uploaded for the call (the small model's step had ~120 optimizer launches of a few
 // microseconds each; cluster/results/h200-2026-12-07).
+// The block sums are added on the device in a fixed order: each tensor's 1024 by tensor_sums_kernel
+// (thread t adds blocks t, t+256, t+512, t+768 in turn, then a fixed tree), then the tensors' sums in
+// list order from 0 by one thread (ordered_total). The eager norm reads that total back; the device
+// update (DeviceUpdate) takes its square root on the device (fp64 sqrt and division are correctly
+// rounded on both sides), so the two norms agree bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -64,15 +69,32 @@ struct ListEntry {
   int64_t n = 0;
   int weight_bf16 = 0;
   float decay = 1.0f;       // 1 − lr·wd of this block
+  int decay_on = 1;         // the device update: whether the step's 1 − lr·wd (its schedule) applies
+};
+
+// The device update's scalars (DeviceUpdate): schedule [5] f64 (lr, step, 1 − β1^step, 1 − β2^step,
+// 1 − lr·wd) and result [3] f64 (norm, clip scale, skipped); both null in the eager launches.
+struct DeviceScalars {
+  const double* schedule = nullptr;
+  const double* result = nullptr;
 };
 
 // 1 − lr·wd, formed the same way for the single and the list form (bit-identical results).
 float decay_factor(const AdamWParams& p, bool decay) { return 1.0f - p.lr * (decay ? p.weight_decay : 0.0f); }
 
-__global__ void adamw_list_kernel(const ListEntry* entries, AdamWScalars s) {
+__global__ void adamw_list_kernel(const ListEntry* entries, AdamWScalars s, DeviceScalars d) {
   const ListEntry e = entries[blockIdx.y];
+  float decay = e.decay;
+  if (d.schedule != nullptr) {  // the device update: this step's values, nothing when skipped
+    if (d.result[2] != 0.0) return;
+    s.lr = static_cast<float>(d.schedule[0]);
+    s.bias1 = static_cast<float>(d.schedule[2]);
+    s.bias2 = static_cast<float>(d.schedule[3]);
+    s.grad_scale = static_cast<float>(d.result[1]);
+    decay = e.decay_on ? static_cast<float>(d.schedule[4]) : 1.0f;
+  }
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < e.n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float p = adamw_element(e.master[i], e.m[i], e.v[i], e.grad[i], e.decay, s);
+    const float p = adamw_element(e.master[i], e.m[i], e.v[i], e.grad[i], decay, s);
     if (e.weight != nullptr) {
       if (e.weight_bf16) {
         static_cast<cuda::bf16_t*>(e.weight)[i] = cuda::from_float<cuda::bf16_t>(p);
@@ -83,7 +105,9 @@ __global__ void adamw_list_kernel(const ListEntry* entries, AdamWScalars s) {
   }
 }
 
-__global__ void zero_list_kernel(const ListEntry* entries) {
+// skipped: null, or the device update's result (nothing zeroed when its step was skipped).
+__global__ void zero_list_kernel(const ListEntry* entries, const double* result) {
+  if (result != nullptr && result[2] != 0.0) return;
   const ListEntry e = entries[blockIdx.y];
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < e.n; i += int64_t(gridDim.x) * blockDim.x) {
     e.master[i] = 0.0f;
@@ -128,6 +152,51 @@ __global__ void __launch_bounds__(kSumThreads) sum_of_squares_kernel(const ListE
     for (int w = 0; w < kSumThreads / 32; ++w) total += warp_sums[w];
     block_sums[blockIdx.x] = total;
   }
+}
+
+// Tensor blockIdx.x's 1024 block sums added in a fixed order into tensor_sums[blockIdx.x].
+__global__ void __launch_bounds__(kSumThreads) tensor_sums_kernel(const double* block_sums, double* tensor_sums) {
+  static_assert(kSumBlocks == 4 * kSumThreads, "four block sums a thread");
+  const double* b = block_sums + int64_t(blockIdx.x) * kSumBlocks;
+  __shared__ double warp_sums[kSumThreads / 32];
+  double acc = b[threadIdx.x];
+  for (int k = 1; k < 4; ++k) acc += b[threadIdx.x + k * kSumThreads];
+  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kSumThreads / 32; ++w) total += warp_sums[w];
+    tensor_sums[blockIdx.x] = total;
+  }
+}
+
+// The tensors' sums added in list order from 0: Σ x² of the list (one thread).
+__device__ double ordered_total(const double* tensor_sums, int64_t count) {
+  double total = 0.0;
+  for (int64_t i = 0; i < count; ++i) total += tensor_sums[i];
+  return total;
+}
+
+__global__ void total_kernel(const double* tensor_sums, int64_t count, double* out) {
+  *out = ordered_total(tensor_sums, count);
+}
+
+// The device update's norm, clip scale and guard (one thread), as the eager trainer forms them:
+// ‖g‖ = sqrt(Σ x²); the step is skipped (sticky) when the summed loss ((0 + s_0) + s_1 + …) or ‖g‖
+// is not finite; otherwise the scale is float(clip / ‖g‖) when ‖g‖ > clip > 0, else 1.
+__global__ void norm_guard_kernel(const double* tensor_sums, int64_t count, const double* loss_sums, int64_t groups,
+                                  double grad_clip, double* result) {
+  const double norm = sqrt(ordered_total(tensor_sums, count));
+  double loss = 0.0;
+  for (int64_t g = 0; g < groups; ++g) loss += loss_sums[2 * g];
+  result[0] = norm;
+  result[1] = 1.0;
+  if (result[2] != 0.0 || !isfinite(loss) || !isfinite(norm)) {
+    result[2] = 1.0;
+    return;
+  }
+  if (grad_clip > 0.0 && norm > grad_clip) result[1] = static_cast<float>(grad_clip / norm);
 }
 
 void expect_flat_f32(const TensorView& t, const char* what, int64_t n) {
@@ -202,27 +271,32 @@ double sum_of_squares(std::span<const TensorView> xs) {
   sum_of_squares_kernel<<<dim3(kSumBlocks, static_cast<unsigned>(xs.size())), kSumThreads, 0, current_stream()>>>(
       static_cast<const ListEntry*>(table.get()), sums);
   HYDRA_CUDA_LAUNCH_CHECK();
-  std::vector<double> host(xs.size() * kSumBlocks);
-  cuda_copy_bytes(host.data(), Device::host, sums, Device::cuda, xs.size() * slot_bytes);  // syncs
+  // Each tensor's blocks, then the tensors in order (the device update's order: see the top).
+  const std::shared_ptr<void> tensor_sums = cuda_allocate((xs.size() + 1) * sizeof(double));
+  double* per_tensor = static_cast<double*>(tensor_sums.get());
+  tensor_sums_kernel<<<static_cast<unsigned>(xs.size()), kSumThreads, 0, current_stream()>>>(sums, per_tensor);
+  HYDRA_CUDA_LAUNCH_CHECK();
+  total_kernel<<<1, 1, 0, current_stream()>>>(per_tensor, static_cast<int64_t>(xs.size()), per_tensor + xs.size());
+  HYDRA_CUDA_LAUNCH_CHECK();
   double total = 0.0;
-  for (size_t i = 0; i < xs.size(); ++i) {
-    double tensor_total = 0.0;  // each tensor's blocks in block order, then the tensors in order
-    for (int b = 0; b < kSumBlocks; ++b) tensor_total += host[i * kSumBlocks + static_cast<size_t>(b)];
-    total += tensor_total;
-  }
+  cuda_copy_bytes(&total, Device::host, per_tensor + xs.size(), Device::cuda, sizeof(double));  // syncs
   return total;
 }
 
-void adamw_update(std::span<const AdamWSlice> slices, const AdamWParams& params) {
-  if (slices.empty()) return;
-  const AdamWScalars s{params.lr,
-                       params.beta1,
-                       params.beta2,
-                       params.eps,
-                       1.0f,  // per block, in the table
-                       params.grad_scale,
-                       static_cast<float>(1.0 - std::pow(double(params.beta1), double(params.step))),
-                       static_cast<float>(1.0 - std::pow(double(params.beta2), double(params.step)))};
+namespace {
+
+AdamWScalars list_scalars(const AdamWParams& params) {
+  return AdamWScalars{params.lr,
+                      params.beta1,
+                      params.beta2,
+                      params.eps,
+                      1.0f,  // per block, in the table
+                      params.grad_scale,
+                      static_cast<float>(1.0 - std::pow(double(params.beta1), double(params.step))),
+                      static_cast<float>(1.0 - std::pow(double(params.beta2), double(params.step)))};
+}
+
+std::vector<ListEntry> adamw_entries(std::span<const AdamWSlice> slices, const AdamWParams& params) {
   std::vector<ListEntry> entries;
   entries.reserve(slices.size());
   for (const AdamWSlice& sl : slices) {
@@ -241,15 +315,13 @@ void adamw_update(std::span<const AdamWSlice> slices, const AdamWParams& params)
     e.weight_bf16 = sl.weight.defined() && sl.weight.dtype() == DType::bf16 ? 1 : 0;
     e.n = n;
     e.decay = decay_factor(params, sl.decay);
+    e.decay_on = sl.decay ? 1 : 0;
     entries.push_back(e);
   }
-  const std::shared_ptr<void> table = upload_entries(entries);
-  adamw_list_kernel<<<dim3(list_grid_x(entries), static_cast<unsigned>(entries.size())), 256, 0, current_stream()>>>(
-      static_cast<const ListEntry*>(table.get()), s);
-  HYDRA_CUDA_LAUNCH_CHECK();
+  return entries;
 }
 
-void zero_tensors(std::span<const TensorView> xs) {
+std::vector<ListEntry> zero_entries(std::span<const TensorView> xs) {
   std::vector<ListEntry> entries;
   for (const TensorView& x : xs) {
     expect_flat_f32(x, "zero_tensors x", x.numel());
@@ -259,11 +331,90 @@ void zero_tensors(std::span<const TensorView> xs) {
     e.n = x.numel();
     entries.push_back(e);
   }
+  return entries;
+}
+
+}  // namespace
+
+void adamw_update(std::span<const AdamWSlice> slices, const AdamWParams& params) {
+  if (slices.empty()) return;
+  const std::vector<ListEntry> entries = adamw_entries(slices, params);
+  const std::shared_ptr<void> table = upload_entries(entries);
+  adamw_list_kernel<<<dim3(list_grid_x(entries), static_cast<unsigned>(entries.size())), 256, 0, current_stream()>>>(
+      static_cast<const ListEntry*>(table.get()), list_scalars(params), DeviceScalars{});
+  HYDRA_CUDA_LAUNCH_CHECK();
+}
+
+void zero_tensors(std::span<const TensorView> xs) {
+  const std::vector<ListEntry> entries = zero_entries(xs);
   if (entries.empty()) return;
   const std::shared_ptr<void> table = upload_entries(entries);
   zero_list_kernel<<<dim3(list_grid_x(entries), static_cast<unsigned>(entries.size())), 256, 0, current_stream()>>>(
-      static_cast<const ListEntry*>(table.get()));
+      static_cast<const ListEntry*>(table.get()), nullptr);
   HYDRA_CUDA_LAUNCH_CHECK();
+}
+
+// The device update's tables and scratch, uploaded once (DeviceUpdate): a graph that replays its
+// launches reads them at fixed addresses, and nothing is uploaded or allocated per step.
+struct DeviceUpdateTables {
+  std::vector<ListEntry> adamw, zero, norm;
+  std::shared_ptr<void> adamw_table, zero_table, norm_table;
+  std::shared_ptr<void> block_sums, tensor_sums;  // [norm × 1024], [norm] f64
+};
+
+DeviceUpdateTables* make_device_update(std::span<const AdamWSlice> slices, std::span<const TensorView> norm_of,
+                                       std::span<const TensorView> zero) {
+  auto t = std::make_unique<DeviceUpdateTables>();
+  t->adamw = adamw_entries(slices, AdamWParams{});
+  t->zero = zero_entries(zero);
+  for (const TensorView& x : norm_of) {
+    expect_flat_f32(x, "sum_of_squares x", x.numel());
+    ListEntry e;
+    e.master = x.numel() == 0 ? nullptr : const_cast<float*>(x.data_as<const float>());
+    e.n = x.numel();
+    t->norm.push_back(e);
+  }
+  HYDRA_ASSERT(t->norm.size() <= 65535, "a gradient norm over {} tensors in one launch (at most 65535)", t->norm.size());
+  if (!t->adamw.empty()) t->adamw_table = upload_entries(t->adamw);
+  if (!t->zero.empty()) t->zero_table = upload_entries(t->zero);
+  if (!t->norm.empty()) t->norm_table = upload_entries(t->norm);
+  t->block_sums = cuda_allocate(std::max<size_t>(t->norm.size(), 1) * kSumBlocks * sizeof(double));
+  t->tensor_sums = cuda_allocate(std::max<size_t>(t->norm.size(), 1) * sizeof(double));
+  return t.release();
+}
+
+void free_device_update(DeviceUpdateTables* tables) { delete tables; }
+
+void launch_device_update(const DeviceUpdateTables& t, const AdamWParams& fixed, double grad_clip,
+                          const TensorView& schedule, const TensorView& loss_sums, const TensorView& result) {
+  cudaStream_t stream = current_stream();
+  double* block_sums = static_cast<double*>(t.block_sums.get());
+  double* tensor_sums = static_cast<double*>(t.tensor_sums.get());
+  const auto count = static_cast<unsigned>(t.norm.size());
+  if (count > 0) {
+    sum_of_squares_kernel<<<dim3(kSumBlocks, count), kSumThreads, 0, stream>>>(
+        static_cast<const ListEntry*>(t.norm_table.get()), block_sums);
+    HYDRA_CUDA_LAUNCH_CHECK();
+    tensor_sums_kernel<<<count, kSumThreads, 0, stream>>>(block_sums, tensor_sums);
+    HYDRA_CUDA_LAUNCH_CHECK();
+  }
+  double* out = result.data_as<double>();
+  norm_guard_kernel<<<1, 1, 0, stream>>>(tensor_sums, count, loss_sums.data_as<const double>(), loss_sums.size(0),
+                                         grad_clip, out);
+  HYDRA_CUDA_LAUNCH_CHECK();
+  const DeviceScalars d{schedule.data_as<const double>(), out};
+  if (!t.adamw.empty()) {
+    AdamWParams p = fixed;
+    p.step = 1;  // the bias corrections, lr and scale come from the device (d)
+    adamw_list_kernel<<<dim3(list_grid_x(t.adamw), static_cast<unsigned>(t.adamw.size())), 256, 0, stream>>>(
+        static_cast<const ListEntry*>(t.adamw_table.get()), list_scalars(p), d);
+    HYDRA_CUDA_LAUNCH_CHECK();
+  }
+  if (!t.zero.empty()) {
+    zero_list_kernel<<<dim3(list_grid_x(t.zero), static_cast<unsigned>(t.zero.size())), 256, 0, stream>>>(
+        static_cast<const ListEntry*>(t.zero_table.get()), out);
+    HYDRA_CUDA_LAUNCH_CHECK();
+  }
 }
 
 }  // namespace hydra::ops::cuda_impl

@@ -301,11 +301,37 @@ double AdamW::grad_norm() {
   return std::sqrt(sum.data_as<double>()[0]);
 }
 
-StepStats AdamW::step(int64_t step, double grad_norm) {
+StepStats AdamW::stats(int64_t step, double grad_norm) const {
   StepStats stats;
   stats.grad_norm = grad_norm;
   stats.lr = learning_rate(config_, step);
   if (config_.grad_clip > 0 && stats.grad_norm > config_.grad_clip) stats.clip_scale = config_.grad_clip / stats.grad_norm;
+  return stats;
+}
+
+void AdamW::schedule_device_step(int64_t step) {
+  HYDRA_ASSERT(device_update_possible(), "a device update over a world of {} ranks", world_->size());
+  if (!device_update_) {
+    std::vector<ops::AdamWSlice> slices;
+    for (const Segment& s : segments_) slices.push_back({s.master, s.m, s.v, s.grad, s.weight, s.decay});
+    std::vector<TensorView> zero;
+    grads_.for_each([&](const std::string&, Tensor& g) { zero.push_back(g.view()); });
+    device_update_ = std::make_unique<ops::DeviceUpdate>(
+        slices, own_gradients(), zero,
+        ops::AdamWParams{.beta1 = static_cast<float>(config_.beta1), .beta2 = static_cast<float>(config_.beta2),
+                         .eps = static_cast<float>(config_.eps), .weight_decay = static_cast<float>(config_.weight_decay)},
+        config_.grad_clip, model_.device());
+  }
+  device_update_->write_schedule(static_cast<float>(learning_rate(config_, step)), step);  // step()'s lr
+}
+
+void AdamW::queue_device_step(const TensorView& loss_sums, const TensorView& result) {
+  HYDRA_ASSERT(device_update_ != nullptr, "queue_device_step before schedule_device_step");
+  device_update_->launch(loss_sums, result);
+}
+
+StepStats AdamW::step(int64_t step, double grad_norm) {
+  const StepStats stats = this->stats(step, grad_norm);
   std::vector<ops::AdamWSlice> slices;
   if (sharded()) {
     slices = shard_slices_;  // the own range: its masters, moments, reduced gradient and the model's weights there

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,19 @@ class AdamW {
   // One update with the reduced gradient, whose norm (grad_norm()) the caller has checked; `step`
   // is 1-based. Collective when sharded (the weights are all-gathered). Returns what it applied.
   StepStats step(int64_t step, double grad_norm);
+
+  // ---- The update as device work (DESIGN.md §1.5 "The step as a CUDA graph") ----
+  // In a world of one, grad_norm() → the non-finite check → step() → zero_grads() can instead be
+  // queued as device work that reads nothing back (ops::DeviceUpdate), which a CUDA graph of the
+  // step captures beside the forward and backward. Bit-identical to the eager calls.
+  bool device_update_possible() const { return !world_ || world_->size() == 1; }
+  // Before the step's work is queued (outside a capture): its lr and number into the device scalars.
+  void schedule_device_step(int64_t step);
+  // Queues the tail on the current stream: loss_sums [G, 2] f64 (its Σ must be finite), result [3]
+  // f64 (ops::DeviceUpdate::Slot: the norm, the clip scale, skipped — sticky, read first).
+  void queue_device_step(const TensorView& loss_sums, const TensorView& result);
+  // What step() would have returned, from the norm the device step formed.
+  StepStats stats(int64_t step, double grad_norm) const;
 
   // The state (checkpoint names, host f32): "master.NAME", "adam_m.NAME", "adam_v.NAME" for each
   // trainable parameter. load_state() restores it exactly and rewrites the model's weights. Both
@@ -150,6 +164,7 @@ class AdamW {
   int64_t own_begin_ = 0, own_end_ = 0, shard_stride_ = 0, bucket_ = 0;
   Tensor shard_master_, shard_m_, shard_v_;  // [own_end − own_begin] acc
   std::vector<ops::AdamWSlice> shard_slices_;
+  std::unique_ptr<ops::DeviceUpdate> device_update_;  // made at the first schedule_device_step()
 };
 
 }  // namespace hydra::train

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -81,6 +82,7 @@ void wait_for_device(Device device) {
 
 // What one optimizer step produced (Trainer::train_step).
 struct StepResult {
+  int64_t step = 0, position = 0;  // the step and the data position after it
   LossSums total;  // over every rank and micro-batch
   double loss = 0, grad_norm = 0;
   StepStats stats;
@@ -108,6 +110,12 @@ class Trainer {
   void check_something_counts() const;
   void skip_step(int64_t step);
   StepResult train_step(int64_t step, int64_t counted);
+  void check_counted(int64_t step, int64_t counted, const LossSums& total) const;
+  void refuse_non_finite(int64_t step, const StepResult& r) const;
+  void launch_step(int64_t step, int64_t counted);
+  StepResult finish_step();
+  bool finish_now(int64_t step) const;
+  void complete(const StepResult& r);
   void log_step(int64_t step, const StepResult& r);
   void evaluate_if_due(int64_t step);
   bool save_or_stop(int64_t step, int stop_votes);
@@ -128,6 +136,16 @@ class Trainer {
   AdamW optimizer_;
   PhaseTimer timer_;
   std::optional<FixedStep> fixed_;  // StepMode fixed or graph (trainer.h, fixed_step.h)
+  // The fixed step in a world of one: the optimizer's tail runs on the device inside the step
+  // (ops::DeviceUpdate; the graph captures it), its norm and guard read back with the loss sums.
+  bool device_tail_ = false;
+  // Fixed steps launched and not yet finished (at most two: fixed_step.h), oldest first.
+  struct Launched {
+    int64_t step = 0, counted = 0, position = 0;  // position: the data position after the step
+    std::chrono::steady_clock::time_point t0;
+  };
+  std::deque<Launched> launched_;
+  std::chrono::steady_clock::time_point last_finish_{};  // when the last finish_step() returned
   const int64_t per_replica_, replicas_, step_tokens_;
   int64_t first_step_ = 1, last_step_ = 0, position_ = 0;
   double step_flops_ = 0, lm_head_flops_ = 0, busy_s_ = 0;
@@ -210,6 +228,7 @@ Trainer::Trainer(const TrainConfig& config, SequenceGroups& topology, Model& stu
   if (config.step_mode != StepMode::eager) {
     // This rank's rows of a micro-batch: batch_seqs windows of seq_len over the sequence group (sp 1 for the graph).
     fixed_.emplace(config.step_mode, student, config.grad_accum, config.batch_seqs * config.seq_len / topology.sp());
+    device_tail_ = optimizer_.device_update_possible();
   }
 }
 
@@ -341,59 +360,39 @@ void Trainer::skip_step(int64_t step) {
 }
 
 // The step's micro-batches (forward and backward), the reductions over the world and the update.
+// The fixed step: launch_step() then finish_step().
 StepResult Trainer::train_step(int64_t step, int64_t counted) {
+  if (fixed_) {
+    launch_step(step, counted);
+    return finish_step();
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const double grad_scale = 1.0 / static_cast<double>(counted);
-  // The fixed step records no phases (a capture cannot time them; fixed_step.h).
-  const StageRun run = stage_run(fixed_ ? nullptr : &timer_);
+  const StageRun run = stage_run(&timer_);
   LossSums local;
   std::vector<double> layer_loss;
   StepResult r;
+  r.step = step;
   // Micro-batch m of this replica: windows j = m·batch_seqs … (m+1)·batch_seqs − 1, window j at
   // data position + j·replicas + replica (the order is the same as one window at a time), each
   // holding this rank's rows; the next step's are read meanwhile (data.h StepWindows).
   const int64_t next = step < last_step_ ? position_ + per_replica_ * replicas_ : -1;
-  if (!fixed_) {
-    for (const std::vector<Window>& batch : step_windows_.take(position_, next)) {
-      local += stage_loss(run, batch, grad_scale, &optimizer_.grads(), &layer_loss);
-    }
-  } else {
-    std::vector<StageBatch> batches;
-    for (const std::vector<Window>& batch : step_windows_.take(position_, next)) batches.push_back(stage_batch(run, batch));
-    local = fixed_->run(run, batches, counted, optimizer_.grads());
-    r.graph = fixed_->graph_launched();
-    r.fresh_blocks = fixed_->fresh_blocks();
+  for (const std::vector<Window>& batch : step_windows_.take(position_, next)) {
+    local += stage_loss(run, batch, grad_scale, &optimizer_.grads(), &layer_loss);
   }
   position_ += per_replica_ * replicas_;
+  r.position = position_;
   optimizer_.reduce_gradients();  // all-reduced (--zero 0) or reduce-scattered into the owners (--zero 1)
   r.total = reduce_loss_sums(world_, local, &r.stop_votes);
-  // The windows read count what the window index said they would (data.h): an index that does not
-  // match the data (a cache entry written by something other than hydra, with a valid checksum) is
-  // named rather than trained on.
-  HYDRA_USER_CHECK(!stage_.loss_masks || r.total.tokens == counted || !data_.index_from_cache(),
-                   "step {}: its windows count {} targets, the cached window index of the data says {}: the cache "
-                   "entry does not match the data (remove {}/token-index and start again)", step, r.total.tokens,
-                   counted, token_identity_cache_dir());
-  HYDRA_ASSERT(!stage_.loss_masks || r.total.tokens == counted, "step {}: {} targets counted, {} expected", step,
-               r.total.tokens, counted);
+  check_counted(step, counted, r.total);
   r.loss = mean_loss(r.total);
   r.grad_norm = optimizer_.grad_norm();
-  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
-    // The newest checkpoint whose state verifies (rank 0 reads them; the others name `latest`).
-    const std::string last = lead_ ? newest_verified_checkpoint(config_.out_dir) : latest_checkpoint(config_.out_dir);
-    HYDRA_USER_FAIL("step {}: the loss is {} (gradient norm {}); stopped before applying the update. The last good "
-                    "checkpoint is {} (continue from it with --resume, e.g. with a lower --lr)", step, r.loss, r.grad_norm,
-                    last.empty() ? "none: no checkpoint was written yet" : last);
-  }
+  refuse_non_finite(step, r);
   r.stats = optimizer_.step(step, r.grad_norm);
   // The next step's gradients start from zero, queued behind the update (one launch on the GPU).
   optimizer_.zero_grads();
-  if (fixed_) {
-    wait_for_device(student_.device());  // the step's work, the update included: no phase events to wait on
-  } else {
-    const auto phases = timer_.finish();  // waits for the step's work (the update included)
-    r.phases.assign(phases.begin(), phases.end());
-  }
+  const auto phases = timer_.finish();  // waits for the step's work (the update included)
+  r.phases.assign(phases.begin(), phases.end());
   if (stage_.logs_layer_loss) {
     const int64_t layers = student_.config().num_layers;
     Tensor buf = Tensor::zeros({layers}, DType::f64);
@@ -403,6 +402,113 @@ StepResult Trainer::train_step(int64_t step, int64_t counted) {
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+// The windows read count what the window index said they would (data.h): an index that does not
+// match the data (a cache entry written by something other than hydra, with a valid checksum) is
+// named rather than trained on.
+void Trainer::check_counted(int64_t step, int64_t counted, const LossSums& total) const {
+  HYDRA_USER_CHECK(!stage_.loss_masks || total.tokens == counted || !data_.index_from_cache(),
+                   "step {}: its windows count {} targets, the cached window index of the data says {}: the cache "
+                   "entry does not match the data (remove {}/token-index and start again)", step, total.tokens,
+                   counted, token_identity_cache_dir());
+  HYDRA_ASSERT(!stage_.loss_masks || total.tokens == counted, "step {}: {} targets counted, {} expected", step,
+               total.tokens, counted);
+}
+
+// A step whose loss or gradient norm is not finite is not applied: the run stops with the last good
+// checkpoint named (the device tail skipped its update already: the same weights are left).
+void Trainer::refuse_non_finite(int64_t step, const StepResult& r) const {
+  if (std::isfinite(r.loss) && std::isfinite(r.grad_norm)) return;
+  // The newest checkpoint whose state verifies (rank 0 reads them; the others name `latest`).
+  const std::string last = lead_ ? newest_verified_checkpoint(config_.out_dir) : latest_checkpoint(config_.out_dir);
+  HYDRA_USER_FAIL("step {}: the loss is {} (gradient norm {}); stopped before applying the update. The last good "
+                  "checkpoint is {} (continue from it with --resume, e.g. with a lower --lr)", step, r.loss, r.grad_norm,
+                  last.empty() ? "none: no checkpoint was written yet" : last);
+}
+
+// The fixed step's first half: its inputs, its work (the graph) and, with the device tail, its
+// update queued; nothing waits. The step is finished by finish_step(), at once or one step late.
+void Trainer::launch_step(int64_t step, int64_t counted) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const StageRun run = stage_run(nullptr);  // the fixed step records no phases (a capture cannot time them)
+  const int64_t next = step < last_step_ ? position_ + per_replica_ * replicas_ : -1;
+  std::vector<StageBatch> batches;
+  for (const std::vector<Window>& batch : step_windows_.take(position_, next)) batches.push_back(stage_batch(run, batch));
+  if (device_tail_) optimizer_.schedule_device_step(step);  // queued before the step's work
+  const FixedStep::Tail tail = [this](const TensorView& sums, const TensorView& result) {
+    optimizer_.queue_device_step(sums, result);
+  };
+  fixed_->launch(run, batches, counted, optimizer_.grads(), device_tail_ ? tail : FixedStep::Tail{});
+  position_ += per_replica_ * replicas_;
+  launched_.push_back({step, counted, position_, t0});
+}
+
+// The fixed step's second half for the oldest launched step: its results read (waiting for its
+// work), checked and, without the device tail, the reduction and the update.
+StepResult Trainer::finish_step() {
+  HYDRA_ASSERT(!launched_.empty(), "finish_step() without a launched step");
+  const Launched l = launched_.front();
+  launched_.pop_front();
+  const FixedStep::Collected c = fixed_->collect();
+  StepResult r;
+  r.step = l.step;
+  r.position = l.position;
+  r.graph = c.graph;
+  r.fresh_blocks = c.fresh_blocks;
+  // The device tail has queued the norm, the guard, the update and the zeroing already (a world of
+  // one: nothing to reduce); collect() has read its result with the loss sums.
+  if (!device_tail_) optimizer_.reduce_gradients();
+  r.total = reduce_loss_sums(world_, c.sums, &r.stop_votes);
+  check_counted(l.step, l.counted, r.total);
+  r.loss = mean_loss(r.total);
+  r.grad_norm = device_tail_ ? c.tail_result[ops::DeviceUpdate::kNorm] : optimizer_.grad_norm();
+  const bool skipped = device_tail_ && c.tail_result[ops::DeviceUpdate::kSkipped] != 0;
+  // The device guard skips exactly the steps refused here (the same sums, the same norm).
+  HYDRA_ASSERT(skipped == (device_tail_ && (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))),
+               "step {}: the device update's guard ({}) disagrees with the host's check (loss {}, norm {})", l.step,
+               skipped ? "skipped" : "applied", r.loss, r.grad_norm);
+  refuse_non_finite(l.step, r);
+  if (device_tail_) {
+    r.stats = optimizer_.stats(l.step, r.grad_norm);  // what the device applied (the same arithmetic)
+  } else {
+    r.stats = optimizer_.step(l.step, r.grad_norm);
+    optimizer_.zero_grads();
+    wait_for_device(student_.device());  // the update: no phase events to wait on
+  }
+  // A step's time: from its launch, or from the end of the step before it where that came later
+  // (steps launched one ahead overlap; their times then add up to the wall time of the run's steps).
+  const auto end = std::chrono::steady_clock::now();
+  r.seconds = std::chrono::duration<double>(end - std::max(l.t0, last_finish_)).count();
+  last_finish_ = end;
+  return r;
+}
+
+// Whether step `step` must be finished before the loop goes on (rather than one step late): an
+// evaluation or a save after it reads the weights and the state, which must hold this step's update
+// and nothing after it; a stop asked for is taken at this step.
+bool Trainer::finish_now(int64_t step) const {
+  const bool eval = (config_.eval_every > 0 && step % config_.eval_every == 0) || step == last_step_;
+  const bool save = config_.save_every > 0 && step % config_.save_every == 0;
+  return eval || save || step == last_step_ || stop_signal() != 0;
+}
+
+// What the loop does with a finished step: the summary, the log lines.
+void Trainer::complete(const StepResult& r) {
+  busy_s_ += r.seconds;
+  if (fixed_) {
+    summary_.fresh_blocks.push_back(r.fresh_blocks);
+    summary_.graph_steps += r.graph ? 1 : 0;
+    if (lead_ && r.step == first_step_) {
+      log::info("fixed step: the arena holds {:.3f} GiB in {} blocks (the sum of a micro-batch's allocations){}{}",
+                fixed_->arena_bytes() / (1024.0 * 1024.0 * 1024.0), fixed_->arena_blocks(),
+                config_.step_mode == StepMode::graph ? "; the next step of the same shape is captured as a CUDA graph" : "",
+                device_tail_ ? "; the update runs on the device, each step's results read one step late" : "");
+    }
+  }
+  summary_.last_step = r.step;
+  summary_.last_loss = r.loss;
+  log_step(r.step, r);
 }
 
 // The step's console line and train.jsonl line (rank 0).
@@ -425,9 +531,9 @@ void Trainer::log_step(int64_t step, const StepResult& r) {
                       {"clip_scale", r.stats.clip_scale}, {"tokens", step_tokens_}, {"step_s", r.seconds},
                       {"tokens_per_s", tokens_per_s},
                       {"mfu", student_.device() == Device::cuda ? nlohmann::json(mfu) : nlohmann::json()},  // a GPU figure
-                      {"data_position", position_}};
+                      {"data_position", r.position}};
   if (stage_.logs_answer_split) line.update(loss_fields(r.total, ""));
-  if (data_.blended()) line["data_shares"] = data_shares(data_, position_);  // realised, over the run so far
+  if (data_.blended()) line["data_shares"] = data_shares(data_, r.position);  // realised, over the run so far
   // Seconds per phase of the layers (forward, recompute, backward) on rank 0; the loss head and the
   // optimizer are the rest of step_s. Concurrent FA/GDN branches overlap, so phases can sum past it.
   // The fixed step: no phases (null), whether the graph was replayed, the fresh arena blocks.
@@ -513,28 +619,29 @@ TrainSummary Trainer::run() {
     maybe_inject_fault("step");
     const int64_t counted = step_count(position_);
     if (counted == 0) {
+      while (!launched_.empty()) complete(finish_step());  // the steps before it are logged first
       skip_step(step);
       evaluate_if_due(step);
       if (save_or_stop(step, 0)) break;  // a skipped step saves as any other (the run's last one too)
       continue;
     }
-    const StepResult r = train_step(step, counted);
-    busy_s_ += r.seconds;
-    if (fixed_) {
-      summary_.fresh_blocks.push_back(r.fresh_blocks);
-      summary_.graph_steps += r.graph ? 1 : 0;
-      if (lead_ && step == first_step_) {
-        log::info("fixed step: the arena holds {:.3f} GiB in {} blocks (the sum of a micro-batch's allocations){}",
-                  fixed_->arena_bytes() / (1024.0 * 1024.0 * 1024.0), fixed_->arena_blocks(),
-                  config_.step_mode == StepMode::graph ? "; the next step of the same shape is captured as a CUDA graph" : "");
-      }
+    StepResult r;
+    if (fixed_ && device_tail_) {
+      // One step late: step s is launched before step s − 1 is read, so the host prepares s while the
+      // GPU runs s − 1 (the two read slots of fixed_step.h). A step whose evaluation, save or stop is
+      // due is read at once (finish_now), so those never see a step that has not been checked.
+      launch_step(step, counted);
+      if (launched_.size() == 2) complete(finish_step());
+      if (!finish_now(step)) continue;
+      r = finish_step();
+    } else {
+      r = train_step(step, counted);
     }
-    summary_.last_step = step;
-    summary_.last_loss = r.loss;
-    log_step(step, r);
+    complete(r);
     evaluate_if_due(step);
     if (save_or_stop(step, r.stop_votes)) break;
   }
+  HYDRA_ASSERT(launched_.empty(), "{} step(s) launched and never finished", launched_.size());
   summary_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const int64_t steps_done = summary_.last_step - first_step_ + 1;
   summary_.tokens_per_s = static_cast<double>(step_tokens_ * steps_done) / busy_s_;

@@ -5,6 +5,7 @@
 
 #include "kernels/adamw/adamw.h"
 #include "tests/common/test_util.h"
+#include "tests/kernels/device_update_check.h"
 
 namespace hydra::test {
 namespace {
@@ -67,6 +68,10 @@ TEST(AdamW, SumOfSquaresOfAList) {
   EXPECT_EQ(ops::sum_of_squares(both), ops::sum_of_squares(a) + ops::sum_of_squares(b));
   EXPECT_EQ(ops::sum_of_squares(std::span<const TensorView>()), 0.0);
 }
+
+// The optimizer's tail as device work (ops::DeviceUpdate) on host tensors: the eager tail bit for bit,
+// skipped steps included (tests/kernels/device_update_check.h).
+TEST(AdamW, DeviceUpdateIsTheEagerTail) { check_device_update(Device::host, false); }
 
 }  // namespace
 }  // namespace hydra::test

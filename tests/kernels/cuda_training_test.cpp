@@ -28,6 +28,7 @@
 #include "kernels/row_sum/row_sum.h"
 #include "kernels/small_rows.h"
 #include "tests/common/test_util.h"
+#include "tests/kernels/device_update_check.h"
 
 namespace hydra::test {
 namespace {
@@ -322,6 +323,19 @@ TEST(CudaTraining, SumOfSquaresOfAList) {
   const double list = ops::sum_of_squares(views);
   EXPECT_EQ(std::memcmp(&list, &loop, sizeof list), 0) << "list " << list << " vs loop " << loop;
   EXPECT_GT(list, 1e5);
+}
+
+// The optimizer's tail as device work (ops::DeviceUpdate) on the GPU, launched directly and replayed
+// from a CUDA graph captured once: the eager tail (sum_of_squares read back, the host's clip scale,
+// adamw_update, zero_tensors) bit for bit, skipped steps included (tests/kernels/device_update_check.h).
+TEST(CudaTraining, DeviceUpdateIsTheEagerTail) {
+  HYDRA_REQUIRE_GPU();
+  check_device_update(Device::cuda, false);
+}
+
+TEST(CudaTraining, DeviceUpdateReplayedFromAGraphIsTheEagerTail) {
+  HYDRA_REQUIRE_GPU();
+  check_device_update(Device::cuda, true);
 }
 
 TEST(CudaTraining, RowSumsMatchTheHostSum) {

@@ -2,9 +2,12 @@
 // tests/model/cuda_train_graph_test.cpp on the GPU): token data whose loss mask counts a different
 // number of targets in every window (so the step's gradient scale 1 / counted changes each step), a
 // random model, and run_training in the StepMode asked for; returns the summary, the step lines'
-// losses and the trained weights by checkpoint name (host f32).
+// losses and the trained weights by checkpoint name (host f32), and the error that stopped the run.
+// `poison`: a parameter whose first element starts as +inf (the first step's loss and gradient are
+// then not finite).
 #pragma once
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -23,6 +26,7 @@ struct FixedStepRun {
   std::vector<double> losses;
   NamedTensors weights;
   std::vector<nlohmann::json> lines;
+  std::string error;  // the UserError that stopped the run (empty: it ran to the end)
 };
 
 // Tokens for `steps` steps of batch_seqs × grad_accum windows of seq_len, the loss mask off for a
@@ -40,9 +44,11 @@ inline std::string write_masked_tokens(const std::string& path, int64_t tokens, 
 
 inline FixedStepRun run_fixed_step(train::StepMode mode, const std::string& preset, Device device, DType dtype,
                                    const std::string& data, const std::string& out, int64_t steps, int64_t seq_len,
-                                   int64_t batch_seqs, int64_t grad_accum) {
+                                   int64_t batch_seqs, int64_t grad_accum, const std::string& poison = "") {
   const ModelConfig config = preset_config(preset);
-  Model student(config, random_parameters(config, 71), device, dtype);
+  NamedTensors params = random_parameters(config, 71);
+  if (!poison.empty()) params.at(poison).data_as<float>()[0] = std::numeric_limits<float>::infinity();
+  Model student(config, params, device, dtype);
   SelfCommunicator comm(device);
   SequenceGroups topology(comm, 1);
   train::TrainConfig c;
@@ -58,7 +64,11 @@ inline FixedStepRun run_fixed_step(train::StepMode mode, const std::string& pres
   c.optim.lr = 3e-3;
   c.step_mode = mode;
   FixedStepRun r;
-  r.summary = train::run_training(c, topology, student, nullptr);
+  try {
+    r.summary = train::run_training(c, topology, student, nullptr);
+  } catch (const UserError& e) {
+    r.error = e.what();
+  }
   r.losses = losses(out);
   r.lines = log_lines(out);
   r.weights = student.unpack(student.weights());

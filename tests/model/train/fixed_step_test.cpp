@@ -53,6 +53,45 @@ TEST(FixedStep, GivesTheEagerLossesAndWeightsAndAllocatesNothingAfterItsFirstSte
       EXPECT_FALSE(line.at("cuda_graph").get<bool>());
     }
     EXPECT_TRUE(eager.lines.front().at("phases").is_object());
+    // The optimizer's tail ran on the "device" (ops::DeviceUpdate, one step late): the same norms,
+    // clip scales and learning rates as the eager tail, the clip active and the rate changing.
+    ASSERT_EQ(fixed.lines.size(), eager.lines.size());
+    std::set<double> rates;
+    bool clipped = false;
+    for (size_t i = 0; i < eager.lines.size(); ++i) {
+      for (const char* key : {"step", "grad_norm", "clip_scale", "lr", "data_position", "counted_tokens"}) {
+        EXPECT_EQ(fixed.lines[i].at(key), eager.lines[i].at(key)) << key << " of line " << i;
+      }
+      rates.insert(eager.lines[i].at("lr").get<double>());
+      clipped = clipped || eager.lines[i].at("clip_scale").get<double>() < 1;
+    }
+    EXPECT_EQ(rates.size(), eager.lines.size()) << "the learning rate changes every step";
+    EXPECT_TRUE(clipped) << "the clip must be active in some step";
+  }
+}
+
+// A step whose loss or gradient norm is not finite (an inf injected into the final norm's weight: the
+// logits, the loss and the gradient are not finite): the eager trainer stops at step 1 before
+// applying its update; the fixed step, whose update runs on the "device" and whose results are read
+// one step late (step 2 is launched before step 1 is read), must stop at the same step with the same
+// message and leave the same weights (its guard skipped both updates).
+TEST(FixedStep, RefusesANonFiniteStepAsTheEagerStepDoes) {
+  TempDir dir;
+  constexpr int64_t kSteps = 5, kSeqLen = 32, kBatch = 2, kAccum = 2;
+  const std::string data = write_masked_tokens(dir.file("d.h5"), kSteps * kBatch * kAccum * kSeqLen + 1, kSeqLen, 3);
+  for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
+    SCOPED_TRACE(preset);
+    auto run = [&](train::StepMode mode, const std::string& name) {
+      return run_fixed_step(mode, preset, Device::host, DType::f32, data, dir.file(preset + name), kSteps, kSeqLen,
+                            kBatch, kAccum, "model.norm.weight");
+    };
+    const FixedStepRun eager = run(train::StepMode::eager, "-eager"), fixed = run(train::StepMode::fixed, "-fixed");
+    ASSERT_NE(eager.error.find("step 1: the loss is"), std::string::npos) << eager.error;
+    ASSERT_NE(eager.error.find("stopped before applying the update"), std::string::npos) << eager.error;
+    EXPECT_TRUE(eager.lines.empty()) << "step 1 was refused";
+    EXPECT_EQ(fixed.error, eager.error);
+    EXPECT_EQ(fixed.losses, eager.losses);  // the steps logged before the refused one
+    expect_same_weights(fixed.weights, eager.weights);
   }
 }
 
