@@ -3,18 +3,19 @@
 // adamw_update: one thread per parameter (grid-stride), fp32 arithmetic in the order of the formula
 // in adamw.h; the bias corrections 1 − β^step are formed once on the host in fp64.
 // sum_of_squares: a fixed grid of kSumBlocks blocks whatever the device; each thread sums x² in fp64
-// over a fixed set of elements, each block adds its threads in a fixed tree, and the host adds the
-// block sums in block order. The result is the same on every run and every GPU. A list of tensors
-// is one launch (blockIdx.y picks the tensor) into one slot per tensor of one buffer and a single
-// copy back: the optimizer's global norm over ~450 tensors is one launch and one synchronisation.
+// over a fixed set of elements, each block adds its threads in a fixed tree; then the block sums are
+// added on the device in a fixed order: each tensor's 1024 by tensor_sums_kernel (thread t adds
+// blocks t, t+256, t+512, t+768 in turn, then a fixed tree), then the tensors' sums in list order
+// from 0 by one thread (ordered_total), and that one fp64 is copied back. The result is the same on
+// every run and every GPU. A list of tensors is three launches (blockIdx.y picks the tensor) and one
+// synchronisation, however many tensors (the optimizer's global norm: ~450).
 // The list forms of the update and of the zeroing are one launch each in the same way, over a table
 // of the blocks uploaded for the call (the small model's step had ~120 optimizer launches of a few
 // microseconds each; cluster/results/h200-2026-12-07).
-// The block sums are added on the device in a fixed order: each tensor's 1024 by tensor_sums_kernel
-// (thread t adds blocks t, t+256, t+512, t+768 in turn, then a fixed tree), then the tensors' sums in
-// list order from 0 by one thread (ordered_total). The eager norm reads that total back; the device
-// update (DeviceUpdate) takes its square root on the device (fp64 sqrt and division are correctly
-// rounded on both sides), so the two norms agree bit for bit.
+// The device update (DeviceUpdate, adamw.h) launches the same kernels over tables uploaded once,
+// with the norm's square root, the clip scale and the non-finite guard formed on the device by
+// norm_guard_kernel (fp64 sqrt and division are correctly rounded on the host and the device alike)
+// and the step's scalars read from device buffers: the eager tail's bits, with nothing read back.
 #include <algorithm>
 #include <cmath>
 #include <memory>

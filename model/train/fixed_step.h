@@ -2,7 +2,8 @@
 // micro-batches' forward and backward asking for the same memory and reading their inputs from the
 // same buffers every step, so that they can be captured as a CUDA graph once and replayed.
 //
-// What a step does here (trainer.cpp calls run() in place of its loop over stage_loss):
+// What a step does here (trainer.cpp calls launch() and later collect() in place of its loop over
+// stage_loss; launch() queues 1-3 and the copy of 4, collect() waits for that copy):
 //  1. host work, eager: each micro-batch's ids, targets and answer marks are copied into this
 //     object's persistent buffers ([T_loc] i32 each, one set per micro-batch) and the step's gradient
 //     scale 1 / counted into a device scalar — queued on the stream before the work that reads them;
@@ -15,8 +16,12 @@
 //     clip scale, non-finite guard, AdamW and the zeroing of the gradients queued behind the
 //     micro-batches, reading and writing only device buffers (ops::DeviceUpdate), so the graph holds
 //     the whole step;
-//  4. the sums read back once ([G, 2] f64, with the tail's result [3] f64 in the same copy) and added
-//     in micro-batch order, as the eager loop adds.
+//  4. the sums ([G, 2] f64, with the tail's result [3] f64: one buffer, one copy) copied behind the
+//     work into one of two pinned host slots (runtime/host_readback.h), so a second step can be
+//     launched before the first is collected; collect() waits for the oldest step's copy and adds
+//     its sums in micro-batch order, as the eager loop adds. The inputs of a step launched while
+//     another runs are written in stream order behind it; a graph is dropped (re-captured) only once
+//     the steps launched from it have finished.
 //
 // StepMode::graph (the GPU): the first step of a shape runs the work eagerly (the arena's blocks are
 // allocated), the next step of the same shape captures it (runtime/cuda_graph.h) and launches it, and
