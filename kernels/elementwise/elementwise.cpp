@@ -48,18 +48,4 @@ void sigmoid_gate_backward(const TensorView& dx, const TensorView& d_gate, const
   reference::sigmoid_gate_backward(dx, d_gate, d_out, x, gate);
 }
 
-void scale_into(const TensorView& out, const TensorView& x, const TensorView& scale) {
-  HYDRA_ASSERT(x.rank() == 2 && same_rows(out, x), "scale_into: out {} vs x {}", out.shape_string(), x.shape_string());
-  expect_shape(scale, "scale", {{"1", 1}});
-  expect_dtype(scale, "scale", DType::f32);
-  if (shapes_only({out, x, scale})) return;
-  if (on_cuda({out, x, scale})) {
-#if HYDRA_CUDA
-    cuda_impl::scale_into(out, x, scale);
-    return;
-#endif
-  }
-  reference::scale_into(out, x, scale);
-}
-
 }  // namespace hydra::ops

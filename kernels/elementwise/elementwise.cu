@@ -13,14 +13,6 @@ __global__ void add_kernel(cuda::FloatRows x, cuda::FloatRows y, int64_t rows, i
   });
 }
 
-// out ← x · *scale (the factor read by the kernel: a captured step's per-step value). x is f32; the
-// product is one f32 multiply, then FloatRows::store rounds to bf16 as the loss kernels' stores do.
-__global__ void scale_kernel(cuda::FloatRows out, const float* x, int64_t sx, const float* scale, int64_t rows,
-                             int64_t cols) {
-  const float s = *scale;
-  cuda::for_each_element(rows, cols, [&](int64_t r, int64_t c) { out.store(out.offset(r) + c, x[r * sx + c] * s); });
-}
-
 template <class In>
 __global__ void gate_kernel(bf16_t* out, int64_t so, const In* x, int64_t sx, const bf16_t* gate, int64_t sg,
                             int64_t rows, int64_t cols) {
@@ -51,17 +43,6 @@ void add_inplace(const TensorView& x, const TensorView& y) {
   const int64_t rows = x.size(0), cols = x.size(1);
   add_kernel<<<cuda::elementwise_grid(rows, cols), cuda::kElementwiseThreads, 0, current_stream()>>>(fx, fy, rows,
                                                                                                       cols);
-  HYDRA_CUDA_LAUNCH_CHECK();
-}
-
-void scale_into(const TensorView& out, const TensorView& x, const TensorView& scale) {
-  const cuda::FloatRows fo = cuda::float_rows(out, "scale out");
-  cuda::expect_cuda(x, "scale x", DType::f32);
-  cuda::expect_cuda(scale, "scale", DType::f32);
-  HYDRA_ASSERT(x.stride(1) == 1, "scale x rows must be contiguous");
-  const int64_t rows = x.size(0), cols = x.size(1);
-  scale_kernel<<<cuda::elementwise_grid(rows, cols), cuda::kElementwiseThreads, 0, current_stream()>>>(
-      fo, x.data_as<const float>(), x.stride(0), scale.data_as<const float>(), rows, cols);
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 

@@ -51,22 +51,7 @@ void sigmoid_gate_backward_cpu(const TensorView& dx, const TensorView& d_gate, c
   }
 }
 
-template <class T>
-void scale_into_cpu(const TensorView& out, const TensorView& x, T scale) {
-  for (int64_t t = 0; t < x.size(0); ++t) {
-    T* o = at<T>(out, {t});
-    const T* a = at<const T>(x, {t});
-    for (int64_t i = 0; i < x.size(1); ++i) o[i] = a[i] * scale;
-  }
-}
-
 }  // namespace
-
-void scale_into(const TensorView& out, const TensorView& x, const TensorView& scale) {
-  const float s = *scale.data_as<const float>();
-  with_host_float({{out, "scale out"}, {x, "scale x"}},
-                  [&](auto zero) { scale_into_cpu<decltype(zero)>(out, x, static_cast<decltype(zero)>(s)); });
-}
 
 void add_inplace(const TensorView& x, const TensorView& y) {
   with_host_float({{x, "add x"}, {y, "add y"}}, [&](auto zero) { add_inplace_cpu<decltype(zero)>(x, y); });

@@ -8,7 +8,6 @@
 namespace hydra::ops::reference {
 
 void add_inplace(const TensorView& x, const TensorView& y);
-void scale_into(const TensorView& out, const TensorView& x, const TensorView& scale);
 void sigmoid_gate(const TensorView& out, const TensorView& x, const TensorView& gate);
 void sigmoid_gate_backward(const TensorView& dx, const TensorView& d_gate, const TensorView& d_out,
                            const TensorView& x, const TensorView& gate);

@@ -16,20 +16,26 @@ void expect_grad_shape(const TensorView& grad, const TensorView& logits) {
 }  // namespace
 
 void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_loss, const TensorView& targets,
-                             float grad_scale, const TensorView& grad) {
+                             float grad_scale, const TensorView& grad, const TensorView& scale_at_run_time) {
   expect_shape(logits, "cross_entropy logits", {{"n", -1}, {"V", -1}});
+  if (scale_at_run_time.defined()) {
+    expect_shape(scale_at_run_time, "cross_entropy scale", {{"1", 1}});
+    expect_dtype(scale_at_run_time, "cross_entropy scale", DType::f32);
+  }
   expect_shape(targets, "cross_entropy targets", {{"n", logits.size(0)}});
   expect_shape(row_loss, "cross_entropy row_loss", {{"n", logits.size(0)}});
   expect_dtype(targets, "cross_entropy targets", DType::i32);
   HYDRA_ASSERT(logits.size(1) > 0, "cross_entropy over an empty vocabulary");
   expect_grad_shape(grad, logits);
-  if (shapes_only({logits, row_loss, targets, grad})) return;
-  if (on_cuda({logits, row_loss, targets, grad})) {
+  if (shapes_only({logits, row_loss, targets, grad, scale_at_run_time})) return;
+  if (on_cuda({logits, row_loss, targets, grad, scale_at_run_time})) {
 #if HYDRA_CUDA
-    cuda_impl::cross_entropy_with_grad(logits, row_loss, targets, grad_scale, grad);
+    cuda_impl::cross_entropy_with_grad(logits, row_loss, targets, grad_scale, grad, scale_at_run_time);
     return;
 #endif
   }
+  // The host runs the op now: "run time" is this call.
+  if (scale_at_run_time.defined()) grad_scale = *scale_at_run_time.data_as<const float>();
   reference::cross_entropy_with_grad(logits, row_loss, targets, grad_scale, grad);
 }
 

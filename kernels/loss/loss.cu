@@ -124,8 +124,10 @@ struct GradRows {  // [n, V] of Out, unit last stride: where the gradient goes (
 template <class Out>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_kernel(RowsF32 logits, GradRows<Out> grad, int64_t vocab, int64_t rows, const int32_t* targets,
-                         int64_t target_stride, float* row_loss, int64_t loss_stride, float grad_scale) {
+                         int64_t target_stride, float* row_loss, int64_t loss_stride, float grad_scale,
+                         const float* scale_at_run_time) {
   __shared__ MaxSum scratch[kWarps];
+  if (scale_at_run_time != nullptr) grad_scale = *scale_at_run_time;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {  // every branch below is uniform per block
     const float* x = logits.data + r * logits.stride;
     Out* y = grad.data + r * grad.stride;
@@ -210,7 +212,9 @@ template <int C, class Out>
 __global__ void __launch_bounds__(kSmallVocabThreads)
     cross_entropy_small_vocab_kernel(RowsF32 logits, GradRows<Out> grad, int64_t vocab, int64_t rows,
                                      const int32_t* targets, int64_t target_stride, float* row_loss,
-                                     int64_t loss_stride, float grad_scale, bool vec_in, bool vec_out) {
+                                     int64_t loss_stride, float grad_scale, const float* scale_at_run_time,
+                                     bool vec_in, bool vec_out) {
+  if (scale_at_run_time != nullptr) grad_scale = *scale_at_run_time;
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * kSmallVocabRows;
   for (int64_t r = int64_t(blockIdx.x) * kSmallVocabRows + threadIdx.x / 32; r < rows; r += warps) {  // per warp
@@ -276,7 +280,8 @@ __global__ void __launch_bounds__(kSmallVocabThreads)
 // Launches the small-vocabulary kernel for V ≤ kSmallVocabMax: C = 1, 2, 4, 8 or 16 chunks a lane.
 template <class Out>
 void launch_cross_entropy_small_vocab(const RowsF32& x, const GradRows<Out>& y, int64_t vocab, int64_t rows,
-                                      const TensorView& targets, const TensorView& row_loss, float grad_scale) {
+                                      const TensorView& targets, const TensorView& row_loss, float grad_scale,
+                                      const float* scale_at_run_time) {
   const auto rows_aligned = [](const void* p, int64_t stride_bytes, int64_t bytes) {
     return reinterpret_cast<uintptr_t>(p) % bytes == 0 && stride_bytes % bytes == 0;
   };
@@ -291,7 +296,8 @@ void launch_cross_entropy_small_vocab(const RowsF32& x, const GradRows<Out>& y, 
   const int blocks = cuda::capped_grid((rows + kSmallVocabRows - 1) / kSmallVocabRows);
   kernel<<<blocks, kSmallVocabThreads, 0, current_stream()>>>(x, y, vocab, rows, targets.data_as<const int32_t>(),
                                                               targets.stride(0), row_loss.data_as<float>(),
-                                                              row_loss.stride(0), grad_scale, vec_in, vec_out);
+                                                              row_loss.stride(0), grad_scale, scale_at_run_time,
+                                                              vec_in, vec_out);
   HYDRA_CUDA_LAUNCH_CHECK();
 }
 
@@ -348,22 +354,27 @@ void expect_row_loss(const TensorView& row_loss, int64_t rows) {
 }  // namespace
 
 void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_loss, const TensorView& targets,
-                             float grad_scale, const TensorView& grad) {
+                             float grad_scale, const TensorView& grad, const TensorView& scale_at_run_time) {
   const RowsF32 x = logit_rows(logits, "cross-entropy logits");
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   expect_row_loss(row_loss, rows);
   cuda::expect_cuda(targets, "cross-entropy targets", DType::i32);
   HYDRA_ASSERT(targets.rank() == 1 && targets.size(0) == rows, "targets must be [{}], got {}", rows,
                targets.shape_string());
+  const float* scale = nullptr;  // read by the kernel when it runs (a captured step's changing scale)
+  if (scale_at_run_time.defined()) {
+    cuda::expect_cuda(scale_at_run_time, "cross-entropy scale", DType::f32);
+    scale = scale_at_run_time.data_as<const float>();
+  }
   if (rows == 0) return;
   with_grad_rows(logits, grad, [&](auto y) {
     if (vocab <= kSmallVocabMax && small_row_kernels_enabled()) {
-      launch_cross_entropy_small_vocab(x, y, vocab, rows, targets, row_loss, grad_scale);
+      launch_cross_entropy_small_vocab(x, y, vocab, rows, targets, row_loss, grad_scale, scale);
       return;
     }
     cross_entropy_kernel<<<cuda::capped_grid(rows), kThreads, 0, current_stream()>>>(
         x, y, vocab, rows, targets.data_as<const int32_t>(), targets.stride(0), row_loss.data_as<float>(),
-        row_loss.stride(0), grad_scale);
+        row_loss.stride(0), grad_scale, scale);
     HYDRA_CUDA_LAUNCH_CHECK();
   });
 }

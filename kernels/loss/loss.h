@@ -15,8 +15,12 @@ namespace hydra::ops {
 // A row whose target is negative is ignored: loss 0 and gradient 0.
 // logits [n, V] fp32, targets [n] int32, row_loss [n] fp32. The gradient goes to `grad` [n, V] when
 // given (on the GPU fp32 or bf16: the lm_head GEMM's operand written directly), else over the logits.
+// `scale_at_run_time` ([1] f32 on the logits' device, or undefined): the scale is read from it when
+// the kernel runs, in place of grad_scale (a step replayed as a CUDA graph, whose scale changes every
+// step: model/train/objective.h DeviceLossHead); the same product, so the same bits.
 void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_loss, const TensorView& targets,
-                             float grad_scale, const TensorView& grad = TensorView());
+                             float grad_scale, const TensorView& grad = TensorView(),
+                             const TensorView& scale_at_run_time = TensorView());
 
 // Logit distillation at temperature 1, KL(p_t ‖ p_s) with p_t = softmax(teacher), p_s = softmax(student):
 //   row_loss[i] = Σ_v p_t (log p_t − log p_s),  student_logits_i ← grad_scale (p_s − p_t).
@@ -36,7 +40,7 @@ void squared_error_with_grad(const TensorView& d_a, const TensorView& row_loss, 
 #if HYDRA_CUDA
 namespace cuda_impl {  // loss.cu
 void cross_entropy_with_grad(const TensorView& logits, const TensorView& row_loss, const TensorView& targets,
-                             float grad_scale, const TensorView& grad);
+                             float grad_scale, const TensorView& grad, const TensorView& scale_at_run_time);
 void kl_divergence_with_grad(const TensorView& student_logits, const TensorView& row_loss,
                              const TensorView& teacher_logits, float grad_scale, const TensorView& grad,
                              const TensorView& targets);

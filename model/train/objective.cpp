@@ -72,25 +72,14 @@ struct HostHeadSums {
 };
 
 // The cross-entropy chunk walk into `sums` (see walk_logit_chunks) with the gradient scale a host
-// value or, `device_scale` defined on the GPU, a device scalar read at run time: then the loss kernel
-// writes the unscaled f32 gradient over the logits and ops::scale_into writes scale × it into the
-// operand (one f32 product and one rounding, as the kernel's own grad_scale × (p − onehot)).
+// value or, `device_scale` defined, a device scalar the loss kernel reads when it runs (on the host:
+// when the op runs, i.e. now).
 void cross_entropy_chunks(const Model& model, const TensorView& hidden, const TensorView& device_targets,
                           float grad_scale, const TensorView& device_scale, const TensorView& d_hidden,
                           ModelTensors& grads, const TensorView& sums, const TensorView& answer) {
-  const bool scale_at_run_time = device_scale.defined() && device_scale.device() == Device::cuda;
-  if (device_scale.defined() && device_scale.on_host() && !device_scale.is_meta()) {
-    grad_scale = *device_scale.data_as<const float>();  // the host reads it now: nothing is captured there
-  }
   walk_logit_chunks(model, hidden, d_hidden, grads, sums, answer,
                     [&](const TensorView& lg, const TensorView& rl, int64_t r0, int64_t n, const TensorView& g) {
-    const TensorView targets = device_targets.narrow(0, r0, n);
-    if (!scale_at_run_time) {
-      ops::cross_entropy_with_grad(lg, rl, targets, grad_scale, g);
-      return;
-    }
-    ops::cross_entropy_with_grad(lg, rl, targets, 1.0f);  // the unscaled gradient over the f32 logits
-    ops::scale_into(g, lg, device_scale);
+    ops::cross_entropy_with_grad(lg, rl, device_targets.narrow(0, r0, n), grad_scale, g, device_scale);
   });
 }
 

@@ -51,10 +51,9 @@ LossSums distillation_head(const Model& student, const Model& teacher, const Ten
 // replayed as a CUDA graph needs (model/train/trainer.cpp, DESIGN.md §1.5 "The step as a CUDA graph").
 // The head adds its rows' losses into `sums` (no host read) and its kernels read the gradient scale
 // from `grad_scale` when they run, not when they are launched; the caller counts the targets on the
-// host beforehand (the head returns no counts). Cross-entropy only. On the GPU the scale is applied
-// by its own pass (ops::scale_into) over the f32 gradient the loss kernel wrote with scale 1: the same
-// f32 product and the same rounding as the loss kernel's own scaling, so the same bits. On the host
-// the value is read when the head runs and passed to the loss kernel as the grad_scale argument.
+// host beforehand (the head returns no counts). Cross-entropy only. The loss kernel reads the scale
+// from the device when it runs (ops::cross_entropy_with_grad's scale_at_run_time): the same product
+// as a scale passed by value, so the same bits. On the host the value is read when the head runs.
 struct DeviceLossHead {
   TensorView sums;        // [2] f64 on the model's device: += Σ row losses, Σ those whose target is an answer
   TensorView answer;      // [T_loc] i32 on the model's device: 1 where the target is an answer (undefined: none)

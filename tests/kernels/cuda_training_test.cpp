@@ -11,9 +11,9 @@
 //    accumulation would be off by ~1e-7).
 //  - the loss head's device sums (row_sum): 1e-12 relative to the host's sequential fp64 sum (a fixed
 //    tree of fp64 sums of fp32 values), and the same bits twice;
-//  - the gradient scaled at run time (cross-entropy with scale 1, then scale_into from a device
-//    scalar): the same bits as the loss kernel's own scaling, bf16 and fp32 (what makes the training
-//    step's CUDA graph equal to the eager step).
+//  - the gradient scaled at run time (the loss kernel reading the scale from a device scalar, both
+//    cross-entropy kernels): the same bits as the scale passed by value, bf16 and fp32 (what makes the
+//    training step's CUDA graph equal to the eager step).
 // Losses, AdamW and the sum of squares must also give the same bits in two runs.
 // Without a GPU every test here reports SKIPPED.
 #include <algorithm>
@@ -362,29 +362,31 @@ TEST(CudaTraining, RowSumsMatchTheHostSum) {
 
 TEST(CudaTraining, GradientScaledAtRunTimeIsTheLossKernelsScaling) {
   HYDRA_REQUIRE_GPU();
-  for (const LossCase& c : {LossCase{37, 512, 0}, LossCase{6, 4099, 0}, LossCase{5, 151936, 0}}) {
-    const std::string what = "cross-entropy scaled at run time " + describe(c);
-    const Tensor logits = random_tensor({c.rows, c.vocab}, 77, 3.0f);
-    Tensor targets = Tensor::empty({c.rows}, DType::i32);
-    for (int64_t i = 0; i < c.rows; ++i) targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 7919) % c.vocab);
-    targets.data_as<int32_t>()[c.rows / 2] = -1;
-    const Tensor gtargets = to_device(targets, Device::cuda);
-    const float scale = 1.0f / 1237.0f;  // 1 / counted: not a power of two
-    Tensor dscale = Tensor::empty({1}, DType::f32);
-    dscale.data_as<float>()[0] = scale;
-    dscale = to_device(dscale, Device::cuda);
-    for (const DType out : {DType::bf16, DType::f32}) {
-      // The eager step: the kernel scales and writes the operand (bf16), or over the logits (fp32).
-      Tensor a = gpu(logits, DType::f32), la = Tensor::empty({c.rows}, DType::f32, Device::cuda);
-      Tensor ga = out == DType::bf16 ? Tensor::empty({c.rows, c.vocab}, DType::bf16, Device::cuda) : a;
-      ops::cross_entropy_with_grad(a, la, gtargets, scale, ga);
-      // The captured step: scale 1 over the f32 logits, then the device scalar.
-      Tensor b = gpu(logits, DType::f32), lb = Tensor::empty({c.rows}, DType::f32, Device::cuda);
-      Tensor gb = out == DType::bf16 ? Tensor::empty({c.rows, c.vocab}, DType::bf16, Device::cuda) : b;
-      ops::cross_entropy_with_grad(b, lb, gtargets, 1.0f);
-      ops::scale_into(gb, b, dscale);
-      expect_same_bits(ga, gb, what + (out == DType::bf16 ? " bf16 operand" : " fp32 in place"));
-      expect_same_bits(la, lb, what + " row loss");
+  for (const bool small_rows : {false, true}) {
+    const ops::SmallRowKernelsScope scope(small_rows);  // V ≤ 2048: the warp-a-row kernel when on
+    for (const LossCase& c : {LossCase{37, 512, 0}, LossCase{6, 4099, 0}, LossCase{5, 151936, 0}}) {
+      const std::string what = "cross-entropy scaled at run time " + describe(c) + (small_rows ? " small rows" : "");
+      const Tensor logits = random_tensor({c.rows, c.vocab}, 77, 3.0f);
+      Tensor targets = Tensor::empty({c.rows}, DType::i32);
+      for (int64_t i = 0; i < c.rows; ++i) targets.data_as<int32_t>()[i] = static_cast<int32_t>((i * 7919) % c.vocab);
+      targets.data_as<int32_t>()[c.rows / 2] = -1;
+      const Tensor gtargets = to_device(targets, Device::cuda);
+      const float scale = 1.0f / 1237.0f;  // 1 / counted: not a power of two
+      Tensor dscale = Tensor::empty({1}, DType::f32);
+      dscale.data_as<float>()[0] = scale;
+      dscale = to_device(dscale, Device::cuda);
+      for (const DType out : {DType::bf16, DType::f32}) {
+        // The eager step: the scale passed by value; the operand (bf16), or over the logits (fp32).
+        Tensor a = gpu(logits, DType::f32), la = Tensor::empty({c.rows}, DType::f32, Device::cuda);
+        Tensor ga = out == DType::bf16 ? Tensor::empty({c.rows, c.vocab}, DType::bf16, Device::cuda) : a;
+        ops::cross_entropy_with_grad(a, la, gtargets, scale, ga);
+        // The captured step: the kernel reads the device scalar (the value argument is ignored).
+        Tensor b = gpu(logits, DType::f32), lb = Tensor::empty({c.rows}, DType::f32, Device::cuda);
+        Tensor gb = out == DType::bf16 ? Tensor::empty({c.rows, c.vocab}, DType::bf16, Device::cuda) : b;
+        ops::cross_entropy_with_grad(b, lb, gtargets, 0.0f, gb, dscale);
+        expect_same_bits(ga, gb, what + (out == DType::bf16 ? " bf16 operand" : " fp32 in place"));
+        expect_same_bits(la, lb, what + " row loss");
+      }
     }
   }
 }

@@ -127,19 +127,6 @@ TEST(RowSums, AddTheRowsInOrderAndTheMarkedOnesApart) {
   EXPECT_EQ(sums.data_as<double>()[1], marked);
 }
 
-// out = x · scale[0], scale read when the op runs; in place or into another buffer.
-TEST(ScaleInto, MultipliesByTheScalarItReads) {
-  const Tensor x = random_tensor({5, 7}, 6);
-  Tensor scale = Tensor::empty({1}, DType::f32), out = Tensor::empty({5, 7}, DType::f32);
-  scale.data_as<float>()[0] = 0.125f / 3.0f;
-  ops::scale_into(out, x, scale);
-  for (int64_t i = 0; i < x.numel(); ++i) EXPECT_EQ(out.data_as<float>()[i], x.data_as<float>()[i] * scale.data_as<float>()[0]);
-  Tensor in_place = clone(x);
-  scale.data_as<float>()[0] = -2.0f;
-  ops::scale_into(in_place, in_place, scale);
-  for (int64_t i = 0; i < x.numel(); ++i) EXPECT_EQ(in_place.data_as<float>()[i], -2.0f * x.data_as<float>()[i]);
-}
-
 struct HeadShape {
   int64_t t, h, d;
 };

@@ -2,6 +2,7 @@
 // (gradcheck.h), ignored targets, grad_scale, large logits (no overflow, shift invariance), and
 // agreement with the existing per-token cross_entropy.
 #include <cmath>
+#include <cstring>
 
 #include "kernels/loss/loss.h"
 #include "kernels/softmax/softmax.h"
@@ -53,6 +54,14 @@ TEST(Loss, CrossEntropyGradientAndIgnoredRows) {
   for (int64_t i = 0; i < grad.numel(); ++i) {
     EXPECT_NEAR(scaled.data_as<double>()[i], 0.25 * grad.data_as<double>()[i], 1e-16);
   }
+  // The scale read "at run time" from a [1] f32 tensor (a captured step's device scalar) in place of
+  // the value argument: the same bits as passing it by value.
+  Tensor at_run_time = clone(logits), rows_run_time = Tensor::empty({n}, DType::f64);
+  Tensor scale = Tensor::empty({1}, DType::f32);
+  scale.data_as<float>()[0] = 0.25f;
+  ops::cross_entropy_with_grad(at_run_time, rows_run_time, targets, 7.0f, TensorView(), scale);
+  EXPECT_EQ(std::memcmp(at_run_time.data(), scaled.data(), scaled.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(rows_run_time.data(), rows_scaled.data(), rows_scaled.nbytes()), 0);
 }
 
 TEST(Loss, CrossEntropyLargeLogitsDoNotOverflow) {
