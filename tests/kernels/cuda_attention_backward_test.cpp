@@ -279,12 +279,11 @@ TEST(CudaAttentionBackward, PackedDocumentsMatchCpuReference) {
 }
 
 // The small-model step's attention (qwen3-synth: 16384 tokens as 64 documents of 256, 8 query heads
-// on 4 KV heads, d = 64, causal, τ off) through both d = 64 kernels, against the CPU reference; the
-// model's bf16 output feeds the delta pass as in training.
-void small_model_step(ops::AttentionBackwardKernel kernel) {
+// on 4 KV heads, d = 64, causal, τ off) through both d = 64 kernels and the automatic choice, against
+// one CPU reference; the model's bf16 output feeds the delta pass as in training.
+TEST(CudaAttentionBackward, SmallModelPackedShapeMatchesCpuReference) {
+  HYDRA_REQUIRE_GPU();
   const int64_t t = 64 * 256, doc = 256, hq = 8, hk = 4, d = 64;
-  const std::string what = std::string("[") + ops::attention_backward_kernel_name(kernel) + "] 64 x 256 docs hq=8 hk=4 d=64";
-  std::printf("case %s\n", what.c_str());
   Tensor qdoc = Tensor::empty({t}, DType::i64), kend = Tensor::empty({t}, DType::i64);
   for (int64_t i = 0; i < t; ++i) {
     qdoc.data_as<int64_t>()[i] = i / doc * doc;
@@ -292,7 +291,7 @@ void small_model_step(ops::AttentionBackwardKernel kernel) {
   }
   Tensor q = rounded_to_bf16(random_tensor({t, hq, d}, 80, 2.0f)), k = rounded_to_bf16(random_tensor({t, hk, d}, 81, 2.0f));
   Tensor v = rounded_to_bf16(random_tensor({t, hk, d}, 82)), dout = rounded_to_bf16(random_tensor({t, hq, d}, 83));
-  ops::AttentionParams p{.backward_kernel = kernel};
+  ops::AttentionParams p;
   p.q_document_start = qdoc;
   p.k_document_end = kend;
   Tensor out = Tensor::empty({t, hq, d}, DType::f32), lse = Tensor::empty({hq, t}, DType::f32);
@@ -304,25 +303,26 @@ void small_model_step(ops::AttentionBackwardKernel kernel) {
          dv = Tensor::zeros({t, hk, d}, DType::f32);
   ops::attention_backward(dq, dk, dv, dout, q, k, v, lse, delta, p);
 
-  ops::AttentionParams pg = p;
   const Tensor qdoc_g = to_device(qdoc, Device::cuda), kend_g = to_device(kend, Device::cuda);
-  pg.q_document_start = qdoc_g;
-  pg.k_document_end = kend_g;
-  Tensor delta_g = Tensor::empty({hq, t}, DType::f32, Device::cuda), dout_g = gpu(dout);
+  Tensor q_g = gpu(q), k_g = gpu(k), v_g = gpu(v), dout_g = gpu(dout), lse_g = gpu(lse, DType::f32);
+  Tensor delta_g = Tensor::empty({hq, t}, DType::f32, Device::cuda);
   ops::attention_backward_prepare(delta_g, dout_g, gpu(out_bf16));
-  expect_close(host(delta_g), delta, 1e-5, what + " delta");
-  Tensor dq_g = Tensor::zeros({t, hq, d}, DType::f32, Device::cuda), dk_g = Tensor::zeros({t, hk, d}, DType::f32, Device::cuda),
-         dv_g = Tensor::zeros({t, hk, d}, DType::f32, Device::cuda);
-  ops::attention_backward(dq_g, dk_g, dv_g, dout_g, gpu(q), gpu(k), gpu(v), gpu(lse, DType::f32), delta_g, pg);
-  expect_gradient(dq_g, dq, what + " dq");
-  expect_gradient(dk_g, dk, what + " dk");
-  expect_gradient(dv_g, dv, what + " dv");
-}
-
-TEST(CudaAttentionBackward, SmallModelPackedShapeMatchesCpuReference) {
-  HYDRA_REQUIRE_GPU();
-  small_model_step(ops::AttentionBackwardKernel::mma_k64);
-  small_model_step(ops::AttentionBackwardKernel::mma);
+  expect_close(host(delta_g), delta, 1e-5, "64 x 256 docs delta");
+  for (const ops::AttentionBackwardKernel kernel :
+       {ops::AttentionBackwardKernel::mma_k64, ops::AttentionBackwardKernel::mma, ops::AttentionBackwardKernel::automatic}) {
+    const std::string what = std::string("[") + ops::attention_backward_kernel_name(kernel) + "] 64 x 256 docs hq=8 hk=4 d=64";
+    std::printf("case %s\n", what.c_str());
+    ops::AttentionParams pg = p;
+    pg.q_document_start = qdoc_g;
+    pg.k_document_end = kend_g;
+    pg.backward_kernel = kernel;
+    Tensor dq_g = Tensor::zeros({t, hq, d}, DType::f32, Device::cuda), dk_g = Tensor::zeros({t, hk, d}, DType::f32, Device::cuda),
+           dv_g = Tensor::zeros({t, hk, d}, DType::f32, Device::cuda);
+    ops::attention_backward(dq_g, dk_g, dv_g, dout_g, q_g, k_g, v_g, lse_g, delta_g, pg);
+    expect_gradient(dq_g, dq, what + " dq");
+    expect_gradient(dk_g, dk, what + " dk");
+    expect_gradient(dv_g, dv, what + " dv");
+  }
 }
 
 }  // namespace
