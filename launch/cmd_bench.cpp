@@ -46,6 +46,7 @@ struct BenchOptions {
   int64_t heads = 16;
   int64_t kv_heads = 0;
   int64_t head_dim = 128;
+  int64_t doc_len = 0;
   int64_t m = 8192, n = 8192, k = 8192;
   int64_t ceiling_size = 8192;
   int repeat = 10;
@@ -67,6 +68,8 @@ struct BenchOptions {
         ("heads", po::value(&heads)->default_value(16), "query heads (attention) or GDN heads")
         ("kv-heads", po::value(&kv_heads)->default_value(0), "attention KV heads (0: as many as query heads)")
         ("head-dim", po::value(&head_dim)->default_value(128), "64 or 128")
+        ("doc-len", po::value(&doc_len)->default_value(0),
+         "attention-bwd: pack the tokens as causal documents of this many tokens (0: one sequence)")
         ("m", po::value(&m)->default_value(8192), "gemm M")
         ("n", po::value(&n)->default_value(8192), "gemm N")
         ("k", po::value(&k)->default_value(8192), "gemm K")
@@ -165,6 +168,8 @@ struct BenchOptions {
     HYDRA_USER_CHECK(heads >= 1 && kv_heads >= 0 && (kv_heads == 0 || heads % kv_heads == 0),
                      "--heads must be a positive multiple of --kv-heads");
     HYDRA_USER_CHECK(repeat >= 1 && warmup >= 0, "--repeat >= 1, --warmup >= 0");
+    HYDRA_USER_CHECK(doc_len >= 0 && (doc_len == 0 || op == "attention-bwd"),
+                     "--doc-len must be >= 0 and is taken by --op attention-bwd only (got {} with --op {})", doc_len, op);
     if (!json_out.empty()) require_writable_destination(json_out, "JSON output");
   }
 };
@@ -176,7 +181,8 @@ int run_bench(App& app, const std::vector<std::string>& args) {
   po::options_description desc("hydra bench");
   opt.bind(desc);
   if (!parse_command_line(app, "bench",
-                          "--op gemm|attention|gdn|attention-bwd|gdn-bwd|gdn-input [--seq-len 32K --heads 16 --head-dim 128] | "
+                          "--op gemm|attention|gdn|attention-bwd|gdn-bwd|gdn-input [--seq-len 32K --heads 16 --kv-heads 0 --head-dim 128] "
+                          "[--doc-len 256 (attention-bwd)] | "
                           "--op decode --preset NAME [--contexts 32K,128K,512K,1M --batches 1,8,32] [--cuda-graph on|off|auto] "
                           "[--decode-ctas-per-sm 0,2 --decode-gemv cublas,hydra] "
                           "[--gdn-step separate,fused] [--decode-prefetch off,8,32,48]",
@@ -225,7 +231,8 @@ int run_bench(App& app, const std::vector<std::string>& args) {
     const int64_t t = parse_size(opt.seq_len, "--seq-len");
     const KernelBenchResult r =
         is_backward_bench_op(opt.op)
-            ? bench_backward(opt.op, t, opt.heads, opt.kv_heads, opt.head_dim, opt.warmup, opt.repeat, app.kernels)
+            ? bench_backward(opt.op, t, opt.heads, opt.kv_heads, opt.head_dim, opt.doc_len, opt.warmup, opt.repeat,
+                             app.kernels)
             : bench_forward(opt.op, t, opt.heads, opt.kv_heads, opt.head_dim, opt.warmup, opt.repeat, app.kernels);
     tflops = r.tflops;
     ms = r.ms;

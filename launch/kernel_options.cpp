@@ -24,8 +24,11 @@ ops::KernelOptions kernel_options_from_environment() {
     o.attention = v == "hopper" ? ops::AttentionKernel::hopper : ops::AttentionKernel::mma;
   }
   if (const std::string v = env("HYDRA_ATTENTION_BWD_KERNEL"); !v.empty()) {
-    HYDRA_USER_CHECK(v == "ws" || v == "mma", "HYDRA_ATTENTION_BWD_KERNEL must be ws or mma (got '{}')", v);
-    o.attention_backward = v == "ws" ? ops::AttentionBackwardKernel::ws : ops::AttentionBackwardKernel::mma;
+    HYDRA_USER_CHECK(v == "ws" || v == "mma" || v == "mma-k64",
+                     "HYDRA_ATTENTION_BWD_KERNEL must be ws, mma or mma-k64 (got '{}')", v);
+    o.attention_backward = v == "ws"    ? ops::AttentionBackwardKernel::ws
+                           : v == "mma" ? ops::AttentionBackwardKernel::mma
+                                        : ops::AttentionBackwardKernel::mma_k64;
   }
   if (const std::string v = env("HYDRA_GDN_SEGMENTS"); !v.empty()) {
     char* end = nullptr;

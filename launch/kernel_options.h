@@ -2,7 +2,7 @@
 // (launch/main.cpp) and validated there: an unknown value is a one-line UserError naming the
 // variable, before any work. README "Kernel options" lists them.
 //   HYDRA_ATTENTION_KERNEL      hopper | mma          FA forward kernel (default: the fastest the GPU allows)
-//   HYDRA_ATTENTION_BWD_KERNEL  ws | mma              FA backward kernel for head dim 128
+//   HYDRA_ATTENTION_BWD_KERNEL  ws | mma | mma-k64    FA backward kernel (ws: d = 128; mma-k64: d = 64)
 //   HYDRA_GDN_SEGMENTS          N ≥ 1                 the delta rule's in-GPU split (default: cost model)
 //   HYDRA_GDN_PROFILE           0 | 1 | 2             GDN stage times to stderr (2: backward stages apart)
 //   HYDRA_SERIAL_BRANCHES       0 | 1                 run the FA and GDN branches on one stream

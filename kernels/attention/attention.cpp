@@ -48,6 +48,7 @@ const char* attention_backward_kernel_name(AttentionBackwardKernel kernel) {
     case AttentionBackwardKernel::automatic: return "automatic";
     case AttentionBackwardKernel::ws: return "ws";
     case AttentionBackwardKernel::mma: return "mma";
+    case AttentionBackwardKernel::mma_k64: return "mma-k64";
   }
   return "?";
 }

@@ -35,10 +35,13 @@ enum class AttentionOutput { overwrite, merge };
 // Which CUDA kernel runs a call (the CPU path ignores both; launch/ reads them from the environment
 // once, README "Kernel options"). automatic: the fastest the device and shape allow.
 //   forward:  hopper (warp-specialised TMA/wgmma, d = 128, sm_90) | mma (mma.sync, any sm_80+, d 64/128);
-//   backward: ws (warp-specialised, d = 128, compute capability 9.x) | mma (mma.sync, any GPU).
-// A kernel the shape cannot run falls back to mma (d = 64, views TMA cannot describe).
+//   backward: ws (warp-specialised, d = 128, compute capability 9.x) | mma (mma.sync, any GPU, blocks
+//             of 128 keys) | mma_k64 (mma.sync, blocks of 64 keys, d = 64; automatic with packed
+//             documents at d = 64: attention_backward.cu says why).
+// A kernel the shape cannot run falls back to mma (d = 64 for ws, d = 128 for mma_k64, packed
+// documents for hopper/ws, views TMA cannot describe).
 enum class AttentionKernel { automatic, hopper, mma };
-enum class AttentionBackwardKernel { automatic, ws, mma };
+enum class AttentionBackwardKernel { automatic, ws, mma, mma_k64 };
 const char* attention_kernel_name(AttentionKernel kernel);
 const char* attention_backward_kernel_name(AttentionBackwardKernel kernel);
 struct AttentionParams {

@@ -4,7 +4,11 @@
 // attention at positions ≥ 1000 with τ on) through the GPU forward and backward and through the
 // CPU references, every gradient's RMS error ratio printed and held to the GPU tests' tolerances
 // (the run stops if one fails) — then the timed shape: warm-up, then the median of --repeat
-// CUDA-event timings of forward + backward, and of the backward alone.
+// CUDA-event timings of forward + backward, and of the backward alone (delta pass + kernel, the
+// accumulators zeroed) with the chosen kernel; then, for the before/after of a kernel choice in one
+// run, the backward kernel alone with each kernel that runs the shape (d = 64: mma, mma-k64;
+// d = 128: ws, mma; ws not with packed documents) and the delta pass alone. --doc-len packs the
+// tokens as documents (the check then runs documents of the same length too).
 // FLOP counts (FlashAttention's convention): causal attention forward 4·T²·d·H / 2 = 2·T²·d·H,
 // backward 2.5× that (five products instead of two), so forward + backward = 7·T²·d·H. The gated
 // delta rule has no agreed count; its TFLOP/s is nominal: 3 × model/cost.h's forward count
@@ -46,7 +50,22 @@ void check_ratio(nlohmann::json& report, const std::string& name, double ratio, 
   HYDRA_ASSERT(ratio <= tolerance, "backward check failed: {} RMS error ratio {} > {}", name, ratio, tolerance);
 }
 
-nlohmann::json check_attention(int64_t d, const ops::KernelOptions& kernels) {
+// Packed documents of doc_len tokens from position 0, for the rows at positions [pos0, pos0 + t):
+// each row's document start and document end (attention.h q_document_start / k_document_end), i64
+// on the host.
+struct DocumentBounds {
+  Tensor start, end;  // [t] each
+};
+DocumentBounds document_bounds(int64_t pos0, int64_t t, int64_t doc_len) {
+  DocumentBounds b{Tensor::empty({t}, DType::i64), Tensor::empty({t}, DType::i64)};
+  for (int64_t i = 0; i < t; ++i) {
+    b.start.data_as<int64_t>()[i] = (pos0 + i) / doc_len * doc_len;
+    b.end.data_as<int64_t>()[i] = b.start.data_as<int64_t>()[i] + doc_len;
+  }
+  return b;
+}
+
+nlohmann::json check_attention(int64_t d, int64_t doc_len, const ops::KernelOptions& kernels) {
   const int64_t t = 300, h = 2, hk = 1;
   Tensor q = random_device({t, h, d}, "check.q"), k = random_device({t, hk, d}, "check.k");
   Tensor v = random_device({t, hk, d}, "check.v"), dout = random_device({t, h, d}, "check.dout");
@@ -55,7 +74,17 @@ nlohmann::json check_attention(int64_t d, const ops::KernelOptions& kernels) {
   p.tau_log_base = kDefaultFaLogBase;
   p.forward_kernel = kernels.attention;
   p.backward_kernel = kernels.attention_backward;
+  DocumentBounds docs, docs_gpu;
+  if (doc_len > 0) {
+    docs = document_bounds(p.q_position0, t, doc_len);
+    docs_gpu = {to_device(docs.start, Device::cuda), to_device(docs.end, Device::cuda)};
+  }
   auto run = [&](const Tensor& qx, const Tensor& kx, const Tensor& vx, const Tensor& dox, Device dev) {
+    if (doc_len > 0) {  // the bounds on the device that runs
+      const DocumentBounds& b = dev == Device::cuda ? docs_gpu : docs;
+      p.q_document_start = b.start;
+      p.k_document_end = b.end;
+    }
     std::vector<Tensor> r;  // dq, dk, dv
     Tensor out = Tensor::empty({t, h, d}, DType::f32, dev), lse = Tensor::empty({h, t}, DType::f32, dev);
     Tensor delta = Tensor::empty({h, t}, DType::f32, dev);
@@ -120,12 +149,12 @@ nlohmann::json check_gdn(int64_t d) {
 
 }  // namespace
 
-KernelBenchResult bench_backward(const std::string& op, int64_t t, int64_t h, int64_t kv_heads, int64_t d, int warmup,
-                                   int repeat, const ops::KernelOptions& kernels) {
+KernelBenchResult bench_backward(const std::string& op, int64_t t, int64_t h, int64_t kv_heads, int64_t d,
+                                   int64_t doc_len, int warmup, int repeat, const ops::KernelOptions& kernels) {
 #if HYDRA_CUDA
   KernelBenchResult r;
   if (op == "attention-bwd") {
-    r.extra["check_rms_ratio"] = check_attention(d, kernels);
+    r.extra["check_rms_ratio"] = check_attention(d, doc_len, kernels);
     const int64_t hk = kv_heads > 0 ? kv_heads : h;
     Tensor q = random_device({t, h, d}, "bench.q"), k = random_device({t, hk, d}, "bench.k");
     Tensor v = random_device({t, hk, d}, "bench.v"), dout = random_device({t, h, d}, "bench.dout");
@@ -137,6 +166,13 @@ KernelBenchResult bench_backward(const std::string& op, int64_t t, int64_t h, in
     p.tau_log_base = kDefaultFaLogBase;  // as the HydraHead FA heads run
     p.forward_kernel = kernels.attention;
     p.backward_kernel = kernels.attention_backward;
+    DocumentBounds docs;
+    if (doc_len > 0) {
+      const DocumentBounds host_docs = document_bounds(0, t, doc_len);
+      docs = {to_device(host_docs.start, Device::cuda), to_device(host_docs.end, Device::cuda)};
+      p.q_document_start = docs.start;
+      p.k_document_end = docs.end;
+    }
     auto forward = [&] { ops::attention_forward(out, lse, q, k, v, p); };
     auto backward = [&] {
       ops::attention_backward_prepare(delta, dout, out);
@@ -151,15 +187,38 @@ KernelBenchResult bench_backward(const std::string& op, int64_t t, int64_t h, in
       backward();
     });
     const double bwd_ms = median_ms(warmup, repeat, backward);
-    const double fwd_flops = causal_attention_flops(t, h, d);
+    // The delta pass and the backward kernel alone, with each kernel that runs this shape (the
+    // accumulators keep growing across the launches: a sum of a few dozen gradients, no overflow).
+    // The delta pass as the model runs it: bf16 dO and O.
+    const Tensor out_bf16 = to(out, Device::cuda, DType::bf16);
+    const double delta_ms = median_ms(warmup, repeat, [&] { ops::attention_backward_prepare(delta, dout, out_bf16); });
+    nlohmann::json by_kernel;
+    std::vector<ops::AttentionBackwardKernel> alternatives = {ops::AttentionBackwardKernel::mma};
+    alternatives.push_back(d == 64 ? ops::AttentionBackwardKernel::mma_k64 : ops::AttentionBackwardKernel::ws);
+    for (const ops::AttentionBackwardKernel kernel : alternatives) {
+      if (kernel == ops::AttentionBackwardKernel::ws && doc_len > 0) continue;  // ws takes no documents
+      ops::AttentionParams pk = p;
+      pk.backward_kernel = kernel;
+      const double ms = median_ms(warmup, repeat, [&] { ops::attention_backward(dq, dk, dv, dout, q, k, v, lse, delta, pk); });
+      by_kernel[ops::attention_backward_kernel_name(kernel)] = ms;
+      log::info("backward kernel alone [{}]: {:.4f} ms", ops::attention_backward_kernel_name(kernel), ms);
+    }
+    log::info("delta pass alone (bf16 dO, O): {:.4f} ms ({:.0f} GB/s)", delta_ms, 2.0 * t * h * d * 2 / (delta_ms * 1e-3) / 1e9);
+    // Causal FLOPs: per document with documents (T / L documents of L tokens and one of the rest).
+    const double fwd_flops = doc_len > 0 ? causal_attention_flops(doc_len, h, d) * static_cast<double>(t / doc_len) +
+                                               causal_attention_flops(t % doc_len, h, d)
+                                         : causal_attention_flops(t, h, d);
     r.tflops = 3.5 * fwd_flops / (r.ms * 1e-3) / 1e12;
-    const ops::AttentionBackwardKernel kernel = d == 128 ? kernels.attention_backward : ops::AttentionBackwardKernel::automatic;
+    const ops::AttentionBackwardKernel kernel = kernels.attention_backward;
     r.what = fmt::format("attention fwd+bwd causal T={} H={} d={}{}", t, h, d,
-                         kernel == ops::AttentionBackwardKernel::mma  ? " [mma.sync backward]"
-                         : kernel == ops::AttentionBackwardKernel::ws ? " [warp-specialised backward]"
-                                                                      : "");
-    r.extra.update({{"seq_len", t}, {"heads", h}, {"kv_heads", hk}, {"head_dim", d}, {"backward_ms", bwd_ms},
-                    {"backward_tflops", 2.5 * fwd_flops / (bwd_ms * 1e-3) / 1e12}, {"flops", 3.5 * fwd_flops}});
+                         doc_len > 0 ? fmt::format(" docs={}", doc_len) : std::string()) +
+             (kernel == ops::AttentionBackwardKernel::mma       ? " [mma.sync backward]"
+              : kernel == ops::AttentionBackwardKernel::mma_k64 ? " [mma.sync 64-key backward]"
+              : kernel == ops::AttentionBackwardKernel::ws      ? " [warp-specialised backward]"
+                                                                : "");
+    r.extra.update({{"seq_len", t}, {"heads", h}, {"kv_heads", hk}, {"head_dim", d}, {"doc_len", doc_len},
+                    {"backward_ms", bwd_ms}, {"backward_tflops", 2.5 * fwd_flops / (bwd_ms * 1e-3) / 1e12},
+                    {"flops", 3.5 * fwd_flops}, {"delta_ms", delta_ms}, {"backward_ms_by_kernel", by_kernel}});
   } else {
     r.extra["check_rms_ratio"] = check_gdn(d);
     const GdnInputs in = gdn_inputs(t, h, d);
@@ -191,7 +250,7 @@ KernelBenchResult bench_backward(const std::string& op, int64_t t, int64_t h, in
   log::info("{}: backward alone {:.3f} ms", r.what, r.extra["backward_ms"].get<double>());
   return r;
 #else
-  (void)op, (void)t, (void)h, (void)kv_heads, (void)d, (void)warmup, (void)repeat, (void)kernels;
+  (void)op, (void)t, (void)h, (void)kv_heads, (void)d, (void)doc_len, (void)warmup, (void)repeat, (void)kernels;
   HYDRA_USER_FAIL("hydra bench needs the CUDA path; this build has HYDRA_CUDA=OFF");
 #endif
 }

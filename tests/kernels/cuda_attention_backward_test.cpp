@@ -12,7 +12,9 @@
 // delta = rowsum(dO ⊙ O) is fp32 from bf16 dO: 1e-5 relative. Without a GPU: SKIPPED.
 // d = 128 runs both kernels: the warp-specialised TMA one (the default on Hopper,
 // AttentionBackwardKernel::ws) and the mma.sync one (AttentionBackwardKernel::mma), each in
-// its own test so a failure names its kernel. Each case is announced before it runs (stdout is
+// its own test so a failure names its kernel; d = 64 runs the mma.sync kernel with 128-key blocks
+// (mma) and with 64-key blocks (mma-k64, the default with packed documents), the latter on the
+// small-model step's shape too (64 documents of 256 tokens, 8 query heads on 4 KV heads). Each case is announced before it runs (stdout is
 // line-buffered in the tests), so a crash names its case too.
 #include <algorithm>
 #include <cmath>
@@ -50,10 +52,13 @@ std::string name_of(const BwdCase& c) {
 
 // The backward kernel a test names (AttentionParams::backward_kernel).
 ops::AttentionBackwardKernel kernel_named(const std::string& kernel) {
-  return kernel == "ws" ? ops::AttentionBackwardKernel::ws : ops::AttentionBackwardKernel::mma;
+  return kernel == "ws"        ? ops::AttentionBackwardKernel::ws
+         : kernel == "mma-k64" ? ops::AttentionBackwardKernel::mma_k64
+                               : ops::AttentionBackwardKernel::mma;
 }
 
-void every_block_kind(const std::string& kernel) {
+// only_d: run the cases of this head dimension only (0: all).
+void every_block_kind(const std::string& kernel, int64_t only_d = 0) {
   const BwdCase cases[] = {
       {1, 1, 1, 1, 64, 0, 0, true, false, {}},            // one token
       {37, 37, 4, 2, 64, 0, 0, true, false, {}},          // T < 64, GQA
@@ -70,6 +75,7 @@ void every_block_kind(const std::string& kernel) {
       {513, 513, 2, 1, 128, 0, 0, true, true, {}},        // several key blocks and query blocks
   };
   for (const BwdCase& c : cases) {
+    if (only_d != 0 && c.d != only_d) continue;
     const std::string what = "[" + kernel + "] " + name_of(c);
     std::printf("case %s\n", what.c_str());
     Tensor q = rounded_to_bf16(random_tensor({c.tq, c.hq, c.d}, 40, 2.0f));
@@ -122,6 +128,38 @@ TEST(CudaAttentionBackward, WarpSpecializedKernelMatchesCpuReferenceOnEveryBlock
 TEST(CudaAttentionBackward, MmaKernelMatchesCpuReferenceOnEveryBlockKind) {
   HYDRA_REQUIRE_GPU();
   every_block_kind("mma");
+}
+
+TEST(CudaAttentionBackward, MmaK64KernelMatchesCpuReferenceOnEveryBlockKind) {
+  HYDRA_REQUIRE_GPU();
+  every_block_kind("mma-k64", 64);  // the 64-key kernel is d = 64 only (d = 128 would run mma)
+}
+
+// delta = rowsum(dO ⊙ O) from bf16 dO and O, as the model passes them: the 16-byte-chunk kernel for
+// d = 64 and 128 (row counts not a multiple of a warp's rows, strided views of a fused buffer), and
+// the warp-a-row kernel for rows it cannot take (a stride not a multiple of 8 elements). Tolerance:
+// fp32 sums of 64-128 products in another order, 1e-5 relative to the largest.
+TEST(CudaAttentionBackward, DeltaOfBf16RowsMatchesCpuReference) {
+  HYDRA_REQUIRE_GPU();
+  struct DeltaCase {
+    int64_t t, h, d, pad;  // pad: extra elements per token row of the fused buffer
+  };
+  for (const DeltaCase& c : {DeltaCase{37, 3, 64, 0}, DeltaCase{1000, 8, 64, 0}, DeltaCase{129, 2, 128, 0},
+                             DeltaCase{77, 4, 64, 16}, DeltaCase{50, 2, 128, 8}, DeltaCase{45, 3, 64, 3}}) {
+    const std::string what = "delta t=" + std::to_string(c.t) + " h=" + std::to_string(c.h) + " d=" + std::to_string(c.d) +
+                             " pad=" + std::to_string(c.pad);
+    const int64_t width = c.h * c.d + c.pad;
+    Tensor both = rounded_to_bf16(random_tensor({c.t, 2 * width}, 70, 1.5f));  // dO | pad | O | pad
+    const TensorView dout = both.view().narrow(1, 0, c.h * c.d).split_dim(1, c.h, c.d);
+    const TensorView out = both.view().narrow(1, width, c.h * c.d).split_dim(1, c.h, c.d);
+    Tensor delta = Tensor::empty({c.h, c.t}, DType::f32);
+    ops::attention_backward_prepare(delta, dout, out);
+    Tensor both_g = gpu(both);
+    Tensor delta_g = Tensor::empty({c.h, c.t}, DType::f32, Device::cuda);
+    ops::attention_backward_prepare(delta_g, both_g.view().narrow(1, 0, c.h * c.d).split_dim(1, c.h, c.d),
+                                    both_g.view().narrow(1, width, c.h * c.d).split_dim(1, c.h, c.d));
+    expect_close(host(delta_g), delta, 1e-5, what);
+  }
 }
 
 // Strided views (column blocks of a fused projection), as the model passes them (both kernels; the
@@ -235,7 +273,56 @@ void packed_documents(int64_t d, ops::AttentionBackwardKernel asked) {
 TEST(CudaAttentionBackward, PackedDocumentsMatchCpuReference) {
   HYDRA_REQUIRE_GPU();
   packed_documents(64, ops::AttentionBackwardKernel::mma);
+  packed_documents(64, ops::AttentionBackwardKernel::mma_k64);
+  packed_documents(64, ops::AttentionBackwardKernel::automatic);  // mma-k64
   packed_documents(128, ops::AttentionBackwardKernel::ws);
+}
+
+// The small-model step's attention (qwen3-synth: 16384 tokens as 64 documents of 256, 8 query heads
+// on 4 KV heads, d = 64, causal, τ off) through both d = 64 kernels and the automatic choice, against
+// one CPU reference; the model's bf16 output feeds the delta pass as in training.
+TEST(CudaAttentionBackward, SmallModelPackedShapeMatchesCpuReference) {
+  HYDRA_REQUIRE_GPU();
+  const int64_t t = 64 * 256, doc = 256, hq = 8, hk = 4, d = 64;
+  Tensor qdoc = Tensor::empty({t}, DType::i64), kend = Tensor::empty({t}, DType::i64);
+  for (int64_t i = 0; i < t; ++i) {
+    qdoc.data_as<int64_t>()[i] = i / doc * doc;
+    kend.data_as<int64_t>()[i] = i / doc * doc + doc;
+  }
+  Tensor q = rounded_to_bf16(random_tensor({t, hq, d}, 80, 2.0f)), k = rounded_to_bf16(random_tensor({t, hk, d}, 81, 2.0f));
+  Tensor v = rounded_to_bf16(random_tensor({t, hk, d}, 82)), dout = rounded_to_bf16(random_tensor({t, hq, d}, 83));
+  ops::AttentionParams p;
+  p.q_document_start = qdoc;
+  p.k_document_end = kend;
+  Tensor out = Tensor::empty({t, hq, d}, DType::f32), lse = Tensor::empty({hq, t}, DType::f32);
+  ops::attention_forward(out, lse, q, k, v, p);
+  const Tensor out_bf16 = rounded_to_bf16(out);
+  Tensor delta = Tensor::empty({hq, t}, DType::f32);
+  ops::attention_backward_prepare(delta, dout, out_bf16);
+  Tensor dq = Tensor::zeros({t, hq, d}, DType::f32), dk = Tensor::zeros({t, hk, d}, DType::f32),
+         dv = Tensor::zeros({t, hk, d}, DType::f32);
+  ops::attention_backward(dq, dk, dv, dout, q, k, v, lse, delta, p);
+
+  const Tensor qdoc_g = to_device(qdoc, Device::cuda), kend_g = to_device(kend, Device::cuda);
+  Tensor q_g = gpu(q), k_g = gpu(k), v_g = gpu(v), dout_g = gpu(dout), lse_g = gpu(lse, DType::f32);
+  Tensor delta_g = Tensor::empty({hq, t}, DType::f32, Device::cuda);
+  ops::attention_backward_prepare(delta_g, dout_g, gpu(out_bf16));
+  expect_close(host(delta_g), delta, 1e-5, "64 x 256 docs delta");
+  for (const ops::AttentionBackwardKernel kernel :
+       {ops::AttentionBackwardKernel::mma_k64, ops::AttentionBackwardKernel::mma, ops::AttentionBackwardKernel::automatic}) {
+    const std::string what = std::string("[") + ops::attention_backward_kernel_name(kernel) + "] 64 x 256 docs hq=8 hk=4 d=64";
+    std::printf("case %s\n", what.c_str());
+    ops::AttentionParams pg = p;
+    pg.q_document_start = qdoc_g;
+    pg.k_document_end = kend_g;
+    pg.backward_kernel = kernel;
+    Tensor dq_g = Tensor::zeros({t, hq, d}, DType::f32, Device::cuda), dk_g = Tensor::zeros({t, hk, d}, DType::f32, Device::cuda),
+           dv_g = Tensor::zeros({t, hk, d}, DType::f32, Device::cuda);
+    ops::attention_backward(dq_g, dk_g, dv_g, dout_g, q_g, k_g, v_g, lse_g, delta_g, pg);
+    expect_gradient(dq_g, dq, what + " dq");
+    expect_gradient(dk_g, dk, what + " dk");
+    expect_gradient(dv_g, dv, what + " dv");
+  }
 }
 
 }  // namespace

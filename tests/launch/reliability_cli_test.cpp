@@ -173,7 +173,7 @@ TEST(FaultSpec, UnknownKernelOptionValuesAreRefused) {
   expect_clean_error(run_command("HYDRA_ATTENTION_KERNEL=wgmma " + run),
                      "HYDRA_ATTENTION_KERNEL must be hopper or mma (got 'wgmma')");
   expect_clean_error(run_command("HYDRA_ATTENTION_BWD_KERNEL=fast " + run),
-                     "HYDRA_ATTENTION_BWD_KERNEL must be ws or mma (got 'fast')");
+                     "HYDRA_ATTENTION_BWD_KERNEL must be ws, mma or mma-k64 (got 'fast')");
   expect_clean_error(run_command("HYDRA_GDN_SEGMENTS=0 " + run), "HYDRA_GDN_SEGMENTS must be an integer from 1 to 4096");
   expect_clean_error(run_command("HYDRA_GDN_SEGMENTS=3x " + run), "(got '3x')");
   expect_clean_error(run_command("HYDRA_GDN_PROFILE=yes " + run), "HYDRA_GDN_PROFILE must be 0, 1 or 2 (got 'yes')");
