@@ -11,7 +11,9 @@
 // device copy measured in the same run instead of the GEMM ceiling (bench/gdn_input.cpp).
 // decode: a whole model's greedy decode steps at long context (bench/decode.h): ms per step,
 // tokens/s, cache bytes, peak memory and GB/s beside a device copy, per (--contexts, --batches) cell
-// and per kernel variant (--decode-ctas-per-sm, --decode-gemv, --gdn-step, --decode-prefetch).
+// and per kernel variant (--decode-ctas-per-sm, --decode-gemv, --gdn-step, --decode-prefetch, --gemv-tunings).
+// gemv: the decode step's four projections and its arg-max timed alone, per GEMV launch shape
+// (--gemv-tunings) beside cuBLAS, in GB/s beside a device copy (bench/gemv.h).
 // The kernel measured is the one a model run would use (HYDRA_ATTENTION_KERNEL, HYDRA_GDN_KERNEL,
 // HYDRA_GDN_SEGMENTS select others); its name is part of the printed label and the JSON line.
 #include <algorithm>
@@ -26,6 +28,7 @@
 #include "launch/bench/decode.h"
 #include "launch/bench/forward.h"
 #include "launch/bench/gdn_input.h"
+#include "launch/bench/gemv.h"
 #include "launch/cli.h"
 #include "launch/kernel_options.h"
 #include "model/decode_engine.h"
@@ -60,10 +63,11 @@ struct BenchOptions {
   std::string gdn_step = "separate";
   std::string decode_gemv;
   std::string decode_prefetch;
+  std::string gemv_tunings;
 
   void bind(po::options_description& o) {
     o.add_options()
-        ("op", po::value(&op)->required(), "gemm, attention, gdn, attention-bwd, gdn-bwd, gdn-input or decode")
+        ("op", po::value(&op)->required(), "gemm, attention, gdn, attention-bwd, gdn-bwd, gdn-input, decode or gemv")
         ("seq-len", po::value(&seq_len)->default_value("32K"), "tokens (all but gemm)")
         ("heads", po::value(&heads)->default_value(16), "query heads (attention) or GDN heads")
         ("kv-heads", po::value(&kv_heads)->default_value(0), "attention KV heads (0: as many as query heads)")
@@ -77,14 +81,15 @@ struct BenchOptions {
         ("repeat", po::value(&repeat)->default_value(10), "timed launches (median reported)")
         ("warmup", po::value(&warmup)->default_value(3), "untimed launches first")
         ("json-out", po::value(&json_out), "append the JSON line to this file")
-        ("preset", po::value(&preset), "decode: the model (random weights), e.g. hydrahead-1.7b or qwen3-1.7b")
+        ("preset", po::value(&preset), "decode, gemv: the model (random weights), e.g. hydrahead-1.7b or qwen3-1.7b")
         ("contexts", po::value(&contexts)->default_value("32K,128K,512K,1M"), "decode: cached tokens per sequence, a list")
-        ("batches", po::value(&batches)->default_value("1,8,32"), "decode: sequences per step, a list")
+        ("batches", po::value(&batches)->default_value("1,8,32"), "decode: sequences per step, a list; gemv: rows, a list of values from 1 to 8 (then give it: the default has 32)")
         ("cuda-graph", po::value(&cuda_graph)->default_value("auto")->implicit_value("on"), "decode: on, off or auto (= on: one GPU): replay each step as a CUDA graph, as generate does by default; off: the same kernels launched one by one")
         ("decode-ctas-per-sm", po::value(&decode_ctas_per_sm)->default_value("0"), "decode: the decode attention's split CTAs per SM, a list run in order on the same cache (each value a variant; 0: as many as fit at once)")
         ("gdn-step", po::value(&gdn_step)->default_value("separate"), "decode: the GDN branch's decode kernels to time, a list run in order on the same cache (each CTA count once per entry): separate (conv step, gates and delta-rule step as three launches: the production kernels) and/or fused (one launch)")
         ("decode-gemv", po::value(&decode_gemv), "decode: the projections' kernels to time, a list run in order on the same cache (each with every CTA count): cublas, hydra (the GEMV of kernels/gemv/, batches of at most 8 rows; larger ones stay on cuBLAS) and/or hydra-norm (the GEMV with the input and MLP norms fused into in_proj's and gate/up's); default: HYDRA_DECODE_GEMV's choice (cublas)")
-        ("decode-prefetch", po::value(&decode_prefetch), "decode: the L2 weight prefetch's caps to time, a list run in order on the same cache (each with every other variant): off and/or MiB from 1 to 1024 (a layer's o_proj, then MLP gate/up, then MLP down weights, up to the cap, while its attention part runs; kernels/l2_prefetch/); default: HYDRA_DECODE_PREFETCH's choice (off)");
+        ("decode-prefetch", po::value(&decode_prefetch), "decode: the L2 weight prefetch's caps to time, a list run in order on the same cache (each with every other variant): off and/or MiB from 1 to 1024 (a layer's o_proj, then MLP gate/up, then MLP down weights, up to the cap, while its attention part runs; kernels/l2_prefetch/); default: HYDRA_DECODE_PREFETCH's choice (off)")
+        ("gemv-tunings", po::value(&gemv_tunings), "gemv, decode: the GEMV's launch shapes to time, a comma-separated list, each `default` or settings joined by + (warps=0|4|8|16, ahead=4|8, prefetch=first-slices|tile; as HYDRA_GEMV_TUNING with + for its commas); gemv times each beside cuBLAS, decode runs each cell once per shape with every other variant; default: HYDRA_GEMV_TUNING's choice");
   }
   // The --decode-ctas-per-sm x --decode-gemv x --gdn-step x --decode-prefetch variants; without
   // --decode-gemv / --decode-prefetch, the choice of `kernels` (HYDRA_DECODE_GEMV, HYDRA_DECODE_PREFETCH).
@@ -113,14 +118,33 @@ struct BenchOptions {
     for (std::string item; std::getline(caps, item, ',');) prefetches.push_back(parse_decode_prefetch(item, "--decode-prefetch"));
     if (decode_prefetch.empty()) prefetches.push_back(kernels.decode_prefetch_bytes);
     HYDRA_USER_CHECK(!prefetches.empty(), "--decode-prefetch needs at least one value");
+    const std::vector<ops::GemvTuning> shapes = tunings(kernels);
     std::vector<DecodeKernelVariant> out;
     for (const int n : ctas) {
       for (const auto g : gemvs) {
         for (const auto gdn : gdns) {
-          for (const int64_t bytes : prefetches) out.push_back({.ctas_per_sm = n, .gemv = g, .gdn = gdn, .prefetch_bytes = bytes});
+          for (const int64_t bytes : prefetches) {
+            // The tunings matter only where the GEMV runs: cuBLAS once.
+            for (const ops::GemvTuning& t : g == ops::DecodeGemvKernel::cublas ? std::vector<ops::GemvTuning>{shapes[0]} : shapes) {
+              out.push_back({.ctas_per_sm = n, .gemv = g, .gdn = gdn, .prefetch_bytes = bytes, .gemv_tuning = t});
+            }
+          }
         }
       }
     }
+    return out;
+  }
+  // --gemv-tunings: comma-separated, settings within one joined by +; without it, `kernels`' choice.
+  std::vector<ops::GemvTuning> tunings(const ops::KernelOptions& kernels) const {
+    if (gemv_tunings.empty()) return {kernels.gemv_tuning};
+    std::vector<ops::GemvTuning> out;
+    std::stringstream in(gemv_tunings);
+    for (std::string item; std::getline(in, item, ',');) {
+      HYDRA_USER_CHECK(!item.empty(), "--gemv-tunings has an empty entry ('{}')", gemv_tunings);
+      std::replace(item.begin(), item.end(), '+', ',');
+      out.push_back(ops::parse_gemv_tuning(item));
+    }
+    HYDRA_USER_CHECK(!out.empty(), "--gemv-tunings needs at least one entry");
     return out;
   }
   // The values of a comma-separated list of names given to `flag`, each one of `choices`, in order.
@@ -153,8 +177,16 @@ struct BenchOptions {
   }
   void validate() const {
     HYDRA_USER_CHECK(op == "gemm" || op == "attention" || op == "gdn" || op == "gdn-input" || op == "decode" ||
-                         is_backward_bench_op(op),
-                     "--op must be gemm, attention, gdn, attention-bwd, gdn-bwd, gdn-input or decode (got '{}')", op);
+                         op == "gemv" || is_backward_bench_op(op),
+                     "--op must be gemm, attention, gdn, attention-bwd, gdn-bwd, gdn-input, decode or gemv (got '{}')", op);
+    if (op == "gemv") {
+      HYDRA_USER_CHECK(!preset.empty(), "--op gemv needs --preset (e.g. hydrahead-1.7b)");
+      preset_config(preset);
+      for (const int64_t b : size_list(batches, "--batches")) {
+        HYDRA_USER_CHECK(b <= ops::kGemvMaxRows, "--op gemv takes --batches up to {} rows (got {})", ops::kGemvMaxRows, b);
+      }
+      tunings(ops::KernelOptions{});
+    }
     if (op == "decode") {
       HYDRA_USER_CHECK(!preset.empty(), "--op decode needs --preset (e.g. hydrahead-1.7b)");
       preset_config(preset);  // a UserError listing the presets
@@ -185,7 +217,8 @@ int run_bench(App& app, const std::vector<std::string>& args) {
                           "[--doc-len 256 (attention-bwd)] | "
                           "--op decode --preset NAME [--contexts 32K,128K,512K,1M --batches 1,8,32] [--cuda-graph on|off|auto] "
                           "[--decode-ctas-per-sm 0,2 --decode-gemv cublas,hydra] "
-                          "[--gdn-step separate,fused] [--decode-prefetch off,8,32,48]",
+                          "[--gdn-step separate,fused] [--decode-prefetch off,8,32,48] [--gemv-tunings default,prefetch=tile] | "
+                          "--op gemv --preset NAME --batches 1,8 [--gemv-tunings default,warps=4+ahead=8+prefetch=tile]",
                           desc, args)) {
     return 0;
   }
@@ -201,6 +234,16 @@ int run_bench(App& app, const std::vector<std::string>& args) {
                                .cuda_graph = decode_graph_wanted(parse_decode_graph(opt.cuda_graph), Device::cuda, 1),
                                .variants = opt.kernel_variants(app.kernels)};
     bench_decode(d, app.kernels, [&](const nlohmann::json& r) {
+      if (app.world.rank() != 0) return;
+      std::cout << r.dump() << std::endl;
+      if (!opt.json_out.empty()) std::ofstream(opt.json_out, std::ios::app) << r.dump() << "\n";
+    });
+    return 0;
+  }
+  if (opt.op == "gemv") {  // bandwidth-bound: its own ceiling (a device copy), no GEMM
+    const GemvBenchOptions g{.preset = opt.preset, .batches = BenchOptions::size_list(opt.batches, "--batches"),
+                             .tunings = opt.tunings(app.kernels), .warmup = opt.warmup, .repeat = opt.repeat};
+    bench_gemv(g, [&](const nlohmann::json& r) {
       if (app.world.rank() != 0) return;
       std::cout << r.dump() << std::endl;
       if (!opt.json_out.empty()) std::ofstream(opt.json_out, std::ios::app) << r.dump() << "\n";

@@ -63,6 +63,7 @@ ops::KernelOptions kernel_options_from_environment() {
                     : v == "hydra-norm" ? ops::DecodeGemvKernel::hydra_norm
                                         : ops::DecodeGemvKernel::cublas;
   }
+  if (const std::string v = env("HYDRA_GEMV_TUNING"); !v.empty()) o.gemv_tuning = ops::parse_gemv_tuning(v);
   return o;
 }
 

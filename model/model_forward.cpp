@@ -202,7 +202,7 @@ void Model::attention_block(ForwardContext& context, int64_t layer, const Tensor
     block.proj = b.proj.empty(device_, "projection");
     ScopedPhase phase(timer, Phase::gemm);
     if (norm_in_gemv) {
-      ops::gemv_rms_norm(block.proj, x, {w.input_norm, input_norm}, w.in_proj);
+      ops::gemv_rms_norm(block.proj, x, {w.input_norm, input_norm}, w.in_proj, kernels_.gemv_tuning);
     } else {
       project(context, block.proj, block.x_norm, w.in_proj);
     }
@@ -356,7 +356,7 @@ void Model::mlp_tile(ForwardContext& context, int64_t layer, const TensorView& x
   const ops::RmsNormParams post_norm{static_cast<float>(config_.rms_norm_eps)};
   if (gate_up_state == MlpGateUp::compute && norm_in_projection(context, x, w.post_norm, w.mlp_in)) {
     ScopedPhase phase(context.timer, Phase::gemm);  // a decode step: the norm inside the GEMV
-    ops::gemv_rms_norm(gate_up, x, {w.post_norm, post_norm}, w.mlp_in);
+    ops::gemv_rms_norm(gate_up, x, {w.post_norm, post_norm}, w.mlp_in, kernels_.gemv_tuning);
   } else {
     {
       ScopedPhase phase(context.timer, Phase::other);
@@ -404,7 +404,7 @@ void Model::project(const ForwardContext& context, const TensorView& out, const 
                     ops::Accumulate accumulate) const {
   // The GEMV is a GPU kernel choice: on the host ops::linear (OpenBLAS) is the fast path.
   if (gpu_decoding(context) && kernels_.decode_gemv != ops::DecodeGemvKernel::cublas && ops::gemv_supported(out, x, w)) {
-    ops::gemv(out, x, w, accumulate);
+    ops::gemv(out, x, w, accumulate, kernels_.gemv_tuning);
   } else {
     ops::linear(out, x, w, accumulate);
   }

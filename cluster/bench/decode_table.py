@@ -68,11 +68,21 @@ def gemv(r):
     return "gemv+norm" if r.get("decode_gemv") == "hydra-norm" else "gemv"
 
 
+DEFAULT_TUNING = "warps=0,ahead=4,prefetch=first-slices"
+
+
+def tuning(r):
+    """' [warps=..,ahead=..,prefetch=..]' where the step's GEMV ran another launch shape
+    (HYDRA_GEMV_TUNING / --gemv-tunings, in lines since issue 57's h70), else ''."""
+    t = r.get("gemv_tuning")
+    return f" [{t}]" if r.get("gemv_in_step") and t and t != DEFAULT_TUNING else ""
+
+
 def mode(r):
     a = attention(r)
     g = r.get("gdn_step")  # the GDN branch's decode kernels (--gdn-step), in lines since issue 57's h62
     return (step_mode(r) + (f", attn {a}" if a else "") + (f", GDN {g}" if g else "")
-            + (f", {gemv(r)}" if gemv(r) != "cublas" else "") + prefetch(r))
+            + (f", {gemv(r)}{tuning(r)}" if gemv(r) != "cublas" else "") + prefetch(r))
 
 
 def prefetch(r):
@@ -176,10 +186,11 @@ def main(argv):
     pairs = {}
     for r in measured:
         if "decode_gemv" in r:
-            key = (r["model"], r["context"], r["batch"], step_mode(r) + prefetch(r), attention(r), r.get("gdn_step"))
+            key = (r["model"], r["context"], r["batch"], step_mode(r) + prefetch(r), attention(r), r.get("gdn_step"),
+                   tuning(r))  # other launch shapes: rows of their own in the table, not paired here
             pairs.setdefault(key, {})[gemv(r)] = r
     lines = []
-    for (model, context, batch, sm, attn, _), by in pairs.items():
+    for (model, context, batch, sm, attn, _, _), by in pairs.items():
         if "cublas" not in by or len(by) < 2:
             continue
         c = by["cublas"]["ms_per_step"]

@@ -2,6 +2,10 @@
 // GPU, gemv.cu) or the CPU reference (host tensors, gemv_reference.cpp).
 #include "kernels/gemv/gemv.h"
 
+#include <sstream>
+
+#include <fmt/format.h>
+
 #include "kernels/common.h"
 #include "kernels/gemv/gemv_reference.h"
 #include "kernels/rmsnorm/rms_vector.h"
@@ -35,6 +39,34 @@ const char* decode_gemv_kernel_name(DecodeGemvKernel kernel) {
   return "?";
 }
 
+const char* gemv_prefetch_name(GemvPrefetch prefetch) {
+  return prefetch == GemvPrefetch::tile ? "tile" : "first-slices";
+}
+
+GemvTuning parse_gemv_tuning(const std::string& text) {
+  GemvTuning t;
+  if (text.empty() || text == "default") return t;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (key == "warps" && (value == "0" || value == "4" || value == "8" || value == "16")) {
+      t.warps = std::stoi(value);
+    } else if (key == "ahead" && (value == "4" || value == "8")) {
+      t.ahead = std::stoi(value);
+    } else if (key == "prefetch" && (value == "first-slices" || value == "tile")) {
+      t.prefetch = value == "tile" ? GemvPrefetch::tile : GemvPrefetch::first_slices;
+    } else {
+      HYDRA_USER_FAIL("GEMV tuning '{}': '{}' is not warps=0|4|8|16, ahead=4|8 or prefetch=first-slices|tile", text, item);
+    }
+  }
+  return t;
+}
+
+std::string gemv_tuning_name(const GemvTuning& t) {
+  return fmt::format("warps={},ahead={},prefetch={}", t.warps, t.ahead, gemv_prefetch_name(t.prefetch));
+}
+
 bool gemv_supported(const TensorView& out, const TensorView& x, const TensorView& w) {
   if (out.rank() != 2 || x.rank() != 2 || w.rank() != 2) return false;
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
@@ -48,12 +80,13 @@ bool gemv_supported(const TensorView& out, const TensorView& x, const TensorView
   return row_starts_aligned_16(x) && row_starts_aligned_16(w);
 }
 
-void gemv(const TensorView& out, const TensorView& x, const TensorView& w, Accumulate accumulate) {
+void gemv(const TensorView& out, const TensorView& x, const TensorView& w, Accumulate accumulate,
+          const GemvTuning& tuning) {
   expect_gemv_shapes(out, x, w);
   if (shapes_only({out, x, w})) return;
   if (on_cuda({out, x, w})) {
 #if HYDRA_CUDA
-    cuda_impl::gemv(out, x, w, accumulate);
+    cuda_impl::gemv(out, x, w, accumulate, nullptr, tuning);
     return;
 #endif
   }
@@ -73,13 +106,14 @@ bool gemv_rms_norm_supported(const TensorView& x, const TensorView& gamma, const
   return row_starts_aligned_16(x) && row_starts_aligned_16(w) && reinterpret_cast<uintptr_t>(gamma.data()) % 16 == 0;
 }
 
-void gemv_rms_norm(const TensorView& out, const TensorView& x, const GemvInputNorm& norm, const TensorView& w) {
+void gemv_rms_norm(const TensorView& out, const TensorView& x, const GemvInputNorm& norm, const TensorView& w,
+                   const GemvTuning& tuning) {
   expect_gemv_shapes(out, x, w);
   expect_shape(norm.gamma, "gemv_rms_norm gamma", {{"K", x.size(1)}});
   if (shapes_only({out, x, w, norm.gamma})) return;
   if (on_cuda({out, x, w, norm.gamma})) {
 #if HYDRA_CUDA
-    cuda_impl::gemv(out, x, w, Accumulate::no, &norm);
+    cuda_impl::gemv(out, x, w, Accumulate::no, &norm, tuning);
     return;
 #endif
   }

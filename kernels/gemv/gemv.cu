@@ -23,7 +23,9 @@
 // groups keep kAhead slices (a lane 4 × 32 bytes of w) in flight whatever the schedule. A lane reads
 // back only what it copied, so no barrier is needed. 8 warps a CTA (60 KB of ring, 39 registers: 3
 // CTAs an SM, 96 KB of w in flight); a grid of fewer than two CTAs per SM (N ≤ ~4K: o_proj,
-// mlp_down) uses 16 warps a CTA (64 KB in flight). K past the last whole slice is the same copy
+// mlp_down) uses 16 warps a CTA (64 KB in flight). That is the default launch shape; GemvTuning
+// (gemv.h) picks others to time: 4, 8 or 16 warps whatever the grid, kAhead = 8 (a ring of 9 stages:
+// twice the bytes in flight a lane, fewer CTAs an SM), and the tile prefetch below. K past the last whole slice is the same copy
 // with fewer bytes (zero-filled); rows of w past N are clamped (read, never written).
 //
 // The CTA's 16 × 8 partial tiles are summed over the warps in warp order through shared memory (no
@@ -34,7 +36,10 @@
 // lines of its first kAhead slices (prefetch.global.L2: nothing is read into a register or shared
 // memory). A decode step never writes a weight, and L2 is the point of coherence, so this only moves
 // the first DRAM round trip of the weights under the previous kernel's tail (an rms norm, the
-// fusion, SwiGLU); x and out, which those kernels write, are read after the wait.
+// fusion, SwiGLU); x and out, which those kernels write, are read after the wait. With
+// GemvPrefetch::tile, 16 threads instead ask for the CTA's 16 rows of w whole (one
+// cp.async.bulk.prefetch.L2 a row): every resident CTA's whole share of the weight starts streaming
+// into L2 before the wait, and the ring's copies then find it there or in flight.
 //
 // The fused input norm (gemv_rms_norm: the decode step's in_proj and the MLP's gate/up read
 // rms_norm(h) · γ of the residual stream h): the lanes' rings hold w only (two planes), and their
@@ -59,9 +64,9 @@ namespace {
 
 constexpr int kTileRows = 16;  // rows of w per CTA (the mma's M)
 constexpr int kSlice = 32;     // k per slice: 4 lanes × 8
-constexpr int kAhead = 4;      // slices a lane has in flight (cp.async groups)
-constexpr int kStages = kAhead + 1;  // its ring in shared memory (see the loop)
 constexpr int kMaxWarps = 16;
+// A lane's ring (slices in flight, GemvTuning::ahead): Ahead + 1 stages (see the loop).
+constexpr int stages(int ahead) { return ahead + 1; }
 constexpr int kMaxRows = static_cast<int>(kGemvMaxRows);
 // A lane's slice in its ring: 16 bytes of w row g, of w row g + 8, and (unless the norm is fused:
 // x then comes from the normed rows in shared memory) of x row g.
@@ -76,6 +81,7 @@ struct GemvArgs {
   int64_t w_stride;
   int m, n, k;
   bool accumulate;
+  bool prefetch_tile;  // GemvPrefetch::tile: the CTA's rows of w into L2 before the wait
   // The fused input norm (the normed kernel only): γ [K] fp32, 16-byte aligned; the RMSNorm vector
   // path's G and V for rows of K (rms_vector.h); the normed rows' stride in shared memory.
   const float* gamma;
@@ -92,8 +98,9 @@ __device__ __forceinline__ void mma_slice(float (&acc)[4], const uint4& wa, cons
 // One lane's share of the CTA's stream (the file header): its rows of w and x, its slices of K
 // (warp, warp + warps, ...), and its ring, stage st holding the slice's planes with lanes adjacent
 // (16-byte accesses, no bank conflict).
-template <bool Normed>
+template <bool Normed, int Ahead>
 struct LaneStream {
+  static constexpr int kAhead = Ahead, kStages = stages(Ahead);
   const GemvArgs& a;
   uint4* ring;  // [kStages][planes][threads]
   int threads, warp, warps, g, c, count;
@@ -132,8 +139,19 @@ struct LaneStream {
     cuda::cp_async_commit();
   }
   // Before the wait: the w lines of the first kAhead slices into L2, one prefetch per 64 bytes (the
-  // four lanes of a row read them together).
+  // four lanes of a row read them together); with prefetch_tile instead the CTA's 16 rows of w whole,
+  // one bulk prefetch a row by threads 0-15 (its first 2K bytes rounded down to 16: the bulk copy's
+  // unit; rows start 16-byte aligned). Neither reads a value: the product's bits are the same.
   __device__ void prefetch_first() const {
+    if (a.prefetch_tile) {
+      const int n = blockIdx.x * kTileRows + threadIdx.x;
+      const uint32_t bytes = static_cast<uint32_t>(2 * a.k) / 16 * 16;
+      if (threadIdx.x < kTileRows && n < a.n && bytes > 0) {
+        const size_t address = __cvta_generic_to_global(a.w + static_cast<int64_t>(n) * a.w_stride);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(address), "r"(bytes) : "memory");
+      }
+      return;
+    }
     if (c != 0) return;
     for (int i = 0; i < min(count, kAhead); ++i) {
       cuda::prefetch_l2(wa_row + k_of(i));
@@ -190,8 +208,9 @@ __device__ void normed_rows_to_shared(const GemvArgs& a, bf16_t* xs, float* ss, 
 
 // The mainloop: the lane's slices through its ring (kAhead of them already issued), two mmas each.
 // x comes from the ring, or from the normed rows xs when the norm is fused (zeros for rows g ≥ M).
-template <bool Normed>
-__device__ __forceinline__ void stream_slices(const LaneStream<Normed>& s, const bf16_t* xs, float (&acc)[4]) {
+template <bool Normed, int Ahead>
+__device__ __forceinline__ void stream_slices(const LaneStream<Normed, Ahead>& s, const bf16_t* xs, float (&acc)[4]) {
+  constexpr int kAhead = Ahead;
   const bf16_t* xs_row = Normed && s.g < s.a.m ? xs + s.g * s.a.xs_stride : nullptr;
   for (int i = 0; i < s.count; ++i) {
     // Committed so far: kAhead + i groups; at most kAhead − 1 pending means slice i has landed
@@ -235,14 +254,16 @@ __device__ __forceinline__ void store_tile(const GemvArgs& a, int warp, int warp
   }
 }
 
-template <bool Normed>
+template <bool Normed, int Ahead>
 __global__ void __launch_bounds__(32 * kMaxWarps) gemv_kernel(const __grid_constant__ GemvArgs a) {
+  constexpr int kAhead = Ahead, kStages = stages(Ahead);
   extern __shared__ uint4 ring[];  // [kStages][planes][threads], then (Normed) xs [M][xs_stride] bf16
   __shared__ float partial[kMaxWarps][kTileRows][8];  // the prologue's scratch first (M·G ≤ 2048 floats)
   __shared__ float inv_rms[kMaxRows];
-  const LaneStream<Normed> s(a, ring);
+  const LaneStream<Normed, Ahead> s(a, ring);
   bf16_t* xs = reinterpret_cast<bf16_t*>(ring + kStages * planes(Normed) * s.threads);
   if constexpr (Normed) {  // w only in the ring: the first slices copied before the wait
+    if (a.prefetch_tile) s.prefetch_first();
 #pragma unroll
     for (int i = 0; i < kAhead; ++i) s.issue(i);
   } else {
@@ -264,7 +285,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) gemv_kernel(const __grid_const
 }  // namespace
 
 void gemv(const TensorView& out, const TensorView& x, const TensorView& w, Accumulate accumulate,
-          const GemvInputNorm* norm) {
+          const GemvInputNorm* norm, const GemvTuning& tuning) {
   HYDRA_ASSERT(gemv_supported(out, x, w), "gemv: the CUDA kernel does not take out {} {}, x {} {}, w {} {}",
                dtype_name(out.dtype()), out.shape_string(), dtype_name(x.dtype()), x.shape_string(),
                dtype_name(w.dtype()), w.shape_string());
@@ -274,10 +295,14 @@ void gemv(const TensorView& out, const TensorView& x, const TensorView& w, Accum
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
   HYDRA_ASSERT(n < (int64_t{1} << 31) - kTileRows && k < (int64_t{1} << 31) - kSlice, "gemv: N {} or K {} too large", n, k);
   const int64_t tiles = (n + kTileRows - 1) / kTileRows;
-  // Fewer than two CTAs per SM: 16 warps each; never more warps than slices to share. The same
-  // with and without the fused norm, so both sum the same products in the same order.
+  HYDRA_ASSERT((tuning.warps == 0 || tuning.warps == 4 || tuning.warps == 8 || tuning.warps == 16) &&
+                   (tuning.ahead == 4 || tuning.ahead == 8),
+               "gemv: tuning warps {} (0, 4, 8 or 16), ahead {} (4 or 8)", tuning.warps, tuning.ahead);
+  // By default, fewer than two CTAs per SM: 16 warps each, else 8; never more warps than slices to
+  // share. The same with and without the fused norm, so both sum the same products in the same order.
   const int64_t slices = (k + kSlice - 1) / kSlice;
-  const int warps = static_cast<int>(std::min<int64_t>(tiles < 2 * cuda::sm_count() ? kMaxWarps : 8, slices));
+  const int chosen = tuning.warps != 0 ? tuning.warps : tiles < 2 * cuda::sm_count() ? kMaxWarps : 8;
+  const int warps = static_cast<int>(std::min<int64_t>(chosen, slices));
   GemvArgs args{.out = out.data_as<bf16_t>(),
                 .out_stride = out.stride(0),
                 .x = x.data_as<const bf16_t>(),
@@ -287,8 +312,9 @@ void gemv(const TensorView& out, const TensorView& x, const TensorView& w, Accum
                 .m = static_cast<int>(m),
                 .n = static_cast<int>(n),
                 .k = static_cast<int>(k),
-                .accumulate = accumulate == Accumulate::yes};
-  size_t shared = static_cast<size_t>(kStages) * planes(norm != nullptr) * 16 * 32 * warps;
+                .accumulate = accumulate == Accumulate::yes,
+                .prefetch_tile = tuning.prefetch == GemvPrefetch::tile};
+  size_t shared = static_cast<size_t>(stages(tuning.ahead)) * planes(norm != nullptr) * 16 * 32 * warps;
   if (norm != nullptr) {
     const rms_vector::VectorShape shape = rms_vector::vector_shape(k);
     args.gamma = norm->gamma.data_as<const float>();
@@ -300,7 +326,11 @@ void gemv(const TensorView& out, const TensorView& x, const TensorView& w, Accum
     args.xs_stride = static_cast<int>((k + 63) / 64 * 64 + 32);
     shared += static_cast<size_t>(m) * args.xs_stride * sizeof(bf16_t);
   }
-  const auto kernel = norm != nullptr ? gemv_kernel<true> : gemv_kernel<false>;
+  // 227 KB a CTA on Hopper, less the static partial tiles: 8 lanes ahead at 16 warps is the most.
+  HYDRA_ASSERT(shared <= 227 * 1024 - sizeof(float) * (kMaxWarps * kTileRows * 8 + kMaxRows),
+               "gemv: {} bytes of shared memory at {} warps, {} slices ahead, K {}", shared, warps, tuning.ahead, k);
+  const auto kernel = norm != nullptr ? (tuning.ahead == 8 ? gemv_kernel<true, 8> : gemv_kernel<true, 4>)
+                                      : (tuning.ahead == 8 ? gemv_kernel<false, 8> : gemv_kernel<false, 4>);
   HYDRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
   cuda::launch(kernel, dim3(static_cast<unsigned>(tiles)), dim3(32 * warps), shared, args);
   HYDRA_CUDA_LAUNCH_CHECK();

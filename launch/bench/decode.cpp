@@ -182,10 +182,10 @@ void check_gdn_branch(const Model& model, const KvCache& cache, ops::GdnDecodeKe
 
 // The GEMV on one layer's four projections (the model's weights, x random, the residual's two
 // adding into random values) at `batch` rows against the CPU reference on the same bf16 values.
-// Ends the run on a mismatch (rms error 1e-2: the output's bf16 rounding, 2⁻⁸ at most). With
+// `tuning`: the variant's launch shape. Ends the run on a mismatch (rms error 1e-2: the output's bf16 rounding, 2⁻⁸ at most). With
 // `fused_norm`, also the two that read a norm (in_proj, mlp_in) through ops::gemv_rms_norm, which
 // must equal ops::rms_norm then ops::gemv on the GPU bit for bit.
-void check_gemv(const Model& model, int64_t batch, bool fused_norm) {
+void check_gemv(const Model& model, int64_t batch, bool fused_norm, const ops::GemvTuning& tuning) {
   const LayerWeights& w = model.layer_weights(0);
   const auto host = [](const TensorView& t) { return to(t, Device::host, DType::f32); };
   struct Projection {
@@ -203,7 +203,7 @@ void check_gemv(const Model& model, int64_t batch, bool fused_norm) {
     Tensor ref = host(out);
     HYDRA_ASSERT(ops::gemv_supported(out, x, p.weight), "decode bench: the GEMV does not take {} {} at batch {}",
                  p.name, p.weight.shape_string(), batch);
-    ops::gemv(out, x, p.weight, p.accumulate);
+    ops::gemv(out, x, p.weight, p.accumulate, tuning);
     ops::gemv(ref, host(x), host(p.weight), p.accumulate);
     const double err = rms_ratio(out, ref);
     log::info("GEMV check, layer 0 {} [{}, {}] at {} rows: rms error {:.2g}", p.name, n, k, batch, err);
@@ -219,9 +219,9 @@ void check_gemv(const Model& model, int64_t batch, bool fused_norm) {
                  name, weight.shape_string());
     Tensor fused = Tensor::empty({batch, n}, DType::bf16, Device::cuda), separate = Tensor::empty({batch, n}, DType::bf16, Device::cuda);
     Tensor normed = Tensor::empty({batch, k}, DType::bf16, Device::cuda);
-    ops::gemv_rms_norm(fused, h, {gamma, norm}, weight);
+    ops::gemv_rms_norm(fused, h, {gamma, norm}, weight, tuning);
     ops::rms_norm(normed, h, gamma, norm);
-    ops::gemv(separate, normed, weight);
+    ops::gemv(separate, normed, weight, ops::Accumulate::no, tuning);
     const Tensor a = host(fused), b = host(separate);
     int64_t differ = 0;
     for (int64_t i = 0; i < a.numel(); ++i) differ += a.data_as<float>()[i] != b.data_as<float>()[i];
@@ -244,6 +244,7 @@ struct Ceilings {
 void describe(nlohmann::json& j, const DecodeKernelVariant& v, int64_t batch) {
   j["decode_ctas_per_sm"] = v.ctas_per_sm;
   j["decode_gemv"] = ops::decode_gemv_kernel_name(v.gemv);
+  j["gemv_tuning"] = ops::gemv_tuning_name(v.gemv_tuning);
   j["gemv_in_step"] = v.gemv != ops::DecodeGemvKernel::cublas && batch <= ops::kGemvMaxRows;
   j["gdn_step"] = ops::gdn_decode_kernel_name(v.gdn);
   j["decode_prefetch_mib"] = v.prefetch_bytes / (1024 * 1024);  // 0: off
@@ -381,6 +382,7 @@ void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, 
     ops::KernelOptions chosen = kernels;
     chosen.decode_ctas_per_sm = variant.ctas_per_sm;
     chosen.decode_gemv = variant.gemv;
+    chosen.gemv_tuning = variant.gemv_tuning;
     chosen.gdn_decode = variant.gdn;
     chosen.decode_prefetch_bytes = variant.prefetch_bytes;
     model.set_kernel_options(chosen);
@@ -393,7 +395,7 @@ void run_cell(Model& model, const ops::KernelOptions& kernels, int64_t context, 
       check_kernels(model, cache, std::min<int64_t>(context, 4096));
       check_gdn_branch(model, cache, variant.gdn);
     }
-    if (check && j["gemv_in_step"].get<bool>()) check_gemv(model, batch, variant.gemv == ops::DecodeGemvKernel::hydra_norm);
+    if (check && j["gemv_in_step"].get<bool>()) check_gemv(model, batch, variant.gemv == ops::DecodeGemvKernel::hydra_norm, variant.gemv_tuning);
     std::vector<double> ms = time_steps(self, model, cache, batch, opt, j);
     std::sort(ms.begin(), ms.end());
     const double step_ms = ms[ms.size() / 2];
@@ -458,7 +460,8 @@ void bench_decode(const DecodeBenchOptions& opt, const ops::KernelOptions& kerne
         const int ctas = j["decode_ctas_per_sm"].get<int>();
         const std::string variant = (ctas > 0 ? fmt::format("attention {} CTAs/SM", ctas) : std::string("attention")) +
                                     ", GDN " + j["gdn_step"].get<std::string>() +
-                                    ", projections " + (j["gemv_in_step"].get<bool>() ? "gemv" : "cublas") +
+                                    ", projections " +
+                                    (j["gemv_in_step"].get<bool>() ? "gemv (" + j["gemv_tuning"].get<std::string>() + ")" : "cublas") +
                                     (j["decode_prefetch_mib"].get<int64_t>() > 0
                                          ? fmt::format(", L2 prefetch {} MiB", j["decode_prefetch_mib"].get<int64_t>())
                                          : std::string());

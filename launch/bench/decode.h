@@ -49,6 +49,7 @@ struct DecodeKernelVariant {
   ops::DecodeGemvKernel gemv = ops::DecodeGemvKernel::cublas;
   ops::GdnDecodeKernel gdn = ops::GdnDecodeKernel::separate;
   int64_t prefetch_bytes = 0;
+  ops::GemvTuning gemv_tuning;  // the GEMV's launch shape (KernelOptions::gemv_tuning)
 };
 
 struct DecodeBenchOptions {

@@ -104,6 +104,17 @@ check("- hydrahead-1.7b 32K batch 1 (graph + PDL): cuBLAS 2.800 ms, GEMV 2.400 m
       in out, f"the GEMV against cuBLAS: {out}")
 check("32K batch 32 (graph + PDL): cuBLAS" not in out, "no pair where the GEMV did not run")
 
+# The GEMV's launch shapes (--gemv-tunings): a row each, named unless the default; the default shape
+# still paired with cuBLAS.
+tuned = gemv("hydra", 1, 2.2)
+tuned["gemv_tuning"] = "warps=4,ahead=8,prefetch=tile"
+plain = gemv("hydra", 1, 2.4)
+plain["gemv_tuning"] = "warps=0,ahead=4,prefetch=first-slices"
+out = run([gemv("cublas", 1, 2.8), plain, tuned])
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL, gemv [warps=4,ahead=8,prefetch=tile] | 2.200 |" in out, f"the tuned row: {out}")
+check("| hydrahead-1.7b | 32K | 1 | graph + PDL, gemv | 2.400 |" in out, f"the default shape's row: {out}")
+check("cuBLAS 2.800 ms, GEMV 2.400 ms" in out, f"the default shape against cuBLAS: {out}")
+
 # The L2 weight prefetch (cluster/bench/decode_prefetch.jobs): a row per cap, each cap beside the
 # same cell without it (whole step, datasheet fraction, the one-layer attention); the batch-8 cell
 # compared on its own; the target taken at the fastest cap.

@@ -319,19 +319,49 @@ TEST(CudaDecode, GdnDecodeStepMatchesCpuForBothKernels) {
   }
 }
 
+// The cluster kernel (8 parts a row) at the vocabulary's width and at odd ones (a width below the
+// part count, parts of unequal length, rows not 16-byte aligned: the scalar path), with the cases
+// the engine relies on: ties (within a part, across parts, −0 against +0) go to the lowest index,
+// and NaN, +inf or −inf anywhere gives −1.
 TEST(CudaDecode, RowArgmaxMatchesCpu) {
   HYDRA_REQUIRE_GPU();
-  Tensor logits = random_tensor({4, 151936}, 11);
-  logits.data_as<float>()[151936 + 77] = 50.0f;  // row 1: a tie, the lower index wins
-  logits.data_as<float>()[151936 + 90000] = 50.0f;
-  logits.data_as<float>()[2 * 151936 + 5] = std::numeric_limits<float>::quiet_NaN();  // row 2: non-finite
-  Tensor ref = Tensor::empty({4}, DType::i32), got = Tensor::empty({4}, DType::i32, Device::cuda);
-  ops::row_argmax(ref, logits);
-  ops::row_argmax(got, gpu(logits, DType::f32));
-  const Tensor g = to(got, Device::host, DType::i32);
-  for (int64_t b = 0; b < 4; ++b) EXPECT_EQ(g.data_as<int32_t>()[b], ref.data_as<int32_t>()[b]) << "row " << b;
-  EXPECT_EQ(ref.data_as<int32_t>()[1], 77);
-  EXPECT_EQ(ref.data_as<int32_t>()[2], -1);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const int64_t v : {int64_t{151936}, int64_t{1}, int64_t{5}, int64_t{33}, int64_t{1001}, int64_t{40003}}) {
+    for (const bool aligned : {true, false}) {
+      const int64_t rows = 12;
+      Tensor logits = random_tensor({rows, v}, 11 + v);
+      float* l = logits.data_as<float>();
+      const auto at = [&](int64_t r, int64_t i) -> float& { return l[r * v + std::min(i, v - 1)]; };
+      at(1, v / 2) = 50.0f;  // row 1: a tie across parts, the lower index wins
+      at(1, v - 1) = 50.0f;
+      at(2, 5) = nan;  // rows 2-4: non-finite
+      at(3, v - 1) = inf;
+      at(4, v / 3) = -inf;
+      at(5, v / 2 + 1) = 60.0f;  // row 5: a tie inside one part
+      at(5, v / 2 + 2) = 60.0f;
+      for (int64_t i = 0; i < v; ++i) at(6, i) = -1.0f - static_cast<float>(i % 7);  // row 6: -0 before +0
+      at(6, v - 1) = 0.0f;
+      at(6, v / 4) = -0.0f;
+      for (int64_t i = 0; i < v; ++i) at(7, i) = 3.0f;  // row 7: all equal
+      for (int64_t i = 0; i < v; ++i) at(8, i) = -3.0e38f;  // row 8: the lowest finite values, max at the end
+      at(8, v - 1) = -2.0e38f;
+      // On the device at column offset 1 of a [rows, v + 1] buffer when not aligned: 4-byte aligned
+      // rows, the scalar path.
+      Tensor wide = Tensor::zeros({rows, v + 1}, DType::f32);
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(wide.data_as<float>() + r * (v + 1) + 1, l + r * v, sizeof(float) * v);
+      const Tensor dev = aligned ? gpu(logits, DType::f32) : gpu(wide, DType::f32);
+      const TensorView on_device = aligned ? dev.view() : dev.view().narrow(1, 1, v);
+      Tensor ref = Tensor::empty({rows}, DType::i32), got = Tensor::empty({rows}, DType::i32, Device::cuda);
+      ops::row_argmax(ref, logits);
+      ops::row_argmax(got, on_device);
+      const Tensor g = to(got, Device::host, DType::i32);
+      const std::string what = fmt::format("V {} {}", v, aligned ? "aligned" : "unaligned");
+      for (int64_t b = 0; b < rows; ++b) EXPECT_EQ(g.data_as<int32_t>()[b], ref.data_as<int32_t>()[b]) << what << " row " << b;
+      EXPECT_EQ(ref.data_as<int32_t>()[1], v / 2) << what;
+      for (int64_t b : {2, 3, 4}) EXPECT_EQ(ref.data_as<int32_t>()[b], -1) << what;
+      EXPECT_EQ(ref.data_as<int32_t>()[7], 0) << what;
+    }
+  }
 }
 
 }  // namespace

@@ -58,7 +58,7 @@ Tensor absolute(const TensorView& t) {
 }
 
 // One shape at m rows, both epilogues.
-void check_shape(const GemvShape& s, int64_t m, uint64_t seed) {
+void check_shape(const GemvShape& s, int64_t m, uint64_t seed, const ops::GemvTuning& tuning = {}) {
   const int64_t pad = 3;  // output columns right of the view
   const Tensor xbuf = rounded_to_bf16(random_tensor({m, s.ldk}, seed));
   const Tensor wbuf = rounded_to_bf16(random_tensor({s.n, s.ldk}, seed + 1));
@@ -72,12 +72,13 @@ void check_shape(const GemvShape& s, int64_t m, uint64_t seed) {
   ops::gemv(magnitude, absolute(x), absolute(w));
   for (const ops::Accumulate acc : {ops::Accumulate::no, ops::Accumulate::yes}) {
     const bool adds = acc == ops::Accumulate::yes;
-    const std::string what = fmt::format("{} [{}, {}] at {} rows{}", s.what, s.n, s.k, m, adds ? ", adding" : "");
+    const std::string what = fmt::format("{} [{}, {}] at {} rows{} ({})", s.what, s.n, s.k, m, adds ? ", adding" : "",
+                                         ops::gemv_tuning_name(tuning));
     Tensor ref = clone(old.view().narrow(1, 0, s.n));
     ops::gemv(ref, x, w, acc);
     Tensor first = gpu(old), second = gpu(old), by_cublas = gpu(old);
-    ops::gemv(first.view().narrow(1, 0, s.n), dx, dw, acc);
-    ops::gemv(second.view().narrow(1, 0, s.n), dx, dw, acc);
+    ops::gemv(first.view().narrow(1, 0, s.n), dx, dw, acc, tuning);
+    ops::gemv(second.view().narrow(1, 0, s.n), dx, dw, acc, tuning);
     ops::linear(by_cublas.view().narrow(1, 0, s.n), dx, dw, acc);
     const Tensor got = host(first), again = host(second), cublas = host(by_cublas);
     ASSERT_EQ(count_non_finite(got), 0) << what;
@@ -136,8 +137,8 @@ TEST(CudaGemv, OddShapesMatchCpuAndCublasAtEveryRowCount) {
 }
 
 // One (K, M) of the fused norm: h [M, K] in a wider buffer (row stride ldk), γ random around 1.
-void check_fused_norm(int64_t n, int64_t k, int64_t ldk, int64_t m, uint64_t seed) {
-  const std::string what = fmt::format("fused norm [{}, {}] at {} rows", n, k, m);
+void check_fused_norm(int64_t n, int64_t k, int64_t ldk, int64_t m, uint64_t seed, const ops::GemvTuning& tuning = {}) {
+  const std::string what = fmt::format("fused norm [{}, {}] at {} rows ({})", n, k, m, ops::gemv_tuning_name(tuning));
   const Tensor hbuf = rounded_to_bf16(random_tensor({m, ldk}, seed, 3.0f));
   const Tensor wbuf = rounded_to_bf16(random_tensor({n, k}, seed + 1));
   Tensor gamma = random_tensor({k}, seed + 2, 0.5f);
@@ -148,10 +149,10 @@ void check_fused_norm(int64_t n, int64_t k, int64_t ldk, int64_t m, uint64_t see
   ASSERT_TRUE(ops::gemv_rms_norm_supported(dh, ggamma, gw)) << what;
   Tensor fused = Tensor::empty({m, n}, DType::bf16, Device::cuda), again = Tensor::empty({m, n}, DType::bf16, Device::cuda);
   Tensor separate = Tensor::empty({m, n}, DType::bf16, Device::cuda), normed = Tensor::empty({m, k}, DType::bf16, Device::cuda);
-  ops::gemv_rms_norm(fused, dh, {ggamma, params}, gw);
-  ops::gemv_rms_norm(again, dh, {ggamma, params}, gw);
+  ops::gemv_rms_norm(fused, dh, {ggamma, params}, gw, tuning);
+  ops::gemv_rms_norm(again, dh, {ggamma, params}, gw, tuning);
   ops::rms_norm(normed, dh, ggamma, params);
-  ops::gemv(separate, normed, gw);
+  ops::gemv(separate, normed, gw, ops::Accumulate::no, tuning);
   const Tensor got = host(fused), twice = host(again), want = host(separate);
   ASSERT_EQ(count_non_finite(got), 0) << what;
   ASSERT_EQ(std::memcmp(got.data(), twice.data(), got.nbytes()), 0) << what << ": two runs differ";
@@ -202,6 +203,70 @@ TEST(CudaGemv, FusedNormEqualsNormThenGemvBitForBit) {
   // warps added in order), two runs a thread (4096); N past whole tiles; rows with a stride.
   for (const int64_t k : {8, 16, 32, 64, 128, 256, 512, 1024, 4096}) {
     for (const int64_t m : {1, 3, 8}) check_fused_norm(37, k, k + 8, m, seed += 3);
+  }
+}
+
+// The launch shapes `hydra bench --op gemv` compares (ops::GemvTuning): each within the bound of the
+// CPU and of cuBLAS on the model's projections (one and eight rows) and on the odd shapes (every M),
+// and with the norm fused equal to the norm then the GEMV at the same tuning (16 warps with 8 slices
+// ahead: the most shared memory, 213 KB at K = 4096).
+const std::vector<ops::GemvTuning> kTunings = {
+    {.warps = 4, .ahead = 8, .prefetch = ops::GemvPrefetch::tile},
+    {.warps = 8, .ahead = 4, .prefetch = ops::GemvPrefetch::tile},
+    {.warps = 16, .ahead = 8, .prefetch = ops::GemvPrefetch::first_slices},
+    {.warps = 0, .ahead = 8, .prefetch = ops::GemvPrefetch::tile},
+};
+
+TEST(CudaGemv, TuningsMatchCpuAndCublas) {
+  HYDRA_REQUIRE_GPU();
+  uint64_t seed = 700;
+  for (const ops::GemvTuning& t : kTunings) {
+    for (const GemvShape& s : model_shapes("hydrahead-1.7b")) {
+      for (const int64_t m : {1, 8}) check_shape(s, m, seed += 3, t);
+    }
+    for (const GemvShape& s : std::vector<GemvShape>{{"partial tile and slice", 1003, 2053, 2056}, {"K below one slice", 5, 7, 8}}) {
+      for (int64_t m = 1; m <= ops::kGemvMaxRows; ++m) check_shape(s, m, seed += 3, t);
+    }
+    for (const int64_t k : {2048, 4096}) check_fused_norm(301, k, k + 8, 5, seed += 3, t);
+  }
+}
+
+// Slices ahead and the prefetch do not change the order of any sum: at the default warp count every
+// choice gives the default kernel's bits (plain and with the norm fused, the residual add too).
+TEST(CudaGemv, AheadAndPrefetchKeepTheBits) {
+  HYDRA_REQUIRE_GPU();
+  const ModelConfig c = preset_config("hydrahead-1.7b");
+  const LayerLayout l = layer_layout(c, 0);
+  uint64_t seed = 900;
+  for (const GemvShape& s : model_shapes("hydrahead-1.7b")) {
+    for (const int64_t m : {1, 3, 8}) {
+      const Tensor x = gpu(random_tensor({m, s.k}, seed += 3)), w = gpu(random_tensor({s.n, s.k}, seed + 1));
+      const Tensor old = gpu(random_tensor({m, s.n}, seed + 2));
+      Tensor want = clone(old);
+      ops::gemv(want, x, w, ops::Accumulate::yes);
+      const Tensor want_host = host(want);
+      for (const int ahead : {4, 8}) {
+        for (const ops::GemvPrefetch p : {ops::GemvPrefetch::first_slices, ops::GemvPrefetch::tile}) {
+          const ops::GemvTuning t{.warps = 0, .ahead = ahead, .prefetch = p};
+          Tensor got = clone(old);
+          ops::gemv(got, x, w, ops::Accumulate::yes, t);
+          const Tensor got_host = host(got);
+          EXPECT_EQ(std::memcmp(got_host.data(), want_host.data(), got_host.nbytes()), 0)
+              << s.what << " at " << m << " rows (" << ops::gemv_tuning_name(t) << ") differs from the default";
+        }
+      }
+    }
+  }
+  for (const Slot slot : {Slot::in_proj, Slot::mlp_in}) {
+    const std::vector<int64_t> s = l.shape(slot, c);
+    const Tensor h = gpu(random_tensor({2, s[1]}, seed += 3, 3.0f)), w = gpu(random_tensor({s[0], s[1]}, seed + 1));
+    const Tensor gamma = gpu(random_tensor({s[1]}, seed + 2), DType::f32);
+    const ops::GemvInputNorm norm{gamma, ops::RmsNormParams{1e-6f}};
+    Tensor want = Tensor::empty({2, s[0]}, DType::bf16, Device::cuda), got = Tensor::empty({2, s[0]}, DType::bf16, Device::cuda);
+    ops::gemv_rms_norm(want, h, norm, w);
+    ops::gemv_rms_norm(got, h, norm, w, {.warps = 0, .ahead = 8, .prefetch = ops::GemvPrefetch::tile});
+    const Tensor a = host(want), b = host(got);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << "fused norm " << s[0] << " x " << s[1];
   }
 }
 

@@ -124,5 +124,26 @@ TEST(Gemv, FusedNormSupportsTheGpuViewsItsKernelTakes) {
       << "a strided γ";
 }
 
+// HYDRA_GEMV_TUNING's text (and --gemv-tunings' entries): any subset of the settings, the rest
+// default; the printed name parses back to the same tuning; anything else is a UserError naming it.
+TEST(GemvTuning, ParsesSettingsAndRefusesOthers) {
+  EXPECT_EQ(ops::parse_gemv_tuning(""), ops::GemvTuning{});
+  EXPECT_EQ(ops::parse_gemv_tuning("default"), ops::GemvTuning{});
+  const ops::GemvTuning t = ops::parse_gemv_tuning("warps=4,ahead=8,prefetch=tile");
+  EXPECT_EQ(t.warps, 4);
+  EXPECT_EQ(t.ahead, 8);
+  EXPECT_EQ(t.prefetch, ops::GemvPrefetch::tile);
+  EXPECT_EQ(ops::parse_gemv_tuning("ahead=8"), (ops::GemvTuning{.warps = 0, .ahead = 8}));
+  EXPECT_EQ(ops::parse_gemv_tuning(ops::gemv_tuning_name(t)), t);
+  for (const char* bad : {"warps=5", "ahead=2", "prefetch=all", "speed=9", "warps", "warps=8,,ahead=4"}) {
+    try {
+      ops::parse_gemv_tuning(bad);
+      ADD_FAILURE() << "'" << bad << "' was taken";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hydra::test

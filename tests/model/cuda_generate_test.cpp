@@ -387,7 +387,8 @@ TEST(CudaGenerate, GemvDecodeKeepsTheTokens) {
 
 // Kernel choices that repeat the arithmetic of the kernels they replace, so the decode step keeps
 // its bits: the GEMV with the input and MLP norms fused (decode_gemv = hydra-norm) against the GEMV
-// after the norm kernels (hydra). For each, on both tiny presets: the fused path really runs (every
+// after the norm kernels (hydra), and that fused GEMV 8 slices ahead with the tile prefetch
+// (ops::GemvTuning: neither changes the order of a sum) against the same base. For each, on both tiny presets: the fused path really runs (every
 // layer's norm + projection pair is one gemv_rms_norm takes); an eager engine with it, and the graph
 // with PDL, give the eager base's logits bit for bit, step after step, on caches of 600 rows (the
 // engine's attention chunks the whole capacity, so it splits the keys and merges partials); and
@@ -399,7 +400,11 @@ TEST(CudaGenerate, FusedDecodeKernelsKeepTheBits) {
     ops::KernelOptions base, fused;
   };
   const std::vector<Choice> choices = {
-      {"norms fused into the GEMV", {.decode_gemv = ops::DecodeGemvKernel::hydra}, {.decode_gemv = ops::DecodeGemvKernel::hydra_norm}}};
+      {"norms fused into the GEMV", {.decode_gemv = ops::DecodeGemvKernel::hydra}, {.decode_gemv = ops::DecodeGemvKernel::hydra_norm}},
+      // The GEMV's launch shapes that keep the order of its sums (ops::GemvTuning: ahead, prefetch).
+      {"the GEMV 8 slices ahead with the tile prefetch",
+       {.decode_gemv = ops::DecodeGemvKernel::hydra},
+       {.decode_gemv = ops::DecodeGemvKernel::hydra_norm, .gemv_tuning = {.warps = 0, .ahead = 8, .prefetch = ops::GemvPrefetch::tile}}}};
   for (const std::string preset : {"hydrahead-tiny", "qwen3-tiny"}) {
     const ModelConfig c = preset_config(preset);
     const NamedTensors params = random_parameters(c, 17);
