@@ -9,6 +9,8 @@
 // attention-bwd, gdn-bwd: forward + backward (bench/backward.cpp states their checks and FLOP counts).
 // gdn-input: the GDN conv/RoPE/L2 pass, its q/k backward and the conv backward, in GB/s beside a
 // device copy measured in the same run instead of the GEMM ceiling (bench/gdn_input.cpp).
+// embedding-bwd: the token embedding's backward at [--seq-len, --dim] into --vocab rows, skewed and
+// uniform ids, in GB/s beside a device copy (bench/embedding.cpp).
 // decode: a whole model's greedy decode steps at long context (bench/decode.h): ms per step,
 // tokens/s, cache bytes, peak memory and GB/s beside a device copy, per (--contexts, --batches) cell
 // and per kernel variant (--decode-ctas-per-sm, --decode-gemv, --gdn-step, --decode-prefetch, --gemv-tunings).
@@ -26,6 +28,7 @@
 
 #include "launch/bench/backward.h"
 #include "launch/bench/decode.h"
+#include "launch/bench/embedding.h"
 #include "launch/bench/forward.h"
 #include "launch/bench/gdn_input.h"
 #include "launch/bench/gemv.h"
@@ -50,6 +53,8 @@ struct BenchOptions {
   int64_t kv_heads = 0;
   int64_t head_dim = 128;
   int64_t doc_len = 0;
+  int64_t vocab = 512;
+  int64_t dim = 256;
   int64_t m = 8192, n = 8192, k = 8192;
   int64_t ceiling_size = 8192;
   int repeat = 10;
@@ -67,13 +72,15 @@ struct BenchOptions {
 
   void bind(po::options_description& o) {
     o.add_options()
-        ("op", po::value(&op)->required(), "gemm, attention, gdn, attention-bwd, gdn-bwd, gdn-input, decode or gemv")
+        ("op", po::value(&op)->required(), "gemm, attention, gdn, attention-bwd, gdn-bwd, gdn-input, embedding-bwd, decode or gemv")
         ("seq-len", po::value(&seq_len)->default_value("32K"), "tokens (all but gemm)")
         ("heads", po::value(&heads)->default_value(16), "query heads (attention) or GDN heads")
         ("kv-heads", po::value(&kv_heads)->default_value(0), "attention KV heads (0: as many as query heads)")
         ("head-dim", po::value(&head_dim)->default_value(128), "64 or 128")
         ("doc-len", po::value(&doc_len)->default_value(0),
          "attention-bwd: pack the tokens as causal documents of this many tokens (0: one sequence)")
+        ("vocab", po::value(&vocab)->default_value(512), "embedding-bwd: rows of the embedding table")
+        ("dim", po::value(&dim)->default_value(256), "embedding-bwd: columns of the embedding table (the hidden size)")
         ("m", po::value(&m)->default_value(8192), "gemm M")
         ("n", po::value(&n)->default_value(8192), "gemm N")
         ("k", po::value(&k)->default_value(8192), "gemm K")
@@ -177,8 +184,8 @@ struct BenchOptions {
   }
   void validate() const {
     HYDRA_USER_CHECK(op == "gemm" || op == "attention" || op == "gdn" || op == "gdn-input" || op == "decode" ||
-                         op == "gemv" || is_backward_bench_op(op),
-                     "--op must be gemm, attention, gdn, attention-bwd, gdn-bwd, gdn-input, decode or gemv (got '{}')", op);
+                         op == "gemv" || op == "embedding-bwd" || is_backward_bench_op(op),
+                     "--op must be gemm, attention, gdn, attention-bwd, gdn-bwd, gdn-input, embedding-bwd, decode or gemv (got '{}')", op);
     if (op == "gemv") {
       HYDRA_USER_CHECK(!preset.empty(), "--op gemv needs --preset (e.g. hydrahead-1.7b)");
       preset_config(preset);
@@ -187,6 +194,7 @@ struct BenchOptions {
       }
       tunings(ops::KernelOptions{});
     }
+    HYDRA_USER_CHECK(vocab >= 1 && vocab < (int64_t{1} << 31) && dim >= 1, "--vocab must be in [1, 2^31) and --dim >= 1");
     if (op == "decode") {
       HYDRA_USER_CHECK(!preset.empty(), "--op decode needs --preset (e.g. hydrahead-1.7b)");
       preset_config(preset);  // a UserError listing the presets
@@ -215,6 +223,7 @@ int run_bench(App& app, const std::vector<std::string>& args) {
   if (!parse_command_line(app, "bench",
                           "--op gemm|attention|gdn|attention-bwd|gdn-bwd|gdn-input [--seq-len 32K --heads 16 --kv-heads 0 --head-dim 128] "
                           "[--doc-len 256 (attention-bwd)] | "
+                          "--op embedding-bwd [--seq-len 16K --vocab 512 --dim 256] | "
                           "--op decode --preset NAME [--contexts 32K,128K,512K,1M --batches 1,8,32] [--cuda-graph on|off|auto] "
                           "[--decode-ctas-per-sm 0,2 --decode-gemv cublas,hydra] "
                           "[--gdn-step separate,fused] [--decode-prefetch off,8,32,48] [--gemv-tunings default,prefetch=tile] | "
@@ -253,6 +262,15 @@ int run_bench(App& app, const std::vector<std::string>& args) {
   if (opt.op == "gdn-input") {  // bandwidth-bound: its own ceiling (a device copy), no GEMM
     const nlohmann::json r =
         bench_gdn_input(parse_size(opt.seq_len, "--seq-len"), opt.heads, opt.head_dim, opt.warmup, opt.repeat);
+    if (app.world.rank() == 0) {
+      std::cout << r.dump() << std::endl;
+      if (!opt.json_out.empty()) std::ofstream(opt.json_out, std::ios::app) << r.dump() << "\n";
+    }
+    return 0;
+  }
+  if (opt.op == "embedding-bwd") {  // bandwidth-bound: its own ceiling (a device copy), no GEMM
+    const nlohmann::json r =
+        bench_embedding_backward(parse_size(opt.seq_len, "--seq-len"), opt.vocab, opt.dim, opt.warmup, opt.repeat);
     if (app.world.rank() == 0) {
       std::cout << r.dump() << std::endl;
       if (!opt.json_out.empty()) std::ofstream(opt.json_out, std::ios::app) << r.dump() << "\n";

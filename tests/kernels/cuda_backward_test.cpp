@@ -10,6 +10,7 @@
 //  - linear_backward: dx bf16 1e-2, dx/dw fp32 1e-4 (bf16 operands, fp32 accumulation in cuBLAS).
 // Weight gradients must also have the same bits in two runs (deterministic reductions, no atomics).
 // Without a GPU every test here reports SKIPPED.
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -495,6 +496,76 @@ TEST(CudaBackward, Embedding) {
   ops::embedding_backward(g2, gdyw.view().narrow(1, 3, dim), gids);
   expect_close(host(g1), ref2, 1e-4, "embedding_backward fp32 d_out");
   expect_same_bits(g1, g2, "embedding_backward");
+}
+
+// The embedding backward's chunked runs (kernels/embedding/embedding.cu) over the id patterns that
+// stress them: a skewed small vocabulary (qwen3-synth's shape: runs thousands of positions long,
+// crossing many chunks), one id for every token (one run over all chunks), runs of exactly a chunk
+// or ending on a chunk's end, a large vocabulary at a length whose chunks are 64 positions, and ids
+// outside [0, V) (skipped). The 4-column vector path (fp32 and bf16 d_out) and the scalar one (odd
+// D); twice each for the same bits.
+enum class IdPattern { skewed, one_id, blocks_of_32, blocks_of_40, random, out_of_range };
+struct EmbeddingCase {
+  int64_t vocab, dim, t;
+  IdPattern ids;
+  DType d_out;
+};
+
+std::vector<int32_t> embedding_ids(const EmbeddingCase& c) {
+  std::vector<int32_t> ids(c.t);
+  const Tensor u = uniform_tensor({c.t}, 95, 0.0f, 1.0f);
+  for (int64_t i = 0; i < c.t; ++i) {
+    const float x = u.data_as<float>()[i];
+    switch (c.ids) {
+      case IdPattern::skewed: ids[i] = static_cast<int32_t>(c.vocab * x * x * x * x); break;  // id 0 ~ 1/4 ^ 4 of tokens
+      case IdPattern::one_id: ids[i] = static_cast<int32_t>(c.vocab / 2); break;
+      case IdPattern::blocks_of_32: ids[i] = static_cast<int32_t>((i / 32) % c.vocab); break;
+      case IdPattern::blocks_of_40: ids[i] = static_cast<int32_t>((i / 40) % c.vocab); break;
+      case IdPattern::random: ids[i] = static_cast<int32_t>(c.vocab * x); break;
+      case IdPattern::out_of_range: ids[i] = i % 5 == 0 ? (i % 2 ? -1 : static_cast<int32_t>(c.vocab)) : static_cast<int32_t>(c.vocab * x * x); break;
+    }
+    // vocab · x may round up to vocab in fp32.
+    if (c.ids != IdPattern::out_of_range) ids[i] = std::min(ids[i], static_cast<int32_t>(c.vocab - 1));
+  }
+  return ids;
+}
+
+TEST(CudaBackward, EmbeddingChunkedRuns) {
+  HYDRA_REQUIRE_GPU();
+  const EmbeddingCase cases[] = {
+      {512, 256, 16384, IdPattern::skewed, DType::f32},     {512, 256, 16384, IdPattern::skewed, DType::bf16},
+      {7, 64, 5000, IdPattern::one_id, DType::f32},         {9, 20, 2048, IdPattern::blocks_of_32, DType::f32},
+      {11, 12, 3000, IdPattern::blocks_of_40, DType::bf16}, {151936, 8, 140000, IdPattern::random, DType::bf16},
+      {300, 36, 140000, IdPattern::skewed, DType::f32},     {40, 33, 777, IdPattern::skewed, DType::f32},
+      {64, 16, 1000, IdPattern::out_of_range, DType::f32},
+  };
+  for (const EmbeddingCase& c : cases) {
+    const std::string what = fmt::format("embedding_backward V={} D={} T={} pattern {} d_out {}", c.vocab, c.dim, c.t,
+                                         static_cast<int>(c.ids), dtype_name(c.d_out));
+    const std::vector<int32_t> id_values = embedding_ids(c);
+    Tensor ids = Tensor::empty({c.t}, DType::i32);
+    std::copy(id_values.begin(), id_values.end(), ids.data_as<int32_t>());
+    const Tensor table0 = random_tensor({c.vocab, c.dim}, 96);
+    Tensor dy = random_tensor({c.t, c.dim}, 97);
+    if (c.d_out == DType::bf16) dy = rounded_to_bf16(dy);
+    // The reference skips ids outside [0, V) as the kernel does (callers validate user ids).
+    Tensor valid_ids = clone(ids), dy_valid = clone(dy);
+    for (int64_t i = 0; i < c.t; ++i) {
+      int32_t& id = valid_ids.data_as<int32_t>()[i];
+      if (id < 0 || id >= c.vocab) {
+        id = 0;
+        std::fill_n(dy_valid.data_as<float>() + i * c.dim, c.dim, 0.0f);
+      }
+    }
+    Tensor ref = clone(table0);
+    ops::embedding_backward(ref, dy_valid, valid_ids);
+    const Tensor gids = to_device(ids, Device::cuda), gdy = gpu(dy, c.d_out);
+    Tensor g1 = gpu(table0, DType::f32), g2 = gpu(table0, DType::f32);
+    ops::embedding_backward(g1, gdy, gids);
+    ops::embedding_backward(g2, gdy, gids);
+    expect_close(host(g1), ref, 1e-4, what);
+    expect_same_bits(g1, g2, what);
+  }
 }
 
 struct LinearCase {

@@ -60,9 +60,11 @@ TEST(CudaRuntime, StridedCopiesAndConversions) {
   Tensor hv = Tensor::empty({37, 4, 64}, DType::bf16, Device::cuda);
   copy_into(hv, heads(gwide));
   expect_close(host(hv), heads(wide), 0.0, "head view, pitched copy");
+  // Row widths below, at and above one block's 1024 columns (several rows a block step for the
+  // narrow ones, several tiles a row for the wide), with and without a tail of < 4.
   for (const int64_t offset : {0, 1}) {
-    for (const int64_t cols : {int64_t{1024}, int64_t{1030}}) {
-      const Tensor big = random_tensor({70, 1040}, 3);
+    for (const int64_t cols : {3, 64, 70, 256, 768, 1024, 1030, 2100}) {
+      const Tensor big = random_tensor({70, 2110}, 3);
       const TensorView src = big.view().narrow(1, offset, cols);
       Tensor b16 = Tensor::empty({70, cols}, DType::bf16, Device::cuda);
       copy_into(b16, gpu(big, DType::f32).view().narrow(1, offset, cols));
