@@ -4,7 +4,7 @@
 // random model, and run_training in the StepMode asked for; returns the summary, the step lines'
 // losses and the trained weights by checkpoint name (host f32), and the error that stopped the run.
 // `poison`: a parameter whose first element starts as +inf (the first step's loss and gradient are
-// then not finite).
+// then not finite); `save_every`: --save-every (-1: no checkpoint).
 #pragma once
 
 #include <limits>
@@ -44,7 +44,8 @@ inline std::string write_masked_tokens(const std::string& path, int64_t tokens, 
 
 inline FixedStepRun run_fixed_step(train::StepMode mode, const std::string& preset, Device device, DType dtype,
                                    const std::string& data, const std::string& out, int64_t steps, int64_t seq_len,
-                                   int64_t batch_seqs, int64_t grad_accum, const std::string& poison = "") {
+                                   int64_t batch_seqs, int64_t grad_accum, const std::string& poison = "",
+                                   int64_t save_every = -1) {
   const ModelConfig config = preset_config(preset);
   NamedTensors params = random_parameters(config, 71);
   if (!poison.empty()) params.at(poison).data_as<float>()[0] = std::numeric_limits<float>::infinity();
@@ -59,7 +60,7 @@ inline FixedStepRun run_fixed_step(train::StepMode mode, const std::string& pres
   c.batch_seqs = batch_seqs;
   c.grad_accum = grad_accum;
   c.seed = 5;
-  c.save_every = -1;
+  c.save_every = save_every;
   c.out_dir = out;
   c.optim.lr = 3e-3;
   c.step_mode = mode;

@@ -5,6 +5,7 @@
 // step (the condition of a capture). The windows count different numbers of targets, so the scale
 // changes every step. The --cuda-graph flag's choices and refusals (trainer.h step_mode_refusal).
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include "tests/model/train/fixed_step_run.h"
@@ -93,6 +94,31 @@ TEST(FixedStep, RefusesANonFiniteStepAsTheEagerStepDoes) {
     EXPECT_EQ(fixed.losses, eager.losses);  // the steps logged before the refused one
     expect_same_weights(fixed.weights, eager.weights);
   }
+}
+
+// Checkpoints with the late read: a step with a save due is read at once, before the next step is
+// launched, so each checkpoint holds exactly the step it names — the eager run's weights at that
+// step, bit for bit (were the next step launched first, its update would be in the file).
+TEST(FixedStep, CheckpointsHoldTheStepTheyName) {
+  TempDir dir;
+  constexpr int64_t kSteps = 5, kSeqLen = 32, kBatch = 2, kAccum = 2;
+  const std::string data = write_masked_tokens(dir.file("d.h5"), kSteps * kBatch * kAccum * kSeqLen + 1, kSeqLen, 3);
+  auto run = [&](train::StepMode mode, const std::string& name) {
+    return run_fixed_step(mode, "qwen3-tiny", Device::host, DType::f32, data, dir.file(name), kSteps, kSeqLen, kBatch,
+                          kAccum, "", 2);
+  };
+  const FixedStepRun eager = run(train::StepMode::eager, "eager"), fixed = run(train::StepMode::fixed, "fixed");
+  ASSERT_EQ(eager.error, "");
+  ASSERT_EQ(fixed.error, "");
+  EXPECT_EQ(fixed.summary.checkpoint.substr(dir.file("fixed").size()), eager.summary.checkpoint.substr(dir.file("eager").size()));
+  for (const char* step : {"step-000004", "step-000005"}) {  // the two kept (TrainConfig::keep)
+    SCOPED_TRACE(step);
+    const std::string e = dir.file("eager") + "/" + step + "/model.h5", f = dir.file("fixed") + "/" + step + "/model.h5";
+    ASSERT_TRUE(std::filesystem::exists(e));
+    ASSERT_TRUE(std::filesystem::exists(f));
+    expect_same_weights(read_model_checkpoint(f).params, read_model_checkpoint(e).params);
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("fixed") + "/step-000003"));
 }
 
 TEST(FixedStep, FlagChoicesAndRefusals) {
