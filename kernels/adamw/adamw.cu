@@ -133,6 +133,19 @@ unsigned list_grid_x(const std::vector<ListEntry>& entries) {
 
 constexpr int kSumBlocks = 1024, kSumThreads = 256;
 
+// A kSumThreads block's sum of acc, valid in thread 0: each warp's butterfly sum, then thread 0 adds
+// the warps' sums in warp order (the one order both sum kernels use).
+__device__ double block_total(double acc, double* warp_sums) {
+  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
+  __syncthreads();
+  double total = 0.0;
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kSumThreads / 32; ++w) total += warp_sums[w];
+  }
+  return total;
+}
+
 // Block b of tensor blockIdx.y writes block_sums[blockIdx.y·kSumBlocks + b]: the same per-block sums
 // as one launch per tensor.
 __global__ void __launch_bounds__(kSumThreads) sum_of_squares_kernel(const ListEntry* entries, double* block_sums) {
@@ -145,14 +158,8 @@ __global__ void __launch_bounds__(kSumThreads) sum_of_squares_kernel(const ListE
     const double v = x[i];
     acc += v * v;
   }
-  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0.0;
-    for (int w = 0; w < kSumThreads / 32; ++w) total += warp_sums[w];
-    block_sums[blockIdx.x] = total;
-  }
+  const double total = block_total(acc, warp_sums);
+  if (threadIdx.x == 0) block_sums[blockIdx.x] = total;
 }
 
 // Tensor blockIdx.x's 1024 block sums added in a fixed order into tensor_sums[blockIdx.x].
@@ -162,14 +169,8 @@ __global__ void __launch_bounds__(kSumThreads) tensor_sums_kernel(const double* 
   __shared__ double warp_sums[kSumThreads / 32];
   double acc = b[threadIdx.x];
   for (int k = 1; k < 4; ++k) acc += b[threadIdx.x + k * kSumThreads];
-  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0.0;
-    for (int w = 0; w < kSumThreads / 32; ++w) total += warp_sums[w];
-    tensor_sums[blockIdx.x] = total;
-  }
+  const double total = block_total(acc, warp_sums);
+  if (threadIdx.x == 0) tensor_sums[blockIdx.x] = total;
 }
 
 // The tensors' sums added in list order from 0: Σ x² of the list (one thread).
