@@ -157,29 +157,36 @@ TEST(CudaBackward, HeadFusion) {
     const ops::HeadFusionParams eps{1e-6f};
     const Tensor ow = rounded_to_bf16(random_tensor({t, (h + 1) * d}, 50, 2.0f));
     const auto heads_of = [&](const TensorView& wide) { return wide.narrow(1, d, h * d).split_dim(1, h, d); };
+    // The fusion's tensors without a gate.
+    const auto ungated = [](const TensorView& weight, const TensorView& gamma) {
+      ops::FusionTensors t;
+      t.weight = weight;
+      t.gamma = gamma;
+      return t;
+    };
     const Tensor dy = rounded_to_bf16(random_tensor({t, h, d}, 51));
     const Tensor w = random_tensor({h, d}, 52), gamma = random_tensor({h}, 53);
     const Tensor dw0 = random_tensor({h, d}, 54), dg0 = random_tensor({h}, 55);
     Tensor do_ref = Tensor::empty({t, h, d}, DType::f32), dw_ref = clone(dw0), dg_ref = clone(dg0);
-    ops::head_fusion_backward(do_ref, {.weight = dw_ref, .gamma = dg_ref}, dy, heads_of(ow), {.weight = w, .gamma = gamma}, eps);
+    ops::head_fusion_backward(do_ref, ungated(dw_ref, dg_ref), dy, heads_of(ow), ungated(w, gamma), eps);
 
     const Tensor gow = gpu(ow), gw = gpu(w, DType::f32), gg = gpu(gamma, DType::f32);
     // fp32 d_o.
     Tensor gdo = Tensor::empty({t, h, d}, DType::f32, Device::cuda), gdw = gpu(dw0, DType::f32),
            gdg = gpu(dg0, DType::f32);
-    ops::head_fusion_backward(gdo, {.weight = gdw, .gamma = gdg}, gpu(dy), heads_of(gow), {.weight = gw, .gamma = gg}, eps);
+    ops::head_fusion_backward(gdo, ungated(gdw, gdg), gpu(dy), heads_of(gow), ungated(gw, gg), eps);
     expect_close(host(gdo), do_ref, 1e-4, what + " d_o fp32");
     expect_close(host(gdw), dw_ref, 1e-4, what + " d_weight");
     expect_close(host(gdg), dg_ref, 1e-4, what + " d_gamma");
     // bf16 d_o written over d_y: the parameter gradients read d_y first, so they have the same bits.
     Tensor gdy = gpu(dy), gdw2 = gpu(dw0, DType::f32), gdg2 = gpu(dg0, DType::f32);
-    ops::head_fusion_backward(gdy, {.weight = gdw2, .gamma = gdg2}, gdy, heads_of(gow), {.weight = gw, .gamma = gg}, eps);
+    ops::head_fusion_backward(gdy, ungated(gdw2, gdg2), gdy, heads_of(gow), ungated(gw, gg), eps);
     expect_close(host(gdy), do_ref, 1e-2, what + " d_o over d_y");
     expect_same_bits(gdw, gdw2, what + " d_weight");
     expect_same_bits(gdg, gdg2, what + " d_gamma");
     // Without parameter gradients (a frozen fusion): d_o alone.
     Tensor gdo3 = Tensor::empty({t, h, d}, DType::f32, Device::cuda);
-    ops::head_fusion_backward(gdo3, {}, gpu(dy), heads_of(gow), {.weight = gw, .gamma = gg}, eps);
+    ops::head_fusion_backward(gdo3, {}, gpu(dy), heads_of(gow), ungated(gw, gg), eps);
     expect_same_bits(gdo, gdo3, what + " d_o without parameter gradients");
   }
 }
