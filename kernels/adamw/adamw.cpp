@@ -101,6 +101,12 @@ double sum_of_squares(const TensorView& x) {
   return reference::sum_of_squares(x);
 }
 
+float adamw_bias_correction(float beta, int64_t step) {
+  return static_cast<float>(1.0 - std::pow(double(beta), double(step)));
+}
+
+float adamw_decay_factor(float lr, float weight_decay) { return 1.0f - lr * weight_decay; }
+
 DeviceUpdate::DeviceUpdate(std::span<const AdamWSlice> slices, std::span<const TensorView> norm_of,
                            std::span<const TensorView> zero, const AdamWParams& fixed, double grad_clip, Device device)
     : slices_(slices.begin(), slices.end()), norm_of_(norm_of.begin(), norm_of.end()), zero_(zero.begin(), zero.end()),
@@ -126,14 +132,14 @@ DeviceUpdate::~DeviceUpdate() {
 
 void DeviceUpdate::write_schedule(float lr, int64_t step) {
   HYDRA_ASSERT(step >= 1, "adamw step {} (1-based)", step);
-  // The eager update's own scalars (adamw.cu forms them the same way from AdamWParams).
+  // The eager update's own scalars (the helpers adamw.cu forms them with).
   Tensor host = Tensor::zeros({5}, DType::f64, Device::host);
   double* s = host.data_as<double>();
   s[0] = lr;
   s[1] = static_cast<double>(step);
-  s[2] = static_cast<float>(1.0 - std::pow(double(fixed_.beta1), double(step)));
-  s[3] = static_cast<float>(1.0 - std::pow(double(fixed_.beta2), double(step)));
-  s[4] = 1.0f - lr * fixed_.weight_decay;
+  s[2] = adamw_bias_correction(fixed_.beta1, step);
+  s[3] = adamw_bias_correction(fixed_.beta2, step);
+  s[4] = adamw_decay_factor(lr, fixed_.weight_decay);
   copy_into(schedule_, host);  // on the GPU an upload queued in stream order (no wait)
 }
 

@@ -81,7 +81,7 @@ struct DeviceScalars {
 };
 
 // 1 − lr·wd, formed the same way for the single and the list form (bit-identical results).
-float decay_factor(const AdamWParams& p, bool decay) { return 1.0f - p.lr * (decay ? p.weight_decay : 0.0f); }
+float decay_factor(const AdamWParams& p, bool decay) { return adamw_decay_factor(p.lr, decay ? p.weight_decay : 0.0f); }
 
 __global__ void adamw_list_kernel(const ListEntry* entries, AdamWScalars s, DeviceScalars d) {
   const ListEntry e = entries[blockIdx.y];
@@ -230,8 +230,8 @@ void adamw_update(const TensorView& master, const TensorView& m, const TensorVie
                        params.eps,
                        decay_factor(params, true),
                        params.grad_scale,
-                       static_cast<float>(1.0 - std::pow(double(params.beta1), double(params.step))),
-                       static_cast<float>(1.0 - std::pow(double(params.beta2), double(params.step)))};
+                       adamw_bias_correction(params.beta1, params.step),
+                       adamw_bias_correction(params.beta2, params.step)};
   const int grid = cuda::capped_grid((n + 255) / 256);
   float* mp = master.data_as<float>();
   float* mm = m.data_as<float>();
@@ -294,8 +294,8 @@ AdamWScalars list_scalars(const AdamWParams& params) {
                       params.eps,
                       1.0f,  // per block, in the table
                       params.grad_scale,
-                      static_cast<float>(1.0 - std::pow(double(params.beta1), double(params.step))),
-                      static_cast<float>(1.0 - std::pow(double(params.beta2), double(params.step)))};
+                      adamw_bias_correction(params.beta1, params.step),
+                      adamw_bias_correction(params.beta2, params.step)};
 }
 
 std::vector<ListEntry> adamw_entries(std::span<const AdamWSlice> slices, const AdamWParams& params) {

@@ -83,6 +83,12 @@ class DeviceUpdate {
   void* tables_ = nullptr;  // cuda_impl::DeviceUpdateTables (adamw.cu): the list tables and scratch; null on the CPU
 };
 
+// The GPU update's scalars, formed on the host by one piece of code for every form of the update (the
+// single and list kernels, DeviceUpdate's schedule), so they are the same floats: the bias correction
+// 1 − β^step (in fp64, rounded to float) and the decay factor 1 − lr·weight_decay (in float).
+float adamw_bias_correction(float beta, int64_t step);
+float adamw_decay_factor(float lr, float weight_decay);
+
 // Σ x² of an fp32 tensor, accumulated in fp64 in a fixed order (the same result every run).
 double sum_of_squares(const TensorView& x);
 // Σ over the tensors of each one's sum_of_squares, added in the order given (the same value as

@@ -22,6 +22,8 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/model/train/fixed_step_run.h"
@@ -77,21 +79,31 @@ void expect_graph_equals_eager(const FixedStepRun& graph, const FixedStepRun& ea
   }
 }
 
+constexpr int64_t kSteps = 6, kAccum = 2;
+
+// Case g trained kSteps steps of kAccum micro-batches from the same weights and data: eagerly twice
+// (the second gives the eager step's run-to-run noise) and as a graph; `poison` as run_fixed_step's.
+struct EagerTwiceAndGraph {
+  FixedStepRun eager, again, graph;
+};
+EagerTwiceAndGraph run_eager_twice_and_graph(const GraphCase& g, const std::string& poison = "") {
+  TempDir dir;
+  const std::string data =
+      write_masked_tokens(dir.file("d.h5"), kSteps * g.batch_seqs * kAccum * g.seq_len + 1, g.seq_len, 9);
+  auto run = [&](train::StepMode mode, const std::string& name) {
+    return run_fixed_step(mode, g.preset, Device::cuda, DType::bf16, data, dir.file(name), kSteps, g.seq_len,
+                          g.batch_seqs, kAccum, poison);
+  };
+  FixedStepRun eager = run(train::StepMode::eager, "eager"), again = run(train::StepMode::eager, "again");
+  return {std::move(eager), std::move(again), run(train::StepMode::graph, "graph")};
+}
+
 TEST(CudaTraining, GraphStepEqualsTheEagerStep) {
   HYDRA_REQUIRE_GPU();
-  constexpr int64_t kSteps = 6, kAccum = 2;
   for (const GraphCase& g : {GraphCase{"hydrahead-tiny", 64, 4}, GraphCase{"qwen3-tiny", 64, 4},
                              GraphCase{"qwen3-synth", 256, 2}}) {
     SCOPED_TRACE(g.preset);
-    TempDir dir;
-    const std::string data =
-        write_masked_tokens(dir.file("d.h5"), kSteps * g.batch_seqs * kAccum * g.seq_len + 1, g.seq_len, 9);
-    auto run = [&](train::StepMode mode, const std::string& name) {
-      return run_fixed_step(mode, g.preset, Device::cuda, DType::bf16, data, dir.file(name), kSteps, g.seq_len,
-                            g.batch_seqs, kAccum);
-    };
-    const FixedStepRun eager = run(train::StepMode::eager, "eager"), again = run(train::StepMode::eager, "again");
-    const FixedStepRun graph = run(train::StepMode::graph, "graph");
+    const auto [eager, again, graph] = run_eager_twice_and_graph(g);
     ASSERT_EQ(eager.error, "");
     ASSERT_EQ(graph.error, "");
     ASSERT_EQ(eager.losses.size(), static_cast<size_t>(kSteps));
@@ -114,20 +126,11 @@ TEST(CudaTraining, GraphStepEqualsTheEagerStep) {
 
 TEST(CudaTraining, GraphStepRefusesANonFiniteStepAsTheEagerStepDoes) {
   HYDRA_REQUIRE_GPU();
-  constexpr int64_t kSteps = 6, kAccum = 2;
   for (const GraphCase& g : {GraphCase{"qwen3-tiny", 64, 4}, GraphCase{"qwen3-synth", 256, 2}}) {
     SCOPED_TRACE(g.preset);
-    TempDir dir;
-    const std::string data =
-        write_masked_tokens(dir.file("d.h5"), kSteps * g.batch_seqs * kAccum * g.seq_len + 1, g.seq_len, 9);
     // An inf injected into the final norm's weight: step 1's logits, loss and gradient are not
     // finite. Step 2 is launched (captured) before step 1 is read: its update must be skipped too.
-    auto run = [&](train::StepMode mode, const std::string& name) {
-      return run_fixed_step(mode, g.preset, Device::cuda, DType::bf16, data, dir.file(name), kSteps, g.seq_len,
-                            g.batch_seqs, kAccum, "model.norm.weight");
-    };
-    const FixedStepRun eager = run(train::StepMode::eager, "eager"), again = run(train::StepMode::eager, "again");
-    const FixedStepRun graph = run(train::StepMode::graph, "graph");
+    const auto [eager, again, graph] = run_eager_twice_and_graph(g, "model.norm.weight");
     ASSERT_NE(eager.error.find("stopped before applying the update"), std::string::npos) << eager.error;
     ASSERT_NE(eager.error.find("step 1: the loss is"), std::string::npos) << eager.error;
     EXPECT_EQ(again.error, eager.error);
