@@ -44,7 +44,7 @@ struct KernelOptions {
   // HYDRA_GEMV_TUNING ("warps=8,ahead=8,prefetch=tile", any subset): the GEMV's launch shape in the
   // decode step (ops::GemvTuning; the defaults are the kernel as first measured). Written to compare
   // shapes on a GPU (`hydra bench --op gemv` times them per projection) until one is chosen.
-  GemvTuning gemv_tuning;
+  GemvTuning gemv_tuning{};
   // HYDRA_DECODE_PREFETCH: off (0, the default: on an H100 it costs 1-5% at batch 1, 32K; session5 results) or a cap in bytes. In a
   // decode step on the GPU, once a layer's input projection is done, a side stream asks for up to
   // this many bytes of the layer's o_proj, then MLP gate/up, then MLP down weights in L2
